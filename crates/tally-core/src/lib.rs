@@ -1,0 +1,46 @@
+//! Tally's pure core.
+//!
+//! Everything here takes inputs and returns outputs: no I/O, no clock, no global
+//! randomness, no threads. Time arrives as `now_ms` arguments and randomness as
+//! caller-supplied numbers, so the engine, the cluster and the simulator all drive
+//! the same code and a seeded simulation replays exactly.
+//!
+//! # Layout
+//!
+//! * [`name`] — counter names and event ids: the validated strings a client chooses.
+//! * [`ids`] — shard and node identities.
+//! * [`hash`] — the one specified hash function (XXH3-64 with fixed seeds).
+//! * [`codec`] — the byte encoding of everything stored or sent (bincode 2).
+//! * [`spec`] — the per-counter contract and its validation.
+//! * [`meta`] — counter metadata (spec + shard layout) and its transitions,
+//!   including resharding by layout generations.
+//! * [`router`] — which shard an increment goes to.
+//! * [`limits`] — the arithmetic that lets increments be acknowledged from an
+//!   in-memory accumulator without any shard ever overflowing.
+//! * [`shard`] — a shard's decision function: given a batch of submissions and the
+//!   dedup records found, the new value, the records to write and every reply.
+//! * [`dedup`] — the dedup window: duplicate, conflict or fresh.
+//! * [`ring`] — consistent-hash placement of shards on nodes, with virtual nodes.
+//! * [`sketch`] — HyperLogLog for distinct counts; [`cms`] — count-min for frequencies.
+//! * [`rollup`] — when a cached total must be refreshed.
+
+#![forbid(unsafe_code)]
+
+pub mod cms;
+pub mod codec;
+pub mod dedup;
+pub mod hash;
+pub mod ids;
+pub mod limits;
+pub mod meta;
+pub mod name;
+pub mod ring;
+pub mod rollup;
+pub mod router;
+pub mod shard;
+pub mod sketch;
+pub mod spec;
+
+pub use ids::{NodeId, ShardId};
+pub use name::CounterName;
+pub use spec::{CounterSpec, Durability, RouterPolicy, SpecPatch};

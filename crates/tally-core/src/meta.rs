@@ -1,0 +1,364 @@
+//! Counter metadata — the spec and the shard layout — and its transitions.
+//!
+//! The same transition functions run in the embedded catalog and in the replicated
+//! state machine of a cluster, so both agree on what every command means.
+//!
+//! # Resharding by generations
+//!
+//! A counter's shards form a *generation*. Changing `shards` on a live counter never
+//! moves values or dedup records between shards; it seals the current generation and
+//! opens a new one:
+//!
+//! 1. [`CounterMeta::update`] records the target shard count (`resharding`); writes
+//!    still go to the current generation.
+//! 2. The engine seals every shard of the current generation (each answers with its
+//!    final value and refuses later writes) and merges their sketches into the new
+//!    generation (merging a sketch twice changes nothing, so this step may repeat).
+//! 3. [`CounterMeta::complete_reshard`] opens the new generation in one step and adds
+//!    the sealed generation's sum to `base`. Reads sum `base` and the current
+//!    generation, so every increment is counted exactly once before, during and after.
+//! 4. Sealed generations stay listed until their dedup window has passed: an event id
+//!    is looked up in its shard of every listed sealed generation (they never change
+//!    again, so the lookup needs no lock), which keeps retries deduplicated across a
+//!    resharding. [`CounterMeta::prune_sealed`] then drops them.
+
+use crate::spec::{CounterSpec, SpecError, SpecPatch};
+use serde::{Deserialize, Serialize};
+
+/// Most sealed generations a counter may keep at once; a resharding beyond this waits
+/// until older generations leave their dedup window.
+pub const SEALED_GENERATIONS_MAX: usize = 16;
+
+/// A generation that no longer takes writes but still answers dedup lookups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedGeneration {
+    /// Its generation number.
+    pub generation: u32,
+    /// Its shard count (event ids route within it).
+    pub shards: u16,
+    /// When it was sealed; its records expire a dedup window later.
+    pub sealed_at_ms: u64,
+}
+
+/// Where a counter's value lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// The generation that takes writes.
+    pub generation: u32,
+    /// Its shard count.
+    pub shards: u16,
+    /// Sum of every sealed generation's final values.
+    pub base: i128,
+    /// Sealed generations still inside their dedup window, oldest first.
+    pub sealed: Vec<SealedGeneration>,
+    /// The target shard count of a resharding in progress.
+    pub resharding: Option<u16>,
+}
+
+/// Everything the cluster agrees on about one counter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterMeta {
+    /// The contract. `spec.shards` is the requested shard count; while a resharding is
+    /// in progress the layout still has the old one.
+    pub spec: CounterSpec,
+    /// Where the value lives.
+    pub layout: Layout,
+    /// When the counter was created, in milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Bumped by every transition, so caches can tell stale copies apart.
+    pub version: u64,
+}
+
+/// Why a metadata transition was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    /// The patch breaks the spec's bounds.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// A second resharding was asked for while one is in progress.
+    #[error("counter is being resharded to {target} shards; retry when it completes")]
+    Resharding {
+        /// The shard count being moved to.
+        target: u16,
+    },
+    /// Too many sealed generations are still inside their dedup window.
+    #[error("counter was resharded {count} times within its dedup window; retry later")]
+    TooManyGenerations {
+        /// How many are sealed.
+        count: usize,
+    },
+    /// A completion named a generation that is not the one being sealed.
+    #[error("generation {got} is not being resharded (current generation {current})")]
+    StaleGeneration {
+        /// The counter's current generation.
+        current: u32,
+        /// The generation named.
+        got: u32,
+    },
+}
+
+impl CounterMeta {
+    /// A new counter with `spec` (validated).
+    pub fn create(spec: CounterSpec, now_ms: u64) -> Result<Self, MetaError> {
+        spec.validate()?;
+        Ok(Self {
+            spec,
+            layout: Layout {
+                generation: 0,
+                shards: spec.shards,
+                base: 0,
+                sealed: Vec::new(),
+                resharding: None,
+            },
+            created_at_ms: now_ms,
+            version: 1,
+        })
+    }
+
+    /// A counter created with the defaults plus `patch`.
+    pub fn create_patched(patch: &SpecPatch, now_ms: u64) -> Result<Self, MetaError> {
+        Self::create(CounterSpec::default().patched(patch)?, now_ms)
+    }
+
+    /// Applies `patch`. A changed shard count starts a resharding; everything else
+    /// takes effect at once. Returns whether anything changed.
+    pub fn update(&mut self, patch: &SpecPatch) -> Result<bool, MetaError> {
+        let next = self.spec.patched(patch)?;
+        if next == self.spec {
+            return Ok(false);
+        }
+        if next.shards != self.spec.shards {
+            if let Some(target) = self.layout.resharding {
+                return Err(MetaError::Resharding { target });
+            }
+            if self.layout.sealed.len() >= SEALED_GENERATIONS_MAX {
+                return Err(MetaError::TooManyGenerations { count: self.layout.sealed.len() });
+            }
+            if next.shards != self.layout.shards {
+                self.layout.resharding = Some(next.shards);
+            }
+        }
+        self.spec = next;
+        self.version += 1;
+        Ok(true)
+    }
+
+    /// Opens the next generation after every shard of `generation` was sealed with
+    /// final values summing to `sealed_sum`.
+    pub fn complete_reshard(
+        &mut self,
+        generation: u32,
+        sealed_sum: i128,
+        now_ms: u64,
+    ) -> Result<(), MetaError> {
+        let current = self.layout.generation;
+        let Some(target) = self.layout.resharding.filter(|_| generation == current) else {
+            return Err(MetaError::StaleGeneration { current, got: generation });
+        };
+        self.layout.sealed.push(SealedGeneration {
+            generation,
+            shards: self.layout.shards,
+            sealed_at_ms: now_ms,
+        });
+        self.layout.base += sealed_sum;
+        self.layout.generation += 1;
+        self.layout.shards = target;
+        self.layout.resharding = None;
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Drops sealed generations whose dedup window has passed, returning them so their
+    /// shards' data can be deleted.
+    pub fn prune_sealed(&mut self, now_ms: u64) -> Vec<SealedGeneration> {
+        let window_ms = self.spec.dedup_window_ms();
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            self.layout.sealed.iter().partition(|g| crate::dedup::expired(g.sealed_at_ms, now_ms, window_ms));
+        if !gone.is_empty() {
+            self.layout.sealed = kept;
+            self.version += 1;
+        }
+        gone
+    }
+
+    /// Every generation whose shards hold data: sealed ones, then the current one.
+    pub fn generations(&self) -> impl Iterator<Item = (u32, u16)> + '_ {
+        self.layout
+            .sealed
+            .iter()
+            .map(|g| (g.generation, g.shards))
+            .chain(std::iter::once((self.layout.generation, self.layout.shards)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> CounterMeta {
+        CounterMeta::create(CounterSpec::default(), 1_000).unwrap()
+    }
+
+    #[test]
+    fn non_shard_updates_apply_at_once() {
+        let mut m = meta();
+        let changed = m.update(&SpecPatch { flush_ms: Some(50), ..Default::default() }).unwrap();
+        assert!(changed);
+        assert_eq!(m.spec.flush_ms, 50);
+        assert_eq!(m.layout.resharding, None);
+        assert!(!m.update(&SpecPatch { flush_ms: Some(50), ..Default::default() }).unwrap());
+    }
+
+    #[test]
+    fn resharding_seals_a_generation_and_carries_its_sum() {
+        let mut m = meta();
+        m.update(&SpecPatch { shards: Some(64), ..Default::default() }).unwrap();
+        assert_eq!((m.layout.shards, m.layout.resharding, m.spec.shards), (8, Some(64), 64));
+        assert_eq!(
+            m.update(&SpecPatch { shards: Some(2), ..Default::default() }),
+            Err(MetaError::Resharding { target: 64 })
+        );
+        assert!(matches!(m.complete_reshard(7, 0, 2_000), Err(MetaError::StaleGeneration { .. })));
+        m.complete_reshard(0, 1234, 2_000).unwrap();
+        assert_eq!((m.layout.generation, m.layout.shards, m.layout.base), (1, 64, 1234));
+        assert_eq!(m.layout.sealed, vec![SealedGeneration { generation: 0, shards: 8, sealed_at_ms: 2_000 }]);
+        assert_eq!(m.generations().collect::<Vec<_>>(), vec![(0, 8), (1, 64)]);
+        // Completing twice is refused, so a sum is never added twice.
+        assert!(m.complete_reshard(0, 1234, 2_000).is_err());
+        assert_eq!(m.layout.base, 1234);
+    }
+
+    #[test]
+    fn sealed_generations_leave_after_their_window() {
+        let mut m = meta();
+        m.update(&SpecPatch { shards: Some(2), dedup_window_s: Some(10), ..Default::default() }).unwrap();
+        m.complete_reshard(0, 5, 2_000).unwrap();
+        assert!(m.prune_sealed(11_999).is_empty());
+        assert_eq!(m.prune_sealed(12_000).len(), 1);
+        assert!(m.layout.sealed.is_empty());
+        assert_eq!(m.layout.base, 5, "pruning keeps the sealed sum");
+    }
+
+    #[test]
+    fn reshard_back_to_the_current_count_is_a_no_op_layout_change() {
+        let mut m = meta();
+        m.update(&SpecPatch { shards: Some(8), ..Default::default() }).unwrap();
+        assert_eq!(m.layout.resharding, None);
+    }
+
+    #[test]
+    fn sealed_generations_are_bounded() {
+        let mut m = meta();
+        for i in 0..SEALED_GENERATIONS_MAX {
+            let target = if i % 2 == 0 { 4 } else { 8 };
+            m.update(&SpecPatch { shards: Some(target), ..Default::default() }).unwrap();
+            m.complete_reshard(m.layout.generation, 0, 1_000).unwrap();
+        }
+        let r = m.update(&SpecPatch { shards: Some(3), ..Default::default() });
+        assert_eq!(r, Err(MetaError::TooManyGenerations { count: SEALED_GENERATIONS_MAX }));
+    }
+}
+
+/// A metadata change, as stored in the local catalog or replicated through a log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaCommand {
+    /// Create the counter with defaults plus the patch, or update it with the patch.
+    Put(SpecPatch),
+    /// Create the counter with defaults unless it exists (an increment to an unknown
+    /// counter creates it).
+    Ensure,
+    /// Open the next generation after sealing `generation` with `sealed_sum`.
+    CompleteReshard {
+        /// The sealed generation.
+        generation: u32,
+        /// Sum of its final shard values.
+        sealed_sum: i128,
+    },
+    /// Drop sealed generations whose dedup window has passed.
+    PruneSealed,
+    /// Delete the counter.
+    Delete,
+}
+
+/// What a command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaEffect {
+    /// The counter was created.
+    Created,
+    /// The counter changed.
+    Updated,
+    /// Nothing changed.
+    Unchanged,
+    /// Sealed generations left; their shards' data may be deleted.
+    Pruned(Vec<SealedGeneration>),
+    /// The counter was deleted; every listed generation's shards may be deleted.
+    Deleted(Vec<(u32, u16)>),
+    /// The counter did not exist.
+    Missing,
+}
+
+/// Applies `cmd` to a counter's current metadata (`None` if it does not exist) at
+/// `now_ms`, returning its next metadata and what happened. Pure: the catalog and a
+/// replicated state machine both call exactly this.
+pub fn apply_command(
+    current: Option<CounterMeta>,
+    cmd: &MetaCommand,
+    now_ms: u64,
+) -> Result<(Option<CounterMeta>, MetaEffect), MetaError> {
+    match (current, cmd) {
+        (None, MetaCommand::Put(patch)) => {
+            Ok((Some(CounterMeta::create_patched(patch, now_ms)?), MetaEffect::Created))
+        }
+        (None, MetaCommand::Ensure) => {
+            Ok((Some(CounterMeta::create(CounterSpec::default(), now_ms)?), MetaEffect::Created))
+        }
+        (None, _) => Ok((None, MetaEffect::Missing)),
+        (Some(mut m), MetaCommand::Put(patch)) => {
+            let changed = m.update(patch)?;
+            Ok((Some(m), if changed { MetaEffect::Updated } else { MetaEffect::Unchanged }))
+        }
+        (Some(m), MetaCommand::Ensure) => Ok((Some(m), MetaEffect::Unchanged)),
+        (Some(mut m), MetaCommand::CompleteReshard { generation, sealed_sum }) => {
+            m.complete_reshard(*generation, *sealed_sum, now_ms)?;
+            Ok((Some(m), MetaEffect::Updated))
+        }
+        (Some(mut m), MetaCommand::PruneSealed) => {
+            let gone = m.prune_sealed(now_ms);
+            let effect = if gone.is_empty() { MetaEffect::Unchanged } else { MetaEffect::Pruned(gone) };
+            Ok((Some(m), effect))
+        }
+        (Some(m), MetaCommand::Delete) => Ok((None, MetaEffect::Deleted(m.generations().collect()))),
+    }
+}
+
+#[cfg(test)]
+mod command_tests {
+    use super::*;
+
+    #[test]
+    fn commands_walk_a_counter_through_its_life() {
+        let (m, e) = apply_command(None, &MetaCommand::Ensure, 5).unwrap();
+        assert_eq!(e, MetaEffect::Created);
+        let m = m.unwrap();
+        assert_eq!(m.spec, CounterSpec::default());
+        let (m2, e) = apply_command(Some(m.clone()), &MetaCommand::Ensure, 6).unwrap();
+        assert_eq!((m2.as_ref(), e), (Some(&m), MetaEffect::Unchanged));
+        let patch = SpecPatch { shards: Some(2), ..Default::default() };
+        let (m3, e) = apply_command(m2, &MetaCommand::Put(patch), 7).unwrap();
+        assert_eq!(e, MetaEffect::Updated);
+        let cmd = MetaCommand::CompleteReshard { generation: 0, sealed_sum: 9 };
+        let (m4, _) = apply_command(m3, &cmd, 8).unwrap();
+        assert_eq!(m4.as_ref().unwrap().layout.base, 9);
+        let (gone, e) = apply_command(m4, &MetaCommand::Delete, 9).unwrap();
+        assert_eq!((gone, e), (None, MetaEffect::Deleted(vec![(0, 8), (1, 2)])));
+        assert_eq!(apply_command(None, &MetaCommand::Delete, 9).unwrap().1, MetaEffect::Missing);
+    }
+
+    #[test]
+    fn a_bad_patch_changes_nothing() {
+        let (m, _) = apply_command(None, &MetaCommand::Ensure, 5).unwrap();
+        let bad = SpecPatch { shards: Some(0), ..Default::default() };
+        assert!(apply_command(m, &MetaCommand::Put(bad), 6).is_err());
+        assert!(apply_command(None, &MetaCommand::Put(bad), 6).is_err());
+    }
+}

@@ -1,0 +1,231 @@
+//! A shard's decision function.
+//!
+//! The shard actor gathers submissions, looks up the dedup records of their event ids,
+//! and calls [`decide`]. The result says everything the actor must then do: the value
+//! and records to commit atomically, whether the sketch must be rewritten, and the
+//! outcome to answer for every submission. The actor adds no logic of its own.
+
+use crate::dedup::{judge, DedupRecord, Verdict};
+use crate::limits::{apply_buffered, check_direct, Overflow};
+use crate::sketch::DistinctSketch;
+use std::collections::BTreeMap;
+
+/// Most submissions one shard commit takes; the rest wait for the next commit.
+pub const COMMIT_SUBMISSIONS_MAX: usize = 4096;
+
+/// One unit of work for a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submission {
+    /// A drained accumulator sum. Its increments were acknowledged when buffered, so
+    /// it cannot be refused (see [`crate::limits`]).
+    Buffered {
+        /// The sum of the drained increments.
+        sum: i64,
+        /// How many increments it sums.
+        increments: u64,
+        /// Hashes of the distinct-count members they carried.
+        members: Vec<u64>,
+    },
+    /// One increment that waits for its outcome.
+    Single {
+        /// The delta.
+        delta: i64,
+        /// Its event id, when it has one: it is deduplicated.
+        event_id: Option<String>,
+        /// Hash of its distinct-count member.
+        member: Option<u64>,
+    },
+}
+
+/// What happened to one submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Counted.
+    Applied,
+    /// Its event id was applied before with the same delta: not counted again.
+    Duplicate,
+    /// Its event id was applied before with another delta: refused.
+    Conflict {
+        /// The delta first applied under that event id.
+        recorded_delta: i64,
+    },
+    /// Counting it would overflow the shard: refused.
+    Overflow(Overflow),
+}
+
+/// The part of a shard's state that decisions read and change.
+#[derive(Debug, Clone, Default)]
+pub struct ShardState {
+    /// The shard's partial sum.
+    pub value: i64,
+    /// The distinct-count sketch, for counters with `distinct`.
+    pub sketch: Option<DistinctSketch>,
+}
+
+/// Everything a batch of submissions changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// The shard's value after the batch.
+    pub value: i64,
+    /// Dedup records to write with the value.
+    pub dedup_put: Vec<(String, DedupRecord)>,
+    /// One outcome per submission, in order.
+    pub outcomes: Vec<Outcome>,
+    /// Whether the sketch changed and must be written.
+    pub sketch_changed: bool,
+    /// How many increments were counted.
+    pub applied_increments: u64,
+    /// The absolute change of the value, summed over applied submissions.
+    pub change_abs: u64,
+    /// How many submissions were duplicates.
+    pub duplicates: u64,
+}
+
+impl Decision {
+    /// Whether anything must be written.
+    pub fn writes(&self, before: i64) -> bool {
+        self.value != before || !self.dedup_put.is_empty() || self.sketch_changed
+    }
+}
+
+/// Decides a batch. `prior` holds, for event ids in the batch, the record found in the
+/// store (current generation first, then sealed generations). Records created earlier
+/// in the same batch take precedence, so a batch holding one event id twice counts it
+/// once. `state` is updated in place to the post-batch state.
+pub fn decide(
+    state: &mut ShardState,
+    batch: &[Submission],
+    prior: &BTreeMap<String, DedupRecord>,
+    now_ms: u64,
+    window_ms: u64,
+) -> Decision {
+    let before = state.value;
+    let mut d = Decision { value: state.value, ..Decision::default() };
+    let mut created: BTreeMap<&str, DedupRecord> = BTreeMap::new();
+    let add_member = |sketch: &mut Option<DistinctSketch>, h: u64, changed: &mut bool| {
+        if let Some(s) = sketch.as_mut() {
+            *changed |= s.insert_hash(h);
+        }
+    };
+    for sub in batch {
+        let outcome = match sub {
+            Submission::Buffered { sum, increments, members } => {
+                d.value = apply_buffered(d.value, *sum);
+                d.applied_increments += increments;
+                d.change_abs = d.change_abs.saturating_add(sum.unsigned_abs());
+                for &h in members {
+                    add_member(&mut state.sketch, h, &mut d.sketch_changed);
+                }
+                Outcome::Applied
+            }
+            Submission::Single { delta, event_id, member } => {
+                let verdict = match event_id {
+                    None => Verdict::Fresh,
+                    Some(id) => {
+                        let rec = created.get(id.as_str()).or_else(|| prior.get(id));
+                        judge(rec, *delta, now_ms, window_ms)
+                    }
+                };
+                match verdict {
+                    Verdict::Duplicate => {
+                        d.duplicates += 1;
+                        Outcome::Duplicate
+                    }
+                    Verdict::Conflict { recorded_delta } => Outcome::Conflict { recorded_delta },
+                    Verdict::Fresh => match check_direct(d.value, *delta) {
+                        Err(o) => Outcome::Overflow(o),
+                        Ok(next) => {
+                            d.value = next;
+                            d.applied_increments += 1;
+                            d.change_abs = d.change_abs.saturating_add(delta.unsigned_abs());
+                            if let Some(id) = event_id {
+                                created.insert(id, DedupRecord { delta: *delta, applied_at_ms: now_ms });
+                            }
+                            if let Some(h) = member {
+                                add_member(&mut state.sketch, *h, &mut d.sketch_changed);
+                            }
+                            Outcome::Applied
+                        }
+                    },
+                }
+            }
+        };
+        d.outcomes.push(outcome);
+    }
+    d.dedup_put = created.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    state.value = d.value;
+    debug_assert!(d.writes(before) || d.applied_increments == 0 || d.change_abs == 0);
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::SHARD_VALUE_ABS_MAX;
+    use crate::sketch::member_hash;
+
+    const W: u64 = 1_000_000;
+
+    fn single(delta: i64, id: Option<&str>) -> Submission {
+        Submission::Single { delta, event_id: id.map(str::to_owned), member: None }
+    }
+
+    #[test]
+    fn sums_buffered_and_single_increments() {
+        let mut s = ShardState::default();
+        let batch = [
+            Submission::Buffered { sum: 300, increments: 300, members: vec![] },
+            single(-5, None),
+            single(7, Some("e-1")),
+        ];
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W);
+        assert_eq!(d.value, 302);
+        assert_eq!(s.value, 302);
+        assert_eq!(d.outcomes, vec![Outcome::Applied; 3]);
+        assert_eq!(d.applied_increments, 302);
+        assert_eq!(d.dedup_put, vec![("e-1".to_string(), DedupRecord { delta: 7, applied_at_ms: 10 })]);
+    }
+
+    #[test]
+    fn an_event_id_counts_once_per_batch_and_across_batches() {
+        let mut s = ShardState::default();
+        let batch = [single(1, Some("e")), single(1, Some("e")), single(2, Some("e"))];
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W);
+        assert_eq!(d.value, 1);
+        assert_eq!(
+            d.outcomes,
+            vec![Outcome::Applied, Outcome::Duplicate, Outcome::Conflict { recorded_delta: 1 }]
+        );
+        assert_eq!(d.duplicates, 1);
+        let prior: BTreeMap<_, _> = d.dedup_put.into_iter().collect();
+        let d2 = decide(&mut s, &[single(1, Some("e"))], &prior, 20, W);
+        assert_eq!((d2.value, d2.outcomes[0]), (1, Outcome::Duplicate));
+        assert!(!d2.writes(1), "a pure duplicate writes nothing");
+        // After the window the same id counts again.
+        let d3 = decide(&mut s, &[single(1, Some("e"))], &prior, 10 + W, W);
+        assert_eq!((d3.value, d3.outcomes[0]), (2, Outcome::Applied));
+    }
+
+    #[test]
+    fn overflow_is_refused_without_a_dedup_record() {
+        let mut s = ShardState { value: SHARD_VALUE_ABS_MAX, sketch: None };
+        let d = decide(&mut s, &[single(1, Some("e")), single(-1, None)], &BTreeMap::new(), 0, W);
+        assert!(matches!(d.outcomes[0], Outcome::Overflow(_)));
+        assert_eq!(d.outcomes[1], Outcome::Applied);
+        assert!(d.dedup_put.is_empty(), "a refused increment must stay retryable");
+        assert_eq!(d.value, SHARD_VALUE_ABS_MAX - 1);
+    }
+
+    #[test]
+    fn members_reach_the_sketch_only_when_counted() {
+        let mut s = ShardState { value: 0, sketch: Some(DistinctSketch::new()) };
+        let batch = [
+            Submission::Single { delta: 1, event_id: Some("a".into()), member: Some(member_hash("a")) },
+            Submission::Single { delta: 1, event_id: Some("a".into()), member: Some(member_hash("b")) },
+            Submission::Buffered { sum: 2, increments: 2, members: vec![member_hash("c"), member_hash("c")] },
+        ];
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 0, W);
+        assert!(d.sketch_changed);
+        assert_eq!(s.sketch.as_ref().unwrap().estimate(), 2);
+    }
+}

@@ -1,0 +1,265 @@
+//! The per-counter contract: how many shards, how durable, how reads are cached,
+//! how increments are routed, whether distinct members are counted, and for how long
+//! event ids are remembered.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Fewest shards a counter may have.
+pub const SHARDS_MIN: u16 = 1;
+/// Most shards a counter may have: the peak write parallelism worth absorbing.
+pub const SHARDS_MAX: u16 = 1024;
+/// Default shard count.
+pub const SHARDS_DEFAULT: u16 = 8;
+/// Shortest aggregation window of a `batched` counter, in milliseconds.
+pub const FLUSH_MS_MIN: u32 = 1;
+/// Longest aggregation window of a `batched` counter: the most a crash may lose.
+pub const FLUSH_MS_MAX: u32 = 60_000;
+/// Default aggregation window, in milliseconds.
+pub const FLUSH_MS_DEFAULT: u32 = 200;
+/// Longest rollup refresh interval, in milliseconds (0 turns the rollup off).
+pub const ROLLUP_MS_MAX: u32 = 3_600_000;
+/// Shortest non-zero rollup refresh interval, in milliseconds.
+pub const ROLLUP_MS_MIN: u32 = 10;
+/// Default rollup refresh interval, in milliseconds.
+pub const ROLLUP_MS_DEFAULT: u32 = 1000;
+/// Longest dedup window, in seconds (30 days).
+pub const DEDUP_WINDOW_S_MAX: u32 = 30 * 86_400;
+/// Default dedup window, in seconds (one day).
+pub const DEDUP_WINDOW_S_DEFAULT: u32 = 86_400;
+
+/// When an increment is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// Only after the shard's write is durable on disk (group commit).
+    Sync,
+    /// When buffered; the buffer reaches disk within `flush_ms`.
+    Batched,
+}
+
+/// How an increment without an event id picks its shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterPolicy {
+    /// By hash of the event id (increments without one fall back to `writer`).
+    Event,
+    /// By hash of the writer id: a writer never contends with itself.
+    Writer,
+    /// Each increment to the next shard in turn.
+    RoundRobin,
+    /// A uniformly random shard.
+    Random,
+}
+
+macro_rules! text_enum {
+    ($ty:ty { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The wire name.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $ty {
+            type Err = SpecError;
+            fn from_str(s: &str) -> Result<Self, SpecError> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    other => Err(SpecError::UnknownWord {
+                        field: stringify!($ty),
+                        found: other.chars().take(64).collect(),
+                        expected: &[$($text),+],
+                    }),
+                }
+            }
+        }
+    };
+}
+
+text_enum!(Durability { Sync => "sync", Batched => "batched" });
+text_enum!(RouterPolicy {
+    Event => "event",
+    Writer => "writer",
+    RoundRobin => "round_robin",
+    Random => "random",
+});
+
+/// A counter's full contract. Every field has a default (see the constants above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSpec {
+    /// N, the number of shards in the current layout.
+    pub shards: u16,
+    /// When increments are acknowledged.
+    pub durability: Durability,
+    /// Aggregation window of `batched` counters, in milliseconds.
+    pub flush_ms: u32,
+    /// Refresh interval of the cached total, in milliseconds; 0 = no rollup.
+    pub rollup_ms: u32,
+    /// Routing of increments without an event id.
+    pub router: RouterPolicy,
+    /// Whether to keep a HyperLogLog of `member` values.
+    pub distinct: bool,
+    /// How long applied event ids are remembered, in seconds.
+    pub dedup_window_s: u32,
+}
+
+impl Default for CounterSpec {
+    fn default() -> Self {
+        Self {
+            shards: SHARDS_DEFAULT,
+            durability: Durability::Batched,
+            flush_ms: FLUSH_MS_DEFAULT,
+            rollup_ms: ROLLUP_MS_DEFAULT,
+            router: RouterPolicy::Writer,
+            distinct: false,
+            dedup_window_s: DEDUP_WINDOW_S_DEFAULT,
+        }
+    }
+}
+
+/// A partial spec: the fields a create or update names. Absent fields keep their
+/// current value (or the default, on create).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecPatch {
+    /// New shard count (a resharding on a live counter).
+    pub shards: Option<u16>,
+    /// New durability.
+    pub durability: Option<Durability>,
+    /// New aggregation window.
+    pub flush_ms: Option<u32>,
+    /// New rollup interval.
+    pub rollup_ms: Option<u32>,
+    /// New routing policy.
+    pub router: Option<RouterPolicy>,
+    /// Turn distinct counting on or off.
+    pub distinct: Option<bool>,
+    /// New dedup window.
+    pub dedup_window_s: Option<u32>,
+}
+
+/// Why a spec was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A numeric field outside its range.
+    #[error("{field} must be between {min} and {max} (got {got})")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+        /// What was given.
+        got: u64,
+    },
+    /// A textual field with an unknown word.
+    #[error("{field} must be one of {expected:?} (got {found:?})")]
+    UnknownWord {
+        /// The field.
+        field: &'static str,
+        /// What was given (truncated).
+        found: String,
+        /// The accepted words.
+        expected: &'static [&'static str],
+    },
+}
+
+fn range(field: &'static str, got: u64, min: u64, max: u64) -> Result<(), SpecError> {
+    if got < min || got > max {
+        return Err(SpecError::OutOfRange { field, min, max, got });
+    }
+    Ok(())
+}
+
+impl CounterSpec {
+    /// Checks every field against its bounds.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        range("shards", self.shards.into(), SHARDS_MIN.into(), SHARDS_MAX.into())?;
+        range("flush_ms", self.flush_ms.into(), FLUSH_MS_MIN.into(), FLUSH_MS_MAX.into())?;
+        if self.rollup_ms != 0 {
+            range("rollup_ms", self.rollup_ms.into(), ROLLUP_MS_MIN.into(), ROLLUP_MS_MAX.into())?;
+        }
+        range("dedup_window_s", self.dedup_window_s.into(), 0, DEDUP_WINDOW_S_MAX.into())?;
+        Ok(())
+    }
+
+    /// This spec with `patch` applied, validated.
+    pub fn patched(&self, patch: &SpecPatch) -> Result<Self, SpecError> {
+        let next = Self {
+            shards: patch.shards.unwrap_or(self.shards),
+            durability: patch.durability.unwrap_or(self.durability),
+            flush_ms: patch.flush_ms.unwrap_or(self.flush_ms),
+            rollup_ms: patch.rollup_ms.unwrap_or(self.rollup_ms),
+            router: patch.router.unwrap_or(self.router),
+            distinct: patch.distinct.unwrap_or(self.distinct),
+            dedup_window_s: patch.dedup_window_s.unwrap_or(self.dedup_window_s),
+        };
+        next.validate()?;
+        Ok(next)
+    }
+
+    /// The dedup window in milliseconds.
+    pub fn dedup_window_ms(&self) -> u64 {
+        u64::from(self.dedup_window_s) * 1000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_contract() {
+        let s = CounterSpec::default();
+        assert_eq!(s.shards, 8);
+        assert_eq!(s.durability, Durability::Batched);
+        assert_eq!(s.flush_ms, 200);
+        assert_eq!(s.rollup_ms, 1000);
+        assert_eq!(s.router, RouterPolicy::Writer);
+        assert!(!s.distinct);
+        assert_eq!(s.dedup_window_s, 86_400);
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn patch_changes_only_named_fields_and_validates() {
+        let s = CounterSpec::default();
+        let p = SpecPatch { shards: Some(64), durability: Some(Durability::Sync), ..Default::default() };
+        let t = s.patched(&p).unwrap();
+        assert_eq!((t.shards, t.durability, t.flush_ms), (64, Durability::Sync, 200));
+        for bad in [0u16, 1025] {
+            let p = SpecPatch { shards: Some(bad), ..Default::default() };
+            assert!(matches!(s.patched(&p), Err(SpecError::OutOfRange { field: "shards", .. })));
+        }
+        let p = SpecPatch { rollup_ms: Some(0), ..Default::default() };
+        assert_eq!(s.patched(&p).unwrap().rollup_ms, 0);
+        let p = SpecPatch { rollup_ms: Some(5), ..Default::default() };
+        assert!(s.patched(&p).is_err());
+        let p = SpecPatch { flush_ms: Some(0), ..Default::default() };
+        assert!(s.patched(&p).is_err());
+    }
+
+    #[test]
+    fn words_parse_and_print() {
+        for d in [Durability::Sync, Durability::Batched] {
+            assert_eq!(d.as_str().parse::<Durability>(), Ok(d));
+        }
+        assert_eq!("round_robin".parse::<RouterPolicy>(), Ok(RouterPolicy::RoundRobin));
+        assert!("fast".parse::<Durability>().is_err());
+        let json = serde_json::to_string(&CounterSpec::default()).unwrap();
+        assert!(json.contains("\"batched\"") && json.contains("\"writer\""), "{json}");
+    }
+
+    #[test]
+    fn patch_refuses_unknown_fields() {
+        let r: Result<SpecPatch, _> = serde_json::from_str(r#"{"shardz": 3}"#);
+        assert!(r.is_err());
+    }
+}

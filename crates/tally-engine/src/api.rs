@@ -1,0 +1,164 @@
+//! The types callers exchange with the engine. They serialize to the JSON shapes of
+//! the public HTTP interface, so every front end speaks the same language.
+
+use serde::{Deserialize, Serialize};
+use tally_core::spec::CounterSpec;
+
+/// One increment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Increment {
+    /// The non-zero amount to add (negative to subtract).
+    pub delta: i64,
+    /// An idempotency key: a retry with the same id is never counted twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
+    /// The writer, for the `writer` routing policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+    /// A member to count distinctly, for counters with `distinct`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+}
+
+impl Increment {
+    /// An increment of `delta` with nothing else.
+    pub fn new(delta: i64) -> Self {
+        Self { delta, ..Self::default() }
+    }
+    /// With an event id.
+    pub fn event_id(mut self, id: impl Into<String>) -> Self {
+        self.event_id = Some(id.into());
+        self
+    }
+    /// With a writer id.
+    pub fn writer(mut self, w: impl Into<String>) -> Self {
+        self.writer = Some(w.into());
+        self
+    }
+    /// With a distinct-count member.
+    pub fn member(mut self, m: impl Into<String>) -> Self {
+        self.member = Some(m.into());
+        self
+    }
+}
+
+/// What became of an increment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncrOutcome {
+    /// Counted now.
+    pub applied: bool,
+    /// Its event id was counted before; not counted again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub duplicate: bool,
+}
+
+impl IncrOutcome {
+    /// Counted now.
+    pub const APPLIED: Self = Self { applied: true, duplicate: false };
+    /// Counted before.
+    pub const DUPLICATE: Self = Self { applied: false, duplicate: true };
+}
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Consistency {
+    /// The rollup's cached total: constant cost, at most `rollup_ms` plus one refresh old.
+    Cached,
+    /// The sum of every shard now, after this node's buffered increments reach them.
+    Fresh,
+}
+
+/// A counter's total and how much to trust it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueRead {
+    /// The total.
+    pub value: i128,
+    /// How it was produced (a cached read of a counter without rollup is fresh).
+    pub consistency: Consistency,
+    /// When the total was computed, in milliseconds since the Unix epoch.
+    pub as_of_ms: u64,
+    /// How old it was when answered.
+    pub staleness_ms: u64,
+    /// Whether every shard answered.
+    pub complete: bool,
+    /// Shards that did not answer (their values are missing from `value`).
+    pub missing_shards: Vec<u16>,
+}
+
+/// A distinct-count estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DistinctRead {
+    /// Estimated number of distinct members.
+    pub estimate: u64,
+    /// The sketch's standard relative error.
+    pub relative_error: f64,
+    /// Whether every shard's sketch was merged.
+    pub complete: bool,
+    /// Shards whose sketches are missing.
+    pub missing_shards: Vec<u16>,
+}
+
+/// One shard in a shard report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardReport {
+    /// Its index in the current generation.
+    pub index: u16,
+    /// The node that owns it.
+    pub node: String,
+    /// Its partial sum.
+    pub value: i64,
+    /// Increments routed to it on this node since the counter became active here.
+    pub writes: u64,
+}
+
+/// Per-shard values and the write skew.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardsReport {
+    /// The current generation.
+    pub generation: u32,
+    /// Sum of sealed generations (from reshardings), included in the total.
+    pub base: i128,
+    /// Every shard of the current generation.
+    pub shards: Vec<ShardReport>,
+    /// Hottest shard's writes ÷ mean writes (1.0 = perfectly even; 0 when idle).
+    pub skew: f64,
+}
+
+/// The result of a reconciliation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileReport {
+    /// The sum of shards before correcting.
+    pub before: i128,
+    /// Authoritative minus before.
+    pub drift: i128,
+    /// Whether a correction was written.
+    pub corrected: bool,
+}
+
+/// A counter's spec and a summary of its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterInfo {
+    /// Its name.
+    pub name: String,
+    /// Its contract.
+    pub spec: CounterSpec,
+    /// The current layout generation.
+    pub generation: u32,
+    /// Shards in the current generation (differs from `spec.shards` while resharding).
+    pub layout_shards: u16,
+    /// The target of a resharding in progress.
+    pub resharding: Option<u16>,
+    /// When it was created, in milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+}
+
+/// Whether a create-or-update created the counter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutOutcome {
+    /// True if the counter did not exist before.
+    pub created: bool,
+    /// The counter after the change.
+    pub counter: CounterInfo,
+}

@@ -1,0 +1,83 @@
+//! Engine settings. Every limit the engine enforces is a field here, with its unit
+//! last and a default that suits one node on a small machine.
+
+use std::sync::Arc;
+use tally_core::NodeId;
+
+/// Answers "what should this counter's total be?" for periodic reconciliation, from
+/// a source of truth outside Tally (an event log, a ledger). Calls must be quick: the
+/// reconciler calls them from its own task.
+pub trait AuthoritativeSource: Send + Sync + 'static {
+    /// The counters this source can recount.
+    fn counters(&self) -> Vec<String>;
+    /// The authoritative total of `counter`, if known right now.
+    fn total(&self, counter: &str) -> Option<i128>;
+}
+
+/// How an engine runs.
+#[derive(Clone)]
+pub struct TallyConfig {
+    /// This node's name: reported as the owner of its shards.
+    pub node_id: NodeId,
+    /// How often the aggregator looks for due accumulators, in milliseconds. A
+    /// `batched` counter's buffer reaches its shards within `flush_ms` plus this.
+    pub aggregator_tick_ms: u64,
+    /// An accumulator slot holding this many increments asks for an early flush.
+    pub slot_flush_increments: u64,
+    /// A shard actor with no work for this long stops; its state is in the store.
+    pub shard_idle_stop_ms: u64,
+    /// A counter's in-memory accumulators are dropped after this long unused.
+    pub counter_idle_evict_ms: u64,
+    /// How long a caller waits for a shard's answer before reporting it unavailable.
+    pub call_timeout_ms: u64,
+    /// How often the rollup looks for due refreshes, in milliseconds.
+    pub rollup_tick_ms: u64,
+    /// Most counters whose totals the rollup caches at once.
+    pub rollup_tracked_max: usize,
+    /// A cached total not read for this long stops being refreshed.
+    pub rollup_idle_evict_ms: u64,
+    /// How often active shards sweep their expired dedup records.
+    pub dedup_sweep_ms: u64,
+    /// Most dedup records one sweep examines.
+    pub dedup_sweep_records_max: usize,
+    /// How often the reconciler asks the authoritative source; 0 disables.
+    pub reconcile_interval_ms: u64,
+    /// Where periodic reconciliation gets authoritative totals.
+    pub authority: Option<Arc<dyn AuthoritativeSource>>,
+    /// Most items in one `incr_many` batch.
+    pub batch_items_max: usize,
+}
+
+impl Default for TallyConfig {
+    fn default() -> Self {
+        Self {
+            node_id: NodeId::new("local"),
+            aggregator_tick_ms: 5,
+            slot_flush_increments: 1 << 16,
+            shard_idle_stop_ms: 30_000,
+            counter_idle_evict_ms: 60_000,
+            call_timeout_ms: 5_000,
+            rollup_tick_ms: 10,
+            rollup_tracked_max: 100_000,
+            rollup_idle_evict_ms: 60_000,
+            dedup_sweep_ms: 60_000,
+            dedup_sweep_records_max: 10_000,
+            reconcile_interval_ms: 0,
+            authority: None,
+            batch_items_max: 10_000,
+        }
+    }
+}
+
+impl std::fmt::Debug for TallyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TallyConfig")
+            .field("node_id", &self.node_id)
+            .field("aggregator_tick_ms", &self.aggregator_tick_ms)
+            .field("shard_idle_stop_ms", &self.shard_idle_stop_ms)
+            .field("counter_idle_evict_ms", &self.counter_idle_evict_ms)
+            .field("call_timeout_ms", &self.call_timeout_ms)
+            .field("authority", &self.authority.is_some())
+            .finish_non_exhaustive()
+    }
+}

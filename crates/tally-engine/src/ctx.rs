@@ -1,0 +1,476 @@
+//! The engine's shared internals: what every actor and the public handle reach.
+//!
+//! Actors hold an `Arc<Ctx>`; it owns no task of its own. The write path's
+//! shared-memory fast path lives here ([`Ctx::incr`]), and so do the two helpers every
+//! actor needs: reaching a shard ([`Ctx::submit`]) and draining accumulators
+//! ([`Ctx::drain`]).
+
+use crate::aggregator::AggregatorMsg;
+use crate::api::{IncrOutcome, Increment};
+use crate::catalog::Catalog;
+use crate::clock::Clock;
+use crate::config::TallyConfig;
+use crate::error::TallyError;
+use crate::flusher::Flusher;
+use crate::runtime::{CounterRuntime, Drained};
+use crate::shard::{ShardMsg, ShardReply};
+use crate::stats::Stats;
+use crate::supervisor::SupervisorMsg;
+use dashmap::DashMap;
+use ractor::{ActorRef, MessagingErr, RpcReplyPort};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tally_core::limits::{bufferable, slot_open, SLOT_INCREMENTS_MAX};
+use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
+use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
+use tally_core::router::{route, RouteKey};
+use tally_core::shard::{Outcome, Submission};
+use tally_core::sketch::member_hash;
+use tally_core::spec::Durability;
+use tally_core::{CounterName, ShardId};
+use tally_store::Store;
+
+/// How many times a call re-resolves a shard that stopped or was sealed under it.
+const SHARD_CALL_ATTEMPTS_MAX: u32 = 64;
+/// Pause between attempts while a resharding seals a generation.
+const RESHARD_RETRY_MS: u64 = 2;
+
+thread_local! {
+    /// Per-thread routing token for the `writer` policy without a writer id, and the
+    /// state of the per-thread generator for the `random` policy.
+    static THREAD_ROUTE: Cell<(u64, u64)> = Cell::new({
+        let id = format!("{:?}", std::thread::current().id());
+        let h = tally_core::hash::hash64(0x5eed, id.as_bytes());
+        (h, h | 1)
+    });
+}
+
+fn next_random() -> u64 {
+    THREAD_ROUTE.with(|c| {
+        let (aff, mut x) = c.get();
+        // xorshift64*: quick and good enough to spread shards.
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        c.set((aff, x));
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    })
+}
+
+fn affinity() -> u64 {
+    THREAD_ROUTE.with(|c| c.get().0)
+}
+
+/// Everything shared by the engine's actors and handles.
+pub(crate) struct Ctx {
+    pub(crate) config: TallyConfig,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) flusher: Flusher,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) catalog: Catalog,
+    /// Active counters by name.
+    pub(crate) registry: DashMap<CounterName, Arc<CounterRuntime>>,
+    /// Running shard actors. Only the supervisor inserts and removes.
+    pub(crate) directory: DashMap<ShardId, ActorRef<ShardMsg>>,
+    /// Counters with buffered increments, waiting for the aggregator.
+    pub(crate) dirty: parking_lot::Mutex<Vec<Arc<CounterRuntime>>>,
+    /// Counters whose resharding task is running.
+    pub(crate) resharding: DashMap<CounterName, ()>,
+    pub(crate) supervisor: OnceLock<ActorRef<SupervisorMsg>>,
+    pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
+    pub(crate) closing: AtomicBool,
+}
+
+impl Ctx {
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.call_timeout_ms)
+    }
+
+    /// Queues a runtime for the aggregator.
+    pub(crate) fn queue_dirty(&self, rt: &Arc<CounterRuntime>) {
+        self.dirty.lock().push(rt.clone());
+    }
+
+    /// The counter's runtime, activating it (and creating the counter with the
+    /// defaults when `create`) if needed.
+    pub(crate) async fn runtime(
+        self: &Arc<Self>,
+        name: &str,
+        create: bool,
+    ) -> Result<Arc<CounterRuntime>, TallyError> {
+        if let Some(rt) = self.registry.get(name) {
+            return Ok(rt.clone());
+        }
+        let name = CounterName::new(name)?;
+        let meta = match self.catalog.get(name.as_str())? {
+            Some(m) => m,
+            None if !create => return Err(TallyError::NotFound(name.to_string())),
+            None => {
+                self.finish_delete(&name).await?;
+                let (m, _) = self.catalog.apply(&name, &MetaCommand::Ensure, self.now_ms()).await?;
+                m.expect("ensure always yields a counter")
+            }
+        };
+        Ok(self.install(name, meta))
+    }
+
+    /// Makes `meta` the counter's current metadata on this node: a new runtime if it
+    /// changed, the old one retired (it still drains what it holds).
+    pub(crate) fn install(self: &Arc<Self>, name: CounterName, meta: CounterMeta) -> Arc<CounterRuntime> {
+        let now = self.now_ms();
+        let mut replaced = None;
+        let rt = match self.registry.entry(name.clone()) {
+            dashmap::Entry::Occupied(e) if e.get().meta.version >= meta.version => e.get().clone(),
+            dashmap::Entry::Occupied(mut e) => {
+                let rt = Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now));
+                replaced = Some(e.insert(rt.clone()));
+                rt
+            }
+            dashmap::Entry::Vacant(e) => {
+                e.insert(Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now))).clone()
+            }
+        };
+        if let Some(old) = replaced {
+            old.retired.store(true, SeqCst);
+            self.queue_dirty(&old);
+            // Tell the running shards of every generation; sealed ones may now stop.
+            for (generation, shards) in old.meta.generations() {
+                for index in 0..shards {
+                    let id = ShardId::new(name.clone(), generation, index);
+                    if let Some(a) = self.directory.get(&id) {
+                        let _ = a.send_message(ShardMsg::MetaChanged(rt.meta.clone()));
+                    }
+                }
+            }
+        }
+        if rt.meta.layout.resharding.is_some() {
+            crate::reshard::ensure_running(self, &name);
+        }
+        rt
+    }
+
+    /// Validates an increment's client-chosen fields.
+    pub(crate) fn validate(inc: &Increment) -> Result<(), TallyError> {
+        if inc.delta == 0 {
+            return Err(TallyError::ZeroDelta);
+        }
+        if let Some(id) = &inc.event_id {
+            check_token("event id", id, EVENT_ID_LEN_MAX)?;
+        }
+        if let Some(w) = &inc.writer {
+            check_len("writer", w, WRITER_LEN_MAX)?;
+        }
+        if let Some(m) = &inc.member {
+            check_len("member", m, MEMBER_LEN_MAX)?;
+        }
+        Ok(())
+    }
+
+    /// The write path.
+    pub(crate) async fn incr(
+        self: &Arc<Self>,
+        name: &str,
+        inc: Increment,
+    ) -> Result<IncrOutcome, TallyError> {
+        Self::validate(&inc)?;
+        if self.closing.load(Relaxed) {
+            return Err(TallyError::ShuttingDown);
+        }
+        if self.flusher.poisoned() {
+            return Err(TallyError::Store(tally_store::StoreError::Io {
+                op: "flush",
+                message: "an earlier flush failed; reopen the store".into(),
+            }));
+        }
+        let mut rt = self.runtime(name, true).await?;
+        let member = match (&inc.member, rt.meta.spec.distinct) {
+            (Some(m), true) => Some(member_hash(m)),
+            _ => None,
+        };
+        if rt.meta.spec.durability == Durability::Batched && inc.event_id.is_none() && bufferable(inc.delta) {
+            let key = RouteKey {
+                event_id: None,
+                writer: inc.writer.as_deref(),
+                affinity: affinity(),
+                sequence: 0,
+                random: 0,
+            };
+            if self.try_buffer(&rt, &inc, key, member) {
+                return Ok(IncrOutcome::APPLIED);
+            }
+        }
+        // The direct path: the shard decides, then answers.
+        let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member };
+        for attempt in 0..SHARD_CALL_ATTEMPTS_MAX {
+            let key = RouteKey {
+                event_id: inc.event_id.as_deref(),
+                writer: inc.writer.as_deref(),
+                affinity: affinity(),
+                sequence: rt.sequence.fetch_add(1, Relaxed),
+                random: next_random(),
+            };
+            let index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+            rt.slots[usize::from(index)].writes.fetch_add(1, Relaxed);
+            rt.last_used_ms.store(self.now_ms(), Relaxed);
+            let id = ShardId::new(rt.name.clone(), rt.meta.layout.generation, index);
+            match self.submit(&id, &rt.meta, sub.clone()).await? {
+                ShardReply::Done { outcome, value } => {
+                    rt.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
+                    return self.outcome(&rt, &inc, outcome);
+                }
+                ShardReply::Sealed => {
+                    if attempt > 0 {
+                        tokio::time::sleep(Duration::from_millis(RESHARD_RETRY_MS)).await;
+                    }
+                    rt = self.refresh(&rt).await?;
+                }
+            }
+        }
+        Err(TallyError::Unavailable {
+            shard: name.to_string(),
+            reason: "the counter is being resharded; retry with the same event id".into(),
+        })
+    }
+
+    fn outcome(
+        &self,
+        rt: &CounterRuntime,
+        inc: &Increment,
+        outcome: Outcome,
+    ) -> Result<IncrOutcome, TallyError> {
+        match outcome {
+            Outcome::Applied => {
+                match rt.meta.spec.durability {
+                    Durability::Sync => self.stats.increments_sync.inc(),
+                    Durability::Batched => self.stats.increments_batched.inc(),
+                }
+                Ok(IncrOutcome::APPLIED)
+            }
+            Outcome::Duplicate => {
+                self.stats.dedup_hits.inc();
+                Ok(IncrOutcome::DUPLICATE)
+            }
+            Outcome::Conflict { recorded_delta } => {
+                self.stats.conflicts.inc();
+                Err(TallyError::EventIdConflict {
+                    event_id: inc.event_id.clone().unwrap_or_default(),
+                    recorded_delta,
+                    delta: inc.delta,
+                })
+            }
+            Outcome::Overflow(o) => Err(TallyError::Overflow(o)),
+        }
+    }
+
+    /// The fast path: add to an accumulator slot. False if the slot cannot take it.
+    fn try_buffer(
+        &self,
+        rt: &Arc<CounterRuntime>,
+        inc: &Increment,
+        key: RouteKey<'_>,
+        member: Option<u64>,
+    ) -> bool {
+        let key = RouteKey { sequence: rt.sequence.fetch_add(1, Relaxed), random: next_random(), ..key };
+        let index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+        let slot = &rt.slots[usize::from(index)];
+        if !slot.open.load(Relaxed) {
+            return false;
+        }
+        let n = slot.count.fetch_add(1, SeqCst);
+        if n >= SLOT_INCREMENTS_MAX {
+            return false;
+        }
+        if let Some(h) = member {
+            slot.members.lock().push(h);
+        }
+        slot.sum.fetch_add(inc.delta, SeqCst);
+        slot.writes.fetch_add(1, Relaxed);
+        if rt.claim_dirty() {
+            self.queue_dirty(rt);
+        }
+        if n + 1 == self.config.slot_flush_increments && !rt.flush_requested.swap(true, SeqCst) {
+            if let Some(a) = self.aggregator.get() {
+                let _ = a.send_message(AggregatorMsg::FlushNow);
+            }
+        }
+        true
+    }
+
+    /// The counter's current runtime, re-read from the catalog.
+    pub(crate) async fn refresh(
+        self: &Arc<Self>,
+        rt: &Arc<CounterRuntime>,
+    ) -> Result<Arc<CounterRuntime>, TallyError> {
+        match self.catalog.get(rt.name.as_str())? {
+            Some(meta) => Ok(self.install(rt.name.clone(), meta)),
+            None => Err(TallyError::NotFound(rt.name.to_string())),
+        }
+    }
+
+    /// A running shard actor for `id`, started if needed.
+    pub(crate) async fn shard(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+    ) -> Result<ActorRef<ShardMsg>, TallyError> {
+        if let Some(a) = self.directory.get(id) {
+            return Ok(a.clone());
+        }
+        let sup = self.supervisor.get().ok_or(TallyError::ShuttingDown)?;
+        let (tx, rx) = ractor::concurrency::oneshot();
+        sup.send_message(SupervisorMsg::Spawn { id: id.clone(), meta: meta.clone(), reply: tx.into() })
+            .map_err(|_| TallyError::ShuttingDown)?;
+        match tokio::time::timeout(self.timeout(), rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(TallyError::ShuttingDown),
+            Err(_) => Err(unavailable(id, "the shard did not start in time")),
+        }
+    }
+
+    /// Sends a submission to its shard and waits for the answer.
+    pub(crate) async fn submit(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+        sub: Submission,
+    ) -> Result<ShardReply, TallyError> {
+        let rx = self.send_submit(id, meta, sub).await?;
+        self.await_reply(id, rx).await
+    }
+
+    /// Sends a submission to its shard; the answer arrives on the returned receiver.
+    pub(crate) async fn send_submit(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+        mut sub: Submission,
+    ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
+        for _ in 0..SHARD_CALL_ATTEMPTS_MAX {
+            let actor = self.shard(id, meta).await?;
+            let (tx, rx) = ractor::concurrency::oneshot();
+            let reply: RpcReplyPort<ShardReply> = tx.into();
+            match actor.send_message(ShardMsg::Submit { sub, reply }) {
+                Ok(()) => return Ok(rx),
+                // The shard stopped before taking the message: nothing was applied, so
+                // resending is safe. The supervisor starts a fresh one once it is gone.
+                Err(MessagingErr::SendErr(ShardMsg::Submit { sub: back, .. })) => {
+                    sub = back;
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => return Err(unavailable(id, &e.to_string())),
+            }
+        }
+        Err(unavailable(id, "the shard kept stopping"))
+    }
+
+    pub(crate) async fn await_reply<T>(
+        &self,
+        id: &ShardId,
+        rx: ractor::concurrency::OneshotReceiver<T>,
+    ) -> Result<T, TallyError> {
+        match tokio::time::timeout(self.timeout(), rx).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => {
+                Err(unavailable(id, "the shard stopped while answering; retry with the same event id"))
+            }
+            Err(_) => Err(unavailable(id, "timed out; retry with the same event id")),
+        }
+    }
+
+    /// Delivers everything `rt` buffers to the counter's current shards. Sums that
+    /// cannot be delivered go back into the current runtime for the next drain, so an
+    /// acknowledged increment is never dropped.
+    pub(crate) async fn drain(self: &Arc<Self>, rt: &Arc<CounterRuntime>) {
+        let drained = rt.drain();
+        if drained.is_empty() {
+            return;
+        }
+        rt.last_used_ms.store(self.now_ms(), Relaxed);
+        let target = match self.registry.get(rt.name.as_str()).map(|r| r.clone()) {
+            Some(t) => t,
+            None => match self.runtime(rt.name.as_str(), false).await {
+                Ok(t) => t,
+                Err(TallyError::NotFound(_)) => {
+                    tracing::warn!(counter = %rt.name, "dropping buffered increments of a deleted counter");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(counter = %rt.name, error = %e, "cannot reach counter; keeping its buffer");
+                    self.give_back(rt, drained);
+                    return;
+                }
+            },
+        };
+        let mut waiting = Vec::with_capacity(drained.len());
+        for d in drained {
+            let index = d.index % target.meta.layout.shards;
+            let id = ShardId::new(target.name.clone(), target.meta.layout.generation, index);
+            let sub =
+                Submission::Buffered { sum: d.sum, increments: d.increments, members: d.members.clone() };
+            self.stats.drain_increments.record(d.increments);
+            match self.send_submit(&id, &target.meta, sub).await {
+                Ok(rx) => waiting.push((id, index, rx, d)),
+                Err(_) => self.give_back(&target, vec![Drained { index, ..d }]),
+            }
+        }
+        for (id, index, rx, d) in waiting {
+            match self.await_reply(&id, rx).await {
+                Ok(ShardReply::Done { value, .. }) => {
+                    self.stats.increments_batched.add(d.increments);
+                    target.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
+                }
+                Ok(ShardReply::Sealed) | Err(_) => self.give_back(&target, vec![Drained { index, ..d }]),
+            }
+        }
+    }
+
+    fn give_back(&self, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) {
+        for d in drained {
+            if rt.give_back(d.index, d.sum, d.increments, d.members) {
+                self.queue_dirty(rt);
+            }
+        }
+    }
+
+    /// Removes what a deleted counter left in the store, if its cleanup is pending.
+    pub(crate) async fn finish_delete(&self, name: &CounterName) -> Result<(), TallyError> {
+        let Some(generations) = self.catalog.tombstone(name.as_str())? else { return Ok(()) };
+        for (generation, shards) in generations {
+            for index in 0..shards {
+                let id = ShardId::new(name.clone(), generation, index);
+                if let Some(sup) = self.supervisor.get() {
+                    let (tx, rx) = ractor::concurrency::oneshot();
+                    if sup.send_message(SupervisorMsg::Stop { id: id.clone(), reply: tx.into() }).is_ok() {
+                        let _ = rx.await;
+                    }
+                }
+                self.store.delete_shard(&id)?;
+            }
+        }
+        self.catalog.clear_tombstone(name.as_str())?;
+        self.flusher.flush().await?;
+        Ok(())
+    }
+
+    /// Applies a metadata command and installs the result.
+    pub(crate) async fn apply_meta(
+        self: &Arc<Self>,
+        name: &CounterName,
+        cmd: &MetaCommand,
+    ) -> Result<(Option<Arc<CounterRuntime>>, MetaEffect), TallyError> {
+        let (meta, effect) = self.catalog.apply(name, cmd, self.now_ms()).await?;
+        let rt = meta.map(|m| self.install(name.clone(), m));
+        Ok((rt, effect))
+    }
+}
+
+pub(crate) fn unavailable(id: &ShardId, reason: &str) -> TallyError {
+    TallyError::Unavailable { shard: id.to_string(), reason: reason.to_string() }
+}

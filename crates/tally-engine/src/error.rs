@@ -1,0 +1,103 @@
+//! Errors the engine answers with. Each maps to one HTTP status and one stable
+//! snake_case code, so every front end reports them the same way.
+
+use tally_core::limits::Overflow;
+use tally_core::meta::MetaError;
+use tally_core::name::NameError;
+use tally_core::spec::SpecError;
+use tally_store::StoreError;
+
+/// Why a request was refused or failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TallyError {
+    /// A name, event id, writer or member was malformed.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// A spec field was out of range.
+    #[error(transparent)]
+    InvalidSpec(#[from] SpecError),
+    /// The delta was zero.
+    #[error("delta must be a non-zero integer")]
+    ZeroDelta,
+    /// The counter does not exist.
+    #[error("counter {0:?} does not exist")]
+    NotFound(String),
+    /// The event id was applied before with another delta.
+    #[error("event id {event_id:?} was applied with delta {recorded_delta}; it cannot be reused with delta {delta}")]
+    EventIdConflict {
+        /// The event id.
+        event_id: String,
+        /// The delta it was first applied with.
+        recorded_delta: i64,
+        /// The delta of this attempt.
+        delta: i64,
+    },
+    /// Counting the increment would overflow its shard.
+    #[error(transparent)]
+    Overflow(#[from] Overflow),
+    /// A metadata transition was refused (for example a resharding in progress).
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    /// A shard could not be reached or did not answer in time. An increment with an
+    /// event id may be retried with the same id.
+    #[error("shard {shard} is unavailable: {reason}")]
+    Unavailable {
+        /// The shard.
+        shard: String,
+        /// Why.
+        reason: String,
+    },
+    /// The store failed. After a failed flush the node refuses writes until restarted,
+    /// because the operating system may have dropped unflushed pages.
+    #[error("storage failure: {0}")]
+    Store(#[from] StoreError),
+    /// The engine is shutting down.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// A batch held more items than allowed.
+    #[error("batch holds {got} items; the limit is {max}")]
+    BatchTooLarge {
+        /// Items sent.
+        got: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl TallyError {
+    /// The stable machine-readable code of this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidName(_) => "invalid_name",
+            Self::InvalidSpec(_) => "invalid_spec",
+            Self::ZeroDelta => "invalid_delta",
+            Self::NotFound(_) => "counter_not_found",
+            Self::EventIdConflict { .. } => "event_id_conflict",
+            Self::Overflow(_) => "overflow",
+            Self::Meta(MetaError::Spec(_)) => "invalid_spec",
+            Self::Meta(_) => "resharding_in_progress",
+            Self::Unavailable { .. } => "shard_unavailable",
+            Self::Store(_) => "storage_failure",
+            Self::ShuttingDown => "shutting_down",
+            Self::BatchTooLarge { .. } => "batch_too_large",
+        }
+    }
+
+    /// The HTTP status that fits this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::InvalidName(_) | Self::ZeroDelta => 400,
+            Self::NotFound(_) => 404,
+            Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
+            Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,
+            Self::BatchTooLarge { .. } => 413,
+            Self::InvalidSpec(_) | Self::Meta(MetaError::Spec(_)) | Self::Overflow(_) => 422,
+            Self::Unavailable { .. } | Self::Store(_) | Self::ShuttingDown => 503,
+        }
+    }
+
+    /// Whether retrying the same request (with the same event id) may succeed.
+    pub fn retryable(&self) -> bool {
+        self.http_status() == 503 || matches!(self, Self::Meta(MetaError::Resharding { .. }))
+    }
+}

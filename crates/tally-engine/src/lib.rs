@@ -1,0 +1,51 @@
+//! Tally's engine: the shard, aggregator, rollup and reconciler actors, and the
+//! embedded API that drives them.
+//!
+//! # Layout
+//!
+//! * [`Tally`] (`tally.rs`) — the handle callers hold.
+//! * `ctx.rs` — what every actor shares: the store, the catalog, the registry of
+//!   active counters, the directory of running shard actors, and the write path.
+//! * `runtime.rs` — a counter's accumulator slots (the lock-free fast path).
+//! * `shard.rs` — the shard actor, sole writer of one shard.
+//! * `supervisor.rs` — starts shard actors on demand and stops idle ones.
+//! * `aggregator.rs` — drains accumulators into shard messages every `flush_ms`.
+//! * `rollup.rs` — caches totals for constant-cost reads.
+//! * `reconciler.rs` — corrects drift against an authoritative total.
+//! * `reshard.rs` — changes a live counter's shard count by generations.
+//! * `flusher.rs` — group commit: one fsync serves every waiting write.
+//! * `catalog.rs` — counter metadata in the node's store.
+//! * `read.rs` — sums, sketches and shard reports.
+//!
+//! Actors talk by messages and reply in them; a handler returns `Err` only for a
+//! fatal condition. The decisions themselves are `tally_core`'s pure functions.
+
+#![forbid(unsafe_code)]
+
+mod aggregator;
+mod api;
+mod catalog;
+mod clock;
+mod config;
+mod ctx;
+mod error;
+mod flusher;
+mod read;
+mod reconciler;
+mod reshard;
+mod rollup;
+mod runtime;
+mod shard;
+mod stats;
+mod supervisor;
+mod tally;
+
+pub use api::*;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{AuthoritativeSource, TallyConfig};
+pub use error::TallyError;
+pub use read::skew;
+pub use stats::{Count, Histogram, HistogramSnapshot, Stats};
+pub use tally::Tally;
+pub use tally_core::spec::{CounterSpec, Durability, RouterPolicy, SpecPatch};
+pub use tally_store::{MemStore, SledConfig, SledStore, Store, StoreError};

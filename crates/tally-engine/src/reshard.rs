@@ -1,0 +1,87 @@
+//! Resharding a live counter: seal the current generation, carry its sum and sketch
+//! into the next one, and open it (see [`tally_core::meta`] for why this loses and
+//! doubles nothing). The task is idempotent: after a crash it runs again from the
+//! start and reaches the same result.
+
+use crate::ctx::Ctx;
+use crate::error::TallyError;
+use crate::shard::ShardMsg;
+use std::sync::Arc;
+use std::time::Duration;
+use tally_core::meta::MetaCommand;
+use tally_core::sketch::DistinctSketch;
+use tally_core::{CounterName, ShardId};
+use tally_store::{ShardImage, ShardWrite};
+
+/// Pause before retrying a resharding that failed (a store error, say).
+const RESHARD_RETRY_BACKOFF_MS: u64 = 100;
+
+/// Starts the resharding task for `name` unless it is running.
+pub(crate) fn ensure_running(ctx: &Arc<Ctx>, name: &CounterName) {
+    if ctx.resharding.insert(name.clone(), ()).is_some() {
+        return;
+    }
+    let ctx = ctx.clone();
+    let name = name.clone();
+    tokio::spawn(async move {
+        loop {
+            match run(&ctx, &name).await {
+                Ok(()) => break,
+                Err(TallyError::ShuttingDown) => break,
+                Err(e) => {
+                    tracing::warn!(counter = %name, error = %e, "resharding failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(RESHARD_RETRY_BACKOFF_MS)).await;
+                }
+            }
+        }
+        ctx.resharding.remove(&name);
+    });
+}
+
+async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
+    let Some(meta) = ctx.catalog.get(name.as_str())? else { return Ok(()) };
+    if meta.layout.resharding.is_none() {
+        return Ok(());
+    }
+    let meta = Arc::new(meta);
+    let generation = meta.layout.generation;
+    // Buffered increments go out first; what arrives later finds sealed shards and
+    // waits in its accumulator for the new generation.
+    if let Some(rt) = ctx.registry.get(name.as_str()).map(|r| r.clone()) {
+        ctx.drain(&rt).await;
+    }
+    let mut sum: i128 = 0;
+    let mut sketch: Option<DistinctSketch> = None;
+    for index in 0..meta.layout.shards {
+        let id = ShardId::new(name.clone(), generation, index);
+        let actor = ctx.shard(&id, &meta).await?;
+        let (tx, rx) = ractor::concurrency::oneshot();
+        actor
+            .send_message(ShardMsg::Seal { reply: tx.into() })
+            .map_err(|e| crate::ctx::unavailable(&id, &e.to_string()))?;
+        let image = ctx.await_reply(&id, rx).await??;
+        sum += i128::from(image.value);
+        if let Some(bytes) = image.sketch {
+            let s = DistinctSketch::from_bytes(&bytes)
+                .map_err(|e| crate::ctx::unavailable(&id, &e.to_string()))?;
+            sketch.get_or_insert_with(DistinctSketch::new).merge(&s);
+        }
+    }
+    if let Some(s) = sketch {
+        // The new generation takes no writes until the metadata opens it, so writing
+        // its first shard directly is safe; merging again after a crash is harmless.
+        let first = ShardId::new(name.clone(), generation + 1, 0);
+        let mut image = ctx.store.load_shard(&first)?;
+        let mut merged = match &image.sketch {
+            Some(b) => DistinctSketch::from_bytes(b).unwrap_or_default(),
+            None => DistinctSketch::new(),
+        };
+        merged.merge(&s);
+        image = ShardImage { value: image.value, sketch: Some(merged.to_bytes()) };
+        ctx.store.commit(&first, &ShardWrite { image, ..ShardWrite::default() })?;
+    }
+    let cmd = MetaCommand::CompleteReshard { generation, sealed_sum: sum };
+    ctx.apply_meta(name, &cmd).await?;
+    tracing::info!(counter = %name, generation = generation + 1, "resharding complete");
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! A counter's in-memory presence on a node: its metadata snapshot and one
+//! accumulator slot per shard.
+//!
+//! This is the one place where writers share memory instead of sending messages:
+//! a `batched` increment without an event id is added to its shard's slot with a
+//! few atomic instructions and acknowledged at once; the aggregator drains the slots
+//! into shard messages on its timer. [`tally_core::limits`] explains why an
+//! acknowledged buffered increment can never be refused later.
+//!
+//! # The drain protocol
+//!
+//! A writer adds to `sum`, *then* reads `dirty`; if it is clear, it sets it and queues
+//! the counter for draining. A drain clears `dirty`, *then* swaps `sum` to zero. Every
+//! add either lands before the swap (this drain carries it) or after it, in which case
+//! its writer sees `dirty` clear (or someone else re-set it after the drain) and the
+//! counter is queued again. So no add is ever stranded, even in a runtime that was
+//! replaced or evicted: the queue holds the runtime itself.
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::*};
+use std::sync::Arc;
+use tally_core::meta::CounterMeta;
+use tally_core::CounterName;
+
+/// One shard's accumulator on this node.
+#[derive(Default)]
+pub(crate) struct Slot {
+    /// Sum of buffered deltas since the last drain.
+    pub(crate) sum: AtomicI64,
+    /// Increments buffered since the last drain (for the size threshold and the
+    /// bound of [`tally_core::limits::SLOT_INCREMENTS_MAX`]).
+    pub(crate) count: AtomicU64,
+    /// Whether the shard's last known value lets the slot take increments.
+    pub(crate) open: AtomicBool,
+    /// Increments routed to this shard while the counter has been active here (skew).
+    pub(crate) writes: AtomicU64,
+    /// Member hashes of buffered increments, for counters with `distinct`.
+    pub(crate) members: Mutex<Vec<u64>>,
+}
+
+/// What a drain took out of one slot.
+pub(crate) struct Drained {
+    pub(crate) index: u16,
+    pub(crate) sum: i64,
+    pub(crate) increments: u64,
+    pub(crate) members: Vec<u64>,
+}
+
+/// A counter active on this node.
+pub(crate) struct CounterRuntime {
+    pub(crate) name: CounterName,
+    /// The metadata this runtime was built from. A change builds a new runtime.
+    pub(crate) meta: Arc<CounterMeta>,
+    /// One slot per shard of `meta.layout`.
+    pub(crate) slots: Box<[CachePadded<Slot>]>,
+    /// Set while the counter is queued for draining (see the module docs).
+    pub(crate) dirty: CachePadded<AtomicBool>,
+    /// A writer hit the size threshold: drain before the window ends.
+    pub(crate) flush_requested: AtomicBool,
+    /// Round-robin position.
+    pub(crate) sequence: CachePadded<AtomicU64>,
+    /// When the counter was last drained or written directly (for eviction).
+    pub(crate) last_used_ms: AtomicU64,
+    /// Absolute change applied since the rollup last refreshed this counter.
+    pub(crate) changed: AtomicU64,
+    /// Replaced by a newer runtime or evicted; it still drains what it holds.
+    pub(crate) retired: AtomicBool,
+}
+
+impl CounterRuntime {
+    pub(crate) fn new(name: CounterName, meta: Arc<CounterMeta>, now_ms: u64) -> Self {
+        let slots = (0..meta.layout.shards).map(|_| CachePadded::new(Slot::default())).collect();
+        Self {
+            name,
+            meta,
+            slots,
+            dirty: CachePadded::new(AtomicBool::new(false)),
+            flush_requested: AtomicBool::new(false),
+            sequence: CachePadded::new(AtomicU64::new(0)),
+            last_used_ms: AtomicU64::new(now_ms),
+            changed: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// Adds to slot `index` unconditionally (used to give back a drained sum that could
+    /// not be delivered). Returns whether the caller must queue the counter.
+    pub(crate) fn give_back(&self, index: u16, sum: i64, increments: u64, members: Vec<u64>) -> bool {
+        let slot = &self.slots[usize::from(index) % self.slots.len()];
+        if !members.is_empty() {
+            slot.members.lock().extend(members);
+        }
+        slot.count.fetch_add(increments, SeqCst);
+        slot.sum.fetch_add(sum, SeqCst);
+        self.claim_dirty()
+    }
+
+    /// Sets `dirty`; true if it was clear, meaning the caller must queue the counter.
+    pub(crate) fn claim_dirty(&self) -> bool {
+        !self.dirty.load(SeqCst) && !self.dirty.swap(true, SeqCst)
+    }
+
+    /// Takes everything buffered (see the module docs for the ordering).
+    pub(crate) fn drain(&self) -> Vec<Drained> {
+        self.dirty.store(false, SeqCst);
+        self.flush_requested.store(false, SeqCst);
+        let mut out = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let increments = slot.count.swap(0, SeqCst);
+            let sum = slot.sum.swap(0, SeqCst);
+            let members = if increments > 0 { std::mem::take(&mut *slot.members.lock()) } else { Vec::new() };
+            if sum != 0 || !members.is_empty() || increments > 0 {
+                out.push(Drained { index: i as u16, sum, increments, members });
+            }
+        }
+        out
+    }
+
+    /// Whether anything is buffered.
+    pub(crate) fn holds_buffered(&self) -> bool {
+        self.slots.iter().any(|s| s.sum.load(SeqCst) != 0 || s.count.load(SeqCst) != 0)
+    }
+}

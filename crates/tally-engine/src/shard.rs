@@ -1,0 +1,366 @@
+//! The shard actor: the only writer of one shard.
+//!
+//! It collects submissions while a commit is pending, so one store commit (and, for
+//! `sync` counters, one fsync shared with every other shard) serves many increments.
+//! The decisions are [`tally_core::shard::decide`]'s; this actor only gathers inputs
+//! (dedup records from the store), writes what was decided and sends the answers —
+//! after the flush for `sync` counters, at once for `batched` ones.
+//!
+//! A shard of a generation being resharded is *sealed*: it answers every later
+//! submission with [`ShardReply::Sealed`] and the caller retries on the new layout.
+
+use crate::ctx::Ctx;
+use crate::error::TallyError;
+use crate::supervisor::SupervisorMsg;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tally_core::dedup::{expired_ids, DedupRecord};
+use tally_core::meta::CounterMeta;
+use tally_core::router::shard_of_event;
+use tally_core::shard::{decide, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX};
+use tally_core::sketch::DistinctSketch;
+use tally_core::spec::Durability;
+use tally_core::ShardId;
+use tally_store::{ShardImage, ShardWrite, StoreError};
+
+/// How often a shard checks for idleness and expired dedup records.
+pub const SHARD_TICK_MS: u64 = 1_000;
+
+/// Messages a shard takes.
+pub(crate) enum ShardMsg {
+    /// Count something; the answer follows the commit (and the flush, for `sync`).
+    Submit { sub: Submission, reply: RpcReplyPort<ShardReply> },
+    /// Commit what is pending (sent to itself).
+    Commit,
+    /// Stop taking writes; answer with the final state.
+    Seal { reply: RpcReplyPort<Result<ShardImage, TallyError>> },
+    /// The counter's metadata changed.
+    MetaChanged(Arc<CounterMeta>),
+    /// Periodic housekeeping.
+    Tick,
+}
+
+impl ractor::Message for ShardMsg {}
+
+/// A shard's answer to a submission.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ShardReply {
+    /// Decided and written; `value` is the shard's value after the commit.
+    Done { outcome: Outcome, value: i64 },
+    /// This shard's generation is sealed; resubmit on the current layout.
+    Sealed,
+}
+
+/// The shard actor; its identity and engine are its arguments.
+pub(crate) struct ShardActor;
+
+/// Arguments of a shard actor.
+pub(crate) struct ShardArgs {
+    pub(crate) id: ShardId,
+    pub(crate) meta: Arc<CounterMeta>,
+    pub(crate) ctx: Arc<Ctx>,
+}
+
+type Pending = (Submission, RpcReplyPort<ShardReply>);
+
+/// A shard actor's state.
+pub(crate) struct ShardActorState {
+    id: ShardId,
+    ctx: Arc<Ctx>,
+    meta: Arc<CounterMeta>,
+    core: ShardState,
+    /// The encoded sketch, rewritten only when the sketch changes.
+    sketch_bytes: Option<Vec<u8>>,
+    pending: Vec<Pending>,
+    commit_scheduled: bool,
+    sealed: bool,
+    last_active_ms: u64,
+    last_sweep_ms: u64,
+    sweep_after: Option<String>,
+    ticker: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn load(ctx: &Ctx, id: &ShardId, meta: &CounterMeta) -> Result<(ShardState, Option<Vec<u8>>), StoreError> {
+    let image = ctx.store.load_shard(id)?;
+    let sketch = match (&image.sketch, meta.spec.distinct) {
+        (Some(b), _) => Some(DistinctSketch::from_bytes(b).map_err(|e| StoreError::Corrupt {
+            location: format!("sketch of shard {id}"),
+            source: tally_core::codec::DecodeError { what: "sketch", reason: e.to_string() },
+        })?),
+        (None, true) => Some(DistinctSketch::new()),
+        (None, false) => None,
+    };
+    Ok((ShardState { value: image.value, sketch }, image.sketch))
+}
+
+impl Actor for ShardActor {
+    type Msg = ShardMsg;
+    type State = ShardActorState;
+    type Arguments = ShardArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ShardMsg>,
+        args: ShardArgs,
+    ) -> Result<ShardActorState, ActorProcessingErr> {
+        let ShardArgs { id, meta, ctx } = args;
+        let (core, sketch_bytes) = load(&ctx, &id, &meta)?;
+        ctx.stats.shard_activations.inc();
+        let now = ctx.now_ms();
+        let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
+        Ok(ShardActorState {
+            sealed: id.generation < meta.layout.generation,
+            id,
+            ctx,
+            meta,
+            core,
+            sketch_bytes,
+            pending: Vec::new(),
+            commit_scheduled: false,
+            last_active_ms: now,
+            last_sweep_ms: now,
+            sweep_after: None,
+            ticker: Some(ticker),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ShardMsg>,
+        state: &mut ShardActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(t) = state.ticker.take() {
+            t.abort();
+        }
+        // Anything still pending was admitted before the drain: commit it.
+        while !state.pending.is_empty() {
+            state.commit();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ShardMsg>,
+        msg: ShardMsg,
+        state: &mut ShardActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ShardMsg::Submit { sub, reply } => {
+                if state.sealed {
+                    let _ = reply.send(ShardReply::Sealed);
+                    return Ok(());
+                }
+                state.pending.push((sub, reply));
+                state.schedule_commit(&myself);
+            }
+            ShardMsg::Commit => {
+                state.commit_scheduled = false;
+                state.commit();
+                state.schedule_commit(&myself);
+            }
+            ShardMsg::Seal { reply } => {
+                while !state.pending.is_empty() {
+                    state.commit();
+                }
+                let result = if state.ctx.flusher.poisoned() {
+                    Err(TallyError::Store(StoreError::Io {
+                        op: "flush",
+                        message: "an earlier flush failed".into(),
+                    }))
+                } else {
+                    state.sealed = true;
+                    Ok(ShardImage { value: state.core.value, sketch: state.sketch_bytes.clone() })
+                };
+                let _ = reply.send(result);
+            }
+            ShardMsg::MetaChanged(meta) => {
+                if meta.version > state.meta.version {
+                    if meta.spec.distinct && state.core.sketch.is_none() {
+                        state.core.sketch = Some(DistinctSketch::new());
+                    }
+                    state.sealed |= state.id.generation < meta.layout.generation;
+                    state.meta = meta;
+                }
+            }
+            ShardMsg::Tick => state.tick(&myself),
+        }
+        Ok(())
+    }
+}
+
+impl ShardActorState {
+    /// Whether this shard must stay up: it was sealed for a resharding that has not
+    /// completed, and a restarted copy would not know it is sealed.
+    fn pinned(&self) -> bool {
+        self.sealed && self.id.generation == self.meta.layout.generation
+    }
+
+    /// Makes sure a `Commit` follows the pending submissions. Submissions that arrive
+    /// before it is handled join the same commit: that is the batching.
+    fn schedule_commit(&mut self, myself: &ActorRef<ShardMsg>) {
+        if self.pending.is_empty() || self.commit_scheduled {
+            return;
+        }
+        self.commit_scheduled = true;
+        if myself.send_message(ShardMsg::Commit).is_err() {
+            // Draining: no new messages are admitted, so commit now.
+            self.commit_scheduled = false;
+            while !self.pending.is_empty() {
+                self.commit();
+            }
+        }
+    }
+
+    fn tick(&mut self, myself: &ActorRef<ShardMsg>) {
+        let now = self.ctx.now_ms();
+        if now.saturating_sub(self.last_sweep_ms) >= self.ctx.config.dedup_sweep_ms && !self.sealed {
+            self.last_sweep_ms = now;
+            if let Err(e) = self.sweep(now) {
+                tracing::warn!(shard = %self.id, error = %e, "dedup sweep failed");
+            }
+        }
+        let idle = now.saturating_sub(self.last_active_ms) >= self.ctx.config.shard_idle_stop_ms;
+        if idle && self.pending.is_empty() && !self.pinned() {
+            if let Some(sup) = self.ctx.supervisor.get() {
+                let _ =
+                    sup.send_message(SupervisorMsg::Retire { id: self.id.clone(), actor: myself.get_id() });
+            }
+        }
+    }
+
+    /// Removes one page of expired dedup records.
+    fn sweep(&mut self, now: u64) -> Result<(), StoreError> {
+        let page = self.ctx.store.dedup_scan(
+            &self.id,
+            self.sweep_after.as_deref(),
+            self.ctx.config.dedup_sweep_records_max,
+        )?;
+        self.sweep_after = if page.len() < self.ctx.config.dedup_sweep_records_max {
+            None
+        } else {
+            page.last().map(|(k, _)| k.clone())
+        };
+        let gone = expired_ids(&page, now, self.meta.spec.dedup_window_ms());
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let write = ShardWrite {
+            image: ShardImage { value: self.core.value, sketch: self.sketch_bytes.clone() },
+            dedup_put: Vec::new(),
+            dedup_remove: gone,
+        };
+        self.ctx.store.commit(&self.id, &write)
+    }
+
+    /// The record for `event_id` in this shard or, failing that, in its shard of each
+    /// sealed generation (they never change again, so reading them needs no lock).
+    fn prior(&self, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
+        if let Some(r) = self.ctx.store.dedup_get(&self.id, event_id)? {
+            return Ok(Some(r));
+        }
+        for g in self.meta.layout.sealed.iter().rev() {
+            let id = ShardId::new(self.id.counter.clone(), g.generation, shard_of_event(event_id, g.shards));
+            if let Some(r) = self.ctx.store.dedup_get(&id, event_id)? {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Decides, writes and answers one batch of pending submissions.
+    fn commit(&mut self) {
+        let take = self.pending.len().min(COMMIT_SUBMISSIONS_MAX);
+        let batch: Vec<Pending> = self.pending.drain(..take).collect();
+        if batch.is_empty() {
+            return;
+        }
+        let now = self.ctx.now_ms();
+        self.last_active_ms = now;
+        match self.try_commit(&batch, now) {
+            Ok((outcomes, value)) => self.answer(batch, outcomes, value),
+            Err(e) => {
+                tracing::error!(shard = %self.id, error = %e, "shard commit failed");
+                // The failed commit changed nothing in the store; forget what we decided.
+                match load(&self.ctx, &self.id, &self.meta) {
+                    Ok((core, bytes)) => (self.core, self.sketch_bytes) = (core, bytes),
+                    Err(e2) => tracing::error!(shard = %self.id, error = %e2, "cannot reload shard"),
+                }
+                // Acknowledged buffered sums must not be lost: the caller gives them
+                // back to its accumulator and retries. Everyone else hears the error.
+                for (_, reply) in batch {
+                    drop(reply);
+                }
+            }
+        }
+    }
+
+    fn try_commit(&mut self, batch: &[Pending], now: u64) -> Result<(Vec<Outcome>, i64), StoreError> {
+        if self.ctx.flusher.poisoned() {
+            return Err(StoreError::Io { op: "flush", message: "an earlier flush failed".into() });
+        }
+        let mut prior = BTreeMap::new();
+        for (sub, _) in batch {
+            if let Submission::Single { event_id: Some(id), .. } = sub {
+                if !prior.contains_key(id) {
+                    if let Some(r) = self.prior(id)? {
+                        prior.insert(id.clone(), r);
+                    }
+                }
+            }
+        }
+        let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
+        let before = self.core.value;
+        let decision = decide(&mut self.core, &subs, &prior, now, self.meta.spec.dedup_window_ms());
+        if decision.writes(before) {
+            if decision.sketch_changed {
+                self.sketch_bytes = self.core.sketch.as_ref().map(DistinctSketch::to_bytes);
+            }
+            let write = ShardWrite {
+                image: ShardImage { value: decision.value, sketch: self.sketch_bytes.clone() },
+                dedup_put: decision.dedup_put,
+                dedup_remove: Vec::new(),
+            };
+            self.ctx.store.commit(&self.id, &write)?;
+            self.ctx.stats.commits.inc();
+            self.ctx.stats.commit_submissions.record(batch.len() as u64);
+        }
+        if decision.change_abs > 0 {
+            if let Some(rt) = self.ctx.registry.get(self.id.counter.as_str()) {
+                rt.changed.fetch_add(decision.change_abs, Relaxed);
+            }
+        }
+        Ok((decision.outcomes, decision.value))
+    }
+
+    fn answer(&self, batch: Vec<Pending>, outcomes: Vec<Outcome>, value: i64) {
+        let mut later = Vec::new();
+        for ((sub, reply), outcome) in batch.into_iter().zip(outcomes) {
+            let done = ShardReply::Done { outcome, value };
+            // Buffered sums were acknowledged already; the aggregator flushes after
+            // its drain. `sync` answers wait for the flush: a duplicate too, since the
+            // record it matched may not be durable yet.
+            let wait =
+                self.meta.spec.durability == Durability::Sync && matches!(sub, Submission::Single { .. });
+            if wait {
+                later.push((reply, done));
+            } else {
+                let _ = reply.send(done);
+            }
+        }
+        if !later.is_empty() {
+            self.ctx.flusher.after_flush(Box::new(move |r| {
+                for (reply, done) in later {
+                    // On a failed flush the reply port is dropped: the caller reports the
+                    // shard unavailable and a retry with the same event id is safe.
+                    if r.is_ok() {
+                        let _ = reply.send(done);
+                    }
+                }
+            }));
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Operational signals: write rates, flush batch sizes, dedup hits, drift. Plain
+//! atomics, cheap enough for the write path; front ends export them.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Count(AtomicU64);
+
+impl Count {
+    /// Adds one.
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    /// The current count.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A distribution summarized by count, sum and power-of-two buckets (bucket `i` holds
+/// values in `[2^(i-1), 2^i)`, bucket 0 holds zero).
+#[derive(Debug)]
+pub struct Histogram {
+    buckets: [AtomicU64; 41],
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    /// Records one value.
+    pub fn record(&self, v: u64) {
+        let i = (64 - v.leading_zeros() as usize).min(self.buckets.len() - 1);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(v, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+    /// (count, sum, cumulative buckets as (upper bound exclusive, count)).
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut acc = 0;
+        let buckets = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                acc += b.load(Ordering::Relaxed);
+                (1u64.checked_shl(i as u32).unwrap_or(u64::MAX), acc)
+            })
+            .collect();
+        HistogramSnapshot {
+            count: self.count.load(Ordering::Relaxed),
+            sum: self.sum.load(Ordering::Relaxed),
+            buckets,
+        }
+    }
+}
+
+/// A point-in-time copy of a [`Histogram`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Values recorded.
+    pub count: u64,
+    /// Their sum.
+    pub sum: u64,
+    /// Cumulative counts below each power-of-two bound.
+    pub buckets: Vec<(u64, u64)>,
+}
+
+/// Every signal the engine keeps.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Increments acknowledged on `batched` counters.
+    pub increments_batched: Count,
+    /// Increments acknowledged on `sync` counters.
+    pub increments_sync: Count,
+    /// Increments whose event id was a duplicate.
+    pub dedup_hits: Count,
+    /// Increments refused for a conflicting event id.
+    pub conflicts: Count,
+    /// Shard commits written to the store.
+    pub commits: Count,
+    /// Submissions per shard commit.
+    pub commit_submissions: Histogram,
+    /// Increments per aggregator drain sent to a shard.
+    pub drain_increments: Histogram,
+    /// Store flushes (fsyncs).
+    pub flushes: Count,
+    /// Waiters served per flush (the group-commit factor).
+    pub flush_waiters: Histogram,
+    /// Fresh reads served.
+    pub reads_fresh: Count,
+    /// Cached reads served.
+    pub reads_cached: Count,
+    /// Read latency in microseconds, fresh.
+    pub read_fresh_us: Histogram,
+    /// Read latency in microseconds, cached.
+    pub read_cached_us: Histogram,
+    /// Reconciliations that found drift.
+    pub reconcile_corrections: Count,
+    /// The last measured drift (authoritative minus sum of shards), any counter.
+    pub drift_last: AtomicI64,
+    /// Shard actors started.
+    pub shard_activations: Count,
+    /// Shard actors stopped for idleness.
+    pub shard_retirements: Count,
+}

@@ -1,0 +1,281 @@
+//! [`Tally`]: the embedded engine's handle.
+
+use crate::aggregator::{Aggregator, AggregatorMsg};
+use crate::api::*;
+use crate::catalog::Catalog;
+use crate::clock::{Clock, SystemClock};
+use crate::config::TallyConfig;
+use crate::ctx::Ctx;
+use crate::error::TallyError;
+use crate::flusher::Flusher;
+use crate::reconciler::{Reconciler, ReconcilerMsg};
+use crate::rollup::{Rollup, RollupMsg};
+use crate::stats::Stats;
+use crate::supervisor::{Supervisor, SupervisorMsg};
+use ractor::{Actor, ActorRef};
+use std::path::Path;
+use std::sync::atomic::Ordering::*;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tally_core::meta::{MetaCommand, MetaEffect};
+use tally_core::spec::SpecPatch;
+use tally_core::CounterName;
+use tally_store::{SledConfig, SledStore, Store};
+
+/// How long shutdown waits for the actors to stop.
+const SHUTDOWN_WAIT_MS: u64 = 10_000;
+
+/// An embedded Tally engine. Cheap to clone; every clone drives the same engine.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), tally_engine::TallyError> {
+/// use tally_engine::{Consistency, Increment, Tally, TallyConfig};
+/// let tally = Tally::open("./data", TallyConfig::default()).await?;
+/// tally.incr("likes:42", Increment::new(1).writer("w-7")).await?;
+/// let read = tally.read("likes:42", Consistency::Fresh).await?;
+/// assert_eq!(read.value, 1);
+/// tally.shutdown().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Tally {
+    ctx: Arc<Ctx>,
+    actors: Arc<Actors>,
+}
+
+struct Actors {
+    supervisor: ActorRef<SupervisorMsg>,
+    aggregator: ActorRef<AggregatorMsg>,
+    rollup: ActorRef<RollupMsg>,
+    reconciler: ActorRef<ReconcilerMsg>,
+}
+
+fn spawn_err(e: impl std::fmt::Display) -> TallyError {
+    TallyError::Unavailable { shard: "engine".into(), reason: format!("cannot start an actor: {e}") }
+}
+
+impl Tally {
+    /// Opens (or creates) an engine whose data lives in a sled database at `dir`.
+    pub async fn open(dir: impl AsRef<Path>, config: TallyConfig) -> Result<Self, TallyError> {
+        let store = SledStore::open(&SledConfig::new(dir.as_ref()))?;
+        Self::open_with(Arc::new(store), Arc::new(SystemClock), config).await
+    }
+
+    /// Opens an engine over any store and clock (the in-memory store in tests and
+    /// simulations, a manual clock for windows and expiry).
+    pub async fn open_with(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: TallyConfig,
+    ) -> Result<Self, TallyError> {
+        let stats = Arc::new(Stats::default());
+        let flusher = Flusher::start(store.clone(), stats.clone());
+        let ctx = Arc::new(Ctx {
+            catalog: Catalog::new(store.clone(), flusher.clone()),
+            config,
+            store,
+            clock,
+            flusher,
+            stats,
+            registry: Default::default(),
+            directory: Default::default(),
+            dirty: Default::default(),
+            resharding: Default::default(),
+            supervisor: OnceLock::new(),
+            aggregator: OnceLock::new(),
+            closing: Default::default(),
+        });
+        let weak = Arc::downgrade(&ctx);
+        let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
+        let (aggregator, _) = Actor::spawn(None, Aggregator, weak.clone()).await.map_err(spawn_err)?;
+        let (rollup, _) = Actor::spawn(None, Rollup, weak.clone()).await.map_err(spawn_err)?;
+        let (reconciler, _) = Actor::spawn(None, Reconciler, weak).await.map_err(spawn_err)?;
+        let _ = ctx.supervisor.set(supervisor.clone());
+        let _ = ctx.aggregator.set(aggregator.clone());
+        // Finish what a crash interrupted: deletions, then reshardings.
+        for (name, _) in ctx.catalog.tombstones()? {
+            ctx.finish_delete(&name).await?;
+        }
+        for name in ctx.catalog.pending_reshards()? {
+            ctx.runtime(name.as_str(), false).await?;
+        }
+        Ok(Self { ctx, actors: Arc::new(Actors { supervisor, aggregator, rollup, reconciler }) })
+    }
+
+    /// Creates the counter (defaults plus `patch`) or updates the fields `patch`
+    /// names. A changed shard count reshards the live counter in the background.
+    pub async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
+        let name = CounterName::new(name)?;
+        self.ctx.finish_delete(&name).await?;
+        let (rt, effect) = self.ctx.apply_meta(&name, &MetaCommand::Put(patch)).await?;
+        let rt = rt.expect("a put always leaves a counter");
+        Ok(PutOutcome { created: effect == MetaEffect::Created, counter: info(&name, &rt.meta) })
+    }
+
+    /// The counter's spec and layout.
+    pub async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
+        let name = CounterName::new(name)?;
+        match self.ctx.catalog.get(name.as_str())? {
+            Some(meta) => Ok(info(&name, &meta)),
+            None => Err(TallyError::NotFound(name.to_string())),
+        }
+    }
+
+    /// Deletes the counter and all its data.
+    pub async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
+        let name = CounterName::new(name)?;
+        let (_, effect) = self.ctx.catalog.apply(&name, &MetaCommand::Delete, self.ctx.now_ms()).await?;
+        if effect == MetaEffect::Missing {
+            return Err(TallyError::NotFound(name.to_string()));
+        }
+        if let Some((_, rt)) = self.ctx.registry.remove(name.as_str()) {
+            rt.retired.store(true, SeqCst);
+        }
+        let _ = self.actors.rollup.send_message(RollupMsg::Forget(name.clone()));
+        self.ctx.finish_delete(&name).await
+    }
+
+    /// Counts one increment. An unknown counter is created with the defaults.
+    pub async fn incr(&self, name: &str, inc: Increment) -> Result<IncrOutcome, TallyError> {
+        self.ctx.incr(name, inc).await
+    }
+
+    /// Counts many increments, possibly on different counters; one result per item,
+    /// in order. Items are independent: one failing does not stop the others.
+    pub async fn incr_many(
+        &self,
+        items: Vec<(String, Increment)>,
+    ) -> Result<Vec<Result<IncrOutcome, TallyError>>, TallyError> {
+        let max = self.ctx.config.batch_items_max;
+        if items.len() > max {
+            return Err(TallyError::BatchTooLarge { got: items.len(), max });
+        }
+        let mut out = Vec::with_capacity(items.len());
+        let mut tasks = Vec::new();
+        for (i, (name, inc)) in items.into_iter().enumerate() {
+            out.push(None);
+            let ctx = self.ctx.clone();
+            // Items that wait for a shard (sync, event ids) run concurrently, so one
+            // group commit serves the whole batch.
+            tasks.push((i, tokio::spawn(async move { ctx.incr(&name, inc).await })));
+        }
+        for (i, t) in tasks {
+            out[i] = Some(t.await.unwrap_or(Err(TallyError::ShuttingDown)));
+        }
+        Ok(out.into_iter().map(|r| r.expect("every item answered")).collect())
+    }
+
+    /// The counter's total. `Fresh` first delivers this node's buffered increments,
+    /// then sums every shard; `Cached` answers from the rollup.
+    pub async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
+        let started = Instant::now();
+        let rt = self.ctx.runtime(name, false).await?;
+        let read = if consistency == Consistency::Cached && rt.meta.spec.rollup_ms > 0 {
+            let (tx, rx) = ractor::concurrency::oneshot();
+            self.actors
+                .rollup
+                .send_message(RollupMsg::Get { name: rt.name.clone(), reply: tx.into() })
+                .map_err(|_| TallyError::ShuttingDown)?;
+            let r = tokio::time::timeout(Duration::from_millis(self.ctx.config.call_timeout_ms), rx)
+                .await
+                .map_err(|_| TallyError::Unavailable {
+                    shard: name.into(),
+                    reason: "rollup timed out".into(),
+                })?
+                .map_err(|_| TallyError::ShuttingDown)??;
+            self.ctx.stats.reads_cached.inc();
+            self.ctx.stats.read_cached_us.record(started.elapsed().as_micros() as u64);
+            r
+        } else {
+            self.ctx.drain(&rt).await;
+            let r = crate::read::sum_shards(&self.ctx, &rt.meta, &rt.name).await?;
+            self.ctx.stats.reads_fresh.inc();
+            self.ctx.stats.read_fresh_us.record(started.elapsed().as_micros() as u64);
+            r
+        };
+        Ok(read)
+    }
+
+    /// The estimated number of distinct members (counters with `distinct`).
+    pub async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        self.ctx.drain(&rt).await;
+        crate::read::distinct(&self.ctx, &rt.meta, &rt.name)
+    }
+
+    /// Per-shard values and write skew.
+    pub async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        self.ctx.drain(&rt).await;
+        crate::read::shards(&self.ctx, &rt)
+    }
+
+    /// Brings the counter to `authoritative` by writing the drift as an idempotent
+    /// correction.
+    pub async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
+        let name = CounterName::new(name)?;
+        let (tx, rx) = ractor::concurrency::oneshot();
+        self.actors
+            .reconciler
+            .send_message(ReconcilerMsg::Reconcile { name, authoritative, reply: tx.into() })
+            .map_err(|_| TallyError::ShuttingDown)?;
+        rx.await.map_err(|_| TallyError::ShuttingDown)?
+    }
+
+    /// Waits until every resharding in progress on this node has completed.
+    pub async fn settle(&self) {
+        while !self.ctx.resharding.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// The engine's operational signals.
+    pub fn stats(&self) -> &Stats {
+        &self.ctx.stats
+    }
+
+    /// Counters with in-memory state on this node, and running shard actors.
+    pub fn active(&self) -> (usize, usize) {
+        (self.ctx.registry.len(), self.ctx.directory.len())
+    }
+
+    /// The store this engine writes to.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.ctx.store
+    }
+
+    /// Stops taking writes, delivers every buffered increment, flushes the store and
+    /// stops the actors.
+    pub async fn shutdown(&self) -> Result<(), TallyError> {
+        if self.ctx.closing.swap(true, SeqCst) {
+            return Ok(());
+        }
+        let (tx, rx) = ractor::concurrency::oneshot();
+        if self.actors.aggregator.send_message(AggregatorMsg::FlushAll { reply: tx.into() }).is_ok() {
+            let _ = rx.await;
+        }
+        let wait = Some(Duration::from_millis(SHUTDOWN_WAIT_MS));
+        self.actors.supervisor.drain_children_and_wait(wait).await;
+        self.ctx.flusher.flush().await?;
+        for cell in [
+            self.actors.aggregator.get_cell(),
+            self.actors.rollup.get_cell(),
+            self.actors.reconciler.get_cell(),
+            self.actors.supervisor.get_cell(),
+        ] {
+            cell.stop(None);
+        }
+        Ok(())
+    }
+}
+
+fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta) -> CounterInfo {
+    CounterInfo {
+        name: name.to_string(),
+        spec: meta.spec,
+        generation: meta.layout.generation,
+        layout_shards: meta.layout.shards,
+        resharding: meta.layout.resharding,
+        created_at_ms: meta.created_at_ms,
+    }
+}

@@ -1,0 +1,112 @@
+//! Tally's storage layer.
+//!
+//! One trait, [`Store`], with two implementations that promise the same semantics:
+//!
+//! * [`SledStore`] — the production store: one sled database per node.
+//! * [`MemStore`] — an in-memory store for tests and simulation. It keeps what was
+//!   made durable by [`Store::flush`] apart from what was only applied, so a simulated
+//!   crash ([`MemStore::crash`]) loses exactly what a real crash may lose.
+//!
+//! # What the store promises
+//!
+//! * **Atomic shard commits.** [`Store::commit`] writes a shard's new value, its sketch
+//!   and its new dedup records, and removes the dedup records it names, all or nothing,
+//!   across crashes too. The shard actor is the only writer of its shard, so the value
+//!   it writes is the old value plus the batch's sum, computed in the actor: no client
+//!   ever reads, modifies and writes.
+//! * **Read-your-commits.** Reads see every completed commit, flushed or not.
+//! * **Group commit.** [`Store::flush`] makes every commit that completed before the call
+//!   durable with one fsync; concurrent callers share it.
+//! * **Prefix durability.** After a crash, the store holds every commit that completed
+//!   before the last successful flush, plus possibly some later commits in commit order.
+//!
+//! Values and records are encoded by [`tally_core::codec`].
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod mem;
+mod sled_store;
+
+pub use error::StoreError;
+pub use mem::{MemStats, MemStore};
+pub use sled_store::{SledConfig, SledStore, SHARD_TREES};
+
+use serde::{Deserialize, Serialize};
+use tally_core::ids::ShardId;
+
+/// The persisted state of one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardImage {
+    /// The shard's partial sum.
+    pub value: i64,
+    /// The shard's distinct-count sketch, encoded by `tally_core::sketch`; `None` for
+    /// counters without `distinct`.
+    pub sketch: Option<Vec<u8>>,
+}
+
+pub use tally_core::dedup::DedupRecord;
+
+/// Everything one shard commit changes, applied atomically.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardWrite {
+    /// The shard's new state.
+    pub image: ShardImage,
+    /// Dedup records to insert (or overwrite), keyed by event id.
+    pub dedup_put: Vec<(String, DedupRecord)>,
+    /// Event ids whose records are removed (expired).
+    pub dedup_remove: Vec<String>,
+}
+
+/// A storage backend. Implementations are cheap to share (`Arc<dyn Store>`) and are
+/// called from many threads; every method except [`Store::flush`] is quick.
+pub trait Store: Send + Sync + 'static {
+    /// The shard's current state; a shard never written reads as zero with no sketch.
+    fn load_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError>;
+
+    /// The dedup record for `event_id` in this shard, if one was committed.
+    fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError>;
+
+    /// Up to `limit` of this shard's dedup records in event-id order, starting after
+    /// `after` (exclusive) when given. Used for expiry sweeps.
+    fn dedup_scan(
+        &self,
+        id: &ShardId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, DedupRecord)>, StoreError>;
+
+    /// Applies `write` to the shard atomically (all or nothing, across crashes too).
+    fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError>;
+
+    /// Removes the shard's value, sketch and every dedup record, atomically.
+    fn delete_shard(&self, id: &ShardId) -> Result<(), StoreError>;
+
+    /// Makes every commit that completed before this call durable. Blocks for one
+    /// fsync; call it from a blocking context.
+    fn flush(&self) -> Result<(), StoreError>;
+
+    /// Reads a metadata entry (counter specs and layouts of the local catalog, node
+    /// identity). Metadata lives apart from shard data.
+    fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Writes a metadata entry. Like commits, it is durable after the next flush.
+    fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
+
+    /// Removes a metadata entry.
+    fn meta_delete(&self, key: &[u8]) -> Result<(), StoreError>;
+
+    /// Up to `limit` metadata entries whose keys start with `prefix`, in key order,
+    /// starting after `after` (exclusive) when given.
+    // The signature is part of the fixed trait; a type alias would only hide the shape.
+    #[allow(clippy::type_complexity)]
+    fn meta_scan(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+
+    /// Bytes the store occupies on disk (0 for the in-memory store).
+    fn size_on_disk(&self) -> Result<u64, StoreError>;
+}
