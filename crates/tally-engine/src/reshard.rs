@@ -24,7 +24,7 @@ pub(crate) fn ensure_running(ctx: &Arc<Ctx>, name: &CounterName) {
     let ctx = ctx.clone();
     let name = name.clone();
     tokio::spawn(async move {
-        loop {
+        while !ctx.closing.load(std::sync::atomic::Ordering::SeqCst) {
             match run(&ctx, &name).await {
                 Ok(()) => break,
                 Err(TallyError::ShuttingDown) => break,

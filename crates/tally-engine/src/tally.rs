@@ -269,6 +269,26 @@ impl Tally {
     }
 }
 
+impl Tally {
+    /// Stops the engine at once, as a crash would: buffered increments are dropped,
+    /// nothing more is written or flushed, and waiting callers see errors. For crash
+    /// tests and simulations; production code calls [`Tally::shutdown`].
+    pub fn abort(&self) {
+        self.ctx.closing.store(true, SeqCst);
+        for entry in self.ctx.directory.iter() {
+            entry.value().stop(None);
+        }
+        for cell in [
+            self.actors.aggregator.get_cell(),
+            self.actors.rollup.get_cell(),
+            self.actors.reconciler.get_cell(),
+            self.actors.supervisor.get_cell(),
+        ] {
+            cell.stop(None);
+        }
+    }
+}
+
 fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta) -> CounterInfo {
     CounterInfo {
         name: name.to_string(),
