@@ -194,29 +194,28 @@ impl Ctx {
             (Some(m), true) => Some(member_hash(m)),
             _ => None,
         };
-        if rt.meta.spec.durability == Durability::Batched && inc.event_id.is_none() && bufferable(inc.delta) {
-            let key = RouteKey {
-                event_id: None,
-                writer: inc.writer.as_deref(),
-                affinity: affinity(),
-                sequence: 0,
-                random: 0,
-            };
-            if self.try_buffer(&rt, &inc, key, member) {
-                return Ok(IncrOutcome::APPLIED);
-            }
+        // One routing decision per increment, reused by whichever path takes it.
+        let key = RouteKey {
+            event_id: inc.event_id.as_deref(),
+            writer: inc.writer.as_deref(),
+            affinity: affinity(),
+            sequence: rt.sequence.fetch_add(1, Relaxed),
+            random: next_random(),
+        };
+        let mut index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+        if rt.meta.spec.durability == Durability::Batched
+            && inc.event_id.is_none()
+            && bufferable(inc.delta)
+            && self.try_buffer(&rt, index, inc.delta, member)
+        {
+            return Ok(IncrOutcome::APPLIED);
         }
         // The direct path: the shard decides, then answers.
         let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member };
         for attempt in 0..SHARD_CALL_ATTEMPTS_MAX {
-            let key = RouteKey {
-                event_id: inc.event_id.as_deref(),
-                writer: inc.writer.as_deref(),
-                affinity: affinity(),
-                sequence: rt.sequence.fetch_add(1, Relaxed),
-                random: next_random(),
-            };
-            let index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+            if attempt > 0 {
+                index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+            }
             rt.slots[usize::from(index)].writes.fetch_add(1, Relaxed);
             rt.last_used_ms.store(self.now_ms(), Relaxed);
             let id = ShardId::new(rt.name.clone(), rt.meta.layout.generation, index);
@@ -270,15 +269,7 @@ impl Ctx {
     }
 
     /// The fast path: add to an accumulator slot. False if the slot cannot take it.
-    fn try_buffer(
-        &self,
-        rt: &Arc<CounterRuntime>,
-        inc: &Increment,
-        key: RouteKey<'_>,
-        member: Option<u64>,
-    ) -> bool {
-        let key = RouteKey { sequence: rt.sequence.fetch_add(1, Relaxed), random: next_random(), ..key };
-        let index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+    fn try_buffer(&self, rt: &Arc<CounterRuntime>, index: u16, delta: i64, member: Option<u64>) -> bool {
         let slot = &rt.slots[usize::from(index)];
         if !slot.open.load(Relaxed) {
             return false;
@@ -290,7 +281,7 @@ impl Ctx {
         if let Some(h) = member {
             slot.members.lock().push(h);
         }
-        slot.sum.fetch_add(inc.delta, SeqCst);
+        slot.sum.fetch_add(delta, SeqCst);
         slot.writes.fetch_add(1, Relaxed);
         if rt.claim_dirty() {
             self.queue_dirty(rt);

@@ -108,20 +108,32 @@ impl Actor for Reconciler {
     }
 }
 
+/// Largest magnitude of one correction: a quarter of a shard's range, so a large
+/// drift spreads over several shards instead of overflowing one.
+const CORRECTION_ABS_MAX: i64 = 1 << 61;
+
 /// The event id of the `part`-th correction bringing `name` from `before` to
-/// `authoritative`. `~` is outside the client alphabet, so it never collides.
-fn correction_id(name: &CounterName, authoritative: i128, before: i128, part: u32) -> String {
+/// `authoritative`, chosen so that it routes to shard `part % shards` (parts spread
+/// over shards, and a retry finds its record like any event id). Deterministic: the
+/// same correction always gets the same id. `~` is outside the client alphabet.
+fn correction_id(name: &CounterName, authoritative: i128, before: i128, part: u32, shards: u16) -> String {
     let mut key = name.as_str().as_bytes().to_vec();
     key.extend_from_slice(&authoritative.to_be_bytes());
     key.extend_from_slice(&before.to_be_bytes());
-    format!("~reconcile:{:016x}:{part}", hash64(0x7265_636f_6e63_696c, &key))
+    let base = hash64(0x7265_636f_6e63_696c, &key);
+    let want = (part % u32::from(shards)) as u16;
+    (0u32..)
+        .map(|salt| format!("~reconcile:{base:016x}:{part}:{salt}"))
+        .find(|id| shard_of_event(id, shards) == want)
+        .expect("some salt routes to every shard")
 }
 
-/// Splits a drift into deltas that each fit an `i64` and are non-zero.
+/// Splits a drift into non-zero deltas of at most [`CORRECTION_ABS_MAX`].
 fn parts(mut drift: i128) -> Vec<i64> {
     let mut out = Vec::new();
     while drift != 0 {
-        let step = drift.clamp(i128::from(i64::MIN + 1), i128::from(i64::MAX)) as i64;
+        let max = i128::from(CORRECTION_ABS_MAX);
+        let step = drift.clamp(-max, max) as i64;
         out.push(step);
         drift -= i128::from(step);
     }
@@ -144,9 +156,9 @@ pub(crate) async fn reconcile(
         return Ok(ReconcileReport { before, drift, corrected: false });
     }
     for (part, delta) in parts(drift).into_iter().enumerate() {
-        let event_id = correction_id(name, authoritative, before, part as u32);
         let mut rt = ctx.runtime(name.as_str(), false).await?;
         loop {
+            let event_id = correction_id(name, authoritative, before, part as u32, rt.meta.layout.shards);
             let index = shard_of_event(&event_id, rt.meta.layout.shards);
             let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
             let sub = Submission::Single { delta, event_id: Some(event_id.clone()), member: None };
@@ -181,7 +193,7 @@ mod tests {
         let big = i128::from(i64::MAX) * 2 + 3;
         let p = parts(big);
         assert_eq!(p.iter().map(|&d| i128::from(d)).sum::<i128>(), big);
-        assert!(p.iter().all(|&d| d != 0));
+        assert!(p.iter().all(|&d| d != 0 && d.abs() <= CORRECTION_ABS_MAX));
         let neg = i128::from(i64::MIN) * 3;
         assert_eq!(parts(neg).iter().map(|&d| i128::from(d)).sum::<i128>(), neg);
     }
@@ -189,9 +201,12 @@ mod tests {
     #[test]
     fn correction_ids_are_stable_and_distinct() {
         let n = CounterName::new("c").unwrap();
-        assert_eq!(correction_id(&n, 10, 5, 0), correction_id(&n, 10, 5, 0));
-        assert_ne!(correction_id(&n, 10, 5, 0), correction_id(&n, 10, 6, 0));
-        assert_ne!(correction_id(&n, 10, 5, 0), correction_id(&n, 10, 5, 1));
-        assert!(correction_id(&n, 10, 5, 0).starts_with('~'));
+        assert_eq!(correction_id(&n, 10, 5, 0, 8), correction_id(&n, 10, 5, 0, 8));
+        assert_ne!(correction_id(&n, 10, 5, 0, 8), correction_id(&n, 10, 6, 0, 8));
+        assert_ne!(correction_id(&n, 10, 5, 0, 8), correction_id(&n, 10, 5, 1, 8));
+        assert!(correction_id(&n, 10, 5, 0, 8).starts_with('~'));
+        for part in 0..16 {
+            assert_eq!(shard_of_event(&correction_id(&n, 1, 2, part, 8), 8), (part % 8) as u16);
+        }
     }
 }

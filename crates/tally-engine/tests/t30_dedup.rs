@@ -1,0 +1,111 @@
+//! t30: event ids are idempotency keys (invariant 2): a retry is a duplicate, a reuse
+//! with another delta is a conflict, the memory survives restarts and ends with the
+//! dedup window.
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use tally_engine::{Consistency, Durability, Increment, SpecPatch, Tally, TallyConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_duplicates_and_reuse_with_another_delta_is_a_conflict() {
+    let (tally, _) = mem_engine().await;
+    for d in [Durability::Sync, Durability::Batched] {
+        let name = format!("c-{d}");
+        tally.put_counter(&name, spec(16, d)).await.unwrap();
+        let first = tally.incr(&name, Increment::new(5).event_id("e-1")).await.unwrap();
+        assert!(first.applied && !first.duplicate);
+        for _ in 0..3 {
+            let again = tally.incr(&name, Increment::new(5).event_id("e-1").writer("other")).await.unwrap();
+            assert!(!again.applied && again.duplicate);
+        }
+        let err = tally.incr(&name, Increment::new(6).event_id("e-1")).await.unwrap_err();
+        assert_eq!((err.code(), err.http_status()), ("event_id_conflict", 409));
+        assert_eq!(tally.read(&name, Consistency::Fresh).await.unwrap().value, 5);
+    }
+    assert_eq!(tally.stats().dedup_hits.get(), 6);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_copies_of_one_event_count_once() {
+    let (tally, _) = mem_engine().await;
+    tally.put_counter("c", spec(8, Durability::Sync)).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let t = tally.clone();
+        tasks.push(tokio::spawn(async move {
+            t.incr("c", Increment::new(1).event_id(format!("e-{}", i % 10))).await.unwrap().applied
+        }));
+    }
+    let mut applied = 0;
+    for t in tasks {
+        applied += usize::from(t.await.unwrap());
+    }
+    assert_eq!(applied, 10);
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 10);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_memory_survives_a_restart_of_the_sled_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let tally = Tally::open(dir.path(), TallyConfig::default()).await.unwrap();
+    tally.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..50 {
+        tally.incr("c", Increment::new(2).event_id(format!("e{i}"))).await.unwrap();
+    }
+    tally.shutdown().await.unwrap();
+    drop(tally);
+    // sled releases its lock once every handle is gone.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let tally = Tally::open(dir.path(), TallyConfig::default()).await.unwrap();
+    for i in 0..50 {
+        assert!(tally.incr("c", Increment::new(2).event_id(format!("e{i}"))).await.unwrap().duplicate);
+    }
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 100);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_id_counts_again_once_its_window_has_passed() {
+    let (tally, _store, clock) = manual_engine(1_000_000).await;
+    let patch = SpecPatch { dedup_window_s: Some(60), ..spec(4, Durability::Sync) };
+    tally.put_counter("c", patch).await.unwrap();
+    tally.incr("c", Increment::new(1).event_id("e")).await.unwrap();
+    clock.advance(59_999);
+    assert!(tally.incr("c", Increment::new(1).event_id("e")).await.unwrap().duplicate);
+    clock.advance(1);
+    assert!(tally.incr("c", Increment::new(1).event_id("e")).await.unwrap().applied);
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 2);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_records_are_swept_from_the_store() {
+    let store = tally_engine::MemStore::new();
+    let clock = tally_engine::ManualClock::new(1_000_000);
+    let config = TallyConfig { dedup_sweep_ms: 1, ..quick_config() };
+    let tally = Tally::open_with(Arc::new(store.clone()), Arc::new(clock.clone()), config).await.unwrap();
+    let patch = SpecPatch { dedup_window_s: Some(1), ..spec(1, Durability::Sync) };
+    tally.put_counter("c", patch).await.unwrap();
+    for i in 0..20 {
+        tally.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    let id = tally_core::ShardId::new(tally_core::CounterName::new("c").unwrap(), 0, 0);
+    assert_eq!(tally.store().dedup_scan(&id, None, 100).unwrap().len(), 20);
+    clock.advance(1_000);
+    // The shard sweeps on its next tick (once a second).
+    let mut left = 20;
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        left = tally.store().dedup_scan(&id, None, 100).unwrap().len();
+        if left == 0 {
+            break;
+        }
+    }
+    assert_eq!(left, 0, "expired records were not swept");
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
+    tally.shutdown().await.unwrap();
+}

@@ -1,0 +1,130 @@
+//! t40: changing `shards` on a live counter loses and doubles nothing, dedup included
+//! (invariant 2, resharding clause), and distinct counts carry over.
+
+mod common;
+
+use common::*;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::*};
+use std::sync::Arc;
+use tally_engine::{Consistency, Durability, Increment, SpecPatch};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_under_load_loses_and_doubles_nothing() {
+    let (tally, _) = mem_engine().await;
+    for d in [Durability::Batched, Durability::Sync] {
+        let name = format!("hot-{d}");
+        tally.put_counter(&name, spec(8, d)).await.unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(AtomicI64::new(0));
+        let mut writers = Vec::new();
+        for w in 0..8 {
+            let (t, stop, acked, name) = (tally.clone(), stop.clone(), acked.clone(), name.clone());
+            writers.push(tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(SeqCst) {
+                    // Half anonymous, half with event ids that are each sent twice.
+                    let inc = if i % 2 == 0 {
+                        Increment::new(1).writer(format!("w{w}"))
+                    } else {
+                        Increment::new(1).event_id(format!("{w}-{i}"))
+                    };
+                    let o = t.incr(&name, inc.clone()).await.unwrap();
+                    if o.applied {
+                        acked.fetch_add(1, SeqCst);
+                    }
+                    if inc.event_id.is_some() {
+                        assert!(t.incr(&name, inc).await.unwrap().duplicate);
+                    }
+                    i += 1;
+                }
+            }));
+        }
+        for shards in [64u16, 3, 17] {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tally.put_counter(&name, SpecPatch { shards: Some(shards), ..Default::default() }).await.unwrap();
+            tally.settle().await;
+            let info = tally.counter(&name).await.unwrap();
+            assert_eq!((info.layout_shards, info.resharding), (shards, None));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        stop.store(true, SeqCst);
+        for w in writers {
+            w.await.unwrap();
+        }
+        let read = tally.read(&name, Consistency::Fresh).await.unwrap();
+        assert_eq!(read.value, i128::from(acked.load(SeqCst)), "{name}");
+        assert!(acked.load(SeqCst) > 100, "the writers barely ran");
+        let report = tally.shards(&name).await.unwrap();
+        assert_eq!((report.generation, report.shards.len()), (3, 17));
+        let sum: i128 = report.base + report.shards.iter().map(|s| i128::from(s.value)).sum::<i128>();
+        assert_eq!(sum, read.value);
+    }
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_ids_from_before_a_resharding_stay_deduplicated() {
+    let (tally, _) = mem_engine().await;
+    tally.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..200 {
+        tally.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    for shards in [32u16, 5] {
+        tally.put_counter("c", SpecPatch { shards: Some(shards), ..Default::default() }).await.unwrap();
+        tally.settle().await;
+        for i in 0..200 {
+            let o = tally.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+            assert!(o.duplicate, "e{i} counted twice after resharding to {shards}");
+        }
+    }
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 200);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_members_carry_over_a_resharding() {
+    let (tally, _) = mem_engine().await;
+    let patch = SpecPatch { distinct: Some(true), ..spec(8, Durability::Batched) };
+    tally.put_counter("u", patch).await.unwrap();
+    for i in 0..3_000 {
+        tally.incr("u", Increment::new(1).member(format!("user-{i}"))).await.unwrap();
+    }
+    let before = tally.distinct("u").await.unwrap().estimate;
+    tally.put_counter("u", SpecPatch { shards: Some(2), ..Default::default() }).await.unwrap();
+    tally.settle().await;
+    for i in 0..3_000 {
+        tally.incr("u", Increment::new(1).member(format!("user-{i}"))).await.unwrap();
+    }
+    let after = tally.distinct("u").await.unwrap();
+    assert_eq!(after.estimate, before, "the same members must not count again");
+    let err = (after.estimate as f64 - 3_000.0).abs() / 3_000.0;
+    assert!(err < 3.0 * after.relative_error, "estimate {} for 3000", after.estimate);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_resharding_completes_after_a_restart() {
+    let (tally, store) = mem_engine().await;
+    tally.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..100 {
+        tally.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    // Record the resharding intent, then crash before the task can finish it.
+    store.fail_next_commits(u64::MAX);
+    let _ = tally.put_counter("c", SpecPatch { shards: Some(9), ..Default::default() }).await;
+    store.close();
+    tally.abort();
+    store.crash(usize::MAX);
+    let tally = reopen(&store).await;
+    tally.settle().await;
+    let info = tally.counter("c").await.unwrap();
+    if info.resharding.is_none() && info.layout_shards == 4 {
+        // The intent itself did not become durable: resharding again is the client's retry.
+        tally.put_counter("c", SpecPatch { shards: Some(9), ..Default::default() }).await.unwrap();
+        tally.settle().await;
+    }
+    let info = tally.counter("c").await.unwrap();
+    assert_eq!((info.layout_shards, info.resharding), (9, None));
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 100);
+    tally.shutdown().await.unwrap();
+}
