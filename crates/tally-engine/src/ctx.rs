@@ -208,6 +208,10 @@ impl Ctx {
             && bufferable(inc.delta)
             && self.try_buffer(&rt, index, inc.delta, member)
         {
+            // The fast path never waits, so a writer looping on it would never give
+            // the runtime back to the aggregator and the other actors. Spend tokio's
+            // cooperative budget like any other resource: every so often, yield.
+            tokio::task::consume_budget().await;
             return Ok(IncrOutcome::APPLIED);
         }
         // The direct path: the shard decides, then answers.
@@ -222,6 +226,11 @@ impl Ctx {
             match self.submit(&id, &rt.meta, sub.clone()).await? {
                 ShardReply::Done { outcome, value } => {
                     rt.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
+                    // A batched commit is not flushed here; queueing the counter makes
+                    // the aggregator flush within the window, as for buffered sums.
+                    if rt.meta.spec.durability == Durability::Batched && rt.claim_dirty() {
+                        self.queue_dirty(&rt);
+                    }
                     return self.outcome(&rt, &inc, outcome);
                 }
                 ShardReply::Sealed => {

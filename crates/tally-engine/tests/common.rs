@@ -12,7 +12,8 @@ pub fn quick_config() -> TallyConfig {
 /// An engine over an in-memory store and the system clock.
 pub async fn mem_engine() -> (Tally, MemStore) {
     let store = MemStore::new();
-    let tally = Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), quick_config()).await.unwrap();
+    let tally =
+        Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), quick_config()).await.unwrap();
     (tally, store)
 }
 

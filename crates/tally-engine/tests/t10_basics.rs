@@ -23,7 +23,8 @@ async fn put_creates_then_updates() {
     let created = tally.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
     assert!(created.created);
     assert_eq!(created.counter.spec.shards, 4);
-    let updated = tally.put_counter("c", SpecPatch { rollup_ms: Some(0), ..Default::default() }).await.unwrap();
+    let updated =
+        tally.put_counter("c", SpecPatch { rollup_ms: Some(0), ..Default::default() }).await.unwrap();
     assert!(!updated.created);
     assert_eq!((updated.counter.spec.rollup_ms, updated.counter.spec.durability), (0, Durability::Sync));
     tally.shutdown().await.unwrap();
@@ -75,7 +76,8 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
     }
     let err = tally.put_counter("ok", SpecPatch { shards: Some(0), ..Default::default() }).await.unwrap_err();
     assert_eq!((err.code(), err.http_status()), ("invalid_spec", 422));
-    let err = tally.put_counter("ok", SpecPatch { shards: Some(1025), ..Default::default() }).await.unwrap_err();
+    let err =
+        tally.put_counter("ok", SpecPatch { shards: Some(1025), ..Default::default() }).await.unwrap_err();
     assert_eq!(err.http_status(), 422);
     assert_eq!(tally.read("ok", Consistency::Fresh).await.unwrap().value, 1);
     tally.shutdown().await.unwrap();

@@ -55,7 +55,11 @@ async fn every_acknowledged_sync_increment_survives_a_crash_mid_stream() {
     let acked = acked.lock().unwrap().clone();
     let value = tally.read("credits", Consistency::Fresh).await.unwrap().value;
     let unknown = attempted - acked.len() as u64;
-    assert!(value >= acked.len() as i128, "lost acknowledged increments: value {value} < acked {}", acked.len());
+    assert!(
+        value >= acked.len() as i128,
+        "lost acknowledged increments: value {value} < acked {}",
+        acked.len()
+    );
     assert!(value <= (acked.len() as u64 + unknown) as i128, "counted more than was sent");
     // Every acknowledged id is remembered: its retry is a duplicate, not a second count.
     for id in acked.iter().take(500) {
@@ -104,7 +108,10 @@ async fn a_batched_crash_loses_at_most_the_open_window_and_never_double_counts()
     }
     let tally = crash(&tally, &store).await;
     let value = tally.read("views", Consistency::Fresh).await.unwrap().value;
-    assert!((1_000..=1_500).contains(&value), "value {value}: lost more than the open window or double counted");
+    assert!(
+        (1_000..=1_500).contains(&value),
+        "value {value}: lost more than the open window or double counted"
+    );
     tally.shutdown().await.unwrap();
 }
 

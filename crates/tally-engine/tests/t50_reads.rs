@@ -79,7 +79,8 @@ async fn a_fresh_read_includes_this_nodes_buffered_increments() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shard_report_sums_to_the_total_and_measures_skew() {
     let (tally, _) = mem_engine().await;
-    let patch = SpecPatch { router: Some(tally_engine::RouterPolicy::RoundRobin), ..spec(4, Durability::Batched) };
+    let patch =
+        SpecPatch { router: Some(tally_engine::RouterPolicy::RoundRobin), ..spec(4, Durability::Batched) };
     tally.put_counter("even", patch).await.unwrap();
     for _ in 0..400 {
         tally.incr("even", Increment::new(1)).await.unwrap();

@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_engine::{AuthoritativeSource, Consistency, Durability, Increment, MemStore, SystemClock, Tally, TallyConfig};
+use tally_engine::{
+    AuthoritativeSource, Consistency, Durability, Increment, MemStore, SystemClock, Tally, TallyConfig,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_goes_to_zero_and_a_second_reconcile_changes_nothing() {
@@ -57,7 +59,8 @@ impl AuthoritativeSource for Ledger {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_reconciliation_follows_the_authority() {
-    let config = TallyConfig { reconcile_interval_ms: 50, authority: Some(Arc::new(Ledger)), ..quick_config() };
+    let config =
+        TallyConfig { reconcile_interval_ms: 50, authority: Some(Arc::new(Ledger)), ..quick_config() };
     let tally = Tally::open_with(Arc::new(MemStore::new()), Arc::new(SystemClock), config).await.unwrap();
     tally.put_counter("ledger", spec(4, Durability::Sync)).await.unwrap();
     tally.incr("ledger", Increment::new(1).event_id("a")).await.unwrap();
