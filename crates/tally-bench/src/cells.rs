@@ -2,10 +2,11 @@
 
 use crate::drive::{drive, Driven, Op};
 use crate::options::Options;
+use crate::timed_store::TimedStore;
 use anyhow::{ensure, Context as _};
 use std::sync::Arc;
 use tally_engine::{
-    Consistency, Durability, Increment, SledConfig, SpecPatch, Tally, TallyConfig, TallyError,
+    Consistency, Durability, Increment, SledConfig, SpecPatch, SystemClock, Tally, TallyConfig, TallyError,
 };
 
 /// The hot counter's name.
@@ -106,7 +107,10 @@ pub async fn hot_cell(
 ) -> anyhow::Result<Cell> {
     let kind = durability.as_str();
     let dir = tempfile::tempdir()?;
-    let tally = Tally::open(dir.path(), TallyConfig::default()).await?;
+    // What `Tally::open(dir, TallyConfig::default())` does, with the store's commits and
+    // flushes timed.
+    let store = Arc::new(TimedStore::open(dir.path())?);
+    let tally = Tally::open_with(store.clone(), Arc::new(SystemClock), TallyConfig::default()).await?;
     let patch = SpecPatch { shards: Some(shards), durability: Some(durability), ..SpecPatch::default() };
     tally.put_counter(HOT, patch).await?;
     let sample_every = if durability == Durability::Batched { opts.sample_every } else { 1 };
@@ -141,6 +145,20 @@ pub async fn hot_cell(
             );
         }
     }
+    let t = store.times();
+    details += &format!(
+        "; store: {} commits ({} on runtime workers) p50/p99/max {:.0}/{:.0}/{:.0} µs, \
+         {} flushes p50/p99/max {:.0}/{:.0}/{:.0} µs",
+        t.commits,
+        t.commits_on_workers,
+        t.commit_us.0,
+        t.commit_us.1,
+        t.commit_us.2,
+        t.flushes,
+        t.flush_us.0,
+        t.flush_us.1,
+        t.flush_us.2
+    );
     cell.details = details;
     tally.shutdown().await?;
     Ok(cell)

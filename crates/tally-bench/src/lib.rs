@@ -12,6 +12,7 @@ pub mod drive;
 pub mod memory;
 pub mod options;
 pub mod report;
+pub mod timed_store;
 
 pub use cells::{Cell, Verification};
 pub use memory::MemoryReport;
@@ -38,7 +39,7 @@ pub const CACHED_READ_SHARDS: u16 = 64;
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
-        .thread_name("bench-worker")
+        .thread_name(timed_store::WORKER_THREAD_NAME)
         .enable_all()
         .build()
 }

@@ -112,9 +112,8 @@ async fn an_interrupted_resharding_completes_after_a_restart() {
     // Record the resharding intent, then crash before the task can finish it.
     store.fail_next_commits(u64::MAX);
     let _ = tally.put_counter("c", SpecPatch { shards: Some(9), ..Default::default() }).await;
-    store.close();
     tally.abort();
-    store.crash(usize::MAX);
+    let store = store.restart(usize::MAX);
     let tally = reopen(&store).await;
     tally.settle().await;
     let info = tally.counter("c").await.unwrap();

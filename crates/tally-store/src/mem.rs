@@ -28,6 +28,9 @@ use tally_core::ids::ShardId;
 #[derive(Clone, Default)]
 pub struct MemStore {
     inner: Arc<Mutex<Inner>>,
+    /// The node incarnation this handle belongs to; [`MemStore::restart`] starts a new
+    /// one and every handle of an older incarnation is closed for good.
+    incarnation: u64,
 }
 
 /// Counts of what a [`MemStore`] has done since it was created, for tests and
@@ -58,6 +61,8 @@ struct Inner {
     log: Vec<Op>,
     /// Set by [`MemStore::close`]; every operation fails until the next crash/restart.
     closed: bool,
+    /// The current incarnation; handles of other incarnations are closed.
+    incarnation: u64,
     /// How many of the next commits fail.
     fail_commits: u64,
     /// How many of the next flushes fail.
@@ -66,8 +71,8 @@ struct Inner {
 }
 
 impl Inner {
-    fn check_open(&self) -> Result<(), StoreError> {
-        if self.closed {
+    fn check_open(&self, incarnation: u64) -> Result<(), StoreError> {
+        if self.closed || self.incarnation != incarnation {
             Err(StoreError::Closed)
         } else {
             Ok(())
@@ -167,6 +172,19 @@ impl MemStore {
         inner.stats.ops_lost += (log.len() - keep) as u64;
     }
 
+    /// Like [`MemStore::crash`], but the restarted node gets a new handle and every
+    /// handle of the crashed node (its leftover tasks, in a simulation or a test) is
+    /// closed for good — as a killed process can write nothing more.
+    pub fn restart(&self, keep_unflushed: usize) -> MemStore {
+        let incarnation = {
+            let mut inner = self.inner.lock();
+            inner.incarnation += 1;
+            inner.incarnation
+        };
+        self.crash(keep_unflushed);
+        MemStore { inner: self.inner.clone(), incarnation }
+    }
+
     /// Makes every operation fail with [`StoreError::Closed`] until the next
     /// [`MemStore::crash`], nothing lost yet. A simulation calls it when a node goes
     /// down, so that tasks of the dead node still holding a handle cannot write into
@@ -177,7 +195,8 @@ impl MemStore {
 
     /// True between [`MemStore::close`] and the next [`MemStore::crash`].
     pub fn is_closed(&self) -> bool {
-        self.inner.lock().closed
+        let inner = self.inner.lock();
+        inner.closed || inner.incarnation != self.incarnation
     }
 
     /// How many operations (commits, shard deletions, metadata writes) completed since
@@ -230,13 +249,13 @@ impl fmt::Debug for MemStore {
 impl Store for MemStore {
     fn load_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError> {
         let inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         Ok(inner.applied.shards.get(id).map(|s| s.image.clone()).unwrap_or_default())
     }
 
     fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
         let inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         Ok(inner.applied.shards.get(id).and_then(|s| s.dedup.get(event_id).copied()))
     }
 
@@ -247,7 +266,7 @@ impl Store for MemStore {
         limit: usize,
     ) -> Result<Vec<(String, DedupRecord)>, StoreError> {
         let inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         let Some(shard) = inner.applied.shards.get(id) else {
             return Ok(Vec::new());
         };
@@ -265,7 +284,7 @@ impl Store for MemStore {
 
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {
         let mut inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         if inner.fail_commits > 0 {
             inner.fail_commits -= 1;
             inner.stats.failed_commits += 1;
@@ -278,14 +297,14 @@ impl Store for MemStore {
 
     fn delete_shard(&self, id: &ShardId) -> Result<(), StoreError> {
         let mut inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         inner.record(Op::DeleteShard(id.clone()));
         Ok(())
     }
 
     fn flush(&self) -> Result<(), StoreError> {
         let mut inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         if inner.fail_flushes > 0 {
             inner.fail_flushes -= 1;
             inner.stats.failed_flushes += 1;
@@ -301,20 +320,20 @@ impl Store for MemStore {
 
     fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         Ok(inner.applied.meta.get(key).cloned())
     }
 
     fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let mut inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         inner.record(Op::MetaPut(key.to_vec(), value.to_vec()));
         Ok(())
     }
 
     fn meta_delete(&self, key: &[u8]) -> Result<(), StoreError> {
         let mut inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         inner.record(Op::MetaDelete(key.to_vec()));
         Ok(())
     }
@@ -326,7 +345,7 @@ impl Store for MemStore {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
         let inner = self.inner.lock();
-        inner.check_open()?;
+        inner.check_open(self.incarnation)?;
         let start = match after {
             Some(after) if after >= prefix => Bound::Excluded(after),
             _ => Bound::Included(prefix),
@@ -342,7 +361,7 @@ impl Store for MemStore {
     }
 
     fn size_on_disk(&self) -> Result<u64, StoreError> {
-        self.inner.lock().check_open()?;
+        self.inner.lock().check_open(self.incarnation)?;
         Ok(0)
     }
 }
@@ -422,5 +441,23 @@ mod tests {
         store.crash(usize::MAX);
         assert!(!store.is_closed());
         assert_eq!(store.load_shard(&shard(0)).unwrap().value, 1);
+    }
+
+    #[test]
+    fn a_restart_closes_the_crashed_nodes_handles_for_good() {
+        let store = MemStore::new();
+        store.commit(&shard(0), &write(1)).unwrap();
+        store.flush().unwrap();
+        store.commit(&shard(0), &write(2)).unwrap();
+        let old = store.clone();
+        let new = store.restart(0);
+        assert_eq!(new.load_shard(&shard(0)).unwrap().value, 1, "the unflushed commit is lost");
+        // A leftover task of the dead node can neither write nor make anything durable.
+        assert_eq!(old.commit(&shard(0), &write(7)), Err(StoreError::Closed));
+        assert_eq!(old.flush(), Err(StoreError::Closed));
+        assert!(old.is_closed() && store.is_closed() && !new.is_closed());
+        new.crash(usize::MAX);
+        assert_eq!(old.flush(), Err(StoreError::Closed), "a later crash does not revive old handles");
+        assert_eq!(new.load_shard(&shard(0)).unwrap().value, 1);
     }
 }
