@@ -121,5 +121,6 @@ pub async fn run(opts: &Options, command: String) -> Report {
         report.cells.push(cell);
     }
     report.elapsed = started.elapsed();
+    report.load_at_end = report::load_average();
     report
 }

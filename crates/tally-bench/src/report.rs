@@ -31,12 +31,24 @@ pub struct Report {
     pub memory: Option<Result<MemoryReport, String>>,
     /// Wall time of the whole run.
     pub elapsed: Duration,
+    /// The 1-minute load average when the run started.
+    pub load_at_start: String,
+    /// The 1-minute load average when the run ended.
+    pub load_at_end: String,
 }
 
 impl Report {
     /// An empty report.
     pub fn new(command: String, opts: Options) -> Self {
-        Self { command, opts, cells: Vec::new(), memory: None, elapsed: Duration::ZERO }
+        Self {
+            command,
+            opts,
+            cells: Vec::new(),
+            memory: None,
+            elapsed: Duration::ZERO,
+            load_at_start: load_average(),
+            load_at_end: String::new(),
+        }
     }
 
     /// Whether every check passed (verification, memory spot checks). Targets missed
@@ -59,8 +71,15 @@ impl Report {
         let _ = writeln!(o, "- machine: {}", machine());
         let _ = writeln!(
             o,
+            "- 1-minute load average {} at the start, {} at the end (the cores are shared with other work)",
+            self.load_at_start, self.load_at_end
+        );
+        let _ = writeln!(
+            o,
             "- writers are tokio tasks on a multi-thread runtime with {} worker threads, {} s per cell; \
-             each cell has a fresh sled store in a tempdir (engine: `TallyConfig::default()`)",
+             each cell has a fresh sled store in a tempdir and `TallyConfig::default()` (the hot-counter \
+             cells open it as `Tally::open` does, through a pass-through `Store` that times commits and \
+             flushes)",
             crate::WORKER_THREADS,
             self.opts.seconds
         );
@@ -303,6 +322,14 @@ pub fn machine() -> String {
         .map(|s| format!("Linux {}", s.trim()))
         .unwrap_or_else(|_| std::env::consts::OS.into());
     format!("{cores} cores (available_parallelism), {cpu}, {kernel}, {}", utc_now())
+}
+
+/// The 1-minute load average from /proc/loadavg (other work sharing the cores).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Now, as `YYYY-MM-DD HH:MM UTC`.
