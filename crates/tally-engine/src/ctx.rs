@@ -28,7 +28,7 @@ use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX,
 use tally_core::router::{route, RouteKey};
 use tally_core::shard::{Outcome, Submission};
 use tally_core::sketch::member_hash;
-use tally_core::spec::Durability;
+use tally_core::spec::{Durability, RouterPolicy};
 use tally_core::{CounterName, ShardId};
 use tally_store::Store;
 
@@ -38,6 +38,10 @@ const SHARD_CALL_ATTEMPTS_MAX: u32 = 64;
 const RESHARD_RETRY_MS: u64 = 2;
 
 thread_local! {
+    /// The runtime this thread used last, with the engine it belongs to. Hot counters
+    /// are written by the same threads over and over; this spares each increment a
+    /// shared-map lookup and a reference-count bump, both contended cache lines.
+    static LAST_RUNTIME: std::cell::RefCell<Option<(u64, Arc<CounterRuntime>)>> = const { std::cell::RefCell::new(None) };
     /// Per-thread routing token for the `writer` policy without a writer id, and the
     /// state of the per-thread generator for the `random` policy.
     static THREAD_ROUTE: Cell<(u64, u64)> = Cell::new({
@@ -59,12 +63,40 @@ fn next_random() -> u64 {
     })
 }
 
+/// Whether an increment may be acknowledged from an accumulator slot.
+fn fast_eligible(rt: &CounterRuntime, inc: &Increment) -> bool {
+    rt.meta.spec.durability == Durability::Batched && inc.event_id.is_none() && bufferable(inc.delta)
+}
+
+/// The routing inputs of an increment. Shared counters are touched only by the policy
+/// that needs them, so other policies add no contended write to the hot path.
+fn route_key<'a>(rt: &CounterRuntime, inc: &'a Increment) -> RouteKey<'a> {
+    let policy = rt.meta.spec.router;
+    RouteKey {
+        event_id: inc.event_id.as_deref(),
+        writer: inc.writer.as_deref(),
+        affinity: affinity(),
+        sequence: if policy == RouterPolicy::RoundRobin { rt.sequence.fetch_add(1, Relaxed) } else { 0 },
+        random: if policy == RouterPolicy::Random { next_random() } else { 0 },
+    }
+}
+
 fn affinity() -> u64 {
     THREAD_ROUTE.with(|c| c.get().0)
 }
 
 /// Everything shared by the engine's actors and handles.
+/// Source of engine identities; never reused within a process.
+static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A fresh engine identity.
+pub(crate) fn next_engine_id() -> u64 {
+    NEXT_ENGINE_ID.fetch_add(1, Relaxed)
+}
+
 pub(crate) struct Ctx {
+    /// Unique per engine in this process (keys the per-thread runtime cache).
+    pub(crate) engine_id: u64,
     pub(crate) config: TallyConfig,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -189,28 +221,23 @@ impl Ctx {
                 message: "an earlier flush failed; reopen the store".into(),
             }));
         }
+        if self.try_fast(name, &inc) {
+            // The fast path never waits, so a writer looping on it would never give
+            // the runtime back to the aggregator and the other actors. Spend tokio's
+            // cooperative budget like any other resource: every so often, yield.
+            tokio::task::consume_budget().await;
+            return Ok(IncrOutcome::APPLIED);
+        }
         let mut rt = self.runtime(name, true).await?;
+        LAST_RUNTIME.with(|c| *c.borrow_mut() = Some((self.id(), rt.clone())));
         let member = match (&inc.member, rt.meta.spec.distinct) {
             (Some(m), true) => Some(member_hash(m)),
             _ => None,
         };
         // One routing decision per increment, reused by whichever path takes it.
-        let key = RouteKey {
-            event_id: inc.event_id.as_deref(),
-            writer: inc.writer.as_deref(),
-            affinity: affinity(),
-            sequence: rt.sequence.fetch_add(1, Relaxed),
-            random: next_random(),
-        };
+        let key = route_key(&rt, &inc);
         let mut index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
-        if rt.meta.spec.durability == Durability::Batched
-            && inc.event_id.is_none()
-            && bufferable(inc.delta)
-            && self.try_buffer(&rt, index, inc.delta, member)
-        {
-            // The fast path never waits, so a writer looping on it would never give
-            // the runtime back to the aggregator and the other actors. Spend tokio's
-            // cooperative budget like any other resource: every so often, yield.
+        if fast_eligible(&rt, &inc) && self.try_buffer(&rt, index, inc.delta, member) {
             tokio::task::consume_budget().await;
             return Ok(IncrOutcome::APPLIED);
         }
@@ -275,6 +302,33 @@ impl Ctx {
             }
             Outcome::Overflow(o) => Err(TallyError::Overflow(o)),
         }
+    }
+
+    /// This engine's identity, for the per-thread runtime cache.
+    fn id(&self) -> u64 {
+        self.engine_id
+    }
+
+    /// The fast path without touching any shared map or reference count: this thread's
+    /// last runtime, if it is this counter's current one. False if the increment must
+    /// take the general path.
+    fn try_fast(&self, name: &str, inc: &Increment) -> bool {
+        LAST_RUNTIME.with(|c| {
+            let cached = c.borrow();
+            let Some((engine, rt)) = cached.as_ref() else { return false };
+            if *engine != self.id() || rt.name.as_str() != name || rt.retired.load(Relaxed) {
+                return false;
+            }
+            if !fast_eligible(rt, inc) {
+                return false;
+            }
+            let member = match (&inc.member, rt.meta.spec.distinct) {
+                (Some(m), true) => Some(member_hash(m)),
+                _ => None,
+            };
+            let index = route(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc));
+            self.try_buffer(rt, index, inc.delta, member)
+        })
     }
 
     /// The fast path: add to an accumulator slot. False if the slot cannot take it.

@@ -71,6 +71,7 @@ impl Tally {
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
         let ctx = Arc::new(Ctx {
+            engine_id: crate::ctx::next_engine_id(),
             catalog: Catalog::new(store.clone(), flusher.clone()),
             config,
             store,
