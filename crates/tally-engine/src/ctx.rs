@@ -63,6 +63,19 @@ fn next_random() -> u64 {
     })
 }
 
+/// What the per-thread fast path did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fast {
+    /// Buffered and acknowledged.
+    Applied,
+    /// Routed to `index` of the runtime at `engine_rt`, whose slot refused it: the
+    /// general path must use the same shard (a second routing decision would skew
+    /// round-robin and random placement).
+    Refused { engine_rt: usize, index: u16 },
+    /// Not eligible, or no cached runtime.
+    Miss,
+}
+
 /// Whether an increment may be acknowledged from an accumulator slot.
 fn fast_eligible(rt: &CounterRuntime, inc: &Increment) -> bool {
     rt.meta.spec.durability == Durability::Batched && inc.event_id.is_none() && bufferable(inc.delta)
@@ -221,7 +234,8 @@ impl Ctx {
                 message: "an earlier flush failed; reopen the store".into(),
             }));
         }
-        if self.try_fast(name, &inc) {
+        let fast = self.try_fast(name, &inc);
+        if fast == Fast::Applied {
             // The fast path never waits, so a writer looping on it would never give
             // the runtime back to the aggregator and the other actors. Spend tokio's
             // cooperative budget like any other resource: every so often, yield.
@@ -236,7 +250,10 @@ impl Ctx {
         };
         // One routing decision per increment, reused by whichever path takes it.
         let key = route_key(&rt, &inc);
-        let mut index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+        let mut index = match fast {
+            Fast::Refused { engine_rt, index } if Arc::as_ptr(&rt) as usize == engine_rt => index,
+            _ => route(rt.meta.spec.router, rt.meta.layout.shards, &key),
+        };
         if fast_eligible(&rt, &inc) && self.try_buffer(&rt, index, inc.delta, member) {
             tokio::task::consume_budget().await;
             return Ok(IncrOutcome::APPLIED);
@@ -312,22 +329,26 @@ impl Ctx {
     /// The fast path without touching any shared map or reference count: this thread's
     /// last runtime, if it is this counter's current one. False if the increment must
     /// take the general path.
-    fn try_fast(&self, name: &str, inc: &Increment) -> bool {
+    fn try_fast(&self, name: &str, inc: &Increment) -> Fast {
         LAST_RUNTIME.with(|c| {
             let cached = c.borrow();
-            let Some((engine, rt)) = cached.as_ref() else { return false };
+            let Some((engine, rt)) = cached.as_ref() else { return Fast::Miss };
             if *engine != self.id() || rt.name.as_str() != name || rt.retired.load(Relaxed) {
-                return false;
+                return Fast::Miss;
             }
             if !fast_eligible(rt, inc) {
-                return false;
+                return Fast::Miss;
             }
             let member = match (&inc.member, rt.meta.spec.distinct) {
                 (Some(m), true) => Some(member_hash(m)),
                 _ => None,
             };
             let index = route(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc));
-            self.try_buffer(rt, index, inc.delta, member)
+            if self.try_buffer(rt, index, inc.delta, member) {
+                Fast::Applied
+            } else {
+                Fast::Refused { engine_rt: Arc::as_ptr(rt) as usize, index }
+            }
         })
     }
 
