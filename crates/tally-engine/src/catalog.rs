@@ -23,6 +23,9 @@ fn key(prefix: &[u8], name: &str) -> Vec<u8> {
     [prefix, name.as_bytes()].concat()
 }
 
+/// The (generation, shard count) pairs whose data a deleted counter left behind.
+pub(crate) type Generations = Vec<(u32, u16)>;
+
 /// Counter metadata backed by the store's metadata space.
 pub(crate) struct Catalog {
     store: Arc<dyn Store>,
@@ -89,7 +92,7 @@ impl Catalog {
 
     /// Deleted counters whose data may still be in the store, with the generations
     /// (generation, shards) to delete.
-    pub(crate) fn tombstones(&self) -> Result<Vec<(CounterName, Vec<(u32, u16)>)>, TallyError> {
+    pub(crate) fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
         let mut out = Vec::new();
         for name in self.names(TOMBSTONE_PREFIX)? {
             if let Some(gens) = self.tombstone(name.as_str())? {
@@ -100,7 +103,7 @@ impl Catalog {
     }
 
     /// The generations a deleted counter left behind, if its cleanup is pending.
-    pub(crate) fn tombstone(&self, name: &str) -> Result<Option<Vec<(u32, u16)>>, TallyError> {
+    pub(crate) fn tombstone(&self, name: &str) -> Result<Option<Generations>, TallyError> {
         match self.store.meta_get(&key(TOMBSTONE_PREFIX, name))? {
             None => Ok(None),
             Some(b) => Ok(Some(codec::decode("tombstone", &b).map_err(|source| StoreError::Corrupt {

@@ -134,7 +134,7 @@ async fn a_batched_counter_is_durable_once_its_window_has_passed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_delivers_every_buffered_increment() {
-    let (tally, mut store) = mem_engine().await;
+    let (tally, store) = mem_engine().await;
     let patch = SpecPatch { flush_ms: Some(60_000), ..spec(8, Durability::Batched) };
     tally.put_counter("views", patch).await.unwrap();
     for _ in 0..777 {
