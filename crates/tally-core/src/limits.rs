@@ -34,7 +34,7 @@ pub const SHARD_VALUE_ABS_MAX: i64 = i64::MAX - (1 << 58);
 pub const NODES_MAX: usize = 32;
 
 /// Why a write was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[error("adding {delta} to a shard holding {value} would leave the range ±{max}", max = SHARD_VALUE_ABS_MAX)]
 pub struct Overflow {
     /// The shard's value.

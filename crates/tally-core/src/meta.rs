@@ -281,7 +281,7 @@ pub enum MetaCommand {
 }
 
 /// What a command did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaEffect {
     /// The counter was created.
     Created,

@@ -8,13 +8,14 @@
 use crate::dedup::{judge, DedupRecord, Verdict};
 use crate::limits::{apply_buffered, check_direct, Overflow};
 use crate::sketch::DistinctSketch;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Most submissions one shard commit takes; the rest wait for the next commit.
 pub const COMMIT_SUBMISSIONS_MAX: usize = 4096;
 
 /// One unit of work for a shard.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Submission {
     /// A drained accumulator sum. Its increments were acknowledged when buffered, so
     /// it cannot be refused (see [`crate::limits`]).
@@ -38,7 +39,7 @@ pub enum Submission {
 }
 
 /// What happened to one submission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     /// Counted.
     Applied,

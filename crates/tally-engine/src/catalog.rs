@@ -1,8 +1,9 @@
-//! The local catalog: counter metadata kept in the node's own store.
+//! Where counter metadata lives: the [`Catalog`] trait, and [`LocalCatalog`], which
+//! keeps it in the node's own store (a single node, or an embedded engine). A cluster
+//! plugs in a replicated catalog instead.
 //!
-//! Every change goes through [`tally_core::meta::apply_command`], the same pure
-//! transition a replicated catalog applies, and is durable before it is reported.
-//! Changes are serialized by one lock (they are rare); reads take no lock.
+//! Every change goes through [`tally_core::meta::apply_command`], so every catalog
+//! agrees on what each command means, and is durable before it is reported.
 
 use crate::error::TallyError;
 use crate::flusher::Flusher;
@@ -11,6 +12,7 @@ use tally_core::codec;
 use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
 use tally_core::CounterName;
 use tally_store::{Store, StoreError};
+use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 
 const COUNTER_PREFIX: &[u8] = b"counter/";
@@ -24,22 +26,47 @@ fn key(prefix: &[u8], name: &str) -> Vec<u8> {
 }
 
 /// The (generation, shard count) pairs whose data a deleted counter left behind.
-pub(crate) type Generations = Vec<(u32, u16)>;
+pub type Generations = Vec<(u32, u16)>;
+
+/// Counter metadata as the engine needs it. Reads are local and quick (they may lag a
+/// replicated catalog slightly; shards answer writes under stale metadata with
+/// `Sealed`, and the engine re-reads). Changes are durable when they return.
+pub trait Catalog: Send + Sync + 'static {
+    /// The counter's metadata, if it exists.
+    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError>;
+    /// Applies `cmd` (with the proposer's `now_ms`) and returns the counter's metadata
+    /// after it and what it did.
+    fn apply<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>>;
+    /// Counters with a resharding that has not completed.
+    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError>;
+    /// Deleted counters whose data may still be in stores, with their generations.
+    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError>;
+    /// The generations a deleted counter left behind, if its cleanup is pending.
+    fn tombstone(&self, name: &str) -> Result<Option<Generations>, TallyError>;
+    /// Forgets a tombstone once its data is gone everywhere.
+    fn clear_tombstone<'a>(&'a self, name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>>;
+}
 
 /// Counter metadata backed by the store's metadata space.
-pub(crate) struct Catalog {
+pub struct LocalCatalog {
     store: Arc<dyn Store>,
     flusher: Flusher,
     write: Mutex<()>,
 }
 
-impl Catalog {
+impl LocalCatalog {
     pub(crate) fn new(store: Arc<dyn Store>, flusher: Flusher) -> Self {
         Self { store, flusher, write: Mutex::new(()) }
     }
+}
 
-    /// The counter's metadata, if it exists.
-    pub(crate) fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
+impl Catalog for LocalCatalog {
+    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
         match self.store.meta_get(&key(COUNTER_PREFIX, name))? {
             None => Ok(None),
             Some(bytes) => {
@@ -51,8 +78,50 @@ impl Catalog {
         }
     }
 
-    /// Applies `cmd` to the counter and makes the result durable.
-    pub(crate) async fn apply(
+    fn apply<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(self.apply_local(name, cmd, now_ms))
+    }
+
+    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
+        self.names(RESHARD_PREFIX)
+    }
+
+    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
+        let mut out = Vec::new();
+        for name in self.names(TOMBSTONE_PREFIX)? {
+            if let Some(gens) = self.tombstone(name.as_str())? {
+                out.push((name, gens));
+            }
+        }
+        Ok(out)
+    }
+
+    fn tombstone(&self, name: &str) -> Result<Option<Generations>, TallyError> {
+        match self.store.meta_get(&key(TOMBSTONE_PREFIX, name))? {
+            None => Ok(None),
+            Some(b) => Ok(Some(codec::decode("tombstone", &b).map_err(|source| StoreError::Corrupt {
+                location: format!("tombstone {name:?}"),
+                source,
+            })?)),
+        }
+    }
+
+    fn clear_tombstone<'a>(&'a self, name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async move {
+            self.store.meta_delete(&key(TOMBSTONE_PREFIX, name.as_str()))?;
+            self.flusher.flush().await?;
+            Ok(())
+        })
+    }
+}
+
+impl LocalCatalog {
+    async fn apply_local(
         &self,
         name: &CounterName,
         cmd: &MetaCommand,
@@ -83,39 +152,6 @@ impl Catalog {
         }
         self.flusher.flush().await?;
         Ok((next, effect))
-    }
-
-    /// Counters with a resharding that has not completed (after a crash, say).
-    pub(crate) fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
-        self.names(RESHARD_PREFIX)
-    }
-
-    /// Deleted counters whose data may still be in the store, with the generations
-    /// (generation, shards) to delete.
-    pub(crate) fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
-        let mut out = Vec::new();
-        for name in self.names(TOMBSTONE_PREFIX)? {
-            if let Some(gens) = self.tombstone(name.as_str())? {
-                out.push((name, gens));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The generations a deleted counter left behind, if its cleanup is pending.
-    pub(crate) fn tombstone(&self, name: &str) -> Result<Option<Generations>, TallyError> {
-        match self.store.meta_get(&key(TOMBSTONE_PREFIX, name))? {
-            None => Ok(None),
-            Some(b) => Ok(Some(codec::decode("tombstone", &b).map_err(|source| StoreError::Corrupt {
-                location: format!("tombstone {name:?}"),
-                source,
-            })?)),
-        }
-    }
-
-    /// Forgets a tombstone once its data is gone.
-    pub(crate) fn clear_tombstone(&self, name: &str) -> Result<(), TallyError> {
-        Ok(self.store.meta_delete(&key(TOMBSTONE_PREFIX, name))?)
     }
 
     fn names(&self, prefix: &[u8]) -> Result<Vec<CounterName>, TallyError> {

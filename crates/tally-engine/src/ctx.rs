@@ -115,7 +115,7 @@ pub(crate) struct Ctx {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) flusher: Flusher,
     pub(crate) stats: Arc<Stats>,
-    pub(crate) catalog: Catalog,
+    pub(crate) catalog: Arc<dyn Catalog>,
     /// Active counters by name.
     pub(crate) registry: DashMap<CounterName, Arc<CounterRuntime>>,
     /// Running shard actors. Only the supervisor inserts and removes.
@@ -529,8 +529,7 @@ impl Ctx {
                 self.store.delete_shard(&id)?;
             }
         }
-        self.catalog.clear_tombstone(name.as_str())?;
-        self.flusher.flush().await?;
+        self.catalog.clear_tombstone(name).await?;
         Ok(())
     }
 

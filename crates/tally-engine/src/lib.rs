@@ -41,6 +41,7 @@ mod supervisor;
 mod tally;
 
 pub use api::*;
+pub use catalog::{Catalog, Generations, LocalCatalog};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
 pub use error::TallyError;

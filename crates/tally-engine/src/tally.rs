@@ -2,7 +2,7 @@
 
 use crate::aggregator::{Aggregator, AggregatorMsg};
 use crate::api::*;
-use crate::catalog::Catalog;
+use crate::catalog::LocalCatalog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::TallyConfig;
 use crate::ctx::Ctx;
@@ -72,7 +72,7 @@ impl Tally {
         let flusher = Flusher::start(store.clone(), stats.clone());
         let ctx = Arc::new(Ctx {
             engine_id: crate::ctx::next_engine_id(),
-            catalog: Catalog::new(store.clone(), flusher.clone()),
+            catalog: Arc::new(LocalCatalog::new(store.clone(), flusher.clone())),
             config,
             store,
             clock,
