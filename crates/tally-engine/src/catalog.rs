@@ -7,12 +7,12 @@
 
 use crate::error::TallyError;
 use crate::flusher::Flusher;
+use futures::future::BoxFuture;
 use std::sync::Arc;
 use tally_core::codec;
 use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
 use tally_core::CounterName;
 use tally_store::{Store, StoreError};
-use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 
 const COUNTER_PREFIX: &[u8] = b"counter/";

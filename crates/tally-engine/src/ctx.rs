@@ -12,6 +12,7 @@ use crate::clock::Clock;
 use crate::config::TallyConfig;
 use crate::error::TallyError;
 use crate::flusher::Flusher;
+use crate::placement::{unexpected, Placement, ShardRequest, ShardResponse};
 use crate::runtime::{CounterRuntime, Drained};
 use crate::shard::{ShardMsg, ShardReply};
 use crate::stats::Stats;
@@ -27,13 +28,15 @@ use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
 use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
 use tally_core::router::{route, RouteKey};
 use tally_core::shard::{Outcome, Submission};
-use tally_core::sketch::member_hash;
+use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_core::spec::{Durability, RouterPolicy};
 use tally_core::{CounterName, ShardId};
 use tally_store::Store;
 
 /// How many times a call re-resolves a shard that stopped or was sealed under it.
 const SHARD_CALL_ATTEMPTS_MAX: u32 = 64;
+/// How often a node re-reads its catalog while waiting for newer metadata.
+const META_CATCH_UP_POLL_MS: u64 = 5;
 /// Pause between attempts while a resharding seals a generation.
 const RESHARD_RETRY_MS: u64 = 2;
 
@@ -124,6 +127,8 @@ pub(crate) struct Ctx {
     pub(crate) dirty: parking_lot::Mutex<Vec<Arc<CounterRuntime>>>,
     /// Counters whose resharding task is running.
     pub(crate) resharding: DashMap<CounterName, ()>,
+    /// Where shards live; `None` for an embedded engine that owns every shard.
+    pub(crate) placement: Option<Arc<dyn Placement>>,
     pub(crate) supervisor: OnceLock<ActorRef<SupervisorMsg>>,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
     pub(crate) closing: AtomicBool,
@@ -409,6 +414,107 @@ impl Ctx {
         }
     }
 
+    /// The placement and owner of `id` when another node owns it.
+    pub(crate) fn remote(&self, id: &ShardId) -> Option<(Arc<dyn Placement>, tally_core::NodeId)> {
+        let p = self.placement.as_ref()?;
+        p.remote_owner(id).map(|node| (p.clone(), node))
+    }
+
+    /// The node that owns `id` (this one when it is local).
+    pub(crate) fn owner_name(&self, id: &ShardId) -> String {
+        match &self.placement {
+            Some(p) => p.remote_owner(id).unwrap_or_else(|| p.local_node()).to_string(),
+            None => self.config.node_id.to_string(),
+        }
+    }
+
+    /// The committed state of a shard, wherever it lives.
+    pub(crate) async fn read_shard(&self, id: &ShardId) -> Result<tally_store::ShardImage, TallyError> {
+        match self.remote(id) {
+            None => Ok(self.store.load_shard(id)?),
+            Some((p, node)) => match p.call(&node, ShardRequest::Read { id: id.clone() }).await? {
+                ShardResponse::Image(image) => Ok(image),
+                other => Err(unexpected(&node, id, other)),
+            },
+        }
+    }
+
+    /// The dedup record of `event_id` in a shard, wherever it lives.
+    pub(crate) async fn dedup_get(
+        &self,
+        id: &ShardId,
+        event_id: &str,
+    ) -> Result<Option<tally_core::dedup::DedupRecord>, TallyError> {
+        match self.remote(id) {
+            None => Ok(self.store.dedup_get(id, event_id)?),
+            Some((p, node)) => {
+                let request = ShardRequest::DedupGet { id: id.clone(), event_id: event_id.to_string() };
+                match p.call(&node, request).await? {
+                    ShardResponse::Record(r) => Ok(r),
+                    other => Err(unexpected(&node, id, other)),
+                }
+            }
+        }
+    }
+
+    /// Seals a shard for a resharding, wherever it lives; answers its final state.
+    pub(crate) async fn seal_shard(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+    ) -> Result<tally_store::ShardImage, TallyError> {
+        if let Some((p, node)) = self.remote(id) {
+            return match p
+                .call(&node, ShardRequest::Seal { id: id.clone(), meta_version: meta.version })
+                .await?
+            {
+                ShardResponse::Image(image) => Ok(image),
+                other => Err(unexpected(&node, id, other)),
+            };
+        }
+        self.seal_local(id, meta).await
+    }
+
+    /// Seals the local actor of shard `id`.
+    pub(crate) async fn seal_local(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+    ) -> Result<tally_store::ShardImage, TallyError> {
+        let actor = self.shard(id, meta).await?;
+        let (tx, rx) = ractor::concurrency::oneshot();
+        actor
+            .send_message(ShardMsg::Seal { reply: tx.into() })
+            .map_err(|e| unavailable(id, &e.to_string()))?;
+        self.await_reply(id, rx).await?
+    }
+
+    /// Merges `sketch` into a shard of a generation that takes no writes yet (merging
+    /// twice changes nothing, so a retried resharding may repeat it).
+    pub(crate) async fn merge_sketch(&self, id: &ShardId, sketch: Vec<u8>) -> Result<(), TallyError> {
+        if let Some((p, node)) = self.remote(id) {
+            return match p.call(&node, ShardRequest::MergeSketch { id: id.clone(), sketch }).await? {
+                ShardResponse::Done => Ok(()),
+                other => Err(unexpected(&node, id, other)),
+            };
+        }
+        self.merge_sketch_local(id, &sketch)
+    }
+
+    /// Merges a sketch into the local store's copy of shard `id`.
+    pub(crate) fn merge_sketch_local(&self, id: &ShardId, sketch: &[u8]) -> Result<(), TallyError> {
+        let incoming = DistinctSketch::from_bytes(sketch).map_err(|e| unavailable(id, &e.to_string()))?;
+        let mut image = self.store.load_shard(id)?;
+        let mut merged = match &image.sketch {
+            Some(b) => DistinctSketch::from_bytes(b).map_err(|e| unavailable(id, &e.to_string()))?,
+            None => DistinctSketch::new(),
+        };
+        merged.merge(&incoming);
+        image.sketch = Some(merged.to_bytes());
+        self.store.commit(id, &tally_store::ShardWrite { image, ..Default::default() })?;
+        Ok(())
+    }
+
     /// Sends a submission to its shard and waits for the answer.
     pub(crate) async fn submit(
         &self,
@@ -422,6 +528,33 @@ impl Ctx {
 
     /// Sends a submission to its shard; the answer arrives on the returned receiver.
     pub(crate) async fn send_submit(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+        sub: Submission,
+    ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
+        if let Some((placement, node)) = self.remote(id) {
+            // The owner is another node: carry the submission there, and hand the
+            // answer over on the same kind of channel as a local shard's.
+            let (tx, rx) = ractor::concurrency::oneshot();
+            let request = ShardRequest::Submit { id: id.clone(), meta_version: meta.version, sub };
+            let id = id.clone();
+            tokio::spawn(async move {
+                match placement.call(&node, request).await {
+                    Ok(ShardResponse::Reply(r)) => {
+                        let _ = tx.send(r);
+                    }
+                    Ok(other) => tracing::warn!(shard = %id, "{}", unexpected(&node, &id, other)),
+                    Err(e) => tracing::debug!(shard = %id, error = %e, "remote submission failed"),
+                }
+            });
+            return Ok(rx);
+        }
+        self.send_local(id, meta, sub).await
+    }
+
+    /// Sends a submission to the local actor of shard `id`.
+    pub(crate) async fn send_local(
         &self,
         id: &ShardId,
         meta: &Arc<CounterMeta>,
@@ -531,6 +664,35 @@ impl Ctx {
         }
         self.catalog.clear_tombstone(name).await?;
         Ok(())
+    }
+
+    /// The counter's metadata, at least as new as `version` (a request from another
+    /// node may carry metadata this node's catalog copy has not applied yet).
+    pub(crate) async fn meta_at_least(
+        self: &Arc<Self>,
+        name: &CounterName,
+        version: u64,
+    ) -> Result<Arc<CounterRuntime>, TallyError> {
+        let deadline = tokio::time::Instant::now() + self.timeout();
+        loop {
+            if let Some(rt) = self.registry.get(name.as_str()).map(|r| r.clone()) {
+                if rt.meta.version >= version {
+                    return Ok(rt);
+                }
+            }
+            if let Some(meta) = self.catalog.get(name.as_str())? {
+                if meta.version >= version {
+                    return Ok(self.install(name.clone(), meta));
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(TallyError::Unavailable {
+                    shard: name.to_string(),
+                    reason: format!("metadata version {version} has not reached this node"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(META_CATCH_UP_POLL_MS)).await;
+        }
     }
 
     /// Applies a metadata command and installs the result.

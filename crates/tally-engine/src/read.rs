@@ -8,68 +8,98 @@ use std::sync::Arc;
 use tally_core::meta::CounterMeta;
 use tally_core::sketch::DistinctSketch;
 use tally_core::{CounterName, ShardId};
+use tally_store::ShardImage;
+
+/// The committed image of every current shard, fetched concurrently (remote shards
+/// from their owners); `None` where a shard could not be reached.
+async fn images(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardImage>> {
+    let reads = (0..meta.layout.shards).map(|index| {
+        let id = ShardId::new(name.clone(), meta.layout.generation, index);
+        async move {
+            match ctx.read_shard(&id).await {
+                Ok(image) => Some(image),
+                Err(e) => {
+                    tracing::warn!(shard = %id, error = %e, "shard missing from a read");
+                    None
+                }
+            }
+        }
+    });
+    futures::future::join_all(reads).await
+}
+
+fn missing(images: &[Option<ShardImage>]) -> Vec<u16> {
+    images.iter().enumerate().filter(|(_, i)| i.is_none()).map(|(i, _)| i as u16).collect()
+}
 
 /// The counter's total: the sealed generations' `base` plus every current shard's
-/// committed value. Each shard's value is read once from the store, where its actor
-/// commits before it answers, so every acknowledged increment is included.
+/// committed value. A shard's actor commits before it answers, so every acknowledged
+/// increment is included. A shard that cannot be reached is listed in
+/// `missing_shards` and the read says `complete: false` — never a silent partial sum.
 pub(crate) async fn sum_shards(
     ctx: &Arc<Ctx>,
     meta: &CounterMeta,
     name: &CounterName,
 ) -> Result<ValueRead, TallyError> {
-    let mut total = meta.layout.base;
-    for index in 0..meta.layout.shards {
-        let id = ShardId::new(name.clone(), meta.layout.generation, index);
-        total += i128::from(ctx.store.load_shard(&id)?.value);
-    }
-    let now = ctx.now_ms();
+    let images = images(ctx, meta, name).await;
+    let total = meta.layout.base + images.iter().flatten().map(|i| i128::from(i.value)).sum::<i128>();
+    let missing_shards = missing(&images);
     Ok(ValueRead {
         value: total,
         consistency: Consistency::Fresh,
-        as_of_ms: now,
+        as_of_ms: ctx.now_ms(),
         staleness_ms: 0,
-        complete: true,
-        missing_shards: Vec::new(),
+        complete: missing_shards.is_empty(),
+        missing_shards,
     })
 }
 
 /// The merged distinct-count estimate of the current generation (a resharding merges
 /// the sealed generation's sketches into the new one).
-pub(crate) fn distinct(
-    ctx: &Ctx,
+pub(crate) async fn distinct(
+    ctx: &Arc<Ctx>,
     meta: &CounterMeta,
     name: &CounterName,
 ) -> Result<DistinctRead, TallyError> {
+    let images = images(ctx, meta, name).await;
     let mut merged = DistinctSketch::new();
-    for index in 0..meta.layout.shards {
-        let id = ShardId::new(name.clone(), meta.layout.generation, index);
-        if let Some(bytes) = ctx.store.load_shard(&id)?.sketch {
-            let s = DistinctSketch::from_bytes(&bytes).map_err(|e| tally_store::StoreError::Corrupt {
+    for (index, image) in images.iter().enumerate() {
+        let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
+        if let Some(bytes) = image.as_ref().and_then(|i| i.sketch.as_ref()) {
+            let s = DistinctSketch::from_bytes(bytes).map_err(|e| tally_store::StoreError::Corrupt {
                 location: format!("sketch of shard {id}"),
                 source: tally_core::codec::DecodeError { what: "sketch", reason: e.to_string() },
             })?;
             merged.merge(&s);
         }
     }
+    let missing_shards = missing(&images);
     Ok(DistinctRead {
         estimate: merged.estimate(),
         relative_error: DistinctSketch::relative_error(),
-        complete: true,
-        missing_shards: Vec::new(),
+        complete: missing_shards.is_empty(),
+        missing_shards,
     })
 }
 
 /// Per-shard values and write skew.
-pub(crate) fn shards(ctx: &Ctx, rt: &crate::runtime::CounterRuntime) -> Result<ShardsReport, TallyError> {
+pub(crate) async fn shards(
+    ctx: &Arc<Ctx>,
+    rt: &crate::runtime::CounterRuntime,
+) -> Result<ShardsReport, TallyError> {
     let meta = &rt.meta;
+    let images = images(ctx, meta, &rt.name).await;
     let mut shards = Vec::with_capacity(usize::from(meta.layout.shards));
-    for index in 0..meta.layout.shards {
-        let id = ShardId::new(rt.name.clone(), meta.layout.generation, index);
+    for (index, image) in images.iter().enumerate() {
+        let id = ShardId::new(rt.name.clone(), meta.layout.generation, index as u16);
+        let Some(image) = image else {
+            return Err(TallyError::Unavailable { shard: id.to_string(), reason: "did not answer".into() });
+        };
         shards.push(ShardReport {
-            index,
-            node: ctx.config.node_id.to_string(),
-            value: ctx.store.load_shard(&id)?.value,
-            writes: rt.slots[usize::from(index)].writes.load(Relaxed),
+            index: index as u16,
+            node: ctx.owner_name(&id),
+            value: image.value,
+            writes: rt.slots[index].writes.load(Relaxed),
         });
     }
     Ok(ShardsReport {

@@ -5,13 +5,11 @@
 
 use crate::ctx::Ctx;
 use crate::error::TallyError;
-use crate::shard::ShardMsg;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::meta::MetaCommand;
 use tally_core::sketch::DistinctSketch;
 use tally_core::{CounterName, ShardId};
-use tally_store::{ShardImage, ShardWrite};
 
 /// Pause before retrying a resharding that failed (a store error, say).
 const RESHARD_RETRY_BACKOFF_MS: u64 = 100;
@@ -54,12 +52,7 @@ async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
     let mut sketch: Option<DistinctSketch> = None;
     for index in 0..meta.layout.shards {
         let id = ShardId::new(name.clone(), generation, index);
-        let actor = ctx.shard(&id, &meta).await?;
-        let (tx, rx) = ractor::concurrency::oneshot();
-        actor
-            .send_message(ShardMsg::Seal { reply: tx.into() })
-            .map_err(|e| crate::ctx::unavailable(&id, &e.to_string()))?;
-        let image = ctx.await_reply(&id, rx).await??;
+        let image = ctx.seal_shard(&id, &meta).await?;
         sum += i128::from(image.value);
         if let Some(bytes) = image.sketch {
             let s = DistinctSketch::from_bytes(&bytes)
@@ -68,17 +61,9 @@ async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
         }
     }
     if let Some(s) = sketch {
-        // The new generation takes no writes until the metadata opens it, so writing
-        // its first shard directly is safe; merging again after a crash is harmless.
-        let first = ShardId::new(name.clone(), generation + 1, 0);
-        let mut image = ctx.store.load_shard(&first)?;
-        let mut merged = match &image.sketch {
-            Some(b) => DistinctSketch::from_bytes(b).unwrap_or_default(),
-            None => DistinctSketch::new(),
-        };
-        merged.merge(&s);
-        image = ShardImage { value: image.value, sketch: Some(merged.to_bytes()) };
-        ctx.store.commit(&first, &ShardWrite { image, ..ShardWrite::default() })?;
+        // The new generation takes no writes until the metadata opens it, so merging
+        // into its first shard is safe; merging again after a crash is harmless.
+        ctx.merge_sketch(&ShardId::new(name.clone(), generation + 1, 0), s.to_bytes()).await?;
     }
     let cmd = MetaCommand::CompleteReshard { generation, sealed_sum: sum };
     ctx.apply_meta(name, &cmd).await?;

@@ -46,10 +46,15 @@ pub(crate) enum ShardMsg {
 impl ractor::Message for ShardMsg {}
 
 /// A shard's answer to a submission.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum ShardReply {
-    /// Decided and written; `value` is the shard's value after the commit.
-    Done { outcome: Outcome, value: i64 },
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum ShardReply {
+    /// Decided and written.
+    Done {
+        /// What became of the submission.
+        outcome: Outcome,
+        /// The shard's value after the commit (it opens or closes accumulator slots).
+        value: i64,
+    },
     /// This shard's generation is sealed; resubmit on the current layout.
     Sealed,
 }
@@ -137,7 +142,7 @@ impl Actor for ShardActor {
         }
         // Anything still pending was admitted before the drain: commit it.
         while !state.pending.is_empty() {
-            state.commit();
+            state.commit().await;
         }
         Ok(())
     }
@@ -155,16 +160,16 @@ impl Actor for ShardActor {
                     return Ok(());
                 }
                 state.pending.push((sub, reply));
-                state.schedule_commit(&myself);
+                state.schedule_commit(&myself).await;
             }
             ShardMsg::Commit => {
                 state.commit_scheduled = false;
-                state.commit();
-                state.schedule_commit(&myself);
+                state.commit().await;
+                state.schedule_commit(&myself).await;
             }
             ShardMsg::Seal { reply } => {
                 while !state.pending.is_empty() {
-                    state.commit();
+                    state.commit().await;
                 }
                 let result = if state.ctx.flusher.poisoned() {
                     Err(TallyError::Store(StoreError::Io {
@@ -201,7 +206,7 @@ impl ShardActorState {
 
     /// Makes sure a `Commit` follows the pending submissions. Submissions that arrive
     /// before it is handled join the same commit: that is the batching.
-    fn schedule_commit(&mut self, myself: &ActorRef<ShardMsg>) {
+    async fn schedule_commit(&mut self, myself: &ActorRef<ShardMsg>) {
         if self.pending.is_empty() || self.commit_scheduled {
             return;
         }
@@ -210,7 +215,7 @@ impl ShardActorState {
             // Draining: no new messages are admitted, so commit now.
             self.commit_scheduled = false;
             while !self.pending.is_empty() {
-                self.commit();
+                self.commit().await;
             }
         }
     }
@@ -258,13 +263,13 @@ impl ShardActorState {
 
     /// The record for `event_id` in this shard or, failing that, in its shard of each
     /// sealed generation (they never change again, so reading them needs no lock).
-    fn prior(&self, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
+    async fn prior(&self, event_id: &str) -> Result<Option<DedupRecord>, TallyError> {
         if let Some(r) = self.ctx.store.dedup_get(&self.id, event_id)? {
             return Ok(Some(r));
         }
         for g in self.meta.layout.sealed.iter().rev() {
             let id = ShardId::new(self.id.counter.clone(), g.generation, shard_of_event(event_id, g.shards));
-            if let Some(r) = self.ctx.store.dedup_get(&id, event_id)? {
+            if let Some(r) = self.ctx.dedup_get(&id, event_id).await? {
                 return Ok(Some(r));
             }
         }
@@ -272,7 +277,7 @@ impl ShardActorState {
     }
 
     /// Decides, writes and answers one batch of pending submissions.
-    fn commit(&mut self) {
+    async fn commit(&mut self) {
         let take = self.pending.len().min(COMMIT_SUBMISSIONS_MAX);
         let batch: Vec<Pending> = self.pending.drain(..take).collect();
         if batch.is_empty() {
@@ -280,7 +285,7 @@ impl ShardActorState {
         }
         let now = self.ctx.now_ms();
         self.last_active_ms = now;
-        match self.try_commit(&batch, now) {
+        match self.try_commit(&batch, now).await {
             Ok((outcomes, value)) => self.answer(batch, outcomes, value),
             Err(e) => {
                 tracing::error!(shard = %self.id, error = %e, "shard commit failed");
@@ -298,15 +303,15 @@ impl ShardActorState {
         }
     }
 
-    fn try_commit(&mut self, batch: &[Pending], now: u64) -> Result<(Vec<Outcome>, i64), StoreError> {
+    async fn try_commit(&mut self, batch: &[Pending], now: u64) -> Result<(Vec<Outcome>, i64), TallyError> {
         if self.ctx.flusher.poisoned() {
-            return Err(StoreError::Io { op: "flush", message: "an earlier flush failed".into() });
+            return Err(StoreError::Io { op: "flush", message: "an earlier flush failed".into() }.into());
         }
         let mut prior = BTreeMap::new();
         for (sub, _) in batch {
             if let Submission::Single { event_id: Some(id), .. } = sub {
                 if !prior.contains_key(id) {
-                    if let Some(r) = self.prior(id)? {
+                    if let Some(r) = self.prior(id).await? {
                         prior.insert(id.clone(), r);
                     }
                 }

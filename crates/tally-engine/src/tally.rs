@@ -2,12 +2,14 @@
 
 use crate::aggregator::{Aggregator, AggregatorMsg};
 use crate::api::*;
+use crate::catalog::Catalog;
 use crate::catalog::LocalCatalog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::TallyConfig;
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::flusher::Flusher;
+use crate::placement::{Placement, ShardRequest, ShardResponse};
 use crate::reconciler::{Reconciler, ReconcilerMsg};
 use crate::rollup::{Rollup, RollupMsg};
 use crate::stats::Stats;
@@ -24,6 +26,20 @@ use tally_store::{SledConfig, SledStore, Store};
 
 /// How long shutdown waits for the actors to stop.
 const SHUTDOWN_WAIT_MS: u64 = 10_000;
+
+/// Everything an engine is built from.
+pub struct EngineParts {
+    /// Where shard data lives.
+    pub store: Arc<dyn Store>,
+    /// Where time comes from.
+    pub clock: Arc<dyn Clock>,
+    /// Limits and timers.
+    pub config: TallyConfig,
+    /// Counter metadata; `None` keeps it in `store`.
+    pub catalog: Option<Arc<dyn Catalog>>,
+    /// Shard ownership; `None` owns every shard.
+    pub placement: Option<Arc<dyn Placement>>,
+}
 
 /// An embedded Tally engine. Cheap to clone; every clone drives the same engine.
 ///
@@ -68,11 +84,23 @@ impl Tally {
         clock: Arc<dyn Clock>,
         config: TallyConfig,
     ) -> Result<Self, TallyError> {
+        Self::open_parts(EngineParts { store, clock, config, catalog: None, placement: None }).await
+    }
+
+    /// Opens an engine from its parts. A cluster passes its replicated catalog and its
+    /// placement; without them the engine keeps metadata in its store and owns every
+    /// shard.
+    pub async fn open_parts(parts: EngineParts) -> Result<Self, TallyError> {
+        let EngineParts { store, clock, config, catalog, placement } = parts;
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
+        let catalog: Arc<dyn Catalog> = match catalog {
+            Some(c) => c,
+            None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())),
+        };
         let ctx = Arc::new(Ctx {
             engine_id: crate::ctx::next_engine_id(),
-            catalog: Arc::new(LocalCatalog::new(store.clone(), flusher.clone())),
+            catalog,
             config,
             store,
             clock,
@@ -82,6 +110,7 @@ impl Tally {
             directory: Default::default(),
             dirty: Default::default(),
             resharding: Default::default(),
+            placement,
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
             closing: Default::default(),
@@ -201,14 +230,14 @@ impl Tally {
     pub async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
         let rt = self.ctx.runtime(name, false).await?;
         self.ctx.drain(&rt).await;
-        crate::read::distinct(&self.ctx, &rt.meta, &rt.name)
+        crate::read::distinct(&self.ctx, &rt.meta, &rt.name).await
     }
 
     /// Per-shard values and write skew.
     pub async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
         let rt = self.ctx.runtime(name, false).await?;
         self.ctx.drain(&rt).await;
-        crate::read::shards(&self.ctx, &rt)
+        crate::read::shards(&self.ctx, &rt).await
     }
 
     /// Brings the counter to `authoritative` by writing the drift as an idempotent
@@ -271,6 +300,38 @@ impl Tally {
 }
 
 impl Tally {
+    /// Serves a request another node sent to this node's shards (the cluster layer
+    /// carries it here). Errors travel back as [`ShardResponse::Failed`].
+    pub async fn serve_shard_request(&self, request: ShardRequest) -> ShardResponse {
+        match self.serve(request).await {
+            Ok(r) => r,
+            Err(e) => crate::placement::failed(&e),
+        }
+    }
+
+    async fn serve(&self, request: ShardRequest) -> Result<ShardResponse, TallyError> {
+        let ctx = &self.ctx;
+        match request {
+            ShardRequest::Submit { id, meta_version, sub } => {
+                let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+                let rx = ctx.send_local(&id, &rt.meta, sub).await?;
+                Ok(ShardResponse::Reply(ctx.await_reply(&id, rx).await?))
+            }
+            ShardRequest::Read { id } => Ok(ShardResponse::Image(ctx.store.load_shard(&id)?)),
+            ShardRequest::Seal { id, meta_version } => {
+                let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+                Ok(ShardResponse::Image(ctx.seal_local(&id, &rt.meta).await?))
+            }
+            ShardRequest::DedupGet { id, event_id } => {
+                Ok(ShardResponse::Record(ctx.store.dedup_get(&id, &event_id)?))
+            }
+            ShardRequest::MergeSketch { id, sketch } => {
+                ctx.merge_sketch_local(&id, &sketch)?;
+                Ok(ShardResponse::Done)
+            }
+        }
+    }
+
     /// Stops the engine at once, as a crash would: buffered increments are dropped,
     /// nothing more is written or flushed, and waiting callers see errors. For crash
     /// tests and simulations; production code calls [`Tally::shutdown`].

@@ -1,0 +1,105 @@
+//! Where shards live, and how an engine reaches shards on other nodes.
+//!
+//! An embedded engine owns every shard. In a cluster each shard has one owner, the
+//! node the consistent-hash ring assigns it to; the cluster layer implements
+//! [`Placement`] and carries [`ShardRequest`]s to the owner, whose engine answers them
+//! with [`crate::Tally::serve_shard_request`]. Everything above this seam — routing,
+//! aggregation, dedup, resharding, reads — is the same code on one node or many.
+
+use crate::error::TallyError;
+use crate::shard::ShardReply;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use tally_core::dedup::DedupRecord;
+use tally_core::shard::Submission;
+use tally_core::{NodeId, ShardId};
+use tally_store::ShardImage;
+
+/// A request to the engine that owns a shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShardRequest {
+    /// Count a submission. `meta_version` is the sender's metadata version: the owner
+    /// waits until its own copy is at least as new before deciding.
+    Submit {
+        /// The shard.
+        id: ShardId,
+        /// The sender's metadata version.
+        meta_version: u64,
+        /// What to count.
+        sub: Submission,
+    },
+    /// The shard's committed state.
+    Read {
+        /// The shard.
+        id: ShardId,
+    },
+    /// Seal the shard for a resharding; answers with its final state.
+    Seal {
+        /// The shard.
+        id: ShardId,
+        /// The sender's metadata version.
+        meta_version: u64,
+    },
+    /// The dedup record of an event id in a (sealed) shard.
+    DedupGet {
+        /// The shard.
+        id: ShardId,
+        /// The event id.
+        event_id: String,
+    },
+    /// Merge a sketch into a shard of a generation that is not open yet.
+    MergeSketch {
+        /// The shard.
+        id: ShardId,
+        /// The encoded sketch.
+        sketch: Vec<u8>,
+    },
+}
+
+/// The owner's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ShardResponse {
+    /// The answer to a submission.
+    Reply(ShardReply),
+    /// A shard's state.
+    Image(ShardImage),
+    /// A dedup record, if any.
+    Record(Option<DedupRecord>),
+    /// Done.
+    Done,
+    /// The owner could not serve the request; retrying may succeed.
+    Failed {
+        /// The engine's error code.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// Where shards live and how to reach the remote ones.
+pub trait Placement: Send + Sync + 'static {
+    /// The node that owns `id`, or `None` when this node does.
+    fn remote_owner(&self, id: &ShardId) -> Option<NodeId>;
+    /// This node's name.
+    fn local_node(&self) -> NodeId;
+    /// Carries `request` to `node` and returns its answer (with a timeout).
+    fn call<'a>(
+        &'a self,
+        node: &'a NodeId,
+        request: ShardRequest,
+    ) -> BoxFuture<'a, Result<ShardResponse, TallyError>>;
+}
+
+/// An answer to a request that failed on the owner.
+pub(crate) fn failed(e: &TallyError) -> ShardResponse {
+    ShardResponse::Failed { code: e.code().to_string(), message: e.to_string() }
+}
+
+/// Turns an unexpected or failed answer into an error.
+pub(crate) fn unexpected(node: &NodeId, id: &ShardId, r: ShardResponse) -> TallyError {
+    let reason = match r {
+        ShardResponse::Failed { code, message } => format!("node {node} failed ({code}): {message}"),
+        other => format!("node {node} answered {other:?}"),
+    };
+    TallyError::Unavailable { shard: id.to_string(), reason }
+}

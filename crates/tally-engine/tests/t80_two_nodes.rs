@@ -1,0 +1,199 @@
+//! t80: the cluster seam, in one process. Two engines share a catalog and split the
+//! shards between them through a [`Placement`] whose calls go through the wire codec;
+//! every increment, read, resharding and reconciliation must behave exactly as on one
+//! node, and a node that cannot be reached shows up as missing shards, not a silent
+//! partial sum (invariant 5).
+
+use futures::future::BoxFuture;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock};
+use tally_core::codec;
+use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::{CounterName, NodeId, ShardId};
+use tally_engine::*;
+
+/// A catalog both engines share (a stand-in for the replicated one).
+#[derive(Default)]
+struct SharedCatalog(Mutex<BTreeMap<String, CounterMeta>>);
+
+impl Catalog for SharedCatalog {
+    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
+        Ok(self.0.lock().unwrap().get(name).cloned())
+    }
+    fn apply<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            let mut map = self.0.lock().unwrap();
+            let (next, effect) = apply_command(map.get(name.as_str()).cloned(), cmd, now_ms)?;
+            match &next {
+                Some(m) => map.insert(name.to_string(), m.clone()),
+                None => map.remove(name.as_str()),
+            };
+            Ok((next, effect))
+        })
+    }
+    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
+        Ok(Vec::new())
+    }
+    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
+        Ok(Vec::new())
+    }
+    fn tombstone(&self, _name: &str) -> Result<Option<Generations>, TallyError> {
+        Ok(None)
+    }
+    fn clear_tombstone<'a>(&'a self, _name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Even shard indexes live on "a", odd ones on "b".
+struct Split {
+    me: NodeId,
+    peer: OnceLock<Tally>,
+    peer_down: Arc<AtomicBool>,
+}
+
+impl Placement for Split {
+    fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
+        let owner = NodeId::new(if id.index % 2 == 0 { "a" } else { "b" });
+        (owner != self.me).then_some(owner)
+    }
+    fn local_node(&self) -> NodeId {
+        self.me.clone()
+    }
+    fn call<'a>(
+        &'a self,
+        node: &'a NodeId,
+        request: ShardRequest,
+    ) -> BoxFuture<'a, Result<ShardResponse, TallyError>> {
+        Box::pin(async move {
+            if self.peer_down.load(SeqCst) {
+                return Err(TallyError::Unavailable { shard: node.to_string(), reason: "down".into() });
+            }
+            // Through the wire format, both ways.
+            let request: ShardRequest = codec::decode("request", &codec::encode(&request)).unwrap();
+            let peer = self.peer.get().expect("peer started");
+            let response = peer.serve_shard_request(request).await;
+            Ok(codec::decode("response", &codec::encode(&response)).unwrap())
+        })
+    }
+}
+
+async fn two_nodes() -> (Tally, Tally, Arc<AtomicBool>) {
+    let catalog: Arc<dyn Catalog> = Arc::new(SharedCatalog::default());
+    let down = Arc::new(AtomicBool::new(false));
+    let mk =
+        |me: &str| Arc::new(Split { me: NodeId::new(me), peer: OnceLock::new(), peer_down: down.clone() });
+    let (pa, pb) = (mk("a"), mk("b"));
+    let open = |p: Arc<Split>, name: &str| {
+        let config = TallyConfig { node_id: NodeId::new(name), call_timeout_ms: 5_000, ..Default::default() };
+        let parts = EngineParts {
+            store: Arc::new(MemStore::new()),
+            clock: Arc::new(SystemClock),
+            config,
+            catalog: Some(catalog.clone()),
+            placement: Some(p),
+        };
+        Tally::open_parts(parts)
+    };
+    let a = open(pa.clone(), "a").await.unwrap();
+    let b = open(pb.clone(), "b").await.unwrap();
+    let _ = pa.peer.set(b.clone());
+    let _ = pb.peer.set(a.clone());
+    (a, b, down)
+}
+
+fn spec(shards: u16, d: Durability) -> SpecPatch {
+    SpecPatch { shards: Some(shards), durability: Some(d), ..Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn increments_through_both_nodes_sum_exactly_on_both() {
+    let (a, b, _) = two_nodes().await;
+    for d in [Durability::Sync, Durability::Batched] {
+        let name = format!("c-{d}");
+        a.put_counter(&name, spec(8, d)).await.unwrap();
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let node = if w % 2 == 0 { a.clone() } else { b.clone() };
+            let name = name.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..100 {
+                    let inc = Increment::new(1).event_id(format!("w{w}-{i}"));
+                    assert!(node.incr(&name, inc.clone()).await.unwrap().applied);
+                    assert!(node.incr(&name, inc).await.unwrap().duplicate);
+                    node.incr(&name, Increment::new(2).writer(format!("w{w}"))).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // Each node holds buffered increments for the other's shards until it drains.
+        let _ = b.read(&name, Consistency::Fresh).await.unwrap();
+        let ra = a.read(&name, Consistency::Fresh).await.unwrap();
+        let rb = b.read(&name, Consistency::Fresh).await.unwrap();
+        assert_eq!((ra.value, rb.value), (2_400, 2_400), "{name}");
+        assert!(ra.complete && rb.complete);
+        let report = a.shards(&name).await.unwrap();
+        let nodes: Vec<&str> = report.shards.iter().map(|s| s.node.as_str()).collect();
+        assert_eq!(nodes, ["a", "b", "a", "b", "a", "b", "a", "b"]);
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_and_reconciliation_span_both_nodes() {
+    let (a, b, _) = two_nodes().await;
+    let patch = SpecPatch { distinct: Some(true), ..spec(4, Durability::Sync) };
+    a.put_counter("c", patch).await.unwrap();
+    for i in 0..200 {
+        let node = if i % 2 == 0 { &a } else { &b };
+        node.incr("c", Increment::new(1).event_id(format!("e{i}")).member(format!("m{}", i % 50)))
+            .await
+            .unwrap();
+    }
+    b.put_counter("c", SpecPatch { shards: Some(7), ..Default::default() }).await.unwrap();
+    b.settle().await;
+    for i in 0..200 {
+        assert!(a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap().duplicate);
+    }
+    assert_eq!(a.read("c", Consistency::Fresh).await.unwrap().value, 200);
+    assert_eq!(b.distinct("c").await.unwrap().estimate, 50);
+    let r = a.reconcile("c", 250).await.unwrap();
+    assert_eq!(r.drift, 50);
+    assert_eq!(b.read("c", Consistency::Fresh).await.unwrap().value, 250);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_node_makes_reads_incomplete_not_wrong() {
+    let (a, b, down) = two_nodes().await;
+    a.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..40 {
+        a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    down.store(true, SeqCst);
+    let r = a.read("c", Consistency::Fresh).await.unwrap();
+    assert!(!r.complete);
+    assert_eq!(r.missing_shards, vec![1, 3]);
+    // An increment whose shard is down fails and may be retried with its id.
+    let odd =
+        (0..).map(|i| format!("x{i}")).find(|id| tally_core::router::shard_of_event(id, 4) % 2 == 1).unwrap();
+    let err = a.incr("c", Increment::new(1).event_id(odd.clone())).await.unwrap_err();
+    assert_eq!(err.http_status(), 503, "{err}");
+    down.store(false, SeqCst);
+    a.incr("c", Increment::new(1).event_id(odd)).await.unwrap();
+    let r = a.read("c", Consistency::Fresh).await.unwrap();
+    assert!(r.complete);
+    assert_eq!(r.value, 41);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
