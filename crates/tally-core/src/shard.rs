@@ -11,6 +11,22 @@ use crate::sketch::DistinctSketch;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// How long a shard remembers the id of a drained sum sent from another node: far
+/// longer than any retry of it, far shorter than a counter's dedup window, because
+/// every drain of every node writes one.
+pub const DRAIN_DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
+/// Prefix of drain ids (outside the client alphabet, so never an event id).
+pub const DRAIN_ID_PREFIX: &str = "~drain:";
+
+/// The dedup window that applies to a record id: drain ids have their own.
+pub fn window_for(id: &str, counter_window_ms: u64) -> u64 {
+    if id.starts_with(DRAIN_ID_PREFIX) {
+        DRAIN_DEDUP_WINDOW_MS
+    } else {
+        counter_window_ms
+    }
+}
+
 /// Most submissions one shard commit takes; the rest wait for the next commit.
 pub const COMMIT_SUBMISSIONS_MAX: usize = 4096;
 
@@ -26,6 +42,10 @@ pub enum Submission {
         increments: u64,
         /// Hashes of the distinct-count members they carried.
         members: Vec<u64>,
+        /// Set when the sum crosses the network: a retry after an unanswered attempt
+        /// carries the same id, and the shard counts it once (remembered for
+        /// [`DRAIN_DEDUP_WINDOW_MS`]). Local drains cannot be in doubt and carry none.
+        drain_id: Option<String>,
     },
     /// One increment that waits for its outcome.
     Single {
@@ -110,8 +130,22 @@ pub fn decide(
     };
     for sub in batch {
         let outcome = match sub {
-            Submission::Buffered { sum, increments, members } => {
+            Submission::Buffered { drain_id: Some(id), sum, .. }
+                if judge(
+                    created.get(id.as_str()).or_else(|| prior.get(id)),
+                    *sum,
+                    now_ms,
+                    DRAIN_DEDUP_WINDOW_MS,
+                ) != Verdict::Fresh =>
+            {
+                // Delivered before and retried after a lost answer: counted once.
+                Outcome::Duplicate
+            }
+            Submission::Buffered { sum, increments, members, drain_id } => {
                 d.value = apply_buffered(d.value, *sum);
+                if let Some(id) = drain_id {
+                    created.insert(id, DedupRecord { delta: *sum, applied_at_ms: now_ms });
+                }
                 d.applied_increments += increments;
                 d.change_abs = d.change_abs.saturating_add(sum.unsigned_abs());
                 for &h in members {
@@ -175,7 +209,7 @@ mod tests {
     fn sums_buffered_and_single_increments() {
         let mut s = ShardState::default();
         let batch = [
-            Submission::Buffered { sum: 300, increments: 300, members: vec![] },
+            Submission::Buffered { sum: 300, increments: 300, members: vec![], drain_id: None },
             single(-5, None),
             single(7, Some("e-1")),
         ];
@@ -208,6 +242,24 @@ mod tests {
     }
 
     #[test]
+    fn a_retried_drain_counts_once() {
+        let mut s = ShardState::default();
+        let drain = |sum| Submission::Buffered {
+            sum,
+            increments: 3,
+            members: vec![],
+            drain_id: Some(format!("{DRAIN_ID_PREFIX}n1:7")),
+        };
+        let d = decide(&mut s, &[drain(30), drain(30)], &BTreeMap::new(), 10, W);
+        assert_eq!((d.value, d.outcomes.clone()), (30, vec![Outcome::Applied, Outcome::Duplicate]));
+        let prior: BTreeMap<_, _> = d.dedup_put.into_iter().collect();
+        let d2 = decide(&mut s, &[drain(30)], &prior, 20, W);
+        assert_eq!((d2.value, d2.outcomes[0]), (30, Outcome::Duplicate));
+        assert_eq!(window_for("~drain:x", W), DRAIN_DEDUP_WINDOW_MS);
+        assert_eq!(window_for("e-1", W), W);
+    }
+
+    #[test]
     fn overflow_is_refused_without_a_dedup_record() {
         let mut s = ShardState { value: SHARD_VALUE_ABS_MAX, sketch: None };
         let d = decide(&mut s, &[single(1, Some("e")), single(-1, None)], &BTreeMap::new(), 0, W);
@@ -223,7 +275,12 @@ mod tests {
         let batch = [
             Submission::Single { delta: 1, event_id: Some("a".into()), member: Some(member_hash("a")) },
             Submission::Single { delta: 1, event_id: Some("a".into()), member: Some(member_hash("b")) },
-            Submission::Buffered { sum: 2, increments: 2, members: vec![member_hash("c"), member_hash("c")] },
+            Submission::Buffered {
+                sum: 2,
+                increments: 2,
+                members: vec![member_hash("c"), member_hash("c")],
+                drain_id: None,
+            },
         ];
         let d = decide(&mut s, &batch, &BTreeMap::new(), 0, W);
         assert!(d.sketch_changed);

@@ -76,6 +76,7 @@ impl Actor for Aggregator {
                 let now = ctx.now_ms();
                 let due = state.take_due(now, false);
                 drain_and_flush(&ctx, due).await;
+                ctx.retry_in_doubt().await;
                 if now.saturating_sub(state.last_sweep_ms) >= EVICTION_SWEEP_MS {
                     state.last_sweep_ms = now;
                     evict_idle(&ctx, now);
@@ -91,7 +92,8 @@ impl Actor for Aggregator {
                     }
                     state.collect(&ctx);
                     let all = state.take_due(u64::MAX, true);
-                    if all.is_empty() {
+                    ctx.retry_in_doubt().await;
+                    if all.is_empty() && ctx.in_doubt.lock().is_empty() {
                         break;
                     }
                     drain_and_flush(&ctx, all).await;

@@ -27,7 +27,7 @@ use tally_core::limits::{bufferable, slot_open, SLOT_INCREMENTS_MAX};
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
 use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
 use tally_core::router::{route, RouteKey};
-use tally_core::shard::{Outcome, Submission};
+use tally_core::shard::{Outcome, Submission, DRAIN_ID_PREFIX};
 use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_core::spec::{Durability, RouterPolicy};
 use tally_core::{CounterName, ShardId};
@@ -130,6 +130,12 @@ pub(crate) struct Ctx {
     /// Where shards live; `None` for an embedded engine that owns every shard.
     pub(crate) placement: Option<Arc<dyn Placement>>,
     pub(crate) supervisor: OnceLock<ActorRef<SupervisorMsg>>,
+    /// Drained sums sent to other nodes and not answered yet, resent until they are.
+    pub(crate) in_doubt: parking_lot::Mutex<Vec<(CounterName, Submission)>>,
+    /// Numbers this engine's drain ids.
+    pub(crate) drain_seq: std::sync::atomic::AtomicU64,
+    /// Distinguishes this engine's drain ids from those of its earlier lives.
+    pub(crate) incarnation: u64,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
     pub(crate) closing: AtomicBool,
 }
@@ -620,21 +626,73 @@ impl Ctx {
         for d in drained {
             let index = d.index % target.meta.layout.shards;
             let id = ShardId::new(target.name.clone(), target.meta.layout.generation, index);
-            let sub =
-                Submission::Buffered { sum: d.sum, increments: d.increments, members: d.members.clone() };
+            // A sum sent to another node may be applied and its answer lost: it carries
+            // an id, and until answered it is resent as it is, never merged again.
+            let drain_id = self.remote(&id).map(|_| self.drain_id(index, target.meta.layout.shards));
+            let sub = Submission::Buffered {
+                sum: d.sum,
+                increments: d.increments,
+                members: d.members.clone(),
+                drain_id: drain_id.clone(),
+            };
             self.stats.drain_increments.record(d.increments);
-            match self.send_submit(&id, &target.meta, sub).await {
-                Ok(rx) => waiting.push((id, index, rx, d)),
-                Err(_) => self.give_back(&target, vec![Drained { index, ..d }]),
+            match (self.send_submit(&id, &target.meta, sub.clone()).await, drain_id) {
+                (Ok(rx), _) => waiting.push((id, index, rx, d, sub)),
+                (Err(_), Some(_)) => self.in_doubt.lock().push((target.name.clone(), sub)),
+                (Err(_), None) => self.give_back(&target, vec![Drained { index, ..d }]),
             }
         }
-        for (id, index, rx, d) in waiting {
+        for (id, index, rx, d, sub) in waiting {
+            let in_doubt = matches!(&sub, Submission::Buffered { drain_id: Some(_), .. });
             match self.await_reply(&id, rx).await {
                 Ok(ShardReply::Done { value, .. }) => {
                     self.stats.increments_batched.add(d.increments);
                     target.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                 }
+                _ if in_doubt => self.in_doubt.lock().push((target.name.clone(), sub)),
                 Ok(ShardReply::Sealed) | Err(_) => self.give_back(&target, vec![Drained { index, ..d }]),
+            }
+        }
+    }
+
+    /// A fresh drain id that routes to shard `index` of a layout of `shards`, so that
+    /// after a resharding a retry finds the record in the sealed generation.
+    fn drain_id(&self, index: u16, shards: u16) -> String {
+        let seq = self.drain_seq.fetch_add(1, Relaxed);
+        let base = format!("{DRAIN_ID_PREFIX}{}:{}:{seq}", self.config.node_id, self.incarnation);
+        (0u32..)
+            .map(|salt| format!("{base}:{salt}"))
+            .find(|id| tally_core::router::shard_of_event(id, shards) == index)
+            .expect("some salt routes to every shard")
+    }
+
+    /// Resends drained sums whose delivery is in doubt, each with its own id, to the
+    /// counter's current layout.
+    pub(crate) async fn retry_in_doubt(self: &Arc<Self>) {
+        let pending = std::mem::take(&mut *self.in_doubt.lock());
+        for (name, sub) in pending {
+            let Submission::Buffered { drain_id: Some(drain_id), increments, .. } = &sub else { continue };
+            let rt = match self.runtime(name.as_str(), false).await {
+                Ok(rt) => rt,
+                Err(TallyError::NotFound(_)) => {
+                    tracing::warn!(counter = %name, "dropping a drained sum of a deleted counter");
+                    continue;
+                }
+                Err(_) => {
+                    self.in_doubt.lock().push((name, sub));
+                    continue;
+                }
+            };
+            let index = tally_core::router::shard_of_event(drain_id, rt.meta.layout.shards);
+            let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
+            let increments = *increments;
+            match self.submit(&id, &rt.meta, sub.clone()).await {
+                Ok(ShardReply::Done { outcome, .. }) => {
+                    if outcome == Outcome::Applied {
+                        self.stats.increments_batched.add(increments);
+                    }
+                }
+                _ => self.in_doubt.lock().push((name, sub)),
             }
         }
     }

@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::dedup::{expired_ids, DedupRecord};
+use tally_core::dedup::DedupRecord;
 use tally_core::meta::CounterMeta;
 use tally_core::router::shard_of_event;
-use tally_core::shard::{decide, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX};
+use tally_core::shard::{decide, window_for, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX};
 use tally_core::sketch::DistinctSketch;
 use tally_core::spec::Durability;
 use tally_core::ShardId;
@@ -249,7 +249,12 @@ impl ShardActorState {
         } else {
             page.last().map(|(k, _)| k.clone())
         };
-        let gone = expired_ids(&page, now, self.meta.spec.dedup_window_ms());
+        let window = self.meta.spec.dedup_window_ms();
+        let gone: Vec<String> = page
+            .iter()
+            .filter(|(id, r)| tally_core::dedup::expired(r.applied_at_ms, now, window_for(id, window)))
+            .map(|(id, _)| id.clone())
+            .collect();
         if gone.is_empty() {
             return Ok(());
         }
@@ -309,7 +314,12 @@ impl ShardActorState {
         }
         let mut prior = BTreeMap::new();
         for (sub, _) in batch {
-            if let Submission::Single { event_id: Some(id), .. } = sub {
+            let id = match sub {
+                Submission::Single { event_id: Some(id), .. } => Some(id),
+                Submission::Buffered { drain_id: Some(id), .. } => Some(id),
+                _ => None,
+            };
+            if let Some(id) = id {
                 if !prior.contains_key(id) {
                     if let Some(r) = self.prior(id).await? {
                         prior.insert(id.clone(), r);

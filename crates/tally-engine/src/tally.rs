@@ -92,6 +92,7 @@ impl Tally {
     /// shard.
     pub async fn open_parts(parts: EngineParts) -> Result<Self, TallyError> {
         let EngineParts { store, clock, config, catalog, placement } = parts;
+        let incarnation = clock.now_ms();
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
         let catalog: Arc<dyn Catalog> = match catalog {
@@ -111,6 +112,9 @@ impl Tally {
             dirty: Default::default(),
             resharding: Default::default(),
             placement,
+            in_doubt: Default::default(),
+            drain_seq: Default::default(),
+            incarnation,
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
             closing: Default::default(),

@@ -1,0 +1,49 @@
+//! Tally's replicated cluster metadata.
+//!
+//! Every node of a cluster must agree on what each counter is (its spec and shard
+//! layout, including resharding generations), which deleted counters still have
+//! shard data to clean up, and which nodes hold shards. This crate keeps that state
+//! in a raft group (openraft 0.9, `storage-v2`) across the cluster's nodes, persisted
+//! in sled, and hands the data plane a local, always-available copy of it.
+//!
+//! # Layout
+//!
+//! * [`types`] — the openraft type configuration, the log's commands ([`Request`])
+//!   and what applying them answered ([`Response`]).
+//! * [`state`] — the replicated state as plain data with a pure transition
+//!   function; counters change only through `tally_core::meta::apply_command`.
+//! * [`log_store`] — the raft log and vote in sled (`RaftLogStorage`).
+//! * [`state_machine`] — the state machine and snapshots in sled
+//!   (`RaftStateMachine`), one atomic batch per apply.
+//! * [`network`] — raft RPCs over HTTP/JSON with reqwest (`RaftNetwork`).
+//! * [`server`] — the axum endpoints every node serves on its raft address.
+//! * [`meta_raft`] — [`MetaRaft`], the facade: start, initialize once, write from any
+//!   node (forwarded to the leader), read locally or linearizably, subscribe.
+//!
+//! # Determinism
+//!
+//! Applying an entry reads nothing but the entry and the state: the clock a counter
+//! transition needs (`now_ms`) is chosen by the proposer and stored in the entry,
+//! maps are `BTreeMap`s and the member list is kept sorted, so every replica computes
+//! byte-identical state from the same log.
+
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod log_store;
+pub mod meta_raft;
+pub mod network;
+pub mod server;
+pub mod state;
+pub mod state_machine;
+pub mod types;
+
+pub use error::RaftError;
+pub use log_store::SledLogStore;
+pub use meta_raft::{MetaRaft, MetaRaftConfig, RaftStorage};
+pub use server::raft_router;
+pub use state::MetaState;
+pub use state_machine::SledStateMachine;
+pub use types::{
+    Effect, MemberRejection, MembersView, MetaChange, NodeId, Raft, Rejection, Request, Response, TypeConfig,
+};

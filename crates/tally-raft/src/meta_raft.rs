@@ -1,0 +1,540 @@
+//! [`MetaRaft`]: one node of the metadata group, ready to use — storage, network,
+//! endpoints, cluster initialization, forwarding and local reads behind one handle.
+
+use crate::error::RaftError;
+use crate::log_store::SledLogStore;
+use crate::network::{http_client, post_json, CallError, HttpNetworkFactory};
+use crate::server::{raft_router, ReadRequest, PATH_CLIENT_WRITE, PATH_READ};
+use crate::state::MetaState;
+use crate::state_machine::{Shared, SledStateMachine};
+use crate::types::{MetaChange, NodeId, Raft, Request, Response, TypeConfig};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError};
+use openraft::raft::ClientWriteResponse;
+use openraft::BasicNode;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tally_core::meta::CounterMeta;
+use tally_core::name::CounterName;
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, oneshot, Mutex};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Default leader heartbeat interval, in milliseconds (generous for 2-core machines).
+pub const HEARTBEAT_MS_DEFAULT: u64 = 250;
+/// Default shortest election timeout, in milliseconds.
+pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 1_000;
+/// Default longest election timeout, in milliseconds.
+pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 2_000;
+/// Default timeout of sending one snapshot chunk and installing it, in milliseconds
+/// (openraft's own default of 200 ms is too short for a loaded machine).
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Default number of applied entries after which a snapshot is built.
+pub const SNAPSHOT_LOGS_SINCE_LAST_DEFAULT: u64 = 5_000;
+/// Default number of entries kept in the log behind a snapshot (so a briefly lagging
+/// follower catches up from the log instead of a snapshot).
+pub const SNAPSHOT_LOGS_KEPT_DEFAULT: u64 = 1_000;
+/// Default bound on one [`MetaRaft::write`] or linearizable read, retries and
+/// forwarding included, in milliseconds. Covers an election (≤ 2 election timeouts).
+pub const OPERATION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Largest snapshot chunk sent in one RPC, in bytes.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+/// sled page cache of a database opened by path, in bytes: the metadata is small.
+pub const SLED_CACHE_BYTES: u64 = 16 << 20;
+/// How long opening a database by path waits for a previous instance in this
+/// process to release its lock (a node restarting in a test), in milliseconds.
+pub const SLED_LOCK_WAIT_MS: u64 = 10_000;
+/// How long [`MetaRaft::shutdown`] waits for open connections to finish before it
+/// stops serving them anyway, in milliseconds.
+pub const SERVER_STOP_WAIT_MS: u64 = 2_000;
+/// First pause between retries of a write or read during an election, in
+/// milliseconds; it doubles up to [`RETRY_BACKOFF_MAX_MS`].
+pub const RETRY_BACKOFF_MIN_MS: u64 = 50;
+/// Longest pause between retries, in milliseconds.
+pub const RETRY_BACKOFF_MAX_MS: u64 = 500;
+
+/// Where a node keeps its raft log and state machine.
+#[derive(Debug, Clone)]
+pub enum RaftStorage {
+    /// A sled database of its own at this directory (opened with a small cache).
+    Path(PathBuf),
+    /// Trees in a database the caller already opened (e.g. shared with the data
+    /// plane's store). The raft trees are named `raft_*`.
+    Db(sled::Db),
+}
+
+/// How to start one node of the metadata group.
+#[derive(Debug, Clone)]
+pub struct MetaRaftConfig {
+    /// This node's raft id; stable for the life of its disk.
+    pub node_id: NodeId,
+    /// Every voter of the group: raft id → raft address (`127.0.0.1:port`), the
+    /// same on every node. The initial membership, applied once by the smallest id.
+    pub voters: BTreeMap<NodeId, String>,
+    /// Where the log and state machine live.
+    pub storage: RaftStorage,
+    /// Leader heartbeat interval, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// Shortest election timeout, in milliseconds; several heartbeats long.
+    pub election_timeout_min_ms: u64,
+    /// Longest election timeout, in milliseconds.
+    pub election_timeout_max_ms: u64,
+    /// Timeout of sending one snapshot chunk and installing it, in milliseconds.
+    pub install_snapshot_timeout_ms: u64,
+    /// A snapshot is built after this many entries were applied since the last one.
+    pub snapshot_logs_since_last: u64,
+    /// Entries kept in the log behind a snapshot; older ones are purged.
+    pub snapshot_logs_kept: u64,
+    /// Bound on one write or linearizable read, retries included, in milliseconds.
+    pub operation_timeout_ms: u64,
+}
+
+impl MetaRaftConfig {
+    /// A config with the default timings.
+    pub fn new(node_id: NodeId, voters: BTreeMap<NodeId, String>, storage: RaftStorage) -> Self {
+        Self {
+            node_id,
+            voters,
+            storage,
+            heartbeat_ms: HEARTBEAT_MS_DEFAULT,
+            election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS_DEFAULT,
+            election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS_DEFAULT,
+            install_snapshot_timeout_ms: INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT,
+            snapshot_logs_since_last: SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
+            snapshot_logs_kept: SNAPSHOT_LOGS_KEPT_DEFAULT,
+            operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
+        }
+    }
+
+    /// This node's raft address, checked.
+    fn own_addr(&self) -> Result<SocketAddr, RaftError> {
+        let addr = self
+            .voters
+            .get(&self.node_id)
+            .ok_or_else(|| RaftError::Config(format!("node {} is not among the voters", self.node_id)))?;
+        addr.parse()
+            .map_err(|e| RaftError::Config(format!("raft address {addr:?} of node {}: {e}", self.node_id)))
+    }
+
+    fn validate(&self) -> Result<(), RaftError> {
+        for (id, addr) in &self.voters {
+            addr.parse::<SocketAddr>()
+                .map_err(|e| RaftError::Config(format!("raft address {addr:?} of node {id}: {e}")))?;
+        }
+        self.own_addr()?;
+        if self.operation_timeout_ms == 0 {
+            return Err(RaftError::Config("operation_timeout_ms must be positive".into()));
+        }
+        Ok(())
+    }
+
+    fn openraft_config(&self) -> Result<openraft::Config, RaftError> {
+        let config = openraft::Config {
+            cluster_name: "tally-meta".into(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            install_snapshot_timeout: self.install_snapshot_timeout_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last),
+            max_in_snapshot_log_to_keep: self.snapshot_logs_kept,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            ..Default::default()
+        };
+        config.validate().map_err(|e| RaftError::Config(e.to_string()))
+    }
+}
+
+/// Opens the database at `path`, waiting up to [`SLED_LOCK_WAIT_MS`] for a previous
+/// instance in this process to release it.
+async fn open_db(path: &std::path::Path) -> Result<sled::Db, RaftError> {
+    let deadline = Instant::now() + Duration::from_millis(SLED_LOCK_WAIT_MS);
+    loop {
+        let opened = sled::Config::new().path(path).cache_capacity(SLED_CACHE_BYTES).open();
+        match opened {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(e)) if e.to_string().contains("lock") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(RaftError::Storage(format!("cannot open {}: {e}", path.display()))),
+        }
+    }
+}
+
+/// The answer of a leader that was forwarded a write.
+type ForwardedWrite = Result<
+    ClientWriteResponse<TypeConfig>,
+    openraft::error::RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+>;
+/// The answer of a leader that was forwarded a linearizable read.
+type ForwardedRead =
+    Result<Option<CounterMeta>, openraft::error::RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>>;
+
+/// What one attempt of a retried operation came to.
+enum Attempt<T> {
+    Done(T),
+    Retry(String),
+}
+
+/// Time left until `deadline` (zero once it passed).
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// The running HTTP server of a node's raft endpoints.
+struct Serving {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// One node of the metadata group: it persists the log and state machine in sled,
+/// serves the raft endpoints on its raft address, forwards writes to the leader and
+/// answers local reads of the applied metadata.
+///
+/// # Initialization
+///
+/// The voter with the smallest id initializes the group with all voters, once: only
+/// if its log is empty (`Raft::is_initialized`), and an `InitializeError::NotAllowed`
+/// (someone initialized it already) is ignored. The other voters wait to be
+/// contacted by a leader. If the smallest node's disk is lost, restarting it with an
+/// empty disk re-proposes the same membership, which is harmless: the others have a
+/// longer log and a higher term.
+///
+/// # Serving
+///
+/// [`MetaRaft::start`] binds the node's raft address and serves
+/// [`crate::raft_router`] there until [`MetaRaft::shutdown`]; use
+/// [`MetaRaft::start_with_listener`] to hand it an already bound listener.
+pub struct MetaRaft {
+    id: NodeId,
+    raft: Raft,
+    shared: Arc<Shared>,
+    client: reqwest::Client,
+    operation_timeout: Duration,
+    addr: SocketAddr,
+    serving: Mutex<Option<Serving>>,
+}
+
+impl MetaRaft {
+    /// Starts the node: opens its storage, starts raft, serves the raft endpoints on
+    /// its address from `cfg.voters`, and initializes the group if this node has the
+    /// smallest id and an empty log. Returns without waiting for a leader (see
+    /// [`MetaRaft::wait_for_leader`]).
+    pub async fn start(cfg: MetaRaftConfig) -> Result<Self, RaftError> {
+        let addr = cfg.own_addr()?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
+        Self::start_with_listener(cfg, listener).await
+    }
+
+    /// Like [`MetaRaft::start`], serving on `listener`, which must be bound to this
+    /// node's address in `cfg.voters` (tests bind port 0 first to learn free ports).
+    pub async fn start_with_listener(cfg: MetaRaftConfig, listener: TcpListener) -> Result<Self, RaftError> {
+        cfg.validate()?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| RaftError::Bind { addr: "listener".into(), reason: e.to_string() })?;
+        if addr != cfg.own_addr()? {
+            return Err(RaftError::Config(format!(
+                "listener is bound to {addr} but node {} has raft address {}",
+                cfg.node_id,
+                cfg.own_addr()?
+            )));
+        }
+        let config = Arc::new(cfg.openraft_config()?);
+        let db = match &cfg.storage {
+            RaftStorage::Path(path) => open_db(path).await?,
+            RaftStorage::Db(db) => db.clone(),
+        };
+        let log = SledLogStore::open(&db).map_err(|e| RaftError::Storage(e.to_string()))?;
+        let sm = SledStateMachine::open(&db).map_err(|e| RaftError::Storage(e.to_string()))?;
+        drop(db);
+        let shared = sm.shared();
+        let client =
+            http_client().map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?;
+        let raft = Raft::new(cfg.node_id, config, HttpNetworkFactory::new(client.clone()), log, sm)
+            .await
+            .map_err(|e| RaftError::Stopped(e.to_string()))?;
+
+        let (stop, stopped) = oneshot::channel::<()>();
+        let router = raft_router(raft.clone(), shared.clone());
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, router).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = served.await {
+                tracing::warn!(error = %e, "raft endpoint server failed");
+            }
+        });
+
+        let node = Self {
+            id: cfg.node_id,
+            raft,
+            shared,
+            client,
+            operation_timeout: Duration::from_millis(cfg.operation_timeout_ms),
+            addr,
+            serving: Mutex::new(Some(Serving { stop, task })),
+        };
+        if let Err(e) = node.initialize_once(&cfg.voters).await {
+            node.shutdown().await;
+            return Err(e);
+        }
+        tracing::info!(node = cfg.node_id, %addr, "metadata raft node started");
+        Ok(node)
+    }
+
+    async fn initialize_once(&self, voters: &BTreeMap<NodeId, String>) -> Result<(), RaftError> {
+        if voters.keys().next() != Some(&self.id) {
+            return Ok(());
+        }
+        let initialized = self.raft.is_initialized().await.map_err(|e| RaftError::Stopped(e.to_string()))?;
+        if initialized {
+            return Ok(());
+        }
+        let members: BTreeMap<NodeId, BasicNode> =
+            voters.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+        match self.raft.initialize(members).await {
+            Ok(()) => {
+                tracing::info!(node = self.id, voters = ?voters.keys().collect::<Vec<_>>(), "initialized metadata group");
+                Ok(())
+            }
+            Err(openraft::error::RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(openraft::error::RaftError::APIError(e)) => Err(RaftError::Refused(e.to_string())),
+            Err(openraft::error::RaftError::Fatal(e)) => Err(RaftError::Stopped(e.to_string())),
+        }
+    }
+
+    /// Runs `attempt` until it is done, retrying with backoff until the operation
+    /// timeout passes. Each attempt gets the deadline and bounds its own steps by it
+    /// (an attempt is never cut from outside, so a write the leader answered is
+    /// never abandoned half-way and retried).
+    async fn retrying<T, F, Fut>(&self, mut attempt: F) -> Result<T, RaftError>
+    where
+        F: FnMut(Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt<T>, RaftError>>,
+    {
+        let started = Instant::now();
+        let deadline = started + self.operation_timeout;
+        let mut backoff_ms = RETRY_BACKOFF_MIN_MS;
+        loop {
+            let last = match attempt(deadline).await? {
+                Attempt::Done(v) => return Ok(v),
+                Attempt::Retry(reason) => reason,
+            };
+            let pause = Duration::from_millis(backoff_ms);
+            if Instant::now() + pause >= deadline {
+                let waited_ms = started.elapsed().as_millis() as u64;
+                return Err(RaftError::Timeout { waited_ms, last });
+            }
+            tracing::debug!(node = self.id, reason = %last, "retrying metadata operation");
+            tokio::time::sleep(pause).await;
+            backoff_ms = (backoff_ms * 2).min(RETRY_BACKOFF_MAX_MS);
+        }
+    }
+
+    /// Where to forward to, given a `ForwardToLeader`.
+    fn leader_addr(&self, f: &ForwardToLeader<NodeId, BasicNode>) -> Result<String, String> {
+        match (f.leader_id, &f.leader_node) {
+            (Some(id), Some(node)) if id != self.id => Ok(node.addr.clone()),
+            _ => Err("no leader known (election in progress)".to_string()),
+        }
+    }
+
+    /// Proposes `req` and waits until it is applied, on any node: on a follower the
+    /// request is forwarded to the leader (`POST /raft/client-write`). Elections and
+    /// unreachable leaders are retried with backoff for up to the configured
+    /// operation timeout. A retried request may apply twice; every [`Request`] is
+    /// safe to apply twice (see [`RaftError::Timeout`]).
+    ///
+    /// When it returns, this node has applied the write too, so the local reads
+    /// ([`MetaRaft::counter`], ...) see it — unless this node fell so far behind that
+    /// catching up took longer than the operation timeout (logged as a warning).
+    pub async fn write(&self, req: Request) -> Result<Response, RaftError> {
+        self.retrying(|deadline| {
+            let req = req.clone();
+            async move {
+                let local = tokio::time::timeout(left(deadline), self.raft.client_write(req.clone())).await;
+                let Ok(local) = local else {
+                    return Ok(Attempt::Retry("this node leads but did not commit in time".into()));
+                };
+                match local {
+                    Ok(r) => Ok(Attempt::Done(r.data)),
+                    Err(openraft::error::RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                        let addr = match self.leader_addr(&f) {
+                            Ok(a) => a,
+                            Err(why) => return Ok(Attempt::Retry(why)),
+                        };
+                        let answer: Result<ForwardedWrite, CallError> =
+                            post_json(&self.client, &addr, PATH_CLIENT_WRITE, &req, left(deadline)).await;
+                        Ok(match answer {
+                            Ok(Ok(r)) => {
+                                self.wait_applied(r.log_id.index, left(deadline)).await;
+                                Attempt::Done(r.data)
+                            }
+                            Ok(Err(e)) => Attempt::Retry(format!("leader at {addr} answered: {e}")),
+                            Err(e) => Attempt::Retry(e.to_string()),
+                        })
+                    }
+                    Err(openraft::error::RaftError::APIError(e)) => Err(RaftError::Refused(e.to_string())),
+                    Err(openraft::error::RaftError::Fatal(e)) => Err(RaftError::Stopped(e.to_string())),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits up to `limit` until this node has applied the entry at `index`.
+    async fn wait_applied(&self, index: u64, limit: Duration) {
+        let waited =
+            self.raft.wait(Some(limit)).applied_index_at_least(Some(index), "forwarded write applied").await;
+        if let Err(e) = waited {
+            tracing::warn!(node = self.id, index, error = %e, "forwarded write is not applied here yet");
+        }
+    }
+
+    /// The counter's applied metadata on this node. May lag the leader by the
+    /// entries not yet applied here; see [`MetaRaft::counter_linearizable`].
+    pub fn counter(&self, name: &str) -> Option<CounterMeta> {
+        self.shared.read().state.counters.get(name).cloned()
+    }
+
+    /// The counter's metadata as of a moment after this call started: the leader
+    /// confirms its leadership with a quorum and waits until its state machine has
+    /// applied everything committed before answering. Forwarded to the leader from a
+    /// follower (`POST /raft/read`).
+    ///
+    /// An invalid name answers `None` at once: no such counter can exist.
+    pub async fn counter_linearizable(&self, name: &str) -> Result<Option<CounterMeta>, RaftError> {
+        let Ok(name) = CounterName::new(name) else { return Ok(None) };
+        let name = &name;
+        self.retrying(|deadline| async move {
+            let local = tokio::time::timeout(left(deadline), self.raft.ensure_linearizable()).await;
+            let Ok(local) = local else {
+                return Ok(Attempt::Retry("this node leads but no quorum confirmed it in time".into()));
+            };
+            match local {
+                Ok(_) => Ok(Attempt::Done(self.counter(name.as_str()))),
+                Err(openraft::error::RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                    let addr = match self.leader_addr(&f) {
+                        Ok(a) => a,
+                        Err(why) => return Ok(Attempt::Retry(why)),
+                    };
+                    let body = ReadRequest { name: name.clone() };
+                    let answer: Result<ForwardedRead, CallError> =
+                        post_json(&self.client, &addr, PATH_READ, &body, left(deadline)).await;
+                    Ok(match answer {
+                        Ok(Ok(meta)) => Attempt::Done(meta),
+                        Ok(Err(e)) => Attempt::Retry(format!("leader at {addr} answered: {e}")),
+                        Err(e) => Attempt::Retry(e.to_string()),
+                    })
+                }
+                Err(openraft::error::RaftError::APIError(e)) => Ok(Attempt::Retry(e.to_string())),
+                Err(openraft::error::RaftError::Fatal(e)) => Err(RaftError::Stopped(e.to_string())),
+            }
+        })
+        .await
+    }
+
+    /// Deleted counters whose shard data may still exist: name → every
+    /// `(generation, shards)` to delete. The data plane deletes them, then writes
+    /// [`Request::ClearTombstone`].
+    pub fn tombstones(&self) -> BTreeMap<CounterName, Vec<(u32, u16)>> {
+        self.shared.read().state.tombstones.clone()
+    }
+
+    /// Counters with a resharding in progress, which the data plane must complete
+    /// (seal the old generation, then write `CompleteReshard`).
+    pub fn pending_reshards(&self) -> Vec<CounterName> {
+        self.shared.read().state.pending_reshards()
+    }
+
+    /// The data-plane members (sorted) and the placement epoch, as applied here.
+    pub fn members(&self) -> (Vec<String>, u64) {
+        let applied = self.shared.read();
+        (applied.state.members.clone(), applied.state.placement_epoch)
+    }
+
+    /// A copy of the whole applied state (tests compare replicas with it).
+    pub fn state(&self) -> MetaState {
+        self.shared.read().state.clone()
+    }
+
+    /// How many requests this node's state machine has applied in total, across
+    /// restarts. Equal on every caught-up replica; a restart never raises it.
+    pub fn applied_requests(&self) -> u64 {
+        self.shared.read().state.applied_requests
+    }
+
+    /// The leader this node currently knows of, if any.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// This node's current raft term.
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    /// This node's raft id.
+    pub fn node_id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The address the raft endpoints are served on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The underlying openraft handle, for metrics and waits.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Announcements of every change this node applies from now on, in apply order,
+    /// so the data plane can refresh its caches. A receiver that falls more than
+    /// `CHANGES_BUFFERED_MAX` behind gets `RecvError::Lagged` and must re-read
+    /// everything, as after [`MetaChange::Reset`].
+    pub fn subscribe(&self) -> broadcast::Receiver<MetaChange> {
+        self.shared.subscribe()
+    }
+
+    /// Waits up to `timeout` until this node knows a leader, returning its id.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<NodeId, RaftError> {
+        let started = Instant::now();
+        let metrics = self
+            .raft
+            .wait(Some(timeout))
+            .metrics(|m| m.current_leader.is_some(), "a leader is known")
+            .await
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::Timeout(..) => RaftError::Timeout {
+                    waited_ms: started.elapsed().as_millis() as u64,
+                    last: "no leader elected".into(),
+                },
+                other => RaftError::Stopped(other.to_string()),
+            })?;
+        metrics.current_leader.ok_or_else(|| RaftError::Stopped("leader vanished".into()))
+    }
+
+    /// Stops raft and the endpoint server. Idempotent. After it returns the node's
+    /// sled database is released once openraft's tasks have dropped their handles
+    /// (reopening by path waits for that).
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(node = self.id, error = %e, "raft core ended abnormally");
+        }
+        let serving = self.serving.lock().await.take();
+        if let Some(Serving { stop, mut task }) = serving {
+            let _ = stop.send(());
+            let wait = Duration::from_millis(SERVER_STOP_WAIT_MS);
+            if tokio::time::timeout(wait, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+        tracing::info!(node = self.id, "metadata raft node stopped");
+    }
+}

@@ -1,0 +1,373 @@
+//! The replicated state machine, persisted in sled, and its snapshots.
+//!
+//! # Layout
+//!
+//! * tree [`SM_TREE`] holds the whole state, one key per item, and the apply
+//!   position — all in ONE tree, so that every `apply` call commits the items it
+//!   changed together with `last_applied` and the last membership in one atomic
+//!   `apply_batch`. A restart therefore never re-applies an entry whose effect is
+//!   already stored, nor loses an effect whose entry counts as applied.
+//!   * `c/<name>` → `CounterMeta`, `t/<name>` → tombstone generations,
+//!   * `members` → `(Vec<String>, placement_epoch)`, `requests` → applied-request count,
+//!   * `applied` → `Option<LogId>`, `membership` → `StoredMembership`.
+//! * tree [`SNAPSHOT_TREE`]: `current` → the last built or installed snapshot (its
+//!   meta and the encoded [`MetaState`]), `seq` → a counter that makes snapshot ids
+//!   unique.
+//!
+//! Values are encoded by `tally_core::codec`. `apply` does not flush: sled recovers a
+//! prefix of its writes, so after a crash the state is that of some earlier apply
+//! with its own `last_applied`, and openraft re-applies the rest from the (flushed)
+//! log. Snapshots are flushed before they are reported built or installed, because
+//! openraft purges the log behind them.
+//!
+//! A copy of the state lives in memory ([`Shared`]) so the data plane reads it
+//! without touching sled; it is updated under a write lock together with the sled
+//! batch (and reloaded from sled if the batch fails).
+
+// openraft's `StorageError` is large (224 bytes) and its storage traits return it;
+// the helpers here return the same type rather than boxing and unboxing it.
+#![allow(clippy::result_large_err)]
+
+use crate::state::{MetaState, Touched};
+use crate::types::{
+    Entry, LogId, MetaChange, NodeId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, Snapshot, StorageIOError,
+};
+use serde::{Deserialize, Serialize};
+use std::io::Cursor;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tally_core::meta::CounterMeta;
+use tally_core::name::CounterName;
+use tokio::sync::broadcast;
+
+/// Name of the sled tree holding the state machine.
+pub const SM_TREE: &str = "raft_sm";
+/// Name of the sled tree holding the current snapshot.
+pub const SNAPSHOT_TREE: &str = "raft_snapshot";
+
+/// How many unread changes a subscriber may fall behind before it sees
+/// `RecvError::Lagged` (and must refresh everything).
+pub const CHANGES_BUFFERED_MAX: usize = 4096;
+
+const KEY_APPLIED: &[u8] = b"applied";
+const KEY_MEMBERSHIP: &[u8] = b"membership";
+const KEY_MEMBERS: &[u8] = b"members";
+const KEY_REQUESTS: &[u8] = b"requests";
+const PREFIX_COUNTER: &[u8] = b"c/";
+const PREFIX_TOMBSTONE: &[u8] = b"t/";
+const KEY_SNAPSHOT: &[u8] = b"current";
+const KEY_SNAPSHOT_SEQ: &[u8] = b"seq";
+
+/// The applied state and where it stands in the log.
+#[derive(Debug, Clone, Default)]
+pub struct Applied {
+    /// The replicated state.
+    pub state: MetaState,
+    /// The last log entry applied to `state`.
+    pub last_applied: Option<LogId>,
+    /// The last raft membership applied.
+    pub membership: StoredMembership,
+}
+
+/// What the state machine shares with readers: the applied state and the change
+/// feed. Readers take the read lock only long enough to copy what they need.
+pub struct Shared {
+    applied: RwLock<Applied>,
+    changes: broadcast::Sender<MetaChange>,
+}
+
+impl Shared {
+    /// Read access to the applied state. A poisoned lock (a panic while applying)
+    /// still yields the state: every write to it happens after its batch is stored.
+    pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
+        self.applied.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Applied> {
+        self.applied.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new receiver of applied changes.
+    pub fn subscribe(&self) -> broadcast::Receiver<MetaChange> {
+        self.changes.subscribe()
+    }
+
+    fn announce(&self, changes: Vec<MetaChange>) {
+        for c in changes {
+            // No subscriber is not an error.
+            let _ = self.changes.send(c);
+        }
+    }
+}
+
+/// A stored snapshot: its meta and the encoded [`MetaState`].
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+/// The state machine of one node, stored in its sled database. Cheap to clone;
+/// clones (the snapshot builder) share everything.
+#[derive(Clone)]
+pub struct SledStateMachine {
+    db: sled::Db,
+    tree: sled::Tree,
+    snapshots: sled::Tree,
+    shared: Arc<Shared>,
+}
+
+fn read_err(subject: ErrorSubject<NodeId>, e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::new(subject, ErrorVerb::Read, openraft::AnyError::new(&e)).into()
+}
+
+fn write_err(subject: ErrorSubject<NodeId>, e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::new(subject, ErrorVerb::Write, openraft::AnyError::new(&e)).into()
+}
+
+fn prefixed(prefix: &[u8], name: &CounterName) -> Vec<u8> {
+    [prefix, name.as_str().as_bytes()].concat()
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
+    tally_core::codec::decode(what, bytes).map_err(|e| read_err(ErrorSubject::StateMachine, e))
+}
+
+/// Reads a state machine tree back into memory.
+fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
+    let mut applied = Applied::default();
+    for item in tree.iter() {
+        let (key, value) = item.map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
+        let name_at = |prefix: &[u8]| -> Result<CounterName, StorageError> {
+            let s = std::str::from_utf8(&key[prefix.len()..])
+                .map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
+            CounterName::new(s).map_err(|e| read_err(ErrorSubject::StateMachine, e))
+        };
+        match &*key {
+            KEY_APPLIED => applied.last_applied = decode("last applied log id", &value)?,
+            KEY_MEMBERSHIP => applied.membership = decode("raft membership", &value)?,
+            KEY_MEMBERS => {
+                (applied.state.members, applied.state.placement_epoch) = decode("members", &value)?;
+            }
+            KEY_REQUESTS => applied.state.applied_requests = decode("applied request count", &value)?,
+            k if k.starts_with(PREFIX_COUNTER) => {
+                let meta: CounterMeta = decode("counter meta", &value)?;
+                applied.state.counters.insert(name_at(PREFIX_COUNTER)?, meta);
+            }
+            k if k.starts_with(PREFIX_TOMBSTONE) => {
+                let generations: Vec<(u32, u16)> = decode("tombstone", &value)?;
+                applied.state.tombstones.insert(name_at(PREFIX_TOMBSTONE)?, generations);
+            }
+            other => {
+                tracing::warn!(key = ?String::from_utf8_lossy(other), "unknown key in raft state machine")
+            }
+        }
+    }
+    Ok(applied)
+}
+
+/// Adds the current value of `item` (or its removal) to `batch`.
+fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
+    match item {
+        Touched::Counter(name) => match state.counters.get(name) {
+            Some(meta) => batch.insert(prefixed(PREFIX_COUNTER, name), tally_core::codec::encode(meta)),
+            None => batch.remove(prefixed(PREFIX_COUNTER, name)),
+        },
+        Touched::Tombstone(name) => match state.tombstones.get(name) {
+            Some(g) => batch.insert(prefixed(PREFIX_TOMBSTONE, name), tally_core::codec::encode(g)),
+            None => batch.remove(prefixed(PREFIX_TOMBSTONE, name)),
+        },
+        Touched::Members => {
+            batch.insert(KEY_MEMBERS, tally_core::codec::encode(&(&state.members, state.placement_epoch)))
+        }
+    }
+}
+
+/// Adds every item of `applied` to `batch` (used to replace the whole state).
+fn stage_all(batch: &mut sled::Batch, applied: &Applied) {
+    let s = &applied.state;
+    for name in s.counters.keys() {
+        stage(batch, s, &Touched::Counter(name.clone()));
+    }
+    for name in s.tombstones.keys() {
+        stage(batch, s, &Touched::Tombstone(name.clone()));
+    }
+    stage(batch, s, &Touched::Members);
+    stage_position(batch, applied);
+}
+
+/// Adds the apply position (and the request count) to `batch`.
+fn stage_position(batch: &mut sled::Batch, applied: &Applied) {
+    batch.insert(KEY_APPLIED, tally_core::codec::encode(&applied.last_applied));
+    batch.insert(KEY_MEMBERSHIP, tally_core::codec::encode(&applied.membership));
+    batch.insert(KEY_REQUESTS, tally_core::codec::encode(&applied.state.applied_requests));
+}
+
+impl SledStateMachine {
+    /// Opens (creating if absent) the state machine trees of `db` and loads the
+    /// state into memory.
+    pub fn open(db: &sled::Db) -> Result<Self, StorageError> {
+        let tree = db.open_tree(SM_TREE).map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
+        let snapshots = db.open_tree(SNAPSHOT_TREE).map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
+        let applied = load(&tree)?;
+        let (changes, _) = broadcast::channel(CHANGES_BUFFERED_MAX);
+        Ok(Self {
+            db: db.clone(),
+            tree,
+            snapshots,
+            shared: Arc::new(Shared { applied: RwLock::new(applied), changes }),
+        })
+    }
+
+    /// The state shared with readers.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    fn read_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError> {
+        let subject = ErrorSubject::Snapshot(None);
+        match self.snapshots.get(KEY_SNAPSHOT).map_err(|e| read_err(subject.clone(), e))? {
+            None => Ok(None),
+            Some(bytes) => {
+                tally_core::codec::decode("snapshot", &bytes).map(Some).map_err(|e| read_err(subject, e))
+            }
+        }
+    }
+
+    async fn save_snapshot(&self, snapshot: &StoredSnapshot) -> Result<(), StorageError> {
+        let subject = ErrorSubject::Snapshot(Some(snapshot.meta.signature()));
+        self.snapshots
+            .insert(KEY_SNAPSHOT, tally_core::codec::encode(snapshot))
+            .map_err(|e| write_err(subject.clone(), e))?;
+        self.db.flush_async().await.map_err(|e| write_err(subject, e))?;
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SledStateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (data, last_applied, membership) = {
+            let applied = self.shared.read();
+            (tally_core::codec::encode(&applied.state), applied.last_applied, applied.membership.clone())
+        };
+        let seq = self
+            .snapshots
+            .update_and_fetch(KEY_SNAPSHOT_SEQ, |old| {
+                let n = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
+                Some((n + 1).to_be_bytes().to_vec())
+            })
+            .map_err(|e| write_err(ErrorSubject::Snapshot(None), e))?
+            .and_then(|b| <[u8; 8]>::try_from(&*b).ok())
+            .map_or(0, u64::from_be_bytes);
+        let snapshot_id = match &last_applied {
+            Some(l) => format!("{}-{}-{}-{seq}", l.leader_id.term, l.leader_id.node_id, l.index),
+            None => format!("none-{seq}"),
+        };
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+        let stored = StoredSnapshot { meta, data };
+        self.save_snapshot(&stored).await?;
+        tracing::info!(snapshot = %stored.meta, bytes = stored.data.len(), "built raft snapshot");
+        Ok(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for SledStateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = self.shared.read();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut replies = Vec::new();
+        let mut changes = Vec::new();
+        let mut touched = Vec::new();
+        // Mutate in place under the write lock (no await below, so the guard never
+        // crosses a suspension point); if the batch cannot be stored, the state is
+        // reloaded from sled so memory never keeps an effect that was not stored.
+        let mut guard = self.shared.write();
+        let next = &mut *guard;
+        for entry in entries {
+            next.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => replies.push(Response::Nothing),
+                EntryPayload::Membership(m) => {
+                    next.membership = StoredMembership::new(Some(entry.log_id), m);
+                    replies.push(Response::Nothing);
+                }
+                EntryPayload::Normal(req) => {
+                    let (reply, t, c) = next.state.apply(&req);
+                    touched.extend(t);
+                    changes.extend(c);
+                    replies.push(reply);
+                }
+            }
+        }
+        if replies.is_empty() {
+            return Ok(replies);
+        }
+        touched.sort();
+        touched.dedup();
+        let mut batch = sled::Batch::default();
+        for item in &touched {
+            stage(&mut batch, &next.state, item);
+        }
+        stage_position(&mut batch, next);
+        if let Err(e) = self.tree.apply_batch(batch) {
+            let subject = next.last_applied.map_or(ErrorSubject::StateMachine, ErrorSubject::Apply);
+            if let Ok(stored) = load(&self.tree) {
+                *guard = stored;
+            }
+            return Err(write_err(subject, e));
+        }
+        drop(guard);
+        self.shared.announce(changes);
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let subject = ErrorSubject::Snapshot(Some(meta.signature()));
+        let state: MetaState =
+            tally_core::codec::decode("snapshot", &data).map_err(|e| read_err(subject.clone(), e))?;
+        let next =
+            Applied { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+        // Replace the whole tree in one atomic batch: remove every key, then write
+        // the snapshot's items (a later insert of the same key wins within a batch).
+        let mut batch = sled::Batch::default();
+        for key in self.tree.iter().keys() {
+            batch.remove(key.map_err(|e| read_err(subject.clone(), e))?);
+        }
+        stage_all(&mut batch, &next);
+        self.tree.apply_batch(batch).map_err(|e| write_err(subject.clone(), e))?;
+        self.save_snapshot(&StoredSnapshot { meta: meta.clone(), data }).await?;
+        *self.shared.write() = next;
+        self.shared.announce(vec![MetaChange::Reset]);
+        tracing::info!(snapshot = %meta, "installed raft snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(self.read_snapshot()?.map(|s| Snapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
+    }
+}

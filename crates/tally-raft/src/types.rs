@@ -1,0 +1,295 @@
+//! What travels through the replicated log: the openraft type configuration, the
+//! commands ([`Request`]) and what applying them answered ([`Response`]).
+//!
+//! `tally_core::meta::MetaEffect` and `MetaError` have no serde derives (and
+//! `SpecError` holds `&'static str`s, which cannot be deserialized), so the applied
+//! result carries serializable mirrors of them: [`Effect`] and [`Rejection`].
+
+use serde::{Deserialize, Serialize};
+use std::io::Cursor;
+use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError, SealedGeneration};
+use tally_core::name::CounterName;
+use tally_core::spec::SpecError;
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration of Tally's metadata group: `u64` node ids,
+    /// [`openraft::BasicNode`] whose `addr` is the node's raft RPC address
+    /// (`127.0.0.1:port`), snapshots held in memory as bytes.
+    pub TypeConfig:
+        D = Request,
+        R = Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+/// A raft node id. Stable for the life of a node's disk.
+pub type NodeId = u64;
+
+/// A running openraft node of the metadata group.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// A replicated log entry of the metadata group.
+pub type Entry = openraft::Entry<TypeConfig>;
+
+/// A log id (term, leader, index) of the metadata group.
+pub type LogId = openraft::LogId<NodeId>;
+
+/// A membership of the metadata group as stored with the log id that introduced it.
+pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+
+/// A snapshot's metadata in the metadata group.
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
+
+/// A storage error as openraft expects it.
+pub type StorageError = openraft::StorageError<NodeId>;
+
+/// A command of the replicated metadata state machine. Everything that may differ
+/// between replicas (the clock) is chosen by the proposer and carried in the entry,
+/// so every replica computes the same result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Apply a metadata command to one counter through
+    /// `tally_core::meta::apply_command`.
+    Counter {
+        /// The counter.
+        name: CounterName,
+        /// What to do to it.
+        cmd: MetaCommand,
+        /// The proposer's clock, in milliseconds since the Unix epoch; the only time
+        /// the transition sees.
+        now_ms: u64,
+    },
+    /// Forget the tombstone of a deleted counter once the data plane has deleted the
+    /// shards it lists.
+    ClearTombstone {
+        /// The deleted counter.
+        name: CounterName,
+    },
+    /// Add a data-plane node to the placement ring.
+    AddMember {
+        /// The node's data-plane id (e.g. `node1`).
+        node: String,
+    },
+    /// Remove a data-plane node from the placement ring.
+    RemoveMember {
+        /// The node's data-plane id.
+        node: String,
+    },
+}
+
+/// What applying one log entry answered. Domain refusals are part of the applied
+/// result (every replica refuses the same way), never a raft error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The entry was not a [`Request`] (a leader's blank entry or a raft membership
+    /// change); nothing application-visible happened.
+    Nothing,
+    /// The answer to [`Request::Counter`]: the counter's metadata after the command
+    /// (`None` if it does not exist) and what happened, or why it was refused.
+    Counter(Result<(Option<CounterMeta>, Effect), Rejection>),
+    /// The answer to [`Request::ClearTombstone`].
+    TombstoneCleared {
+        /// Whether there was a tombstone to clear (false on a retried request).
+        existed: bool,
+    },
+    /// The answer to [`Request::AddMember`] and [`Request::RemoveMember`].
+    Members(Result<MembersView, MemberRejection>),
+}
+
+impl Response {
+    /// The counter result, if this answers a [`Request::Counter`], converted back to
+    /// tally-core's effect type.
+    pub fn into_counter_result(self) -> Option<Result<(Option<CounterMeta>, MetaEffect), Rejection>> {
+        match self {
+            Response::Counter(r) => Some(r.map(|(meta, effect)| (meta, effect.into()))),
+            _ => None,
+        }
+    }
+}
+
+/// The data plane's view of membership after a change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembersView {
+    /// Member node ids, sorted.
+    pub members: Vec<String>,
+    /// Bumped by every change of `members`; placement caches compare it.
+    pub placement_epoch: u64,
+    /// Whether the command changed anything (false when adding a present node or
+    /// removing an absent one, e.g. on a retried request).
+    pub changed: bool,
+}
+
+/// Why a membership command was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum MemberRejection {
+    /// The node id is empty, too long or uses bytes outside `[A-Za-z0-9._:-]`.
+    #[error("invalid node id: {reason}")]
+    InvalidNode {
+        /// The validator's explanation.
+        reason: String,
+    },
+    /// The ring would grow past its node limit.
+    #[error("the cluster already has {count} members; the limit is {max}")]
+    TooManyMembers {
+        /// Current member count.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// Serializable mirror of `tally_core::meta::MetaEffect`: what a counter command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Effect {
+    /// The counter was created.
+    Created,
+    /// The counter changed.
+    Updated,
+    /// Nothing changed.
+    Unchanged,
+    /// Sealed generations left; their shards' data may be deleted.
+    Pruned(Vec<SealedGeneration>),
+    /// The counter was deleted; every listed `(generation, shards)` may be deleted.
+    /// The same list is kept as the counter's tombstone.
+    Deleted(Vec<(u32, u16)>),
+    /// The counter did not exist.
+    Missing,
+}
+
+impl From<MetaEffect> for Effect {
+    fn from(e: MetaEffect) -> Self {
+        match e {
+            MetaEffect::Created => Effect::Created,
+            MetaEffect::Updated => Effect::Updated,
+            MetaEffect::Unchanged => Effect::Unchanged,
+            MetaEffect::Pruned(g) => Effect::Pruned(g),
+            MetaEffect::Deleted(g) => Effect::Deleted(g),
+            MetaEffect::Missing => Effect::Missing,
+        }
+    }
+}
+
+impl From<Effect> for MetaEffect {
+    fn from(e: Effect) -> Self {
+        match e {
+            Effect::Created => MetaEffect::Created,
+            Effect::Updated => MetaEffect::Updated,
+            Effect::Unchanged => MetaEffect::Unchanged,
+            Effect::Pruned(g) => MetaEffect::Pruned(g),
+            Effect::Deleted(g) => MetaEffect::Deleted(g),
+            Effect::Missing => MetaEffect::Missing,
+        }
+    }
+}
+
+/// Serializable mirror of `tally_core::meta::MetaError`: why a counter command was
+/// refused. The messages match tally-core's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    /// A spec field outside its range (`SpecError::OutOfRange`).
+    #[error("{field} must be between {min} and {max} (got {got})")]
+    OutOfRange {
+        /// The field.
+        field: String,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+        /// What was given.
+        got: u64,
+    },
+    /// A textual spec field with an unknown word (`SpecError::UnknownWord`).
+    #[error("{field} must be one of {expected:?} (got {found:?})")]
+    UnknownWord {
+        /// The field.
+        field: String,
+        /// What was given.
+        found: String,
+        /// The accepted words.
+        expected: Vec<String>,
+    },
+    /// A second resharding was asked for while one is in progress.
+    #[error("counter is being resharded to {target} shards; retry when it completes")]
+    Resharding {
+        /// The shard count being moved to.
+        target: u16,
+    },
+    /// Too many sealed generations are still inside their dedup window.
+    #[error("counter was resharded {count} times within its dedup window; retry later")]
+    TooManyGenerations {
+        /// How many are sealed.
+        count: usize,
+    },
+    /// A completion named a generation that is not the one being sealed (for
+    /// example a `CompleteReshard` applied a second time).
+    #[error("generation {got} is not being resharded (current generation {current})")]
+    StaleGeneration {
+        /// The counter's current generation.
+        current: u32,
+        /// The generation named.
+        got: u32,
+    },
+}
+
+impl From<MetaError> for Rejection {
+    fn from(e: MetaError) -> Self {
+        match e {
+            MetaError::Spec(SpecError::OutOfRange { field, min, max, got }) => {
+                Rejection::OutOfRange { field: field.to_owned(), min, max, got }
+            }
+            MetaError::Spec(SpecError::UnknownWord { field, found, expected }) => Rejection::UnknownWord {
+                field: field.to_owned(),
+                found,
+                expected: expected.iter().map(|w| (*w).to_owned()).collect(),
+            },
+            MetaError::Resharding { target } => Rejection::Resharding { target },
+            MetaError::TooManyGenerations { count } => Rejection::TooManyGenerations { count },
+            MetaError::StaleGeneration { current, got } => Rejection::StaleGeneration { current, got },
+        }
+    }
+}
+
+/// One change the state machine applied, announced to subscribers so the data plane
+/// can refresh its caches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaChange {
+    /// The counter's metadata changed (created, updated or deleted — a deleted
+    /// counter also has a tombstone now).
+    Counter(CounterName),
+    /// The counter's tombstone was cleared.
+    TombstoneCleared(CounterName),
+    /// Data-plane membership changed.
+    Members {
+        /// Member node ids, sorted.
+        members: Vec<String>,
+        /// The new placement epoch.
+        placement_epoch: u64,
+    },
+    /// A snapshot replaced the whole state: anything may have changed, refresh
+    /// everything.
+    Reset,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_core::spec::SpecPatch;
+
+    #[test]
+    fn rejections_mirror_core_errors_with_the_same_message() {
+        let cmd = MetaCommand::Put(SpecPatch { shards: Some(0), ..Default::default() });
+        let err = tally_core::meta::apply_command(None, &cmd, 1).unwrap_err();
+        let mirrored = Rejection::from(err.clone());
+        assert_eq!(mirrored.to_string(), err.to_string());
+        let json = serde_json::to_string(&mirrored).unwrap();
+        assert_eq!(serde_json::from_str::<Rejection>(&json).unwrap(), mirrored);
+    }
+
+    #[test]
+    fn effects_round_trip_through_the_mirror() {
+        for e in [MetaEffect::Created, MetaEffect::Deleted(vec![(0, 8)]), MetaEffect::Missing] {
+            assert_eq!(MetaEffect::from(Effect::from(e.clone())), e);
+        }
+    }
+}
