@@ -705,21 +705,33 @@ impl Ctx {
         }
     }
 
+    /// Stops the local actor of shard `id` and deletes its data.
+    pub(crate) async fn delete_local(&self, id: &ShardId) -> Result<(), TallyError> {
+        if let Some(sup) = self.supervisor.get() {
+            let (tx, rx) = ractor::concurrency::oneshot();
+            if sup.send_message(SupervisorMsg::Stop { id: id.clone(), reply: tx.into() }).is_ok() {
+                let _ = rx.await;
+            }
+        }
+        Ok(self.store.delete_shard(id)?)
+    }
+
     /// Removes what a deleted counter left in the store, if its cleanup is pending.
     pub(crate) async fn finish_delete(&self, name: &CounterName) -> Result<(), TallyError> {
         let Some(generations) = self.catalog.tombstone(name.as_str())? else { return Ok(()) };
         for (generation, shards) in generations {
             for index in 0..shards {
                 let id = ShardId::new(name.clone(), generation, index);
-                if let Some(sup) = self.supervisor.get() {
-                    let (tx, rx) = ractor::concurrency::oneshot();
-                    if sup.send_message(SupervisorMsg::Stop { id: id.clone(), reply: tx.into() }).is_ok() {
-                        let _ = rx.await;
-                    }
+                match self.remote(&id) {
+                    None => self.delete_local(&id).await?,
+                    Some((p, node)) => match p.call(&node, ShardRequest::Delete { id: id.clone() }).await? {
+                        ShardResponse::Done => {}
+                        other => return Err(unexpected(&node, &id, other)),
+                    },
                 }
-                self.store.delete_shard(&id)?;
             }
         }
+        self.flusher.flush().await?;
         self.catalog.clear_tombstone(name).await?;
         Ok(())
     }

@@ -47,6 +47,11 @@ pub enum ShardRequest {
         /// The event id.
         event_id: String,
     },
+    /// Stop the shard and delete its data (its counter was deleted).
+    Delete {
+        /// The shard.
+        id: ShardId,
+    },
     /// Merge a sketch into a shard of a generation that is not open yet.
     MergeSketch {
         /// The shard.

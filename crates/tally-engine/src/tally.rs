@@ -329,11 +329,37 @@ impl Tally {
             ShardRequest::DedupGet { id, event_id } => {
                 Ok(ShardResponse::Record(ctx.store.dedup_get(&id, &event_id)?))
             }
+            ShardRequest::Delete { id } => {
+                ctx.delete_local(&id).await?;
+                ctx.flusher.flush().await?;
+                Ok(ShardResponse::Done)
+            }
             ShardRequest::MergeSketch { id, sketch } => {
                 ctx.merge_sketch_local(&id, &sketch)?;
                 Ok(ShardResponse::Done)
             }
         }
+    }
+
+    /// Tells the engine that a counter's metadata changed in a replicated catalog (on
+    /// another node, say): its runtime is rebuilt from the new metadata, or dropped if
+    /// the counter was deleted.
+    pub async fn metadata_changed(&self, name: &str) -> Result<(), TallyError> {
+        let name = CounterName::new(name)?;
+        match self.ctx.catalog.get(name.as_str())? {
+            Some(meta) => {
+                if self.ctx.registry.contains_key(name.as_str()) || meta.layout.resharding.is_some() {
+                    self.ctx.install(name, meta);
+                }
+            }
+            None => {
+                if let Some((_, rt)) = self.ctx.registry.remove(name.as_str()) {
+                    rt.retired.store(true, SeqCst);
+                }
+                let _ = self.actors.rollup.send_message(RollupMsg::Forget(name));
+            }
+        }
+        Ok(())
     }
 
     /// Stops the engine at once, as a crash would: buffered increments are dropped,
