@@ -127,11 +127,17 @@ impl Tally {
         let _ = ctx.supervisor.set(supervisor.clone());
         let _ = ctx.aggregator.set(aggregator.clone());
         // Finish what a crash interrupted: deletions, then reshardings.
+        // (In a cluster other nodes may not be up yet: what fails here is finished
+        // later, by the next write to the counter or the next restart.)
         for (name, _) in ctx.catalog.tombstones()? {
-            ctx.finish_delete(&name).await?;
+            if let Err(e) = ctx.finish_delete(&name).await {
+                tracing::warn!(counter = %name, error = %e, "deleting a counter's data is still pending");
+            }
         }
         for name in ctx.catalog.pending_reshards()? {
-            ctx.runtime(name.as_str(), false).await?;
+            if let Err(e) = ctx.runtime(name.as_str(), false).await {
+                tracing::warn!(counter = %name, error = %e, "cannot resume a resharding yet");
+            }
         }
         Ok(Self { ctx, actors: Arc::new(Actors { supervisor, aggregator, rollup, reconciler }) })
     }

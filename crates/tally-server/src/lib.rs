@@ -1,1 +1,40 @@
-//! x
+//! Tally's server: a node's configuration, the public HTTP/JSON interface, and the
+//! serving loop that the `tallyd` binary runs.
+//!
+//! # Layout
+//!
+//! * [`config`] — the node's TOML file: a `[cluster]` section identical on every
+//!   node (fingerprinted) and the per-node `[node]`, `[http]`, `[engine]` sections,
+//!   validated at load.
+//! * [`service`] — the [`Service`] trait: what the HTTP front end needs from a node.
+//!   The router is generic over it so a cluster member can replace the single node.
+//! * [`single`] — [`SingleNode`], the service of a one-node deployment over the
+//!   embedded engine.
+//! * [`http`] — the router: routes, JSON bodies and errors, and the guard that bounds
+//!   every request's time and turns every failure into `{"error": {...}}`.
+//! * [`server`] — [`serve`]: the accept loop with header-read timeout, connection
+//!   limit and graceful shutdown.
+//! * [`metrics`] — Prometheus text written by hand from the engine's statistics.
+//!
+//! # Seams for the cluster
+//!
+//! A cluster member implements [`Service`] (forwarding to remote shards, answering
+//! [`Service::cluster`] from its failure detector and raft state) and hands it to
+//! [`router`]; [`serve`] takes any `axum::Router`, so internal routes can be merged
+//! in. [`ClusterConfig::fingerprint`](config::ClusterConfig::fingerprint) is what
+//! the handshake compares.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod server;
+pub mod service;
+pub mod single;
+
+pub use config::{ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry};
+pub use http::router;
+pub use server::serve;
+pub use service::{ClusterView, NodeState, NodeView, Service};
+pub use single::{SingleNode, StartError};

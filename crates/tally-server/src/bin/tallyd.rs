@@ -1,1 +1,154 @@
-fn main(){}
+//! `tallyd`: runs one Tally node.
+//!
+//! ```text
+//! tallyd                                   # built-in single node: HTTP 127.0.0.1:7070, data ./data
+//! tallyd --config FILE [--data-dir DIR]    # a node from a configuration file
+//! tallyd --config FILE --check             # validate, print the cluster fingerprint, exit
+//! ```
+//!
+//! On SIGTERM or SIGINT the node stops accepting connections, finishes the requests
+//! in flight, delivers and flushes every buffered increment, and exits 0. A second
+//! signal during that drain exits at once with status 130.
+//!
+//! This build runs single-node configurations only; a configuration that lists
+//! more than one node is refused.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tally_server::{router, serve, Config, SingleNode};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tracing_subscriber::EnvFilter;
+
+/// The dev secret of the shipped configurations; a node reachable beyond loopback
+/// must not use it.
+const DEV_SECRET: &str = "tally-dev-secret";
+/// Exit status after a second shutdown signal cut the drain short (128 + SIGINT).
+const FORCED_EXIT_STATUS: i32 = 130;
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(name = "tallyd", version, about = "Runs a Tally node: sharded, durable counters over HTTP/JSON.")]
+struct Args {
+    /// The node's configuration file (TOML). Without it, the built-in single-node
+    /// configuration (cluster-config/single.toml) is used.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Overrides `node.data_dir`.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Validates the configuration, prints a summary with the cluster fingerprint, and exits.
+    #[arg(long)]
+    check: bool,
+}
+
+fn load(args: &Args) -> Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path).with_context(|| format!("loading {}", path.display()))?,
+        None => Config::single_node().context("loading the built-in single-node configuration")?,
+    };
+    if let Some(dir) = &args.data_dir {
+        config.node.data_dir = dir.clone();
+        config.validate().context("applying --data-dir")?;
+    }
+    Ok(config)
+}
+
+/// Resolves on the first SIGTERM or SIGINT; a second one exits the process at once.
+async fn shutdown_signal(mut term: Signal, mut int: Signal, node: SingleNode) {
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(signal = name, "shutting down: draining requests, then flushing");
+    node.begin_shutdown();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::warn!("second signal: exiting without finishing the drain");
+        std::process::exit(FORCED_EXIT_STATUS);
+    });
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tallyd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole chain of causes; no backtrace noise.
+            eprintln!("tallyd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let config = load(&args)?;
+    let me = config.this_node()?.clone();
+    let nodes = config.cluster.nodes.len();
+    if args.check {
+        println!(
+            "config ok: cluster {:?} ({nodes} node{}), node {:?}, http {}, data {}",
+            config.cluster.name,
+            if nodes == 1 { "" } else { "s" },
+            me.id,
+            me.http,
+            config.node.data_dir.display()
+        );
+        println!("cluster fingerprint: {:#018x}", config.cluster.fingerprint());
+        return Ok(());
+    }
+    if nodes > 1 {
+        bail!(
+            "multi-node clusters are not supported by this build yet: cluster {:?} lists {nodes} nodes; \
+             run a single-node configuration such as cluster-config/single.toml",
+            config.cluster.name
+        );
+    }
+    if config.cluster.secret == DEV_SECRET && !me.http.ip().is_loopback() {
+        tracing::warn!(http = %me.http, "cluster.secret is the shipped dev secret on a non-loopback address");
+    }
+
+    // Signals first, so one that arrives while the engine opens is not lost.
+    let term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let listener = tokio::net::TcpListener::bind(me.http)
+        .await
+        .with_context(|| format!("binding HTTP to {}", me.http))?;
+    let node = SingleNode::open(&config)
+        .await
+        .with_context(|| format!("opening the engine in {}", config.store_dir().display()))?;
+    tracing::info!(
+        node = %me.id,
+        http = %me.http,
+        data = %config.node.data_dir.display(),
+        fingerprint = %format!("{:#018x}", config.cluster.fingerprint()),
+        "node started"
+    );
+
+    let app = router(node.clone(), &config.http);
+    let served = serve(listener, app, &config.http, shutdown_signal(term, int, node.clone())).await;
+    // Flush whatever the HTTP side left buffered even if serving failed.
+    let flushed = node.shutdown().await;
+    served.context("serving HTTP")?;
+    flushed.context("flushing the engine at shutdown")?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}

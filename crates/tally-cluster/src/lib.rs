@@ -1,0 +1,372 @@
+//! A Tally cluster node.
+//!
+//! The engine is the same one an embedded caller drives; this crate plugs in the
+//! three things that make a node part of a cluster:
+//!
+//! * [`RaftCatalog`] — counter metadata replicated by `tally-raft` (openraft 0.9), so
+//!   every node agrees on specs, layouts and reshardings;
+//! * [`RingPlacement`] — each shard's owner is its point's successor on a
+//!   consistent-hash ring of the cluster's nodes (virtual nodes), and requests for
+//!   shards owned elsewhere travel over `tally-transport` (ractor_cluster sessions
+//!   with heartbeats and reconnection);
+//! * [`ClusterNode`] — starts and stops all of it, serves other nodes' shard requests
+//!   with the local engine, and reports the cluster's state.
+
+#![forbid(unsafe_code)]
+
+use futures::future::BoxFuture;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tally_core::codec;
+use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect, MetaError};
+use tally_core::ring::Ring;
+use tally_core::{CounterName, NodeId, ShardId};
+use tally_engine::{
+    Catalog, EngineParts, Generations, Placement, ShardRequest, ShardResponse, SledConfig, SledStore,
+    SystemClock, Tally, TallyConfig, TallyError,
+};
+use tally_raft::{MetaChange, MetaRaft, MetaRaftConfig, RaftStorage, Rejection, Request};
+use tally_transport::{Handler, PeerState, Transport, TransportConfig};
+
+/// One node of the cluster as every node's config lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Stable node name.
+    pub id: String,
+    /// Stable raft id.
+    pub raft_id: u64,
+    /// Public HTTP address.
+    pub http: SocketAddr,
+    /// Node-to-node (ractor_cluster) address.
+    pub peer: SocketAddr,
+    /// Raft RPC address.
+    pub raft: SocketAddr,
+}
+
+/// Everything a cluster node is started from.
+#[derive(Debug, Clone)]
+pub struct ClusterNodeConfig {
+    /// This node's name (one of `members`).
+    pub node_id: String,
+    /// Where this node keeps its shard store and its raft log.
+    pub data_dir: PathBuf,
+    /// Every node of the cluster.
+    pub members: Vec<Member>,
+    /// Shared secret of node-to-node sessions.
+    pub secret: String,
+    /// Fingerprint of the cluster-wide config; peers with another one are refused.
+    pub fingerprint: u64,
+    /// Virtual nodes per node on the ring.
+    pub vnodes_per_node: u32,
+    /// Node heartbeat interval, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// Missed heartbeats before a peer is declared down.
+    pub heartbeat_misses_max: u32,
+    /// Raft heartbeat, in milliseconds.
+    pub raft_heartbeat_ms: u64,
+    /// Raft election timeout range, in milliseconds.
+    pub raft_election_timeout_ms: (u64, u64),
+    /// The engine's settings.
+    pub engine: TallyConfig,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The config does not name this node, or is otherwise unusable.
+    #[error("cluster config: {0}")]
+    Config(String),
+    /// The metadata group failed to start.
+    #[error("metadata group: {0}")]
+    Raft(#[from] tally_raft::RaftError),
+    /// The transport failed to start.
+    #[error("transport: {0}")]
+    Transport(#[from] tally_transport::TransportError),
+    /// The engine failed to start.
+    #[error("engine: {0}")]
+    Engine(#[from] TallyError),
+}
+
+/// Counter metadata replicated through the cluster's raft group.
+pub struct RaftCatalog {
+    raft: Arc<MetaRaft>,
+}
+
+fn rejection(e: Rejection) -> TallyError {
+    match e {
+        Rejection::Resharding { target } => MetaError::Resharding { target }.into(),
+        Rejection::TooManyGenerations { count } => MetaError::TooManyGenerations { count }.into(),
+        Rejection::StaleGeneration { current, got } => MetaError::StaleGeneration { current, got }.into(),
+        other => TallyError::Unavailable { shard: "metadata".into(), reason: other.to_string() },
+    }
+}
+
+fn raft_error(e: tally_raft::RaftError) -> TallyError {
+    TallyError::Unavailable { shard: "metadata".into(), reason: e.to_string() }
+}
+
+impl Catalog for RaftCatalog {
+    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
+        Ok(self.raft.counter(name))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            // Refuse a bad command here, with the exact error, before replicating it.
+            apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
+            let req = Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms };
+            let response = self.raft.write(req).await.map_err(raft_error)?;
+            match response.into_counter_result() {
+                Some(Ok(r)) => Ok(r),
+                Some(Err(e)) => Err(rejection(e)),
+                None => Err(TallyError::Unavailable {
+                    shard: "metadata".into(),
+                    reason: "unexpected answer".into(),
+                }),
+            }
+        })
+    }
+
+    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
+        Ok(self.raft.pending_reshards())
+    }
+
+    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
+        Ok(self.raft.tombstones().into_iter().collect())
+    }
+
+    fn tombstone(&self, name: &str) -> Result<Option<Generations>, TallyError> {
+        Ok(self.raft.tombstones().into_iter().find(|(n, _)| n.as_str() == name).map(|(_, g)| g))
+    }
+
+    fn clear_tombstone<'a>(&'a self, name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async move {
+            self.raft.write(Request::ClearTombstone { name: name.clone() }).await.map_err(raft_error)?;
+            Ok(())
+        })
+    }
+}
+
+/// Shard ownership by consistent hashing, and the way to the owners.
+pub struct RingPlacement {
+    me: NodeId,
+    ring: Ring,
+    transport: Transport,
+    call_timeout: Duration,
+}
+
+impl Placement for RingPlacement {
+    fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
+        self.ring.owner(id).filter(|owner| **owner != self.me).cloned()
+    }
+
+    fn local_node(&self) -> NodeId {
+        self.me.clone()
+    }
+
+    fn call<'a>(
+        &'a self,
+        node: &'a NodeId,
+        request: ShardRequest,
+    ) -> BoxFuture<'a, Result<ShardResponse, TallyError>> {
+        Box::pin(async move {
+            let unavailable =
+                |reason: String| TallyError::Unavailable { shard: format!("node {node}"), reason };
+            let bytes = self
+                .transport
+                .call(node.as_str(), codec::encode(&request), self.call_timeout)
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            codec::decode("shard response", &bytes).map_err(|e| unavailable(e.to_string()))
+        })
+    }
+}
+
+/// Serves other nodes' shard requests with the local engine.
+struct ShardHandler {
+    engine: OnceLock<Tally>,
+}
+
+impl Handler for ShardHandler {
+    fn handle(&self, from: &str, request: Vec<u8>) -> impl std::future::Future<Output = Vec<u8>> + Send {
+        let engine = self.engine.get().cloned();
+        let from = from.to_string();
+        async move {
+            let response = match (engine, codec::decode::<ShardRequest>("shard request", &request)) {
+                (Some(engine), Ok(req)) => engine.serve_shard_request(req).await,
+                (None, _) => {
+                    ShardResponse::Failed { code: "starting".into(), message: "node is starting".into() }
+                }
+                (_, Err(e)) => {
+                    tracing::warn!(from = %from, error = %e, "undecodable shard request");
+                    ShardResponse::Failed { code: "malformed".into(), message: e.to_string() }
+                }
+            };
+            codec::encode(&response)
+        }
+    }
+}
+
+/// What a node knows of one member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    /// Node name.
+    pub id: String,
+    /// `up`, `suspect` or `down` (this node is always `up`).
+    pub state: &'static str,
+    /// Its HTTP address.
+    pub http: SocketAddr,
+}
+
+/// A running cluster node.
+#[derive(Clone)]
+pub struct ClusterNode {
+    tally: Tally,
+    raft: Arc<MetaRaft>,
+    transport: Transport,
+    config: Arc<ClusterNodeConfig>,
+}
+
+impl ClusterNode {
+    /// Starts this node: its raft member, its transport and its engine.
+    pub async fn start(config: ClusterNodeConfig) -> Result<Self, ClusterError> {
+        let me = config
+            .members
+            .iter()
+            .find(|m| m.id == config.node_id)
+            .cloned()
+            .ok_or_else(|| ClusterError::Config(format!("node {:?} is not a member", config.node_id)))?;
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|e| ClusterError::Config(format!("cannot create {}: {e}", config.data_dir.display())))?;
+
+        let voters: BTreeMap<u64, String> =
+            config.members.iter().map(|m| (m.raft_id, m.raft.to_string())).collect();
+        let mut raft_cfg =
+            MetaRaftConfig::new(me.raft_id, voters, RaftStorage::Path(config.data_dir.join("raft")));
+        raft_cfg.heartbeat_ms = config.raft_heartbeat_ms;
+        raft_cfg.election_timeout_min_ms = config.raft_election_timeout_ms.0;
+        raft_cfg.election_timeout_max_ms = config.raft_election_timeout_ms.1;
+        let raft = Arc::new(MetaRaft::start(raft_cfg).await?);
+
+        let handler = Arc::new(ShardHandler { engine: OnceLock::new() });
+        let transport_cfg = TransportConfig {
+            node_id: me.id.clone(),
+            listen: me.peer,
+            peers: config.members.iter().filter(|m| m.id != me.id).map(|m| (m.id.clone(), m.peer)).collect(),
+            secret: config.secret.clone(),
+            fingerprint: config.fingerprint,
+            heartbeat_ms: config.heartbeat_ms,
+            heartbeat_misses_max: config.heartbeat_misses_max,
+            reconnect_backoff_min_ms: 100,
+            reconnect_backoff_max_ms: 2_000,
+            call_timeout_ms: config.engine.call_timeout_ms,
+        };
+        let transport = Transport::start(transport_cfg, handler.clone()).await?;
+
+        let ring = Ring::new(config.members.iter().map(|m| NodeId::new(&m.id)), config.vnodes_per_node);
+        let placement = Arc::new(RingPlacement {
+            me: NodeId::new(&me.id),
+            ring,
+            transport: transport.clone(),
+            call_timeout: Duration::from_millis(config.engine.call_timeout_ms),
+        });
+        let store = SledStore::open(&SledConfig::new(config.data_dir.join("store")))?;
+        let mut engine_cfg = config.engine.clone();
+        engine_cfg.node_id = NodeId::new(&me.id);
+        let tally = Tally::open_parts(EngineParts {
+            store: Arc::new(store),
+            clock: Arc::new(SystemClock),
+            config: engine_cfg,
+            catalog: Some(Arc::new(RaftCatalog { raft: raft.clone() })),
+            placement: Some(placement),
+        })
+        .await?;
+        let _ = handler.engine.set(tally.clone());
+
+        // Metadata changed elsewhere: rebuild this node's view of the counter.
+        let mut changes = raft.subscribe();
+        let engine = tally.clone();
+        tokio::spawn(async move {
+            loop {
+                match changes.recv().await {
+                    Ok(MetaChange::Counter(name)) => {
+                        if let Err(e) = engine.metadata_changed(name.as_str()).await {
+                            tracing::warn!(counter = %name, error = %e, "cannot apply a metadata change");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "metadata change feed lagged; shards re-read on demand");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        tracing::info!(node = %me.id, members = config.members.len(), "cluster node started");
+        Ok(Self { tally, raft, transport, config: Arc::new(config) })
+    }
+
+    /// The node's engine (every counter is served through it).
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Every member with its state as this node sees it.
+    pub fn members(&self) -> Vec<MemberView> {
+        let peers = self.transport.peers();
+        self.config
+            .members
+            .iter()
+            .map(|m| {
+                let state = if m.id == self.config.node_id {
+                    "up"
+                } else {
+                    match peers.iter().find(|p| p.node == m.id).map(|p| p.state) {
+                        Some(PeerState::Up) => "up",
+                        Some(PeerState::Suspect) => "suspect",
+                        _ => "down",
+                    }
+                };
+                MemberView { id: m.id.clone(), state, http: m.http }
+            })
+            .collect()
+    }
+
+    /// The raft leader's node name, if one is known.
+    pub fn leader(&self) -> Option<String> {
+        let leader = self.raft.leader()?;
+        self.config.members.iter().find(|m| m.raft_id == leader).map(|m| m.id.clone())
+    }
+
+    /// The raft term.
+    pub fn term(&self) -> u64 {
+        self.raft.term()
+    }
+
+    /// Peers currently connected.
+    pub fn connected_peers(&self) -> usize {
+        self.transport.peers().iter().filter(|p| p.state == PeerState::Up).count()
+    }
+
+    /// Flushes the engine, then stops raft and the transport.
+    pub async fn shutdown(&self) -> Result<(), TallyError> {
+        let r = self.tally.shutdown().await;
+        self.raft.shutdown().await;
+        self.transport.shutdown().await;
+        r
+    }
+}
+
+impl From<tally_store::StoreError> for ClusterError {
+    fn from(e: tally_store::StoreError) -> Self {
+        ClusterError::Engine(e.into())
+    }
+}

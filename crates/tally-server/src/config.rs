@@ -1,0 +1,860 @@
+//! A node's configuration file: TOML in two parts.
+//!
+//! * `[cluster]` describes the cluster and must be identical on every node. The
+//!   cluster transport compares [`ClusterConfig::fingerprint`]s at handshake and
+//!   refuses a peer whose cluster section differs, so two nodes can never disagree
+//!   about membership, addresses or timing without noticing.
+//! * `[node]`, `[http]` and `[engine]` belong to one node: who it is, where its data
+//!   lives, and the limits of its HTTP front end and embedded engine.
+//!
+//! Everything is validated at load ([`Config::validate`]); a bad file is refused with
+//! an error that names the field, so a node never starts half-configured. Unknown
+//! fields are refused too: a misspelt limit must not silently keep its default.
+//! `cluster-config/README.md` documents every field.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tally_core::name::{check_token, NameError};
+use tally_engine::{SledConfig, TallyConfig};
+
+/// The single-node configuration shipped in `cluster-config/single.toml`, built into
+/// the binary so that `tallyd` with no arguments runs a usable node.
+pub const SINGLE_NODE_TOML: &str = include_str!("../../../cluster-config/single.toml");
+
+/// Seed of the cluster-section fingerprint ("tallycfg"), distinct from every seed of
+/// `tally_core::hash` so a fingerprint never collides with a placement hash by design.
+pub const FINGERPRINT_SEED: u64 = 0x7461_6c6c_7963_6667;
+/// Version of the fingerprint's canonical encoding; bump it when the encoding
+/// changes so that nodes of different builds refuse each other instead of
+/// comparing incomparable hashes.
+pub const FINGERPRINT_FORMAT: u32 = 1;
+
+/// Longest node id, in bytes (ids appear in metrics labels and shard reports).
+pub const NODE_ID_LEN_MAX: usize = 64;
+/// Longest cluster name, in bytes.
+pub const CLUSTER_NAME_LEN_MAX: usize = 64;
+/// Shortest shared secret, in bytes: anything shorter is guessable.
+pub const SECRET_LEN_MIN: usize = 8;
+/// Longest shared secret, in bytes.
+pub const SECRET_LEN_MAX: usize = 1024;
+/// Most nodes in one cluster (the engine's overflow reserve is sized for this many).
+pub const NODES_MAX: usize = tally_core::limits::NODES_MAX;
+/// Most heartbeats a node may miss before a peer is declared down.
+pub const HEARTBEAT_MISSES_MAX_CEILING: u32 = 100;
+/// Longest any configurable interval or timeout may be, in milliseconds (one hour):
+/// larger values are typos, and would make failures undetectable.
+pub const INTERVAL_MS_CEILING: u64 = 3_600_000;
+/// Largest request body a node may be configured to accept, in bytes (64 MiB).
+pub const BODY_BYTES_MAX_CEILING: u64 = 64 << 20;
+/// Smallest request body limit, in bytes: every documented request must fit.
+pub const BODY_BYTES_MAX_FLOOR: u64 = 1024;
+/// Most items a batch may be configured to hold.
+pub const BATCH_ITEMS_MAX_CEILING: u64 = 1_000_000;
+/// Most simultaneous HTTP connections a node may be configured to hold.
+pub const CONNECTIONS_MAX_CEILING: u64 = 1_000_000;
+
+/// Why a configuration was refused. Every variant names the offending field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's explanation.
+        reason: String,
+    },
+    /// The text is not valid TOML, has an unknown field, or a field of the wrong type
+    /// (including an address that is not `ip:port`).
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+    /// `cluster.nodes` is empty or longer than [`NODES_MAX`].
+    #[error("cluster.nodes lists {got} nodes; a cluster has 1 to {max}")]
+    NodeCount {
+        /// Nodes listed.
+        got: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A name (cluster name or node id) is malformed.
+    #[error("{field}: {source}")]
+    InvalidName {
+        /// The field, e.g. `cluster.nodes[1].id`.
+        field: String,
+        /// What is wrong with it.
+        source: NameError,
+    },
+    /// Two entries of `cluster.nodes` share an id.
+    #[error("cluster.nodes: node id {0:?} appears more than once")]
+    DuplicateNodeId(String),
+    /// Two entries of `cluster.nodes` share a raft id.
+    #[error("cluster.nodes: raft_id {0} appears more than once")]
+    DuplicateRaftId(u64),
+    /// Two listeners in the cluster share an address.
+    #[error("address {addr} is used by both {first} and {second}")]
+    DuplicateAddress {
+        /// The address.
+        addr: SocketAddr,
+        /// The first field using it.
+        first: String,
+        /// The second field using it.
+        second: String,
+    },
+    /// `node.id` names no entry of `cluster.nodes`.
+    #[error("node.id {id:?} is not one of cluster.nodes ({known:?})")]
+    UnknownNode {
+        /// The id given.
+        id: String,
+        /// The ids listed.
+        known: Vec<String>,
+    },
+    /// The shared secret is too short or too long.
+    #[error("cluster.secret is {len} bytes long; it must be {min} to {max}")]
+    SecretLength {
+        /// Its length in bytes.
+        len: usize,
+        /// Shortest allowed.
+        min: usize,
+        /// Longest allowed.
+        max: usize,
+    },
+    /// A numeric field is outside its range.
+    #[error("{field} must be between {min} and {max} (got {got})")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// What was given.
+        got: u64,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+    /// Two timeouts are in the wrong order (for example an engine call that outlives
+    /// the HTTP request waiting for it).
+    #[error("{shorter} ({shorter_ms} ms) must be less than {longer} ({longer_ms} ms)")]
+    TimeoutOrder {
+        /// The field that must be shorter.
+        shorter: &'static str,
+        /// Its value.
+        shorter_ms: u64,
+        /// The field that must be longer.
+        longer: &'static str,
+        /// Its value.
+        longer_ms: u64,
+    },
+    /// `node.data_dir` is empty.
+    #[error("node.data_dir must not be empty")]
+    EmptyDataDir,
+}
+
+/// A whole configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// What every node must agree on.
+    pub cluster: ClusterConfig,
+    /// Who this node is and where it keeps its data.
+    pub node: NodeConfig,
+    /// Limits of this node's HTTP front end.
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Settings of this node's embedded engine.
+    #[serde(default)]
+    pub engine: EngineConfig,
+}
+
+/// The cluster-wide section: identical on every node, fingerprinted at handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The cluster's name, so that nodes of two clusters never join by mistake.
+    #[serde(default = "default_cluster_name")]
+    pub name: String,
+    /// The shared secret node-to-node connections authenticate with. It has no
+    /// default: a cluster must never run on a secret anyone can read in the source.
+    pub secret: String,
+    /// Virtual nodes per node on the placement ring: more spreads shards more evenly
+    /// at the cost of a larger ring.
+    #[serde(default = "default_vnodes_per_node")]
+    pub vnodes_per_node: u32,
+    /// Interval of node-to-node heartbeats, in milliseconds (cluster phase).
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Heartbeats a peer may miss in a row before it is declared down; with
+    /// `heartbeat_ms` this bounds how long a silent failure goes unnoticed.
+    #[serde(default = "default_heartbeat_misses_max")]
+    pub heartbeat_misses_max: u32,
+    /// Interval of the raft leader's heartbeats, in milliseconds.
+    #[serde(default = "default_raft_heartbeat_ms")]
+    pub raft_heartbeat_ms: u64,
+    /// Shortest raft election timeout, in milliseconds.
+    #[serde(default = "default_raft_election_timeout_min_ms")]
+    pub raft_election_timeout_min_ms: u64,
+    /// Longest raft election timeout, in milliseconds.
+    #[serde(default = "default_raft_election_timeout_max_ms")]
+    pub raft_election_timeout_max_ms: u64,
+    /// Every node of the cluster, with its stable identities and addresses.
+    pub nodes: Vec<NodeEntry>,
+}
+
+/// One member of the cluster as every node knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    /// The node's stable name: shard ownership and metrics are keyed by it.
+    pub id: String,
+    /// The node's stable raft id (openraft identifies members by `u64`).
+    pub raft_id: u64,
+    /// The public HTTP address clients use.
+    pub http: SocketAddr,
+    /// The node-to-node (actor transport) address.
+    pub peer: SocketAddr,
+    /// The raft RPC address.
+    pub raft: SocketAddr,
+}
+
+/// The per-node section: who this node is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// This node's id; must name one entry of `cluster.nodes`.
+    pub id: String,
+    /// Where the node keeps its data (the engine's store is `<data_dir>/store`).
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+}
+
+/// Limits of the HTTP front end. Every one bounds what a client can make the node
+/// hold or wait for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    pub body_bytes_max: u64,
+    /// Longest a request may take from its headers to its answer, in milliseconds;
+    /// a slower one gets 408 (body still arriving) or 503 (the node was slow).
+    pub request_timeout_ms: u64,
+    /// Longest a client may take to send a request's headers, in milliseconds; also
+    /// how long an idle keep-alive connection stays open. Slow clients are cut off.
+    pub header_read_timeout_ms: u64,
+    /// Most items in one `POST /v1/increments` batch; more get 413.
+    pub batch_items_max: u64,
+    /// Most simultaneous connections; further clients wait in the listen backlog.
+    pub connections_max: u64,
+    /// Longest a graceful shutdown waits for in-flight requests, in milliseconds.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            body_bytes_max: 1 << 20,
+            request_timeout_ms: 10_000,
+            header_read_timeout_ms: 5_000,
+            batch_items_max: 10_000,
+            connections_max: 1024,
+            shutdown_grace_ms: 15_000,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// [`Self::request_timeout_ms`] as a duration.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+    /// [`Self::header_read_timeout_ms`] as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+    /// [`Self::shutdown_grace_ms`] as a duration.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+    /// [`Self::body_bytes_max`] as a `usize` (saturating on 32-bit targets).
+    pub fn body_limit_bytes(&self) -> usize {
+        usize::try_from(self.body_bytes_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::batch_items_max`] as a `usize`.
+    pub fn batch_limit_items(&self) -> usize {
+        usize::try_from(self.batch_items_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::connections_max`] as a `usize`.
+    pub fn connection_limit(&self) -> usize {
+        usize::try_from(self.connections_max).unwrap_or(usize::MAX)
+    }
+}
+
+/// Settings of the embedded engine (a subset of [`TallyConfig`] plus the store's).
+/// Defaults are the engine's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// How often the aggregator looks for due accumulators, in milliseconds.
+    pub aggregator_tick_ms: u64,
+    /// A shard actor idle this long stops (its state stays in the store).
+    pub shard_idle_stop_ms: u64,
+    /// A counter's in-memory accumulators are dropped after this long unused.
+    pub counter_idle_evict_ms: u64,
+    /// How long a request waits for a shard before answering 503, in milliseconds;
+    /// must be shorter than `http.request_timeout_ms`.
+    pub call_timeout_ms: u64,
+    /// How often the rollup looks for due refreshes, in milliseconds.
+    pub rollup_tick_ms: u64,
+    /// Most counters whose totals the rollup caches at once.
+    pub rollup_tracked_max: u64,
+    /// A cached total unread for this long stops being refreshed, in milliseconds.
+    pub rollup_idle_evict_ms: u64,
+    /// How often active shards sweep expired dedup records, in milliseconds.
+    pub dedup_sweep_ms: u64,
+    /// Most dedup records one sweep examines.
+    pub dedup_sweep_records_max: u64,
+    /// Page cache the store may keep in memory, in bytes.
+    pub store_cache_bytes: u64,
+    /// Period of the store's background fsync, in milliseconds; 0 turns it off (only
+    /// the engine's own flushes then make data durable).
+    pub store_flush_every_ms: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let t = TallyConfig::default();
+        Self {
+            aggregator_tick_ms: t.aggregator_tick_ms,
+            shard_idle_stop_ms: t.shard_idle_stop_ms,
+            counter_idle_evict_ms: t.counter_idle_evict_ms,
+            call_timeout_ms: t.call_timeout_ms,
+            rollup_tick_ms: t.rollup_tick_ms,
+            rollup_tracked_max: t.rollup_tracked_max as u64,
+            rollup_idle_evict_ms: t.rollup_idle_evict_ms,
+            dedup_sweep_ms: t.dedup_sweep_ms,
+            dedup_sweep_records_max: t.dedup_sweep_records_max as u64,
+            store_cache_bytes: SledConfig::DEFAULT_CACHE_CAPACITY_BYTES,
+            store_flush_every_ms: SledConfig::DEFAULT_FLUSH_EVERY_MS.unwrap_or(0),
+        }
+    }
+}
+
+fn default_cluster_name() -> String {
+    "tally".into()
+}
+fn default_vnodes_per_node() -> u32 {
+    tally_core::ring::VNODES_PER_NODE_DEFAULT
+}
+fn default_heartbeat_ms() -> u64 {
+    250
+}
+fn default_heartbeat_misses_max() -> u32 {
+    4
+}
+fn default_raft_heartbeat_ms() -> u64 {
+    250
+}
+fn default_raft_election_timeout_min_ms() -> u64 {
+    1000
+}
+fn default_raft_election_timeout_max_ms() -> u64 {
+    2000
+}
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("./data")
+}
+
+fn range(field: &'static str, got: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if got < min || got > max {
+        return Err(ConfigError::OutOfRange { field, got, min, max });
+    }
+    Ok(())
+}
+
+fn ordered(
+    shorter: &'static str,
+    shorter_ms: u64,
+    longer: &'static str,
+    longer_ms: u64,
+) -> Result<(), ConfigError> {
+    if shorter_ms >= longer_ms {
+        return Err(ConfigError::TimeoutOrder { shorter, shorter_ms, longer, longer_ms });
+    }
+    Ok(())
+}
+
+fn interval(field: &'static str, ms: u64) -> Result<(), ConfigError> {
+    range(field, ms, 1, INTERVAL_MS_CEILING)
+}
+
+impl Config {
+    /// Parses and validates a configuration.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates the configuration file at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.to_path_buf(), reason: e.to_string() })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse(m) => ConfigError::Parse(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// The built-in single-node configuration ([`SINGLE_NODE_TOML`]).
+    pub fn single_node() -> Result<Self, ConfigError> {
+        Self::from_toml(SINGLE_NODE_TOML)
+    }
+
+    /// Checks every field and every relation between fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.cluster.validate()?;
+        if !self.cluster.nodes.iter().any(|n| n.id == self.node.id) {
+            return Err(ConfigError::UnknownNode {
+                id: self.node.id.clone(),
+                known: self.cluster.nodes.iter().map(|n| n.id.clone()).collect(),
+            });
+        }
+        if self.node.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyDataDir);
+        }
+        let h = &self.http;
+        range("http.body_bytes_max", h.body_bytes_max, BODY_BYTES_MAX_FLOOR, BODY_BYTES_MAX_CEILING)?;
+        interval("http.request_timeout_ms", h.request_timeout_ms)?;
+        interval("http.header_read_timeout_ms", h.header_read_timeout_ms)?;
+        range("http.batch_items_max", h.batch_items_max, 1, BATCH_ITEMS_MAX_CEILING)?;
+        range("http.connections_max", h.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
+        interval("http.shutdown_grace_ms", h.shutdown_grace_ms)?;
+        let e = &self.engine;
+        interval("engine.aggregator_tick_ms", e.aggregator_tick_ms)?;
+        interval("engine.shard_idle_stop_ms", e.shard_idle_stop_ms)?;
+        interval("engine.counter_idle_evict_ms", e.counter_idle_evict_ms)?;
+        interval("engine.call_timeout_ms", e.call_timeout_ms)?;
+        interval("engine.rollup_tick_ms", e.rollup_tick_ms)?;
+        range("engine.rollup_tracked_max", e.rollup_tracked_max, 1, u32::MAX.into())?;
+        interval("engine.rollup_idle_evict_ms", e.rollup_idle_evict_ms)?;
+        interval("engine.dedup_sweep_ms", e.dedup_sweep_ms)?;
+        range("engine.dedup_sweep_records_max", e.dedup_sweep_records_max, 1, u32::MAX.into())?;
+        range("engine.store_cache_bytes", e.store_cache_bytes, 1 << 20, 1 << 40)?;
+        range("engine.store_flush_every_ms", e.store_flush_every_ms, 0, INTERVAL_MS_CEILING)?;
+        // An engine call must give up before the HTTP request waiting for it does, so
+        // the client learns which shard failed instead of seeing a generic timeout;
+        // and a graceful shutdown must outlast any request it waits for.
+        ordered(
+            "engine.call_timeout_ms",
+            e.call_timeout_ms,
+            "http.request_timeout_ms",
+            h.request_timeout_ms,
+        )?;
+        ordered(
+            "http.request_timeout_ms",
+            h.request_timeout_ms,
+            "http.shutdown_grace_ms",
+            h.shutdown_grace_ms,
+        )?;
+        Ok(())
+    }
+
+    /// This node's entry in `cluster.nodes`.
+    pub fn this_node(&self) -> Result<&NodeEntry, ConfigError> {
+        self.cluster.node(&self.node.id).ok_or_else(|| ConfigError::UnknownNode {
+            id: self.node.id.clone(),
+            known: self.cluster.nodes.iter().map(|n| n.id.clone()).collect(),
+        })
+    }
+
+    /// Where the engine's store lives: `<data_dir>/store`. Other subsystems (the
+    /// raft log, in the cluster phase) get their own subdirectories.
+    pub fn store_dir(&self) -> PathBuf {
+        self.node.data_dir.join("store")
+    }
+
+    /// The engine settings this configuration asks for.
+    pub fn tally_config(&self) -> TallyConfig {
+        let e = &self.engine;
+        TallyConfig {
+            node_id: tally_core::NodeId::new(self.node.id.clone()),
+            aggregator_tick_ms: e.aggregator_tick_ms,
+            shard_idle_stop_ms: e.shard_idle_stop_ms,
+            counter_idle_evict_ms: e.counter_idle_evict_ms,
+            call_timeout_ms: e.call_timeout_ms,
+            rollup_tick_ms: e.rollup_tick_ms,
+            rollup_tracked_max: usize::try_from(e.rollup_tracked_max).unwrap_or(usize::MAX),
+            rollup_idle_evict_ms: e.rollup_idle_evict_ms,
+            dedup_sweep_ms: e.dedup_sweep_ms,
+            dedup_sweep_records_max: usize::try_from(e.dedup_sweep_records_max).unwrap_or(usize::MAX),
+            batch_items_max: self.http.batch_limit_items(),
+            ..TallyConfig::default()
+        }
+    }
+
+    /// The store settings this configuration asks for.
+    pub fn sled_config(&self) -> SledConfig {
+        let e = &self.engine;
+        SledConfig {
+            cache_capacity_bytes: e.store_cache_bytes,
+            flush_every_ms: (e.store_flush_every_ms > 0).then_some(e.store_flush_every_ms),
+            ..SledConfig::new(self.store_dir())
+        }
+    }
+}
+
+/// What the fingerprint covers, in a fixed order. The secret is left out on purpose:
+/// fingerprints travel in handshakes and logs, and a hash of a short secret could be
+/// brute-forced offline; a secret mismatch fails authentication anyway.
+#[derive(Serialize)]
+struct Canonical<'a> {
+    format: u32,
+    name: &'a str,
+    vnodes_per_node: u32,
+    heartbeat_ms: u64,
+    heartbeat_misses_max: u32,
+    raft_heartbeat_ms: u64,
+    raft_election_timeout_min_ms: u64,
+    raft_election_timeout_max_ms: u64,
+    nodes: &'a [NodeEntry],
+}
+
+impl ClusterConfig {
+    /// A 64-bit digest of everything in this section except the secret (see
+    /// `Canonical` in the source for why), over its canonical binary encoding.
+    /// Nodes whose fingerprints differ must not form a cluster. The order of
+    /// `nodes` is significant: keep the list in the same order on every node.
+    pub fn fingerprint(&self) -> u64 {
+        let canonical = Canonical {
+            format: FINGERPRINT_FORMAT,
+            name: &self.name,
+            vnodes_per_node: self.vnodes_per_node,
+            heartbeat_ms: self.heartbeat_ms,
+            heartbeat_misses_max: self.heartbeat_misses_max,
+            raft_heartbeat_ms: self.raft_heartbeat_ms,
+            raft_election_timeout_min_ms: self.raft_election_timeout_min_ms,
+            raft_election_timeout_max_ms: self.raft_election_timeout_max_ms,
+            nodes: &self.nodes,
+        };
+        tally_core::hash::hash64(FINGERPRINT_SEED, &tally_core::codec::encode(&canonical))
+    }
+
+    /// The entry of node `id`.
+    pub fn node(&self, id: &str) -> Option<&NodeEntry> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// Checks this section on its own.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_token("cluster name", &self.name, CLUSTER_NAME_LEN_MAX)
+            .map_err(|source| ConfigError::InvalidName { field: "cluster.name".into(), source })?;
+        let len = self.secret.len();
+        if !(SECRET_LEN_MIN..=SECRET_LEN_MAX).contains(&len) {
+            return Err(ConfigError::SecretLength { len, min: SECRET_LEN_MIN, max: SECRET_LEN_MAX });
+        }
+        let vnodes_max = tally_core::ring::VNODES_PER_NODE_MAX;
+        range("cluster.vnodes_per_node", self.vnodes_per_node.into(), 1, vnodes_max.into())?;
+        interval("cluster.heartbeat_ms", self.heartbeat_ms)?;
+        range(
+            "cluster.heartbeat_misses_max",
+            self.heartbeat_misses_max.into(),
+            1,
+            HEARTBEAT_MISSES_MAX_CEILING.into(),
+        )?;
+        interval("cluster.raft_heartbeat_ms", self.raft_heartbeat_ms)?;
+        interval("cluster.raft_election_timeout_min_ms", self.raft_election_timeout_min_ms)?;
+        interval("cluster.raft_election_timeout_max_ms", self.raft_election_timeout_max_ms)?;
+        // A leader must heartbeat several times per election timeout, and openraft
+        // draws the timeout from a non-empty range.
+        ordered(
+            "cluster.raft_heartbeat_ms",
+            self.raft_heartbeat_ms,
+            "cluster.raft_election_timeout_min_ms",
+            self.raft_election_timeout_min_ms,
+        )?;
+        ordered(
+            "cluster.raft_election_timeout_min_ms",
+            self.raft_election_timeout_min_ms,
+            "cluster.raft_election_timeout_max_ms",
+            self.raft_election_timeout_max_ms,
+        )?;
+        if self.nodes.is_empty() || self.nodes.len() > NODES_MAX {
+            return Err(ConfigError::NodeCount { got: self.nodes.len(), max: NODES_MAX });
+        }
+        let mut ids = BTreeSet::new();
+        let mut raft_ids = BTreeSet::new();
+        let mut addrs: BTreeMap<SocketAddr, String> = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            check_token("node id", &n.id, NODE_ID_LEN_MAX).map_err(|source| ConfigError::InvalidName {
+                field: format!("cluster.nodes[{i}].id"),
+                source,
+            })?;
+            if !ids.insert(n.id.as_str()) {
+                return Err(ConfigError::DuplicateNodeId(n.id.clone()));
+            }
+            if !raft_ids.insert(n.raft_id) {
+                return Err(ConfigError::DuplicateRaftId(n.raft_id));
+            }
+            for (field, addr) in [("http", n.http), ("peer", n.peer), ("raft", n.raft)] {
+                let here = format!("cluster.nodes[{i}].{field} (node {})", n.id);
+                if let Some(first) = addrs.insert(addr, here.clone()) {
+                    return Err(ConfigError::DuplicateAddress { addr, first, second: here });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [cluster]
+        name = "test"
+        secret = "a-long-enough-secret"
+        [[cluster.nodes]]
+        id = "n1"
+        raft_id = 1
+        http = "127.0.0.1:7070"
+        peer = "127.0.0.1:7170"
+        raft = "127.0.0.1:7270"
+        [[cluster.nodes]]
+        id = "n2"
+        raft_id = 2
+        http = "127.0.0.1:7071"
+        peer = "127.0.0.1:7171"
+        raft = "127.0.0.1:7271"
+        [node]
+        id = "n1"
+    "#;
+
+    /// A change to a configuration, for tables of cases.
+    type Mutation = Box<dyn FnOnce(&mut Config)>;
+    /// A change to a cluster section.
+    type ClusterMutation = Box<dyn Fn(&mut ClusterConfig)>;
+
+    fn good() -> Config {
+        Config::from_toml(GOOD).expect("the test config is valid")
+    }
+
+    fn refused(mutate: impl FnOnce(&mut Config)) -> ConfigError {
+        let mut c = good();
+        mutate(&mut c);
+        c.validate().expect_err("the mutated config must be refused")
+    }
+
+    #[test]
+    fn defaults_fill_every_optional_field() {
+        let c = good();
+        assert_eq!(c.cluster.vnodes_per_node, 128);
+        assert_eq!((c.cluster.heartbeat_ms, c.cluster.heartbeat_misses_max), (250, 4));
+        assert_eq!(c.cluster.raft_election_timeout_min_ms, 1000);
+        assert_eq!(c.node.data_dir, PathBuf::from("./data"));
+        assert_eq!(c.http, HttpConfig::default());
+        assert_eq!(c.engine, EngineConfig::default());
+        assert_eq!(c.this_node().map(|n| n.raft_id), Ok(1));
+        let t = c.tally_config();
+        assert_eq!((t.node_id.as_str(), t.batch_items_max), ("n1", 10_000));
+        assert_eq!(c.sled_config().path, PathBuf::from("./data/store"));
+    }
+
+    #[test]
+    fn syntax_errors_unknown_fields_and_bad_addresses_are_parse_errors() {
+        let cases: Vec<(String, &str)> = vec![
+            ("[cluster".into(), ""),
+            (GOOD.replace("name = \"test\"", "name = \"test\"\nvnodes = 3"), "vnodes"),
+            (GOOD.replace("[node]", "[node]\ndata_dri = \"x\""), "data_dri"),
+            (format!("{GOOD}\n[http]\nbody_bytes = 5"), "body_bytes"),
+            (format!("{GOOD}\n[engine]\ncall_timeout = 5"), "call_timeout"),
+            (format!("{GOOD}\n[extra]\nx = 1"), "extra"),
+            (GOOD.replace("\"127.0.0.1:7170\"", "\"127.0.0.1\""), "peer"),
+            (GOOD.replace("\"127.0.0.1:7270\"", "\"node1:7270\""), "raft"),
+            (GOOD.replace("raft_id = 2", "raft_id = -2"), "raft_id"),
+        ];
+        for (text, needle) in cases {
+            match Config::from_toml(&text) {
+                Err(ConfigError::Parse(m)) => assert!(m.contains(needle), "{needle:?} not in {m}"),
+                other => panic!("expected a parse error mentioning {needle:?}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn missing_required_fields_are_refused() {
+        for field in ["secret = \"a-long-enough-secret\"", "id = \"n1\"\n        raft_id = 1"] {
+            assert!(matches!(Config::from_toml(&GOOD.replacen(field, "", 1)), Err(ConfigError::Parse(_))));
+        }
+    }
+
+    #[test]
+    fn node_count_is_bounded() {
+        assert_eq!(refused(|c| c.cluster.nodes.clear()), ConfigError::NodeCount { got: 0, max: 32 });
+        let err = refused(|c| {
+            c.cluster.nodes = (0..33u16)
+                .map(|i| NodeEntry {
+                    id: format!("n{i}"),
+                    raft_id: i.into(),
+                    http: SocketAddr::from(([127, 0, 0, 1], 10_000 + i)),
+                    peer: SocketAddr::from(([127, 0, 0, 1], 20_000 + i)),
+                    raft: SocketAddr::from(([127, 0, 0, 1], 30_000 + i)),
+                })
+                .collect();
+        });
+        assert_eq!(err, ConfigError::NodeCount { got: 33, max: 32 });
+    }
+
+    #[test]
+    fn node_ids_raft_ids_and_addresses_are_unique() {
+        assert_eq!(
+            refused(|c| c.cluster.nodes[1].id = "n1".into()),
+            ConfigError::DuplicateNodeId("n1".into())
+        );
+        assert_eq!(refused(|c| c.cluster.nodes[1].raft_id = 1), ConfigError::DuplicateRaftId(1));
+        let err = refused(|c| c.cluster.nodes[1].peer = c.cluster.nodes[0].http);
+        assert!(
+            matches!(&err, ConfigError::DuplicateAddress { first, second, .. }
+                if first.contains("nodes[0].http") && second.contains("nodes[1].peer")),
+            "{err}"
+        );
+        // Within one node, too.
+        let err = refused(|c| c.cluster.nodes[0].raft = c.cluster.nodes[0].peer);
+        assert!(matches!(err, ConfigError::DuplicateAddress { .. }), "{err}");
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let err = refused(|c| c.cluster.nodes[1].id = "has space".into());
+        assert!(matches!(&err, ConfigError::InvalidName { field, .. } if field == "cluster.nodes[1].id"));
+        let err = refused(|c| c.cluster.nodes[1].id = "x".repeat(65));
+        assert!(matches!(err, ConfigError::InvalidName { source: NameError::TooLong { .. }, .. }));
+        let err = refused(|c| c.cluster.name = String::new());
+        assert!(matches!(&err, ConfigError::InvalidName { field, .. } if field == "cluster.name"));
+    }
+
+    #[test]
+    fn node_id_must_be_a_member() {
+        let err = refused(|c| c.node.id = "n9".into());
+        assert_eq!(err, ConfigError::UnknownNode { id: "n9".into(), known: vec!["n1".into(), "n2".into()] });
+        assert!(err.to_string().contains("n9"));
+    }
+
+    #[test]
+    fn secret_length_is_bounded() {
+        assert_eq!(
+            refused(|c| c.cluster.secret = "short".into()),
+            ConfigError::SecretLength { len: 5, min: 8, max: 1024 }
+        );
+        assert!(matches!(refused(|c| c.cluster.secret = "s".repeat(1025)), ConfigError::SecretLength { .. }));
+    }
+
+    #[test]
+    fn numeric_fields_are_range_checked() {
+        let cases: Vec<(&str, Mutation)> = vec![
+            ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 0)),
+            ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 5000)),
+            ("cluster.heartbeat_ms", Box::new(|c| c.cluster.heartbeat_ms = 0)),
+            ("cluster.heartbeat_misses_max", Box::new(|c| c.cluster.heartbeat_misses_max = 0)),
+            ("http.body_bytes_max", Box::new(|c| c.http.body_bytes_max = 10)),
+            ("http.body_bytes_max", Box::new(|c| c.http.body_bytes_max = 1 << 30)),
+            ("http.request_timeout_ms", Box::new(|c| c.http.request_timeout_ms = 0)),
+            ("http.header_read_timeout_ms", Box::new(|c| c.http.header_read_timeout_ms = 0)),
+            ("http.batch_items_max", Box::new(|c| c.http.batch_items_max = 0)),
+            ("http.connections_max", Box::new(|c| c.http.connections_max = 0)),
+            ("engine.call_timeout_ms", Box::new(|c| c.engine.call_timeout_ms = 0)),
+            (
+                "engine.shard_idle_stop_ms",
+                Box::new(|c| c.engine.shard_idle_stop_ms = INTERVAL_MS_CEILING + 1),
+            ),
+            ("engine.store_cache_bytes", Box::new(|c| c.engine.store_cache_bytes = 0)),
+        ];
+        for (field, mutate) in cases {
+            let err = refused(mutate);
+            assert!(matches!(err, ConfigError::OutOfRange { field: f, .. } if f == field), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn timeouts_must_be_ordered() {
+        let err = refused(|c| c.cluster.raft_heartbeat_ms = 1000);
+        assert!(matches!(err, ConfigError::TimeoutOrder { shorter: "cluster.raft_heartbeat_ms", .. }));
+        let err = refused(|c| c.cluster.raft_election_timeout_max_ms = 1000);
+        assert!(matches!(
+            err,
+            ConfigError::TimeoutOrder { longer: "cluster.raft_election_timeout_max_ms", .. }
+        ));
+        let err = refused(|c| c.engine.call_timeout_ms = 10_000);
+        assert_eq!(
+            err,
+            ConfigError::TimeoutOrder {
+                shorter: "engine.call_timeout_ms",
+                shorter_ms: 10_000,
+                longer: "http.request_timeout_ms",
+                longer_ms: 10_000
+            }
+        );
+        let err = refused(|c| c.http.shutdown_grace_ms = 5_000);
+        assert!(matches!(err, ConfigError::TimeoutOrder { longer: "http.shutdown_grace_ms", .. }));
+    }
+
+    #[test]
+    fn data_dir_must_not_be_empty() {
+        assert_eq!(refused(|c| c.node.data_dir = PathBuf::new()), ConfigError::EmptyDataDir);
+    }
+
+    #[test]
+    fn load_reports_unreadable_files_and_names_the_file_in_parse_errors() {
+        let missing = Path::new("/nonexistent/tally.toml");
+        assert!(matches!(Config::load(missing), Err(ConfigError::Read { .. })));
+        let dir = std::env::temp_dir().join(format!("tally-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, "[cluster]\nbogus = 1\n").expect("write");
+        match Config::load(&path) {
+            Err(ConfigError::Parse(m)) => assert!(m.contains("bad.toml"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn fingerprint_covers_the_cluster_section_but_not_the_secret_or_the_node_section() {
+        let a = good();
+        let mut b = good();
+        b.node.id = "n2".into();
+        b.node.data_dir = "/elsewhere".into();
+        b.http.body_bytes_max = 4096;
+        b.engine.call_timeout_ms = 1000;
+        b.cluster.secret = "another-long-secret".into();
+        assert_eq!(a.cluster.fingerprint(), b.cluster.fingerprint());
+        let changes: Vec<ClusterMutation> = vec![
+            Box::new(|c| c.name = "other".into()),
+            Box::new(|c| c.vnodes_per_node += 1),
+            Box::new(|c| c.heartbeat_ms += 1),
+            Box::new(|c| c.heartbeat_misses_max += 1),
+            Box::new(|c| c.raft_heartbeat_ms += 1),
+            Box::new(|c| c.raft_election_timeout_min_ms += 1),
+            Box::new(|c| c.raft_election_timeout_max_ms += 1),
+            Box::new(|c| c.nodes[1].raft_id = 9),
+            Box::new(|c| c.nodes[1].http = SocketAddr::from(([127, 0, 0, 2], 7071))),
+            Box::new(|c| c.nodes.swap(0, 1)),
+            Box::new(|c| {
+                c.nodes.pop();
+            }),
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut c = a.cluster.clone();
+            change(&mut c);
+            assert_ne!(c.fingerprint(), a.cluster.fingerprint(), "change {i} kept the fingerprint");
+        }
+    }
+
+    #[test]
+    fn defaults_written_out_match_defaults_left_out() {
+        let explicit =
+            GOOD.replace("name = \"test\"", "name = \"test\"\nvnodes_per_node = 128\nheartbeat_ms = 250");
+        let explicit = Config::from_toml(&explicit).expect("valid");
+        assert_eq!(explicit.cluster.fingerprint(), good().cluster.fingerprint());
+    }
+}

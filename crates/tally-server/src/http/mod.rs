@@ -1,0 +1,419 @@
+//! The public HTTP/JSON interface (DESIGN.md, "Public interface"), over any
+//! [`Service`].
+//!
+//! | method and path | handler |
+//! | --- | --- |
+//! | `PUT /v1/counters/{name}` | `put_counter`: 201 created / 200 updated, with the counter |
+//! | `GET /v1/counters/{name}` | `get_counter`: the spec and a summary |
+//! | `DELETE /v1/counters/{name}` | `delete_counter`: 204 |
+//! | `POST /v1/counters/{name}/increments` | `incr`: `{"applied": true}` |
+//! | `POST /v1/increments` | `incr_many`: `{"results": [...]}`, one per item |
+//! | `GET /v1/counters/{name}/value` | `value`: `?consistency=cached\|fresh` |
+//! | `GET /v1/counters/{name}/distinct` | `distinct` |
+//! | `GET /v1/counters/{name}/shards` | `shards` |
+//! | `POST /v1/counters/{name}/reconcile` | `reconcile` |
+//! | `GET /v1/cluster` | `cluster` |
+//! | `GET /metrics` | `metrics`: Prometheus text |
+//! | `GET /healthz` | `healthz`: 200 while the node serves |
+//!
+//! Every request passes through one guard (`guard`) that bounds its time, turns a
+//! panic into a 500, rewrites any error answer that is not yet JSON (axum's own
+//! 404/405 and rejections) into the [`ApiError`] shape, opens its tracing span and
+//! records its status and latency. Bodies are read by [`body`]'s extractors, which
+//! enforce the size limit and the content type.
+
+pub mod body;
+pub mod error;
+
+use crate::config::HttpConfig;
+use crate::metrics::{HttpStats, PromWriter, CONTENT_TYPE as METRICS_CONTENT_TYPE};
+use crate::service::{ClusterView, Service};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use body::{read_batch, BodyContext, IncrementBody, JsonBody, OptionalJsonBody, ReconcileBody, SpecBody};
+use error::{codes, ApiError, ErrorBody};
+use futures::FutureExt;
+use serde::{Deserialize, Serialize};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tally_engine::{
+    Consistency, CounterInfo, DistinctRead, IncrOutcome, ReconcileReport, ShardsReport, TallyError, ValueRead,
+};
+use tracing::{field, Instrument};
+
+/// Longest text of a non-JSON error answer kept as the message when rewriting it.
+const ERROR_TEXT_BYTES_MAX: usize = 1024;
+
+/// What the guard and the handlers share.
+struct Shared {
+    /// The limits requests run under.
+    limits: HttpConfig,
+    /// Responses and latency, exported on `/metrics`.
+    stats: HttpStats,
+}
+
+/// The router's state: the service and the shared limits and signals.
+struct AppState<S> {
+    svc: S,
+    shared: Arc<Shared>,
+}
+
+// Derived `Clone` would require `S: Clone` on the struct; `Service` already is.
+impl<S: Service> Clone for AppState<S> {
+    fn clone(&self) -> Self {
+        Self { svc: self.svc.clone(), shared: self.shared.clone() }
+    }
+}
+
+/// The public interface over `svc`, with the limits of `limits`. Serve it with
+/// [`crate::serve`] (which also enforces the header-read timeout and connection
+/// limit) or drive it directly with `tower::ServiceExt::oneshot` in tests.
+pub fn router<S: Service>(svc: S, limits: &HttpConfig) -> Router {
+    let shared = Arc::new(Shared { limits: limits.clone(), stats: HttpStats::default() });
+    let state = AppState { svc, shared: shared.clone() };
+    Router::new()
+        .route("/v1/counters/{name}", put(put_counter::<S>).get(get_counter::<S>).delete(delete_counter::<S>))
+        .route("/v1/counters/{name}/increments", post(incr::<S>))
+        .route("/v1/increments", post(incr_many::<S>))
+        .route("/v1/counters/{name}/value", get(value::<S>))
+        .route("/v1/counters/{name}/distinct", get(distinct::<S>))
+        .route("/v1/counters/{name}/shards", get(shards::<S>))
+        .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
+        .route("/v1/cluster", get(cluster::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .route("/healthz", get(healthz::<S>))
+        .fallback(not_found)
+        .with_state(state)
+        .layer(middleware::from_fn_with_state(shared, guard))
+}
+
+/// A counter name from the path. The engine validates it; this only decodes it and
+/// names it in the request's span.
+pub struct CounterPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for CounterPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text()))?;
+        tracing::Span::current().record("counter", name.as_str());
+        Ok(Self(name))
+    }
+}
+
+/// `PUT /v1/counters/{name}`: creates (201) or updates (200) the counter and answers
+/// with it. An empty body creates a counter with the defaults.
+#[tracing::instrument(name = "put_counter", skip_all)]
+async fn put_counter<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    OptionalJsonBody(spec): OptionalJsonBody<SpecBody>,
+) -> Result<Response, ApiError> {
+    let outcome = st.svc.put_counter(&name, spec.into_patch()?).await?;
+    if !outcome.created {
+        return Ok(Json(outcome.counter).into_response());
+    }
+    let mut response = (StatusCode::CREATED, Json(outcome.counter)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/counters/{name}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// `GET /v1/counters/{name}`: the spec and a summary; 404 if unknown.
+#[tracing::instrument(name = "get_counter", skip_all)]
+async fn get_counter<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<CounterInfo>, ApiError> {
+    Ok(Json(st.svc.counter(&name).await?))
+}
+
+/// `DELETE /v1/counters/{name}`: 204; 404 if unknown.
+#[tracing::instrument(name = "delete_counter", skip_all)]
+async fn delete_counter<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<StatusCode, ApiError> {
+    st.svc.delete_counter(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/counters/{name}/increments`: `{"applied": true}` or
+/// `{"applied": false, "duplicate": true}`.
+#[tracing::instrument(name = "incr", skip_all)]
+async fn incr<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    JsonBody(body): JsonBody<IncrementBody>,
+) -> Result<Json<IncrOutcome>, ApiError> {
+    let inc = body.into_increment()?;
+    Ok(Json(st.svc.incr(&name, inc).await?))
+}
+
+/// One result of a batch: the outcome or the item's error.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ItemResult {
+    /// The item was counted (or recognized as a duplicate).
+    Ok(IncrOutcome),
+    /// The item failed; the others are unaffected.
+    Err(ErrorBody),
+}
+
+/// The answer of `POST /v1/increments`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct BatchResults {
+    /// One result per item, in the order sent.
+    pub results: Vec<ItemResult>,
+}
+
+/// `POST /v1/increments`: one result per item, in order. A batch larger than
+/// `http.batch_items_max` is refused whole (413), as is one with a malformed delta.
+#[tracing::instrument(name = "incr_many", skip_all, fields(items = field::Empty))]
+async fn incr_many<S: Service>(
+    State(st): State<AppState<S>>,
+    req: Request,
+) -> Result<Json<BatchResults>, ApiError> {
+    let body = read_batch(req, st.shared.limits.batch_limit_items()).await?;
+    tracing::Span::current().record("items", body.increments.len());
+    let items = body.into_items()?;
+    let results = st
+        .svc
+        .incr_many(items)
+        .await?
+        .into_iter()
+        .map(|r| match r {
+            Ok(outcome) => ItemResult::Ok(outcome),
+            Err(e) => ItemResult::Err(ApiError::from(e).body()),
+        })
+        .collect();
+    Ok(Json(BatchResults { results }))
+}
+
+/// The query of a value read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    /// `cached` (default) or `fresh`.
+    pub consistency: Option<String>,
+}
+
+/// `GET /v1/counters/{name}/value?consistency=cached|fresh`; 404 if unknown.
+#[tracing::instrument(name = "value", skip_all)]
+async fn value<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Json<ValueRead>, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
+    let Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let consistency = match query.consistency.as_deref() {
+        None | Some("cached") => Consistency::Cached,
+        Some("fresh") => Consistency::Fresh,
+        Some(other) => {
+            let other: String = other.chars().take(64).collect();
+            return Err(bad(format!("consistency must be \"cached\" or \"fresh\" (got {other:?})")));
+        }
+    };
+    Ok(Json(st.svc.read(&name, consistency).await?))
+}
+
+/// `GET /v1/counters/{name}/distinct`: the distinct-member estimate.
+#[tracing::instrument(name = "distinct", skip_all)]
+async fn distinct<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<DistinctRead>, ApiError> {
+    Ok(Json(st.svc.distinct(&name).await?))
+}
+
+/// `GET /v1/counters/{name}/shards`: per-shard values and skew.
+#[tracing::instrument(name = "shards", skip_all)]
+async fn shards<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<ShardsReport>, ApiError> {
+    Ok(Json(st.svc.shards(&name).await?))
+}
+
+/// `POST /v1/counters/{name}/reconcile` with `{"authoritative": N}`.
+#[tracing::instrument(name = "reconcile", skip_all)]
+async fn reconcile<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    JsonBody(body): JsonBody<ReconcileBody>,
+) -> Result<Json<ReconcileReport>, ApiError> {
+    let authoritative = body.authoritative()?;
+    Ok(Json(st.svc.reconcile(&name, authoritative).await?))
+}
+
+/// `GET /v1/cluster`: membership, health and leader.
+#[tracing::instrument(name = "cluster", skip_all)]
+async fn cluster<S: Service>(State(st): State<AppState<S>>) -> Json<ClusterView> {
+    Json(st.svc.cluster().await)
+}
+
+/// `GET /metrics`: the service's signals followed by the HTTP front end's.
+async fn metrics<S: Service>(State(st): State<AppState<S>>) -> Response {
+    let mut text = st.svc.metrics_text();
+    let mut w = PromWriter::new();
+    st.shared.stats.write(&mut w);
+    text.push_str(&w.finish());
+    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
+}
+
+/// The answer of a healthy `GET /healthz`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Health {
+    /// Always `"ok"`.
+    pub status: String,
+}
+
+/// `GET /healthz`: 200 while the node serves, 503 `shutting_down` while it drains.
+async fn healthz<S: Service>(State(st): State<AppState<S>>) -> Result<Json<Health>, ApiError> {
+    if st.svc.healthy() {
+        return Ok(Json(Health { status: "ok".into() }));
+    }
+    Err(TallyError::ShuttingDown.into())
+}
+
+/// Any path no route matches: 404 `not_found`.
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    let path: String = uri.path().chars().take(256).collect();
+    ApiError::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, format!("no route for {method} {path}"))
+}
+
+/// Whether the request carries a body (so a timeout before it arrived is the client's).
+fn sends_body(headers: &HeaderMap) -> bool {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0);
+    declared || headers.contains_key(header::TRANSFER_ENCODING)
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The guard around every request: span, timeout, panic catching, JSON errors, stats.
+async fn guard(State(shared): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let limits = &shared.limits;
+    let done = Arc::new(AtomicBool::new(false));
+    let body_expected = sends_body(req.headers());
+    req.extensions_mut().insert(BodyContext { limit_bytes: limits.body_limit_bytes(), done: done.clone() });
+    let method = req.method().clone();
+    let span = tracing::info_span!(
+        "request",
+        method = %method,
+        path = %req.uri().path(),
+        counter = field::Empty,
+        status = field::Empty,
+    );
+    let run = AssertUnwindSafe(next.run(req)).catch_unwind();
+    let outcome = tokio::time::timeout(limits.request_timeout(), run).instrument(span.clone()).await;
+    let response = match outcome {
+        Ok(Ok(response)) => json_errors(response, &method).await,
+        Ok(Err(panic)) => {
+            shared.stats.panics.inc();
+            let message = panic_message(panic.as_ref());
+            tracing::error!(parent: &span, %message, "handler panicked");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                codes::INTERNAL,
+                format!("internal error: {message}"),
+            )
+            .into_response()
+        }
+        Err(_) => {
+            shared.stats.timeouts.inc();
+            let ms = limits.request_timeout_ms;
+            if body_expected && !done.load(Ordering::SeqCst) {
+                let message =
+                    format!("the request body did not arrive within {ms} ms (http.request_timeout_ms)");
+                let mut r = ApiError::new(StatusCode::REQUEST_TIMEOUT, codes::REQUEST_TIMEOUT, message)
+                    .into_response();
+                // The rest of the body may still be in flight: do not reuse the connection.
+                r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                r
+            } else {
+                let message = format!(
+                    "the node did not answer within {ms} ms; the request may or may not have taken effect \
+                     (retry an increment with the same event id)"
+                );
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::TIMEOUT, message).into_response()
+            }
+        }
+    };
+    let status = response.status().as_u16();
+    span.record("status", status);
+    let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    shared.stats.record(status, elapsed_us);
+    if status >= 500 {
+        tracing::warn!(parent: &span, elapsed_us, "answered with a server error");
+    } else {
+        tracing::debug!(parent: &span, elapsed_us, "answered");
+    }
+    response
+}
+
+fn is_json_response(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}
+
+/// Rewrites an error answer that is not JSON yet (axum's 405, an extractor's plain
+/// text rejection) into the [`ApiError`] shape, keeping its status and headers.
+async fn json_errors(response: Response, method: &Method) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) || is_json_response(response.headers()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, ERROR_TEXT_BYTES_MAX)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => codes::NOT_FOUND,
+        StatusCode::METHOD_NOT_ALLOWED => codes::METHOD_NOT_ALLOWED,
+        StatusCode::PAYLOAD_TOO_LARGE => codes::BODY_TOO_LARGE,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => codes::UNSUPPORTED_MEDIA_TYPE,
+        StatusCode::REQUEST_TIMEOUT => codes::REQUEST_TIMEOUT,
+        s if s.is_server_error() => codes::INTERNAL,
+        _ => codes::BAD_REQUEST,
+    };
+    let message = if status == StatusCode::METHOD_NOT_ALLOWED {
+        // axum adds the `Allow` header outside this guard, so it is not known here.
+        format!("method {method} is not allowed on this path (see the Allow header)")
+    } else if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let (api_parts, api_body) = ApiError::new(status, code, message).into_response().into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (name, value) in &api_parts.headers {
+        parts.headers.insert(name.clone(), value.clone());
+    }
+    Response::from_parts(parts, api_body)
+}

@@ -1,0 +1,281 @@
+//! Operational signals in the Prometheus text exposition format (version 0.0.4),
+//! written by hand from the engine's [`Stats`] and the HTTP front end's
+//! [`HttpStats`]: a handful of atomics does not need a metrics framework, and
+//! writing the text directly keeps the hot path free of registries and locks.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use tally_engine::{Count, Histogram, HistogramSnapshot, Stats, Tally};
+
+/// The `Content-Type` of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Index of the engine histograms' clamp bucket: it also holds every value beyond
+/// its bound, so it is exported only as `+Inf`.
+const CLAMP_BUCKET: usize = 40;
+
+/// Builds one exposition: every family gets its HELP and TYPE lines before its
+/// samples, label values are escaped, histograms end with `+Inf`, `_sum`, `_count`.
+#[derive(Debug, Default)]
+pub struct PromWriter {
+    out: String,
+}
+
+/// Label pairs of one sample.
+pub type Labels<'a> = &'a [(&'a str, &'a str)];
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+impl PromWriter {
+    /// An empty exposition.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: Labels<'_>, extra: Option<(&str, &str)>, value: &str) {
+        self.out.push_str(name);
+        let mut pairs = labels.iter().copied().chain(extra).peekable();
+        if pairs.peek().is_some() {
+            self.out.push('{');
+            for (i, (k, v)) in pairs.enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// A counter family (`name` should end in `_total`).
+    pub fn counter(&mut self, name: &str, help: &str, samples: &[(Labels<'_>, u64)]) {
+        self.header(name, "counter", help);
+        for (labels, v) in samples {
+            self.sample(name, labels, None, &v.to_string());
+        }
+    }
+
+    /// A gauge family.
+    pub fn gauge(&mut self, name: &str, help: &str, samples: &[(Labels<'_>, f64)]) {
+        self.header(name, "gauge", help);
+        for (labels, v) in samples {
+            self.sample(name, labels, None, &v.to_string());
+        }
+    }
+
+    /// A histogram family from engine histograms of integer values. Each value is
+    /// divided by `scale` on export (1e6 turns microseconds into seconds). The engine
+    /// counts integers below `2^i` in bucket `i`, so the inclusive bound is `2^i - 1`.
+    pub fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        scale: f64,
+        series: &[(Labels<'_>, HistogramSnapshot)],
+    ) {
+        self.header(name, "histogram", help);
+        let bucket = format!("{name}_bucket");
+        for (labels, snap) in series {
+            let mut last = 0;
+            for &(bound, cumulative) in snap.buckets.iter().take(CLAMP_BUCKET) {
+                let le = (bound - 1) as f64 / scale;
+                self.sample(&bucket, labels, Some(("le", &le.to_string())), &cumulative.to_string());
+                last = cumulative;
+            }
+            // The snapshot reads buckets and count one after the other; keep the
+            // exposition self-consistent if a value landed in between.
+            let total = snap.buckets.last().map_or(0, |b| b.1).max(snap.count).max(last);
+            self.sample(&bucket, labels, Some(("le", "+Inf")), &total.to_string());
+            self.sample(&format!("{name}_sum"), labels, None, &(snap.sum as f64 / scale).to_string());
+            self.sample(&format!("{name}_count"), labels, None, &total.to_string());
+        }
+    }
+
+    /// The exposition text.
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// Signals of the HTTP front end, kept by the router.
+#[derive(Debug, Default)]
+pub struct HttpStats {
+    /// Responses by status class: index 0 is 1xx, 4 is 5xx.
+    pub responses: [Count; 5],
+    /// Requests cut off by the request timeout.
+    pub timeouts: Count,
+    /// Handler panics turned into 500 answers.
+    pub panics: Count,
+    /// Time from request head to response head, in microseconds.
+    pub latency_us: Histogram,
+}
+
+impl HttpStats {
+    /// Records one answered request.
+    pub fn record(&self, status: u16, elapsed_us: u64) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.responses[class].inc();
+        self.latency_us.record(elapsed_us);
+    }
+
+    /// Writes the HTTP families.
+    pub fn write(&self, w: &mut PromWriter) {
+        let labels = ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|c| [("class", c)]);
+        let samples: Vec<(Labels<'_>, u64)> =
+            labels.iter().zip(&self.responses).map(|(l, n)| (l.as_slice(), n.get())).collect();
+        w.counter("tally_http_responses_total", "HTTP responses sent, by status class.", &samples);
+        w.counter(
+            "tally_http_request_timeouts_total",
+            "Requests cut off by http.request_timeout_ms.",
+            &[(&[], self.timeouts.get())],
+        );
+        w.counter(
+            "tally_http_panics_total",
+            "Handler panics answered with 500.",
+            &[(&[], self.panics.get())],
+        );
+        w.histogram(
+            "tally_http_request_duration_seconds",
+            "Time from a request's head to its response's head.",
+            1e6,
+            &[(&[], self.latency_us.snapshot())],
+        );
+    }
+}
+
+/// The engine's families, labelled where a dimension exists.
+pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
+    let s: &Stats = tally.stats();
+    w.gauge("tally_node_info", "Constant 1, labelled with this node's id.", &[(&[("node", node_id)], 1.0)]);
+    w.counter(
+        "tally_increments_total",
+        "Increments acknowledged, by the counter's durability.",
+        &[
+            (&[("durability", "sync")], s.increments_sync.get()),
+            (&[("durability", "batched")], s.increments_batched.get()),
+        ],
+    );
+    w.counter(
+        "tally_dedup_hits_total",
+        "Increments whose event id had been counted before (not counted again).",
+        &[(&[], s.dedup_hits.get())],
+    );
+    w.counter(
+        "tally_event_id_conflicts_total",
+        "Increments refused because their event id was used with another delta.",
+        &[(&[], s.conflicts.get())],
+    );
+    w.counter("tally_shard_commits_total", "Shard commits written to the store.", &[(&[], s.commits.get())]);
+    w.histogram(
+        "tally_commit_batch_submissions",
+        "Submissions (single increments or drained sums) per shard commit.",
+        1.0,
+        &[(&[], s.commit_submissions.snapshot())],
+    );
+    w.histogram(
+        "tally_aggregator_drain_increments",
+        "Increments carried by one aggregator drain to one shard.",
+        1.0,
+        &[(&[], s.drain_increments.snapshot())],
+    );
+    w.counter("tally_flushes_total", "Store flushes (fsyncs).", &[(&[], s.flushes.get())]);
+    w.histogram(
+        "tally_flush_waiters",
+        "Writes served by one store flush (the group-commit factor).",
+        1.0,
+        &[(&[], s.flush_waiters.snapshot())],
+    );
+    w.counter(
+        "tally_reads_total",
+        "Counter reads served, by consistency.",
+        &[
+            (&[("consistency", "cached")], s.reads_cached.get()),
+            (&[("consistency", "fresh")], s.reads_fresh.get()),
+        ],
+    );
+    w.histogram(
+        "tally_read_duration_seconds",
+        "Latency of counter reads inside the engine, by consistency.",
+        1e6,
+        &[
+            (&[("consistency", "cached")], s.read_cached_us.snapshot()),
+            (&[("consistency", "fresh")], s.read_fresh_us.snapshot()),
+        ],
+    );
+    w.counter(
+        "tally_reconcile_corrections_total",
+        "Reconciliations that found and corrected drift.",
+        &[(&[], s.reconcile_corrections.get())],
+    );
+    w.gauge(
+        "tally_drift_last",
+        "The last measured drift (authoritative total minus sum of shards) of any counter.",
+        &[(&[], s.drift_last.load(Ordering::Relaxed) as f64)],
+    );
+    w.counter("tally_shard_activations_total", "Shard actors started.", &[(&[], s.shard_activations.get())]);
+    w.counter(
+        "tally_shard_retirements_total",
+        "Shard actors stopped for idleness.",
+        &[(&[], s.shard_retirements.get())],
+    );
+    let (counters, shards) = tally.active();
+    w.gauge(
+        "tally_active_counters",
+        "Counters with in-memory state on this node.",
+        &[(&[], counters as f64)],
+    );
+    w.gauge("tally_active_shard_actors", "Shard actors running on this node.", &[(&[], shards as f64)]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_and_end_with_inf_sum_and_count() {
+        let h = Histogram::default();
+        for v in [0, 1, 2, 3, 1000] {
+            h.record(v);
+        }
+        let mut w = PromWriter::new();
+        w.histogram("x", "help", 1.0, &[(&[("k", "v")], h.snapshot())]);
+        let text = w.finish();
+        assert!(text.starts_with("# HELP x help\n# TYPE x histogram\n"), "{text}");
+        assert!(text.contains("x_bucket{k=\"v\",le=\"0\"} 1\n"), "{text}");
+        assert!(text.contains("x_bucket{k=\"v\",le=\"1\"} 2\n"), "{text}");
+        assert!(text.contains("x_bucket{k=\"v\",le=\"3\"} 4\n"), "{text}");
+        assert!(text.contains("x_bucket{k=\"v\",le=\"1023\"} 5\n"), "{text}");
+        assert!(text.contains("x_bucket{k=\"v\",le=\"+Inf\"} 5\nx_sum{k=\"v\"} 1006\nx_count{k=\"v\"} 5\n"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut w = PromWriter::new();
+        w.counter("c_total", "h", &[(&[("l", "a\"b\\c\nd")], 1)]);
+        assert!(w.finish().contains(r#"c_total{l="a\"b\\c\nd"} 1"#));
+    }
+
+    #[test]
+    fn http_stats_count_by_class() {
+        let s = HttpStats::default();
+        s.record(200, 5);
+        s.record(404, 5);
+        s.record(503, 5);
+        s.record(204, 5);
+        let mut w = PromWriter::new();
+        s.write(&mut w);
+        let text = w.finish();
+        assert!(text.contains("tally_http_responses_total{class=\"2xx\"} 2\n"), "{text}");
+        assert!(text.contains("tally_http_responses_total{class=\"5xx\"} 1\n"), "{text}");
+        assert!(text.contains("tally_http_request_duration_seconds_count 4\n"), "{text}");
+    }
+}

@@ -1,0 +1,111 @@
+//! [`Service`]: what the HTTP front end needs from a node.
+//!
+//! The router is generic over this trait so the same handlers serve a single node
+//! over the embedded engine ([`crate::SingleNode`]) today and a cluster member that
+//! forwards to remote shards tomorrow. An implementation answers in the engine's
+//! types and errors; the router owns everything about HTTP and JSON.
+
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use tally_engine::{
+    Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
+    ShardsReport, SpecPatch, TallyError, ValueRead,
+};
+
+/// The operations behind the public HTTP interface. Cheap to clone: the router clones
+/// it into every request.
+pub trait Service: Clone + Send + Sync + 'static {
+    /// Creates the counter (defaults plus `patch`) or updates the fields `patch` names.
+    fn put_counter(
+        &self,
+        name: &str,
+        patch: SpecPatch,
+    ) -> impl Future<Output = Result<PutOutcome, TallyError>> + Send;
+
+    /// The counter's spec and a summary of its layout.
+    fn counter(&self, name: &str) -> impl Future<Output = Result<CounterInfo, TallyError>> + Send;
+
+    /// Deletes the counter and all its data.
+    fn delete_counter(&self, name: &str) -> impl Future<Output = Result<(), TallyError>> + Send;
+
+    /// Counts one increment; an unknown counter is created with the defaults.
+    fn incr(
+        &self,
+        name: &str,
+        inc: Increment,
+    ) -> impl Future<Output = Result<IncrOutcome, TallyError>> + Send;
+
+    /// Counts many independent increments: one result per item, in order. The outer
+    /// error refuses the whole batch (for example one that is too large).
+    fn incr_many(
+        &self,
+        items: Vec<(String, Increment)>,
+    ) -> impl Future<Output = Result<Vec<Result<IncrOutcome, TallyError>>, TallyError>> + Send;
+
+    /// The counter's total at the requested consistency.
+    fn read(
+        &self,
+        name: &str,
+        consistency: Consistency,
+    ) -> impl Future<Output = Result<ValueRead, TallyError>> + Send;
+
+    /// The distinct-member estimate of a counter with `distinct`.
+    fn distinct(&self, name: &str) -> impl Future<Output = Result<DistinctRead, TallyError>> + Send;
+
+    /// Per-shard values, owners and write skew.
+    fn shards(&self, name: &str) -> impl Future<Output = Result<ShardsReport, TallyError>> + Send;
+
+    /// Brings the counter to `authoritative` with an idempotent correction.
+    fn reconcile(
+        &self,
+        name: &str,
+        authoritative: i128,
+    ) -> impl Future<Output = Result<ReconcileReport, TallyError>> + Send;
+
+    /// The cluster as this node sees it.
+    fn cluster(&self) -> impl Future<Output = ClusterView> + Send;
+
+    /// This node's operational signals in the Prometheus text exposition format
+    /// (HELP and TYPE lines included; the router appends its own HTTP signals).
+    fn metrics_text(&self) -> String;
+
+    /// Whether the node serves requests; `GET /healthz` answers 503 when it does not
+    /// (for example while it drains for shutdown), so load balancers move away.
+    fn healthy(&self) -> bool {
+        true
+    }
+}
+
+/// How one node looks from the node answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Answering heartbeats.
+    Up,
+    /// Missed some heartbeats; calls to it may time out.
+    Suspect,
+    /// Missed `heartbeat_misses_max` heartbeats, or never connected.
+    Down,
+}
+
+/// One node in a [`ClusterView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// The node's stable id.
+    pub id: String,
+    /// Its health as seen from here.
+    pub state: NodeState,
+    /// Its public HTTP address, so clients can find the other nodes.
+    pub http: String,
+}
+
+/// The answer of `GET /v1/cluster`: membership, health and the metadata leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// Every member, in configuration order.
+    pub nodes: Vec<NodeView>,
+    /// The metadata (raft) leader, if one is known.
+    pub leader: Option<String>,
+    /// The raft term of that knowledge.
+    pub term: u64,
+}

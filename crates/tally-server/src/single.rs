@@ -1,0 +1,130 @@
+//! [`SingleNode`]: the [`Service`] of a one-node deployment, straight over the
+//! embedded engine. Every shard is local, the node is its own metadata leader, and
+//! nothing crosses a network except the HTTP request itself.
+
+use crate::config::{Config, ConfigError, NodeEntry};
+use crate::metrics::{engine_metrics, PromWriter};
+use crate::service::{ClusterView, NodeState, NodeView, Service};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tally_engine::{
+    Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
+    ShardsReport, SledStore, SpecPatch, SystemClock, Tally, TallyError, ValueRead,
+};
+
+/// Why a node could not start.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StartError {
+    /// The configuration was refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The engine (or its store) could not open.
+    #[error("cannot open the engine: {0}")]
+    Engine(#[from] TallyError),
+}
+
+/// A one-node Tally: the embedded engine plus this node's identity. Cheap to clone.
+#[derive(Clone)]
+pub struct SingleNode {
+    tally: Tally,
+    /// This node's entry in `cluster.nodes`, for the cluster view and metrics labels.
+    node: Arc<NodeEntry>,
+    /// Cleared when shutdown begins, so `/healthz` turns 503 while requests drain.
+    serving: Arc<AtomicBool>,
+}
+
+impl SingleNode {
+    /// Opens the engine over the sled store in the configured data directory.
+    pub async fn open(config: &Config) -> Result<Self, StartError> {
+        let node = config.this_node()?.clone();
+        let store = SledStore::open(&config.sled_config()).map_err(TallyError::from)?;
+        let tally = Tally::open_with(Arc::new(store), Arc::new(SystemClock), config.tally_config()).await?;
+        Ok(Self::new(tally, node))
+    }
+
+    /// Wraps an engine that is already open (tests use one over the in-memory store).
+    pub fn new(tally: Tally, node: NodeEntry) -> Self {
+        Self { tally, node: Arc::new(node), serving: Arc::new(AtomicBool::new(true)) }
+    }
+
+    /// The engine.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Marks the node as draining: `/healthz` answers 503 from now on, while
+    /// requests already accepted still complete.
+    pub fn begin_shutdown(&self) {
+        self.serving.store(false, Ordering::SeqCst);
+    }
+
+    /// Stops the engine: delivers and flushes every buffered increment, then stops
+    /// the actors. Call it after the HTTP server has drained.
+    pub async fn shutdown(&self) -> Result<(), TallyError> {
+        self.begin_shutdown();
+        self.tally.shutdown().await
+    }
+}
+
+impl Service for SingleNode {
+    async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
+        self.tally.put_counter(name, patch).await
+    }
+
+    async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
+        self.tally.counter(name).await
+    }
+
+    async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
+        self.tally.delete_counter(name).await
+    }
+
+    async fn incr(&self, name: &str, inc: Increment) -> Result<IncrOutcome, TallyError> {
+        self.tally.incr(name, inc).await
+    }
+
+    async fn incr_many(
+        &self,
+        items: Vec<(String, Increment)>,
+    ) -> Result<Vec<Result<IncrOutcome, TallyError>>, TallyError> {
+        self.tally.incr_many(items).await
+    }
+
+    async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
+        self.tally.read(name, consistency).await
+    }
+
+    async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
+        self.tally.distinct(name).await
+    }
+
+    async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
+        self.tally.shards(name).await
+    }
+
+    async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
+        self.tally.reconcile(name, authoritative).await
+    }
+
+    async fn cluster(&self) -> ClusterView {
+        ClusterView {
+            nodes: vec![NodeView {
+                id: self.node.id.clone(),
+                state: NodeState::Up,
+                http: self.node.http.to_string(),
+            }],
+            leader: Some(self.node.id.clone()),
+            term: 0,
+        }
+    }
+
+    fn metrics_text(&self) -> String {
+        let mut w = PromWriter::new();
+        engine_metrics(&mut w, &self.tally, &self.node.id);
+        w.finish()
+    }
+
+    fn healthy(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+}
