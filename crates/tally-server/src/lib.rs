@@ -26,6 +26,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod config;
 pub mod http;
 pub mod metrics;
@@ -33,6 +34,7 @@ pub mod server;
 pub mod service;
 pub mod single;
 
+pub use cluster::ClusterService;
 pub use config::{ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry};
 pub use http::router;
 pub use server::serve;

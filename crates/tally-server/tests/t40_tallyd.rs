@@ -191,17 +191,6 @@ async fn run_to_end(args: &[&str], dir: &Path) -> (Option<i32>, String, String) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn multi_node_configs_are_refused_with_a_clear_error() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let local3 = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../cluster-config/local3/node1.toml");
-    let config = local3.to_str().expect("utf-8 path");
-    let (code, _, stderr) = run_to_end(&["--config", config], dir.path()).await;
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("multi-node clusters are not supported by this build yet"), "{stderr}");
-    assert!(!dir.path().join("data").exists(), "it touched the data directory before refusing");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_validates_the_built_in_config_and_bad_files_name_their_field() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (code, stdout, stderr) = run_to_end(&["--check"], dir.path()).await;

@@ -10,15 +10,16 @@
 //! in flight, delivers and flushes every buffered increment, and exits 0. A second
 //! signal during that drain exits at once with status 130.
 //!
-//! This build runs single-node configurations only; a configuration that lists
-//! more than one node is refused.
+//! A configuration that lists one node runs the embedded engine with its metadata
+//! in the node's own store; one that lists several joins (or forms) a cluster:
+//! replicated metadata, ring placement of shards, node-to-node calls.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tally_server::{router, serve, Config, SingleNode};
+use tally_server::{router, serve, ClusterService, Config, SingleNode};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -56,8 +57,31 @@ fn load(args: &Args) -> Result<Config> {
     Ok(config)
 }
 
+/// A running node of either kind.
+#[derive(Clone)]
+enum Node {
+    Single(SingleNode),
+    Cluster(ClusterService),
+}
+
+impl Node {
+    fn begin_shutdown(&self) {
+        match self {
+            Node::Single(n) => n.begin_shutdown(),
+            Node::Cluster(n) => n.begin_shutdown(),
+        }
+    }
+
+    async fn shutdown(&self) -> Result<(), tally_engine::TallyError> {
+        match self {
+            Node::Single(n) => n.shutdown().await,
+            Node::Cluster(n) => n.shutdown().await,
+        }
+    }
+}
+
 /// Resolves on the first SIGTERM or SIGINT; a second one exits the process at once.
-async fn shutdown_signal(mut term: Signal, mut int: Signal, node: SingleNode) {
+async fn shutdown_signal(mut term: Signal, mut int: Signal, node: Node) {
     let name = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
@@ -115,13 +139,6 @@ async fn run(args: Args) -> Result<()> {
         println!("cluster fingerprint: {:#018x}", config.cluster.fingerprint());
         return Ok(());
     }
-    if nodes > 1 {
-        bail!(
-            "multi-node clusters are not supported by this build yet: cluster {:?} lists {nodes} nodes; \
-             run a single-node configuration such as cluster-config/single.toml",
-            config.cluster.name
-        );
-    }
     if config.cluster.secret == DEV_SECRET && !me.http.ip().is_loopback() {
         tracing::warn!(http = %me.http, "cluster.secret is the shipped dev secret on a non-loopback address");
     }
@@ -132,9 +149,19 @@ async fn run(args: Args) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(me.http)
         .await
         .with_context(|| format!("binding HTTP to {}", me.http))?;
-    let node = SingleNode::open(&config)
-        .await
-        .with_context(|| format!("opening the engine in {}", config.store_dir().display()))?;
+    let node = if nodes > 1 {
+        Node::Cluster(
+            ClusterService::start(&config)
+                .await
+                .with_context(|| format!("starting cluster node {:?}", me.id))?,
+        )
+    } else {
+        Node::Single(
+            SingleNode::open(&config)
+                .await
+                .with_context(|| format!("opening the engine in {}", config.store_dir().display()))?,
+        )
+    };
     tracing::info!(
         node = %me.id,
         http = %me.http,
@@ -143,7 +170,10 @@ async fn run(args: Args) -> Result<()> {
         "node started"
     );
 
-    let app = router(node.clone(), &config.http);
+    let app = match &node {
+        Node::Single(n) => router(n.clone(), &config.http),
+        Node::Cluster(n) => router(n.clone(), &config.http),
+    };
     let served = serve(listener, app, &config.http, shutdown_signal(term, int, node.clone())).await;
     // Flush whatever the HTTP side left buffered even if serving failed.
     let flushed = node.shutdown().await;

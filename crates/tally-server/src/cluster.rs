@@ -1,0 +1,148 @@
+//! [`ClusterService`]: the [`Service`] of a node in a multi-node cluster. Counters are
+//! served by the node's engine exactly as on a single node; what differs lives in
+//! `tally-cluster`: replicated metadata, ring placement and node-to-node calls.
+
+use crate::config::Config;
+use crate::metrics::{engine_metrics, PromWriter};
+use crate::service::{ClusterView, NodeState, NodeView, Service};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tally_cluster::{ClusterError, ClusterNode, ClusterNodeConfig, Member};
+use tally_engine::{
+    Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
+    ShardsReport, SpecPatch, TallyError, ValueRead,
+};
+
+/// A cluster node behind the HTTP API. Cheap to clone.
+#[derive(Clone)]
+pub struct ClusterService {
+    node: ClusterNode,
+    node_id: Arc<str>,
+    /// Cleared when shutdown begins, so `/healthz` turns 503 while requests drain.
+    serving: Arc<AtomicBool>,
+}
+
+/// The cluster node's settings, taken from a validated [`Config`].
+pub fn cluster_node_config(config: &Config) -> ClusterNodeConfig {
+    let c = &config.cluster;
+    ClusterNodeConfig {
+        node_id: config.node.id.clone(),
+        data_dir: config.node.data_dir.clone(),
+        members: c
+            .nodes
+            .iter()
+            .map(|n| Member {
+                id: n.id.clone(),
+                raft_id: n.raft_id,
+                http: n.http,
+                peer: n.peer,
+                raft: n.raft,
+            })
+            .collect(),
+        secret: c.secret.clone(),
+        fingerprint: c.fingerprint(),
+        vnodes_per_node: c.vnodes_per_node,
+        heartbeat_ms: c.heartbeat_ms,
+        heartbeat_misses_max: c.heartbeat_misses_max,
+        raft_heartbeat_ms: c.raft_heartbeat_ms,
+        raft_election_timeout_ms: (c.raft_election_timeout_min_ms, c.raft_election_timeout_max_ms),
+        engine: config.tally_config(),
+    }
+}
+
+impl ClusterService {
+    /// Starts this node of the cluster `config` describes.
+    pub async fn start(config: &Config) -> Result<Self, ClusterError> {
+        let node = ClusterNode::start(cluster_node_config(config)).await?;
+        Ok(Self { node, node_id: config.node.id.as_str().into(), serving: Arc::new(AtomicBool::new(true)) })
+    }
+
+    /// Marks the node as draining: `/healthz` answers 503 from now on.
+    pub fn begin_shutdown(&self) {
+        self.serving.store(false, Ordering::SeqCst);
+    }
+
+    /// Delivers and flushes every buffered increment, then leaves the cluster.
+    pub async fn shutdown(&self) -> Result<(), TallyError> {
+        self.begin_shutdown();
+        self.node.shutdown().await
+    }
+}
+
+impl Service for ClusterService {
+    async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
+        self.node.tally().put_counter(name, patch).await
+    }
+
+    async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
+        self.node.tally().counter(name).await
+    }
+
+    async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
+        self.node.tally().delete_counter(name).await
+    }
+
+    async fn incr(&self, name: &str, inc: Increment) -> Result<IncrOutcome, TallyError> {
+        self.node.tally().incr(name, inc).await
+    }
+
+    async fn incr_many(
+        &self,
+        items: Vec<(String, Increment)>,
+    ) -> Result<Vec<Result<IncrOutcome, TallyError>>, TallyError> {
+        self.node.tally().incr_many(items).await
+    }
+
+    async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
+        self.node.tally().read(name, consistency).await
+    }
+
+    async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
+        self.node.tally().distinct(name).await
+    }
+
+    async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
+        self.node.tally().shards(name).await
+    }
+
+    async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
+        self.node.tally().reconcile(name, authoritative).await
+    }
+
+    async fn cluster(&self) -> ClusterView {
+        let nodes = self
+            .node
+            .members()
+            .into_iter()
+            .map(|m| NodeView {
+                id: m.id,
+                state: match m.state {
+                    "up" => NodeState::Up,
+                    "suspect" => NodeState::Suspect,
+                    _ => NodeState::Down,
+                },
+                http: m.http.to_string(),
+            })
+            .collect();
+        ClusterView { nodes, leader: self.node.leader(), term: self.node.term() }
+    }
+
+    fn metrics_text(&self) -> String {
+        let mut w = PromWriter::new();
+        engine_metrics(&mut w, self.node.tally(), &self.node_id);
+        let leader = self.node.leader();
+        let is_leader = if leader.as_deref() == Some(&*self.node_id) { 1.0 } else { 0.0 };
+        w.gauge("tally_raft_leader", "1 when this node leads the metadata group.", &[(&[], is_leader)]);
+        w.gauge("tally_raft_term", "The metadata group's raft term.", &[(&[], self.node.term() as f64)]);
+        w.gauge(
+            "tally_connected_peers",
+            "Peers with a healthy node-to-node session.",
+            &[(&[], self.node.connected_peers() as f64)],
+        );
+        w.finish()
+    }
+
+    fn healthy(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+}
