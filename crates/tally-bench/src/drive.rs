@@ -52,7 +52,8 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// Runs `writers` tasks calling `op` until `duration` has passed. Each writer times one
-/// call in `sample_every` (1 = every call). Writers cooperate with the scheduler through
+/// call in `sample_every` on average (1 = every call), with random gaps so that the
+/// timed calls do not line up with anything periodic (such as the scheduler's budget). Writers cooperate with the scheduler through
 /// [`tokio::task::consume_budget`]: an operation that completes without waiting would
 /// otherwise never yield, and two such writers would starve every other task.
 pub async fn drive<O: Op>(op: Arc<O>, writers: usize, duration: Duration, sample_every: u64) -> Driven {
@@ -61,9 +62,8 @@ pub async fn drive<O: Op>(op: Arc<O>, writers: usize, duration: Duration, sample
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
             let (op, stop) = (op.clone(), stop.clone());
-            // Writers start their sampling at different offsets.
-            let offset = (w as u64 * 7) % sample_every;
-            tokio::spawn(async move { writer(&*op, &stop, sample_every, offset).await })
+            let seed = 0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(w as u64 + 1);
+            tokio::spawn(async move { writer(&*op, &stop, sample_every, seed).await })
         })
         .collect();
     tokio::time::sleep(duration).await;
@@ -90,13 +90,26 @@ struct WriterResult {
     latency_ns: Histogram<u64>,
 }
 
-async fn writer<O: Op>(op: &O, stop: &AtomicBool, sample_every: u64, offset: u64) -> WriterResult {
+/// The number of calls before the next timed one: uniform in `0..2 * mean - 1`, so one
+/// call in `mean` is timed on average (xorshift64; `state` must not be zero).
+fn gap(state: &mut u64, mean: u64) -> u64 {
+    if mean <= 1 {
+        return 0;
+    }
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state % (2 * mean - 1)
+}
+
+async fn writer<O: Op>(op: &O, stop: &AtomicBool, sample_every: u64, seed: u64) -> WriterResult {
     let mut r = WriterResult { acked: 0, errors: 0, first_error: None, latency_ns: histogram() };
+    let mut rng = seed | 1;
     // Counts down to the next timed call (cheaper than a modulo per call).
-    let mut until_timed = offset;
+    let mut until_timed = gap(&mut rng, sample_every);
     while !stop.load(Relaxed) {
         let result = if until_timed == 0 {
-            until_timed = sample_every - 1;
+            until_timed = gap(&mut rng, sample_every);
             let t = Instant::now();
             let result = op.call().await;
             r.latency_ns.saturating_record(t.elapsed().as_nanos() as u64);
@@ -115,4 +128,19 @@ async fn writer<O: Op>(op: &O, stop: &AtomicBool, sample_every: u64, offset: u64
         tokio::task::consume_budget().await;
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gap;
+
+    #[test]
+    fn gaps_average_to_the_sampling_interval() {
+        let mut s = 12345;
+        assert_eq!(gap(&mut s, 1), 0);
+        let n = 100_000;
+        let total: u64 = (0..n).map(|_| gap(&mut s, 64) + 1).sum();
+        let mean = total as f64 / n as f64;
+        assert!((mean - 64.0).abs() < 1.0, "{mean}");
+    }
 }

@@ -23,17 +23,23 @@ const SPOT_CHECKS: usize = 100;
 pub struct MemoryReport {
     /// Counters created.
     pub counters: usize,
+    /// Counters created in the warm-up phase (a tenth).
+    pub warm_counters: usize,
     /// Resident memory with the engine open and empty, in bytes.
     pub rss_before: u64,
+    /// Resident memory once the warm-up counters were idle, in bytes.
+    pub rss_warm: u64,
     /// Resident memory right after the last counter was created, in bytes.
     pub rss_loaded: u64,
     /// Peak resident memory of the process so far, in bytes.
     pub rss_peak: u64,
     /// Resident memory once the engine was idle, in bytes.
     pub rss_after: u64,
+    /// Resident memory after the engine shut down and its store closed, in bytes.
+    pub rss_closed: u64,
     /// The store's size on disk at the end, in bytes.
     pub disk_bytes: u64,
-    /// Time to create every counter.
+    /// Time to create every counter (including the idle wait after the warm-up).
     pub create_time: Duration,
     /// Time from the last creation until the engine was idle.
     pub idle_time: Duration,
@@ -64,27 +70,19 @@ pub fn rss() -> anyhow::Result<(u64, u64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// Runs the memory row.
-pub async fn memory_row(opts: &Options) -> anyhow::Result<MemoryReport> {
-    let n = opts.counters;
-    ensure!(n > 0, "--counters must be positive");
-    let dir = tempfile::tempdir()?;
-    let config =
-        TallyConfig { counter_idle_evict_ms: IDLE_MS, shard_idle_stop_ms: IDLE_MS, ..TallyConfig::default() };
-    let tally = Tally::open(dir.path(), config).await?;
-    let (rss_before, _) = rss()?;
-
-    let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
+/// Creates counters `c:{from}` .. `c:{to - 1}` with one increment each, from
+/// [`CREATORS`] tasks. Returns the most live (counters, shard actors) seen meanwhile.
+async fn create(tally: &Tally, from: usize, to: usize, started: Instant) -> anyhow::Result<(usize, usize)> {
+    let next = Arc::new(AtomicUsize::new(from));
     let failures = Arc::new(AtomicU64::new(0));
-    let creators: Vec<_> = (0..CREATORS.min(n))
+    let creators: Vec<_> = (0..CREATORS.min(to - from))
         .map(|_| {
             let (tally, next, failures) = (tally.clone(), next.clone(), failures.clone());
             tokio::spawn(async move {
                 let mut first_error = None;
                 loop {
                     let i = next.fetch_add(1, Relaxed);
-                    if i >= n {
+                    if i >= to {
                         return first_error;
                     }
                     match tally.incr(&format!("c:{i}"), Increment::new(1)).await {
@@ -107,9 +105,9 @@ pub async fn memory_row(opts: &Options) -> anyhow::Result<MemoryReport> {
         active_peak = (active_peak.0.max(c), active_peak.1.max(s));
         if last_report.elapsed() >= Duration::from_secs(10) {
             last_report = Instant::now();
-            let done = next.load(Relaxed).min(n);
+            let done = next.load(Relaxed).min(to);
             eprintln!(
-                "  memory: {done}/{n} counters created in {:.0?} ({:.0}/s); active {c} counters, {s} shard actors",
+                "  memory: {done}/{to} counters created in {:.0?} ({:.0}/s); active {c} counters, {s} shard actors",
                 started.elapsed(),
                 done as f64 / started.elapsed().as_secs_f64()
             );
@@ -121,19 +119,50 @@ pub async fn memory_row(opts: &Options) -> anyhow::Result<MemoryReport> {
             first_error.get_or_insert(e);
         }
     }
-    let create_time = started.elapsed();
-    let (rss_loaded, _) = rss()?;
     let failed = failures.load(Relaxed);
     if failed > 0 {
-        bail!("{failed} of {n} creating increments failed (first: {})", first_error.unwrap_or_default());
+        bail!(
+            "{failed} of {} creating increments failed (first: {})",
+            to - from,
+            first_error.unwrap_or_default()
+        );
     }
+    Ok(active_peak)
+}
 
-    let idle_started = Instant::now();
+/// Waits until no counter runtime and no shard actor is live (or [`IDLE_WAIT_MAX`]).
+async fn wait_idle(tally: &Tally) -> (usize, usize) {
+    let started = Instant::now();
     let mut active = tally.active();
-    while active != (0, 0) && idle_started.elapsed() < IDLE_WAIT_MAX {
+    while active != (0, 0) && started.elapsed() < IDLE_WAIT_MAX {
         tokio::time::sleep(Duration::from_millis(100)).await;
         active = tally.active();
     }
+    active
+}
+
+/// Runs the memory row: a warm-up tenth of the counters first (so that fixed costs such
+/// as sled's cache and the runtime's threads are paid), idle; then the rest, idle.
+pub async fn memory_row(opts: &Options) -> anyhow::Result<MemoryReport> {
+    let n = opts.counters;
+    ensure!(n >= 2, "--counters must be at least 2");
+    let warm = (n / 10).max(1);
+    let dir = tempfile::tempdir()?;
+    let config =
+        TallyConfig { counter_idle_evict_ms: IDLE_MS, shard_idle_stop_ms: IDLE_MS, ..TallyConfig::default() };
+    let tally = Tally::open(dir.path(), config).await?;
+    let (rss_before, _) = rss()?;
+
+    let started = Instant::now();
+    let peak_warm = create(&tally, 0, warm, started).await?;
+    wait_idle(&tally).await;
+    let (rss_warm, _) = rss()?;
+    let peak_rest = create(&tally, warm, n, started).await?;
+    let create_time = started.elapsed();
+    let (rss_loaded, _) = rss()?;
+
+    let idle_started = Instant::now();
+    let active = wait_idle(&tally).await;
     let idle_time = idle_started.elapsed();
     let (rss_after, rss_peak) = rss()?;
     let disk_bytes = tally.store().size_on_disk()?;
@@ -147,17 +176,24 @@ pub async fn memory_row(opts: &Options) -> anyhow::Result<MemoryReport> {
         spot_checked += 1;
     }
     tally.shutdown().await?;
+    drop(tally);
+    // sled closes when its last handle goes; give its threads a moment to let go.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rss_closed, _) = rss()?;
     Ok(MemoryReport {
         counters: n,
+        warm_counters: warm,
         rss_before,
+        rss_warm,
         rss_loaded,
         rss_peak,
         rss_after,
+        rss_closed,
         disk_bytes,
         create_time,
         idle_time,
         active_at_end: active,
-        active_peak,
+        active_peak: (peak_warm.0.max(peak_rest.0), peak_warm.1.max(peak_rest.1)),
         spot_checked,
     })
 }

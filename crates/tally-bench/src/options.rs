@@ -16,7 +16,7 @@ OPTIONS:
                         batched/8sh/64w, sync/64sh/1w, baseline/1sh/4w, cached-read/64sh,
                         fresh-read/8sh, memory
     --counters N        idle counters for the memory row (default 1,000,000; 20,000 with --quick)
-    --sample-every N    time every Nth call of the batched rows (default 64)
+    --sample-every N    time 1 in N calls (random gaps) in the batched rows (default 64)
     -h, --help          this text
 ";
 
@@ -31,7 +31,7 @@ pub struct Options {
     pub only: Option<String>,
     /// Counters created by the memory row.
     pub counters: usize,
-    /// The batched rows time one call in this many (timing costs about as much as the call).
+    /// The batched rows time one call in this many on average (timing costs about as much as the call).
     pub sample_every: u64,
 }
 

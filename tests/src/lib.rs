@@ -1,0 +1,365 @@
+//! The fixture of Tally's black-box tests: a [`TestCluster`] of real `tallyd`
+//! processes on 127.0.0.1, started from generated configs, stopped by PID.
+//!
+//! ```text
+//! let cluster = TestCluster::start(3).await?;
+//! cluster.node(2).kill();          // SIGKILL
+//! cluster.restart(2).await?;
+//! cluster.node(3).pause();         // SIGSTOP (a silent failure), .resume() = SIGCONT
+//! ```
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a node may take to answer `/healthz` after it starts.
+pub const NODE_START_WAIT_MS: u64 = 30_000;
+/// How long a cluster may take to elect a metadata leader.
+pub const LEADER_WAIT_MS: u64 = 30_000;
+/// Timeout of one HTTP request from the tests.
+pub const REQUEST_TIMEOUT_MS: u64 = 15_000;
+
+/// The `tallyd` binary next to this test binary (built by `cargo test --workspace`),
+/// or built on demand.
+pub fn tallyd() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> → target/<profile>/tallyd
+    let profile_dir = exe.parent().and_then(Path::parent).ok_or_else(|| anyhow!("odd test path"))?;
+    let candidate = profile_dir.join("tallyd");
+    if !candidate.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "tally-server", "--bin", "tallyd"])
+            .status()
+            .context("building tallyd")?;
+        if !status.success() {
+            bail!("cargo build of tallyd failed");
+        }
+    }
+    Ok(candidate)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One node's addresses.
+#[derive(Debug, Clone)]
+pub struct Ports {
+    /// HTTP.
+    pub http: u16,
+    /// Node-to-node.
+    pub peer: u16,
+    /// Raft.
+    pub raft: u16,
+}
+
+/// One `tallyd` process.
+pub struct Node {
+    /// 1-based index.
+    pub index: usize,
+    /// Its addresses.
+    pub ports: Ports,
+    config: PathBuf,
+    log: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl Node {
+    /// The node's base URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.http)
+    }
+
+    /// Its process id, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap().as_ref().map(Child::id)
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // Through kill(1): the workspace forbids `unsafe`, which libc::kill needs.
+            let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+        }
+    }
+
+    /// SIGKILL: no flush, no goodbye. Waits for the process to be gone.
+    pub fn kill(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit; returns its exit code.
+    pub fn stop(&self) -> Option<i32> {
+        self.signal(libc::SIGTERM);
+        let mut child = self.child.lock().unwrap().take()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGSTOP: the process freezes with its sockets open (a silent failure).
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// The node's log so far (for failure messages).
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn spawn(&self, dir: &Path) -> Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let child = Command::new(tallyd()?)
+            .arg("--config")
+            .arg(&self.config)
+            .env("RUST_LOG", "info")
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting tallyd")?;
+        *self.child.lock().unwrap() = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}
+
+/// A cluster of real `tallyd` processes on 127.0.0.1.
+pub struct TestCluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<Node>,
+    http: reqwest::Client,
+}
+
+fn config_text(ports: &[Ports], me: usize, data_dir: &Path) -> String {
+    let mut s = String::from(
+        "[cluster]\nname = \"test\"\nsecret = \"tally-test-secret\"\nvnodes_per_node = 64\n\
+         heartbeat_ms = 200\nheartbeat_misses_max = 4\nraft_heartbeat_ms = 200\n\
+         raft_election_timeout_min_ms = 800\nraft_election_timeout_max_ms = 1600\n",
+    );
+    for (i, p) in ports.iter().enumerate() {
+        s += &format!(
+            "\n[[cluster.nodes]]\nid = \"node{n}\"\nraft_id = {n}\nhttp = \"127.0.0.1:{}\"\npeer = \"127.0.0.1:{}\"\nraft = \"127.0.0.1:{}\"\n",
+            p.http,
+            p.peer,
+            p.raft,
+            n = i + 1
+        );
+    }
+    s += &format!("\n[node]\nid = \"node{me}\"\ndata_dir = {:?}\n", data_dir.display().to_string());
+    s += "\n[engine]\ncall_timeout_ms = 3000\n";
+    s
+}
+
+impl TestCluster {
+    /// Starts `n` nodes and waits until every one is healthy and a leader is known.
+    pub async fn start(n: usize) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let ports: Vec<Ports> =
+            (0..n).map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port() }).collect();
+        let mut nodes = Vec::new();
+        for i in 1..=n {
+            let config = dir.path().join(format!("node{i}.toml"));
+            std::fs::write(&config, config_text(&ports, i, &dir.path().join(format!("data{i}"))))?;
+            nodes.push(Node {
+                index: i,
+                ports: ports[i - 1].clone(),
+                config,
+                log: dir.path().join(format!("node{i}.log")),
+                child: Mutex::new(None),
+            });
+        }
+        let http = reqwest::Client::builder().timeout(Duration::from_millis(REQUEST_TIMEOUT_MS)).build()?;
+        let cluster = Self { dir, nodes, http };
+        for node in &cluster.nodes {
+            node.spawn(cluster.dir.path())?;
+        }
+        for i in 1..=n {
+            cluster.wait_healthy(i).await?;
+        }
+        cluster.wait_leader().await?;
+        cluster.wait_connected().await?;
+        Ok(cluster)
+    }
+
+    /// Waits until every running node sees every other running node `up`.
+    pub async fn wait_connected(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_millis(NODE_START_WAIT_MS);
+        let running: Vec<String> =
+            self.nodes.iter().filter(|n| n.pid().is_some()).map(|n| format!("node{}", n.index)).collect();
+        'retry: loop {
+            if Instant::now() > deadline {
+                bail!("nodes did not all connect to each other");
+            }
+            for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+                let Ok(view) = self.get(node.index, "/v1/cluster").await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue 'retry;
+                };
+                let up = view["nodes"]
+                    .as_array()
+                    .map(|ns| {
+                        ns.iter().filter(|n| n["state"] == "up").filter_map(|n| n["id"].as_str()).count()
+                    })
+                    .unwrap_or(0);
+                let want = view["nodes"]
+                    .as_array()
+                    .map(|ns| ns.iter().filter(|n| running.iter().any(|r| n["id"] == r.as_str())).count())
+                    .unwrap_or(0);
+                if up < want {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue 'retry;
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// Node `i` (1-based).
+    pub fn node(&self, i: usize) -> &Node {
+        &self.nodes[i - 1]
+    }
+
+    /// How many nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Never true: a cluster has at least one node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Starts node `i` again (after `kill` or `stop`) and waits until it is healthy.
+    pub async fn restart(&self, i: usize) -> Result<()> {
+        self.node(i).spawn(self.dir.path())?;
+        self.wait_healthy(i).await?;
+        if self.nodes.len() > 1 {
+            self.wait_connected().await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until node `i` answers `/healthz`.
+    pub async fn wait_healthy(&self, i: usize) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_millis(NODE_START_WAIT_MS);
+        let url = format!("{}/healthz", self.node(i).url());
+        loop {
+            if let Ok(r) = self.http.get(&url).timeout(Duration::from_secs(1)).send().await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("node{i} not healthy; log:\n{}", self.node(i).log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until some live node reports a metadata leader; returns its name.
+    pub async fn wait_leader(&self) -> Result<String> {
+        let deadline = Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+        loop {
+            for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+                if let Ok(v) = self.get(node.index, "/v1/cluster").await {
+                    if let Some(leader) = v["leader"].as_str() {
+                        let live = self
+                            .nodes
+                            .iter()
+                            .any(|n| format!("node{}", n.index) == leader && n.pid().is_some());
+                        if live {
+                            return Ok(leader.to_string());
+                        }
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no leader elected");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// GET on node `i`; the JSON body of a 2xx answer.
+    pub async fn get(&self, i: usize, path: &str) -> Result<Value> {
+        let r = self.http.get(format!("{}{path}", self.node(i).url())).send().await?;
+        let status = r.status();
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("GET {path} on node{i}: {status} {body}");
+        }
+        Ok(body)
+    }
+
+    /// A request with a JSON body on node `i`; (status, body).
+    pub async fn send(&self, i: usize, method: &str, path: &str, body: Value) -> Result<(u16, Value)> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())?;
+        let r = self.http.request(method, format!("{}{path}", self.node(i).url())).json(&body).send().await?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// Creates or updates a counter through node `i`.
+    pub async fn put_counter(&self, i: usize, name: &str, spec: Value) -> Result<()> {
+        let (status, body) = self.send(i, "PUT", &format!("/v1/counters/{name}"), spec).await?;
+        if status != 200 && status != 201 {
+            bail!("PUT {name}: {status} {body}");
+        }
+        Ok(())
+    }
+
+    /// One increment through node `i`; the HTTP status and body.
+    pub async fn incr(&self, i: usize, name: &str, inc: Value) -> Result<(u16, Value)> {
+        self.send(i, "POST", &format!("/v1/counters/{name}/increments"), inc).await
+    }
+
+    /// A fresh read through node `i`.
+    pub async fn fresh(&self, i: usize, name: &str) -> Result<Value> {
+        self.get(i, &format!("/v1/counters/{name}/value?consistency=fresh")).await
+    }
+
+    /// The fresh value through node `i`, insisting every shard answered.
+    pub async fn value(&self, i: usize, name: &str) -> Result<i64> {
+        let v = self.fresh(i, name).await?;
+        if v["complete"] != json!(true) {
+            bail!("incomplete read on node{i}: {v}");
+        }
+        v["value"].as_i64().ok_or_else(|| anyhow!("no value in {v}"))
+    }
+
+    /// The test's data directory (logs, configs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
