@@ -127,7 +127,7 @@ impl LocalCatalog {
         cmd: &MetaCommand,
         now_ms: u64,
     ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
-        let _guard = self.write.lock().await;
+        let guard = self.write.lock().await;
         let current = self.get(name.as_str())?;
         let (next, effect) = apply_command(current, cmd, now_ms)?;
         let ck = key(COUNTER_PREFIX, name.as_str());
@@ -150,6 +150,9 @@ impl LocalCatalog {
             }
             (None, _) => unreachable!("only a delete removes a counter"),
         }
+        // Durable before reported, but the next change need not wait for this
+        // fsync: one flush then serves several changes.
+        drop(guard);
         self.flusher.flush().await?;
         Ok((next, effect))
     }

@@ -40,6 +40,9 @@ const META_CATCH_UP_POLL_MS: u64 = 5;
 /// Pause between attempts while a resharding seals a generation.
 const RESHARD_RETRY_MS: u64 = 2;
 
+/// Hands out per-thread routing tokens.
+static NEXT_THREAD_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 thread_local! {
     /// The runtime this thread used last, with the engine it belongs to. Hot counters
     /// are written by the same threads over and over; this spares each increment a
@@ -48,9 +51,11 @@ thread_local! {
     /// Per-thread routing token for the `writer` policy without a writer id, and the
     /// state of the per-thread generator for the `random` policy.
     static THREAD_ROUTE: Cell<(u64, u64)> = Cell::new({
-        let id = format!("{:?}", std::thread::current().id());
-        let h = tally_core::hash::hash64(0x5eed, id.as_bytes());
-        (h, h | 1)
+        // Threads take affinity tokens in turn, spread by the golden ratio, so the
+        // first few threads land on different shards instead of colliding by hash.
+        let k = NEXT_THREAD_TOKEN.fetch_add(1, Relaxed);
+        let token = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (token, tally_core::hash::hash64(0x5eed, &k.to_le_bytes()) | 1)
     });
 }
 

@@ -339,7 +339,13 @@ impl ShardActorState {
                 dedup_put: decision.dedup_put,
                 dedup_remove: Vec::new(),
             };
-            self.ctx.store.commit(&self.id, &write)?;
+            // Off the runtime's workers: sled's commit waits while a flush holds its
+            // log (an fsync), and a worker blocked there would stall every actor on it.
+            // This actor waits instead, and its mailbox fills the next, bigger batch.
+            let (store, id) = (self.ctx.store.clone(), self.id.clone());
+            tokio::task::spawn_blocking(move || store.commit(&id, &write)).await.map_err(|e| {
+                StoreError::Io { op: "commit", message: format!("commit task failed: {e}") }
+            })??;
             self.ctx.stats.commits.inc();
             self.ctx.stats.commit_submissions.record(batch.len() as u64);
         }
