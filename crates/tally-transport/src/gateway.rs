@@ -1,0 +1,256 @@
+//! The gateway: the one remote-capable actor per node. Peers find it in the process group
+//! `tally.gw.<node_id>` (scope [`PG_SCOPE`]) once their session has synchronized groups, and
+//! send it [`GatewayMsg`]s. It answers pings inline and runs each call on its own task, so a
+//! slow handler never delays a heartbeat.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tally_core::codec::{decode, encode};
+use tokio::sync::Semaphore;
+
+use crate::backoff::LogLimiter;
+use crate::transport::unix_ms;
+use crate::wire::{GatewayMsg, Refusal, WireReply, WireRequest, REPLY_BYTES_MAX};
+
+/// ractor process-group scope holding every node's gateway.
+pub const PG_SCOPE: &str = "tally.transport";
+/// Calls a gateway runs at once; beyond this it answers `Overloaded` instead of queueing
+/// without bound.
+pub const INFLIGHT_CALLS_MAX: usize = 1024;
+/// Spacing of repeated refusal log lines per sender, in ms.
+pub const REFUSAL_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// The process-group name under which `node`'s gateway is registered.
+pub fn gateway_group(node: &str) -> String {
+    format!("tally.gw.{node}")
+}
+
+/// Serves the requests other nodes send to this one. The transport is payload-agnostic: the
+/// caller encodes its request as bytes, the handler decodes, acts and encodes the reply.
+pub trait Handler: Send + Sync + 'static {
+    /// Serves one request from node `from`; the returned bytes go back to the caller.
+    /// Requests run concurrently (up to [`INFLIGHT_CALLS_MAX`]); a panic becomes
+    /// [`crate::TransportError::HandlerFailed`] at the caller. `from` is the caller's node id
+    /// as it states it: the cluster secret is what authenticates peers, and the gateway only
+    /// admits names from its peer list (and this node itself).
+    fn handle(&self, from: &str, request: Vec<u8>) -> impl Future<Output = Vec<u8>> + Send;
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Vec<u8>> + Send>>;
+
+/// Object-safe form of [`Handler`], so the transport need not be generic.
+pub(crate) trait DynHandler: Send + Sync + 'static {
+    fn handle_boxed(&self, from: String, request: Vec<u8>) -> BoxFuture;
+}
+
+/// Adapts an `Arc<H: Handler>` to [`DynHandler`].
+pub(crate) struct Erased<H>(pub(crate) Arc<H>);
+
+impl<H: Handler> DynHandler for Erased<H> {
+    fn handle_boxed(&self, from: String, request: Vec<u8>) -> BoxFuture {
+        let handler = Arc::clone(&self.0);
+        Box::pin(async move { handler.handle(&from, request).await })
+    }
+}
+
+/// The gateway actor's read-only configuration.
+pub(crate) struct Gateway {
+    pub(crate) node_id: String,
+    pub(crate) fingerprint: u64,
+    pub(crate) peers: BTreeSet<String>,
+    pub(crate) handler: Arc<dyn DynHandler>,
+}
+
+/// Mutable gateway state: the in-flight limit and per-sender refusal log limiters.
+pub(crate) struct GatewayState {
+    inflight: Arc<Semaphore>,
+    refusal_logs: BTreeMap<String, LogLimiter>,
+}
+
+impl Gateway {
+    /// Checks a request's sender and fingerprint; `Some(refusal)` means do not serve it.
+    fn admit(&self, state: &mut GatewayState, from: &str, fingerprint: u64) -> Option<Refusal> {
+        let refusal = if from != self.node_id && !self.peers.contains(from) {
+            Refusal::UnknownSender(from.to_string())
+        } else if fingerprint != self.fingerprint {
+            Refusal::FingerprintMismatch { ours: self.fingerprint, theirs: fingerprint }
+        } else {
+            return None;
+        };
+        // Bound the limiter map: unknown senders share one entry.
+        let key = if self.peers.contains(from) { from.to_string() } else { String::from("<unknown>") };
+        let limiter =
+            state.refusal_logs.entry(key).or_insert_with(|| LogLimiter::new(REFUSAL_LOG_INTERVAL_MS));
+        if let Some(suppressed) = limiter.allow(unix_ms()) {
+            match &refusal {
+                Refusal::FingerprintMismatch { ours, theirs } => tracing::error!(
+                    node = %self.node_id, peer = %from, ours = format_args!("{ours:#018x}"),
+                    theirs = format_args!("{theirs:#018x}"), suppressed,
+                    "refusing peer {from}: cluster-config fingerprint mismatch (ours {ours:#018x}, \
+                     theirs {theirs:#018x}); the nodes were started with different cluster configs"
+                ),
+                Refusal::UnknownSender(who) => tracing::warn!(
+                    node = %self.node_id, suppressed, "refusing request from {who:?}: not in the peer list"
+                ),
+            }
+        }
+        Some(refusal)
+    }
+}
+
+impl Actor for Gateway {
+    type Msg = GatewayMsg;
+    type State = GatewayState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        _: (),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(GatewayState {
+            inflight: Arc::new(Semaphore::new(INFLIGHT_CALLS_MAX)),
+            refusal_logs: BTreeMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let GatewayMsg { request, reply } = message;
+        let immediate = match decode::<WireRequest>("transport request", &request) {
+            Err(e) => {
+                tracing::debug!(node = %self.node_id, "malformed request: {e}");
+                WireReply::Malformed(e.to_string())
+            }
+            Ok(WireRequest::Ping { from, fingerprint, nonce }) => match self.admit(state, &from, fingerprint)
+            {
+                Some(refusal) => WireReply::Refused(refusal),
+                None => WireReply::Pong { node: self.node_id.clone(), fingerprint: self.fingerprint, nonce },
+            },
+            Ok(WireRequest::Call { from, fingerprint, body }) => {
+                if let Some(refusal) = self.admit(state, &from, fingerprint) {
+                    WireReply::Refused(refusal)
+                } else if let Ok(permit) = Arc::clone(&state.inflight).try_acquire_owned() {
+                    let work = self.handler.handle_boxed(from, body);
+                    tokio::spawn(async move {
+                        // The handler runs on its own task so a panic is caught by its JoinHandle.
+                        let outcome = tokio::spawn(work).await;
+                        drop(permit);
+                        let wire = match outcome {
+                            Ok(bytes) if bytes.len() > REPLY_BYTES_MAX => {
+                                WireReply::ReplyTooLarge(bytes.len() as u64)
+                            }
+                            Ok(bytes) => WireReply::Reply(bytes),
+                            Err(e) => {
+                                tracing::error!("transport handler failed: {e}");
+                                WireReply::HandlerFailed
+                            }
+                        };
+                        // A failed send only means the caller gave up.
+                        let _ = reply.send(encode(&wire));
+                    });
+                    return Ok(());
+                } else {
+                    WireReply::Overloaded
+                }
+            }
+        };
+        let _ = reply.send(encode(&immediate));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use ractor::rpc::CallResult;
+
+    /// Echoes, except that the body `panic` makes it panic and `big` makes it reply too much.
+    struct TestHandler;
+
+    impl Handler for TestHandler {
+        async fn handle(&self, from: &str, request: Vec<u8>) -> Vec<u8> {
+            match request.as_slice() {
+                b"panic" => panic!("handler asked to panic"),
+                b"big" => vec![0; REPLY_BYTES_MAX + 1],
+                _ => [from.as_bytes(), b":", &request].concat(),
+            }
+        }
+    }
+
+    async fn gateway() -> ActorRef<GatewayMsg> {
+        let gw = Gateway {
+            node_id: "node1".into(),
+            fingerprint: 7,
+            peers: ["node2".to_string()].into_iter().collect(),
+            handler: Arc::new(Erased(Arc::new(TestHandler))),
+        };
+        Actor::spawn(None, gw, ()).await.expect("spawn gateway").0
+    }
+
+    async fn ask(gw: &ActorRef<GatewayMsg>, request: Vec<u8>) -> WireReply {
+        match gw.call(|reply| GatewayMsg { request, reply }, Some(Duration::from_secs(5))).await {
+            Ok(CallResult::Success(bytes)) => decode("reply", &bytes).expect("decodable reply"),
+            other => panic!("no reply: {other:?}"),
+        }
+    }
+
+    fn call(from: &str, fingerprint: u64, body: &[u8]) -> Vec<u8> {
+        encode(&WireRequest::Call { from: from.into(), fingerprint, body: body.to_vec() })
+    }
+
+    #[tokio::test]
+    async fn serves_calls_and_pings_from_known_peers() {
+        let gw = gateway().await;
+        assert_eq!(ask(&gw, call("node2", 7, b"hi")).await, WireReply::Reply(b"node2:hi".to_vec()));
+        let ping = encode(&WireRequest::Ping { from: "node2".into(), fingerprint: 7, nonce: 42 });
+        assert_eq!(ask(&gw, ping).await, WireReply::Pong { node: "node1".into(), fingerprint: 7, nonce: 42 });
+        // A node may call itself.
+        assert_eq!(ask(&gw, call("node1", 7, b"me")).await, WireReply::Reply(b"node1:me".to_vec()));
+        gw.stop(None);
+    }
+
+    #[tokio::test]
+    async fn refuses_other_fingerprints_and_strangers() {
+        let gw = gateway().await;
+        assert_eq!(
+            ask(&gw, call("node2", 8, b"hi")).await,
+            WireReply::Refused(Refusal::FingerprintMismatch { ours: 7, theirs: 8 })
+        );
+        let ping = encode(&WireRequest::Ping { from: "node2".into(), fingerprint: 9, nonce: 1 });
+        assert_eq!(
+            ask(&gw, ping).await,
+            WireReply::Refused(Refusal::FingerprintMismatch { ours: 7, theirs: 9 })
+        );
+        assert_eq!(
+            ask(&gw, call("mallory", 7, b"hi")).await,
+            WireReply::Refused(Refusal::UnknownSender("mallory".into()))
+        );
+        gw.stop(None);
+    }
+
+    #[tokio::test]
+    async fn garbage_panics_and_oversized_replies_become_typed_answers() {
+        let gw = gateway().await;
+        assert!(matches!(ask(&gw, vec![0xff; 9]).await, WireReply::Malformed(_)));
+        assert!(matches!(ask(&gw, Vec::new()).await, WireReply::Malformed(_)));
+        assert_eq!(ask(&gw, call("node2", 7, b"panic")).await, WireReply::HandlerFailed);
+        assert_eq!(
+            ask(&gw, call("node2", 7, b"big")).await,
+            WireReply::ReplyTooLarge(REPLY_BYTES_MAX as u64 + 1)
+        );
+        // Still serving afterwards.
+        assert_eq!(ask(&gw, call("node2", 7, b"ok")).await, WireReply::Reply(b"node2:ok".to_vec()));
+        gw.stop(None);
+    }
+}
