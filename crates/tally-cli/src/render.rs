@@ -1,0 +1,218 @@
+//! Friendly text for each answer. Every function returns the text (ending in a
+//! newline) so the formats are unit-tested; `--json` bypasses all of this.
+
+use crate::wire::{
+    ClusterView, CounterInfo, DistinctRead, IncrOutcome, ReconcileReport, ShardsReport, ValueRead,
+};
+use std::fmt::Write;
+
+/// Lays out rows as left-aligned columns separated by two spaces, with a header row.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let columns = header.len();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate().take(columns) {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<w$}  ", w = widths[i]);
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+/// `key  value` lines with the keys aligned, indented by two spaces.
+fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    pairs.iter().map(|(k, v)| format!("  {k:<width$}  {v}\n")).collect()
+}
+
+fn shard_list(shards: &[u64]) -> String {
+    shards.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// A counter's name, spec and summary, after `verb` (`created`, `updated`, or empty).
+pub fn counter(verb: &str, info: &CounterInfo) -> String {
+    let s = &info.spec;
+    let title = if verb.is_empty() { info.name.clone() } else { format!("{verb} {}", info.name) };
+    let mut pairs = vec![
+        ("shards", s.shards.to_string()),
+        ("durability", s.durability.clone()),
+        ("flush_ms", s.flush_ms.to_string()),
+        ("rollup_ms", if s.rollup_ms == 0 { "0 (no rollup)".into() } else { s.rollup_ms.to_string() }),
+        ("router", s.router.clone()),
+        ("distinct", s.distinct.to_string()),
+        ("dedup_window_s", s.dedup_window_s.to_string()),
+        ("generation", info.generation.to_string()),
+    ];
+    if let Some(target) = info.resharding {
+        pairs.push(("resharding", format!("{} → {target} shards", info.layout_shards)));
+    }
+    if info.created_at_ms > 0 {
+        pairs.push(("created_at_ms", info.created_at_ms.to_string()));
+    }
+    format!("{title}\n{}", fields(&pairs))
+}
+
+/// A value read: the total, then how it was produced and whether it is whole.
+pub fn value(name: &str, v: &ValueRead) -> String {
+    let complete = if v.complete {
+        "yes".to_string()
+    } else {
+        format!("NO: shards {} did not answer; their values are missing", shard_list(&v.missing_shards))
+    };
+    let pairs = [
+        ("consistency", v.consistency.clone()),
+        ("staleness", format!("{} ms", v.staleness_ms)),
+        ("as_of_ms", v.as_of_ms.to_string()),
+        ("complete", complete),
+    ];
+    format!("{name} = {}\n{}", v.value, fields(&pairs))
+}
+
+/// The outcome of one increment.
+pub fn incr(name: &str, delta: i64, outcome: &IncrOutcome) -> String {
+    if outcome.duplicate {
+        format!("duplicate: this event id was already counted on {name}; not counted again\n")
+    } else if outcome.applied {
+        format!("applied {delta:+} to {name}\n")
+    } else {
+        format!("not applied to {name}\n")
+    }
+}
+
+/// A distinct-member estimate with its error.
+pub fn distinct(name: &str, d: &DistinctRead) -> String {
+    let mut out = format!("{name}: ~{} distinct members (±{:.2}%)\n", d.estimate, d.relative_error * 100.0);
+    if !d.complete {
+        let _ =
+            writeln!(out, "  INCOMPLETE: sketches of shards {} are missing", shard_list(&d.missing_shards));
+    }
+    out
+}
+
+/// Per-shard values as a table, then the total and skew.
+pub fn shards(name: &str, r: &ShardsReport) -> String {
+    let rows: Vec<Vec<String>> = r
+        .shards
+        .iter()
+        .map(|s| vec![s.index.to_string(), s.node.clone(), s.value.to_string(), s.writes.to_string()])
+        .collect();
+    let total: i128 = r.base.saturating_add(r.shards.iter().map(|s| s.value).sum::<i128>());
+    let mut out = table(&["shard", "node", "value", "writes"], &rows);
+    let sealed =
+        if r.base == 0 { String::new() } else { format!(" (of which {} from sealed generations)", r.base) };
+    let _ = writeln!(
+        out,
+        "{name}: {} shards, generation {}, total {total}{sealed}, skew {:.2}",
+        r.shards.len(),
+        r.generation,
+        r.skew
+    );
+    out
+}
+
+/// The cluster's nodes as a table, then the leader and term.
+pub fn cluster(c: &ClusterView) -> String {
+    let rows: Vec<Vec<String>> =
+        c.nodes.iter().map(|n| vec![n.id.clone(), n.state.clone(), n.http.clone()]).collect();
+    let mut out = table(&["node", "state", "http"], &rows);
+    let leader = c.leader.as_deref().unwrap_or("(none known)");
+    let _ = writeln!(out, "leader {leader}, term {}", c.term);
+    out
+}
+
+/// The result of a reconciliation.
+pub fn reconcile(name: &str, r: &ReconcileReport) -> String {
+    if r.drift == 0 {
+        return format!("{name}: no drift (sum of shards {}); nothing to correct\n", r.before);
+    }
+    let what = if r.corrected { "corrected" } else { "not corrected (already applied)" };
+    format!("{name}: sum of shards was {}, drift {:+}: {what}\n", r.before, r.drift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{NodeView, ShardReport, Spec};
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&["a", "bb"], &[vec!["long".into(), "x".into()], vec!["s".into(), "yy".into()]]);
+        assert_eq!(t, "a     bb\nlong  x\ns     yy\n");
+    }
+
+    #[test]
+    fn shards_and_cluster_read_well() {
+        let r = ShardsReport {
+            generation: 1,
+            base: 0,
+            shards: vec![
+                ShardReport { index: 0, node: "node1".into(), value: 12, writes: 12 },
+                ShardReport { index: 1, node: "node1".into(), value: 3, writes: 3 },
+            ],
+            skew: 1.6,
+        };
+        let text = shards("likes", &r);
+        assert!(text.starts_with("shard  node   value  writes\n0      node1  12     12\n"), "{text}");
+        assert!(text.contains("total 15") && text.contains("skew 1.60"), "{text}");
+        let c = ClusterView {
+            nodes: vec![NodeView { id: "node1".into(), state: "up".into(), http: "127.0.0.1:7070".into() }],
+            leader: Some("node1".into()),
+            term: 3,
+        };
+        assert_eq!(cluster(&c), "node   state  http\nnode1  up     127.0.0.1:7070\nleader node1, term 3\n");
+    }
+
+    #[test]
+    fn values_say_when_they_are_partial() {
+        let v = ValueRead {
+            value: 7,
+            consistency: "fresh".into(),
+            as_of_ms: 1,
+            staleness_ms: 0,
+            complete: false,
+            missing_shards: vec![2, 5],
+        };
+        let text = value("likes", &v);
+        assert!(text.starts_with("likes = 7\n"), "{text}");
+        assert!(text.contains("NO: shards 2, 5 did not answer"), "{text}");
+    }
+
+    #[test]
+    fn counters_show_their_spec() {
+        let info = CounterInfo {
+            name: "likes".into(),
+            spec: Spec {
+                shards: 8,
+                durability: "batched".into(),
+                flush_ms: 200,
+                rollup_ms: 0,
+                router: "writer".into(),
+                distinct: false,
+                dedup_window_s: 86400,
+            },
+            generation: 1,
+            layout_shards: 8,
+            resharding: None,
+            created_at_ms: 0,
+        };
+        let text = counter("created", &info);
+        assert!(text.starts_with("created likes\n  shards          8\n"), "{text}");
+        assert!(text.contains("rollup_ms       0 (no rollup)"), "{text}");
+    }
+}

@@ -1,0 +1,286 @@
+//! The JSON shapes of the public interface, as the client reads and writes them.
+//!
+//! They mirror the server's types without depending on the engine, and they read
+//! leniently: unknown fields are ignored and fields added later default, so an older
+//! `tally` keeps working against a newer node. Totals are `i128` (the engine sums in
+//! 128 bits) and are read exactly from the JSON text.
+
+use serde::{Deserialize, Serialize};
+
+/// `{"error": {"code": ..., "message": ...}}`: every error answer, and each failed
+/// item of a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// The inside of an [`ErrorBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Stable snake_case code.
+    pub code: String,
+    /// Human-readable explanation.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// The body of `PUT /v1/counters/{name}`: the spec fields to set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SpecBody {
+    /// Shard count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u64>,
+    /// `sync` or `batched`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// Aggregation window, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flush_ms: Option<u64>,
+    /// Rollup refresh interval, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollup_ms: Option<u64>,
+    /// `event`, `writer`, `round_robin` or `random`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router: Option<String>,
+    /// Keep a distinct-member sketch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub distinct: Option<bool>,
+    /// Dedup window, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dedup_window_s: Option<u64>,
+}
+
+/// A counter's contract.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Spec {
+    /// Number of shards.
+    pub shards: u64,
+    /// `sync` or `batched`.
+    pub durability: String,
+    /// Aggregation window, in milliseconds.
+    pub flush_ms: u64,
+    /// Rollup refresh interval, in milliseconds; 0 = none.
+    pub rollup_ms: u64,
+    /// Routing policy.
+    pub router: String,
+    /// Whether distinct members are counted.
+    pub distinct: bool,
+    /// Dedup window, in seconds.
+    pub dedup_window_s: u64,
+}
+
+/// `GET /v1/counters/{name}` (and the answer of a create or update).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CounterInfo {
+    /// The counter's name.
+    pub name: String,
+    /// Its contract.
+    pub spec: Spec,
+    /// The current layout generation.
+    #[serde(default)]
+    pub generation: u64,
+    /// Shards in the current layout (differs from `spec.shards` while resharding).
+    #[serde(default)]
+    pub layout_shards: u64,
+    /// The target shard count of a resharding in progress.
+    #[serde(default)]
+    pub resharding: Option<u64>,
+    /// Creation time, in milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub created_at_ms: u64,
+}
+
+/// The body of `POST /v1/counters/{name}/increments`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IncrementBody<'a> {
+    /// The non-zero amount.
+    pub delta: i64,
+    /// Idempotency key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<&'a str>,
+    /// Writer id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writer: Option<&'a str>,
+    /// Distinct member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<&'a str>,
+}
+
+/// One item of `POST /v1/increments`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BatchItem<'a> {
+    /// The counter.
+    pub counter: &'a str,
+    /// The increment.
+    #[serde(flatten)]
+    pub increment: IncrementBody<'a>,
+}
+
+/// The body of `POST /v1/increments`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BatchBody<'a> {
+    /// The items, answered in order.
+    pub increments: Vec<BatchItem<'a>>,
+}
+
+/// What became of one increment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncrOutcome {
+    /// Counted now.
+    pub applied: bool,
+    /// Its event id was counted before; not counted again.
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+/// One result of a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ItemResult {
+    /// Counted, or recognized as a duplicate.
+    Ok(IncrOutcome),
+    /// Refused; the other items are unaffected.
+    Err(ErrorBody),
+}
+
+/// The answer of `POST /v1/increments`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BatchResults {
+    /// One result per item, in order.
+    pub results: Vec<ItemResult>,
+}
+
+/// `GET /v1/counters/{name}/value`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ValueRead {
+    /// The total.
+    pub value: i128,
+    /// `cached` or `fresh`.
+    pub consistency: String,
+    /// When the total was computed, in milliseconds since the Unix epoch.
+    pub as_of_ms: u64,
+    /// How old the total was when answered.
+    pub staleness_ms: u64,
+    /// Whether every shard answered.
+    pub complete: bool,
+    /// Shards whose values are missing from `value`.
+    #[serde(default)]
+    pub missing_shards: Vec<u64>,
+}
+
+/// `GET /v1/counters/{name}/distinct`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DistinctRead {
+    /// Estimated number of distinct members.
+    pub estimate: u64,
+    /// The sketch's standard relative error.
+    pub relative_error: f64,
+    /// Whether every shard's sketch was merged.
+    #[serde(default = "yes")]
+    pub complete: bool,
+    /// Shards whose sketches are missing.
+    #[serde(default)]
+    pub missing_shards: Vec<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One shard of a [`ShardsReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ShardReport {
+    /// Its index.
+    pub index: u64,
+    /// The node that owns it.
+    pub node: String,
+    /// Its partial sum.
+    pub value: i128,
+    /// Increments routed to it (as seen by the answering node).
+    #[serde(default)]
+    pub writes: u64,
+}
+
+/// `GET /v1/counters/{name}/shards`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ShardsReport {
+    /// The current layout generation.
+    #[serde(default)]
+    pub generation: u64,
+    /// Sum of sealed generations, included in the total.
+    #[serde(default)]
+    pub base: i128,
+    /// Every shard.
+    pub shards: Vec<ShardReport>,
+    /// Hottest shard's writes ÷ mean writes.
+    pub skew: f64,
+}
+
+/// `POST /v1/counters/{name}/reconcile`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct ReconcileReport {
+    /// The sum of shards before correcting.
+    pub before: i128,
+    /// Authoritative minus before.
+    pub drift: i128,
+    /// Whether a correction was written.
+    pub corrected: bool,
+}
+
+/// One node of a [`ClusterView`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NodeView {
+    /// The node's id.
+    pub id: String,
+    /// `up`, `suspect` or `down`.
+    pub state: String,
+    /// Its public HTTP address.
+    pub http: String,
+}
+
+/// `GET /v1/cluster`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ClusterView {
+    /// Every member.
+    pub nodes: Vec<NodeView>,
+    /// The metadata leader, if known.
+    pub leader: Option<String>,
+    /// The raft term.
+    pub term: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_beyond_64_bits_are_exact() {
+        let text = r#"{"value": 170141183460469231731687303715884105727, "consistency": "fresh",
+            "as_of_ms": 1, "staleness_ms": 0, "complete": true, "missing_shards": [], "later": 1}"#;
+        let v: ValueRead = serde_json::from_str(text).expect("reads");
+        assert_eq!(v.value, i128::MAX);
+    }
+
+    #[test]
+    fn batch_items_and_results() {
+        let body = BatchBody {
+            increments: vec![BatchItem {
+                counter: "c",
+                increment: IncrementBody { delta: 1, event_id: Some("e"), writer: None, member: None },
+            }],
+        };
+        assert_eq!(
+            serde_json::to_string(&body).expect("encodes"),
+            r#"{"increments":[{"counter":"c","delta":1,"event_id":"e"}]}"#
+        );
+        let r: BatchResults = serde_json::from_str(
+            r#"{"results": [{"applied": true}, {"applied": false, "duplicate": true},
+                {"error": {"code": "overflow", "message": "m"}}]}"#,
+        )
+        .expect("reads");
+        assert_eq!(r.results[0], ItemResult::Ok(IncrOutcome { applied: true, duplicate: false }));
+        assert_eq!(r.results[1], ItemResult::Ok(IncrOutcome { applied: false, duplicate: true }));
+        assert!(matches!(&r.results[2], ItemResult::Err(e) if e.error.code == "overflow"));
+    }
+}
