@@ -607,10 +607,25 @@ impl Ctx {
     /// cannot be delivered go back into the current runtime for the next drain, so an
     /// acknowledged increment is never dropped.
     pub(crate) async fn drain(self: &Arc<Self>, rt: &Arc<CounterRuntime>) {
+        rt.drains_in_flight.fetch_add(1, SeqCst);
         let drained = rt.drain();
-        if drained.is_empty() {
-            return;
+        if !drained.is_empty() {
+            self.deliver(rt, drained).await;
         }
+        rt.drains_in_flight.fetch_sub(1, SeqCst);
+    }
+
+    /// Waits until no drain of `rt` is between its slots and its shards (bounded by
+    /// the call timeout), so a fresh read includes every increment acknowledged
+    /// before it began.
+    pub(crate) async fn settle_drains(&self, rt: &CounterRuntime) {
+        let deadline = tokio::time::Instant::now() + self.timeout();
+        while rt.drains_in_flight.load(SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    async fn deliver(self: &Arc<Self>, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) {
         rt.last_used_ms.store(self.now_ms(), Relaxed);
         let target = match self.registry.get(rt.name.as_str()).map(|r| r.clone()) {
             Some(t) => t,

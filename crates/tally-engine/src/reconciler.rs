@@ -147,6 +147,7 @@ pub(crate) async fn reconcile(
 ) -> Result<ReconcileReport, TallyError> {
     let rt = ctx.runtime(name.as_str(), false).await?;
     ctx.drain(&rt).await;
+    ctx.settle_drains(&rt).await;
     let before = crate::read::sum_shards(ctx, &rt.meta, name).await?.value;
     let drift = authoritative - before;
     ctx.stats

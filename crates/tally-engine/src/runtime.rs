@@ -66,6 +66,9 @@ pub(crate) struct CounterRuntime {
     pub(crate) changed: AtomicU64,
     /// Replaced by a newer runtime or evicted; it still drains what it holds.
     pub(crate) retired: AtomicBool,
+    /// Drains of this runtime whose sums have left the slots but not yet been
+    /// answered by their shards; a fresh read waits for them.
+    pub(crate) drains_in_flight: AtomicU64,
 }
 
 impl CounterRuntime {
@@ -81,6 +84,7 @@ impl CounterRuntime {
             last_used_ms: AtomicU64::new(now_ms),
             changed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
+            drains_in_flight: AtomicU64::new(0),
         }
     }
 

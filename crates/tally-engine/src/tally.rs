@@ -228,6 +228,7 @@ impl Tally {
             r
         } else {
             self.ctx.drain(&rt).await;
+            self.ctx.settle_drains(&rt).await;
             let r = crate::read::sum_shards(&self.ctx, &rt.meta, &rt.name).await?;
             self.ctx.stats.reads_fresh.inc();
             self.ctx.stats.read_fresh_us.record(started.elapsed().as_micros() as u64);
@@ -240,6 +241,7 @@ impl Tally {
     pub async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
         let rt = self.ctx.runtime(name, false).await?;
         self.ctx.drain(&rt).await;
+        self.ctx.settle_drains(&rt).await;
         crate::read::distinct(&self.ctx, &rt.meta, &rt.name).await
     }
 
@@ -247,6 +249,7 @@ impl Tally {
     pub async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
         let rt = self.ctx.runtime(name, false).await?;
         self.ctx.drain(&rt).await;
+        self.ctx.settle_drains(&rt).await;
         crate::read::shards(&self.ctx, &rt).await
     }
 

@@ -96,3 +96,34 @@ async fn the_shard_report_sums_to_the_total_and_measures_skew() {
     assert!((r.skew - 4.0).abs() < 1e-9, "one writer on one of 4 shards: skew {}", r.skew);
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_read_waits_for_drains_already_under_way() {
+    // With a 1 ms window the aggregator drains all the time; a fresh read right
+    // after the writers stop must still include everything they were told counted.
+    let (tally, _) = mem_engine().await;
+    let patch = SpecPatch { flush_ms: Some(1), ..spec(8, Durability::Batched) };
+    tally.put_counter("c", patch).await.unwrap();
+    let mut expected = 0u64;
+    for _ in 0..5 {
+        let mut writers = Vec::new();
+        for _ in 0..4 {
+            let t = tally.clone();
+            writers.push(tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let mut n = 0u64;
+                while started.elapsed() < Duration::from_millis(100) {
+                    t.incr("c", Increment::new(1)).await.unwrap();
+                    n += 1;
+                }
+                n
+            }));
+        }
+        for w in writers {
+            expected += w.await.unwrap();
+        }
+        let value = tally.read("c", Consistency::Fresh).await.unwrap().value;
+        assert_eq!(value, i128::from(expected));
+    }
+    tally.shutdown().await.unwrap();
+}
