@@ -282,6 +282,7 @@ impl ShardActorState {
     }
 
     /// Decides, writes and answers one batch of pending submissions.
+    #[tracing::instrument(level = "debug", skip_all, fields(shard = %self.id, pending = self.pending.len()))]
     async fn commit(&mut self) {
         let take = self.pending.len().min(COMMIT_SUBMISSIONS_MAX);
         let batch: Vec<Pending> = self.pending.drain(..take).collect();

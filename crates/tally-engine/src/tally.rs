@@ -144,6 +144,7 @@ impl Tally {
 
     /// Creates the counter (defaults plus `patch`) or updates the fields `patch`
     /// names. A changed shard count reshards the live counter in the background.
+    #[tracing::instrument(level = "debug", skip_all, fields(counter = name))]
     pub async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
         let name = CounterName::new(name)?;
         self.ctx.finish_delete(&name).await?;
@@ -176,6 +177,7 @@ impl Tally {
     }
 
     /// Counts one increment. An unknown counter is created with the defaults.
+    #[tracing::instrument(level = "trace", skip_all, fields(counter = name, delta = inc.delta))]
     pub async fn incr(&self, name: &str, inc: Increment) -> Result<IncrOutcome, TallyError> {
         self.ctx.incr(name, inc).await
     }
@@ -207,6 +209,7 @@ impl Tally {
 
     /// The counter's total. `Fresh` first delivers this node's buffered increments,
     /// then sums every shard; `Cached` answers from the rollup.
+    #[tracing::instrument(level = "debug", skip_all, fields(counter = name, consistency = ?consistency))]
     pub async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
         let started = Instant::now();
         let rt = self.ctx.runtime(name, false).await?;
@@ -255,6 +258,7 @@ impl Tally {
 
     /// Brings the counter to `authoritative` by writing the drift as an idempotent
     /// correction.
+    #[tracing::instrument(level = "debug", skip_all, fields(counter = name, authoritative))]
     pub async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
         let name = CounterName::new(name)?;
         let (tx, rx) = ractor::concurrency::oneshot();
