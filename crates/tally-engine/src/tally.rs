@@ -304,13 +304,16 @@ impl Tally {
         let wait = Some(Duration::from_millis(SHUTDOWN_WAIT_MS));
         self.actors.supervisor.drain_children_and_wait(wait).await;
         self.ctx.flusher.flush().await?;
+        // Wait for the actors to end, so their references to the engine (and so to
+        // the store) are gone when this returns: dropping the last handle then
+        // closes the store, and it can be reopened at once.
         for cell in [
             self.actors.aggregator.get_cell(),
             self.actors.rollup.get_cell(),
             self.actors.reconciler.get_cell(),
             self.actors.supervisor.get_cell(),
         ] {
-            cell.stop(None);
+            let _ = cell.stop_and_wait(None, wait).await;
         }
         Ok(())
     }

@@ -58,9 +58,19 @@ async fn dedup_memory_survives_a_restart_of_the_sled_store() {
     }
     tally.shutdown().await.unwrap();
     drop(tally);
-    // sled releases its lock once every handle is gone.
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let tally = Tally::open(dir.path(), TallyConfig::default()).await.unwrap();
+    // sled releases its file lock once its last handle is gone; the engine's last
+    // tasks let go of theirs shortly after shutdown.
+    let mut reopened = None;
+    for _ in 0..100 {
+        match Tally::open(dir.path(), TallyConfig::default()).await {
+            Ok(t) => {
+                reopened = Some(t);
+                break;
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    let tally = reopened.expect("the store reopens after shutdown");
     for i in 0..50 {
         assert!(tally.incr("c", Increment::new(2).event_id(format!("e{i}"))).await.unwrap().duplicate);
     }
