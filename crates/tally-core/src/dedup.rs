@@ -42,15 +42,16 @@ pub fn judge(record: Option<&DedupRecord>, delta: i64, now_ms: u64, window_ms: u
     }
 }
 
-/// The event ids among `records` that have left the window and can be removed.
+/// The record ids among `records` that have left their window and can be removed;
+/// `window_ms` gives each id's window (drain ids keep theirs shorter than event ids).
 pub fn expired_ids<'a>(
     records: impl IntoIterator<Item = &'a (String, DedupRecord)>,
     now_ms: u64,
-    window_ms: u64,
+    window_ms: impl Fn(&str) -> u64,
 ) -> Vec<String> {
     records
         .into_iter()
-        .filter(|(_, r)| expired(r.applied_at_ms, now_ms, window_ms))
+        .filter(|(id, r)| expired(r.applied_at_ms, now_ms, window_ms(id)))
         .map(|(id, _)| id.clone())
         .collect()
 }
@@ -88,7 +89,7 @@ mod tests {
             ("a".to_string(), DedupRecord { delta: 1, applied_at_ms: 0 }),
             ("b".to_string(), DedupRecord { delta: 1, applied_at_ms: 500 }),
         ];
-        assert_eq!(expired_ids(&recs, 1_000, 600), vec!["a".to_string()]);
-        assert!(expired_ids(&recs, 1_000, 2_000).is_empty());
+        assert_eq!(expired_ids(&recs, 1_000, |_| 600), vec!["a".to_string()]);
+        assert!(expired_ids(&recs, 1_000, |_| 2_000).is_empty());
     }
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::dedup::DedupRecord;
+use tally_core::dedup::{expired_ids, DedupRecord};
 use tally_core::meta::CounterMeta;
 use tally_core::router::shard_of_event;
 use tally_core::shard::{decide, window_for, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX};
@@ -250,11 +250,7 @@ impl ShardActorState {
             page.last().map(|(k, _)| k.clone())
         };
         let window = self.meta.spec.dedup_window_ms();
-        let gone: Vec<String> = page
-            .iter()
-            .filter(|(id, r)| tally_core::dedup::expired(r.applied_at_ms, now, window_for(id, window)))
-            .map(|(id, _)| id.clone())
-            .collect();
+        let gone = expired_ids(&page, now, |id| window_for(id, window));
         if gone.is_empty() {
             return Ok(());
         }
