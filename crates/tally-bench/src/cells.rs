@@ -136,21 +136,24 @@ pub async fn hot_cell(
         Durability::Sync => {
             let waiters = stats.flush_waiters.snapshot();
             let commits = stats.commit_submissions.snapshot();
+            let cycles = stats.cycle_commits.snapshot();
             details += &format!(
-                "; {} fsyncs, mean {:.1} waiters per fsync; {} shard commits, mean {:.1} increments each",
+                "; {} fsyncs, mean {:.1} waiters per fsync; {} shard commits, mean {:.1} increments each; \
+                 {} commit cycles, mean {:.1} shard writes each",
                 stats.flushes.get(),
                 mean(waiters.sum, waiters.count),
                 commits.count,
-                mean(commits.sum, commits.count)
+                mean(commits.sum, commits.count),
+                cycles.count,
+                mean(cycles.sum, cycles.count)
             );
         }
     }
     let t = store.times();
     details += &format!(
-        "; store: {} commits ({} on runtime workers) p50/p99/max {:.0}/{:.0}/{:.0} µs, \
+        "; store: {} commits p50/p99/max {:.0}/{:.0}/{:.0} µs, \
          {} flushes p50/p99/max {:.0}/{:.0}/{:.0} µs",
         t.commits,
-        t.commits_on_workers,
         t.commit_us.0,
         t.commit_us.1,
         t.commit_us.2,

@@ -2,14 +2,13 @@
 //! counter's time goes. Every call is passed through unchanged.
 
 use hdrhistogram::Histogram;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 use tally_core::ShardId;
 use tally_engine::{SledConfig, SledStore, Store, StoreError};
 use tally_store::{DedupRecord, ShardImage, ShardWrite};
 
-/// Thread-name prefix of the runtime's worker threads (see [`crate::runtime`]).
+/// Thread-name prefix of the runtime's threads (see [`crate::runtime`]).
 pub const WORKER_THREAD_NAME: &str = "bench-worker";
 
 /// The sled store [`tally_engine::Tally::open`] would open, with timing.
@@ -17,7 +16,6 @@ pub struct TimedStore {
     inner: SledStore,
     commit_ns: Mutex<Histogram<u64>>,
     flush_ns: Mutex<Histogram<u64>>,
-    commits_on_workers: AtomicU64,
 }
 
 /// What a [`TimedStore`] saw.
@@ -25,8 +23,6 @@ pub struct TimedStore {
 pub struct StoreTimes {
     /// Shard commits.
     pub commits: u64,
-    /// Of which ran on a runtime worker thread (blocking it meanwhile).
-    pub commits_on_workers: u64,
     /// Commit latency quantiles p50, p99, max, in microseconds.
     pub commit_us: (f64, f64, f64),
     /// Flushes.
@@ -51,7 +47,6 @@ impl TimedStore {
             inner: SledStore::open(&SledConfig::new(dir))?,
             commit_ns: Mutex::new(histogram()),
             flush_ns: Mutex::new(histogram()),
-            commits_on_workers: AtomicU64::new(0),
         })
     }
 
@@ -59,13 +54,7 @@ impl TimedStore {
     pub fn times(&self) -> StoreTimes {
         let c = self.commit_ns.lock().expect("not poisoned");
         let f = self.flush_ns.lock().expect("not poisoned");
-        StoreTimes {
-            commits: c.len(),
-            commits_on_workers: self.commits_on_workers.load(Relaxed),
-            commit_us: quantiles(&c),
-            flushes: f.len(),
-            flush_us: quantiles(&f),
-        }
+        StoreTimes { commits: c.len(), commit_us: quantiles(&c), flushes: f.len(), flush_us: quantiles(&f) }
     }
 
     fn record(h: &Mutex<Histogram<u64>>, started: Instant) {
@@ -96,9 +85,6 @@ impl Store for TimedStore {
         let started = Instant::now();
         let r = self.inner.commit(id, write);
         Self::record(&self.commit_ns, started);
-        if std::thread::current().name().is_some_and(|n| n.starts_with(WORKER_THREAD_NAME)) {
-            self.commits_on_workers.fetch_add(1, Relaxed);
-        }
         r
     }
 

@@ -1,9 +1,21 @@
-//! Group commit: one fsync serves every write waiting for durability.
+//! The commit path: every shard write, and group commit over them.
 //!
-//! Shards commit to the store (fast, in memory) and hand the replies of `sync`
-//! increments here. The flusher task takes every waiter that has arrived, calls
-//! [`Store::flush`] once on a blocking thread, then runs all of them. Waiters that
-//! arrive during a flush wait for the next one, which also covers their commits.
+//! Shards do not write to the store themselves. They decide a batch, hand the write
+//! here and wait until it is *applied* (visible to reads, not yet durable). One task
+//! runs cycles: it takes every job that has arrived, applies the writes one after the
+//! other on a blocking thread, tells each shard its write is applied, and then — if
+//! anyone waits for durability — calls [`Store::flush`] once and runs the waiters.
+//!
+//! Why one place: sled serializes writes against flushes (a flush holds the log for
+//! its whole write and fsync), so shards that commit on their own threads alternate
+//! with the fsyncs and each fsync covers only the few commits that slipped in between.
+//! Here the writes of a cycle never wait for a flush, and a shard whose write is
+//! applied decides its next batch while the fsync runs: each shard commits once per
+//! fsync, and one fsync serves every shard.
+//!
+//! A shard waits for its write to be applied before it goes on, so the store is never
+//! behind what the shard decided: dedup lookups, a restarted actor and fresh reads all
+//! see every decided batch.
 //!
 //! A failed flush poisons the engine: the operating system may have dropped the
 //! unflushed pages, so nothing written since the last good flush can be promised.
@@ -12,77 +24,98 @@
 use crate::stats::Stats;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tally_store::{Store, StoreError};
-use tokio::sync::mpsc;
+use tally_core::ShardId;
+use tally_store::{ShardWrite, Store, StoreError};
+use tokio::sync::{mpsc, oneshot};
 
 /// Work to run once the writes before it are durable (or the flush failed).
 pub(crate) type Waiter = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
-/// Most waiters one flush serves; the rest take the next flush.
-pub const FLUSH_WAITERS_MAX: usize = 65_536;
+/// Most jobs one cycle takes (writes applied and waiters served by one flush); the
+/// rest take the next cycle.
+pub const CYCLE_JOBS_MAX: usize = 65_536;
 
-/// A handle to the flusher task.
+enum Job {
+    /// Apply `write`, report it on `applied`, then run `durable` after the flush.
+    Commit {
+        id: ShardId,
+        write: ShardWrite,
+        applied: oneshot::Sender<Result<(), StoreError>>,
+        durable: Option<Waiter>,
+    },
+    /// Run the waiter after the next flush.
+    Flush(Waiter),
+}
+
+/// A handle to the commit task.
 #[derive(Clone)]
 pub(crate) struct Flusher {
-    tx: mpsc::UnboundedSender<Waiter>,
+    tx: mpsc::UnboundedSender<Job>,
     poisoned: Arc<AtomicBool>,
 }
 
+fn poison_error() -> StoreError {
+    StoreError::Io { op: "flush", message: "an earlier flush failed; reopen the store".into() }
+}
+
 impl Flusher {
-    /// Starts the flusher task.
+    /// Starts the commit task.
     pub(crate) fn start(store: Arc<dyn Store>, stats: Arc<Stats>) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Waiter>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
         let poisoned = Arc::new(AtomicBool::new(false));
         let flag = poisoned.clone();
         tokio::spawn(async move {
-            let mut batch: Vec<Waiter> = Vec::new();
             while let Some(first) = rx.recv().await {
-                batch.push(first);
-                while batch.len() < FLUSH_WAITERS_MAX {
+                let mut jobs = vec![first];
+                while jobs.len() < CYCLE_JOBS_MAX {
                     match rx.try_recv() {
-                        Ok(w) => batch.push(w),
+                        Ok(j) => jobs.push(j),
                         Err(_) => break,
                     }
                 }
-                let result = if flag.load(Ordering::SeqCst) {
-                    Err(StoreError::Io {
-                        op: "flush",
-                        message: "an earlier flush failed; reopen the store".into(),
-                    })
-                } else {
-                    let store = store.clone();
-                    match tokio::task::spawn_blocking(move || store.flush()).await {
-                        Ok(r) => r,
-                        Err(e) => {
-                            Err(StoreError::Io { op: "flush", message: format!("flush task failed: {e}") })
-                        }
-                    }
-                };
-                if let Err(e) = &result {
-                    if !flag.swap(true, Ordering::SeqCst) {
-                        tracing::error!(error = %e, "store flush failed; refusing writes until restart");
-                    }
-                }
-                stats.flushes.inc();
-                stats.flush_waiters.record(batch.len() as u64);
-                for w in batch.drain(..) {
-                    w(result.clone());
+                let (store, flag, stats) = (store.clone(), flag.clone(), stats.clone());
+                // A panic in the store drops the jobs' senders: every waiter hears
+                // `Closed`, which callers treat like a failed write.
+                if let Err(e) = tokio::task::spawn_blocking(move || cycle(&*store, jobs, &flag, &stats)).await
+                {
+                    tracing::error!(error = %e, "commit cycle failed");
                 }
             }
         });
         Self { tx, poisoned }
     }
 
+    /// Applies `write` to shard `id` and returns once it is applied (readable, not
+    /// yet durable). `durable`, if given, runs after the flush that follows, or with
+    /// the error if the write or the flush failed.
+    pub(crate) async fn commit(
+        &self,
+        id: ShardId,
+        write: ShardWrite,
+        durable: Option<Waiter>,
+    ) -> Result<(), StoreError> {
+        let (applied, rx) = oneshot::channel();
+        if let Err(e) = self.tx.send(Job::Commit { id, write, applied, durable }) {
+            if let Job::Commit { durable: Some(w), .. } = e.0 {
+                w(Err(StoreError::Closed));
+            }
+            return Err(StoreError::Closed);
+        }
+        rx.await.unwrap_or(Err(StoreError::Closed))
+    }
+
     /// Runs `waiter` after the next flush that starts after this call.
     pub(crate) fn after_flush(&self, waiter: Waiter) {
-        if let Err(e) = self.tx.send(waiter) {
-            (e.0)(Err(StoreError::Closed));
+        if let Err(e) = self.tx.send(Job::Flush(waiter)) {
+            if let Job::Flush(w) = e.0 {
+                w(Err(StoreError::Closed));
+            }
         }
     }
 
     /// Waits for the next flush.
     pub(crate) async fn flush(&self) -> Result<(), StoreError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, rx) = oneshot::channel();
         self.after_flush(Box::new(move |r| {
             let _ = tx.send(r);
         }));
@@ -92,5 +125,52 @@ impl Flusher {
     /// Whether a flush has failed (the engine then refuses writes).
     pub(crate) fn poisoned(&self) -> bool {
         self.poisoned.load(Ordering::SeqCst)
+    }
+}
+
+/// One cycle: apply every write in arrival order, then flush once for the waiters.
+fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats) {
+    let mut waiters: Vec<Waiter> = Vec::new();
+    let mut applied = 0u64;
+    for job in jobs {
+        match job {
+            Job::Commit { id, write, applied: reply, durable } => {
+                let result = if poisoned.load(Ordering::SeqCst) {
+                    Err(poison_error())
+                } else {
+                    store.commit(&id, &write)
+                };
+                match result {
+                    Ok(()) => {
+                        applied += 1;
+                        let _ = reply.send(Ok(()));
+                        waiters.extend(durable);
+                    }
+                    Err(e) => {
+                        tracing::error!(shard = %id, error = %e, "shard commit failed");
+                        if let Some(w) = durable {
+                            w(Err(e.clone()));
+                        }
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            Job::Flush(w) => waiters.push(w),
+        }
+    }
+    stats.cycle_commits.record(applied);
+    if waiters.is_empty() {
+        return;
+    }
+    let result = if poisoned.load(Ordering::SeqCst) { Err(poison_error()) } else { store.flush() };
+    if let Err(e) = &result {
+        if !poisoned.swap(true, Ordering::SeqCst) {
+            tracing::error!(error = %e, "store flush failed; refusing writes until restart");
+        }
+    }
+    stats.flushes.inc();
+    stats.flush_waiters.record(waiters.len() as u64);
+    for w in waiters {
+        w(result.clone());
     }
 }

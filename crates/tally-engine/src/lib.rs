@@ -13,7 +13,8 @@
 //! * `rollup.rs` — caches totals for constant-cost reads.
 //! * `reconciler.rs` — corrects drift against an authoritative total.
 //! * `reshard.rs` — changes a live counter's shard count by generations.
-//! * `flusher.rs` — group commit: one fsync serves every waiting write.
+//! * `flusher.rs` — the commit path: applies every shard write, then one fsync serves
+//!   every waiting write (group commit).
 //! * `catalog.rs` — counter metadata in the node's store.
 //! * `read.rs` — sums, sketches and shard reports.
 //!

@@ -3,14 +3,16 @@
 //! It collects submissions while a commit is pending, so one store commit (and, for
 //! `sync` counters, one fsync shared with every other shard) serves many increments.
 //! The decisions are [`tally_core::shard::decide`]'s; this actor only gathers inputs
-//! (dedup records from the store), writes what was decided and sends the answers —
-//! after the flush for `sync` counters, at once for `batched` ones.
+//! (dedup records from the store), hands what was decided to the commit path
+//! (`flusher.rs`), waits until it is applied and sends the answers — after the flush
+//! for `sync` counters, at once for `batched` ones.
 //!
 //! A shard of a generation being resharded is *sealed*: it answers every later
 //! submission with [`ShardReply::Sealed`] and the caller retries on the new layout.
 
 use crate::ctx::Ctx;
 use crate::error::TallyError;
+use crate::flusher::Waiter;
 use crate::supervisor::SupervisorMsg;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::BTreeMap;
@@ -191,7 +193,7 @@ impl Actor for ShardActor {
                     state.meta = meta;
                 }
             }
-            ShardMsg::Tick => state.tick(&myself),
+            ShardMsg::Tick => state.tick(&myself).await,
         }
         Ok(())
     }
@@ -220,11 +222,11 @@ impl ShardActorState {
         }
     }
 
-    fn tick(&mut self, myself: &ActorRef<ShardMsg>) {
+    async fn tick(&mut self, myself: &ActorRef<ShardMsg>) {
         let now = self.ctx.now_ms();
         if now.saturating_sub(self.last_sweep_ms) >= self.ctx.config.dedup_sweep_ms && !self.sealed {
             self.last_sweep_ms = now;
-            if let Err(e) = self.sweep(now) {
+            if let Err(e) = self.sweep(now).await {
                 tracing::warn!(shard = %self.id, error = %e, "dedup sweep failed");
             }
         }
@@ -238,7 +240,7 @@ impl ShardActorState {
     }
 
     /// Removes one page of expired dedup records.
-    fn sweep(&mut self, now: u64) -> Result<(), StoreError> {
+    async fn sweep(&mut self, now: u64) -> Result<(), StoreError> {
         let page = self.ctx.store.dedup_scan(
             &self.id,
             self.sweep_after.as_deref(),
@@ -259,7 +261,7 @@ impl ShardActorState {
             dedup_put: Vec::new(),
             dedup_remove: gone,
         };
-        self.ctx.store.commit(&self.id, &write)
+        self.ctx.flusher.commit(self.id.clone(), write, None).await
     }
 
     /// The record for `event_id` in this shard or, failing that, in its shard of each
@@ -287,30 +289,26 @@ impl ShardActorState {
         }
         let now = self.ctx.now_ms();
         self.last_active_ms = now;
-        match self.try_commit(&batch, now).await {
-            Ok((outcomes, value)) => self.answer(batch, outcomes, value),
-            Err(e) => {
-                tracing::error!(shard = %self.id, error = %e, "shard commit failed");
-                // The failed commit changed nothing in the store; forget what we decided.
-                match load(&self.ctx, &self.id, &self.meta) {
-                    Ok((core, bytes)) => (self.core, self.sketch_bytes) = (core, bytes),
-                    Err(e2) => tracing::error!(shard = %self.id, error = %e2, "cannot reload shard"),
-                }
-                // Acknowledged buffered sums must not be lost: the caller gives them
-                // back to its accumulator and retries. Everyone else hears the error.
-                for (_, reply) in batch {
-                    drop(reply);
-                }
+        // On an error the replies are dropped: the caller reports the shard
+        // unavailable, and a retry with the same event id is safe. Acknowledged
+        // buffered sums are not lost: their caller gives them back to its
+        // accumulator and delivers them again.
+        if let Err(e) = self.try_commit(batch, now).await {
+            tracing::error!(shard = %self.id, error = %e, "shard commit failed");
+            // The failed commit changed nothing in the store; forget what we decided.
+            match load(&self.ctx, &self.id, &self.meta) {
+                Ok((core, bytes)) => (self.core, self.sketch_bytes) = (core, bytes),
+                Err(e2) => tracing::error!(shard = %self.id, error = %e2, "cannot reload shard"),
             }
         }
     }
 
-    async fn try_commit(&mut self, batch: &[Pending], now: u64) -> Result<(Vec<Outcome>, i64), TallyError> {
+    async fn try_commit(&mut self, batch: Vec<Pending>, now: u64) -> Result<(), TallyError> {
         if self.ctx.flusher.poisoned() {
             return Err(StoreError::Io { op: "flush", message: "an earlier flush failed".into() }.into());
         }
         let mut prior = BTreeMap::new();
-        for (sub, _) in batch {
+        for (sub, _) in &batch {
             let id = match sub {
                 Submission::Single { event_id: Some(id), .. } => Some(id),
                 Submission::Buffered { drain_id: Some(id), .. } => Some(id),
@@ -327,58 +325,58 @@ impl ShardActorState {
         let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
         let before = self.core.value;
         let decision = decide(&mut self.core, &subs, &prior, now, self.meta.spec.dedup_window_ms());
-        if decision.writes(before) {
+        let value = decision.value;
+        let writes = decision.writes(before);
+
+        // Buffered sums were acknowledged already (the aggregator flushes after its
+        // drain), so they are answered once the write is applied. `sync` answers wait
+        // for the flush: a duplicate's too, since the record it matched may not be
+        // durable yet.
+        let sync = self.meta.spec.durability == Durability::Sync;
+        let (mut now_replies, mut later) = (Vec::new(), Vec::new());
+        for ((sub, reply), outcome) in batch.into_iter().zip(decision.outcomes) {
+            let done = ShardReply::Done { outcome, value };
+            if sync && matches!(sub, Submission::Single { .. }) {
+                later.push((reply, done));
+            } else {
+                now_replies.push((reply, done));
+            }
+        }
+        let durable: Option<Waiter> = (!later.is_empty()).then(|| -> Waiter {
+            Box::new(move |r: Result<(), StoreError>| {
+                if r.is_ok() {
+                    for (reply, done) in later {
+                        let _ = reply.send(done);
+                    }
+                }
+            })
+        });
+
+        if writes {
             if decision.sketch_changed {
                 self.sketch_bytes = self.core.sketch.as_ref().map(DistinctSketch::to_bytes);
             }
             let write = ShardWrite {
-                image: ShardImage { value: decision.value, sketch: self.sketch_bytes.clone() },
+                image: ShardImage { value, sketch: self.sketch_bytes.clone() },
                 dedup_put: decision.dedup_put,
                 dedup_remove: Vec::new(),
             };
-            // Off the runtime's workers: sled's commit waits while a flush holds its
-            // log (an fsync), and a worker blocked there would stall every actor on it.
-            // This actor waits instead, and its mailbox fills the next, bigger batch.
-            let (store, id) = (self.ctx.store.clone(), self.id.clone());
-            tokio::task::spawn_blocking(move || store.commit(&id, &write)).await.map_err(|e| {
-                StoreError::Io { op: "commit", message: format!("commit task failed: {e}") }
-            })??;
+            // The commit path applies it (and runs `durable` after the flush that
+            // follows); meanwhile this actor's mailbox fills the next batch.
+            self.ctx.flusher.commit(self.id.clone(), write, durable).await?;
             self.ctx.stats.commits.inc();
-            self.ctx.stats.commit_submissions.record(batch.len() as u64);
+            self.ctx.stats.commit_submissions.record(subs.len() as u64);
+        } else if let Some(w) = durable {
+            self.ctx.flusher.after_flush(w);
         }
         if decision.change_abs > 0 {
             if let Some(rt) = self.ctx.registry.get(self.id.counter.as_str()) {
                 rt.changed.fetch_add(decision.change_abs, Relaxed);
             }
         }
-        Ok((decision.outcomes, decision.value))
-    }
-
-    fn answer(&self, batch: Vec<Pending>, outcomes: Vec<Outcome>, value: i64) {
-        let mut later = Vec::new();
-        for ((sub, reply), outcome) in batch.into_iter().zip(outcomes) {
-            let done = ShardReply::Done { outcome, value };
-            // Buffered sums were acknowledged already; the aggregator flushes after
-            // its drain. `sync` answers wait for the flush: a duplicate too, since the
-            // record it matched may not be durable yet.
-            let wait =
-                self.meta.spec.durability == Durability::Sync && matches!(sub, Submission::Single { .. });
-            if wait {
-                later.push((reply, done));
-            } else {
-                let _ = reply.send(done);
-            }
+        for (reply, done) in now_replies {
+            let _ = reply.send(done);
         }
-        if !later.is_empty() {
-            self.ctx.flusher.after_flush(Box::new(move |r| {
-                for (reply, done) in later {
-                    // On a failed flush the reply port is dropped: the caller reports the
-                    // shard unavailable and a retry with the same event id is safe.
-                    if r.is_ok() {
-                        let _ = reply.send(done);
-                    }
-                }
-            }));
-        }
+        Ok(())
     }
 }

@@ -101,6 +101,8 @@ pub struct Stats {
     pub flushes: Count,
     /// Waiters served per flush (the group-commit factor).
     pub flush_waiters: Histogram,
+    /// Shard writes applied per commit cycle (each cycle ends with at most one flush).
+    pub cycle_commits: Histogram,
     /// Fresh reads served.
     pub reads_fresh: Count,
     /// Cached reads served.

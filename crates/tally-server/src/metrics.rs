@@ -194,6 +194,12 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         1.0,
         &[(&[], s.flush_waiters.snapshot())],
     );
+    w.histogram(
+        "tally_commit_cycle_writes",
+        "Shard writes applied by one commit cycle (a cycle ends with at most one flush).",
+        1.0,
+        &[(&[], s.cycle_commits.snapshot())],
+    );
     w.counter(
         "tally_reads_total",
         "Counter reads served, by consistency.",
