@@ -109,4 +109,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Bytes the store occupies on disk (0 for the in-memory store).
     fn size_on_disk(&self) -> Result<u64, StoreError>;
+
+    /// Whether calls may block the thread (disk I/O, locks held across an fsync).
+    /// Callers then keep them off async workers; a store that never blocks is called
+    /// inline, which keeps a simulation on one thread and deterministic.
+    fn blocks(&self) -> bool {
+        true
+    }
 }

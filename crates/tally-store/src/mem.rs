@@ -364,6 +364,10 @@ impl Store for MemStore {
         self.inner.lock().check_open(self.incarnation)?;
         Ok(0)
     }
+
+    fn blocks(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
