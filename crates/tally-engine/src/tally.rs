@@ -256,6 +256,25 @@ impl Tally {
         crate::read::shards(&self.ctx, &rt).await
     }
 
+    /// Write skew (hottest shard ÷ mean, see [`crate::skew`]) of the counters active on
+    /// this node, from the increments routed here while each has been active: the
+    /// `limit` busiest counters, busiest first. Costs no store or network access.
+    pub fn write_skews(&self, limit: usize) -> Vec<(CounterName, f64, u64)> {
+        let mut all: Vec<(CounterName, f64, u64)> = self
+            .ctx
+            .registry
+            .iter()
+            .filter_map(|rt| {
+                let writes: Vec<u64> = rt.slots.iter().map(|s| s.writes.load(Relaxed)).collect();
+                let total: u64 = writes.iter().sum();
+                (total > 0).then(|| (rt.name.clone(), crate::read::skew(writes.into_iter()), total))
+            })
+            .collect();
+        all.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(limit);
+        all
+    }
+
     /// Brings the counter to `authoritative` by writing the drift as an idempotent
     /// correction.
     #[tracing::instrument(level = "debug", skip_all, fields(counter = name, authoritative))]

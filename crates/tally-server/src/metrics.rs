@@ -240,7 +240,21 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         &[(&[], counters as f64)],
     );
     w.gauge("tally_active_shard_actors", "Shard actors running on this node.", &[(&[], shards as f64)]);
+    let skews = tally.write_skews(SKEW_COUNTERS_MAX);
+    let samples: Vec<(Vec<(&str, &str)>, f64)> =
+        skews.iter().map(|(name, skew, _)| (vec![("counter", name.as_str())], *skew)).collect();
+    let samples: Vec<(Labels<'_>, f64)> = samples.iter().map(|(l, v)| (l.as_slice(), *v)).collect();
+    w.gauge(
+        "tally_shard_skew",
+        "Write skew of a counter's shards on this node (hottest shard's increments / mean); \
+         the busiest active counters only.",
+        &samples,
+    );
 }
+
+/// Most counters `tally_shard_skew` reports (the busiest active ones), so a node with
+/// millions of counters keeps its metrics page small.
+pub const SKEW_COUNTERS_MAX: usize = 100;
 
 #[cfg(test)]
 mod tests {

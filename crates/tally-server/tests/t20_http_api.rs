@@ -269,6 +269,13 @@ async fn metrics_are_valid_prometheus_text_with_engine_and_http_signals() {
     assert!(samples.contains_key("tally_drift_last"));
     assert!(get("tally_active_counters") >= 2.0);
     assert!(samples.contains_key("tally_active_shard_actors"));
+    assert!(get("tally_commit_cycle_writes_count") >= 1.0);
+    // The gauge agrees with the counter's own shards report.
+    let skew_b =
+        call(&app, "GET", "/v1/counters/b/shards", None).await.json()["skew"].as_f64().expect("skew");
+    assert!(skew_b > 1.0, "one write on a sharded counter: {skew_b}");
+    assert_eq!(get("tally_shard_skew{counter=\"b\"}"), skew_b);
+    assert!(get("tally_shard_skew{counter=\"s\"}") >= 1.0);
     assert_eq!(get("tally_node_info{node=\"node1\"}"), 1.0);
     assert!(get("tally_http_responses_total{class=\"2xx\"}") >= 7.0);
     assert_eq!(get("tally_http_responses_total{class=\"4xx\"}"), 1.0);
