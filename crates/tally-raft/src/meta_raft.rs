@@ -7,7 +7,7 @@ use crate::network::{http_client, post_json, CallError, HttpNetworkFactory};
 use crate::server::{raft_router, ReadRequest, PATH_CLIENT_WRITE, PATH_READ};
 use crate::state::MetaState;
 use crate::state_machine::{Shared, SledStateMachine};
-use crate::types::{MetaChange, NodeId, Raft, Request, Response, TypeConfig};
+use crate::types::{MembersView, MetaChange, NodeId, Raft, Request, Response, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError};
 use openraft::raft::ClientWriteResponse;
 use openraft::BasicNode;
@@ -456,6 +456,11 @@ impl MetaRaft {
     pub fn members(&self) -> (Vec<String>, u64) {
         let applied = self.shared.read();
         (applied.state.members.clone(), applied.state.placement_epoch)
+    }
+
+    /// The data-plane membership with the progress of its last change, as applied here.
+    pub fn membership(&self) -> MembersView {
+        self.shared.read().state.view(false)
     }
 
     /// A copy of the whole applied state (tests compare replicas with it).

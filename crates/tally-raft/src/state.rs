@@ -27,6 +27,10 @@ pub struct MetaState {
     pub members: Vec<String>,
     /// Bumped by every change of `members`.
     pub placement_epoch: u64,
+    /// The members before the last change, while `handoff` is not empty.
+    pub previous: Vec<String>,
+    /// Nodes of `previous` still handing off shards they no longer own.
+    pub handoff: Vec<String>,
     /// How many [`Request`]s were applied in total. Not used by any transition; it
     /// lets tests prove that no entry is applied twice (across restarts too).
     pub applied_requests: u64,
@@ -84,45 +88,89 @@ impl MetaState {
                 };
                 (Response::TombstoneCleared { existed }, touched, changes)
             }
-            Request::AddMember { node } => {
-                if let Err(e) = tally_core::name::check_token("node id", node, NODE_ID_LEN_MAX) {
-                    let reason = e.to_string();
-                    return (Response::Members(Err(MemberRejection::InvalidNode { reason })), vec![], vec![]);
+            Request::SetMembers { from_epoch, previous, members } => {
+                self.set_members(*from_epoch, previous, members)
+            }
+            Request::HandoffDone { node, epoch } => {
+                if *epoch != self.placement_epoch {
+                    return (Response::Members(Ok(self.view(false))), vec![], vec![]);
                 }
-                match self.members.binary_search(node) {
-                    Ok(_) => (Response::Members(Ok(self.view(false))), vec![], vec![]),
-                    Err(_) if self.members.len() >= RING_NODES_MAX => {
-                        let e = MemberRejection::TooManyMembers {
-                            count: self.members.len(),
-                            max: RING_NODES_MAX,
-                        };
-                        (Response::Members(Err(e)), vec![], vec![])
+                match self.handoff.binary_search(node) {
+                    Ok(at) => {
+                        self.handoff.remove(at);
+                        if self.handoff.is_empty() {
+                            self.previous.clear();
+                        }
+                        let view = self.view(true);
+                        (
+                            Response::Members(Ok(view.clone())),
+                            vec![Touched::Members],
+                            vec![MetaChange::Members(view)],
+                        )
                     }
-                    Err(at) => {
-                        self.members.insert(at, node.clone());
-                        self.members_changed()
-                    }
+                    Err(_) => (Response::Members(Ok(self.view(false))), vec![], vec![]),
                 }
             }
-            Request::RemoveMember { node } => match self.members.binary_search(node) {
-                Ok(at) => {
-                    self.members.remove(at);
-                    self.members_changed()
-                }
-                Err(_) => (Response::Members(Ok(self.view(false))), vec![], vec![]),
-            },
         }
     }
 
-    fn view(&self, changed: bool) -> MembersView {
-        MembersView { members: self.members.clone(), placement_epoch: self.placement_epoch, changed }
+    fn set_members(
+        &mut self,
+        from_epoch: u64,
+        previous: &[String],
+        members: &[String],
+    ) -> (Response, Vec<Touched>, Vec<MetaChange>) {
+        let refuse = |e| (Response::Members(Err(e)), vec![], vec![]);
+        if from_epoch != self.placement_epoch {
+            return refuse(MemberRejection::StaleEpoch { current: self.placement_epoch, got: from_epoch });
+        }
+        if !self.handoff.is_empty() {
+            return refuse(MemberRejection::HandoffUnderWay { waiting: self.handoff.clone() });
+        }
+        let sorted = |v: &[String]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let (previous, members) = (sorted(previous), sorted(members));
+        for node in previous.iter().chain(&members) {
+            if let Err(e) = tally_core::name::check_token("node id", node, NODE_ID_LEN_MAX) {
+                return refuse(MemberRejection::InvalidNode { reason: e.to_string() });
+            }
+        }
+        if members.is_empty() {
+            return refuse(MemberRejection::NoMembers);
+        }
+        if members.len() > RING_NODES_MAX {
+            return refuse(MemberRejection::TooManyMembers { count: members.len(), max: RING_NODES_MAX });
+        }
+        // After epoch 0 the state machine knows the members itself.
+        let previous = if self.placement_epoch == 0 { previous } else { self.members.clone() };
+        if members == previous {
+            return (Response::Members(Ok(self.view(false))), vec![], vec![]);
+        }
+        self.members = members;
+        self.handoff = previous.clone();
+        self.previous = previous;
+        self.members_changed()
+    }
+
+    /// The membership as the data plane needs it.
+    pub fn view(&self, changed: bool) -> MembersView {
+        MembersView {
+            members: self.members.clone(),
+            placement_epoch: self.placement_epoch,
+            previous: self.previous.clone(),
+            handoff: self.handoff.clone(),
+            changed,
+        }
     }
 
     fn members_changed(&mut self) -> (Response, Vec<Touched>, Vec<MetaChange>) {
         self.placement_epoch += 1;
-        let change =
-            MetaChange::Members { members: self.members.clone(), placement_epoch: self.placement_epoch };
-        (Response::Members(Ok(self.view(true))), vec![Touched::Members], vec![change])
+        let view = self.view(true);
+        (Response::Members(Ok(view.clone())), vec![Touched::Members], vec![MetaChange::Members(view)])
     }
 
     /// Counters with a resharding in progress (`layout.resharding` is set), which the
@@ -187,20 +235,51 @@ mod tests {
         assert!(s.pending_reshards().is_empty());
     }
 
+    fn set(from_epoch: u64, previous: &[&str], members: &[&str]) -> Request {
+        let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+        Request::SetMembers { from_epoch, previous: v(previous), members: v(members) }
+    }
+
     #[test]
-    fn membership_changes_bump_the_epoch_once() {
+    fn a_membership_change_waits_for_every_previous_member_to_hand_off() {
         let mut s = MetaState::default();
-        s.apply(&Request::AddMember { node: "node2".into() });
-        s.apply(&Request::AddMember { node: "node1".into() });
-        let (r, _, _) = s.apply(&Request::AddMember { node: "node1".into() });
-        let view =
-            MembersView { members: vec!["node1".into(), "node2".into()], placement_epoch: 2, changed: false };
-        assert_eq!(r, Response::Members(Ok(view)));
-        s.apply(&Request::RemoveMember { node: "node2".into() });
-        s.apply(&Request::RemoveMember { node: "node2".into() });
-        assert_eq!((s.members.clone(), s.placement_epoch), (vec!["node1".to_string()], 3));
-        let (r, _, _) = s.apply(&Request::AddMember { node: "no spaces".into() });
-        assert!(matches!(r, Response::Members(Err(MemberRejection::InvalidNode { .. }))));
+        // Epoch 0 takes the proposer's previous members (the shared config).
+        let (r, _, _) = s.apply(&set(0, &["n1", "n2"], &["n2", "n1", "n3"]));
+        let Response::Members(Ok(v)) = r else { panic!("{r:?}") };
+        assert_eq!(
+            (v.members.len(), v.placement_epoch, v.handoff.clone()),
+            (3, 1, vec!["n1".into(), "n2".into()])
+        );
+        // No second change while shards move; a stale proposal is refused too.
+        assert!(matches!(
+            s.apply(&set(1, &[], &["n1"])).0,
+            Response::Members(Err(MemberRejection::HandoffUnderWay { .. }))
+        ));
+        assert!(matches!(
+            s.apply(&set(0, &[], &["n1"])).0,
+            Response::Members(Err(MemberRejection::StaleEpoch { current: 1, got: 0 }))
+        ));
+        // A report for another epoch or from a node not handing off changes nothing.
+        assert_eq!(s.apply(&Request::HandoffDone { node: "n1".into(), epoch: 0 }).1, vec![]);
+        assert_eq!(s.apply(&Request::HandoffDone { node: "n3".into(), epoch: 1 }).1, vec![]);
+        s.apply(&Request::HandoffDone { node: "n1".into(), epoch: 1 });
+        assert_eq!(s.handoff, vec!["n2".to_string()]);
+        s.apply(&Request::HandoffDone { node: "n2".into(), epoch: 1 });
+        assert!(s.handoff.is_empty() && s.previous.is_empty());
+        // After epoch 0 the state machine's own members are the previous ones.
+        s.apply(&set(1, &["ignored"], &["n1", "n3"]));
+        assert_eq!((s.previous.clone(), s.placement_epoch), (vec!["n1".into(), "n2".into(), "n3".into()], 2));
+        // Retried or empty proposals.
+        let mut t = MetaState::default();
+        assert!(matches!(t.apply(&set(0, &["a"], &["a"])).0, Response::Members(Ok(ref v)) if !v.changed));
+        assert!(matches!(
+            t.apply(&set(0, &["a"], &[])).0,
+            Response::Members(Err(MemberRejection::NoMembers))
+        ));
+        assert!(matches!(
+            t.apply(&set(0, &[], &["no spaces"])).0,
+            Response::Members(Err(MemberRejection::InvalidNode { .. }))
+        ));
     }
 
     fn any_request() -> impl Strategy<Value = Request> {
@@ -220,8 +299,8 @@ mod tests {
             ),
             (names.clone(), 0u64..1_000_000).prop_map(|(n, t)| counter(n, MetaCommand::Delete, t)),
             names.prop_map(|n| Request::ClearTombstone { name: name(n) }),
-            nodes.clone().prop_map(|n| Request::AddMember { node: n.into() }),
-            nodes.prop_map(|n| Request::RemoveMember { node: n.into() }),
+            (0u64..3, nodes.clone(), nodes.clone()).prop_map(|(e, a, b)| set(e, &[a], &[a, b])),
+            (nodes, 0u64..3).prop_map(|(n, epoch)| Request::HandoffDone { node: n.into(), epoch }),
         ]
     }
 

@@ -8,7 +8,7 @@
 //!   `apply_batch`. A restart therefore never re-applies an entry whose effect is
 //!   already stored, nor loses an effect whose entry counts as applied.
 //!   * `c/<name>` → `CounterMeta`, `t/<name>` → tombstone generations,
-//!   * `members` → `(Vec<String>, placement_epoch)`, `requests` → applied-request count,
+//!   * `members` → `(members, placement_epoch, previous, handoff)`, `requests` → applied-request count,
 //!   * `applied` → `Option<LogId>`, `membership` → `StoredMembership`.
 //! * tree [`SNAPSHOT_TREE`]: `current` → the last built or installed snapshot (its
 //!   meta and the encoded [`MetaState`]), `seq` → a counter that makes snapshot ids
@@ -150,7 +150,12 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
             KEY_APPLIED => applied.last_applied = decode("last applied log id", &value)?,
             KEY_MEMBERSHIP => applied.membership = decode("raft membership", &value)?,
             KEY_MEMBERS => {
-                (applied.state.members, applied.state.placement_epoch) = decode("members", &value)?;
+                (
+                    applied.state.members,
+                    applied.state.placement_epoch,
+                    applied.state.previous,
+                    applied.state.handoff,
+                ) = decode("members", &value)?;
             }
             KEY_REQUESTS => applied.state.applied_requests = decode("applied request count", &value)?,
             k if k.starts_with(PREFIX_COUNTER) => {
@@ -181,7 +186,8 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
             None => batch.remove(prefixed(PREFIX_TOMBSTONE, name)),
         },
         Touched::Members => {
-            batch.insert(KEY_MEMBERS, tally_core::codec::encode(&(&state.members, state.placement_epoch)))
+            let members = (&state.members, state.placement_epoch, &state.previous, &state.handoff);
+            batch.insert(KEY_MEMBERS, tally_core::codec::encode(&members))
         }
     }
 }

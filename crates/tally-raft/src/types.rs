@@ -66,15 +66,24 @@ pub enum Request {
         /// The deleted counter.
         name: CounterName,
     },
-    /// Add a data-plane node to the placement ring.
-    AddMember {
-        /// The node's data-plane id (e.g. `node1`).
-        node: String,
+    /// Replace the placement ring's members, if the placement epoch is still
+    /// `from_epoch` and no hand-off is under way. Every node of `previous` must then
+    /// hand off the shards it no longer owns and report [`Request::HandoffDone`].
+    SetMembers {
+        /// The epoch the proposer computed `members` from.
+        from_epoch: u64,
+        /// The members at `from_epoch` as the proposer knows them (at epoch 0 they
+        /// come from the shared config, which the state machine never sees).
+        previous: Vec<String>,
+        /// The new members.
+        members: Vec<String>,
     },
-    /// Remove a data-plane node from the placement ring.
-    RemoveMember {
-        /// The node's data-plane id.
+    /// `node` holds no shard it does not own at `epoch` any more.
+    HandoffDone {
+        /// The data-plane node.
         node: String,
+        /// The placement epoch it handed off for.
+        epoch: u64,
     },
 }
 
@@ -93,7 +102,7 @@ pub enum Response {
         /// Whether there was a tombstone to clear (false on a retried request).
         existed: bool,
     },
-    /// The answer to [`Request::AddMember`] and [`Request::RemoveMember`].
+    /// The answer to [`Request::SetMembers`] and [`Request::HandoffDone`].
     Members(Result<MembersView, MemberRejection>),
 }
 
@@ -109,12 +118,17 @@ impl Response {
 }
 
 /// The data plane's view of membership after a change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MembersView {
     /// Member node ids, sorted.
     pub members: Vec<String>,
     /// Bumped by every change of `members`; placement caches compare it.
     pub placement_epoch: u64,
+    /// The members before the last change, while a hand-off is under way.
+    pub previous: Vec<String>,
+    /// Nodes of `previous` that have not finished handing off yet; empty once the
+    /// change has settled.
+    pub handoff: Vec<String>,
     /// Whether the command changed anything (false when adding a present node or
     /// removing an absent one, e.g. on a retried request).
     pub changed: bool,
@@ -129,6 +143,23 @@ pub enum MemberRejection {
         /// The validator's explanation.
         reason: String,
     },
+    /// The members changed since the proposer looked.
+    #[error("membership changed meanwhile (placement epoch {current}, proposed from {got}); retry")]
+    StaleEpoch {
+        /// The current epoch.
+        current: u64,
+        /// The epoch the proposal was computed from.
+        got: u64,
+    },
+    /// The previous change is still moving shards.
+    #[error("shards are still moving after the last membership change (waiting for {waiting:?})")]
+    HandoffUnderWay {
+        /// Nodes that have not finished handing off.
+        waiting: Vec<String>,
+    },
+    /// A membership must keep at least one node.
+    #[error("the cluster must keep at least one member")]
+    NoMembers,
     /// The ring would grow past its node limit.
     #[error("the cluster already has {count} members; the limit is {max}")]
     TooManyMembers {
@@ -259,13 +290,8 @@ pub enum MetaChange {
     Counter(CounterName),
     /// The counter's tombstone was cleared.
     TombstoneCleared(CounterName),
-    /// Data-plane membership changed.
-    Members {
-        /// Member node ids, sorted.
-        members: Vec<String>,
-        /// The new placement epoch.
-        placement_epoch: u64,
-    },
+    /// Data-plane membership, or the progress of its hand-off, changed.
+    Members(MembersView),
     /// A snapshot replaced the whole state: anything may have changed, refresh
     /// everything.
     Reset,

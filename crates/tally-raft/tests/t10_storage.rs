@@ -65,7 +65,7 @@ async fn t12_state_machine_reopens_without_reapplying() {
                     now_ms: 12,
                 },
             ),
-            entry(4, Request::AddMember { node: "node1".into() }),
+            entry(4, Request::SetMembers { from_epoch: 0, previous: vec![], members: vec!["node1".into()] }),
         ];
         log.blocking_append(entries.clone()).await.unwrap();
         let replies = sm.apply(entries).await.unwrap();
@@ -90,7 +90,10 @@ async fn t13_snapshot_replaces_the_whole_state() {
     let (_d1, _l1, mut leader) = SledBuilder.build().await.unwrap();
     let (_d2, _l2, mut follower) = SledBuilder.build().await.unwrap();
     leader
-        .apply(vec![entry(1, put("kept", 3, 1)), entry(2, Request::AddMember { node: "n1".into() })])
+        .apply(vec![
+            entry(1, put("kept", 3, 1)),
+            entry(2, Request::SetMembers { from_epoch: 0, previous: vec![], members: vec!["n1".into()] }),
+        ])
         .await
         .unwrap();
     follower.apply(vec![entry(1, put("stale", 5, 1))]).await.unwrap();

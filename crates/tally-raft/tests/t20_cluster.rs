@@ -38,8 +38,16 @@ async fn t21_writes_through_every_node_converge() {
         let (meta, effect) = created.into_counter_result().unwrap().unwrap();
         assert_eq!(effect, MetaEffect::Created);
         assert_eq!(meta.unwrap().version, 1);
-        let added = node.write(Request::AddMember { node: format!("node{id}") }).await.unwrap();
+        let now = node.membership();
+        let mut members = now.members.clone();
+        members.push(format!("node{id}"));
+        let set = Request::SetMembers { from_epoch: now.placement_epoch, previous: vec![], members };
+        let added = node.write(set).await.unwrap();
         assert!(matches!(added, Response::Members(Ok(ref v)) if v.changed), "{added:?}");
+        for node_id in now.members {
+            let done = Request::HandoffDone { node: node_id, epoch: now.placement_epoch + 1 };
+            node.write(done).await.unwrap();
+        }
     }
 
     phase("a refusal is an applied result, not an error");
@@ -51,7 +59,7 @@ async fn t21_writes_through_every_node_converge() {
     assert_eq!(state.counters.len(), 3);
     assert_eq!(state.members, vec!["node1", "node2", "node3"]);
     assert_eq!(state.placement_epoch, 3);
-    assert_eq!(state.applied_requests, 7);
+    assert_eq!(state.applied_requests, 10);
     for id in cluster.running() {
         assert!(cluster.node(id).counter("c-2").is_some());
         assert_eq!(cluster.node(id).members(), (state.members.clone(), 3));
@@ -91,7 +99,8 @@ async fn t21_writes_through_every_node_converge() {
         heard.push(c);
     }
     assert_eq!(heard.iter().filter(|c| matches!(c, MetaChange::Counter(_))).count(), 3, "{heard:?}");
-    assert!(heard.contains(&MetaChange::Members { members: state.members.clone(), placement_epoch: 3 }));
+    assert!(heard.iter().any(|c| matches!(c, MetaChange::Members(v)
+        if v.members == state.members && v.placement_epoch == 3)));
 
     cluster.node(1).shutdown().await;
     cluster.node(2).shutdown().await;
@@ -155,9 +164,14 @@ async fn t23_full_restart_keeps_everything_and_applies_nothing_twice() {
     assert!(matches!(done, Response::Counter(Ok(_))), "{done:?}");
     n.write(counter("gone", MetaCommand::Ensure)).await.unwrap();
     n.write(counter("gone", MetaCommand::Delete)).await.unwrap();
-    n.write(Request::AddMember { node: "node-a".into() }).await.unwrap();
-    n.write(Request::AddMember { node: "node-b".into() }).await.unwrap();
-    n.write(Request::RemoveMember { node: "node-a".into() }).await.unwrap();
+    let set = |from_epoch, members: &[&str]| Request::SetMembers {
+        from_epoch,
+        previous: vec![],
+        members: members.iter().map(|m| m.to_string()).collect(),
+    };
+    n.write(set(0, &["node-a", "node-b"])).await.unwrap();
+    n.write(set(1, &["node-b"])).await.unwrap();
+    n.write(Request::HandoffDone { node: "node-a".into(), epoch: 2 }).await.unwrap();
     let before = cluster.wait_converged().await;
     assert_eq!(before.applied_requests, 8);
     assert_eq!(before.counters["r"].layout.base, 7);

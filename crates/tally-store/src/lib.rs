@@ -76,6 +76,11 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<(String, DedupRecord)>, StoreError>;
 
+    /// Up to `limit` ids of shards this store holds, starting after `after`
+    /// (exclusive) when given. The order is the store's own but stable, so paging
+    /// with the last id returned visits every shard once.
+    fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError>;
+
     /// Applies `write` to the shard atomically (all or nothing, across crashes too).
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError>;
 

@@ -259,6 +259,22 @@ impl Store for MemStore {
         Ok(inner.applied.shards.get(id).and_then(|s| s.dedup.get(event_id).copied()))
     }
 
+    fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError> {
+        let inner = self.inner.lock();
+        inner.check_open(self.incarnation)?;
+        let start = match after {
+            Some(after) => Bound::Excluded(after),
+            None => Bound::Unbounded,
+        };
+        Ok(inner
+            .applied
+            .shards
+            .range::<ShardId, _>((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+
     fn dedup_scan(
         &self,
         id: &ShardId,

@@ -161,6 +161,26 @@ fn shard_prefix(id: &ShardId) -> Vec<u8> {
     key
 }
 
+/// The shard whose prefix starts `key` (the inverse of [`shard_prefix`]).
+fn parse_prefix(key: &[u8]) -> Result<ShardId, StoreError> {
+    let corrupt = |reason: &str| {
+        StoreError::corrupt(
+            "shard key".to_string(),
+            codec::DecodeError { what: "shard key", reason: reason.to_string() },
+        )
+    };
+    let len = usize::from(u16::from_be_bytes(
+        key.get(..2).and_then(|b| b.try_into().ok()).ok_or_else(|| corrupt("short key"))?,
+    ));
+    let name = key.get(2..2 + len).ok_or_else(|| corrupt("short name"))?;
+    let name = std::str::from_utf8(name).map_err(|e| corrupt(&e.to_string()))?;
+    let rest = key.get(2 + len..2 + len + 6).ok_or_else(|| corrupt("short key"))?;
+    let generation = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+    let index = u16::from_be_bytes([rest[4], rest[5]]);
+    let counter = tally_core::CounterName::new(name).map_err(|e| corrupt(&e.to_string()))?;
+    Ok(ShardId::new(counter, generation, index))
+}
+
 /// Which of the [`SHARD_TREES`] trees holds the shard with key prefix `prefix`.
 fn tree_index(prefix: &[u8]) -> usize {
     // The result is below SHARD_TREES, so the cast cannot truncate.
@@ -223,6 +243,35 @@ impl Store for SledStore {
             Ok(None) => Ok(None),
             Err(e) => Err(StoreError::sled("dedup_get", e)),
         }
+    }
+
+    fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError> {
+        // Order: tree by tree, and by key within a tree. Each shard's keys are
+        // contiguous, so after one shard's image the scan jumps past its records.
+        let (mut tree, mut from) = match after {
+            Some(id) => {
+                let prefix = shard_prefix(id);
+                (tree_index(&prefix), Bound::Included(dedup_end(&prefix)))
+            }
+            None => (0, Bound::Unbounded),
+        };
+        let mut out = Vec::new();
+        while out.len() < limit && tree < SHARD_TREES {
+            let next = self.shards[tree].range::<Vec<u8>, _>((from.clone(), Bound::Unbounded)).next();
+            match next {
+                Some(entry) => {
+                    let (key, _) = entry.map_err(|e| StoreError::sled("shard_ids", e))?;
+                    let id = parse_prefix(&key)?;
+                    from = Bound::Included(dedup_end(&shard_prefix(&id)));
+                    out.push(id);
+                }
+                None => {
+                    tree += 1;
+                    from = Bound::Unbounded;
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn dedup_scan(

@@ -105,6 +105,24 @@ fn scan_paged(store: &dyn Store, id: &ShardId, page: usize) -> Vec<(String, Dedu
     }
 }
 
+/// Lists every shard the store holds, `page` at a time, sorted for comparison.
+fn shards_paged(store: &dyn Store, page: usize) -> Vec<ShardId> {
+    let mut out: Vec<ShardId> = Vec::new();
+    loop {
+        let batch = store.shard_ids(out.last(), page).unwrap();
+        assert!(batch.len() <= page);
+        let done = batch.len() < page;
+        out.extend(batch);
+        if done {
+            let n = out.len();
+            out.sort();
+            out.dedup();
+            assert_eq!(out.len(), n, "no shard is listed twice");
+            return out;
+        }
+    }
+}
+
 /// Reads back every metadata entry under `prefix` `page` at a time.
 fn meta_paged(store: &dyn Store, prefix: &[u8], page: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
@@ -134,6 +152,10 @@ fn check(store: &dyn Store, model: &Model, label: &str) {
         assert_eq!(scan_paged(store, &id, 2), expected, "{label}: paged scan {id}");
         assert_eq!(store.dedup_scan(&id, None, 0).unwrap(), vec![], "{label}: limit 0");
     }
+    let mut held: Vec<ShardId> = model.shards.keys().map(|k| shard_id(*k)).collect();
+    held.sort();
+    assert_eq!(shards_paged(store, usize::MAX), held, "{label}: shard ids");
+    assert_eq!(shards_paged(store, 2), held, "{label}: paged shard ids");
     for key in META_KEYS {
         assert_eq!(store.meta_get(key).unwrap(), model.meta.get(key).cloned(), "{label}: meta {key:?}");
     }
