@@ -28,7 +28,7 @@ use tally_engine::{
     Catalog, EngineParts, Generations, Placement, ShardRequest, ShardResponse, SledConfig, SledStore,
     SystemClock, Tally, TallyConfig, TallyError,
 };
-use tally_raft::{MetaChange, MetaRaft, MetaRaftConfig, RaftStorage, Rejection, Request};
+use tally_raft::{MembersView, MetaChange, MetaRaft, MetaRaftConfig, RaftStorage, Rejection, Request};
 use tally_transport::{Handler, PeerState, Transport, TransportConfig};
 
 /// One node of the cluster as every node's config lists it.
@@ -44,6 +44,10 @@ pub struct Member {
     pub peer: SocketAddr,
     /// Raft RPC address.
     pub raft: SocketAddr,
+    /// Whether the node holds shards from the start (placement epoch 0). A node
+    /// listed with `false` runs, votes in the metadata group and serves requests,
+    /// but holds shards only once a membership change adds it.
+    pub initial: bool,
 }
 
 /// Everything a cluster node is started from.
@@ -155,21 +159,77 @@ impl Catalog for RaftCatalog {
     }
 }
 
+/// The placement a node has applied: the ring of the current members and, while a
+/// membership change is being handed off, the ring before it.
+struct PlacementView {
+    epoch: u64,
+    members: Vec<String>,
+    ring: Ring,
+    previous: Option<Ring>,
+    handoff: Vec<String>,
+}
+
+impl PlacementView {
+    /// The view of `membership`; before the first change (epoch 0) the members are
+    /// the config's initial ones, which every node shares.
+    fn new(config: &ClusterNodeConfig, membership: &MembersView) -> Self {
+        let ring_of = |ids: &[String]| Ring::new(ids.iter().map(NodeId::new), config.vnodes_per_node);
+        let members = if membership.placement_epoch == 0 {
+            initial_members(config)
+        } else {
+            membership.members.clone()
+        };
+        let previous = (!membership.handoff.is_empty()).then(|| ring_of(&membership.previous));
+        Self {
+            epoch: membership.placement_epoch,
+            ring: ring_of(&members),
+            members,
+            previous,
+            handoff: membership.handoff.clone(),
+        }
+    }
+}
+
+fn initial_members(config: &ClusterNodeConfig) -> Vec<String> {
+    let mut ids: Vec<String> = config.members.iter().filter(|m| m.initial).map(|m| m.id.clone()).collect();
+    ids.sort();
+    ids
+}
+
 /// Shard ownership by consistent hashing, and the way to the owners.
 pub struct RingPlacement {
     me: NodeId,
-    ring: Ring,
+    view: parking_lot::RwLock<Arc<PlacementView>>,
     transport: Transport,
     call_timeout: Duration,
 }
 
+impl RingPlacement {
+    fn view(&self) -> Arc<PlacementView> {
+        self.view.read().clone()
+    }
+}
+
 impl Placement for RingPlacement {
     fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
-        self.ring.owner(id).filter(|owner| **owner != self.me).cloned()
+        self.view().ring.owner(id).filter(|owner| **owner != self.me).cloned()
     }
 
     fn local_node(&self) -> NodeId {
         self.me.clone()
+    }
+
+    fn previous_owner(&self, id: &ShardId) -> Option<(NodeId, u64)> {
+        let view = self.view();
+        let previous = view.previous.as_ref()?;
+        if view.ring.owner(id)? != &self.me {
+            return None;
+        }
+        previous.owner(id).filter(|before| **before != self.me).map(|before| (before.clone(), view.epoch))
+    }
+
+    fn epoch(&self) -> u64 {
+        self.view().epoch
     }
 
     fn call<'a>(
@@ -189,6 +249,11 @@ impl Placement for RingPlacement {
         })
     }
 }
+
+/// First pause between hand-off passes that left shards behind.
+pub const HANDOFF_RETRY_MIN_MS: u64 = 100;
+/// Longest pause between hand-off passes.
+pub const HANDOFF_RETRY_MAX_MS: u64 = 2_000;
 
 /// Serves other nodes' shard requests with the local engine.
 struct ShardHandler {
@@ -232,8 +297,28 @@ pub struct ClusterNode {
     tally: Tally,
     raft: Arc<MetaRaft>,
     transport: Transport,
+    placement: Arc<RingPlacement>,
     config: Arc<ClusterNodeConfig>,
+    /// Set while this node's hand-off task runs.
+    handing_off: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// Why a membership change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    /// The node is not in the cluster config's address book.
+    #[error("node {0:?} is not one of cluster.nodes")]
+    UnknownNode(String),
+    /// The metadata group refused the change.
+    #[error("{0}")]
+    Refused(tally_raft::MemberRejection),
+    /// The metadata group could not be reached.
+    #[error("metadata group unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Attempts at a membership change that keeps meeting concurrent changes.
+pub const MEMBERSHIP_ATTEMPTS_MAX: usize = 5;
 
 impl ClusterNode {
     /// Starts this node: its raft member, its transport and its engine.
@@ -271,10 +356,10 @@ impl ClusterNode {
         };
         let transport = Transport::start(transport_cfg, handler.clone()).await?;
 
-        let ring = Ring::new(config.members.iter().map(|m| NodeId::new(&m.id)), config.vnodes_per_node);
+        let view = PlacementView::new(&config, &raft.membership());
         let placement = Arc::new(RingPlacement {
             me: NodeId::new(&me.id),
-            ring,
+            view: parking_lot::RwLock::new(Arc::new(view)),
             transport: transport.clone(),
             call_timeout: Duration::from_millis(config.engine.call_timeout_ms),
         });
@@ -286,14 +371,24 @@ impl ClusterNode {
             clock: Arc::new(SystemClock),
             config: engine_cfg,
             catalog: Some(Arc::new(RaftCatalog { raft: raft.clone() })),
-            placement: Some(placement),
+            placement: Some(placement.clone()),
         })
         .await?;
         let _ = handler.engine.set(tally.clone());
+        let node = Self {
+            tally: tally.clone(),
+            raft: raft.clone(),
+            transport,
+            placement,
+            config: Arc::new(config),
+            handing_off: Default::default(),
+        };
 
-        // Metadata changed elsewhere: rebuild this node's view of the counter.
+        // Metadata changed elsewhere: rebuild this node's view of the counter, or of
+        // the placement (and hand off what it no longer owns).
         let mut changes = raft.subscribe();
         let engine = tally.clone();
+        let watcher = node.clone();
         tokio::spawn(async move {
             loop {
                 match changes.recv().await {
@@ -302,16 +397,136 @@ impl ClusterNode {
                             tracing::warn!(counter = %name, error = %e, "cannot apply a metadata change");
                         }
                     }
+                    Ok(MetaChange::Members(_) | MetaChange::Reset) => watcher.membership_changed(),
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(missed = n, "metadata change feed lagged; shards re-read on demand");
+                        watcher.membership_changed();
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
             }
         });
-        tracing::info!(node = %me.id, members = config.members.len(), "cluster node started");
-        Ok(Self { tally, raft, transport, config: Arc::new(config) })
+        // A hand-off a restart interrupted goes on.
+        node.membership_changed();
+        tracing::info!(node = %me.id, nodes = node.config.members.len(), "cluster node started");
+        Ok(node)
+    }
+
+    /// Applies the membership the metadata group holds, and starts handing off the
+    /// shards this node no longer owns if the change waits for it.
+    fn membership_changed(&self) {
+        let membership = self.raft.membership();
+        let view = PlacementView::new(&self.config, &membership);
+        let epoch = view.epoch;
+        let waits_for_me = view.handoff.iter().any(|n| *n == self.config.node_id);
+        {
+            let mut current = self.placement.view.write();
+            if view.epoch >= current.epoch {
+                *current = Arc::new(view);
+            }
+        }
+        if waits_for_me && !self.handing_off.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let node = self.clone();
+            tokio::spawn(async move {
+                node.hand_off(epoch).await;
+                node.handing_off.store(false, std::sync::atomic::Ordering::SeqCst);
+                // A change that arrived meanwhile may wait for this node again.
+                if node.raft.membership().placement_epoch != epoch {
+                    node.membership_changed();
+                }
+            });
+        }
+    }
+
+    /// Hands off every shard this node no longer owns at `epoch`, retrying until
+    /// all are adopted, then reports it to the metadata group.
+    async fn hand_off(&self, epoch: u64) {
+        let me = self.config.node_id.clone();
+        let mut backoff = Duration::from_millis(HANDOFF_RETRY_MIN_MS);
+        loop {
+            let m = self.raft.membership();
+            if m.placement_epoch != epoch || !m.handoff.contains(&me) {
+                return;
+            }
+            match self.tally.hand_off_foreign(epoch).await {
+                Ok(report) if report.failed == 0 => {
+                    let done = Request::HandoffDone { node: me.clone(), epoch };
+                    match self.raft.write(done).await {
+                        Ok(_) => {
+                            tracing::info!(epoch, moved = report.moved, "hand-off complete");
+                            return;
+                        }
+                        Err(e) => tracing::warn!(epoch, error = %e, "cannot report the hand-off; retrying"),
+                    }
+                }
+                Ok(report) => {
+                    tracing::info!(epoch, moved = report.moved, failed = report.failed, "hand-off retries")
+                }
+                Err(e) => tracing::warn!(epoch, error = %e, "hand-off pass failed; retrying"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(HANDOFF_RETRY_MAX_MS));
+        }
+    }
+
+    /// Adds `id` (a node of the config's address book) to the placement ring.
+    pub async fn add_member(&self, id: &str) -> Result<MembersView, MembershipError> {
+        self.change_members(|members| {
+            if !members.iter().any(|m| m == id) {
+                members.push(id.to_string());
+            }
+        })
+        .await
+    }
+
+    /// Removes `id` from the placement ring; its shards move to the others.
+    pub async fn remove_member(&self, id: &str) -> Result<MembersView, MembershipError> {
+        self.change_members(|members| members.retain(|m| m != id)).await
+    }
+
+    async fn change_members(
+        &self,
+        change: impl Fn(&mut Vec<String>),
+    ) -> Result<MembersView, MembershipError> {
+        let mut last = None;
+        for _ in 0..MEMBERSHIP_ATTEMPTS_MAX {
+            let current = self.raft.membership();
+            let previous = PlacementView::new(&self.config, &current).members;
+            let mut members = previous.clone();
+            change(&mut members);
+            for m in &members {
+                if !self.config.members.iter().any(|c| c.id == *m) {
+                    return Err(MembershipError::UnknownNode(m.clone()));
+                }
+            }
+            let request = Request::SetMembers {
+                from_epoch: current.placement_epoch,
+                previous,
+                members: members.clone(),
+            };
+            let response =
+                self.raft.write(request).await.map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+            match response {
+                tally_raft::Response::Members(Ok(view)) => {
+                    self.membership_changed();
+                    return Ok(view);
+                }
+                tally_raft::Response::Members(Err(e @ tally_raft::MemberRejection::StaleEpoch { .. })) => {
+                    last = Some(e);
+                }
+                tally_raft::Response::Members(Err(e)) => return Err(MembershipError::Refused(e)),
+                other => return Err(MembershipError::Unavailable(format!("unexpected answer {other:?}"))),
+            }
+        }
+        Err(MembershipError::Refused(last.expect("at least one attempt")))
+    }
+
+    /// The placement members (sorted), the placement epoch, and the nodes still
+    /// handing off after the last change.
+    pub fn placement(&self) -> (Vec<String>, u64, Vec<String>) {
+        let v = self.placement.view();
+        (v.members.clone(), v.epoch, v.handoff.clone())
     }
 
     /// The node's engine (every counter is served through it).

@@ -143,6 +143,10 @@ pub(crate) struct Ctx {
     pub(crate) incarnation: u64,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
     pub(crate) closing: AtomicBool,
+    /// Shards adopted after a membership change, by placement epoch.
+    pub(crate) adopted: dashmap::DashSet<(u64, ShardId)>,
+    /// One adoption at a time per shard.
+    pub(crate) adopting: DashMap<ShardId, Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl Ctx {
@@ -414,6 +418,7 @@ impl Ctx {
         if let Some(a) = self.directory.get(id) {
             return Ok(a.clone());
         }
+        self.ensure_local(id).await?;
         let sup = self.supervisor.get().ok_or(TallyError::ShuttingDown)?;
         let (tx, rx) = ractor::concurrency::oneshot();
         sup.send_message(SupervisorMsg::Spawn { id: id.clone(), meta: meta.clone(), reply: tx.into() })
@@ -442,7 +447,10 @@ impl Ctx {
     /// The committed state of a shard, wherever it lives.
     pub(crate) async fn read_shard(&self, id: &ShardId) -> Result<tally_store::ShardImage, TallyError> {
         match self.remote(id) {
-            None => Ok(self.store.load_shard(id)?),
+            None => {
+                self.ensure_local(id).await?;
+                Ok(self.store.load_shard(id)?)
+            }
             Some((p, node)) => match p.call(&node, ShardRequest::Read { id: id.clone() }).await? {
                 ShardResponse::Image(image) => Ok(image),
                 other => Err(unexpected(&node, id, other)),
@@ -457,7 +465,10 @@ impl Ctx {
         event_id: &str,
     ) -> Result<Option<tally_core::dedup::DedupRecord>, TallyError> {
         match self.remote(id) {
-            None => Ok(self.store.dedup_get(id, event_id)?),
+            None => {
+                self.ensure_local(id).await?;
+                Ok(self.store.dedup_get(id, event_id)?)
+            }
             Some((p, node)) => {
                 let request = ShardRequest::DedupGet { id: id.clone(), event_id: event_id.to_string() };
                 match p.call(&node, request).await? {
@@ -509,11 +520,12 @@ impl Ctx {
                 other => Err(unexpected(&node, id, other)),
             };
         }
-        self.merge_sketch_local(id, &sketch)
+        self.merge_sketch_local(id, &sketch).await
     }
 
     /// Merges a sketch into the local store's copy of shard `id`.
-    pub(crate) fn merge_sketch_local(&self, id: &ShardId, sketch: &[u8]) -> Result<(), TallyError> {
+    pub(crate) async fn merge_sketch_local(&self, id: &ShardId, sketch: &[u8]) -> Result<(), TallyError> {
+        self.ensure_local(id).await?;
         let incoming = DistinctSketch::from_bytes(sketch).map_err(|e| unavailable(id, &e.to_string()))?;
         let mut image = self.store.load_shard(id)?;
         let mut merged = match &image.sketch {
@@ -727,6 +739,8 @@ impl Ctx {
 
     /// Stops the local actor of shard `id` and deletes its data.
     pub(crate) async fn delete_local(&self, id: &ShardId) -> Result<(), TallyError> {
+        // Adopt first, so the previous owner deletes its copy in its hand-off.
+        self.ensure_local(id).await?;
         if let Some(sup) = self.supervisor.get() {
             let (tx, rx) = ractor::concurrency::oneshot();
             if sup.send_message(SupervisorMsg::Stop { id: id.clone(), reply: tx.into() }).is_ok() {

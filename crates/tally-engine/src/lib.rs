@@ -13,6 +13,7 @@
 //! * `rollup.rs` — caches totals for constant-cost reads.
 //! * `reconciler.rs` — corrects drift against an authoritative total.
 //! * `reshard.rs` — changes a live counter's shard count by generations.
+//! * `handoff.rs` — shards move to their new owner after a membership change.
 //! * `flusher.rs` — the commit path: applies every shard write, then one fsync serves
 //!   every waiting write (group commit).
 //! * `catalog.rs` — counter metadata in the node's store.
@@ -31,6 +32,7 @@ mod config;
 mod ctx;
 mod error;
 mod flusher;
+mod handoff;
 mod placement;
 mod read;
 mod reconciler;
@@ -47,6 +49,7 @@ pub use catalog::{Catalog, Generations, LocalCatalog};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
 pub use error::TallyError;
+pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};
 pub use placement::{Placement, ShardRequest, ShardResponse};
 pub use read::skew;
 pub use shard::ShardReply;

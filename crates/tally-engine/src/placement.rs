@@ -59,6 +59,39 @@ pub enum ShardRequest {
         /// The encoded sketch.
         sketch: Vec<u8>,
     },
+    /// From the shard's new owner after a membership change: stop serving the shard
+    /// and answer its state with a page of dedup records (those after `after`).
+    HandOff {
+        /// The shard.
+        id: ShardId,
+        /// The placement epoch of the change.
+        epoch: u64,
+        /// The last event id of the previous page.
+        after: Option<String>,
+    },
+    /// From the shard's previous owner: take the shard over now.
+    Adopt {
+        /// The shard.
+        id: ShardId,
+        /// The placement epoch of the change.
+        epoch: u64,
+    },
+}
+
+impl ShardRequest {
+    /// The shard the request is about.
+    pub fn shard(&self) -> &ShardId {
+        match self {
+            ShardRequest::Submit { id, .. }
+            | ShardRequest::Read { id }
+            | ShardRequest::Seal { id, .. }
+            | ShardRequest::DedupGet { id, .. }
+            | ShardRequest::Delete { id }
+            | ShardRequest::MergeSketch { id, .. }
+            | ShardRequest::HandOff { id, .. }
+            | ShardRequest::Adopt { id, .. } => id,
+        }
+    }
 }
 
 /// The owner's answer.
@@ -72,6 +105,15 @@ pub enum ShardResponse {
     Record(Option<DedupRecord>),
     /// Done.
     Done,
+    /// A shard handed off: its state and a page of its dedup records.
+    HandedOff {
+        /// The shard's state.
+        image: ShardImage,
+        /// Dedup records, in event-id order.
+        records: Vec<(String, DedupRecord)>,
+        /// Whether more records follow (ask again after the last one).
+        more: bool,
+    },
     /// The owner could not serve the request; retrying may succeed.
     Failed {
         /// The engine's error code.
@@ -87,6 +129,16 @@ pub trait Placement: Send + Sync + 'static {
     fn remote_owner(&self, id: &ShardId) -> Option<NodeId>;
     /// This node's name.
     fn local_node(&self) -> NodeId;
+    /// While a membership change is being handed off: the node that owned `id`
+    /// before it, if this node owns `id` now and did not then, with the placement
+    /// epoch of the change. `None` when there is nothing to take over.
+    fn previous_owner(&self, _id: &ShardId) -> Option<(NodeId, u64)> {
+        None
+    }
+    /// The placement epoch this node has applied (0 for a fixed placement).
+    fn epoch(&self) -> u64 {
+        0
+    }
     /// Carries `request` to `node` and returns its answer (with a timeout).
     fn call<'a>(
         &'a self,

@@ -119,4 +119,6 @@ pub struct Stats {
     pub shard_activations: Count,
     /// Shard actors stopped for idleness.
     pub shard_retirements: Count,
+    /// Shards this node took over from their previous owner after a membership change.
+    pub shards_adopted: Count,
 }

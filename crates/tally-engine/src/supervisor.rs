@@ -140,6 +140,11 @@ impl SupervisorState {
         if let Some(a) = ctx.directory.get(&id) {
             return Ok(a.clone());
         }
+        // Only the owner runs a shard: once a membership change has moved it, this
+        // node never starts it again (its hand-off relies on that).
+        if let Some((_, owner)) = ctx.remote(&id) {
+            return Err(crate::ctx::unavailable(&id, &format!("{owner} owns it now")));
+        }
         // Start from the newest metadata this node knows.
         let meta = ctx
             .registry

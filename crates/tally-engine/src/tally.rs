@@ -9,6 +9,7 @@ use crate::config::TallyConfig;
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::flusher::Flusher;
+use crate::handoff::HandoffReport;
 use crate::placement::{Placement, ShardRequest, ShardResponse};
 use crate::reconciler::{Reconciler, ReconcilerMsg};
 use crate::rollup::{Rollup, RollupMsg};
@@ -118,6 +119,8 @@ impl Tally {
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
             closing: Default::default(),
+            adopted: Default::default(),
+            adopting: Default::default(),
         });
         let weak = Arc::downgrade(&ctx);
         let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
@@ -351,18 +354,36 @@ impl Tally {
     async fn serve(&self, request: ShardRequest) -> Result<ShardResponse, TallyError> {
         let ctx = &self.ctx;
         match request {
+            ShardRequest::HandOff { id, epoch, after } => {
+                let (image, records, more) = ctx.hand_off(&id, epoch, after.as_deref()).await?;
+                return Ok(ShardResponse::HandedOff { image, records, more });
+            }
+            ShardRequest::Adopt { id, epoch } => {
+                ctx.adopt(&id, epoch).await?;
+                return Ok(ShardResponse::Done);
+            }
+            _ => {}
+        }
+        // Every other request is for the shard's owner; a sender with an older view
+        // of the membership learns it here and retries.
+        if let Some((_, owner)) = ctx.remote(request.shard()) {
+            let reason = format!("{owner} owns it now (this node has applied a newer membership)");
+            return Err(crate::ctx::unavailable(request.shard(), &reason));
+        }
+        match request {
+            ShardRequest::HandOff { .. } | ShardRequest::Adopt { .. } => unreachable!("answered above"),
             ShardRequest::Submit { id, meta_version, sub } => {
                 let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
                 let rx = ctx.send_local(&id, &rt.meta, sub).await?;
                 Ok(ShardResponse::Reply(ctx.await_reply(&id, rx).await?))
             }
-            ShardRequest::Read { id } => Ok(ShardResponse::Image(ctx.store.load_shard(&id)?)),
+            ShardRequest::Read { id } => Ok(ShardResponse::Image(ctx.read_shard(&id).await?)),
             ShardRequest::Seal { id, meta_version } => {
                 let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
                 Ok(ShardResponse::Image(ctx.seal_local(&id, &rt.meta).await?))
             }
             ShardRequest::DedupGet { id, event_id } => {
-                Ok(ShardResponse::Record(ctx.store.dedup_get(&id, &event_id)?))
+                Ok(ShardResponse::Record(ctx.dedup_get(&id, &event_id).await?))
             }
             ShardRequest::Delete { id } => {
                 ctx.delete_local(&id).await?;
@@ -370,10 +391,17 @@ impl Tally {
                 Ok(ShardResponse::Done)
             }
             ShardRequest::MergeSketch { id, sketch } => {
-                ctx.merge_sketch_local(&id, &sketch)?;
+                ctx.merge_sketch_local(&id, &sketch).await?;
                 Ok(ShardResponse::Done)
             }
         }
+    }
+
+    /// Hands every shard this node holds but no longer owns at placement epoch
+    /// `epoch` to its new owner, deleting each copy once the owner has it durably.
+    /// A report with failures is retried by calling again.
+    pub async fn hand_off_foreign(&self, epoch: u64) -> Result<HandoffReport, TallyError> {
+        crate::handoff::hand_off_foreign(&self.ctx, epoch).await
     }
 
     /// Tells the engine that a counter's metadata changed in a replicated catalog (on

@@ -3,15 +3,18 @@
 //! `tally-cluster`: replicated metadata, ring placement and node-to-node calls.
 
 use crate::config::Config;
+use crate::http::error::ApiError;
 use crate::metrics::{engine_metrics, PromWriter};
 use crate::service::{ClusterView, NodeState, NodeView, Service};
+use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tally_cluster::{ClusterError, ClusterNode, ClusterNodeConfig, Member};
+use tally_cluster::{ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
 use tally_engine::{
     Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
     ShardsReport, SpecPatch, TallyError, ValueRead,
 };
+use tally_raft::MemberRejection;
 
 /// A cluster node behind the HTTP API. Cheap to clone.
 #[derive(Clone)]
@@ -37,6 +40,7 @@ pub fn cluster_node_config(config: &Config) -> ClusterNodeConfig {
                 http: n.http,
                 peer: n.peer,
                 raft: n.raft,
+                initial: n.member,
             })
             .collect(),
         secret: c.secret.clone(),
@@ -110,11 +114,13 @@ impl Service for ClusterService {
     }
 
     async fn cluster(&self) -> ClusterView {
+        let (members, placement_epoch, handoff) = self.node.placement();
         let nodes = self
             .node
             .members()
             .into_iter()
             .map(|m| NodeView {
+                member: members.contains(&m.id),
                 id: m.id,
                 state: match m.state {
                     "up" => NodeState::Up,
@@ -124,7 +130,31 @@ impl Service for ClusterService {
                 http: m.http.to_string(),
             })
             .collect();
-        ClusterView { nodes, leader: self.node.leader(), term: self.node.term() }
+        ClusterView { nodes, leader: self.node.leader(), term: self.node.term(), placement_epoch, handoff }
+    }
+
+    async fn change_membership(&self, id: &str, add: bool) -> Result<ClusterView, ApiError> {
+        let changed = if add { self.node.add_member(id).await } else { self.node.remove_member(id).await };
+        match changed {
+            Ok(_) => Ok(self.cluster().await),
+            Err(MembershipError::UnknownNode(n)) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "node_not_found",
+                format!("node {n:?} is not one of cluster.nodes"),
+            )),
+            Err(MembershipError::Refused(e @ MemberRejection::HandoffUnderWay { .. })) => {
+                Err(ApiError::new(StatusCode::CONFLICT, "membership_change_in_progress", e.to_string()))
+            }
+            Err(MembershipError::Refused(e @ MemberRejection::StaleEpoch { .. })) => {
+                Err(ApiError::new(StatusCode::CONFLICT, "membership_changed", e.to_string()))
+            }
+            Err(MembershipError::Refused(e)) => {
+                Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_membership", e.to_string()))
+            }
+            Err(e @ MembershipError::Unavailable(_)) => {
+                Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable", e.to_string()))
+            }
+        }
     }
 
     fn metrics_text(&self) -> String {
@@ -134,6 +164,14 @@ impl Service for ClusterService {
         let is_leader = if leader.as_deref() == Some(&*self.node_id) { 1.0 } else { 0.0 };
         w.gauge("tally_raft_leader", "1 when this node leads the metadata group.", &[(&[], is_leader)]);
         w.gauge("tally_raft_term", "The metadata group's raft term.", &[(&[], self.node.term() as f64)]);
+        let (members, epoch, handoff) = self.node.placement();
+        w.gauge("tally_placement_epoch", "Membership changes applied.", &[(&[], epoch as f64)]);
+        w.gauge("tally_placement_members", "Nodes holding shards.", &[(&[], members.len() as f64)]);
+        w.gauge(
+            "tally_handoff_pending_nodes",
+            "Nodes still handing off shards after the last membership change.",
+            &[(&[], handoff.len() as f64)],
+        );
         w.gauge(
             "tally_connected_peers",
             "Peers with a healthy node-to-node session.",

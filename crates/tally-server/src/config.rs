@@ -87,6 +87,9 @@ pub enum ConfigError {
         /// What is wrong with it.
         source: NameError,
     },
+    /// Every entry of `cluster.nodes` says `member = false`.
+    #[error("cluster.nodes: at least one node must start as a member (member = true, the default)")]
+    NoInitialMember,
     /// Two entries of `cluster.nodes` share an id.
     #[error("cluster.nodes: node id {0:?} appears more than once")]
     DuplicateNodeId(String),
@@ -215,6 +218,15 @@ pub struct NodeEntry {
     pub peer: SocketAddr,
     /// The raft RPC address.
     pub raft: SocketAddr,
+    /// Whether the node holds shards from the start. `false` lists a spare: it
+    /// runs and votes in the metadata group, and holds shards once added with
+    /// `PUT /v1/cluster/members/{id}` (`tally cluster add`).
+    #[serde(default = "default_member")]
+    pub member: bool,
+}
+
+fn default_member() -> bool {
+    true
 }
 
 /// The per-node section: who this node is.
@@ -581,6 +593,9 @@ impl ClusterConfig {
         if self.nodes.is_empty() || self.nodes.len() > NODES_MAX {
             return Err(ConfigError::NodeCount { got: self.nodes.len(), max: NODES_MAX });
         }
+        if !self.nodes.iter().any(|n| n.member) {
+            return Err(ConfigError::NoInitialMember);
+        }
         let mut ids = BTreeSet::new();
         let mut raft_ids = BTreeSet::new();
         let mut addrs: BTreeMap<SocketAddr, String> = BTreeMap::new();
@@ -699,6 +714,7 @@ mod tests {
                     http: SocketAddr::from(([127, 0, 0, 1], 10_000 + i)),
                     peer: SocketAddr::from(([127, 0, 0, 1], 20_000 + i)),
                     raft: SocketAddr::from(([127, 0, 0, 1], 30_000 + i)),
+                    member: true,
                 })
                 .collect();
         });
@@ -721,6 +737,17 @@ mod tests {
         // Within one node, too.
         let err = refused(|c| c.cluster.nodes[0].raft = c.cluster.nodes[0].peer);
         assert!(matches!(err, ConfigError::DuplicateAddress { .. }), "{err}");
+    }
+
+    #[test]
+    fn spares_are_allowed_but_someone_must_hold_shards() {
+        let err = refused(|c| c.cluster.nodes.iter_mut().for_each(|n| n.member = false));
+        assert_eq!(err, ConfigError::NoInitialMember);
+        let mut spare = good();
+        let before = spare.cluster.fingerprint();
+        spare.cluster.nodes[1].member = false;
+        spare.validate().expect("a spare node is valid");
+        assert_ne!(spare.cluster.fingerprint(), before, "the fingerprint covers who starts as a member");
     }
 
     #[test]

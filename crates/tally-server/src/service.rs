@@ -5,6 +5,7 @@
 //! forwards to remote shards tomorrow. An implementation answers in the engine's
 //! types and errors; the router owns everything about HTTP and JSON.
 
+use crate::http::error::ApiError;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use tally_engine::{
@@ -65,6 +66,14 @@ pub trait Service: Clone + Send + Sync + 'static {
     /// The cluster as this node sees it.
     fn cluster(&self) -> impl Future<Output = ClusterView> + Send;
 
+    /// Adds node `id` to the placement ring (`add`) or removes it; shards move to
+    /// their new owners in the background. Answers the cluster view after the change.
+    fn change_membership(
+        &self,
+        id: &str,
+        add: bool,
+    ) -> impl Future<Output = Result<ClusterView, ApiError>> + Send;
+
     /// This node's operational signals in the Prometheus text exposition format
     /// (HELP and TYPE lines included; the router appends its own HTTP signals).
     fn metrics_text(&self) -> String;
@@ -97,6 +106,8 @@ pub struct NodeView {
     pub state: NodeState,
     /// Its public HTTP address, so clients can find the other nodes.
     pub http: String,
+    /// Whether the node is a placement member (holds shards).
+    pub member: bool,
 }
 
 /// The answer of `GET /v1/cluster`: membership, health and the metadata leader.
@@ -108,4 +119,9 @@ pub struct ClusterView {
     pub leader: Option<String>,
     /// The raft term of that knowledge.
     pub term: u64,
+    /// Bumped by every membership change.
+    pub placement_epoch: u64,
+    /// Nodes still handing off shards after the last membership change; empty once
+    /// it has settled.
+    pub handoff: Vec<String>,
 }

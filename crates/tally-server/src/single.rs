@@ -3,8 +3,10 @@
 //! nothing crosses a network except the HTTP request itself.
 
 use crate::config::{Config, ConfigError, NodeEntry};
+use crate::http::error::ApiError;
 use crate::metrics::{engine_metrics, PromWriter};
 use crate::service::{ClusterView, NodeState, NodeView, Service};
+use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_engine::{
@@ -112,10 +114,21 @@ impl Service for SingleNode {
                 id: self.node.id.clone(),
                 state: NodeState::Up,
                 http: self.node.http.to_string(),
+                member: true,
             }],
             leader: Some(self.node.id.clone()),
             term: 0,
+            placement_epoch: 0,
+            handoff: Vec::new(),
         }
+    }
+
+    async fn change_membership(&self, _id: &str, _add: bool) -> Result<ClusterView, ApiError> {
+        Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_a_cluster",
+            "this node runs alone (a one-node config); membership changes need a cluster config",
+        ))
     }
 
     fn metrics_text(&self) -> String {

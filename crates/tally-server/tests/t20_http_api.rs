@@ -224,8 +224,14 @@ async fn distinct_shards_reconcile_and_cluster_answer_their_documented_shapes() 
     assert_eq!(c.status, 200);
     assert_eq!(
         c.json(),
-        json!({"nodes": [{"id": "node1", "state": "up", "http": "127.0.0.1:7070"}], "leader": "node1", "term": 0})
+        json!({
+            "nodes": [{"id": "node1", "state": "up", "http": "127.0.0.1:7070", "member": true}],
+            "leader": "node1", "term": 0, "placement_epoch": 0, "handoff": []
+        })
     );
+    // A single node has no membership to change.
+    call(&app, "PUT", "/v1/cluster/members/node2", None).await.assert_error(409, "not_a_cluster");
+    call(&app, "DELETE", "/v1/cluster/members/node1", None).await.assert_error(409, "not_a_cluster");
     node.shutdown().await.expect("shutdown");
 }
 

@@ -13,6 +13,8 @@
 //! | `GET /v1/counters/{name}/shards` | `shards` |
 //! | `POST /v1/counters/{name}/reconcile` | `reconcile` |
 //! | `GET /v1/cluster` | `cluster` |
+//! | `PUT /v1/cluster/members/{id}` | `add_member`: the cluster after adding the node |
+//! | `DELETE /v1/cluster/members/{id}` | `remove_member`: the cluster after removing it |
 //! | `GET /metrics` | `metrics`: Prometheus text |
 //! | `GET /healthz` | `healthz`: 200 while the node serves |
 //!
@@ -88,6 +90,7 @@ pub fn router<S: Service>(svc: S, limits: &HttpConfig) -> Router {
         .route("/v1/counters/{name}/shards", get(shards::<S>))
         .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
         .route("/v1/cluster", get(cluster::<S>))
+        .route("/v1/cluster/members/{id}", put(add_member::<S>).delete(remove_member::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/healthz", get(healthz::<S>))
         .fallback(not_found)
@@ -262,6 +265,26 @@ async fn reconcile<S: Service>(
 #[tracing::instrument(name = "cluster", skip_all)]
 async fn cluster<S: Service>(State(st): State<AppState<S>>) -> Json<ClusterView> {
     Json(st.svc.cluster().await)
+}
+
+/// `PUT /v1/cluster/members/{id}`: the node joins the placement ring; shards move
+/// to it in the background (`handoff` lists the nodes still moving them).
+#[tracing::instrument(name = "add_member", skip_all)]
+async fn add_member<S: Service>(
+    State(st): State<AppState<S>>,
+    Path(id): Path<String>,
+) -> Result<Json<ClusterView>, ApiError> {
+    Ok(Json(st.svc.change_membership(&id, true).await?))
+}
+
+/// `DELETE /v1/cluster/members/{id}`: the node leaves the placement ring; its
+/// shards move to the others. Stop it once `handoff` is empty.
+#[tracing::instrument(name = "remove_member", skip_all)]
+async fn remove_member<S: Service>(
+    State(st): State<AppState<S>>,
+    Path(id): Path<String>,
+) -> Result<Json<ClusterView>, ApiError> {
+    Ok(Json(st.svc.change_membership(&id, false).await?))
 }
 
 /// `GET /metrics`: the service's signals followed by the HTTP front end's.

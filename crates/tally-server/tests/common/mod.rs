@@ -16,6 +16,7 @@ use tally_engine::{
     Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, MemStore, PutOutcome, ReconcileReport,
     ShardsReport, SpecPatch, SystemClock, Tally, TallyConfig, TallyError, ValueRead,
 };
+use tally_server::http::error::ApiError;
 use tally_server::{ClusterView, HttpConfig, NodeEntry, Service, SingleNode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -29,6 +30,7 @@ pub fn node_entry(http: SocketAddr) -> NodeEntry {
         http,
         peer: "127.0.0.1:7170".parse().expect("addr"),
         raft: "127.0.0.1:7270".parse().expect("addr"),
+        member: true,
     }
 }
 
@@ -275,6 +277,9 @@ impl Service for Faulty {
     }
     async fn cluster(&self) -> ClusterView {
         self.inner.cluster().await
+    }
+    async fn change_membership(&self, id: &str, add: bool) -> Result<ClusterView, ApiError> {
+        self.inner.change_membership(id, add).await
     }
     fn metrics_text(&self) -> String {
         self.inner.metrics_text()
