@@ -81,6 +81,10 @@ impl Store for TimedStore {
         self.inner.dedup_scan(id, after, limit)
     }
 
+    fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError> {
+        self.inner.shard_ids(after, limit)
+    }
+
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {
         let started = Instant::now();
         let r = self.inner.commit(id, write);

@@ -17,6 +17,22 @@ pub const WRITERS_DEFAULT: u32 = 64;
 /// Most concurrent writers of `tally load` (each holds one keep-alive connection;
 /// a node accepts 1024 connections by default).
 pub const WRITERS_MAX: u32 = 1024;
+/// A change of the nodes that hold shards.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum MembershipChange {
+    /// Add a node of the cluster config to the placement ring (PUT /v1/cluster/members/NODE).
+    Add {
+        /// The node's id.
+        node: String,
+    },
+    /// Remove a node from the placement ring; its shards move to the others
+    /// (DELETE /v1/cluster/members/NODE).
+    Remove {
+        /// The node's id.
+        node: String,
+    },
+}
+
 /// Most increments in one request of `tally load --batch` (a node's default
 /// `http.batch_items_max`).
 pub const BATCH_MAX: u32 = 10_000;
@@ -107,8 +123,13 @@ pub enum Command {
         /// The counter.
         name: String,
     },
-    /// Show the cluster's nodes, leader and term (GET /v1/cluster).
-    Cluster,
+    /// Show the cluster's nodes, leader and term (GET /v1/cluster), or change which
+    /// nodes hold shards.
+    Cluster {
+        /// `add NODE` or `remove NODE`; without one, show the cluster.
+        #[command(subcommand)]
+        change: Option<MembershipChange>,
+    },
     /// Correct a counter's drift against its true total (POST /v1/counters/NAME/reconcile).
     Reconcile {
         /// The counter.

@@ -28,7 +28,7 @@ pub mod load;
 pub mod render;
 pub mod wire;
 
-use cli::{Cli, Command, CreateArgs, IncrArgs, LoadArgs, LOAD_NODES_MAX};
+use cli::{Cli, Command, CreateArgs, IncrArgs, LoadArgs, MembershipChange, LOAD_NODES_MAX};
 pub use client::CliError;
 use client::{codes, parse_node, Client};
 use reqwest::Method;
@@ -128,8 +128,18 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             out.show(&answer.text, || render::shards(name, &r));
             Ok(())
         }
-        Command::Cluster => {
-            let answer = client.call::<()>(Method::GET, client.url(&["v1", "cluster"]), None).await?;
+        Command::Cluster { change } => {
+            let answer = match change {
+                None => client.call::<()>(Method::GET, client.url(&["v1", "cluster"]), None).await?,
+                Some(MembershipChange::Add { node }) => {
+                    let url = client.url(&["v1", "cluster", "members", node]);
+                    client.call::<()>(Method::PUT, url, None).await?
+                }
+                Some(MembershipChange::Remove { node }) => {
+                    let url = client.url(&["v1", "cluster", "members", node]);
+                    client.call::<()>(Method::DELETE, url, None).await?
+                }
+            };
             let c: ClusterView = answer.parse()?;
             out.show(&answer.text, || render::cluster(&c));
             Ok(())

@@ -128,11 +128,20 @@ pub fn shards(name: &str, r: &ShardsReport) -> String {
 
 /// The cluster's nodes as a table, then the leader and term.
 pub fn cluster(c: &ClusterView) -> String {
-    let rows: Vec<Vec<String>> =
-        c.nodes.iter().map(|n| vec![n.id.clone(), n.state.clone(), n.http.clone()]).collect();
-    let mut out = table(&["node", "state", "http"], &rows);
+    let rows: Vec<Vec<String>> = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let role = if n.member { "member" } else { "spare" };
+            vec![n.id.clone(), n.state.clone(), role.to_string(), n.http.clone()]
+        })
+        .collect();
+    let mut out = table(&["node", "state", "shards", "http"], &rows);
     let leader = c.leader.as_deref().unwrap_or("(none known)");
-    let _ = writeln!(out, "leader {leader}, term {}", c.term);
+    let _ = writeln!(out, "leader {leader}, term {}, placement epoch {}", c.term, c.placement_epoch);
+    if !c.handoff.is_empty() {
+        let _ = writeln!(out, "shards still moving from: {}", c.handoff.join(", "));
+    }
     out
 }
 
@@ -171,11 +180,22 @@ mod tests {
         assert!(text.starts_with("shard  node   value  writes\n0      node1  12     12\n"), "{text}");
         assert!(text.contains("total 15") && text.contains("skew 1.60"), "{text}");
         let c = ClusterView {
-            nodes: vec![NodeView { id: "node1".into(), state: "up".into(), http: "127.0.0.1:7070".into() }],
+            nodes: vec![NodeView {
+                id: "node1".into(),
+                state: "up".into(),
+                http: "127.0.0.1:7070".into(),
+                member: true,
+            }],
             leader: Some("node1".into()),
             term: 3,
+            placement_epoch: 1,
+            handoff: vec!["node1".into()],
         };
-        assert_eq!(cluster(&c), "node   state  http\nnode1  up     127.0.0.1:7070\nleader node1, term 3\n");
+        assert_eq!(
+            cluster(&c),
+            "node   state  shards  http\nnode1  up     member  127.0.0.1:7070\n\
+             leader node1, term 3, placement epoch 1\nshards still moving from: node1\n"
+        );
     }
 
     #[test]

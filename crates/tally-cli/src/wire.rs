@@ -237,6 +237,9 @@ pub struct NodeView {
     pub state: String,
     /// Its public HTTP address.
     pub http: String,
+    /// Whether it holds shards.
+    #[serde(default = "yes")]
+    pub member: bool,
 }
 
 /// `GET /v1/cluster`.
@@ -248,6 +251,12 @@ pub struct ClusterView {
     pub leader: Option<String>,
     /// The raft term.
     pub term: u64,
+    /// Membership changes applied.
+    #[serde(default)]
+    pub placement_epoch: u64,
+    /// Nodes still handing off shards after the last change.
+    #[serde(default)]
+    pub handoff: Vec<String>,
 }
 
 #[cfg(test)]
