@@ -82,10 +82,17 @@ async fn distinct_shards_cluster_and_reconcile() {
     assert_eq!(sum, 6);
 
     let cluster = node.tally(&["cluster"]).await;
-    let expected = format!("node   state  http\nnode1  up     {}\nleader node1, term 0\n", node.addr);
+    let expected = format!(
+        "node   state  shards  http\nnode1  up     member  {}\nleader node1, term 0, placement epoch 0\n",
+        node.addr
+    );
     assert_eq!(cluster.ok(), expected);
     let json = node.tally(&["--json", "cluster"]).await.json();
     assert_eq!(json["leader"], "node1");
+    // A single node has no membership to change; the error names why.
+    let refused = node.tally(&["cluster", "add", "node2"]).await;
+    assert_ne!(refused.code, Some(0), "{refused:?}");
+    assert!(refused.stderr.contains("not_a_cluster"), "{refused:?}");
 
     let fixed = node.tally(&["reconcile", "visitors", "--authoritative", "10"]).await;
     assert_eq!(fixed.ok(), "visitors: sum of shards was 6, drift +4: corrected\n");
