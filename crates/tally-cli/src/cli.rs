@@ -23,13 +23,15 @@ pub enum MembershipChange {
     /// Add a node of the cluster config to the placement ring (PUT /v1/cluster/members/NODE).
     Add {
         /// The node's id.
-        node: String,
+        #[arg(value_name = "NODE")]
+        id: String,
     },
     /// Remove a node from the placement ring; its shards move to the others
     /// (DELETE /v1/cluster/members/NODE).
     Remove {
         /// The node's id.
-        node: String,
+        #[arg(value_name = "NODE")]
+        id: String,
     },
 }
 
@@ -324,6 +326,17 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn membership_changes_keep_the_global_node_url() {
+        let cli =
+            Cli::try_parse_from(["tally", "--node", "http://h:1", "cluster", "remove", "node2"]).unwrap();
+        assert_eq!(cli.node.as_deref(), Some("http://h:1"));
+        assert!(matches!(cli.command, Command::Cluster { change: Some(MembershipChange::Remove { ref id }) }
+            if id == "node2"));
+        let cli = Cli::try_parse_from(["tally", "cluster"]).unwrap();
+        assert!(matches!(cli.command, Command::Cluster { change: None }));
     }
 
     #[test]

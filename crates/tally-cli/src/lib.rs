@@ -131,12 +131,12 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         Command::Cluster { change } => {
             let answer = match change {
                 None => client.call::<()>(Method::GET, client.url(&["v1", "cluster"]), None).await?,
-                Some(MembershipChange::Add { node }) => {
-                    let url = client.url(&["v1", "cluster", "members", node]);
+                Some(MembershipChange::Add { id }) => {
+                    let url = client.url(&["v1", "cluster", "members", id]);
                     client.call::<()>(Method::PUT, url, None).await?
                 }
-                Some(MembershipChange::Remove { node }) => {
-                    let url = client.url(&["v1", "cluster", "members", node]);
+                Some(MembershipChange::Remove { id }) => {
+                    let url = client.url(&["v1", "cluster", "members", id]);
                     client.call::<()>(Method::DELETE, url, None).await?
                 }
             };
