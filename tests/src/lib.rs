@@ -161,7 +161,7 @@ pub struct TestCluster {
     http: reqwest::Client,
 }
 
-fn config_text(ports: &[Ports], me: usize, data_dir: &Path) -> String {
+fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize]) -> String {
     let mut s = String::from(
         "[cluster]\nname = \"test\"\nsecret = \"tally-test-secret\"\nvnodes_per_node = 64\n\
          heartbeat_ms = 200\nheartbeat_misses_max = 4\nraft_heartbeat_ms = 200\n\
@@ -169,10 +169,11 @@ fn config_text(ports: &[Ports], me: usize, data_dir: &Path) -> String {
     );
     for (i, p) in ports.iter().enumerate() {
         s += &format!(
-            "\n[[cluster.nodes]]\nid = \"node{n}\"\nraft_id = {n}\nhttp = \"127.0.0.1:{}\"\npeer = \"127.0.0.1:{}\"\nraft = \"127.0.0.1:{}\"\n",
+            "\n[[cluster.nodes]]\nid = \"node{n}\"\nraft_id = {n}\nhttp = \"127.0.0.1:{}\"\npeer = \"127.0.0.1:{}\"\nraft = \"127.0.0.1:{}\"\nmember = {}\n",
             p.http,
             p.peer,
             p.raft,
+            !spares.contains(&(i + 1)),
             n = i + 1
         );
     }
@@ -184,13 +185,19 @@ fn config_text(ports: &[Ports], me: usize, data_dir: &Path) -> String {
 impl TestCluster {
     /// Starts `n` nodes and waits until every one is healthy and a leader is known.
     pub async fn start(n: usize) -> Result<Self> {
+        Self::start_with_spares(n, &[]).await
+    }
+
+    /// Like [`TestCluster::start`], with the nodes of `spares` (1-based) listed as
+    /// `member = false`: running, but holding shards only once added.
+    pub async fn start_with_spares(n: usize, spares: &[usize]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ports: Vec<Ports> =
             (0..n).map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port() }).collect();
         let mut nodes = Vec::new();
         for i in 1..=n {
             let config = dir.path().join(format!("node{i}.toml"));
-            std::fs::write(&config, config_text(&ports, i, &dir.path().join(format!("data{i}"))))?;
+            std::fs::write(&config, config_text(&ports, i, &dir.path().join(format!("data{i}")), spares))?;
             nodes.push(Node {
                 index: i,
                 ports: ports[i - 1].clone(),
