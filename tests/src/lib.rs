@@ -161,7 +161,7 @@ pub struct TestCluster {
     http: reqwest::Client,
 }
 
-fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize]) -> String {
+fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize], extra: &str) -> String {
     let mut s = String::from(
         "[cluster]\nname = \"test\"\nsecret = \"tally-test-secret\"\nvnodes_per_node = 64\n\
          heartbeat_ms = 200\nheartbeat_misses_max = 4\nraft_heartbeat_ms = 200\n\
@@ -179,6 +179,7 @@ fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize]) ->
     }
     s += &format!("\n[node]\nid = \"node{me}\"\ndata_dir = {:?}\n", data_dir.display().to_string());
     s += "\n[engine]\ncall_timeout_ms = 3000\n";
+    s += extra;
     s
 }
 
@@ -191,13 +192,22 @@ impl TestCluster {
     /// Like [`TestCluster::start`], with the nodes of `spares` (1-based) listed as
     /// `member = false`: running, but holding shards only once added.
     pub async fn start_with_spares(n: usize, spares: &[usize]) -> Result<Self> {
+        Self::start_configured(n, spares, "").await
+    }
+
+    /// Like [`TestCluster::start_with_spares`], with `extra` appended to every node's
+    /// config (per-node sections such as `[http]`).
+    pub async fn start_configured(n: usize, spares: &[usize], extra: &str) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ports: Vec<Ports> =
             (0..n).map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port() }).collect();
         let mut nodes = Vec::new();
         for i in 1..=n {
             let config = dir.path().join(format!("node{i}.toml"));
-            std::fs::write(&config, config_text(&ports, i, &dir.path().join(format!("data{i}")), spares))?;
+            std::fs::write(
+                &config,
+                config_text(&ports, i, &dir.path().join(format!("data{i}")), spares, extra),
+            )?;
             nodes.push(Node {
                 index: i,
                 ports: ports[i - 1].clone(),
