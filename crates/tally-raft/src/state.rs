@@ -127,6 +127,12 @@ impl MetaState {
         if !self.handoff.is_empty() {
             return refuse(MemberRejection::HandoffUnderWay { waiting: self.handoff.clone() });
         }
+        // A shard sealed for a resharding keeps that only in its running actor; it
+        // must not move before the resharding completes.
+        let resharding = self.pending_reshards().len();
+        if resharding > 0 {
+            return refuse(MemberRejection::ReshardingUnderWay { count: resharding });
+        }
         let sorted = |v: &[String]| {
             let mut v = v.to_vec();
             v.sort();
@@ -269,6 +275,17 @@ mod tests {
         // After epoch 0 the state machine's own members are the previous ones.
         s.apply(&set(1, &["ignored"], &["n1", "n3"]));
         assert_eq!((s.previous.clone(), s.placement_epoch), (vec!["n1".into(), "n2".into(), "n3".into()], 2));
+        // Not while a counter is being resharded.
+        let mut r = MetaState::default();
+        let put = |shards| MetaCommand::Put(SpecPatch { shards: Some(shards), ..Default::default() });
+        r.apply(&counter("c", put(2), 1));
+        r.apply(&counter("c", put(4), 2));
+        assert!(matches!(
+            r.apply(&set(0, &["a"], &["a", "b"])).0,
+            Response::Members(Err(MemberRejection::ReshardingUnderWay { count: 1 }))
+        ));
+        r.apply(&counter("c", MetaCommand::CompleteReshard { generation: 0, sealed_sum: 0 }, 3));
+        assert!(matches!(r.apply(&set(0, &["a"], &["a", "b"])).0, Response::Members(Ok(_))));
         // Retried or empty proposals.
         let mut t = MetaState::default();
         assert!(matches!(t.apply(&set(0, &["a"], &["a"])).0, Response::Members(Ok(ref v)) if !v.changed));

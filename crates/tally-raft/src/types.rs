@@ -157,6 +157,12 @@ pub enum MemberRejection {
         /// Nodes that have not finished handing off.
         waiting: Vec<String>,
     },
+    /// Counters are being resharded: their sealed shards must not move meanwhile.
+    #[error("{count} counters are being resharded; change the membership once they are done")]
+    ReshardingUnderWay {
+        /// How many.
+        count: usize,
+    },
     /// A membership must keep at least one node.
     #[error("the cluster must keep at least one member")]
     NoMembers,

@@ -145,6 +145,9 @@ impl Service for ClusterService {
             Err(MembershipError::Refused(e @ MemberRejection::HandoffUnderWay { .. })) => {
                 Err(ApiError::new(StatusCode::CONFLICT, "membership_change_in_progress", e.to_string()))
             }
+            Err(MembershipError::Refused(e @ MemberRejection::ReshardingUnderWay { .. })) => {
+                Err(ApiError::new(StatusCode::CONFLICT, "resharding_in_progress", e.to_string()))
+            }
             Err(MembershipError::Refused(e @ MemberRejection::StaleEpoch { .. })) => {
                 Err(ApiError::new(StatusCode::CONFLICT, "membership_changed", e.to_string()))
             }
