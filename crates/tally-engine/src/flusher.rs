@@ -22,7 +22,7 @@
 //! Every waiter hears the error and the engine refuses writes until reopened.
 
 use crate::stats::Stats;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tally_core::ShardId;
 use tally_store::{ShardWrite, Store, StoreError};
@@ -52,6 +52,14 @@ enum Job {
 pub(crate) struct Flusher {
     tx: mpsc::UnboundedSender<Job>,
     poisoned: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+}
+
+/// How far the commit path got: writes applied, and applied writes made durable.
+#[derive(Default)]
+struct Progress {
+    applied: AtomicU64,
+    durable: AtomicU64,
 }
 
 fn poison_error() -> StoreError {
@@ -64,6 +72,8 @@ impl Flusher {
         let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
         let poisoned = Arc::new(AtomicBool::new(false));
         let flag = poisoned.clone();
+        let progress = Arc::new(Progress::default());
+        let seen = progress.clone();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut jobs = vec![first];
@@ -73,16 +83,33 @@ impl Flusher {
                         Err(_) => break,
                     }
                 }
-                let (store, flag, stats) = (store.clone(), flag.clone(), stats.clone());
+                // A store that never blocks (the in-memory one) is driven inline, so a
+                // simulation stays on one thread.
+                if !store.blocks() {
+                    cycle(&*store, jobs, &flag, &stats, &seen);
+                    continue;
+                }
+                let (store, flag, stats, seen) = (store.clone(), flag.clone(), stats.clone(), seen.clone());
                 // A panic in the store drops the jobs' senders: every waiter hears
                 // `Closed`, which callers treat like a failed write.
-                if let Err(e) = tokio::task::spawn_blocking(move || cycle(&*store, jobs, &flag, &stats)).await
-                {
+                let run = move || cycle(&*store, jobs, &flag, &stats, &seen);
+                if let Err(e) = tokio::task::spawn_blocking(run).await {
                     tracing::error!(error = %e, "commit cycle failed");
                 }
             }
         });
-        Self { tx, poisoned }
+        Self { tx, poisoned, progress }
+    }
+
+    /// Returns once every shard write applied before this call is durable: at once if
+    /// it is already, else after the next flush. A read that saw applied values makes
+    /// them durable this way before it answers.
+    pub(crate) async fn make_durable(&self) -> Result<(), StoreError> {
+        let applied = self.progress.applied.load(Ordering::SeqCst);
+        if self.progress.durable.load(Ordering::SeqCst) >= applied && !self.poisoned() {
+            return Ok(());
+        }
+        self.flush().await
     }
 
     /// Applies `write` to shard `id` and returns once it is applied (readable, not
@@ -129,7 +156,7 @@ impl Flusher {
 }
 
 /// One cycle: apply every write in arrival order, then flush once for the waiters.
-fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats) {
+fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats, progress: &Progress) {
     let mut waiters: Vec<Waiter> = Vec::new();
     let mut applied = 0u64;
     for job in jobs {
@@ -143,6 +170,7 @@ fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats
                 match result {
                     Ok(()) => {
                         applied += 1;
+                        progress.applied.fetch_add(1, Ordering::SeqCst);
                         let _ = reply.send(Ok(()));
                         waiters.extend(durable);
                     }
@@ -162,7 +190,12 @@ fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats
     if waiters.is_empty() {
         return;
     }
+    // Everything applied so far is covered by this flush.
+    let covered = progress.applied.load(Ordering::SeqCst);
     let result = if poisoned.load(Ordering::SeqCst) { Err(poison_error()) } else { store.flush() };
+    if result.is_ok() {
+        progress.durable.fetch_max(covered, Ordering::SeqCst);
+    }
     if let Err(e) = &result {
         if !poisoned.swap(true, Ordering::SeqCst) {
             tracing::error!(error = %e, "store flush failed; refusing writes until restart");

@@ -25,7 +25,15 @@ async fn images(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<O
             }
         }
     });
-    futures::future::join_all(reads).await
+    let images = futures::future::join_all(reads).await;
+    // This node's shards were read as applied; they are answered once durable, so a
+    // read never shows what a crash could still take back. (Other owners do the same
+    // before answering a `Read`.)
+    if let Err(e) = ctx.flusher.make_durable().await {
+        tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
+        return images.into_iter().map(|_| None).collect();
+    }
+    images
 }
 
 fn missing(images: &[Option<ShardImage>]) -> Vec<u16> {
@@ -33,8 +41,8 @@ fn missing(images: &[Option<ShardImage>]) -> Vec<u16> {
 }
 
 /// The counter's total: the sealed generations' `base` plus every current shard's
-/// committed value. A shard's actor commits before it answers, so every acknowledged
-/// increment is included. A shard that cannot be reached is listed in
+/// committed value, made durable before it is answered. A shard's actor commits
+/// before it answers, so every acknowledged increment is included. A shard that cannot be reached is listed in
 /// `missing_shards` and the read says `complete: false` — never a silent partial sum.
 pub(crate) async fn sum_shards(
     ctx: &Arc<Ctx>,

@@ -173,7 +173,10 @@ impl Actor for ShardActor {
                 while !state.pending.is_empty() {
                     state.commit().await;
                 }
-                let result = if state.ctx.flusher.poisoned() {
+                // The sealed value goes into the layout's base, durably: it must not
+                // be lost (with its dedup records) by a crash after the answer.
+                let flushed = state.ctx.flusher.flush().await;
+                let result = if state.ctx.flusher.poisoned() || flushed.is_err() {
                     Err(TallyError::Store(StoreError::Io {
                         op: "flush",
                         message: "an earlier flush failed".into(),

@@ -377,7 +377,11 @@ impl Tally {
                 let rx = ctx.send_local(&id, &rt.meta, sub).await?;
                 Ok(ShardResponse::Reply(ctx.await_reply(&id, rx).await?))
             }
-            ShardRequest::Read { id } => Ok(ShardResponse::Image(ctx.read_shard(&id).await?)),
+            ShardRequest::Read { id } => {
+                let image = ctx.read_shard(&id).await?;
+                ctx.flusher.make_durable().await?;
+                Ok(ShardResponse::Image(image))
+            }
             ShardRequest::Seal { id, meta_version } => {
                 let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
                 Ok(ShardResponse::Image(ctx.seal_local(&id, &rt.meta).await?))

@@ -166,3 +166,20 @@ async fn a_failed_flush_is_never_acknowledged_and_stops_writes() {
     assert_eq!(tally.read("s", Consistency::Fresh).await.unwrap().value, 2);
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_read_never_shows_what_a_crash_can_take_back() {
+    let (tally, mut store) = mem_engine().await;
+    // A long window: only the read itself delivers the buffered increments.
+    let patch = SpecPatch { flush_ms: Some(60_000), ..spec(4, Durability::Batched) };
+    tally.put_counter("views", patch).await.unwrap();
+    for _ in 0..25 {
+        tally.incr("views", Increment::new(2)).await.unwrap();
+    }
+    let seen = tally.read("views", Consistency::Fresh).await.unwrap().value;
+    assert_eq!(seen, 50);
+    let tally = crash(&tally, &mut store).await;
+    let after = tally.read("views", Consistency::Fresh).await.unwrap().value;
+    assert_eq!(after, seen, "a read showed a total that the crash took back");
+    tally.shutdown().await.unwrap();
+}
