@@ -819,9 +819,12 @@ impl Sim {
         if self.meta.membership.epoch != epoch || target != Some(n) || self.node(n).poisoned {
             return;
         }
+        // One atomic commit replaces whatever an earlier ownership left here: a crash
+        // can never keep half of a handover.
         let store = self.node(n).store.clone();
-        store.delete_shard(&shard).expect("a running node's store is open");
-        let write = ShardWrite { image, dedup_put: dedup, dedup_remove: Vec::new() };
+        let stale = store.dedup_scan(&shard, None, usize::MAX).expect("a running node's store is open");
+        let dedup_remove = stale.into_iter().map(|(id, _)| id).collect();
+        let write = ShardWrite { image, dedup_put: dedup, dedup_remove };
         store.commit(&shard, &write).expect("a running node's store is open");
         if self.flush(n) {
             self.send(Addr::Node(n), Addr::Control, Msg::Imported { shard, epoch });

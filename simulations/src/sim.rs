@@ -23,6 +23,7 @@ use tally_core::meta::MetaCommand;
 use tally_core::shard::Submission;
 use tally_core::spec::{Durability, RouterPolicy, SpecPatch};
 use tally_core::{CounterName, ShardId};
+use tally_store::Store;
 use xxhash_rust::xxh3::Xxh3;
 
 /// A node's own timers. Each carries the node's incarnation; a timer of an earlier
@@ -191,6 +192,8 @@ pub(crate) struct Sim {
     trace: Xxh3,
     events: u64,
     pub(crate) finished: bool,
+    /// Print every event to stderr (`TALLY_SIM_DEBUG=1`; output only, no influence).
+    debug: bool,
 }
 
 impl Sim {
@@ -222,6 +225,7 @@ impl Sim {
             trace: Xxh3::new(),
             events: 0,
             finished: false,
+            debug: std::env::var_os("TALLY_SIM_DEBUG").is_some(),
         }
     }
 
@@ -441,6 +445,9 @@ impl Sim {
         self.events += 1;
         s.at.hash(&mut self.trace);
         s.ev.trace(&mut self.trace);
+        if self.debug {
+            eprintln!("{:>6} {:?}", s.at, s.ev);
+        }
         match s.ev {
             Event::Deliver { from, to, msg } => match to {
                 Addr::Node(n) => {
@@ -589,6 +596,33 @@ impl Sim {
                 break;
             }
             self.step(s);
+        }
+        if self.debug {
+            for shard in self.meta.all_shards() {
+                let owner = self.meta.owner(&shard);
+                let vals: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| n.store.load_shard(&shard).map(|i| i.value.to_string()).unwrap_or_default())
+                    .collect();
+                eprintln!("final {shard} owner node{} values by node {:?}", owner + 1, vals);
+            }
+            for op in &self.history.incrs {
+                let Some(id) = op.attempts.first().and_then(|a| a.event_id.clone()) else { continue };
+                if !matches!(op.status(), crate::history::Status::Applied { .. }) {
+                    continue;
+                }
+                let name = CounterName::new(self.history.counters[op.counter].name.clone()).expect("valid");
+                let meta = &self.meta.counters[&name];
+                let found = meta.generations().any(|(g, shards)| {
+                    let sid = ShardId::new(name.clone(), g, tally_core::router::shard_of_event(&id, shards));
+                    let o = self.meta.owner(&sid);
+                    self.nodes[usize::from(o)].store.dedup_get(&sid, &id).ok().flatten().is_some()
+                });
+                if !found {
+                    eprintln!("final: applied {id} on {name} has no dedup record at its owner");
+                }
+            }
         }
         #[cfg(feature = "planted-bugs")]
         tally_core::planted::plant(None);

@@ -6,7 +6,8 @@
 //! the network works ([`DELIVERY_SLACK_MS`]); while the cluster is disturbed (a node
 //! down, paused or poisoned, a partition, a metadata failover) sums cannot be
 //! delivered, so the window also reaches back over the disturbance that covers its
-//! start. An increment acknowledged inside some crash's window may be lost; every other
+//! start. An increment acknowledged inside some crash's window (or sent before the
+//! crash and acknowledged after it: the answer was in flight) may be lost; every other
 //! acknowledged one must be in the final total.
 //!
 //! Upper bounds hold for every complete read: the total never exceeds the sum of every
@@ -48,7 +49,16 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
         let mut lost_pos = 0i128;
         for op in h.incrs.iter().filter(|o| o.counter == c) {
             if let Status::Applied { ack_ms } = op.status() {
-                if windows.iter().any(|&(a, b)| a <= ack_ms && ack_ms <= b) {
+                // The count happened after its attempt was sent and before the answer,
+                // which may arrive after the crash that loses it.
+                let sent_ms = op
+                    .attempts
+                    .iter()
+                    .filter(|a| a.answers.iter().any(|&(at, _)| at == ack_ms))
+                    .map(|a| a.sent_ms)
+                    .min()
+                    .unwrap_or(ack_ms);
+                if windows.iter().any(|&(a, b)| a <= ack_ms && sent_ms <= b) {
                     lost_pos += i128::from(op.delta.max(0));
                 }
             }

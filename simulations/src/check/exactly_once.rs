@@ -2,8 +2,11 @@
 //! double count, and is always fatal on a `sync` counter (the first answer came after
 //! the flush). On a batched counter an acknowledged increment may be lost by a crash
 //! and then counted again by a retry — that is one count, not two — so there a second
-//! `Applied` is fatal only if no crash happened between the two answers. An increment
-//! answered both counted and refused is fatal everywhere.
+//! `Applied` is fatal only if no crash happened between the first count (after its
+//! attempt was sent) and the second answer. On a `sync` counter, an attempt sent after
+//! the increment was answered counted must find its dedup record: a refusal then
+//! (overflow, conflict) means the record was lost. (A refusal *before* a count is
+//! fine: a refused increment leaves no record and may succeed when retried later.)
 
 use super::{exact, name, Violation};
 use crate::history::History;
@@ -17,30 +20,37 @@ pub const NAME: &str = "exactly-once";
 pub fn check(h: &History, out: &mut Vec<Violation>) {
     for (i, op) in h.incrs.iter().enumerate() {
         let role = h.counters[op.counter].role;
-        let mut applied: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-        let (mut counted, mut refused) = (false, false);
+        let mut applied: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+        let mut counted_at: Option<u64> = None;
+        let mut refused_after = false;
         for a in &op.attempts {
             for &(at, ans) in &a.answers {
                 match ans {
-                    Answer::Applied => {
-                        counted = true;
-                        if let Some(id) = a.event_id.as_deref() {
-                            applied.entry(id).or_default().push(at);
+                    Answer::Applied | Answer::Duplicate => {
+                        counted_at = Some(counted_at.map_or(at, |c| c.min(at)));
+                        if let (Answer::Applied, Some(id)) = (ans, a.event_id.as_deref()) {
+                            applied.entry(id).or_default().push((a.sent_ms, at));
                         }
                     }
-                    Answer::Duplicate => counted = true,
-                    Answer::Conflict | Answer::Overflow => refused = true,
+                    Answer::Conflict | Answer::Overflow => {}
                     Answer::Unavailable => {}
                 }
             }
+        }
+        if let Some(c) = counted_at {
+            refused_after = op.attempts.iter().any(|a| {
+                a.sent_ms > c
+                    && a.answers.iter().any(|&(_, ans)| matches!(ans, Answer::Conflict | Answer::Overflow))
+            });
         }
         for (id, mut times) in applied {
             if times.len() < 2 {
                 continue;
             }
-            times.sort_unstable();
-            let (first, second) = (times[0], times[1]);
-            let crash_between = h.crashes.iter().any(|&(t, _)| first <= t && t <= second);
+            times.sort_unstable_by_key(|&(_, at)| at);
+            let ((sent, first), (_, second)) = (times[0], times[1]);
+            // The first count happened between its attempt's sending and its answer.
+            let crash_between = h.crashes.iter().any(|&(t, _)| sent <= t && t <= second);
             if exact(role) || !crash_between {
                 out.push(Violation {
                     invariant: NAME,
@@ -52,11 +62,11 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
                 });
             }
         }
-        if counted && refused {
+        if refused_after && exact(role) {
             out.push(Violation {
                 invariant: NAME,
                 detail: format!(
-                    "increment #{i} on {} was answered both counted and refused",
+                    "increment #{i} on {} was refused by an attempt sent after it was answered counted: its dedup record was lost",
                     name(h, op.counter)
                 ),
             });
