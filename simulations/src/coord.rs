@@ -240,35 +240,32 @@ impl Sim {
     }
 
     pub(crate) fn coord_deliver(&mut self, _from: Addr, msg: Msg) {
-        let now = self.now;
+        // Answers that belong to an earlier step or change are ignored.
         match (&mut self.coord.active, msg) {
-            (Some(Active::Reshard { counter, generation, images, .. }), Msg::Sealed { shard, image }) => {
-                if shard.counter == *counter && shard.generation == *generation {
-                    images.insert(shard.index, image);
-                }
+            (Some(Active::Reshard { counter, generation, images, .. }), Msg::Sealed { shard, image })
+                if shard.counter == *counter && shard.generation == *generation =>
+            {
+                images.insert(shard.index, image);
             }
-            (Some(Active::Reshard { counter, generation, merged, .. }), Msg::Merged { shard }) => {
-                if shard.counter == *counter && shard.generation == *generation + 1 {
-                    *merged = true;
-                }
+            (Some(Active::Reshard { counter, generation, merged, .. }), Msg::Merged { shard })
+                if shard.counter == *counter && shard.generation == *generation + 1 =>
+            {
+                *merged = true;
             }
             (
                 Some(Active::Membership { epoch, exported, sent, .. }),
                 Msg::Exported { shard, epoch: e, image, dedup },
-            ) => {
-                if e == *epoch && !exported.contains_key(&shard) {
-                    exported.insert(shard.clone(), (image, dedup));
-                    // Import at the next tick.
-                    sent.remove(&shard);
-                }
+            ) if e == *epoch && !exported.contains_key(&shard) => {
+                exported.insert(shard.clone(), (image, dedup));
+                // Import at the next tick.
+                sent.remove(&shard);
             }
-            (Some(Active::Membership { epoch, imported, .. }), Msg::Imported { shard, epoch: e }) => {
-                if e == *epoch {
-                    imported.insert(shard);
-                }
+            (Some(Active::Membership { epoch, imported, .. }), Msg::Imported { shard, epoch: e })
+                if e == *epoch =>
+            {
+                imported.insert(shard);
             }
             _ => {}
         }
-        let _ = now;
     }
 }
