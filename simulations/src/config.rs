@@ -114,27 +114,34 @@ pub struct SimConfig {
     pub plant: Option<tally_core::planted::Bug>,
 }
 
+/// Clients of a standard run.
+pub const STANDARD_CLIENTS: u16 = 12;
+/// Chaos phase of a standard run, in simulated milliseconds.
+pub const STANDARD_CHAOS_MS: u64 = 4_000;
+/// Reshardings and membership changes requested in a standard run.
+pub const STANDARD_TRANSITIONS: u32 = 4;
+
 /// Fewest nodes a simulated cluster has: a membership change needs two to remain.
 pub const NODES_MIN: u8 = 2;
 /// Most nodes a simulated cluster has.
 pub const NODES_MAX: u8 = 16;
 
 impl SimConfig {
-    /// The standard run the command line uses: 3 s of chaos, 8 clients.
+    /// The standard run the command line uses: 4 s of chaos, 12 clients, 4 transitions.
     pub fn standard(seed: u64, nodes: u8, faults: FaultLevel) -> Self {
         Self {
             seed,
             nodes: nodes.clamp(NODES_MIN, NODES_MAX),
             faults,
-            clients: 8,
-            chaos_ms: 3_000,
-            transitions: 3,
+            clients: STANDARD_CLIENTS,
+            chaos_ms: STANDARD_CHAOS_MS,
+            transitions: STANDARD_TRANSITIONS,
             #[cfg(feature = "planted-bugs")]
             plant: None,
         }
     }
 
-    /// A shorter run for tests in debug builds: 1.2 s of chaos, 6 clients.
+    /// A shorter run for tests in debug builds: 1.2 s of chaos, 6 clients, 2 transitions.
     pub fn short(seed: u64, nodes: u8, faults: FaultLevel) -> Self {
         Self { clients: 6, chaos_ms: 1_200, transitions: 2, ..Self::standard(seed, nodes, faults) }
     }
@@ -153,7 +160,10 @@ impl SimConfig {
                 self.seed, self.nodes, self.faults
             );
         }
-        if self.clients != 8 || self.chaos_ms != 3_000 || self.transitions != 3 {
+        if self.clients != STANDARD_CLIENTS
+            || self.chaos_ms != STANDARD_CHAOS_MS
+            || self.transitions != STANDARD_TRANSITIONS
+        {
             cmd.push_str(&format!(
                 " --clients {} --chaos-ms {} --transitions {}",
                 self.clients, self.chaos_ms, self.transitions
