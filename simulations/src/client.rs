@@ -393,6 +393,7 @@ impl Sim {
     /// The cluster has healed: every client resolves its increments whose outcome is
     /// unknown by retrying them with the same event id.
     pub(crate) fn settle(&mut self) {
+        self.history.settle_ms = self.now;
         for c in 0..self.cfg.clients {
             let unresolved: VecDeque<usize> = (0..self.history.incrs.len())
                 .filter(|&i| {
@@ -411,9 +412,14 @@ impl Sim {
 
     fn resolve_next(&mut self, c: u16) {
         while let Some(op) = self.client(c).unresolved.pop_front() {
-            if self.history.incrs[op].status() == Status::Unknown
-                && (self.history.incrs[op].attempts.len() as u32) < SETTLE_ATTEMPTS_MAX
-            {
+            let rec = &self.history.incrs[op];
+            let open = match rec.status() {
+                Status::Unknown => true,
+                // A refusal before settling is not final (see `Status::Refused`).
+                Status::Refused => rec.attempts.last().is_some_and(|a| a.sent_ms < self.history.settle_ms),
+                Status::Applied { .. } => false,
+            };
+            if open && (rec.attempts.len() as u32) < SETTLE_ATTEMPTS_MAX {
                 return self.retry_attempt(c, op);
             }
         }

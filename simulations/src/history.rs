@@ -73,7 +73,10 @@ pub enum Status {
         /// The first acknowledgement.
         ack_ms: u64,
     },
-    /// An attempt was refused (overflow or conflict): not counted.
+    /// Every attempt was refused (overflow or conflict). (One refused attempt says
+    /// nothing about another attempt of the same increment, nor about a duplicated
+    /// copy of its own submission, which may be counted later when the shard has room:
+    /// only a refusal after the cluster settled is final.)
     Refused,
     /// No attempt was answered definitely.
     Unknown,
@@ -88,18 +91,20 @@ impl IncrOp {
     /// This operation's status considering answers received before `t_ms`.
     pub fn status_at(&self, t_ms: u64) -> Status {
         let mut ack: Option<u64> = None;
-        let mut refused = false;
+        let mut refused = !self.attempts.is_empty();
         for a in &self.attempts {
+            let mut this_refused = false;
             for &(at, ans) in &a.answers {
                 if at >= t_ms {
                     continue;
                 }
                 match ans {
                     Answer::Applied | Answer::Duplicate => ack = Some(ack.map_or(at, |x: u64| x.min(at))),
-                    Answer::Conflict | Answer::Overflow => refused = true,
+                    Answer::Conflict | Answer::Overflow => this_refused = true,
                     Answer::Unavailable => {}
                 }
             }
+            refused &= this_refused;
         }
         match (ack, refused) {
             (Some(ack_ms), _) => Status::Applied { ack_ms },
@@ -244,6 +249,9 @@ pub struct History {
     pub disturbances: Vec<Disturbance>,
     /// When the cluster was healed (every fault ended).
     pub healed_ms: u64,
+    /// When clients started resolving unknown outcomes: no message sent before is in
+    /// flight any more, so an answer to a later attempt is final.
+    pub settle_ms: u64,
     /// Nodes that were ever members.
     pub nodes: BTreeSet<u8>,
 }

@@ -204,7 +204,7 @@ impl Sim {
         let nodes = (0..cfg.nodes).map(Node::new).collect();
         let meta = MetaLog::new(cfg.nodes);
         let clients = (0..cfg.clients).map(|_| Client::new()).chain([Client::settler()]).collect();
-        let history = History { nodes: (0..cfg.nodes).collect(), ..History::default() };
+        let history = History { nodes: (0..cfg.nodes).collect(), settle_ms: u64::MAX, ..History::default() };
         Self {
             cfg,
             now: 0,

@@ -76,7 +76,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             let high: i128 = h
                 .incrs
                 .iter()
-                .filter(|o| o.counter == c && o.invoked_ms < done && !surely_refused(o))
+                .filter(|o| o.counter == c && o.invoked_ms < done && !surely_refused(h, o))
                 .map(|o| i128::from(o.delta.max(0)))
                 .sum();
             if v.value > high {

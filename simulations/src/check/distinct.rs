@@ -37,7 +37,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             if let Status::Applied { .. } = op.status_at(d.invoked_ms) {
                 must.insert(m);
                 may.insert(m);
-            } else if op.invoked_ms < done && !surely_refused(op) {
+            } else if op.invoked_ms < done && !surely_refused(h, op) {
                 may.insert(m);
             }
         }

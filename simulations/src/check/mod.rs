@@ -74,7 +74,7 @@ pub fn bounds(h: &History, counter: usize, from_ms: u64, to_ms: u64) -> Bounds {
             b.acked += d;
             continue;
         }
-        if op.invoked_ms >= to_ms || surely_refused(op) {
+        if op.invoked_ms >= to_ms || surely_refused(h, op) {
             continue;
         }
         b.in_doubt += 1;
@@ -89,17 +89,22 @@ pub fn bounds(h: &History, counter: usize, from_ms: u64, to_ms: u64) -> Bounds {
     b
 }
 
-/// Whether an increment can never have been visible: every attempt was answered, and
-/// none counted it. (An attempt without an answer may have been committed and then
-/// lost unflushed in a crash — visible to reads in between, as reads see commits
-/// before they are durable — even if a later attempt was refused.)
-pub fn surely_refused(op: &IncrOp) -> bool {
-    op.status() == Status::Refused && op.attempts.iter().all(|a| !a.answers.is_empty())
+/// Whether an increment is surely not counted: every attempt was refused, the last
+/// one after the cluster settled. Before that, a refused increment may still be counted
+/// by another attempt or by a duplicated copy of a refused submission arriving when
+/// the shard has room again.
+pub fn surely_refused(h: &History, op: &IncrOp) -> bool {
+    op.status() == Status::Refused && op.attempts.last().is_some_and(|a| a.sent_ms >= h.settle_ms)
 }
 
-/// Increments of `counter` whose final status is unknown.
+/// Increments of `counter` whose final status is not known: unknown, or refused only
+/// before the cluster settled.
 pub fn unknown_ops(h: &History, counter: usize) -> usize {
-    h.incrs.iter().filter(|o| o.counter == counter && o.status() == Status::Unknown).count()
+    h.incrs
+        .iter()
+        .filter(|o| o.counter == counter)
+        .filter(|o| o.status() == Status::Unknown || (o.status() == Status::Refused && !surely_refused(h, o)))
+        .count()
 }
 
 /// Disturbances merged into disjoint, sorted periods.
