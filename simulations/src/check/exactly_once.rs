@@ -2,8 +2,8 @@
 //! double count, and is always fatal on a `sync` counter (the first answer came after
 //! the flush). On a batched counter an acknowledged increment may be lost by a crash
 //! and then counted again by a retry — that is one count, not two — so there a second
-//! `Applied` is fatal only if no crash happened between the first count (after its
-//! attempt was sent) and the second answer. On a `sync` counter, an attempt sent after
+//! `Applied` is fatal only if no crash happened between the earliest of the counted
+//! attempts' sending and the latest of their answers. On a `sync` counter, an attempt sent after
 //! the increment was answered counted must find its dedup record: a refusal then
 //! (overflow, conflict) means the record was lost. (A refusal *before* a count is
 //! fine: a refused increment leaves no record and may succeed when retried later.)
@@ -48,9 +48,13 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
                 continue;
             }
             times.sort_unstable_by_key(|&(_, at)| at);
-            let ((sent, first), (_, second)) = (times[0], times[1]);
-            // The first count happened between its attempt's sending and its answer.
-            let crash_between = h.crashes.iter().any(|&(t, _)| sent <= t && t <= second);
+            let (first, second) = (times[0].1, times[1].1);
+            // Each count happened between its attempt's sending and its answer; a crash
+            // anywhere between the earliest sending and the latest answer may have lost
+            // the earlier count (answers can arrive out of order).
+            let sent = times.iter().map(|&(s, _)| s).min().unwrap_or(first);
+            let last = times.iter().map(|&(_, a)| a).max().unwrap_or(second);
+            let crash_between = h.crashes.iter().any(|&(t, _)| sent <= t && t <= last);
             if exact(role) || !crash_between {
                 out.push(Violation {
                     invariant: NAME,
