@@ -34,6 +34,10 @@ pub fn expired(applied_at_ms: u64, now_ms: u64, window_ms: u64) -> bool {
 
 /// Judges an increment of `delta` against the record found for its event id, if any.
 pub fn judge(record: Option<&DedupRecord>, delta: i64, now_ms: u64, window_ms: u64) -> Verdict {
+    #[cfg(feature = "planted-bugs")]
+    if crate::planted::active(crate::planted::Bug::DedupOff) {
+        return Verdict::Fresh;
+    }
     match record {
         None => Verdict::Fresh,
         Some(r) if expired(r.applied_at_ms, now_ms, window_ms) => Verdict::Fresh,

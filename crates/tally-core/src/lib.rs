@@ -23,6 +23,8 @@
 //! * [`ring`] — consistent-hash placement of shards on nodes, with virtual nodes.
 //! * [`sketch`] — HyperLogLog for distinct counts; [`cms`] — count-min for frequencies.
 //! * [`rollup`] — when a cached total must be refreshed.
+//! * `planted` (feature `planted-bugs` only) — known bugs the simulator's checker must
+//!   catch, switched on at run time.
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +36,8 @@ pub mod ids;
 pub mod limits;
 pub mod meta;
 pub mod name;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 pub mod ring;
 pub mod rollup;
 pub mod router;

@@ -58,6 +58,10 @@ pub fn slot_open(value: i64) -> bool {
 /// A write that moves the value towards zero is always allowed (it cannot overflow,
 /// and it must stay possible to bring an extreme shard back).
 pub fn check_direct(value: i64, delta: i64) -> Result<i64, Overflow> {
+    #[cfg(feature = "planted-bugs")]
+    if crate::planted::active(crate::planted::Bug::WrappingAdd) {
+        return Ok(value.wrapping_add(delta));
+    }
     let next = value.checked_add(delta).ok_or(Overflow { value, delta })?;
     if next.unsigned_abs() > SHARD_VALUE_ABS_MAX as u64 && next.unsigned_abs() > value.unsigned_abs() {
         return Err(Overflow { value, delta });

@@ -15,6 +15,10 @@ pub fn change_threshold(value: i128) -> u64 {
 /// Whether a total cached at `as_of_ms` with `changed` absolute change since then
 /// must be refreshed at `now_ms`, for a counter with `rollup_ms`.
 pub fn refresh_due(now_ms: u64, as_of_ms: u64, rollup_ms: u32, value: i128, changed: u64) -> bool {
+    #[cfg(feature = "planted-bugs")]
+    if crate::planted::active(crate::planted::Bug::RollupNeverRefreshed) {
+        return false;
+    }
     now_ms.saturating_sub(as_of_ms) >= u64::from(rollup_ms) || changed >= change_threshold(value)
 }
 

@@ -1,0 +1,111 @@
+//! Known bugs that can be switched on at run time, so the simulator can show that its
+//! checker catches them. Compiled only with the `planted-bugs` feature; without it no
+//! hook exists and nothing in the core changes.
+//!
+//! The switch is per thread: a simulation runs on one thread, and tests that run
+//! simulations in parallel each plant their own bug. Bugs that live in the core are
+//! hooked where the real logic is (`dedup`, `limits`, `rollup`); the others live in
+//! the simulator's shells and read the same switch.
+
+use std::cell::Cell;
+use std::fmt;
+use std::str::FromStr;
+
+/// One planted bug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Bug {
+    /// A `sync` increment is acknowledged when committed, before the flush.
+    AckBeforeFlush,
+    /// Every event id is judged fresh: the dedup window remembers nothing.
+    DedupOff,
+    /// A client retries a timed-out increment under a new event id.
+    RetryFreshId,
+    /// A checked write wraps around instead of being refused.
+    WrappingAdd,
+    /// Dedup lookups skip the sealed generations, as if a resharding lost them.
+    DedupLostOnReshard,
+    /// A cached total is never refreshed.
+    RollupNeverRefreshed,
+    /// The reconciler writes its correction twice, under two ids.
+    ReconcileTwice,
+}
+
+impl Bug {
+    /// Every planted bug, in a fixed order.
+    pub const ALL: [Bug; 7] = [
+        Bug::AckBeforeFlush,
+        Bug::DedupOff,
+        Bug::RetryFreshId,
+        Bug::WrappingAdd,
+        Bug::DedupLostOnReshard,
+        Bug::RollupNeverRefreshed,
+        Bug::ReconcileTwice,
+    ];
+
+    /// The name used on command lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bug::AckBeforeFlush => "ack-before-flush",
+            Bug::DedupOff => "dedup-off",
+            Bug::RetryFreshId => "retry-fresh-id",
+            Bug::WrappingAdd => "wrapping-add",
+            Bug::DedupLostOnReshard => "dedup-lost-on-reshard",
+            Bug::RollupNeverRefreshed => "rollup-never-refreshed",
+            Bug::ReconcileTwice => "reconcile-twice",
+        }
+    }
+}
+
+impl fmt::Display for Bug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A bug name that is not planted anywhere.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown planted bug {0:?}")]
+pub struct UnknownBug(pub String);
+
+impl FromStr for Bug {
+    type Err = UnknownBug;
+    fn from_str(s: &str) -> Result<Self, UnknownBug> {
+        Bug::ALL.into_iter().find(|b| b.as_str() == s).ok_or_else(|| UnknownBug(s.to_owned()))
+    }
+}
+
+thread_local! {
+    static ACTIVE: Cell<Option<Bug>> = const { Cell::new(None) };
+}
+
+/// Plants `bug` on this thread (or none), replacing the one planted before.
+pub fn plant(bug: Option<Bug>) {
+    ACTIVE.with(|a| a.set(bug));
+}
+
+/// The bug planted on this thread, if any.
+pub fn planted() -> Option<Bug> {
+    ACTIVE.with(Cell::get)
+}
+
+/// Whether `bug` is planted on this thread.
+pub fn active(bug: Bug) -> bool {
+    planted() == Some(bug)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_the_switch_is_per_thread() {
+        for b in Bug::ALL {
+            assert_eq!(b.as_str().parse::<Bug>(), Ok(b));
+        }
+        plant(Some(Bug::DedupOff));
+        assert!(active(Bug::DedupOff));
+        std::thread::spawn(|| assert_eq!(planted(), None)).join().unwrap();
+        plant(None);
+        assert!(!active(Bug::DedupOff));
+    }
+}

@@ -1,0 +1,137 @@
+//! The checker: invariants over the recorded history, one file each.
+//!
+//! Every check reads only the [`History`]: what clients invoked, what they were
+//! answered and when, and which faults were injected. An increment whose every
+//! attempt timed out is *unknown* — it may or may not have been counted — never
+//! *absent*.
+//!
+//! | file | invariant |
+//! | --- | --- |
+//! | [`exactly_once`] | an event id is counted at most once; answers never contradict |
+//! | [`sync_bounds`] | a `sync` total lies between acknowledged and acknowledged-plus-unknown, and equals it once every outcome is known |
+//! | [`batched`] | a batched total never over counts and loses at most the stated window per crash |
+//! | [`reconcile`] | reconciliation brings drift to zero, and a second one finds none |
+//! | [`staleness`] | a cached read is never staler than `rollup_ms` plus one refresh while the cluster is healthy |
+//! | [`distinct`] | a distinct estimate stays within a stated multiple of HyperLogLog's standard error |
+
+use crate::history::{Disturbance, History, IncrOp, Role, Status};
+use std::fmt;
+
+pub mod batched;
+pub mod distinct;
+pub mod exactly_once;
+pub mod reconcile;
+pub mod staleness;
+pub mod sync_bounds;
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which invariant (the check's name).
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.invariant, self.detail)
+    }
+}
+
+/// Runs every check.
+pub fn check_all(h: &History) -> Vec<Violation> {
+    let mut v = Vec::new();
+    exactly_once::check(h, &mut v);
+    sync_bounds::check(h, &mut v);
+    batched::check(h, &mut v);
+    reconcile::check(h, &mut v);
+    staleness::check(h, &mut v);
+    distinct::check(h, &mut v);
+    v
+}
+
+/// What a read of a counter may return, from the increments alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Sum of increments acknowledged before the read began: they must be included.
+    pub acked: i128,
+    /// Lowest value the increments in doubt can take the total to.
+    pub low: i128,
+    /// Highest value.
+    pub high: i128,
+    /// Increments in doubt (invoked before the read ended, not surely refused,
+    /// acknowledged after it began or never).
+    pub in_doubt: usize,
+}
+
+/// Bounds for a read of `counter` that began at `from_ms` and ended at `to_ms`.
+pub fn bounds(h: &History, counter: usize, from_ms: u64, to_ms: u64) -> Bounds {
+    let mut b = Bounds { acked: 0, low: 0, high: 0, in_doubt: 0 };
+    for op in h.incrs.iter().filter(|o| o.counter == counter) {
+        let d = i128::from(op.delta);
+        if let Status::Applied { .. } = op.status_at(from_ms) {
+            b.acked += d;
+            continue;
+        }
+        if op.invoked_ms >= to_ms || surely_refused(h, op) {
+            continue;
+        }
+        b.in_doubt += 1;
+        if d < 0 {
+            b.low += d;
+        } else {
+            b.high += d;
+        }
+    }
+    b.low += b.acked;
+    b.high += b.acked;
+    b
+}
+
+/// Whether an increment is surely not counted: every attempt was refused, the last
+/// one after the cluster settled. Before that, a refused increment may still be counted
+/// by another attempt or by a duplicated copy of a refused submission arriving when
+/// the shard has room again.
+pub fn surely_refused(h: &History, op: &IncrOp) -> bool {
+    op.status() == Status::Refused && op.attempts.last().is_some_and(|a| a.sent_ms >= h.settle_ms)
+}
+
+/// Increments of `counter` whose final status is not known: unknown, or refused only
+/// before the cluster settled.
+pub fn unknown_ops(h: &History, counter: usize) -> usize {
+    h.incrs
+        .iter()
+        .filter(|o| o.counter == counter)
+        .filter(|o| o.status() == Status::Unknown || (o.status() == Status::Refused && !surely_refused(h, o)))
+        .count()
+}
+
+/// Disturbances merged into disjoint, sorted periods.
+pub fn merged_disturbances(h: &History) -> Vec<Disturbance> {
+    let mut d = h.disturbances.clone();
+    d.sort_by_key(|x| (x.from_ms, x.to_ms));
+    let mut out: Vec<Disturbance> = Vec::new();
+    for x in d {
+        match out.last_mut() {
+            Some(last) if x.from_ms <= last.to_ms => last.to_ms = last.to_ms.max(x.to_ms),
+            _ => out.push(x),
+        }
+    }
+    out
+}
+
+/// The counter's name, for messages.
+pub fn name(h: &History, counter: usize) -> &str {
+    &h.counters[counter].name
+}
+
+/// Whether the counter's reads are checked exactly (`sync` roles).
+pub fn exact(role: Role) -> bool {
+    matches!(role, Role::Sync | Role::Distinct | Role::Big)
+}
+
+/// The event ids an increment was sent under.
+pub fn ids(op: &IncrOp) -> impl Iterator<Item = &str> {
+    op.attempts.iter().filter_map(|a| a.event_id.as_deref())
+}

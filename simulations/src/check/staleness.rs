@@ -1,0 +1,52 @@
+//! A cached read is never staler than `rollup_ms` plus one refresh while the rollup's
+//! node and the shards it reads are healthy: the check applies to reads during which,
+//! and for that long before which, nothing in the cluster was disturbed. Every cached
+//! read's staleness must also be consistent with its `as_of`.
+
+use super::{merged_disturbances, Violation};
+use crate::config::ROLLUP_TICK_MS;
+use crate::history::History;
+use crate::msg::Consistency;
+
+/// The invariant's name.
+pub const NAME: &str = "rollup-staleness";
+
+/// How long one refresh may take beyond its tick, in the model: reads are synchronous,
+/// so a refresh completes within the tick that starts it.
+pub const ROLLUP_REFRESH_MS: u64 = ROLLUP_TICK_MS;
+
+/// Runs the check.
+pub fn check(h: &History, out: &mut Vec<Violation>) {
+    let disturbed = merged_disturbances(h);
+    for r in &h.reads {
+        let (Some(done), Some(v)) = (r.done_ms, r.value) else { continue };
+        if r.consistency != Consistency::Cached {
+            continue;
+        }
+        let info = &h.counters[r.counter];
+        if v.as_of_ms > done || v.as_of_ms + v.staleness_ms > done {
+            out.push(Violation {
+                invariant: NAME,
+                detail: format!(
+                    "cached read of {} answered at {done} ms claims as_of {} and staleness {}",
+                    info.name, v.as_of_ms, v.staleness_ms
+                ),
+            });
+            continue;
+        }
+        let bound = u64::from(info.spec.rollup_ms) + ROLLUP_REFRESH_MS;
+        let from = r.invoked_ms.saturating_sub(bound);
+        if disturbed.iter().any(|d| d.from_ms < done && from < d.to_ms) {
+            continue;
+        }
+        if v.staleness_ms > bound {
+            out.push(Violation {
+                invariant: NAME,
+                detail: format!(
+                    "cached read of {} at {done} ms is {} ms stale (as_of {}), beyond rollup_ms {} + refresh {} ms, with the cluster healthy",
+                    info.name, v.staleness_ms, v.as_of_ms, info.spec.rollup_ms, ROLLUP_REFRESH_MS
+                ),
+            });
+        }
+    }
+}

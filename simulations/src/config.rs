@@ -1,0 +1,241 @@
+//! What a run is: its seed, cluster size, fault level and length, the fault rates drawn
+//! from the seed, and every timing constant of the modelled shells (named, unit last).
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::fmt;
+use std::str::FromStr;
+
+/// Shortest one-way network delay between two endpoints, in simulated milliseconds.
+pub const NET_DELAY_MS_MIN: u64 = 1;
+/// Longest one-way network delay without injected extra delay.
+pub const NET_DELAY_MS_MAX: u64 = 3;
+/// A shard commits this long after its first pending submission: the batching point.
+pub const COMMIT_DELAY_MS: u64 = 1;
+/// How long a group-commit flush takes once it starts (the fsync).
+pub const FSYNC_MS: u64 = 2;
+/// How often a node's aggregator looks for accumulators whose window has ended.
+pub const AGGREGATOR_TICK_MS: u64 = 5;
+/// A drained sum sent to another node and not answered within this is sent again,
+/// unchanged, under the same drain id.
+pub const DRAIN_RESEND_MS: u64 = 40;
+/// How often a node's rollup looks for cached totals that are due.
+pub const ROLLUP_TICK_MS: u64 = 10;
+/// How often the control plane drives reshardings and membership changes.
+pub const COORD_TICK_MS: u64 = 10;
+/// A control-plane request not answered within this is sent again.
+pub const COORD_RESEND_MS: u64 = 60;
+/// A client gives up waiting for an answer after this and retries (same event id).
+pub const CLIENT_TIMEOUT_MS: u64 = 200;
+/// Attempts a client makes for one increment during the chaos phase.
+pub const CLIENT_ATTEMPTS_MAX: u32 = 4;
+/// Attempts a client makes to learn an unknown outcome once the cluster has healed.
+pub const SETTLE_ATTEMPTS_MAX: u32 = 40;
+/// Pause before a client retries after a timeout or an unavailable answer.
+pub const CLIENT_BACKOFF_MS: u64 = 10;
+/// Longest pause between two operations of one client.
+pub const CLIENT_THINK_MS_MAX: u64 = 12;
+/// A gateway resends a submission refused by a sealed or moving shard after this.
+pub const RESUBMIT_BACKOFF_MS: u64 = 15;
+/// Most times a gateway resends one submission to a sealed or moving shard.
+pub const GATEWAY_HOPS_MAX: u8 = 12;
+/// A node whose flush failed (poisoned) is restarted by its operator after this.
+pub const POISON_RESTART_MS: u64 = 250;
+/// Time between healing the cluster and the settle phase's first step, so buffered
+/// sums drain and transitions finish.
+pub const SETTLE_QUIET_MS: u64 = 600;
+/// A flush in flight when a node crashes: the part of the batched loss window beyond
+/// `flush_ms` (commit, flush start and the fsync itself).
+pub const FLUSH_IN_FLIGHT_MS: u64 = COMMIT_DELAY_MS + FSYNC_MS + AGGREGATOR_TICK_MS;
+/// Time for a drained sum to reach its shard while the network works (resends under
+/// message loss included): part of the batched loss window.
+pub const DELIVERY_SLACK_MS: u64 = 1_000;
+/// Most increments one simulated run may issue, whatever its length: bounds memory.
+pub const OPS_MAX: usize = 200_000;
+
+/// How hard the network and the machines misbehave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultLevel {
+    /// Rare faults, short outages.
+    Light,
+    /// Frequent crashes, partitions, pauses, lossy links and failing fsyncs.
+    Heavy,
+}
+
+impl FaultLevel {
+    /// The command-line word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultLevel::Light => "light",
+            FaultLevel::Heavy => "heavy",
+        }
+    }
+}
+
+impl fmt::Display for FaultLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A fault level that is neither `light` nor `heavy`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("fault level must be light or heavy (got {0:?})")]
+pub struct BadFaultLevel(pub String);
+
+impl FromStr for FaultLevel {
+    type Err = BadFaultLevel;
+    fn from_str(s: &str) -> Result<Self, BadFaultLevel> {
+        match s {
+            "light" => Ok(FaultLevel::Light),
+            "heavy" => Ok(FaultLevel::Heavy),
+            other => Err(BadFaultLevel(other.to_owned())),
+        }
+    }
+}
+
+/// Everything that determines a run. Two runs with equal configs are identical.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    /// The seed every random choice derives from.
+    pub seed: u64,
+    /// Nodes in the cluster (all members at the start).
+    pub nodes: u8,
+    /// How hard faults hit.
+    pub faults: FaultLevel,
+    /// Concurrent clients.
+    pub clients: u16,
+    /// Length of the phase with workload and faults, in simulated milliseconds.
+    pub chaos_ms: u64,
+    /// Reshardings and membership changes requested during the chaos phase.
+    pub transitions: u32,
+    /// The planted bug of this run, if any.
+    #[cfg(feature = "planted-bugs")]
+    pub plant: Option<tally_core::planted::Bug>,
+}
+
+/// Clients of a standard run.
+pub const STANDARD_CLIENTS: u16 = 12;
+/// Chaos phase of a standard run, in simulated milliseconds.
+pub const STANDARD_CHAOS_MS: u64 = 4_000;
+/// Reshardings and membership changes requested in a standard run.
+pub const STANDARD_TRANSITIONS: u32 = 4;
+
+/// Fewest nodes a simulated cluster has: a membership change needs two to remain.
+pub const NODES_MIN: u8 = 2;
+/// Most nodes a simulated cluster has.
+pub const NODES_MAX: u8 = 16;
+
+impl SimConfig {
+    /// The standard run the command line uses: 4 s of chaos, 12 clients, 4 transitions.
+    pub fn standard(seed: u64, nodes: u8, faults: FaultLevel) -> Self {
+        Self {
+            seed,
+            nodes: nodes.clamp(NODES_MIN, NODES_MAX),
+            faults,
+            clients: STANDARD_CLIENTS,
+            chaos_ms: STANDARD_CHAOS_MS,
+            transitions: STANDARD_TRANSITIONS,
+            #[cfg(feature = "planted-bugs")]
+            plant: None,
+        }
+    }
+
+    /// A shorter run for tests in debug builds: 1.2 s of chaos, 6 clients, 2 transitions.
+    pub fn short(seed: u64, nodes: u8, faults: FaultLevel) -> Self {
+        Self { clients: 6, chaos_ms: 1_200, transitions: 2, ..Self::standard(seed, nodes, faults) }
+    }
+
+    /// The command that replays this run.
+    pub fn reproduce_command(&self) -> String {
+        #[allow(unused_mut)]
+        let mut cmd = format!(
+            "cargo run --release -p tally-sim -- --reproduce {} --nodes {} --faults {}",
+            self.seed, self.nodes, self.faults
+        );
+        #[cfg(feature = "planted-bugs")]
+        if let Some(bug) = self.plant {
+            cmd = format!(
+                "cargo run --release -p tally-sim --features planted-bugs -- --reproduce {} --nodes {} --faults {} --plant {bug}",
+                self.seed, self.nodes, self.faults
+            );
+        }
+        if self.clients != STANDARD_CLIENTS
+            || self.chaos_ms != STANDARD_CHAOS_MS
+            || self.transitions != STANDARD_TRANSITIONS
+        {
+            cmd.push_str(&format!(
+                " --clients {} --chaos-ms {} --transitions {}",
+                self.clients, self.chaos_ms, self.transitions
+            ));
+        }
+        cmd
+    }
+}
+
+/// The fault rates of one run, drawn from its seed within its level's ranges, so
+/// runs of one level differ in mix and intensity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultRates {
+    /// Node crashes per simulated second, cluster-wide.
+    pub crash_per_s: f64,
+    /// How long a crashed node stays down, in milliseconds (min, max).
+    pub down_ms: (u64, u64),
+    /// Network partitions per simulated second.
+    pub partition_per_s: f64,
+    /// How long a partition lasts (min, max).
+    pub partition_ms: (u64, u64),
+    /// Probability that a message is lost.
+    pub loss: f64,
+    /// Probability that a node-to-node message is delivered twice.
+    pub duplicate: f64,
+    /// Largest extra delay of a message (uniform), which also reorders messages.
+    pub delay_extra_ms_max: u64,
+    /// Node pauses (a stopped process, a long GC) per simulated second.
+    pub pause_per_s: f64,
+    /// How long a pause lasts (min, max).
+    pub pause_ms: (u64, u64),
+    /// Probability that one flush (fsync) fails, poisoning its node.
+    pub fsync_fail: f64,
+    /// Metadata leader failovers per simulated second.
+    pub meta_outage_per_s: f64,
+    /// How long metadata writes are unavailable during a failover (min, max).
+    pub meta_outage_ms: (u64, u64),
+}
+
+impl FaultRates {
+    /// Draws this run's rates.
+    pub fn sample(level: FaultLevel, rng: &mut ChaCha8Rng) -> Self {
+        let mut r = |lo: f64, hi: f64| lo + (hi - lo) * rng.random::<f64>();
+        match level {
+            FaultLevel::Light => Self {
+                crash_per_s: r(0.0, 0.6),
+                down_ms: (30, 300),
+                partition_per_s: r(0.0, 0.6),
+                partition_ms: (20, 300),
+                loss: r(0.0, 0.02),
+                duplicate: r(0.0, 0.02),
+                delay_extra_ms_max: r(0.0, 10.0) as u64,
+                pause_per_s: r(0.0, 0.4),
+                pause_ms: (10, 150),
+                fsync_fail: r(0.0, 0.002),
+                meta_outage_per_s: r(0.0, 0.3),
+                meta_outage_ms: (20, 200),
+            },
+            FaultLevel::Heavy => Self {
+                crash_per_s: r(0.8, 3.0),
+                down_ms: (20, 500),
+                partition_per_s: r(0.8, 3.0),
+                partition_ms: (20, 600),
+                loss: r(0.02, 0.10),
+                duplicate: r(0.01, 0.06),
+                delay_extra_ms_max: r(5.0, 60.0) as u64,
+                pause_per_s: r(0.3, 1.5),
+                pause_ms: (10, 300),
+                fsync_fail: r(0.001, 0.01),
+                meta_outage_per_s: r(0.2, 1.0),
+                meta_outage_ms: (20, 400),
+            },
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The recorded history of a run: every invocation and every answer the clients saw,
+//! the faults the simulator injected, and the counters' contracts. The checker reads
+//! only this; a timeout is recorded as an attempt without an answer (*unknown*),
+//! never as *absent*.
+
+use crate::msg::{Answer, Consistency, ReadValue};
+use std::collections::BTreeSet;
+use tally_core::CounterSpec;
+
+/// What a workload counter is for; each role is checked by its own invariants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// `sync`, every increment with an event id: exact.
+    Sync,
+    /// `batched`, increments with and without event ids: bounded loss.
+    Batched,
+    /// `sync` with `distinct`: members counted by HyperLogLog.
+    Distinct,
+    /// `sync`, one shard, huge deltas: overflow refused, never wrapped.
+    Big,
+    /// `batched` with event ids, reconciled against an authoritative total.
+    Recon,
+}
+
+/// One workload counter.
+#[derive(Debug, Clone)]
+pub struct CounterInfo {
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// Its spec at creation.
+    pub spec: CounterSpec,
+    /// Amount the authoritative source knows beyond what was sent (recon counters):
+    /// increments recorded upstream that never reached the counter.
+    pub offline_extra: i128,
+}
+
+/// One attempt of an increment.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The event id it carried.
+    pub event_id: Option<String>,
+    /// When it was sent.
+    pub sent_ms: u64,
+    /// Every answer received for it (none: unknown), with the time.
+    pub answers: Vec<(u64, Answer)>,
+}
+
+/// One logical increment, with all its attempts.
+#[derive(Debug, Clone)]
+pub struct IncrOp {
+    /// The client.
+    pub client: u16,
+    /// Index into [`History::counters`].
+    pub counter: usize,
+    /// The delta.
+    pub delta: i64,
+    /// The distinct-count member, as a number (the member string is `m-{n}`).
+    pub member: Option<u32>,
+    /// When the client invoked it.
+    pub invoked_ms: u64,
+    /// Its attempts.
+    pub attempts: Vec<Attempt>,
+}
+
+/// What became of an increment, as far as the history tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Some attempt was answered applied or duplicate: counted once; the first such
+    /// answer came at `ack_ms`.
+    Applied {
+        /// The first acknowledgement.
+        ack_ms: u64,
+    },
+    /// Every attempt was refused (overflow or conflict). (One refused attempt says
+    /// nothing about another attempt of the same increment, nor about a duplicated
+    /// copy of its own submission, which may be counted later when the shard has room:
+    /// only a refusal after the cluster settled is final.)
+    Refused,
+    /// No attempt was answered definitely.
+    Unknown,
+}
+
+impl IncrOp {
+    /// This operation's status by the end of the history.
+    pub fn status(&self) -> Status {
+        self.status_at(u64::MAX)
+    }
+
+    /// This operation's status considering answers received before `t_ms`.
+    pub fn status_at(&self, t_ms: u64) -> Status {
+        let mut ack: Option<u64> = None;
+        let mut refused = !self.attempts.is_empty();
+        for a in &self.attempts {
+            let mut this_refused = false;
+            for &(at, ans) in &a.answers {
+                if at >= t_ms {
+                    continue;
+                }
+                match ans {
+                    Answer::Applied | Answer::Duplicate => ack = Some(ack.map_or(at, |x: u64| x.min(at))),
+                    Answer::Conflict | Answer::Overflow => this_refused = true,
+                    Answer::Unavailable => {}
+                }
+            }
+            refused &= this_refused;
+        }
+        match (ack, refused) {
+            (Some(ack_ms), _) => Status::Applied { ack_ms },
+            (None, true) => Status::Refused,
+            (None, false) => Status::Unknown,
+        }
+    }
+}
+
+/// One read of a total.
+#[derive(Debug, Clone)]
+pub struct ReadOp {
+    /// The counter.
+    pub counter: usize,
+    /// Which read.
+    pub consistency: Consistency,
+    /// When invoked.
+    pub invoked_ms: u64,
+    /// When answered (if it was).
+    pub done_ms: Option<u64>,
+    /// The answer.
+    pub value: Option<ReadValue>,
+    /// Taken after the cluster healed and every outcome was resolved.
+    pub settled: bool,
+}
+
+/// One distinct-count read.
+#[derive(Debug, Clone)]
+pub struct DistinctOp {
+    /// The counter.
+    pub counter: usize,
+    /// When invoked.
+    pub invoked_ms: u64,
+    /// When answered.
+    pub done_ms: Option<u64>,
+    /// (estimate, complete).
+    pub estimate: Option<(u64, bool)>,
+    /// Taken after the cluster healed and every outcome was resolved.
+    pub settled: bool,
+}
+
+/// One reconciliation.
+#[derive(Debug, Clone)]
+pub struct ReconcileOp {
+    /// The counter.
+    pub counter: usize,
+    /// The authoritative total it was given.
+    pub authoritative: i128,
+    /// When invoked.
+    pub invoked_ms: u64,
+    /// When answered.
+    pub done_ms: Option<u64>,
+    /// (before, drift).
+    pub result: Option<(i128, i128)>,
+}
+
+/// Kinds of injected faults, for the summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultKind {
+    /// A node crashed (volatile state gone, unflushed writes lost).
+    Crash,
+    /// A node was restarted after a crash or a failed flush.
+    Restart,
+    /// Two groups of nodes could not talk.
+    PartitionSymmetric,
+    /// One node could not send to another (the reverse worked).
+    PartitionOneWay,
+    /// A node stopped processing for a while.
+    Pause,
+    /// A flush failed and poisoned its node.
+    FsyncFailure,
+    /// The metadata leader failed over; writes were unavailable.
+    MetaOutage,
+    /// A message was lost.
+    MessageLost,
+    /// A message was delivered twice.
+    MessageDuplicated,
+    /// A message was dropped by a partition.
+    MessageCut,
+}
+
+impl FaultKind {
+    /// Every kind, in summary order.
+    pub const ALL: [FaultKind; 10] = [
+        FaultKind::Crash,
+        FaultKind::Restart,
+        FaultKind::PartitionSymmetric,
+        FaultKind::PartitionOneWay,
+        FaultKind::Pause,
+        FaultKind::FsyncFailure,
+        FaultKind::MetaOutage,
+        FaultKind::MessageLost,
+        FaultKind::MessageDuplicated,
+        FaultKind::MessageCut,
+    ];
+
+    /// A short name for tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Crash => "crash",
+            FaultKind::Restart => "restart",
+            FaultKind::PartitionSymmetric => "partition",
+            FaultKind::PartitionOneWay => "one-way partition",
+            FaultKind::Pause => "pause",
+            FaultKind::FsyncFailure => "fsync failure",
+            FaultKind::MetaOutage => "metadata failover",
+            FaultKind::MessageLost => "message lost",
+            FaultKind::MessageDuplicated => "message duplicated",
+            FaultKind::MessageCut => "message cut",
+        }
+    }
+}
+
+/// A period during which some node could not serve normally (down, paused, poisoned,
+/// cut off) or metadata was unavailable: bounds that hold only while the cluster is
+/// healthy are not checked across it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disturbance {
+    /// Start.
+    pub from_ms: u64,
+    /// End (exclusive).
+    pub to_ms: u64,
+}
+
+/// Everything a run recorded.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// The workload counters.
+    pub counters: Vec<CounterInfo>,
+    /// Increments.
+    pub incrs: Vec<IncrOp>,
+    /// Total reads.
+    pub reads: Vec<ReadOp>,
+    /// Distinct reads.
+    pub distincts: Vec<DistinctOp>,
+    /// Reconciliations.
+    pub reconciles: Vec<ReconcileOp>,
+    /// Times at which a node lost its volatile state and unflushed writes (crash, or
+    /// restart after a failed flush), with the node.
+    pub crashes: Vec<(u64, u8)>,
+    /// Periods of disturbance.
+    pub disturbances: Vec<Disturbance>,
+    /// When the cluster was healed (every fault ended).
+    pub healed_ms: u64,
+    /// When clients started resolving unknown outcomes: no message sent before is in
+    /// flight any more, so an answer to a later attempt is final.
+    pub settle_ms: u64,
+    /// Nodes that were ever members.
+    pub nodes: BTreeSet<u8>,
+}

@@ -1,0 +1,833 @@
+//! A node's shells, as state machines driven by the simulator: the gateway (routing
+//! every client request with `tally_core::router`), the shard shells (batching
+//! submissions, deciding with `tally_core::shard::decide`, committing to the node's
+//! `MemStore`, group-committing flushes and answering `sync` increments only after
+//! the flush), the aggregator (accumulators drained every `flush_ms`, remote drains
+//! resent under their drain id until answered), the rollup (refreshed by
+//! `tally_core::rollup::refresh_due`), the reconciler (idempotent correction ids) and
+//! the control-plane handlers (seal, merge sketch, export and import of moving shards).
+//!
+//! Volatile state is everything in [`Node`] except `store`: a crash drops it, and the
+//! store loses its unflushed suffix ([`MemStore::restart`]). A failed flush poisons
+//! the node: it acknowledges nothing more until restarted.
+
+use crate::config::*;
+use crate::history::FaultKind;
+use crate::msg::{Addr, Answer, Consistency, Msg, ReadValue, ShardAnswer, SubmitCtx};
+use crate::sim::{NodeTimer, Phase, Sim};
+use rand::Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use tally_core::dedup::DedupRecord;
+use tally_core::hash::hash64;
+use tally_core::limits::bufferable;
+use tally_core::meta::CounterMeta;
+use tally_core::rollup::refresh_due;
+use tally_core::router::{route, shard_of_event, RouteKey};
+use tally_core::shard::{decide, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX, DRAIN_ID_PREFIX};
+use tally_core::sketch::{member_hash, DistinctSketch};
+use tally_core::spec::Durability;
+use tally_core::{CounterName, ShardId};
+use tally_store::{MemStore, ShardImage, ShardWrite, Store};
+
+/// Seed of the hash that names reconciliation corrections.
+const CORRECTION_SEED: u64 = 0x7265_636f_6e63_696c;
+
+/// A submission waiting for its shard's next commit.
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    sub: Submission,
+    ctx: SubmitCtx,
+    reply_to: Addr,
+}
+
+/// One accumulator slot: buffered, acknowledged increments of one shard.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Acc {
+    sum: i64,
+    increments: u64,
+    members: Vec<u64>,
+    due_ms: u64,
+}
+
+/// A cached total.
+#[derive(Debug, Clone)]
+pub(crate) struct Cached {
+    read: ReadValue,
+    rollup_ms: u32,
+}
+
+/// One simulated node.
+pub(crate) struct Node {
+    /// Its index.
+    pub(crate) idx: u8,
+    /// Its store: survives crashes, minus the unflushed suffix.
+    pub(crate) store: MemStore,
+    /// Running (not crashed).
+    pub(crate) up: bool,
+    /// Bumped by every crash; timers of earlier incarnations are void.
+    pub(crate) incarnation: u64,
+    /// Processes nothing before this time.
+    pub(crate) paused_until: u64,
+    /// A flush failed: refuses writes until restarted.
+    pub(crate) poisoned: bool,
+    pending: BTreeMap<ShardId, Vec<Pending>>,
+    commit_scheduled: BTreeSet<ShardId>,
+    flush_waiters: Vec<(Addr, Msg)>,
+    flush_at: Option<u64>,
+    acc: BTreeMap<(CounterName, u16), Acc>,
+    drains: BTreeMap<String, (CounterName, Submission, u64)>,
+    drain_seq: u64,
+    rollup: BTreeMap<CounterName, Cached>,
+    changed: BTreeMap<CounterName, u64>,
+    sequence: BTreeMap<CounterName, u64>,
+}
+
+impl Node {
+    pub(crate) fn new(idx: u8) -> Self {
+        Self {
+            idx,
+            store: MemStore::new(),
+            up: true,
+            incarnation: 0,
+            paused_until: 0,
+            poisoned: false,
+            pending: BTreeMap::new(),
+            commit_scheduled: BTreeSet::new(),
+            flush_waiters: Vec::new(),
+            flush_at: None,
+            acc: BTreeMap::new(),
+            drains: BTreeMap::new(),
+            drain_seq: 0,
+            rollup: BTreeMap::new(),
+            changed: BTreeMap::new(),
+            sequence: BTreeMap::new(),
+        }
+    }
+
+    /// Drops every piece of volatile state, as a crash does.
+    fn forget(&mut self) {
+        let (idx, store, incarnation) = (self.idx, self.store.clone(), self.incarnation);
+        *self = Node::new(idx);
+        self.store = store;
+        self.incarnation = incarnation;
+    }
+}
+
+fn image_sketch(image: &ShardImage, meta: &CounterMeta) -> Option<DistinctSketch> {
+    match (&image.sketch, meta.spec.distinct) {
+        // A sketch that fails its checksum is a simulator bug: fail loudly.
+        (Some(b), _) => Some(DistinctSketch::from_bytes(b).expect("stored sketches decode")),
+        (None, true) => Some(DistinctSketch::new()),
+        (None, false) => None,
+    }
+}
+
+fn record_id(sub: &Submission) -> Option<&String> {
+    match sub {
+        Submission::Single { event_id, .. } => event_id.as_ref(),
+        Submission::Buffered { drain_id, .. } => drain_id.as_ref(),
+    }
+}
+
+impl Sim {
+    fn node(&mut self, n: u8) -> &mut Node {
+        &mut self.nodes[usize::from(n)]
+    }
+
+    pub(crate) fn start_node_timers(&mut self, n: u8) {
+        self.timer(n, AGGREGATOR_TICK_MS, NodeTimer::Aggregator);
+        self.timer(n, ROLLUP_TICK_MS, NodeTimer::Rollup);
+    }
+
+    /// Crashes node `n`: volatile state gone, a random part of the unflushed writes lost.
+    pub(crate) fn crash(&mut self, n: u8) {
+        let unflushed = self.node(n).store.unflushed_ops();
+        let keep = self.rng.random_range(0..=unflushed);
+        let node = self.node(n);
+        node.store = node.store.restart(keep);
+        node.incarnation += 1;
+        node.forget();
+        node.up = false;
+        node.poisoned = false;
+        node.paused_until = 0;
+        self.count(FaultKind::Crash);
+        self.history.crashes.push((self.now, n));
+        self.disturb(n);
+    }
+
+    /// Starts node `n` again on its store.
+    pub(crate) fn restart(&mut self, n: u8) {
+        let node = self.node(n);
+        node.up = true;
+        node.poisoned = false;
+        self.count(FaultKind::Restart);
+        self.start_node_timers(n);
+        self.undisturb(n);
+    }
+
+    fn poison(&mut self, n: u8) {
+        let node = self.node(n);
+        node.poisoned = true;
+        node.flush_waiters.clear();
+        self.count(FaultKind::FsyncFailure);
+        self.disturb(n);
+        self.timer(n, POISON_RESTART_MS, NodeTimer::PoisonRestart);
+    }
+
+    pub(crate) fn node_deliver(&mut self, n: u8, from: Addr, msg: Msg) {
+        match msg {
+            Msg::Incr { client, op, attempt, counter, delta, event_id, member } => {
+                self.gateway_incr(n, client, op, attempt, counter, delta, event_id, member)
+            }
+            Msg::Read { client, op, counter, consistency } => {
+                let read = self.gateway_read(n, &counter, consistency);
+                self.send(Addr::Node(n), Addr::Client(client), Msg::ReadReply { op, read });
+            }
+            Msg::Distinct { client, op, counter } => {
+                let estimate = self.distinct_read(n, &counter);
+                self.send(Addr::Node(n), Addr::Client(client), Msg::DistinctReply { op, estimate });
+            }
+            Msg::Reconcile { client, op, counter, authoritative } => {
+                self.gateway_reconcile(n, client, op, counter, authoritative)
+            }
+            Msg::Submit { shard, sub, ctx } => self.owner_submit(n, shard, sub, ctx, from),
+            Msg::SubmitReply { shard, sub, ctx, answer } => self.gateway_reply(n, shard, sub, ctx, answer),
+            Msg::Seal { shard } => self.owner_seal(n, shard),
+            Msg::MergeSketch { shard, sketch } => self.owner_merge(n, shard, &sketch),
+            Msg::Export { shard, epoch } => self.owner_export(n, shard, epoch),
+            Msg::Import { shard, epoch, image, dedup } => self.owner_import(n, shard, epoch, image, dedup),
+            Msg::IncrReply { .. }
+            | Msg::ReadReply { .. }
+            | Msg::DistinctReply { .. }
+            | Msg::ReconcileReply { .. }
+            | Msg::Sealed { .. }
+            | Msg::Merged { .. }
+            | Msg::Exported { .. }
+            | Msg::Imported { .. } => {}
+        }
+    }
+
+    pub(crate) fn node_timer(&mut self, n: u8, timer: NodeTimer) {
+        match timer {
+            NodeTimer::Commit(shard) => self.commit_shard(n, shard),
+            NodeTimer::Flush => {
+                if self.node(n).flush_at.is_some_and(|t| t <= self.now) {
+                    self.flush(n);
+                }
+            }
+            NodeTimer::Aggregator => {
+                self.aggregator_tick(n);
+                self.timer(n, AGGREGATOR_TICK_MS, NodeTimer::Aggregator);
+            }
+            NodeTimer::Rollup => {
+                self.rollup_tick(n);
+                self.timer(n, ROLLUP_TICK_MS, NodeTimer::Rollup);
+            }
+            NodeTimer::Resubmit { counter, sub, ctx } => self.route_submission(n, &counter, None, sub, ctx),
+            NodeTimer::PoisonRestart => {
+                if self.node(n).poisoned {
+                    self.crash(n);
+                    self.restart(n);
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- gateway
+
+    #[allow(clippy::too_many_arguments)]
+    fn gateway_incr(
+        &mut self,
+        n: u8,
+        client: u16,
+        op: u32,
+        attempt: u32,
+        counter: CounterName,
+        delta: i64,
+        event_id: Option<String>,
+        member: Option<String>,
+    ) {
+        let reply = |sim: &mut Sim, answer| {
+            sim.send(Addr::Node(n), Addr::Client(client), Msg::IncrReply { op, attempt, answer })
+        };
+        let Some(meta) = self.meta.counters.get(&counter).cloned() else {
+            return reply(self, Answer::Unavailable);
+        };
+        if self.node(n).poisoned || delta == 0 {
+            return reply(self, Answer::Unavailable);
+        }
+        let member = member.filter(|_| meta.spec.distinct).map(|m| member_hash(&m));
+        let writer = format!("w{client}");
+        let sequence = {
+            let s = self.node(n).sequence.entry(counter.clone()).or_default();
+            *s += 1;
+            *s
+        };
+        let key = RouteKey {
+            event_id: event_id.as_deref(),
+            writer: Some(&writer),
+            affinity: u64::from(client),
+            sequence,
+            random: self.rng.random(),
+        };
+        let index = route(meta.spec.router, meta.layout.shards, &key);
+        let changed = self.node(n).changed.entry(counter.clone()).or_default();
+        *changed = changed.saturating_add(delta.unsigned_abs());
+        if meta.spec.durability == Durability::Batched && event_id.is_none() && bufferable(delta) {
+            // Acknowledged once buffered; the aggregator delivers it within flush_ms.
+            let due_ms = self.now + u64::from(meta.spec.flush_ms);
+            let acc =
+                self.node(n).acc.entry((counter, index)).or_insert_with(|| Acc { due_ms, ..Acc::default() });
+            acc.sum += delta;
+            acc.increments += 1;
+            acc.members.extend(member);
+            return reply(self, Answer::Applied);
+        }
+        let sub = Submission::Single { delta, event_id, member };
+        let ctx = SubmitCtx::Client { client, op, attempt, hops: 0 };
+        self.route_submission(n, &counter, Some(index), sub, ctx);
+    }
+
+    /// Sends a submission to its shard on the counter's current layout. Submissions with
+    /// an event or drain id route by it; others keep `index` (taken modulo the layout).
+    fn route_submission(
+        &mut self,
+        n: u8,
+        counter: &CounterName,
+        index: Option<u16>,
+        sub: Submission,
+        ctx: SubmitCtx,
+    ) {
+        let Some(meta) = self.meta.counters.get(counter) else { return };
+        let shards = meta.layout.shards;
+        let index = match (record_id(&sub), index, &ctx) {
+            (Some(id), _, _) => shard_of_event(id, shards),
+            (None, Some(i), _) => i % shards,
+            (None, None, SubmitCtx::LocalDrain { index }) => index % shards,
+            (None, None, _) => 0,
+        };
+        let shard = ShardId::new(counter.clone(), meta.layout.generation, index);
+        let owner = self.meta.owner(&shard);
+        let ctx = match ctx {
+            SubmitCtx::LocalDrain { .. } => SubmitCtx::LocalDrain { index },
+            other => other,
+        };
+        self.send(Addr::Node(n), Addr::Node(owner), Msg::Submit { shard, sub, ctx });
+    }
+
+    fn gateway_reply(&mut self, n: u8, shard: ShardId, sub: Submission, ctx: SubmitCtx, answer: ShardAnswer) {
+        let retry = matches!(answer, ShardAnswer::Sealed | ShardAnswer::Moved);
+        match ctx {
+            SubmitCtx::Client { client, op, attempt, hops } => {
+                let answer = match answer {
+                    ShardAnswer::Done(o) => Answer::of(o),
+                    _ if hops < GATEWAY_HOPS_MAX => {
+                        let ctx = SubmitCtx::Client { client, op, attempt, hops: hops + 1 };
+                        let counter = shard.counter.clone();
+                        return self.timer(n, RESUBMIT_BACKOFF_MS, NodeTimer::Resubmit { counter, sub, ctx });
+                    }
+                    _ => Answer::Unavailable,
+                };
+                self.send(Addr::Node(n), Addr::Client(client), Msg::IncrReply { op, attempt, answer });
+            }
+            SubmitCtx::RemoteDrain => {
+                if !retry {
+                    if let Some(id) = record_id(&sub) {
+                        self.node(n).drains.remove(id);
+                    }
+                }
+            }
+            SubmitCtx::LocalDrain { index } => {
+                if retry {
+                    self.give_back(n, &shard.counter, index, sub);
+                }
+            }
+            SubmitCtx::Reconcile { client, op, before, drift, authoritative, hops } => {
+                let result = match answer {
+                    ShardAnswer::Done(Outcome::Applied | Outcome::Duplicate) => Some((before, drift)),
+                    ShardAnswer::Done(_) => None,
+                    _ if hops < GATEWAY_HOPS_MAX => {
+                        let ctx =
+                            SubmitCtx::Reconcile { client, op, before, drift, authoritative, hops: hops + 1 };
+                        let counter = shard.counter.clone();
+                        return self.timer(n, RESUBMIT_BACKOFF_MS, NodeTimer::Resubmit { counter, sub, ctx });
+                    }
+                    _ => None,
+                };
+                self.send(Addr::Node(n), Addr::Client(client), Msg::ReconcileReply { op, result });
+            }
+        }
+    }
+
+    fn give_back(&mut self, n: u8, counter: &CounterName, index: u16, sub: Submission) {
+        let Submission::Buffered { sum, increments, members, .. } = sub else { return };
+        let now = self.now;
+        let acc = self
+            .node(n)
+            .acc
+            .entry((counter.clone(), index))
+            .or_insert_with(|| Acc { due_ms: now, ..Acc::default() });
+        acc.sum += sum;
+        acc.increments += increments;
+        acc.members.extend(members);
+    }
+
+    /// A fresh read: `base` plus every current shard's committed value, read from its
+    /// owner. A shard whose owner cannot answer makes the read incomplete.
+    pub(crate) fn fresh_read(&self, n: u8, counter: &CounterName) -> Option<ReadValue> {
+        let meta = self.meta.counters.get(counter)?;
+        let mut value = meta.layout.base;
+        let mut complete = true;
+        for index in 0..meta.layout.shards {
+            let shard = ShardId::new(counter.clone(), meta.layout.generation, index);
+            let owner = self.meta.owner(&shard);
+            if !self.reachable(n, owner) {
+                complete = false;
+                continue;
+            }
+            let image = self.nodes[usize::from(owner)]
+                .store
+                .load_shard(&shard)
+                .expect("a running node's store is open");
+            value += i128::from(image.value);
+        }
+        Some(ReadValue { value, as_of_ms: self.now, staleness_ms: 0, complete })
+    }
+
+    fn gateway_read(&mut self, n: u8, counter: &CounterName, consistency: Consistency) -> Option<ReadValue> {
+        let meta = self.meta.counters.get(counter)?;
+        let rollup_ms = meta.spec.rollup_ms;
+        if consistency == Consistency::Fresh || rollup_ms == 0 {
+            return self.fresh_read(n, counter);
+        }
+        if let Some(c) = self.node(n).rollup.get(counter) {
+            let mut read = c.read;
+            read.staleness_ms = self.now.saturating_sub(read.as_of_ms);
+            return Some(read);
+        }
+        let read = self.fresh_read(n, counter)?;
+        if read.complete {
+            self.node(n).rollup.insert(counter.clone(), Cached { read, rollup_ms });
+            self.node(n).changed.insert(counter.clone(), 0);
+        }
+        Some(read)
+    }
+
+    fn distinct_read(&self, n: u8, counter: &CounterName) -> Option<(u64, bool)> {
+        let meta = self.meta.counters.get(counter)?;
+        let mut merged = DistinctSketch::new();
+        let mut complete = true;
+        for index in 0..meta.layout.shards {
+            let shard = ShardId::new(counter.clone(), meta.layout.generation, index);
+            let owner = self.meta.owner(&shard);
+            if !self.reachable(n, owner) {
+                complete = false;
+                continue;
+            }
+            let image = self.nodes[usize::from(owner)]
+                .store
+                .load_shard(&shard)
+                .expect("a running node's store is open");
+            if let Some(s) = image_sketch(&image, meta) {
+                merged.merge(&s);
+            }
+        }
+        Some((merged.estimate(), complete))
+    }
+
+    fn gateway_reconcile(&mut self, n: u8, client: u16, op: u32, counter: CounterName, authoritative: i128) {
+        let reply = |sim: &mut Sim, result| {
+            sim.send(Addr::Node(n), Addr::Client(client), Msg::ReconcileReply { op, result })
+        };
+        if self.node(n).poisoned {
+            return reply(self, None);
+        }
+        let Some(read) = self.fresh_read(n, &counter).filter(|r| r.complete) else {
+            return reply(self, None);
+        };
+        let before = read.value;
+        let drift = authoritative - before;
+        if drift == 0 {
+            return reply(self, Some((before, 0)));
+        }
+        let Ok(delta) = i64::try_from(drift) else { return reply(self, None) };
+        // The id is a function of (counter, authoritative, before): a retried or
+        // duplicated correction is deduplicated like any event id.
+        let mut key = counter.as_str().as_bytes().to_vec();
+        key.extend_from_slice(&authoritative.to_be_bytes());
+        key.extend_from_slice(&before.to_be_bytes());
+        let id = format!("~reconcile:{:016x}", hash64(CORRECTION_SEED, &key));
+        let ctx = SubmitCtx::Reconcile { client, op, before, drift, authoritative, hops: 0 };
+        if bug!(ReconcileTwice) {
+            let sub = Submission::Single { delta, event_id: Some(format!("{id}:again")), member: None };
+            self.route_submission(n, &counter, None, sub, ctx.clone());
+        }
+        let sub = Submission::Single { delta, event_id: Some(id), member: None };
+        self.route_submission(n, &counter, None, sub, ctx);
+    }
+
+    // ------------------------------------------------------------- aggregator
+
+    fn drain_id(&mut self, n: u8, index: u16, shards: u16) -> String {
+        let node = self.node(n);
+        node.drain_seq += 1;
+        let base = format!("{DRAIN_ID_PREFIX}{}:{}:{}", n, node.incarnation, node.drain_seq);
+        (0u32..)
+            .map(|salt| format!("{base}:{salt}"))
+            .find(|id| shard_of_event(id, shards) == index)
+            .expect("some salt routes to every shard")
+    }
+
+    fn aggregator_tick(&mut self, n: u8) {
+        let now = self.now;
+        let due: Vec<(CounterName, u16)> =
+            self.node(n).acc.iter().filter(|(_, a)| a.due_ms <= now).map(|(k, _)| k.clone()).collect();
+        for key in due {
+            let acc = self.node(n).acc.remove(&key).expect("listed just now");
+            let (counter, index) = key;
+            let Some(meta) = self.meta.counters.get(&counter) else { continue };
+            let (shards, generation) = (meta.layout.shards, meta.layout.generation);
+            if acc.increments == 0 {
+                continue;
+            }
+            let target = index % shards;
+            let shard = ShardId::new(counter.clone(), generation, target);
+            let owner = self.meta.owner(&shard);
+            if owner == n {
+                let sub = Submission::Buffered {
+                    sum: acc.sum,
+                    increments: acc.increments,
+                    members: acc.members,
+                    drain_id: None,
+                };
+                self.send(
+                    Addr::Node(n),
+                    Addr::Node(n),
+                    Msg::Submit { shard, sub, ctx: SubmitCtx::LocalDrain { index: target } },
+                );
+            } else {
+                // Remote: it carries an id and is resent unchanged until answered.
+                let id = self.drain_id(n, target, shards);
+                let sub = Submission::Buffered {
+                    sum: acc.sum,
+                    increments: acc.increments,
+                    members: acc.members,
+                    drain_id: Some(id.clone()),
+                };
+                self.node(n).drains.insert(id, (counter.clone(), sub.clone(), now));
+                self.send(
+                    Addr::Node(n),
+                    Addr::Node(owner),
+                    Msg::Submit { shard, sub, ctx: SubmitCtx::RemoteDrain },
+                );
+            }
+        }
+        let resend: Vec<String> = self
+            .node(n)
+            .drains
+            .iter()
+            .filter(|(_, (_, _, sent))| sent + DRAIN_RESEND_MS <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in resend {
+            let Some(entry) = self.node(n).drains.get_mut(&id) else { continue };
+            entry.2 = now;
+            let (counter, sub) = (entry.0.clone(), entry.1.clone());
+            self.route_submission(n, &counter, None, sub, SubmitCtx::RemoteDrain);
+        }
+    }
+
+    // ----------------------------------------------------------------- rollup
+
+    fn rollup_tick(&mut self, n: u8) {
+        let names: Vec<CounterName> = self.node(n).rollup.keys().cloned().collect();
+        for name in names {
+            let c = self.node(n).rollup[&name].clone();
+            let changed = self.node(n).changed.get(&name).copied().unwrap_or(0);
+            if !refresh_due(self.now, c.read.as_of_ms, c.rollup_ms, c.read.value, changed) {
+                continue;
+            }
+            match self.fresh_read(n, &name) {
+                Some(read) if read.complete => {
+                    self.node(n).rollup.insert(name.clone(), Cached { read, rollup_ms: c.rollup_ms });
+                    self.node(n).changed.insert(name, 0);
+                }
+                // Unreachable shards: keep serving the last total with its staleness.
+                _ => {}
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ shard shells
+
+    fn owner_submit(&mut self, n: u8, shard: ShardId, sub: Submission, ctx: SubmitCtx, reply_to: Addr) {
+        let node = self.node(n);
+        node.pending.entry(shard.clone()).or_default().push(Pending { sub, ctx, reply_to });
+        if node.commit_scheduled.insert(shard.clone()) {
+            self.timer(n, COMMIT_DELAY_MS, NodeTimer::Commit(shard));
+        }
+    }
+
+    fn answer(&mut self, n: u8, shard: &ShardId, p: Pending, answer: ShardAnswer) {
+        let msg = Msg::SubmitReply { shard: shard.clone(), sub: p.sub, ctx: p.ctx, answer };
+        self.send(Addr::Node(n), p.reply_to, msg);
+    }
+
+    /// Why this node may not commit to `shard` now, if it may not.
+    fn refusal(&self, n: u8, shard: &ShardId) -> Option<ShardAnswer> {
+        let Some(meta) = self.meta.counters.get(&shard.counter) else { return Some(ShardAnswer::Moved) };
+        if self.meta.owner(shard) != n || self.meta.moving(shard) {
+            return Some(ShardAnswer::Moved);
+        }
+        let layout = &meta.layout;
+        if shard.generation < layout.generation
+            || (shard.generation == layout.generation && layout.resharding.is_some())
+        {
+            return Some(ShardAnswer::Sealed);
+        }
+        None
+    }
+
+    /// The dedup records of the batch's ids: this shard's, then its shard's in each
+    /// sealed generation (`None` if one of those cannot be asked now).
+    fn lookup_prior(
+        &self,
+        n: u8,
+        shard: &ShardId,
+        meta: &CounterMeta,
+        queue: &[Pending],
+    ) -> Option<BTreeMap<String, DedupRecord>> {
+        let mut prior = BTreeMap::new();
+        for p in queue {
+            let Some(id) = record_id(&p.sub) else { continue };
+            if prior.contains_key(id) {
+                continue;
+            }
+            let store = &self.nodes[usize::from(n)].store;
+            if let Some(r) = store.dedup_get(shard, id).expect("a running node's store is open") {
+                prior.insert(id.clone(), r);
+                continue;
+            }
+            if bug!(DedupLostOnReshard) {
+                continue;
+            }
+            for g in meta.layout.sealed.iter().rev() {
+                let sid = ShardId::new(shard.counter.clone(), g.generation, shard_of_event(id, g.shards));
+                let owner = self.meta.owner(&sid);
+                if !self.reachable(n, owner) {
+                    return None;
+                }
+                let store = &self.nodes[usize::from(owner)].store;
+                if let Some(r) = store.dedup_get(&sid, id).expect("a running node's store is open") {
+                    prior.insert(id.clone(), r);
+                    break;
+                }
+            }
+        }
+        Some(prior)
+    }
+
+    fn commit_shard(&mut self, n: u8, shard: ShardId) {
+        self.node(n).commit_scheduled.remove(&shard);
+        let Some(mut queue) = self.node(n).pending.remove(&shard) else { return };
+        let rest = if queue.len() > COMMIT_SUBMISSIONS_MAX {
+            queue.split_off(COMMIT_SUBMISSIONS_MAX)
+        } else {
+            Vec::new()
+        };
+        if !rest.is_empty() {
+            self.node(n).pending.insert(shard.clone(), rest);
+            self.node(n).commit_scheduled.insert(shard.clone());
+            self.timer(n, COMMIT_DELAY_MS, NodeTimer::Commit(shard.clone()));
+        }
+        if let Some(refusal) = self.refusal(n, &shard) {
+            for p in queue {
+                self.answer(n, &shard, p, refusal);
+            }
+            return;
+        }
+        if self.node(n).poisoned {
+            // Nothing more is acknowledged; a local drain goes back to its accumulator.
+            for p in queue {
+                if let SubmitCtx::LocalDrain { index } = p.ctx {
+                    self.give_back(n, &shard.counter, index, p.sub);
+                }
+            }
+            return;
+        }
+        let meta = self.meta.counters[&shard.counter].clone();
+        let Some(prior) = self.lookup_prior(n, &shard, &meta, &queue) else {
+            // A sealed generation's shard cannot be asked: try the whole batch again shortly.
+            let node = self.node(n);
+            let mut back = queue;
+            back.extend(node.pending.remove(&shard).unwrap_or_default());
+            node.pending.insert(shard.clone(), back);
+            if node.commit_scheduled.insert(shard.clone()) {
+                self.timer(n, RESUBMIT_BACKOFF_MS, NodeTimer::Commit(shard));
+            }
+            return;
+        };
+        let store = self.nodes[usize::from(n)].store.clone();
+        let image = store.load_shard(&shard).expect("a running node's store is open");
+        let mut state = ShardState { value: image.value, sketch: image_sketch(&image, &meta) };
+        let subs: Vec<Submission> = queue.iter().map(|p| p.sub.clone()).collect();
+        let before = state.value;
+        let d = decide(&mut state, &subs, &prior, self.now, meta.spec.dedup_window_ms());
+        let wrote = d.writes(before);
+        if wrote {
+            let sketch = if d.sketch_changed {
+                state.sketch.as_ref().map(DistinctSketch::to_bytes)
+            } else {
+                image.sketch
+            };
+            let write = ShardWrite {
+                image: ShardImage { value: d.value, sketch },
+                dedup_put: d.dedup_put.clone(),
+                dedup_remove: Vec::new(),
+            };
+            store.commit(&shard, &write).expect("a running node's store is open");
+        }
+        let sync = meta.spec.durability == Durability::Sync;
+        let mut waiting = false;
+        for (p, outcome) in queue.into_iter().zip(d.outcomes) {
+            let single = matches!(p.sub, Submission::Single { .. });
+            if sync && single && !bug!(AckBeforeFlush) {
+                // Answered after the flush that follows this commit (a duplicate too:
+                // the record it matched may not be durable yet).
+                let msg = Msg::SubmitReply {
+                    shard: shard.clone(),
+                    sub: p.sub,
+                    ctx: p.ctx,
+                    answer: ShardAnswer::Done(outcome),
+                };
+                self.node(n).flush_waiters.push((p.reply_to, msg));
+                waiting = true;
+            } else {
+                self.answer(n, &shard, p, ShardAnswer::Done(outcome));
+            }
+        }
+        if waiting || (sync && wrote) {
+            self.schedule_flush(n, FSYNC_MS);
+        } else if wrote {
+            self.schedule_flush(n, u64::from(meta.spec.flush_ms));
+        }
+    }
+
+    fn schedule_flush(&mut self, n: u8, delay_ms: u64) {
+        let at = self.now + delay_ms;
+        let node = self.node(n);
+        if node.flush_at.is_none_or(|t| at < t) {
+            node.flush_at = Some(at);
+            self.timer(n, delay_ms, NodeTimer::Flush);
+        }
+    }
+
+    /// The group commit: one flush, then every waiting answer. A failed flush poisons
+    /// the node and its waiters are never answered. Returns whether it succeeded.
+    fn flush(&mut self, n: u8) -> bool {
+        self.node(n).flush_at = None;
+        if self.node(n).poisoned {
+            return false;
+        }
+        if self.phase == Phase::Chaos
+            && self.rates.fsync_fail > 0.0
+            && self.rng.random::<f64>() < self.rates.fsync_fail
+        {
+            self.node(n).store.fail_next_flushes(1);
+        }
+        match self.node(n).store.flush() {
+            Ok(()) => {
+                let waiters = std::mem::take(&mut self.node(n).flush_waiters);
+                for (to, msg) in waiters {
+                    self.send(Addr::Node(n), to, msg);
+                }
+                true
+            }
+            Err(_) => {
+                self.poison(n);
+                false
+            }
+        }
+    }
+
+    // ------------------------------------------------- control-plane handlers
+
+    fn owner_seal(&mut self, n: u8, shard: ShardId) {
+        if self.meta.owner(&shard) != n || self.node(n).poisoned {
+            return;
+        }
+        // Pending submissions are refused now (the layout is resharding).
+        if self.node(n).pending.contains_key(&shard) {
+            self.commit_shard(n, shard.clone());
+        }
+        // The final image is reported only once durable: its dedup records must
+        // outlive any crash, or a retry after the resharding would count again.
+        if !self.flush(n) {
+            return;
+        }
+        let image = self.node(n).store.load_shard(&shard).expect("a running node's store is open");
+        self.send(Addr::Node(n), Addr::Control, Msg::Sealed { shard, image });
+    }
+
+    fn owner_merge(&mut self, n: u8, shard: ShardId, sketch: &[u8]) {
+        if self.meta.owner(&shard) != n || self.node(n).poisoned {
+            return;
+        }
+        let store = self.node(n).store.clone();
+        let image = store.load_shard(&shard).expect("a running node's store is open");
+        let mut merged = match &image.sketch {
+            Some(b) => DistinctSketch::from_bytes(b).expect("stored sketches decode"),
+            None => DistinctSketch::new(),
+        };
+        merged.merge(&DistinctSketch::from_bytes(sketch).expect("sent sketches decode"));
+        let write = ShardWrite {
+            image: ShardImage { value: image.value, sketch: Some(merged.to_bytes()) },
+            ..ShardWrite::default()
+        };
+        store.commit(&shard, &write).expect("a running node's store is open");
+        if self.flush(n) {
+            self.send(Addr::Node(n), Addr::Control, Msg::Merged { shard });
+        }
+    }
+
+    fn owner_export(&mut self, n: u8, shard: ShardId, epoch: u64) {
+        if self.meta.membership.epoch != epoch || self.meta.owner(&shard) != n || self.node(n).poisoned {
+            return;
+        }
+        if !self.flush(n) {
+            return;
+        }
+        let store = &self.node(n).store;
+        let image = store.load_shard(&shard).expect("a running node's store is open");
+        let dedup = store.dedup_scan(&shard, None, usize::MAX).expect("a running node's store is open");
+        self.send(Addr::Node(n), Addr::Control, Msg::Exported { shard, epoch, image, dedup });
+    }
+
+    fn owner_import(
+        &mut self,
+        n: u8,
+        shard: ShardId,
+        epoch: u64,
+        image: ShardImage,
+        dedup: Vec<(String, DedupRecord)>,
+    ) {
+        let target = match &self.meta.membership.pending {
+            Some((_, ring)) => ring.owner(&shard).map(crate::metalog::node_index),
+            None => None,
+        };
+        // Only while this very move is in progress: a late copy must not overwrite.
+        if self.meta.membership.epoch != epoch || target != Some(n) || self.node(n).poisoned {
+            return;
+        }
+        // One atomic commit replaces whatever an earlier ownership left here: a crash
+        // can never keep half of a handover.
+        let store = self.node(n).store.clone();
+        let stale = store.dedup_scan(&shard, None, usize::MAX).expect("a running node's store is open");
+        let dedup_remove = stale.into_iter().map(|(id, _)| id).collect();
+        let write = ShardWrite { image, dedup_put: dedup, dedup_remove };
+        store.commit(&shard, &write).expect("a running node's store is open");
+        if self.flush(n) {
+            self.send(Addr::Node(n), Addr::Control, Msg::Imported { shard, epoch });
+        }
+    }
+}
