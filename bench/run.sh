@@ -1,0 +1,378 @@
+#!/usr/bin/env bash
+# Tally side by side with a PostgreSQL row counter and Redis INCR, measured on this
+# machine in one run. See bench/README.md.
+#
+#   bench/run.sh            the full suite (about 15 minutes), results in bench/results/
+#   bench/run.sh --quick    a smoke run (1-2 minutes), results in bench/results/quick/
+#
+# Options (mostly for working on the suite itself):
+#   --only SECTIONS   comma-separated subset of: postgres,redis,tally1,tally3,reads,sketch
+#   --out DIR         where results go
+# Environment: BENCH_DURATION_S, BENCH_WRITERS ("1 8 64 256"), BENCH_TMPDIR (default
+# /var/tmp; data directories must be on a real disk, fsync on tmpfs is free),
+# BENCH_KEEP_TMP=1 keeps data directories and server logs, BENCH_NO_BUILD=1 skips
+# `cargo build`, CARGO_TARGET_DIR picks the build directory.
+set -euo pipefail
+
+BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$BENCH")
+# shellcheck source=lib/common.sh
+source "$BENCH/lib/common.sh"
+# shellcheck source=lib/servers.sh
+source "$BENCH/lib/servers.sh"
+
+MODE=full
+SECTIONS="postgres redis tally1 tally3 reads sketch"
+OUT=""
+while (($#)); do
+  case $1 in
+    --quick) MODE=quick ;;
+    --only)
+      SECTIONS=${2//,/ }
+      shift
+      ;;
+    --out)
+      OUT=$2
+      shift
+      ;;
+    -h | --help)
+      sed -n '2,17p' "$0"
+      exit 0
+      ;;
+    *) die "unknown argument $1 (try --help)" ;;
+  esac
+  shift
+done
+
+if [[ $MODE == full ]]; then
+  DURATION_S=${BENCH_DURATION_S:-5}
+  WRITERS=${BENCH_WRITERS:-"1 8 64 256"}
+  READ_DURATION_S=${BENCH_READ_DURATION_S:-4}
+  READ_SHARDS="8 64 256"
+  SKETCH_PLAN=${BENCH_SKETCH_PLAN:-"1000:5,10000:5,100000:3,1000000:2,10000000:1"}
+  OUT=${OUT:-$BENCH/results}
+else
+  DURATION_S=${BENCH_DURATION_S:-2}
+  WRITERS=${BENCH_WRITERS:-"64"}
+  READ_DURATION_S=${BENCH_READ_DURATION_S:-1}
+  READ_SHARDS="64"
+  SKETCH_PLAN=${BENCH_SKETCH_PLAN:-"1000:2,10000:1,100000:1,1000000:1"}
+  OUT=${OUT:-$BENCH/results/quick}
+fi
+# Increments per request in the pipelined and batched rows: redis-benchmark -P and
+# tally load --batch.
+PIPELINE=16
+TALLY_SHARDS=64
+READ_WRITERS=8
+# Writers of the sync shard-count cells (the target's concurrency).
+SWEEP_WRITERS=64
+
+mkdir -p "$OUT/logs"
+RAW=$OUT/raw.jsonl
+SKETCH_RAW=$OUT/sketch.jsonl
+rm -f "$RAW" "$SKETCH_RAW" "$OUT"/logs/*.log
+
+TMP_ROOT=$(mktemp -d "${BENCH_TMPDIR:-/var/tmp}/tally-bench.XXXXXX")
+chmod 755 "$TMP_ROOT" # the postgres user must reach its data directory inside
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  stop_all
+  if [[ ${BENCH_KEEP_TMP:-0} == 1 ]]; then log "kept $TMP_ROOT"; else rm -rf "$TMP_ROOT"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- set-up
+
+install_deps() {
+  local pkgs=()
+  [[ -x $PY ]] || pkgs+=(python3)
+  command -v curl >/dev/null || pkgs+=(curl)
+  command -v redis-server >/dev/null || pkgs+=(redis-server)
+  command -v redis-benchmark >/dev/null || pkgs+=(redis-tools)
+  compgen -G "/usr/lib/postgresql/*/bin/pgbench" >/dev/null || pkgs+=(postgresql postgresql-contrib)
+  "$PY" -c 'import matplotlib' 2>/dev/null || pkgs+=(python3-matplotlib)
+  if ((${#pkgs[@]})); then
+    [[ $(id -u) == 0 ]] || die "missing Debian packages: ${pkgs[*]} (run as root, or install them)"
+    log "installing ${pkgs[*]} with apt-get"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+  fi
+}
+
+build_tally() {
+  local target=${CARGO_TARGET_DIR:-$REPO/target}
+  if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
+    log "cargo build --release --bin tallyd --bin tally"
+    (cd "$REPO" && cargo build --release --bin tallyd --bin tally)
+  fi
+  TALLYD=$target/release/tallyd
+  TALLY=$target/release/tally
+  [[ -x $TALLYD && -x $TALLY ]] || die "no tallyd/tally in $target/release"
+}
+
+write_meta() {
+  "$PY" - "$OUT/meta.json" "$@" <<'EOF'
+import json, os, platform, sys, time
+path, args = sys.argv[1], sys.argv[2:]
+meta = {}
+if os.path.exists(path) and "start" not in args:
+    meta = json.load(open(path))
+now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+load1 = os.getloadavg()[0]
+if "start" in args:
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal"))
+    meta.update(started=now, started_epoch=time.time(), load1_start=load1, cpu=cpu,
+                cores=os.cpu_count(), mem_gib=round(mem / 2**20, 1), kernel=platform.release())
+    for kv in args[1:]:
+        k, _, v = kv.partition("=")
+        meta[k] = v
+else:
+    meta.update(finished=now, load1_end=load1, elapsed_s=round(time.time() - meta["started_epoch"]))
+json.dump(meta, open(path, "w"), indent=2)
+EOF
+}
+
+versions() {
+  local pg redis tally rev
+  pg=$("$(pg_bin)/postgres" --version | awk '{print $3}')
+  redis=$(redis-server --version | awk '{print $3}' | sed 's/^v=//')
+  tally=$("$TALLY" --version | awk '{print $2}')
+  rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  echo "postgres=$pg" "redis=$redis" "tally=$tally" "tally_rev=$rev"
+}
+
+fs_type() { df --output=fstype "$1" | tail -n 1; }
+
+# measure ARGS... -- CMD...: one cell through lib/measure.py, appended to $RAW.
+measure() {
+  "$PY" "$BENCH/lib/measure.py" --out "$RAW" "$@"
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+section_postgres() {
+  log "== PostgreSQL: UPDATE of one hot row, and of a random row of 64"
+  start_postgres
+  psql_bench -d postgres -c "CREATE DATABASE bench"
+  psql_bench -d bench -c "CREATE TABLE counters (id int PRIMARY KEY, c bigint NOT NULL DEFAULT 0);
+    INSERT INTO counters (id) SELECT generate_series(1, $TALLY_SHARDS);"
+  psql_bench -d bench -c "VACUUM ANALYZE counters"
+  printf 'UPDATE counters SET c = c + 1 WHERE id = 1;\n' >"$TMP_ROOT/hot.sql"
+  printf '\\set r random(1, %d)\nUPDATE counters SET c = c + 1 WHERE id = :r;\n' "$TALLY_SHARDS" >"$TMP_ROOT/sharded.sql"
+  mkdir -p "$TMP_ROOT/pglog"
+  local count="$PG_BIN/psql -X -At -h 127.0.0.1 -p $PG_PORT -U postgres -d bench -c 'SELECT sum(c) FROM counters'"
+  local variant config w
+  for variant in hot sharded; do
+    if [[ $variant == hot ]]; then config="hot row UPDATE"; else config="$TALLY_SHARDS-row sharded UPDATE"; fi
+    for w in $WRITERS; do
+      log "PostgreSQL $config, $w writers"
+      measure --tool pgbench --server-pids "$PG_PID" --timeout "$(cell_timeout "$DURATION_S")" \
+        --pglog-prefix "$TMP_ROOT/pglog/tx" --log "$OUT/logs/postgres.log" --count-cmd "$count" \
+        --field section=write --field system=PostgreSQL --field config="$config" \
+        --field durability="synchronous_commit=on" --field requests=single --field batch=1 --field writers="$w" -- \
+        "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$w" -j "$((w < 2 ? w : 2))" \
+        -T "$DURATION_S" -f "$TMP_ROOT/$variant.sql" --log --log-prefix="$TMP_ROOT/pglog/tx" bench
+    done
+  done
+  stop_postgres
+}
+
+# ---------------------------------------------------------------- Redis
+
+# redis_requests WRITERS PIPELINE: a request count that lasts about DURATION_S,
+# from a short probe run (redis-benchmark stops after a count, not a time).
+redis_requests() {
+  local w=$1 pipe=$2 probe rps
+  probe=$((w * pipe * 20))
+  ((probe >= 2000)) || probe=2000
+  rps=$(timeout 60 redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$w" -n "$probe" -P "$pipe" -q INCR bench:hot |
+    tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | awk '{print int($1)}')
+  rps=${rps:-0}
+  local n=$((rps * DURATION_S))
+  echo $((n > probe ? n : probe))
+}
+
+section_redis() {
+  local fsync pipe w n requests
+  for fsync in always everysec; do
+    log "== Redis INCR, appendfsync $fsync"
+    start_redis "$fsync"
+    local count="redis-cli -h 127.0.0.1 -p $REDIS_PORT GET bench:hot"
+    for pipe in 1 "$PIPELINE"; do
+      if ((pipe == 1)); then requests=single; else requests="pipeline $pipe"; fi
+      for w in $WRITERS; do
+        n=$(redis_requests "$w" "$pipe")
+        log "Redis INCR appendfsync $fsync, $requests, $w writers, $n requests"
+        measure --tool redis --server-pids "$REDIS_PID" --timeout "$(cell_timeout "$((DURATION_S * 3))")" \
+          --log "$OUT/logs/redis.log" --count-cmd "$count" \
+          --field section=write --field system=Redis --field config="INCR, appendfsync $fsync" \
+          --field durability="appendfsync=$fsync" --field requests="$requests" --field batch="$pipe" \
+          --field writers="$w" -- \
+          redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$w" -n "$n" -P "$pipe" INCR bench:hot
+      done
+    done
+    stop_redis
+  done
+}
+
+# ---------------------------------------------------------------- Tally
+
+section_tally() {
+  local topo=$1 system first nodes dur batch requests w name
+  if [[ $topo == 1 ]]; then
+    system="Tally 1 node"
+    log "== Tally, single node"
+    start_tally_single
+  else
+    system="Tally 3 nodes"
+    log "== Tally, 3-node cluster"
+    start_tally_cluster
+  fi
+  first=${TALLY_URLS%% *}
+  nodes=${TALLY_URLS// /,}
+  for dur in sync batched; do
+    name=bench-$dur
+    tally_create "$first" "$name" --shards "$TALLY_SHARDS" --durability "$dur"
+    for batch in 1 "$PIPELINE"; do
+      if ((batch == 1)); then requests=single; else requests="batch $batch"; fi
+      for w in $WRITERS; do
+        log "$system, $dur counter, $requests, $w writers"
+        measure --tool tally --server-pids "$TALLY_PIDS" --timeout "$(cell_timeout "$DURATION_S")" \
+          --log "$OUT/logs/tally$topo.log" \
+          --field section=write --field system="$system" --field config="$dur counter, $TALLY_SHARDS shards" \
+          --field durability="$dur" --field requests="$requests" --field batch="$batch" --field writers="$w" -- \
+          "$TALLY" --node "$first" --json --timeout-ms 10000 load "$name" --writers "$w" \
+          --duration "${DURATION_S}s" --batch "$batch" --no-progress --verify --nodes "$nodes"
+      done
+    done
+  done
+  if [[ $topo == 1 ]]; then
+    # How a sync counter's shard count changes its rate: each commit cycle (one
+    # fsync) carries one store write per shard that has increments waiting.
+    local shards
+    for shards in 1 8; do
+      name=sync-$shards
+      tally_create "$first" "$name" --shards "$shards" --durability sync
+      log "$system, sync counter with $shards shards, single, $SWEEP_WRITERS writers"
+      measure --tool tally --server-pids "$TALLY_PIDS" --timeout "$(cell_timeout "$DURATION_S")" \
+        --log "$OUT/logs/tally$topo.log" \
+        --field section=write-shards --field system="$system" --field config="sync counter, $shards shard$( ((shards == 1)) || echo s)" \
+        --field durability=sync --field requests=single --field batch=1 --field writers="$SWEEP_WRITERS" \
+        --field shards="$shards" -- \
+        "$TALLY" --node "$first" --json --timeout-ms 10000 load "$name" --writers "$SWEEP_WRITERS" \
+        --duration "${DURATION_S}s" --batch 1 --no-progress --verify --nodes "$nodes"
+    done
+  fi
+  stop_tally
+}
+
+# ---------------------------------------------------------------- reads while writing
+
+# read_cells SYSTEM URL NAME SHARDS WRITERS: one cached and one fresh read cell.
+read_cells() {
+  local system=$1 url=$2 name=$3 shards=$4 writers=$5 consistency
+  for consistency in cached fresh; do
+    log "$system, $shards shards, $consistency reads, $writers writers writing"
+    measure --tool reader --server-pids "$TALLY_PIDS" --timeout "$(cell_timeout "$READ_DURATION_S")" \
+      --log "$OUT/logs/reads.log" \
+      --field section=read --field system="$system" --field shards="$shards" \
+      --field consistency="$consistency" --field writers="$writers" -- \
+      "$PY" "$BENCH/lib/reader.py" --url "$url" --counter "$name" --consistency "$consistency" \
+      --duration "$READ_DURATION_S"
+  done
+}
+
+section_reads() {
+  local topo system first nodes shards name wpid
+  for topo in 1 3; do
+    if [[ $topo == 1 ]]; then
+      system="Tally 1 node"
+      log "== reads, single node"
+      start_tally_single
+    else
+      system="Tally 3 nodes"
+      log "== reads, 3-node cluster"
+      start_tally_cluster
+    fi
+    first=${TALLY_URLS%% *}
+    nodes=${TALLY_URLS// /,}
+    for shards in $READ_SHARDS; do
+      name=read-$shards
+      tally_create "$first" "$name" --shards "$shards" --durability batched
+      # Give shards a value before the idle reads.
+      "$TALLY" --node "$first" load "$name" --writers "$shards" --duration 500ms --no-progress \
+        --nodes "$nodes" >/dev/null
+      sleep 0.3
+      read_cells "$system" "$first" "$name" "$shards" 0
+      # Writers run through both read cells (each: its duration plus the
+      # measurement's settle time).
+      local write_s=$((2 * READ_DURATION_S + 3))
+      timeout "$((write_s + 30))" "$TALLY" --node "$first" --json load "$name" --writers "$READ_WRITERS" \
+        --duration "${write_s}s" --no-progress --nodes "$nodes" >"$TMP_ROOT/readload.json" 2>&1 &
+      wpid=$!
+      register_pid "$wpid"
+      sleep 1
+      read_cells "$system" "$first" "$name" "$shards" "$READ_WRITERS"
+      wait "$wpid" || log "background writers of $name exited with status $?"
+      unregister_pid "$wpid"
+      cat "$TMP_ROOT/readload.json" >>"$OUT/logs/reads.log"
+      "$PY" - "$TMP_ROOT/readload.json" "$RAW" "$system" "$shards" <<'EOF'
+import json, sys
+src, raw, system, shards = sys.argv[1:]
+text = open(src).read()
+try:
+    report, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+    rate = report["increments_per_s"]
+except (ValueError, KeyError):
+    rate = None
+with open(raw, "a") as f:
+    f.write(json.dumps({"section": "read-writers", "system": system, "shards": int(shards), "incr_per_s": rate}) + "\n")
+EOF
+    done
+    stop_tally
+  done
+}
+
+# ---------------------------------------------------------------- distinct counts
+
+section_sketch() {
+  log "== distinct counts: Tally HyperLogLog against Redis PFADD/PFCOUNT ($SKETCH_PLAN)"
+  start_tally_single
+  start_redis everysec
+  timeout 1200 "$PY" "$BENCH/lib/sketch.py" --tally "${TALLY_URLS%% *}" --redis-port "$REDIS_PORT" \
+    --plan "$SKETCH_PLAN" --shards 1 >"$SKETCH_RAW"
+  stop_redis
+  stop_tally
+}
+
+# ---------------------------------------------------------------- main
+
+install_deps
+build_tally
+log "mode $MODE: cells of ${DURATION_S}s, writers $WRITERS; results in $OUT; data under $TMP_ROOT"
+# shellcheck disable=SC2046 # versions prints separate key=value words
+write_meta start mode="$MODE" duration_s="$DURATION_S" writers="$WRITERS" read_duration_s="$READ_DURATION_S" \
+  pipeline="$PIPELINE" tally_shards="$TALLY_SHARDS" read_writers="$READ_WRITERS" sketch_plan="$SKETCH_PLAN" \
+  tmp_fs="$(fs_type "$TMP_ROOT")" $(versions)
+[[ $(fs_type "$TMP_ROOT") != tmpfs ]] || log "warning: $TMP_ROOT is on tmpfs, where fsync costs nothing"
+
+for section in $SECTIONS; do
+  case $section in
+    postgres) section_postgres ;;
+    redis) section_redis ;;
+    tally1) section_tally 1 ;;
+    tally3) section_tally 3 ;;
+    reads) section_reads ;;
+    sketch) section_sketch ;;
+    *) die "unknown section $section" ;;
+  esac
+done
+
+write_meta end
+"$PY" "$BENCH/lib/report.py" "$OUT"
+log "done: $OUT/results.md"
