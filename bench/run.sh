@@ -126,7 +126,11 @@ load1 = os.getloadavg()[0]
 if "start" in args:
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal"))
-    meta.update(started=now, started_epoch=time.time(), load1_start=load1, cpu=cpu,
+    try:
+        pressure = open("/proc/pressure/cpu").readline().split()[2].split("=")[1]
+    except (OSError, IndexError):
+        pressure = "?"
+    meta.update(started=now, started_epoch=time.time(), load1_start=load1, cpu=cpu, cpu_pressure_start=pressure,
                 cores=os.cpu_count(), mem_gib=round(mem / 2**20, 1), kernel=platform.release())
     for kv in args[1:]:
         k, _, v = kv.partition("=")
@@ -142,7 +146,8 @@ versions() {
   pg=$("$(pg_bin)/postgres" --version | awk '{print $3}')
   redis=$(redis-server --version | awk '{print $3}' | sed 's/^v=//')
   tally=$("$TALLY" --version | awk '{print $2}')
-  rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  # The last commit that changed Tally itself (anything outside bench/).
+  rev=$(git -C "$REPO" log -1 --format=%h -- . ':!bench' 2>/dev/null || echo unknown)
   echo "postgres=$pg" "redis=$redis" "tally=$tally" "tally_rev=$rev"
 }
 

@@ -42,6 +42,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # backends) to exit, so their CPU time is reaped into the root's cutime before the last
 # sample.
 SETTLE_S = 0.5
+# A client that produced no figures (it could not even start its run) is run again once.
+ATTEMPTS_RETRIED = 1
 
 
 def read_stat(pid):
@@ -218,6 +220,8 @@ def parse_tally(text):
         "p999_us": lat["p999"],
         "per_increment_p50_us": report["latency_us"]["per_increment"]["p50"],
         "verified": None if verify is None else bool(verify["pass"]),
+        "grew": None if verify is None else verify["grew"],
+        "verify_complete": None if verify is None else verify["complete"],
     }
 
 
@@ -230,30 +234,9 @@ def count(shell_cmd):
         return None
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--tool", choices=["pgbench", "redis", "tally", "reader"], required=True)
-    ap.add_argument("--server-pids", required=True, help="space-separated root PIDs")
-    ap.add_argument("--field", action="append", default=[], help="key=value copied into the record")
-    ap.add_argument("--timeout", type=float, required=True, help="seconds before the client is killed")
-    ap.add_argument("--pglog-prefix")
-    ap.add_argument("--log", help="file that receives the client's output")
-    ap.add_argument(
-        "--count-cmd",
-        help="shell command printing the counter's total; run before and after the client to "
-        "check that it grew by exactly the acknowledged increments",
-    )
-    ap.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    roots = [int(p) for p in args.server_pids.split()]
-
+def run_once(args, cmd, roots):
+    """Runs the client once while sampling the servers; the cell's figures."""
     record = {}
-    for kv in args.field:
-        key, _, value = kv.partition("=")
-        record[key] = int(value) if value.lstrip("-").isdigit() else value
-
     before = count(args.count_cmd) if args.count_cmd else None
     cpu_start, _, _ = sample(roots)
     mon = Monitor(roots)
@@ -299,6 +282,8 @@ def main():
     except (ValueError, KeyError, OSError) as e:
         record["parse_error"] = f"{type(e).__name__}: {e}"
         print(f"measure.py: could not parse the client's output: {e}", file=sys.stderr)
+    for key in [k for k, v in record.items() if v is None]:
+        del record[key]  # a figure the output lacked is absent, not null
     if before is not None and "acknowledged" in record:
         after = count(args.count_cmd)
         grew = None if before is None or after is None else after - before
@@ -306,6 +291,45 @@ def main():
         record["verified"] = grew == record["acknowledged"]
     if proc.returncode == 124 or proc.returncode == 137:
         record["note"] = "client killed by timeout"
+    return record
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tool", choices=["pgbench", "redis", "tally", "reader"], required=True)
+    ap.add_argument("--server-pids", required=True, help="space-separated root PIDs")
+    ap.add_argument("--field", action="append", default=[], help="key=value copied into the record")
+    ap.add_argument("--timeout", type=float, required=True, help="seconds before the client is killed")
+    ap.add_argument("--pglog-prefix")
+    ap.add_argument("--log", help="file that receives the client's output")
+    ap.add_argument(
+        "--count-cmd",
+        help="shell command printing the counter's total; run before and after the client to "
+        "check that it grew by exactly the acknowledged increments",
+    )
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    roots = [int(p) for p in args.server_pids.split()]
+
+    record = {}
+    for kv in args.field:
+        key, _, value = kv.partition("=")
+        record[key] = int(value) if value.lstrip("-").isdigit() else value
+
+    first_failure = None
+    for attempt in range(1 + ATTEMPTS_RETRIED):
+        result = run_once(args, cmd, roots)
+        if "incr_per_s" in result or "reads_per_s" in result or attempt == ATTEMPTS_RETRIED:
+            break
+        # The client produced no figures at all (it could not start its run): say so, retry once.
+        first_failure = result.get("parse_error") or f"exit {result['exit_code']}"
+        print(f"measure.py: the client failed ({first_failure}); retrying once", file=sys.stderr)
+        time.sleep(1)
+    record.update(result)
+    if first_failure:
+        record["note"] = f"first attempt failed ({first_failure}), retried"
 
     with open(args.out, "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -78,8 +78,18 @@ def verified_text(r):
         return "–"
     if v:
         return "yes"
-    grew = r.get("grew")
-    return f"NO (grew {grew}, acked {r.get('acknowledged')})" if grew is not None else "NO"
+    grew, acked, failed = r.get("grew"), r.get("acknowledged"), r.get("failed") or 0
+    if grew is None or acked is None:
+        return "NO"
+    if failed and acked <= grew <= acked + failed:
+        # A failed request's outcome is unknown (it may have been applied): the total must
+        # lie between the acknowledged count and that plus the failed ones.
+        return f"within bounds: grew {num(grew)} = acked + {num(grew - acked)} of {num(failed)} failed"
+    return f"NO (grew {num(grew)}, acked {num(acked)})"
+
+
+def plural(n, word):
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def find(rows, **kw):
@@ -156,7 +166,7 @@ def targets(writes, sketch_rows, raw):
                 if system == "Tally 1 node":
                     verdicts.append((w, ok))
                 lines.append(
-                    f"  - {system}, {w} writers: {num(t['incr_per_s'])} against {num(rd['incr_per_s'])} "
+                    f"  - {system}, {plural(w, 'writer')}: {num(t['incr_per_s'])} against {num(rd['incr_per_s'])} "
                     f"= {r:.2f}× (p99 {us(t['p99_us'])} µs against {us(rd['p99_us'])} µs) — {'PASS' if ok else 'MISS'}"
                 )
         if not verdicts:
@@ -164,7 +174,7 @@ def targets(writes, sketch_rows, raw):
             return
         missed = [w for w, ok in verdicts if not ok]
         verdict = "PASS" if not missed else "MISS"
-        why = "" if not missed else f" (single node below Redis at {', '.join(map(str, missed))} writers)"
+        why = "" if not missed else f" (single node below Redis at {', '.join(map(str, missed))} writer{'s' if missed != [1] else ''})"
         out.append(f"{n}. **{title}: {verdict}**{why}")
         out.extend(lines)
 
@@ -205,6 +215,13 @@ def targets(writes, sketch_rows, raw):
         why = "" if not missed else f" ({'; '.join(missed)})"
         out.append(f"4. **Distinct-count error ≤ Redis's at equal or smaller memory: {verdict}**{why}")
         out.extend(lines)
+        dense = [r for r in sketch_rows if r["n"] >= 10_000]
+        if dense:
+            rms = lambda key: math.sqrt(sum(r[key] ** 2 for r in dense) / len(dense))  # noqa: E731
+            out.append(
+                f"  - all {len(dense)} trials with n ≥ 10,000 (both sketches dense) pooled: RMS error "
+                f"{rms('tally_error'):.3%} against {rms('redis_error'):.3%} (standard error of 2^14 registers: 0.81 %)"
+            )
     else:
         out.append("4. Distinct-count error against Redis: not measured in this run")
     return out
@@ -330,11 +347,12 @@ def plot_reads(reads, path):
         ax.set_yscale("log")
         ax.set_title("no writers" if writers == 0 else f"while {writers} writers write")
         ax.grid(True, axis="y", which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
     axes[0][0].set_ylabel("p99 read latency, µs (log)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=9)
     fig.suptitle("Read latency: cached rollup against fresh sum of shards")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -403,11 +421,12 @@ def main():
     )
     md.append(
         f"- 1-minute load average {meta.get('load1_start', 0):.2f} at the start, {meta.get('load1_end', 0):.2f} "
-        "at the end; clients and servers share the same cores"
+        f"at the end; CPU pressure before the run (PSI `some avg60`, other work on this shared machine): "
+        f"{meta.get('cpu_pressure_start', '?')} %; clients and servers share the same cores"
     )
     md.append(
         f"- PostgreSQL {meta.get('postgres', '?')}, Redis {meta.get('redis', '?')}, Tally {meta.get('tally', '?')} "
-        f"(commit {meta.get('tally_rev', '?')}, release build)"
+        f"(code at commit {meta.get('tally_rev', '?')}, release build)"
     )
     md.append(
         f"- write cells: {meta.get('duration_s', '?')} s each, writers {meta.get('writers', '?')}; "
@@ -523,6 +542,28 @@ def main():
             )
         md.append("")
         md.append("![sketch error](sketch_error.png)")
+        md.append("")
+    notes = [r for r in raw if r.get("section", "").startswith("write") or r.get("section") == "read"]
+    notes = [r for r in notes if r.get("failed") or r.get("errors") not in (None, {}, "{}") or r.get("note") or r.get("parse_error")
+             or r.get("verified") is False]
+    if notes:
+        md.append("## Cells with errors")
+        md.append("")
+        for r in notes:
+            what = f"{r['system']}, {r.get('config', str(r.get('shards')) + ' shards ' + r.get('consistency', ''))}"
+            what += f", {r.get('requests', 'reads')}, {plural(r['writers'], 'writer')}"
+            parts = []
+            if r.get("failed"):
+                parts.append(f"{num(r['failed'])} increments failed: {json.dumps(r.get('errors'))}")
+            elif r.get("errors") not in (None, {}, "{}"):
+                parts.append(f"errors {r['errors']}")
+            if r.get("note"):
+                parts.append(r["note"])
+            if r.get("verified") is False:
+                parts.append(f"verification: {verified_text(r)}")
+            if r.get("parse_error"):
+                parts.append(f"no figures ({r['parse_error']}; see logs/)")
+            md.append(f"- {what}: {'; '.join(parts)}")
         md.append("")
     md.append("Raw records: `raw.jsonl`, `sketch.jsonl`; the clients' own output: `logs/`.")
     md.append("")
