@@ -2,7 +2,7 @@
 # Tally side by side with a PostgreSQL row counter and Redis INCR, measured on this
 # machine in one run. See bench/README.md.
 #
-#   bench/run.sh            the full suite (about 15 minutes), results in bench/results/
+#   bench/run.sh            the full suite (about 10 minutes), results in bench/results/
 #   bench/run.sh --quick    a smoke run (1-2 minutes), results in bench/results/quick/
 #
 # Options (mostly for working on the suite itself):
@@ -44,8 +44,12 @@ while (($#)); do
   shift
 done
 
+# Cells stay shorter than a node's idle keep-alive limit (http.header_read_timeout_ms,
+# 5 s): `tally load --verify` reuses its control connection after the run, and when
+# the run lasts about as long as that limit, the node may close the connection just
+# as the verifying request goes out ("connection closed before message completed").
 if [[ $MODE == full ]]; then
-  DURATION_S=${BENCH_DURATION_S:-5}
+  DURATION_S=${BENCH_DURATION_S:-4}
   WRITERS=${BENCH_WRITERS:-"1 8 64 256"}
   READ_DURATION_S=${BENCH_READ_DURATION_S:-4}
   READ_SHARDS="8 64 256"
