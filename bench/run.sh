@@ -179,13 +179,16 @@ section_postgres() {
   for variant in hot sharded; do
     if [[ $variant == hot ]]; then config="hot row UPDATE"; else config="$TALLY_SHARDS-row sharded UPDATE"; fi
     for w in $WRITERS; do
+      # pgbench's -T also runs while its connections open (one backend process each,
+      # seconds for 256 of them on a loaded machine); its tps excludes that time, and
+      # the longer -T leaves at least DURATION_S of transactions.
       log "PostgreSQL $config, $w writers"
       measure --tool pgbench --server-pids "$PG_PID" --timeout "$(cell_timeout "$DURATION_S")" \
         --pglog-prefix "$TMP_ROOT/pglog/tx" --log "$OUT/logs/postgres.log" --count-cmd "$count" \
         --field section=write --field system=PostgreSQL --field config="$config" \
         --field durability="synchronous_commit=on" --field requests=single --field batch=1 --field writers="$w" -- \
         "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$w" -j "$((w < 2 ? w : 2))" \
-        -T "$DURATION_S" -f "$TMP_ROOT/$variant.sql" --log --log-prefix="$TMP_ROOT/pglog/tx" bench
+        -T "$((DURATION_S + 1 + w / 32))" -f "$TMP_ROOT/$variant.sql" --log --log-prefix="$TMP_ROOT/pglog/tx" bench
     done
   done
   stop_postgres
@@ -371,6 +374,7 @@ write_meta start mode="$MODE" duration_s="$DURATION_S" writers="$WRITERS" read_d
 [[ $(fs_type "$TMP_ROOT") != tmpfs ]] || log "warning: $TMP_ROOT is on tmpfs, where fsync costs nothing"
 
 for section in $SECTIONS; do
+  "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "before $section"
   case $section in
     postgres) section_postgres ;;
     redis) section_redis ;;
@@ -382,6 +386,7 @@ for section in $SECTIONS; do
   esac
 done
 
+"$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "at the end"
 write_meta end
 "$PY" "$BENCH/lib/report.py" "$OUT"
 log "done: $OUT/results.md"

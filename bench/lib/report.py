@@ -433,6 +433,12 @@ def main():
         f"Tally counters have {meta.get('tally_shards', '?')} shards; pipelined/batched rows carry "
         f"{meta.get('pipeline', '?')} increments per request"
     )
+    probes = [r for r in raw if r.get("section") == "fsync"]
+    if probes:
+        md.append(
+            "- fsync of a 4 KiB append on the data disk (`lib/fsync_probe.py`), p50 / p99 µs: "
+            + "; ".join(f"{r['label']} {num(r['p50_us'])} / {num(r['p99_us'])}" for r in probes)
+        )
     md.append("")
     md.append("## Targets")
     md.append("")
