@@ -162,10 +162,15 @@ measure() {
   "$PY" "$BENCH/lib/measure.py" --out "$RAW" "$@"
 }
 
-# ---------------------------------------------------------------- PostgreSQL
+# ---------------------------------------------------------------- writes
+#
+# Every server of the write cells runs for the whole phase, and the cells go writer
+# count by writer count: at each concurrency, PostgreSQL, Redis and Tally are measured
+# within a minute or two of each other. The disk is shared with other work and its
+# fsync latency moves by 10x over minutes; measured system after system, the durable
+# rows would compare different disks. Idle servers cost little (see README.md).
 
-section_postgres() {
-  log "== PostgreSQL: UPDATE of one hot row, and of a random row of 64"
+setup_postgres() {
   start_postgres
   psql_bench -d postgres -c "CREATE DATABASE bench"
   psql_bench -d bench -c "CREATE TABLE counters (id int PRIMARY KEY, c bigint NOT NULL DEFAULT 0);
@@ -174,113 +179,143 @@ section_postgres() {
   printf 'UPDATE counters SET c = c + 1 WHERE id = 1;\n' >"$TMP_ROOT/hot.sql"
   printf '\\set r random(1, %d)\nUPDATE counters SET c = c + 1 WHERE id = :r;\n' "$TALLY_SHARDS" >"$TMP_ROOT/sharded.sql"
   mkdir -p "$TMP_ROOT/pglog"
-  local count="$PG_BIN/psql -X -At -h 127.0.0.1 -p $PG_PORT -U postgres -d bench -c 'SELECT sum(c) FROM counters'"
-  local variant config w
-  for variant in hot sharded; do
-    if [[ $variant == hot ]]; then config="hot row UPDATE"; else config="$TALLY_SHARDS-row sharded UPDATE"; fi
-    for w in $WRITERS; do
-      # pgbench's -T also runs while its connections open (one backend process each,
-      # seconds for 256 of them on a loaded machine); its tps excludes that time, and
-      # the longer -T leaves at least DURATION_S of transactions.
-      log "PostgreSQL $config, $w writers"
-      measure --tool pgbench --server-pids "$PG_PID" --timeout "$(cell_timeout "$DURATION_S")" \
-        --pglog-prefix "$TMP_ROOT/pglog/tx" --log "$OUT/logs/postgres.log" --count-cmd "$count" \
-        --field section=write --field system=PostgreSQL --field config="$config" \
-        --field durability="synchronous_commit=on" --field requests=single --field batch=1 --field writers="$w" -- \
-        "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$w" -j "$((w < 2 ? w : 2))" \
-        -T "$((DURATION_S + 1 + w / 32))" -f "$TMP_ROOT/$variant.sql" --log --log-prefix="$TMP_ROOT/pglog/tx" bench
-    done
-  done
-  stop_postgres
 }
 
-# ---------------------------------------------------------------- Redis
+# pg_cell VARIANT WRITERS
+pg_cell() {
+  local variant=$1 w=$2 config
+  if [[ $variant == hot ]]; then config="hot row UPDATE"; else config="$TALLY_SHARDS-row sharded UPDATE"; fi
+  local count="$PG_BIN/psql -X -At -h 127.0.0.1 -p $PG_PORT -U postgres -d bench -c 'SELECT sum(c) FROM counters'"
+  # pgbench's -T also runs while its connections open (one backend process each,
+  # seconds for 256 of them on a loaded machine); its tps excludes that time, and the
+  # longer -T leaves at least DURATION_S of transactions.
+  log "PostgreSQL $config, $w writers"
+  measure --tool pgbench --server-pids "$PG_PID" --timeout "$(cell_timeout "$DURATION_S")" \
+    --pglog-prefix "$TMP_ROOT/pglog/tx" --log "$OUT/logs/postgres.log" --count-cmd "$count" \
+    --field section=write --field system=PostgreSQL --field config="$config" \
+    --field durability="synchronous_commit=on" --field requests=single --field batch=1 --field writers="$w" -- \
+    "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$w" -j "$((w < 2 ? w : 2))" \
+    -T "$((DURATION_S + 1 + w / 32))" -f "$TMP_ROOT/$variant.sql" --log --log-prefix="$TMP_ROOT/pglog/tx" bench
+}
 
-# redis_requests WRITERS PIPELINE: a request count that lasts about DURATION_S,
+# redis_requests PORT WRITERS PIPELINE: a request count that lasts about DURATION_S,
 # from a short probe run (redis-benchmark stops after a count, not a time).
 redis_requests() {
-  local w=$1 pipe=$2 probe rps
+  local port=$1 w=$2 pipe=$3 probe rps
   probe=$((w * pipe * 20))
   ((probe >= 2000)) || probe=2000
-  rps=$(timeout 60 redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$w" -n "$probe" -P "$pipe" -q INCR bench:hot |
+  rps=$(timeout 60 redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$probe" -P "$pipe" -q INCR bench:hot |
     tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | awk '{print int($1)}')
   rps=${rps:-0}
   local n=$((rps * DURATION_S))
   echo $((n > probe ? n : probe))
 }
 
-section_redis() {
-  local fsync pipe w n requests
-  for fsync in always everysec; do
-    log "== Redis INCR, appendfsync $fsync"
-    start_redis "$fsync"
-    local count="redis-cli -h 127.0.0.1 -p $REDIS_PORT GET bench:hot"
-    for pipe in 1 "$PIPELINE"; do
-      if ((pipe == 1)); then requests=single; else requests="pipeline $pipe"; fi
-      for w in $WRITERS; do
-        n=$(redis_requests "$w" "$pipe")
-        log "Redis INCR appendfsync $fsync, $requests, $w writers, $n requests"
-        measure --tool redis --server-pids "$REDIS_PID" --timeout "$(cell_timeout "$((DURATION_S * 3))")" \
-          --log "$OUT/logs/redis.log" --count-cmd "$count" \
-          --field section=write --field system=Redis --field config="INCR, appendfsync $fsync" \
-          --field durability="appendfsync=$fsync" --field requests="$requests" --field batch="$pipe" \
-          --field writers="$w" -- \
-          redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$w" -n "$n" -P "$pipe" INCR bench:hot
-      done
-    done
-    stop_redis
-  done
+# redis_cell FSYNC PIPELINE WRITERS
+redis_cell() {
+  local fsync=$1 pipe=$2 w=$3 port pid requests n
+  if [[ $fsync == always ]]; then port=$REDIS_ALWAYS_PORT pid=$REDIS_ALWAYS_PID; else port=$REDIS_EVERYSEC_PORT pid=$REDIS_EVERYSEC_PID; fi
+  if ((pipe == 1)); then requests=single; else requests="pipeline $pipe"; fi
+  n=$(redis_requests "$port" "$w" "$pipe")
+  log "Redis INCR appendfsync $fsync, $requests, $w writers, $n requests"
+  measure --tool redis --server-pids "$pid" --timeout "$(cell_timeout "$((DURATION_S * 3))")" \
+    --log "$OUT/logs/redis.log" --count-cmd "redis-cli -h 127.0.0.1 -p $port GET bench:hot" \
+    --field section=write --field system=Redis --field config="INCR, appendfsync $fsync" \
+    --field durability="appendfsync=$fsync" --field requests="$requests" --field batch="$pipe" \
+    --field writers="$w" -- \
+    redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$n" -P "$pipe" INCR bench:hot
 }
 
-# ---------------------------------------------------------------- Tally
+# tally_cell TOPO(1|3) COUNTER CONFIG DURABILITY BATCH WRITERS [SECTION]
+tally_cell() {
+  local topo=$1 name=$2 config=$3 dur=$4 batch=$5 w=$6 section=${7:-write} urls pids system requests
+  if [[ $topo == 1 ]]; then urls=$T1_URLS pids=$T1_PIDS system="Tally 1 node"; else urls=$T3_URLS pids=$T3_PIDS system="Tally 3 nodes"; fi
+  if ((batch == 1)); then requests=single; else requests="batch $batch"; fi
+  log "$system, $config, $requests, $w writers"
+  measure --tool tally --server-pids "$pids" --timeout "$(cell_timeout "$DURATION_S")" \
+    --log "$OUT/logs/tally$topo.log" \
+    --field section="$section" --field system="$system" --field config="$config" \
+    --field durability="$dur" --field requests="$requests" --field batch="$batch" --field writers="$w" -- \
+    "$TALLY" --node "${urls%% *}" --json --timeout-ms 10000 load "$name" --writers "$w" \
+    --duration "${DURATION_S}s" --batch "$batch" --no-progress --verify --nodes "${urls// /,}"
+}
 
-section_tally() {
-  local topo=$1 system first nodes dur batch requests w name
-  if [[ $topo == 1 ]]; then
-    system="Tally 1 node"
-    log "== Tally, single node"
-    start_tally_single
-  else
-    system="Tally 3 nodes"
-    log "== Tally, 3-node cluster"
-    start_tally_cluster
+# The write phase, for the systems named in $SECTIONS (postgres, redis, tally1, tally3).
+phase_writes() {
+  local want_pg=0 want_redis=0 want_t1=0 want_t3=0 s
+  for s in $SECTIONS; do
+    case $s in
+      postgres) want_pg=1 ;;
+      redis) want_redis=1 ;;
+      tally1) want_t1=1 ;;
+      tally3) want_t3=1 ;;
+    esac
+  done
+  ((want_pg + want_redis + want_t1 + want_t3)) || return 0
+  log "== writes: starting every server of the phase"
+  if ((want_pg)); then setup_postgres; fi
+  if ((want_redis)); then
+    start_redis always
+    REDIS_ALWAYS_PORT=$REDIS_PORT REDIS_ALWAYS_PID=$REDIS_PID
+    start_redis everysec
+    REDIS_EVERYSEC_PORT=$REDIS_PORT REDIS_EVERYSEC_PID=$REDIS_PID
   fi
-  first=${TALLY_URLS%% *}
-  nodes=${TALLY_URLS// /,}
-  for dur in sync batched; do
-    name=bench-$dur
-    tally_create "$first" "$name" --shards "$TALLY_SHARDS" --durability "$dur"
-    for batch in 1 "$PIPELINE"; do
-      if ((batch == 1)); then requests=single; else requests="batch $batch"; fi
-      for w in $WRITERS; do
-        log "$system, $dur counter, $requests, $w writers"
-        measure --tool tally --server-pids "$TALLY_PIDS" --timeout "$(cell_timeout "$DURATION_S")" \
-          --log "$OUT/logs/tally$topo.log" \
-          --field section=write --field system="$system" --field config="$dur counter, $TALLY_SHARDS shards" \
-          --field durability="$dur" --field requests="$requests" --field batch="$batch" --field writers="$w" -- \
-          "$TALLY" --node "$first" --json --timeout-ms 10000 load "$name" --writers "$w" \
-          --duration "${DURATION_S}s" --batch "$batch" --no-progress --verify --nodes "$nodes"
+  local dur shards
+  if ((want_t1)); then
+    start_tally_single
+    T1_URLS=$TALLY_URLS T1_PIDS=$TALLY_PIDS
+    for dur in sync batched; do
+      tally_create "${T1_URLS%% *}" "bench-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
+    done
+    for shards in 1 8; do
+      tally_create "${T1_URLS%% *}" "sync-$shards" --shards "$shards" --durability sync
+    done
+  fi
+  if ((want_t3)); then
+    start_tally_cluster
+    T3_URLS=$TALLY_URLS T3_PIDS=$TALLY_PIDS
+    for dur in sync batched; do
+      tally_create "${T3_URLS%% *}" "bench-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
+    done
+  fi
+
+  # What the servers cost while idle, all together: the background of every cell.
+  log "idle servers, 3 s"
+  # shellcheck disable=SC2086 # word lists of PIDs
+  measure --tool none --server-pids "${PG_PID:-} ${REDIS_ALWAYS_PID:-} ${REDIS_EVERYSEC_PID:-} ${T1_PIDS:-} ${T3_PIDS:-}" \
+    --timeout 30 --field section=idle --field system="all servers of the write phase" -- sleep 3
+
+  local w variant fsync pipe topo batch
+  for w in $WRITERS; do
+    log "== writes, $w writers"
+    "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "$w writers"
+    if ((want_pg)); then
+      for variant in hot sharded; do pg_cell "$variant" "$w"; done
+    fi
+    if ((want_redis)); then
+      for fsync in always everysec; do
+        for pipe in 1 "$PIPELINE"; do redis_cell "$fsync" "$pipe" "$w"; done
+      done
+    fi
+    for topo in 1 3; do
+      if [[ $topo == 1 ]] && ((!want_t1)); then continue; fi
+      if [[ $topo == 3 ]] && ((!want_t3)); then continue; fi
+      for dur in sync batched; do
+        for batch in 1 "$PIPELINE"; do
+          tally_cell "$topo" "bench-$dur" "$dur counter, $TALLY_SHARDS shards" "$dur" "$batch" "$w"
+        done
       done
     done
+    if ((want_t1)) && [[ $w == "$SWEEP_WRITERS" ]]; then
+      # How a sync counter's shard count changes its rate: each commit cycle (one
+      # fsync) carries one store write per shard that has increments waiting.
+      for shards in 1 8; do
+        tally_cell 1 "sync-$shards" "sync counter, $shards shard$( ((shards == 1)) || echo s)" sync 1 "$w" write-shards
+      done
+    fi
   done
-  if [[ $topo == 1 ]]; then
-    # How a sync counter's shard count changes its rate: each commit cycle (one
-    # fsync) carries one store write per shard that has increments waiting.
-    local shards
-    for shards in 1 8; do
-      name=sync-$shards
-      tally_create "$first" "$name" --shards "$shards" --durability sync
-      log "$system, sync counter with $shards shards, single, $SWEEP_WRITERS writers"
-      measure --tool tally --server-pids "$TALLY_PIDS" --timeout "$(cell_timeout "$DURATION_S")" \
-        --log "$OUT/logs/tally$topo.log" \
-        --field section=write-shards --field system="$system" --field config="sync counter, $shards shard$( ((shards == 1)) || echo s)" \
-        --field durability=sync --field requests=single --field batch=1 --field writers="$SWEEP_WRITERS" \
-        --field shards="$shards" -- \
-        "$TALLY" --node "$first" --json --timeout-ms 10000 load "$name" --writers "$SWEEP_WRITERS" \
-        --duration "${DURATION_S}s" --batch 1 --no-progress --verify --nodes "$nodes"
-    done
-  fi
-  stop_tally
+  log "== writes: stopping the servers"
+  stop_all
 }
 
 # ---------------------------------------------------------------- reads while writing
@@ -374,15 +409,19 @@ write_meta start mode="$MODE" duration_s="$DURATION_S" writers="$WRITERS" read_d
 [[ $(fs_type "$TMP_ROOT") != tmpfs ]] || log "warning: $TMP_ROOT is on tmpfs, where fsync costs nothing"
 
 for section in $SECTIONS; do
-  "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "before $section"
   case $section in
-    postgres) section_postgres ;;
-    redis) section_redis ;;
-    tally1) section_tally 1 ;;
-    tally3) section_tally 3 ;;
-    reads) section_reads ;;
-    sketch) section_sketch ;;
+    postgres | redis | tally1 | tally3 | reads | sketch) ;;
     *) die "unknown section $section" ;;
+  esac
+done
+phase_writes
+for section in $SECTIONS; do
+  case $section in
+    reads)
+      "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "before the reads"
+      section_reads
+      ;;
+    sketch) section_sketch ;;
   esac
 done
 

@@ -297,7 +297,7 @@ def run_once(args, cmd, roots):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tool", choices=["pgbench", "redis", "tally", "reader"], required=True)
+    ap.add_argument("--tool", choices=["pgbench", "redis", "tally", "reader", "none"], required=True)
     ap.add_argument("--server-pids", required=True, help="space-separated root PIDs")
     ap.add_argument("--field", action="append", default=[], help="key=value copied into the record")
     ap.add_argument("--timeout", type=float, required=True, help="seconds before the client is killed")
@@ -321,7 +321,7 @@ def main():
     first_failure = None
     for attempt in range(1 + ATTEMPTS_RETRIED):
         result = run_once(args, cmd, roots)
-        if "incr_per_s" in result or "reads_per_s" in result or attempt == ATTEMPTS_RETRIED:
+        if args.tool == "none" or "incr_per_s" in result or "reads_per_s" in result or attempt == ATTEMPTS_RETRIED:
             break
         # The client produced no figures at all (it could not start its run): say so, retry once.
         first_failure = result.get("parse_error") or f"exit {result['exit_code']}"

@@ -433,10 +433,16 @@ def main():
         f"Tally counters have {meta.get('tally_shards', '?')} shards; pipelined/batched rows carry "
         f"{meta.get('pipeline', '?')} increments per request"
     )
+    idle = find(raw, section="idle")
+    if idle:
+        md.append(
+            f"- all servers of the write phase run together; idle, they used {num(idle.get('server_cpu_pct'), 1)} % CPU "
+            f"and {num(idle.get('server_rss_mib'), 1)} MiB RSS in total"
+        )
     probes = [r for r in raw if r.get("section") == "fsync"]
     if probes:
         md.append(
-            "- fsync of a 4 KiB append on the data disk (`lib/fsync_probe.py`), p50 / p99 µs: "
+            "- fsync of a 4 KiB append on the data disk (`lib/fsync_probe.py`) before each block of cells, p50 / p99 µs: "
             + "; ".join(f"{r['label']} {num(r['p50_us'])} / {num(r['p99_us'])}" for r in probes)
         )
     md.append("")
