@@ -288,7 +288,7 @@ phase_writes() {
   local w variant fsync pipe topo batch
   for w in $WRITERS; do
     log "== writes, $w writers"
-    "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "$w writers"
+    "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "$w writer$( ((w == 1)) || echo s)"
     if ((want_pg)); then
       for variant in hot sharded; do pg_cell "$variant" "$w"; done
     fi

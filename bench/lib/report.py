@@ -104,10 +104,13 @@ def find(rows, **kw):
 
 def shard_sweep(raw):
     """(shards, record) of the sync cells at 64 writers on one node, by shard count."""
-    rows = [(r["shards"], r) for r in raw if r.get("section") == "write-shards"]
+    def shards(r):  # "sync counter, 8 shards"
+        return int(r["config"].split(",")[1].split()[0])
+
+    rows = [(shards(r), r) for r in raw if r.get("section") == "write-shards"]
     main = find(raw, section="write", system="Tally 1 node", durability="sync", requests="single", writers=64)
     if rows and main:
-        rows.append((int(main["config"].split(",")[1].split()[0]), main))
+        rows.append((shards(main), main))
     return sorted(rows, key=lambda x: x[0])
 
 
@@ -388,7 +391,12 @@ def main():
     meta = {}
     if os.path.exists(os.path.join(out_dir, "meta.json")):
         meta = json.load(open(os.path.join(out_dir, "meta.json")))
-    writes = [r for r in raw if r.get("section") == "write"]
+    order = {name: i for i, name in enumerate(STYLE)}
+    # Measured one writer count at a time; shown system by system.
+    writes = sorted(
+        (r for r in raw if r.get("section") == "write"),
+        key=lambda r: (order.get(r["system"], 99), r["config"], r["requests"] != "single", r["writers"]),
+    )
     reads = [r for r in raw if r.get("section") == "read"]
     for r in reads:
         w = find(raw, section="read-writers", system=r["system"], shards=r["shards"])
