@@ -198,6 +198,9 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// How long an idle pooled connection is kept, in milliseconds.
+pub const POOL_IDLE_MS: u64 = 1_000;
+
 /// A keep-alive HTTP client for one node.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -219,6 +222,9 @@ impl Client {
             .connect_timeout(connect)
             .timeout(timeout)
             .pool_max_idle_per_host(1)
+            // Below any node's keep-alive limit (`http.header_read_timeout_ms`, 5 s by
+            // default), so a pooled connection is never reused as the node closes it.
+            .pool_idle_timeout(Duration::from_millis(POOL_IDLE_MS))
             .build()
             .map_err(|e| CliError::Transport { code: codes::TRANSPORT, message: chain(&e) })?;
         Ok(Self { http, base, timeout })
