@@ -85,6 +85,13 @@ impl Store for TimedStore {
         self.inner.shard_ids(after, limit)
     }
 
+    fn commit_many(&self, writes: &[(ShardId, ShardWrite)]) -> Vec<Result<(), StoreError>> {
+        let started = Instant::now();
+        let r = self.inner.commit_many(writes);
+        Self::record(&self.commit_ns, started);
+        r
+    }
+
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {
         let started = Instant::now();
         let r = self.inner.commit(id, write);

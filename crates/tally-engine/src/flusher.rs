@@ -2,9 +2,10 @@
 //!
 //! Shards do not write to the store themselves. They decide a batch, hand the write
 //! here and wait until it is *applied* (visible to reads, not yet durable). One task
-//! runs cycles: it takes every job that has arrived, applies the writes one after the
-//! other on a blocking thread, tells each shard its write is applied, and then — if
-//! anyone waits for durability — calls [`Store::flush`] once and runs the waiters.
+//! runs cycles: it takes every job that has arrived, applies the writes in one
+//! [`Store::commit_many`] on a blocking thread (sled: one atomic batch per tree), tells
+//! each shard its write is applied, and then — if anyone waits for durability — calls
+//! [`Store::flush`] once and runs the waiters.
 //!
 //! Why one place: sled serializes writes against flushes (a flush holds the log for
 //! its whole write and fsync), so shards that commit on their own threads alternate
@@ -158,32 +159,43 @@ impl Flusher {
 /// One cycle: apply every write in arrival order, then flush once for the waiters.
 fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats, progress: &Progress) {
     let mut waiters: Vec<Waiter> = Vec::new();
-    let mut applied = 0u64;
+    let mut writes: Vec<(ShardId, ShardWrite)> = Vec::new();
+    let mut replies = Vec::new();
     for job in jobs {
         match job {
-            Job::Commit { id, write, applied: reply, durable } => {
-                let result = if poisoned.load(Ordering::SeqCst) {
-                    Err(poison_error())
-                } else {
-                    store.commit(&id, &write)
-                };
-                match result {
-                    Ok(()) => {
-                        applied += 1;
-                        progress.applied.fetch_add(1, Ordering::SeqCst);
-                        let _ = reply.send(Ok(()));
-                        waiters.extend(durable);
-                    }
-                    Err(e) => {
-                        tracing::error!(shard = %id, error = %e, "shard commit failed");
-                        if let Some(w) = durable {
-                            w(Err(e.clone()));
-                        }
-                        let _ = reply.send(Err(e));
-                    }
-                }
+            Job::Commit { id, write, applied, durable } => {
+                writes.push((id, write));
+                replies.push((applied, durable));
             }
             Job::Flush(w) => waiters.push(w),
+        }
+    }
+    // Every write of the cycle in one call: the store groups them into as few atomic
+    // batches as it can.
+    let results = if writes.is_empty() {
+        Vec::new()
+    } else if poisoned.load(Ordering::SeqCst) {
+        writes.iter().map(|_| Err(poison_error())).collect()
+    } else {
+        store.commit_many(&writes)
+    };
+    assert_eq!(results.len(), writes.len(), "the store answers every write of a cycle");
+    let mut applied = 0u64;
+    for (((id, _), (reply, durable)), result) in writes.iter().zip(replies).zip(results) {
+        match result {
+            Ok(()) => {
+                applied += 1;
+                progress.applied.fetch_add(1, Ordering::SeqCst);
+                let _ = reply.send(Ok(()));
+                waiters.extend(durable);
+            }
+            Err(e) => {
+                tracing::error!(shard = %id, error = %e, "shard commit failed");
+                if let Some(w) = durable {
+                    w(Err(e.clone()));
+                }
+                let _ = reply.send(Err(e));
+            }
         }
     }
     stats.cycle_commits.record(applied);

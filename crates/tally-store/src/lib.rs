@@ -84,6 +84,13 @@ pub trait Store: Send + Sync + 'static {
     /// Applies `write` to the shard atomically (all or nothing, across crashes too).
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError>;
 
+    /// Applies several shards' writes in order, each atomically; one result per write.
+    /// A store may group them into fewer atomic batches, never splitting a write: the
+    /// commit path hands over every write of a cycle at once.
+    fn commit_many(&self, writes: &[(ShardId, ShardWrite)]) -> Vec<Result<(), StoreError>> {
+        writes.iter().map(|(id, write)| self.commit(id, write)).collect()
+    }
+
     /// Removes the shard's value, sketch and every dedup record, atomically.
     fn delete_shard(&self, id: &ShardId) -> Result<(), StoreError>;
 

@@ -161,6 +161,18 @@ fn shard_prefix(id: &ShardId) -> Vec<u8> {
     key
 }
 
+/// Adds one shard write to `batch`. A sled batch maps each key to its last write, so
+/// staging several writes in order has the effect of applying them in order.
+fn stage_write(batch: &mut sled::Batch, prefix: &[u8], write: &ShardWrite) {
+    for event_id in &write.dedup_remove {
+        batch.remove(dedup_key(prefix, event_id));
+    }
+    for (event_id, record) in &write.dedup_put {
+        batch.insert(dedup_key(prefix, event_id), codec::encode(record));
+    }
+    batch.insert(image_key(prefix), codec::encode(&write.image));
+}
+
 /// The shard whose prefix starts `key` (the inverse of [`shard_prefix`]).
 fn parse_prefix(key: &[u8]) -> Result<ShardId, StoreError> {
     let corrupt = |reason: &str| {
@@ -246,6 +258,7 @@ impl Store for SledStore {
     }
 
     fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError> {
+        fail::fail_point!("store::shard_ids", |_| Err(StoreError::Injected("store::shard_ids")));
         // Order: tree by tree, and by key within a tree. Each shard's keys are
         // contiguous, so after one shard's image the scan jumps past its records.
         let (mut tree, mut from) = match after {
@@ -312,16 +325,33 @@ impl Store for SledStore {
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {
         fail::fail_point!("store::commit", |_| Err(StoreError::Injected("store::commit")));
         let prefix = shard_prefix(id);
-        // A sled batch is a map from key to the last write of that key.
         let mut batch = sled::Batch::default();
-        for event_id in &write.dedup_remove {
-            batch.remove(dedup_key(&prefix, event_id));
-        }
-        for (event_id, record) in &write.dedup_put {
-            batch.insert(dedup_key(&prefix, event_id), codec::encode(record));
-        }
-        batch.insert(image_key(&prefix), codec::encode(&write.image));
+        stage_write(&mut batch, &prefix, write);
         self.tree_for(&prefix).apply_batch(batch).map_err(|e| StoreError::sled("commit", e))
+    }
+
+    /// One atomic batch per tree for all the writes that land in it: sled's cost is
+    /// mostly per batch, and a shard's keys all live in one tree, so no write is split.
+    fn commit_many(&self, writes: &[(ShardId, ShardWrite)]) -> Vec<Result<(), StoreError>> {
+        fail::fail_point!("store::commit_many", |_| {
+            writes.iter().map(|_| Err(StoreError::Injected("store::commit_many"))).collect()
+        });
+        let mut batches: Vec<Option<sled::Batch>> = (0..SHARD_TREES).map(|_| None).collect();
+        let mut tree_of = Vec::with_capacity(writes.len());
+        for (id, write) in writes {
+            let prefix = shard_prefix(id);
+            let tree = tree_index(&prefix);
+            stage_write(batches[tree].get_or_insert_with(sled::Batch::default), &prefix, write);
+            tree_of.push(tree);
+        }
+        let results: Vec<Option<Result<(), StoreError>>> = batches
+            .into_iter()
+            .enumerate()
+            .map(|(tree, batch)| {
+                batch.map(|b| self.shards[tree].apply_batch(b).map_err(|e| StoreError::sled("commit", e)))
+            })
+            .collect();
+        tree_of.into_iter().map(|tree| results[tree].clone().unwrap_or(Ok(()))).collect()
     }
 
     /// Scans the shard's keys and removes them in one batch. The shard actor is the

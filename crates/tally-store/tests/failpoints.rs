@@ -56,6 +56,11 @@ fn every_io_call_has_a_failpoint() {
         ("store::dedup_get", Box::new(|s| s.dedup_get(&shard(), "e").map(drop))),
         ("store::dedup_scan", Box::new(|s| s.dedup_scan(&shard(), None, 1).map(drop))),
         ("store::commit", Box::new(|s| s.commit(&shard(), &write(1, "e")))),
+        (
+            "store::commit_many",
+            Box::new(|s| s.commit_many(&[(shard(), write(1, "e"))]).into_iter().collect()),
+        ),
+        ("store::shard_ids", Box::new(|s| s.shard_ids(None, 1).map(drop))),
         ("store::delete_shard", Box::new(|s| s.delete_shard(&shard()))),
         ("store::flush", Box::new(|s| s.flush())),
         ("store::meta_get", Box::new(|s| s.meta_get(b"k").map(drop))),

@@ -34,6 +34,8 @@ fn all_shards() -> impl Iterator<Item = ShardKey> {
 #[derive(Debug, Clone)]
 enum Op {
     Commit(ShardKey, ShardWrite),
+    /// Several shards' writes handed over at once (the commit path's cycle).
+    CommitMany(Vec<(ShardKey, ShardWrite)>),
     DeleteShard(ShardKey),
     MetaPut(usize, Vec<u8>),
     MetaDelete(usize),
@@ -64,6 +66,11 @@ impl Model {
                     entry.1.insert(e.clone(), *r);
                 }
             }
+            Op::CommitMany(writes) => {
+                for (k, w) in writes {
+                    self.apply(&Op::Commit(*k, w.clone()));
+                }
+            }
             Op::DeleteShard(k) => {
                 self.shards.remove(k);
             }
@@ -82,6 +89,12 @@ impl Model {
 fn do_mutation(store: &dyn Store, op: &Op) -> Result<(), StoreError> {
     match op {
         Op::Commit(k, w) => store.commit(&shard_id(*k), w),
+        Op::CommitMany(writes) => {
+            let writes: Vec<_> = writes.iter().map(|(k, w)| (shard_id(*k), w.clone())).collect();
+            let results = store.commit_many(&writes);
+            assert_eq!(results.len(), writes.len(), "one result per write");
+            results.into_iter().collect()
+        }
         Op::DeleteShard(k) => store.delete_shard(&shard_id(*k)),
         Op::MetaPut(k, v) => store.meta_put(META_KEYS[*k], v),
         Op::MetaDelete(k) => store.meta_delete(META_KEYS[*k]),
@@ -212,6 +225,7 @@ fn mutation() -> impl Strategy<Value = Op> {
 fn store_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => mutation(),
+        3 => prop::collection::vec((shard_key(), shard_write()), 1..6).prop_map(Op::CommitMany),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
     ]
@@ -254,6 +268,8 @@ proptest! {
             check(sled.as_ref().unwrap(), &model, &format!("sled {label}"));
             check(&mem, &model, &format!("mem {label}"));
         }
+        // Once flushed, what was written takes room on disk.
+        sled.as_ref().unwrap().flush().unwrap();
         prop_assert!(sled.as_ref().unwrap().size_on_disk().unwrap() > 0);
     }
 
