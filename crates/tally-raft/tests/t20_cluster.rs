@@ -235,7 +235,15 @@ async fn t24_lagging_node_installs_a_snapshot() {
         }
     }
     cluster.wait_converged().await;
-    let m = cluster.node(leader).raft().metrics().borrow().clone();
+    // The purge follows the snapshot asynchronously.
+    let mut m = cluster.node(leader).raft().metrics().borrow().clone();
+    for _ in 0..100 {
+        if m.purged.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        m = cluster.node(leader).raft().metrics().borrow().clone();
+    }
     phase(&format!("leader snapshot {:?}, purged {:?}", m.snapshot, m.purged));
     assert!(m.snapshot.is_some_and(|s| s.index >= 100), "a snapshot was built: {:?}", m.snapshot);
     assert!(m.purged.is_some(), "the log behind it was purged");
