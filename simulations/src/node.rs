@@ -372,25 +372,35 @@ impl Sim {
         acc.members.extend(members);
     }
 
+    /// Every current shard's committed image, read from its owner as node `n` reaches
+    /// it; `None` where the owner cannot answer.
+    fn current_images(
+        &self,
+        n: u8,
+        counter: &CounterName,
+    ) -> Option<(&CounterMeta, Vec<Option<ShardImage>>)> {
+        let meta = self.meta.counters.get(counter)?;
+        let images = (0..meta.layout.shards)
+            .map(|index| {
+                let shard = ShardId::new(counter.clone(), meta.layout.generation, index);
+                let owner = self.meta.owner(&shard);
+                self.reachable(n, owner).then(|| {
+                    self.nodes[usize::from(owner)]
+                        .store
+                        .load_shard(&shard)
+                        .expect("a running node's store is open")
+                })
+            })
+            .collect();
+        Some((meta, images))
+    }
+
     /// A fresh read: `base` plus every current shard's committed value, read from its
     /// owner. A shard whose owner cannot answer makes the read incomplete.
     pub(crate) fn fresh_read(&self, n: u8, counter: &CounterName) -> Option<ReadValue> {
-        let meta = self.meta.counters.get(counter)?;
-        let mut value = meta.layout.base;
-        let mut complete = true;
-        for index in 0..meta.layout.shards {
-            let shard = ShardId::new(counter.clone(), meta.layout.generation, index);
-            let owner = self.meta.owner(&shard);
-            if !self.reachable(n, owner) {
-                complete = false;
-                continue;
-            }
-            let image = self.nodes[usize::from(owner)]
-                .store
-                .load_shard(&shard)
-                .expect("a running node's store is open");
-            value += i128::from(image.value);
-        }
+        let (meta, images) = self.current_images(n, counter)?;
+        let value = meta.layout.base + images.iter().flatten().map(|i| i128::from(i.value)).sum::<i128>();
+        let complete = images.iter().all(Option::is_some);
         Some(ReadValue { value, as_of_ms: self.now, staleness_ms: 0, complete })
     }
 
@@ -414,25 +424,14 @@ impl Sim {
     }
 
     fn distinct_read(&self, n: u8, counter: &CounterName) -> Option<(u64, bool)> {
-        let meta = self.meta.counters.get(counter)?;
+        let (meta, images) = self.current_images(n, counter)?;
         let mut merged = DistinctSketch::new();
-        let mut complete = true;
-        for index in 0..meta.layout.shards {
-            let shard = ShardId::new(counter.clone(), meta.layout.generation, index);
-            let owner = self.meta.owner(&shard);
-            if !self.reachable(n, owner) {
-                complete = false;
-                continue;
-            }
-            let image = self.nodes[usize::from(owner)]
-                .store
-                .load_shard(&shard)
-                .expect("a running node's store is open");
-            if let Some(s) = image_sketch(&image, meta) {
+        for image in images.iter().flatten() {
+            if let Some(s) = image_sketch(image, meta) {
                 merged.merge(&s);
             }
         }
-        Some((merged.estimate(), complete))
+        Some((merged.estimate(), images.iter().all(Option::is_some)))
     }
 
     fn gateway_reconcile(&mut self, n: u8, client: u16, op: u32, counter: CounterName, authoritative: i128) {
