@@ -353,25 +353,23 @@ impl Tally {
 
     async fn serve(&self, request: ShardRequest) -> Result<ShardResponse, TallyError> {
         let ctx = &self.ctx;
-        match request {
-            ShardRequest::HandOff { id, epoch, after } => {
-                let (image, records, more) = ctx.hand_off(&id, epoch, after.as_deref()).await?;
-                return Ok(ShardResponse::HandedOff { image, records, more });
-            }
-            ShardRequest::Adopt { id, epoch } => {
-                ctx.adopt(&id, epoch).await?;
-                return Ok(ShardResponse::Done);
-            }
-            _ => {}
-        }
-        // Every other request is for the shard's owner; a sender with an older view
-        // of the membership learns it here and retries.
-        if let Some((_, owner)) = ctx.remote(request.shard()) {
+        // Hand-offs go between a shard's previous and new owners; every other request
+        // is for its owner, and a sender with an older view of the membership learns
+        // it here and retries.
+        let for_owner = !matches!(request, ShardRequest::HandOff { .. } | ShardRequest::Adopt { .. });
+        if let Some((_, owner)) = ctx.remote(request.shard()).filter(|_| for_owner) {
             let reason = format!("{owner} owns it now (this node has applied a newer membership)");
             return Err(crate::ctx::unavailable(request.shard(), &reason));
         }
         match request {
-            ShardRequest::HandOff { .. } | ShardRequest::Adopt { .. } => unreachable!("answered above"),
+            ShardRequest::HandOff { id, epoch, after } => {
+                let (image, records, more) = ctx.hand_off(&id, epoch, after.as_deref()).await?;
+                Ok(ShardResponse::HandedOff { image, records, more })
+            }
+            ShardRequest::Adopt { id, epoch } => {
+                ctx.adopt(&id, epoch).await?;
+                Ok(ShardResponse::Done)
+            }
             ShardRequest::Submit { id, meta_version, sub } => {
                 let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
                 let rx = ctx.send_local(&id, &rt.meta, sub).await?;
