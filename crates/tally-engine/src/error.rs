@@ -54,6 +54,19 @@ pub enum TallyError {
     /// The engine is shutting down.
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// A reconciliation would correct more than one request may: the drift between
+    /// the authoritative total and the counter is beyond the bound, or beyond 128 bits.
+    #[error("reconciling to {authoritative} would correct a drift of {drift} (the counter holds {before}); one reconciliation corrects at most ±{max}: reconcile in steps, or check the authoritative total")]
+    DriftOutOfRange {
+        /// The total asked for.
+        authoritative: i128,
+        /// The counter's total found by the read.
+        before: i128,
+        /// `authoritative - before`, saturated to the 128-bit range.
+        drift: i128,
+        /// The bound, [`crate::RECONCILE_DRIFT_ABS_MAX`].
+        max: i128,
+    },
     /// A batch held more items than allowed.
     #[error("batch holds {got} items; the limit is {max}")]
     BatchTooLarge {
@@ -80,6 +93,7 @@ impl TallyError {
             Self::Store(_) => "storage_failure",
             Self::ShuttingDown => "shutting_down",
             Self::BatchTooLarge { .. } => "batch_too_large",
+            Self::DriftOutOfRange { .. } => "drift_out_of_range",
         }
     }
 
@@ -92,6 +106,7 @@ impl TallyError {
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,
             Self::BatchTooLarge { .. } => 413,
             Self::InvalidSpec(_) | Self::Meta(MetaError::Spec(_)) | Self::Overflow(_) => 422,
+            Self::DriftOutOfRange { .. } => 422,
             Self::Unavailable { .. } | Self::Store(_) | Self::ShuttingDown => 503,
         }
     }

@@ -52,6 +52,7 @@ pub use error::TallyError;
 pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};
 pub use placement::{Placement, ShardRequest, ShardResponse};
 pub use read::skew;
+pub use reconciler::RECONCILE_DRIFT_ABS_MAX;
 pub use shard::ShardReply;
 pub use stats::{Count, Histogram, HistogramSnapshot, Stats};
 pub use tally::{EngineParts, Tally};

@@ -108,6 +108,11 @@ impl Actor for Reconciler {
     }
 }
 
+/// Largest drift one reconciliation corrects, in counter units: one correction, to
+/// one shard, always fits that shard's range alongside what it holds, so it applies
+/// whole or not at all.
+pub const RECONCILE_DRIFT_ABS_MAX: i128 = 1 << 61;
+
 /// Largest magnitude of one correction: a quarter of a shard's range, so a large
 /// drift spreads over several shards instead of overflowing one.
 const CORRECTION_ABS_MAX: i64 = 1 << 61;

@@ -35,3 +35,116 @@ pub async fn reopen(store: &MemStore) -> Tally {
 pub fn spec(shards: u16, durability: tally_engine::Durability) -> SpecPatch {
     SpecPatch { shards: Some(shards), durability: Some(durability), ..SpecPatch::default() }
 }
+
+/// A store that wraps a [`MemStore`] and can be told to misbehave: stall its commits
+/// (an fsync or a disk that stalls), or run a hook on every shard load (a clock that
+/// moves while a read fans out). Everything else is the in-memory store's.
+#[derive(Clone)]
+pub struct HookStore {
+    pub inner: MemStore,
+    /// Every `commit_many` (the commit path) sleeps this long first, in milliseconds.
+    pub commit_many_stall_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Every single-shard `commit` (writes outside the commit path) sleeps this long
+    /// first, in milliseconds.
+    pub commit_stall_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Runs on every `load_shard`.
+    pub on_load: Arc<std::sync::Mutex<Option<Box<dyn Fn() + Send + Sync>>>>,
+}
+
+impl HookStore {
+    pub fn new(inner: MemStore) -> Self {
+        Self {
+            inner,
+            commit_many_stall_ms: Default::default(),
+            commit_stall_ms: Default::default(),
+            on_load: Default::default(),
+        }
+    }
+
+    pub fn stall_commit_path(&self, ms: u64) {
+        self.commit_many_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn stall_direct_commits(&self, ms: u64) {
+        self.commit_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn stall(ms: &std::sync::atomic::AtomicU64) {
+    let ms = ms.load(std::sync::atomic::Ordering::SeqCst);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+impl tally_engine::Store for HookStore {
+    fn load_shard(&self, id: &tally_core::ShardId) -> Result<tally_store::ShardImage, tally_engine::StoreError> {
+        if let Some(f) = self.on_load.lock().unwrap().as_ref() {
+            f();
+        }
+        self.inner.load_shard(id)
+    }
+    fn dedup_get(
+        &self,
+        id: &tally_core::ShardId,
+        event_id: &str,
+    ) -> Result<Option<tally_core::dedup::DedupRecord>, tally_engine::StoreError> {
+        self.inner.dedup_get(id, event_id)
+    }
+    fn dedup_scan(
+        &self,
+        id: &tally_core::ShardId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, tally_core::dedup::DedupRecord)>, tally_engine::StoreError> {
+        self.inner.dedup_scan(id, after, limit)
+    }
+    fn shard_ids(
+        &self,
+        after: Option<&tally_core::ShardId>,
+        limit: usize,
+    ) -> Result<Vec<tally_core::ShardId>, tally_engine::StoreError> {
+        self.inner.shard_ids(after, limit)
+    }
+    fn commit(&self, id: &tally_core::ShardId, write: &tally_store::ShardWrite) -> Result<(), tally_engine::StoreError> {
+        stall(&self.commit_stall_ms);
+        self.inner.commit(id, write)
+    }
+    fn commit_many(
+        &self,
+        writes: &[(tally_core::ShardId, tally_store::ShardWrite)],
+    ) -> Vec<Result<(), tally_engine::StoreError>> {
+        stall(&self.commit_many_stall_ms);
+        self.inner.commit_many(writes)
+    }
+    fn delete_shard(&self, id: &tally_core::ShardId) -> Result<(), tally_engine::StoreError> {
+        self.inner.delete_shard(id)
+    }
+    fn flush(&self) -> Result<(), tally_engine::StoreError> {
+        self.inner.flush()
+    }
+    fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, tally_engine::StoreError> {
+        self.inner.meta_get(key)
+    }
+    fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), tally_engine::StoreError> {
+        self.inner.meta_put(key, value)
+    }
+    fn meta_delete(&self, key: &[u8]) -> Result<(), tally_engine::StoreError> {
+        self.inner.meta_delete(key)
+    }
+    fn meta_scan(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, tally_engine::StoreError> {
+        self.inner.meta_scan(prefix, after, limit)
+    }
+    fn size_on_disk(&self) -> Result<u64, tally_engine::StoreError> {
+        Ok(0)
+    }
+    // Stalls must not block an async worker: run on blocking threads like sled.
+    fn blocks(&self) -> bool {
+        true
+    }
+}

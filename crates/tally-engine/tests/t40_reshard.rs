@@ -127,3 +127,45 @@ async fn an_interrupted_resharding_completes_after_a_restart() {
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 100);
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_generations_leave_once_their_window_has_passed() {
+    let (tally, store, clock) = manual_engine(1_000_000).await;
+    let patch = SpecPatch { dedup_window_s: Some(60), ..spec(1, Durability::Sync) };
+    tally.put_counter("c", patch).await.unwrap();
+    tally.incr("c", Increment::new(1).event_id("first")).await.unwrap();
+    // Reshard as often as the limit of sealed generations allows.
+    let mut shards = 1;
+    for _ in 0..tally_core::meta::SEALED_GENERATIONS_MAX {
+        shards = 3 - shards;
+        tally.put_counter("c", SpecPatch { shards: Some(shards), ..Default::default() }).await.unwrap();
+        tally.settle().await;
+    }
+    let once_more = SpecPatch { shards: Some(3 - shards), ..Default::default() };
+    let err = tally.put_counter("c", once_more).await.unwrap_err();
+    assert_eq!(err.http_status(), 409, "{err}");
+    // Inside the window a retry across every resharding is still a duplicate.
+    assert!(tally.incr("c", Increment::new(1).event_id("first")).await.unwrap().duplicate);
+    // Once the window has passed, the sealed generations go, and so does their data.
+    clock.advance(61_000);
+    tally.put_counter("c", once_more).await.unwrap();
+    tally.settle().await;
+    assert_eq!(tally.counter("c").await.unwrap().generation as usize, tally_core::meta::SEALED_GENERATIONS_MAX + 1);
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 1);
+    let mut generations: Vec<u32> = Vec::new();
+    for id in tally_engine::Store::shard_ids(&store, None, 1_000).unwrap() {
+        generations.push(id.generation);
+    }
+    generations.dedup();
+    let current = tally.counter("c").await.unwrap().generation;
+    for _ in 0..100 {
+        if generations.iter().all(|g| *g + 1 >= current) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        generations = tally_engine::Store::shard_ids(&store, None, 1_000).unwrap().iter().map(|i| i.generation).collect();
+        generations.dedup();
+    }
+    assert!(generations.iter().all(|g| *g + 1 >= current), "pruned generations left data: {generations:?}");
+    tally.shutdown().await.unwrap();
+}

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tally_engine::{
     AuthoritativeSource, Consistency, Durability, Increment, MemStore, SystemClock, Tally, TallyConfig,
+    RECONCILE_DRIFT_ABS_MAX,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,12 +23,12 @@ async fn drift_goes_to_zero_and_a_second_reconcile_changes_nothing() {
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 100);
     let again = tally.reconcile("c", 100).await.unwrap();
     assert_eq!((again.before, again.drift, again.corrected), (100, 0, false));
-    // Downwards and beyond one i64.
+    // Downwards, and up to the largest drift one reconciliation corrects.
     let r = tally.reconcile("c", -7).await.unwrap();
     assert_eq!(r.drift, -107);
-    let huge = i128::from(i64::MAX) * 3;
-    tally.reconcile("c", huge).await.unwrap();
-    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, huge);
+    let far = -7 + RECONCILE_DRIFT_ABS_MAX;
+    tally.reconcile("c", far).await.unwrap();
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, far);
     assert!(tally.reconcile("nope", 1).await.is_err());
     tally.shutdown().await.unwrap();
 }
@@ -75,5 +76,24 @@ async fn periodic_reconciliation_follows_the_authority() {
     }
     assert_eq!(value, 1_000);
     assert!(tally.stats().reconcile_corrections.get() >= 1);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drift_beyond_the_bound_is_refused_whole_and_the_reconciler_lives_on() {
+    let (tally, _) = mem_engine().await;
+    tally.put_counter("c1", spec(4, Durability::Sync)).await.unwrap();
+    tally.incr("c1", Increment::new(-5).event_id("e")).await.unwrap();
+    // i128::MAX - (-5) does not fit 128 bits; 10^30 fits, but is no correction a
+    // counter of i64 shards can take. Both are refused before anything is written.
+    for authoritative in [i128::MAX, 10i128.pow(30), i128::MIN, -5 + RECONCILE_DRIFT_ABS_MAX + 1] {
+        let err = tally.reconcile("c1", authoritative).await.unwrap_err();
+        assert_eq!((err.http_status(), err.code()), (422, "drift_out_of_range"), "{authoritative}: {err}");
+        assert_eq!(tally.read("c1", Consistency::Fresh).await.unwrap().value, -5);
+    }
+    // The reconciler still serves.
+    let r = tally.reconcile("c1", 10).await.unwrap();
+    assert_eq!((r.before, r.drift, r.corrected), (-5, 15, true));
+    assert_eq!(tally.read("c1", Consistency::Fresh).await.unwrap().value, 10);
     tally.shutdown().await.unwrap();
 }

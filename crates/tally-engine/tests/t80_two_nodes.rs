@@ -252,3 +252,42 @@ async fn lost_answers_to_drained_sums_neither_lose_nor_double() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_refuses_a_total_read_with_shards_missing() {
+    let (a, b, down) = two_nodes().await;
+    a.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..100 {
+        a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    down.store(true, SeqCst);
+    // Half the shards cannot be read: correcting towards 100 from what is left would
+    // write the missing half a second time.
+    let err = a.reconcile("c", 100).await.unwrap_err();
+    assert_eq!(err.http_status(), 503, "{err}");
+    down.store(false, SeqCst);
+    let r = a.read("c", Consistency::Fresh).await.unwrap();
+    assert_eq!((r.value, r.complete), (100, true));
+    let r = a.reconcile("c", 100).await.unwrap();
+    assert_eq!((r.before, r.drift, r.corrected), (100, 0, false));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_that_cannot_deliver_its_buffers_says_so() {
+    let (a, b, down) = two_nodes().await;
+    a.put_counter("v", SpecPatch { flush_ms: Some(60_000), ..spec(2, Durability::Batched) }).await.unwrap();
+    // Open both slots, then buffer increments for b's shard.
+    for w in 0..8 {
+        a.incr("v", Increment::new(1).writer(format!("w{w}"))).await.unwrap();
+    }
+    for w in 0..64 {
+        a.incr("v", Increment::new(1).writer(format!("w{w}"))).await.unwrap();
+    }
+    down.store(true, SeqCst);
+    let err = a.shutdown().await.expect_err("buffered increments for b could not be delivered");
+    assert_eq!(err.http_status(), 503, "{err}");
+    assert!(err.to_string().contains("undelivered"), "{err}");
+    b.shutdown().await.unwrap();
+}

@@ -1,0 +1,248 @@
+//! t85: shards that change hands — sealed by a resharding, or moved by a membership
+//! change — while a node restarts or a write is still on its way to the disk. No
+//! acknowledged increment may end up in a place no read looks (invariants 1, 5).
+//!
+//! Two engines in one process share a catalog; a placement decides who owns which
+//! shard at which epoch, and a node can be crashed and reopened on what its store
+//! had made durable.
+
+mod common;
+
+use common::HookStore;
+use futures::future::BoxFuture;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tally_core::codec;
+use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::router::shard_of_event;
+use tally_core::{CounterName, NodeId, ShardId};
+use tally_engine::*;
+
+/// The counters of both engines. Each engine sees it through its own [`Gate`], which
+/// can hold back the completion of a resharding on that engine.
+#[derive(Default)]
+struct Shared(Mutex<BTreeMap<String, CounterMeta>>);
+
+struct Gate {
+    shared: Arc<Shared>,
+    /// While set, `CompleteReshard` waits.
+    closed: Arc<AtomicBool>,
+}
+
+impl Catalog for Gate {
+    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
+        Ok(self.shared.0.lock().unwrap().get(name).cloned())
+    }
+    fn apply<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            if matches!(cmd, MetaCommand::CompleteReshard { .. }) {
+                while self.closed.load(SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            let mut map = self.shared.0.lock().unwrap();
+            let (next, effect) = apply_command(map.get(name.as_str()).cloned(), cmd, now_ms)?;
+            match &next {
+                Some(m) => map.insert(name.to_string(), m.clone()),
+                None => map.remove(name.as_str()),
+            };
+            Ok((next, effect))
+        })
+    }
+    // A node that restarts does not learn of reshardings in progress from its
+    // catalog: it stands for a node whose metadata log has not caught up.
+    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
+        Ok(Vec::new())
+    }
+    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
+        Ok(Vec::new())
+    }
+    fn tombstone(&self, _name: &str) -> Result<Option<Generations>, TallyError> {
+        Ok(None)
+    }
+    fn clear_tombstone<'a>(&'a self, _name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// The engines by node name, and the placement epoch they all see.
+#[derive(Default)]
+struct Net {
+    engines: Mutex<BTreeMap<String, Tally>>,
+    epoch: AtomicU64,
+}
+
+/// Who owns shard `id` at `epoch`: epoch 1 puts every shard on "a"; from epoch 2 on,
+/// odd shards live on "b".
+fn owner_at(epoch: u64, id: &ShardId) -> NodeId {
+    NodeId::new(if epoch >= 2 && id.index % 2 == 1 { "b" } else { "a" })
+}
+
+struct Place {
+    me: NodeId,
+    net: Arc<Net>,
+}
+
+impl Placement for Place {
+    fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
+        let owner = owner_at(self.net.epoch.load(SeqCst), id);
+        (owner != self.me).then_some(owner)
+    }
+    fn local_node(&self) -> NodeId {
+        self.me.clone()
+    }
+    fn previous_owner(&self, id: &ShardId) -> Option<(NodeId, u64)> {
+        let epoch = self.net.epoch.load(SeqCst);
+        let (before, now) = (owner_at(epoch - 1, id), owner_at(epoch, id));
+        (before != now && now == self.me).then_some((before, epoch))
+    }
+    fn epoch(&self) -> u64 {
+        self.net.epoch.load(SeqCst)
+    }
+    fn call<'a>(
+        &'a self,
+        node: &'a NodeId,
+        request: ShardRequest,
+    ) -> BoxFuture<'a, Result<ShardResponse, TallyError>> {
+        Box::pin(async move {
+            let request: ShardRequest = codec::decode("request", &codec::encode(&request)).unwrap();
+            let peer = self.net.engines.lock().unwrap().get(node.as_str()).cloned();
+            let Some(peer) = peer else {
+                return Err(TallyError::Unavailable { shard: node.to_string(), reason: "down".into() });
+            };
+            let response = peer.serve_shard_request(request).await;
+            Ok(codec::decode("response", &codec::encode(&response)).unwrap())
+        })
+    }
+}
+
+struct Cluster {
+    net: Arc<Net>,
+    shared: Arc<Shared>,
+}
+
+impl Cluster {
+    fn new(epoch: u64) -> Self {
+        let net = Arc::new(Net::default());
+        net.epoch.store(epoch, SeqCst);
+        Self { net, shared: Arc::new(Shared::default()) }
+    }
+
+    /// Opens node `me` over `store`; `closed` gates its resharding completions.
+    async fn open(&self, me: &str, store: HookStore, closed: Arc<AtomicBool>) -> Tally {
+        let parts = EngineParts {
+            store: Arc::new(store),
+            clock: Arc::new(SystemClock),
+            config: TallyConfig { node_id: NodeId::new(me), call_timeout_ms: 5_000, ..Default::default() },
+            catalog: Some(Arc::new(Gate { shared: self.shared.clone(), closed })),
+            placement: Some(Arc::new(Place { me: NodeId::new(me), net: self.net.clone() })),
+        };
+        let tally = Tally::open_parts(parts).await.unwrap();
+        self.net.engines.lock().unwrap().insert(me.to_string(), tally.clone());
+        tally
+    }
+
+    fn crash(&self, me: &str) {
+        if let Some(t) = self.net.engines.lock().unwrap().remove(me) {
+            t.abort();
+        }
+    }
+}
+
+fn spec(shards: u16, d: Durability) -> SpecPatch {
+    SpecPatch { shards: Some(shards), durability: Some(d), ..Default::default() }
+}
+
+/// An event id that routes to shard `index` of `shards`.
+fn id_for(index: u16, shards: u16, tag: &str) -> String {
+    (0..).map(|i| format!("{tag}{i}")).find(|id| shard_of_event(id, shards) == index).unwrap()
+}
+
+/// Retries an increment on 503 (as a client does, with the same event id).
+async fn incr_retrying(t: &Tally, name: &str, inc: Increment) -> IncrOutcome {
+    for _ in 0..200 {
+        match t.incr(name, inc.clone()).await {
+            Ok(o) => return o,
+            Err(e) if e.retryable() => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("never acknowledged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_sealed_before_its_node_restarts_stays_sealed() {
+    // Epoch 3 moves nothing (2 and 3 place alike): no hand-off in this test.
+    let c = Cluster::new(3);
+    let (gate_a, gate_b) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
+    let store_b = MemStore::new();
+    let a = c.open("a", HookStore::new(MemStore::new()), gate_a.clone()).await;
+    let _b = c.open("b", HookStore::new(store_b.clone()), gate_b.clone()).await;
+    a.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..40 {
+        a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    // A resharding seals every shard of generation 0 (b's odd ones too) and then
+    // waits before it opens generation 1.
+    gate_a.store(true, SeqCst);
+    a.put_counter("c", SpecPatch { shards: Some(2), ..Default::default() }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b crashes and comes back on what it had made durable.
+    c.crash("b");
+    let b = c.open("b", HookStore::new(store_b.restart(0)), gate_b.clone()).await;
+    // A write to one of b's sealed shards must not be taken into a generation whose
+    // sum is already counted.
+    let late = tokio::spawn({
+        let a = a.clone();
+        async move { incr_retrying(&a, "c", Increment::new(1).event_id(id_for(1, 4, "late"))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gate_a.store(false, SeqCst);
+    assert!(late.await.unwrap().applied);
+    a.settle().await;
+    gate_b.store(false, SeqCst);
+    for t in [&a, &b] {
+        let r = t.read("c", Consistency::Fresh).await.unwrap();
+        assert_eq!((r.value, r.complete), (41, true), "{r:?}");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_whose_first_write_is_on_its_way_to_disk_is_handed_off() {
+    let c = Cluster::new(1);
+    let never = Arc::new(AtomicBool::new(false));
+    let store_a = HookStore::new(MemStore::new());
+    let a = c.open("a", store_a.clone(), never.clone()).await;
+    let b = c.open("b", HookStore::new(MemStore::new()), never.clone()).await;
+    a.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    // The shard's first write is taken by its actor on a, and the disk stalls.
+    store_a.stall_commit_path(500);
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { a.incr("c", Increment::new(1).event_id(id_for(1, 2, "x"))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The membership changes: shard 1 moves to b, and a hands off what it holds.
+    c.net.epoch.store(2, SeqCst);
+    let report = a.hand_off_foreign(2).await.unwrap();
+    store_a.stall_commit_path(0);
+    assert!(first.await.unwrap().unwrap().applied);
+    assert_eq!((report.moved, report.failed), (1, 0), "{report:?}");
+    // The next membership change: b no longer pulls from a.
+    c.net.epoch.store(3, SeqCst);
+    for t in [&a, &b] {
+        let r = t.read("c", Consistency::Fresh).await.unwrap();
+        assert_eq!((r.value, r.complete), (1, true), "{r:?}");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
