@@ -17,11 +17,13 @@
 //! 3. [`CounterMeta::complete_reshard`] opens the new generation in one step and adds
 //!    the sealed generation's sum to `base`. Reads sum `base` and the current
 //!    generation, so every increment is counted exactly once before, during and after.
-//! 4. Sealed generations stay listed until their dedup window has passed: an event id
-//!    is looked up in its shard of every listed sealed generation (they never change
-//!    again, so the lookup needs no lock), which keeps retries deduplicated across a
-//!    resharding. [`CounterMeta::prune_sealed`] then drops them.
+//! 4. Sealed generations stay listed until every record in them has expired (the
+//!    dedup window, or the drain ids' window if longer): an event id is looked up in
+//!    its shard of every listed sealed generation (they never change again, so the
+//!    lookup needs no lock), which keeps retries deduplicated across a resharding.
+//!    The engine deletes their data, then [`CounterMeta::prune_sealed`] drops them.
 
+use crate::shard::DRAIN_DEDUP_WINDOW_MS;
 use crate::spec::{CounterSpec, SpecError, SpecPatch};
 use serde::{Deserialize, Serialize};
 
@@ -168,12 +170,29 @@ impl CounterMeta {
         Ok(())
     }
 
-    /// Drops sealed generations whose dedup window has passed, returning them so their
+    /// How long a sealed generation stays listed: until every record in it has
+    /// expired — its event ids after the counter's dedup window, its drain ids after
+    /// theirs ([`DRAIN_DEDUP_WINDOW_MS`]), whichever is longer.
+    pub fn sealed_retention_ms(&self) -> u64 {
+        self.spec.dedup_window_ms().max(DRAIN_DEDUP_WINDOW_MS)
+    }
+
+    /// Whether some sealed generation has left its retention, so that
+    /// [`CounterMeta::prune_sealed`] would drop it.
+    pub fn prune_due(&self, now_ms: u64) -> bool {
+        let retention_ms = self.sealed_retention_ms();
+        self.layout.sealed.iter().any(|g| crate::dedup::expired(g.sealed_at_ms, now_ms, retention_ms))
+    }
+
+    /// Drops sealed generations whose retention has passed, returning them so their
     /// shards' data can be deleted.
     pub fn prune_sealed(&mut self, now_ms: u64) -> Vec<SealedGeneration> {
-        let window_ms = self.spec.dedup_window_ms();
-        let (gone, kept): (Vec<_>, Vec<_>) =
-            self.layout.sealed.iter().partition(|g| crate::dedup::expired(g.sealed_at_ms, now_ms, window_ms));
+        let retention_ms = self.sealed_retention_ms();
+        let (gone, kept): (Vec<_>, Vec<_>) = self
+            .layout
+            .sealed
+            .iter()
+            .partition(|g| crate::dedup::expired(g.sealed_at_ms, now_ms, retention_ms));
         if !gone.is_empty() {
             self.layout.sealed = kept;
             self.version += 1;
@@ -233,8 +252,17 @@ mod tests {
         let mut m = meta();
         m.update(&SpecPatch { shards: Some(2), dedup_window_s: Some(10), ..Default::default() }).unwrap();
         m.complete_reshard(0, 5, 2_000).unwrap();
-        assert!(m.prune_sealed(11_999).is_empty());
-        assert_eq!(m.prune_sealed(12_000).len(), 1);
+        // The drain ids' window is longer than this counter's: it decides.
+        let retention = DRAIN_DEDUP_WINDOW_MS;
+        assert!(!m.prune_due(2_000 + retention - 1));
+        assert!(m.prune_sealed(2_000 + retention - 1).is_empty());
+        assert!(m.prune_due(2_000 + retention));
+        assert_eq!(m.prune_sealed(2_000 + retention).len(), 1);
+        // A longer dedup window decides when it is the longer one.
+        m.update(&SpecPatch { shards: Some(3), dedup_window_s: Some(3_600), ..Default::default() }).unwrap();
+        m.complete_reshard(1, 0, 10_000).unwrap();
+        assert!(!m.prune_due(10_000 + 3_599_999));
+        assert!(m.prune_due(10_000 + 3_600_000));
         assert!(m.layout.sealed.is_empty());
         assert_eq!(m.layout.base, 5, "pruning keeps the sealed sum");
     }

@@ -42,9 +42,10 @@ pub enum Submission {
         increments: u64,
         /// Hashes of the distinct-count members they carried.
         members: Vec<u64>,
-        /// Set when the sum crosses the network: a retry after an unanswered attempt
-        /// carries the same id, and the shard counts it once (remembered for
-        /// [`DRAIN_DEDUP_WINDOW_MS`]). Local drains cannot be in doubt and carry none.
+        /// Its drain id: a retry after an unanswered attempt carries the same id, and
+        /// the shard counts it once (remembered for [`DRAIN_DEDUP_WINDOW_MS`]). Every
+        /// drain carries one — a local shard's answer can time out too, while the
+        /// submission is still queued — except in simulations of older builds.
         drain_id: Option<String>,
     },
     /// One increment that waits for its outcome.
@@ -56,6 +57,16 @@ pub enum Submission {
         /// Hash of its distinct-count member.
         member: Option<u64>,
     },
+}
+
+impl Submission {
+    /// How many acknowledged or waiting increments it carries.
+    pub fn increments(&self) -> u64 {
+        match self {
+            Self::Buffered { increments, .. } => *increments,
+            Self::Single { .. } => 1,
+        }
+    }
 }
 
 /// What happened to one submission.

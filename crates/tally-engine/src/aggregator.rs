@@ -1,10 +1,14 @@
 //! The aggregator: one per node. It drains accumulator slots into shard messages —
 //! each counter once per `flush_ms`, or sooner when a slot fills — then asks for one
 //! flush, so a `batched` counter loses at most one window (plus the flush in flight)
-//! when the node crashes. It also evicts counters that went idle.
+//! when the node crashes. Deliveries run beside the actor and many at once, so a
+//! slow node delays only the sums bound for it; a sum whose answer is lost is in
+//! doubt and is resent with its drain id (see [`crate::ctx::IN_DOUBT_RETRY_MS_MAX`]).
+//! It also evicts counters that went idle and prunes old sealed generations.
 
 use crate::ctx::Ctx;
 use crate::runtime::CounterRuntime;
+use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Weak};
@@ -12,6 +16,14 @@ use std::time::Duration;
 
 /// How often idle counters are looked for, in milliseconds.
 pub const EVICTION_SWEEP_MS: u64 = 1_000;
+/// Most counters one drain round delivers at once, so a slow or unreachable node
+/// holds back only the sums bound for it, not every counter's.
+pub const DRAINS_CONCURRENT_MAX: usize = 64;
+/// How long a shutdown keeps trying to deliver buffered and in-doubt sums, in
+/// milliseconds, before it reports what it could not deliver.
+pub const SHUTDOWN_DELIVER_MS: u64 = 5_000;
+/// Pause between a shutdown's delivery rounds, in milliseconds.
+const SHUTDOWN_ROUND_PAUSE_MS: u64 = 50;
 
 /// Messages the aggregator takes.
 pub(crate) enum AggregatorMsg {
@@ -19,8 +31,9 @@ pub(crate) enum AggregatorMsg {
     Tick,
     /// A slot filled up: drain early.
     FlushNow,
-    /// Drain everything now and flush; answer when durable (shutdown).
-    FlushAll { reply: RpcReplyPort<()> },
+    /// Drain everything now and flush (shutdown); answers how many acknowledged
+    /// increments it could not deliver within [`SHUTDOWN_DELIVER_MS`].
+    FlushAll { reply: RpcReplyPort<u64> },
 }
 
 impl ractor::Message for AggregatorMsg {}
@@ -75,31 +88,26 @@ impl Actor for Aggregator {
                 state.collect(&ctx);
                 let now = ctx.now_ms();
                 let due = state.take_due(now, false);
-                drain_and_flush(&ctx, due).await;
-                ctx.retry_in_doubt().await;
+                // Deliveries run beside the actor: a shard that answers slowly delays
+                // the sums bound for it, never the next window of other counters.
+                if !due.is_empty() {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move { drain_and_flush(&ctx, due).await });
+                }
+                if !ctx.in_doubt.lock().is_empty() && !ctx.resending.swap(true, SeqCst) {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        ctx.resend_in_doubt(None).await;
+                        ctx.resending.store(false, SeqCst);
+                    });
+                }
                 if now.saturating_sub(state.last_sweep_ms) >= EVICTION_SWEEP_MS {
                     state.last_sweep_ms = now;
-                    evict_idle(&ctx, now);
+                    sweep(&ctx, now);
                 }
             }
             AggregatorMsg::FlushAll { reply } => {
-                // Several rounds: a drain may give back sums it could not deliver.
-                for _ in 0..3 {
-                    for rt in ctx.registry.iter() {
-                        if rt.holds_buffered() && rt.claim_dirty() {
-                            ctx.queue_dirty(&rt);
-                        }
-                    }
-                    state.collect(&ctx);
-                    let all = state.take_due(u64::MAX, true);
-                    ctx.retry_in_doubt().await;
-                    if all.is_empty() && ctx.in_doubt.lock().is_empty() {
-                        break;
-                    }
-                    drain_and_flush(&ctx, all).await;
-                }
-                let _ = ctx.flusher.flush().await;
-                let _ = reply.send(());
+                let _ = reply.send(state.deliver_everything(&ctx).await);
             }
         }
         Ok(())
@@ -107,6 +115,37 @@ impl Actor for Aggregator {
 }
 
 impl AggregatorState {
+    /// Delivers every buffered and in-doubt sum, in rounds until nothing is left or
+    /// [`SHUTDOWN_DELIVER_MS`] has passed; then flushes. Answers how many acknowledged
+    /// increments are still undelivered (0 when the shutdown loses nothing).
+    async fn deliver_everything(&mut self, ctx: &Arc<Ctx>) -> u64 {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(SHUTDOWN_DELIVER_MS);
+        loop {
+            for rt in ctx.registry.iter() {
+                if rt.holds_buffered() && rt.claim_dirty() {
+                    ctx.queue_dirty(&rt);
+                }
+            }
+            self.collect(ctx);
+            let all = self.take_due(u64::MAX, true);
+            drain_and_flush(ctx, all).await;
+            ctx.resend_in_doubt(None).await;
+            let left = undelivered(ctx);
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                let _ = ctx.flusher.flush().await;
+                if left > 0 {
+                    ctx.stats.buffered_lost.add(left);
+                    tracing::error!(
+                        increments = left,
+                        "shutting down with acknowledged buffered increments undelivered"
+                    );
+                }
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(SHUTDOWN_ROUND_PAUSE_MS)).await;
+        }
+    }
+
     /// Moves newly dirty counters into the pending list with their due times.
     fn collect(&mut self, ctx: &Ctx) {
         let fresh = std::mem::take(&mut *ctx.dirty.lock());
@@ -127,15 +166,44 @@ impl AggregatorState {
     }
 }
 
+/// Acknowledged increments this node still holds: buffered in a runtime, or in a
+/// sum whose delivery is in doubt.
+fn undelivered(ctx: &Ctx) -> u64 {
+    let buffered: u64 = ctx
+        .registry
+        .iter()
+        .flat_map(|rt| rt.lineage(crate::ctx::PREDECESSORS_MAX))
+        .map(|rt| rt.slots.iter().map(|s| s.count.load(SeqCst)).sum::<u64>())
+        .sum();
+    buffered + ctx.in_doubt.lock().iter().map(|d| d.sub.increments()).sum::<u64>()
+}
+
 async fn drain_and_flush(ctx: &Arc<Ctx>, due: Vec<Arc<CounterRuntime>>) {
     if due.is_empty() {
         return;
     }
-    for rt in &due {
-        ctx.drain(rt).await;
-    }
+    futures::stream::iter(due)
+        .for_each_concurrent(DRAINS_CONCURRENT_MAX, |rt| async move { ctx.drain(&rt).await })
+        .await;
     if let Err(e) = ctx.flusher.flush().await {
         tracing::error!(error = %e, "flush after drain failed");
+    }
+}
+
+/// Housekeeping once per [`EVICTION_SWEEP_MS`]: idle runtimes go, replaced runtimes
+/// that hold nothing are forgotten, and counters whose sealed generations have left
+/// their dedup window are pruned.
+fn sweep(ctx: &Arc<Ctx>, now: u64) {
+    evict_idle(ctx, now);
+    let mut prune = Vec::new();
+    for rt in ctx.registry.iter() {
+        rt.forget_quiet_predecessors();
+        if rt.meta.prune_due(now) {
+            prune.push(rt.name.clone());
+        }
+    }
+    for name in prune {
+        crate::reshard::ensure_pruned(ctx, &name);
     }
 }
 

@@ -18,6 +18,7 @@ use crate::shard::{ShardMsg, ShardReply};
 use crate::stats::Stats;
 use crate::supervisor::SupervisorMsg;
 use dashmap::DashMap;
+use futures::StreamExt;
 use ractor::{ActorRef, MessagingErr, RpcReplyPort};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -27,8 +28,8 @@ use tally_core::limits::{bufferable, slot_open, SLOT_INCREMENTS_MAX};
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
 use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
 use tally_core::router::{route, RouteKey};
-use tally_core::shard::{Outcome, Submission, DRAIN_ID_PREFIX};
-use tally_core::sketch::{member_hash, DistinctSketch};
+use tally_core::shard::{Outcome, Submission, DRAIN_DEDUP_WINDOW_MS, DRAIN_ID_PREFIX};
+use tally_core::sketch::member_hash;
 use tally_core::spec::{Durability, RouterPolicy};
 use tally_core::{CounterName, ShardId};
 use tally_store::Store;
@@ -39,6 +40,27 @@ const SHARD_CALL_ATTEMPTS_MAX: u32 = 64;
 const META_CATCH_UP_POLL_MS: u64 = 5;
 /// Pause between attempts while a resharding seals a generation.
 const RESHARD_RETRY_MS: u64 = 2;
+/// How long a drained sum whose delivery is in doubt is resent, in milliseconds.
+/// A resend is deduplicated by the drain id's record only while that record lives
+/// ([`DRAIN_DEDUP_WINDOW_MS`] after the first attempt that applied it, which came
+/// after the first send); half of it leaves the other half for the resend itself to
+/// arrive. A sum still in doubt then is reported lost, never resent.
+pub const IN_DOUBT_RETRY_MS_MAX: u64 = DRAIN_DEDUP_WINDOW_MS / 2;
+/// Most in-doubt sums resent at once.
+pub const IN_DOUBT_RESENDS_CONCURRENT_MAX: usize = 64;
+/// Most predecessors a fresh read follows from a counter's current runtime.
+pub const PREDECESSORS_MAX: usize = 64;
+
+/// A drained sum sent to a shard and not answered: it may or may not have been
+/// applied, so it is resent unchanged (same drain id) until answered.
+pub(crate) struct InDoubt {
+    /// Its counter.
+    pub(crate) name: CounterName,
+    /// The submission, with its drain id.
+    pub(crate) sub: Submission,
+    /// When it was first sent, by the engine's clock.
+    pub(crate) since_ms: u64,
+}
 
 /// Hands out per-thread routing tokens.
 static NEXT_THREAD_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -132,14 +154,19 @@ pub(crate) struct Ctx {
     pub(crate) dirty: parking_lot::Mutex<Vec<Arc<CounterRuntime>>>,
     /// Counters whose resharding task is running.
     pub(crate) resharding: DashMap<CounterName, ()>,
+    /// Counters whose expired sealed generations are being pruned.
+    pub(crate) pruning: DashMap<CounterName, ()>,
     /// Where shards live; `None` for an embedded engine that owns every shard.
     pub(crate) placement: Option<Arc<dyn Placement>>,
     pub(crate) supervisor: OnceLock<ActorRef<SupervisorMsg>>,
-    /// Drained sums sent to other nodes and not answered yet, resent until they are.
-    pub(crate) in_doubt: parking_lot::Mutex<Vec<(CounterName, Submission)>>,
+    /// Drained sums sent and not answered yet, resent until they are.
+    pub(crate) in_doubt: parking_lot::Mutex<Vec<InDoubt>>,
+    /// Whether a resend of in-doubt sums is running (one at a time).
+    pub(crate) resending: AtomicBool,
     /// Numbers this engine's drain ids.
     pub(crate) drain_seq: std::sync::atomic::AtomicU64,
-    /// Distinguishes this engine's drain ids from those of its earlier lives.
+    /// Distinguishes this engine's drain ids from those of its earlier lives: the
+    /// number of times the store has been opened (persisted, never repeats).
     pub(crate) incarnation: u64,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
     pub(crate) closing: AtomicBool,
@@ -195,6 +222,9 @@ impl Ctx {
             dashmap::Entry::Occupied(e) if e.get().meta.version >= meta.version => e.get().clone(),
             dashmap::Entry::Occupied(mut e) => {
                 let rt = Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now));
+                // The old runtime may still buffer acknowledged increments: a fresh
+                // read must find it.
+                *rt.predecessor.lock() = Some(e.get().clone());
                 replaced = Some(e.insert(rt.clone()));
                 rt
             }
@@ -513,7 +543,11 @@ impl Ctx {
 
     /// Merges `sketch` into a shard of a generation that takes no writes yet (merging
     /// twice changes nothing, so a retried resharding may repeat it).
-    pub(crate) async fn merge_sketch(&self, id: &ShardId, sketch: Vec<u8>) -> Result<(), TallyError> {
+    pub(crate) async fn merge_sketch(
+        self: &Arc<Self>,
+        id: &ShardId,
+        sketch: Vec<u8>,
+    ) -> Result<(), TallyError> {
         if let Some((p, node)) = self.remote(id) {
             return match p.call(&node, ShardRequest::MergeSketch { id: id.clone(), sketch }).await? {
                 ShardResponse::Done => Ok(()),
@@ -523,18 +557,25 @@ impl Ctx {
         self.merge_sketch_local(id, &sketch).await
     }
 
-    /// Merges a sketch into the local store's copy of shard `id`.
-    pub(crate) async fn merge_sketch_local(&self, id: &ShardId, sketch: &[u8]) -> Result<(), TallyError> {
-        self.ensure_local(id).await?;
-        let incoming = DistinctSketch::from_bytes(sketch).map_err(|e| unavailable(id, &e.to_string()))?;
-        let mut image = self.store.load_shard(id)?;
-        let mut merged = match &image.sketch {
-            Some(b) => DistinctSketch::from_bytes(b).map_err(|e| unavailable(id, &e.to_string()))?,
-            None => DistinctSketch::new(),
-        };
-        merged.merge(&incoming);
-        image.sketch = Some(merged.to_bytes());
-        self.store.commit(id, &tally_store::ShardWrite { image, ..Default::default() })?;
+    /// Merges a sketch into shard `id` on this node, through its actor (the shard's
+    /// only writer); returns once the merge is durable.
+    pub(crate) async fn merge_sketch_local(
+        self: &Arc<Self>,
+        id: &ShardId,
+        sketch: &[u8],
+    ) -> Result<(), TallyError> {
+        let rt = self.runtime(id.counter.as_str(), false).await?;
+        let actor = self.shard(id, &rt.meta).await?;
+        let (tx, rx) = ractor::concurrency::oneshot();
+        actor
+            .send_message(ShardMsg::MergeSketch { sketch: sketch.to_vec(), reply: tx.into() })
+            .map_err(|e| unavailable(id, &e.to_string()))?;
+        self.await_reply(id, rx).await??;
+        // The shard belongs to a generation that opens later: its actor was started
+        // with metadata that does not list the generation being sealed yet, and would
+        // not look up event ids there. It stops now; the copy that serves the open
+        // generation starts from the metadata that opened it.
+        self.stop_local(id).await;
         Ok(())
     }
 
@@ -627,14 +668,42 @@ impl Ctx {
         rt.drains_in_flight.fetch_sub(1, SeqCst);
     }
 
-    /// Waits until no drain of `rt` is between its slots and its shards (bounded by
-    /// the call timeout), so a fresh read includes every increment acknowledged
-    /// before it began.
-    pub(crate) async fn settle_drains(&self, rt: &CounterRuntime) {
+    /// Waits until no drain of `rt` is between its slots and its shards, bounded by
+    /// the call timeout. False if one still is: its sum may be missing from a read.
+    pub(crate) async fn settle_drains(&self, rt: &CounterRuntime) -> bool {
         let deadline = tokio::time::Instant::now() + self.timeout();
-        while rt.drains_in_flight.load(SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+        while rt.drains_in_flight.load(SeqCst) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        true
+    }
+
+    /// Before a read: delivers what this node buffers for the counter — in `rt` and
+    /// in the runtimes it replaced — and resends the counter's in-doubt sums. True if
+    /// everything this node acknowledged for the counter is now in its shards; false
+    /// if a drain did not settle or a sum is still in doubt.
+    pub(crate) async fn deliver_for_read(self: &Arc<Self>, rt: &Arc<CounterRuntime>) -> bool {
+        let lineage = rt.lineage(PREDECESSORS_MAX);
+        for r in &lineage {
+            self.drain(r).await;
+        }
+        if self.in_doubt_of(&rt.name) > 0 {
+            self.resend_in_doubt(Some(&rt.name)).await;
+        }
+        let mut settled = true;
+        for r in &lineage {
+            settled &= self.settle_drains(r).await;
+        }
+        rt.forget_quiet_predecessors();
+        settled && self.in_doubt_of(&rt.name) == 0
+    }
+
+    /// Increments of `name` in sums whose delivery is in doubt.
+    pub(crate) fn in_doubt_of(&self, name: &CounterName) -> u64 {
+        self.in_doubt.lock().iter().filter(|d| &d.name == name).map(|d| d.sub.increments()).sum()
     }
 
     async fn deliver(self: &Arc<Self>, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) {
@@ -658,31 +727,36 @@ impl Ctx {
         for d in drained {
             let index = d.index % target.meta.layout.shards;
             let id = ShardId::new(target.name.clone(), target.meta.layout.generation, index);
-            // A sum sent to another node may be applied and its answer lost: it carries
-            // an id, and until answered it is resent as it is, never merged again.
-            let drain_id = self.remote(&id).map(|_| self.drain_id(index, target.meta.layout.shards));
+            // Every drained sum carries an id: its answer may be lost or late (a
+            // remote node, or a local disk that stalls past the call timeout) while the
+            // shard still applies it, so until answered it is resent as it is, never
+            // merged into another sum.
+            let drain_id = self.drain_id(index, target.meta.layout.shards);
             let sub = Submission::Buffered {
                 sum: d.sum,
                 increments: d.increments,
                 members: d.members.clone(),
-                drain_id: drain_id.clone(),
+                drain_id: Some(drain_id),
             };
             self.stats.drain_increments.record(d.increments);
-            match (self.send_submit(&id, &target.meta, sub.clone()).await, drain_id) {
-                (Ok(rx), _) => waiting.push((id, index, rx, d, sub)),
-                (Err(_), Some(_)) => self.in_doubt.lock().push((target.name.clone(), sub)),
-                (Err(_), None) => self.give_back(&target, vec![Drained { index, ..d }]),
+            match self.send_submit(&id, &target.meta, sub.clone()).await {
+                Ok(rx) => waiting.push((id, index, rx, d, sub)),
+                // Never sent: nothing was applied, so it may merge with later sums.
+                Err(_) => self.give_back(&target, vec![Drained { index, ..d }]),
             }
         }
+        let now = self.now_ms();
         for (id, index, rx, d, sub) in waiting {
-            let in_doubt = matches!(&sub, Submission::Buffered { drain_id: Some(_), .. });
             match self.await_reply(&id, rx).await {
                 Ok(ShardReply::Done { value, .. }) => {
                     self.stats.increments_batched.add(d.increments);
                     target.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                 }
-                _ if in_doubt => self.in_doubt.lock().push((target.name.clone(), sub)),
-                Ok(ShardReply::Sealed) | Err(_) => self.give_back(&target, vec![Drained { index, ..d }]),
+                // Refused at the door: nothing was applied.
+                Ok(ShardReply::Sealed) => self.give_back(&target, vec![Drained { index, ..d }]),
+                Err(_) => {
+                    self.in_doubt.lock().push(InDoubt { name: target.name.clone(), sub, since_ms: now })
+                }
             }
         }
     }
@@ -698,34 +772,62 @@ impl Ctx {
             .expect("some salt routes to every shard")
     }
 
-    /// Resends drained sums whose delivery is in doubt, each with its own id, to the
-    /// counter's current layout.
-    pub(crate) async fn retry_in_doubt(self: &Arc<Self>) {
-        let pending = std::mem::take(&mut *self.in_doubt.lock());
-        for (name, sub) in pending {
-            let Submission::Buffered { drain_id: Some(drain_id), increments, .. } = &sub else { continue };
-            let rt = match self.runtime(name.as_str(), false).await {
-                Ok(rt) => rt,
-                Err(TallyError::NotFound(_)) => {
-                    tracing::warn!(counter = %name, "dropping a drained sum of a deleted counter");
-                    continue;
+    /// Resends drained sums whose delivery is in doubt (all of them, or those of one
+    /// counter), each with its own id, to the counter's current layout, several at
+    /// once. A sum in doubt for longer than [`IN_DOUBT_RETRY_MS_MAX`] is reported
+    /// lost instead: its id's record may have expired, so a resend could count twice.
+    pub(crate) async fn resend_in_doubt(self: &Arc<Self>, only: Option<&CounterName>) {
+        let pending: Vec<InDoubt> = {
+            let mut all = self.in_doubt.lock();
+            let (take, keep) =
+                std::mem::take(&mut *all).into_iter().partition(|d| only.is_none_or(|n| &d.name == n));
+            *all = keep;
+            take
+        };
+        let now = self.now_ms();
+        let (expired, live): (Vec<InDoubt>, Vec<InDoubt>) =
+            pending.into_iter().partition(|d| now.saturating_sub(d.since_ms) > IN_DOUBT_RETRY_MS_MAX);
+        for d in expired {
+            let increments = d.sub.increments();
+            self.stats.buffered_lost.add(increments);
+            tracing::error!(
+                counter = %d.name,
+                increments,
+                in_doubt_ms = now.saturating_sub(d.since_ms),
+                "acknowledged buffered increments lost: their shard did not answer within the resend limit"
+            );
+        }
+        futures::stream::iter(live)
+            .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |d| async move {
+                if let Err(d) = self.resend(d).await {
+                    self.in_doubt.lock().push(d);
                 }
-                Err(_) => {
-                    self.in_doubt.lock().push((name, sub));
-                    continue;
-                }
-            };
-            let index = tally_core::router::shard_of_event(drain_id, rt.meta.layout.shards);
-            let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
-            let increments = *increments;
-            match self.submit(&id, &rt.meta, sub.clone()).await {
-                Ok(ShardReply::Done { outcome, .. }) => {
-                    if outcome == Outcome::Applied {
-                        self.stats.increments_batched.add(increments);
-                    }
-                }
-                _ => self.in_doubt.lock().push((name, sub)),
+            })
+            .await;
+    }
+
+    /// Resends one in-doubt sum; gives it back if it is still in doubt.
+    async fn resend(self: &Arc<Self>, d: InDoubt) -> Result<(), InDoubt> {
+        let Submission::Buffered { drain_id: Some(drain_id), increments, .. } = &d.sub else { return Ok(()) };
+        let rt = match self.runtime(d.name.as_str(), false).await {
+            Ok(rt) => rt,
+            Err(TallyError::NotFound(_)) => {
+                tracing::warn!(counter = %d.name, "dropping a drained sum of a deleted counter");
+                return Ok(());
             }
+            Err(_) => return Err(d),
+        };
+        let index = tally_core::router::shard_of_event(drain_id, rt.meta.layout.shards);
+        let id = ShardId::new(d.name.clone(), rt.meta.layout.generation, index);
+        let increments = *increments;
+        match self.submit(&id, &rt.meta, d.sub.clone()).await {
+            Ok(ShardReply::Done { outcome, .. }) => {
+                if outcome == Outcome::Applied {
+                    self.stats.increments_batched.add(increments);
+                }
+                Ok(())
+            }
+            _ => Err(d),
         }
     }
 
@@ -741,13 +843,38 @@ impl Ctx {
     pub(crate) async fn delete_local(&self, id: &ShardId) -> Result<(), TallyError> {
         // Adopt first, so the previous owner deletes its copy in its hand-off.
         self.ensure_local(id).await?;
+        self.stop_local(id).await;
+        self.drop_shard_data(id)
+    }
+
+    /// Stops the local actor of shard `id`, if one runs, and returns once it has ended
+    /// (it commits what it had taken first).
+    pub(crate) async fn stop_local(&self, id: &ShardId) {
         if let Some(sup) = self.supervisor.get() {
             let (tx, rx) = ractor::concurrency::oneshot();
             if sup.send_message(SupervisorMsg::Stop { id: id.clone(), reply: tx.into() }).is_ok() {
                 let _ = rx.await;
             }
         }
-        Ok(self.store.delete_shard(id)?)
+    }
+
+    /// Removes shard `id`'s data from this node's store: value, sketch, dedup records
+    /// and its seal.
+    pub(crate) fn drop_shard_data(&self, id: &ShardId) -> Result<(), TallyError> {
+        self.store.delete_shard(id)?;
+        self.store.meta_delete(&crate::shard::seal_key(id))?;
+        Ok(())
+    }
+
+    /// Deletes shard `id`'s data wherever it lives.
+    pub(crate) async fn delete_shard_anywhere(&self, id: &ShardId) -> Result<(), TallyError> {
+        match self.remote(id) {
+            None => self.delete_local(id).await,
+            Some((p, node)) => match p.call(&node, ShardRequest::Delete { id: id.clone() }).await? {
+                ShardResponse::Done => Ok(()),
+                other => Err(unexpected(&node, id, other)),
+            },
+        }
     }
 
     /// Removes what a deleted counter left in the store, if its cleanup is pending.
@@ -755,14 +882,7 @@ impl Ctx {
         let Some(generations) = self.catalog.tombstone(name.as_str())? else { return Ok(()) };
         for (generation, shards) in generations {
             for index in 0..shards {
-                let id = ShardId::new(name.clone(), generation, index);
-                match self.remote(&id) {
-                    None => self.delete_local(&id).await?,
-                    Some((p, node)) => match p.call(&node, ShardRequest::Delete { id: id.clone() }).await? {
-                        ShardResponse::Done => {}
-                        other => return Err(unexpected(&node, &id, other)),
-                    },
-                }
+                self.delete_shard_anywhere(&ShardId::new(name.clone(), generation, index)).await?;
             }
         }
         self.flusher.flush().await?;

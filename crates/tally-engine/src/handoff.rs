@@ -23,7 +23,6 @@
 use crate::ctx::{unavailable, Ctx};
 use crate::error::TallyError;
 use crate::placement::{unexpected, ShardRequest, ShardResponse};
-use crate::supervisor::SupervisorMsg;
 use std::time::Duration;
 use tally_core::dedup::DedupRecord;
 use tally_core::ShardId;
@@ -118,12 +117,7 @@ impl Ctx {
         if after.is_none() {
             // No new actor can start now (this node no longer owns the shard); stop
             // the running one, which commits what it had taken.
-            if let Some(sup) = self.supervisor.get() {
-                let (tx, rx) = ractor::concurrency::oneshot();
-                if sup.send_message(SupervisorMsg::Stop { id: id.clone(), reply: tx.into() }).is_ok() {
-                    let _ = rx.await;
-                }
-            }
+            self.stop_local(id).await;
         }
         let image = self.store.load_shard(id)?;
         let records = self.store.dedup_scan(id, after, HANDOFF_RECORDS_MAX)?;
@@ -157,6 +151,25 @@ pub struct HandoffReport {
 pub(crate) async fn hand_off_foreign(ctx: &Ctx, epoch: u64) -> Result<HandoffReport, TallyError> {
     let mut report = HandoffReport::default();
     let Some(placement) = &ctx.placement else { return Ok(report) };
+    if placement.epoch() < epoch {
+        let id = ShardId::new(tally_core::CounterName::new("handoff").expect("a valid name"), 0, 0);
+        return Err(unavailable(&id, &format!("placement epoch {epoch} not applied here yet")));
+    }
+    // The store lists only shards with a committed write. A shard whose first write
+    // is still with its actor (or on its way to the disk) would be missed, and its
+    // new owner would serve it from nothing once the next change makes this node no
+    // longer its previous owner. So first stop every actor of a shard this node no
+    // longer owns: each commits what it took before it ends, and none can start
+    // again here (the supervisor starts owned shards only).
+    let foreign: Vec<ShardId> = ctx
+        .directory
+        .iter()
+        .map(|e| e.key().clone())
+        .filter(|id| placement.remote_owner(id).is_some())
+        .collect();
+    for id in foreign {
+        ctx.stop_local(&id).await;
+    }
     let mut after: Option<ShardId> = None;
     loop {
         let page = ctx.store.shard_ids(after.as_ref(), HANDOFF_SCAN_PAGE)?;
@@ -166,7 +179,7 @@ pub(crate) async fn hand_off_foreign(ctx: &Ctx, epoch: u64) -> Result<HandoffRep
             let Some(owner) = placement.remote_owner(&id) else { continue };
             match placement.call(&owner, ShardRequest::Adopt { id: id.clone(), epoch }).await {
                 Ok(ShardResponse::Done) => {
-                    ctx.store.delete_shard(&id)?;
+                    ctx.drop_shard_data(&id)?;
                     report.moved += 1;
                 }
                 Ok(other) => {

@@ -3,6 +3,8 @@
 use crate::api::{Consistency, DistinctRead, ShardReport, ShardsReport, ValueRead};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
+use crate::runtime::CounterRuntime;
+use futures::StreamExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tally_core::meta::CounterMeta;
@@ -10,9 +12,10 @@ use tally_core::sketch::DistinctSketch;
 use tally_core::{CounterName, ShardId};
 use tally_store::ShardImage;
 
-/// The committed image of every current shard, fetched concurrently (remote shards
-/// from their owners); `None` where a shard could not be reached.
-async fn images(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardImage>> {
+/// The committed image of every current shard as applied (not yet made durable),
+/// fetched concurrently (remote shards from their owners, which answer durable
+/// values); `None` where a shard could not be reached.
+async fn images_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardImage>> {
     let reads = (0..meta.layout.shards).map(|index| {
         let id = ShardId::new(name.clone(), meta.layout.generation, index);
         async move {
@@ -25,10 +28,19 @@ async fn images(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<O
             }
         }
     });
-    let images = futures::future::join_all(reads).await;
-    // This node's shards were read as applied; they are answered once durable, so a
-    // read never shows what a crash could still take back. (Other owners do the same
-    // before answering a `Read`.)
+    futures::future::join_all(reads).await
+}
+
+/// Every current shard's image, made durable before it is answered: this node's
+/// shards were read as applied, and a read must never show what a crash could still
+/// take back. (Other owners do the same before answering a `Read`.)
+async fn images(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardImage>> {
+    let images = images_applied(ctx, meta, name).await;
+    durable(ctx, name, images).await
+}
+
+/// `images` once every write applied so far is durable; all missing if it cannot be.
+async fn durable(ctx: &Ctx, name: &CounterName, images: Vec<Option<ShardImage>>) -> Vec<Option<ShardImage>> {
     if let Err(e) = ctx.flusher.make_durable().await {
         tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
         return images.into_iter().map(|_| None).collect();
@@ -40,26 +52,74 @@ fn missing(images: &[Option<ShardImage>]) -> Vec<u16> {
     images.iter().enumerate().filter(|(_, i)| i.is_none()).map(|(i, _)| i as u16).collect()
 }
 
+/// The total of `images` over `meta`'s layout, as of `as_of_ms`.
+fn total(meta: &CounterMeta, images: &[Option<ShardImage>], as_of_ms: u64) -> ValueRead {
+    let value = meta.layout.base + images.iter().flatten().map(|i| i128::from(i.value)).sum::<i128>();
+    let missing_shards = missing(images);
+    ValueRead {
+        value,
+        consistency: Consistency::Fresh,
+        as_of_ms,
+        staleness_ms: 0,
+        complete: missing_shards.is_empty(),
+        missing_shards,
+    }
+}
+
 /// The counter's total: the sealed generations' `base` plus every current shard's
 /// committed value, made durable before it is answered. A shard's actor commits
 /// before it answers, so every acknowledged increment is included. A shard that cannot be reached is listed in
 /// `missing_shards` and the read says `complete: false` — never a silent partial sum.
+/// `as_of_ms` is taken before the shards are asked: every value read is at least
+/// that new, so the staleness a cached copy reports is never understated.
 pub(crate) async fn sum_shards(
     ctx: &Arc<Ctx>,
     meta: &CounterMeta,
     name: &CounterName,
 ) -> Result<ValueRead, TallyError> {
+    let as_of_ms = ctx.now_ms();
     let images = images(ctx, meta, name).await;
-    let total = meta.layout.base + images.iter().flatten().map(|i| i128::from(i.value)).sum::<i128>();
-    let missing_shards = missing(&images);
-    Ok(ValueRead {
-        value: total,
-        consistency: Consistency::Fresh,
-        as_of_ms: ctx.now_ms(),
-        staleness_ms: 0,
-        complete: missing_shards.is_empty(),
-        missing_shards,
-    })
+    Ok(total(meta, &images, as_of_ms))
+}
+
+/// The totals of many counters (a rollup pass), with one wait for durability for all
+/// of them instead of one per counter.
+pub(crate) async fn sum_many(ctx: &Arc<Ctx>, counters: &[(CounterName, Arc<CounterMeta>)]) -> Vec<ValueRead> {
+    let as_of_ms = ctx.now_ms();
+    let all = futures::stream::iter(counters.iter().map(|(name, meta)| images_applied(ctx, meta, name)))
+        .buffered(SUM_MANY_CONCURRENT_MAX)
+        .collect::<Vec<_>>()
+        .await;
+    let durable = ctx.flusher.make_durable().await;
+    counters
+        .iter()
+        .zip(all)
+        .map(|((name, meta), images)| {
+            let images = match &durable {
+                Ok(()) => images,
+                Err(e) => {
+                    tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
+                    images.into_iter().map(|_| None).collect()
+                }
+            };
+            total(meta, &images, as_of_ms)
+        })
+        .collect()
+}
+
+/// Most counters whose shards [`sum_many`] reads at once.
+pub const SUM_MANY_CONCURRENT_MAX: usize = 64;
+
+/// A fresh read: first this node's buffered increments for the counter (its current
+/// runtime's and those of runtimes it replaced) are delivered, then every shard is
+/// summed. The read says `complete: false` if a shard did not answer, or if a sum
+/// this node drained is still in doubt (sent, not yet answered): it cannot know
+/// whether that sum is in the total.
+pub(crate) async fn fresh(ctx: &Arc<Ctx>, rt: &Arc<CounterRuntime>) -> Result<ValueRead, TallyError> {
+    let settled = ctx.deliver_for_read(rt).await;
+    let mut read = sum_shards(ctx, &rt.meta, &rt.name).await?;
+    read.complete &= settled;
+    Ok(read)
 }
 
 /// The merged distinct-count estimate of the current generation (a resharding merges

@@ -4,8 +4,9 @@
 //! A correction is an increment whose event id is derived from (counter,
 //! authoritative total, total found), so a correction that is retried or delivered
 //! twice is deduplicated like any other increment, and reconciling again against the
-//! same total finds no drift. Totals are `i128`; a drift beyond one `i64` is written as
-//! several corrections.
+//! same total finds no drift. A reconciliation corrects from a complete total only,
+//! and at most [`RECONCILE_DRIFT_ABS_MAX`] at a time, as one increment that applies
+//! whole or not at all.
 
 use crate::api::ReconcileReport;
 use crate::ctx::Ctx;
@@ -108,41 +109,36 @@ impl Actor for Reconciler {
     }
 }
 
-/// Largest drift one reconciliation corrects, in counter units: one correction, to
-/// one shard, always fits that shard's range alongside what it holds, so it applies
-/// whole or not at all.
+/// Largest drift one reconciliation corrects, in counter units. The correction is one
+/// increment to one shard, and a quarter of a shard's range always fits beside what
+/// the shard may hold, so a correction applies whole or is refused whole: it never
+/// applies in part. A larger drift says the authoritative total is wrong, or that the
+/// counter must be brought there in steps the caller chooses.
 pub const RECONCILE_DRIFT_ABS_MAX: i128 = 1 << 61;
 
-/// Largest magnitude of one correction: a quarter of a shard's range, so a large
-/// drift spreads over several shards instead of overflowing one.
-const CORRECTION_ABS_MAX: i64 = 1 << 61;
-
-/// The event id of the `part`-th correction bringing `name` from `before` to
-/// `authoritative`, chosen so that it routes to shard `part % shards` (parts spread
-/// over shards, and a retry finds its record like any event id). Deterministic: the
-/// same correction always gets the same id. `~` is outside the client alphabet.
-fn correction_id(name: &CounterName, authoritative: i128, before: i128, part: u32, shards: u16) -> String {
+/// The event id of the correction bringing `name` from `before` to `authoritative`.
+/// Deterministic, so a retried or duplicated correction is deduplicated like any
+/// event id; `~` is outside the client alphabet, so no client id can collide.
+fn correction_id(name: &CounterName, authoritative: i128, before: i128) -> String {
     let mut key = name.as_str().as_bytes().to_vec();
     key.extend_from_slice(&authoritative.to_be_bytes());
     key.extend_from_slice(&before.to_be_bytes());
-    let base = hash64(0x7265_636f_6e63_696c, &key);
-    let want = (part % u32::from(shards)) as u16;
-    (0u32..)
-        .map(|salt| format!("~reconcile:{base:016x}:{part}:{salt}"))
-        .find(|id| shard_of_event(id, shards) == want)
-        .expect("some salt routes to every shard")
+    format!("~reconcile:{:016x}", hash64(0x7265_636f_6e63_696c, &key))
 }
 
-/// Splits a drift into non-zero deltas of at most [`CORRECTION_ABS_MAX`].
-fn parts(mut drift: i128) -> Vec<i64> {
-    let mut out = Vec::new();
-    while drift != 0 {
-        let max = i128::from(CORRECTION_ABS_MAX);
-        let step = drift.clamp(-max, max) as i64;
-        out.push(step);
-        drift -= i128::from(step);
+/// The drift from `before` to `authoritative` as one correction's delta, if it is
+/// within [`RECONCILE_DRIFT_ABS_MAX`] (and so within 128 bits and one `i64`).
+fn correction(authoritative: i128, before: i128) -> Result<i64, TallyError> {
+    let drift = authoritative.checked_sub(before);
+    match drift.filter(|d| d.unsigned_abs() <= RECONCILE_DRIFT_ABS_MAX.unsigned_abs()) {
+        Some(d) => Ok(i64::try_from(d).expect("the bound is inside i64")),
+        None => Err(TallyError::DriftOutOfRange {
+            authoritative,
+            before,
+            drift: drift.unwrap_or(if authoritative > before { i128::MAX } else { i128::MIN }),
+            max: RECONCILE_DRIFT_ABS_MAX,
+        }),
     }
-    out
 }
 
 pub(crate) async fn reconcile(
@@ -151,35 +147,44 @@ pub(crate) async fn reconcile(
     authoritative: i128,
 ) -> Result<ReconcileReport, TallyError> {
     let rt = ctx.runtime(name.as_str(), false).await?;
-    ctx.drain(&rt).await;
-    ctx.settle_drains(&rt).await;
-    let before = crate::read::sum_shards(ctx, &rt.meta, name).await?.value;
-    let drift = authoritative - before;
+    // Only a complete total may be corrected: a correction computed from part of the
+    // shards would count the missing ones a second time once they answer again.
+    let read = crate::read::fresh(ctx, &rt).await?;
+    if !read.complete {
+        return Err(TallyError::Unavailable {
+            shard: name.to_string(),
+            reason: format!(
+                "the total cannot be read whole (shards {:?} did not answer, or buffered increments \
+                 are still in doubt), and a correction from part of it would create drift; retry",
+                read.missing_shards
+            ),
+        });
+    }
+    let before = read.value;
+    let delta = correction(authoritative, before);
+    let drift = authoritative.saturating_sub(before);
     ctx.stats
         .drift_last
         .store(i64::try_from(drift).unwrap_or(if drift > 0 { i64::MAX } else { i64::MIN }), Relaxed);
-    if drift == 0 {
+    let delta = delta?;
+    if delta == 0 {
         return Ok(ReconcileReport { before, drift, corrected: false });
     }
-    for (part, delta) in parts(drift).into_iter().enumerate() {
-        let mut rt = ctx.runtime(name.as_str(), false).await?;
-        loop {
-            let event_id = correction_id(name, authoritative, before, part as u32, rt.meta.layout.shards);
-            let index = shard_of_event(&event_id, rt.meta.layout.shards);
-            let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
-            let sub = Submission::Single { delta, event_id: Some(event_id.clone()), member: None };
-            match ctx.submit(&id, &rt.meta, sub).await? {
-                ShardReply::Done { outcome: Outcome::Applied | Outcome::Duplicate, .. } => break,
-                ShardReply::Done { outcome: Outcome::Overflow(o), .. } => {
-                    return Err(TallyError::Overflow(o))
-                }
-                ShardReply::Done { outcome: Outcome::Conflict { recorded_delta }, .. } => {
-                    return Err(TallyError::EventIdConflict { event_id, recorded_delta, delta })
-                }
-                ShardReply::Sealed => {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    rt = ctx.refresh(&rt).await?;
-                }
+    let event_id = correction_id(name, authoritative, before);
+    let mut rt = rt;
+    loop {
+        let index = shard_of_event(&event_id, rt.meta.layout.shards);
+        let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
+        let sub = Submission::Single { delta, event_id: Some(event_id.clone()), member: None };
+        match ctx.submit(&id, &rt.meta, sub).await? {
+            ShardReply::Done { outcome: Outcome::Applied | Outcome::Duplicate, .. } => break,
+            ShardReply::Done { outcome: Outcome::Overflow(o), .. } => return Err(TallyError::Overflow(o)),
+            ShardReply::Done { outcome: Outcome::Conflict { recorded_delta }, .. } => {
+                return Err(TallyError::EventIdConflict { event_id, recorded_delta, delta })
+            }
+            ShardReply::Sealed => {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                rt = ctx.refresh(&rt).await?;
             }
         }
     }
@@ -193,26 +198,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drift_splits_into_i64_parts() {
-        assert_eq!(parts(0), Vec::<i64>::new());
-        assert_eq!(parts(-5), vec![-5]);
-        let big = i128::from(i64::MAX) * 2 + 3;
-        let p = parts(big);
-        assert_eq!(p.iter().map(|&d| i128::from(d)).sum::<i128>(), big);
-        assert!(p.iter().all(|&d| d != 0 && d.abs() <= CORRECTION_ABS_MAX));
-        let neg = i128::from(i64::MIN) * 3;
-        assert_eq!(parts(neg).iter().map(|&d| i128::from(d)).sum::<i128>(), neg);
+    fn a_correction_is_one_delta_within_the_bound() {
+        assert_eq!(correction(100, 95), Ok(5));
+        assert_eq!(correction(-7, 100), Ok(-107));
+        assert_eq!(correction(RECONCILE_DRIFT_ABS_MAX, 0), Ok(1 << 61));
+        assert_eq!(correction(-RECONCILE_DRIFT_ABS_MAX, 0), Ok(-(1 << 61)));
+        for (a, b) in [(RECONCILE_DRIFT_ABS_MAX + 1, 0), (i128::MAX, -5), (i128::MIN, 1), (10i128.pow(30), 0)]
+        {
+            let Err(TallyError::DriftOutOfRange { drift, .. }) = correction(a, b) else { panic!("{a} {b}") };
+            assert!(drift.unsigned_abs() > RECONCILE_DRIFT_ABS_MAX.unsigned_abs());
+        }
     }
 
     #[test]
     fn correction_ids_are_stable_and_distinct() {
         let n = CounterName::new("c").unwrap();
-        assert_eq!(correction_id(&n, 10, 5, 0, 8), correction_id(&n, 10, 5, 0, 8));
-        assert_ne!(correction_id(&n, 10, 5, 0, 8), correction_id(&n, 10, 6, 0, 8));
-        assert_ne!(correction_id(&n, 10, 5, 0, 8), correction_id(&n, 10, 5, 1, 8));
-        assert!(correction_id(&n, 10, 5, 0, 8).starts_with('~'));
-        for part in 0..16 {
-            assert_eq!(shard_of_event(&correction_id(&n, 1, 2, part, 8), 8), (part % 8) as u16);
-        }
+        assert_eq!(correction_id(&n, 10, 5), correction_id(&n, 10, 5));
+        assert_ne!(correction_id(&n, 10, 5), correction_id(&n, 10, 6));
+        assert_ne!(correction_id(&n, 11, 5), correction_id(&n, 10, 5));
+        assert!(correction_id(&n, 10, 5).starts_with('~'));
     }
 }

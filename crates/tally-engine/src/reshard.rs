@@ -2,12 +2,20 @@
 //! into the next one, and open it (see [`tally_core::meta`] for why this loses and
 //! doubles nothing). The task is idempotent: after a crash it runs again from the
 //! start and reaches the same result.
+//!
+//! Sealed generations are pruned once every record in them has expired
+//! ([`CounterMeta::sealed_retention_ms`]): their shards' data is deleted first, then
+//! the metadata drops them. Deleting first is safe — a lookup in an expired
+//! generation finds nothing that still counts — and a deletion that fails leaves the
+//! generation listed, so the next sweep retries it.
+//!
+//! [`CounterMeta::sealed_retention_ms`]: tally_core::meta::CounterMeta::sealed_retention_ms
 
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::meta::MetaCommand;
+use tally_core::meta::{MetaCommand, MetaEffect};
 use tally_core::sketch::DistinctSketch;
 use tally_core::{CounterName, ShardId};
 
@@ -68,5 +76,44 @@ async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
     let cmd = MetaCommand::CompleteReshard { generation, sealed_sum: sum };
     ctx.apply_meta(name, &cmd).await?;
     tracing::info!(counter = %name, generation = generation + 1, "resharding complete");
+    Ok(())
+}
+
+/// Starts pruning `name`'s expired sealed generations unless that is running.
+pub(crate) fn ensure_pruned(ctx: &Arc<Ctx>, name: &CounterName) {
+    if ctx.pruning.insert(name.clone(), ()).is_some() {
+        return;
+    }
+    let ctx = ctx.clone();
+    let name = name.clone();
+    tokio::spawn(async move {
+        if let Err(e) = prune(&ctx, &name).await {
+            tracing::warn!(counter = %name, error = %e, "pruning sealed generations failed; the next sweep retries");
+        }
+        ctx.pruning.remove(&name);
+    });
+}
+
+/// Deletes the data of `name`'s sealed generations whose records have all expired,
+/// then drops them from the metadata.
+pub(crate) async fn prune(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
+    let Some(meta) = ctx.catalog.get(name.as_str())? else { return Ok(()) };
+    let now = ctx.now_ms();
+    if !meta.prune_due(now) {
+        return Ok(());
+    }
+    let retention_ms = meta.sealed_retention_ms();
+    for g in
+        meta.layout.sealed.iter().filter(|g| tally_core::dedup::expired(g.sealed_at_ms, now, retention_ms))
+    {
+        for index in 0..g.shards {
+            ctx.delete_shard_anywhere(&ShardId::new(name.clone(), g.generation, index)).await?;
+        }
+    }
+    ctx.flusher.flush().await?;
+    let (_, effect) = ctx.apply_meta(name, &MetaCommand::PruneSealed).await?;
+    if let MetaEffect::Pruned(gone) = effect {
+        tracing::info!(counter = %name, generations = gone.len(), "pruned sealed generations");
+    }
     Ok(())
 }

@@ -69,6 +69,10 @@ pub(crate) struct CounterRuntime {
     /// Drains of this runtime whose sums have left the slots but not yet been
     /// answered by their shards; a fresh read waits for them.
     pub(crate) drains_in_flight: AtomicU64,
+    /// The runtime this one replaced, while it may still hold buffered increments: a
+    /// fresh read delivers them too. Dropped once it (and its own predecessors) are
+    /// quiet.
+    pub(crate) predecessor: Mutex<Option<Arc<CounterRuntime>>>,
 }
 
 impl CounterRuntime {
@@ -85,7 +89,30 @@ impl CounterRuntime {
             changed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
             drains_in_flight: AtomicU64::new(0),
+            predecessor: Mutex::new(None),
         }
+    }
+
+    /// This runtime and the ones it replaced, newest first (at most `max`).
+    pub(crate) fn lineage(self: &Arc<Self>, max: usize) -> Vec<Arc<CounterRuntime>> {
+        let mut out = vec![self.clone()];
+        while out.len() < max {
+            let Some(older) = out.last().and_then(|r| r.predecessor.lock().clone()) else { break };
+            out.push(older);
+        }
+        out
+    }
+
+    /// Forgets the replaced runtimes once none of them holds or delivers anything.
+    pub(crate) fn forget_quiet_predecessors(&self) {
+        let mut next = self.predecessor.lock().clone();
+        while let Some(r) = next {
+            if r.holds_buffered() || r.drains_in_flight.load(SeqCst) > 0 {
+                return;
+            }
+            next = r.predecessor.lock().clone();
+        }
+        *self.predecessor.lock() = None;
     }
 
     /// Adds to slot `index` unconditionally (used to give back a drained sum that could

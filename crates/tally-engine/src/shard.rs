@@ -9,6 +9,9 @@
 //!
 //! A shard of a generation being resharded is *sealed*: it answers every later
 //! submission with [`ShardReply::Sealed`] and the caller retries on the new layout.
+//! The seal is durable (a marker in the store, flushed before the seal is answered),
+//! because the sealed value is counted in the next generation's `base`: a copy that
+//! restarts — on metadata that has not caught up, say — must still refuse writes.
 
 use crate::ctx::Ctx;
 use crate::error::TallyError;
@@ -20,7 +23,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::dedup::{expired_ids, DedupRecord};
-use tally_core::meta::CounterMeta;
+use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
 use tally_core::shard::{decide, window_for, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX};
 use tally_core::sketch::DistinctSketch;
@@ -39,6 +42,9 @@ pub(crate) enum ShardMsg {
     Commit,
     /// Stop taking writes; answer with the final state.
     Seal { reply: RpcReplyPort<Result<ShardImage, TallyError>> },
+    /// Merge an encoded sketch into this shard's (a resharding carries the sealed
+    /// generation's members into the next one); answered once durable.
+    MergeSketch { sketch: Vec<u8>, reply: RpcReplyPort<Result<(), TallyError>> },
     /// The counter's metadata changed.
     MetaChanged(Arc<CounterMeta>),
     /// Periodic housekeeping.
@@ -87,16 +93,30 @@ pub(crate) struct ShardActorState {
     last_active_ms: u64,
     last_sweep_ms: u64,
     sweep_after: Option<String>,
+    /// A failed commit left the in-memory state ahead of the store and it could not
+    /// be reloaded: the actor answers nothing more and stops.
+    broken: bool,
     ticker: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The store key of shard `id`'s seal marker.
+pub(crate) fn seal_key(id: &ShardId) -> Vec<u8> {
+    let mut key = b"sealed:".to_vec();
+    key.extend_from_slice(id.to_string().as_bytes());
+    key
+}
+
+fn corrupt_sketch(id: &ShardId, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        location: format!("sketch of shard {id}"),
+        source: tally_core::codec::DecodeError { what: "sketch", reason: e.to_string() },
+    }
 }
 
 fn load(ctx: &Ctx, id: &ShardId, meta: &CounterMeta) -> Result<(ShardState, Option<Vec<u8>>), StoreError> {
     let image = ctx.store.load_shard(id)?;
     let sketch = match (&image.sketch, meta.spec.distinct) {
-        (Some(b), _) => Some(DistinctSketch::from_bytes(b).map_err(|e| StoreError::Corrupt {
-            location: format!("sketch of shard {id}"),
-            source: tally_core::codec::DecodeError { what: "sketch", reason: e.to_string() },
-        })?),
+        (Some(b), _) => Some(DistinctSketch::from_bytes(b).map_err(|e| corrupt_sketch(id, e))?),
         (None, true) => Some(DistinctSketch::new()),
         (None, false) => None,
     };
@@ -115,11 +135,12 @@ impl Actor for ShardActor {
     ) -> Result<ShardActorState, ActorProcessingErr> {
         let ShardArgs { id, meta, ctx } = args;
         let (core, sketch_bytes) = load(&ctx, &id, &meta)?;
+        let sealed = id.generation < meta.layout.generation || ctx.store.meta_get(&seal_key(&id))?.is_some();
         ctx.stats.shard_activations.inc();
         let now = ctx.now_ms();
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
         Ok(ShardActorState {
-            sealed: id.generation < meta.layout.generation,
+            sealed,
             id,
             ctx,
             meta,
@@ -130,6 +151,7 @@ impl Actor for ShardActor {
             last_active_ms: now,
             last_sweep_ms: now,
             sweep_after: None,
+            broken: false,
             ticker: Some(ticker),
         })
     }
@@ -142,8 +164,9 @@ impl Actor for ShardActor {
         if let Some(t) = state.ticker.take() {
             t.abort();
         }
-        // Anything still pending was admitted before the drain: commit it.
-        while !state.pending.is_empty() {
+        // Anything still pending was admitted before the drain: commit it (unless
+        // this copy is broken: its callers then hear nothing and retry).
+        while !state.pending.is_empty() && !state.broken {
             state.commit().await;
         }
         Ok(())
@@ -155,37 +178,57 @@ impl Actor for ShardActor {
         msg: ShardMsg,
         state: &mut ShardActorState,
     ) -> Result<(), ActorProcessingErr> {
+        if state.broken {
+            // Dropping the message drops its reply port: the caller hears that the
+            // shard stopped, and retries against the copy that replaces this one.
+            return Ok(());
+        }
+        state.handle(&myself, msg).await;
+        if state.broken {
+            state.pending.clear();
+            myself.stop(Some("its values could not be reloaded after a failed commit".into()));
+        }
+        Ok(())
+    }
+}
+
+impl ShardActorState {
+    async fn handle(&mut self, myself: &ActorRef<ShardMsg>, msg: ShardMsg) {
+        let state = self;
         match msg {
             ShardMsg::Submit { sub, reply } => {
                 if state.sealed {
                     let _ = reply.send(ShardReply::Sealed);
-                    return Ok(());
+                    return;
                 }
                 state.pending.push((sub, reply));
-                state.schedule_commit(&myself).await;
+                state.schedule_commit(myself).await;
             }
             ShardMsg::Commit => {
                 state.commit_scheduled = false;
                 state.commit().await;
-                state.schedule_commit(&myself).await;
+                state.schedule_commit(myself).await;
             }
             ShardMsg::Seal { reply } => {
-                while !state.pending.is_empty() {
+                while !state.pending.is_empty() && !state.broken {
                     state.commit().await;
                 }
-                // The sealed value goes into the layout's base, durably: it must not
-                // be lost (with its dedup records) by a crash after the answer.
-                let flushed = state.ctx.flusher.flush().await;
-                let result = if state.ctx.flusher.poisoned() || flushed.is_err() {
-                    Err(TallyError::Store(StoreError::Io {
-                        op: "flush",
-                        message: "an earlier flush failed".into(),
-                    }))
-                } else {
-                    state.sealed = true;
-                    Ok(ShardImage { value: state.core.value, sketch: state.sketch_bytes.clone() })
-                };
-                let _ = reply.send(result);
+                if state.broken {
+                    return;
+                }
+                // From here on this copy refuses writes, and so does any copy that
+                // starts later: the marker is durable before the answer.
+                state.sealed = true;
+                let _ = reply.send(state.seal().await);
+            }
+            ShardMsg::MergeSketch { sketch, reply } => {
+                while !state.pending.is_empty() && !state.broken {
+                    state.commit().await;
+                }
+                if state.broken {
+                    return;
+                }
+                let _ = reply.send(state.merge_sketch(&sketch).await);
             }
             ShardMsg::MetaChanged(meta) => {
                 if meta.version > state.meta.version {
@@ -196,17 +239,41 @@ impl Actor for ShardActor {
                     state.meta = meta;
                 }
             }
-            ShardMsg::Tick => state.tick(&myself).await,
+            ShardMsg::Tick => state.tick(myself).await,
         }
-        Ok(())
     }
-}
 
-impl ShardActorState {
-    /// Whether this shard must stay up: it was sealed for a resharding that has not
-    /// completed, and a restarted copy would not know it is sealed.
-    fn pinned(&self) -> bool {
-        self.sealed && self.id.generation == self.meta.layout.generation
+    /// Makes the seal and the sealed value durable, and answers that value: it goes
+    /// into the layout's base and must not be lost (with its dedup records) by a crash
+    /// after the answer.
+    async fn seal(&mut self) -> Result<ShardImage, TallyError> {
+        if self.ctx.flusher.poisoned() {
+            return Err(StoreError::Io { op: "flush", message: "an earlier flush failed".into() }.into());
+        }
+        self.ctx.store.meta_put(&seal_key(&self.id), b"")?;
+        self.ctx.flusher.flush().await?;
+        Ok(ShardImage { value: self.core.value, sketch: self.sketch_bytes.clone() })
+    }
+
+    /// Merges `bytes` into this shard's sketch through the commit path (this actor is
+    /// the shard's only writer, so the merge can never write back an older value),
+    /// and returns once it is durable. Merging twice changes nothing.
+    async fn merge_sketch(&mut self, bytes: &[u8]) -> Result<(), TallyError> {
+        let incoming = DistinctSketch::from_bytes(bytes).map_err(|e| corrupt_sketch(&self.id, e))?;
+        let mut merged = self.core.sketch.clone().unwrap_or_default();
+        merged.merge(&incoming);
+        let sketch_bytes = Some(merged.to_bytes());
+        if sketch_bytes != self.sketch_bytes {
+            let write = ShardWrite {
+                image: ShardImage { value: self.core.value, sketch: sketch_bytes.clone() },
+                ..Default::default()
+            };
+            self.ctx.flusher.commit(self.id.clone(), write, None).await?;
+            self.core.sketch = Some(merged);
+            self.sketch_bytes = sketch_bytes;
+        }
+        self.ctx.flusher.flush().await?;
+        Ok(())
     }
 
     /// Makes sure a `Commit` follows the pending submissions. Submissions that arrive
@@ -219,7 +286,7 @@ impl ShardActorState {
         if myself.send_message(ShardMsg::Commit).is_err() {
             // Draining: no new messages are admitted, so commit now.
             self.commit_scheduled = false;
-            while !self.pending.is_empty() {
+            while !self.pending.is_empty() && !self.broken {
                 self.commit().await;
             }
         }
@@ -234,7 +301,7 @@ impl ShardActorState {
             }
         }
         let idle = now.saturating_sub(self.last_active_ms) >= self.ctx.config.shard_idle_stop_ms;
-        if idle && self.pending.is_empty() && !self.pinned() {
+        if idle && self.pending.is_empty() {
             if let Some(sup) = self.ctx.supervisor.get() {
                 let _ =
                     sup.send_message(SupervisorMsg::Retire { id: self.id.clone(), actor: myself.get_id() });
@@ -267,19 +334,39 @@ impl ShardActorState {
         self.ctx.flusher.commit(self.id.clone(), write, None).await
     }
 
-    /// The record for `event_id` in this shard or, failing that, in its shard of each
+    /// The record for `event_id` in this shard or, failing that, in its shard of a
     /// sealed generation (they never change again, so reading them needs no lock).
-    async fn prior(&self, event_id: &str) -> Result<Option<DedupRecord>, TallyError> {
+    /// Only generations sealed within the id's window are asked — a record older than
+    /// its window no longer counts — at most [`SEALED_GENERATIONS_MAX`] of them, all
+    /// at once; the newest record found wins.
+    async fn prior(&self, event_id: &str, now: u64) -> Result<Option<DedupRecord>, TallyError> {
         if let Some(r) = self.ctx.store.dedup_get(&self.id, event_id)? {
             return Ok(Some(r));
         }
-        for g in self.meta.layout.sealed.iter().rev() {
-            let id = ShardId::new(self.id.counter.clone(), g.generation, shard_of_event(event_id, g.shards));
-            if let Some(r) = self.ctx.dedup_get(&id, event_id).await? {
-                return Ok(Some(r));
+        let window = window_for(event_id, self.meta.spec.dedup_window_ms());
+        let lookups = self
+            .meta
+            .layout
+            .sealed
+            .iter()
+            .rev()
+            .take(SEALED_GENERATIONS_MAX)
+            .filter(|g| !tally_core::dedup::expired(g.sealed_at_ms, now, window))
+            .map(|g| {
+                let id =
+                    ShardId::new(self.id.counter.clone(), g.generation, shard_of_event(event_id, g.shards));
+                async move { self.ctx.dedup_get(&id, event_id).await }
+            });
+        let found = futures::future::join_all(lookups).await;
+        let mut newest: Option<DedupRecord> = None;
+        for r in found {
+            if let Some(r) = r? {
+                if newest.as_ref().is_none_or(|n| r.applied_at_ms > n.applied_at_ms) {
+                    newest = Some(r);
+                }
             }
         }
-        Ok(None)
+        Ok(newest)
     }
 
     /// Decides, writes and answers one batch of pending submissions.
@@ -301,7 +388,13 @@ impl ShardActorState {
             // The failed commit changed nothing in the store; forget what we decided.
             match load(&self.ctx, &self.id, &self.meta) {
                 Ok((core, bytes)) => (self.core, self.sketch_bytes) = (core, bytes),
-                Err(e2) => tracing::error!(shard = %self.id, error = %e2, "cannot reload shard"),
+                Err(e2) => {
+                    // This copy's values are ahead of the store and cannot be put
+                    // back: it must not decide again. It stops; the next request
+                    // starts a copy from the store.
+                    tracing::error!(shard = %self.id, error = %e2, "cannot reload shard; stopping it");
+                    self.broken = true;
+                }
             }
         }
     }
@@ -319,7 +412,7 @@ impl ShardActorState {
             };
             if let Some(id) = id {
                 if !prior.contains_key(id) {
-                    if let Some(r) = self.prior(id).await? {
+                    if let Some(r) = self.prior(id, now).await? {
                         prior.insert(id.clone(), r);
                     }
                 }
@@ -355,6 +448,13 @@ impl ShardActorState {
             })
         });
 
+        // Counted before the write is applied, so a rollup that finds no change knows
+        // no write is on its way either.
+        if decision.change_abs > 0 {
+            if let Some(rt) = self.ctx.registry.get(self.id.counter.as_str()) {
+                rt.changed.fetch_add(decision.change_abs, Relaxed);
+            }
+        }
         if writes {
             if decision.sketch_changed {
                 self.sketch_bytes = self.core.sketch.as_ref().map(DistinctSketch::to_bytes);
@@ -371,11 +471,6 @@ impl ShardActorState {
             self.ctx.stats.commit_submissions.record(subs.len() as u64);
         } else if let Some(w) = durable {
             self.ctx.flusher.after_flush(w);
-        }
-        if decision.change_abs > 0 {
-            if let Some(rt) = self.ctx.registry.get(self.id.counter.as_str()) {
-                rt.changed.fetch_add(decision.change_abs, Relaxed);
-            }
         }
         for (reply, done) in now_replies {
             let _ = reply.send(done);

@@ -113,6 +113,9 @@ pub struct Stats {
     pub read_cached_us: Histogram,
     /// Reconciliations that found drift.
     pub reconcile_corrections: Count,
+    /// Acknowledged buffered increments given up on: their drained sum stayed in doubt
+    /// past the resend limit, or a shutdown could not deliver them. Should stay 0.
+    pub buffered_lost: Count,
     /// The last measured drift (authoritative minus sum of shards), any counter.
     pub drift_last: AtomicI64,
     /// Shard actors started.

@@ -93,7 +93,7 @@ impl Tally {
     /// shard.
     pub async fn open_parts(parts: EngineParts) -> Result<Self, TallyError> {
         let EngineParts { store, clock, config, catalog, placement } = parts;
-        let incarnation = clock.now_ms();
+        let incarnation = next_incarnation(&*store)?;
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
         let catalog: Arc<dyn Catalog> = match catalog {
@@ -114,6 +114,8 @@ impl Tally {
             resharding: Default::default(),
             placement,
             in_doubt: Default::default(),
+            resending: Default::default(),
+            pruning: Default::default(),
             drain_seq: Default::default(),
             incarnation,
             supervisor: OnceLock::new(),
@@ -151,6 +153,14 @@ impl Tally {
     pub async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
         let name = CounterName::new(name)?;
         self.ctx.finish_delete(&name).await?;
+        // Sealed generations past their retention make room for a resharding.
+        if patch.shards.is_some() {
+            if let Some(meta) = self.ctx.catalog.get(name.as_str())? {
+                if meta.prune_due(self.ctx.now_ms()) {
+                    crate::reshard::prune(&self.ctx, &name).await?;
+                }
+            }
+        }
         let (rt, effect) = self.ctx.apply_meta(&name, &MetaCommand::Put(patch)).await?;
         let rt = rt.expect("a put always leaves a counter");
         Ok(PutOutcome { created: effect == MetaEffect::Created, counter: info(&name, &rt.meta) })
@@ -233,9 +243,7 @@ impl Tally {
             self.ctx.stats.read_cached_us.record(started.elapsed().as_micros() as u64);
             r
         } else {
-            self.ctx.drain(&rt).await;
-            self.ctx.settle_drains(&rt).await;
-            let r = crate::read::sum_shards(&self.ctx, &rt.meta, &rt.name).await?;
+            let r = crate::read::fresh(&self.ctx, &rt).await?;
             self.ctx.stats.reads_fresh.inc();
             self.ctx.stats.read_fresh_us.record(started.elapsed().as_micros() as u64);
             r
@@ -246,16 +254,16 @@ impl Tally {
     /// The estimated number of distinct members (counters with `distinct`).
     pub async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
         let rt = self.ctx.runtime(name, false).await?;
-        self.ctx.drain(&rt).await;
-        self.ctx.settle_drains(&rt).await;
-        crate::read::distinct(&self.ctx, &rt.meta, &rt.name).await
+        let settled = self.ctx.deliver_for_read(&rt).await;
+        let mut read = crate::read::distinct(&self.ctx, &rt.meta, &rt.name).await?;
+        read.complete &= settled;
+        Ok(read)
     }
 
     /// Per-shard values and write skew.
     pub async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
         let rt = self.ctx.runtime(name, false).await?;
-        self.ctx.drain(&rt).await;
-        self.ctx.settle_drains(&rt).await;
+        self.ctx.deliver_for_read(&rt).await;
         crate::read::shards(&self.ctx, &rt).await
     }
 
@@ -314,14 +322,17 @@ impl Tally {
     }
 
     /// Stops taking writes, delivers every buffered increment, flushes the store and
-    /// stops the actors.
+    /// stops the actors. If some acknowledged buffered increments could not be
+    /// delivered (their shards' nodes did not answer), everything else still shuts
+    /// down and the answer is an error that says how many.
     pub async fn shutdown(&self) -> Result<(), TallyError> {
         if self.ctx.closing.swap(true, SeqCst) {
             return Ok(());
         }
         let (tx, rx) = ractor::concurrency::oneshot();
+        let mut undelivered = 0;
         if self.actors.aggregator.send_message(AggregatorMsg::FlushAll { reply: tx.into() }).is_ok() {
-            let _ = rx.await;
+            undelivered = rx.await.unwrap_or(0);
         }
         let wait = Some(Duration::from_millis(SHUTDOWN_WAIT_MS));
         self.actors.supervisor.drain_children_and_wait(wait).await;
@@ -336,6 +347,16 @@ impl Tally {
             self.actors.supervisor.get_cell(),
         ] {
             let _ = cell.stop_and_wait(None, wait).await;
+        }
+        if undelivered > 0 {
+            return Err(TallyError::Unavailable {
+                shard: "engine".into(),
+                reason: format!(
+                    "{undelivered} acknowledged buffered increments undelivered: their shards did not answer \
+                     within {}ms of the shutdown",
+                    crate::aggregator::SHUTDOWN_DELIVER_MS
+                ),
+            });
         }
         Ok(())
     }
@@ -444,6 +465,31 @@ impl Tally {
             cell.stop(None);
         }
     }
+}
+
+/// The store key of the number of times an engine opened this store.
+const OPENS_KEY: &[u8] = b"engine:opens";
+
+/// Counts this opening of `store` and returns the count: an incarnation that never
+/// repeats for this store (a clock reading could), made durable before any drain id
+/// that carries it is sent.
+fn next_incarnation(store: &dyn Store) -> Result<u64, TallyError> {
+    let previous = match store.meta_get(OPENS_KEY)? {
+        Some(b) => {
+            u64::from_be_bytes(b.as_slice().try_into().map_err(|_| tally_store::StoreError::Corrupt {
+                location: "engine:opens".into(),
+                source: tally_core::codec::DecodeError {
+                    what: "open count",
+                    reason: format!("{} bytes", b.len()),
+                },
+            })?)
+        }
+        None => 0,
+    };
+    let next = previous + 1;
+    store.meta_put(OPENS_KEY, &next.to_be_bytes())?;
+    store.flush()?;
+    Ok(next)
 }
 
 fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta) -> CounterInfo {

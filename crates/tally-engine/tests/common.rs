@@ -78,7 +78,10 @@ fn stall(ms: &std::sync::atomic::AtomicU64) {
 }
 
 impl tally_engine::Store for HookStore {
-    fn load_shard(&self, id: &tally_core::ShardId) -> Result<tally_store::ShardImage, tally_engine::StoreError> {
+    fn load_shard(
+        &self,
+        id: &tally_core::ShardId,
+    ) -> Result<tally_store::ShardImage, tally_engine::StoreError> {
         if let Some(f) = self.on_load.lock().unwrap().as_ref() {
             f();
         }
@@ -106,7 +109,11 @@ impl tally_engine::Store for HookStore {
     ) -> Result<Vec<tally_core::ShardId>, tally_engine::StoreError> {
         self.inner.shard_ids(after, limit)
     }
-    fn commit(&self, id: &tally_core::ShardId, write: &tally_store::ShardWrite) -> Result<(), tally_engine::StoreError> {
+    fn commit(
+        &self,
+        id: &tally_core::ShardId,
+        write: &tally_store::ShardWrite,
+    ) -> Result<(), tally_engine::StoreError> {
         stall(&self.commit_stall_ms);
         self.inner.commit(id, write)
     }

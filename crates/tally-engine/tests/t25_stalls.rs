@@ -114,7 +114,11 @@ async fn a_sketch_merged_beside_a_live_shard_never_rolls_it_back() {
     let answer = merge.await.unwrap();
     assert!(matches!(answer, ShardResponse::Done), "{answer:?}");
     store.stall_direct_commits(0);
-    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 12, "an acknowledged write was lost");
+    assert_eq!(
+        tally.read("c", Consistency::Fresh).await.unwrap().value,
+        12,
+        "an acknowledged write was lost"
+    );
     assert!(tally.incr("c", Increment::new(1).event_id("e3").member("m3")).await.unwrap().applied);
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 13);
     assert_eq!(tally.distinct("c").await.unwrap().estimate, 4, "m1, m2, m3 and the merged x");

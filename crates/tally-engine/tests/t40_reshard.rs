@@ -146,11 +146,15 @@ async fn sealed_generations_leave_once_their_window_has_passed() {
     assert_eq!(err.http_status(), 409, "{err}");
     // Inside the window a retry across every resharding is still a duplicate.
     assert!(tally.incr("c", Increment::new(1).event_id("first")).await.unwrap().duplicate);
-    // Once the window has passed, the sealed generations go, and so does their data.
-    clock.advance(61_000);
+    // Once every record in them has expired (the drain ids' window is the longer
+    // one here), the sealed generations go, and so does their data.
+    clock.advance(tally_core::shard::DRAIN_DEDUP_WINDOW_MS + 1_000);
     tally.put_counter("c", once_more).await.unwrap();
     tally.settle().await;
-    assert_eq!(tally.counter("c").await.unwrap().generation as usize, tally_core::meta::SEALED_GENERATIONS_MAX + 1);
+    assert_eq!(
+        tally.counter("c").await.unwrap().generation as usize,
+        tally_core::meta::SEALED_GENERATIONS_MAX + 1
+    );
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 1);
     let mut generations: Vec<u32> = Vec::new();
     for id in tally_engine::Store::shard_ids(&store, None, 1_000).unwrap() {
@@ -163,7 +167,11 @@ async fn sealed_generations_leave_once_their_window_has_passed() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        generations = tally_engine::Store::shard_ids(&store, None, 1_000).unwrap().iter().map(|i| i.generation).collect();
+        generations = tally_engine::Store::shard_ids(&store, None, 1_000)
+            .unwrap()
+            .iter()
+            .map(|i| i.generation)
+            .collect();
         generations.dedup();
     }
     assert!(generations.iter().all(|g| *g + 1 >= current), "pruned generations left data: {generations:?}");

@@ -208,6 +208,8 @@ async fn a_shard_sealed_before_its_node_restarts_stays_sealed() {
     assert!(late.await.unwrap().applied);
     a.settle().await;
     gate_b.store(false, SeqCst);
+    // (A replicated catalog tells every node of the change; this one does not.)
+    b.metadata_changed("c").await.unwrap();
     for t in [&a, &b] {
         let r = t.read("c", Consistency::Fresh).await.unwrap();
         assert_eq!((r.value, r.complete), (41, true), "{r:?}");
