@@ -4,7 +4,6 @@ use crate::api::{Consistency, DistinctRead, ShardReport, ShardsReport, ValueRead
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
-use futures::StreamExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tally_core::meta::CounterMeta;
@@ -86,10 +85,12 @@ pub(crate) async fn sum_shards(
 /// of them instead of one per counter.
 pub(crate) async fn sum_many(ctx: &Arc<Ctx>, counters: &[(CounterName, Arc<CounterMeta>)]) -> Vec<ValueRead> {
     let as_of_ms = ctx.now_ms();
-    let all = futures::stream::iter(counters.iter().map(|(name, meta)| images_applied(ctx, meta, name)))
-        .buffered(SUM_MANY_CONCURRENT_MAX)
-        .collect::<Vec<_>>()
-        .await;
+    let mut all = Vec::with_capacity(counters.len());
+    for chunk in counters.chunks(SUM_MANY_CONCURRENT_MAX) {
+        all.extend(
+            futures::future::join_all(chunk.iter().map(|(name, meta)| images_applied(ctx, meta, name))).await,
+        );
+    }
     let durable = ctx.flusher.make_durable().await;
     counters
         .iter()

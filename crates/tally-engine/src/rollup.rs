@@ -1,18 +1,30 @@
 //! The rollup: one per node. It caches counter totals so hot reads cost one message
 //! instead of a fan-out over every shard. A cached total is refreshed every
-//! `rollup_ms`, or sooner once enough change has accumulated
-//! ([`tally_core::rollup::refresh_due`]); each answer states its age.
+//! `rollup_ms`, or sooner once enough change has accumulated and it is read
+//! ([`tally_core::rollup::refresh_due`]); each answer states its age, counted from a
+//! time taken before the shards were asked.
+//!
+//! The actor never reads shards itself: refresh passes and first reads run in tasks
+//! of their own and send their totals back, so a cached read is one message however
+//! long a pass takes. A pass visits only the counters that are due (a schedule keyed
+//! by due time), reads them in one batch with one wait for durability, and skips the
+//! read of a counter that nothing can have changed since its total was taken.
 
 use crate::api::{Consistency, ValueRead};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
+use crate::runtime::CounterRuntime;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use tally_core::meta::CounterMeta;
 use tally_core::rollup::refresh_due;
 use tally_core::CounterName;
+
+/// Most counters one refresh pass reads; the rest wait for the next pass.
+pub const ROLLUP_REFRESH_BATCH_MAX: usize = 4_096;
 
 /// Messages the rollup takes.
 pub(crate) enum RollupMsg {
@@ -22,9 +34,22 @@ pub(crate) enum RollupMsg {
     Tick,
     /// Forget a counter (deleted).
     Forget(CounterName),
+    /// The totals a refresh pass read (from its task).
+    Refreshed(Vec<Fetched>),
+    /// A first read of a counter not cached yet (from its task).
+    Loaded(Fetched),
 }
 
 impl ractor::Message for RollupMsg {}
+
+/// A total read for the cache.
+pub(crate) struct Fetched {
+    name: CounterName,
+    read: ValueRead,
+    rollup_ms: u32,
+    /// The runtime whose change count the read started from.
+    runtime: Weak<CounterRuntime>,
+}
 
 /// The rollup actor.
 pub(crate) struct Rollup;
@@ -33,12 +58,22 @@ struct Cached {
     read: ValueRead,
     rollup_ms: u32,
     last_read_ms: u64,
+    /// When the next refresh is due (its key in the schedule).
+    due_ms: u64,
+    /// The runtime whose change count was reset when `read` was taken: while it is
+    /// still the counter's runtime and counts no change, nothing was written since.
+    runtime: Weak<CounterRuntime>,
 }
 
-/// Cached totals by counter.
+/// Cached totals by counter, and when each is due.
 pub(crate) struct RollupState {
     ctx: Weak<Ctx>,
     cache: HashMap<CounterName, Cached>,
+    /// Refresh schedule: one (due time, counter) per cached counter, so a pass looks
+    /// only at what is due, however many counters are cached.
+    due: BTreeSet<(u64, CounterName)>,
+    /// A refresh pass is running (one at a time).
+    refreshing: bool,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -54,7 +89,13 @@ impl Actor for Rollup {
     ) -> Result<RollupState, ActorProcessingErr> {
         let tick_ms = ctx.upgrade().map(|c| c.config.rollup_tick_ms).unwrap_or(10);
         let ticker = myself.send_interval(Duration::from_millis(tick_ms), || RollupMsg::Tick);
-        Ok(RollupState { ctx, cache: HashMap::new(), ticker: Some(ticker) })
+        Ok(RollupState {
+            ctx,
+            cache: HashMap::new(),
+            due: BTreeSet::new(),
+            refreshing: false,
+            ticker: Some(ticker),
+        })
     }
 
     async fn post_stop(
@@ -70,7 +111,7 @@ impl Actor for Rollup {
 
     async fn handle(
         &self,
-        _myself: ActorRef<RollupMsg>,
+        myself: ActorRef<RollupMsg>,
         msg: RollupMsg,
         state: &mut RollupState,
     ) -> Result<(), ActorProcessingErr> {
@@ -78,19 +119,28 @@ impl Actor for Rollup {
         match msg {
             RollupMsg::Get { name, reply } => {
                 let now = ctx.now_ms();
-                let answer = match state.cache.get_mut(&name) {
+                match state.cache.get_mut(&name) {
                     Some(c) => {
                         c.last_read_ms = now;
-                        Ok(aged(&c.read, now))
+                        let _ = reply.send(Ok(aged(&c.read, now)));
+                        state.hurry_if_changed(&ctx, &name, now);
                     }
-                    None => state.load(&ctx, name).await,
-                };
-                let _ = reply.send(answer);
+                    // A first read fans out beside the actor: it never waits behind a
+                    // refresh pass, and no pass waits behind it.
+                    None => {
+                        tokio::spawn(load(ctx.clone(), myself.clone(), name, reply));
+                    }
+                }
             }
-            RollupMsg::Tick => state.refresh_due(&ctx).await,
-            RollupMsg::Forget(name) => {
-                state.cache.remove(&name);
+            RollupMsg::Tick => state.refresh_due(&ctx, &myself),
+            RollupMsg::Forget(name) => state.forget(&name),
+            RollupMsg::Refreshed(fetched) => {
+                state.refreshing = false;
+                for f in fetched {
+                    state.store(&ctx, f, false);
+                }
             }
+            RollupMsg::Loaded(f) => state.store(&ctx, f, true),
         }
         Ok(())
     }
@@ -104,37 +154,120 @@ fn aged(read: &ValueRead, now: u64) -> ValueRead {
     }
 }
 
-impl RollupState {
-    async fn load(&mut self, ctx: &Arc<Ctx>, name: CounterName) -> Result<ValueRead, TallyError> {
-        let rt = ctx.runtime(name.as_str(), false).await?;
-        rt.changed.store(0, SeqCst);
-        let mut read = crate::read::sum_shards(ctx, &rt.meta, &name).await?;
-        read.consistency = Consistency::Cached;
-        if self.cache.len() >= ctx.config.rollup_tracked_max {
-            // Full: serve this read uncached rather than evict a hot entry.
-            return Ok(read);
+/// Reads a counter's total for a first cached read: answers the caller, then hands
+/// the total to the rollup to cache.
+async fn load(
+    ctx: Arc<Ctx>,
+    rollup: ActorRef<RollupMsg>,
+    name: CounterName,
+    reply: RpcReplyPort<Result<ValueRead, TallyError>>,
+) {
+    let rt = match ctx.runtime(name.as_str(), false).await {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            return;
         }
+    };
+    rt.changed.store(0, SeqCst);
+    match crate::read::sum_shards(&ctx, &rt.meta, &name).await {
+        Ok(read) => {
+            let _ = reply.send(Ok(aged(&read, ctx.now_ms())));
+            let fetched =
+                Fetched { name, read, rollup_ms: rt.meta.spec.rollup_ms, runtime: Arc::downgrade(&rt) };
+            let _ = rollup.send_message(RollupMsg::Loaded(fetched));
+        }
+        Err(e) => {
+            let _ = reply.send(Err(e));
+        }
+    }
+}
+
+impl RollupState {
+    /// Caches a total read by a pass or a first read, and schedules its refresh.
+    fn store(&mut self, ctx: &Ctx, f: Fetched, first: bool) {
         let now = ctx.now_ms();
-        self.cache.insert(
-            name,
-            Cached { read: read.clone(), rollup_ms: rt.meta.spec.rollup_ms, last_read_ms: now },
-        );
-        Ok(aged(&read, now))
+        let due_ms = f.read.as_of_ms.saturating_add(u64::from(f.rollup_ms));
+        let full = self.cache.len() >= ctx.config.rollup_tracked_max;
+        match self.cache.get_mut(&f.name) {
+            Some(c) => {
+                if f.read.as_of_ms < c.read.as_of_ms {
+                    return;
+                }
+                self.due.remove(&(c.due_ms, f.name.clone()));
+                c.read = f.read;
+                c.rollup_ms = f.rollup_ms;
+                c.runtime = f.runtime;
+                c.due_ms = due_ms;
+            }
+            // A pass's result for a counter forgotten meanwhile is dropped; a full
+            // cache serves further first reads uncached rather than evict a hot entry.
+            None if !first || full => return,
+            None => {
+                let cached = Cached {
+                    read: f.read,
+                    rollup_ms: f.rollup_ms,
+                    last_read_ms: now,
+                    due_ms,
+                    runtime: f.runtime,
+                };
+                self.cache.insert(f.name.clone(), cached);
+            }
+        }
+        self.due.insert((due_ms, f.name));
     }
 
-    async fn refresh_due(&mut self, ctx: &Arc<Ctx>) {
+    fn forget(&mut self, name: &CounterName) {
+        if let Some(c) = self.cache.remove(name) {
+            self.due.remove(&(c.due_ms, name.clone()));
+        }
+    }
+
+    /// A cached counter that changed enough since its total was taken is refreshed at
+    /// the next pass instead of at its due time ([`tally_core::rollup::refresh_due`]).
+    fn hurry_if_changed(&mut self, ctx: &Ctx, name: &CounterName, now: u64) {
+        let Some(c) = self.cache.get_mut(name) else { return };
+        let changed = ctx.registry.get(name.as_str()).map_or(0, |rt| rt.changed.load(Relaxed));
+        if c.due_ms > now && refresh_due(now, c.read.as_of_ms, c.rollup_ms, c.read.value, changed) {
+            self.due.remove(&(c.due_ms, name.clone()));
+            c.due_ms = now;
+            self.due.insert((now, name.clone()));
+        }
+    }
+
+    /// Starts a pass over what is due, unless one is running. A counter that nothing
+    /// can have changed since its total was taken (every shard is on this node, its
+    /// runtime is the same, and it counts no change) only has its `as_of` moved on;
+    /// the others are read in one batch by a task of their own.
+    fn refresh_due(&mut self, ctx: &Arc<Ctx>, myself: &ActorRef<RollupMsg>) {
+        if self.refreshing {
+            return;
+        }
         let now = ctx.now_ms();
         let idle_ms = ctx.config.rollup_idle_evict_ms;
-        self.cache.retain(|_, c| now.saturating_sub(c.last_read_ms) < idle_ms);
-        let names: Vec<CounterName> = self.cache.keys().cloned().collect();
-        for name in names {
-            let Some(c) = self.cache.get(&name) else { continue };
-            let rt = ctx.registry.get(name.as_str()).map(|r| r.clone());
-            let changed = rt.as_ref().map_or(0, |r| r.changed.load(Relaxed));
-            if !refresh_due(now, c.read.as_of_ms, c.rollup_ms, c.read.value, changed) {
+        let mut batch = Vec::new();
+        while batch.len() < ROLLUP_REFRESH_BATCH_MAX {
+            let Some(first) = self.due.first().cloned() else { break };
+            if first.0 > now {
+                break;
+            }
+            self.due.pop_first();
+            let name = first.1;
+            let Some(c) = self.cache.get_mut(&name) else { continue };
+            if now.saturating_sub(c.last_read_ms) >= idle_ms {
+                self.cache.remove(&name);
                 continue;
             }
-            let meta = match rt {
+            let rt = ctx.registry.get(name.as_str()).map(|r| r.clone());
+            let same =
+                rt.as_ref().is_some_and(|rt| c.runtime.upgrade().is_some_and(|old| Arc::ptr_eq(&old, rt)));
+            if ctx.placement.is_none() && same && rt.as_ref().is_some_and(|rt| rt.changed.load(SeqCst) == 0) {
+                c.read.as_of_ms = now;
+                c.due_ms = now.saturating_add(u64::from(c.rollup_ms));
+                self.due.insert((c.due_ms, name));
+                continue;
+            }
+            let meta = match &rt {
                 Some(rt) => {
                     rt.changed.store(0, SeqCst);
                     rt.meta.clone()
@@ -147,17 +280,32 @@ impl RollupState {
                     }
                 },
             };
-            match crate::read::sum_shards(ctx, &meta, &name).await {
-                Ok(read) => {
-                    if let Some(c) = self.cache.get_mut(&name) {
-                        c.read = read;
-                        c.rollup_ms = meta.spec.rollup_ms;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(counter = %name, error = %e, "rollup refresh failed; serving the last total")
-                }
-            }
+            // Until the pass answers, the entry is due at once again if the pass is
+            // lost (its task ends without a message only when the engine stops).
+            c.due_ms = now;
+            let runtime = rt.as_ref().map(Arc::downgrade).unwrap_or_default();
+            batch.push((name, meta, runtime));
         }
+        if batch.is_empty() {
+            return;
+        }
+        self.refreshing = true;
+        let (ctx, myself) = (ctx.clone(), myself.clone());
+        tokio::spawn(async move {
+            let counters: Vec<(CounterName, Arc<CounterMeta>)> =
+                batch.iter().map(|(n, m, _)| (n.clone(), m.clone())).collect();
+            let reads = crate::read::sum_many(&ctx, &counters).await;
+            let fetched = batch
+                .into_iter()
+                .zip(reads)
+                .map(|((name, meta, runtime), read)| Fetched {
+                    name,
+                    read,
+                    rollup_ms: meta.spec.rollup_ms,
+                    runtime,
+                })
+                .collect();
+            let _ = myself.send_message(RollupMsg::Refreshed(fetched));
+        });
     }
 }

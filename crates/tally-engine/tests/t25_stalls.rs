@@ -146,3 +146,33 @@ async fn a_read_is_as_of_the_time_before_it_fanned_out() {
     *store.on_load.lock().unwrap() = None;
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_read_never_waits_behind_another_counters_slow_read() {
+    let (tally, store) = hooked(quick_config(), Arc::new(SystemClock)).await;
+    for name in ["hot", "cold"] {
+        tally.put_counter(name, spec(1, Durability::Sync)).await.unwrap();
+        tally.incr(name, Increment::new(2).event_id("a")).await.unwrap();
+    }
+    assert_eq!(tally.read("hot", Consistency::Cached).await.unwrap().value, 2);
+    // From now on every shard read hangs until released: the first cached read of
+    // "cold" must fan out without holding up the cached answer for "hot".
+    let held = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let h = held.clone();
+    *store.on_load.lock().unwrap() = Some(Box::new(move || {
+        while h.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }));
+    let cold = tokio::spawn({
+        let tally = tally.clone();
+        async move { tally.read("cold", Consistency::Cached).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let hot = tokio::time::timeout(Duration::from_secs(5), tally.read("hot", Consistency::Cached)).await;
+    held.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(hot.expect("the cached read of hot waited for cold's fan-out").unwrap().value, 2);
+    assert_eq!(cold.await.unwrap().unwrap().value, 2);
+    *store.on_load.lock().unwrap() = None;
+    tally.shutdown().await.unwrap();
+}
