@@ -140,6 +140,32 @@ async fn bad_input_gets_the_right_4xx_and_leaves_nodes_healthy() -> Result<()> {
     s.read_to_string(&mut out).await?;
     assert!(out.contains(&format!("\"value\":{acked}")), "acked {acked}: {out}");
 
+    // Reconciliation: a total past 128 bits is malformed; a drift no correction can
+    // take (past 128 bits when subtracted, or past the bound) is refused whole, and
+    // the reconciler keeps serving on every node.
+    c.put_counter(1, "c1", json!({"shards": 4, "durability": "sync"})).await?;
+    let (status, _) = c.incr(1, "c1", json!({"delta": -5, "event_id": "minus5"})).await?;
+    assert_eq!(status, 200);
+    let reconcile = "/v1/counters/c1/reconcile";
+    for (body, status, code) in [
+        (r#"{"authoritative": 170141183460469231731687303715884105727}"#, 422, "drift_out_of_range"),
+        (r#"{"authoritative": -170141183460469231731687303715884105728}"#, 422, "drift_out_of_range"),
+        (r#"{"authoritative": 1000000000000000000000000000000}"#, 422, "drift_out_of_range"),
+        (r#"{"authoritative": 170141183460469231731687303715884105728}"#, 422, "out_of_range"),
+        (r#"{"authoritative": 1.5}"#, 400, "invalid_body"),
+        (r#"{}"#, 400, "invalid_body"),
+    ] {
+        expect(a, "POST", reconcile, body, status, code).await?;
+    }
+    for i in 1..=3 {
+        assert_eq!(c.value(i, "c1").await?, -5, "node{i}: a refused reconciliation wrote nothing");
+        let (status, body) = c.send(i, "POST", reconcile, json!({"authoritative": -5})).await?;
+        assert_eq!((status, &body["corrected"]), (200, &json!(false)), "node{i}: {body}");
+    }
+    let (status, body) = c.send(3, "POST", reconcile, json!({"authoritative": 10})).await?;
+    assert_eq!((status, &body["drift"]), (200, &json!(15)), "{body}");
+    assert_eq!(c.value(1, "c1").await?, 10);
+
     // Slow clients: headers that never finish are dropped after the header timeout,
     // a body that stalls gets 408, and meanwhile everyone else is served.
     let mut slow = Vec::new();

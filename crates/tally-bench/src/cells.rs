@@ -305,3 +305,90 @@ pub async fn read_cell(consistency: Consistency, shards: u16, opts: &Options) ->
     tally.shutdown().await?;
     Ok(cell)
 }
+
+/// Reads that cycle through many cached counters.
+struct ManyReads {
+    tally: Tally,
+    counters: usize,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+fn many_name(i: usize) -> String {
+    format!("active:{i}")
+}
+
+impl Op for ManyReads {
+    async fn call(&self) -> Result<(), String> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.counters;
+        let r = self.tally.read(&many_name(i), Consistency::Cached).await.map_err(err)?;
+        if r.value != 1 || !r.complete {
+            return Err(format!("{}: read {} (complete: {}), expected 1", many_name(i), r.value, r.complete));
+        }
+        Ok(())
+    }
+}
+
+/// The key of the many-counters cached-read cell.
+pub fn many_cached_key(counters: usize) -> String {
+    format!("cached-read/{counters}ctr")
+}
+
+/// `counters` active counters (default spec, one increment each) all read once with
+/// `cached` — each a first read that fills the rollup — and then read in turn for the
+/// cell's duration while the rollup keeps every one of them refreshed.
+pub async fn many_cached_cell(counters: usize, opts: &Options) -> anyhow::Result<Cell> {
+    let dir = tempfile::tempdir()?;
+    let tally = Tally::open(dir.path(), TallyConfig::default()).await?;
+    let creators = 64;
+    let mut tasks = Vec::new();
+    for c in 0..creators {
+        let tally = tally.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (c..counters).step_by(creators) {
+                tally.incr(&many_name(i), Increment::new(1)).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    // Delivered and cached: every counter's first cached read loads it.
+    let started = std::time::Instant::now();
+    let mut first = histogram_us();
+    for i in 0..counters {
+        let _ = tally.read(&many_name(i), Consistency::Fresh).await?;
+    }
+    for i in 0..counters {
+        let t = std::time::Instant::now();
+        let r = tally.read(&many_name(i), Consistency::Cached).await?;
+        ensure!(r.value == 1, "{}: first cached read {}", many_name(i), r.value);
+        first.record(t.elapsed().as_micros() as u64)?;
+    }
+    let fill_s = started.elapsed().as_secs_f64();
+    let op = Arc::new(ManyReads { tally: tally.clone(), counters, next: Default::default() });
+    let d = drive(op, 1, opts.duration(), 1).await;
+    let mut cell = Cell::from_driven(many_cached_key(counters), "cached read, many counters", 8, 1, &d, 1);
+    cell.unit = "reads/s";
+    cell.verification = match (&d.first_error, d.acked) {
+        (None, n) if n > 0 => Verification::Verified,
+        (e, _) => Verification::Failed(format!(
+            "{} of {} reads wrong or failed (first: {})",
+            d.errors,
+            d.errors + d.acked,
+            e.as_deref().unwrap_or("none ran")
+        )),
+    };
+    let (active, _) = tally.active();
+    cell.details = format!(
+        "{counters} counters of 8 shards, {active} active; first cached reads: p50 {} µs, p99 {} µs ({fill_s:.1} s with the fresh reads before them)",
+        first.value_at_quantile(0.5),
+        first.value_at_quantile(0.99)
+    );
+    tally.shutdown().await?;
+    Ok(cell)
+}
+
+fn histogram_us() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}

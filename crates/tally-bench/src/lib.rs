@@ -34,6 +34,8 @@ pub const WRITERS: [usize; 4] = [1, 2, 4, 64];
 pub const FRESH_READ_SHARDS: [u16; 2] = [8, 64];
 /// Shard count of the cached-read row.
 pub const CACHED_READ_SHARDS: u16 = 64;
+/// Active counters of the many-counters cached-read cell.
+pub const ACTIVE_COUNTERS: usize = 100_000;
 
 /// The runtime every cell runs on: multi-threaded, [`WORKER_THREADS`] workers.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -118,6 +120,14 @@ pub async fn run(opts: &Options, command: String) -> Report {
         let cell = cells::read_cell(consistency, shards, opts)
             .await
             .unwrap_or_else(|e| failed_cell(key, "read", shards, 1, e));
+        report.cells.push(cell);
+    }
+    let key = cells::many_cached_key(ACTIVE_COUNTERS);
+    if opts.selects(&key) {
+        eprintln!("{key} ...");
+        let cell = cells::many_cached_cell(ACTIVE_COUNTERS, opts)
+            .await
+            .unwrap_or_else(|e| failed_cell(key, "read", 8, 1, e));
         report.cells.push(cell);
     }
     report.elapsed = started.elapsed();

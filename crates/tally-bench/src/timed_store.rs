@@ -122,6 +122,10 @@ impl Store for TimedStore {
         self.inner.meta_delete(key)
     }
 
+    fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError> {
+        self.inner.meta_batch(puts, deletes)
+    }
+
     fn meta_scan(
         &self,
         prefix: &[u8],

@@ -134,18 +134,19 @@ impl LocalCatalog {
         let rk = key(RESHARD_PREFIX, name.as_str());
         match (&next, &effect) {
             (_, MetaEffect::Unchanged | MetaEffect::Missing) => return Ok((next, effect)),
+            // One atomic change each: a crash never leaves a counter without its
+            // tombstone, or a resharding without its marker (or the reverse).
             (None, MetaEffect::Deleted(generations)) => {
                 // The tombstone lists the data to delete; it outlives a crash mid-cleanup.
-                self.store.meta_put(&key(TOMBSTONE_PREFIX, name.as_str()), &codec::encode(generations))?;
-                self.store.meta_delete(&ck)?;
-                self.store.meta_delete(&rk)?;
+                let tombstone = (key(TOMBSTONE_PREFIX, name.as_str()), codec::encode(generations));
+                self.store.meta_batch(&[tombstone], &[ck, rk])?;
             }
             (Some(meta), _) => {
-                self.store.meta_put(&ck, &codec::encode(meta))?;
+                let counter = (ck, codec::encode(meta));
                 if meta.layout.resharding.is_some() {
-                    self.store.meta_put(&rk, b"")?;
+                    self.store.meta_batch(&[counter, (rk, Vec::new())], &[])?;
                 } else {
-                    self.store.meta_delete(&rk)?;
+                    self.store.meta_batch(&[counter], &[rk])?;
                 }
             }
             (None, _) => unreachable!("only a delete removes a counter"),

@@ -49,6 +49,8 @@ pub struct HookStore {
     pub commit_stall_ms: Arc<std::sync::atomic::AtomicU64>,
     /// Runs on every `load_shard`.
     pub on_load: Arc<std::sync::Mutex<Option<Box<dyn Fn() + Send + Sync>>>>,
+    /// While set, every `load_shard` fails.
+    pub fail_loads: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl HookStore {
@@ -58,6 +60,7 @@ impl HookStore {
             commit_many_stall_ms: Default::default(),
             commit_stall_ms: Default::default(),
             on_load: Default::default(),
+            fail_loads: Default::default(),
         }
     }
 
@@ -84,6 +87,9 @@ impl tally_engine::Store for HookStore {
     ) -> Result<tally_store::ShardImage, tally_engine::StoreError> {
         if let Some(f) = self.on_load.lock().unwrap().as_ref() {
             f();
+        }
+        if self.fail_loads.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tally_engine::StoreError::Injected("load_shard"));
         }
         self.inner.load_shard(id)
     }
@@ -138,6 +144,13 @@ impl tally_engine::Store for HookStore {
     }
     fn meta_delete(&self, key: &[u8]) -> Result<(), tally_engine::StoreError> {
         self.inner.meta_delete(key)
+    }
+    fn meta_batch(
+        &self,
+        puts: &[(Vec<u8>, Vec<u8>)],
+        deletes: &[Vec<u8>],
+    ) -> Result<(), tally_engine::StoreError> {
+        self.inner.meta_batch(puts, deletes)
     }
     fn meta_scan(
         &self,

@@ -176,3 +176,31 @@ async fn a_cached_read_never_waits_behind_another_counters_slow_read() {
     *store.on_load.lock().unwrap() = None;
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_cannot_forget_a_failed_commit_starts_again_from_the_store() {
+    let (tally, store) = hooked(quick_config(), Arc::new(SystemClock)).await;
+    tally.put_counter("c", spec(1, Durability::Sync)).await.unwrap();
+    tally.incr("c", Increment::new(1).event_id("e0")).await.unwrap();
+    // The commit fails, and so does the reload that would forget what it decided.
+    store.inner.fail_next_commits(1);
+    store.fail_loads.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = tally.incr("c", Increment::new(1).event_id("e1")).await.unwrap_err();
+    assert_eq!(err.http_status(), 503, "{err}");
+    // (The caller hears of the failure before the shard does.)
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.fail_loads.store(false, std::sync::atomic::Ordering::SeqCst);
+    // The client retries with the same id: counted once.
+    for _ in 0..50 {
+        match tally.incr("c", Increment::new(1).event_id("e1")).await {
+            Ok(o) => {
+                assert!(o.applied, "{o:?}");
+                break;
+            }
+            Err(e) => assert!(e.retryable(), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 2);
+    tally.shutdown().await.unwrap();
+}

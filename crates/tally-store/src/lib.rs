@@ -108,6 +108,11 @@ pub trait Store: Send + Sync + 'static {
     /// Removes a metadata entry.
     fn meta_delete(&self, key: &[u8]) -> Result<(), StoreError>;
 
+    /// Writes `puts` and removes `deletes` as one atomic change (all or nothing,
+    /// across crashes too): metadata entries that must agree change together.
+    /// Durable after the next flush.
+    fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError>;
+
     /// Up to `limit` metadata entries whose keys start with `prefix`, in key order,
     /// starting after `after` (exclusive) when given.
     // The signature is part of the fixed trait; a type alias would only hide the shape.

@@ -93,6 +93,8 @@ enum Op {
     DeleteShard(ShardId),
     MetaPut(Vec<u8>, Vec<u8>),
     MetaDelete(Vec<u8>),
+    /// Several metadata changes, applied (and lost) together: deletes, then puts.
+    MetaBatch(Vec<(Vec<u8>, Vec<u8>)>, Vec<Vec<u8>>),
 }
 
 /// The persisted content of one shard.
@@ -132,6 +134,14 @@ impl State {
             }
             Op::MetaDelete(key) => {
                 self.meta.remove(key);
+            }
+            Op::MetaBatch(puts, deletes) => {
+                for key in deletes {
+                    self.meta.remove(key);
+                }
+                for (key, value) in puts {
+                    self.meta.insert(key.clone(), value.clone());
+                }
             }
         }
     }
@@ -351,6 +361,13 @@ impl Store for MemStore {
         let mut inner = self.inner.lock();
         inner.check_open(self.incarnation)?;
         inner.record(Op::MetaDelete(key.to_vec()));
+        Ok(())
+    }
+
+    fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError> {
+        let mut inner = self.inner.lock();
+        inner.check_open(self.incarnation)?;
+        inner.record(Op::MetaBatch(puts.to_vec(), deletes.to_vec()));
         Ok(())
     }
 

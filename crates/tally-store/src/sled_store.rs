@@ -388,6 +388,18 @@ impl Store for SledStore {
         self.meta.remove(key).map(drop).map_err(|e| StoreError::sled("meta_delete", e))
     }
 
+    fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError> {
+        fail::fail_point!("store::meta_batch", |_| Err(StoreError::Injected("store::meta_batch")));
+        let mut batch = sled::Batch::default();
+        for key in deletes {
+            batch.remove(key.as_slice());
+        }
+        for (key, value) in puts {
+            batch.insert(key.as_slice(), value.as_slice());
+        }
+        self.meta.apply_batch(batch).map_err(|e| StoreError::sled("meta_batch", e))
+    }
+
     fn meta_scan(
         &self,
         prefix: &[u8],

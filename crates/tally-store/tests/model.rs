@@ -39,6 +39,8 @@ enum Op {
     DeleteShard(ShardKey),
     MetaPut(usize, Vec<u8>),
     MetaDelete(usize),
+    /// Puts and deletes of several keys at once (deletes first).
+    MetaBatch(Vec<(usize, Vec<u8>)>, Vec<usize>),
     Flush,
     /// Close and reopen the store (sled: drop and open again; mem: flush then crash).
     Reopen,
@@ -80,6 +82,14 @@ impl Model {
             Op::MetaDelete(k) => {
                 self.meta.remove(META_KEYS[*k]);
             }
+            Op::MetaBatch(puts, deletes) => {
+                for k in deletes {
+                    self.meta.remove(META_KEYS[*k]);
+                }
+                for (k, v) in puts {
+                    self.meta.insert(META_KEYS[*k].to_vec(), v.clone());
+                }
+            }
             Op::Flush | Op::Reopen | Op::Crash(_) => return false,
         }
         true
@@ -98,6 +108,11 @@ fn do_mutation(store: &dyn Store, op: &Op) -> Result<(), StoreError> {
         Op::DeleteShard(k) => store.delete_shard(&shard_id(*k)),
         Op::MetaPut(k, v) => store.meta_put(META_KEYS[*k], v),
         Op::MetaDelete(k) => store.meta_delete(META_KEYS[*k]),
+        Op::MetaBatch(puts, deletes) => {
+            let puts: Vec<_> = puts.iter().map(|(k, v)| (META_KEYS[*k].to_vec(), v.clone())).collect();
+            let deletes: Vec<_> = deletes.iter().map(|k| META_KEYS[*k].to_vec()).collect();
+            store.meta_batch(&puts, &deletes)
+        }
         Op::Flush => store.flush(),
         Op::Reopen | Op::Crash(_) => unreachable!("handled by the caller"),
     }
@@ -219,6 +234,11 @@ fn mutation() -> impl Strategy<Value = Op> {
         1 => shard_key().prop_map(Op::DeleteShard),
         2 => (0..META_KEYS.len(), prop::collection::vec(any::<u8>(), 0..6)).prop_map(|(k, v)| Op::MetaPut(k, v)),
         1 => (0..META_KEYS.len()).prop_map(Op::MetaDelete),
+        1 => (
+            prop::collection::vec((0..META_KEYS.len(), prop::collection::vec(any::<u8>(), 0..6)), 0..4),
+            prop::collection::vec(0..META_KEYS.len(), 0..3)
+        )
+            .prop_map(|(puts, deletes)| Op::MetaBatch(puts, deletes)),
     ]
 }
 
