@@ -379,4 +379,28 @@ impl TestCluster {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Node `i`'s data directory (its shard store and raft log).
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("data{i}"))
+    }
+
+    /// Deletes node `i`'s data directory, as a replaced disk would. The node must
+    /// not be running.
+    pub fn wipe(&self, i: usize) -> Result<()> {
+        if self.node(i).pid().is_some() {
+            bail!("node{i} is running; kill it before wiping its disk");
+        }
+        std::fs::remove_dir_all(self.data_dir(i)).context("deleting the data directory")
+    }
+
+    /// Starts node `i`'s process again without waiting for it to become healthy.
+    pub fn spawn(&self, i: usize) -> Result<()> {
+        self.node(i).spawn(self.dir.path())
+    }
+
+    /// Node `i`'s whole log so far.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.node(i).log).unwrap_or_default()
+    }
 }
