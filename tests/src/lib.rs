@@ -198,6 +198,15 @@ impl TestCluster {
     /// Like [`TestCluster::start_with_spares`], with `extra` appended to every node's
     /// config (per-node sections such as `[http]`).
     pub async fn start_configured(n: usize, spares: &[usize], extra: &str) -> Result<Self> {
+        let cluster = Self::start_until_healthy(n, spares, extra).await?;
+        cluster.wait_leader().await?;
+        cluster.wait_connected().await?;
+        Ok(cluster)
+    }
+
+    /// Starts `n` nodes and waits only until every one answers `/healthz` with 200,
+    /// as a load balancer would: `/healthz` alone must mean ready to serve.
+    pub async fn start_until_healthy(n: usize, spares: &[usize], extra: &str) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ports: Vec<Ports> =
             (0..n).map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port() }).collect();
@@ -224,8 +233,6 @@ impl TestCluster {
         for i in 1..=n {
             cluster.wait_healthy(i).await?;
         }
-        cluster.wait_leader().await?;
-        cluster.wait_connected().await?;
         Ok(cluster)
     }
 
