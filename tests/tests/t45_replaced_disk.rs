@@ -111,7 +111,8 @@ async fn a_node_with_a_replaced_disk_never_rejoins_under_its_old_identity() -> a
     };
     assert!((0..total).contains(&after), "the lost shards' values are gone: {after} of {total}");
     for n in 0..30 {
-        let (status, body) = c.incr(3, "likes", json!({"delta": 1, "event_id": format!("after-{n}")})).await?;
+        let (status, body) =
+            c.incr(3, "likes", json!({"delta": 1, "event_id": format!("after-{n}")})).await?;
         assert_eq!(status, 200, "{body}");
     }
     for i in 1..=3 {

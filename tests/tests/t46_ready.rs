@@ -13,7 +13,8 @@ async fn increments_succeed_as_soon_as_healthz_answers() -> anyhow::Result<()> {
         for node in 1..=3 {
             let name = format!("fresh-{round}-{node}");
             for n in 0..8 {
-                let (status, body) = c.incr(node, &name, json!({"delta": 1, "writer": format!("w{n}")})).await?;
+                let (status, body) =
+                    c.incr(node, &name, json!({"delta": 1, "writer": format!("w{n}")})).await?;
                 assert_eq!(status, 200, "increment {n} to {name} through node{node}: {body}");
             }
         }

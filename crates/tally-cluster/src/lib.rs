@@ -492,8 +492,10 @@ impl ClusterNode {
             .iter()
             .find(|m| m.id == id)
             .ok_or_else(|| AcceptLossError::UnknownNode(id.to_string()))?;
-        let record =
-            self.raft.store_of(member.raft_id).ok_or_else(|| AcceptLossError::NotRegistered(id.to_string()))?;
+        let record = self
+            .raft
+            .store_of(member.raft_id)
+            .ok_or_else(|| AcceptLossError::NotRegistered(id.to_string()))?;
         let req = Request::AcceptLoss { node: member.raft_id, store: record.store };
         match self.raft.write(req).await.map_err(|e| AcceptLossError::Unavailable(e.to_string()))? {
             tally_raft::Response::Store(Ok(r)) => {

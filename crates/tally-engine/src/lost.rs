@@ -22,7 +22,11 @@ impl LostData {
     pub(crate) fn set(&self, lost: bool) {
         let was = self.lost.swap(lost, SeqCst);
         if was != lost {
-            tracing::warn!(lost, "reads of this node's shards are {}", if lost { "refused" } else { "served" });
+            tracing::warn!(
+                lost,
+                "reads of this node's shards are {}",
+                if lost { "refused" } else { "served" }
+            );
         }
     }
 

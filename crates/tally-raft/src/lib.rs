@@ -51,6 +51,6 @@ pub use server::raft_router;
 pub use state::MetaState;
 pub use state_machine::SledStateMachine;
 pub use types::{
-    Effect, MemberRejection, MembersView, MetaChange, NodeId, Raft, Rejection, Request, Response, StoreRecord,
-    StoreRejection, TypeConfig,
+    Effect, MemberRejection, MembersView, MetaChange, NodeId, Raft, Rejection, Request, Response,
+    StoreRecord, StoreRejection, TypeConfig,
 };

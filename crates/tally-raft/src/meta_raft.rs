@@ -11,7 +11,9 @@ use crate::server::{
 };
 use crate::state::MetaState;
 use crate::state_machine::{Shared, SledStateMachine};
-use crate::types::{MembersView, MetaChange, NodeId, Raft, Request, Response, StoreRecord, StoreRejection, TypeConfig};
+use crate::types::{
+    MembersView, MetaChange, NodeId, Raft, Request, Response, StoreRecord, StoreRejection, TypeConfig,
+};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError};
 use openraft::raft::ClientWriteResponse;
 use openraft::BasicNode;
@@ -288,8 +290,9 @@ impl MetaRaft {
         let client =
             http_client().map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?;
         let network = HttpNetworkFactory::new(client.clone(), cfg.node_id, identity.store, shared.clone());
-        let raft =
-            Raft::new(cfg.node_id, config, network, log, sm).await.map_err(|e| RaftError::Stopped(e.to_string()))?;
+        let raft = Raft::new(cfg.node_id, config, network, log, sm)
+            .await
+            .map_err(|e| RaftError::Stopped(e.to_string()))?;
 
         let (stop, stopped) = oneshot::channel::<()>();
         let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store);
@@ -328,7 +331,8 @@ impl MetaRaft {
     async fn probe_peers(&self) -> Vec<IdentityAnswer> {
         let limit = Duration::from_millis(PROBE_TIMEOUT_MS);
         let probes = self.voters.iter().filter(|(id, _)| **id != self.id).map(|(_, addr)| async move {
-            post_json::<_, IdentityAnswer>(&self.client, addr, PATH_IDENTITY, &serde_json::json!({}), limit).await
+            post_json::<_, IdentityAnswer>(&self.client, addr, PATH_IDENTITY, &serde_json::json!({}), limit)
+                .await
         });
         futures::future::join_all(probes).await.into_iter().filter_map(Result::ok).collect()
     }
@@ -382,7 +386,9 @@ impl MetaRaft {
         let limit = Duration::from_millis(REPLACE_TIMEOUT_MS + PROBE_TIMEOUT_MS);
         match post_json::<_, Result<(), String>>(&self.client, leader, PATH_REPLACE, &req, limit).await {
             Ok(Ok(())) => tracing::info!(node = self.id, "rejoined the metadata group as a new incarnation"),
-            Ok(Err(why)) => tracing::warn!(node = self.id, leader = %leader, %why, "rejoin refused; retrying"),
+            Ok(Err(why)) => {
+                tracing::warn!(node = self.id, leader = %leader, %why, "rejoin refused; retrying")
+            }
             Err(e) => tracing::warn!(node = self.id, error = %e, "rejoin failed; retrying"),
         }
     }
@@ -416,7 +422,9 @@ impl MetaRaft {
                     tracing::error!(node = self.id, error = %e, "this node's store is not the one the group knows");
                     return;
                 }
-                Ok(other) => tracing::warn!(node = self.id, answer = ?other, "unexpected answer to a registration"),
+                Ok(other) => {
+                    tracing::warn!(node = self.id, answer = ?other, "unexpected answer to a registration")
+                }
                 Err(e) => tracing::debug!(node = self.id, error = %e, "cannot register the store yet"),
             }
             tokio::time::sleep(backoff).await;

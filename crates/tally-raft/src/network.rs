@@ -246,13 +246,13 @@ impl HttpNetwork {
             post_json(&f.client, &self.node.addr, path, &envelope, Duration::from_millis(timeout_ms))
                 .await
                 .map_err(|e| match e {
-                    CallError::Refused { .. } => {
-                        tracing::debug!(target = self.target, error = %e, "raft RPC refused");
-                        RPCError::Unreachable(Unreachable::new(&e))
-                    }
-                    CallError::Connect { .. } => RPCError::Unreachable(Unreachable::new(&e)),
-                    CallError::Failed { .. } => RPCError::Network(NetworkError::new(&e)),
-                })?;
+                CallError::Refused { .. } => {
+                    tracing::debug!(target = self.target, error = %e, "raft RPC refused");
+                    RPCError::Unreachable(Unreachable::new(&e))
+                }
+                CallError::Connect { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+                CallError::Failed { .. } => RPCError::Network(NetworkError::new(&e)),
+            })?;
         answer
             .map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
     }

@@ -135,7 +135,10 @@ fn refused<T>(ctx: &Ctx, rpc: &Guarded<T>) -> Option<Response> {
     })
 }
 
-async fn append(State(ctx): State<Ctx>, Json(req): Json<Guarded<AppendEntriesRequest<TypeConfig>>>) -> Response {
+async fn append(
+    State(ctx): State<Ctx>,
+    Json(req): Json<Guarded<AppendEntriesRequest<TypeConfig>>>,
+) -> Response {
     if let Some(r) = refused(&ctx, &req) {
         return r;
     }

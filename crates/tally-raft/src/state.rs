@@ -385,18 +385,12 @@ mod tests {
             names.prop_map(|n| Request::ClearTombstone { name: name(n) }),
             (0u64..3, nodes.clone(), nodes.clone()).prop_map(|(e, a, b)| set(e, &[a], &[a, b])),
             (nodes, 0u64..3).prop_map(|(n, epoch)| Request::HandoffDone { node: n.into(), epoch }),
-            (1u64..4, 0u128..3).prop_map(|(node, s)| Request::RegisterStore {
-                node,
-                store: crate::identity::StoreId(s)
-            }),
-            (1u64..4, 0u128..3).prop_map(|(node, s)| Request::ReplaceStore {
-                node,
-                store: crate::identity::StoreId(s)
-            }),
-            (1u64..4, 0u128..3).prop_map(|(node, s)| Request::AcceptLoss {
-                node,
-                store: crate::identity::StoreId(s)
-            }),
+            (1u64..4, 0u128..3)
+                .prop_map(|(node, s)| Request::RegisterStore { node, store: crate::identity::StoreId(s) }),
+            (1u64..4, 0u128..3)
+                .prop_map(|(node, s)| Request::ReplaceStore { node, store: crate::identity::StoreId(s) }),
+            (1u64..4, 0u128..3)
+                .prop_map(|(node, s)| Request::AcceptLoss { node, store: crate::identity::StoreId(s) }),
         ]
     }
 

@@ -118,10 +118,8 @@ impl TestCluster {
         let deadline = Instant::now() + Duration::from_millis(SETTLE_TIMEOUT_MS);
         loop {
             let leaders: Vec<Option<u64>> = self.nodes.values().map(|n| n.leader()).collect();
-            let registered = self
-                .nodes
-                .values()
-                .all(|n| n.store_of(n.node_id()).is_some_and(|r| r.store == n.store_id()));
+            let registered =
+                self.nodes.values().all(|n| n.store_of(n.node_id()).is_some_and(|r| r.store == n.store_id()));
             if let Some(Some(l)) = leaders.first() {
                 if leaders.iter().all(|x| *x == Some(*l)) && self.nodes.contains_key(l) && registered {
                     return *l;
