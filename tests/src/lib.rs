@@ -198,6 +198,15 @@ impl TestCluster {
     /// Like [`TestCluster::start_with_spares`], with `extra` appended to every node's
     /// config (per-node sections such as `[http]`).
     pub async fn start_configured(n: usize, spares: &[usize], extra: &str) -> Result<Self> {
+        let cluster = Self::start_until_healthy(n, spares, extra).await?;
+        cluster.wait_leader().await?;
+        cluster.wait_connected().await?;
+        Ok(cluster)
+    }
+
+    /// Starts `n` nodes and waits only until every one answers `/healthz` with 200,
+    /// as a load balancer would: `/healthz` alone must mean ready to serve.
+    pub async fn start_until_healthy(n: usize, spares: &[usize], extra: &str) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ports: Vec<Ports> =
             (0..n).map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port() }).collect();
@@ -224,8 +233,6 @@ impl TestCluster {
         for i in 1..=n {
             cluster.wait_healthy(i).await?;
         }
-        cluster.wait_leader().await?;
-        cluster.wait_connected().await?;
         Ok(cluster)
     }
 
@@ -378,5 +385,29 @@ impl TestCluster {
     /// The test's data directory (logs, configs).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Node `i`'s data directory (its shard store and raft log).
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("data{i}"))
+    }
+
+    /// Deletes node `i`'s data directory, as a replaced disk would. The node must
+    /// not be running.
+    pub fn wipe(&self, i: usize) -> Result<()> {
+        if self.node(i).pid().is_some() {
+            bail!("node{i} is running; kill it before wiping its disk");
+        }
+        std::fs::remove_dir_all(self.data_dir(i)).context("deleting the data directory")
+    }
+
+    /// Starts node `i`'s process again without waiting for it to become healthy.
+    pub fn spawn(&self, i: usize) -> Result<()> {
+        self.node(i).spawn(self.dir.path())
+    }
+
+    /// Node `i`'s whole log so far.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.node(i).log).unwrap_or_default()
     }
 }

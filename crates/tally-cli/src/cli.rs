@@ -33,6 +33,13 @@ pub enum MembershipChange {
         #[arg(value_name = "NODE")]
         id: String,
     },
+    /// Accept that a node whose disk was replaced lost its shards' earlier values,
+    /// so reads count its shards again (POST /v1/cluster/nodes/NODE/accept-loss).
+    AcceptLoss {
+        /// The node's id.
+        #[arg(value_name = "NODE")]
+        id: String,
+    },
 }
 
 /// Most increments in one request of `tally load --batch` (a node's default

@@ -139,6 +139,10 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
                     let url = client.url(&["v1", "cluster", "members", id]);
                     client.call::<()>(Method::DELETE, url, None).await?
                 }
+                Some(MembershipChange::AcceptLoss { id }) => {
+                    let url = client.url(&["v1", "cluster", "nodes", id, "accept-loss"]);
+                    client.call::<()>(Method::POST, url, None).await?
+                }
             };
             let c: ClusterView = answer.parse()?;
             out.show(&answer.text, || render::cluster(&c));

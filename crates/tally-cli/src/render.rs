@@ -139,6 +139,13 @@ pub fn cluster(c: &ClusterView) -> String {
     let mut out = table(&["node", "state", "shards", "http"], &rows);
     let leader = c.leader.as_deref().unwrap_or("(none known)");
     let _ = writeln!(out, "leader {leader}, term {}, placement epoch {}", c.term, c.placement_epoch);
+    if !c.data_lost.is_empty() {
+        let _ = writeln!(
+            out,
+            "data lost (replaced disk; reads report these nodes' shards missing until `tally cluster accept-loss NODE`): {}",
+            c.data_lost.join(", ")
+        );
+    }
     if !c.handoff.is_empty() {
         let _ = writeln!(out, "shards still moving from: {}", c.handoff.join(", "));
     }
@@ -190,6 +197,7 @@ mod tests {
             term: 3,
             placement_epoch: 1,
             handoff: vec!["node1".into()],
+            data_lost: vec![],
         };
         assert_eq!(
             cluster(&c),

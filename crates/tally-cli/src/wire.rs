@@ -257,6 +257,9 @@ pub struct ClusterView {
     /// Nodes still handing off shards after the last change.
     #[serde(default)]
     pub handoff: Vec<String>,
+    /// Nodes whose replaced disk lost data that no operator has accepted yet.
+    #[serde(default)]
+    pub data_lost: Vec<String>,
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@ use tally_engine::{
     Catalog, EngineParts, Generations, Placement, ShardRequest, ShardResponse, SledConfig, SledStore,
     SystemClock, Tally, TallyConfig, TallyError,
 };
-use tally_raft::{MembersView, MetaChange, MetaRaft, MetaRaftConfig, RaftStorage, Rejection, Request};
+use tally_raft::{
+    MembersView, MetaChange, MetaRaft, MetaRaftConfig, RaftStorage, Rejection, Request, StoreRecord,
+};
 use tally_transport::{Handler, PeerState, Transport, TransportConfig};
 
 /// One node of the cluster as every node's config lists it.
@@ -301,6 +303,30 @@ pub struct ClusterNode {
     config: Arc<ClusterNodeConfig>,
     /// Set while this node's hand-off task runs.
     handing_off: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the node can serve (see [`ClusterNode::ready`]).
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    /// The task that keeps `ready` and the engine's lost-data mark current.
+    watching: Arc<parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+/// Pause between readiness checks, in milliseconds.
+pub const READY_POLL_MS: u64 = 200;
+
+/// Why accepting a node's data loss was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptLossError {
+    /// The node is not in the cluster config's address book.
+    #[error("node {0:?} is not one of cluster.nodes")]
+    UnknownNode(String),
+    /// The metadata group has no store recorded for the node.
+    #[error("node {0:?} has not registered a store yet")]
+    NotRegistered(String),
+    /// The metadata group refused the command.
+    #[error("{0}")]
+    Refused(tally_raft::StoreRejection),
+    /// The metadata group could not be reached.
+    #[error("metadata group unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// Why a membership change was refused.
@@ -374,6 +400,9 @@ impl ClusterNode {
             placement: Some(placement.clone()),
         })
         .await?;
+        // Before any other node can read this node's shards: a new or replaced disk
+        // holds no trustworthy values until the metadata group says otherwise.
+        tally.set_data_lost(raft.data_lost());
         let _ = handler.engine.set(tally.clone());
         let node = Self {
             tally: tally.clone(),
@@ -382,6 +411,8 @@ impl ClusterNode {
             placement,
             config: Arc::new(config),
             handing_off: Default::default(),
+            ready: Default::default(),
+            watching: Default::default(),
         };
 
         // Metadata changed elsewhere: rebuild this node's view of the counter, or of
@@ -397,11 +428,17 @@ impl ClusterNode {
                             tracing::warn!(counter = %name, error = %e, "cannot apply a metadata change");
                         }
                     }
-                    Ok(MetaChange::Members(_) | MetaChange::Reset) => watcher.membership_changed(),
+                    Ok(MetaChange::Members(_)) => watcher.membership_changed(),
+                    Ok(MetaChange::Reset) => {
+                        watcher.membership_changed();
+                        engine.set_data_lost(watcher.raft.data_lost());
+                    }
+                    Ok(MetaChange::Store(_)) => engine.set_data_lost(watcher.raft.data_lost()),
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(missed = n, "metadata change feed lagged; shards re-read on demand");
                         watcher.membership_changed();
+                        engine.set_data_lost(watcher.raft.data_lost());
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
@@ -409,8 +446,75 @@ impl ClusterNode {
         });
         // A hand-off a restart interrupted goes on.
         node.membership_changed();
+        let checker = node.clone();
+        *node.watching.lock() = Some(tokio::spawn(async move { checker.watch_ready().await }));
         tracing::info!(node = %me.id, nodes = node.config.members.len(), "cluster node started");
         Ok(node)
+    }
+
+    /// Keeps [`ClusterNode::ready`] and the engine's lost-data mark current.
+    async fn watch_ready(&self) {
+        let mut caught_up_once = false;
+        loop {
+            let r = self.raft.readiness().await;
+            caught_up_once |= r.caught_up;
+            self.tally.set_data_lost(self.raft.data_lost());
+            let peers = self.transport.peers();
+            let sessions_up = r.reachable.iter().all(|raft_id| {
+                let Some(m) = self.config.members.iter().find(|m| m.raft_id == *raft_id) else { return true };
+                peers.iter().any(|p| p.node == m.id && p.state == PeerState::Up)
+            });
+            let ready = r.leader.is_some() && caught_up_once && r.registered && sessions_up;
+            let was = self.ready.swap(ready, std::sync::atomic::Ordering::SeqCst);
+            if was != ready {
+                tracing::info!(ready, leader = ?r.leader, caught_up = caught_up_once, registered = r.registered, sessions_up, "readiness changed");
+            }
+            tokio::time::sleep(Duration::from_millis(READY_POLL_MS)).await;
+        }
+    }
+
+    /// Whether the node can serve: the metadata group has a leader, this node has
+    /// applied what the leader had applied (once since it started), its store is
+    /// registered, and it has a node-to-node session with every peer whose raft
+    /// endpoint answers. Before that, requests may fail for reasons that clear by
+    /// themselves within a second or two (a remote shard whose session is not up
+    /// yet answers 503), so `/healthz` answers 503 until it holds.
+    pub fn ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Accepts that node `id` lost the data of its previous disk: reads count its
+    /// shards again, from what they hold now. Answers the node's store record.
+    pub async fn accept_loss(&self, id: &str) -> Result<StoreRecord, AcceptLossError> {
+        let member = self
+            .config
+            .members
+            .iter()
+            .find(|m| m.id == id)
+            .ok_or_else(|| AcceptLossError::UnknownNode(id.to_string()))?;
+        let record = self
+            .raft
+            .store_of(member.raft_id)
+            .ok_or_else(|| AcceptLossError::NotRegistered(id.to_string()))?;
+        let req = Request::AcceptLoss { node: member.raft_id, store: record.store };
+        match self.raft.write(req).await.map_err(|e| AcceptLossError::Unavailable(e.to_string()))? {
+            tally_raft::Response::Store(Ok(r)) => {
+                tracing::warn!(node = %id, store = %r.store, "the loss of the node's earlier data was accepted");
+                Ok(r)
+            }
+            tally_raft::Response::Store(Err(e)) => Err(AcceptLossError::Refused(e)),
+            other => Err(AcceptLossError::Unavailable(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// The nodes whose earlier data is lost and not accepted yet, as applied here.
+    pub fn data_lost_nodes(&self) -> Vec<String> {
+        self.config
+            .members
+            .iter()
+            .filter(|m| self.raft.store_of(m.raft_id).is_some_and(|r| r.data_lost))
+            .map(|m| m.id.clone())
+            .collect()
     }
 
     /// Applies the membership the metadata group holds, and starts handing off the
@@ -573,6 +677,9 @@ impl ClusterNode {
 
     /// Flushes the engine, then stops raft and the transport.
     pub async fn shutdown(&self) -> Result<(), TallyError> {
+        if let Some(watching) = self.watching.lock().take() {
+            watching.abort();
+        }
         let r = self.tally.shutdown().await;
         self.raft.shutdown().await;
         self.transport.shutdown().await;

@@ -174,6 +174,8 @@ pub(crate) struct Ctx {
     pub(crate) adopted: dashmap::DashSet<(u64, ShardId)>,
     /// One adoption at a time per shard.
     pub(crate) adopting: DashMap<ShardId, Arc<tokio::sync::Mutex<()>>>,
+    /// Set while this node's shards may lack values it lost (`lost.rs`).
+    pub(crate) lost: crate::lost::LostData,
 }
 
 impl Ctx {
@@ -478,6 +480,7 @@ impl Ctx {
     pub(crate) async fn read_shard(&self, id: &ShardId) -> Result<tally_store::ShardImage, TallyError> {
         match self.remote(id) {
             None => {
+                self.lost.check(id)?;
                 self.ensure_local(id).await?;
                 Ok(self.store.load_shard(id)?)
             }

@@ -18,6 +18,7 @@
 //!   every waiting write (group commit).
 //! * `catalog.rs` — counter metadata in the node's store.
 //! * `read.rs` — sums, sketches and shard reports.
+//! * `lost.rs` — refuses reads of shards whose earlier values this node lost.
 //!
 //! Actors talk by messages and reply in them; a handler returns `Err` only for a
 //! fatal condition. The decisions themselves are `tally_core`'s pure functions.
@@ -33,6 +34,7 @@ mod ctx;
 mod error;
 mod flusher;
 mod handoff;
+mod lost;
 mod placement;
 mod read;
 mod reconciler;

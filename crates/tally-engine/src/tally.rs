@@ -123,6 +123,7 @@ impl Tally {
             closing: Default::default(),
             adopted: Default::default(),
             adopting: Default::default(),
+            lost: Default::default(),
         });
         let weak = Arc::downgrade(&ctx);
         let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
@@ -418,6 +419,17 @@ impl Tally {
                 Ok(ShardResponse::Done)
             }
         }
+    }
+
+    /// Marks whether this node's shards may lack values it lost (a replaced disk):
+    /// while set, reads of them are refused, so reads report them missing.
+    pub fn set_data_lost(&self, lost: bool) {
+        self.ctx.lost.set(lost);
+    }
+
+    /// Whether this node's shards are marked as having lost data.
+    pub fn data_lost(&self) -> bool {
+        self.ctx.lost.get()
     }
 
     /// Hands every shard this node holds but no longer owns at placement epoch

@@ -17,6 +17,9 @@
 //!   (`RaftStateMachine`), one atomic batch per apply.
 //! * [`network`] — raft RPCs over HTTP/JSON with reqwest (`RaftNetwork`).
 //! * [`server`] — the axum endpoints every node serves on its raft address.
+//! * [`identity`] — the store incarnation of a node's data directory, which every
+//!   raft RPC names so that a node with a replaced disk is never taken for its
+//!   predecessor; `replace.rs` re-adds such a node as a new incarnation.
 //! * [`meta_raft`] — [`MetaRaft`], the facade: start, initialize once, write from any
 //!   node (forwarded to the leader), read locally or linearizably, subscribe.
 //!
@@ -30,20 +33,24 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod identity;
 pub mod log_store;
 pub mod meta_raft;
 pub mod network;
+mod replace;
 pub mod server;
 pub mod state;
 pub mod state_machine;
 pub mod types;
 
 pub use error::RaftError;
+pub use identity::StoreId;
 pub use log_store::SledLogStore;
 pub use meta_raft::{MetaRaft, MetaRaftConfig, RaftStorage};
 pub use server::raft_router;
 pub use state::MetaState;
 pub use state_machine::SledStateMachine;
 pub use types::{
-    Effect, MemberRejection, MembersView, MetaChange, NodeId, Raft, Rejection, Request, Response, TypeConfig,
+    Effect, MemberRejection, MembersView, MetaChange, NodeId, Raft, Rejection, Request, Response,
+    StoreRecord, StoreRejection, TypeConfig,
 };

@@ -2,12 +2,18 @@
 //! endpoints, cluster initialization, forwarding and local reads behind one handle.
 
 use crate::error::RaftError;
+use crate::identity::{Identity, StoreId};
 use crate::log_store::SledLogStore;
 use crate::network::{http_client, post_json, CallError, HttpNetworkFactory};
-use crate::server::{raft_router, ReadRequest, PATH_CLIENT_WRITE, PATH_READ};
+use crate::server::{
+    raft_router, IdentityAnswer, ReadRequest, ReplaceRequest, PATH_CLIENT_WRITE, PATH_IDENTITY, PATH_READ,
+    PATH_REPLACE, REPLACE_TIMEOUT_MS,
+};
 use crate::state::MetaState;
 use crate::state_machine::{Shared, SledStateMachine};
-use crate::types::{MembersView, MetaChange, NodeId, Raft, Request, Response, TypeConfig};
+use crate::types::{
+    MembersView, MetaChange, NodeId, Raft, Request, Response, StoreRecord, StoreRejection, TypeConfig,
+};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError};
 use openraft::raft::ClientWriteResponse;
 use openraft::BasicNode;
@@ -55,6 +61,11 @@ pub const SERVER_STOP_WAIT_MS: u64 = 2_000;
 pub const RETRY_BACKOFF_MIN_MS: u64 = 50;
 /// Longest pause between retries, in milliseconds.
 pub const RETRY_BACKOFF_MAX_MS: u64 = 500;
+/// Pause between rounds of probing the peers while a node with an empty log works
+/// out whether the group exists, in milliseconds.
+pub const JOIN_POLL_MS: u64 = 250;
+/// Timeout of one identity probe of a peer, in milliseconds.
+pub const PROBE_TIMEOUT_MS: u64 = 500;
 
 /// Where a node keeps its raft log and state machine.
 #[derive(Debug, Clone)]
@@ -195,18 +206,24 @@ struct Serving {
 ///
 /// # Initialization
 ///
-/// The voter with the smallest id initializes the group with all voters, once: only
-/// if its log is empty (`Raft::is_initialized`), and an `InitializeError::NotAllowed`
-/// (someone initialized it already) is ignored. The other voters wait to be
-/// contacted by a leader. If the smallest node's disk is lost, restarting it with an
-/// empty disk re-proposes the same membership, which is harmless: the others have a
-/// longer log and a higher term.
+/// A node whose log is empty probes its peers (`POST /raft/identity`) until it
+/// knows whether the group exists. If no peer has a group and enough peers answered
+/// to form a quorum with it, the voter with the smallest id initializes the group
+/// with all voters; the others wait to be contacted by a leader. If the group
+/// exists and records this node under another store incarnation (its disk was
+/// replaced), the node records locally that its data is lost and asks the leader to
+/// re-add it as a new incarnation (`POST /raft/replace`: removed as a voter, caught
+/// up as a learner, promoted). It never initializes or votes under its old identity.
+///
+/// Once a leader is known, every node registers its store incarnation
+/// ([`Request::RegisterStore`]); every raft RPC then names it.
 ///
 /// # Serving
 ///
 /// [`MetaRaft::start`] binds the node's raft address and serves
 /// [`crate::raft_router`] there until [`MetaRaft::shutdown`]; use
 /// [`MetaRaft::start_with_listener`] to hand it an already bound listener.
+#[derive(Clone)]
 pub struct MetaRaft {
     id: NodeId,
     raft: Raft,
@@ -214,7 +231,23 @@ pub struct MetaRaft {
     client: reqwest::Client,
     operation_timeout: Duration,
     addr: SocketAddr,
-    serving: Mutex<Option<Serving>>,
+    serving: Arc<Mutex<Option<Serving>>>,
+    identity: Identity,
+    voters: BTreeMap<NodeId, String>,
+    joining: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
+}
+
+/// What one probe round of the peers found (see [`MetaRaft::readiness`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Readiness {
+    /// The leader this node knows of.
+    pub leader: Option<NodeId>,
+    /// This node has applied everything the leader had applied when probed.
+    pub caught_up: bool,
+    /// The group records this node's current store incarnation.
+    pub registered: bool,
+    /// Peers whose raft endpoint answered the probe.
+    pub reachable: Vec<NodeId>,
 }
 
 impl MetaRaft {
@@ -249,18 +282,20 @@ impl MetaRaft {
             RaftStorage::Path(path) => open_db(path).await?,
             RaftStorage::Db(db) => db.clone(),
         };
+        let identity = Identity::open(&db).map_err(|e| RaftError::Storage(e.to_string()))?;
         let log = SledLogStore::open(&db).map_err(|e| RaftError::Storage(e.to_string()))?;
         let sm = SledStateMachine::open(&db).map_err(|e| RaftError::Storage(e.to_string()))?;
         drop(db);
         let shared = sm.shared();
         let client =
             http_client().map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?;
-        let raft = Raft::new(cfg.node_id, config, HttpNetworkFactory::new(client.clone()), log, sm)
+        let network = HttpNetworkFactory::new(client.clone(), cfg.node_id, identity.store, shared.clone());
+        let raft = Raft::new(cfg.node_id, config, network, log, sm)
             .await
             .map_err(|e| RaftError::Stopped(e.to_string()))?;
 
         let (stop, stopped) = oneshot::channel::<()>();
-        let router = raft_router(raft.clone(), shared.clone());
+        let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store);
         let task = tokio::spawn(async move {
             let served = axum::serve(listener, router).with_graceful_shutdown(async move {
                 let _ = stopped.await;
@@ -270,6 +305,7 @@ impl MetaRaft {
             }
         });
 
+        let store = identity.store;
         let node = Self {
             id: cfg.node_id,
             raft,
@@ -277,34 +313,173 @@ impl MetaRaft {
             client,
             operation_timeout: Duration::from_millis(cfg.operation_timeout_ms),
             addr,
-            serving: Mutex::new(Some(Serving { stop, task })),
+            serving: Arc::new(Mutex::new(Some(Serving { stop, task }))),
+            identity,
+            voters: cfg.voters.clone(),
+            joining: Default::default(),
         };
-        if let Err(e) = node.initialize_once(&cfg.voters).await {
-            node.shutdown().await;
-            return Err(e);
-        }
-        tracing::info!(node = cfg.node_id, %addr, "metadata raft node started");
+        // Ends once this node is in the group with its store registered; shutdown
+        // aborts it.
+        let joiner = node.clone();
+        let joining = tokio::spawn(async move { joiner.join().await });
+        *node.joining.lock().unwrap_or_else(|e| e.into_inner()) = Some(joining);
+        tracing::info!(node = cfg.node_id, %addr, %store, "metadata raft node started");
         Ok(node)
     }
 
-    async fn initialize_once(&self, voters: &BTreeMap<NodeId, String>) -> Result<(), RaftError> {
-        if voters.keys().next() != Some(&self.id) {
-            return Ok(());
+    /// Asks every peer who it is; the answers of those that answered in time.
+    async fn probe_peers(&self) -> Vec<IdentityAnswer> {
+        let limit = Duration::from_millis(PROBE_TIMEOUT_MS);
+        let probes = self.voters.iter().filter(|(id, _)| **id != self.id).map(|(_, addr)| async move {
+            post_json::<_, IdentityAnswer>(&self.client, addr, PATH_IDENTITY, &serde_json::json!({}), limit)
+                .await
+        });
+        futures::future::join_all(probes).await.into_iter().filter_map(Result::ok).collect()
+    }
+
+    /// Brings this node into the group (see the type's docs), then registers its
+    /// store incarnation.
+    async fn join(&self) {
+        let poll = Duration::from_millis(JOIN_POLL_MS);
+        let quorum = self.voters.len() / 2 + 1;
+        loop {
+            match self.raft.is_initialized().await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(node = self.id, error = %e, "raft stopped while joining");
+                    return;
+                }
+            }
+            let answers = self.probe_peers().await;
+            if let Some(group) = answers.iter().find(|a| a.initialized) {
+                let recorded = group.stores.get(&self.id).map(|r| r.store);
+                let was_replaced = self.identity.replaced().unwrap_or(true);
+                let unfinished = was_replaced && !group.voters.contains(&self.id);
+                if recorded.is_some_and(|r| r != self.identity.store) || unfinished {
+                    self.rejoin(group, recorded).await;
+                }
+                // Otherwise a leader contacts this node soon.
+            } else if self.voters.keys().next() == Some(&self.id) && answers.len() + 1 >= quorum {
+                self.initialize().await;
+            }
+            tokio::time::sleep(poll).await;
         }
-        let initialized = self.raft.is_initialized().await.map_err(|e| RaftError::Stopped(e.to_string()))?;
-        if initialized {
-            return Ok(());
+        self.register().await;
+    }
+
+    /// Records that this node's earlier data is lost and asks the leader to re-add
+    /// it as a new incarnation.
+    async fn rejoin(&self, group: &IdentityAnswer, recorded: Option<StoreId>) {
+        if let Err(e) = self.identity.set_replaced(true) {
+            tracing::error!(node = self.id, error = %e, "cannot record that this node's data is lost");
+            return;
         }
+        tracing::warn!(
+            node = self.id,
+            store = %self.identity.store,
+            recorded = ?recorded.map(|r| r.to_string()),
+            "the metadata group knows this node under another disk: rejoining as a new incarnation whose earlier data is lost"
+        );
+        let Some(leader) = group.leader.and_then(|l| self.voters.get(&l)) else { return };
+        let req = ReplaceRequest { node: self.id, store: self.identity.store, addr: self.addr.to_string() };
+        let limit = Duration::from_millis(REPLACE_TIMEOUT_MS + PROBE_TIMEOUT_MS);
+        match post_json::<_, Result<(), String>>(&self.client, leader, PATH_REPLACE, &req, limit).await {
+            Ok(Ok(())) => tracing::info!(node = self.id, "rejoined the metadata group as a new incarnation"),
+            Ok(Err(why)) => {
+                tracing::warn!(node = self.id, leader = %leader, %why, "rejoin refused; retrying")
+            }
+            Err(e) => tracing::warn!(node = self.id, error = %e, "rejoin failed; retrying"),
+        }
+    }
+
+    async fn initialize(&self) {
         let members: BTreeMap<NodeId, BasicNode> =
-            voters.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+            self.voters.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
         match self.raft.initialize(members).await {
             Ok(()) => {
-                tracing::info!(node = self.id, voters = ?voters.keys().collect::<Vec<_>>(), "initialized metadata group");
-                Ok(())
+                tracing::info!(node = self.id, voters = ?self.voters.keys().collect::<Vec<_>>(), "initialized metadata group")
             }
-            Err(openraft::error::RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
-            Err(openraft::error::RaftError::APIError(e)) => Err(RaftError::Refused(e.to_string())),
-            Err(openraft::error::RaftError::Fatal(e)) => Err(RaftError::Stopped(e.to_string())),
+            Err(openraft::error::RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(e) => tracing::warn!(node = self.id, error = %e, "cannot initialize the metadata group"),
+        }
+    }
+
+    /// Registers this node's store incarnation, retrying until the group answers.
+    async fn register(&self) {
+        let backoff = Duration::from_millis(RETRY_BACKOFF_MAX_MS);
+        loop {
+            if self.store_record().is_some() {
+                return;
+            }
+            let req = Request::RegisterStore { node: self.id, store: self.identity.store };
+            match self.write(req).await {
+                Ok(Response::Store(Ok(_))) => {
+                    tracing::info!(node = self.id, store = %self.identity.store, "registered store incarnation");
+                    return;
+                }
+                Ok(Response::Store(Err(e @ StoreRejection::Replaced { .. }))) => {
+                    tracing::error!(node = self.id, error = %e, "this node's store is not the one the group knows");
+                    return;
+                }
+                Ok(other) => {
+                    tracing::warn!(node = self.id, answer = ?other, "unexpected answer to a registration")
+                }
+                Err(e) => tracing::debug!(node = self.id, error = %e, "cannot register the store yet"),
+            }
+            tokio::time::sleep(backoff).await;
+        }
+    }
+
+    /// This node's store incarnation.
+    pub fn store_id(&self) -> StoreId {
+        self.identity.store
+    }
+
+    /// What this node has applied about raft node `node`'s store.
+    pub fn store_of(&self, node: NodeId) -> Option<StoreRecord> {
+        self.shared.read().state.stores.get(&node).copied()
+    }
+
+    /// This node's own record, if the group has registered its current store.
+    fn store_record(&self) -> Option<StoreRecord> {
+        self.store_of(self.id).filter(|r| r.store == self.identity.store)
+    }
+
+    /// Whether the shards this node holds may be missing data: its disk replaced one
+    /// whose data is lost and the operator has not accepted the loss, or its store is
+    /// not registered yet (so it cannot know). Clears the local record of the loss
+    /// once the group has applied its acceptance.
+    pub fn data_lost(&self) -> bool {
+        match self.store_record() {
+            Some(r) if !r.data_lost => {
+                if self.identity.replaced().unwrap_or(false) {
+                    if let Err(e) = self.identity.set_replaced(false) {
+                        tracing::warn!(node = self.id, error = %e, "cannot clear the record of lost data");
+                    }
+                }
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// One probe round: the leader, whether this node has applied what the leader
+    /// had applied, whether its store is registered, and which peers answered.
+    pub async fn readiness(&self) -> Readiness {
+        let answers = self.probe_peers().await;
+        let leader = self.leader();
+        let local = self.shared.read().last_applied.map(|l| l.index);
+        let caught_up = match leader {
+            Some(l) if l == self.id => true,
+            Some(l) => answers.iter().find(|a| a.node == l).is_some_and(|a| local >= a.applied_index),
+            None => false,
+        };
+        Readiness {
+            leader,
+            caught_up,
+            registered: self.store_record().is_some(),
+            reachable: answers.iter().map(|a| a.node).collect(),
         }
     }
 
@@ -529,6 +704,9 @@ impl MetaRaft {
     /// sled database is released once openraft's tasks have dropped their handles
     /// (reopening by path waits for that).
     pub async fn shutdown(&self) {
+        if let Some(joining) = self.joining.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            joining.abort();
+        }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(node = self.id, error = %e, "raft core ended abnormally");
         }

@@ -6,9 +6,17 @@
 //! backs off before retrying; any other transport failure (timeout, reset, bad
 //! status, undecodable answer) is `RPCError::Network`; an error raised by the peer's
 //! raft is `RPCError::RemoteError`.
+//!
+//! Every RPC travels in a [`Guarded`] envelope naming the sender's store incarnation
+//! and the one the sender has recorded for the target. A peer that refuses the
+//! envelope (its disk was replaced, or it knows the sender under another store) is
+//! reported as `RPCError::Unreachable`: raft treats the node as absent, never as a
+//! voter whose log contradicts what it acknowledged.
 
+use crate::identity::StoreId;
 use crate::server::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
-use crate::types::{NodeId, TypeConfig};
+use crate::state_machine::Shared;
+use crate::types::{NodeId, StoreRecord, TypeConfig};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
@@ -16,7 +24,9 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Shortest timeout of one RPC, in milliseconds: openraft's TTL for heartbeats can
@@ -34,6 +44,66 @@ pub const ANSWER_BYTES_MAX: usize = 16 << 20;
 /// Pause before retrying a peer that refused the connection, in milliseconds.
 pub const UNREACHABLE_BACKOFF_MS: u64 = 250;
 
+/// Longest refusal reason read from a peer, in bytes.
+pub const REFUSAL_BYTES_MAX: usize = 4096;
+
+/// A raft RPC with the incarnations it is meant for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Guarded<T> {
+    /// The sender's raft id.
+    pub from: NodeId,
+    /// The sender's store incarnation.
+    pub from_store: StoreId,
+    /// The incarnation the sender has recorded for the target (`None`: none yet).
+    pub to_store: Option<StoreId>,
+    /// The openraft request.
+    pub rpc: T,
+}
+
+/// Why a node refuses a raft RPC: the two ends disagree about who is who.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IncarnationError {
+    /// The sender expected another incarnation of this node: this node's disk was
+    /// replaced, and it must rejoin as a new incarnation.
+    #[error("this node runs store {own}, not the expected {expected}: its disk was replaced; it rejoins as a new incarnation")]
+    NotThisStore {
+        /// This node's store.
+        own: StoreId,
+        /// What the sender expected.
+        expected: StoreId,
+    },
+    /// The sender runs on another store than the one recorded for it: its disk was
+    /// replaced and it has not rejoined yet.
+    #[error("node {node} sent from store {got} but is recorded with store {recorded}: it must rejoin as a new incarnation")]
+    SenderReplaced {
+        /// The sender.
+        node: NodeId,
+        /// Its recorded store.
+        recorded: StoreId,
+        /// The store it sent from.
+        got: StoreId,
+    },
+}
+
+/// Checks an RPC's incarnations against this node's store `own` and the records it
+/// has applied (`stores`). A missing record or expectation lets the RPC through:
+/// nodes register their store once a leader is known.
+pub fn check_incarnation<T>(
+    own: StoreId,
+    stores: &BTreeMap<NodeId, StoreRecord>,
+    rpc: &Guarded<T>,
+) -> Result<(), IncarnationError> {
+    if let Some(expected) = rpc.to_store.filter(|e| *e != own) {
+        return Err(IncarnationError::NotThisStore { own, expected });
+    }
+    match stores.get(&rpc.from) {
+        Some(r) if r.store != rpc.from_store => {
+            Err(IncarnationError::SenderReplaced { node: rpc.from, recorded: r.store, got: rpc.from_store })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Why an HTTP call to a peer failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -45,6 +115,15 @@ pub enum CallError {
         addr: String,
         /// The client's error.
         source: reqwest::Error,
+    },
+    /// The peer refused the request without handing it to raft: the two nodes
+    /// disagree about a store incarnation ([`IncarnationError`]).
+    #[error("{addr} refused the call: {reason}")]
+    Refused {
+        /// The peer's address.
+        addr: String,
+        /// The peer's explanation.
+        reason: String,
     },
     /// The request may or may not have been delivered: a timeout, a reset, an
     /// error status or an undecodable answer.
@@ -87,6 +166,11 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
                 failed(e.to_string())
             }
         })?;
+        if resp.status() == reqwest::StatusCode::CONFLICT {
+            let text = resp.text().await.unwrap_or_default();
+            let reason = text.chars().take(REFUSAL_BYTES_MAX).collect();
+            return Err(CallError::Refused { addr: addr.to_owned(), reason });
+        }
         if !resp.status().is_success() {
             return Err(failed(format!("status {}", resp.status())));
         }
@@ -114,12 +198,16 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
 #[derive(Clone)]
 pub struct HttpNetworkFactory {
     client: reqwest::Client,
+    me: NodeId,
+    store: StoreId,
+    shared: Arc<Shared>,
 }
 
 impl HttpNetworkFactory {
-    /// A factory whose clients use `client` (see [`http_client`]).
-    pub fn new(client: reqwest::Client) -> Self {
-        Self { client }
+    /// A factory whose clients use `client` (see [`http_client`]) and send as node
+    /// `me` on store `store`, expecting the targets' stores recorded in `shared`.
+    pub fn new(client: reqwest::Client, me: NodeId, store: StoreId, shared: Arc<Shared>) -> Self {
+        Self { client, me, store, shared }
     }
 }
 
@@ -127,13 +215,13 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetworkFactory {
     type Network = HttpNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> HttpNetwork {
-        HttpNetwork { client: self.client.clone(), target, node: node.clone() }
+        HttpNetwork { factory: self.clone(), target, node: node.clone() }
     }
 }
 
 /// openraft's connection to one peer: POSTs to the peer's `/raft/*` endpoints.
 pub struct HttpNetwork {
-    client: reqwest::Client,
+    factory: HttpNetworkFactory,
     target: NodeId,
     node: BasicNode,
 }
@@ -151,13 +239,20 @@ impl HttpNetwork {
         E: std::error::Error + DeserializeOwned,
     {
         let timeout_ms = (option.hard_ttl().as_millis() as u64).clamp(RPC_TIMEOUT_MIN_MS, RPC_TIMEOUT_MAX_MS);
+        let f = &self.factory;
+        let to_store = f.shared.read().state.stores.get(&self.target).map(|r| r.store);
+        let envelope = Guarded { from: f.me, from_store: f.store, to_store, rpc: req };
         let answer: Result<Resp, RaftError<NodeId, E>> =
-            post_json(&self.client, &self.node.addr, path, req, Duration::from_millis(timeout_ms))
+            post_json(&f.client, &self.node.addr, path, &envelope, Duration::from_millis(timeout_ms))
                 .await
                 .map_err(|e| match e {
-                    CallError::Connect { .. } => RPCError::Unreachable(Unreachable::new(&e)),
-                    CallError::Failed { .. } => RPCError::Network(NetworkError::new(&e)),
-                })?;
+                CallError::Refused { .. } => {
+                    tracing::debug!(target = self.target, error = %e, "raft RPC refused");
+                    RPCError::Unreachable(Unreachable::new(&e))
+                }
+                CallError::Connect { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+                CallError::Failed { .. } => RPCError::Network(NetworkError::new(&e)),
+            })?;
         answer
             .map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
     }
@@ -193,5 +288,39 @@ impl RaftNetwork<TypeConfig> for HttpNetwork {
 
     fn backoff(&self) -> openraft::network::Backoff {
         openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(UNREACHABLE_BACKOFF_MS)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rpc(from: NodeId, from_store: u128, to_store: Option<u128>) -> Guarded<()> {
+        Guarded { from, from_store: StoreId(from_store), to_store: to_store.map(StoreId), rpc: () }
+    }
+
+    #[test]
+    fn the_guard_refuses_a_replaced_receiver_and_a_replaced_sender() {
+        let own = StoreId(30);
+        let stores: BTreeMap<NodeId, StoreRecord> = [
+            (1, StoreRecord { store: StoreId(10), data_lost: false }),
+            (3, StoreRecord { store: StoreId(30), data_lost: false }),
+        ]
+        .into();
+        // Agreeing ends, and ends that have not registered yet, pass.
+        assert_eq!(check_incarnation(own, &stores, &rpc(1, 10, Some(30))), Ok(()));
+        assert_eq!(check_incarnation(own, &stores, &rpc(1, 10, None)), Ok(()));
+        assert_eq!(check_incarnation(own, &stores, &rpc(2, 99, Some(30))), Ok(()));
+        assert_eq!(check_incarnation(own, &BTreeMap::new(), &rpc(1, 11, None)), Ok(()));
+        // The leader expects this node's old disk.
+        assert_eq!(
+            check_incarnation(StoreId(31), &stores, &rpc(1, 10, Some(30))),
+            Err(IncarnationError::NotThisStore { own: StoreId(31), expected: StoreId(30) })
+        );
+        // A sender with a new disk under its old id.
+        assert_eq!(
+            check_incarnation(own, &stores, &rpc(1, 12, Some(30))),
+            Err(IncarnationError::SenderReplaced { node: 1, recorded: StoreId(10), got: StoreId(12) })
+        );
     }
 }

@@ -5,17 +5,24 @@
 //!
 //! | path | body → answer |
 //! | --- | --- |
-//! | `POST /raft/append` | `AppendEntriesRequest` → `Result<AppendEntriesResponse, RaftError>` |
-//! | `POST /raft/vote` | `VoteRequest` → `Result<VoteResponse, RaftError>` |
-//! | `POST /raft/snapshot` | one chunk, `InstallSnapshotRequest` → `Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>` |
+//! | `POST /raft/append` | `Guarded<AppendEntriesRequest>` → `Result<AppendEntriesResponse, RaftError>` |
+//! | `POST /raft/vote` | `Guarded<VoteRequest>` → `Result<VoteResponse, RaftError>` |
+//! | `POST /raft/snapshot` | one chunk, `Guarded<InstallSnapshotRequest>` → `Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>` |
+//! | `POST /raft/identity` | `{}` → [`IdentityAnswer`]: who this node is and what it has applied (startup probes, readiness) |
+//! | `POST /raft/replace` | [`ReplaceRequest`] → `Result<(), String>`: on the leader, re-add a node whose disk was replaced (see `replace.rs`) |
 //! | `POST /raft/client-write` | [`Request`] → `Result<ClientWriteResponse, RaftError<ClientWriteError>>` (no further forwarding) |
 //! | `POST /raft/read` | [`ReadRequest`] → `Result<Option<CounterMeta>, RaftError<CheckIsLeaderError>>` (a linearizable read on this node) |
 //!
 //! A body that does not decode is refused by axum with a 4xx status before it
-//! reaches raft; bodies are bounded by [`RAFT_BODY_BYTES_MAX`].
+//! reaches raft; bodies are bounded by [`RAFT_BODY_BYTES_MAX`]. An RPC whose
+//! envelope names another incarnation of this node, or comes from a node recorded
+//! with another store ([`crate::network::check_incarnation`]), is refused with 409
+//! and the reason as text, before raft sees it.
 
+use crate::identity::StoreId;
+use crate::network::{check_incarnation, Guarded};
 use crate::state_machine::Shared;
-use crate::types::{NodeId, Raft, Request, TypeConfig};
+use crate::types::{NodeId, Raft, Request, StoreRecord, TypeConfig};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -23,6 +30,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::name::CounterName;
@@ -37,6 +45,45 @@ pub const PATH_SNAPSHOT: &str = "/raft/snapshot";
 pub const PATH_CLIENT_WRITE: &str = "/raft/client-write";
 /// Path where a follower asks the leader for a linearizable read.
 pub const PATH_READ: &str = "/raft/read";
+/// Path where a node tells who it is and what it has applied.
+pub const PATH_IDENTITY: &str = "/raft/identity";
+/// Path where a node whose disk was replaced asks the leader to re-add it.
+pub const PATH_REPLACE: &str = "/raft/replace";
+
+/// How long the leader works on one replacement (removing the old incarnation,
+/// catching the new one up as a learner, promoting it) before answering, in
+/// milliseconds. The caller retries; every step resumes where it stopped.
+pub const REPLACE_TIMEOUT_MS: u64 = 60_000;
+
+/// The answer of `POST /raft/identity`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IdentityAnswer {
+    /// The answering node's raft id.
+    pub node: NodeId,
+    /// Its store incarnation.
+    pub store: StoreId,
+    /// Whether its raft log holds a membership (the group exists for it).
+    pub initialized: bool,
+    /// The leader it knows of.
+    pub leader: Option<NodeId>,
+    /// The index of the last entry it applied.
+    pub applied_index: Option<u64>,
+    /// The voters of the membership it applied.
+    pub voters: Vec<NodeId>,
+    /// The store records it applied.
+    pub stores: BTreeMap<NodeId, StoreRecord>,
+}
+
+/// The body of `POST /raft/replace`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplaceRequest {
+    /// The raft id of the node whose disk was replaced.
+    pub node: NodeId,
+    /// Its new store incarnation.
+    pub store: StoreId,
+    /// Its raft address.
+    pub addr: String,
+}
 
 /// Largest accepted request body, in bytes. A snapshot chunk is at most
 /// `SNAPSHOT_CHUNK_BYTES` of data, which JSON encodes as up to 4 bytes per byte.
@@ -57,31 +104,91 @@ pub struct ReadRequest {
 struct Ctx {
     raft: Raft,
     shared: Arc<Shared>,
+    me: NodeId,
+    store: StoreId,
+    /// Serializes replacements on this node.
+    replacing: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// The router of a node's raft endpoints (see the module docs), for the caller to
-/// serve on the node's raft address. [`crate::MetaRaft::start`] serves it itself.
-pub fn raft_router(raft: Raft, shared: Arc<Shared>) -> Router {
+/// The router of a node's raft endpoints (see the module docs), for node `me` on
+/// store `store`, for the caller to serve on the node's raft address.
+/// [`crate::MetaRaft::start`] serves it itself.
+pub fn raft_router(raft: Raft, shared: Arc<Shared>, me: NodeId, store: StoreId) -> Router {
     Router::new()
         .route(PATH_APPEND, post(append))
         .route(PATH_VOTE, post(vote))
         .route(PATH_SNAPSHOT, post(snapshot))
         .route(PATH_CLIENT_WRITE, post(client_write))
         .route(PATH_READ, post(read))
+        .route(PATH_IDENTITY, post(identity))
+        .route(PATH_REPLACE, post(replace))
         .layer(DefaultBodyLimit::max(RAFT_BODY_BYTES_MAX))
-        .with_state(Ctx { raft, shared })
+        .with_state(Ctx { raft, shared, me, store, replacing: Default::default() })
 }
 
-async fn append(State(ctx): State<Ctx>, Json(req): Json<AppendEntriesRequest<TypeConfig>>) -> Response {
-    Json(ctx.raft.append_entries(req).await).into_response()
+/// The 409 answer to an RPC meant for another incarnation, or `None` to serve it.
+fn refused<T>(ctx: &Ctx, rpc: &Guarded<T>) -> Option<Response> {
+    let checked = check_incarnation(ctx.store, &ctx.shared.read().state.stores, rpc);
+    checked.err().map(|e| {
+        tracing::warn!(node = ctx.me, from = rpc.from, error = %e, "refused a raft RPC");
+        (StatusCode::CONFLICT, e.to_string()).into_response()
+    })
 }
 
-async fn vote(State(ctx): State<Ctx>, Json(req): Json<VoteRequest<NodeId>>) -> Response {
-    Json(ctx.raft.vote(req).await).into_response()
+async fn append(
+    State(ctx): State<Ctx>,
+    Json(req): Json<Guarded<AppendEntriesRequest<TypeConfig>>>,
+) -> Response {
+    if let Some(r) = refused(&ctx, &req) {
+        return r;
+    }
+    Json(ctx.raft.append_entries(req.rpc).await).into_response()
 }
 
-async fn snapshot(State(ctx): State<Ctx>, Json(req): Json<InstallSnapshotRequest<TypeConfig>>) -> Response {
-    Json(ctx.raft.install_snapshot(req).await).into_response()
+async fn vote(State(ctx): State<Ctx>, Json(req): Json<Guarded<VoteRequest<NodeId>>>) -> Response {
+    if let Some(r) = refused(&ctx, &req) {
+        return r;
+    }
+    Json(ctx.raft.vote(req.rpc).await).into_response()
+}
+
+async fn snapshot(
+    State(ctx): State<Ctx>,
+    Json(req): Json<Guarded<InstallSnapshotRequest<TypeConfig>>>,
+) -> Response {
+    if let Some(r) = refused(&ctx, &req) {
+        return r;
+    }
+    Json(ctx.raft.install_snapshot(req.rpc).await).into_response()
+}
+
+async fn identity(State(ctx): State<Ctx>) -> Response {
+    let initialized = ctx.raft.is_initialized().await.unwrap_or(false);
+    let leader = ctx.raft.metrics().borrow().current_leader;
+    let answer = {
+        let applied = ctx.shared.read();
+        IdentityAnswer {
+            node: ctx.me,
+            store: ctx.store,
+            initialized,
+            leader,
+            applied_index: applied.last_applied.map(|l| l.index),
+            voters: applied.membership.membership().voter_ids().collect(),
+            stores: applied.state.stores.clone(),
+        }
+    };
+    Json(answer).into_response()
+}
+
+async fn replace(State(ctx): State<Ctx>, Json(req): Json<ReplaceRequest>) -> Response {
+    let limit = Duration::from_millis(REPLACE_TIMEOUT_MS);
+    let _one_at_a_time = ctx.replacing.lock().await;
+    let done = tokio::time::timeout(limit, crate::replace::replace_voter(&ctx.raft, &ctx.shared, &req)).await;
+    let answer: Result<(), String> = match done {
+        Ok(r) => r,
+        Err(_) => Err(format!("the replacement did not finish within {REPLACE_TIMEOUT_MS} ms; retry")),
+    };
+    Json(answer).into_response()
 }
 
 fn timed_out() -> Response {

@@ -5,7 +5,10 @@
 //! same log ends in the same state. The sled-backed state machine wraps it with
 //! persistence; unit tests drive it directly.
 
-use crate::types::{Effect, MemberRejection, MembersView, MetaChange, Rejection, Request, Response};
+use crate::types::{
+    Effect, MemberRejection, MembersView, MetaChange, NodeId, Rejection, Request, Response, StoreRecord,
+    StoreRejection,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tally_core::meta::{apply_command, CounterMeta, MetaEffect};
@@ -31,6 +34,8 @@ pub struct MetaState {
     pub previous: Vec<String>,
     /// Nodes of `previous` still handing off shards they no longer own.
     pub handoff: Vec<String>,
+    /// Every raft node's data directory as it registered it: raft id → record.
+    pub stores: BTreeMap<NodeId, StoreRecord>,
     /// How many [`Request`]s were applied in total. Not used by any transition; it
     /// lets tests prove that no entry is applied twice (across restarts too).
     pub applied_requests: u64,
@@ -45,6 +50,8 @@ pub(crate) enum Touched {
     Tombstone(CounterName),
     /// The member list and placement epoch.
     Members,
+    /// The store records.
+    Stores,
 }
 
 impl MetaState {
@@ -111,7 +118,33 @@ impl MetaState {
                     Err(_) => (Response::Members(Ok(self.view(false))), vec![], vec![]),
                 }
             }
+            Request::RegisterStore { node, store } => match self.stores.get(node) {
+                None => self.set_store(*node, StoreRecord { store: *store, data_lost: false }),
+                Some(r) if r.store == *store => (Response::Store(Ok(*r)), vec![], vec![]),
+                Some(r) => {
+                    let refused = StoreRejection::Replaced { node: *node, recorded: r.store, got: *store };
+                    (Response::Store(Err(refused)), vec![], vec![])
+                }
+            },
+            Request::ReplaceStore { node, store } => match self.stores.get(node) {
+                Some(r) if r.store == *store => (Response::Store(Ok(*r)), vec![], vec![]),
+                _ => self.set_store(*node, StoreRecord { store: *store, data_lost: true }),
+            },
+            Request::AcceptLoss { node, store } => match self.stores.get(node) {
+                None => (Response::Store(Err(StoreRejection::Unknown { node: *node })), vec![], vec![]),
+                Some(r) if r.store != *store => {
+                    let refused = StoreRejection::Replaced { node: *node, recorded: r.store, got: *store };
+                    (Response::Store(Err(refused)), vec![], vec![])
+                }
+                Some(r) if !r.data_lost => (Response::Store(Ok(*r)), vec![], vec![]),
+                Some(_) => self.set_store(*node, StoreRecord { store: *store, data_lost: false }),
+            },
         }
+    }
+
+    fn set_store(&mut self, node: NodeId, record: StoreRecord) -> (Response, Vec<Touched>, Vec<MetaChange>) {
+        self.stores.insert(node, record);
+        (Response::Store(Ok(record)), vec![Touched::Stores], vec![MetaChange::Store(node)])
     }
 
     fn set_members(
@@ -299,6 +332,40 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_store_is_registered_once_replaced_explicitly_and_its_loss_accepted_once() {
+        use crate::identity::StoreId;
+        let (old, new) = (StoreId(1), StoreId(2));
+        let mut s = MetaState::default();
+        let (r, touched, changes) = s.apply(&Request::RegisterStore { node: 3, store: old });
+        assert_eq!(r, Response::Store(Ok(StoreRecord { store: old, data_lost: false })));
+        assert_eq!((touched, changes), (vec![Touched::Stores], vec![MetaChange::Store(3)]));
+        // A retry changes nothing; another disk under the same id is refused.
+        assert_eq!(s.apply(&Request::RegisterStore { node: 3, store: old }).1, vec![]);
+        assert_eq!(
+            s.apply(&Request::RegisterStore { node: 3, store: new }).0,
+            Response::Store(Err(StoreRejection::Replaced { node: 3, recorded: old, got: new }))
+        );
+        // Only a replacement records the new disk, and with its loss.
+        let lost = StoreRecord { store: new, data_lost: true };
+        assert_eq!(s.apply(&Request::ReplaceStore { node: 3, store: new }).0, Response::Store(Ok(lost)));
+        assert_eq!(s.apply(&Request::ReplaceStore { node: 3, store: new }).1, vec![]);
+        assert_eq!(s.apply(&Request::RegisterStore { node: 3, store: new }).0, Response::Store(Ok(lost)));
+        // Accepting the loss of an older incarnation is refused; of this one, done once.
+        assert!(matches!(
+            s.apply(&Request::AcceptLoss { node: 3, store: old }).0,
+            Response::Store(Err(StoreRejection::Replaced { .. }))
+        ));
+        assert!(matches!(
+            s.apply(&Request::AcceptLoss { node: 9, store: old }).0,
+            Response::Store(Err(StoreRejection::Unknown { node: 9 }))
+        ));
+        let accepted = StoreRecord { store: new, data_lost: false };
+        assert_eq!(s.apply(&Request::AcceptLoss { node: 3, store: new }).0, Response::Store(Ok(accepted)));
+        assert_eq!(s.apply(&Request::AcceptLoss { node: 3, store: new }).1, vec![]);
+        assert_eq!(s.stores[&3], accepted);
+    }
+
     fn any_request() -> impl Strategy<Value = Request> {
         let names = prop::sample::select(vec!["a", "b", "c"]);
         let nodes = prop::sample::select(vec!["n1", "n2", "n3", ""]);
@@ -318,6 +385,12 @@ mod tests {
             names.prop_map(|n| Request::ClearTombstone { name: name(n) }),
             (0u64..3, nodes.clone(), nodes.clone()).prop_map(|(e, a, b)| set(e, &[a], &[a, b])),
             (nodes, 0u64..3).prop_map(|(n, epoch)| Request::HandoffDone { node: n.into(), epoch }),
+            (1u64..4, 0u128..3)
+                .prop_map(|(node, s)| Request::RegisterStore { node, store: crate::identity::StoreId(s) }),
+            (1u64..4, 0u128..3)
+                .prop_map(|(node, s)| Request::ReplaceStore { node, store: crate::identity::StoreId(s) }),
+            (1u64..4, 0u128..3)
+                .prop_map(|(node, s)| Request::AcceptLoss { node, store: crate::identity::StoreId(s) }),
         ]
     }
 

@@ -9,6 +9,7 @@
 //!   already stored, nor loses an effect whose entry counts as applied.
 //!   * `c/<name>` → `CounterMeta`, `t/<name>` → tombstone generations,
 //!   * `members` → `(members, placement_epoch, previous, handoff)`, `requests` → applied-request count,
+//!   * `stores` → every raft node's store record (raft id → incarnation, data lost),
 //!   * `applied` → `Option<LogId>`, `membership` → `StoredMembership`.
 //! * tree [`SNAPSHOT_TREE`]: `current` → the last built or installed snapshot (its
 //!   meta and the encoded [`MetaState`]), `seq` → a counter that makes snapshot ids
@@ -56,6 +57,7 @@ const KEY_APPLIED: &[u8] = b"applied";
 const KEY_MEMBERSHIP: &[u8] = b"membership";
 const KEY_MEMBERS: &[u8] = b"members";
 const KEY_REQUESTS: &[u8] = b"requests";
+const KEY_STORES: &[u8] = b"stores";
 const PREFIX_COUNTER: &[u8] = b"c/";
 const PREFIX_TOMBSTONE: &[u8] = b"t/";
 const KEY_SNAPSHOT: &[u8] = b"current";
@@ -158,6 +160,7 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
                 ) = decode("members", &value)?;
             }
             KEY_REQUESTS => applied.state.applied_requests = decode("applied request count", &value)?,
+            KEY_STORES => applied.state.stores = decode("store records", &value)?,
             k if k.starts_with(PREFIX_COUNTER) => {
                 let meta: CounterMeta = decode("counter meta", &value)?;
                 applied.state.counters.insert(name_at(PREFIX_COUNTER)?, meta);
@@ -189,6 +192,7 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
             let members = (&state.members, state.placement_epoch, &state.previous, &state.handoff);
             batch.insert(KEY_MEMBERS, tally_core::codec::encode(&members))
         }
+        Touched::Stores => batch.insert(KEY_STORES, tally_core::codec::encode(&state.stores)),
     }
 }
 
@@ -202,6 +206,7 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) {
         stage(batch, s, &Touched::Tombstone(name.clone()));
     }
     stage(batch, s, &Touched::Members);
+    stage(batch, s, &Touched::Stores);
     stage_position(batch, applied);
 }
 

@@ -5,6 +5,7 @@
 //! `SpecError` holds `&'static str`s, which cannot be deserialized), so the applied
 //! result carries serializable mirrors of them: [`Effect`] and [`Rejection`].
 
+use crate::identity::StoreId;
 use serde::{Deserialize, Serialize};
 use std::io::Cursor;
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError, SealedGeneration};
@@ -85,6 +86,66 @@ pub enum Request {
         /// The placement epoch it handed off for.
         epoch: u64,
     },
+    /// Raft node `node` runs on the data directory `store`. Written by every node
+    /// once a leader is known; the first record for a node is kept, and a different
+    /// store id for a recorded node is refused ([`StoreRejection::Replaced`]): a
+    /// node with a new disk rejoins through [`Request::ReplaceStore`].
+    RegisterStore {
+        /// The raft node id.
+        node: NodeId,
+        /// Its store incarnation.
+        store: StoreId,
+    },
+    /// Raft node `node` came back with a new data directory `store`: its earlier
+    /// data is lost. Written by the leader while it re-adds the node, after removing
+    /// the old incarnation from the raft membership.
+    ReplaceStore {
+        /// The raft node id.
+        node: NodeId,
+        /// The new store incarnation.
+        store: StoreId,
+    },
+    /// The operator accepts that incarnation `store` of `node` lost its
+    /// predecessor's data: its shards count again (from what they hold now).
+    AcceptLoss {
+        /// The raft node id.
+        node: NodeId,
+        /// The incarnation whose loss is accepted (an accept for an older one is
+        /// refused, so it never clears a newer loss).
+        store: StoreId,
+    },
+}
+
+/// What the metadata group knows of one raft node's data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreRecord {
+    /// The incarnation the node runs on.
+    pub store: StoreId,
+    /// Whether it replaced an incarnation whose data is lost, and the operator has
+    /// not accepted the loss yet: reads of its shards must say they are missing.
+    pub data_lost: bool,
+}
+
+/// Why a store command was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum StoreRejection {
+    /// The node is recorded with another store: it lost its disk and must rejoin as
+    /// a new incarnation.
+    #[error("node {node} is recorded with store {recorded}, not {got}: it must rejoin as a new incarnation")]
+    Replaced {
+        /// The raft node id.
+        node: NodeId,
+        /// The recorded store.
+        recorded: StoreId,
+        /// The store named.
+        got: StoreId,
+    },
+    /// No store is recorded for the node.
+    #[error("no store is recorded for node {node}")]
+    Unknown {
+        /// The raft node id.
+        node: NodeId,
+    },
 }
 
 /// What applying one log entry answered. Domain refusals are part of the applied
@@ -104,6 +165,8 @@ pub enum Response {
     },
     /// The answer to [`Request::SetMembers`] and [`Request::HandoffDone`].
     Members(Result<MembersView, MemberRejection>),
+    /// The answer to the store commands: the node's record after the command.
+    Store(Result<StoreRecord, StoreRejection>),
 }
 
 impl Response {
@@ -298,6 +361,8 @@ pub enum MetaChange {
     TombstoneCleared(CounterName),
     /// Data-plane membership, or the progress of its hand-off, changed.
     Members(MembersView),
+    /// A raft node's store record changed.
+    Store(NodeId),
     /// A snapshot replaced the whole state: anything may have changed, refresh
     /// everything.
     Reset,

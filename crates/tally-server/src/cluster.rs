@@ -9,7 +9,7 @@ use crate::service::{ClusterView, NodeState, NodeView, Service};
 use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tally_cluster::{ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
+use tally_cluster::{AcceptLossError, ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
 use tally_engine::{
     Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
     ShardsReport, SpecPatch, TallyError, ValueRead,
@@ -130,7 +130,34 @@ impl Service for ClusterService {
                 http: m.http.to_string(),
             })
             .collect();
-        ClusterView { nodes, leader: self.node.leader(), term: self.node.term(), placement_epoch, handoff }
+        ClusterView {
+            nodes,
+            leader: self.node.leader(),
+            term: self.node.term(),
+            placement_epoch,
+            handoff,
+            data_lost: self.node.data_lost_nodes(),
+        }
+    }
+
+    async fn accept_loss(&self, id: &str) -> Result<ClusterView, ApiError> {
+        match self.node.accept_loss(id).await {
+            Ok(_) => Ok(self.cluster().await),
+            Err(AcceptLossError::UnknownNode(n)) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "node_not_found",
+                format!("node {n:?} is not one of cluster.nodes"),
+            )),
+            Err(e @ AcceptLossError::NotRegistered(_)) => {
+                Err(ApiError::new(StatusCode::CONFLICT, "node_not_registered", e.to_string()))
+            }
+            Err(e @ AcceptLossError::Refused(_)) => {
+                Err(ApiError::new(StatusCode::CONFLICT, "store_changed", e.to_string()))
+            }
+            Err(e @ AcceptLossError::Unavailable(_)) => {
+                Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable", e.to_string()))
+            }
+        }
     }
 
     async fn change_membership(&self, id: &str, add: bool) -> Result<ClusterView, ApiError> {
@@ -176,6 +203,16 @@ impl Service for ClusterService {
             &[(&[], handoff.len() as f64)],
         );
         w.gauge(
+            "tally_ready",
+            "1 when the node is ready to serve (metadata caught up, peer sessions up).",
+            &[(&[], if self.node.ready() { 1.0 } else { 0.0 })],
+        );
+        w.gauge(
+            "tally_data_lost",
+            "1 while this node's shards lack data its replaced disk lost and the loss is not accepted.",
+            &[(&[], if self.node.tally().data_lost() { 1.0 } else { 0.0 })],
+        );
+        w.gauge(
             "tally_connected_peers",
             "Peers with a healthy node-to-node session.",
             &[(&[], self.node.connected_peers() as f64)],
@@ -185,5 +222,9 @@ impl Service for ClusterService {
 
     fn healthy(&self) -> bool {
         self.serving.load(Ordering::SeqCst)
+    }
+
+    fn ready(&self) -> bool {
+        self.node.ready()
     }
 }

@@ -74,6 +74,10 @@ pub trait Service: Clone + Send + Sync + 'static {
         add: bool,
     ) -> impl Future<Output = Result<ClusterView, ApiError>> + Send;
 
+    /// Accepts that node `id` lost the data of its previous disk, so reads count its
+    /// shards again. Answers the cluster view after the change.
+    fn accept_loss(&self, id: &str) -> impl Future<Output = Result<ClusterView, ApiError>> + Send;
+
     /// This node's operational signals in the Prometheus text exposition format
     /// (HELP and TYPE lines included; the router appends its own HTTP signals).
     fn metrics_text(&self) -> String;
@@ -81,6 +85,13 @@ pub trait Service: Clone + Send + Sync + 'static {
     /// Whether the node serves requests; `GET /healthz` answers 503 when it does not
     /// (for example while it drains for shutdown), so load balancers move away.
     fn healthy(&self) -> bool {
+        true
+    }
+
+    /// Whether the node is ready to serve (a cluster node: its metadata is caught up
+    /// and its sessions to reachable peers are up); `GET /healthz` answers 503
+    /// `not_ready` until it is.
+    fn ready(&self) -> bool {
         true
     }
 }
@@ -124,4 +135,9 @@ pub struct ClusterView {
     /// Nodes still handing off shards after the last membership change; empty once
     /// it has settled.
     pub handoff: Vec<String>,
+    /// Nodes whose disk was replaced and whose earlier data is lost, until an
+    /// operator accepts the loss (`POST /v1/cluster/nodes/{id}/accept-loss`); reads
+    /// of their shards report them missing meanwhile.
+    #[serde(default)]
+    pub data_lost: Vec<String>,
 }

@@ -120,7 +120,16 @@ impl Service for SingleNode {
             term: 0,
             placement_epoch: 0,
             handoff: Vec::new(),
+            data_lost: Vec::new(),
         }
+    }
+
+    async fn accept_loss(&self, _id: &str) -> Result<ClusterView, ApiError> {
+        Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_a_cluster",
+            "this node runs alone (a one-node config); there is no other node to accept a loss of",
+        ))
     }
 
     async fn change_membership(&self, _id: &str, _add: bool) -> Result<ClusterView, ApiError> {

@@ -112,13 +112,16 @@ impl TestCluster {
         }
     }
 
-    /// Waits until every running node knows the same leader, which is running.
+    /// Waits until every running node knows the same leader, which is running, and
+    /// has registered its store incarnation (so request counts stay predictable).
     pub async fn wait_leader(&self) -> u64 {
         let deadline = Instant::now() + Duration::from_millis(SETTLE_TIMEOUT_MS);
         loop {
             let leaders: Vec<Option<u64>> = self.nodes.values().map(|n| n.leader()).collect();
+            let registered =
+                self.nodes.values().all(|n| n.store_of(n.node_id()).is_some_and(|r| r.store == n.store_id()));
             if let Some(Some(l)) = leaders.first() {
-                if leaders.iter().all(|x| *x == Some(*l)) && self.nodes.contains_key(l) {
+                if leaders.iter().all(|x| *x == Some(*l)) && self.nodes.contains_key(l) && registered {
                     return *l;
                 }
             }

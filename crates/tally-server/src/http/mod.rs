@@ -15,6 +15,7 @@
 //! | `GET /v1/cluster` | `cluster` |
 //! | `PUT /v1/cluster/members/{id}` | `add_member`: the cluster after adding the node |
 //! | `DELETE /v1/cluster/members/{id}` | `remove_member`: the cluster after removing it |
+//! | `POST /v1/cluster/nodes/{id}/accept-loss` | `accept_loss`: the cluster after accepting that the node's replaced disk lost its data |
 //! | `GET /metrics` | `metrics`: Prometheus text |
 //! | `GET /healthz` | `healthz`: 200 while the node serves |
 //!
@@ -91,6 +92,7 @@ pub fn router<S: Service>(svc: S, limits: &HttpConfig) -> Router {
         .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
         .route("/v1/cluster", get(cluster::<S>))
         .route("/v1/cluster/members/{id}", put(add_member::<S>).delete(remove_member::<S>))
+        .route("/v1/cluster/nodes/{id}/accept-loss", post(accept_loss::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/healthz", get(healthz::<S>))
         .fallback(not_found)
@@ -287,6 +289,16 @@ async fn remove_member<S: Service>(
     Ok(Json(st.svc.change_membership(&id, false).await?))
 }
 
+/// `POST /v1/cluster/nodes/{id}/accept-loss`: the operator accepts that the node's
+/// replaced disk lost its shards' earlier values; reads count its shards again.
+#[tracing::instrument(name = "accept_loss", skip_all)]
+async fn accept_loss<S: Service>(
+    State(st): State<AppState<S>>,
+    Path(id): Path<String>,
+) -> Result<Json<ClusterView>, ApiError> {
+    Ok(Json(st.svc.accept_loss(&id).await?))
+}
+
 /// `GET /metrics`: the service's signals followed by the HTTP front end's.
 async fn metrics<S: Service>(State(st): State<AppState<S>>) -> Response {
     let mut text = st.svc.metrics_text();
@@ -303,12 +315,20 @@ pub struct Health {
     pub status: String,
 }
 
-/// `GET /healthz`: 200 while the node serves, 503 `shutting_down` while it drains.
+/// `GET /healthz`: 200 while the node serves, 503 `not_ready` until it is ready
+/// (see [`Service::ready`]), 503 `shutting_down` while it drains.
 async fn healthz<S: Service>(State(st): State<AppState<S>>) -> Result<Json<Health>, ApiError> {
-    if st.svc.healthy() {
-        return Ok(Json(Health { status: "ok".into() }));
+    if !st.svc.healthy() {
+        return Err(TallyError::ShuttingDown.into());
     }
-    Err(TallyError::ShuttingDown.into())
+    if !st.svc.ready() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the node is starting: its metadata is not caught up or its peer sessions are not up yet",
+        ));
+    }
+    Ok(Json(Health { status: "ok".into() }))
 }
 
 /// Any path no route matches: 404 `not_found`.

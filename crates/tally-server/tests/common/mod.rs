@@ -281,6 +281,9 @@ impl Service for Faulty {
     async fn change_membership(&self, id: &str, add: bool) -> Result<ClusterView, ApiError> {
         self.inner.change_membership(id, add).await
     }
+    async fn accept_loss(&self, id: &str) -> Result<ClusterView, ApiError> {
+        self.inner.accept_loss(id).await
+    }
     fn metrics_text(&self) -> String {
         self.inner.metrics_text()
     }

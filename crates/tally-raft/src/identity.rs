@@ -1,0 +1,145 @@
+//! A node's store incarnation: the identity of its data directory.
+//!
+//! A raft node id names a machine's role in the cluster; it survives a replaced
+//! disk. What raft must never see is the same id with lost state (a voter whose log
+//! is shorter than what the leader knows it acknowledged). So every data directory
+//! gets a [`StoreId`] of its own when it is first created, persisted in the raft
+//! database, and every raft RPC names the sender's and the expected receiver's
+//! store ids (see `server.rs`). A node whose disk was replaced comes back with a new
+//! store id, is refused under its old identity, and rejoins as a new incarnation.
+//!
+//! # Layout
+//!
+//! Tree [`IDENTITY_TREE`]: `store` → the [`StoreId`], `replaced` → present while
+//! this node knows that its earlier data is lost and the metadata group has not
+//! recorded the loss as accepted.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+
+/// Name of the sled tree holding the store identity.
+pub const IDENTITY_TREE: &str = "raft_identity";
+
+const KEY_STORE: &[u8] = b"store";
+const KEY_REPLACED: &[u8] = b"replaced";
+
+/// The random 128-bit identity of one data directory, created with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StoreId(pub u128);
+
+impl StoreId {
+    /// A new random identity. The bits come from the standard library's
+    /// per-process random hash keys (seeded by the operating system), mixed with the
+    /// clock and the process id, so two directories never share one in practice.
+    pub fn random() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let half = |salt: u64| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(salt);
+            h.write_u128(nanos);
+            h.write_u32(std::process::id());
+            h.finish()
+        };
+        Self((u128::from(half(1)) << 64) | u128::from(half(2)))
+    }
+}
+
+impl fmt::Display for StoreId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// This node's identity as stored in its raft database.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    tree: sled::Tree,
+    /// The data directory's identity.
+    pub store: StoreId,
+    /// Whether the identity was created by this start (the directory is new).
+    pub created: bool,
+}
+
+/// Why the identity could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// sled failed.
+    #[error("store identity: {0}")]
+    Sled(#[from] sled::Error),
+    /// The stored identity does not decode.
+    #[error("store identity: {0}")]
+    Corrupt(String),
+}
+
+impl Identity {
+    /// Opens the identity of `db`, creating (and flushing) a new random one if the
+    /// database has none.
+    pub fn open(db: &sled::Db) -> Result<Self, IdentityError> {
+        let tree = db.open_tree(IDENTITY_TREE)?;
+        if let Some(bytes) = tree.get(KEY_STORE)? {
+            let raw = <[u8; 16]>::try_from(&*bytes)
+                .map_err(|_| IdentityError::Corrupt(format!("{} bytes instead of 16", bytes.len())))?;
+            return Ok(Self { tree, store: StoreId(u128::from_be_bytes(raw)), created: false });
+        }
+        let store = StoreId::random();
+        tree.insert(KEY_STORE, &store.0.to_be_bytes())?;
+        db.flush()?;
+        Ok(Self { tree, store, created: true })
+    }
+
+    /// Whether this node has recorded that its earlier data is lost.
+    pub fn replaced(&self) -> Result<bool, IdentityError> {
+        Ok(self.tree.contains_key(KEY_REPLACED)?)
+    }
+
+    /// Records (durably) whether this node's earlier data is lost.
+    pub fn set_replaced(&self, replaced: bool) -> Result<(), IdentityError> {
+        if replaced {
+            self.tree.insert(KEY_REPLACED, &[])?;
+        } else {
+            self.tree.remove(KEY_REPLACED)?;
+        }
+        self.tree.flush()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_identity_is_created_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = {
+            let db = sled::open(dir.path()).unwrap();
+            let id = Identity::open(&db).unwrap();
+            assert!(id.created && !id.replaced().unwrap());
+            id.set_replaced(true).unwrap();
+            id.store
+        };
+        let db = sled::open(dir.path()).unwrap();
+        let again = Identity::open(&db).unwrap();
+        assert_eq!((again.store, again.created), (first, false));
+        assert!(again.replaced().unwrap());
+        again.set_replaced(false).unwrap();
+        assert!(!again.replaced().unwrap());
+        let other = sled::open(tempfile::tempdir().unwrap().path()).unwrap();
+        assert_ne!(Identity::open(&other).unwrap().store, first);
+    }
+
+    #[test]
+    fn store_ids_round_trip_through_json_and_the_codec() {
+        let id = StoreId(u128::MAX - 7);
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(serde_json::from_str::<StoreId>(&json).unwrap(), id);
+        let bytes = tally_core::codec::encode(&id);
+        assert_eq!(tally_core::codec::decode::<StoreId>("id", &bytes).unwrap(), id);
+        assert_eq!(id.to_string().len(), 32);
+    }
+}
