@@ -312,6 +312,12 @@ impl Tally {
         &self.ctx.stats
     }
 
+    /// Acknowledged batched increments in sums drained towards their shards and not
+    /// yet confirmed (they are resent until they are).
+    pub fn in_doubt_increments(&self) -> u64 {
+        self.ctx.in_doubt.lock().iter().map(|d| d.sub.increments()).sum()
+    }
+
     /// Counters with in-memory state on this node, and running shard actors.
     pub fn active(&self) -> (usize, usize) {
         (self.ctx.registry.len(), self.ctx.directory.len())

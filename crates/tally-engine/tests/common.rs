@@ -36,11 +36,15 @@ pub fn spec(shards: u16, durability: tally_engine::Durability) -> SpecPatch {
     SpecPatch { shards: Some(shards), durability: Some(durability), ..SpecPatch::default() }
 }
 
+/// Code a [`HookStore`] runs on every shard load.
+pub type LoadHook = Box<dyn Fn() + Send + Sync>;
+
 /// A store that wraps a [`MemStore`] and can be told to misbehave: stall its commits
 /// (an fsync or a disk that stalls), or run a hook on every shard load (a clock that
 /// moves while a read fans out). Everything else is the in-memory store's.
 #[derive(Clone)]
 pub struct HookStore {
+    /// The store underneath, with its own fault switches.
     pub inner: MemStore,
     /// Every `commit_many` (the commit path) sleeps this long first, in milliseconds.
     pub commit_many_stall_ms: Arc<std::sync::atomic::AtomicU64>,
@@ -48,12 +52,13 @@ pub struct HookStore {
     /// first, in milliseconds.
     pub commit_stall_ms: Arc<std::sync::atomic::AtomicU64>,
     /// Runs on every `load_shard`.
-    pub on_load: Arc<std::sync::Mutex<Option<Box<dyn Fn() + Send + Sync>>>>,
+    pub on_load: Arc<std::sync::Mutex<Option<LoadHook>>>,
     /// While set, every `load_shard` fails.
     pub fail_loads: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl HookStore {
+    /// A store that behaves as `inner` until told otherwise.
     pub fn new(inner: MemStore) -> Self {
         Self {
             inner,
@@ -64,10 +69,12 @@ impl HookStore {
         }
     }
 
+    /// Makes every commit of the commit path stall `ms` first (0: no stall).
     pub fn stall_commit_path(&self, ms: u64) {
         self.commit_many_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Makes every single-shard commit stall `ms` first (0: no stall).
     pub fn stall_direct_commits(&self, ms: u64) {
         self.commit_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }

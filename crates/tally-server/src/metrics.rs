@@ -155,6 +155,7 @@ impl HttpStats {
 /// The engine's families, labelled where a dimension exists.
 pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
     let s: &Stats = tally.stats();
+    let in_doubt = tally.in_doubt_increments();
     w.gauge("tally_node_info", "Constant 1, labelled with this node's id.", &[(&[("node", node_id)], 1.0)]);
     w.counter(
         "tally_increments_total",
@@ -221,6 +222,16 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         "tally_reconcile_corrections_total",
         "Reconciliations that found and corrected drift.",
         &[(&[], s.reconcile_corrections.get())],
+    );
+    w.counter(
+        "tally_buffered_lost_total",
+        "Acknowledged batched increments given up on: in doubt past the resend limit, or undeliverable at shutdown.",
+        &[(&[], s.buffered_lost.get())],
+    );
+    w.gauge(
+        "tally_buffered_in_doubt",
+        "Drained batched increments sent to a shard and not yet confirmed.",
+        &[(&[], in_doubt as f64)],
     );
     w.gauge(
         "tally_drift_last",
