@@ -258,13 +258,13 @@ mod tests {
         assert!(m.prune_sealed(2_000 + retention - 1).is_empty());
         assert!(m.prune_due(2_000 + retention));
         assert_eq!(m.prune_sealed(2_000 + retention).len(), 1);
+        assert!(m.layout.sealed.is_empty());
+        assert_eq!(m.layout.base, 5, "pruning keeps the sealed sum");
         // A longer dedup window decides when it is the longer one.
         m.update(&SpecPatch { shards: Some(3), dedup_window_s: Some(3_600), ..Default::default() }).unwrap();
         m.complete_reshard(1, 0, 10_000).unwrap();
         assert!(!m.prune_due(10_000 + 3_599_999));
         assert!(m.prune_due(10_000 + 3_600_000));
-        assert!(m.layout.sealed.is_empty());
-        assert_eq!(m.layout.base, 5, "pruning keeps the sealed sum");
     }
 
     #[test]

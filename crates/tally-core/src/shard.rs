@@ -60,6 +60,14 @@ pub enum Submission {
 }
 
 impl Submission {
+    /// Its drain id, for a drained sum that has one.
+    pub fn drain_id(&self) -> Option<&str> {
+        match self {
+            Self::Buffered { drain_id, .. } => drain_id.as_deref(),
+            Self::Single { .. } => None,
+        }
+    }
+
     /// How many acknowledged or waiting increments it carries.
     pub fn increments(&self) -> u64 {
         match self {

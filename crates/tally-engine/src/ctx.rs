@@ -60,6 +60,8 @@ pub(crate) struct InDoubt {
     pub(crate) sub: Submission,
     /// When it was first sent, by the engine's clock.
     pub(crate) since_ms: u64,
+    /// A resend is under way (it stays listed until answered).
+    pub(crate) resending: bool,
 }
 
 /// Hands out per-thread routing tokens.
@@ -757,9 +759,12 @@ impl Ctx {
                 }
                 // Refused at the door: nothing was applied.
                 Ok(ShardReply::Sealed) => self.give_back(&target, vec![Drained { index, ..d }]),
-                Err(_) => {
-                    self.in_doubt.lock().push(InDoubt { name: target.name.clone(), sub, since_ms: now })
-                }
+                Err(_) => self.in_doubt.lock().push(InDoubt {
+                    name: target.name.clone(),
+                    sub,
+                    since_ms: now,
+                    resending: false,
+                }),
             }
         }
     }
@@ -777,19 +782,24 @@ impl Ctx {
 
     /// Resends drained sums whose delivery is in doubt (all of them, or those of one
     /// counter), each with its own id, to the counter's current layout, several at
-    /// once. A sum in doubt for longer than [`IN_DOUBT_RETRY_MS_MAX`] is reported
+    /// once. A sum stays listed while it is resent, so it counts as in doubt until
+    /// answered. A sum in doubt for longer than [`IN_DOUBT_RETRY_MS_MAX`] is reported
     /// lost instead: its id's record may have expired, so a resend could count twice.
     pub(crate) async fn resend_in_doubt(self: &Arc<Self>, only: Option<&CounterName>) {
-        let pending: Vec<InDoubt> = {
-            let mut all = self.in_doubt.lock();
-            let (take, keep) =
-                std::mem::take(&mut *all).into_iter().partition(|d| only.is_none_or(|n| &d.name == n));
-            *all = keep;
-            take
-        };
         let now = self.now_ms();
-        let (expired, live): (Vec<InDoubt>, Vec<InDoubt>) =
-            pending.into_iter().partition(|d| now.saturating_sub(d.since_ms) > IN_DOUBT_RETRY_MS_MAX);
+        let (expired, due) = {
+            let mut all = self.in_doubt.lock();
+            let (expired, kept): (Vec<InDoubt>, Vec<InDoubt>) = std::mem::take(&mut *all)
+                .into_iter()
+                .partition(|d| now.saturating_sub(d.since_ms) > IN_DOUBT_RETRY_MS_MAX);
+            *all = kept;
+            let mut due = Vec::new();
+            for d in all.iter_mut().filter(|d| !d.resending && only.is_none_or(|n| &d.name == n)) {
+                d.resending = true;
+                due.push((d.name.clone(), d.sub.clone()));
+            }
+            (expired, due)
+        };
         for d in expired {
             let increments = d.sub.increments();
             self.stats.buffered_lost.add(increments);
@@ -797,40 +807,45 @@ impl Ctx {
                 counter = %d.name,
                 increments,
                 in_doubt_ms = now.saturating_sub(d.since_ms),
-                "acknowledged buffered increments lost: their shard did not answer within the resend limit"
+                "acknowledged buffered increments given up: their shard did not answer within the resend limit"
             );
         }
-        futures::stream::iter(live)
-            .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |d| async move {
-                if let Err(d) = self.resend(d).await {
-                    self.in_doubt.lock().push(d);
+        futures::stream::iter(due)
+            .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |(name, sub)| async move {
+                let answered = self.resend(&name, &sub).await;
+                let mut all = self.in_doubt.lock();
+                let id = sub.drain_id();
+                if answered {
+                    all.retain(|d| d.sub.drain_id() != id);
+                } else if let Some(d) = all.iter_mut().find(|d| d.sub.drain_id() == id) {
+                    d.resending = false;
                 }
             })
             .await;
     }
 
-    /// Resends one in-doubt sum; gives it back if it is still in doubt.
-    async fn resend(self: &Arc<Self>, d: InDoubt) -> Result<(), InDoubt> {
-        let Submission::Buffered { drain_id: Some(drain_id), increments, .. } = &d.sub else { return Ok(()) };
-        let rt = match self.runtime(d.name.as_str(), false).await {
+    /// Resends one in-doubt sum; true once it is answered (or moot: its counter is
+    /// gone).
+    async fn resend(self: &Arc<Self>, name: &CounterName, sub: &Submission) -> bool {
+        let Submission::Buffered { drain_id: Some(drain_id), increments, .. } = sub else { return true };
+        let rt = match self.runtime(name.as_str(), false).await {
             Ok(rt) => rt,
             Err(TallyError::NotFound(_)) => {
-                tracing::warn!(counter = %d.name, "dropping a drained sum of a deleted counter");
-                return Ok(());
+                tracing::warn!(counter = %name, "dropping a drained sum of a deleted counter");
+                return true;
             }
-            Err(_) => return Err(d),
+            Err(_) => return false,
         };
         let index = tally_core::router::shard_of_event(drain_id, rt.meta.layout.shards);
-        let id = ShardId::new(d.name.clone(), rt.meta.layout.generation, index);
-        let increments = *increments;
-        match self.submit(&id, &rt.meta, d.sub.clone()).await {
+        let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
+        match self.submit(&id, &rt.meta, sub.clone()).await {
             Ok(ShardReply::Done { outcome, .. }) => {
                 if outcome == Outcome::Applied {
-                    self.stats.increments_batched.add(increments);
+                    self.stats.increments_batched.add(*increments);
                 }
-                Ok(())
+                true
             }
-            _ => Err(d),
+            _ => false,
         }
     }
 

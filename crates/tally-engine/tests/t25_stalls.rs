@@ -204,3 +204,39 @@ async fn a_shard_that_cannot_forget_a_failed_commit_starts_again_from_the_store(
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 2);
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sum_in_doubt_past_the_resend_limit_is_reported_not_resent() {
+    let clock = ManualClock::new(1_000_000);
+    let config = TallyConfig { call_timeout_ms: 200, ..quick_config() };
+    let (tally, store) = hooked(config, Arc::new(clock.clone())).await;
+    let patch = SpecPatch { flush_ms: Some(10), ..spec(1, Durability::Batched) };
+    tally.put_counter("v", patch).await.unwrap();
+    tally.incr("v", Increment::new(1)).await.unwrap();
+    // The disk stalls for good: the drain's answer never comes in time.
+    store.stall_commit_path(3_000);
+    for _ in 0..10 {
+        tally.incr("v", Increment::new(1)).await.unwrap();
+    }
+    for _ in 0..100 {
+        clock.advance(20);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if tally.in_doubt_increments() == 10 {
+            break;
+        }
+    }
+    assert_eq!(tally.in_doubt_increments(), 10, "the drain is in doubt");
+    assert_eq!(tally.stats().buffered_lost.get(), 0);
+    // Past the limit its record could have expired: it is given up and reported.
+    clock.advance(tally_engine::IN_DOUBT_RETRY_MS_MAX + 1);
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if tally.stats().buffered_lost.get() == 10 {
+            break;
+        }
+    }
+    assert_eq!(tally.stats().buffered_lost.get(), 10);
+    assert_eq!(tally.in_doubt_increments(), 0);
+    store.stall_commit_path(0);
+    tally.shutdown().await.unwrap();
+}

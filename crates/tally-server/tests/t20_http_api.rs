@@ -226,7 +226,7 @@ async fn distinct_shards_reconcile_and_cluster_answer_their_documented_shapes() 
         c.json(),
         json!({
             "nodes": [{"id": "node1", "state": "up", "http": "127.0.0.1:7070", "member": true}],
-            "leader": "node1", "term": 0, "placement_epoch": 0, "handoff": []
+            "leader": "node1", "term": 0, "placement_epoch": 0, "handoff": [], "data_lost": []
         })
     );
     // A single node has no membership to change.
