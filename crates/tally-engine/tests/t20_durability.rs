@@ -183,3 +183,28 @@ async fn a_fresh_read_never_shows_what_a_crash_can_take_back() {
     assert_eq!(after, seen, "a read showed a total that the crash took back");
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_opening_of_a_store_is_a_new_incarnation() {
+    // Drain ids carry the store's open count: it must never repeat, even across a
+    // crash right after opening (a clock reading could).
+    let opens = |store: &MemStore| {
+        let b = tally_engine::Store::meta_get(store, b"engine:opens").unwrap().expect("counted");
+        u64::from_be_bytes(b.try_into().unwrap())
+    };
+    let store = MemStore::new();
+    let tally =
+        Tally::open_with(Arc::new(store.clone()), Arc::new(tally_engine::SystemClock), quick_config())
+            .await
+            .unwrap();
+    assert_eq!(opens(&store), 1);
+    tally.shutdown().await.unwrap();
+    drop(tally);
+    let tally = reopen(&store).await;
+    assert_eq!(opens(&store), 2);
+    tally.abort();
+    let store = store.restart(0);
+    let tally = reopen(&store).await;
+    assert_eq!(opens(&store), 3, "the count was durable before the engine served");
+    tally.shutdown().await.unwrap();
+}

@@ -58,6 +58,8 @@ struct Split {
     peer_down: Arc<AtomicBool>,
     /// When set, every third answer is lost after the peer acted on the request.
     lossy: Arc<AtomicBool>,
+    /// Every call takes this long before it reaches the peer, in milliseconds.
+    slow_ms: Arc<AtomicU64>,
     calls: AtomicU64,
 }
 
@@ -77,6 +79,10 @@ impl Placement for Split {
         Box::pin(async move {
             if self.peer_down.load(SeqCst) {
                 return Err(TallyError::Unavailable { shard: node.to_string(), reason: "down".into() });
+            }
+            let slow = self.slow_ms.load(SeqCst);
+            if slow > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(slow)).await;
             }
             // Through the wire format, both ways.
             let request: ShardRequest = codec::decode("request", &codec::encode(&request)).unwrap();
@@ -99,6 +105,13 @@ async fn two_nodes() -> (Tally, Tally, Arc<AtomicBool>) {
 }
 
 async fn two_lossy_nodes() -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>) {
+    let (a, b, down, lossy, _) = two_nodes_with(Arc::new(AtomicU64::new(0))).await;
+    (a, b, down, lossy)
+}
+
+async fn two_nodes_with(
+    slow_ms: Arc<AtomicU64>,
+) -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>, Arc<AtomicU64>) {
     let catalog: Arc<dyn Catalog> = Arc::new(SharedCatalog::default());
     let down = Arc::new(AtomicBool::new(false));
     let lossy = Arc::new(AtomicBool::new(false));
@@ -108,6 +121,7 @@ async fn two_lossy_nodes() -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>) {
             peer: OnceLock::new(),
             peer_down: down.clone(),
             lossy: lossy.clone(),
+            slow_ms: slow_ms.clone(),
             calls: AtomicU64::new(0),
         })
     };
@@ -127,7 +141,7 @@ async fn two_lossy_nodes() -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>) {
     let b = open(pb.clone(), "b").await.unwrap();
     let _ = pa.peer.set(b.clone());
     let _ = pb.peer.set(a.clone());
-    (a, b, down, lossy)
+    (a, b, down, lossy, slow_ms)
 }
 
 fn spec(shards: u16, d: Durability) -> SpecPatch {
@@ -289,5 +303,40 @@ async fn a_shutdown_that_cannot_deliver_its_buffers_says_so() {
     let err = a.shutdown().await.expect_err("buffered increments for b could not be delivered");
     assert_eq!(err.http_status(), 503, "{err}");
     assert!(err.to_string().contains("undelivered"), "{err}");
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_node_delays_only_the_sums_bound_for_it() {
+    let (a, b, _, _, slow) = two_nodes_with(Arc::new(AtomicU64::new(0))).await;
+    let batched = |shards| SpecPatch { flush_ms: Some(20), ..spec(shards, Durability::Batched) };
+    // "far" has a shard on b; "near" has one shard, on a.
+    a.put_counter("far", batched(2)).await.unwrap();
+    a.put_counter("near", batched(1)).await.unwrap();
+    for w in 0..16 {
+        a.incr("far", Increment::new(1).writer(format!("w{w}"))).await.unwrap();
+    }
+    a.incr("near", Increment::new(1)).await.unwrap();
+    let _ = a.read("far", Consistency::Fresh).await.unwrap();
+    // b now answers after 4 s; far's sums are drained first, near's after.
+    slow.store(4_000, SeqCst);
+    for w in 0..16 {
+        a.incr("far", Increment::new(1).writer(format!("w{w}"))).await.unwrap();
+    }
+    for _ in 0..10 {
+        a.incr("near", Increment::new(1)).await.unwrap();
+    }
+    let id = ShardId::new(CounterName::new("near").unwrap(), 0, 0);
+    let mut applied = 0;
+    for _ in 0..75 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        applied = a.store().load_shard(&id).unwrap().value;
+        if applied == 11 {
+            break;
+        }
+    }
+    assert_eq!(applied, 11, "near's buffer waited behind far's slow shard");
+    slow.store(0, SeqCst);
+    a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
