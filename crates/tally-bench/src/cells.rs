@@ -252,6 +252,19 @@ impl Op for Read {
     }
 }
 
+/// Verified when reads ran and every one returned the expected total.
+fn reads_verified(d: &Driven) -> Verification {
+    match (&d.first_error, d.acked) {
+        (None, n) if n > 0 => Verification::Verified,
+        (e, _) => Verification::Failed(format!(
+            "{} of {} reads wrong or failed (first: {})",
+            d.errors,
+            d.errors + d.acked,
+            e.as_deref().unwrap_or("none ran")
+        )),
+    }
+}
+
 /// The key of a read cell.
 pub fn read_key(consistency: Consistency, shards: u16) -> String {
     match consistency {
@@ -292,15 +305,7 @@ pub async fn read_cell(consistency: Consistency, shards: u16, opts: &Options) ->
     };
     let mut cell = Cell::from_driven(read_key(consistency, shards), label, shards, 1, &d, 1);
     cell.unit = "reads/s";
-    cell.verification = match (&d.first_error, d.acked) {
-        (None, n) if n > 0 => Verification::Verified,
-        (e, _) => Verification::Failed(format!(
-            "{} of {} reads wrong or failed (first: {})",
-            d.errors,
-            d.errors + d.acked,
-            e.as_deref().unwrap_or("none ran")
-        )),
-    };
+    cell.verification = reads_verified(&d);
     cell.details = format!("{populated} of {shards} shards hold a value; every read returned {written}");
     tally.shutdown().await?;
     Ok(cell)
@@ -370,15 +375,7 @@ pub async fn many_cached_cell(counters: usize, opts: &Options) -> anyhow::Result
     let d = drive(op, 1, opts.duration(), 1).await;
     let mut cell = Cell::from_driven(many_cached_key(counters), "cached read, many counters", 8, 1, &d, 1);
     cell.unit = "reads/s";
-    cell.verification = match (&d.first_error, d.acked) {
-        (None, n) if n > 0 => Verification::Verified,
-        (e, _) => Verification::Failed(format!(
-            "{} of {} reads wrong or failed (first: {})",
-            d.errors,
-            d.errors + d.acked,
-            e.as_deref().unwrap_or("none ran")
-        )),
-    };
+    cell.verification = reads_verified(&d);
     let (active, _) = tally.active();
     cell.details = format!(
         "{counters} counters of 8 shards, {active} active; first cached reads: p50 {} µs, p99 {} µs ({fill_s:.1} s with the fresh reads before them)",

@@ -86,14 +86,14 @@ impl Actor for Reconciler {
         let Some(ctx) = state.ctx.upgrade() else { return Ok(()) };
         match msg {
             ReconcilerMsg::Reconcile { name, authoritative, reply } => {
-                let _ = reply.send(reconcile(&ctx, &name, authoritative).await);
+                let _ = reply.send(guarded(&ctx, name, authoritative).await);
             }
             ReconcilerMsg::Tick => {
                 let Some(authority) = ctx.config.authority.clone() else { return Ok(()) };
                 for counter in authority.counters() {
                     let Ok(name) = CounterName::new(counter) else { continue };
                     let Some(total) = authority.total(name.as_str()) else { continue };
-                    match reconcile(&ctx, &name, total).await {
+                    match guarded(&ctx, name.clone(), total).await {
                         Ok(r) if r.corrected => {
                             tracing::info!(counter = %name, drift = %r.drift, "corrected drift")
                         }
@@ -107,6 +107,27 @@ impl Actor for Reconciler {
         }
         Ok(())
     }
+}
+
+/// Runs one reconciliation in a task of its own and waits for it: reconciliations
+/// still run one at a time, and a failure inside one (an assertion, say) answers that
+/// request with an error instead of stopping the reconciler for every later one.
+async fn guarded(
+    ctx: &Arc<Ctx>,
+    name: CounterName,
+    authoritative: i128,
+) -> Result<ReconcileReport, TallyError> {
+    let task = {
+        let (ctx, name) = (ctx.clone(), name.clone());
+        tokio::spawn(async move { reconcile(&ctx, &name, authoritative).await })
+    };
+    task.await.unwrap_or_else(|e| {
+        tracing::error!(counter = %name, error = %e, "reconciliation task failed");
+        Err(TallyError::Unavailable {
+            shard: name.to_string(),
+            reason: format!("the reconciliation failed: {e}"),
+        })
+    })
 }
 
 /// Largest drift one reconciliation corrects, in counter units. The correction is one

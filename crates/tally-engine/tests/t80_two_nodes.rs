@@ -4,52 +4,14 @@
 //! node, and a node that cannot be reached shows up as missing shards, not a silent
 //! partial sum (invariant 5).
 
+mod common;
+
 use futures::future::BoxFuture;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use tally_core::codec;
-use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
 use tally_core::{CounterName, NodeId, ShardId};
 use tally_engine::*;
-
-/// A catalog both engines share (a stand-in for the replicated one).
-#[derive(Default)]
-struct SharedCatalog(Mutex<BTreeMap<String, CounterMeta>>);
-
-impl Catalog for SharedCatalog {
-    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
-        Ok(self.0.lock().unwrap().get(name).cloned())
-    }
-    fn apply<'a>(
-        &'a self,
-        name: &'a CounterName,
-        cmd: &'a MetaCommand,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
-        Box::pin(async move {
-            let mut map = self.0.lock().unwrap();
-            let (next, effect) = apply_command(map.get(name.as_str()).cloned(), cmd, now_ms)?;
-            match &next {
-                Some(m) => map.insert(name.to_string(), m.clone()),
-                None => map.remove(name.as_str()),
-            };
-            Ok((next, effect))
-        })
-    }
-    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
-        Ok(Vec::new())
-    }
-    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
-        Ok(Vec::new())
-    }
-    fn tombstone(&self, _name: &str) -> Result<Option<Generations>, TallyError> {
-        Ok(None)
-    }
-    fn clear_tombstone<'a>(&'a self, _name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>> {
-        Box::pin(async { Ok(()) })
-    }
-}
 
 /// Even shard indexes live on "a", odd ones on "b".
 struct Split {
@@ -112,7 +74,7 @@ async fn two_lossy_nodes() -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>) {
 async fn two_nodes_with(
     slow_ms: Arc<AtomicU64>,
 ) -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>, Arc<AtomicU64>) {
-    let catalog: Arc<dyn Catalog> = Arc::new(SharedCatalog::default());
+    let catalog: Arc<dyn Catalog> = Arc::new(common::SharedCatalog::default());
     let down = Arc::new(AtomicBool::new(false));
     let lossy = Arc::new(AtomicBool::new(false));
     let mk = |me: &str| {

@@ -8,69 +8,16 @@
 
 mod common;
 
-use common::HookStore;
+use common::{HookStore, SharedCatalog};
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tally_core::codec;
-use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
 use tally_core::router::shard_of_event;
-use tally_core::{CounterName, NodeId, ShardId};
+use tally_core::{NodeId, ShardId};
 use tally_engine::*;
-
-/// The counters of both engines. Each engine sees it through its own [`Gate`], which
-/// can hold back the completion of a resharding on that engine.
-#[derive(Default)]
-struct Shared(Mutex<BTreeMap<String, CounterMeta>>);
-
-struct Gate {
-    shared: Arc<Shared>,
-    /// While set, `CompleteReshard` waits.
-    closed: Arc<AtomicBool>,
-}
-
-impl Catalog for Gate {
-    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
-        Ok(self.shared.0.lock().unwrap().get(name).cloned())
-    }
-    fn apply<'a>(
-        &'a self,
-        name: &'a CounterName,
-        cmd: &'a MetaCommand,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
-        Box::pin(async move {
-            if matches!(cmd, MetaCommand::CompleteReshard { .. }) {
-                while self.closed.load(SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-            let mut map = self.shared.0.lock().unwrap();
-            let (next, effect) = apply_command(map.get(name.as_str()).cloned(), cmd, now_ms)?;
-            match &next {
-                Some(m) => map.insert(name.to_string(), m.clone()),
-                None => map.remove(name.as_str()),
-            };
-            Ok((next, effect))
-        })
-    }
-    // A node that restarts does not learn of reshardings in progress from its
-    // catalog: it stands for a node whose metadata log has not caught up.
-    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
-        Ok(Vec::new())
-    }
-    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
-        Ok(Vec::new())
-    }
-    fn tombstone(&self, _name: &str) -> Result<Option<Generations>, TallyError> {
-        Ok(None)
-    }
-    fn clear_tombstone<'a>(&'a self, _name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>> {
-        Box::pin(async { Ok(()) })
-    }
-}
 
 /// The engines by node name, and the placement epoch they all see.
 #[derive(Default)]
@@ -125,14 +72,14 @@ impl Placement for Place {
 
 struct Cluster {
     net: Arc<Net>,
-    shared: Arc<Shared>,
+    shared: SharedCatalog,
 }
 
 impl Cluster {
     fn new(epoch: u64) -> Self {
         let net = Arc::new(Net::default());
         net.epoch.store(epoch, SeqCst);
-        Self { net, shared: Arc::new(Shared::default()) }
+        Self { net, shared: SharedCatalog::default() }
     }
 
     /// Opens node `me` over `store`; `closed` gates its resharding completions.
@@ -141,7 +88,7 @@ impl Cluster {
             store: Arc::new(store),
             clock: Arc::new(SystemClock),
             config: TallyConfig { node_id: NodeId::new(me), call_timeout_ms: 5_000, ..Default::default() },
-            catalog: Some(Arc::new(Gate { shared: self.shared.clone(), closed })),
+            catalog: Some(Arc::new(self.shared.view(closed))),
             placement: Some(Arc::new(Place { me: NodeId::new(me), net: self.net.clone() })),
         };
         let tally = Tally::open_parts(parts).await.unwrap();
