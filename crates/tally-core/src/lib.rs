@@ -42,6 +42,7 @@ pub mod ring;
 pub mod rollup;
 pub mod router;
 pub mod shard;
+pub mod shard_machine;
 pub mod sketch;
 pub mod spec;
 

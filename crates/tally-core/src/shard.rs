@@ -93,6 +93,41 @@ pub enum Outcome {
     Overflow(Overflow),
 }
 
+/// The persisted state of one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardImage {
+    /// The shard's partial sum.
+    pub value: i64,
+    /// The shard's distinct-count sketch, encoded by [`crate::sketch`]; `None` for
+    /// counters without `distinct`.
+    pub sketch: Option<Vec<u8>>,
+}
+
+/// Everything one shard commit changes, applied atomically.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardWrite {
+    /// The shard's new state.
+    pub image: ShardImage,
+    /// Dedup records to insert (or overwrite), keyed by event id.
+    pub dedup_put: Vec<(String, DedupRecord)>,
+    /// Event ids whose records are removed (expired).
+    pub dedup_remove: Vec<String>,
+}
+
+/// A shard's answer to a submission.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ShardReply {
+    /// Decided and written.
+    Done {
+        /// What became of the submission.
+        outcome: Outcome,
+        /// The shard's value after the commit (it opens or closes accumulator slots).
+        value: i64,
+    },
+    /// This shard's generation is sealed; resubmit on the current layout.
+    Sealed,
+}
+
 /// The part of a shard's state that decisions read and change.
 #[derive(Debug, Clone, Default)]
 pub struct ShardState {

@@ -53,19 +53,7 @@ pub(crate) enum ShardMsg {
 
 impl ractor::Message for ShardMsg {}
 
-/// A shard's answer to a submission.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum ShardReply {
-    /// Decided and written.
-    Done {
-        /// What became of the submission.
-        outcome: Outcome,
-        /// The shard's value after the commit (it opens or closes accumulator slots).
-        value: i64,
-    },
-    /// This shard's generation is sealed; resubmit on the current layout.
-    Sealed,
-}
+pub use tally_core::shard::ShardReply;
 
 /// The shard actor; its identity and engine are its arguments.
 pub(crate) struct ShardActor;

@@ -32,31 +32,10 @@ pub use error::StoreError;
 pub use mem::{MemStats, MemStore};
 pub use sled_store::{SledConfig, SledStore, SHARD_TREES};
 
-use serde::{Deserialize, Serialize};
 use tally_core::ids::ShardId;
 
-/// The persisted state of one shard.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardImage {
-    /// The shard's partial sum.
-    pub value: i64,
-    /// The shard's distinct-count sketch, encoded by `tally_core::sketch`; `None` for
-    /// counters without `distinct`.
-    pub sketch: Option<Vec<u8>>,
-}
-
 pub use tally_core::dedup::DedupRecord;
-
-/// Everything one shard commit changes, applied atomically.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ShardWrite {
-    /// The shard's new state.
-    pub image: ShardImage,
-    /// Dedup records to insert (or overwrite), keyed by event id.
-    pub dedup_put: Vec<(String, DedupRecord)>,
-    /// Event ids whose records are removed (expired).
-    pub dedup_remove: Vec<String>,
-}
+pub use tally_core::shard::{ShardImage, ShardWrite};
 
 /// A storage backend. Implementations are cheap to share (`Arc<dyn Store>`) and are
 /// called from many threads; every method except [`Store::flush`] is quick.

@@ -1,0 +1,644 @@
+//! The shard as a state machine: every decision of a shard, with no I/O.
+//!
+//! A shard takes submissions, batches them, looks up the dedup records of their ids,
+//! decides the batch ([`decide`]), writes the result atomically and answers — `sync`
+//! increments after the flush that follows the write, everything else once it is
+//! applied. It can be sealed (a resharding), merge a sketch into its own (a resharding
+//! carries a sealed generation's members into the next one), drop expired dedup
+//! records, and must forget what it decided when a write fails.
+//!
+//! [`ShardMachine::step`] takes one [`Input`] and returns the [`Effect`]s to carry out,
+//! in order; a shell carries them out and feeds back what they produced (the records
+//! found, whether a write was applied). The engine's shard actor is such a shell, and
+//! so is the simulator: both run this code, so neither has a shard of its own.
+//!
+//! The machine has one write in flight at most. While it waits for the records of a
+//! batch or for a write to be applied, new submissions queue; they form the next batch.
+//!
+//! `R` is the shell's handle for answering one submission (a reply port, a message
+//! address); the machine only hands it back in an effect, or drops it — a dropped
+//! handle tells its caller the shard stopped, and the caller retries with the same
+//! event id.
+
+use crate::dedup::DedupRecord;
+use crate::shard::{
+    decide, ShardImage, ShardReply, ShardState, ShardWrite, Submission, COMMIT_SUBMISSIONS_MAX,
+};
+use crate::sketch::DistinctSketch;
+use crate::spec::Durability;
+use std::collections::{BTreeMap, VecDeque};
+
+/// What the machine needs of its counter's metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardParams {
+    /// `sync` answers single increments after the flush that follows their write.
+    pub durability: Durability,
+    /// How long the counter's event ids are remembered.
+    pub dedup_window_ms: u64,
+    /// Whether the counter keeps a distinct-count sketch.
+    pub distinct: bool,
+}
+
+/// One thing that happened to a shard.
+#[derive(Debug)]
+pub enum Input<R> {
+    /// A submission arrived; `reply` answers it.
+    Submit {
+        /// What to count.
+        sub: Submission,
+        /// How to answer it.
+        reply: R,
+    },
+    /// The commit asked for by [`Effect::ScheduleCommit`] is due. `writable` is false
+    /// when the store takes no writes (a failed flush): the batch is then dropped
+    /// unanswered.
+    CommitDue {
+        /// Whether the store takes writes.
+        writable: bool,
+    },
+    /// The records asked for by [`Effect::LookUpPriors`], or `None` if some could not
+    /// be read (the batch is dropped unanswered; nothing was decided).
+    Priors(Option<BTreeMap<String, DedupRecord>>),
+    /// Whether the write of [`Effect::Write`] was applied.
+    Applied {
+        /// Applied (true) or failed, changing nothing (false).
+        ok: bool,
+    },
+    /// The shard as the store holds it, asked for by [`Effect::Reload`]; `None` if it
+    /// could not be read.
+    Reloaded(Option<(ShardImage, Option<DistinctSketch>)>),
+    /// Stop taking writes; what is queued is still committed first.
+    Seal,
+    /// Merge a sketch into this shard's.
+    MergeSketch(DistinctSketch),
+    /// Remove these expired dedup records.
+    Sweep {
+        /// Their ids.
+        expired: Vec<String>,
+    },
+    /// The counter's metadata changed. `sealed` is true once the shard's generation is
+    /// no longer the current one.
+    MetaChanged {
+        /// The new parameters.
+        params: ShardParams,
+        /// Whether the shard's generation was sealed.
+        sealed: bool,
+    },
+}
+
+/// One thing the shell must do.
+#[derive(Debug, PartialEq)]
+pub enum Effect<R> {
+    /// Deliver [`Input::CommitDue`] after the inputs already queued: submissions that
+    /// arrive meanwhile join the batch. That is the batching.
+    ScheduleCommit,
+    /// Find the dedup records of these ids — this shard's, or its shard's in each
+    /// sealed generation still inside the id's window — and answer with
+    /// [`Input::Priors`].
+    LookUpPriors {
+        /// The ids, each once.
+        ids: Vec<String>,
+    },
+    /// Apply `write` through the commit path and answer with [`Input::Applied`].
+    /// `durable` answers go out after the flush that follows the write, and are
+    /// dropped if the write or the flush fails.
+    Write {
+        /// The shard's new state and records.
+        write: ShardWrite,
+        /// Answers that wait for durability.
+        durable: Vec<(R, ShardReply)>,
+        /// Absolute change of the value (the rollup counts it before the write).
+        change_abs: u64,
+        /// Submissions the write decides (0 for a merge or a sweep).
+        submissions: usize,
+    },
+    /// Answer now.
+    Reply {
+        /// Whom.
+        to: R,
+        /// What.
+        reply: ShardReply,
+    },
+    /// Answer after the next flush that starts from now (answers of a `sync` batch
+    /// that wrote nothing: the records they matched may not be durable yet).
+    ReplyAfterFlush(Vec<(R, ShardReply)>),
+    /// Read the shard from the store and answer with [`Input::Reloaded`]: a write
+    /// failed, so what the machine decided is not what the store holds.
+    Reload,
+    /// The seal is in effect and everything queued before it is applied: make it
+    /// durable and answer the sealer with this final image.
+    Sealed(ShardImage),
+    /// The merged sketch is applied: make it durable and answer the merger.
+    Merged,
+    /// A write failed and the shard cannot be read back: this copy must not decide
+    /// again. Stop it; a new copy starts from the store.
+    Stop,
+}
+
+/// What the machine waits for.
+#[derive(Debug)]
+enum Phase<R> {
+    /// Nothing.
+    Idle,
+    /// The records of this batch.
+    LookingUp(Vec<(Submission, R)>),
+    /// The write of a batch, whose other answers go out once it is applied.
+    Writing(Vec<(R, ShardReply)>),
+    /// The write of a merge.
+    Merging,
+    /// The write of a sweep.
+    Sweeping,
+    /// The image, after a failed write.
+    Reloading,
+}
+
+/// A shard's state and decisions.
+#[derive(Debug)]
+pub struct ShardMachine<R> {
+    params: ShardParams,
+    state: ShardState,
+    /// The encoded sketch, re-encoded only when the sketch changes.
+    sketch_bytes: Option<Vec<u8>>,
+    /// Refuses submissions (answers [`ShardReply::Sealed`]); those queued before the
+    /// seal are still committed.
+    sealed: bool,
+    /// A seal is asked for and not yet answered with [`Effect::Sealed`].
+    seal_waiting: bool,
+    /// A merge waiting for the machine to be idle.
+    merge_waiting: Option<DistinctSketch>,
+    /// Submissions not yet taken into a batch.
+    pending: VecDeque<(Submission, R)>,
+    commit_scheduled: bool,
+    phase: Phase<R>,
+    /// A failed write could not be undone: nothing more is decided.
+    broken: bool,
+}
+
+impl<R> ShardMachine<R> {
+    /// A shard as the store holds it. `sealed` when its generation is sealed (by the
+    /// metadata, or by a durable seal marker).
+    pub fn new(params: ShardParams, image: ShardImage, sketch: Option<DistinctSketch>, sealed: bool) -> Self {
+        let sketch = sketch.or_else(|| params.distinct.then(DistinctSketch::new));
+        Self {
+            params,
+            state: ShardState { value: image.value, sketch },
+            sketch_bytes: image.sketch,
+            sealed,
+            seal_waiting: false,
+            merge_waiting: None,
+            pending: VecDeque::new(),
+            commit_scheduled: false,
+            phase: Phase::Idle,
+            broken: false,
+        }
+    }
+
+    /// The shard's value as decided.
+    pub fn value(&self) -> i64 {
+        self.state.value
+    }
+
+    /// The shard's image as decided.
+    pub fn image(&self) -> ShardImage {
+        ShardImage { value: self.state.value, sketch: self.sketch_bytes.clone() }
+    }
+
+    /// Whether submissions are refused.
+    pub fn sealed(&self) -> bool {
+        self.sealed
+    }
+
+    /// Whether nothing is queued or in flight: the shard may stop.
+    pub fn quiet(&self) -> bool {
+        self.pending.is_empty() && matches!(self.phase, Phase::Idle) && !self.seal_waiting
+    }
+
+    /// Whether this copy stopped deciding (see [`Effect::Stop`]).
+    pub fn broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Takes one input at `now_ms` and returns what to do, in order.
+    pub fn step(&mut self, now_ms: u64, input: Input<R>) -> Vec<Effect<R>> {
+        let mut out = Vec::new();
+        if self.broken {
+            // Every handle in the input is dropped: its caller retries elsewhere.
+            return out;
+        }
+        match input {
+            Input::Submit { sub, reply } => {
+                if self.sealed {
+                    out.push(Effect::Reply { to: reply, reply: ShardReply::Sealed });
+                } else {
+                    self.pending.push_back((sub, reply));
+                }
+            }
+            Input::CommitDue { writable } => {
+                self.commit_scheduled = false;
+                if matches!(self.phase, Phase::Idle) && !self.pending.is_empty() {
+                    let take = self.pending.len().min(COMMIT_SUBMISSIONS_MAX);
+                    let batch: Vec<(Submission, R)> = self.pending.drain(..take).collect();
+                    if writable {
+                        let ids = record_ids(&batch);
+                        if ids.is_empty() {
+                            self.decide(now_ms, batch, &BTreeMap::new(), &mut out);
+                        } else {
+                            self.phase = Phase::LookingUp(batch);
+                            out.push(Effect::LookUpPriors { ids });
+                        }
+                    }
+                }
+            }
+            Input::Priors(found) => {
+                if let Phase::LookingUp(batch) = std::mem::replace(&mut self.phase, Phase::Idle) {
+                    if let Some(prior) = found {
+                        self.decide(now_ms, batch, &prior, &mut out);
+                    }
+                }
+            }
+            Input::Applied { ok } => match std::mem::replace(&mut self.phase, Phase::Idle) {
+                Phase::Writing(replies) if ok => {
+                    out.extend(replies.into_iter().map(|(to, reply)| Effect::Reply { to, reply }));
+                }
+                Phase::Merging if ok => out.push(Effect::Merged),
+                Phase::Sweeping if ok => {}
+                Phase::Writing(_) | Phase::Merging | Phase::Sweeping => {
+                    self.phase = Phase::Reloading;
+                    out.push(Effect::Reload);
+                }
+                other => self.phase = other,
+            },
+            Input::Reloaded(image) => {
+                if matches!(self.phase, Phase::Reloading) {
+                    self.phase = Phase::Idle;
+                    match image {
+                        Some((image, sketch)) => {
+                            let sketch = sketch.or_else(|| self.params.distinct.then(DistinctSketch::new));
+                            self.state = ShardState { value: image.value, sketch };
+                            self.sketch_bytes = image.sketch;
+                        }
+                        None => {
+                            self.broken = true;
+                            self.pending.clear();
+                            self.merge_waiting = None;
+                            return vec![Effect::Stop];
+                        }
+                    }
+                }
+            }
+            Input::Seal => {
+                self.sealed = true;
+                self.seal_waiting = true;
+            }
+            Input::MergeSketch(sketch) => {
+                self.merge_waiting.get_or_insert_with(DistinctSketch::new).merge(&sketch);
+            }
+            Input::Sweep { expired } => {
+                if matches!(self.phase, Phase::Idle) && !expired.is_empty() {
+                    let write =
+                        ShardWrite { image: self.image(), dedup_put: Vec::new(), dedup_remove: expired };
+                    self.phase = Phase::Sweeping;
+                    out.push(Effect::Write { write, durable: Vec::new(), change_abs: 0, submissions: 0 });
+                }
+            }
+            Input::MetaChanged { params, sealed } => {
+                if params.distinct && self.state.sketch.is_none() {
+                    self.state.sketch = Some(DistinctSketch::new());
+                }
+                self.params = params;
+                self.sealed |= sealed;
+            }
+        }
+        self.next(&mut out);
+        out
+    }
+
+    /// What follows once the current input is handled: the next batch, a waiting
+    /// merge, or the answer to a seal.
+    fn next(&mut self, out: &mut Vec<Effect<R>>) {
+        if !matches!(self.phase, Phase::Idle) {
+            return;
+        }
+        if !self.pending.is_empty() {
+            if !self.commit_scheduled {
+                self.commit_scheduled = true;
+                out.push(Effect::ScheduleCommit);
+            }
+            return;
+        }
+        if let Some(incoming) = self.merge_waiting.take() {
+            let mut merged = self.state.sketch.clone().unwrap_or_default();
+            merged.merge(&incoming);
+            let bytes = Some(merged.to_bytes());
+            if bytes == self.sketch_bytes {
+                out.push(Effect::Merged);
+            } else {
+                self.state.sketch = Some(merged);
+                self.sketch_bytes = bytes;
+                self.phase = Phase::Merging;
+                out.push(Effect::Write {
+                    write: ShardWrite { image: self.image(), ..ShardWrite::default() },
+                    durable: Vec::new(),
+                    change_abs: 0,
+                    submissions: 0,
+                });
+                return;
+            }
+        }
+        if self.seal_waiting {
+            self.seal_waiting = false;
+            out.push(Effect::Sealed(self.image()));
+        }
+    }
+
+    /// Decides `batch` against `prior` and emits its write and answers.
+    fn decide(
+        &mut self,
+        now_ms: u64,
+        batch: Vec<(Submission, R)>,
+        prior: &BTreeMap<String, DedupRecord>,
+        out: &mut Vec<Effect<R>>,
+    ) {
+        let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
+        let before = self.state.value;
+        let d = decide(&mut self.state, &subs, prior, now_ms, self.params.dedup_window_ms);
+        let writes = d.writes(before);
+        // Buffered sums were acknowledged already, so they are answered once the write
+        // is applied. `sync` single increments wait for the flush: a duplicate's too,
+        // since the record it matched may not be durable yet.
+        let sync = self.params.durability == Durability::Sync;
+        let (mut now, mut durable) = (Vec::new(), Vec::new());
+        for ((sub, reply), outcome) in batch.into_iter().zip(d.outcomes) {
+            let done = ShardReply::Done { outcome, value: d.value };
+            if sync && matches!(sub, Submission::Single { .. }) {
+                durable.push((reply, done));
+            } else {
+                now.push((reply, done));
+            }
+        }
+        if !writes {
+            out.extend(now.into_iter().map(|(to, reply)| Effect::Reply { to, reply }));
+            if !durable.is_empty() {
+                out.push(Effect::ReplyAfterFlush(durable));
+            }
+            return;
+        }
+        if d.sketch_changed {
+            self.sketch_bytes = self.state.sketch.as_ref().map(DistinctSketch::to_bytes);
+        }
+        let write = ShardWrite { image: self.image(), dedup_put: d.dedup_put, dedup_remove: Vec::new() };
+        self.phase = Phase::Writing(now);
+        out.push(Effect::Write { write, durable, change_abs: d.change_abs, submissions: subs.len() });
+    }
+}
+
+/// The dedup ids of a batch (event ids and drain ids), each once, in order.
+fn record_ids<R>(batch: &[(Submission, R)]) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut ids = Vec::new();
+    for (sub, _) in batch {
+        let id = match sub {
+            Submission::Single { event_id: Some(id), .. } => id,
+            Submission::Buffered { drain_id: Some(id), .. } => id,
+            _ => continue,
+        };
+        if seen.insert(id.as_str()) {
+            ids.push(id.clone());
+        }
+    }
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::Outcome;
+
+    const NOW: u64 = 1_000_000;
+    const WINDOW: u64 = 60_000;
+
+    fn params(durability: Durability) -> ShardParams {
+        ShardParams { durability, dedup_window_ms: WINDOW, distinct: false }
+    }
+
+    fn machine(durability: Durability, value: i64) -> ShardMachine<u32> {
+        ShardMachine::new(params(durability), ShardImage { value, sketch: None }, None, false)
+    }
+
+    fn single(delta: i64, id: Option<&str>) -> Submission {
+        Submission::Single { delta, event_id: id.map(str::to_owned), member: None }
+    }
+
+    fn buffered(sum: i64, id: &str) -> Submission {
+        Submission::Buffered { sum, increments: 3, members: Vec::new(), drain_id: Some(id.to_owned()) }
+    }
+
+    fn done(outcome: Outcome, value: i64) -> ShardReply {
+        ShardReply::Done { outcome, value }
+    }
+
+    fn record(delta: i64) -> DedupRecord {
+        DedupRecord { delta, applied_at_ms: NOW }
+    }
+
+    #[test]
+    fn submissions_queue_until_the_commit_is_due_and_form_one_batch() {
+        let mut m = machine(Durability::Batched, 10);
+        let first = m.step(NOW, Input::Submit { sub: single(1, None), reply: 1 });
+        assert_eq!(first, vec![Effect::ScheduleCommit]);
+        assert_eq!(m.step(NOW, Input::Submit { sub: single(2, None), reply: 2 }), vec![]);
+        let effects = m.step(NOW, Input::CommitDue { writable: true });
+        let write = ShardWrite { image: ShardImage { value: 13, sketch: None }, ..ShardWrite::default() };
+        assert_eq!(effects, vec![Effect::Write { write, durable: vec![], change_abs: 3, submissions: 2 }]);
+        // Batched answers go out once applied.
+        assert_eq!(
+            m.step(NOW, Input::Applied { ok: true }),
+            vec![
+                Effect::Reply { to: 1, reply: done(Outcome::Applied, 13) },
+                Effect::Reply { to: 2, reply: done(Outcome::Applied, 13) },
+            ]
+        );
+        assert!(m.quiet());
+    }
+
+    #[test]
+    fn ids_are_looked_up_once_and_sync_answers_wait_for_the_flush() {
+        let mut m = machine(Durability::Sync, 0);
+        m.step(NOW, Input::Submit { sub: single(5, Some("e1")), reply: 1 });
+        m.step(NOW, Input::Submit { sub: single(5, Some("e1")), reply: 2 });
+        m.step(NOW, Input::Submit { sub: single(7, Some("e2")), reply: 3 });
+        m.step(NOW, Input::Submit { sub: buffered(4, "~drain:a"), reply: 4 });
+        let effects = m.step(NOW, Input::CommitDue { writable: true });
+        assert_eq!(
+            effects,
+            vec![Effect::LookUpPriors { ids: vec!["e1".into(), "e2".into(), "~drain:a".into()] }]
+        );
+        // e2 was applied before with the same delta.
+        let prior = BTreeMap::from([("e2".to_owned(), record(7))]);
+        let effects = m.step(NOW, Input::Priors(Some(prior)));
+        let write = ShardWrite {
+            image: ShardImage { value: 9, sketch: None },
+            dedup_put: vec![("e1".into(), record(5)), ("~drain:a".into(), record(4))],
+            dedup_remove: vec![],
+        };
+        assert_eq!(
+            effects,
+            vec![Effect::Write {
+                write,
+                durable: vec![
+                    (1, done(Outcome::Applied, 9)),
+                    (2, done(Outcome::Duplicate, 9)),
+                    (3, done(Outcome::Duplicate, 9)),
+                ],
+                change_abs: 9,
+                submissions: 4,
+            }]
+        );
+        assert_eq!(
+            m.step(NOW, Input::Applied { ok: true }),
+            vec![Effect::Reply { to: 4, reply: done(Outcome::Applied, 9) }]
+        );
+    }
+
+    #[test]
+    fn a_batch_that_writes_nothing_answers_at_once_or_after_a_flush() {
+        let mut m = machine(Durability::Sync, 3);
+        m.step(NOW, Input::Submit { sub: single(3, Some("e")), reply: 1 });
+        m.step(NOW, Input::CommitDue { writable: true });
+        let effects = m.step(NOW, Input::Priors(Some(BTreeMap::from([("e".to_owned(), record(3))]))));
+        assert_eq!(effects, vec![Effect::ReplyAfterFlush(vec![(1, done(Outcome::Duplicate, 3))])]);
+        let mut m = machine(Durability::Batched, 3);
+        m.step(NOW, Input::Submit { sub: single(3, Some("e")), reply: 1 });
+        m.step(NOW, Input::CommitDue { writable: true });
+        let effects = m.step(NOW, Input::Priors(Some(BTreeMap::from([("e".to_owned(), record(4))]))));
+        assert_eq!(
+            effects,
+            vec![Effect::Reply { to: 1, reply: done(Outcome::Conflict { recorded_delta: 4 }, 3) }]
+        );
+    }
+
+    #[test]
+    fn submissions_during_a_write_form_the_next_batch() {
+        let mut m = machine(Durability::Batched, 0);
+        m.step(NOW, Input::Submit { sub: single(1, None), reply: 1 });
+        m.step(NOW, Input::CommitDue { writable: true });
+        // While the write is in flight, nothing is scheduled; after it, the next batch.
+        assert_eq!(m.step(NOW, Input::Submit { sub: single(2, None), reply: 2 }), vec![]);
+        assert_eq!(m.step(NOW, Input::CommitDue { writable: true }), vec![], "one write in flight at most");
+        assert_eq!(
+            m.step(NOW, Input::Applied { ok: true }),
+            vec![Effect::Reply { to: 1, reply: done(Outcome::Applied, 1) }, Effect::ScheduleCommit]
+        );
+        let write = ShardWrite { image: ShardImage { value: 3, sketch: None }, ..ShardWrite::default() };
+        assert_eq!(
+            m.step(NOW, Input::CommitDue { writable: true }),
+            vec![Effect::Write { write, durable: vec![], change_abs: 2, submissions: 1 }]
+        );
+    }
+
+    #[test]
+    fn a_failed_write_forgets_what_was_decided_or_stops_the_copy() {
+        let mut m = machine(Durability::Batched, 10);
+        m.step(NOW, Input::Submit { sub: single(5, None), reply: 1 });
+        m.step(NOW, Input::CommitDue { writable: true });
+        assert_eq!(m.value(), 15);
+        assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload], "its answer is dropped");
+        m.step(NOW, Input::Submit { sub: single(1, None), reply: 2 });
+        let effects = m.step(NOW, Input::Reloaded(Some((ShardImage { value: 10, sketch: None }, None))));
+        assert_eq!(effects, vec![Effect::ScheduleCommit]);
+        assert_eq!(m.value(), 10);
+        m.step(NOW, Input::CommitDue { writable: true });
+        assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
+        assert_eq!(m.step(NOW, Input::Reloaded(None)), vec![Effect::Stop]);
+        assert!(m.broken());
+        assert_eq!(
+            m.step(NOW, Input::Submit { sub: single(1, None), reply: 3 }),
+            vec![],
+            "a broken copy answers nothing"
+        );
+    }
+
+    #[test]
+    fn a_store_that_takes_no_writes_drops_the_batch_unanswered() {
+        let mut m = machine(Durability::Sync, 0);
+        m.step(NOW, Input::Submit { sub: single(1, Some("e")), reply: 1 });
+        assert_eq!(m.step(NOW, Input::CommitDue { writable: false }), vec![]);
+        assert!(m.quiet());
+        m.step(NOW, Input::Submit { sub: single(1, Some("e")), reply: 2 });
+        m.step(NOW, Input::CommitDue { writable: true });
+        assert_eq!(m.step(NOW, Input::Priors(None)), vec![], "records that cannot be read decide nothing");
+        assert_eq!(m.value(), 0);
+    }
+
+    #[test]
+    fn a_seal_commits_what_was_queued_then_refuses_and_answers_the_final_image() {
+        let mut m = machine(Durability::Batched, 4);
+        assert_eq!(
+            m.step(NOW, Input::Submit { sub: single(1, None), reply: 1 }),
+            vec![Effect::ScheduleCommit]
+        );
+        // The commit is scheduled already: the seal waits for it.
+        assert_eq!(m.step(NOW, Input::Seal), vec![]);
+        assert_eq!(
+            m.step(NOW, Input::Submit { sub: single(1, None), reply: 2 }),
+            vec![Effect::Reply { to: 2, reply: ShardReply::Sealed }]
+        );
+        m.step(NOW, Input::CommitDue { writable: true });
+        assert_eq!(
+            m.step(NOW, Input::Applied { ok: true }),
+            vec![
+                Effect::Reply { to: 1, reply: done(Outcome::Applied, 5) },
+                Effect::Sealed(ShardImage { value: 5, sketch: None }),
+            ]
+        );
+        assert!(m.sealed() && m.quiet());
+        // A shard sealed by its metadata refuses from the start.
+        let mut m: ShardMachine<u32> =
+            ShardMachine::new(params(Durability::Sync), ShardImage::default(), None, true);
+        assert_eq!(
+            m.step(NOW, Input::Submit { sub: single(1, None), reply: 9 }),
+            vec![Effect::Reply { to: 9, reply: ShardReply::Sealed }]
+        );
+        assert_eq!(m.step(NOW, Input::Seal), vec![Effect::Sealed(ShardImage::default())]);
+    }
+
+    #[test]
+    fn a_merge_writes_the_union_once_and_a_repeat_writes_nothing() {
+        let p = ShardParams { distinct: true, ..params(Durability::Sync) };
+        let mut m: ShardMachine<u32> =
+            ShardMachine::new(p, ShardImage { value: 7, sketch: None }, None, false);
+        let mut incoming = DistinctSketch::new();
+        incoming.insert_hash(crate::sketch::member_hash("x"));
+        let effects = m.step(NOW, Input::MergeSketch(incoming.clone()));
+        let image = ShardImage { value: 7, sketch: Some(incoming.to_bytes()) };
+        assert_eq!(
+            effects,
+            vec![Effect::Write {
+                write: ShardWrite { image, ..ShardWrite::default() },
+                durable: vec![],
+                change_abs: 0,
+                submissions: 0
+            }]
+        );
+        assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![Effect::Merged]);
+        assert_eq!(
+            m.step(NOW, Input::MergeSketch(incoming)),
+            vec![Effect::Merged],
+            "merging twice changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_sweep_removes_expired_records_with_the_current_image() {
+        let mut m = machine(Durability::Batched, 2);
+        let effects = m.step(NOW, Input::Sweep { expired: vec!["old".into()] });
+        let write = ShardWrite {
+            image: ShardImage { value: 2, sketch: None },
+            dedup_put: vec![],
+            dedup_remove: vec!["old".into()],
+        };
+        assert_eq!(effects, vec![Effect::Write { write, durable: vec![], change_abs: 0, submissions: 0 }]);
+        assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![]);
+        assert!(m.quiet());
+    }
+}
