@@ -1,11 +1,11 @@
-//! The shard actor: the only writer of one shard.
+//! The shard actor: the only writer of one shard, and a shell around its machine.
 //!
-//! It collects submissions while a commit is pending, so one store commit (and, for
-//! `sync` counters, one fsync shared with every other shard) serves many increments.
-//! The decisions are [`tally_core::shard::decide`]'s; this actor only gathers inputs
-//! (dedup records from the store), hands what was decided to the commit path
-//! (`flusher.rs`), waits until it is applied and sends the answers — after the flush
-//! for `sync` counters, at once for `batched` ones.
+//! Every decision is [`tally_core::shard_machine`]'s — batching, dedup, the write and
+//! the answers, sealing, merging, sweeping, forgetting a failed write. This actor
+//! carries out the machine's effects: it looks up dedup records (in the store, and in
+//! sealed generations wherever they live), hands writes to the commit path
+//! (`flusher.rs`) and waits until they are applied, sends answers — `sync` ones after
+//! the flush that follows their write — and makes seals and merges durable.
 //!
 //! A shard of a generation being resharded is *sealed*: it answers every later
 //! submission with [`ShardReply::Sealed`] and the caller retries on the new layout.
@@ -18,18 +18,18 @@ use crate::error::TallyError;
 use crate::flusher::Waiter;
 use crate::supervisor::SupervisorMsg;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::dedup::{expired_ids, DedupRecord};
 use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
-use tally_core::shard::{decide, window_for, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX};
+use tally_core::shard::{window_for, Submission};
+use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
 use tally_core::sketch::DistinctSketch;
-use tally_core::spec::Durability;
 use tally_core::ShardId;
-use tally_store::{ShardImage, ShardWrite, StoreError};
+use tally_store::{ShardImage, StoreError};
 
 /// How often a shard checks for idleness and expired dedup records.
 pub const SHARD_TICK_MS: u64 = 1_000;
@@ -65,25 +65,19 @@ pub(crate) struct ShardArgs {
     pub(crate) ctx: Arc<Ctx>,
 }
 
-type Pending = (Submission, RpcReplyPort<ShardReply>);
-
-/// A shard actor's state.
+/// A shard actor's state: the machine, and the answers its shell still owes.
 pub(crate) struct ShardActorState {
     id: ShardId,
     ctx: Arc<Ctx>,
     meta: Arc<CounterMeta>,
-    core: ShardState,
-    /// The encoded sketch, rewritten only when the sketch changes.
-    sketch_bytes: Option<Vec<u8>>,
-    pending: Vec<Pending>,
-    commit_scheduled: bool,
-    sealed: bool,
+    machine: ShardMachine<RpcReplyPort<ShardReply>>,
+    /// Sealers waiting for [`Effect::Sealed`].
+    sealers: Vec<RpcReplyPort<Result<ShardImage, TallyError>>>,
+    /// Mergers waiting for [`Effect::Merged`].
+    mergers: Vec<RpcReplyPort<Result<(), TallyError>>>,
     last_active_ms: u64,
     last_sweep_ms: u64,
     sweep_after: Option<String>,
-    /// A failed commit left the in-memory state ahead of the store and it could not
-    /// be reloaded: the actor answers nothing more and stops.
-    broken: bool,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -101,14 +95,26 @@ fn corrupt_sketch(id: &ShardId, e: impl std::fmt::Display) -> StoreError {
     }
 }
 
-fn load(ctx: &Ctx, id: &ShardId, meta: &CounterMeta) -> Result<(ShardState, Option<Vec<u8>>), StoreError> {
+fn params(meta: &CounterMeta) -> ShardParams {
+    ShardParams {
+        durability: meta.spec.durability,
+        dedup_window_ms: meta.spec.dedup_window_ms(),
+        distinct: meta.spec.distinct,
+    }
+}
+
+/// The shard as the store holds it, its sketch decoded.
+fn load(ctx: &Ctx, id: &ShardId) -> Result<(ShardImage, Option<DistinctSketch>), StoreError> {
     let image = ctx.store.load_shard(id)?;
-    let sketch = match (&image.sketch, meta.spec.distinct) {
-        (Some(b), _) => Some(DistinctSketch::from_bytes(b).map_err(|e| corrupt_sketch(id, e))?),
-        (None, true) => Some(DistinctSketch::new()),
-        (None, false) => None,
+    let sketch = match &image.sketch {
+        Some(b) => Some(DistinctSketch::from_bytes(b).map_err(|e| corrupt_sketch(id, e))?),
+        None => None,
     };
-    Ok((ShardState { value: image.value, sketch }, image.sketch))
+    Ok((image, sketch))
+}
+
+fn store_failure(what: &str) -> TallyError {
+    StoreError::Io { op: "flush", message: what.into() }.into()
 }
 
 impl Actor for ShardActor {
@@ -122,40 +128,38 @@ impl Actor for ShardActor {
         args: ShardArgs,
     ) -> Result<ShardActorState, ActorProcessingErr> {
         let ShardArgs { id, meta, ctx } = args;
-        let (core, sketch_bytes) = load(&ctx, &id, &meta)?;
+        let (image, sketch) = load(&ctx, &id)?;
         let sealed = id.generation < meta.layout.generation || ctx.store.meta_get(&seal_key(&id))?.is_some();
         ctx.stats.shard_activations.inc();
         let now = ctx.now_ms();
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
         Ok(ShardActorState {
-            sealed,
+            machine: ShardMachine::new(params(&meta), image, sketch, sealed),
             id,
             ctx,
             meta,
-            core,
-            sketch_bytes,
-            pending: Vec::new(),
-            commit_scheduled: false,
+            sealers: Vec::new(),
+            mergers: Vec::new(),
             last_active_ms: now,
             last_sweep_ms: now,
             sweep_after: None,
-            broken: false,
             ticker: Some(ticker),
         })
     }
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<ShardMsg>,
+        myself: ActorRef<ShardMsg>,
         state: &mut ShardActorState,
     ) -> Result<(), ActorProcessingErr> {
         if let Some(t) = state.ticker.take() {
             t.abort();
         }
-        // Anything still pending was admitted before the drain: commit it (unless
-        // this copy is broken: its callers then hear nothing and retry).
-        while !state.pending.is_empty() && !state.broken {
-            state.commit().await;
+        // Anything still queued was admitted before the drain: commit it. Each round
+        // takes a batch (or drops it, if the store takes no writes), so this ends.
+        while !state.machine.quiet() && !state.machine.broken() {
+            let writable = !state.ctx.flusher.poisoned();
+            state.run(&myself, Input::CommitDue { writable }).await;
         }
         Ok(())
     }
@@ -166,160 +170,183 @@ impl Actor for ShardActor {
         msg: ShardMsg,
         state: &mut ShardActorState,
     ) -> Result<(), ActorProcessingErr> {
-        if state.broken {
-            // Dropping the message drops its reply port: the caller hears that the
-            // shard stopped, and retries against the copy that replaces this one.
+        // A broken copy drops every message, and so its reply port: the caller hears
+        // that the shard stopped and retries against the copy that replaces this one.
+        if state.machine.broken() {
             return Ok(());
         }
-        state.handle(&myself, msg).await;
-        if state.broken {
-            state.pending.clear();
-            myself.stop(Some("its values could not be reloaded after a failed commit".into()));
-        }
+        let input = match msg {
+            ShardMsg::Submit { sub, reply } => Input::Submit { sub, reply },
+            ShardMsg::Commit => {
+                state.last_active_ms = state.ctx.now_ms();
+                Input::CommitDue { writable: !state.ctx.flusher.poisoned() }
+            }
+            ShardMsg::Seal { reply } => {
+                state.sealers.push(reply);
+                Input::Seal
+            }
+            ShardMsg::MergeSketch { sketch, reply } => match DistinctSketch::from_bytes(&sketch) {
+                Ok(s) => {
+                    state.mergers.push(reply);
+                    Input::MergeSketch(s)
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(corrupt_sketch(&state.id, e).into()));
+                    return Ok(());
+                }
+            },
+            ShardMsg::MetaChanged(meta) => {
+                if meta.version <= state.meta.version {
+                    return Ok(());
+                }
+                let sealed = state.id.generation < meta.layout.generation;
+                state.meta = meta;
+                Input::MetaChanged { params: params(&state.meta), sealed }
+            }
+            ShardMsg::Tick => match state.tick(&myself).await {
+                Some(input) => input,
+                None => return Ok(()),
+            },
+        };
+        state.run(&myself, input).await;
         Ok(())
     }
 }
 
 impl ShardActorState {
-    async fn handle(&mut self, myself: &ActorRef<ShardMsg>, msg: ShardMsg) {
-        let state = self;
-        match msg {
-            ShardMsg::Submit { sub, reply } => {
-                if state.sealed {
-                    let _ = reply.send(ShardReply::Sealed);
-                    return;
-                }
-                state.pending.push((sub, reply));
-                state.schedule_commit(myself).await;
-            }
-            ShardMsg::Commit => {
-                state.commit_scheduled = false;
-                state.commit().await;
-                state.schedule_commit(myself).await;
-            }
-            ShardMsg::Seal { reply } => {
-                while !state.pending.is_empty() && !state.broken {
-                    state.commit().await;
-                }
-                if state.broken {
-                    return;
-                }
-                // From here on this copy refuses writes, and so does any copy that
-                // starts later: the marker is durable before the answer.
-                state.sealed = true;
-                let _ = reply.send(state.seal().await);
-            }
-            ShardMsg::MergeSketch { sketch, reply } => {
-                while !state.pending.is_empty() && !state.broken {
-                    state.commit().await;
-                }
-                if state.broken {
-                    return;
-                }
-                let _ = reply.send(state.merge_sketch(&sketch).await);
-            }
-            ShardMsg::MetaChanged(meta) => {
-                if meta.version > state.meta.version {
-                    if meta.spec.distinct && state.core.sketch.is_none() {
-                        state.core.sketch = Some(DistinctSketch::new());
+    /// Steps the machine with `input` and carries out its effects, feeding back what
+    /// they produce, until none is left.
+    async fn run(&mut self, myself: &ActorRef<ShardMsg>, input: Input<RpcReplyPort<ShardReply>>) {
+        let mut effects: VecDeque<_> = self.machine.step(self.ctx.now_ms(), input).into();
+        while let Some(effect) = effects.pop_front() {
+            let next = match effect {
+                Effect::ScheduleCommit => {
+                    if myself.send_message(ShardMsg::Commit).is_ok() {
+                        continue;
                     }
-                    state.sealed |= state.id.generation < meta.layout.generation;
-                    state.meta = meta;
+                    // Draining: no new messages are admitted, so commit now.
+                    Input::CommitDue { writable: !self.ctx.flusher.poisoned() }
                 }
-            }
-            ShardMsg::Tick => state.tick(myself).await,
+                Effect::LookUpPriors { ids } => Input::Priors(self.priors(&ids).await),
+                Effect::Write { write, durable, change_abs, submissions } => {
+                    // Counted before the write is applied, so a rollup that finds no
+                    // change knows no write is on its way either.
+                    if change_abs > 0 {
+                        if let Some(rt) = self.ctx.registry.get(self.id.counter.as_str()) {
+                            rt.changed.fetch_add(change_abs, Relaxed);
+                        }
+                    }
+                    let waiter = (!durable.is_empty()).then(|| answers_after(durable));
+                    let result = self.ctx.flusher.commit(self.id.clone(), write, waiter).await;
+                    if let Err(e) = &result {
+                        tracing::error!(shard = %self.id, error = %e, "shard commit failed");
+                    } else if submissions > 0 {
+                        self.ctx.stats.commits.inc();
+                        self.ctx.stats.commit_submissions.record(submissions as u64);
+                    }
+                    Input::Applied { ok: result.is_ok() }
+                }
+                Effect::Reply { to, reply } => {
+                    let _ = to.send(reply);
+                    continue;
+                }
+                Effect::ReplyAfterFlush(answers) => {
+                    self.ctx.flusher.after_flush(answers_after(answers));
+                    continue;
+                }
+                Effect::Reload => {
+                    let image = load(&self.ctx, &self.id);
+                    if let Err(e) = &image {
+                        tracing::error!(shard = %self.id, error = %e, "cannot reload shard; stopping it");
+                    }
+                    Input::Reloaded(image.ok())
+                }
+                Effect::Sealed(image) => {
+                    let result = self.persist_seal(image).await;
+                    for sealer in self.sealers.drain(..) {
+                        let _ = sealer.send(result.clone());
+                    }
+                    continue;
+                }
+                Effect::Merged => {
+                    let result = self.ctx.flusher.flush().await.map_err(TallyError::from);
+                    for merger in self.mergers.drain(..) {
+                        let _ = merger.send(result.clone());
+                    }
+                    continue;
+                }
+                Effect::Stop => {
+                    myself.stop(Some("its values could not be reloaded after a failed commit".into()));
+                    continue;
+                }
+            };
+            effects.extend(self.machine.step(self.ctx.now_ms(), next));
         }
     }
 
     /// Makes the seal and the sealed value durable, and answers that value: it goes
     /// into the layout's base and must not be lost (with its dedup records) by a crash
     /// after the answer.
-    async fn seal(&mut self) -> Result<ShardImage, TallyError> {
+    async fn persist_seal(&self, image: ShardImage) -> Result<ShardImage, TallyError> {
         if self.ctx.flusher.poisoned() {
-            return Err(StoreError::Io { op: "flush", message: "an earlier flush failed".into() }.into());
+            return Err(store_failure("an earlier flush failed"));
         }
         self.ctx.store.meta_put(&seal_key(&self.id), b"")?;
         self.ctx.flusher.flush().await?;
-        Ok(ShardImage { value: self.core.value, sketch: self.sketch_bytes.clone() })
+        Ok(image)
     }
 
-    /// Merges `bytes` into this shard's sketch through the commit path (this actor is
-    /// the shard's only writer, so the merge can never write back an older value),
-    /// and returns once it is durable. Merging twice changes nothing.
-    async fn merge_sketch(&mut self, bytes: &[u8]) -> Result<(), TallyError> {
-        let incoming = DistinctSketch::from_bytes(bytes).map_err(|e| corrupt_sketch(&self.id, e))?;
-        let mut merged = self.core.sketch.clone().unwrap_or_default();
-        merged.merge(&incoming);
-        let sketch_bytes = Some(merged.to_bytes());
-        if sketch_bytes != self.sketch_bytes {
-            let write = ShardWrite {
-                image: ShardImage { value: self.core.value, sketch: sketch_bytes.clone() },
-                ..Default::default()
-            };
-            self.ctx.flusher.commit(self.id.clone(), write, None).await?;
-            self.core.sketch = Some(merged);
-            self.sketch_bytes = sketch_bytes;
-        }
-        self.ctx.flusher.flush().await?;
-        Ok(())
-    }
-
-    /// Makes sure a `Commit` follows the pending submissions. Submissions that arrive
-    /// before it is handled join the same commit: that is the batching.
-    async fn schedule_commit(&mut self, myself: &ActorRef<ShardMsg>) {
-        if self.pending.is_empty() || self.commit_scheduled {
-            return;
-        }
-        self.commit_scheduled = true;
-        if myself.send_message(ShardMsg::Commit).is_err() {
-            // Draining: no new messages are admitted, so commit now.
-            self.commit_scheduled = false;
-            while !self.pending.is_empty() && !self.broken {
-                self.commit().await;
-            }
-        }
-    }
-
-    async fn tick(&mut self, myself: &ActorRef<ShardMsg>) {
+    /// Housekeeping: asks the supervisor to retire an idle shard, and gives the
+    /// machine a page of expired dedup records to remove when a sweep is due.
+    async fn tick(&mut self, myself: &ActorRef<ShardMsg>) -> Option<Input<RpcReplyPort<ShardReply>>> {
         let now = self.ctx.now_ms();
-        if now.saturating_sub(self.last_sweep_ms) >= self.ctx.config.dedup_sweep_ms && !self.sealed {
-            self.last_sweep_ms = now;
-            if let Err(e) = self.sweep(now).await {
-                tracing::warn!(shard = %self.id, error = %e, "dedup sweep failed");
-            }
-        }
         let idle = now.saturating_sub(self.last_active_ms) >= self.ctx.config.shard_idle_stop_ms;
-        if idle && self.pending.is_empty() {
+        if idle && self.machine.quiet() {
             if let Some(sup) = self.ctx.supervisor.get() {
                 let _ =
                     sup.send_message(SupervisorMsg::Retire { id: self.id.clone(), actor: myself.get_id() });
             }
         }
+        if now.saturating_sub(self.last_sweep_ms) < self.ctx.config.dedup_sweep_ms || self.machine.sealed() {
+            return None;
+        }
+        self.last_sweep_ms = now;
+        match self.expired(now) {
+            Ok(expired) if !expired.is_empty() => Some(Input::Sweep { expired }),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(shard = %self.id, error = %e, "dedup sweep failed");
+                None
+            }
+        }
     }
 
-    /// Removes one page of expired dedup records.
-    async fn sweep(&mut self, now: u64) -> Result<(), StoreError> {
-        let page = self.ctx.store.dedup_scan(
-            &self.id,
-            self.sweep_after.as_deref(),
-            self.ctx.config.dedup_sweep_records_max,
-        )?;
-        self.sweep_after = if page.len() < self.ctx.config.dedup_sweep_records_max {
-            None
-        } else {
-            page.last().map(|(k, _)| k.clone())
-        };
+    /// One page of this shard's expired dedup records.
+    fn expired(&mut self, now: u64) -> Result<Vec<String>, StoreError> {
+        let max = self.ctx.config.dedup_sweep_records_max;
+        let page = self.ctx.store.dedup_scan(&self.id, self.sweep_after.as_deref(), max)?;
+        self.sweep_after = if page.len() < max { None } else { page.last().map(|(k, _)| k.clone()) };
         let window = self.meta.spec.dedup_window_ms();
-        let gone = expired_ids(&page, now, |id| window_for(id, window));
-        if gone.is_empty() {
-            return Ok(());
+        Ok(expired_ids(&page, now, |id| window_for(id, window)))
+    }
+
+    /// The records of `ids`, or `None` if one could not be read.
+    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>> {
+        let now = self.ctx.now_ms();
+        let mut found = BTreeMap::new();
+        for id in ids {
+            match self.prior(id, now).await {
+                Ok(Some(r)) => {
+                    found.insert(id.clone(), r);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(shard = %self.id, error = %e, "cannot read dedup records; the batch is retried");
+                    return None;
+                }
+            }
         }
-        let write = ShardWrite {
-            image: ShardImage { value: self.core.value, sketch: self.sketch_bytes.clone() },
-            dedup_put: Vec::new(),
-            dedup_remove: gone,
-        };
-        self.ctx.flusher.commit(self.id.clone(), write, None).await
+        Some(found)
     }
 
     /// The record for `event_id` in this shard or, failing that, in its shard of a
@@ -356,113 +383,16 @@ impl ShardActorState {
         }
         Ok(newest)
     }
+}
 
-    /// Decides, writes and answers one batch of pending submissions.
-    #[tracing::instrument(level = "debug", skip_all, fields(shard = %self.id, pending = self.pending.len()))]
-    async fn commit(&mut self) {
-        let take = self.pending.len().min(COMMIT_SUBMISSIONS_MAX);
-        let batch: Vec<Pending> = self.pending.drain(..take).collect();
-        if batch.is_empty() {
-            return;
-        }
-        let now = self.ctx.now_ms();
-        self.last_active_ms = now;
-        // On an error the replies are dropped: the caller reports the shard
-        // unavailable, and a retry with the same event id is safe. Acknowledged
-        // buffered sums are not lost: their caller gives them back to its
-        // accumulator and delivers them again.
-        if let Err(e) = self.try_commit(batch, now).await {
-            tracing::error!(shard = %self.id, error = %e, "shard commit failed");
-            // The failed commit changed nothing in the store; forget what we decided.
-            match load(&self.ctx, &self.id, &self.meta) {
-                Ok((core, bytes)) => (self.core, self.sketch_bytes) = (core, bytes),
-                Err(e2) => {
-                    // This copy's values are ahead of the store and cannot be put
-                    // back: it must not decide again. It stops; the next request
-                    // starts a copy from the store.
-                    tracing::error!(shard = %self.id, error = %e2, "cannot reload shard; stopping it");
-                    self.broken = true;
-                }
+/// A waiter that sends `answers` once the flush it waits for succeeded (and drops
+/// them if it failed: their callers hear that the shard stopped, and retry).
+fn answers_after(answers: Vec<(RpcReplyPort<ShardReply>, ShardReply)>) -> Waiter {
+    Box::new(move |r: Result<(), StoreError>| {
+        if r.is_ok() {
+            for (reply, done) in answers {
+                let _ = reply.send(done);
             }
         }
-    }
-
-    async fn try_commit(&mut self, batch: Vec<Pending>, now: u64) -> Result<(), TallyError> {
-        if self.ctx.flusher.poisoned() {
-            return Err(StoreError::Io { op: "flush", message: "an earlier flush failed".into() }.into());
-        }
-        let mut prior = BTreeMap::new();
-        for (sub, _) in &batch {
-            let id = match sub {
-                Submission::Single { event_id: Some(id), .. } => Some(id),
-                Submission::Buffered { drain_id: Some(id), .. } => Some(id),
-                _ => None,
-            };
-            if let Some(id) = id {
-                if !prior.contains_key(id) {
-                    if let Some(r) = self.prior(id, now).await? {
-                        prior.insert(id.clone(), r);
-                    }
-                }
-            }
-        }
-        let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
-        let before = self.core.value;
-        let decision = decide(&mut self.core, &subs, &prior, now, self.meta.spec.dedup_window_ms());
-        let value = decision.value;
-        let writes = decision.writes(before);
-
-        // Buffered sums were acknowledged already (the aggregator flushes after its
-        // drain), so they are answered once the write is applied. `sync` answers wait
-        // for the flush: a duplicate's too, since the record it matched may not be
-        // durable yet.
-        let sync = self.meta.spec.durability == Durability::Sync;
-        let (mut now_replies, mut later) = (Vec::new(), Vec::new());
-        for ((sub, reply), outcome) in batch.into_iter().zip(decision.outcomes) {
-            let done = ShardReply::Done { outcome, value };
-            if sync && matches!(sub, Submission::Single { .. }) {
-                later.push((reply, done));
-            } else {
-                now_replies.push((reply, done));
-            }
-        }
-        let durable: Option<Waiter> = (!later.is_empty()).then(|| -> Waiter {
-            Box::new(move |r: Result<(), StoreError>| {
-                if r.is_ok() {
-                    for (reply, done) in later {
-                        let _ = reply.send(done);
-                    }
-                }
-            })
-        });
-
-        // Counted before the write is applied, so a rollup that finds no change knows
-        // no write is on its way either.
-        if decision.change_abs > 0 {
-            if let Some(rt) = self.ctx.registry.get(self.id.counter.as_str()) {
-                rt.changed.fetch_add(decision.change_abs, Relaxed);
-            }
-        }
-        if writes {
-            if decision.sketch_changed {
-                self.sketch_bytes = self.core.sketch.as_ref().map(DistinctSketch::to_bytes);
-            }
-            let write = ShardWrite {
-                image: ShardImage { value, sketch: self.sketch_bytes.clone() },
-                dedup_put: decision.dedup_put,
-                dedup_remove: Vec::new(),
-            };
-            // The commit path applies it (and runs `durable` after the flush that
-            // follows); meanwhile this actor's mailbox fills the next batch.
-            self.ctx.flusher.commit(self.id.clone(), write, durable).await?;
-            self.ctx.stats.commits.inc();
-            self.ctx.stats.commit_submissions.record(subs.len() as u64);
-        } else if let Some(w) = durable {
-            self.ctx.flusher.after_flush(w);
-        }
-        for (reply, done) in now_replies {
-            let _ = reply.send(done);
-        }
-        Ok(())
-    }
+    })
 }
