@@ -16,14 +16,15 @@ use crate::history::FaultKind;
 use crate::msg::{Addr, Answer, Consistency, Msg, ReadValue, ShardAnswer, SubmitCtx};
 use crate::sim::{NodeTimer, Phase, Sim};
 use rand::Rng;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tally_core::dedup::DedupRecord;
 use tally_core::hash::hash64;
 use tally_core::limits::bufferable;
 use tally_core::meta::CounterMeta;
 use tally_core::rollup::refresh_due;
 use tally_core::router::{route, shard_of_event, RouteKey};
-use tally_core::shard::{decide, Outcome, ShardState, Submission, COMMIT_SUBMISSIONS_MAX, DRAIN_ID_PREFIX};
+use tally_core::shard::{Outcome, ShardReply, Submission, COMMIT_SUBMISSIONS_MAX, DRAIN_ID_PREFIX};
+use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
 use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_core::spec::Durability;
 use tally_core::{CounterName, ShardId};
@@ -122,10 +123,11 @@ fn image_sketch(image: &ShardImage, meta: &CounterMeta) -> Option<DistinctSketch
     }
 }
 
-fn record_id(sub: &Submission) -> Option<&String> {
-    match sub {
-        Submission::Single { event_id, .. } => event_id.as_ref(),
-        Submission::Buffered { drain_id, .. } => drain_id.as_ref(),
+/// A shard machine's answer, as the simulated wire carries it.
+fn answer_of(reply: ShardReply) -> ShardAnswer {
+    match reply {
+        ShardReply::Done { outcome, .. } => ShardAnswer::Done(outcome),
+        ShardReply::Sealed => ShardAnswer::Sealed,
     }
 }
 
@@ -300,7 +302,7 @@ impl Sim {
     ) {
         let Some(meta) = self.meta.counters.get(counter) else { return };
         let shards = meta.layout.shards;
-        let index = match (record_id(&sub), index, &ctx) {
+        let index = match (sub.record_id(), index, &ctx) {
             (Some(id), _, _) => shard_of_event(id, shards),
             (None, Some(i), _) => i % shards,
             (None, None, SubmitCtx::LocalDrain { index }) => index % shards,
@@ -332,7 +334,7 @@ impl Sim {
             }
             SubmitCtx::RemoteDrain => {
                 if !retry {
-                    if let Some(id) = record_id(&sub) {
+                    if let Some(id) = sub.record_id() {
                         self.node(n).drains.remove(id);
                     }
                 }
@@ -587,21 +589,17 @@ impl Sim {
         None
     }
 
-    /// The dedup records of the batch's ids: this shard's, then its shard's in each
-    /// sealed generation (`None` if one of those cannot be asked now).
+    /// The dedup records of `ids`: this shard's, then its shard's in each sealed
+    /// generation (`None` if one of those cannot be asked now).
     fn lookup_prior(
         &self,
         n: u8,
         shard: &ShardId,
         meta: &CounterMeta,
-        queue: &[Pending],
+        ids: &[String],
     ) -> Option<BTreeMap<String, DedupRecord>> {
         let mut prior = BTreeMap::new();
-        for p in queue {
-            let Some(id) = record_id(&p.sub) else { continue };
-            if prior.contains_key(id) {
-                continue;
-            }
+        for id in ids {
             let store = &self.nodes[usize::from(n)].store;
             if let Some(r) = store.dedup_get(shard, id).expect("a running node's store is open") {
                 prior.insert(id.clone(), r);
@@ -626,6 +624,10 @@ impl Sim {
         Some(prior)
     }
 
+    /// One commit of `shard`: the engine's shard machine decides the batch, this
+    /// shell carries out its effects against the node's store. The shard keeps no
+    /// state between commits here (it is read from the store each time), so the
+    /// machine lives for one batch.
     fn commit_shard(&mut self, n: u8, shard: ShardId) {
         self.node(n).commit_scheduled.remove(&shard);
         let Some(mut queue) = self.node(n).pending.remove(&shard) else { return };
@@ -655,61 +657,85 @@ impl Sim {
             return;
         }
         let meta = self.meta.counters[&shard.counter].clone();
-        let Some(prior) = self.lookup_prior(n, &shard, &meta, &queue) else {
-            // A sealed generation's shard cannot be asked: try the whole batch again shortly.
-            let node = self.node(n);
-            let mut back = queue;
-            back.extend(node.pending.remove(&shard).unwrap_or_default());
-            node.pending.insert(shard.clone(), back);
-            if node.commit_scheduled.insert(shard.clone()) {
-                self.timer(n, RESUBMIT_BACKOFF_MS, NodeTimer::Commit(shard));
-            }
-            return;
-        };
         let store = self.nodes[usize::from(n)].store.clone();
-        let image = store.load_shard(&shard).expect("a running node's store is open");
-        let mut state = ShardState { value: image.value, sketch: image_sketch(&image, &meta) };
-        let subs: Vec<Submission> = queue.iter().map(|p| p.sub.clone()).collect();
-        let before = state.value;
-        let d = decide(&mut state, &subs, &prior, self.now, meta.spec.dedup_window_ms());
-        let wrote = d.writes(before);
-        if wrote {
-            let sketch = if d.sketch_changed {
-                state.sketch.as_ref().map(DistinctSketch::to_bytes)
-            } else {
-                image.sketch
+        let mut machine = Self::machine(&store, &shard, &meta);
+        for p in &queue {
+            machine.step(self.now, Input::Submit { sub: p.sub.clone(), reply: p.clone() });
+        }
+        let mut effects: VecDeque<Effect<Pending>> =
+            machine.step(self.now, Input::CommitDue { writable: true }).into();
+        let (mut wrote, mut waiting) = (false, false);
+        while let Some(effect) = effects.pop_front() {
+            let next = match effect {
+                Effect::LookUpPriors { ids } => match self.lookup_prior(n, &shard, &meta, &ids) {
+                    Some(prior) => Input::Priors(Some(prior)),
+                    None => {
+                        // A sealed generation's shard cannot be asked: try the whole
+                        // batch again shortly.
+                        let node = self.node(n);
+                        let mut back = queue;
+                        back.extend(node.pending.remove(&shard).unwrap_or_default());
+                        node.pending.insert(shard.clone(), back);
+                        if node.commit_scheduled.insert(shard.clone()) {
+                            self.timer(n, RESUBMIT_BACKOFF_MS, NodeTimer::Commit(shard));
+                        }
+                        return;
+                    }
+                },
+                Effect::Write { write, durable, .. } => {
+                    store.commit(&shard, &write).expect("a running node's store is open");
+                    wrote = true;
+                    for (p, reply) in durable {
+                        self.wait_for_flush(n, &shard, p, reply);
+                        waiting = true;
+                    }
+                    Input::Applied { ok: true }
+                }
+                Effect::Reply { to, reply } => {
+                    self.answer(n, &shard, to, answer_of(reply));
+                    continue;
+                }
+                Effect::ReplyAfterFlush(answers) => {
+                    for (p, reply) in answers {
+                        self.wait_for_flush(n, &shard, p, reply);
+                        waiting = true;
+                    }
+                    continue;
+                }
+                // One batch, all of it taken, from a machine that is not sealed and
+                // whose writes are applied: nothing else can follow.
+                Effect::ScheduleCommit
+                | Effect::Reload
+                | Effect::Sealed(_)
+                | Effect::Merged
+                | Effect::Stop => unreachable!("a one-batch shard machine asked for {effect:?}"),
             };
-            let write = ShardWrite {
-                image: ShardImage { value: d.value, sketch },
-                dedup_put: d.dedup_put.clone(),
-                dedup_remove: Vec::new(),
-            };
-            store.commit(&shard, &write).expect("a running node's store is open");
+            effects.extend(machine.step(self.now, next));
         }
         let sync = meta.spec.durability == Durability::Sync;
-        let mut waiting = false;
-        for (p, outcome) in queue.into_iter().zip(d.outcomes) {
-            let single = matches!(p.sub, Submission::Single { .. });
-            if sync && single && !bug!(AckBeforeFlush) {
-                // Answered after the flush that follows this commit (a duplicate too:
-                // the record it matched may not be durable yet).
-                let msg = Msg::SubmitReply {
-                    shard: shard.clone(),
-                    sub: p.sub,
-                    ctx: p.ctx,
-                    answer: ShardAnswer::Done(outcome),
-                };
-                self.node(n).flush_waiters.push((p.reply_to, msg));
-                waiting = true;
-            } else {
-                self.answer(n, &shard, p, ShardAnswer::Done(outcome));
-            }
-        }
         if waiting || (sync && wrote) {
             self.schedule_flush(n, FSYNC_MS);
         } else if wrote {
             self.schedule_flush(n, u64::from(meta.spec.flush_ms));
         }
+    }
+
+    /// The shard machine of `shard` as `store` holds it.
+    fn machine(store: &MemStore, shard: &ShardId, meta: &CounterMeta) -> ShardMachine<Pending> {
+        let image = store.load_shard(shard).expect("a running node's store is open");
+        let sketch = image_sketch(&image, meta);
+        let params = ShardParams {
+            durability: meta.spec.durability,
+            dedup_window_ms: meta.spec.dedup_window_ms(),
+            distinct: meta.spec.distinct,
+        };
+        ShardMachine::new(params, image, sketch, false)
+    }
+
+    /// Answers `p` after the flush that follows (a `sync` increment's answer).
+    fn wait_for_flush(&mut self, n: u8, shard: &ShardId, p: Pending, reply: ShardReply) {
+        let msg = Msg::SubmitReply { shard: shard.clone(), sub: p.sub, ctx: p.ctx, answer: answer_of(reply) };
+        self.node(n).flush_waiters.push((p.reply_to, msg));
     }
 
     fn schedule_flush(&mut self, n: u8, delay_ms: u64) {
@@ -772,20 +798,25 @@ impl Sim {
         if self.meta.owner(&shard) != n || self.node(n).poisoned {
             return;
         }
+        let incoming = DistinctSketch::from_bytes(sketch).expect("sent sketches decode");
+        let meta = self.meta.counters[&shard.counter].clone();
         let store = self.node(n).store.clone();
-        let image = store.load_shard(&shard).expect("a running node's store is open");
-        let mut merged = match &image.sketch {
-            Some(b) => DistinctSketch::from_bytes(b).expect("stored sketches decode"),
-            None => DistinctSketch::new(),
-        };
-        merged.merge(&DistinctSketch::from_bytes(sketch).expect("sent sketches decode"));
-        let write = ShardWrite {
-            image: ShardImage { value: image.value, sketch: Some(merged.to_bytes()) },
-            ..ShardWrite::default()
-        };
-        store.commit(&shard, &write).expect("a running node's store is open");
-        if self.flush(n) {
-            self.send(Addr::Node(n), Addr::Control, Msg::Merged { shard });
+        let mut machine = Self::machine(&store, &shard, &meta);
+        let mut effects: VecDeque<Effect<Pending>> =
+            machine.step(self.now, Input::MergeSketch(incoming)).into();
+        while let Some(effect) = effects.pop_front() {
+            match effect {
+                Effect::Write { write, .. } => {
+                    store.commit(&shard, &write).expect("a running node's store is open");
+                    effects.extend(machine.step(self.now, Input::Applied { ok: true }));
+                }
+                Effect::Merged => {
+                    if self.flush(n) {
+                        self.send(Addr::Node(n), Addr::Control, Msg::Merged { shard: shard.clone() });
+                    }
+                }
+                other => unreachable!("a merge asked for {other:?}"),
+            }
         }
     }
 

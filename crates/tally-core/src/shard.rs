@@ -60,6 +60,14 @@ pub enum Submission {
 }
 
 impl Submission {
+    /// The id its dedup record is kept under: its event id, or its drain id.
+    pub fn record_id(&self) -> Option<&str> {
+        match self {
+            Self::Single { event_id, .. } => event_id.as_deref(),
+            Self::Buffered { drain_id, .. } => drain_id.as_deref(),
+        }
+    }
+
     /// Its drain id, for a drained sum that has one.
     pub fn drain_id(&self) -> Option<&str> {
         match self {

@@ -367,6 +367,8 @@ impl<R> ShardMachine<R> {
         // is applied. `sync` single increments wait for the flush: a duplicate's too,
         // since the record it matched may not be durable yet.
         let sync = self.params.durability == Durability::Sync;
+        #[cfg(feature = "planted-bugs")]
+        let sync = sync && !crate::planted::active(crate::planted::Bug::AckBeforeFlush);
         let (mut now, mut durable) = (Vec::new(), Vec::new());
         for ((sub, reply), outcome) in batch.into_iter().zip(d.outcomes) {
             let done = ShardReply::Done { outcome, value: d.value };
@@ -396,14 +398,9 @@ impl<R> ShardMachine<R> {
 fn record_ids<R>(batch: &[(Submission, R)]) -> Vec<String> {
     let mut seen = std::collections::BTreeSet::new();
     let mut ids = Vec::new();
-    for (sub, _) in batch {
-        let id = match sub {
-            Submission::Single { event_id: Some(id), .. } => id,
-            Submission::Buffered { drain_id: Some(id), .. } => id,
-            _ => continue,
-        };
-        if seen.insert(id.as_str()) {
-            ids.push(id.clone());
+    for id in batch.iter().filter_map(|(sub, _)| sub.record_id()) {
+        if seen.insert(id) {
+            ids.push(id.to_owned());
         }
     }
     ids
