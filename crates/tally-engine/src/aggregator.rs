@@ -131,7 +131,14 @@ impl AggregatorState {
             drain_and_flush(ctx, all).await;
             ctx.resend_in_doubt(None).await;
             let left = undelivered(ctx);
-            if left == 0 || tokio::time::Instant::now() >= deadline {
+            // A drain started by an earlier tick may still be delivering: its sum is
+            // neither buffered nor in doubt yet, so wait for it too.
+            let in_flight = ctx
+                .registry
+                .iter()
+                .flat_map(|rt| rt.lineage(crate::ctx::PREDECESSORS_MAX))
+                .any(|rt| rt.drains_in_flight.load(SeqCst) > 0);
+            if (left == 0 && !in_flight) || tokio::time::Instant::now() >= deadline {
                 let _ = ctx.flusher.flush().await;
                 if left > 0 {
                     ctx.stats.buffered_lost.add(left);

@@ -192,6 +192,8 @@ impl RollupState {
         match self.cache.get_mut(&f.name) {
             Some(c) => {
                 if f.read.as_of_ms < c.read.as_of_ms {
+                    // An older total than the one cached: keep the entry scheduled.
+                    self.due.insert((c.due_ms, f.name));
                     return;
                 }
                 self.due.remove(&(c.due_ms, f.name.clone()));
