@@ -267,7 +267,11 @@ async fn value<S: Service>(
             return Err(bad(format!("consistency must be \"cached\" or \"fresh\" (got {other:?})")));
         }
     };
-    Ok(Json(st.svc.read(&name, consistency).await?))
+    let read = st.svc.read(&name, consistency).await?;
+    if consistency == Consistency::Cached {
+        st.shared.stats.cached_staleness_ms.record(read.staleness_ms);
+    }
+    Ok(Json(read))
 }
 
 /// `GET /v1/counters/{name}/distinct`: the distinct-member estimate.

@@ -145,6 +145,8 @@ async function poll() {
       renderHeatmap(name, report, cluster.nodes.filter((n) => n.member).map((n) => n.id));
     }
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    // For checks of narrow screens: whether the page is wider than the window.
+    document.documentElement.dataset.overflowX = String(document.documentElement.scrollWidth > window.innerWidth);
     showError(null);
   } catch (e) {
     showError(e);
