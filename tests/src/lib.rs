@@ -411,3 +411,100 @@ impl TestCluster {
         std::fs::read_to_string(&self.node(i).log).unwrap_or_default()
     }
 }
+
+/// The `tally` CLI next to this test binary, or built on demand.
+pub fn tally_cli() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe.parent().and_then(Path::parent).ok_or_else(|| anyhow!("odd test path"))?;
+    let candidate = profile_dir.join("tally");
+    if !candidate.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "tally-cli", "--bin", "tally"])
+            .status()
+            .context("building tally")?;
+        if !status.success() {
+            bail!("cargo build of tally failed");
+        }
+    }
+    Ok(candidate)
+}
+
+/// Whether the tests run in CI (`CI=true`), where every external tool must be present.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// The path of the external program `name` (looked up on `PATH`). Outside CI a
+/// missing program is `Ok(None)` after a message saying the test is skipped and how
+/// to install it; in CI it is an error, so a missing install step fails the run.
+pub fn require_tool(name: &str, install: &str) -> Result<Option<PathBuf>> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(found) = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()) {
+        return Ok(Some(found));
+    }
+    if in_ci() {
+        bail!("{name} is not installed and CI is set: install it with `{install}` (.ci/run does)");
+    }
+    eprintln!("SKIPPED: {name} is not installed (install it with `{install}`); CI=true makes this a failure");
+    Ok(None)
+}
+
+/// The OpenAPI document of the public interface, and answers checked against it.
+pub mod openapi {
+    use anyhow::{anyhow, bail, Result};
+    use serde_json::{json, Value};
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    /// Where the document lives in the repository (`tallyd` embeds this file).
+    pub fn path() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../crates/tally-server/openapi.json")
+    }
+
+    /// The document, parsed once.
+    pub fn document() -> &'static Value {
+        static DOC: OnceLock<Value> = OnceLock::new();
+        DOC.get_or_init(|| {
+            let text = std::fs::read_to_string(path()).expect("the OpenAPI document is readable");
+            serde_json::from_str(&text).expect("the OpenAPI document is JSON")
+        })
+    }
+
+    /// Checks an answer: `status` must be documented for `method` on the path
+    /// template `template` (such as `/v1/counters/{name}`), and a JSON `body` must
+    /// match that answer's schema. Every error answer must match the `Error` schema.
+    pub fn check(method: &str, template: &str, status: u16, body: &Value) -> Result<()> {
+        let doc = document();
+        let op = &doc["paths"][template][method.to_ascii_lowercase()];
+        if op.is_null() {
+            bail!("the OpenAPI document has no {method} {template}");
+        }
+        let response = &op["responses"][status.to_string()];
+        if response.is_null() {
+            bail!("the OpenAPI document does not list status {status} for {method} {template}; the body was {body}");
+        }
+        let Some(schema) = response.pointer("/content/application~1json/schema") else {
+            return Ok(());
+        };
+        let root = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "components": doc["components"],
+            "allOf": [schema],
+        });
+        let validator = jsonschema::validator_for(&root)
+            .map_err(|e| anyhow!("schema of {method} {template} {status}: {e}"))?;
+        let errors: Vec<String> =
+            validator.iter_errors(body).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+        if !errors.is_empty() {
+            bail!("{method} {template} answered {status} with a body its schema refuses: {errors:?}\nbody: {body}");
+        }
+        if status >= 400 {
+            let error_schema = json!({"components": doc["components"], "$ref": "#/components/schemas/Error"});
+            let v = jsonschema::validator_for(&error_schema).map_err(|e| anyhow!("the Error schema: {e}"))?;
+            if !v.is_valid(body) {
+                bail!("{method} {template} answered {status} outside the error shape: {body}");
+            }
+        }
+        Ok(())
+    }
+}

@@ -132,6 +132,27 @@ pub enum Command {
         /// The counter.
         name: String,
     },
+    /// List counter names in byte order, paging through GET /v1/counters.
+    Ls {
+        /// Only names starting with this.
+        #[arg(long, value_name = "P")]
+        prefix: Option<String>,
+        /// Most names to print.
+        #[arg(long, value_name = "N", default_value_t = crate::ops::LS_LIMIT_DEFAULT,
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        limit: usize,
+    },
+    /// A live view of the busiest counters through the node (GET /v1/stats each
+    /// second): write rate, value, skew, staleness, drift. Ctrl-C ends it.
+    Top {
+        /// Counters to show.
+        #[arg(long, value_name = "N", default_value_t = crate::ops::TOP_COUNTERS_DEFAULT,
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::ops::TOP_COUNTERS_MAX as u64))]
+        count: usize,
+        /// Stop after this many screens (default: run until interrupted).
+        #[arg(long, value_name = "N")]
+        iterations: Option<u64>,
+    },
     /// Show the cluster's nodes, leader and term (GET /v1/cluster), or change which
     /// nodes hold shards.
     Cluster {

@@ -11,6 +11,7 @@
 //! * [`wire`] — the JSON shapes of the interface, read leniently.
 //! * [`render`] — the friendly text of each answer.
 //! * [`load`] — the load generator.
+//! * [`ops`] — `tally ls` and `tally top`, the operators' views.
 //!
 //! # Output
 //!
@@ -25,6 +26,7 @@
 pub mod cli;
 pub mod client;
 pub mod load;
+pub mod ops;
 pub mod render;
 pub mod wire;
 
@@ -156,6 +158,14 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             let r: ReconcileReport = answer.parse()?;
             out.show(&answer.text, || render::reconcile(name, &r));
             Ok(())
+        }
+        Command::Ls { prefix, limit } => {
+            out.printed = true;
+            ops::ls(&client, prefix.as_deref(), *limit, out.json, &mut std::io::stdout()).await
+        }
+        Command::Top { count, iterations } => {
+            out.printed = true;
+            ops::top(&client, *count, *iterations, &mut std::io::stdout()).await
         }
         Command::Load(_) => unreachable!("handled above"),
     }

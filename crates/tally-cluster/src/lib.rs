@@ -159,6 +159,15 @@ impl Catalog for RaftCatalog {
             Ok(())
         })
     }
+
+    fn list(
+        &self,
+        prefix: &str,
+        after: Option<&CounterName>,
+        limit: usize,
+    ) -> Result<Vec<CounterName>, TallyError> {
+        Ok(self.raft.counter_names(prefix, after, limit))
+    }
 }
 
 /// The placement a node has applied: the ring of the current members and, while a

@@ -50,6 +50,15 @@ pub trait Catalog: Send + Sync + 'static {
     fn tombstone(&self, name: &str) -> Result<Option<Generations>, TallyError>;
     /// Forgets a tombstone once its data is gone everywhere.
     fn clear_tombstone<'a>(&'a self, name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>>;
+    /// Up to `limit` existing counters whose names start with `prefix` and sort after
+    /// `after` (byte order), in that order: one page of a listing, so its work is
+    /// bounded by `limit`, not by how many counters exist.
+    fn list(
+        &self,
+        prefix: &str,
+        after: Option<&CounterName>,
+        limit: usize,
+    ) -> Result<Vec<CounterName>, TallyError>;
 }
 
 /// Counter metadata backed by the store's metadata space.
@@ -117,6 +126,22 @@ impl Catalog for LocalCatalog {
             self.flusher.flush().await?;
             Ok(())
         })
+    }
+
+    fn list(
+        &self,
+        prefix: &str,
+        after: Option<&CounterName>,
+        limit: usize,
+    ) -> Result<Vec<CounterName>, TallyError> {
+        let scan = key(COUNTER_PREFIX, prefix);
+        let after = after.map(|a| key(COUNTER_PREFIX, a.as_str()));
+        let page = self.store.meta_scan(&scan, after.as_deref(), limit)?;
+        Ok(page
+            .iter()
+            .filter_map(|(k, _)| std::str::from_utf8(&k[COUNTER_PREFIX.len()..]).ok())
+            .filter_map(|n| CounterName::new(n).ok())
+            .collect())
     }
 }
 

@@ -75,6 +75,9 @@ pub enum TallyError {
         /// The limit.
         max: usize,
     },
+    /// A listing of counters was asked with a bad limit, prefix or cursor.
+    #[error(transparent)]
+    InvalidListing(#[from] crate::list::ListError),
 }
 
 impl TallyError {
@@ -94,13 +97,14 @@ impl TallyError {
             Self::ShuttingDown => "shutting_down",
             Self::BatchTooLarge { .. } => "batch_too_large",
             Self::DriftOutOfRange { .. } => "drift_out_of_range",
+            Self::InvalidListing(_) => "invalid_listing",
         }
     }
 
     /// The HTTP status that fits this error.
     pub fn http_status(&self) -> u16 {
         match self {
-            Self::InvalidName(_) | Self::ZeroDelta => 400,
+            Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) => 400,
             Self::NotFound(_) => 404,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,

@@ -187,6 +187,7 @@ pub(crate) async fn reconcile(
     ctx.stats
         .drift_last
         .store(i64::try_from(drift).unwrap_or(if drift > 0 { i64::MAX } else { i64::MIN }), Relaxed);
+    ctx.stats.drifts.record(name, drift, ctx.now_ms());
     let delta = delta?;
     if delta == 0 {
         return Ok(ReconcileReport { before, drift, corrected: false });

@@ -1,7 +1,9 @@
 //! Operational signals: write rates, flush batch sizes, dedup hits, drift. Plain
 //! atomics, cheap enough for the write path; front ends export them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use tally_core::CounterName;
 
 /// A monotonically increasing count.
 #[derive(Debug, Default)]
@@ -124,4 +126,36 @@ pub struct Stats {
     pub shard_retirements: Count,
     /// Shards this node took over from their previous owner after a membership change.
     pub shards_adopted: Count,
+    /// The last measured drift of each counter reconciled on this node.
+    pub drifts: DriftBook,
+}
+
+/// Most counters whose last drift a [`DriftBook`] remembers: it is a signal for
+/// operators, not a record, so it must not grow with the number of counters.
+pub const DRIFT_BOOK_COUNTERS_MAX: usize = 4096;
+
+/// The last measured drift (authoritative total minus sum of shards) per counter,
+/// with when it was measured, so a status view can show drift beside each counter.
+/// Holds at most [`DRIFT_BOOK_COUNTERS_MAX`] counters; the oldest measurement makes
+/// room for a new counter.
+#[derive(Debug, Default)]
+pub struct DriftBook(parking_lot::Mutex<BTreeMap<CounterName, (i128, u64)>>);
+
+impl DriftBook {
+    /// Records `drift` of `name`, measured at `at_ms`.
+    pub fn record(&self, name: &CounterName, drift: i128, at_ms: u64) {
+        let mut book = self.0.lock();
+        if book.len() >= DRIFT_BOOK_COUNTERS_MAX && !book.contains_key(name) {
+            let oldest = book.iter().min_by_key(|(_, (_, at))| *at).map(|(n, _)| n.clone());
+            if let Some(oldest) = oldest {
+                book.remove(&oldest);
+            }
+        }
+        book.insert(name.clone(), (drift, at_ms));
+    }
+
+    /// The last drift of `name` and when it was measured, if it was reconciled here.
+    pub fn get(&self, name: &str) -> Option<(i128, u64)> {
+        self.0.lock().get(name).copied()
+    }
 }

@@ -291,6 +291,19 @@ impl Tally {
         all
     }
 
+    /// One page of the counters whose names start with `prefix`, after the cursor
+    /// `after` (the `next` of the previous page), at most `limit` (1 to
+    /// [`crate::LIST_PAGE_COUNTERS_MAX`]) names in byte order. Reads this node's
+    /// applied metadata only, so its cost is bounded by `limit`.
+    pub fn list_counters(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::CounterPage, TallyError> {
+        crate::list::list(self.ctx.catalog.as_ref(), prefix, after, limit)
+    }
+
     /// Brings the counter to `authoritative` by writing the drift as an idempotent
     /// correction.
     #[tracing::instrument(level = "debug", skip_all, fields(counter = name, authoritative))]

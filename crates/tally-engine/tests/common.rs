@@ -244,4 +244,18 @@ impl tally_engine::Catalog for SharedCatalog {
     ) -> futures::future::BoxFuture<'a, Result<(), tally_engine::TallyError>> {
         Box::pin(async { Ok(()) })
     }
+    fn list(
+        &self,
+        prefix: &str,
+        after: Option<&tally_core::CounterName>,
+        limit: usize,
+    ) -> Result<Vec<tally_core::CounterName>, tally_engine::TallyError> {
+        let map = self.map.lock().unwrap();
+        Ok(map
+            .keys()
+            .filter(|n| n.starts_with(prefix) && after.is_none_or(|a| n.as_str() > a.as_str()))
+            .take(limit)
+            .filter_map(|n| tally_core::CounterName::new(n.as_str()).ok())
+            .collect())
+    }
 }

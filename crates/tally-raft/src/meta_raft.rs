@@ -614,6 +614,26 @@ impl MetaRaft {
         .await
     }
 
+    /// Up to `limit` applied counters whose names start with `prefix` and sort after
+    /// `after`, in byte order: one page of a listing, costing a range walk of at most
+    /// `limit` entries under the read lock.
+    pub fn counter_names(&self, prefix: &str, after: Option<&CounterName>, limit: usize) -> Vec<CounterName> {
+        use std::ops::Bound;
+        let applied = self.shared.read();
+        let start = match after {
+            Some(a) if a.as_str() >= prefix => Bound::Excluded(a.as_str()),
+            _ => Bound::Included(prefix),
+        };
+        applied
+            .state
+            .counters
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(|(n, _)| n.as_str().starts_with(prefix))
+            .take(limit)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Deleted counters whose shard data may still exist: name → every
     /// `(generation, shards)` to delete. The data plane deletes them, then writes
     /// [`Request::ClearTombstone`].

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tally_cluster::{AcceptLossError, ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
 use tally_engine::{
     Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
-    ShardsReport, SpecPatch, TallyError, ValueRead,
+    ShardsReport, SpecPatch, Tally, TallyError, ValueRead,
 };
 use tally_raft::MemberRejection;
 
@@ -185,6 +185,14 @@ impl Service for ClusterService {
                 Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable", e.to_string()))
             }
         }
+    }
+
+    fn engine(&self) -> &Tally {
+        self.node.tally()
+    }
+
+    fn node_id(&self) -> &str {
+        &self.node_id
     }
 
     fn metrics_text(&self) -> String {

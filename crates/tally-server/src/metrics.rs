@@ -117,6 +117,8 @@ pub struct HttpStats {
     pub panics: Count,
     /// Time from request head to response head, in microseconds.
     pub latency_us: Histogram,
+    /// Staleness of the cached totals answered through `GET .../value`, in milliseconds.
+    pub cached_staleness_ms: Histogram,
 }
 
 impl HttpStats {
@@ -148,6 +150,12 @@ impl HttpStats {
             "Time from a request's head to its response's head.",
             1e6,
             &[(&[], self.latency_us.snapshot())],
+        );
+        w.histogram(
+            "tally_cached_read_staleness_seconds",
+            "Age of the cached totals answered by cached value reads through this node.",
+            1e3,
+            &[(&[], self.cached_staleness_ms.snapshot())],
         );
     }
 }

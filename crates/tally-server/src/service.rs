@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::future::Future;
 use tally_engine::{
     Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
-    ShardsReport, SpecPatch, TallyError, ValueRead,
+    ShardsReport, SpecPatch, Tally, TallyError, ValueRead,
 };
 
 /// The operations behind the public HTTP interface. Cheap to clone: the router clones
@@ -77,6 +77,13 @@ pub trait Service: Clone + Send + Sync + 'static {
     /// Accepts that node `id` lost the data of its previous disk, so reads count its
     /// shards again. Answers the cluster view after the change.
     fn accept_loss(&self, id: &str) -> impl Future<Output = Result<ClusterView, ApiError>> + Send;
+
+    /// The node's engine, for the operators' views (`GET /v1/counters`,
+    /// `GET /v1/stats`) that read its catalog and signals directly.
+    fn engine(&self) -> &Tally;
+
+    /// This node's id, so an operators' view can say whose figures it shows.
+    fn node_id(&self) -> &str;
 
     /// This node's operational signals in the Prometheus text exposition format
     /// (HELP and TYPE lines included; the router appends its own HTTP signals).

@@ -140,6 +140,14 @@ impl Service for SingleNode {
         ))
     }
 
+    fn engine(&self) -> &Tally {
+        &self.tally
+    }
+
+    fn node_id(&self) -> &str {
+        &self.node.id
+    }
+
     fn metrics_text(&self) -> String {
         let mut w = PromWriter::new();
         engine_metrics(&mut w, &self.tally, &self.node.id);

@@ -16,6 +16,10 @@
 //! | `PUT /v1/cluster/members/{id}` | `add_member`: the cluster after adding the node |
 //! | `DELETE /v1/cluster/members/{id}` | `remove_member`: the cluster after removing it |
 //! | `POST /v1/cluster/nodes/{id}/accept-loss` | `accept_loss`: the cluster after accepting that the node's replaced disk lost its data |
+//! | `GET /v1/counters` | `ops::list`: `?prefix=&limit=&cursor=`, one page of names |
+//! | `GET /v1/stats` | `ops::stats`: the busiest counters and read latency |
+//! | `GET /v1/openapi.json` | `ops::openapi`: the OpenAPI 3.1 document |
+//! | `GET /ui` | `ops::ui_page`: the status page (and `/ui/app.js`, `/ui/app.css`) |
 //! | `GET /metrics` | `metrics`: Prometheus text |
 //! | `GET /healthz` | `healthz`: 200 while the node serves |
 //!
@@ -27,6 +31,7 @@
 
 pub mod body;
 pub mod error;
+pub mod ops;
 
 use crate::config::HttpConfig;
 use crate::metrics::{HttpStats, PromWriter, CONTENT_TYPE as METRICS_CONTENT_TYPE};
@@ -61,6 +66,8 @@ struct Shared {
     limits: HttpConfig,
     /// Responses and latency, exported on `/metrics`.
     stats: HttpStats,
+    /// Samples of per-counter writes for `GET /v1/stats`.
+    rates: ops::RateBook,
 }
 
 /// The router's state: the service and the shared limits and signals.
@@ -80,9 +87,20 @@ impl<S: Service> Clone for AppState<S> {
 /// [`crate::serve`] (which also enforces the header-read timeout and connection
 /// limit) or drive it directly with `tower::ServiceExt::oneshot` in tests.
 pub fn router<S: Service>(svc: S, limits: &HttpConfig) -> Router {
-    let shared = Arc::new(Shared { limits: limits.clone(), stats: HttpStats::default() });
+    let shared = Arc::new(Shared {
+        limits: limits.clone(),
+        stats: HttpStats::default(),
+        rates: ops::RateBook::default(),
+    });
     let state = AppState { svc, shared: shared.clone() };
     Router::new()
+        .route("/v1/counters", get(list_counters::<S>))
+        .route("/v1/stats", get(stats::<S>))
+        .route("/v1/openapi.json", get(ops::openapi))
+        .route("/ui", get(ops::ui_page))
+        .route("/ui/", get(ops::ui_page))
+        .route("/ui/app.js", get(ops::ui_script))
+        .route("/ui/app.css", get(ops::ui_styles))
         .route("/v1/counters/{name}", put(put_counter::<S>).get(get_counter::<S>).delete(delete_counter::<S>))
         .route("/v1/counters/{name}/increments", post(incr::<S>))
         .route("/v1/increments", post(incr_many::<S>))
@@ -133,6 +151,24 @@ async fn put_counter<S: Service>(
         response.headers_mut().insert(header::LOCATION, location);
     }
     Ok(response)
+}
+
+/// `GET /v1/counters?prefix=P&limit=N&cursor=C`: one page of counter names.
+#[tracing::instrument(name = "list_counters", skip_all)]
+async fn list_counters<S: Service>(
+    State(st): State<AppState<S>>,
+    query: Result<Query<ops::ListQuery>, QueryRejection>,
+) -> Result<Json<tally_engine::CounterPage>, ApiError> {
+    ops::list(&st.svc, query).await
+}
+
+/// `GET /v1/stats?limit=N`: this node's busiest counters and read latency.
+#[tracing::instrument(name = "stats", skip_all)]
+async fn stats<S: Service>(
+    State(st): State<AppState<S>>,
+    query: Result<Query<ops::StatsQuery>, QueryRejection>,
+) -> Result<Json<ops::StatsView>, ApiError> {
+    ops::stats(&st.svc, &st.shared.rates, query).await
 }
 
 /// `GET /v1/counters/{name}`: the spec and a summary; 404 if unknown.
@@ -231,7 +267,11 @@ async fn value<S: Service>(
             return Err(bad(format!("consistency must be \"cached\" or \"fresh\" (got {other:?})")));
         }
     };
-    Ok(Json(st.svc.read(&name, consistency).await?))
+    let read = st.svc.read(&name, consistency).await?;
+    if consistency == Consistency::Cached {
+        st.shared.stats.cached_staleness_ms.record(read.staleness_ms);
+    }
+    Ok(Json(read))
 }
 
 /// `GET /v1/counters/{name}/distinct`: the distinct-member estimate.

@@ -284,6 +284,12 @@ impl Service for Faulty {
     async fn accept_loss(&self, id: &str) -> Result<ClusterView, ApiError> {
         self.inner.accept_loss(id).await
     }
+    fn engine(&self) -> &tally_engine::Tally {
+        self.inner.tally()
+    }
+    fn node_id(&self) -> &str {
+        self.inner.node_id()
+    }
     fn metrics_text(&self) -> String {
         self.inner.metrics_text()
     }

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Writes crates/tally-server/openapi.json, the OpenAPI 3.1 document of tallyd's
+public HTTP API. Edit this file, run it, and commit both: the process tests check
+every answer they see against the schemas of the written document."""
+import json, pathlib
+
+def ref(name): return {"$ref": f"#/components/schemas/{name}"}
+def obj(props, required=(), additional=False, desc=None):
+    o = {"type": "object", "properties": props, "required": list(required)}
+    if not additional: o["additionalProperties"] = False
+    if desc: o["description"] = desc
+    return o
+INT = {"type": "integer"}
+UINT = {"type": "integer", "minimum": 0}
+NUM = {"type": "number"}
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+NAME = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[A-Za-z0-9._:-]+$"}
+def nullable(s): return {"anyOf": [s, {"type": "null"}]}
+def json_body(schema): return {"content": {"application/json": {"schema": schema}}}
+
+schemas = {
+ "Error": obj({"error": obj({"code": {"type": "string", "pattern": "^[a-z0-9_]+$"}, "message": STR}, ["code", "message"])}, ["error"],
+              desc="Every error answer: a stable snake_case code and a human-readable message."),
+ "Durability": {"type": "string", "enum": ["sync", "batched"]},
+ "Router": {"type": "string", "enum": ["event", "writer", "round_robin", "random"]},
+ "CounterSpec": obj({"shards": {"type": "integer", "minimum": 1, "maximum": 1024}, "durability": ref("Durability"),
+   "flush_ms": UINT, "rollup_ms": UINT, "router": ref("Router"), "distinct": BOOL, "dedup_window_s": UINT},
+   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s"]),
+ "SpecPatch": obj({"shards": {"type": "integer"}, "durability": ref("Durability"), "flush_ms": INT, "rollup_ms": INT,
+   "router": ref("Router"), "distinct": BOOL, "dedup_window_s": INT}, desc="Fields to set; all optional."),
+ "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
+   "resharding": nullable(UINT), "created_at_ms": UINT}, ["name", "spec", "generation", "layout_shards", "resharding", "created_at_ms"]),
+ "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR}, ["delta"]),
+ "BatchItem": obj({"counter": NAME, "delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR}, ["counter", "delta"]),
+ "Batch": obj({"increments": {"type": "array", "items": ref("BatchItem")}}, ["increments"]),
+ "IncrOutcome": obj({"applied": BOOL, "duplicate": BOOL}, ["applied"]),
+ "BatchResults": obj({"results": {"type": "array", "items": {"oneOf": [ref("IncrOutcome"), ref("Error")]}}}, ["results"]),
+ "ValueRead": obj({"value": INT, "consistency": {"type": "string", "enum": ["cached", "fresh"]}, "as_of_ms": UINT,
+   "staleness_ms": UINT, "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
+   ["value", "consistency", "as_of_ms", "staleness_ms", "complete", "missing_shards"]),
+ "DistinctRead": obj({"estimate": UINT, "relative_error": NUM, "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
+   ["estimate", "relative_error", "complete", "missing_shards"]),
+ "ShardReport": obj({"index": UINT, "node": STR, "value": INT, "writes": UINT}, ["index", "node", "value", "writes"]),
+ "ShardsReport": obj({"generation": UINT, "base": INT, "shards": {"type": "array", "items": ref("ShardReport")}, "skew": NUM},
+   ["generation", "base", "shards", "skew"]),
+ "Reconcile": obj({"authoritative": INT}, ["authoritative"]),
+ "ReconcileReport": obj({"before": INT, "drift": INT, "corrected": BOOL}, ["before", "drift", "corrected"]),
+ "NodeView": obj({"id": STR, "state": {"type": "string", "enum": ["up", "suspect", "down"]}, "http": STR, "member": BOOL},
+   ["id", "state", "http", "member"]),
+ "ClusterView": obj({"nodes": {"type": "array", "items": ref("NodeView")}, "leader": nullable(STR), "term": UINT,
+   "placement_epoch": UINT, "handoff": {"type": "array", "items": STR}, "data_lost": {"type": "array", "items": STR}},
+   ["nodes", "leader", "term", "placement_epoch", "handoff", "data_lost"]),
+ "CounterPage": obj({"counters": {"type": "array", "items": NAME, "maxItems": 1000}, "next": nullable(NAME)}, ["counters", "next"],
+   desc="One page of counter names in byte order; pass `next` as `cursor` for the next page (null on the last)."),
+ "CounterStats": obj({"name": NAME, "writes": UINT, "write_rate": {"type": "number", "minimum": 0}, "skew": {"type": "number", "minimum": 0},
+   "value": nullable(INT), "staleness_ms": nullable(UINT), "complete": nullable(BOOL), "drift": nullable(INT), "error": nullable(STR)},
+   ["name", "writes", "write_rate", "skew", "value", "staleness_ms", "complete", "drift", "error"]),
+ "LatencySummary": obj({"count": UINT, "mean_us": NUM, "p50_us": UINT, "p99_us": UINT}, ["count", "mean_us", "p50_us", "p99_us"]),
+ "StatsView": obj({"node": STR, "as_of_ms": UINT, "rate_window_ms": UINT, "increments": UINT, "increment_rate": NUM,
+   "counters": {"type": "array", "items": ref("CounterStats"), "maxItems": 100},
+   "reads": obj({"cached": ref("LatencySummary"), "fresh": ref("LatencySummary")}, ["cached", "fresh"])},
+   ["node", "as_of_ms", "rate_window_ms", "increments", "increment_rate", "counters", "reads"]),
+ "Health": obj({"status": {"const": "ok"}}, ["status"]),
+}
+
+def err(desc): return {"description": desc, **json_body(ref("Error"))}
+def ok(desc, schema): return {"description": desc, **json_body(schema)}
+E400 = err("Malformed request: bad name, JSON, query or field.")
+E404 = err("Unknown counter, node or route.")
+E409 = err("Conflict: a reused event id, a resharding in progress, or not a cluster.")
+E413 = err("Body or batch too large.")
+E422 = err("A value out of range.")
+E503 = err("A shard or the metadata group is unavailable, or the node is starting or shutting down; retry (with the same event id).")
+E415 = err("The body is not application/json.")
+name_param = {"name": "name", "in": "path", "required": True, "schema": NAME, "description": "The counter's name."}
+id_param = {"name": "id", "in": "path", "required": True, "schema": STR, "description": "A node id from the cluster config."}
+
+def op(op_id, summary, responses, params=(), body=None, tag="counters"):
+    o = {"operationId": op_id, "summary": summary, "tags": [tag], "responses": responses}
+    if params: o["parameters"] = list(params)
+    if body: o["requestBody"] = {"required": body[1], **json_body(body[0])}
+    return o
+
+paths = {
+ "/v1/counters": {"get": op("listCounters", "One page of counter names, in byte order.", {
+     "200": ok("A page of names and the cursor of the next.", ref("CounterPage")), "400": E400},
+     [{"name": "prefix", "in": "query", "schema": {"type": "string", "maxLength": 255}, "description": "Only names starting with this."},
+      {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
+      {"name": "cursor", "in": "query", "schema": NAME, "description": "The `next` of the previous page."}])},
+ "/v1/counters/{name}": {
+   "put": op("putCounter", "Create (201) or update (200) a counter.", {
+     "200": ok("Updated.", ref("CounterInfo")), "201": ok("Created.", ref("CounterInfo")),
+     "400": E400, "409": E409, "413": E413, "415": E415, "422": E422, "503": E503}, [name_param], (ref("SpecPatch"), False)),
+   "get": op("getCounter", "The counter's spec and a summary.", {"200": ok("The counter.", ref("CounterInfo")), "400": E400, "404": E404}, [name_param]),
+   "delete": op("deleteCounter", "Delete the counter and its data.", {"204": {"description": "Deleted."}, "400": E400, "404": E404, "503": E503}, [name_param])},
+ "/v1/counters/{name}/increments": {"post": op("increment", "Count one increment (an unknown counter is created with the defaults).", {
+     "200": ok("Counted, or recognized as a duplicate.", ref("IncrOutcome")), "400": E400, "409": E409, "413": E413, "415": E415,
+     "422": E422, "503": E503}, [name_param], (ref("Increment"), True))},
+ "/v1/increments": {"post": op("incrementMany", "Count many increments; one result per item, in order.", {
+     "200": ok("One result per item.", ref("BatchResults")), "400": E400, "413": E413, "415": E415, "503": E503}, body=(ref("Batch"), True))},
+ "/v1/counters/{name}/value": {"get": op("readValue", "The counter's total.", {
+     "200": ok("The total and how much to trust it.", ref("ValueRead")), "400": E400, "404": E404, "503": E503},
+     [name_param, {"name": "consistency", "in": "query", "schema": {"type": "string", "enum": ["cached", "fresh"], "default": "cached"}}])},
+ "/v1/counters/{name}/distinct": {"get": op("readDistinct", "The distinct-member estimate.", {
+     "200": ok("The estimate.", ref("DistinctRead")), "400": E400, "404": E404, "409": E409, "422": E422, "503": E503}, [name_param])},
+ "/v1/counters/{name}/shards": {"get": op("readShards", "Per-shard values, owners, writes and skew.", {
+     "200": ok("The shards.", ref("ShardsReport")), "400": E400, "404": E404, "503": E503}, [name_param])},
+ "/v1/counters/{name}/reconcile": {"post": op("reconcile", "Bring the counter to an authoritative total.", {
+     "200": ok("What was found and corrected.", ref("ReconcileReport")), "400": E400, "404": E404, "415": E415, "422": E422, "503": E503},
+     [name_param], (ref("Reconcile"), True))},
+ "/v1/stats": {"get": op("stats", "This node's busiest counters (rate, value, staleness, skew, drift) and read latency.", {
+     "200": ok("The summary.", ref("StatsView")), "400": E400},
+     [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}}], tag="operations")},
+ "/v1/cluster": {"get": op("cluster", "Members, their state, the metadata leader, term and placement epoch.", {
+     "200": ok("The cluster as this node sees it.", ref("ClusterView"))}, tag="cluster")},
+ "/v1/cluster/members/{id}": {
+   "put": op("addMember", "Add a node to the placement ring.", {"200": ok("The cluster after the change.", ref("ClusterView")),
+     "400": E400, "404": E404, "409": E409, "503": E503}, [id_param], tag="cluster"),
+   "delete": op("removeMember", "Remove a node from the placement ring.", {"200": ok("The cluster after the change.", ref("ClusterView")),
+     "400": E400, "404": E404, "409": E409, "503": E503}, [id_param], tag="cluster")},
+ "/v1/cluster/nodes/{id}/accept-loss": {"post": op("acceptLoss", "Accept that a replaced disk lost a node's data.", {
+     "200": ok("The cluster after the change.", ref("ClusterView")), "400": E400, "404": E404, "409": E409, "503": E503}, [id_param], tag="cluster")},
+ "/v1/openapi.json": {"get": op("openapi", "This document.", {"200": {"description": "The OpenAPI 3.1 document.",
+     "content": {"application/json": {"schema": {"type": "object"}}}}}, tag="operations")},
+ "/metrics": {"get": op("metrics", "Prometheus text exposition (version 0.0.4).", {"200": {"description": "The metrics.",
+     "content": {"text/plain": {"schema": {"type": "string"}}}}}, tag="operations")},
+ "/healthz": {"get": op("healthz", "200 when the node is ready to serve.", {"200": ok("Ready.", ref("Health")), "503": E503}, tag="operations")},
+ "/ui": {"get": op("statusPage", "The status page (HTML; its script and styles are /ui/app.js and /ui/app.css).", {
+     "200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}}, tag="operations")},
+}
+
+doc = {
+ "openapi": "3.1.0",
+ "info": {"title": "Tally", "version": "0.1.0", "summary": "A distributed counter service: sharded, batched, durable counters over HTTP/JSON.",
+          "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}},
+ "servers": [{"url": "http://127.0.0.1:7070", "description": "the built-in single-node config"}],
+ "tags": [{"name": "counters"}, {"name": "cluster"}, {"name": "operations"}],
+ "paths": paths,
+ "components": {"schemas": schemas},
+}
+out = pathlib.Path(__file__).resolve().parent.parent / "crates/tally-server/openapi.json"
+out.write_text(json.dumps(doc, indent=1) + "\n")
+print(f"wrote {out}")
