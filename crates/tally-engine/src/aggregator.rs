@@ -7,9 +7,10 @@
 //! It also evicts counters that went idle and prunes old sealed generations.
 
 use crate::ctx::Ctx;
+use crate::messages::AggregatorMsg;
 use crate::runtime::CounterRuntime;
 use futures::StreamExt;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -24,19 +25,6 @@ pub const DRAINS_CONCURRENT_MAX: usize = 64;
 pub const SHUTDOWN_DELIVER_MS: u64 = 5_000;
 /// Pause between a shutdown's delivery rounds, in milliseconds.
 const SHUTDOWN_ROUND_PAUSE_MS: u64 = 50;
-
-/// Messages the aggregator takes.
-pub(crate) enum AggregatorMsg {
-    /// Drain what is due.
-    Tick,
-    /// A slot filled up: drain early.
-    FlushNow,
-    /// Drain everything now and flush (shutdown); answers how many acknowledged
-    /// increments it could not deliver within [`SHUTDOWN_DELIVER_MS`].
-    FlushAll { reply: RpcReplyPort<u64> },
-}
-
-impl ractor::Message for AggregatorMsg {}
 
 /// The aggregator actor.
 pub(crate) struct Aggregator;

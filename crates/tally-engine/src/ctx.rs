@@ -5,18 +5,16 @@
 //! actor needs: reaching a shard ([`Ctx::submit`]) and draining accumulators
 //! ([`Ctx::drain`]).
 
-use crate::aggregator::AggregatorMsg;
 use crate::api::{IncrOutcome, Increment};
 use crate::catalog::Catalog;
 use crate::clock::Clock;
 use crate::config::TallyConfig;
-use crate::error::TallyError;
+use crate::error::{unavailable, TallyError};
 use crate::flusher::Flusher;
+use crate::messages::{AggregatorMsg, ShardMsg, SupervisorMsg};
 use crate::placement::{unexpected, Placement, ShardRequest, ShardResponse};
 use crate::runtime::{CounterRuntime, Drained};
-use crate::shard::{ShardMsg, ShardReply};
 use crate::stats::Stats;
-use crate::supervisor::SupervisorMsg;
 use dashmap::DashMap;
 use futures::StreamExt;
 use ractor::{ActorRef, MessagingErr, RpcReplyPort};
@@ -28,6 +26,7 @@ use tally_core::limits::{bufferable, slot_open, SLOT_INCREMENTS_MAX};
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
 use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
 use tally_core::router::{route, RouteKey};
+use tally_core::shard::ShardReply;
 use tally_core::shard::{Outcome, Submission, DRAIN_DEDUP_WINDOW_MS, DRAIN_ID_PREFIX};
 use tally_core::sketch::member_hash;
 use tally_core::spec::{Durability, RouterPolicy};
@@ -154,8 +153,12 @@ pub(crate) struct Ctx {
     pub(crate) directory: DashMap<ShardId, ActorRef<ShardMsg>>,
     /// Counters with buffered increments, waiting for the aggregator.
     pub(crate) dirty: parking_lot::Mutex<Vec<Arc<CounterRuntime>>>,
-    /// Counters whose resharding task is running.
+    /// Counters whose resharding task is running or about to start.
     pub(crate) resharding: DashMap<CounterName, ()>,
+    /// Counters whose resharding task must start; `reshard.rs` starts them.
+    pub(crate) reshard_queue: parking_lot::Mutex<Vec<CounterName>>,
+    /// Wakes `reshard.rs` when `reshard_queue` has names.
+    pub(crate) reshard_wake: Arc<tokio::sync::Notify>,
     /// Counters whose expired sealed generations are being pruned.
     pub(crate) pruning: DashMap<CounterName, ()>,
     /// Where shards live; `None` for an embedded engine that owns every shard.
@@ -178,6 +181,13 @@ pub(crate) struct Ctx {
     pub(crate) adopting: DashMap<ShardId, Arc<tokio::sync::Mutex<()>>>,
     /// Set while this node's shards may lack values it lost (`lost.rs`).
     pub(crate) lost: crate::lost::LostData,
+}
+
+/// The store key of shard `id`'s seal marker.
+pub(crate) fn seal_key(id: &ShardId) -> Vec<u8> {
+    let mut key = b"sealed:".to_vec();
+    key.extend_from_slice(id.to_string().as_bytes());
+    key
 }
 
 impl Ctx {
@@ -249,8 +259,10 @@ impl Ctx {
                 }
             }
         }
-        if rt.meta.layout.resharding.is_some() {
-            crate::reshard::ensure_running(self, &name);
+        // A resharding in progress is resumed by its task (`reshard.rs`), woken here.
+        if rt.meta.layout.resharding.is_some() && self.resharding.insert(name.clone(), ()).is_none() {
+            self.reshard_queue.lock().push(name);
+            self.reshard_wake.notify_one();
         }
         rt
     }
@@ -880,7 +892,7 @@ impl Ctx {
     /// and its seal.
     pub(crate) fn drop_shard_data(&self, id: &ShardId) -> Result<(), TallyError> {
         self.store.delete_shard(id)?;
-        self.store.meta_delete(&crate::shard::seal_key(id))?;
+        self.store.meta_delete(&seal_key(id))?;
         Ok(())
     }
 
@@ -947,8 +959,4 @@ impl Ctx {
         let rt = meta.map(|m| self.install(name.clone(), m));
         Ok((rt, effect))
     }
-}
-
-pub(crate) fn unavailable(id: &ShardId, reason: &str) -> TallyError {
-    TallyError::Unavailable { shard: id.to_string(), reason: reason.to_string() }
 }

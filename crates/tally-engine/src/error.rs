@@ -7,6 +7,28 @@ use tally_core::name::NameError;
 use tally_core::spec::SpecError;
 use tally_store::StoreError;
 
+/// Why a listing request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListError {
+    /// The page size was 0 or above `LIST_PAGE_COUNTERS_MAX`.
+    #[error("limit must be between 1 and {max} (got {got})")]
+    Limit {
+        /// What was asked for.
+        got: usize,
+        /// `LIST_PAGE_COUNTERS_MAX`.
+        max: usize,
+    },
+    /// The prefix was longer than a name may be, or held a byte no name may hold.
+    #[error("prefix must be at most {max} bytes of [A-Za-z0-9._:-]")]
+    Prefix {
+        /// `LIST_PREFIX_BYTES_MAX`.
+        max: usize,
+    },
+    /// The cursor was not a counter name (cursors are the last name of a page).
+    #[error("cursor must be a counter name, as returned in `next` by the previous page")]
+    Cursor,
+}
+
 /// Why a request was refused or failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TallyError {
@@ -77,7 +99,7 @@ pub enum TallyError {
     },
     /// A listing of counters was asked with a bad limit, prefix or cursor.
     #[error(transparent)]
-    InvalidListing(#[from] crate::list::ListError),
+    InvalidListing(#[from] ListError),
 }
 
 impl TallyError {
@@ -119,4 +141,9 @@ impl TallyError {
     pub fn retryable(&self) -> bool {
         self.http_status() == 503 || matches!(self, Self::Meta(MetaError::Resharding { .. }))
     }
+}
+
+/// A shard that could not be reached or did not answer, and why.
+pub(crate) fn unavailable(id: &tally_core::ShardId, reason: &str) -> TallyError {
+    TallyError::Unavailable { shard: id.to_string(), reason: reason.to_string() }
 }

@@ -20,7 +20,8 @@
 //!   previous member has handed everything off, so each shard has exactly one
 //!   previous owner to pull from.
 
-use crate::ctx::{unavailable, Ctx};
+use crate::ctx::Ctx;
+use crate::error::unavailable;
 use crate::error::TallyError;
 use crate::placement::{unexpected, ShardRequest, ShardResponse};
 use std::time::Duration;

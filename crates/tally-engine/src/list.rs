@@ -3,7 +3,7 @@
 //! one call scanning them all.
 
 use crate::catalog::Catalog;
-use crate::error::TallyError;
+use crate::error::{ListError, TallyError};
 use serde::{Deserialize, Serialize};
 use tally_core::CounterName;
 
@@ -11,28 +11,6 @@ use tally_core::CounterName;
 pub const LIST_PAGE_COUNTERS_MAX: usize = 1000;
 /// Longest prefix accepted, in bytes (a counter name's own limit).
 pub const LIST_PREFIX_BYTES_MAX: usize = 255;
-
-/// Why a listing request was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ListError {
-    /// The page size was 0 or above [`LIST_PAGE_COUNTERS_MAX`].
-    #[error("limit must be between 1 and {max} (got {got})")]
-    Limit {
-        /// What was asked for.
-        got: usize,
-        /// [`LIST_PAGE_COUNTERS_MAX`].
-        max: usize,
-    },
-    /// The prefix was longer than a name may be, or held a byte no name may hold.
-    #[error("prefix must be at most {max} bytes of [A-Za-z0-9._:-]")]
-    Prefix {
-        /// [`LIST_PREFIX_BYTES_MAX`].
-        max: usize,
-    },
-    /// The cursor was not a counter name (cursors are the last name of a page).
-    #[error("cursor must be a counter name, as returned in `next` by the previous page")]
-    Cursor,
-}
 
 /// One page of counter names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -38,7 +38,7 @@ impl LostData {
     /// Refuses a read of `id` while the shards are marked lost.
     pub(crate) fn check(&self, id: &ShardId) -> Result<(), TallyError> {
         if self.get() {
-            return Err(crate::ctx::unavailable(
+            return Err(crate::error::unavailable(
                 id,
                 "this node's store was replaced and the shard's earlier value is lost; \
                  an operator must accept the loss (tally cluster accept-loss NODE)",

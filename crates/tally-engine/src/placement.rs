@@ -7,10 +7,10 @@
 //! aggregation, dedup, resharding, reads — is the same code on one node or many.
 
 use crate::error::TallyError;
-use crate::shard::ShardReply;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tally_core::dedup::DedupRecord;
+use tally_core::shard::ShardReply;
 use tally_core::shard::Submission;
 use tally_core::{NodeId, ShardId};
 use tally_store::ShardImage;

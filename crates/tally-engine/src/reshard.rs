@@ -22,13 +22,30 @@ use tally_core::{CounterName, ShardId};
 /// Pause before retrying a resharding that failed (a store error, say).
 const RESHARD_RETRY_BACKOFF_MS: u64 = 100;
 
-/// Starts the resharding task for `name` unless it is running.
-pub(crate) fn ensure_running(ctx: &Arc<Ctx>, name: &CounterName) {
-    if ctx.resharding.insert(name.clone(), ()).is_some() {
-        return;
-    }
-    let ctx = ctx.clone();
-    let name = name.clone();
+/// Starts the task that resumes reshardings: whenever the engine installs metadata
+/// of a counter with a resharding in progress, it queues the counter and wakes this
+/// task, which runs the resharding (one task per counter, until it completes). Ends
+/// when the engine is gone or closing.
+pub(crate) fn watch(ctx: &Arc<Ctx>) {
+    let wake = ctx.reshard_wake.clone();
+    let weak = Arc::downgrade(ctx);
+    tokio::spawn(async move {
+        loop {
+            wake.notified().await;
+            let Some(ctx) = weak.upgrade() else { return };
+            if ctx.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            let names = std::mem::take(&mut *ctx.reshard_queue.lock());
+            for name in names {
+                spawn_resharding(ctx.clone(), name);
+            }
+        }
+    });
+}
+
+/// Runs `name`'s resharding until it completes (or the engine closes).
+fn spawn_resharding(ctx: Arc<Ctx>, name: CounterName) {
     tokio::spawn(async move {
         while !ctx.closing.load(std::sync::atomic::Ordering::SeqCst) {
             match run(&ctx, &name).await {
@@ -64,7 +81,7 @@ async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
         sum += i128::from(image.value);
         if let Some(bytes) = image.sketch {
             let s = DistinctSketch::from_bytes(&bytes)
-                .map_err(|e| crate::ctx::unavailable(&id, &e.to_string()))?;
+                .map_err(|e| crate::error::unavailable(&id, &e.to_string()))?;
             sketch.get_or_insert_with(DistinctSketch::new).merge(&s);
         }
     }

@@ -13,10 +13,10 @@
 //! because the sealed value is counted in the next generation's `base`: a copy that
 //! restarts — on metadata that has not caught up, say — must still refuse writes.
 
-use crate::ctx::Ctx;
+use crate::ctx::{seal_key, Ctx};
 use crate::error::TallyError;
 use crate::flusher::Waiter;
-use crate::supervisor::SupervisorMsg;
+use crate::messages::{ShardMsg, SupervisorMsg};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -25,7 +25,7 @@ use std::time::Duration;
 use tally_core::dedup::{expired_ids, DedupRecord};
 use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
-use tally_core::shard::{window_for, Submission};
+use tally_core::shard::window_for;
 use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
 use tally_core::sketch::DistinctSketch;
 use tally_core::ShardId;
@@ -33,25 +33,6 @@ use tally_store::{ShardImage, StoreError};
 
 /// How often a shard checks for idleness and expired dedup records.
 pub const SHARD_TICK_MS: u64 = 1_000;
-
-/// Messages a shard takes.
-pub(crate) enum ShardMsg {
-    /// Count something; the answer follows the commit (and the flush, for `sync`).
-    Submit { sub: Submission, reply: RpcReplyPort<ShardReply> },
-    /// Commit what is pending (sent to itself).
-    Commit,
-    /// Stop taking writes; answer with the final state.
-    Seal { reply: RpcReplyPort<Result<ShardImage, TallyError>> },
-    /// Merge an encoded sketch into this shard's (a resharding carries the sealed
-    /// generation's members into the next one); answered once durable.
-    MergeSketch { sketch: Vec<u8>, reply: RpcReplyPort<Result<(), TallyError>> },
-    /// The counter's metadata changed.
-    MetaChanged(Arc<CounterMeta>),
-    /// Periodic housekeeping.
-    Tick,
-}
-
-impl ractor::Message for ShardMsg {}
 
 pub use tally_core::shard::ShardReply;
 
@@ -79,13 +60,6 @@ pub(crate) struct ShardActorState {
     last_sweep_ms: u64,
     sweep_after: Option<String>,
     ticker: Option<tokio::task::JoinHandle<()>>,
-}
-
-/// The store key of shard `id`'s seal marker.
-pub(crate) fn seal_key(id: &ShardId) -> Vec<u8> {
-    let mut key = b"sealed:".to_vec();
-    key.extend_from_slice(id.to_string().as_bytes());
-    key
 }
 
 fn corrupt_sketch(id: &ShardId, e: impl std::fmt::Display) -> StoreError {

@@ -8,26 +8,13 @@
 
 use crate::ctx::Ctx;
 use crate::error::TallyError;
-use crate::shard::{ShardActor, ShardArgs, ShardMsg};
+use crate::messages::{ShardMsg, SpawnReply, SupervisorMsg};
+use crate::shard::{ShardActor, ShardArgs};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use tally_core::meta::CounterMeta;
 use tally_core::ShardId;
-
-type SpawnReply = RpcReplyPort<Result<ActorRef<ShardMsg>, TallyError>>;
-
-/// Messages the supervisor takes.
-pub(crate) enum SupervisorMsg {
-    /// Start the shard unless it runs; answer with its actor.
-    Spawn { id: ShardId, meta: Arc<CounterMeta>, reply: SpawnReply },
-    /// The shard has been idle: drain and stop it, if `actor` is still its actor.
-    Retire { id: ShardId, actor: ActorId },
-    /// Drain and stop the shard now; answer when it has stopped (deletion).
-    Stop { id: ShardId, reply: RpcReplyPort<()> },
-}
-
-impl ractor::Message for SupervisorMsg {}
 
 /// The supervisor actor.
 pub(crate) struct Supervisor;
@@ -143,7 +130,7 @@ impl SupervisorState {
         // Only the owner runs a shard: once a membership change has moved it, this
         // node never starts it again (its hand-off relies on that).
         if let Some((_, owner)) = ctx.remote(&id) {
-            return Err(crate::ctx::unavailable(&id, &format!("{owner} owns it now")));
+            return Err(crate::error::unavailable(&id, &format!("{owner} owns it now")));
         }
         // Start from the newest metadata this node knows.
         let meta = ctx
@@ -159,7 +146,7 @@ impl SupervisorState {
                 ctx.directory.insert(id, actor.clone());
                 Ok(actor)
             }
-            Err(e) => Err(crate::ctx::unavailable(&id, &format!("cannot start: {e}"))),
+            Err(e) => Err(crate::error::unavailable(&id, &format!("cannot start: {e}"))),
         }
     }
 

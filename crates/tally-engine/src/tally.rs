@@ -1,6 +1,6 @@
 //! [`Tally`]: the embedded engine's handle.
 
-use crate::aggregator::{Aggregator, AggregatorMsg};
+use crate::aggregator::Aggregator;
 use crate::api::*;
 use crate::catalog::Catalog;
 use crate::catalog::LocalCatalog;
@@ -10,11 +10,12 @@ use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::flusher::Flusher;
 use crate::handoff::HandoffReport;
+use crate::messages::{AggregatorMsg, SupervisorMsg};
 use crate::placement::{Placement, ShardRequest, ShardResponse};
 use crate::reconciler::{Reconciler, ReconcilerMsg};
 use crate::rollup::{Rollup, RollupMsg};
 use crate::stats::Stats;
-use crate::supervisor::{Supervisor, SupervisorMsg};
+use crate::supervisor::Supervisor;
 use ractor::{Actor, ActorRef};
 use std::path::Path;
 use std::sync::atomic::Ordering::*;
@@ -112,6 +113,8 @@ impl Tally {
             directory: Default::default(),
             dirty: Default::default(),
             resharding: Default::default(),
+            reshard_queue: Default::default(),
+            reshard_wake: Default::default(),
             placement,
             in_doubt: Default::default(),
             resending: Default::default(),
@@ -125,6 +128,7 @@ impl Tally {
             adopting: Default::default(),
             lost: Default::default(),
         });
+        crate::reshard::watch(&ctx);
         let weak = Arc::downgrade(&ctx);
         let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
         let (aggregator, _) = Actor::spawn(None, Aggregator, weak.clone()).await.map_err(spawn_err)?;
@@ -353,6 +357,7 @@ impl Tally {
         if self.ctx.closing.swap(true, SeqCst) {
             return Ok(());
         }
+        self.ctx.reshard_wake.notify_one();
         let (tx, rx) = ractor::concurrency::oneshot();
         let mut undelivered = 0;
         if self.actors.aggregator.send_message(AggregatorMsg::FlushAll { reply: tx.into() }).is_ok() {
@@ -404,7 +409,7 @@ impl Tally {
         let for_owner = !matches!(request, ShardRequest::HandOff { .. } | ShardRequest::Adopt { .. });
         if let Some((_, owner)) = ctx.remote(request.shard()).filter(|_| for_owner) {
             let reason = format!("{owner} owns it now (this node has applied a newer membership)");
-            return Err(crate::ctx::unavailable(request.shard(), &reason));
+            return Err(crate::error::unavailable(request.shard(), &reason));
         }
         match request {
             ShardRequest::HandOff { id, epoch, after } => {
@@ -488,6 +493,7 @@ impl Tally {
     /// tests and simulations; production code calls [`Tally::shutdown`].
     pub fn abort(&self) {
         self.ctx.closing.store(true, SeqCst);
+        self.ctx.reshard_wake.notify_one();
         for entry in self.ctx.directory.iter() {
             entry.value().stop(None);
         }
