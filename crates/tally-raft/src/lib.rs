@@ -38,6 +38,7 @@ pub mod log_store;
 pub mod meta_raft;
 pub mod network;
 mod replace;
+pub mod rpc;
 pub mod server;
 pub mod state;
 pub mod state_machine;

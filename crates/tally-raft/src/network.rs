@@ -14,7 +14,7 @@
 //! voter whose log contradicts what it acknowledged.
 
 use crate::identity::StoreId;
-use crate::server::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
+use crate::rpc::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
 use crate::state_machine::Shared;
 use crate::types::{NodeId, StoreRecord, TypeConfig};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};

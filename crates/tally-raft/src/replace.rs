@@ -13,7 +13,7 @@
 //! Every step is idempotent and the caller retries the whole request, so an
 //! interrupted replacement (a leader crash, a timeout) resumes where it stopped.
 
-use crate::server::ReplaceRequest;
+use crate::rpc::ReplaceRequest;
 use crate::state_machine::Shared;
 use crate::types::{Raft, Request, Response};
 use openraft::{BasicNode, ChangeMembers};

@@ -21,8 +21,12 @@
 
 use crate::identity::StoreId;
 use crate::network::{check_incarnation, Guarded};
+pub use crate::rpc::{
+    IdentityAnswer, ReplaceRequest, PATH_APPEND, PATH_CLIENT_WRITE, PATH_IDENTITY, PATH_READ, PATH_REPLACE,
+    PATH_SNAPSHOT, PATH_VOTE,
+};
 use crate::state_machine::Shared;
-use crate::types::{NodeId, Raft, Request, StoreRecord, TypeConfig};
+use crate::types::{NodeId, Raft, Request, TypeConfig};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -30,60 +34,14 @@ use axum::routing::post;
 use axum::{Json, Router};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::name::CounterName;
-
-/// Path of the append-entries RPC.
-pub const PATH_APPEND: &str = "/raft/append";
-/// Path of the vote RPC.
-pub const PATH_VOTE: &str = "/raft/vote";
-/// Path of the install-snapshot RPC (one chunk per call).
-pub const PATH_SNAPSHOT: &str = "/raft/snapshot";
-/// Path where a follower forwards a client write to the leader.
-pub const PATH_CLIENT_WRITE: &str = "/raft/client-write";
-/// Path where a follower asks the leader for a linearizable read.
-pub const PATH_READ: &str = "/raft/read";
-/// Path where a node tells who it is and what it has applied.
-pub const PATH_IDENTITY: &str = "/raft/identity";
-/// Path where a node whose disk was replaced asks the leader to re-add it.
-pub const PATH_REPLACE: &str = "/raft/replace";
 
 /// How long the leader works on one replacement (removing the old incarnation,
 /// catching the new one up as a learner, promoting it) before answering, in
 /// milliseconds. The caller retries; every step resumes where it stopped.
 pub const REPLACE_TIMEOUT_MS: u64 = 60_000;
-
-/// The answer of `POST /raft/identity`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IdentityAnswer {
-    /// The answering node's raft id.
-    pub node: NodeId,
-    /// Its store incarnation.
-    pub store: StoreId,
-    /// Whether its raft log holds a membership (the group exists for it).
-    pub initialized: bool,
-    /// The leader it knows of.
-    pub leader: Option<NodeId>,
-    /// The index of the last entry it applied.
-    pub applied_index: Option<u64>,
-    /// The voters of the membership it applied.
-    pub voters: Vec<NodeId>,
-    /// The store records it applied.
-    pub stores: BTreeMap<NodeId, StoreRecord>,
-}
-
-/// The body of `POST /raft/replace`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ReplaceRequest {
-    /// The raft id of the node whose disk was replaced.
-    pub node: NodeId,
-    /// Its new store incarnation.
-    pub store: StoreId,
-    /// Its raft address.
-    pub addr: String,
-}
 
 /// Largest accepted request body, in bytes. A snapshot chunk is at most
 /// `SNAPSHOT_CHUNK_BYTES` of data, which JSON encodes as up to 4 bytes per byte.

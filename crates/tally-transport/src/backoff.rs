@@ -5,6 +5,7 @@
 //! [`LogLimiter`]. Jitter comes from a seeded hash, not a global RNG, so a schedule can be
 //! replayed from its seed and tested exactly.
 
+use std::time::{SystemTime, UNIX_EPOCH};
 use tally_core::hash::hash64;
 
 /// Seed for reconnect jitter (mixed with the node pair so peers do not dial in lockstep).
@@ -83,6 +84,15 @@ impl LogLimiter {
         self.last_ms = None;
         self.suppressed = 0;
     }
+}
+
+/// Spacing of repeated reconnect-failure and refusal log lines per peer, in ms.
+pub const RECONNECT_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// Wall-clock milliseconds since the Unix epoch, for `last_seen_ms` and log limiting only
+/// (detection counts pings, it never compares clocks).
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -12,8 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tally_core::codec::{decode, encode};
 use tokio::sync::Semaphore;
 
-use crate::backoff::LogLimiter;
-use crate::transport::unix_ms;
+use crate::backoff::{unix_ms, LogLimiter};
 use crate::wire::{GatewayMsg, Refusal, WireReply, WireRequest, REPLY_BYTES_MAX};
 
 /// ractor process-group scope holding every node's gateway.

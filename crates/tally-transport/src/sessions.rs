@@ -20,8 +20,7 @@ use ractor_cluster::node::NodeServerSessionInformation;
 use ractor_cluster::{NodeEventSubscription, NodeSessionMessage};
 use tokio::sync::watch;
 
-use crate::backoff::LogLimiter;
-use crate::transport::{unix_ms, RECONNECT_LOG_INTERVAL_MS};
+use crate::backoff::{unix_ms, LogLimiter, RECONNECT_LOG_INTERVAL_MS};
 
 /// Prefix of the label we give outbound streams; ractor_cluster reports it back as the
 /// session's `peer_addr`, which is how a dial is matched to its session.

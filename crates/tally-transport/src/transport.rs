@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
@@ -16,7 +16,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::backoff::{Backoff, LogLimiter};
+pub use crate::backoff::RECONNECT_LOG_INTERVAL_MS;
+use crate::backoff::{unix_ms, Backoff, LogLimiter};
 use crate::config::TransportConfig;
 use crate::error::TransportError;
 use crate::gateway::{gateway_group, DynHandler, Erased, Gateway, Handler, PG_SCOPE};
@@ -32,16 +33,8 @@ static RUNNING: AtomicBool = AtomicBool::new(false);
 const SUBSCRIPTION_ID: &str = "tally-transport";
 /// How long a session may ignore a stop request before it is killed, in ms.
 pub const SESSION_STOP_GRACE_MS: u64 = 1_000;
-/// Spacing of repeated reconnect-failure and refusal log lines per peer, in ms.
-pub const RECONNECT_LOG_INTERVAL_MS: u64 = 10_000;
 /// How long shutdown waits for the NodeServer and gateway to stop before killing them, in ms.
 pub const SHUTDOWN_WAIT_MS: u64 = 2_000;
-
-/// Wall-clock milliseconds since the Unix epoch, for `last_seen_ms` and log limiting only
-/// (detection counts pings, it never compares clocks).
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 /// One peer as this node sees it; the data plane routes on `state`.
 #[derive(Debug, Clone, PartialEq, Eq)]
