@@ -120,4 +120,21 @@ mod tests {
     fn buffered_overflow_is_a_crash_not_a_wrap() {
         apply_buffered(i64::MAX, 1);
     }
+
+    #[test]
+    fn the_argument_is_made_for_these_bounds() {
+        // The module's argument is written out for these values; changing one means
+        // redoing it (and `reserve_covers_every_node_draining_twice` checks the sum).
+        assert_eq!(FAST_DELTA_ABS_LIMIT, 1i64 << 32);
+        assert_eq!(SLOT_INCREMENTS_MAX, 524_288);
+        assert_eq!(FAST_SHARD_ABS_MAX, 1_152_921_504_606_846_976);
+        assert!(slot_open(1 << 60) && !slot_open((1 << 60) + 1));
+    }
+
+    #[test]
+    fn a_shard_beyond_the_limit_may_stay_where_it_is() {
+        // Only moving further from zero is refused.
+        assert_eq!(check_direct(SHARD_VALUE_ABS_MAX + 10, 0), Ok(SHARD_VALUE_ABS_MAX + 10));
+        assert_eq!(check_direct(-SHARD_VALUE_ABS_MAX - 10, 0), Ok(-SHARD_VALUE_ABS_MAX - 10));
+    }
 }

@@ -389,4 +389,18 @@ mod command_tests {
         assert!(apply_command(m, &MetaCommand::Put(bad), 6).is_err());
         assert!(apply_command(None, &MetaCommand::Put(bad), 6).is_err());
     }
+
+    #[test]
+    fn every_transition_moves_the_version_by_one() {
+        let mut m = CounterMeta::create(CounterSpec::default(), 1_000).unwrap();
+        assert_eq!(m.version, 1);
+        m.update(&SpecPatch { shards: Some(4), dedup_window_s: Some(0), ..Default::default() }).unwrap();
+        assert_eq!(m.version, 2);
+        m.complete_reshard(0, 3, 1_000).unwrap();
+        assert_eq!(m.version, 3);
+        assert_eq!(m.prune_sealed(1_000 + DRAIN_DEDUP_WINDOW_MS).len(), 1);
+        assert_eq!(m.version, 4);
+        assert!(m.prune_sealed(1_000 + DRAIN_DEDUP_WINDOW_MS).is_empty());
+        assert_eq!(m.version, 4, "nothing pruned, nothing changed");
+    }
 }

@@ -348,4 +348,40 @@ mod tests {
         assert!(d.sketch_changed);
         assert_eq!(s.sketch.as_ref().unwrap().estimate(), 2);
     }
+
+    #[test]
+    fn a_drain_id_lives_ten_minutes() {
+        assert_eq!(DRAIN_DEDUP_WINDOW_MS, 600_000);
+        assert_eq!(window_for("~drain:n:1:2:0", 5), 600_000);
+        assert_eq!(window_for("e-1", 5), 5);
+    }
+
+    #[test]
+    fn a_submission_names_its_record_and_counts_its_increments() {
+        let b = Submission::Buffered {
+            sum: 9,
+            increments: 3,
+            members: vec![],
+            drain_id: Some("~drain:a".into()),
+        };
+        assert_eq!((b.record_id(), b.drain_id(), b.increments()), (Some("~drain:a"), Some("~drain:a"), 3));
+        let s = single(2, Some("e"));
+        assert_eq!((s.record_id(), s.drain_id(), s.increments()), (Some("e"), None, 1));
+        let anonymous = Submission::Buffered { sum: 1, increments: 7, members: vec![], drain_id: None };
+        assert_eq!((anonymous.record_id(), anonymous.drain_id(), anonymous.increments()), (None, None, 7));
+    }
+
+    #[test]
+    fn a_decision_writes_when_anything_changed() {
+        let base = Decision { value: 5, ..Decision::default() };
+        assert!(!base.writes(5));
+        assert!(base.writes(4), "the value changed");
+        let records = Decision {
+            dedup_put: vec![("e".into(), DedupRecord { delta: 0, applied_at_ms: 0 })],
+            ..base.clone()
+        };
+        assert!(records.writes(5), "a record to keep");
+        let sketch = Decision { sketch_changed: true, ..base };
+        assert!(sketch.writes(5), "the sketch changed");
+    }
 }

@@ -638,4 +638,64 @@ mod tests {
         assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![]);
         assert!(m.quiet());
     }
+
+    #[test]
+    fn the_shell_can_see_what_the_machine_waits_for() {
+        let mut m = machine(Durability::Batched, 0);
+        assert!(m.quiet() && !m.sealed() && !m.broken());
+        m.step(NOW, Input::Submit { sub: single(1, None), reply: 1 });
+        assert!(!m.quiet(), "a submission is queued");
+        m.step(NOW, Input::CommitDue { writable: true });
+        assert!(!m.quiet(), "a write is in flight");
+        m.step(NOW, Input::Applied { ok: true });
+        assert!(m.quiet());
+        m.step(NOW, Input::Submit { sub: single(1, Some("e")), reply: 2 });
+        m.step(NOW, Input::CommitDue { writable: true });
+        assert!(!m.quiet(), "records are being looked up");
+        m.step(NOW, Input::Priors(Some(BTreeMap::new())));
+        m.step(NOW, Input::Applied { ok: true });
+        assert!(m.quiet() && !m.broken());
+    }
+
+    #[test]
+    fn a_failed_merge_or_sweep_is_forgotten_too() {
+        let p = ShardParams { distinct: true, ..params(Durability::Batched) };
+        let mut m: ShardMachine<u32> =
+            ShardMachine::new(p, ShardImage { value: 1, sketch: None }, None, false);
+        let mut incoming = DistinctSketch::new();
+        incoming.insert_hash(crate::sketch::member_hash("x"));
+        m.step(NOW, Input::MergeSketch(incoming));
+        assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
+        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None }, None))));
+        m.step(NOW, Input::Sweep { expired: vec!["old".into()] });
+        assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
+        // Nothing to remove: no write at all.
+        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None }, None))));
+        assert_eq!(m.step(NOW, Input::Sweep { expired: vec![] }), vec![]);
+        assert!(m.quiet());
+    }
+
+    #[test]
+    fn metadata_changes_seal_for_good_and_keep_the_sketch() {
+        let p = ShardParams { distinct: true, ..params(Durability::Batched) };
+        let mut x = DistinctSketch::new();
+        x.insert_hash(crate::sketch::member_hash("x"));
+        let image = ShardImage { value: 0, sketch: Some(x.to_bytes()) };
+        let mut m: ShardMachine<u32> = ShardMachine::new(p, image, Some(x.clone()), false);
+        m.step(NOW, Input::MetaChanged { params: p, sealed: false });
+        assert!(!m.sealed());
+        // The sketch it had survives a metadata change; a new member joins it.
+        let sub =
+            Submission::Single { delta: 1, event_id: None, member: Some(crate::sketch::member_hash("y")) };
+        m.step(NOW, Input::Submit { sub, reply: 1 });
+        let effects = m.step(NOW, Input::CommitDue { writable: true });
+        let Some(Effect::Write { write, .. }) = effects.first() else { panic!("{effects:?}") };
+        let written = DistinctSketch::from_bytes(write.image.sketch.as_deref().unwrap()).unwrap();
+        assert_eq!(written.estimate(), 2);
+        m.step(NOW, Input::Applied { ok: true });
+        m.step(NOW, Input::MetaChanged { params: p, sealed: true });
+        assert!(m.sealed());
+        m.step(NOW, Input::MetaChanged { params: p, sealed: false });
+        assert!(m.sealed(), "a seal is never lifted");
+    }
 }
