@@ -20,7 +20,7 @@ use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tally_core::dedup::DedupRecord;
 use tally_core::meta::{MetaCommand, MetaEffect};
-use tally_core::sketch::DistinctSketch;
+use tally_core::reshard_machine::{ReshardEffect, ReshardInput, ReshardMachine};
 use tally_core::spec::SpecPatch;
 use tally_core::{CounterName, ShardId};
 use tally_store::ShardImage;
@@ -39,11 +39,11 @@ pub(crate) enum Transition {
 pub(crate) enum Active {
     Reshard {
         counter: CounterName,
-        generation: u32,
-        shards: u16,
-        images: BTreeMap<u16, ShardImage>,
+        /// The engine's reshard machine: what is sealed, what is outstanding.
+        machine: ReshardMachine,
+        /// When each shard's seal was last sent.
         sent: BTreeMap<u16, u64>,
-        merged: bool,
+        /// When the merge was last sent (0: never).
         merge_sent: u64,
     },
     Membership {
@@ -105,51 +105,43 @@ impl Sim {
         let now = self.now;
         match self.coord.active.clone() {
             None => {}
-            Some(Active::Reshard { counter, generation, shards, images, sent, merged, merge_sent }) => {
-                for index in (0..shards).filter(|i| !images.contains_key(i)) {
-                    if due(sent.get(&index), now) {
-                        let shard = ShardId::new(counter.clone(), generation, index);
-                        let owner = self.meta.owner(&shard);
-                        self.send(Addr::Control, Addr::Node(owner), Msg::Seal { shard });
-                        if let Some(Active::Reshard { sent, .. }) = &mut self.coord.active {
-                            sent.insert(index, now);
+            Some(Active::Reshard { counter, mut machine, sent, merge_sent }) => {
+                let outstanding = machine.step(ReshardInput::Outstanding).expect("stored sketches decode");
+                for effect in outstanding {
+                    match effect {
+                        ReshardEffect::Seal(shard) => {
+                            if due(sent.get(&shard.index), now) {
+                                let owner = self.meta.owner(&shard);
+                                let index = shard.index;
+                                self.send(Addr::Control, Addr::Node(owner), Msg::Seal { shard });
+                                if let Some(Active::Reshard { sent, .. }) = &mut self.coord.active {
+                                    sent.insert(index, now);
+                                }
+                            }
                         }
-                    }
-                }
-                if images.len() < usize::from(shards) {
-                    return;
-                }
-                let sketches: Vec<DistinctSketch> = images
-                    .values()
-                    .filter_map(|i| i.sketch.as_ref())
-                    .map(|b| DistinctSketch::from_bytes(b).expect("stored sketches decode"))
-                    .collect();
-                if !sketches.is_empty() && !merged {
-                    if due(Some(&merge_sent), now) || merge_sent == 0 {
-                        let mut all = DistinctSketch::new();
-                        for s in &sketches {
-                            all.merge(s);
+                        ReshardEffect::MergeSketch { shard, sketch } => {
+                            if merge_sent == 0 || due(Some(&merge_sent), now) {
+                                let owner = self.meta.owner(&shard);
+                                self.send(
+                                    Addr::Control,
+                                    Addr::Node(owner),
+                                    Msg::MergeSketch { shard, sketch },
+                                );
+                                if let Some(Active::Reshard { merge_sent, .. }) = &mut self.coord.active {
+                                    *merge_sent = now;
+                                }
+                            }
                         }
-                        let shard = ShardId::new(counter.clone(), generation + 1, 0);
-                        let owner = self.meta.owner(&shard);
-                        self.send(
-                            Addr::Control,
-                            Addr::Node(owner),
-                            Msg::MergeSketch { shard, sketch: all.to_bytes() },
-                        );
-                        if let Some(Active::Reshard { merge_sent, .. }) = &mut self.coord.active {
-                            *merge_sent = now;
+                        ReshardEffect::Complete { generation, sealed_sum } => {
+                            let cmd = MetaCommand::CompleteReshard { generation, sealed_sum };
+                            match self.meta.counter(&counter, &cmd, now) {
+                                Err(LogError::Unavailable { .. }) => {}
+                                Ok(_) | Err(_) => {
+                                    self.coord.active = None;
+                                    self.coord.completed += 1;
+                                }
+                            }
                         }
-                    }
-                    return;
-                }
-                let sealed_sum: i128 = images.values().map(|i| i128::from(i.value)).sum();
-                let cmd = MetaCommand::CompleteReshard { generation, sealed_sum };
-                match self.meta.counter(&counter, &cmd, now) {
-                    Err(LogError::Unavailable { .. }) => {}
-                    Ok(_) | Err(_) => {
-                        self.coord.active = None;
-                        self.coord.completed += 1;
                     }
                 }
             }
@@ -196,16 +188,10 @@ impl Sim {
                     Err(LogError::Unavailable { .. }) => return,
                     Ok(MetaEffect::Updated) => {
                         let layout = &self.meta.counters[&counter].layout;
-                        if layout.resharding.is_some() {
-                            self.coord.active = Some(Active::Reshard {
-                                counter,
-                                generation: layout.generation,
-                                shards: layout.shards,
-                                images: BTreeMap::new(),
-                                sent: BTreeMap::new(),
-                                merged: false,
-                                merge_sent: 0,
-                            });
+                        if let Some(machine) = ReshardMachine::new(counter.clone(), layout) {
+                            let sent = BTreeMap::new();
+                            self.coord.active =
+                                Some(Active::Reshard { counter, machine, sent, merge_sent: 0 });
                         }
                     }
                     Ok(_) | Err(_) => {}
@@ -242,15 +228,18 @@ impl Sim {
     pub(crate) fn coord_deliver(&mut self, _from: Addr, msg: Msg) {
         // Answers that belong to an earlier step or change are ignored.
         match (&mut self.coord.active, msg) {
-            (Some(Active::Reshard { counter, generation, images, .. }), Msg::Sealed { shard, image })
-                if shard.counter == *counter && shard.generation == *generation =>
+            (Some(Active::Reshard { counter, machine, .. }), Msg::Sealed { shard, image })
+                if shard.counter == *counter && shard.generation == machine.generation() =>
             {
-                images.insert(shard.index, image);
+                // What it makes due is sent by the next tick, with its resend timer.
+                machine
+                    .step(ReshardInput::Sealed { index: shard.index, image })
+                    .expect("stored sketches decode");
             }
-            (Some(Active::Reshard { counter, generation, merged, .. }), Msg::Merged { shard })
-                if shard.counter == *counter && shard.generation == *generation + 1 =>
+            (Some(Active::Reshard { counter, machine, .. }), Msg::Merged { shard })
+                if shard.counter == *counter && shard.generation == machine.generation() + 1 =>
             {
-                *merged = true;
+                machine.step(ReshardInput::Merged).expect("stored sketches decode");
             }
             (
                 Some(Active::Membership { epoch, exported, sent, .. }),

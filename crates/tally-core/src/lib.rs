@@ -38,6 +38,7 @@ pub mod meta;
 pub mod name;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
+pub mod reshard_machine;
 pub mod ring;
 pub mod rollup;
 pub mod router;

@@ -12,11 +12,13 @@
 //! [`CounterMeta::sealed_retention_ms`]: tally_core::meta::CounterMeta::sealed_retention_ms
 
 use crate::ctx::Ctx;
+use crate::error::unavailable;
 use crate::error::TallyError;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::meta::{MetaCommand, MetaEffect};
-use tally_core::sketch::DistinctSketch;
+use tally_core::reshard_machine::{ReshardEffect, ReshardInput, ReshardMachine};
 use tally_core::{CounterName, ShardId};
 
 /// Pause before retrying a resharding that failed (a store error, say).
@@ -61,39 +63,50 @@ fn spawn_resharding(ctx: Arc<Ctx>, name: CounterName) {
     });
 }
 
+/// One pass of `name`'s resharding: the machine says what to do, this task does it,
+/// one step after another. Every step may repeat after a crash or a failed pass.
 async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
     let Some(meta) = ctx.catalog.get(name.as_str())? else { return Ok(()) };
-    if meta.layout.resharding.is_none() {
-        return Ok(());
-    }
+    let Some(mut machine) = ReshardMachine::new(name.clone(), &meta.layout) else { return Ok(()) };
     let meta = Arc::new(meta);
-    let generation = meta.layout.generation;
     // Buffered increments go out first; what arrives later finds sealed shards and
     // waits in its accumulator for the new generation.
     if let Some(rt) = ctx.registry.get(name.as_str()).map(|r| r.clone()) {
         ctx.drain(&rt).await;
     }
-    let mut sum: i128 = 0;
-    let mut sketch: Option<DistinctSketch> = None;
-    for index in 0..meta.layout.shards {
-        let id = ShardId::new(name.clone(), generation, index);
-        let image = ctx.seal_shard(&id, &meta).await?;
-        sum += i128::from(image.value);
-        if let Some(bytes) = image.sketch {
-            let s = DistinctSketch::from_bytes(&bytes)
-                .map_err(|e| crate::error::unavailable(&id, &e.to_string()))?;
-            sketch.get_or_insert_with(DistinctSketch::new).merge(&s);
-        }
+    let mut effects: VecDeque<ReshardEffect> = step(&mut machine, name, ReshardInput::Outstanding)?.into();
+    while let Some(effect) = effects.pop_front() {
+        let next = match effect {
+            ReshardEffect::Seal(id) => {
+                let image = ctx.seal_shard(&id, &meta).await?;
+                ReshardInput::Sealed { index: id.index, image }
+            }
+            ReshardEffect::MergeSketch { shard, sketch } => {
+                // The next generation takes no writes until the metadata opens it;
+                // merging again after a crash is harmless.
+                ctx.merge_sketch(&shard, sketch).await?;
+                ReshardInput::Merged
+            }
+            ReshardEffect::Complete { generation, sealed_sum } => {
+                ctx.apply_meta(name, &MetaCommand::CompleteReshard { generation, sealed_sum }).await?;
+                tracing::info!(counter = %name, generation = generation + 1, "resharding complete");
+                return Ok(());
+            }
+        };
+        effects.extend(step(&mut machine, name, next)?);
     }
-    if let Some(s) = sketch {
-        // The new generation takes no writes until the metadata opens it, so merging
-        // into its first shard is safe; merging again after a crash is harmless.
-        ctx.merge_sketch(&ShardId::new(name.clone(), generation + 1, 0), s.to_bytes()).await?;
-    }
-    let cmd = MetaCommand::CompleteReshard { generation, sealed_sum: sum };
-    ctx.apply_meta(name, &cmd).await?;
-    tracing::info!(counter = %name, generation = generation + 1, "resharding complete");
     Ok(())
+}
+
+fn step(
+    machine: &mut ReshardMachine,
+    name: &CounterName,
+    input: ReshardInput,
+) -> Result<Vec<ReshardEffect>, TallyError> {
+    machine.step(input).map_err(|e| {
+        let id = ShardId::new(name.clone(), machine.generation(), 0);
+        unavailable(&id, &format!("a sealed shard's sketch does not decode: {e}"))
+    })
 }
 
 /// Starts pruning `name`'s expired sealed generations unless that is running.
