@@ -31,6 +31,7 @@
 pub mod cms;
 pub mod codec;
 pub mod dedup;
+pub mod drain_book;
 pub mod hash;
 pub mod ids;
 pub mod limits;

@@ -3,7 +3,7 @@
 //! flush, so a `batched` counter loses at most one window (plus the flush in flight)
 //! when the node crashes. Deliveries run beside the actor and many at once, so a
 //! slow node delays only the sums bound for it; a sum whose answer is lost is in
-//! doubt and is resent with its drain id (see [`crate::ctx::IN_DOUBT_RETRY_MS_MAX`]).
+//! doubt and is resent with its drain id (see `tally_core::drain_book`).
 //! It also evicts counters that went idle and prunes old sealed generations.
 
 use crate::ctx::Ctx;
@@ -82,7 +82,7 @@ impl Actor for Aggregator {
                     let ctx = ctx.clone();
                     tokio::spawn(async move { drain_and_flush(&ctx, due).await });
                 }
-                if !ctx.in_doubt.lock().is_empty() && !ctx.resending.swap(true, SeqCst) {
+                if ctx.drains.lock().in_doubt_increments() > 0 && !ctx.resending.swap(true, SeqCst) {
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
                         ctx.resend_in_doubt(None).await;
@@ -170,7 +170,7 @@ fn undelivered(ctx: &Ctx) -> u64 {
         .flat_map(|rt| rt.lineage(crate::ctx::PREDECESSORS_MAX))
         .map(|rt| rt.slots.iter().map(|s| s.count.load(SeqCst)).sum::<u64>())
         .sum();
-    buffered + ctx.in_doubt.lock().iter().map(|d| d.sub.increments()).sum::<u64>()
+    buffered + ctx.drains.lock().increments()
 }
 
 async fn drain_and_flush(ctx: &Arc<Ctx>, due: Vec<Arc<CounterRuntime>>) {

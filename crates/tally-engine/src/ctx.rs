@@ -22,12 +22,13 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tally_core::drain_book::DrainBook;
 use tally_core::limits::{bufferable, slot_open, SLOT_INCREMENTS_MAX};
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
 use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
 use tally_core::router::{route, RouteKey};
 use tally_core::shard::ShardReply;
-use tally_core::shard::{Outcome, Submission, DRAIN_DEDUP_WINDOW_MS, DRAIN_ID_PREFIX};
+use tally_core::shard::{Outcome, Submission};
 use tally_core::sketch::member_hash;
 use tally_core::spec::{Durability, RouterPolicy};
 use tally_core::{CounterName, ShardId};
@@ -39,29 +40,11 @@ const SHARD_CALL_ATTEMPTS_MAX: u32 = 64;
 const META_CATCH_UP_POLL_MS: u64 = 5;
 /// Pause between attempts while a resharding seals a generation.
 const RESHARD_RETRY_MS: u64 = 2;
-/// How long a drained sum whose delivery is in doubt is resent, in milliseconds.
-/// A resend is deduplicated by the drain id's record only while that record lives
-/// ([`DRAIN_DEDUP_WINDOW_MS`] after the first attempt that applied it, which came
-/// after the first send); half of it leaves the other half for the resend itself to
-/// arrive. A sum still in doubt then is reported lost, never resent.
-pub const IN_DOUBT_RETRY_MS_MAX: u64 = DRAIN_DEDUP_WINDOW_MS / 2;
+pub use tally_core::drain_book::IN_DOUBT_RETRY_MS_MAX;
 /// Most in-doubt sums resent at once.
 pub const IN_DOUBT_RESENDS_CONCURRENT_MAX: usize = 64;
 /// Most predecessors a fresh read follows from a counter's current runtime.
 pub const PREDECESSORS_MAX: usize = 64;
-
-/// A drained sum sent to a shard and not answered: it may or may not have been
-/// applied, so it is resent unchanged (same drain id) until answered.
-pub(crate) struct InDoubt {
-    /// Its counter.
-    pub(crate) name: CounterName,
-    /// The submission, with its drain id.
-    pub(crate) sub: Submission,
-    /// When it was first sent, by the engine's clock.
-    pub(crate) since_ms: u64,
-    /// A resend is under way (it stays listed until answered).
-    pub(crate) resending: bool,
-}
 
 /// Hands out per-thread routing tokens.
 static NEXT_THREAD_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -164,15 +147,11 @@ pub(crate) struct Ctx {
     /// Where shards live; `None` for an embedded engine that owns every shard.
     pub(crate) placement: Option<Arc<dyn Placement>>,
     pub(crate) supervisor: OnceLock<ActorRef<SupervisorMsg>>,
-    /// Drained sums sent and not answered yet, resent until they are.
-    pub(crate) in_doubt: parking_lot::Mutex<Vec<InDoubt>>,
+    /// Drained sums sent and not answered yet (`tally_core::drain_book`): in flight,
+    /// or in doubt and resent until answered.
+    pub(crate) drains: parking_lot::Mutex<DrainBook>,
     /// Whether a resend of in-doubt sums is running (one at a time).
     pub(crate) resending: AtomicBool,
-    /// Numbers this engine's drain ids.
-    pub(crate) drain_seq: std::sync::atomic::AtomicU64,
-    /// Distinguishes this engine's drain ids from those of its earlier lives: the
-    /// number of times the store has been opened (persisted, never repeats).
-    pub(crate) incarnation: u64,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
     pub(crate) closing: AtomicBool,
     /// Shards adopted after a membership change, by placement epoch.
@@ -720,7 +699,7 @@ impl Ctx {
 
     /// Increments of `name` in sums whose delivery is in doubt.
     pub(crate) fn in_doubt_of(&self, name: &CounterName) -> u64 {
-        self.in_doubt.lock().iter().filter(|d| &d.name == name).map(|d| d.sub.increments()).sum()
+        self.drains.lock().increments_of(name)
     }
 
     async fn deliver(self: &Arc<Self>, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) {
@@ -741,96 +720,69 @@ impl Ctx {
             },
         };
         let mut waiting = Vec::with_capacity(drained.len());
+        let now = self.now_ms();
         for d in drained {
             let index = d.index % target.meta.layout.shards;
             let id = ShardId::new(target.name.clone(), target.meta.layout.generation, index);
-            // Every drained sum carries an id: its answer may be lost or late (a
-            // remote node, or a local disk that stalls past the call timeout) while the
-            // shard still applies it, so until answered it is resent as it is, never
-            // merged into another sum.
-            let drain_id = self.drain_id(index, target.meta.layout.shards);
-            let sub = Submission::Buffered {
-                sum: d.sum,
-                increments: d.increments,
-                members: d.members.clone(),
-                drain_id: Some(drain_id),
-            };
+            // Every drained sum carries an id and stays in the book until answered:
+            // its answer may be lost or late (a remote node, or a local disk that
+            // stalls past the call timeout) while the shard still applies it, so it is
+            // resent as it is, never merged into another sum.
+            let sub = self.drains.lock().open(
+                now,
+                &target.name,
+                index,
+                target.meta.layout.shards,
+                (d.sum, d.increments, d.members.clone()),
+            );
             self.stats.drain_increments.record(d.increments);
             match self.send_submit(&id, &target.meta, sub.clone()).await {
                 Ok(rx) => waiting.push((id, index, rx, d, sub)),
                 // Never sent: nothing was applied, so it may merge with later sums.
-                Err(_) => self.give_back(&target, vec![Drained { index, ..d }]),
+                Err(_) => {
+                    self.drains.lock().close(sub.drain_id().unwrap_or_default());
+                    self.give_back(&target, vec![Drained { index, ..d }]);
+                }
             }
         }
-        let now = self.now_ms();
         for (id, index, rx, d, sub) in waiting {
+            let drain_id = sub.drain_id().unwrap_or_default();
             match self.await_reply(&id, rx).await {
                 Ok(ShardReply::Done { value, .. }) => {
+                    self.drains.lock().close(drain_id);
                     self.stats.increments_batched.add(d.increments);
                     target.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                 }
                 // Refused at the door: nothing was applied.
-                Ok(ShardReply::Sealed) => self.give_back(&target, vec![Drained { index, ..d }]),
-                Err(_) => self.in_doubt.lock().push(InDoubt {
-                    name: target.name.clone(),
-                    sub,
-                    since_ms: now,
-                    resending: false,
-                }),
+                Ok(ShardReply::Sealed) => {
+                    self.drains.lock().close(drain_id);
+                    self.give_back(&target, vec![Drained { index, ..d }]);
+                }
+                Err(_) => self.drains.lock().unanswered(drain_id, self.now_ms()),
             }
         }
     }
 
-    /// A fresh drain id that routes to shard `index` of a layout of `shards`, so that
-    /// after a resharding a retry finds the record in the sealed generation.
-    fn drain_id(&self, index: u16, shards: u16) -> String {
-        let seq = self.drain_seq.fetch_add(1, Relaxed);
-        let base = format!("{DRAIN_ID_PREFIX}{}:{}:{seq}", self.config.node_id, self.incarnation);
-        (0u32..)
-            .map(|salt| format!("{base}:{salt}"))
-            .find(|id| tally_core::router::shard_of_event(id, shards) == index)
-            .expect("some salt routes to every shard")
-    }
-
-    /// Resends drained sums whose delivery is in doubt (all of them, or those of one
+    /// Resends the drained sums in doubt that are due (all of them, or those of one
     /// counter), each with its own id, to the counter's current layout, several at
-    /// once. A sum stays listed while it is resent, so it counts as in doubt until
-    /// answered. A sum in doubt for longer than [`IN_DOUBT_RETRY_MS_MAX`] is reported
-    /// lost instead: its id's record may have expired, so a resend could count twice.
+    /// once; reports those given up ([`IN_DOUBT_RETRY_MS_MAX`]).
     pub(crate) async fn resend_in_doubt(self: &Arc<Self>, only: Option<&CounterName>) {
         let now = self.now_ms();
-        let (expired, due) = {
-            let mut all = self.in_doubt.lock();
-            let (expired, kept): (Vec<InDoubt>, Vec<InDoubt>) = std::mem::take(&mut *all)
-                .into_iter()
-                .partition(|d| now.saturating_sub(d.since_ms) > IN_DOUBT_RETRY_MS_MAX);
-            *all = kept;
-            let mut due = Vec::new();
-            for d in all.iter_mut().filter(|d| !d.resending && only.is_none_or(|n| &d.name == n)) {
-                d.resending = true;
-                due.push((d.name.clone(), d.sub.clone()));
-            }
-            (expired, due)
-        };
-        for d in expired {
+        let (due, lost) = self.drains.lock().due(now, only);
+        for d in lost {
             let increments = d.sub.increments();
             self.stats.buffered_lost.add(increments);
             tracing::error!(
-                counter = %d.name,
+                counter = %d.counter,
                 increments,
-                in_doubt_ms = now.saturating_sub(d.since_ms),
+                in_doubt_ms = now.saturating_sub(d.first_sent_ms),
                 "acknowledged buffered increments given up: their shard did not answer within the resend limit"
             );
         }
         futures::stream::iter(due)
             .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |(name, sub)| async move {
-                let answered = self.resend(&name, &sub).await;
-                let mut all = self.in_doubt.lock();
-                let id = sub.drain_id();
-                if answered {
-                    all.retain(|d| d.sub.drain_id() != id);
-                } else if let Some(d) = all.iter_mut().find(|d| d.sub.drain_id() == id) {
-                    d.resending = false;
+                if self.resend(&name, &sub).await {
+                    self.drains.lock().close(sub.drain_id().unwrap_or_default());
                 }
             })
             .await;

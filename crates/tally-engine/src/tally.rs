@@ -95,6 +95,7 @@ impl Tally {
     pub async fn open_parts(parts: EngineParts) -> Result<Self, TallyError> {
         let EngineParts { store, clock, config, catalog, placement } = parts;
         let incarnation = next_incarnation(&*store)?;
+        let drains = tally_core::drain_book::DrainBook::new(config.node_id.as_str(), incarnation);
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
         let catalog: Arc<dyn Catalog> = match catalog {
@@ -116,11 +117,9 @@ impl Tally {
             reshard_queue: Default::default(),
             reshard_wake: Default::default(),
             placement,
-            in_doubt: Default::default(),
+            drains: parking_lot::Mutex::new(drains),
             resending: Default::default(),
             pruning: Default::default(),
-            drain_seq: Default::default(),
-            incarnation,
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
             closing: Default::default(),
@@ -336,7 +335,7 @@ impl Tally {
     /// Acknowledged batched increments in sums drained towards their shards and not
     /// yet confirmed (they are resent until they are).
     pub fn in_doubt_increments(&self) -> u64 {
-        self.ctx.in_doubt.lock().iter().map(|d| d.sub.increments()).sum()
+        self.ctx.drains.lock().in_doubt_increments()
     }
 
     /// Counters with in-memory state on this node, and running shard actors.
