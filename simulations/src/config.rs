@@ -16,9 +16,6 @@ pub const COMMIT_DELAY_MS: u64 = 1;
 pub const FSYNC_MS: u64 = 2;
 /// How often a node's aggregator looks for accumulators whose window has ended.
 pub const AGGREGATOR_TICK_MS: u64 = 5;
-/// A drained sum sent to another node and not answered within this is sent again,
-/// unchanged, under the same drain id.
-pub const DRAIN_RESEND_MS: u64 = 40;
 /// How often a node's rollup looks for cached totals that are due.
 pub const ROLLUP_TICK_MS: u64 = 10;
 /// How often the control plane drives reshardings and membership changes.

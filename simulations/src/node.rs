@@ -18,12 +18,13 @@ use crate::sim::{NodeTimer, Phase, Sim};
 use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tally_core::dedup::DedupRecord;
+use tally_core::drain_book::DrainBook;
 use tally_core::hash::hash64;
 use tally_core::limits::bufferable;
 use tally_core::meta::CounterMeta;
 use tally_core::rollup::refresh_due;
 use tally_core::router::{route, shard_of_event, RouteKey};
-use tally_core::shard::{Outcome, ShardReply, Submission, COMMIT_SUBMISSIONS_MAX, DRAIN_ID_PREFIX};
+use tally_core::shard::{Outcome, ShardReply, Submission, COMMIT_SUBMISSIONS_MAX};
 use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
 use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_core::spec::Durability;
@@ -76,8 +77,8 @@ pub(crate) struct Node {
     flush_waiters: Vec<(Addr, Msg)>,
     flush_at: Option<u64>,
     acc: BTreeMap<(CounterName, u16), Acc>,
-    drains: BTreeMap<String, (CounterName, Submission, u64)>,
-    drain_seq: u64,
+    /// Drained sums not yet answered (the engine's drain book).
+    drains: DrainBook,
     rollup: BTreeMap<CounterName, Cached>,
     changed: BTreeMap<CounterName, u64>,
     sequence: BTreeMap<CounterName, u64>,
@@ -97,8 +98,7 @@ impl Node {
             flush_waiters: Vec::new(),
             flush_at: None,
             acc: BTreeMap::new(),
-            drains: BTreeMap::new(),
-            drain_seq: 0,
+            drains: DrainBook::new(&idx.to_string(), 0),
             rollup: BTreeMap::new(),
             changed: BTreeMap::new(),
             sequence: BTreeMap::new(),
@@ -111,6 +111,7 @@ impl Node {
         *self = Node::new(idx);
         self.store = store;
         self.incarnation = incarnation;
+        self.drains = DrainBook::new(&idx.to_string(), incarnation);
     }
 }
 
@@ -335,13 +336,15 @@ impl Sim {
             SubmitCtx::RemoteDrain => {
                 if !retry {
                     if let Some(id) = sub.record_id() {
-                        self.node(n).drains.remove(id);
+                        self.node(n).drains.close(id);
                     }
                 }
             }
             SubmitCtx::LocalDrain { index } => {
                 if retry {
                     self.give_back(n, &shard.counter, index, sub);
+                } else if let Some(id) = sub.record_id() {
+                    self.node(n).drains.close(id);
                 }
             }
             SubmitCtx::Reconcile { client, op, before, drift, authoritative, hops } => {
@@ -361,7 +364,13 @@ impl Sim {
         }
     }
 
+    /// Puts a drained sum that was not applied (refused at the door, or never taken)
+    /// back into its accumulator; it leaves the drain book, and is drained again
+    /// under a new id.
     fn give_back(&mut self, n: u8, counter: &CounterName, index: u16, sub: Submission) {
+        if let Some(id) = sub.record_id() {
+            self.node(n).drains.close(id);
+        }
         let Submission::Buffered { sum, increments, members, .. } = sub else { return };
         let now = self.now;
         let acc = self
@@ -469,16 +478,6 @@ impl Sim {
 
     // ------------------------------------------------------------- aggregator
 
-    fn drain_id(&mut self, n: u8, index: u16, shards: u16) -> String {
-        let node = self.node(n);
-        node.drain_seq += 1;
-        let base = format!("{DRAIN_ID_PREFIX}{}:{}:{}", n, node.incarnation, node.drain_seq);
-        (0u32..)
-            .map(|salt| format!("{base}:{salt}"))
-            .find(|id| shard_of_event(id, shards) == index)
-            .expect("some salt routes to every shard")
-    }
-
     fn aggregator_tick(&mut self, n: u8) {
         let now = self.now;
         let due: Vec<(CounterName, u16)> =
@@ -494,28 +493,21 @@ impl Sim {
             let target = index % shards;
             let shard = ShardId::new(counter.clone(), generation, target);
             let owner = self.meta.owner(&shard);
+            // Every drained sum carries an id and stays in the book until answered,
+            // as in the engine; a remote one is in doubt at once (its answer may be
+            // lost) and resent unchanged until answered.
+            let sub = self.node(n).drains.open(
+                now,
+                &counter,
+                target,
+                shards,
+                (acc.sum, acc.increments, acc.members),
+            );
             if owner == n {
-                let sub = Submission::Buffered {
-                    sum: acc.sum,
-                    increments: acc.increments,
-                    members: acc.members,
-                    drain_id: None,
-                };
-                self.send(
-                    Addr::Node(n),
-                    Addr::Node(n),
-                    Msg::Submit { shard, sub, ctx: SubmitCtx::LocalDrain { index: target } },
-                );
+                let ctx = SubmitCtx::LocalDrain { index: target };
+                self.send(Addr::Node(n), Addr::Node(n), Msg::Submit { shard, sub, ctx });
             } else {
-                // Remote: it carries an id and is resent unchanged until answered.
-                let id = self.drain_id(n, target, shards);
-                let sub = Submission::Buffered {
-                    sum: acc.sum,
-                    increments: acc.increments,
-                    members: acc.members,
-                    drain_id: Some(id.clone()),
-                };
-                self.node(n).drains.insert(id, (counter.clone(), sub.clone(), now));
+                self.node(n).drains.unanswered(sub.drain_id().expect("drained sums carry ids"), now);
                 self.send(
                     Addr::Node(n),
                     Addr::Node(owner),
@@ -523,17 +515,9 @@ impl Sim {
                 );
             }
         }
-        let resend: Vec<String> = self
-            .node(n)
-            .drains
-            .iter()
-            .filter(|(_, (_, _, sent))| sent + DRAIN_RESEND_MS <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for id in resend {
-            let Some(entry) = self.node(n).drains.get_mut(&id) else { continue };
-            entry.2 = now;
-            let (counter, sub) = (entry.0.clone(), entry.1.clone());
+        let (resend, lost) = self.node(n).drains.due(now, None);
+        assert!(lost.is_empty(), "a simulated drain stayed in doubt past the resend limit");
+        for (counter, sub) in resend {
             self.route_submission(n, &counter, None, sub, SubmitCtx::RemoteDrain);
         }
     }
