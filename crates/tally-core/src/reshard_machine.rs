@@ -172,6 +172,7 @@ mod tests {
     #[test]
     fn seal_every_shard_then_complete_with_their_sum() {
         let mut m = ReshardMachine::new(name(), &layout(3, 2, Some(5))).unwrap();
+        assert_eq!(m.generation(), 3);
         assert_eq!(
             m.step(ReshardInput::Outstanding).unwrap(),
             vec![
