@@ -59,47 +59,12 @@ async fn listing_openapi_dashboard_metrics_and_top() -> Result<()> {
     expect(call(&http, &b1, "GET", c, "/v1/counters/ls:a", None).await?, 200)?;
     expect(call(&http, &b1, "GET", c, "/v1/counters/nope", None).await?, 404)?;
     let inc = "/v1/counters/{name}/increments";
-    expect(
-        call(
-            &http,
-            &b1,
-            "POST",
-            inc,
-            "/v1/counters/ls:a/increments",
-            Some(json!({"delta": 5, "event_id": "e1"})),
-        )
-        .await?,
-        200,
-    )?;
-    let dup = expect(
-        call(
-            &http,
-            &b1,
-            "POST",
-            inc,
-            "/v1/counters/ls:a/increments",
-            Some(json!({"delta": 5, "event_id": "e1"})),
-        )
-        .await?,
-        200,
-    )?;
+    let incr = |body: Value| call(&http, &b1, "POST", inc, "/v1/counters/ls:a/increments", Some(body));
+    expect(incr(json!({"delta": 5, "event_id": "e1"})).await?, 200)?;
+    let dup = expect(incr(json!({"delta": 5, "event_id": "e1"})).await?, 200)?;
     assert_eq!(dup["duplicate"], true);
-    expect(
-        call(
-            &http,
-            &b1,
-            "POST",
-            inc,
-            "/v1/counters/ls:a/increments",
-            Some(json!({"delta": 6, "event_id": "e1"})),
-        )
-        .await?,
-        409,
-    )?;
-    expect(
-        call(&http, &b1, "POST", inc, "/v1/counters/ls:a/increments", Some(json!({"delta": 0}))).await?,
-        400,
-    )?;
+    expect(incr(json!({"delta": 6, "event_id": "e1"})).await?, 409)?;
+    expect(incr(json!({"delta": 0})).await?, 400)?;
     let batch = json!({"increments": [{"counter": "ls:b", "delta": 1}, {"counter": "bad name", "delta": 1}]});
     let results =
         expect(call(&http, &b1, "POST", "/v1/increments", "/v1/increments", Some(batch)).await?, 200)?;
