@@ -12,6 +12,7 @@
 //! fields are refused too: a misspelt limit must not silently keep its default.
 //! `cluster-config/README.md` documents every field.
 
+use crate::sources::config::{SourceConfig, SourceConfigError, SOURCES_MAX};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -152,6 +153,9 @@ pub enum ConfigError {
     /// `node.data_dir` is empty.
     #[error("node.data_dir must not be empty")]
     EmptyDataDir,
+    /// A `[[reconcile]]` section is invalid.
+    #[error(transparent)]
+    Source(#[from] SourceConfigError),
 }
 
 /// A whole configuration file.
@@ -168,6 +172,10 @@ pub struct Config {
     /// Settings of this node's embedded engine.
     #[serde(default)]
     pub engine: EngineConfig,
+    /// Sources of truth the node reconciles counters against on a schedule
+    /// (`[[reconcile]]`); none by default.
+    #[serde(default)]
+    pub reconcile: Vec<SourceConfig>,
 }
 
 /// The cluster-wide section: identical on every node, fingerprinted at handshake.
@@ -441,6 +449,25 @@ impl Config {
         range("http.batch_items_max", h.batch_items_max, 1, BATCH_ITEMS_MAX_CEILING)?;
         range("http.connections_max", h.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
         interval("http.shutdown_grace_ms", h.shutdown_grace_ms)?;
+        if self.reconcile.len() > SOURCES_MAX {
+            return Err(ConfigError::OutOfRange {
+                field: "reconcile",
+                got: self.reconcile.len() as u64,
+                min: 0,
+                max: SOURCES_MAX as u64,
+            });
+        }
+        let mut names = BTreeSet::new();
+        for (i, source) in self.reconcile.iter().enumerate() {
+            source.validate(i)?;
+            if !names.insert(source.name.as_str()) {
+                return Err(SourceConfigError {
+                    field: format!("reconcile[{i}].name"),
+                    reason: format!("source name {:?} appears more than once", source.name),
+                }
+                .into());
+            }
+        }
         let e = &self.engine;
         interval("engine.aggregator_tick_ms", e.aggregator_tick_ms)?;
         interval("engine.shard_idle_stop_ms", e.shard_idle_stop_ms)?;
