@@ -121,9 +121,11 @@ impl PgSource {
                 Type::INT2 => row.try_get::<_, Option<i16>>(0).map_err(get)?.map(i128::from),
                 Type::INT4 => row.try_get::<_, Option<i32>>(0).map_err(get)?.map(i128::from),
                 Type::INT8 => row.try_get::<_, Option<i64>>(0).map_err(get)?.map(i128::from),
-                other => return Err(PgSourceError::Shape(format!(
+                other => {
+                    return Err(PgSourceError::Shape(format!(
                     "the query's column is {other}; return smallint, integer or bigint (cast with ::bigint)"
-                ))),
+                )))
+                }
             };
             Ok(total.unwrap_or(0))
         };
