@@ -33,6 +33,7 @@ fn add_source(cluster: &TestCluster, section: &str) -> Result<()> {
 /// The recorded runs of `name` on node 1, newest first.
 async fn runs(cluster: &TestCluster, name: &str) -> Result<Vec<Value>> {
     let v = cluster.get(1, &format!("/v1/counters/{name}/reconciliations")).await?;
+    tally_tests::openapi::check("GET", "/v1/counters/{name}/reconciliations", 200, &v)?;
     Ok(v["runs"].as_array().cloned().unwrap_or_default())
 }
 

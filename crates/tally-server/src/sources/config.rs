@@ -376,7 +376,8 @@ mod tests {
     #[test]
     fn sections_are_validated_with_the_field_named() {
         assert_eq!(source().validate(0), Ok(()));
-        let cases: Vec<(&str, Box<dyn Fn(&mut SourceConfig)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut SourceConfig)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("reconcile[0].name", Box::new(|s| s.name = "has space".into())),
             ("reconcile[0].counters", Box::new(|s| s.counters = "likes:{".into())),
             ("reconcile[0].every", Box::new(|s| s.every = "10ms".into())),

@@ -252,7 +252,7 @@ impl RunBook {
                 runs.iter().rev().find_map(|r| r.drift).map(|d| (*seq, name, d))
             })
             .collect();
-        recent.sort_by(|a, b| b.0.cmp(&a.0));
+        recent.sort_by_key(|r| std::cmp::Reverse(r.0));
         recent.truncate(DRIFT_METRIC_COUNTERS_MAX);
         let mut out: Vec<(String, i128)> = recent.into_iter().map(|(_, n, d)| (n.clone(), d)).collect();
         out.sort();
