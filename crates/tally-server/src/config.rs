@@ -905,6 +905,23 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_sources_example_is_valid_and_source_names_are_unique() {
+        let example = include_str!("../../../cluster-config/sources.example.toml");
+        let c = Config::from_toml(&format!("{GOOD}\n{example}")).expect("the example is valid");
+        assert_eq!(c.reconcile.len(), 2);
+        assert!(c.reconcile[0].postgres.is_some() && c.reconcile[1].event_log.is_some());
+        let mut dup = c.clone();
+        dup.reconcile[1].name = dup.reconcile[0].name.clone();
+        let err = dup.validate().expect_err("duplicate source names are refused");
+        assert!(err.to_string().contains("reconcile[1].name"), "{err}");
+        let bad = example.replace("every = \"1h\"", "every = \"1 hour\"");
+        let err = Config::from_toml(&format!("{GOOD}\n{bad}")).expect_err("a bad period is refused");
+        assert!(err.to_string().starts_with("reconcile[1].every"), "{err}");
+        let unknown = example.replace("pool_size = 4", "pool = 4");
+        assert!(matches!(Config::from_toml(&format!("{GOOD}\n{unknown}")), Err(ConfigError::Parse(_))));
+    }
+
+    #[test]
     fn defaults_written_out_match_defaults_left_out() {
         let explicit =
             GOOD.replace("name = \"test\"", "name = \"test\"\nvnodes_per_node = 128\nheartbeat_ms = 250");
