@@ -906,7 +906,7 @@ mod tests {
 
     #[test]
     fn the_shipped_sources_example_is_valid_and_source_names_are_unique() {
-        let example = include_str!("../../../cluster-config/sources.example.toml");
+        let example = include_str!("../../../cluster-config/sources.toml.example");
         let c = Config::from_toml(&format!("{GOOD}\n{example}")).expect("the example is valid");
         assert_eq!(c.reconcile.len(), 2);
         assert!(c.reconcile[0].postgres.is_some() && c.reconcile[1].event_log.is_some());
