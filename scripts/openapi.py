@@ -46,6 +46,13 @@ schemas = {
    ["generation", "base", "shards", "skew"]),
  "Reconcile": obj({"authoritative": INT}, ["authoritative"]),
  "ReconcileReport": obj({"before": INT, "drift": INT, "corrected": BOOL}, ["before", "drift", "corrected"]),
+ "ReconcileRun": obj({"at_ms": UINT, "source": STR, "node": STR, "before": nullable(INT), "authoritative": nullable(INT),
+   "drift": nullable(INT), "corrected": BOOL,
+   "outcome": {"type": "string", "enum": ["corrected", "in_sync", "source_failed", "unavailable", "drift_out_of_range", "not_found", "failed"]},
+   "error": nullable(STR)}, ["at_ms", "source", "node", "before", "authoritative", "drift", "corrected", "outcome", "error"],
+   desc="One reconciliation of one counter: scheduled from a source of truth, or `request` for POST .../reconcile."),
+ "Reconciliations": obj({"counter": NAME, "node": STR, "runs": {"type": "array", "items": ref("ReconcileRun"), "maxItems": 32}},
+   ["counter", "node", "runs"], desc="The recent runs this node made, newest first."),
  "NodeView": obj({"id": STR, "state": {"type": "string", "enum": ["up", "suspect", "down"]}, "http": STR, "member": BOOL},
    ["id", "state", "http", "member"]),
  "ClusterView": obj({"nodes": {"type": "array", "items": ref("NodeView")}, "leader": nullable(STR), "term": UINT,
@@ -109,6 +116,8 @@ paths = {
  "/v1/counters/{name}/reconcile": {"post": op("reconcile", "Bring the counter to an authoritative total.", {
      "200": ok("What was found and corrected.", ref("ReconcileReport")), "400": E400, "404": E404, "415": E415, "422": E422, "503": E503},
      [name_param], (ref("Reconcile"), True))},
+ "/v1/counters/{name}/reconciliations": {"get": op("reconciliations", "The recent reconciliations of the counter this node ran.", {
+     "200": ok("The runs, newest first.", ref("Reconciliations")), "400": E400}, [name_param])},
  "/v1/stats": {"get": op("stats", "This node's busiest counters (rate, value, staleness, skew, drift) and read latency.", {
      "200": ok("The summary.", ref("StatsView")), "400": E400},
      [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}}], tag="operations")},

@@ -508,3 +508,132 @@ pub mod openapi {
         Ok(())
     }
 }
+
+/// A throwaway PostgreSQL server for the tests: Debian's `postgresql` binaries,
+/// `initdb` into a temporary directory, listening on 127.0.0.1 and a free port,
+/// stopped by the postmaster's PID (then its launcher's) when dropped.
+pub struct Postgres {
+    /// The TCP port it listens on (127.0.0.1 only).
+    pub port: u16,
+    dir: tempfile::TempDir,
+    launcher: Option<Child>,
+}
+
+impl Postgres {
+    /// Starts a server. Without PostgreSQL's binaries, or if it cannot start: an
+    /// error in CI (`CI=true`), else `Ok(None)` after a message that the test is
+    /// skipped.
+    pub fn start() -> Result<Option<Self>> {
+        match Self::try_start() {
+            Ok(pg) => Ok(Some(pg)),
+            Err(e) if !in_ci() => {
+                eprintln!("SKIPPED: cannot start PostgreSQL ({e:#}); install it with `apt-get install postgresql`; CI=true makes this a failure");
+                Ok(None)
+            }
+            Err(e) => {
+                Err(e.context("starting PostgreSQL (CI is set: .ci/run installs the postgresql package)"))
+            }
+        }
+    }
+
+    fn try_start() -> Result<Self> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .context("no /usr/lib/postgresql")?
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|b| b.join("postgres").is_file() && b.join("initdb").is_file())
+            .max()
+            .ok_or_else(|| anyhow!("no PostgreSQL server binaries under /usr/lib/postgresql"))?;
+        let root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+        let dir = tempfile::tempdir()?;
+        // The postgres user must reach its directories inside.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        let data = dir.path().join("data");
+        let as_pg = |program: &Path| {
+            if root {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(program);
+                c
+            } else {
+                Command::new(program)
+            }
+        };
+        if root {
+            let status = Command::new("chown").arg("postgres:").arg(dir.path()).status()?;
+            if !status.success() {
+                bail!("chown of the data directory to postgres failed");
+            }
+        }
+        let out = as_pg(&bin.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
+            .output()
+            .context("running initdb")?;
+        if !out.status.success() {
+            bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("postgres.log"))?;
+        let launcher = as_pg(&bin.join("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(dir.path())
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting postgres")?;
+        let mut pg = Self { port, dir, launcher: Some(launcher) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = Command::new(bin.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return Ok(pg);
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(pg.dir.path().join("postgres.log")).unwrap_or_default();
+                pg.stop();
+                bail!("PostgreSQL did not become ready within 30 s; its log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The connection URL (user `postgres`, database `postgres`, no password).
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Stops the server: SIGINT (fast shutdown) to the postmaster by its PID, then
+    /// waits for the launcher, killing it after 30 s.
+    pub fn stop(&mut self) {
+        let Some(mut launcher) = self.launcher.take() else { return };
+        let pid_file = self.dir.path().join("data/postmaster.pid");
+        if let Some(pid) = std::fs::read_to_string(pid_file)
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+        {
+            let _ = Command::new("kill").arg("-INT").arg(pid.to_string()).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = launcher.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = launcher.kill();
+        let _ = launcher.wait();
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

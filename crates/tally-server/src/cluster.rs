@@ -4,8 +4,9 @@
 
 use crate::config::Config;
 use crate::http::error::ApiError;
-use crate::metrics::{engine_metrics, PromWriter};
+use crate::metrics::{engine_metrics, reconcile_metrics, PromWriter};
 use crate::service::{ClusterView, NodeState, NodeView, Service};
+use crate::sources::{RunBook, RunContext, Scheduler};
 use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,10 @@ pub struct ClusterService {
     node_id: Arc<str>,
     /// Cleared when shutdown begins, so `/healthz` turns 503 while requests drain.
     serving: Arc<AtomicBool>,
+    /// The record of reconciliations this node ran, persisted in its data directory.
+    book: Arc<RunBook>,
+    /// The schedules of the configured sources of truth (run while this node leads).
+    scheduler: Arc<Scheduler>,
 }
 
 /// The cluster node's settings, taken from a validated [`Config`].
@@ -58,7 +63,25 @@ impl ClusterService {
     /// Starts this node of the cluster `config` describes.
     pub async fn start(config: &Config) -> Result<Self, ClusterError> {
         let node = ClusterNode::start(cluster_node_config(config)).await?;
-        Ok(Self { node, node_id: config.node.id.as_str().into(), serving: Arc::new(AtomicBool::new(true)) })
+        let node_id: Arc<str> = config.node.id.as_str().into();
+        let book = Arc::new(RunBook::open(&config.node.data_dir));
+        let ctx = RunContext { tally: node.tally().clone(), node: node_id.to_string(), book: book.clone() };
+        // Only the metadata leader runs the schedules: every node computes the same
+        // instants, and at most one of them leads at a time (a leader change between
+        // two nodes' checks may run one instant twice, which the idempotent
+        // corrections make harmless).
+        let owner = {
+            let (node, me) = (node.clone(), node_id.clone());
+            Arc::new(move || node.leader().as_deref() == Some(&*me))
+        };
+        let scheduler = Scheduler::start(&config.reconcile, ctx, owner);
+        Ok(Self {
+            node,
+            node_id,
+            serving: Arc::new(AtomicBool::new(true)),
+            book,
+            scheduler: Arc::new(scheduler),
+        })
     }
 
     /// Marks the node as draining: `/healthz` answers 503 from now on.
@@ -69,6 +92,7 @@ impl ClusterService {
     /// Delivers and flushes every buffered increment, then leaves the cluster.
     pub async fn shutdown(&self) -> Result<(), TallyError> {
         self.begin_shutdown();
+        self.scheduler.stop();
         self.node.shutdown().await
     }
 }
@@ -195,9 +219,14 @@ impl Service for ClusterService {
         &self.node_id
     }
 
+    fn runs(&self) -> &RunBook {
+        &self.book
+    }
+
     fn metrics_text(&self) -> String {
         let mut w = PromWriter::new();
         engine_metrics(&mut w, self.node.tally(), &self.node_id);
+        reconcile_metrics(&mut w, &self.book);
         let leader = self.node.leader();
         let is_leader = if leader.as_deref() == Some(&*self.node_id) { 1.0 } else { 0.0 };
         w.gauge("tally_raft_leader", "1 when this node leads the metadata group.", &[(&[], is_leader)]);

@@ -12,6 +12,7 @@
 //! fields are refused too: a misspelt limit must not silently keep its default.
 //! `cluster-config/README.md` documents every field.
 
+use crate::sources::config::{SourceConfig, SourceConfigError, SOURCES_MAX};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -152,6 +153,9 @@ pub enum ConfigError {
     /// `node.data_dir` is empty.
     #[error("node.data_dir must not be empty")]
     EmptyDataDir,
+    /// A `[[reconcile]]` section is invalid.
+    #[error(transparent)]
+    Source(#[from] SourceConfigError),
 }
 
 /// A whole configuration file.
@@ -168,6 +172,10 @@ pub struct Config {
     /// Settings of this node's embedded engine.
     #[serde(default)]
     pub engine: EngineConfig,
+    /// Sources of truth the node reconciles counters against on a schedule
+    /// (`[[reconcile]]`); none by default.
+    #[serde(default)]
+    pub reconcile: Vec<SourceConfig>,
 }
 
 /// The cluster-wide section: identical on every node, fingerprinted at handshake.
@@ -441,6 +449,25 @@ impl Config {
         range("http.batch_items_max", h.batch_items_max, 1, BATCH_ITEMS_MAX_CEILING)?;
         range("http.connections_max", h.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
         interval("http.shutdown_grace_ms", h.shutdown_grace_ms)?;
+        if self.reconcile.len() > SOURCES_MAX {
+            return Err(ConfigError::OutOfRange {
+                field: "reconcile",
+                got: self.reconcile.len() as u64,
+                min: 0,
+                max: SOURCES_MAX as u64,
+            });
+        }
+        let mut names = BTreeSet::new();
+        for (i, source) in self.reconcile.iter().enumerate() {
+            source.validate(i)?;
+            if !names.insert(source.name.as_str()) {
+                return Err(SourceConfigError {
+                    field: format!("reconcile[{i}].name"),
+                    reason: format!("source name {:?} appears more than once", source.name),
+                }
+                .into());
+            }
+        }
         let e = &self.engine;
         interval("engine.aggregator_tick_ms", e.aggregator_tick_ms)?;
         interval("engine.shard_idle_stop_ms", e.shard_idle_stop_ms)?;
@@ -875,6 +902,23 @@ mod tests {
             change(&mut c);
             assert_ne!(c.fingerprint(), a.cluster.fingerprint(), "change {i} kept the fingerprint");
         }
+    }
+
+    #[test]
+    fn the_shipped_sources_example_is_valid_and_source_names_are_unique() {
+        let example = include_str!("../../../cluster-config/sources.toml.example");
+        let c = Config::from_toml(&format!("{GOOD}\n{example}")).expect("the example is valid");
+        assert_eq!(c.reconcile.len(), 2);
+        assert!(c.reconcile[0].postgres.is_some() && c.reconcile[1].event_log.is_some());
+        let mut dup = c.clone();
+        dup.reconcile[1].name = dup.reconcile[0].name.clone();
+        let err = dup.validate().expect_err("duplicate source names are refused");
+        assert!(err.to_string().contains("reconcile[1].name"), "{err}");
+        let bad = example.replace("every = \"1h\"", "every = \"1 hour\"");
+        let err = Config::from_toml(&format!("{GOOD}\n{bad}")).expect_err("a bad period is refused");
+        assert!(err.to_string().starts_with("reconcile[1].every"), "{err}");
+        let unknown = example.replace("pool_size = 4", "pool = 4");
+        assert!(matches!(Config::from_toml(&format!("{GOOD}\n{unknown}")), Err(ConfigError::Parse(_))));
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! * [`server`] — [`serve`]: the accept loop with header-read timeout, connection
 //!   limit and graceful shutdown.
 //! * [`metrics`] — Prometheus text written by hand from the engine's statistics.
+//! * [`sources`] — sources of truth (PostgreSQL, an event log) reconciled on a
+//!   schedule, and the record of every run.
 //!
 //! # Seams for the cluster
 //!
@@ -33,6 +35,7 @@ pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod single;
+pub mod sources;
 
 pub use cluster::ClusterService;
 pub use config::{ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry};

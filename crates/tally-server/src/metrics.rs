@@ -3,6 +3,7 @@
 //! [`HttpStats`]: a handful of atomics does not need a metrics framework, and
 //! writing the text directly keeps the hot path free of registries and locks.
 
+use crate::sources::RunBook;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use tally_engine::{Count, Histogram, HistogramSnapshot, Stats, Tally};
@@ -267,6 +268,31 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         "tally_shard_skew",
         "Write skew of a counter's shards on this node (hottest shard's increments / mean); \
          the busiest active counters only.",
+        &samples,
+    );
+}
+
+/// The scheduled reconciler's signals: `tally_drift{counter}`, the latest drift a
+/// run measured (the most recently reconciled counters only), and
+/// `tally_reconcile_runs_total{outcome}`.
+pub fn reconcile_metrics(w: &mut PromWriter, book: &RunBook) {
+    let drifts = book.latest_drifts();
+    let samples: Vec<(Vec<(&str, &str)>, f64)> =
+        drifts.iter().map(|(name, d)| (vec![("counter", name.as_str())], *d as f64)).collect();
+    let samples: Vec<(Labels<'_>, f64)> = samples.iter().map(|(l, v)| (l.as_slice(), *v)).collect();
+    w.gauge(
+        "tally_drift",
+        "The latest drift (authoritative total minus sum of shards) a reconciliation on this node \
+         measured, per counter; the most recently reconciled counters only.",
+        &samples,
+    );
+    let totals = book.outcome_totals();
+    let samples: Vec<(Vec<(&str, &str)>, u64)> =
+        totals.iter().map(|(o, n)| (vec![("outcome", o.as_str())], *n)).collect();
+    let samples: Vec<(Labels<'_>, u64)> = samples.iter().map(|(l, v)| (l.as_slice(), *v)).collect();
+    w.counter(
+        "tally_reconcile_runs_total",
+        "Reconciliations of one counter run on this node since it started, by outcome.",
         &samples,
     );
 }

@@ -6,6 +6,7 @@
 //! types and errors; the router owns everything about HTTP and JSON.
 
 use crate::http::error::ApiError;
+use crate::sources::RunBook;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use tally_engine::{
@@ -84,6 +85,10 @@ pub trait Service: Clone + Send + Sync + 'static {
 
     /// This node's id, so an operators' view can say whose figures it shows.
     fn node_id(&self) -> &str;
+
+    /// The record of the reconciliations this node ran (scheduled and requested),
+    /// for `GET /v1/counters/{name}/reconciliations` and the drift metrics.
+    fn runs(&self) -> &RunBook;
 
     /// This node's operational signals in the Prometheus text exposition format
     /// (HELP and TYPE lines included; the router appends its own HTTP signals).

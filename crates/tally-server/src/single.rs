@@ -4,8 +4,9 @@
 
 use crate::config::{Config, ConfigError, NodeEntry};
 use crate::http::error::ApiError;
-use crate::metrics::{engine_metrics, PromWriter};
+use crate::metrics::{engine_metrics, reconcile_metrics, PromWriter};
 use crate::service::{ClusterView, NodeState, NodeView, Service};
+use crate::sources::{RunBook, RunContext, Scheduler};
 use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,6 +34,10 @@ pub struct SingleNode {
     node: Arc<NodeEntry>,
     /// Cleared when shutdown begins, so `/healthz` turns 503 while requests drain.
     serving: Arc<AtomicBool>,
+    /// The record of reconciliations, persisted in the data directory.
+    book: Arc<RunBook>,
+    /// The schedules of the configured sources of truth.
+    scheduler: Arc<Scheduler>,
 }
 
 impl SingleNode {
@@ -41,12 +46,29 @@ impl SingleNode {
         let node = config.this_node()?.clone();
         let store = SledStore::open(&config.sled_config()).map_err(TallyError::from)?;
         let tally = Tally::open_with(Arc::new(store), Arc::new(SystemClock), config.tally_config()).await?;
-        Ok(Self::new(tally, node))
+        let book = Arc::new(RunBook::open(&config.node.data_dir));
+        let ctx = RunContext { tally: tally.clone(), node: node.id.clone(), book: book.clone() };
+        // One node is the only owner of its schedules.
+        let scheduler = Scheduler::start(&config.reconcile, ctx, Arc::new(|| true));
+        Ok(Self {
+            tally,
+            node: Arc::new(node),
+            serving: Arc::new(AtomicBool::new(true)),
+            book,
+            scheduler: Arc::new(scheduler),
+        })
     }
 
-    /// Wraps an engine that is already open (tests use one over the in-memory store).
+    /// Wraps an engine that is already open (tests use one over the in-memory
+    /// store), with no sources of truth and an in-memory record of runs.
     pub fn new(tally: Tally, node: NodeEntry) -> Self {
-        Self { tally, node: Arc::new(node), serving: Arc::new(AtomicBool::new(true)) }
+        Self {
+            tally,
+            node: Arc::new(node),
+            serving: Arc::new(AtomicBool::new(true)),
+            book: Arc::new(RunBook::in_memory()),
+            scheduler: Arc::new(Scheduler::none()),
+        }
     }
 
     /// The engine.
@@ -64,6 +86,7 @@ impl SingleNode {
     /// the actors. Call it after the HTTP server has drained.
     pub async fn shutdown(&self) -> Result<(), TallyError> {
         self.begin_shutdown();
+        self.scheduler.stop();
         self.tally.shutdown().await
     }
 }
@@ -148,9 +171,14 @@ impl Service for SingleNode {
         &self.node.id
     }
 
+    fn runs(&self) -> &RunBook {
+        &self.book
+    }
+
     fn metrics_text(&self) -> String {
         let mut w = PromWriter::new();
         engine_metrics(&mut w, &self.tally, &self.node.id);
+        reconcile_metrics(&mut w, &self.book);
         w.finish()
     }
 

@@ -11,7 +11,8 @@
 //! | `GET /v1/counters/{name}/value` | `value`: `?consistency=cached\|fresh` |
 //! | `GET /v1/counters/{name}/distinct` | `distinct` |
 //! | `GET /v1/counters/{name}/shards` | `shards` |
-//! | `POST /v1/counters/{name}/reconcile` | `reconcile` |
+//! | `POST /v1/counters/{name}/reconcile` | `reconcile` (recorded as a run of source `request`) |
+//! | `GET /v1/counters/{name}/reconciliations` | `reconciliations`: the recent runs on this node |
 //! | `GET /v1/cluster` | `cluster` |
 //! | `PUT /v1/cluster/members/{id}` | `add_member`: the cluster after adding the node |
 //! | `DELETE /v1/cluster/members/{id}` | `remove_member`: the cluster after removing it |
@@ -36,6 +37,7 @@ pub mod ops;
 use crate::config::HttpConfig;
 use crate::metrics::{HttpStats, PromWriter, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 use crate::service::{ClusterView, Service};
+use crate::sources::RunRecord;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
@@ -108,6 +110,7 @@ pub fn router<S: Service>(svc: S, limits: &HttpConfig) -> Router {
         .route("/v1/counters/{name}/distinct", get(distinct::<S>))
         .route("/v1/counters/{name}/shards", get(shards::<S>))
         .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
+        .route("/v1/counters/{name}/reconciliations", get(reconciliations::<S>))
         .route("/v1/cluster", get(cluster::<S>))
         .route("/v1/cluster/members/{id}", put(add_member::<S>).delete(remove_member::<S>))
         .route("/v1/cluster/nodes/{id}/accept-loss", post(accept_loss::<S>))
@@ -300,7 +303,42 @@ async fn reconcile<S: Service>(
     JsonBody(body): JsonBody<ReconcileBody>,
 ) -> Result<Json<ReconcileReport>, ApiError> {
     let authoritative = body.authoritative()?;
-    Ok(Json(st.svc.reconcile(&name, authoritative).await?))
+    let at_ms = crate::sources::now_ms();
+    let result = st.svc.reconcile(&name, authoritative).await;
+    // A run that reached the counter is recorded beside the scheduled ones; a
+    // refused name or an unknown counter is not a run.
+    if matches!(&result, Ok(_) | Err(TallyError::Unavailable { .. } | TallyError::DriftOutOfRange { .. })) {
+        let runs = st.svc.runs();
+        runs.record(
+            &name,
+            RunRecord::from_engine(at_ms, "request", st.svc.node_id(), authoritative, &result),
+        );
+        runs.persist();
+    }
+    Ok(Json(result?))
+}
+
+/// The answer of `GET /v1/counters/{name}/reconciliations`.
+#[derive(Debug, Serialize)]
+struct ReconciliationsView {
+    /// The counter.
+    counter: String,
+    /// The node whose record this is (scheduled runs are on the one that ran them).
+    node: String,
+    /// The recent runs, newest first, at most `RUNS_PER_COUNTER_MAX`.
+    runs: Vec<RunRecord>,
+}
+
+/// `GET /v1/counters/{name}/reconciliations`: the recent reconciliations of the
+/// counter this node ran, newest first.
+#[tracing::instrument(name = "reconciliations", skip_all)]
+async fn reconciliations<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<ReconciliationsView>, ApiError> {
+    tally_core::CounterName::new(name.as_str()).map_err(TallyError::from)?;
+    let runs = st.svc.runs().runs(&name);
+    Ok(Json(ReconciliationsView { counter: name, node: st.svc.node_id().to_string(), runs }))
 }
 
 /// `GET /v1/cluster`: membership, health and leader.

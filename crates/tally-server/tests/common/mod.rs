@@ -290,6 +290,9 @@ impl Service for Faulty {
     fn node_id(&self) -> &str {
         self.inner.node_id()
     }
+    fn runs(&self) -> &tally_server::sources::RunBook {
+        self.inner.runs()
+    }
     fn metrics_text(&self) -> String {
         self.inner.metrics_text()
     }
