@@ -1,0 +1,168 @@
+//! t98: a store written by an earlier release opens and reads the same.
+//!
+//! `tests/fixtures/store-format-1.tar.gz` holds a sled database written by the release whose
+//! store had no format marker (format 1): four counters — a `sync` one with event ids,
+//! a `batched` one, a `sync` one with distinct members (dense sketches) and a `sync` one resharded from
+//! 4 to 8 shards — filled by [`story`] and shut down cleanly. This release must open
+//! it, read every total and distinct estimate the story implies, answer `duplicate` for
+//! every event id it acknowledged, and mark the store with its format.
+//!
+//! The fixture was made on that release, in `crates/tally-engine`, with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-1 cargo test -p tally-engine --test t98_upgrade -- --ignored`
+//! and `tar czf store-format-1.tar.gz store-format-1` in `tests/fixtures`; re-running
+//! it on a later release writes that release's format instead (the story is the same,
+//! so the checks below hold for both).
+
+use std::path::{Path, PathBuf};
+use tally_core::sketch::{member_hash, DistinctSketch};
+use tally_engine::{Consistency, Durability, Increment, SpecPatch, Tally, TallyConfig};
+
+/// The sync counter whose event ids must stay known.
+const CREDITS: &str = "credits";
+/// The batched counter.
+const VIEWS: &str = "views";
+/// The distinct counter.
+const VISITORS: &str = "visitors";
+/// The counter resharded from 4 to 8 shards between its two halves of increments.
+const LIKES: &str = "likes";
+
+const CREDIT_EVENTS: i64 = 300;
+const VIEW_INCREMENTS: i64 = 500;
+/// Enough members that each of the two shards' sketches is dense.
+const VISITOR_MEMBERS: u32 = 10_000;
+/// Members seen twice: the second visit changes the total, not the estimate.
+const VISITOR_REPEATS: u32 = 1_000;
+const LIKES_PER_HALF: i64 = 200;
+
+fn credit_delta(i: i64) -> i64 {
+    i % 7 - 3 + 10
+}
+
+fn credit_event(i: i64) -> String {
+    format!("credit-{i}")
+}
+
+fn fixture_archive() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-format-1.tar.gz")
+}
+
+fn config() -> TallyConfig {
+    TallyConfig { call_timeout_ms: 10_000, ..TallyConfig::default() }
+}
+
+fn spec(shards: u16, durability: Durability) -> SpecPatch {
+    SpecPatch { shards: Some(shards), durability: Some(durability), ..SpecPatch::default() }
+}
+
+/// What the fixture's release did to its store.
+async fn story(tally: &Tally) {
+    tally.put_counter(CREDITS, spec(8, Durability::Sync)).await.unwrap();
+    for i in 0..CREDIT_EVENTS {
+        let o = tally.incr(CREDITS, Increment::new(credit_delta(i)).event_id(credit_event(i))).await.unwrap();
+        assert!(o.applied);
+    }
+    tally.put_counter(VIEWS, spec(4, Durability::Batched)).await.unwrap();
+    for i in 0..VIEW_INCREMENTS {
+        tally.incr(VIEWS, Increment::new(1).writer(format!("w{}", i % 5))).await.unwrap();
+    }
+    let distinct = SpecPatch { distinct: Some(true), ..spec(2, Durability::Sync) };
+    tally.put_counter(VISITORS, distinct).await.unwrap();
+    for m in (0..VISITOR_MEMBERS).chain(0..VISITOR_REPEATS) {
+        tally.incr(VISITORS, Increment::new(1).member(format!("user-{m}"))).await.unwrap();
+    }
+    tally.put_counter(LIKES, spec(4, Durability::Sync)).await.unwrap();
+    for _ in 0..LIKES_PER_HALF {
+        tally.incr(LIKES, Increment::new(1)).await.unwrap();
+    }
+    tally.put_counter(LIKES, SpecPatch { shards: Some(8), ..SpecPatch::default() }).await.unwrap();
+    for _ in 0..LIKES_PER_HALF {
+        tally.incr(LIKES, Increment::new(1)).await.unwrap();
+    }
+    tally.settle().await;
+}
+
+fn expected_visitors_estimate() -> u64 {
+    let mut sketch = DistinctSketch::new();
+    for m in 0..VISITOR_MEMBERS {
+        sketch.insert_hash(member_hash(&format!("user-{m}")));
+    }
+    sketch.estimate()
+}
+
+/// Writes the fixture with this build (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture() {
+    let dir = PathBuf::from(std::env::var("TALLY_WRITE_FIXTURE").expect("TALLY_WRITE_FIXTURE=DIR"));
+    assert!(!dir.exists(), "{} exists: remove it first", dir.display());
+    let tally = Tally::open(&dir, config()).await.unwrap();
+    story(&tally).await;
+    tally.shutdown().await.unwrap();
+}
+
+/// Opens the store at `dir` once the engine that had it open has let go of it (its
+/// actors drop their handles shortly after a shutdown; sled locks the directory).
+async fn reopen(dir: &Path) -> Tally {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Tally::open(dir, config()).await {
+            Ok(t) => return t,
+            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("reopening {}: {e}", dir.display()),
+        }
+    }
+}
+
+/// The fixture unpacked in a fresh directory (opening a store writes to it): the
+/// returned path is the database's directory.
+fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
+    let to = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("tar")
+        .arg("xzf")
+        .arg(fixture_archive())
+        .arg("-C")
+        .arg(to.path())
+        .status()
+        .expect("running tar");
+    assert!(status.success(), "tar failed: {status}");
+    let db = to.path().join("store-format-1");
+    (to, db)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_the_first_format_reads_the_same() {
+    let (_keep, dir) = fixture_copy();
+    let tally = Tally::open(&dir, config()).await.unwrap();
+
+    let credits: i128 = (0..CREDIT_EVENTS).map(|i| i128::from(credit_delta(i))).sum();
+    let cases = [
+        (CREDITS, credits),
+        (VIEWS, i128::from(VIEW_INCREMENTS)),
+        (VISITORS, i128::from(VISITOR_MEMBERS + VISITOR_REPEATS)),
+        (LIKES, 2 * i128::from(LIKES_PER_HALF)),
+    ];
+    for (name, want) in cases {
+        let read = tally.read(name, Consistency::Fresh).await.unwrap();
+        assert!(read.complete, "{name}: {read:?}");
+        assert_eq!(read.value, want, "{name}");
+    }
+    assert_eq!(tally.counter(LIKES).await.unwrap().layout_shards, 8);
+    assert_eq!(tally.distinct(VISITORS).await.unwrap().estimate, expected_visitors_estimate());
+
+    // Every acknowledged event id is still known: a retry is a duplicate, counted once.
+    for i in 0..CREDIT_EVENTS {
+        let o = tally.incr(CREDITS, Increment::new(credit_delta(i)).event_id(credit_event(i))).await.unwrap();
+        assert!(!o.applied, "event {} counted twice", credit_event(i));
+    }
+    assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits);
+
+    // It keeps working as a store of this release.
+    tally.incr(CREDITS, Increment::new(5).event_id("after-upgrade")).await.unwrap();
+    tally.shutdown().await.unwrap();
+    drop(tally);
+    let tally = reopen(&dir).await;
+    assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits + 5);
+    tally.shutdown().await.unwrap();
+}
