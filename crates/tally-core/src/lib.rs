@@ -11,6 +11,7 @@
 //! * [`ids`] — shard and node identities.
 //! * [`hash`] — the one specified hash function (XXH3-64 with fixed seeds).
 //! * [`codec`] — the byte encoding of everything stored or sent (bincode 2).
+//! * [`format`] — format markers of stores and protocol versions of peers.
 //! * [`spec`] — the per-counter contract and its validation.
 //! * [`meta`] — counter metadata (spec + shard layout) and its transitions,
 //!   including resharding by layout generations.
@@ -32,6 +33,7 @@ pub mod cms;
 pub mod codec;
 pub mod dedup;
 pub mod drain_book;
+pub mod format;
 pub mod hash;
 pub mod ids;
 pub mod limits;

@@ -64,6 +64,6 @@ pub use reconciler::RECONCILE_DRIFT_ABS_MAX;
 pub use rollup::ROLLUP_REFRESH_BATCH_MAX;
 pub use shard::ShardReply;
 pub use stats::{Count, DriftBook, Histogram, HistogramSnapshot, Stats, DRIFT_BOOK_COUNTERS_MAX};
-pub use tally::{EngineParts, Tally};
+pub use tally::{EngineParts, Tally, STORE_FORMAT_KEY};
 pub use tally_core::spec::{CounterSpec, Durability, RouterPolicy, SpecPatch};
 pub use tally_store::{MemStore, SledConfig, SledStore, Store, StoreError};

@@ -94,6 +94,7 @@ impl Tally {
     /// shard.
     pub async fn open_parts(parts: EngineParts) -> Result<Self, TallyError> {
         let EngineParts { store, clock, config, catalog, placement } = parts;
+        open_format(&*store)?;
         let incarnation = next_incarnation(&*store)?;
         let drains = tally_core::drain_book::DrainBook::new(config.node_id.as_str(), incarnation);
         let stats = Arc::new(Stats::default());
@@ -509,6 +510,29 @@ impl Tally {
 
 /// The store key of the number of times an engine opened this store.
 const OPENS_KEY: &[u8] = b"engine:opens";
+
+/// The store key of the store's format marker ([`tally_core::format`]).
+pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
+
+/// Refuses a store of a format this release does not read, and marks a new (or
+/// older, or unmarked) one with this release's format before anything else is
+/// written. A store that an engine opened before holds data, so its missing marker
+/// means the first format.
+fn open_format(store: &dyn Store) -> Result<(), TallyError> {
+    use tally_core::format::{encode_version, judge_store, STORE_FORMAT, STORE_FORMATS_READABLE};
+    let marker = store.meta_get(STORE_FORMAT_KEY)?;
+    let holds_data = store.meta_get(OPENS_KEY)?.is_some();
+    let verdict = judge_store("engine store", marker.as_deref(), holds_data, STORE_FORMATS_READABLE)
+        .map_err(tally_store::StoreError::from)?;
+    if verdict.write_marker {
+        if verdict.found != STORE_FORMAT {
+            tracing::info!(from = verdict.found, to = STORE_FORMAT, "upgrading the store's format");
+        }
+        // Made durable by the flush that follows in `next_incarnation`.
+        store.meta_put(STORE_FORMAT_KEY, &encode_version(STORE_FORMAT))?;
+    }
+    Ok(())
+}
 
 /// Counts this opening of `store` and returns the count: an incarnation that never
 /// repeats for this store (a clock reading could), made durable before any drain id

@@ -14,8 +14,13 @@
 //! so the checks below hold for both).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tally_core::format::{encode_version, STORE_FORMAT};
 use tally_core::sketch::{member_hash, DistinctSketch};
-use tally_engine::{Consistency, Durability, Increment, SpecPatch, Tally, TallyConfig};
+use tally_engine::{
+    Consistency, Durability, Increment, MemStore, SledStore, SpecPatch, Store, SystemClock, Tally,
+    TallyConfig, STORE_FORMAT_KEY,
+};
 
 /// The sync counter whose event ids must stay known.
 const CREDITS: &str = "credits";
@@ -158,11 +163,60 @@ async fn a_store_of_the_first_format_reads_the_same() {
     }
     assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits);
 
-    // It keeps working as a store of this release.
+    // It keeps working as a store of this release, and says so.
     tally.incr(CREDITS, Increment::new(5).event_id("after-upgrade")).await.unwrap();
     tally.shutdown().await.unwrap();
     drop(tally);
     let tally = reopen(&dir).await;
     assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits + 5);
     tally.shutdown().await.unwrap();
+    drop(tally);
+    let store = open_store_when_free(&dir).await;
+    let marker = Store::meta_get(&store, STORE_FORMAT_KEY).unwrap();
+    assert_eq!(marker.as_deref(), Some(&encode_version(STORE_FORMAT)[..]));
+}
+
+async fn open_store_when_free(dir: &Path) -> SledStore {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match SledStore::open_path(dir) {
+            Ok(s) => return s,
+            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("reopening {}: {e}", dir.display()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_store_is_marked_and_a_store_of_an_unknown_format_is_refused_untouched() {
+    let store = MemStore::new();
+    let tally = Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), config()).await.unwrap();
+    tally.put_counter(CREDITS, spec(2, Durability::Sync)).await.unwrap();
+    tally.incr(CREDITS, Increment::new(3)).await.unwrap();
+    tally.shutdown().await.unwrap();
+    let marker = Store::meta_get(&store, STORE_FORMAT_KEY).unwrap();
+    assert_eq!(marker.as_deref(), Some(&encode_version(STORE_FORMAT)[..]));
+
+    // A later release's store: refused by name and version, nothing written.
+    let future = STORE_FORMAT + 1;
+    Store::meta_put(&store, STORE_FORMAT_KEY, &encode_version(future)).unwrap();
+    let opens_before = Store::meta_get(&store, b"engine:opens").unwrap();
+    let err = Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), config())
+        .await
+        .err()
+        .expect("a store of an unknown format must be refused");
+    let text = err.to_string();
+    assert!(text.contains(&format!("format {future}")) && text.contains("engine store"), "{text}");
+    assert_eq!(Store::meta_get(&store, b"engine:opens").unwrap(), opens_before);
+    assert_eq!(
+        Store::meta_get(&store, STORE_FORMAT_KEY).unwrap().as_deref(),
+        Some(&encode_version(future)[..])
+    );
+
+    // A marker that is not a version is corruption, said as such.
+    Store::meta_put(&store, STORE_FORMAT_KEY, b"x").unwrap();
+    let err = Tally::open_with(Arc::new(store), Arc::new(SystemClock), config()).await.err().unwrap();
+    assert!(err.to_string().contains("corrupt"), "{err}");
 }

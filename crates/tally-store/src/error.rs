@@ -37,6 +37,11 @@ pub enum StoreError {
     #[error("injected fault at {0}")]
     Injected(&'static str),
 
+    /// The store was written in a format this release does not read (see
+    /// [`tally_core::format`]); nothing was read or written.
+    #[error(transparent)]
+    Format(#[from] tally_core::format::FormatError),
+
     /// The store was closed (its simulated node shut down or crashed) and refuses every
     /// operation until it is restarted.
     #[error("the store is closed: its node has shut down or crashed")]

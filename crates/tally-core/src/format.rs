@@ -1,0 +1,217 @@
+//! Format versions: which layout wrote a store, and which protocol a peer speaks.
+//!
+//! Every store a node keeps carries a *format marker*, and every node-to-node frame and
+//! raft RPC carries a *protocol version*. A node reads the formats in its readable
+//! range and speaks exactly one protocol; anything else is refused with a message that
+//! names both versions and the fix, never decoded into something else.
+//!
+//! The first releases wrote no marker: a store without one that already holds data is
+//! of [`FIRST_FORMAT`]. So the marker's absence means "new" only for an empty store.
+//!
+//! This module only decides; the store and transport layers read and write the markers.
+
+use std::ops::RangeInclusive;
+
+/// The format of a store that predates format markers.
+pub const FIRST_FORMAT: u32 = 1;
+
+/// The engine store's layout (shard trees, key layout, the codec of images and dedup
+/// records) written by this release.
+pub const STORE_FORMAT: u32 = 1;
+/// The engine store formats this release opens: it upgrades the older ones in place.
+pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
+
+/// The metadata raft store's layout (log, vote, state machine, identity) written by
+/// this release.
+pub const RAFT_STORE_FORMAT: u32 = 1;
+/// The raft store formats this release opens.
+pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
+
+/// The node-to-node protocol (transport frames and the engine's shard requests).
+pub const PEER_PROTOCOL: u32 = 1;
+/// The raft RPC protocol (paths, envelopes, answers).
+pub const RAFT_PROTOCOL: u32 = 1;
+
+/// Bytes of an encoded marker or protocol version: a `u32`, little-endian.
+pub const VERSION_BYTES: usize = 4;
+
+/// What opening a store must do about its marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The format the store holds.
+    pub found: u32,
+    /// Whether the caller must write the current marker (a new store, a store of an
+    /// older readable format, or one that predates markers).
+    pub write_marker: bool,
+}
+
+/// Why a store or peer is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// The store was written in a format this release does not read.
+    #[error(
+        "the {what} was written in format {found}; this release reads formats {}..={}: \
+         run a release that reads format {found}, or move this data directory away to start empty",
+        readable.start(), readable.end()
+    )]
+    UnknownStore {
+        /// Which store.
+        what: &'static str,
+        /// Its marker.
+        found: u32,
+        /// What this release reads.
+        readable: RangeInclusive<u32>,
+    },
+    /// The marker is not a version at all.
+    #[error("the {what}'s format marker is {len} bytes, not {VERSION_BYTES}: the store is corrupt")]
+    CorruptMarker {
+        /// Which store.
+        what: &'static str,
+        /// The marker's length.
+        len: usize,
+    },
+    /// A peer speaks another protocol.
+    #[error(
+        "{what} protocol mismatch: the peer speaks version {theirs}, this node speaks {ours}; \
+         run the same release on every node"
+    )]
+    Protocol {
+        /// Which protocol.
+        what: &'static str,
+        /// This node's version.
+        ours: u32,
+        /// The peer's, as received.
+        theirs: u32,
+    },
+}
+
+/// Encodes a marker or protocol version.
+pub fn encode_version(version: u32) -> [u8; VERSION_BYTES] {
+    version.to_le_bytes()
+}
+
+/// Decides what to do with a store whose marker is `marker` (`None`: absent).
+/// `holds_data` says whether the store was written before (a marker's absence then
+/// means [`FIRST_FORMAT`]).
+pub fn judge_store(
+    what: &'static str,
+    marker: Option<&[u8]>,
+    holds_data: bool,
+    readable: RangeInclusive<u32>,
+) -> Result<Verdict, FormatError> {
+    let current = *readable.end();
+    let found = match marker {
+        None if !holds_data => return Ok(Verdict { found: current, write_marker: true }),
+        None => FIRST_FORMAT,
+        Some(bytes) => {
+            let bytes: [u8; VERSION_BYTES] =
+                bytes.try_into().map_err(|_| FormatError::CorruptMarker { what, len: bytes.len() })?;
+            u32::from_le_bytes(bytes)
+        }
+    };
+    if !readable.contains(&found) {
+        return Err(FormatError::UnknownStore { what, found, readable });
+    }
+    Ok(Verdict { found, write_marker: marker.is_none() || found != current })
+}
+
+/// Splits a frame into its leading protocol version and the rest, refusing any version
+/// but `ours`. A frame too short to hold a version is refused as version 0.
+pub fn split_versioned<'a>(what: &'static str, ours: u32, frame: &'a [u8]) -> Result<&'a [u8], FormatError> {
+    if frame.len() < VERSION_BYTES {
+        return Err(FormatError::Protocol { what, ours, theirs: 0 });
+    }
+    let (version, rest) = frame.split_at(VERSION_BYTES);
+    let theirs = u32::from_le_bytes(version.try_into().expect("split at VERSION_BYTES"));
+    check_protocol(what, ours, theirs)?;
+    Ok(rest)
+}
+
+/// Refuses a peer's protocol version unless it is `ours`.
+pub fn check_protocol(what: &'static str, ours: u32, theirs: u32) -> Result<(), FormatError> {
+    if theirs == ours {
+        Ok(())
+    } else {
+        Err(FormatError::Protocol { what, ours, theirs })
+    }
+}
+
+/// `body` behind the protocol version `ours`.
+pub fn versioned(ours: u32, mut body: Vec<u8>) -> Vec<u8> {
+    body.splice(0..0, encode_version(ours));
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const READABLE: RangeInclusive<u32> = 2..=3;
+
+    #[test]
+    fn a_new_store_is_marked_with_the_current_format() {
+        assert_eq!(judge_store("store", None, false, READABLE), Ok(Verdict { found: 3, write_marker: true }));
+    }
+
+    #[test]
+    fn a_store_without_a_marker_that_holds_data_is_of_the_first_format() {
+        assert_eq!(
+            judge_store("store", None, true, FIRST_FORMAT..=2),
+            Ok(Verdict { found: FIRST_FORMAT, write_marker: true })
+        );
+        // …which a release that no longer reads it refuses, rather than taking it
+        // for a new store.
+        assert!(matches!(
+            judge_store("store", None, true, READABLE),
+            Err(FormatError::UnknownStore { found: FIRST_FORMAT, .. })
+        ));
+    }
+
+    #[test]
+    fn readable_formats_open_and_older_ones_are_remarked() {
+        let m = |v: u32| encode_version(v);
+        assert_eq!(
+            judge_store("store", Some(&m(3)), true, READABLE),
+            Ok(Verdict { found: 3, write_marker: false })
+        );
+        assert_eq!(
+            judge_store("store", Some(&m(2)), true, READABLE),
+            Ok(Verdict { found: 2, write_marker: true })
+        );
+        // A marker is binding even on an otherwise empty store.
+        assert_eq!(
+            judge_store("store", Some(&m(3)), false, READABLE),
+            Ok(Verdict { found: 3, write_marker: false })
+        );
+    }
+
+    #[test]
+    fn unknown_and_corrupt_markers_are_refused_with_the_fix() {
+        let newer = judge_store("engine store", Some(&encode_version(4)), true, READABLE).unwrap_err();
+        let text = newer.to_string();
+        assert!(text.contains("format 4") && text.contains("2..=3") && text.contains("release"), "{text}");
+        assert!(matches!(
+            judge_store("store", Some(&[1, 0, 0]), true, READABLE),
+            Err(FormatError::CorruptMarker { len: 3, .. })
+        ));
+        assert!(matches!(
+            judge_store("store", Some(&[0; 5]), true, READABLE),
+            Err(FormatError::CorruptMarker { len: 5, .. })
+        ));
+    }
+
+    #[test]
+    fn frames_carry_their_protocol_first() {
+        let frame = versioned(7, vec![0xaa, 0xbb]);
+        assert_eq!(frame, [7, 0, 0, 0, 0xaa, 0xbb]);
+        assert_eq!(split_versioned("peer", 7, &frame), Ok(&[0xaa, 0xbb][..]));
+        assert_eq!(split_versioned("peer", 7, &versioned(7, Vec::new())), Ok(&[][..]));
+        let err = split_versioned("peer", 8, &frame).unwrap_err();
+        assert_eq!(err, FormatError::Protocol { what: "peer", ours: 8, theirs: 7 });
+        assert!(err.to_string().contains("version 7") && err.to_string().contains("speaks 8"));
+        assert_eq!(
+            split_versioned("peer", 7, &[7, 0]),
+            Err(FormatError::Protocol { what: "peer", ours: 7, theirs: 0 })
+        );
+    }
+}
