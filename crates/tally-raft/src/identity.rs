@@ -12,8 +12,11 @@
 //!
 //! Tree [`IDENTITY_TREE`]: `store` → the [`StoreId`], `replaced` → present while
 //! this node knows that its earlier data is lost and the metadata group has not
-//! recorded the loss as accepted.
+//! recorded the loss as accepted, `format` → the raft database's format marker
+//! ([`tally_core::format::RAFT_STORE_FORMAT`]; absent in databases of the first
+//! format).
 
+use crate::log_store::LOG_TREE;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
@@ -23,6 +26,7 @@ pub const IDENTITY_TREE: &str = "raft_identity";
 
 const KEY_STORE: &[u8] = b"store";
 const KEY_REPLACED: &[u8] = b"replaced";
+const KEY_FORMAT: &[u8] = b"format";
 
 /// The random 128-bit identity of one data directory, created with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -74,13 +78,25 @@ pub enum IdentityError {
     /// The stored identity does not decode.
     #[error("store identity: {0}")]
     Corrupt(String),
+    /// The database was written in a format this release does not read.
+    #[error(transparent)]
+    Format(#[from] tally_core::format::FormatError),
 }
 
 impl Identity {
     /// Opens the identity of `db`, creating (and flushing) a new random one if the
-    /// database has none.
+    /// database has none. Refuses, before anything is written, a database of a format
+    /// this release does not read, and marks the others with this release's format.
     pub fn open(db: &sled::Db) -> Result<Self, IdentityError> {
+        use tally_core::format::{encode_version, judge_store, RAFT_STORE_FORMAT, RAFT_STORE_FORMATS_READABLE};
         let tree = db.open_tree(IDENTITY_TREE)?;
+        let holds_data = tree.contains_key(KEY_STORE)? || db.open_tree(LOG_TREE)?.first()?.is_some();
+        let marker = tree.get(KEY_FORMAT)?;
+        let verdict = judge_store("raft store", marker.as_deref(), holds_data, RAFT_STORE_FORMATS_READABLE)?;
+        if verdict.write_marker {
+            tree.insert(KEY_FORMAT, &encode_version(RAFT_STORE_FORMAT))?;
+            db.flush()?;
+        }
         if let Some(bytes) = tree.get(KEY_STORE)? {
             let raw = <[u8; 16]>::try_from(&*bytes)
                 .map_err(|_| IdentityError::Corrupt(format!("{} bytes instead of 16", bytes.len())))?;
@@ -131,6 +147,28 @@ mod tests {
         assert!(!again.replaced().unwrap());
         let other = sled::open(tempfile::tempdir().unwrap().path()).unwrap();
         assert_ne!(Identity::open(&other).unwrap().store, first);
+    }
+
+    #[test]
+    fn a_database_is_marked_and_one_of_an_unknown_format_is_refused() {
+        use tally_core::format::{encode_version, RAFT_STORE_FORMAT};
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::open(dir.path()).unwrap();
+        let id = Identity::open(&db).unwrap();
+        let marker = db.open_tree(IDENTITY_TREE).unwrap().get(KEY_FORMAT).unwrap();
+        assert_eq!(marker.as_deref(), Some(&encode_version(RAFT_STORE_FORMAT)[..]));
+
+        // A database of the first format (no marker, an identity): opened and marked.
+        let tree = db.open_tree(IDENTITY_TREE).unwrap();
+        tree.remove(KEY_FORMAT).unwrap();
+        assert_eq!(Identity::open(&db).unwrap().store, id.store);
+        assert!(tree.contains_key(KEY_FORMAT).unwrap());
+
+        // A later release's database: refused, identity untouched.
+        tree.insert(KEY_FORMAT, &encode_version(RAFT_STORE_FORMAT + 1)).unwrap();
+        let err = Identity::open(&db).unwrap_err();
+        assert!(matches!(err, IdentityError::Format(_)), "{err}");
+        assert!(err.to_string().contains("raft store"), "{err}");
     }
 
     #[test]
