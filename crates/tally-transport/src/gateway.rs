@@ -9,11 +9,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tally_core::codec::{decode, encode};
+use tally_core::format::FormatError;
 use tokio::sync::Semaphore;
 
 use crate::backoff::{unix_ms, LogLimiter};
-use crate::wire::{GatewayMsg, Refusal, WireReply, WireRequest, REPLY_BYTES_MAX};
+use crate::wire::{
+    decode_request, encode_reply, FrameError, GatewayMsg, Refusal, WireReply, WireRequest, REPLY_BYTES_MAX,
+};
 
 /// ractor process-group scope holding every node's gateway.
 pub const PG_SCOPE: &str = "tally.transport";
@@ -95,6 +97,8 @@ impl Gateway {
                 Refusal::UnknownSender(who) => tracing::warn!(
                     node = %self.node_id, suppressed, "refusing request from {who:?}: not in the peer list"
                 ),
+                // Refused before a sender is known (see `handle`).
+                Refusal::ProtocolMismatch { .. } => {}
             }
         }
         Some(refusal)
@@ -124,7 +128,21 @@ impl Actor for Gateway {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let GatewayMsg { request, reply } = message;
-        let immediate = match decode::<WireRequest>("transport request", &request) {
+        let immediate = match decode_request(&request) {
+            Err(FrameError::Protocol(FormatError::Protocol { ours, theirs, .. })) => {
+                let limiter = state
+                    .refusal_logs
+                    .entry(String::from("<other protocol>"))
+                    .or_insert_with(|| LogLimiter::new(REFUSAL_LOG_INTERVAL_MS));
+                if let Some(suppressed) = limiter.allow(unix_ms()) {
+                    tracing::error!(
+                        node = %self.node_id, ours, theirs, suppressed,
+                        "refusing a peer that speaks node-to-node protocol {theirs} (this node speaks \
+                         {ours}): run the same release on every node"
+                    );
+                }
+                WireReply::Refused(Refusal::ProtocolMismatch { ours, theirs })
+            }
             Err(e) => {
                 tracing::debug!(node = %self.node_id, "malformed request: {e}");
                 WireReply::Malformed(e.to_string())
@@ -154,7 +172,7 @@ impl Actor for Gateway {
                             }
                         };
                         // A failed send only means the caller gave up.
-                        let _ = reply.send(encode(&wire));
+                        let _ = reply.send(encode_reply(&wire));
                     });
                     return Ok(());
                 } else {
@@ -162,7 +180,7 @@ impl Actor for Gateway {
                 }
             }
         };
-        let _ = reply.send(encode(&immediate));
+        let _ = reply.send(encode_reply(&immediate));
         Ok(())
     }
 }
@@ -199,20 +217,20 @@ mod tests {
 
     async fn ask(gw: &ActorRef<GatewayMsg>, request: Vec<u8>) -> WireReply {
         match gw.call(|reply| GatewayMsg { request, reply }, Some(Duration::from_secs(5))).await {
-            Ok(CallResult::Success(bytes)) => decode("reply", &bytes).expect("decodable reply"),
+            Ok(CallResult::Success(bytes)) => crate::wire::decode_reply(&bytes).expect("decodable reply"),
             other => panic!("no reply: {other:?}"),
         }
     }
 
     fn call(from: &str, fingerprint: u64, body: &[u8]) -> Vec<u8> {
-        encode(&WireRequest::Call { from: from.into(), fingerprint, body: body.to_vec() })
+        crate::wire::encode_request(&WireRequest::Call { from: from.into(), fingerprint, body: body.to_vec() })
     }
 
     #[tokio::test]
     async fn serves_calls_and_pings_from_known_peers() {
         let gw = gateway().await;
         assert_eq!(ask(&gw, call("node2", 7, b"hi")).await, WireReply::Reply(b"node2:hi".to_vec()));
-        let ping = encode(&WireRequest::Ping { from: "node2".into(), fingerprint: 7, nonce: 42 });
+        let ping = crate::wire::encode_request(&WireRequest::Ping { from: "node2".into(), fingerprint: 7, nonce: 42 });
         assert_eq!(ask(&gw, ping).await, WireReply::Pong { node: "node1".into(), fingerprint: 7, nonce: 42 });
         // A node may call itself.
         assert_eq!(ask(&gw, call("node1", 7, b"me")).await, WireReply::Reply(b"node1:me".to_vec()));
@@ -226,7 +244,7 @@ mod tests {
             ask(&gw, call("node2", 8, b"hi")).await,
             WireReply::Refused(Refusal::FingerprintMismatch { ours: 7, theirs: 8 })
         );
-        let ping = encode(&WireRequest::Ping { from: "node2".into(), fingerprint: 9, nonce: 1 });
+        let ping = crate::wire::encode_request(&WireRequest::Ping { from: "node2".into(), fingerprint: 9, nonce: 1 });
         assert_eq!(
             ask(&gw, ping).await,
             WireReply::Refused(Refusal::FingerprintMismatch { ours: 7, theirs: 9 })
@@ -239,10 +257,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn refuses_a_peer_of_another_protocol_by_version() {
+        let gw = gateway().await;
+        let ours = tally_core::format::PEER_PROTOCOL;
+        let mut frame = call("node2", 7, b"hi");
+        frame[..4].copy_from_slice(&(ours + 1).to_le_bytes());
+        let reply = ask(&gw, frame).await;
+        assert_eq!(reply, WireReply::Refused(Refusal::ProtocolMismatch { ours, theirs: ours + 1 }));
+        let WireReply::Refused(refusal) = reply else { unreachable!() };
+        assert!(refusal.to_string().contains("same release"), "{refusal}");
+        gw.stop(None);
+    }
+
+    #[tokio::test]
     async fn garbage_panics_and_oversized_replies_become_typed_answers() {
         let gw = gateway().await;
-        assert!(matches!(ask(&gw, vec![0xff; 9]).await, WireReply::Malformed(_)));
-        assert!(matches!(ask(&gw, Vec::new()).await, WireReply::Malformed(_)));
+        let ours = tally_core::format::PEER_PROTOCOL;
+        let garbage = tally_core::format::versioned(ours, vec![0xff; 9]);
+        assert!(matches!(ask(&gw, garbage).await, WireReply::Malformed(_)));
+        assert!(matches!(
+            ask(&gw, tally_core::format::versioned(ours, Vec::new())).await,
+            WireReply::Malformed(_)
+        ));
+        // Bytes that do not even start with our protocol version: refused as another
+        // protocol, by version.
+        assert_eq!(
+            ask(&gw, vec![0xff; 9]).await,
+            WireReply::Refused(Refusal::ProtocolMismatch { ours, theirs: u32::MAX })
+        );
+        assert_eq!(ask(&gw, Vec::new()).await, WireReply::Refused(Refusal::ProtocolMismatch { ours, theirs: 0 }));
         assert_eq!(ask(&gw, call("node2", 7, b"panic")).await, WireReply::HandlerFailed);
         assert_eq!(
             ask(&gw, call("node2", 7, b"big")).await,

@@ -11,7 +11,6 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::node::NodeConnectionMode;
 use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServer, NodeServerMessage};
-use tally_core::codec::{decode, encode};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -23,7 +22,10 @@ use crate::error::TransportError;
 use crate::gateway::{gateway_group, DynHandler, Erased, Gateway, Handler, PG_SCOPE};
 use crate::health::{on_new_session, on_ping_result, HealthAction, PeerHealth, PeerState, PingOutcome};
 use crate::sessions::{dial_label, DialState, Events, Sessions};
-use crate::wire::{GatewayMsg, Refusal, WireReply, WireRequest, FRAME_BYTES_MAX, REQUEST_BYTES_MAX};
+use crate::wire::{
+    decode_reply, encode_request, FrameError, GatewayMsg, Refusal, WireReply, WireRequest, FRAME_BYTES_MAX,
+    REQUEST_BYTES_MAX,
+};
 
 /// Set while a transport runs in this process: ractor's process groups are global, so two
 /// transports in one process would see each other's gateways.
@@ -269,8 +271,8 @@ impl Transport {
             fingerprint: inner.cfg.fingerprint,
             body: request,
         };
-        let bytes = inner.rpc(&gateway, node, encode(&wire), timeout).await?;
-        match decode::<WireReply>("transport reply", &bytes) {
+        let bytes = inner.rpc(&gateway, node, encode_request(&wire), timeout).await?;
+        match decode_reply(&bytes) {
             Ok(WireReply::Reply(body)) => Ok(body),
             Ok(WireReply::Refused(r)) => {
                 Err(TransportError::Refused { node: node.to_string(), reason: r.to_string() })
@@ -428,8 +430,8 @@ impl Inner {
         let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
         let wire =
             WireRequest::Ping { from: self.cfg.node_id.clone(), fingerprint: self.cfg.fingerprint, nonce };
-        match self.rpc(gateway, peer, encode(&wire), self.cfg.ping_timeout()).await {
-            Ok(bytes) => match decode::<WireReply>("pong", &bytes) {
+        match self.rpc(gateway, peer, encode_request(&wire), self.cfg.ping_timeout()).await {
+            Ok(bytes) => match decode_reply(&bytes) {
                 Ok(WireReply::Pong { node, fingerprint, nonce: n }) if n == nonce && node == peer => {
                     if fingerprint == self.cfg.fingerprint {
                         PingOutcome::Answered
@@ -440,8 +442,16 @@ impl Inner {
                 Ok(WireReply::Refused(Refusal::FingerprintMismatch { ours, .. })) => {
                     PingOutcome::Refused { theirs: ours }
                 }
+                Ok(WireReply::Refused(refusal @ Refusal::ProtocolMismatch { .. })) => {
+                    self.log_protocol_refusal(peer, &refusal.to_string());
+                    PingOutcome::Missed
+                }
                 Ok(other) => {
                     tracing::debug!(node = %self.cfg.node_id, peer, "unusable answer to a ping: {other:?}");
+                    PingOutcome::Missed
+                }
+                Err(e @ FrameError::Protocol(_)) => {
+                    self.log_protocol_refusal(peer, &e.to_string());
                     PingOutcome::Missed
                 }
                 Err(e) => {
@@ -451,6 +461,16 @@ impl Inner {
             },
             Err(TransportError::Unreachable(_)) => PingOutcome::NoRoute,
             Err(_) => PingOutcome::Missed,
+        }
+    }
+
+    /// Logs (rate-limited per peer) that `peer` speaks another node-to-node protocol; its
+    /// pings count as missed, so it never becomes `Up`.
+    fn log_protocol_refusal(&self, peer: &str, reason: &str) {
+        let mut peers = self.lock_peers();
+        let Some(entry) = peers.get_mut(peer) else { return };
+        if let Some(suppressed) = entry.refusal_log.allow(unix_ms()) {
+            tracing::error!(node = %self.cfg.node_id, peer, suppressed, "peer {peer} refused: {reason}");
         }
     }
 

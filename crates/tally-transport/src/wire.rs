@@ -10,6 +10,8 @@
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
+use tally_core::codec::{decode, encode, DecodeError};
+use tally_core::format::{split_versioned, versioned, FormatError, PEER_PROTOCOL};
 
 /// Variant tag of [`GatewayMsg`] on the wire; bump the suffix on an incompatible change.
 pub const GATEWAY_VARIANT: &str = "tally.transport.v1";
@@ -56,6 +58,13 @@ pub enum Refusal {
     },
     /// The caller's node id is not in the callee's peer list.
     UnknownSender(String),
+    /// The caller speaks another node-to-node protocol version.
+    ProtocolMismatch {
+        /// The callee's version.
+        ours: u32,
+        /// The caller's, as received.
+        theirs: u32,
+    },
 }
 
 impl std::fmt::Display for Refusal {
@@ -66,6 +75,11 @@ impl std::fmt::Display for Refusal {
                 write!(f, "cluster-config fingerprint mismatch (callee {ours:#018x}, caller {theirs:#018x})")
             }
             Refusal::UnknownSender(who) => write!(f, "{who:?} is not in the callee's peer list"),
+            Refusal::ProtocolMismatch { ours, theirs } => write!(
+                f,
+                "node-to-node protocol mismatch (callee speaks {ours}, caller {theirs}); \
+                 run the same release on every node"
+            ),
         }
     }
 }
@@ -96,13 +110,48 @@ pub enum WireReply {
     Malformed(String),
 }
 
+/// Why a frame could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The frame's protocol version is not [`PEER_PROTOCOL`].
+    #[error(transparent)]
+    Protocol(#[from] FormatError),
+    /// The frame's body does not decode.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
+/// A request frame: the protocol version ([`PEER_PROTOCOL`], 4 bytes little-endian)
+/// and the encoded [`WireRequest`]. The version comes first and is never encoded
+/// differently, so a node of any release can tell that a peer speaks another one.
+pub fn encode_request(request: &WireRequest) -> Vec<u8> {
+    versioned(PEER_PROTOCOL, encode(request))
+}
+
+/// Reads a request frame (see [`encode_request`]).
+pub fn decode_request(frame: &[u8]) -> Result<WireRequest, FrameError> {
+    let body = split_versioned("node-to-node", PEER_PROTOCOL, frame)?;
+    Ok(decode("transport request", body)?)
+}
+
+/// A reply frame: the protocol version and the encoded [`WireReply`].
+pub fn encode_reply(reply: &WireReply) -> Vec<u8> {
+    versioned(PEER_PROTOCOL, encode(reply))
+}
+
+/// Reads a reply frame (see [`encode_reply`]).
+pub fn decode_reply(frame: &[u8]) -> Result<WireReply, FrameError> {
+    let body = split_versioned("node-to-node", PEER_PROTOCOL, frame)?;
+    Ok(decode("transport reply", body)?)
+}
+
 /// The gateway actor's only message: an encoded [`WireRequest`] and where the encoded
 /// [`WireReply`] goes. Local and remote callers send the same thing.
 #[derive(Debug)]
 pub struct GatewayMsg {
-    /// `tally_core::codec::encode(&WireRequest)`.
+    /// A request frame ([`encode_request`]).
     pub request: Vec<u8>,
-    /// Receives `tally_core::codec::encode(&WireReply)`.
+    /// Receives a reply frame ([`encode_reply`]).
     pub reply: RpcReplyPort<Vec<u8>>,
 }
 
@@ -165,5 +214,35 @@ mod tests {
         assert_eq!(decode::<WireReply>("rep", &encode(&rep)), Ok(rep));
         assert!(decode::<WireRequest>("req", &[0xff, 0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(decode::<WireReply>("rep", &[]).is_err());
+    }
+
+    #[test]
+    fn frames_lead_with_the_protocol_and_other_versions_are_named() {
+        let req = WireRequest::Ping { from: "node1".into(), fingerprint: 9, nonce: 3 };
+        let frame = encode_request(&req);
+        assert_eq!(frame[..4], PEER_PROTOCOL.to_le_bytes());
+        assert_eq!(decode_request(&frame), Ok(req));
+        let rep = WireReply::Overloaded;
+        assert_eq!(decode_reply(&encode_reply(&rep)), Ok(rep));
+
+        // Another release's frame: refused by version before its body is looked at.
+        let mut other = encode_request(&WireRequest::Ping { from: "n".into(), fingerprint: 1, nonce: 1 });
+        other[..4].copy_from_slice(&(PEER_PROTOCOL + 1).to_le_bytes());
+        let err = decode_request(&other).unwrap_err();
+        assert_eq!(
+            err,
+            FrameError::Protocol(FormatError::Protocol {
+                what: "node-to-node",
+                ours: PEER_PROTOCOL,
+                theirs: PEER_PROTOCOL + 1
+            })
+        );
+        // A release before versioned frames sent the bare request: also refused by
+        // version (its first bytes are no version of ours), never misread.
+        let bare = encode(&WireRequest::Call { from: "node1".into(), fingerprint: 9, body: vec![] });
+        assert!(matches!(decode_request(&bare), Err(FrameError::Protocol(_))));
+        assert!(matches!(decode_reply(&[1, 0]), Err(FrameError::Protocol(_))));
+        // The right version with a garbage body is a decode error.
+        assert!(matches!(decode_request(&versioned(PEER_PROTOCOL, vec![0xff; 6])), Err(FrameError::Decode(_))));
     }
 }
