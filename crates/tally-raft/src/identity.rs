@@ -88,7 +88,9 @@ impl Identity {
     /// database has none. Refuses, before anything is written, a database of a format
     /// this release does not read, and marks the others with this release's format.
     pub fn open(db: &sled::Db) -> Result<Self, IdentityError> {
-        use tally_core::format::{encode_version, judge_store, RAFT_STORE_FORMAT, RAFT_STORE_FORMATS_READABLE};
+        use tally_core::format::{
+            encode_version, judge_store, RAFT_STORE_FORMAT, RAFT_STORE_FORMATS_READABLE,
+        };
         let tree = db.open_tree(IDENTITY_TREE)?;
         let holds_data = tree.contains_key(KEY_STORE)? || db.open_tree(LOG_TREE)?.first()?.is_some();
         let marker = tree.get(KEY_FORMAT)?;

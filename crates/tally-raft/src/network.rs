@@ -159,7 +159,12 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
     let failed = |reason: String| CallError::Failed { addr: addr.to_owned(), path, reason };
     let url = format!("http://{addr}{path}");
     let call = async {
-        let mut resp = client.post(url).json(body).timeout(timeout).send().await.map_err(|e| {
+        let request = client
+            .post(url)
+            .header(crate::rpc::PROTOCOL_HEADER, tally_core::format::RAFT_PROTOCOL.to_string())
+            .json(body)
+            .timeout(timeout);
+        let mut resp = request.send().await.map_err(|e| {
             if e.is_connect() {
                 CallError::Connect { addr: addr.to_owned(), source: e }
             } else {

@@ -22,6 +22,11 @@ pub const PATH_IDENTITY: &str = "/raft/identity";
 /// Path where a node whose disk was replaced asks the leader to re-add it.
 pub const PATH_REPLACE: &str = "/raft/replace";
 
+/// The header every raft RPC carries with the sender's raft protocol version
+/// ([`tally_core::format::RAFT_PROTOCOL`]); a server refuses any other version, or
+/// none, with 409 and both versions named.
+pub const PROTOCOL_HEADER: &str = "tally-raft-protocol";
+
 /// The answer of `POST /raft/identity`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IdentityAnswer {

@@ -13,6 +13,10 @@
 //! | `POST /raft/client-write` | [`Request`] → `Result<ClientWriteResponse, RaftError<ClientWriteError>>` (no further forwarding) |
 //! | `POST /raft/read` | [`ReadRequest`] → `Result<Option<CounterMeta>, RaftError<CheckIsLeaderError>>` (a linearizable read on this node) |
 //!
+//! Every RPC carries the sender's raft protocol version in the
+//! `tally-raft-protocol` header; another version, or none, is refused with 409 and
+//! both versions named before the body is read.
+//!
 //! A body that does not decode is refused by axum with a 4xx status before it
 //! reaches raft; bodies are bounded by [`RAFT_BODY_BYTES_MAX`]. An RPC whose
 //! envelope names another incarnation of this node, or comes from a node recorded
@@ -80,8 +84,29 @@ pub fn raft_router(raft: Raft, shared: Arc<Shared>, me: NodeId, store: StoreId) 
         .route(PATH_READ, post(read))
         .route(PATH_IDENTITY, post(identity))
         .route(PATH_REPLACE, post(replace))
+        .layer(axum::middleware::from_fn(same_protocol))
         .layer(DefaultBodyLimit::max(RAFT_BODY_BYTES_MAX))
         .with_state(Ctx { raft, shared, me, store, replacing: Default::default() })
+}
+
+/// Serves an RPC only if it names this release's raft protocol
+/// ([`crate::rpc::PROTOCOL_HEADER`]); any other version, or none (a release before
+/// versioned RPCs), is refused with 409 and both versions, before its body is read.
+async fn same_protocol(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tally_core::format::{check_protocol, RAFT_PROTOCOL};
+    let theirs = request
+        .headers()
+        .get(crate::rpc::PROTOCOL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(0);
+    match check_protocol("raft", RAFT_PROTOCOL, theirs) {
+        Ok(()) => next.run(request).await,
+        Err(e) => {
+            tracing::error!(path = %request.uri().path(), theirs, ours = RAFT_PROTOCOL, "refused a raft RPC: {e}");
+            (StatusCode::CONFLICT, e.to_string()).into_response()
+        }
+    }
 }
 
 /// The 409 answer to an RPC meant for another incarnation, or `None` to serve it.
@@ -169,5 +194,40 @@ async fn read(State(ctx): State<Ctx>, Json(req): Json<ReadRequest>) -> Response 
             Json(answer).into_response()
         }
         Err(_) => timed_out(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_core::format::RAFT_PROTOCOL;
+
+    #[tokio::test]
+    async fn an_rpc_of_another_protocol_or_none_is_refused_before_it_is_served() {
+        let router = Router::new()
+            .route("/probe", post(|| async { "served" }))
+            .layer(axum::middleware::from_fn(same_protocol));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        let client = reqwest::Client::new();
+        let url = format!("http://{addr}/probe");
+        let send = |version: Option<String>| {
+            let mut request = client.post(&url);
+            if let Some(v) = version {
+                request = request.header(crate::rpc::PROTOCOL_HEADER, v);
+            }
+            async move {
+                let resp = request.send().await.unwrap();
+                (resp.status().as_u16(), resp.text().await.unwrap())
+            }
+        };
+        assert_eq!(send(Some(RAFT_PROTOCOL.to_string())).await, (200, "served".to_string()));
+        for other in [None, Some((RAFT_PROTOCOL + 1).to_string()), Some("one".to_string())] {
+            let (status, text) = send(other.clone()).await;
+            assert_eq!(status, 409, "{other:?}");
+            assert!(text.contains("raft protocol mismatch") && text.contains("same release"), "{text}");
+        }
+        server.abort();
     }
 }

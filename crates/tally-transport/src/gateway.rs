@@ -223,14 +223,22 @@ mod tests {
     }
 
     fn call(from: &str, fingerprint: u64, body: &[u8]) -> Vec<u8> {
-        crate::wire::encode_request(&WireRequest::Call { from: from.into(), fingerprint, body: body.to_vec() })
+        crate::wire::encode_request(&WireRequest::Call {
+            from: from.into(),
+            fingerprint,
+            body: body.to_vec(),
+        })
     }
 
     #[tokio::test]
     async fn serves_calls_and_pings_from_known_peers() {
         let gw = gateway().await;
         assert_eq!(ask(&gw, call("node2", 7, b"hi")).await, WireReply::Reply(b"node2:hi".to_vec()));
-        let ping = crate::wire::encode_request(&WireRequest::Ping { from: "node2".into(), fingerprint: 7, nonce: 42 });
+        let ping = crate::wire::encode_request(&WireRequest::Ping {
+            from: "node2".into(),
+            fingerprint: 7,
+            nonce: 42,
+        });
         assert_eq!(ask(&gw, ping).await, WireReply::Pong { node: "node1".into(), fingerprint: 7, nonce: 42 });
         // A node may call itself.
         assert_eq!(ask(&gw, call("node1", 7, b"me")).await, WireReply::Reply(b"node1:me".to_vec()));
@@ -244,7 +252,11 @@ mod tests {
             ask(&gw, call("node2", 8, b"hi")).await,
             WireReply::Refused(Refusal::FingerprintMismatch { ours: 7, theirs: 8 })
         );
-        let ping = crate::wire::encode_request(&WireRequest::Ping { from: "node2".into(), fingerprint: 9, nonce: 1 });
+        let ping = crate::wire::encode_request(&WireRequest::Ping {
+            from: "node2".into(),
+            fingerprint: 9,
+            nonce: 1,
+        });
         assert_eq!(
             ask(&gw, ping).await,
             WireReply::Refused(Refusal::FingerprintMismatch { ours: 7, theirs: 9 })
@@ -285,7 +297,10 @@ mod tests {
             ask(&gw, vec![0xff; 9]).await,
             WireReply::Refused(Refusal::ProtocolMismatch { ours, theirs: u32::MAX })
         );
-        assert_eq!(ask(&gw, Vec::new()).await, WireReply::Refused(Refusal::ProtocolMismatch { ours, theirs: 0 }));
+        assert_eq!(
+            ask(&gw, Vec::new()).await,
+            WireReply::Refused(Refusal::ProtocolMismatch { ours, theirs: 0 })
+        );
         assert_eq!(ask(&gw, call("node2", 7, b"panic")).await, WireReply::HandlerFailed);
         assert_eq!(
             ask(&gw, call("node2", 7, b"big")).await,

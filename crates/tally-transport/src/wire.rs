@@ -243,6 +243,9 @@ mod tests {
         assert!(matches!(decode_request(&bare), Err(FrameError::Protocol(_))));
         assert!(matches!(decode_reply(&[1, 0]), Err(FrameError::Protocol(_))));
         // The right version with a garbage body is a decode error.
-        assert!(matches!(decode_request(&versioned(PEER_PROTOCOL, vec![0xff; 6])), Err(FrameError::Decode(_))));
+        assert!(matches!(
+            decode_request(&versioned(PEER_PROTOCOL, vec![0xff; 6])),
+            Err(FrameError::Decode(_))
+        ));
     }
 }
