@@ -1,0 +1,125 @@
+//! t30: a raft database written by an earlier release opens and holds the same state.
+//!
+//! `tests/fixtures/raft-format-1.tar.gz` is the directory of a one-node metadata
+//! group written in raft store format 1 by [`story`]: counters created with every spec field, a resharding completed
+//! and one in progress, a counter deleted (a tombstone), members changed, with a
+//! snapshot taken part-way so the database holds a snapshot *and* log entries after
+//! it. This release must start on it, apply nothing twice, and hold the same state.
+//!
+//! Made on a release of that format, in `crates/tally-raft`, with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-1 cargo test -p tally-raft --test t30_upgrade -- --ignored`
+//! and `tar czf raft-format-1.tar.gz raft-format-1` in `tests/fixtures`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tally_core::meta::MetaCommand;
+use tally_core::name::CounterName;
+use tally_core::spec::{Durability, RouterPolicy, SpecPatch};
+use tally_raft::{MetaRaft, MetaRaftConfig, RaftStorage, Request};
+use tokio::net::TcpListener;
+
+const NOW_MS: u64 = 1_700_000_000_000;
+
+fn counter(name: &str, cmd: MetaCommand) -> Request {
+    Request::Counter { name: CounterName::new(name).unwrap(), cmd, now_ms: NOW_MS }
+}
+
+fn full_patch() -> SpecPatch {
+    SpecPatch {
+        shards: Some(16),
+        durability: Some(Durability::Sync),
+        flush_ms: Some(50),
+        rollup_ms: Some(250),
+        router: Some(RouterPolicy::RoundRobin),
+        distinct: Some(true),
+        dedup_window_s: Some(3_600),
+    }
+}
+
+/// Starts the one-node group of `dir`, on a fresh port, and waits for it to lead.
+async fn one_node(dir: &Path) -> MetaRaft {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut cfg = MetaRaftConfig::new(1, BTreeMap::from([(1, addr)]), RaftStorage::Path(dir.into()));
+    cfg.heartbeat_ms = 100;
+    cfg.election_timeout_min_ms = 300;
+    cfg.election_timeout_max_ms = 600;
+    cfg.snapshot_logs_since_last = 8;
+    cfg.snapshot_logs_kept = 2;
+    let node = MetaRaft::start_with_listener(cfg, listener).await.expect("the node starts");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while node.leader() != Some(1) || node.store_of(1).is_none() {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    node
+}
+
+/// What the fixture's release wrote.
+async fn story(node: &MetaRaft) {
+    node.write(counter("full", MetaCommand::Put(full_patch()))).await.unwrap();
+    node.write(counter("plain", MetaCommand::Ensure)).await.unwrap();
+    for i in 0..12 {
+        node.write(counter(&format!("many:{i}"), MetaCommand::Ensure)).await.unwrap();
+    }
+    node.write(counter("r", MetaCommand::Ensure)).await.unwrap();
+    node.write(counter("r", MetaCommand::Put(SpecPatch { shards: Some(4), ..Default::default() })))
+        .await
+        .unwrap();
+    node.write(counter("r", MetaCommand::CompleteReshard { generation: 0, sealed_sum: 7 })).await.unwrap();
+    node.write(counter("gone", MetaCommand::Ensure)).await.unwrap();
+    node.write(counter("gone", MetaCommand::Delete)).await.unwrap();
+    let set = Request::SetMembers { from_epoch: 0, previous: vec![], members: vec!["node1".into()] };
+    node.write(set).await.unwrap();
+    // Last, so it sits in the log after the snapshot: a resharding left in progress.
+    node.write(counter("moving", MetaCommand::Put(SpecPatch { shards: Some(2), ..Default::default() })))
+        .await
+        .unwrap();
+    node.write(counter("moving", MetaCommand::Put(SpecPatch { shards: Some(3), ..Default::default() })))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture() {
+    let dir = PathBuf::from(std::env::var("TALLY_WRITE_FIXTURE").expect("TALLY_WRITE_FIXTURE=DIR"));
+    assert!(!dir.exists(), "{} exists: remove it first", dir.display());
+    let node = one_node(&dir).await;
+    story(&node).await;
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_the_first_format_holds_the_same_state() {
+    let unpacked = tempfile::tempdir().unwrap();
+    let archive = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/raft-format-1.tar.gz");
+    let status =
+        std::process::Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(unpacked.path()).status();
+    assert!(status.expect("running tar").success());
+    let dir = unpacked.path().join("raft-format-1");
+
+    let node = one_node(&dir).await;
+    let state = node.state();
+    let full = &state.counters["full"];
+    let want = tally_core::spec::CounterSpec::default().patched(&full_patch()).unwrap();
+    assert_eq!(full.spec, want);
+    assert_eq!(full.created_at_ms, NOW_MS);
+    assert_eq!(state.counters["plain"].spec, tally_core::spec::CounterSpec::default());
+    assert_eq!((0..12).filter(|i| state.counters.contains_key(format!("many:{i}").as_str())).count(), 12);
+    let r = &state.counters["r"];
+    assert_eq!((r.layout.generation, r.layout.shards, r.layout.base, r.layout.resharding), (1, 4, 7, None));
+    let moving = &state.counters["moving"];
+    assert_eq!((moving.spec.shards, moving.layout.resharding), (3, Some(3)));
+    assert!(!state.counters.contains_key("gone"));
+    assert_eq!(state.tombstones.get("gone"), Some(&vec![(0, 8)]));
+    assert_eq!(state.members, vec!["node1".to_string()]);
+    // The story's 22 requests plus the store registration, each applied once.
+    assert_eq!(state.applied_requests, 23);
+
+    // It goes on as a database of this release.
+    node.write(counter("after", MetaCommand::Ensure)).await.unwrap();
+    assert!(node.counter("after").is_some());
+    node.shutdown().await;
+}
