@@ -135,6 +135,10 @@ impl Store for TimedStore {
         self.inner.meta_scan(prefix, after, limit)
     }
 
+    fn upgrade(&self, plan: &tally_store::Upgrade<'_>) -> Result<u64, StoreError> {
+        self.inner.upgrade(plan)
+    }
+
     fn size_on_disk(&self) -> Result<u64, StoreError> {
         self.inner.size_on_disk()
     }

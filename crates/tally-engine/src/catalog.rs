@@ -15,7 +15,7 @@ use tally_core::CounterName;
 use tally_store::{Store, StoreError};
 use tokio::sync::Mutex;
 
-const COUNTER_PREFIX: &[u8] = b"counter/";
+pub(crate) const COUNTER_PREFIX: &[u8] = b"counter/";
 const RESHARD_PREFIX: &[u8] = b"reshard/";
 const TOMBSTONE_PREFIX: &[u8] = b"tombstone/";
 /// Most keys one catalog scan returns per page.

@@ -66,4 +66,4 @@ pub use shard::ShardReply;
 pub use stats::{Count, DriftBook, Histogram, HistogramSnapshot, Stats, DRIFT_BOOK_COUNTERS_MAX};
 pub use tally::{EngineParts, Tally, STORE_FORMAT_KEY};
 pub use tally_core::spec::{CounterSpec, Durability, RouterPolicy, SpecPatch};
-pub use tally_store::{MemStore, SledConfig, SledStore, Store, StoreError};
+pub use tally_store::{MemStore, SledConfig, SledStore, Store, StoreError, Upgrade};

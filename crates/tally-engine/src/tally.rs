@@ -514,23 +514,35 @@ const OPENS_KEY: &[u8] = b"engine:opens";
 /// The store key of the store's format marker ([`tally_core::format`]).
 pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 
-/// Refuses a store of a format this release does not read, and marks a new (or
-/// older, or unmarked) one with this release's format before anything else is
-/// written. A store that an engine opened before holds data, so its missing marker
-/// means the first format.
+/// Refuses a store of a format this release does not read, upgrades one of an older
+/// format in place (one atomic rewrite of the records whose layout changed, marker
+/// included), and marks a new or unmarked one with this release's format, before
+/// anything else is written. A store that an engine opened before holds data, so its
+/// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
-    use tally_core::format::{encode_version, judge_store, STORE_FORMAT, STORE_FORMATS_READABLE};
+    use tally_core::format::{encode_version, judge_store, v1, STORE_FORMAT, STORE_FORMATS_READABLE};
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
     let verdict = judge_store("engine store", marker.as_deref(), holds_data, STORE_FORMATS_READABLE)
         .map_err(tally_store::StoreError::from)?;
-    if verdict.write_marker {
-        if verdict.found != STORE_FORMAT {
-            tracing::info!(from = verdict.found, to = STORE_FORMAT, "upgrading the store's format");
-        }
-        // Made durable by the flush that follows in `next_incarnation`.
-        store.meta_put(STORE_FORMAT_KEY, &encode_version(STORE_FORMAT))?;
+    if !verdict.write_marker {
+        return Ok(());
     }
+    let current = encode_version(STORE_FORMAT);
+    if !holds_data {
+        // Made durable by the flush that follows in `next_incarnation`.
+        store.meta_put(STORE_FORMAT_KEY, &current)?;
+        return Ok(());
+    }
+    // Format 1 is the only older one: its images and catalog entries lack today's fields.
+    assert_eq!(verdict.found, 1, "readable formats are 1..={STORE_FORMAT}");
+    let plan = tally_store::Upgrade {
+        shard_image: Some(&v1::upgrade_shard_image),
+        meta: vec![(crate::catalog::COUNTER_PREFIX, &v1::upgrade_counter_meta)],
+        marker: (STORE_FORMAT_KEY, &current),
+    };
+    let rewritten = store.upgrade(&plan)?;
+    tracing::info!(from = verdict.found, to = STORE_FORMAT, rewritten, "upgraded the store's format");
     Ok(())
 }
 

@@ -167,6 +167,9 @@ impl tally_engine::Store for HookStore {
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, tally_engine::StoreError> {
         self.inner.meta_scan(prefix, after, limit)
     }
+    fn upgrade(&self, plan: &tally_store::Upgrade<'_>) -> Result<u64, tally_engine::StoreError> {
+        self.inner.upgrade(plan)
+    }
     fn size_on_disk(&self) -> Result<u64, tally_engine::StoreError> {
         Ok(0)
     }

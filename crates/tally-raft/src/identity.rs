@@ -81,6 +81,9 @@ pub enum IdentityError {
     /// The database was written in a format this release does not read.
     #[error(transparent)]
     Format(#[from] tally_core::format::FormatError),
+    /// Upgrading a database of an older format failed; nothing was changed.
+    #[error(transparent)]
+    Upgrade(#[from] crate::upgrade::UpgradeError),
 }
 
 impl Identity {
@@ -95,8 +98,19 @@ impl Identity {
         let holds_data = tree.contains_key(KEY_STORE)? || db.open_tree(LOG_TREE)?.first()?.is_some();
         let marker = tree.get(KEY_FORMAT)?;
         let verdict = judge_store("raft store", marker.as_deref(), holds_data, RAFT_STORE_FORMATS_READABLE)?;
-        if verdict.write_marker {
-            tree.insert(KEY_FORMAT, &encode_version(RAFT_STORE_FORMAT))?;
+        let current = encode_version(RAFT_STORE_FORMAT);
+        if verdict.write_marker && holds_data && verdict.found != RAFT_STORE_FORMAT {
+            // Format 1 is the only older one.
+            assert_eq!(verdict.found, 1, "readable formats are 1..={RAFT_STORE_FORMAT}");
+            let rewritten = crate::upgrade::from_v1(db, &tree, KEY_FORMAT, &current)?;
+            tracing::info!(
+                from = verdict.found,
+                to = RAFT_STORE_FORMAT,
+                rewritten,
+                "upgraded the raft store's format"
+            );
+        } else if verdict.write_marker {
+            tree.insert(KEY_FORMAT, &current)?;
             db.flush()?;
         }
         if let Some(bytes) = tree.get(KEY_STORE)? {

@@ -43,6 +43,7 @@ pub mod server;
 pub mod state;
 pub mod state_machine;
 pub mod types;
+pub mod upgrade;
 
 pub use error::RaftError;
 pub use identity::StoreId;

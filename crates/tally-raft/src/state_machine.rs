@@ -58,9 +58,9 @@ const KEY_MEMBERSHIP: &[u8] = b"membership";
 const KEY_MEMBERS: &[u8] = b"members";
 const KEY_REQUESTS: &[u8] = b"requests";
 const KEY_STORES: &[u8] = b"stores";
-const PREFIX_COUNTER: &[u8] = b"c/";
+pub(crate) const PREFIX_COUNTER: &[u8] = b"c/";
 const PREFIX_TOMBSTONE: &[u8] = b"t/";
-const KEY_SNAPSHOT: &[u8] = b"current";
+pub(crate) const KEY_SNAPSHOT: &[u8] = b"current";
 const KEY_SNAPSHOT_SEQ: &[u8] = b"seq";
 
 /// The applied state and where it stands in the log.

@@ -34,6 +34,18 @@ pub use sled_store::{SledConfig, SledStore, SHARD_TREES};
 
 use tally_core::ids::ShardId;
 
+pub use tally_core::format::Rewrite;
+
+/// What [`Store::upgrade`] rewrites.
+pub struct Upgrade<'a> {
+    /// The rewrite of every shard image, if their layout changed.
+    pub shard_image: Option<Rewrite<'a>>,
+    /// The rewrite of every metadata entry whose key starts with the prefix.
+    pub meta: Vec<(&'a [u8], Rewrite<'a>)>,
+    /// The metadata entry (the format marker) written in the same atomic step.
+    pub marker: (&'a [u8], &'a [u8]),
+}
+
 pub use tally_core::dedup::DedupRecord;
 pub use tally_core::shard::{ShardImage, ShardWrite};
 
@@ -102,6 +114,12 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+
+    /// Rewrites, as one atomic step (all or nothing, across crashes too), every record
+    /// that `plan` names, and writes its marker; returns how many records it rewrote.
+    /// Run while nothing else uses the store (at open). A record that the rewrite
+    /// cannot read fails the whole upgrade and changes nothing.
+    fn upgrade(&self, plan: &Upgrade<'_>) -> Result<u64, StoreError>;
 
     /// Bytes the store occupies on disk (0 for the in-memory store).
     fn size_on_disk(&self) -> Result<u64, StoreError>;

@@ -393,6 +393,28 @@ impl Store for MemStore {
             .collect())
     }
 
+    /// Shard images live here as values, not bytes, so only metadata entries are
+    /// rewritten; they change in one [`Op::MetaBatch`], atomic like sled's.
+    fn upgrade(&self, plan: &crate::Upgrade<'_>) -> Result<u64, StoreError> {
+        let mut inner = self.inner.lock();
+        inner.check_open(self.incarnation)?;
+        let mut puts = Vec::new();
+        for (prefix, rewrite) in &plan.meta {
+            let entries = inner.applied.meta.range::<[u8], _>((Bound::Included(*prefix), Bound::Unbounded));
+            for (key, value) in entries.take_while(|(k, _)| k.starts_with(prefix)) {
+                let upgraded = rewrite(value).map_err(|e| StoreError::Corrupt {
+                    location: format!("metadata entry {:?}", String::from_utf8_lossy(key)),
+                    source: e,
+                })?;
+                puts.push((key.clone(), upgraded));
+            }
+        }
+        let rewritten = puts.len() as u64;
+        puts.push((plan.marker.0.to_vec(), plan.marker.1.to_vec()));
+        inner.record(Op::MetaBatch(puts, Vec::new()));
+        Ok(rewritten)
+    }
+
     fn size_on_disk(&self) -> Result<u64, StoreError> {
         self.inner.lock().check_open(self.incarnation)?;
         Ok(0)

@@ -19,7 +19,7 @@
 //!
 //! Images and dedup records are encoded with [`tally_core::codec`].
 
-use crate::{DedupRecord, ShardImage, ShardWrite, Store, StoreError};
+use crate::{DedupRecord, ShardImage, ShardWrite, Store, StoreError, Upgrade};
 use std::fmt;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -236,6 +236,42 @@ fn decode_record(id: &ShardId, event_id: &str, bytes: &[u8]) -> Result<DedupReco
         .map_err(|e| StoreError::corrupt(format!("shard {id} dedup record {event_id:?}"), e))
 }
 
+/// A record an upgrade writes back: its tree (`SHARD_TREES` for the metadata tree),
+/// key and new value.
+type Rewritten = (usize, Vec<u8>, Vec<u8>);
+
+impl SledStore {
+    /// The rewritten `(tree, key, value)` of every record `plan` names, read before
+    /// anything is written.
+    fn upgraded_records(&self, plan: &Upgrade<'_>) -> Result<Vec<Rewritten>, StoreError> {
+        let mut out = Vec::new();
+        if let Some(rewrite) = plan.shard_image {
+            for (index, tree) in self.shards.iter().enumerate() {
+                for entry in tree.iter() {
+                    let (key, value) = entry.map_err(|e| StoreError::sled("upgrade", e))?;
+                    let id = parse_prefix(&key)?;
+                    if key[..] != image_key(&shard_prefix(&id))[..] {
+                        continue;
+                    }
+                    let upgraded =
+                        rewrite(&value).map_err(|e| StoreError::corrupt(format!("shard {id} image"), e))?;
+                    out.push((index, key.to_vec(), upgraded));
+                }
+            }
+        }
+        for (prefix, rewrite) in &plan.meta {
+            for entry in self.meta.scan_prefix(prefix) {
+                let (key, value) = entry.map_err(|e| StoreError::sled("upgrade", e))?;
+                let upgraded = rewrite(&value).map_err(|e| {
+                    StoreError::corrupt(format!("metadata entry {:?}", String::from_utf8_lossy(&key)), e)
+                })?;
+                out.push((SHARD_TREES, key.to_vec(), upgraded));
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Store for SledStore {
     fn load_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError> {
         fail::fail_point!("store::load", |_| Err(StoreError::Injected("store::load")));
@@ -429,6 +465,29 @@ impl Store for SledStore {
         Ok(out)
     }
 
+    fn upgrade(&self, plan: &Upgrade<'_>) -> Result<u64, StoreError> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        let records = self.upgraded_records(plan)?;
+        // Shard trees first, metadata last: index SHARD_TREES is the meta tree.
+        let trees: Vec<&sled::Tree> = self.shards.iter().chain(std::iter::once(&self.meta)).collect();
+        let (marker_key, marker_value) = plan.marker;
+        trees
+            .as_slice()
+            .transaction(|txs| {
+                for (tree, key, value) in &records {
+                    txs[*tree].insert(key.as_slice(), value.as_slice())?;
+                }
+                txs[SHARD_TREES].insert(marker_key, marker_value)?;
+                Ok::<_, ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => StoreError::sled("upgrade", e),
+                TransactionError::Abort(()) => StoreError::Io { op: "upgrade", message: "aborted".into() },
+            })?;
+        self.db.flush().map_err(|e| StoreError::sled("upgrade", e))?;
+        Ok(records.len() as u64)
+    }
+
     fn size_on_disk(&self) -> Result<u64, StoreError> {
         self.db.size_on_disk().map_err(|e| StoreError::sled("size_on_disk", e))
     }
@@ -441,6 +500,55 @@ mod tests {
 
     fn shard(name: &str, generation: u32, index: u16) -> ShardId {
         ShardId::new(CounterName::new(name).unwrap(), generation, index)
+    }
+
+    #[test]
+    fn an_upgrade_rewrites_every_named_record_at_once_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open_path(dir.path()).unwrap();
+        let (a, b) = (shard("a", 0, 0), shard("b", 1, 3));
+        for id in [&a, &b] {
+            let write = ShardWrite {
+                image: ShardImage { value: 7, sketch: None },
+                dedup_put: vec![("e".into(), DedupRecord { delta: 1, applied_at_ms: 2 })],
+                ..Default::default()
+            };
+            store.commit(id, &write).unwrap();
+        }
+        store.meta_put(b"c/x", b"old").unwrap();
+        store.meta_put(b"other", b"kept").unwrap();
+        // A rewrite that doubles the value of every image and marks metadata.
+        let images = |bytes: &[u8]| {
+            let mut image: ShardImage = codec::decode("image", bytes)?;
+            image.value *= 2;
+            Ok(codec::encode(&image))
+        };
+        let meta = |bytes: &[u8]| Ok([bytes, b"+new"].concat());
+        let plan =
+            Upgrade { shard_image: Some(&images), meta: vec![(b"c/", &meta)], marker: (b"format", b"2") };
+        assert_eq!(store.upgrade(&plan).unwrap(), 3);
+        assert_eq!(store.load_shard(&a).unwrap().value, 14);
+        assert_eq!(store.load_shard(&b).unwrap().value, 14);
+        assert!(store.dedup_get(&a, "e").unwrap().is_some(), "dedup records are not images");
+        assert_eq!(store.meta_get(b"c/x").unwrap().as_deref(), Some(&b"old+new"[..]));
+        assert_eq!(store.meta_get(b"other").unwrap().as_deref(), Some(&b"kept"[..]));
+        assert_eq!(store.meta_get(b"format").unwrap().as_deref(), Some(&b"2"[..]));
+
+        // One record the rewrite cannot read: nothing changes, marker included.
+        store.meta_put(b"c/y", b"").unwrap();
+        let picky = |bytes: &[u8]| {
+            if bytes.is_empty() {
+                Err(codec::DecodeError { what: "entry", reason: "empty".into() })
+            } else {
+                Ok(bytes.to_vec())
+            }
+        };
+        let plan =
+            Upgrade { shard_image: Some(&images), meta: vec![(b"c/", &picky)], marker: (b"format", b"3") };
+        let err = store.upgrade(&plan).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert_eq!(store.load_shard(&a).unwrap().value, 14);
+        assert_eq!(store.meta_get(b"format").unwrap().as_deref(), Some(&b"2"[..]));
     }
 
     #[test]

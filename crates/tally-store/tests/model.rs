@@ -259,6 +259,21 @@ fn crash_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Opens the store at `path` once sled's background threads of the previous handle
+/// have let go of its lock (they can outlive the drop by a moment on a busy machine).
+fn reopen(path: &std::path::Path) -> SledStore {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match SledStore::open_path(path) {
+            Ok(store) => return store,
+            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("reopening {}: {e}", path.display()),
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -274,7 +289,7 @@ proptest! {
             match op {
                 Op::Reopen => {
                     drop(sled.take());
-                    sled = Some(SledStore::open_path(dir.path()).unwrap());
+                    sled = Some(reopen(dir.path()));
                     mem.flush().unwrap();
                     mem.crash(0);
                 }
@@ -454,7 +469,7 @@ fn sled_data_survives_reopen_and_the_store_reports_its_size() {
         store.flush().unwrap();
         assert!(store.size_on_disk().unwrap() > 0);
     }
-    let store = SledStore::open_path(dir.path()).unwrap();
+    let store = reopen(dir.path());
     assert!(store.was_recovered());
     assert_eq!(store.load_shard(&id).unwrap(), ShardImage { value: -7, sketch: Some(vec![1, 2, 3]) });
     assert_eq!(store.dedup_get(&id, "e").unwrap(), Some(record(3)));

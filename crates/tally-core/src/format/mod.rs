@@ -9,21 +9,25 @@
 //! of [`FIRST_FORMAT`]. So the marker's absence means "new" only for an empty store.
 //!
 //! This module only decides; the store and transport layers read and write the markers.
+//! [`v1`] holds format 1's records, frozen, and their upgrade to today's.
 
 use std::ops::RangeInclusive;
+
+pub mod v1;
 
 /// The format of a store that predates format markers.
 pub const FIRST_FORMAT: u32 = 1;
 
 /// The engine store's layout (shard trees, key layout, the codec of images and dedup
-/// records) written by this release.
-pub const STORE_FORMAT: u32 = 1;
+/// records) written by this release. Format 2 added fields to shard images and
+/// counter specs (see [`v1`]).
+pub const STORE_FORMAT: u32 = 2;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
 /// The metadata raft store's layout (log, vote, state machine, identity) written by
-/// this release.
-pub const RAFT_STORE_FORMAT: u32 = 1;
+/// this release. Format 2 added fields to counter specs (see [`v1`]).
+pub const RAFT_STORE_FORMAT: u32 = 2;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -31,6 +35,9 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 pub const PEER_PROTOCOL: u32 = 1;
 /// The raft RPC protocol (paths, envelopes, answers).
 pub const RAFT_PROTOCOL: u32 = 1;
+
+/// Turns one record's bytes of an earlier format into today's bytes.
+pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;
 
 /// Bytes of an encoded marker or protocol version: a `u32`, little-endian.
 pub const VERSION_BYTES: usize = 4;

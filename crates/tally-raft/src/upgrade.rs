@@ -1,0 +1,190 @@
+//! Upgrading a raft database of format 1 to today's format, in place.
+//!
+//! Format 1's log entries, counter records and snapshot hold counter specs and spec
+//! patches of format 1's layout (`tally_core::format::v1`). An upgrade decodes each
+//! with the frozen types, converts it and writes it back, together with the new
+//! format marker, in one sled transaction: a crash leaves the database either all
+//! format 1 or all today's.
+
+use crate::identity::StoreId;
+use crate::log_store::LOG_TREE;
+use crate::state::MetaState;
+use crate::state_machine::{KEY_SNAPSHOT, PREFIX_COUNTER, SM_TREE, SNAPSHOT_TREE};
+use crate::types::{NodeId, Request, StoreRecord, TypeConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use tally_core::codec::{decode, encode, DecodeError};
+use tally_core::format::v1::{upgrade_counter_meta, CounterMetaV1, MetaCommandV1};
+use tally_core::format::Rewrite;
+use tally_core::name::CounterName;
+
+openraft::declare_raft_types!(
+    /// The type configuration of format 1's log: only its entries' payload differs.
+    TypeConfigV1:
+        D = RequestV1,
+        R = crate::types::Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+/// [`Request`] as format 1 stored it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum RequestV1 {
+    Counter { name: CounterName, cmd: MetaCommandV1, now_ms: u64 },
+    ClearTombstone { name: CounterName },
+    SetMembers { from_epoch: u64, previous: Vec<String>, members: Vec<String> },
+    HandoffDone { node: String, epoch: u64 },
+    RegisterStore { node: NodeId, store: StoreId },
+    ReplaceStore { node: NodeId, store: StoreId },
+    AcceptLoss { node: NodeId, store: StoreId },
+}
+
+impl From<RequestV1> for Request {
+    fn from(v: RequestV1) -> Self {
+        match v {
+            RequestV1::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
+            RequestV1::ClearTombstone { name } => Request::ClearTombstone { name },
+            RequestV1::SetMembers { from_epoch, previous, members } => {
+                Request::SetMembers { from_epoch, previous, members }
+            }
+            RequestV1::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
+            RequestV1::RegisterStore { node, store } => Request::RegisterStore { node, store },
+            RequestV1::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
+            RequestV1::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
+        }
+    }
+}
+
+/// [`MetaState`] as format 1 stored it (inside snapshots).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct MetaStateV1 {
+    counters: BTreeMap<CounterName, CounterMetaV1>,
+    tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
+    members: Vec<String>,
+    placement_epoch: u64,
+    previous: Vec<String>,
+    handoff: Vec<String>,
+    stores: BTreeMap<NodeId, StoreRecord>,
+    applied_requests: u64,
+}
+
+impl From<MetaStateV1> for MetaState {
+    fn from(v: MetaStateV1) -> Self {
+        MetaState {
+            counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
+            tombstones: v.tombstones,
+            members: v.members,
+            placement_epoch: v.placement_epoch,
+            previous: v.previous,
+            handoff: v.handoff,
+            stores: v.stores,
+            applied_requests: v.applied_requests,
+        }
+    }
+}
+
+/// A stored snapshot's shape (see `state_machine.rs`), with its state still encoded.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: openraft::SnapshotMeta<NodeId, openraft::BasicNode>,
+    data: Vec<u8>,
+}
+
+fn upgrade_entry(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    let old: openraft::Entry<TypeConfigV1> = decode("format-1 raft log entry", bytes)?;
+    let payload = match old.payload {
+        openraft::EntryPayload::Blank => openraft::EntryPayload::Blank,
+        openraft::EntryPayload::Normal(r) => openraft::EntryPayload::Normal(Request::from(r)),
+        openraft::EntryPayload::Membership(m) => openraft::EntryPayload::Membership(m),
+    };
+    Ok(encode(&openraft::Entry::<TypeConfig> { log_id: old.log_id, payload }))
+}
+
+fn upgrade_snapshot(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    let old: StoredSnapshot = decode("format-1 snapshot", bytes)?;
+    let state: MetaStateV1 = decode("format-1 snapshot state", &old.data)?;
+    Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&MetaState::from(state)) }))
+}
+
+/// Why an upgrade failed; nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    /// sled failed.
+    #[error("upgrading the raft store: {0}")]
+    Sled(#[from] sled::Error),
+    /// A record is not of format 1.
+    #[error("upgrading the raft store: {key} in {tree}: {source}")]
+    Corrupt {
+        /// The tree.
+        tree: &'static str,
+        /// The record's key, printed.
+        key: String,
+        /// Why it does not decode.
+        source: DecodeError,
+    },
+}
+
+/// A record to write back: the index of its tree, its key and its new value.
+type Rewritten = (usize, Vec<u8>, Vec<u8>);
+
+/// Adds to `out` the rewrite by `f` of every record of `tree` whose key `select`s.
+fn rewrite(
+    out: &mut Vec<Rewritten>,
+    (index, tree, name): (usize, &sled::Tree, &'static str),
+    select: &dyn Fn(&[u8]) -> bool,
+    f: Rewrite<'_>,
+) -> Result<(), UpgradeError> {
+    for item in tree.iter() {
+        let (key, value) = item?;
+        if !select(&key) {
+            continue;
+        }
+        let upgraded = f(&value).map_err(|source| UpgradeError::Corrupt {
+            tree: name,
+            key: String::from_utf8_lossy(&key).into_owned(),
+            source,
+        })?;
+        out.push((index, key.to_vec(), upgraded));
+    }
+    Ok(())
+}
+
+/// Rewrites every format-1 record of `db` in today's format and writes `marker`
+/// under `marker_key` in `marker_tree`, all in one transaction; returns how many
+/// records it rewrote.
+pub(crate) fn from_v1(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+    let log = db.open_tree(LOG_TREE)?;
+    let sm = db.open_tree(SM_TREE)?;
+    let snapshots = db.open_tree(SNAPSHOT_TREE)?;
+    // (tree index, key, new value); trees are [log, sm, snapshots, marker_tree].
+    let mut records = Vec::new();
+    rewrite(&mut records, (0, &log, LOG_TREE), &|_| true, &upgrade_entry)?;
+    let counters = |k: &[u8]| k.starts_with(PREFIX_COUNTER);
+    rewrite(&mut records, (1, &sm, SM_TREE), &counters, &upgrade_counter_meta)?;
+    let snapshot = |k: &[u8]| k == KEY_SNAPSHOT;
+    rewrite(&mut records, (2, &snapshots, SNAPSHOT_TREE), &snapshot, &upgrade_snapshot)?;
+    let trees = [&log, &sm, &snapshots, marker_tree];
+    trees
+        .as_slice()
+        .transaction(|txs| {
+            for (tree, key, value) in &records {
+                txs[*tree].insert(key.as_slice(), value.as_slice())?;
+            }
+            txs[3].insert(marker_key, marker)?;
+            Ok::<_, ConflictableTransactionError<()>>(())
+        })
+        .map_err(|e| match e {
+            TransactionError::Storage(e) => UpgradeError::Sled(e),
+            TransactionError::Abort(()) => UpgradeError::Sled(sled::Error::Unsupported("aborted".into())),
+        })?;
+    db.flush()?;
+    Ok(records.len() as u64)
+}
