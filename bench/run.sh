@@ -6,7 +6,7 @@
 #   bench/run.sh --quick    a smoke run (1-2 minutes), results in bench/results/quick/
 #
 # Options (mostly for working on the suite itself):
-#   --only SECTIONS   comma-separated subset of: postgres,redis,tally1,tally3,reads,sketch
+#   --only SECTIONS   comma-separated subset of: postgres,redis,tally1,tally3,reads,sketch,resp
 #   --out DIR         where results go
 # Environment: BENCH_DURATION_S, BENCH_WRITERS ("1 8 64 256"), BENCH_TMPDIR (default
 # /var/tmp; data directories must be on a real disk, fsync on tmpfs is free),
@@ -22,7 +22,7 @@ source "$BENCH/lib/common.sh"
 source "$BENCH/lib/servers.sh"
 
 MODE=full
-SECTIONS="postgres redis tally1 tally3 reads sketch"
+SECTIONS="postgres redis tally1 tally3 reads sketch resp"
 OUT=""
 while (($#)); do
   case $1 in
@@ -397,6 +397,66 @@ section_sketch() {
   stop_tally
 }
 
+# ---------------------------------------------------------------- one client for both
+
+# resp_requests PORT WRITERS PIPELINE KEY: like redis_requests, for any key.
+resp_requests() {
+  local port=$1 w=$2 pipe=$3 key=$4 probe rps
+  probe=$((w * pipe * 20))
+  ((probe >= 2000)) || probe=2000
+  rps=$(timeout 60 redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$probe" -P "$pipe" -q INCR "$key" |
+    tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | awk '{print int($1)}')
+  rps=${rps:-0}
+  local n=$((rps * DURATION_S))
+  echo $((n > probe ? n : probe))
+}
+
+# resp_cell SYSTEM CONFIG PORT PID KEY COUNT_CMD PIPELINE WRITERS: redis-benchmark INCR.
+resp_cell() {
+  local system=$1 config=$2 port=$3 pid=$4 key=$5 count_cmd=$6 pipe=$7 w=$8 requests n
+  if ((pipe == 1)); then requests=single; else requests="pipeline $pipe"; fi
+  n=$(resp_requests "$port" "$w" "$pipe" "$key")
+  log "redis-benchmark INCR against $system ($config), $requests, $w writers, $n requests"
+  measure --tool redis --server-pids "$pid" --timeout "$(cell_timeout "$((DURATION_S * 3))")" \
+    --log "$OUT/logs/resp.log" --count-cmd "$count_cmd" \
+    --field section=resp --field system="$system" --field config="$config" \
+    --field requests="$requests" --field batch="$pipe" --field writers="$w" -- \
+    redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$n" -P "$pipe" INCR "$key"
+}
+
+# The same client, redis-benchmark, against Redis (appendfsync everysec and always)
+# and against a single Tally node's RESP port (a batched and a sync counter of
+# $TALLY_SHARDS shards): INCR at every writer count, single and pipelined.
+section_resp() {
+  log "== one client for both: redis-benchmark INCR against Redis and Tally's RESP port"
+  start_redis everysec
+  local everysec_port=$REDIS_PORT everysec_pid=$REDIS_PID
+  start_redis always
+  local always_port=$REDIS_PORT always_pid=$REDIS_PID
+  start_tally_single
+  local dur
+  for dur in batched sync; do
+    tally_create "${TALLY_URLS%% *}" "resp-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
+  done
+  local w pipe fresh
+  for w in $WRITERS; do
+    for pipe in 1 "$PIPELINE"; do
+      resp_cell Redis "INCR, appendfsync everysec" "$everysec_port" "$everysec_pid" bench:resp \
+        "redis-cli -h 127.0.0.1 -p $everysec_port GET bench:resp" "$pipe" "$w"
+      for dur in batched sync; do
+        fresh="redis-cli -h 127.0.0.1 -p $TALLY_RESP_PORT TALLY.GET resp-$dur FRESH | sed -n 2p"
+        resp_cell "Tally 1 node (RESP)" "INCR, $dur counter, $TALLY_SHARDS shards" "$TALLY_RESP_PORT" \
+          "$TALLY_PIDS" "resp-$dur" "$fresh" "$pipe" "$w"
+      done
+      resp_cell Redis "INCR, appendfsync always" "$always_port" "$always_pid" bench:resp \
+        "redis-cli -h 127.0.0.1 -p $always_port GET bench:resp" "$pipe" "$w"
+    done
+  done
+  stop_pid "$everysec_pid" TERM 60
+  stop_pid "$always_pid" TERM 60
+  stop_tally
+}
+
 # ---------------------------------------------------------------- main
 
 install_deps
@@ -410,7 +470,7 @@ write_meta start mode="$MODE" duration_s="$DURATION_S" writers="$WRITERS" read_d
 
 for section in $SECTIONS; do
   case $section in
-    postgres | redis | tally1 | tally3 | reads | sketch) ;;
+    postgres | redis | tally1 | tally3 | reads | sketch | resp) ;;
     *) die "unknown section $section" ;;
   esac
 done
@@ -422,6 +482,7 @@ for section in $SECTIONS; do
       section_reads
       ;;
     sketch) section_sketch ;;
+    resp) section_resp ;;
   esac
 done
 

@@ -92,6 +92,38 @@ def plural(n, word):
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def resp_section(raw):
+    """Markdown lines of the one-client cells: redis-benchmark INCR against Redis and Tally's RESP port."""
+    rows = [r for r in raw if r.get("section") == "resp"]
+    if not rows:
+        return []
+    out = [
+        "## One client for both: redis-benchmark INCR against Redis and Tally's RESP port",
+        "",
+        "The same load generator (`redis-benchmark … INCR KEY`) against Redis and against a single Tally node's "
+        "Redis-protocol port. Pipelined rows send 16 commands per round trip (`-P 16`). Server CPU µs per "
+        "increment = server CPU ÷ increments/s. ÷ Redis everysec compares with the Redis everysec row of the "
+        "same writers and pipelining. *verified*: the counter (Tally: a fresh `TALLY.GET`) grew by exactly the "
+        "acknowledged increments.",
+        "",
+        "| system | counter | requests | writers | increments/s | ÷ Redis everysec | p50 µs | p99 µs "
+        "| server CPU % | server CPU µs / incr | verified |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        base = find(rows, system="Redis", config="INCR, appendfsync everysec", requests=r.get("requests"),
+                    writers=r.get("writers"))
+        rate, cpu = r.get("incr_per_s"), r.get("server_cpu_pct")
+        ratio = f"{rate / base['incr_per_s']:.2f}×" if base and base.get("incr_per_s") and rate else "–"
+        per = num(cpu / 100 * 1e6 / rate, 1) if rate and cpu is not None else "–"
+        out.append(
+            f"| {r['system']} | {r['config']} | {r['requests']} | {r['writers']} | {num(rate)} | {ratio} "
+            f"| {us(r.get('p50_us'))} | {us(r.get('p99_us'))} | {num(cpu)} | {per} | {verified_text(r)} |"
+        )
+    out.append("")
+    return out
+
+
 def find(rows, **kw):
     for r in rows:
         if all(r.get(k) == v for k, v in kw.items()):
@@ -509,6 +541,7 @@ def main():
     md.append("")
     md.append("![p99 against writers](p99_vs_writers.png)")
     md.append("")
+    md.extend(resp_section(raw))
     if reads:
         md.append("## Reads, idle and while writes run")
         md.append("")

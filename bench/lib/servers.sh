@@ -84,31 +84,34 @@ stop_redis() {
 tally_healthy() { curl -fsS -m 2 "$1/healthz"; }
 
 # start_tally_single: one node, generated from cluster-config/single.toml with free
-# ports and a data directory under $TMP_ROOT. Sets TALLY_URLS (one URL) and TALLY_PIDS.
+# ports and a data directory under $TMP_ROOT. Sets TALLY_URLS (one URL), TALLY_PIDS
+# and TALLY_RESP_PORT (its Redis-protocol port).
 start_tally_single() {
-  local dir http peer raft
+  local dir http peer raft resp
   # A new data directory each time: a node keeps the raft addresses of its first
   # start in its metadata, so a directory must not be reused with other ports.
   dir=$(mktemp -d "$TMP_ROOT/tally1.XXXX")
-  read -r http peer raft <<<"$(free_ports 3)"
+  read -r http peer raft resp <<<"$(free_ports 4)"
   sed -e "s/127\.0\.0\.1:7070/127.0.0.1:$http/" -e "s/127\.0\.0\.1:7170/127.0.0.1:$peer/" \
-    -e "s/127\.0\.0\.1:7270/127.0.0.1:$raft/" -e "s|^data_dir = .*|data_dir = \"$dir/data\"|" \
+    -e "s/127\.0\.0\.1:7270/127.0.0.1:$raft/" -e "s/127\.0\.0\.1:6380/127.0.0.1:$resp/" \
+    -e "s|^data_dir = .*|data_dir = \"$dir/data\"|" \
     "$REPO/cluster-config/single.toml" >"$dir/node1.toml"
   "$TALLYD" --config "$dir/node1.toml" --data-dir "$dir/data" >"$dir/node1.log" 2>&1 &
   TALLY_PIDS=$!
   register_pid "$TALLY_PIDS"
   TALLY_URLS="http://127.0.0.1:$http"
+  TALLY_RESP_PORT=$resp
   wait_until 60 "tallyd" tally_healthy "$TALLY_URLS"
-  log "tallyd single node on $TALLY_URLS (pid $TALLY_PIDS)"
+  log "tallyd single node on $TALLY_URLS, RESP on 127.0.0.1:$resp (pid $TALLY_PIDS)"
 }
 
 # start_tally_cluster: three nodes, generated from cluster-config/local3/ with free
-# ports (HTTP, peer and raft of each node) and data directories under $TMP_ROOT.
+# ports (HTTP, peer, raft and RESP of each node) and data directories under $TMP_ROOT.
 # Sets TALLY_URLS (space-separated) and TALLY_PIDS.
 start_tally_cluster() {
   local dir ports n i old new
   dir=$(mktemp -d "$TMP_ROOT/tally3.XXXX") # new each time, as in start_tally_single
-  read -r -a ports <<<"$(free_ports 9)"
+  read -r -a ports <<<"$(free_ports 12)"
   TALLY_URLS=""
   TALLY_PIDS=""
   local subst=()
@@ -119,6 +122,7 @@ start_tally_cluster() {
       new="127.0.0.1:${ports[kind * 3 + i]}"
       subst+=(-e "s/$old/$new/")
     done
+    subst+=(-e "s/127\\.0\\.0\\.1:638${n}/127.0.0.1:${ports[9 + i]}/") # RESP 638n
     TALLY_URLS+="${TALLY_URLS:+ }http://127.0.0.1:${ports[i]}"
   done
   for n in 1 2 3; do

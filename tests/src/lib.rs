@@ -57,6 +57,8 @@ pub struct Ports {
     pub peer: u16,
     /// Raft.
     pub raft: u16,
+    /// The Redis protocol (RESP).
+    pub resp: u16,
 }
 
 /// One `tallyd` process.
@@ -169,10 +171,11 @@ fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize], ex
     );
     for (i, p) in ports.iter().enumerate() {
         s += &format!(
-            "\n[[cluster.nodes]]\nid = \"node{n}\"\nraft_id = {n}\nhttp = \"127.0.0.1:{}\"\npeer = \"127.0.0.1:{}\"\nraft = \"127.0.0.1:{}\"\nmember = {}\n",
+            "\n[[cluster.nodes]]\nid = \"node{n}\"\nraft_id = {n}\nhttp = \"127.0.0.1:{}\"\npeer = \"127.0.0.1:{}\"\nraft = \"127.0.0.1:{}\"\nresp = \"127.0.0.1:{}\"\nmember = {}\n",
             p.http,
             p.peer,
             p.raft,
+            p.resp,
             !spares.contains(&(i + 1)),
             n = i + 1
         );
@@ -208,8 +211,9 @@ impl TestCluster {
     /// as a load balancer would: `/healthz` alone must mean ready to serve.
     pub async fn start_until_healthy(n: usize, spares: &[usize], extra: &str) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let ports: Vec<Ports> =
-            (0..n).map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port() }).collect();
+        let ports: Vec<Ports> = (0..n)
+            .map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port(), resp: free_port() })
+            .collect();
         let mut nodes = Vec::new();
         for i in 1..=n {
             let config = dir.path().join(format!("node{i}.toml"));

@@ -169,6 +169,10 @@ pub struct Config {
     /// Limits of this node's HTTP front end.
     #[serde(default)]
     pub http: HttpConfig,
+    /// Limits of this node's Redis-protocol front end (served when this node's
+    /// entry in `cluster.nodes` has a `resp` address).
+    #[serde(default)]
+    pub resp: RespConfig,
     /// Settings of this node's embedded engine.
     #[serde(default)]
     pub engine: EngineConfig,
@@ -226,6 +230,11 @@ pub struct NodeEntry {
     pub peer: SocketAddr,
     /// The raft RPC address.
     pub raft: SocketAddr,
+    /// The Redis-protocol (RESP2/RESP3) address, if the node serves one. Left out of
+    /// the canonical encoding when absent, so adding the field changed no existing
+    /// cluster's fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resp: Option<SocketAddr>,
     /// Whether the node holds shards from the start. `false` lists a spare: it
     /// runs and votes in the metadata group, and holds shards once added with
     /// `PUT /v1/cluster/members/{id}` (`tally cluster add`).
@@ -302,6 +311,52 @@ impl HttpConfig {
     /// [`Self::batch_items_max`] as a `usize`.
     pub fn batch_limit_items(&self) -> usize {
         usize::try_from(self.batch_items_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::connections_max`] as a `usize`.
+    pub fn connection_limit(&self) -> usize {
+        usize::try_from(self.connections_max).unwrap_or(usize::MAX)
+    }
+}
+
+/// Largest RESP request a node may be configured to accept, in bytes (64 MiB, as
+/// [`BODY_BYTES_MAX_CEILING`]).
+pub const RESP_REQUEST_BYTES_MAX_CEILING: u64 = BODY_BYTES_MAX_CEILING;
+/// Smallest RESP request limit, in bytes: every documented command must fit.
+pub const RESP_REQUEST_BYTES_MAX_FLOOR: u64 = 1024;
+/// Most arguments one RESP command may be configured to carry.
+pub const RESP_ARGS_MAX_CEILING: u64 = 1_000_000;
+
+/// Limits of the Redis-protocol front end. Like [`HttpConfig`], every one bounds
+/// what a client can make the node hold; the time a command may take is
+/// `http.request_timeout_ms`, shared by both front ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RespConfig {
+    /// Largest request (one command with all its arguments) and so largest bulk
+    /// string, in bytes. A longer declared length is refused as soon as its header
+    /// arrives, with an error, and the connection is closed.
+    pub request_bytes_max: u64,
+    /// Most arguments in one command (the command's name included).
+    pub args_max: u64,
+    /// Most simultaneous RESP connections; one more is answered
+    /// `-ERR max number of clients reached` and closed, as Redis does.
+    pub connections_max: u64,
+}
+
+impl Default for RespConfig {
+    fn default() -> Self {
+        Self { request_bytes_max: 1 << 20, args_max: 10_001, connections_max: 1024 }
+    }
+}
+
+impl RespConfig {
+    /// [`Self::request_bytes_max`] as a `usize`.
+    pub fn request_limit_bytes(&self) -> usize {
+        usize::try_from(self.request_bytes_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::args_max`] as a `usize`.
+    pub fn args_limit(&self) -> usize {
+        usize::try_from(self.args_max).unwrap_or(usize::MAX)
     }
     /// [`Self::connections_max`] as a `usize`.
     pub fn connection_limit(&self) -> usize {
@@ -449,6 +504,15 @@ impl Config {
         range("http.batch_items_max", h.batch_items_max, 1, BATCH_ITEMS_MAX_CEILING)?;
         range("http.connections_max", h.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
         interval("http.shutdown_grace_ms", h.shutdown_grace_ms)?;
+        let r = &self.resp;
+        range(
+            "resp.request_bytes_max",
+            r.request_bytes_max,
+            RESP_REQUEST_BYTES_MAX_FLOOR,
+            RESP_REQUEST_BYTES_MAX_CEILING,
+        )?;
+        range("resp.args_max", r.args_max, 2, RESP_ARGS_MAX_CEILING)?;
+        range("resp.connections_max", r.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
         if self.reconcile.len() > SOURCES_MAX {
             return Err(ConfigError::OutOfRange {
                 field: "reconcile",
@@ -637,7 +701,9 @@ impl ClusterConfig {
             if !raft_ids.insert(n.raft_id) {
                 return Err(ConfigError::DuplicateRaftId(n.raft_id));
             }
-            for (field, addr) in [("http", n.http), ("peer", n.peer), ("raft", n.raft)] {
+            let listeners =
+                [("http", Some(n.http)), ("peer", Some(n.peer)), ("raft", Some(n.raft)), ("resp", n.resp)];
+            for (field, addr) in listeners.into_iter().filter_map(|(f, a)| a.map(|a| (f, a))) {
                 let here = format!("cluster.nodes[{i}].{field} (node {})", n.id);
                 if let Some(first) = addrs.insert(addr, here.clone()) {
                     return Err(ConfigError::DuplicateAddress { addr, first, second: here });
@@ -741,6 +807,7 @@ mod tests {
                     http: SocketAddr::from(([127, 0, 0, 1], 10_000 + i)),
                     peer: SocketAddr::from(([127, 0, 0, 1], 20_000 + i)),
                     raft: SocketAddr::from(([127, 0, 0, 1], 30_000 + i)),
+                    resp: None,
                     member: true,
                 })
                 .collect();
@@ -759,6 +826,13 @@ mod tests {
         assert!(
             matches!(&err, ConfigError::DuplicateAddress { first, second, .. }
                 if first.contains("nodes[0].http") && second.contains("nodes[1].peer")),
+            "{err}"
+        );
+        // The optional RESP address is checked like the others.
+        let err = refused(|c| c.cluster.nodes[1].resp = Some(c.cluster.nodes[0].raft));
+        assert!(
+            matches!(&err, ConfigError::DuplicateAddress { first, second, .. }
+                if first.contains("nodes[0].raft") && second.contains("nodes[1].resp")),
             "{err}"
         );
         // Within one node, too.

@@ -12,6 +12,8 @@
 //!   embedded engine.
 //! * [`http`] — the router: routes, JSON bodies and errors, and the guard that bounds
 //!   every request's time and turns every failure into `{"error": {...}}`.
+//! * [`resp`] — the Redis-protocol (RESP2/RESP3) front end over the same
+//!   [`Service`]: `redis-cli`, `redis-benchmark` and Redis client libraries.
 //! * [`server`] — [`serve`]: the accept loop with header-read timeout, connection
 //!   limit and graceful shutdown.
 //! * [`metrics`] — Prometheus text written by hand from the engine's statistics.
@@ -32,13 +34,16 @@ pub mod cluster;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod resp;
 pub mod server;
 pub mod service;
 pub mod single;
 pub mod sources;
 
 pub use cluster::ClusterService;
-pub use config::{ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry};
+pub use config::{
+    ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry, RespConfig,
+};
 pub use http::router;
 pub use server::serve;
 pub use service::{ClusterView, NodeState, NodeView, Service};

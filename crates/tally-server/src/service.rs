@@ -6,11 +6,11 @@
 //! types and errors; the router owns everything about HTTP and JSON.
 
 use crate::http::error::ApiError;
-use crate::sources::RunBook;
+use crate::sources::{RunBook, RunRecord};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
+    Consistency, CounterInfo, DistinctRead, Durability, IncrOutcome, Increment, PutOutcome, ReconcileReport,
     ShardsReport, SpecPatch, Tally, TallyError, ValueRead,
 };
 
@@ -152,4 +152,61 @@ pub struct ClusterView {
     /// of their shards report them missing meanwhile.
     #[serde(default)]
     pub data_lost: Vec<String>,
+}
+
+/// Reconciles `name` to `authoritative` and records the run (source `request`)
+/// beside the scheduled ones, as every front end's reconcile request does. A
+/// refused name or an unknown counter is not a run and is not recorded.
+pub async fn reconcile_recorded<S: Service>(
+    svc: &S,
+    name: &str,
+    authoritative: i128,
+) -> Result<ReconcileReport, TallyError> {
+    let at_ms = crate::sources::now_ms();
+    let result = svc.reconcile(name, authoritative).await;
+    if matches!(&result, Ok(_) | Err(TallyError::Unavailable { .. } | TallyError::DriftOutOfRange { .. })) {
+        let runs = svc.runs();
+        runs.record(name, RunRecord::from_engine(at_ms, "request", svc.node_id(), authoritative, &result));
+        runs.persist();
+    }
+    result
+}
+
+/// What an increment that answers with its counter's new total (Redis's `INCR`)
+/// reports, besides its outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IncrTotal {
+    /// The total, computed as `docs/SEMANTICS.md` ("What INCR returns") says.
+    Total(i128),
+    /// The increment was counted but the total cannot be given: these shards did
+    /// not answer the read that followed it (a partial sum is never reported).
+    Incomplete(Vec<u16>),
+}
+
+/// Counts one increment and reports the counter's total after it:
+///
+/// * `sync`: the fresh sum of every shard, read after the increment is durable. It
+///   includes this increment and every one acknowledged before it, and may include
+///   concurrent ones (two concurrent increments may report the same total).
+/// * `batched`: the total `GET` answers right after the increment was buffered —
+///   the rollup's cached total, at most `rollup_ms` plus one refresh old, which may
+///   or may not include this increment yet (it is acknowledged from memory and
+///   reaches its shard within `flush_ms`). With `rollup_ms = 0` that read is fresh:
+///   it delivers the buffered increments first, so it includes this one.
+pub async fn incr_total<S: Service>(
+    svc: &S,
+    name: &str,
+    inc: Increment,
+) -> Result<(IncrOutcome, IncrTotal), TallyError> {
+    let outcome = svc.incr(name, inc).await?;
+    let info = svc.counter(name).await?;
+    let consistency = match info.spec.durability {
+        Durability::Sync => Consistency::Fresh,
+        Durability::Batched => Consistency::Cached,
+    };
+    let read = svc.read(name, consistency).await?;
+    if !read.complete {
+        return Ok((outcome, IncrTotal::Incomplete(read.missing_shards)));
+    }
+    Ok((outcome, IncrTotal::Total(read.value)))
 }

@@ -11,7 +11,7 @@ fn shipped(rel: &str) -> PathBuf {
 }
 
 #[test]
-fn single_toml_is_the_built_in_default_and_runs_one_node_on_7070() {
+fn single_toml_is_the_built_in_default_and_runs_one_node_on_7070_and_6380() {
     let from_file = Config::load(&shipped("single.toml")).expect("single.toml is valid");
     let text = std::fs::read_to_string(shipped("single.toml")).expect("readable");
     assert_eq!(text, SINGLE_NODE_TOML, "the binary must embed the shipped file");
@@ -19,6 +19,11 @@ fn single_toml_is_the_built_in_default_and_runs_one_node_on_7070() {
     assert_eq!(from_file.cluster.nodes.len(), 1);
     let me = from_file.this_node().expect("node is a member");
     assert_eq!(me.http.to_string(), "127.0.0.1:7070");
+    assert_eq!(
+        me.resp.map(|a| a.to_string()).as_deref(),
+        Some("127.0.0.1:6380"),
+        "RESP beside a local Redis"
+    );
     assert_eq!(from_file.node.data_dir, PathBuf::from("./data"));
 }
 
@@ -36,6 +41,7 @@ fn local3_nodes_load_share_one_fingerprint_and_differ_only_in_their_node_section
         assert_eq!(me.http.to_string(), format!("127.0.0.1:707{n}"));
         assert_eq!(me.peer.to_string(), format!("127.0.0.1:717{n}"));
         assert_eq!(me.raft.to_string(), format!("127.0.0.1:727{n}"));
+        assert_eq!(me.resp.map(|a| a.to_string()), Some(format!("127.0.0.1:638{n}")));
         assert_eq!(c.cluster, configs[0].cluster, "node{n}'s [cluster] differs from node1's");
         assert_eq!(c.cluster.fingerprint(), configs[0].cluster.fingerprint());
     }
@@ -74,7 +80,7 @@ fn the_readme_documents_every_field() {
             }
         }
     };
-    for section in ["cluster", "node", "http", "engine"] {
+    for section in ["cluster", "node", "http", "resp", "engine"] {
         let table = value.get(section).and_then(|v| v.as_table()).expect("section");
         check(table);
     }

@@ -35,6 +35,7 @@ impl Node {
             http: addr,
             peer: "127.0.0.1:7170".parse().expect("addr"),
             raft: "127.0.0.1:7270".parse().expect("addr"),
+            resp: None,
             member: true,
         };
         let config = TallyConfig { node_id: tally_core::NodeId::new("node1"), ..TallyConfig::default() };

@@ -1,7 +1,8 @@
 //! `tallyd`: runs one Tally node.
 //!
 //! ```text
-//! tallyd                                   # built-in single node: HTTP 127.0.0.1:7070, data ./data
+//! tallyd                                   # built-in single node: HTTP 127.0.0.1:7070,
+//!                                          # RESP 127.0.0.1:6380, data ./data
 //! tallyd --config FILE [--data-dir DIR]    # a node from a configuration file
 //! tallyd --config FILE --check             # validate, print the cluster fingerprint, exit
 //! ```
@@ -19,7 +20,7 @@ use clap::Parser;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tally_server::{router, serve, ClusterService, Config, SingleNode};
+use tally_server::{resp, router, serve, ClusterService, Config, SingleNode};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -129,11 +130,12 @@ async fn run(args: Args) -> Result<()> {
     let nodes = config.cluster.nodes.len();
     if args.check {
         println!(
-            "config ok: cluster {:?} ({nodes} node{}), node {:?}, http {}, data {}",
+            "config ok: cluster {:?} ({nodes} node{}), node {:?}, http {}, resp {}, data {}",
             config.cluster.name,
             if nodes == 1 { "" } else { "s" },
             me.id,
             me.http,
+            me.resp.map_or_else(|| "off".to_string(), |a| a.to_string()),
             config.node.data_dir.display()
         );
         println!("cluster fingerprint: {:#018x}", config.cluster.fingerprint());
@@ -149,6 +151,12 @@ async fn run(args: Args) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(me.http)
         .await
         .with_context(|| format!("binding HTTP to {}", me.http))?;
+    let resp_listener = match me.resp {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding RESP to {addr}"))?,
+        ),
+        None => None,
+    };
     let node = if nodes > 1 {
         Node::Cluster(
             ClusterService::start(&config)
@@ -165,6 +173,7 @@ async fn run(args: Args) -> Result<()> {
     tracing::info!(
         node = %me.id,
         http = %me.http,
+        resp = %me.resp.map_or_else(|| "off".to_string(), |a| a.to_string()),
         data = %config.node.data_dir.display(),
         fingerprint = %format!("{:#018x}", config.cluster.fingerprint()),
         "node started"
@@ -174,10 +183,31 @@ async fn run(args: Args) -> Result<()> {
         Node::Single(n) => router(n.clone(), &config.http),
         Node::Cluster(n) => router(n.clone(), &config.http),
     };
-    let served = serve(listener, app, &config.http, shutdown_signal(term, int, node.clone())).await;
-    // Flush whatever the HTTP side left buffered even if serving failed.
+    // One signal stops both front ends: HTTP waits for it, RESP for HTTP's word.
+    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
+    let http_shutdown = {
+        let node = node.clone();
+        async move {
+            shutdown_signal(term, int, node).await;
+            let _ = stopping_tx.send(true);
+        }
+    };
+    let resp_shutdown = async move {
+        let _ = stopping_rx.wait_for(|s| *s).await;
+    };
+    let resp_served = async {
+        let Some(l) = resp_listener else { return Ok(()) };
+        let (timeout, grace) = (config.http.request_timeout(), config.http.shutdown_grace());
+        match &node {
+            Node::Single(n) => resp::serve(l, n.clone(), &config.resp, timeout, grace, resp_shutdown).await,
+            Node::Cluster(n) => resp::serve(l, n.clone(), &config.resp, timeout, grace, resp_shutdown).await,
+        }
+    };
+    let (served, resp_served) = tokio::join!(serve(listener, app, &config.http, http_shutdown), resp_served);
+    // Flush whatever the front ends left buffered even if serving failed.
     let flushed = node.shutdown().await;
     served.context("serving HTTP")?;
+    resp_served.context("serving RESP")?;
     flushed.context("flushing the engine at shutdown")?;
     tracing::info!("stopped cleanly");
     Ok(())

@@ -372,7 +372,7 @@ impl ReconcileBody {
 /// `PUT /v1/counters/{name}`: the spec fields to set, all optional. Numbers are read
 /// wide and words as text so that every out-of-range value or unknown word gets the
 /// engine's own `invalid_spec` error (422) rather than a JSON type error.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecBody {
     /// Shard count.

@@ -303,19 +303,7 @@ async fn reconcile<S: Service>(
     JsonBody(body): JsonBody<ReconcileBody>,
 ) -> Result<Json<ReconcileReport>, ApiError> {
     let authoritative = body.authoritative()?;
-    let at_ms = crate::sources::now_ms();
-    let result = st.svc.reconcile(&name, authoritative).await;
-    // A run that reached the counter is recorded beside the scheduled ones; a
-    // refused name or an unknown counter is not a run.
-    if matches!(&result, Ok(_) | Err(TallyError::Unavailable { .. } | TallyError::DriftOutOfRange { .. })) {
-        let runs = st.svc.runs();
-        runs.record(
-            &name,
-            RunRecord::from_engine(at_ms, "request", st.svc.node_id(), authoritative, &result),
-        );
-        runs.persist();
-    }
-    Ok(Json(result?))
+    Ok(Json(crate::service::reconcile_recorded(&st.svc, &name, authoritative).await?))
 }
 
 /// The answer of `GET /v1/counters/{name}/reconciliations`.

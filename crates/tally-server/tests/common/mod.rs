@@ -30,6 +30,7 @@ pub fn node_entry(http: SocketAddr) -> NodeEntry {
         http,
         peer: "127.0.0.1:7170".parse().expect("addr"),
         raft: "127.0.0.1:7270".parse().expect("addr"),
+        resp: None,
         member: true,
     }
 }

@@ -1,0 +1,952 @@
+//! Commands: the table every command is checked against (name, arity, flags, the
+//! documentation `COMMAND DOCS` serves to `redis-cli` for its hints), and parsing
+//! a request's arguments into a [`Command`]. Pure: no I/O, so every parsing rule
+//! is unit-tested here.
+//!
+//! Errors use Redis's texts where Redis has one (`ERR unknown command ...`,
+//! `ERR wrong number of arguments for 'incr' command`, `ERR syntax error`); errors
+//! about values carry the public snake_case codes (`ERR invalid_delta ...`).
+
+use super::wire::{quote, Reply};
+use crate::http::body::SpecBody;
+use crate::http::error::codes;
+use tally_engine::{Consistency, Increment};
+
+/// How a documented argument is typed (the `type` field of `COMMAND DOCS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    /// A counter name.
+    Key,
+    /// A signed integer.
+    Integer,
+    /// Any string.
+    Str,
+    /// A keyword alone (`FRESH`).
+    Token,
+}
+
+impl ArgKind {
+    fn name(self) -> &'static str {
+        match self {
+            ArgKind::Key => "key",
+            ArgKind::Integer => "integer",
+            ArgKind::Str => "string",
+            ArgKind::Token => "pure-token",
+        }
+    }
+}
+
+/// One documented argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgDoc {
+    /// Its name (for a token, the token itself).
+    pub name: &'static str,
+    /// Its type.
+    pub kind: ArgKind,
+    /// The keyword before it (`ID` before an event id), if any.
+    pub token: Option<&'static str>,
+    /// Whether it may be left out.
+    pub optional: bool,
+    /// Whether it may repeat.
+    pub multiple: bool,
+}
+
+const fn arg(name: &'static str, kind: ArgKind) -> ArgDoc {
+    ArgDoc { name, kind, token: None, optional: false, multiple: false }
+}
+const fn many(name: &'static str, kind: ArgKind) -> ArgDoc {
+    ArgDoc { name, kind, token: None, optional: false, multiple: true }
+}
+const fn opt(name: &'static str, kind: ArgKind) -> ArgDoc {
+    ArgDoc { name, kind, token: None, optional: true, multiple: false }
+}
+const fn opt_tok(token: &'static str, name: &'static str, kind: ArgKind) -> ArgDoc {
+    ArgDoc { name, kind, token: Some(token), optional: true, multiple: false }
+}
+
+/// One command of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// Its name, lowercase (as `COMMAND` lists it).
+    pub name: &'static str,
+    /// Redis's arity: `n` exactly n arguments counting the name, `-n` at least n.
+    pub arity: i64,
+    /// Redis's command flags (`write`, `readonly`, `fast`, ...).
+    pub flags: &'static [&'static str],
+    /// Position of the first key, 0 if none.
+    pub first_key: i64,
+    /// Position of the last key (-1: the last argument).
+    pub last_key: i64,
+    /// Step between keys.
+    pub step: i64,
+    /// One line for `COMMAND DOCS` and `redis-cli`'s help.
+    pub summary: &'static str,
+    /// Redis's command group.
+    pub group: &'static str,
+    /// Its arguments after the name.
+    pub args: &'static [ArgDoc],
+}
+
+use ArgKind::{Integer, Key, Str, Token};
+
+const W: &[&str] = &["write", "denyoom", "fast"];
+const R: &[&str] = &["readonly", "fast"];
+const C: &[&str] = &["fast", "stale", "loading"];
+
+const fn cmd(
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    keys: (i64, i64, i64),
+    group: &'static str,
+    summary: &'static str,
+    args: &'static [ArgDoc],
+) -> CommandSpec {
+    CommandSpec {
+        name,
+        arity,
+        flags,
+        first_key: keys.0,
+        last_key: keys.1,
+        step: keys.2,
+        summary,
+        group,
+        args,
+    }
+}
+
+/// Every command this front end serves.
+pub const COMMANDS: &[CommandSpec] = &[
+    cmd("ping", -1, C, (0, 0, 0), "connection", "Answers PONG, or the message.", &[opt("message", Str)]),
+    cmd("echo", 2, C, (0, 0, 0), "connection", "Answers the message.", &[arg("message", Str)]),
+    cmd(
+        "hello",
+        -1,
+        C,
+        (0, 0, 0),
+        "connection",
+        "Chooses the protocol (2 or 3) and answers what the server is.",
+        &[
+            opt("protover", Integer),
+            opt_tok("AUTH", "username password", Str),
+            opt_tok("SETNAME", "clientname", Str),
+        ],
+    ),
+    cmd(
+        "auth",
+        -2,
+        C,
+        (0, 0, 0),
+        "connection",
+        "Authenticates the connection (no password is configured yet).",
+        &[opt("username", Str), arg("password", Str)],
+    ),
+    cmd(
+        "select",
+        2,
+        C,
+        (0, 0, 0),
+        "connection",
+        "Selects database 0, the only one.",
+        &[arg("index", Integer)],
+    ),
+    cmd(
+        "client",
+        -2,
+        C,
+        (0, 0, 0),
+        "connection",
+        "CLIENT SETNAME name | GETNAME | SETINFO attr value | ID.",
+        &[arg("subcommand", Str), opt("arguments", Str)],
+    ),
+    cmd(
+        "command",
+        -1,
+        &["loading", "stale"],
+        (0, 0, 0),
+        "server",
+        "Lists the commands: COMMAND, COMMAND COUNT, COMMAND DOCS [name ...], COMMAND INFO [name ...].",
+        &[opt("subcommand", Str)],
+    ),
+    cmd(
+        "info",
+        -1,
+        &["loading", "stale"],
+        (0, 0, 0),
+        "server",
+        "Server, clients and keyspace figures.",
+        &[opt("section", Str)],
+    ),
+    cmd("quit", -1, C, (0, 0, 0), "connection", "Closes the connection.", &[]),
+    cmd(
+        "incr",
+        2,
+        W,
+        (1, 1, 1),
+        "string",
+        "Adds 1 to the counter, creating it with the defaults.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "incrby",
+        3,
+        W,
+        (1, 1, 1),
+        "string",
+        "Adds increment to the counter, creating it with the defaults.",
+        &[arg("key", Key), arg("increment", Integer)],
+    ),
+    cmd(
+        "decr",
+        2,
+        W,
+        (1, 1, 1),
+        "string",
+        "Subtracts 1 from the counter, creating it with the defaults.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "decrby",
+        3,
+        W,
+        (1, 1, 1),
+        "string",
+        "Subtracts decrement from the counter, creating it with the defaults.",
+        &[arg("key", Key), arg("decrement", Integer)],
+    ),
+    cmd(
+        "get",
+        2,
+        R,
+        (1, 1, 1),
+        "string",
+        "The counter's cached total (fresh without a rollup); nil if unknown.",
+        &[arg("key", Key)],
+    ),
+    cmd("mget", -2, R, (1, -1, 1), "string", "The cached totals of several counters.", &[many("key", Key)]),
+    cmd("exists", -2, R, (1, -1, 1), "keyspace", "How many of the counters exist.", &[many("key", Key)]),
+    cmd(
+        "del",
+        -2,
+        &["write"],
+        (1, -1, 1),
+        "keyspace",
+        "Deletes counters; answers how many existed.",
+        &[many("key", Key)],
+    ),
+    cmd(
+        "pfadd",
+        -2,
+        W,
+        (1, 1, 1),
+        "hyperloglog",
+        "Counts each member once more (one increment of 1 carrying it) on a distinct counter.",
+        &[
+            arg("key", Key),
+            ArgDoc { name: "element", kind: Str, token: None, optional: true, multiple: true },
+        ],
+    ),
+    cmd(
+        "pfcount",
+        -2,
+        R,
+        (1, -1, 1),
+        "hyperloglog",
+        "The distinct-member estimate of one counter.",
+        &[many("key", Key)],
+    ),
+    cmd(
+        "tally.incrby",
+        -3,
+        W,
+        (1, 1, 1),
+        "tally",
+        "An increment with an event id, writer and member; answers applied or duplicate.",
+        &[
+            arg("key", Key),
+            arg("delta", Integer),
+            opt_tok("ID", "event_id", Str),
+            opt_tok("WRITER", "writer", Str),
+            opt_tok("MEMBER", "member", Str),
+        ],
+    ),
+    cmd(
+        "tally.get",
+        -2,
+        R,
+        (1, 1, 1),
+        "tally",
+        "The total with as_of, staleness, completeness and missing shards.",
+        &[arg("key", Key), opt("FRESH|CACHED", Token)],
+    ),
+    cmd(
+        "tally.create",
+        -2,
+        &["write"],
+        (1, 1, 1),
+        "tally",
+        "Creates or updates a counter's spec.",
+        &[
+            arg("key", Key),
+            opt_tok("SHARDS", "shards", Integer),
+            opt_tok("DURABILITY", "sync|batched", Str),
+            opt_tok("FLUSH_MS", "flush_ms", Integer),
+            opt_tok("ROLLUP_MS", "rollup_ms", Integer),
+            opt_tok("ROUTER", "event|writer|round_robin|random", Str),
+            opt_tok("DISTINCT", "true|false", Str),
+            opt_tok("DEDUP_WINDOW_S", "dedup_window_s", Integer),
+        ],
+    ),
+    cmd(
+        "tally.shards",
+        2,
+        R,
+        (1, 1, 1),
+        "tally",
+        "Per-shard values, owners and write skew.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "tally.reconcile",
+        3,
+        &["write"],
+        (1, 1, 1),
+        "tally",
+        "Brings the counter to an authoritative total with an idempotent correction.",
+        &[arg("key", Key), arg("authoritative", Integer)],
+    ),
+];
+
+/// The table entry of `name` (any case).
+pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
+    COMMANDS.iter().find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// A `COMMAND` subcommand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandQuery {
+    /// `COMMAND`: every command's info.
+    All,
+    /// `COMMAND COUNT`.
+    Count,
+    /// `COMMAND DOCS [name ...]` (every command when none is named).
+    Docs(Vec<String>),
+    /// `COMMAND INFO [name ...]`.
+    Info(Vec<String>),
+}
+
+/// A parsed command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// `PING [message]`.
+    Ping(Option<Vec<u8>>),
+    /// `ECHO message`.
+    Echo(Vec<u8>),
+    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`.
+    Hello {
+        /// 2 or 3 (checked when run: Redis answers NOPROTO for others).
+        proto: Option<i64>,
+        /// Credentials.
+        auth: Option<(Vec<u8>, Vec<u8>)>,
+        /// The connection's new name.
+        setname: Option<Vec<u8>>,
+    },
+    /// `AUTH [username] password`.
+    Auth {
+        /// The user (`default` when left out).
+        user: Option<Vec<u8>>,
+        /// The password.
+        password: Vec<u8>,
+    },
+    /// `SELECT index`.
+    Select(i64),
+    /// `CLIENT SETNAME name`.
+    ClientSetName(Vec<u8>),
+    /// `CLIENT GETNAME`.
+    ClientGetName,
+    /// `CLIENT SETINFO LIB-NAME|LIB-VER value`.
+    ClientSetInfo {
+        /// `lib-name` or `lib-ver`, lowercase.
+        attr: String,
+        /// Its value.
+        value: Vec<u8>,
+    },
+    /// `CLIENT ID`.
+    ClientId,
+    /// `COMMAND ...`.
+    Command(CommandQuery),
+    /// `INFO [section]`.
+    Info(Option<String>),
+    /// `QUIT`.
+    Quit,
+    /// `INCR`, `INCRBY`, `DECR`, `DECRBY`: one increment answering the new total.
+    Incr {
+        /// The counter.
+        key: String,
+        /// The signed amount.
+        delta: i64,
+    },
+    /// `GET key`.
+    Get(String),
+    /// `MGET key ...`.
+    MGet(Vec<String>),
+    /// `EXISTS key ...`.
+    Exists(Vec<String>),
+    /// `DEL key ...`.
+    Del(Vec<String>),
+    /// `PFADD key member ...`.
+    PfAdd {
+        /// The counter.
+        key: String,
+        /// The members.
+        members: Vec<String>,
+    },
+    /// `PFCOUNT key`.
+    PfCount(String),
+    /// `TALLY.INCRBY key delta [ID e] [WRITER w] [MEMBER m]`.
+    TallyIncrBy {
+        /// The counter.
+        key: String,
+        /// The increment.
+        inc: Increment,
+    },
+    /// `TALLY.GET key [FRESH|CACHED]`.
+    TallyGet {
+        /// The counter.
+        key: String,
+        /// How fresh.
+        consistency: Consistency,
+    },
+    /// `TALLY.CREATE key [FIELD value ...]`.
+    TallyCreate {
+        /// The counter.
+        key: String,
+        /// The spec fields named, as the HTTP body carries them.
+        spec: SpecBody,
+    },
+    /// `TALLY.SHARDS key`.
+    TallyShards(String),
+    /// `TALLY.RECONCILE key authoritative`.
+    TallyReconcile {
+        /// The counter.
+        key: String,
+        /// The true total.
+        authoritative: i128,
+    },
+}
+
+impl Command {
+    /// Whether the command only adds to counters, so that a run of such commands
+    /// in one pipeline may run concurrently (one group commit for all of them)
+    /// without any other command seeing a different order.
+    pub fn is_increment(&self) -> bool {
+        matches!(self, Command::Incr { .. } | Command::TallyIncrBy { .. })
+    }
+}
+
+/// Redis's error for a command it does not know.
+pub fn unknown_command(args: &[Vec<u8>]) -> Reply {
+    let mut text = format!("ERR unknown command '{}', with args beginning with: ", quote(&args[0]));
+    for a in args.iter().skip(1).take(16) {
+        text.push_str(&format!("'{}' ", quote(a)));
+    }
+    Reply::Error(text)
+}
+
+/// Redis's arity error.
+pub fn wrong_arity(name: &str) -> Reply {
+    Reply::Error(format!("ERR wrong number of arguments for '{name}' command"))
+}
+
+/// Redis's error for an option it does not understand.
+pub fn syntax_error() -> Reply {
+    Reply::Error("ERR syntax error".into())
+}
+
+fn key(raw: &[u8]) -> Result<String, Reply> {
+    String::from_utf8(raw.to_vec()).map_err(|_| {
+        Reply::err(
+            "invalid_name",
+            format!("counter names are UTF-8 text of [A-Za-z0-9._:-] (got '{}')", quote(raw)),
+        )
+    })
+}
+
+fn text(raw: &[u8], what: &str) -> Result<String, Reply> {
+    String::from_utf8(raw.to_vec()).map_err(|_| {
+        Reply::err(codes::BAD_REQUEST, format!("{what} must be UTF-8 text (got '{}')", quote(raw)))
+    })
+}
+
+/// Whether `raw` is written like an integer (an optional minus and digits), so a
+/// parse failure can only be an overflow.
+fn integer_shaped(raw: &[u8]) -> bool {
+    let digits = raw.strip_prefix(b"-").unwrap_or(raw);
+    !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
+}
+
+/// A 64-bit delta: `invalid_delta` for anything not an integer, `out_of_range`
+/// for an integer beyond 64 bits, as the HTTP front end answers.
+pub fn delta(raw: &[u8]) -> Result<i64, Reply> {
+    let s = std::str::from_utf8(raw).unwrap_or("");
+    if let Ok(n) = s.parse::<i64>() {
+        if integer_shaped(raw) {
+            return Ok(n);
+        }
+    }
+    if integer_shaped(raw) {
+        return Err(Reply::err(
+            codes::OUT_OF_RANGE,
+            format!(
+                "value is not an integer or out of range: {} is outside the 64-bit range ±{}",
+                quote(raw),
+                i64::MAX
+            ),
+        ));
+    }
+    Err(Reply::err(
+        codes::INVALID_DELTA,
+        format!("value is not an integer or out of range (got '{}')", quote(raw)),
+    ))
+}
+
+fn negate(d: i64, raw: &[u8]) -> Result<i64, Reply> {
+    d.checked_neg().ok_or_else(|| {
+        Reply::err(
+            codes::OUT_OF_RANGE,
+            format!("value is not an integer or out of range: -({}) is outside the 64-bit range", quote(raw)),
+        )
+    })
+}
+
+fn spec_number(raw: &[u8], field: &str) -> Result<u64, Reply> {
+    std::str::from_utf8(raw)
+        .ok()
+        .filter(|_| raw.iter().all(u8::is_ascii_digit))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            Reply::err(
+                "invalid_spec",
+                format!("{field} must be a non-negative integer (got '{}')", quote(raw)),
+            )
+        })
+}
+
+fn spec_bool(raw: &[u8], field: &str) -> Result<bool, Reply> {
+    match raw.to_ascii_lowercase().as_slice() {
+        b"true" | b"yes" | b"1" | b"on" => Ok(true),
+        b"false" | b"no" | b"0" | b"off" => Ok(false),
+        _ => Err(Reply::err("invalid_spec", format!("{field} must be true or false (got '{}')", quote(raw)))),
+    }
+}
+
+/// Parses `args` (the name first, never empty) into a command, checking the
+/// command exists and its arity.
+pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
+    let Some(spec) = lookup(&args[0]) else { return Err(unknown_command(args)) };
+    let n = args.len() as i64;
+    if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
+        return Err(wrong_arity(spec.name));
+    }
+    let a = &args[1..];
+    let upper = |i: usize| a[i].to_ascii_uppercase();
+    Ok(match spec.name {
+        "ping" => match a {
+            [] => Command::Ping(None),
+            [m] => Command::Ping(Some(m.clone())),
+            _ => return Err(wrong_arity("ping")),
+        },
+        "echo" => Command::Echo(a[0].clone()),
+        "hello" => parse_hello(a)?,
+        "auth" => match a {
+            [p] => Command::Auth { user: None, password: p.clone() },
+            [u, p] => Command::Auth { user: Some(u.clone()), password: p.clone() },
+            _ => return Err(syntax_error()),
+        },
+        "select" => {
+            let s = std::str::from_utf8(&a[0]).unwrap_or("");
+            Command::Select(
+                s.parse().map_err(|_| Reply::Error("ERR value is not an integer or out of range".into()))?,
+            )
+        }
+        "client" => parse_client(a)?,
+        "command" => Command::Command(match a {
+            [] => CommandQuery::All,
+            [sub, rest @ ..] => {
+                let names = rest.iter().map(|r| String::from_utf8_lossy(r).to_lowercase()).collect();
+                match sub.to_ascii_uppercase().as_slice() {
+                    b"COUNT" if rest.is_empty() => CommandQuery::Count,
+                    b"COUNT" => return Err(wrong_arity("command|count")),
+                    b"DOCS" => CommandQuery::Docs(names),
+                    b"INFO" => CommandQuery::Info(names),
+                    _ => {
+                        return Err(Reply::Error(format!(
+                            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+                            quote(sub)
+                        )))
+                    }
+                }
+            }
+        }),
+        "info" => Command::Info(a.first().map(|s| String::from_utf8_lossy(s).to_lowercase())),
+        "quit" => Command::Quit,
+        "incr" => Command::Incr { key: key(&a[0])?, delta: 1 },
+        "decr" => Command::Incr { key: key(&a[0])?, delta: -1 },
+        "incrby" => Command::Incr { key: key(&a[0])?, delta: delta(&a[1])? },
+        "decrby" => Command::Incr { key: key(&a[0])?, delta: negate(delta(&a[1])?, &a[1])? },
+        "get" => Command::Get(key(&a[0])?),
+        "mget" => Command::MGet(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
+        "exists" => Command::Exists(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
+        "del" => Command::Del(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
+        "pfadd" => Command::PfAdd {
+            key: key(&a[0])?,
+            members: a[1..].iter().map(|m| text(m, "a member")).collect::<Result<_, _>>()?,
+        },
+        "pfcount" => match a {
+            [k] => Command::PfCount(key(k)?),
+            _ => {
+                return Err(Reply::err(
+                    codes::BAD_REQUEST,
+                    "PFCOUNT of several counters is not supported: each counter's members are merged only with its own",
+                ))
+            }
+        },
+        "tally.incrby" => {
+            let mut inc = Increment::new(delta(&a[1])?);
+            let mut i = 2;
+            while i < a.len() {
+                let value = a.get(i + 1).ok_or_else(syntax_error)?;
+                let slot = match upper(i).as_slice() {
+                    b"ID" => &mut inc.event_id,
+                    b"WRITER" => &mut inc.writer,
+                    b"MEMBER" => &mut inc.member,
+                    _ => return Err(syntax_error()),
+                };
+                *slot = Some(text(value, &String::from_utf8_lossy(&a[i]).to_lowercase())?);
+                i += 2;
+            }
+            Command::TallyIncrBy { key: key(&a[0])?, inc }
+        }
+        "tally.get" => Command::TallyGet {
+            key: key(&a[0])?,
+            consistency: match a.get(1).map(|c| c.to_ascii_uppercase()).as_deref() {
+                None | Some(b"CACHED") => Consistency::Cached,
+                Some(b"FRESH") => Consistency::Fresh,
+                Some(_) if a.len() > 2 => return Err(syntax_error()),
+                Some(_) => return Err(syntax_error()),
+            },
+        },
+        "tally.create" => {
+            let mut spec = SpecBody::default();
+            let mut i = 1;
+            while i < a.len() {
+                let value = a.get(i + 1).ok_or_else(syntax_error)?;
+                match upper(i).as_slice() {
+                    b"SHARDS" => spec.shards = Some(spec_number(value, "shards")?),
+                    b"DURABILITY" => spec.durability = Some(text(value, "durability")?.to_lowercase()),
+                    b"FLUSH_MS" => spec.flush_ms = Some(spec_number(value, "flush_ms")?),
+                    b"ROLLUP_MS" => spec.rollup_ms = Some(spec_number(value, "rollup_ms")?),
+                    b"ROUTER" => spec.router = Some(text(value, "router")?.to_lowercase()),
+                    b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
+                    b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
+                    _ => return Err(syntax_error()),
+                }
+                i += 2;
+            }
+            Command::TallyCreate { key: key(&a[0])?, spec }
+        }
+        "tally.shards" => Command::TallyShards(key(&a[0])?),
+        "tally.reconcile" => {
+            let raw = &a[1];
+            let total = std::str::from_utf8(raw).ok().filter(|_| integer_shaped(raw)).map(str::parse::<i128>);
+            let authoritative = match total {
+                Some(Ok(t)) => t,
+                Some(Err(_)) => {
+                    return Err(Reply::err(
+                        codes::OUT_OF_RANGE,
+                        format!("authoritative {} is outside the 128-bit range", quote(raw)),
+                    ))
+                }
+                None => {
+                    return Err(Reply::err(
+                        codes::INVALID_BODY,
+                        format!("authoritative must be an integer (got '{}')", quote(raw)),
+                    ))
+                }
+            };
+            Command::TallyReconcile { key: key(&a[0])?, authoritative }
+        }
+        other => {
+            // Every name of the table has an arm above; a new entry without one
+            // answers like an unknown command rather than failing.
+            tracing::error!(command = other, "a command of the table has no parser");
+            return Err(unknown_command(args));
+        }
+    })
+}
+
+fn parse_hello(a: &[Vec<u8>]) -> Result<Command, Reply> {
+    let mut proto = None;
+    let mut auth = None;
+    let mut setname = None;
+    let mut i = 0;
+    if let Some(first) = a.first() {
+        let s = std::str::from_utf8(first).unwrap_or("");
+        proto =
+            Some(s.parse::<i64>().map_err(|_| {
+                Reply::Error("ERR Protocol version is not an integer or out of range".into())
+            })?);
+        i = 1;
+    }
+    while i < a.len() {
+        match a[i].to_ascii_uppercase().as_slice() {
+            b"AUTH" if i + 2 < a.len() => {
+                auth = Some((a[i + 1].clone(), a[i + 2].clone()));
+                i += 3;
+            }
+            b"SETNAME" if i + 1 < a.len() => {
+                setname = Some(a[i + 1].clone());
+                i += 2;
+            }
+            _ => return Err(Reply::Error(format!("ERR Syntax error in HELLO option '{}'", quote(&a[i])))),
+        }
+    }
+    Ok(Command::Hello { proto, auth, setname })
+}
+
+fn parse_client(a: &[Vec<u8>]) -> Result<Command, Reply> {
+    let sub = a[0].to_ascii_uppercase();
+    let rest = &a[1..];
+    let arity = |name: &str| wrong_arity(&format!("client|{name}"));
+    Ok(match sub.as_slice() {
+        b"SETNAME" => match rest {
+            [name] => {
+                if name.iter().any(|&b| b <= b' ' || b > b'~') {
+                    return Err(Reply::Error(
+                        "ERR Client names cannot contain spaces, newlines or special characters.".into(),
+                    ));
+                }
+                Command::ClientSetName(name.clone())
+            }
+            _ => return Err(arity("setname")),
+        },
+        b"GETNAME" if rest.is_empty() => Command::ClientGetName,
+        b"GETNAME" => return Err(arity("getname")),
+        b"ID" if rest.is_empty() => Command::ClientId,
+        b"ID" => return Err(arity("id")),
+        b"SETINFO" => match rest {
+            [attr, value] => {
+                let attr = String::from_utf8_lossy(attr).to_lowercase();
+                if attr != "lib-name" && attr != "lib-ver" {
+                    return Err(Reply::Error(format!(
+                        "ERR Unrecognized option '{}'",
+                        quote(attr.as_bytes())
+                    )));
+                }
+                Command::ClientSetInfo { attr, value: value.clone() }
+            }
+            _ => return Err(arity("setinfo")),
+        },
+        _ => {
+            return Err(Reply::Error(format!("ERR unknown subcommand '{}'. Try CLIENT HELP.", quote(&a[0]))));
+        }
+    })
+}
+
+/// `COMMAND INFO`'s entry for one command (Redis 7's ten fields).
+pub fn info_entry(c: &CommandSpec) -> Reply {
+    Reply::Array(vec![
+        Reply::text(c.name),
+        Reply::Int(c.arity),
+        Reply::Array(c.flags.iter().map(|f| Reply::Simple((*f).into())).collect()),
+        Reply::Int(c.first_key),
+        Reply::Int(c.last_key),
+        Reply::Int(c.step),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+    ])
+}
+
+/// `COMMAND DOCS`'s entry for one command: summary, since, group, arguments.
+pub fn docs_entry(c: &CommandSpec) -> Reply {
+    let args = c
+        .args
+        .iter()
+        .map(|a| {
+            let mut pairs = vec![
+                (Reply::text("name"), Reply::text(a.name)),
+                (Reply::text("type"), Reply::text(a.kind.name())),
+            ];
+            if let Some(t) = a.token {
+                pairs.push((Reply::text("token"), Reply::text(t)));
+            }
+            let mut flags = Vec::new();
+            if a.optional {
+                flags.push(Reply::Simple("optional".into()));
+            }
+            if a.multiple {
+                flags.push(Reply::Simple("multiple".into()));
+            }
+            if !flags.is_empty() {
+                pairs.push((Reply::text("flags"), Reply::Array(flags)));
+            }
+            Reply::Map(pairs)
+        })
+        .collect();
+    Reply::map([
+        ("summary", Reply::text(c.summary)),
+        ("since", Reply::text("1.0.0")),
+        ("group", Reply::text(c.group)),
+        ("arguments", Reply::Array(args)),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    fn parsed(words: &[&str]) -> Command {
+        parse(&args(words)).unwrap_or_else(|e| panic!("{words:?}: {e:?}"))
+    }
+
+    fn refused(words: &[&str]) -> String {
+        match parse(&args(words)) {
+            Err(Reply::Error(e)) => e,
+            other => panic!("{words:?} should be refused, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn increments_in_every_spelling() {
+        assert_eq!(parsed(&["incr", "a"]), Command::Incr { key: "a".into(), delta: 1 });
+        assert_eq!(parsed(&["DECR", "a"]), Command::Incr { key: "a".into(), delta: -1 });
+        assert_eq!(parsed(&["IncrBy", "a", "-7"]), Command::Incr { key: "a".into(), delta: -7 });
+        assert_eq!(parsed(&["decrby", "a", "7"]), Command::Incr { key: "a".into(), delta: -7 });
+        assert_eq!(
+            parsed(&["incrby", "a", "9223372036854775807"]),
+            Command::Incr { key: "a".into(), delta: i64::MAX }
+        );
+    }
+
+    #[test]
+    fn bad_integers_carry_the_http_codes() {
+        assert!(refused(&["incrby", "a", "x"]).starts_with("ERR invalid_delta value is not an integer"));
+        assert!(refused(&["incrby", "a", "1.5"]).starts_with("ERR invalid_delta"));
+        assert!(refused(&["incrby", "a", "+1"]).starts_with("ERR invalid_delta"));
+        assert!(refused(&["incrby", "a", ""]).starts_with("ERR invalid_delta"));
+        assert!(refused(&["incrby", "a", "9223372036854775808"]).starts_with("ERR out_of_range"));
+        assert!(refused(&["decrby", "a", "-9223372036854775808"]).starts_with("ERR out_of_range"));
+        assert!(refused(&["tally.reconcile", "a", "1e3"]).starts_with("ERR invalid_body"));
+        assert!(refused(&["tally.reconcile", "a", &"9".repeat(50)]).starts_with("ERR out_of_range"));
+        let big = i128::MAX.to_string();
+        assert_eq!(
+            parsed(&["tally.reconcile", "a", &big]),
+            Command::TallyReconcile { key: "a".into(), authoritative: i128::MAX }
+        );
+    }
+
+    #[test]
+    fn unknown_commands_and_arity_answer_as_redis_does() {
+        assert_eq!(
+            refused(&["FOO", "a", "b"]),
+            "ERR unknown command 'FOO', with args beginning with: 'a' 'b' "
+        );
+        assert_eq!(refused(&["incr"]), "ERR wrong number of arguments for 'incr' command");
+        assert_eq!(refused(&["incr", "a", "b"]), "ERR wrong number of arguments for 'incr' command");
+        assert_eq!(refused(&["mget"]), "ERR wrong number of arguments for 'mget' command");
+        assert_eq!(refused(&["ping", "a", "b"]), "ERR wrong number of arguments for 'ping' command");
+        assert_eq!(refused(&["client", "id", "x"]), "ERR wrong number of arguments for 'client|id' command");
+        assert!(refused(&["client", "kill"]).starts_with("ERR unknown subcommand 'kill'"));
+    }
+
+    #[test]
+    fn tally_commands_take_their_options_in_any_order_and_case() {
+        assert_eq!(
+            parsed(&["tally.incrby", "c", "5", "member", "u1", "ID", "e-1", "WRITER", "w"]),
+            Command::TallyIncrBy {
+                key: "c".into(),
+                inc: Increment::new(5).event_id("e-1").writer("w").member("u1")
+            }
+        );
+        assert_eq!(refused(&["tally.incrby", "c", "5", "ID"]), "ERR syntax error");
+        assert_eq!(refused(&["tally.incrby", "c", "5", "COLOR", "red"]), "ERR syntax error");
+        assert_eq!(
+            parsed(&["tally.get", "c", "fresh"]),
+            Command::TallyGet { key: "c".into(), consistency: Consistency::Fresh }
+        );
+        assert_eq!(
+            parsed(&["tally.get", "c"]),
+            Command::TallyGet { key: "c".into(), consistency: Consistency::Cached }
+        );
+        assert_eq!(refused(&["tally.get", "c", "warm"]), "ERR syntax error");
+        let Command::TallyCreate { key, spec } = parsed(&[
+            "TALLY.CREATE",
+            "c",
+            "SHARDS",
+            "4",
+            "durability",
+            "SYNC",
+            "distinct",
+            "yes",
+            "rollup_ms",
+            "0",
+        ]) else {
+            panic!("a create");
+        };
+        assert_eq!(key, "c");
+        let patch = spec.into_patch().expect("valid");
+        assert_eq!(patch.shards, Some(4));
+        assert_eq!(patch.durability, Some(tally_engine::Durability::Sync));
+        assert_eq!((patch.distinct, patch.rollup_ms), (Some(true), Some(0)));
+        assert!(refused(&["tally.create", "c", "SHARDS", "-1"]).starts_with("ERR invalid_spec"));
+        assert!(refused(&["tally.create", "c", "DISTINCT", "maybe"]).starts_with("ERR invalid_spec"));
+        assert_eq!(refused(&["tally.create", "c", "SHARDS"]), "ERR syntax error");
+    }
+
+    #[test]
+    fn names_must_be_text_and_connection_commands_parse() {
+        let e = parse(&[b"get".to_vec(), vec![0xff, 0xfe]]).expect_err("not UTF-8");
+        assert!(matches!(e, Reply::Error(ref t) if t.starts_with("ERR invalid_name")), "{e:?}");
+        assert_eq!(
+            parsed(&["hello", "3", "setname", "me"]),
+            Command::Hello { proto: Some(3), auth: None, setname: Some(b"me".to_vec()) }
+        );
+        assert!(refused(&["hello", "three"]).contains("Protocol version"));
+        assert_eq!(parsed(&["auth", "pw"]), Command::Auth { user: None, password: b"pw".to_vec() });
+        assert_eq!(
+            parsed(&["command", "docs", "GET"]),
+            Command::Command(CommandQuery::Docs(vec!["get".into()]))
+        );
+        assert_eq!(parsed(&["select", "0"]), Command::Select(0));
+        assert!(refused(&["client", "setname", "a b"]).contains("cannot contain spaces"));
+        assert!(refused(&["pfcount", "a", "b"]).starts_with("ERR bad_request"));
+    }
+
+    #[test]
+    fn every_command_of_the_table_parses_with_its_documented_arguments() {
+        for c in COMMANDS {
+            let mut words = vec![c.name.to_string()];
+            for a in c.args.iter().filter(|a| !a.optional) {
+                words.push(match a.kind {
+                    Integer => "1".into(),
+                    Key => "k".into(),
+                    _ => {
+                        if c.name == "client" {
+                            "id".into()
+                        } else {
+                            "x".into()
+                        }
+                    }
+                });
+            }
+            let words: Vec<&str> = words.iter().map(String::as_str).collect();
+            assert!(parse(&args(&words)).is_ok(), "{words:?}: {:?}", parse(&args(&words)));
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! Running one parsed [`Command`] against the [`Service`]: the same service calls
+//! the HTTP handlers make, with the answers shaped as Redis replies. Connection
+//! state (protocol, name, id) lives in the [`Session`]; figures every connection
+//! shares live in [`Front`].
+
+use super::auth;
+use super::command::{docs_entry, info_entry, lookup, CommandQuery, CommandSpec, COMMANDS};
+use super::wire::{Proto, Reply};
+use crate::config::RespConfig;
+use crate::http::error::ApiError;
+use crate::service::{incr_total, reconcile_recorded, IncrTotal, Service};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tally_engine::{Consistency, Increment, SpecPatch, TallyError, ValueRead};
+
+use super::command::Command;
+
+/// The code of a read (or an increment's total) some shards did not answer: the
+/// partial sum is never given as a value; `TALLY.GET` shows it with the shards.
+pub const INCOMPLETE: &str = "incomplete";
+/// The code of `PFADD` to a counter created without `distinct`.
+pub const NOT_DISTINCT: &str = "not_distinct";
+
+/// What every connection of one RESP listener shares.
+#[derive(Debug)]
+pub struct Front {
+    /// This node's id, for `INFO`.
+    pub node_id: String,
+    /// The address served, for `INFO`.
+    pub addr: SocketAddr,
+    /// The limits connections run under.
+    pub limits: RespConfig,
+    /// How long one command may take (`http.request_timeout_ms`, shared with HTTP).
+    pub command_timeout: Duration,
+    /// When the listener started, for `INFO`'s uptime.
+    pub started: Instant,
+    /// Connections open now.
+    pub connected: AtomicU64,
+    /// Connections accepted since the start.
+    pub accepted: AtomicU64,
+    /// Connections refused for `resp.connections_max`.
+    pub rejected: AtomicU64,
+    /// Commands run since the start.
+    pub commands: AtomicU64,
+    /// The last connection id handed out (ids start at 1).
+    pub last_id: AtomicU64,
+}
+
+impl Front {
+    /// A listener's shared state.
+    pub fn new(node_id: String, addr: SocketAddr, limits: RespConfig, command_timeout: Duration) -> Self {
+        Self {
+            node_id,
+            addr,
+            limits,
+            command_timeout,
+            started: Instant::now(),
+            connected: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            commands: AtomicU64::new(0),
+            last_id: AtomicU64::new(0),
+        }
+    }
+}
+
+/// One connection's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Its id (`CLIENT ID`, `HELLO`'s `id`).
+    pub id: u64,
+    /// The protocol replies are encoded in.
+    pub proto: Proto,
+    /// `CLIENT SETNAME`'s name.
+    pub name: Option<Vec<u8>>,
+    /// `CLIENT SETINFO lib-name`.
+    pub lib_name: Option<Vec<u8>>,
+    /// `CLIENT SETINFO lib-ver`.
+    pub lib_ver: Option<Vec<u8>>,
+}
+
+impl Session {
+    /// A new RESP2 connection.
+    pub fn new(id: u64) -> Self {
+        Self { id, proto: Proto::Resp2, name: None, lib_name: None, lib_ver: None }
+    }
+}
+
+/// What the connection does after a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Reads the next command.
+    Continue,
+    /// Writes the reply, then closes (`QUIT`).
+    Close,
+}
+
+/// An engine error as a reply: `ERR <code> <message>`, the code and message the
+/// HTTP error body carries.
+pub fn engine_error(e: TallyError) -> Reply {
+    let api = ApiError::from(e);
+    Reply::err(&api.code, api.message)
+}
+
+fn value_reply(read: &ValueRead) -> Reply {
+    if read.complete {
+        Reply::Big(read.value)
+    } else {
+        Reply::err(
+            INCOMPLETE,
+            format!(
+                "shards {:?} did not answer, so the total is unknown (TALLY.GET shows the partial sum)",
+                read.missing_shards
+            ),
+        )
+    }
+}
+
+fn shards_reply(missing: &[u16]) -> Reply {
+    Reply::Array(missing.iter().map(|&s| Reply::Int(s.into())).collect())
+}
+
+/// `TALLY.GET`'s answer: the same fields as the HTTP value read.
+pub fn read_reply(read: &ValueRead) -> Reply {
+    let consistency = match read.consistency {
+        Consistency::Cached => "cached",
+        Consistency::Fresh => "fresh",
+    };
+    Reply::map([
+        ("value", Reply::Big(read.value)),
+        ("consistency", Reply::text(consistency)),
+        ("as_of_ms", Reply::Big(read.as_of_ms.into())),
+        ("staleness_ms", Reply::Big(read.staleness_ms.into())),
+        ("complete", Reply::Bool(read.complete)),
+        ("missing_shards", shards_reply(&read.missing_shards)),
+    ])
+}
+
+fn hello_reply(session: &Session) -> Reply {
+    Reply::map([
+        ("server", Reply::text("tally")),
+        ("version", Reply::text(env!("CARGO_PKG_VERSION"))),
+        ("proto", Reply::Int(session.proto.number())),
+        ("id", Reply::Big(session.id.into())),
+        ("mode", Reply::text("standalone")),
+        ("role", Reply::text("master")),
+        ("modules", Reply::Array(Vec::new())),
+    ])
+}
+
+fn info_text<S: Service>(svc: &S, front: &Front, section: Option<&str>) -> String {
+    let (counters, shards) = svc.engine().active();
+    let all = matches!(section, None | Some("all" | "default" | "everything"));
+    let want = |name: &str| all || section == Some(name);
+    let mut out = String::new();
+    if want("server") {
+        out += &format!(
+            "# Server\r\ntally_version:{}\r\nredis_mode:standalone\r\nnode_id:{}\r\nprocess_id:{}\r\n\
+             tcp_port:{}\r\nuptime_in_seconds:{}\r\nresp_protocols:2,3\r\n\r\n",
+            env!("CARGO_PKG_VERSION"),
+            front.node_id,
+            std::process::id(),
+            front.addr.port(),
+            front.started.elapsed().as_secs(),
+        );
+    }
+    if want("clients") {
+        out += &format!(
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
+            front.connected.load(Ordering::Relaxed),
+            front.limits.connections_max,
+        );
+    }
+    if want("stats") {
+        out += &format!(
+            "# Stats\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\n\
+             total_commands_processed:{}\r\n\r\n",
+            front.accepted.load(Ordering::Relaxed),
+            front.rejected.load(Ordering::Relaxed),
+            front.commands.load(Ordering::Relaxed),
+        );
+    }
+    if want("keyspace") {
+        // What the node knows without a scan: counters with state in memory here
+        // and the shard actors running; every counter is in database 0.
+        out += &format!("# Keyspace\r\nactive_counters:{counters}\r\nrunning_shards:{shards}\r\n\r\n");
+    }
+    out
+}
+
+fn command_info(names: &[String], entry: fn(&CommandSpec) -> Reply, as_map: bool) -> Reply {
+    let chosen: Vec<Option<&CommandSpec>> = if names.is_empty() {
+        COMMANDS.iter().map(Some).collect()
+    } else {
+        names.iter().map(|n| lookup(n.as_bytes())).collect()
+    };
+    if as_map {
+        Reply::Map(chosen.into_iter().flatten().map(|c| (Reply::text(c.name), entry(c))).collect())
+    } else {
+        Reply::Array(chosen.into_iter().map(|c| c.map_or(Reply::Null, entry)).collect())
+    }
+}
+
+/// An increment's reply: the new total (`INCR`) or applied/duplicate (`TALLY.INCRBY`).
+/// These run concurrently within a pipeline, so they touch no session state.
+pub async fn run_increment<S: Service>(svc: &S, cmd: Command) -> Reply {
+    match cmd {
+        Command::Incr { key, delta } => match incr_total(svc, &key, Increment::new(delta)).await {
+            Ok((_, IncrTotal::Total(total))) => Reply::Big(total),
+            Ok((_, IncrTotal::Incomplete(missing))) => Reply::err(
+                INCOMPLETE,
+                format!(
+                    "the increment was counted, but shards {missing:?} did not answer the read of the \
+                     new total: do not retry it"
+                ),
+            ),
+            Err(e) => engine_error(e),
+        },
+        Command::TallyIncrBy { key, inc } => match svc.incr(&key, inc).await {
+            Ok(o) if o.applied => Reply::Simple("applied".into()),
+            Ok(_) => Reply::Simple("duplicate".into()),
+            Err(e) => engine_error(e),
+        },
+        other => Reply::err("internal", format!("not an increment: {other:?}")),
+    }
+}
+
+/// Runs `cmd`, answering its reply and whether the connection goes on.
+pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd: Command) -> (Reply, Flow) {
+    let reply = match cmd {
+        Command::Quit => return (Reply::ok(), Flow::Close),
+        Command::Ping(None) => Reply::Simple("PONG".into()),
+        Command::Ping(Some(m)) | Command::Echo(m) => Reply::Bulk(m),
+        Command::Hello { proto, auth: credentials, setname } => {
+            let next = match proto {
+                None => session.proto,
+                Some(2) => Proto::Resp2,
+                Some(3) => Proto::Resp3,
+                Some(_) => {
+                    return (Reply::Error("NOPROTO unsupported protocol version".into()), Flow::Continue)
+                }
+            };
+            if let Some((user, password)) = credentials {
+                if let Err(reply) = auth::authenticate(Some(&user), &password) {
+                    return (reply, Flow::Continue);
+                }
+            }
+            session.proto = next;
+            if setname.is_some() {
+                session.name = setname;
+            }
+            hello_reply(session)
+        }
+        Command::Auth { user, password } => match auth::authenticate(user.as_deref(), &password) {
+            Ok(()) => Reply::ok(),
+            Err(reply) => reply,
+        },
+        Command::Select(0) => Reply::ok(),
+        Command::Select(_) => Reply::Error("ERR DB index is out of range".into()),
+        Command::ClientSetName(name) => {
+            session.name = (!name.is_empty()).then_some(name);
+            Reply::ok()
+        }
+        Command::ClientGetName => session.name.clone().map_or(Reply::Null, Reply::Bulk),
+        Command::ClientSetInfo { attr, value } => {
+            if attr == "lib-name" {
+                session.lib_name = Some(value);
+            } else {
+                session.lib_ver = Some(value);
+            }
+            Reply::ok()
+        }
+        Command::ClientId => Reply::Big(session.id.into()),
+        Command::Command(CommandQuery::All) => command_info(&[], info_entry, false),
+        Command::Command(CommandQuery::Count) => Reply::Int(COMMANDS.len() as i64),
+        Command::Command(CommandQuery::Info(names)) => command_info(&names, info_entry, false),
+        Command::Command(CommandQuery::Docs(names)) => command_info(&names, docs_entry, true),
+        Command::Info(section) => Reply::text(info_text(svc, front, section.as_deref())),
+        cmd @ (Command::Incr { .. } | Command::TallyIncrBy { .. }) => run_increment(svc, cmd).await,
+        Command::Get(key) => match svc.read(&key, Consistency::Cached).await {
+            Ok(read) => value_reply(&read),
+            Err(TallyError::NotFound(_)) => Reply::Null,
+            Err(e) => engine_error(e),
+        },
+        Command::MGet(keys) => {
+            let mut values = Vec::with_capacity(keys.len());
+            for key in keys {
+                values.push(match svc.read(&key, Consistency::Cached).await {
+                    Ok(read) => value_reply(&read),
+                    Err(TallyError::NotFound(_)) => Reply::Null,
+                    Err(e) => engine_error(e),
+                });
+            }
+            Reply::Array(values)
+        }
+        Command::Exists(keys) => {
+            let mut n = 0;
+            for key in keys {
+                match svc.counter(&key).await {
+                    Ok(_) => n += 1,
+                    Err(TallyError::NotFound(_)) => {}
+                    Err(e) => return (engine_error(e), Flow::Continue),
+                }
+            }
+            Reply::Int(n)
+        }
+        Command::Del(keys) => {
+            let mut n = 0;
+            for key in keys {
+                match svc.delete_counter(&key).await {
+                    Ok(()) => n += 1,
+                    Err(TallyError::NotFound(_)) => {}
+                    Err(e) => return (engine_error(e), Flow::Continue),
+                }
+            }
+            Reply::Int(n)
+        }
+        Command::PfAdd { key, members } => pfadd(svc, key, members).await,
+        Command::PfCount(key) => match svc.distinct(&key).await {
+            Ok(d) if d.complete => Reply::Big(d.estimate.into()),
+            Ok(d) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", d.missing_shards)),
+            Err(TallyError::NotFound(_)) => Reply::Int(0),
+            Err(e) => engine_error(e),
+        },
+        Command::TallyGet { key, consistency } => match svc.read(&key, consistency).await {
+            Ok(read) => read_reply(&read),
+            Err(e) => engine_error(e),
+        },
+        Command::TallyCreate { key, spec } => {
+            let put = match spec.into_patch() {
+                Ok(patch) => svc.put_counter(&key, patch).await,
+                Err(e) => Err(e),
+            };
+            match put {
+                Ok(o) => Reply::Simple(if o.created { "created" } else { "updated" }.into()),
+                Err(e) => engine_error(e),
+            }
+        }
+        Command::TallyShards(key) => match svc.shards(&key).await {
+            Ok(r) => Reply::map([
+                ("generation", Reply::Int(r.generation.into())),
+                ("base", Reply::Big(r.base)),
+                ("skew", Reply::Double(r.skew)),
+                (
+                    "shards",
+                    Reply::Array(
+                        r.shards
+                            .iter()
+                            .map(|s| {
+                                Reply::map([
+                                    ("index", Reply::Int(s.index.into())),
+                                    ("node", Reply::text(s.node.clone())),
+                                    ("value", Reply::Int(s.value)),
+                                    ("writes", Reply::Big(s.writes.into())),
+                                ])
+                            })
+                            .collect(),
+                    ),
+                ),
+            ]),
+            Err(e) => engine_error(e),
+        },
+        Command::TallyReconcile { key, authoritative } => {
+            match reconcile_recorded(svc, &key, authoritative).await {
+                Ok(r) => Reply::map([
+                    ("before", Reply::Big(r.before)),
+                    ("drift", Reply::Big(r.drift)),
+                    ("corrected", Reply::Bool(r.corrected)),
+                ]),
+                Err(e) => engine_error(e),
+            }
+        }
+    };
+    (reply, Flow::Continue)
+}
+
+/// `PFADD`: each member is one increment of 1 carrying it, on a counter that keeps
+/// distinct members (an unknown counter is created with `distinct`). Answers 1 when
+/// the counter was created or its estimate moved, 0 otherwise, as Redis does.
+async fn pfadd<S: Service>(svc: &S, key: String, members: Vec<String>) -> Reply {
+    let created = match svc.counter(&key).await {
+        Ok(info) if !info.spec.distinct => {
+            return Reply::err(
+                NOT_DISTINCT,
+                format!("counter {key:?} does not keep distinct members (TALLY.CREATE {key} DISTINCT true)"),
+            )
+        }
+        Ok(_) => false,
+        Err(TallyError::NotFound(_)) => {
+            match svc.put_counter(&key, SpecPatch { distinct: Some(true), ..SpecPatch::default() }).await {
+                Ok(o) => o.created,
+                Err(e) => return engine_error(e),
+            }
+        }
+        Err(e) => return engine_error(e),
+    };
+    if members.is_empty() {
+        return Reply::Int(created.into());
+    }
+    let before = match svc.distinct(&key).await {
+        Ok(d) => d.estimate,
+        Err(e) => return engine_error(e),
+    };
+    let items = members.into_iter().map(|m| (key.clone(), Increment::new(1).member(m))).collect();
+    match svc.incr_many(items).await {
+        Ok(results) => {
+            if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+                return engine_error(e);
+            }
+        }
+        Err(e) => return engine_error(e),
+    }
+    match svc.distinct(&key).await {
+        Ok(after) => Reply::Int((created || after.estimate != before).into()),
+        Err(e) => engine_error(e),
+    }
+}

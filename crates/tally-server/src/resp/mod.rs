@@ -1,0 +1,274 @@
+//! The Redis-protocol front end: RESP2 and RESP3 on the address a node's entry in
+//! `cluster.nodes` names as `resp`, so `redis-cli`, `redis-benchmark` and every
+//! Redis client library drive counters.
+//!
+//! # Layout
+//!
+//! * [`wire`] — requests out of the read buffer (the `redis-protocol` crate's
+//!   decoder behind a check of every declared length against the limits), replies
+//!   ([`wire::Reply`]) encoded as RESP2 or RESP3 by the same crate.
+//! * [`command`] — the command table (arity, flags, the docs `COMMAND DOCS` serves)
+//!   and parsing arguments into a [`command::Command`]. Pure.
+//! * [`exec`] — running a command against the [`Service`], the same calls the HTTP
+//!   handlers make; connection state in [`exec::Session`].
+//! * [`auth`] — the one function `AUTH` and `HELLO ... AUTH` go through.
+//! * this file — [`serve`]: the accept loop (connection limit, graceful shutdown)
+//!   and each connection's read–decode–run–write loop.
+//!
+//! # Pipelining
+//!
+//! One read may hold many commands. Every complete command in the buffer (up to
+//! [`PIPELINE_COMMANDS_MAX`]) is decoded, run, and its reply appended to one output
+//! buffer, which is written with one `write_all`. Consecutive increments
+//! (`INCR`…`DECRBY`, `TALLY.INCRBY`) of one pipeline run concurrently, so a `sync`
+//! counter gives them one group commit; any other command waits for the increments
+//! before it and runs alone, so a `GET` after an `INCR` in the same pipeline sees it.
+//! Replies always go out in the order the commands came.
+//!
+//! # Errors
+//!
+//! Value errors carry the snake_case codes of the HTTP error bodies as the word
+//! after `ERR` (`-ERR invalid_name ...`); Redis's own texts are kept for what Redis
+//! has words for (unknown command, arity, syntax). Input that cannot be framed, or
+//! that declares a length over `resp.request_bytes_max` / `resp.args_max`, gets
+//! `-ERR protocol_error ...` or `-ERR request_too_large ...` and the connection is
+//! closed; the node and every other connection go on.
+
+pub mod auth;
+pub mod command;
+pub mod exec;
+pub mod wire;
+
+use crate::config::RespConfig;
+use crate::service::Service;
+use exec::{Flow, Front, Session};
+use std::future::Future;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use wire::{encode, Reply, WireLimits};
+
+/// Most commands run between two writes of one connection: a longer pipeline is
+/// answered in several writes, so the output buffer stays bounded.
+pub const PIPELINE_COMMANDS_MAX: usize = 1024;
+/// Bytes reserved in a connection's read buffer before each read.
+pub const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// How long the accept loop pauses after an accept error (for example running out
+/// of file descriptors), so it does not spin.
+const ACCEPT_BACKOFF_MS: u64 = 100;
+/// Redis's answer to a client over the connection limit.
+const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
+
+/// Decrements the open-connection count however the connection task ends.
+struct Open(Arc<Front>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.connected.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves RESP on `listener` over `svc` until `shutdown` completes, then lets each
+/// connection finish the commands it is running (bounded by `grace`) and returns.
+/// Commands run under `command_timeout` (the node's `http.request_timeout_ms`).
+pub async fn serve<S: Service>(
+    listener: TcpListener,
+    svc: S,
+    limits: &RespConfig,
+    command_timeout: Duration,
+    grace: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    let local = listener.local_addr()?;
+    let front = Arc::new(Front::new(svc.node_id().to_string(), local, limits.clone(), command_timeout));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    tracing::info!(%local, "serving RESP");
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (mut stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "RESP accept failed; backing off");
+                    tokio::time::sleep(Duration::from_millis(ACCEPT_BACKOFF_MS)).await;
+                    continue;
+                }
+            },
+        };
+        if front.connected.load(Ordering::Relaxed) >= limits.connections_max {
+            front.rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "RESP connection refused: resp.connections_max reached");
+            connections.spawn(async move {
+                let _ = tokio::time::timeout(command_timeout, stream.write_all(MAX_CLIENTS)).await;
+            });
+            continue;
+        }
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
+        front.connected.fetch_add(1, Ordering::Relaxed);
+        let id = front.last_id.fetch_add(1, Ordering::Relaxed) + 1;
+        front.accepted.fetch_add(1, Ordering::Relaxed);
+        let open = Open(front.clone());
+        let svc = svc.clone();
+        let stop = stop_rx.clone();
+        connections.spawn(async move {
+            let _open = open;
+            connection(stream, svc, &_open.0, Session::new(id), stop).await;
+            tracing::debug!(%peer, id, "RESP connection closed");
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let deadline = Instant::now() + grace;
+    let drained =
+        tokio::time::timeout_at(deadline.into(), async { while connections.join_next().await.is_some() {} })
+            .await;
+    if drained.is_err() {
+        tracing::warn!(left = connections.len(), "RESP shutdown grace elapsed; dropping connections");
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Takes every complete request off the front of `buf` (at most
+/// [`PIPELINE_COMMANDS_MAX`]), and the protocol error that stopped decoding, if any.
+fn take_batch(buf: &mut Vec<u8>, limits: &WireLimits) -> (Vec<Vec<Vec<u8>>>, Option<wire::ProtocolError>) {
+    let mut batch = Vec::new();
+    let mut used = 0;
+    let mut fatal = None;
+    while batch.len() < PIPELINE_COMMANDS_MAX {
+        match wire::next_request(&buf[used..], limits) {
+            Ok(Some((args, n))) => {
+                used += n;
+                if !args.is_empty() {
+                    batch.push(args);
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                fatal = Some(e);
+                break;
+            }
+        }
+    }
+    buf.drain(..used);
+    (batch, fatal)
+}
+
+async fn timed<F: Future<Output = Reply>>(timeout: Duration, f: F) -> Reply {
+    tokio::time::timeout(timeout, f).await.unwrap_or_else(|_| {
+        Reply::err(
+            crate::http::error::codes::TIMEOUT,
+            format!(
+                "the node did not answer within {} ms; the command may or may not have taken effect \
+                 (retry an increment with the same event id)",
+                timeout.as_millis()
+            ),
+        )
+    })
+}
+
+/// Runs one batch of requests, appending each reply to `out` in order.
+async fn run_batch<S: Service>(
+    svc: &S,
+    front: &Front,
+    session: &mut Session,
+    batch: Vec<Vec<Vec<u8>>>,
+    out: &mut Vec<u8>,
+) -> Flow {
+    front.commands.fetch_add(batch.len() as u64, Ordering::Relaxed);
+    let timeout = front.command_timeout;
+    let mut parsed = Vec::with_capacity(batch.len());
+    for args in &batch {
+        parsed.push(command::parse(args));
+    }
+    let mut items = parsed.into_iter().peekable();
+    while let Some(item) = items.next() {
+        let cmd = match item {
+            Ok(cmd) => cmd,
+            Err(reply) => {
+                encode(&reply, session.proto, out);
+                continue;
+            }
+        };
+        if cmd.is_increment() {
+            let mut run = vec![cmd];
+            while matches!(items.peek(), Some(Ok(c)) if c.is_increment()) {
+                if let Some(Ok(c)) = items.next() {
+                    run.push(c);
+                }
+            }
+            let mut running = Vec::with_capacity(run.len());
+            for c in run {
+                running.push(timed(timeout, exec::run_increment(svc, c)));
+            }
+            let replies = futures::future::join_all(running).await;
+            for reply in &replies {
+                encode(reply, session.proto, out);
+            }
+            continue;
+        }
+        let ran = tokio::time::timeout(timeout, exec::run(svc, front, session, cmd)).await;
+        let (reply, flow) = match ran {
+            Ok(done) => done,
+            Err(_) => (timed(Duration::ZERO, std::future::pending()).await, Flow::Continue),
+        };
+        encode(&reply, session.proto, out);
+        if flow == Flow::Close {
+            return Flow::Close;
+        }
+    }
+    Flow::Continue
+}
+
+/// One connection: read, decode every complete command, run them, write every
+/// reply at once; until the client leaves, `QUIT`, a protocol error or shutdown.
+async fn connection<S: Service>(
+    mut stream: TcpStream,
+    svc: S,
+    front: &Front,
+    mut session: Session,
+    mut stop: watch::Receiver<bool>,
+) {
+    let limits = WireLimits {
+        request_bytes_max: front.limits.request_limit_bytes(),
+        args_max: front.limits.args_limit(),
+    };
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let (batch, fatal) = take_batch(&mut buf, &limits);
+        if batch.is_empty() && fatal.is_none() {
+            buf.reserve(READ_CHUNK_BYTES);
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return,
+                read = stream.read_buf(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                },
+            }
+        }
+        let mut flow = run_batch(&svc, front, &mut session, batch, &mut out).await;
+        if let Some(e) = fatal {
+            tracing::debug!(id = session.id, error = %e, "RESP protocol error; closing");
+            encode(&Reply::Error(format!("ERR {e}")), session.proto, &mut out);
+            flow = Flow::Close;
+        }
+        let written = tokio::time::timeout(front.command_timeout, stream.write_all(&out)).await;
+        out.clear();
+        if !matches!(written, Ok(Ok(()))) || flow == Flow::Close || *stop.borrow() {
+            let _ = stream.shutdown().await;
+            return;
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! The wire: requests out of the read buffer, replies into the write buffer.
+//!
+//! Requests are decoded by `redis-protocol`'s RESP2 decoder (clients send every
+//! command as an array of bulk strings, whatever protocol they asked replies in),
+//! plus Redis's inline form (`PING\r\n`, as typed into `nc`). The decoder has no
+//! limits of its own: it waits for as many bytes as a header declares. So before a
+//! frame is handed to it, [`check_limits`] walks the length headers that have
+//! arrived and refuses, at once, an array longer than `resp.args_max` or a bulk
+//! string longer than `resp.request_bytes_max` — a client announcing a 1 GB bulk
+//! gets its error without the node buffering a byte of it.
+//!
+//! Replies are built as [`Reply`] values and encoded by the same crate as RESP2 or
+//! RESP3 frames: a map is a RESP3 map or, in RESP2, a flat array of keys and values;
+//! a null is `_` or `$-1`; a boolean is `#t`/`#f` or the integer 1/0.
+
+use redis_protocol::resp2::types::{OwnedFrame as Frame2, RangeFrame, Resp2Frame};
+use redis_protocol::resp3::types::{FrameMap, OwnedFrame as Frame3, Resp3Frame};
+
+/// Longest inline command line, in bytes (Redis's `PROTO_INLINE_MAX_SIZE`).
+pub const INLINE_BYTES_MAX: usize = 64 * 1024;
+/// Longest length header (`*N\r\n`, `$N\r\n`) accepted, in bytes: a 20-digit
+/// number, its sign, the type byte and CRLF fit.
+pub const HEADER_BYTES_MAX: usize = 24;
+/// Longest piece of a client's input quoted back in an error, in bytes.
+pub const QUOTE_BYTES_MAX: usize = 128;
+
+/// The limits a request is decoded under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireLimits {
+    /// Largest request (and so largest bulk string), in bytes.
+    pub request_bytes_max: usize,
+    /// Most elements in a request's array.
+    pub args_max: usize,
+}
+
+/// A request the decoder cannot make sense of, or one over a limit. The connection
+/// is answered this error and closed: the rest of its input cannot be framed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code} Protocol error: {message}")]
+pub struct ProtocolError {
+    /// The stable code (`protocol_error` or `request_too_large`).
+    pub code: &'static str,
+    /// What was wrong.
+    pub message: String,
+}
+
+/// The code of malformed input.
+pub const PROTOCOL_ERROR: &str = "protocol_error";
+/// The code of input over `resp.request_bytes_max` or `resp.args_max`.
+pub const REQUEST_TOO_LARGE: &str = "request_too_large";
+
+fn malformed(message: impl Into<String>) -> ProtocolError {
+    ProtocolError { code: PROTOCOL_ERROR, message: message.into() }
+}
+
+fn too_large(message: impl Into<String>) -> ProtocolError {
+    ProtocolError { code: REQUEST_TOO_LARGE, message: message.into() }
+}
+
+/// Up to [`QUOTE_BYTES_MAX`] bytes of client input, printable.
+pub fn quote(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(QUOTE_BYTES_MAX)];
+    String::from_utf8_lossy(cut).chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+/// Reads a length header line starting at `at` (just after its type byte):
+/// `Ok(None)` if its CRLF has not arrived, else the number and where it ends.
+fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let window = &buf[at..buf.len().min(at + HEADER_BYTES_MAX)];
+    let Some(cr) = window.iter().position(|&b| b == b'\r') else {
+        if window.len() >= HEADER_BYTES_MAX {
+            return Err(malformed(format!("invalid {what} length")));
+        }
+        return Ok(None);
+    };
+    let digits =
+        std::str::from_utf8(&window[..cr]).map_err(|_| malformed(format!("invalid {what} length")))?;
+    let n: i64 = digits
+        .parse()
+        .map_err(|_| malformed(format!("invalid {what} length '{}'", quote(digits.as_bytes()))))?;
+    match window.get(cr + 1) {
+        None => Ok(None),
+        Some(b'\n') => Ok(Some((n, at + cr + 2))),
+        Some(_) => Err(malformed(format!("invalid {what} length"))),
+    }
+}
+
+/// Walks the headers of the array request at the start of `buf` as far as they
+/// have arrived, refusing counts and lengths over the limits. `Ok` says nothing
+/// about completeness; the decoder decides that.
+pub fn check_limits(buf: &[u8], limits: &WireLimits) -> Result<(), ProtocolError> {
+    if buf.first() != Some(&b'*') {
+        return Ok(());
+    }
+    let Some((count, mut at)) = header(buf, 1, "multibulk")? else { return Ok(()) };
+    if count > 0 && count as u64 > limits.args_max as u64 {
+        return Err(too_large(format!(
+            "a command of {count} arguments; the limit is {} (resp.args_max)",
+            limits.args_max
+        )));
+    }
+    for _ in 0..count.max(0) {
+        let Some(&kind) = buf.get(at) else { return Ok(()) };
+        if kind != b'$' {
+            return Err(malformed(format!("expected '$', got '{}'", quote(&[kind]))));
+        }
+        let Some((len, body)) = header(buf, at + 1, "bulk")? else { return Ok(()) };
+        if len < 0 {
+            return Err(malformed("invalid bulk length"));
+        }
+        if len as u64 > limits.request_bytes_max as u64 {
+            return Err(too_large(format!(
+                "invalid bulk length: {len} bytes; the limit is {} (resp.request_bytes_max)",
+                limits.request_bytes_max
+            )));
+        }
+        at = body + len as usize + 2;
+        if at > buf.len() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// One request: its arguments (the command's name first; empty for a blank line
+/// or an empty array, which are skipped), and the bytes it took.
+pub type Request = (Vec<Vec<u8>>, usize);
+
+/// Takes the next complete request off the front of `buf`: `Ok(None)` if more
+/// bytes are needed.
+pub fn next_request(buf: &[u8], limits: &WireLimits) -> Result<Option<Request>, ProtocolError> {
+    let Some(&first) = buf.first() else { return Ok(None) };
+    if first != b'*' {
+        return inline(buf);
+    }
+    check_limits(buf, limits)?;
+    let decoded =
+        redis_protocol::resp2::decode::decode_range(buf).map_err(|e| malformed(e.details().to_string()))?;
+    let Some((frame, used)) = decoded else {
+        if buf.len() > limits.request_bytes_max {
+            return Err(too_large(format!(
+                "a request of more than {} bytes (resp.request_bytes_max)",
+                limits.request_bytes_max
+            )));
+        }
+        return Ok(None);
+    };
+    let args = match frame {
+        RangeFrame::Array(items) => items
+            .into_iter()
+            .map(|item| match item {
+                RangeFrame::BulkString((start, end)) => Ok(buf[start..end].to_vec()),
+                _ => Err(malformed("expected a bulk string")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        RangeFrame::Null => Vec::new(),
+        _ => return Err(malformed("expected an array of bulk strings")),
+    };
+    Ok(Some((args, used)))
+}
+
+/// An inline command: one line of words separated by spaces.
+fn inline(buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
+    let window = &buf[..buf.len().min(INLINE_BYTES_MAX)];
+    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+        if window.len() >= INLINE_BYTES_MAX {
+            return Err(too_large(format!("an inline request of more than {INLINE_BYTES_MAX} bytes")));
+        }
+        return Ok(None);
+    };
+    let line = &window[..nl];
+    let args =
+        line.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty()).map(<[u8]>::to_vec).collect();
+    Ok(Some((args, nl + 1)))
+}
+
+/// Which protocol replies are encoded in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    /// RESP2, every connection's start.
+    Resp2,
+    /// RESP3, after `HELLO 3`.
+    Resp3,
+}
+
+impl Proto {
+    /// The number `HELLO` names it by.
+    pub fn number(self) -> i64 {
+        match self {
+            Proto::Resp2 => 2,
+            Proto::Resp3 => 3,
+        }
+    }
+}
+
+/// A reply, independent of the protocol it is encoded in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A status (`+OK`).
+    Simple(String),
+    /// An error: its whole text, code first (`ERR invalid_name ...`).
+    Error(String),
+    /// An integer.
+    Int(i64),
+    /// An integer that may not fit 64 bits (totals are 128-bit): an integer when it
+    /// fits, else a RESP3 big number or, in RESP2, a bulk string of its digits.
+    Big(i128),
+    /// A bulk string.
+    Bulk(Vec<u8>),
+    /// No value.
+    Null,
+    /// A boolean.
+    Bool(bool),
+    /// A floating-point number (a bulk string in RESP2, as Redis does).
+    Double(f64),
+    /// An array.
+    Array(Vec<Reply>),
+    /// Keys and values, in order.
+    Map(Vec<(Reply, Reply)>),
+}
+
+impl Reply {
+    /// `+OK`.
+    pub fn ok() -> Self {
+        Reply::Simple("OK".into())
+    }
+
+    /// A bulk string of text.
+    pub fn text(s: impl Into<String>) -> Self {
+        Reply::Bulk(s.into().into_bytes())
+    }
+
+    /// A map whose keys are words.
+    pub fn map<const N: usize>(pairs: [(&str, Reply); N]) -> Self {
+        Reply::Map(pairs.into_iter().map(|(k, v)| (Reply::text(k), v)).collect())
+    }
+
+    /// An error with one of the public snake_case codes: `ERR code message`.
+    pub fn err(code: &str, message: impl std::fmt::Display) -> Self {
+        Reply::Error(format!("ERR {code} {message}"))
+    }
+
+    /// Whether this is an error.
+    pub fn is_error(&self) -> bool {
+        matches!(self, Reply::Error(_))
+    }
+}
+
+/// Status and error lines cannot carry line breaks.
+fn one_line(s: &str) -> String {
+    s.replace(['\r', '\n'], " ")
+}
+
+fn to_resp2(reply: &Reply) -> Frame2 {
+    match reply {
+        Reply::Simple(s) => Frame2::SimpleString(one_line(s).into_bytes()),
+        Reply::Error(s) => Frame2::Error(one_line(s)),
+        Reply::Int(n) => Frame2::Integer(*n),
+        Reply::Big(n) => match i64::try_from(*n) {
+            Ok(n) => Frame2::Integer(n),
+            Err(_) => Frame2::BulkString(n.to_string().into_bytes()),
+        },
+        Reply::Bulk(b) => Frame2::BulkString(b.clone()),
+        Reply::Null => Frame2::Null,
+        Reply::Bool(b) => Frame2::Integer(i64::from(*b)),
+        Reply::Double(d) => Frame2::BulkString(d.to_string().into_bytes()),
+        Reply::Array(items) => Frame2::Array(items.iter().map(to_resp2).collect()),
+        Reply::Map(pairs) => {
+            Frame2::Array(pairs.iter().flat_map(|(k, v)| [to_resp2(k), to_resp2(v)]).collect())
+        }
+    }
+}
+
+fn to_resp3(reply: &Reply) -> Frame3 {
+    match reply {
+        Reply::Simple(s) => Frame3::SimpleString { data: one_line(s).into_bytes(), attributes: None },
+        Reply::Error(s) => Frame3::SimpleError { data: one_line(s), attributes: None },
+        Reply::Int(n) => Frame3::Number { data: *n, attributes: None },
+        Reply::Big(n) => match i64::try_from(*n) {
+            Ok(n) => Frame3::Number { data: n, attributes: None },
+            Err(_) => Frame3::BigNumber { data: n.to_string().into_bytes(), attributes: None },
+        },
+        Reply::Bulk(b) => Frame3::BlobString { data: b.clone(), attributes: None },
+        Reply::Null => Frame3::Null,
+        Reply::Bool(b) => Frame3::Boolean { data: *b, attributes: None },
+        Reply::Double(d) => Frame3::Double { data: *d, attributes: None },
+        Reply::Array(items) => Frame3::Array { data: items.iter().map(to_resp3).collect(), attributes: None },
+        Reply::Map(pairs) => {
+            let mut data = FrameMap::with_capacity(pairs.len());
+            for (k, v) in pairs {
+                data.insert(to_resp3(k), to_resp3(v));
+            }
+            Frame3::Map { data, attributes: None }
+        }
+    }
+}
+
+/// Appends `reply`, encoded in `proto`, to `out`.
+pub fn encode(reply: &Reply, proto: Proto, out: &mut Vec<u8>) {
+    let start = out.len();
+    let written = match proto {
+        Proto::Resp2 => {
+            let frame = to_resp2(reply);
+            out.resize(start + frame.encode_len(false), 0);
+            redis_protocol::resp2::encode::encode(&mut out[start..], &frame, false)
+        }
+        Proto::Resp3 => {
+            let frame = to_resp3(reply);
+            out.resize(start + frame.encode_len(false), 0);
+            redis_protocol::resp3::encode::complete::encode(&mut out[start..], &frame, false)
+        }
+    };
+    match written {
+        Ok(n) => out.truncate(start + n),
+        Err(e) => {
+            // Every frame built above is encodable; should one not be, the client
+            // still gets exactly one reply.
+            out.truncate(start);
+            tracing::error!(error = %e, "cannot encode a reply");
+            out.extend_from_slice(b"-ERR internal cannot encode the reply\r\n");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: WireLimits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+
+    fn args(buf: &[u8]) -> Vec<Vec<u8>> {
+        next_request(buf, &LIMITS).expect("valid").expect("complete").0
+    }
+
+    #[test]
+    fn arrays_and_inline_commands_decode_and_pipelines_split() {
+        let pipeline = b"*2\r\n$4\r\nINCR\r\n$1\r\nk\r\n*1\r\n$4\r\nPING\r\nPING hi\r\n*1\r\n$3";
+        let (first, used) = next_request(pipeline, &LIMITS).expect("valid").expect("complete");
+        assert_eq!(first, vec![b"INCR".to_vec(), b"k".to_vec()]);
+        let rest = &pipeline[used..];
+        let (second, used2) = next_request(rest, &LIMITS).expect("valid").expect("complete");
+        assert_eq!(second, vec![b"PING".to_vec()]);
+        let rest = &rest[used2..];
+        let (third, used3) = next_request(rest, &LIMITS).expect("valid").expect("complete");
+        assert_eq!(third, vec![b"PING".to_vec(), b"hi".to_vec()]);
+        assert_eq!(next_request(&rest[used3..], &LIMITS), Ok(None), "a partial frame waits");
+        assert_eq!(args(b"\r\n"), Vec::<Vec<u8>>::new());
+    }
+
+    #[test]
+    fn oversized_headers_are_refused_before_their_bytes_arrive() {
+        let e = next_request(b"*1\r\n$1000000000\r\n", &LIMITS).expect_err("too large");
+        assert_eq!(e.code, REQUEST_TOO_LARGE);
+        assert!(e.message.contains("1000000000"), "{e}");
+        let e = next_request(b"*9\r\n", &LIMITS).expect_err("too many arguments");
+        assert_eq!(e.code, REQUEST_TOO_LARGE);
+        // Exactly at the limits passes.
+        assert_eq!(next_request(b"*8\r\n", &LIMITS), Ok(None));
+        assert_eq!(next_request(b"*1\r\n$1024\r\n", &LIMITS), Ok(None));
+    }
+
+    #[test]
+    fn garbage_is_a_protocol_error() {
+        for bad in [&b"*x\r\n"[..], b"*1\r\n:5\r\n", b"*1\r\n$-5\r\n", b"*99999999999999999999999999\r\n"] {
+            let e = next_request(bad, &LIMITS).expect_err("garbage");
+            assert_eq!(e.code, PROTOCOL_ERROR, "{bad:?}: {e}");
+        }
+        let long_inline = vec![b'a'; INLINE_BYTES_MAX];
+        assert_eq!(next_request(&long_inline, &LIMITS).expect_err("too long").code, REQUEST_TOO_LARGE);
+    }
+
+    #[test]
+    fn replies_encode_per_protocol() {
+        let enc = |r: &Reply, p| {
+            let mut out = Vec::new();
+            encode(r, p, &mut out);
+            String::from_utf8(out).expect("ascii")
+        };
+        let map = Reply::map([("value", Reply::Int(3)), ("complete", Reply::Bool(true))]);
+        assert_eq!(enc(&map, Proto::Resp2), "*4\r\n$5\r\nvalue\r\n:3\r\n$8\r\ncomplete\r\n:1\r\n");
+        assert_eq!(enc(&map, Proto::Resp3), "%2\r\n$5\r\nvalue\r\n:3\r\n$8\r\ncomplete\r\n#t\r\n");
+        assert_eq!(enc(&Reply::Null, Proto::Resp2), "$-1\r\n");
+        assert_eq!(enc(&Reply::Null, Proto::Resp3), "_\r\n");
+        let big = i128::from(i64::MAX) + 1;
+        assert_eq!(enc(&Reply::Big(big), Proto::Resp2), "$19\r\n9223372036854775808\r\n");
+        assert_eq!(enc(&Reply::Big(big), Proto::Resp3), "(9223372036854775808\r\n");
+        assert_eq!(enc(&Reply::Big(-4), Proto::Resp3), ":-4\r\n");
+        assert_eq!(enc(&Reply::Error("ERR a\r\nb".into()), Proto::Resp2), "-ERR a  b\r\n");
+    }
+}

@@ -1,0 +1,122 @@
+//! t50: the RESP front end over a node on the in-memory store, through a real
+//! socket: a pipeline sent in one write is answered in order in one read (an
+//! increment run before a read is seen by it), `HELLO 3` switches the encoding of
+//! every later reply, `QUIT` answers and closes, and input over the limits is
+//! refused as soon as its header arrives.
+
+mod common;
+
+use std::time::Duration;
+use tally_server::resp;
+use tally_server::{HttpConfig, RespConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How long one exchange may take.
+const EXCHANGE_TIMEOUT_MS: u64 = 5_000;
+
+fn cmd(args: &[&str]) -> String {
+    let mut s = format!("*{}\r\n", args.len());
+    for a in args {
+        s += &format!("${}\r\n{a}\r\n", a.len());
+    }
+    s
+}
+
+/// Starts the RESP front end on a free port; the sender stops it.
+async fn start(limits: RespConfig) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    let node = common::mem_node(&HttpConfig::default()).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = rx.await;
+        };
+        let _ =
+            resp::serve(listener, node, &limits, Duration::from_secs(5), Duration::from_secs(5), stop).await;
+    });
+    (port, tx)
+}
+
+/// Writes `input` at once and reads until `expect` bytes came or the node closed.
+async fn exchange(s: &mut TcpStream, input: &str, expect: usize) -> String {
+    s.write_all(input.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let read = async {
+        while got.len() < expect {
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_millis(EXCHANGE_TIMEOUT_MS), read).await.expect("answered in time");
+    String::from_utf8(got).expect("ascii")
+}
+
+#[tokio::test]
+async fn a_pipeline_is_answered_in_order_and_reads_see_earlier_increments() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut input = cmd(&["TALLY.CREATE", "p", "DURABILITY", "sync", "SHARDS", "4"]);
+    for _ in 0..10 {
+        input += &cmd(&["INCRBY", "p", "5"]);
+    }
+    input += &cmd(&["GET", "p"]);
+    input += &cmd(&["TALLY.INCRBY", "p", "1", "ID", "e1"]);
+    input += &cmd(&["TALLY.INCRBY", "p", "1", "ID", "e1"]);
+    input += &cmd(&["GET", "nope"]);
+    input += &cmd(&["NOPE"]);
+    input += "PING\r\n";
+    let expected_tail = ":50\r\n+applied\r\n+duplicate\r\n$-1\r\n-ERR unknown command 'NOPE', with args beginning with: \r\n+PONG\r\n";
+    let answer = exchange(&mut s, &input, 1).await;
+    let mut answer = answer;
+    while !answer.ends_with("+PONG\r\n") {
+        answer += &exchange(&mut s, "", 1).await;
+    }
+    let lines: Vec<&str> = answer.split("\r\n").collect();
+    assert_eq!(lines[0], "+created");
+    // Ten concurrent sync increments: each answers a total that includes itself.
+    let totals: Vec<i64> = lines[1..11].iter().map(|l| l[1..].parse().expect("an integer")).collect();
+    assert!(totals.iter().all(|t| (5..=50).contains(t) && t % 5 == 0), "{totals:?}");
+    assert_eq!(totals.iter().max(), Some(&50), "the last increment's total includes all: {totals:?}");
+    assert!(answer.ends_with(expected_tail), "{answer:?}");
+}
+
+#[tokio::test]
+async fn hello_3_switches_replies_to_resp3_and_quit_closes() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let two = exchange(&mut s, &cmd(&["TALLY.GET", "nope"]), 1).await;
+    assert!(two.starts_with("-ERR counter_not_found"), "{two:?}");
+    let hello = exchange(&mut s, &cmd(&["HELLO", "3", "SETNAME", "t50"]), 1).await;
+    assert!(hello.starts_with("%7\r\n$6\r\nserver\r\n$5\r\ntally\r\n"), "{hello:?}");
+    assert!(hello.contains("$5\r\nproto\r\n:3\r\n"), "{hello:?}");
+    assert_eq!(exchange(&mut s, &cmd(&["CLIENT", "GETNAME"]), 1).await, "$3\r\nt50\r\n");
+    assert_eq!(exchange(&mut s, &cmd(&["GET", "nope"]), 1).await, "_\r\n", "RESP3 null");
+    let no = exchange(&mut s, &cmd(&["HELLO", "4"]), 1).await;
+    assert!(no.starts_with("-NOPROTO"), "{no:?}");
+    let quit = exchange(&mut s, &cmd(&["QUIT"]), 1).await;
+    assert_eq!(quit, "+OK\r\n");
+    let after = exchange(&mut s, "", 1).await;
+    assert_eq!(after, "", "closed after QUIT");
+}
+
+#[tokio::test]
+async fn over_limit_headers_are_refused_at_once_and_close_the_connection() {
+    let limits = RespConfig { request_bytes_max: 4096, args_max: 4, ..RespConfig::default() };
+    let (port, _stop) = start(limits).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let answer = exchange(&mut s, "*2\r\n$4\r\nECHO\r\n$4097\r\n", 1 << 20).await;
+    assert!(answer.starts_with("-ERR request_too_large"), "{answer:?}");
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let answer = exchange(&mut s, "*5\r\n", 1 << 20).await;
+    assert!(answer.starts_with("-ERR request_too_large") && answer.contains("resp.args_max"), "{answer:?}");
+    // A command at the limits is served.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let body = "x".repeat(4000);
+    let answer = exchange(&mut s, &cmd(&["ECHO", &body]), 4000).await;
+    assert_eq!(answer, format!("$4000\r\n{body}\r\n"));
+}

@@ -1,0 +1,281 @@
+//! t15: the Redis protocol with real clients. A real `tallyd` is driven by
+//! `redis-cli` (one command per call, `--pipe` for a pipeline of 1,000 `INCRBY`,
+//! `-3` for RESP3) and by the Python `redis` package (a pipeline, idempotent
+//! `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the errors of bad input); totals must
+//! be exact. Then raw sockets check what no client library sends: a RESP3 session
+//! after `HELLO 3`, garbage and a 1 GB bulk length (each answered with an error and
+//! its connection closed), and the connection limit — and the node still serves
+//! everyone else with its data intact.
+
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tally_tests::{in_ci, require_tool, TestCluster};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The node's RESP connection limit, small so the test can reach it.
+const CONNECTIONS_MAX: usize = 16;
+/// Increments sent through `redis-cli --pipe`.
+const PIPE_INCREMENTS: usize = 1000;
+/// How long a raw exchange may take.
+const EXCHANGE_TIMEOUT_MS: u64 = 10_000;
+
+/// `redis-cli -p PORT ARGS...`: its standard output, trimmed; fails if it fails.
+fn cli(port: u16, args: &[&str]) -> Result<String> {
+    let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).output()?;
+    if !out.status.success() {
+        bail!("redis-cli {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The RESP encoding of one command.
+fn resp(args: &[&str]) -> String {
+    let mut s = format!("*{}\r\n", args.len());
+    for a in args {
+        s += &format!("${}\r\n{a}\r\n", a.len());
+    }
+    s
+}
+
+/// Sends `bytes` on a fresh connection and reads until the reply holds `expect`
+/// (or the connection closes): (what was read, whether the node closed it).
+async fn exchange(port: u16, bytes: &[u8], expect: &str) -> Result<(String, bool)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(bytes).await?;
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_millis(EXCHANGE_TIMEOUT_MS);
+    let mut closed = false;
+    while !String::from_utf8_lossy(&got).contains(expect) || !closed {
+        let mut chunk = [0u8; 4096];
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                closed = true;
+                break;
+            }
+            Ok(Ok(n)) => got.extend_from_slice(&chunk[..n]),
+            Err(_) => break,
+        }
+        if String::from_utf8_lossy(&got).contains(expect) && !expect.is_empty() {
+            // Give the node a moment to close, if it is going to.
+            match tokio::time::timeout(Duration::from_millis(500), s.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => closed = true,
+                Ok(Ok(n)) => got.extend_from_slice(&chunk[..n]),
+                Err(_) => {}
+            }
+            break;
+        }
+    }
+    Ok((String::from_utf8_lossy(&got).into_owned(), closed))
+}
+
+/// A Python that imports the `redis` package: Debian's (where `python3-redis`
+/// installs it) before whatever `python3` is first on `PATH`. In CI there must be one.
+fn python_redis() -> Result<Option<&'static str>> {
+    for python in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(python)
+            .args(["-c", "import redis"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(Some(python));
+        }
+    }
+    if in_ci() {
+        bail!(
+            "the Python redis package is missing and CI is set: apt-get install python3-redis (.ci/run does)"
+        );
+    }
+    eprintln!("SKIPPED: the Python redis package is missing (apt-get install python3-redis)");
+    Ok(None)
+}
+
+/// The Python client's part: every check is an `assert`, so a wrong answer fails
+/// the script with its traceback.
+const PYTHON: &str = r#"
+import sys, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+assert r.ping()
+
+# A pipeline of 500 INCRBY on a batched counter: every reply an integer, exact total.
+p = r.pipeline(transaction=False)
+for _ in range(500):
+    p.incrby("views:1", 3)
+replies = p.execute()
+assert len(replies) == 500 and all(isinstance(x, int) for x in replies), replies[:5]
+got = r.execute_command("TALLY.GET", "views:1", "FRESH")
+fields = dict(zip(got[::2], got[1::2]))
+assert fields[b"value"] == 1500 and fields[b"complete"] == 1, fields
+
+# Idempotent increments: the retry of an event id is a duplicate.
+assert r.execute_command("TALLY.CREATE", "credits:7", "DURABILITY", "sync", "SHARDS", "4") == b"created"
+assert r.execute_command("TALLY.INCRBY", "credits:7", "500", "ID", "purchase-1", "WRITER", "w1") == b"applied"
+for _ in range(3):
+    assert r.execute_command("TALLY.INCRBY", "credits:7", "500", "ID", "purchase-1") == b"duplicate"
+assert r.incrby("credits:7", 1) == 501, "INCR on a sync counter answers the fresh total"
+assert r.get("credits:7") is not None
+
+# Distinct members.
+assert r.pfadd("uniq:1", *["u%d" % i for i in range(1000)]) == 1
+assert r.pfadd("uniq:1", "u1") == 0
+n = r.pfcount("uniq:1")
+assert abs(n - 1000) <= 30, n
+assert r.pfcount("never:seen") == 0
+
+# Unknown keys, EXISTS and DEL.
+assert r.get("never:seen") is None
+assert r.mget("views:1", "never:seen")[1] is None
+assert r.exists("views:1", "never:seen") == 1
+assert r.delete("uniq:1", "never:seen") == 1
+
+# Bad input gets the HTTP error codes.
+def refused(code, f, *args):
+    try:
+        f(*args)
+    except redis.ResponseError as e:
+        assert code in str(e), (code, str(e))
+    else:
+        raise AssertionError("expected %s from %s%r" % (code, f.__name__, args))
+
+refused("invalid_name", r.incrby, "bad name", 1)
+refused("invalid_name", r.get, "x" * 300)
+refused("invalid_delta", r.incrby, "views:1", "abc")
+refused("invalid_delta", r.incrby, "views:1", 0)
+refused("out_of_range", r.incrby, "views:1", "9223372036854775808")
+refused("invalid_spec", r.execute_command, "TALLY.CREATE", "c:2", "SHARDS", "5000")
+refused("counter_not_found", r.execute_command, "TALLY.GET", "never:seen")
+refused("event_id_conflict", r.execute_command, "TALLY.INCRBY", "credits:7", "7", "ID", "purchase-1")
+assert r.execute_command("TALLY.CREATE", "big:1", "SHARDS", "1", "DURABILITY", "sync") == b"created"
+assert r.incrby("big:1", 8000000000000000000) == 8000000000000000000
+refused("overflow", r.incrby, "big:1", 8000000000000000000)
+refused("overflow", r.incrby, "big:1", 9223372036854775807)
+refused("unknown command", r.execute_command, "NOSUCH", "a")
+refused("wrong number of arguments", r.execute_command, "INCR")
+print("python ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_redis_clients_drive_a_node() -> Result<()> {
+    if require_tool("redis-cli", "apt-get install redis-tools")?.is_none() {
+        return Ok(());
+    }
+    let c =
+        TestCluster::start_configured(1, &[], &format!("\n[resp]\nconnections_max = {CONNECTIONS_MAX}\n"))
+            .await?;
+    let port = c.node(1).ports.resp;
+
+    eprintln!("phase: redis-cli, one command per call");
+    assert_eq!(cli(port, &["PING"])?, "PONG");
+    assert_eq!(cli(port, &["ECHO", "hi"])?, "hi");
+    assert_eq!(cli(port, &["SELECT", "0"])?, "OK");
+    assert!(cli(port, &["SELECT", "1"])?.contains("DB index is out of range"));
+    assert!(cli(port, &["AUTH", "pw"])?.contains("without any password configured"));
+    assert_eq!(cli(port, &["TALLY.CREATE", "likes:1", "SHARDS", "8", "DURABILITY", "sync"])?, "created");
+    assert_eq!(cli(port, &["TALLY.CREATE", "likes:1", "SHARDS", "8"])?, "updated");
+    assert_eq!(cli(port, &["INCR", "likes:1"])?, "1");
+    assert_eq!(cli(port, &["DECRBY", "likes:1", "1"])?, "0");
+    assert!(cli(port, &["INFO", "server"])?.contains("node_id:node1"));
+    let count: usize = cli(port, &["COMMAND", "COUNT"])?.parse()?;
+    assert!(count >= 20, "{count}");
+
+    eprintln!("phase: redis-cli --pipe, {PIPE_INCREMENTS} INCRBY in one stream");
+    let mut pipe = String::new();
+    for _ in 0..PIPE_INCREMENTS {
+        pipe += &resp(&["INCRBY", "likes:1", "2"]);
+    }
+    let mut child = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "--pipe"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child.stdin.take().context("stdin")?.write_all(pipe.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("errors: 0, replies: {PIPE_INCREMENTS}")), "{text}");
+    let fresh = cli(port, &["TALLY.GET", "likes:1", "FRESH"])?;
+    let lines: Vec<&str> = fresh.lines().collect();
+    assert_eq!(&lines[..2], &["value", &(2 * PIPE_INCREMENTS).to_string()], "{fresh}");
+    assert_eq!(
+        cli(port, &["GET", "likes:1"])?,
+        (2 * PIPE_INCREMENTS).to_string(),
+        "sync INCR totals are exact"
+    );
+
+    eprintln!("phase: redis-cli -3, a RESP3 session");
+    let hello = cli(port, &["-3", "HELLO", "3"])?;
+    assert!(hello.contains("proto") && hello.contains('3') && hello.contains("tally"), "{hello}");
+    let (raw3, _) = exchange(
+        port,
+        format!("{}{}", resp(&["HELLO", "3"]), resp(&["TALLY.GET", "likes:1", "FRESH"])).as_bytes(),
+        "missing_shards",
+    )
+    .await?;
+    assert!(raw3.starts_with("%7\r\n"), "HELLO 3 answers a map of seven: {raw3:?}");
+    assert!(raw3.contains("%6\r\n$5\r\nvalue\r\n:2000\r\n"), "TALLY.GET answers a RESP3 map: {raw3:?}");
+    assert!(raw3.contains("$8\r\ncomplete\r\n#t\r\n"), "booleans are RESP3 booleans: {raw3:?}");
+
+    if let Some(python) = python_redis()? {
+        eprintln!("phase: Python redis");
+        let out = Command::new(python).args(["-c", PYTHON, &port.to_string()]).output()?;
+        assert!(
+            out.status.success(),
+            "python: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    eprintln!("phase: garbage and a 1 GB bulk length get errors and a closed connection");
+    let (answer, closed) = exchange(port, b"*abc\r\n", "\r\n").await?;
+    assert!(answer.starts_with("-ERR protocol_error"), "{answer:?}");
+    assert!(closed, "a connection that sent garbage is closed");
+    let (answer, closed) = exchange(port, b"*2\r\n$4\r\nECHO\r\n$1000000000\r\n", "\r\n").await?;
+    assert!(answer.starts_with("-ERR request_too_large"), "{answer:?}");
+    assert!(answer.contains("1000000000"), "{answer:?}");
+    assert!(closed, "a connection that announced 1 GB is closed");
+    let (answer, _) = exchange(port, &[0x00, 0xff, 0x13, b'\n'], "\r\n").await?;
+    assert!(
+        answer.starts_with("-ERR unknown command"),
+        "an inline line of bytes is an unknown command: {answer:?}"
+    );
+
+    eprintln!("phase: the node still serves, data intact");
+    assert_eq!(cli(port, &["PING"])?, "PONG");
+    assert_eq!(c.value(1, "likes:1").await?, 2 * PIPE_INCREMENTS as i64);
+
+    eprintln!("phase: connection limit of {CONNECTIONS_MAX}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cli(port, &["INFO", "clients"])?.lines().any(|l| l.trim() == "connected_clients:1") {
+        if Instant::now() > deadline {
+            bail!("earlier connections still counted: {}", cli(port, &["INFO", "clients"])?);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut held = Vec::new();
+    for _ in 0..CONNECTIONS_MAX {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(b"PING\r\n").await?;
+        let mut pong = [0u8; 7];
+        s.read_exact(&mut pong).await?;
+        assert_eq!(&pong, b"+PONG\r\n");
+        held.push(s);
+    }
+    let (answer, closed) = exchange(port, b"PING\r\n", "\r\n").await?;
+    assert_eq!(answer, "-ERR max number of clients reached\r\n");
+    assert!(closed);
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match cli(port, &["PING"]) {
+            Ok(p) if p == "PONG" => break,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            other => bail!("the node does not serve after the limit was released: {other:?}"),
+        }
+    }
+    Ok(())
+}
