@@ -3,8 +3,9 @@
 //!
 //! # Layout
 //!
-//! * [`cli`] — the command line (clap): global `--node`, `--json`, `--timeout-ms`
-//!   and one subcommand per endpoint, plus `load`.
+//! * [`cli`] — the command line (clap): global `--node`, `--token` (or
+//!   `TALLY_TOKEN`), `--json`, `--timeout-ms` and one subcommand per endpoint, plus
+//!   `load` and `token new` (a random token and its `[[tokens]]` entry, offline).
 //! * [`client`] — the HTTP client and [`CliError`], the one error every command
 //!   reports: the server's code and message, or a client-side code such as
 //!   `unreachable` or `client_timeout`.

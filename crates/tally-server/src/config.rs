@@ -1064,6 +1064,17 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_tokens_example_is_valid() {
+        let example = include_str!("../../../cluster-config/tokens.toml.example");
+        let c = Config::from_toml(&format!("{GOOD}\n{example}")).expect("the example is valid");
+        let names: Vec<&str> = c.tokens.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["ops", "dashboards", "ingest"]);
+        let mut exposed_node = c.clone();
+        exposed(&mut exposed_node, "http", "0.0.0.0:7070");
+        assert_eq!(exposed_node.check_exposure(), Ok(()));
+    }
+
+    #[test]
     fn loopback_nodes_may_run_open_with_the_dev_secret() {
         let mut c = good();
         c.cluster.secret = DEV_SECRET.into();
