@@ -82,9 +82,24 @@ fn sample(metrics: &str, series: &str) -> Option<u64> {
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// A token made by `tally token new --json`: (token, its `[[tokens]]` entry).
+fn cli_token(name: &str, scopes: &str) -> Result<(String, String)> {
+    let out = Command::new(tally_cli()?)
+        .args(["--json", "token", "new", "--name", name, "--scopes", scopes])
+        .output()?;
+    if !out.status.success() {
+        bail!("tally token new: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    let (token, lines) = (v["token"].as_str().unwrap_or(""), v["config"].as_str().unwrap_or(""));
+    assert!(token.starts_with("tly_") && lines.contains("sha256:") && !lines.contains(token), "{v}");
+    Ok((token.to_string(), lines.to_string()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_guard_the_api_and_admin_operations_are_audited() -> Result<()> {
-    let c = TestCluster::start_secured(2, &[2], &token_config(), OPS).await?;
+    let (made, made_lines) = cli_token("made-by-cli", "read")?;
+    let c = TestCluster::start_secured(2, &[2], &format!("{}\n{made_lines}", token_config()), OPS).await?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(15)).build()?;
     let base = c.node(1).url();
     let url = |path: &str| format!("{base}{path}");
@@ -289,7 +304,7 @@ async fn tokens_guard_the_api_and_admin_operations_are_audited() -> Result<()> {
     ] {
         assert!(has(needles), "no audit line with {needles:?} in:\n{}", audit.join("\n"));
     }
-    for token in [OPS, READER, INGEST, LIKES_ADMIN, WRONG] {
+    for token in [OPS, READER, INGEST, LIKES_ADMIN, WRONG, made.as_str()] {
         assert!(!log.contains(token), "the log holds a token");
     }
     Ok(())
