@@ -139,6 +139,24 @@ paths = {
      "200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}}, tag="operations")},
 }
 
+# Client tokens (`[[tokens]]` in the node config): every route but the open ones
+# takes `Authorization: Bearer TOKEN` and may answer 401 or 403. A node without
+# tokens is open and never answers either.
+E401 = {**err("No token, a malformed Authorization header, or a token this node does not accept "
+               "(the answer carries WWW-Authenticate: Bearer realm=\"tally\")."),
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer realm=\"tally\", with error=\"invalid_token\" for a wrong token."}}}
+E403 = err("The token's scopes or counter prefixes do not allow this.")
+OPEN = {"/v1/openapi.json", "/healthz", "/ui"}
+for path, ops in paths.items():
+    for o in ops.values():
+        if path in OPEN:
+            o["security"] = []
+        else:
+            o["responses"]["401"] = E401
+            o["responses"]["403"] = E403
+paths["/metrics"]["get"]["description"] = ("Needs a read token without counter prefixes on a node with tokens, "
+                                          "unless http.metrics_public is set.")
+
 doc = {
  "openapi": "3.1.0",
  "info": {"title": "Tally", "version": "0.1.0", "summary": "A distributed counter service: sharded, batched, durable counters over HTTP/JSON.",
@@ -146,7 +164,9 @@ doc = {
  "servers": [{"url": "http://127.0.0.1:7070", "description": "the built-in single-node config"}],
  "tags": [{"name": "counters"}, {"name": "cluster"}, {"name": "operations"}],
  "paths": paths,
- "components": {"schemas": schemas},
+ "security": [{"bearer": []}],
+ "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+     "description": "A client token declared in the node's [[tokens]] (tally token new); scopes read, write, admin; optional counter-name prefixes. Not needed on a node without tokens."}}},
 }
 out = pathlib.Path(__file__).resolve().parent.parent / "crates/tally-server/openapi.json"
 out.write_text(json.dumps(doc, indent=1) + "\n")

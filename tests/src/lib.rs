@@ -41,7 +41,8 @@ pub fn tallyd() -> Result<PathBuf> {
     Ok(candidate)
 }
 
-fn free_port() -> u16 {
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -161,6 +162,9 @@ pub struct TestCluster {
     dir: tempfile::TempDir,
     nodes: Vec<Node>,
     http: reqwest::Client,
+    /// The token the fixture's own requests carry (`Authorization: Bearer`), for
+    /// nodes that declare `[[tokens]]`.
+    token: Option<String>,
 }
 
 fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize], extra: &str) -> String {
@@ -207,9 +211,23 @@ impl TestCluster {
         Ok(cluster)
     }
 
+    /// Like [`TestCluster::start_configured`] for nodes that declare tokens in
+    /// `extra`: the fixture's own requests (`get`, `send`, the waits) carry
+    /// `token`, which should have the `admin` scope and no prefixes.
+    pub async fn start_secured(n: usize, spares: &[usize], extra: &str, token: &str) -> Result<Self> {
+        let cluster = Self::start_inner(n, spares, extra, Some(token.to_string())).await?;
+        cluster.wait_leader().await?;
+        cluster.wait_connected().await?;
+        Ok(cluster)
+    }
+
     /// Starts `n` nodes and waits only until every one answers `/healthz` with 200,
     /// as a load balancer would: `/healthz` alone must mean ready to serve.
     pub async fn start_until_healthy(n: usize, spares: &[usize], extra: &str) -> Result<Self> {
+        Self::start_inner(n, spares, extra, None).await
+    }
+
+    async fn start_inner(n: usize, spares: &[usize], extra: &str, token: Option<String>) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ports: Vec<Ports> = (0..n)
             .map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port(), resp: free_port() })
@@ -230,7 +248,7 @@ impl TestCluster {
             });
         }
         let http = reqwest::Client::builder().timeout(Duration::from_millis(REQUEST_TIMEOUT_MS)).build()?;
-        let cluster = Self { dir, nodes, http };
+        let cluster = Self { dir, nodes, http, token };
         for node in &cluster.nodes {
             node.spawn(cluster.dir.path())?;
         }
@@ -341,7 +359,7 @@ impl TestCluster {
 
     /// GET on node `i`; the JSON body of a 2xx answer.
     pub async fn get(&self, i: usize, path: &str) -> Result<Value> {
-        let r = self.http.get(format!("{}{path}", self.node(i).url())).send().await?;
+        let r = self.authorized(self.http.get(format!("{}{path}", self.node(i).url()))).send().await?;
         let status = r.status();
         let body: Value = r.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
@@ -353,7 +371,8 @@ impl TestCluster {
     /// A request with a JSON body on node `i`; (status, body).
     pub async fn send(&self, i: usize, method: &str, path: &str, body: Value) -> Result<(u16, Value)> {
         let method = reqwest::Method::from_bytes(method.as_bytes())?;
-        let r = self.http.request(method, format!("{}{path}", self.node(i).url())).json(&body).send().await?;
+        let r = self.http.request(method, format!("{}{path}", self.node(i).url())).json(&body);
+        let r = self.authorized(r).send().await?;
         let status = r.status().as_u16();
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
@@ -384,6 +403,19 @@ impl TestCluster {
             bail!("incomplete read on node{i}: {v}");
         }
         v["value"].as_i64().ok_or_else(|| anyhow!("no value in {v}"))
+    }
+
+    /// `request` with the fixture's token, if it has one.
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
+    }
+
+    /// Node `i`'s configuration file.
+    pub fn config_path(&self, i: usize) -> &Path {
+        &self.node(i).config
     }
 
     /// The test's data directory (logs, configs).

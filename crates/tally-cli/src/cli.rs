@@ -8,6 +8,9 @@ use std::time::Duration;
 pub const NODE_DEFAULT: &str = "http://127.0.0.1:7070";
 /// The environment variable that names the node when `--node` is absent.
 pub const NODE_ENV: &str = "TALLY_NODE";
+/// The environment variable that holds the client token when `--token` is absent
+/// (safer than the flag, which other users of the machine can see in `ps`).
+pub const TOKEN_ENV: &str = "TALLY_TOKEN";
 /// Default per-request timeout, in milliseconds.
 pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest per-request timeout accepted, in milliseconds (10 minutes).
@@ -68,6 +71,9 @@ pub struct Cli {
     /// Print the server's JSON (one object per command) instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// The client token sent as `Authorization: Bearer TOKEN` [env: TALLY_TOKEN]
+    #[arg(long, global = true, value_name = "TOKEN")]
+    pub token: Option<String>,
     /// Per-request timeout, in milliseconds.
     #[arg(
         long,
@@ -89,6 +95,15 @@ impl Cli {
             .clone()
             .or_else(|| std::env::var(NODE_ENV).ok().filter(|v| !v.trim().is_empty()))
             .unwrap_or_else(|| NODE_DEFAULT.to_string())
+    }
+
+    /// The token to send: `--token`, else `TALLY_TOKEN`, else none.
+    pub fn token_arg(&self) -> Option<String> {
+        self.token
+            .clone()
+            .or_else(|| std::env::var(TOKEN_ENV).ok())
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
     }
 
     /// The per-request timeout.
@@ -170,6 +185,52 @@ pub enum Command {
     },
     /// Drive concurrent writers at a counter for a while and report rate and latency.
     Load(LoadArgs),
+    /// Make client tokens (talks to no node).
+    Token {
+        /// What to do.
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+}
+
+/// `tally token ...`.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum TokenAction {
+    /// Print a new random token and the `[[tokens]]` entry (with its hash, never the
+    /// token) to add to the config of every node that should accept it.
+    New {
+        /// The token's name: what logs and the audit trail show.
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// What it may do: read, write, admin (admin implies the others).
+        #[arg(long, value_name = "SCOPE,...", value_delimiter = ',', num_args = 1.., required = true)]
+        scopes: Vec<ScopeArg>,
+        /// Limit it to counters whose names start with this (repeatable).
+        #[arg(long = "prefix", value_name = "PREFIX")]
+        prefixes: Vec<String>,
+    },
+}
+
+/// A token scope on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScopeArg {
+    /// Read values, specs, listings, the cluster view.
+    Read,
+    /// Increment counters.
+    Write,
+    /// Change specs, delete, reconcile, change the cluster.
+    Admin,
+}
+
+impl ScopeArg {
+    /// The scope it names.
+    pub fn scope(self) -> tally_auth::Scope {
+        match self {
+            Self::Read => tally_auth::Scope::Read,
+            Self::Write => tally_auth::Scope::Write,
+            Self::Admin => tally_auth::Scope::Admin,
+        }
+    }
 }
 
 /// When an increment is acknowledged.
@@ -365,6 +426,37 @@ mod tests {
             if id == "node2"));
         let cli = Cli::try_parse_from(["tally", "cluster"]).unwrap();
         assert!(matches!(cli.command, Command::Cluster { change: None }));
+    }
+
+    #[test]
+    fn token_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "tally",
+            "token",
+            "new",
+            "--name",
+            "ingest",
+            "--scopes",
+            "write,read",
+            "--prefix",
+            "likes:",
+            "--prefix",
+            "views:",
+        ])
+        .expect("parses");
+        let Command::Token { action: TokenAction::New { name, scopes, prefixes } } = cli.command else {
+            panic!("not token new")
+        };
+        assert_eq!(name, "ingest");
+        assert_eq!(scopes, vec![ScopeArg::Write, ScopeArg::Read]);
+        assert_eq!(prefixes, vec!["likes:".to_string(), "views:".to_string()]);
+        assert!(
+            Cli::try_parse_from(["tally", "token", "new", "--name", "x"]).is_err(),
+            "scopes are required"
+        );
+        assert!(Cli::try_parse_from(["tally", "token", "new", "--name", "x", "--scopes", "root"]).is_err());
+        let cli = Cli::try_parse_from(["tally", "--token", "tly_abc", "get", "x"]).expect("parses");
+        assert_eq!(cli.token_arg().as_deref(), Some("tly_abc"));
     }
 
     #[test]

@@ -207,6 +207,8 @@ pub struct Client {
     http: reqwest::Client,
     base: Url,
     timeout: Duration,
+    /// The client token, sent as `Authorization: Bearer TOKEN` with every request.
+    token: Option<std::sync::Arc<str>>,
 }
 
 impl Client {
@@ -227,7 +229,13 @@ impl Client {
             .pool_idle_timeout(Duration::from_millis(POOL_IDLE_MS))
             .build()
             .map_err(|e| CliError::Transport { code: codes::TRANSPORT, message: chain(&e) })?;
-        Ok(Self { http, base, timeout })
+        Ok(Self { http, base, timeout, token: None })
+    }
+
+    /// The same client, sending `token` (if any) with every request.
+    pub fn with_token(mut self, token: Option<&str>) -> Self {
+        self.token = token.map(Into::into);
+        self
     }
 
     /// The node's base URL.
@@ -278,6 +286,9 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<Answer, CliError> {
         let mut request = self.http.request(method, url.clone());
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
         if let Some(bytes) = body {
             request = request.header(CONTENT_TYPE, "application/json").body(bytes);
         }

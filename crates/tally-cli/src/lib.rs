@@ -3,8 +3,9 @@
 //!
 //! # Layout
 //!
-//! * [`cli`] — the command line (clap): global `--node`, `--json`, `--timeout-ms`
-//!   and one subcommand per endpoint, plus `load`.
+//! * [`cli`] — the command line (clap): global `--node`, `--token` (or
+//!   `TALLY_TOKEN`), `--json`, `--timeout-ms` and one subcommand per endpoint, plus
+//!   `load` and `token new` (a random token and its `[[tokens]]` entry, offline).
 //! * [`client`] — the HTTP client and [`CliError`], the one error every command
 //!   reports: the server's code and message, or a client-side code such as
 //!   `unreachable` or `client_timeout`.
@@ -30,7 +31,7 @@ pub mod ops;
 pub mod render;
 pub mod wire;
 
-use cli::{Cli, Command, CreateArgs, IncrArgs, LoadArgs, MembershipChange, LOAD_NODES_MAX};
+use cli::{Cli, Command, CreateArgs, IncrArgs, LoadArgs, MembershipChange, TokenAction, LOAD_NODES_MAX};
 pub use client::CliError;
 use client::{codes, parse_node, Client};
 use reqwest::Method;
@@ -93,7 +94,10 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     if let Command::Load(args) = &cli.command {
         return run_load(cli, args, out).await;
     }
-    let client = Client::new(parse_node(&cli.node_arg())?, timeout)?;
+    if let Command::Token { action } = &cli.command {
+        return token(action, out);
+    }
+    let client = Client::new(parse_node(&cli.node_arg())?, timeout)?.with_token(cli.token_arg().as_deref());
     match &cli.command {
         Command::Create(args) => create(&client, args, out).await,
         Command::Get { name, fresh } => {
@@ -167,8 +171,28 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             out.printed = true;
             ops::top(&client, *count, *iterations, &mut std::io::stdout()).await
         }
-        Command::Load(_) => unreachable!("handled above"),
+        Command::Load(_) | Command::Token { .. } => unreachable!("handled above"),
     }
+}
+
+/// `tally token new`: a new random token and the config entry that declares it.
+fn token(action: &TokenAction, out: &mut Output) -> Result<(), CliError> {
+    let TokenAction::New { name, scopes, prefixes } = action;
+    let scopes: Vec<tally_auth::Scope> = scopes.iter().map(|s| s.scope()).collect();
+    let token = tally_auth::new_token().map_err(|e| CliError::Load {
+        code: codes::INTERNAL,
+        message: format!("the operating system's random generator failed: {e}"),
+    })?;
+    let lines = tally_auth::config_lines(&token, name, &scopes, prefixes)
+        .map_err(|e| CliError::Usage { code: codes::INVALID_REQUEST, message: e.to_string() })?;
+    let json = serde_json::json!({ "name": name, "token": token, "config": lines }).to_string();
+    out.show(&json, || {
+        format!(
+            "token (shown once: hand it to the client, e.g. as TALLY_TOKEN; it is stored nowhere):\n\
+             {token}\n\n# add to the config of every node that should accept it:\n{lines}"
+        )
+    });
+    Ok(())
 }
 
 async fn create(client: &Client, args: &CreateArgs, out: &mut Output) -> Result<(), CliError> {
@@ -236,6 +260,7 @@ async fn run_load(cli: &Cli, args: &LoadArgs, out: &mut Output) -> Result<(), Cl
         create,
         verify: args.verify,
         progress: !args.no_progress,
+        token: cli.token_arg(),
     };
     let report = load::run(&plan).await?;
     let json = serde_json::to_string(&report).unwrap_or_else(|e| {

@@ -77,6 +77,8 @@ pub struct LoadPlan {
     pub verify: bool,
     /// Whether to draw a progress bar on standard error (when it is a terminal).
     pub progress: bool,
+    /// The client token every request carries.
+    pub token: Option<String>,
 }
 
 /// Latency percentiles, in microseconds.
@@ -508,7 +510,7 @@ pub async fn run(plan: &LoadPlan) -> Result<LoadReport, CliError> {
         code: codes::INVALID_NODE_URL,
         message: "tally load needs at least one node".into(),
     })?;
-    let control = Client::new(first.clone(), plan.timeout)?;
+    let control = Client::new(first.clone(), plan.timeout)?.with_token(plan.token.as_deref());
     if let Some(spec) = &plan.create {
         control.call(Method::PUT, control.counter_url(&plan.counter, &[]), Some(spec)).await?;
     }
@@ -522,7 +524,7 @@ pub async fn run(plan: &LoadPlan) -> Result<LoadReport, CliError> {
     let mut tasks = Vec::with_capacity(plan.writers as usize);
     for index in 0..plan.writers {
         let base = plan.nodes[index as usize % plan.nodes.len()].clone();
-        let client = Client::new(base, plan.timeout)?;
+        let client = Client::new(base, plan.timeout)?.with_token(plan.token.as_deref());
         let url = if plan.batch == 1 {
             client.counter_url(&plan.counter, &["increments"])
         } else {

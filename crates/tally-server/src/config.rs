@@ -18,12 +18,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tally_auth::{TokenConfig, TokenConfigError, Tokens};
 use tally_core::name::{check_token, NameError};
 use tally_engine::{SledConfig, TallyConfig};
 
 /// The single-node configuration shipped in `cluster-config/single.toml`, built into
 /// the binary so that `tallyd` with no arguments runs a usable node.
 pub const SINGLE_NODE_TOML: &str = include_str!("../../../cluster-config/single.toml");
+
+/// The cluster secret of the configurations shipped in `cluster-config/`: public,
+/// so a node whose listeners are reachable beyond loopback refuses to run with it.
+pub const DEV_SECRET: &str = "tally-dev-secret";
 
 /// Seed of the cluster-section fingerprint ("tallycfg"), distinct from every seed of
 /// `tally_core::hash` so a fingerprint never collides with a placement hash by design.
@@ -156,6 +161,51 @@ pub enum ConfigError {
     /// A `[[reconcile]]` section is invalid.
     #[error(transparent)]
     Source(#[from] SourceConfigError),
+    /// A `[[tokens]]` entry is invalid.
+    #[error(transparent)]
+    Tokens(#[from] TokenConfigError),
+    /// The node would be reachable beyond loopback without protection.
+    #[error(transparent)]
+    Exposure(#[from] ExposureError),
+}
+
+/// Why a valid configuration is unsafe to run: a listener reachable beyond
+/// loopback with nothing that keeps strangers out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExposureError {
+    /// A listener binds a non-loopback address and no client token is declared.
+    #[error(
+        "{listener} listens on {addr}, beyond loopback, and no [[tokens]] are declared: anyone who \
+         reaches it could delete counters and change the cluster. Declare tokens (`tally token new \
+         --name NAME --scopes admin` prints a [[tokens]] entry to add), or bind 127.0.0.1"
+    )]
+    NoTokens {
+        /// The listener's field, e.g. `cluster.nodes[0].http (node node1)`.
+        listener: String,
+        /// Its address.
+        addr: SocketAddr,
+    },
+    /// A listener binds a non-loopback address with the shipped development secret.
+    #[error(
+        "{listener} listens on {addr}, beyond loopback, with cluster.secret set to the development \
+         secret shipped in cluster-config/ ({DEV_SECRET:?}), which anyone can read. Set cluster.secret \
+         to a long random value (the same on every node; e.g. `openssl rand -hex 32`), or bind 127.0.0.1"
+    )]
+    DevSecret {
+        /// The listener's field.
+        listener: String,
+        /// Its address.
+        addr: SocketAddr,
+    },
+}
+
+/// One socket a running node listens on, for the exposure check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// The field that configures it, e.g. `cluster.nodes[0].http (node node1)`.
+    pub field: String,
+    /// The address it binds.
+    pub addr: SocketAddr,
 }
 
 /// A whole configuration file.
@@ -180,6 +230,12 @@ pub struct Config {
     /// (`[[reconcile]]`); none by default.
     #[serde(default)]
     pub reconcile: Vec<SourceConfig>,
+    /// The client tokens this node accepts, declared by their hash (`[[tokens]]`);
+    /// none by default, which leaves the node open (loopback only, see
+    /// [`Config::check_exposure`]). Per node: not part of the fingerprint, so tokens
+    /// can be rotated one node at a time.
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
 }
 
 /// The cluster-wide section: identical on every node, fingerprinted at handshake.
@@ -276,6 +332,10 @@ pub struct HttpConfig {
     pub connections_max: u64,
     /// Longest a graceful shutdown waits for in-flight requests, in milliseconds.
     pub shutdown_grace_ms: u64,
+    /// Whether `GET /metrics` answers without a token on a node that declares
+    /// tokens (for a scraper that cannot send one). Off by default: metrics name
+    /// counters, so they then need a `read` token without prefixes.
+    pub metrics_public: bool,
 }
 
 impl Default for HttpConfig {
@@ -287,6 +347,7 @@ impl Default for HttpConfig {
             batch_items_max: 10_000,
             connections_max: 1024,
             shutdown_grace_ms: 15_000,
+            metrics_public: false,
         }
     }
 }
@@ -439,6 +500,12 @@ fn default_data_dir() -> PathBuf {
     PathBuf::from("./data")
 }
 
+/// Whether `addr` is reachable from this machine only (`127.0.0.0/8`, `::1`, or an
+/// IPv4-mapped loopback address). `0.0.0.0` and `::` are every interface: not loopback.
+pub fn is_loopback(addr: SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
 fn range(field: &'static str, got: u64, min: u64, max: u64) -> Result<(), ConfigError> {
     if got < min || got > max {
         return Err(ConfigError::OutOfRange { field, got, min, max });
@@ -532,6 +599,7 @@ impl Config {
                 .into());
             }
         }
+        Tokens::from_config(&self.tokens)?;
         let e = &self.engine;
         interval("engine.aggregator_tick_ms", e.aggregator_tick_ms)?;
         interval("engine.shard_idle_stop_ms", e.shard_idle_stop_ms)?;
@@ -559,6 +627,43 @@ impl Config {
             "http.shutdown_grace_ms",
             h.shutdown_grace_ms,
         )?;
+        Ok(())
+    }
+
+    /// The sockets this node listens on when it runs: its HTTP address, and in a
+    /// cluster of several nodes its peer and raft addresses too (a single node
+    /// binds neither). A new listener (another protocol) belongs in this list.
+    pub fn listeners(&self) -> Result<Vec<Listener>, ConfigError> {
+        let me = self.this_node()?;
+        let i = self.cluster.nodes.iter().position(|n| n.id == me.id).unwrap_or(0);
+        let field = |name: &str| format!("cluster.nodes[{i}].{name} (node {})", me.id);
+        let mut out = vec![Listener { field: field("http"), addr: me.http }];
+        if let Some(resp) = me.resp {
+            out.push(Listener { field: field("resp"), addr: resp });
+        }
+        if self.cluster.nodes.len() > 1 {
+            out.push(Listener { field: field("peer"), addr: me.peer });
+            out.push(Listener { field: field("raft"), addr: me.raft });
+        }
+        Ok(out)
+    }
+
+    /// Refuses a configuration whose listeners are reachable beyond loopback while
+    /// it declares no client tokens, or while it keeps the shipped development
+    /// secret ([`DEV_SECRET`]). A node on loopback only (the built-in config) may
+    /// run open.
+    pub fn check_exposure(&self) -> Result<(), ConfigError> {
+        for l in self.listeners()? {
+            if is_loopback(l.addr) {
+                continue;
+            }
+            if self.tokens.is_empty() {
+                return Err(ExposureError::NoTokens { listener: l.field, addr: l.addr }.into());
+            }
+            if self.cluster.secret == DEV_SECRET {
+                return Err(ExposureError::DevSecret { listener: l.field, addr: l.addr }.into());
+            }
+        }
         Ok(())
     }
 
@@ -1001,5 +1106,99 @@ mod tests {
             GOOD.replace("name = \"test\"", "name = \"test\"\nvnodes_per_node = 128\nheartbeat_ms = 250");
         let explicit = Config::from_toml(&explicit).expect("valid");
         assert_eq!(explicit.cluster.fingerprint(), good().cluster.fingerprint());
+    }
+
+    /// A `[[tokens]]` entry for `token`, as `tally token new` prints it.
+    fn token_lines(name: &str, token: &str, scopes: &[tally_auth::Scope]) -> String {
+        tally_auth::config_lines(token, name, scopes, &[]).expect("valid entry")
+    }
+
+    fn exposed(c: &mut Config, field: &str, addr: &str) {
+        let n = &mut c.cluster.nodes[0];
+        let addr: SocketAddr = addr.parse().expect("address");
+        match field {
+            "http" => n.http = addr,
+            "peer" => n.peer = addr,
+            _ => n.raft = addr,
+        }
+    }
+
+    #[test]
+    fn tokens_are_parsed_and_checked_at_load() {
+        let text = format!("{GOOD}\n{}", token_lines("ops", "t-admin", &[tally_auth::Scope::Admin]));
+        let c = Config::from_toml(&text).expect("valid");
+        assert_eq!(c.tokens.len(), 1);
+        assert_eq!(c.tokens[0].name, "ops");
+        let clear = text.replace(&tally_auth::TokenHash::of("t-admin").to_config(), "t-admin");
+        let err = Config::from_toml(&clear).expect_err("a token in clear is refused");
+        assert!(
+            matches!(err, ConfigError::Tokens(_)) && err.to_string().starts_with("tokens[0].hash"),
+            "{err}"
+        );
+        let unknown = text.replace("scopes = [\"admin\"]", "scopes = [\"root\"]");
+        assert!(matches!(Config::from_toml(&unknown), Err(ConfigError::Parse(_))));
+        assert!(!c.http.metrics_public);
+    }
+
+    #[test]
+    fn the_shipped_tokens_example_is_valid() {
+        let example = include_str!("../../../cluster-config/tokens.toml.example");
+        let c = Config::from_toml(&format!("{GOOD}\n{example}")).expect("the example is valid");
+        let names: Vec<&str> = c.tokens.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["ops", "dashboards", "ingest"]);
+        let mut exposed_node = c.clone();
+        exposed(&mut exposed_node, "http", "0.0.0.0:7070");
+        assert_eq!(exposed_node.check_exposure(), Ok(()));
+    }
+
+    #[test]
+    fn loopback_nodes_may_run_open_with_the_dev_secret() {
+        let mut c = good();
+        c.cluster.secret = DEV_SECRET.into();
+        assert_eq!(c.check_exposure(), Ok(()));
+        let builtin = Config::single_node().expect("built-in config");
+        assert!(builtin.tokens.is_empty());
+        assert_eq!(builtin.cluster.secret, DEV_SECRET, "the shipped configs use the dev secret");
+        assert_eq!(builtin.check_exposure(), Ok(()));
+        for addr in ["127.0.0.2:1", "[::1]:1", "[::ffff:127.0.0.1]:1"] {
+            exposed(&mut c, "http", addr);
+            assert_eq!(c.check_exposure(), Ok(()), "{addr} is loopback");
+        }
+    }
+
+    #[test]
+    fn every_listener_beyond_loopback_needs_tokens_and_a_real_secret() {
+        for field in ["http", "peer", "raft"] {
+            for addr in ["0.0.0.0:7070", "[::]:7070", "192.0.2.7:7070"] {
+                let mut c = good();
+                exposed(&mut c, field, addr);
+                let err = c.check_exposure().expect_err("exposed without tokens");
+                assert!(matches!(err, ConfigError::Exposure(ExposureError::NoTokens { .. })), "{err}");
+                let text = err.to_string();
+                assert!(text.contains(&format!("cluster.nodes[0].{field}")), "{text}");
+                assert!(text.contains("[[tokens]]") && text.contains("tally token new"), "{text}");
+                let mut c = Config::from_toml(&format!(
+                    "{GOOD}\n{}",
+                    token_lines("ops", "t-admin", &[tally_auth::Scope::Admin])
+                ))
+                .expect("valid");
+                exposed(&mut c, field, addr);
+                assert_eq!(c.check_exposure(), Ok(()), "{field} {addr} with tokens and a real secret");
+                c.cluster.secret = DEV_SECRET.into();
+                let err = c.check_exposure().expect_err("exposed with the dev secret");
+                assert!(matches!(err, ConfigError::Exposure(ExposureError::DevSecret { .. })), "{err}");
+                assert!(err.to_string().contains("cluster.secret"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_single_node_binds_only_its_http_address() {
+        let mut c = Config::single_node().expect("built-in config");
+        assert_eq!(c.listeners().map(|l| l.len()), Ok(1));
+        // Its peer and raft addresses are never bound, so they are not checked.
+        c.cluster.nodes[0].peer = "0.0.0.0:7170".parse().expect("address");
+        assert_eq!(c.check_exposure(), Ok(()));
+        assert_eq!(good().listeners().map(|l| l.len()), Ok(3));
     }
 }

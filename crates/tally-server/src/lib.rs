@@ -3,6 +3,8 @@
 //!
 //! # Layout
 //!
+//! * [`auth`] — [`auth::Gate`]: client tokens (`tally_auth`), shared by every
+//!   listener, with the audit trail (`tally::audit`) and the refusal metrics.
 //! * [`config`] — the node's TOML file: a `[cluster]` section identical on every
 //!   node (fingerprinted) and the per-node `[node]`, `[http]`, `[engine]` sections,
 //!   validated at load.
@@ -30,6 +32,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod http;
@@ -44,7 +47,7 @@ pub use cluster::ClusterService;
 pub use config::{
     ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry, RespConfig,
 };
-pub use http::router;
+pub use http::{router, router_with_gate};
 pub use server::serve;
 pub use service::{ClusterView, NodeState, NodeView, Service};
 pub use single::{SingleNode, StartError};

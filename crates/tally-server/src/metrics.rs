@@ -161,6 +161,143 @@ impl HttpStats {
     }
 }
 
+/// Signals of client authentication and of admin operations, kept by the
+/// [`crate::auth::Gate`] every listener shares.
+#[derive(Debug, Default)]
+pub struct AuthStats {
+    /// Refused requests, by [`tally_auth::AuthError::REASONS`] index.
+    pub refusals: [Count; tally_auth::AuthError::REASONS.len()],
+    /// Admin operations, by [`AdminOp`] and [`AdminOutcome`].
+    pub admin_operations: [[Count; AdminOutcome::ALL.len()]; AdminOp::ALL.len()],
+}
+
+/// An operation that needs the `admin` scope, as the audit trail and metrics name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminOp {
+    /// `PUT /v1/counters/{name}`: creates a counter or changes its spec (resharding included).
+    PutCounter,
+    /// `DELETE /v1/counters/{name}`.
+    DeleteCounter,
+    /// `POST /v1/counters/{name}/reconcile`.
+    Reconcile,
+    /// `PUT /v1/cluster/members/{id}`.
+    AddMember,
+    /// `DELETE /v1/cluster/members/{id}`.
+    RemoveMember,
+    /// `POST /v1/cluster/nodes/{id}/accept-loss`.
+    AcceptLoss,
+    /// A route no table entry classifies (treated as admin on every counter).
+    Other,
+}
+
+impl AdminOp {
+    /// Every operation, in label order.
+    pub const ALL: [AdminOp; 7] = [
+        Self::PutCounter,
+        Self::DeleteCounter,
+        Self::Reconcile,
+        Self::AddMember,
+        Self::RemoveMember,
+        Self::AcceptLoss,
+        Self::Other,
+    ];
+
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PutCounter => "put_counter",
+            Self::DeleteCounter => "delete_counter",
+            Self::Reconcile => "reconcile",
+            Self::AddMember => "add_member",
+            Self::RemoveMember => "remove_member",
+            Self::AcceptLoss => "accept_loss",
+            Self::Other => "other",
+        }
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|o| *o == self).unwrap_or(Self::ALL.len() - 1)
+    }
+}
+
+/// How an admin operation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminOutcome {
+    /// It took effect (a 2xx answer).
+    Ok,
+    /// It was refused as asked (a 4xx answer: unknown counter, bad spec, a change in progress).
+    Rejected,
+    /// The node could not carry it out (a 5xx answer); it may or may not have taken effect.
+    Failed,
+}
+
+impl AdminOutcome {
+    /// Every outcome, in label order.
+    pub const ALL: [AdminOutcome; 3] = [Self::Ok, Self::Rejected, Self::Failed];
+
+    /// The outcome of an answer with HTTP status `status`.
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            200..=299 => Self::Ok,
+            500.. => Self::Failed,
+            _ => Self::Rejected,
+        }
+    }
+
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Rejected => "rejected",
+            Self::Failed => "failed",
+        }
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|o| *o == self).unwrap_or(0)
+    }
+}
+
+impl AuthStats {
+    /// Counts one refusal for `reason` (one of [`tally_auth::AuthError::REASONS`]).
+    pub fn refused(&self, reason: &str) {
+        let reasons = tally_auth::AuthError::REASONS;
+        if let Some(i) = reasons.iter().position(|r| *r == reason) {
+            self.refusals[i].inc();
+        }
+    }
+
+    /// Counts one admin operation.
+    pub fn admin(&self, op: AdminOp, outcome: AdminOutcome) {
+        self.admin_operations[op.index()][outcome.index()].inc();
+    }
+
+    /// Writes the authentication families (every label combination, zeros included,
+    /// so a rate over them never starts from a missing series).
+    pub fn write(&self, w: &mut PromWriter) {
+        let reasons = tally_auth::AuthError::REASONS.map(|r| [("reason", r)]);
+        let samples: Vec<(Labels<'_>, u64)> =
+            reasons.iter().zip(&self.refusals).map(|(l, n)| (l.as_slice(), n.get())).collect();
+        w.counter(
+            "tally_auth_refusals_total",
+            "Requests refused by client authentication (401) or authorization (403), by reason.",
+            &samples,
+        );
+        let labels: Vec<[(&str, &str); 2]> = AdminOp::ALL
+            .iter()
+            .flat_map(|op| AdminOutcome::ALL.iter().map(|o| [("op", op.as_str()), ("outcome", o.as_str())]))
+            .collect();
+        let counts = self.admin_operations.iter().flatten();
+        let samples: Vec<(Labels<'_>, u64)> =
+            labels.iter().zip(counts).map(|(l, n)| (l.as_slice(), n.get())).collect();
+        w.counter(
+            "tally_admin_operations_total",
+            "Operations that need the admin scope, by operation and outcome (ok, rejected, failed).",
+            &samples,
+        );
+    }
+}
+
 /// The engine's families, labelled where a dimension exists.
 pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
     let s: &Stats = tally.stats();

@@ -20,13 +20,12 @@ use clap::Parser;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tally_server::{resp, router, serve, ClusterService, Config, SingleNode};
+use std::sync::Arc;
+use tally_server::auth::Gate;
+use tally_server::{resp, router_with_gate, serve, ClusterService, Config, SingleNode};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
-/// The dev secret of the shipped configurations; a node reachable beyond loopback
-/// must not use it.
-const DEV_SECRET: &str = "tally-dev-secret";
 /// Exit status after a second shutdown signal cut the drain short (128 + SIGINT).
 const FORCED_EXIT_STATUS: i32 = 130;
 
@@ -41,7 +40,8 @@ struct Args {
     /// Overrides `node.data_dir`.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Validates the configuration, prints a summary with the cluster fingerprint, and exits.
+    /// Validates the configuration (the exposure check included), prints a summary
+    /// with the cluster fingerprint, and exits.
     #[arg(long)]
     check: bool,
 }
@@ -128,6 +128,9 @@ async fn run(args: Args) -> Result<()> {
     let config = load(&args)?;
     let me = config.this_node()?.clone();
     let nodes = config.cluster.nodes.len();
+    // Before anything binds: a listener beyond loopback needs tokens and a real secret.
+    config.check_exposure().context("refusing to start")?;
+    let gate = Arc::new(Gate::from_config(&config).context("loading [[tokens]]")?);
     if args.check {
         println!(
             "config ok: cluster {:?} ({nodes} node{}), node {:?}, http {}, resp {}, data {}",
@@ -139,10 +142,15 @@ async fn run(args: Args) -> Result<()> {
             config.node.data_dir.display()
         );
         println!("cluster fingerprint: {:#018x}", config.cluster.fingerprint());
+        println!(
+            "client tokens: {}",
+            if gate.is_open() {
+                "none (open, loopback only)".to_string()
+            } else {
+                config.tokens.len().to_string()
+            }
+        );
         return Ok(());
-    }
-    if config.cluster.secret == DEV_SECRET && !me.http.ip().is_loopback() {
-        tracing::warn!(http = %me.http, "cluster.secret is the shipped dev secret on a non-loopback address");
     }
 
     // Signals first, so one that arrives while the engine opens is not lost.
@@ -176,12 +184,13 @@ async fn run(args: Args) -> Result<()> {
         resp = %me.resp.map_or_else(|| "off".to_string(), |a| a.to_string()),
         data = %config.node.data_dir.display(),
         fingerprint = %format!("{:#018x}", config.cluster.fingerprint()),
+        tokens = config.tokens.len(),
         "node started"
     );
 
     let app = match &node {
-        Node::Single(n) => router(n.clone(), &config.http),
-        Node::Cluster(n) => router(n.clone(), &config.http),
+        Node::Single(n) => router_with_gate(n.clone(), &config.http, gate.clone()),
+        Node::Cluster(n) => router_with_gate(n.clone(), &config.http, gate.clone()),
     };
     // One signal stops both front ends: HTTP waits for it, RESP for HTTP's word.
     let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);

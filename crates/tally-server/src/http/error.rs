@@ -35,6 +35,11 @@ pub mod codes {
     pub const BATCH_TOO_LARGE: &str = "batch_too_large";
     /// 415: a body that is not declared as `application/json`.
     pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
+    /// 401: no token, a malformed `Authorization` header, or a token this node does
+    /// not accept (the answer carries `WWW-Authenticate: Bearer realm="tally"`).
+    pub const UNAUTHORIZED: &str = "unauthorized";
+    /// 403: the token is valid but its scopes or counter prefixes do not allow this.
+    pub const FORBIDDEN: &str = "forbidden";
     /// 404: no such route.
     pub const NOT_FOUND: &str = "not_found";
     /// 405: the route exists but not with this method.
@@ -54,6 +59,11 @@ pub mod codes {
 
 /// Seconds a client should wait before retrying a retryable error.
 pub const RETRY_AFTER_S: u32 = 1;
+
+/// The code of an error answer, left in the response's extensions so that layers
+/// (the audit of admin operations) can name the outcome without reading the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorCode(pub Cow<'static, str>);
 
 /// An error answer: status, stable code and a human-readable message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +142,7 @@ impl From<TallyError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body())).into_response();
+        response.extensions_mut().insert(ErrorCode(self.code.clone()));
         if self.retryable {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
         }

@@ -24,22 +24,29 @@
 //! | `GET /metrics` | `metrics`: Prometheus text |
 //! | `GET /healthz` | `healthz`: 200 while the node serves |
 //!
+//! Every matched route also passes through [`access`]: the client's token, its
+//! scopes and prefixes (see that module's table), and the audit of admin
+//! operations. With no tokens configured every request is let through.
+//!
 //! Every request passes through one guard (`guard`) that bounds its time, turns a
 //! panic into a 500, rewrites any error answer that is not yet JSON (axum's own
 //! 404/405 and rejections) into the [`ApiError`] shape, opens its tracing span and
 //! records its status and latency. Bodies are read by [`body`]'s extractors, which
 //! enforce the size limit and the content type.
 
+pub mod access;
 pub mod body;
 pub mod error;
 pub mod ops;
 
+use crate::auth::{Attempt, Gate, Resource, Scope};
 use crate::config::HttpConfig;
 use crate::metrics::{HttpStats, PromWriter, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 use crate::service::{ClusterView, Service};
 use crate::sources::RunRecord;
+use access::Caller;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::extract::{Extension, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -70,6 +77,8 @@ struct Shared {
     stats: HttpStats,
     /// Samples of per-counter writes for `GET /v1/stats`.
     rates: ops::RateBook,
+    /// Client authentication, shared with every other listener of the node.
+    gate: Arc<Gate>,
 }
 
 /// The router's state: the service and the shared limits and signals.
@@ -85,14 +94,21 @@ impl<S: Service> Clone for AppState<S> {
     }
 }
 
-/// The public interface over `svc`, with the limits of `limits`. Serve it with
-/// [`crate::serve`] (which also enforces the header-read timeout and connection
-/// limit) or drive it directly with `tower::ServiceExt::oneshot` in tests.
+/// The public interface over `svc`, with the limits of `limits`, open to every
+/// client (no tokens). Serve it with [`crate::serve`] (which also enforces the
+/// header-read timeout and connection limit) or drive it directly with
+/// `tower::ServiceExt::oneshot` in tests.
 pub fn router<S: Service>(svc: S, limits: &HttpConfig) -> Router {
+    router_with_gate(svc, limits, Arc::new(Gate::open()))
+}
+
+/// [`router`] with client authentication by `gate` (see [`access`]).
+pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>) -> Router {
     let shared = Arc::new(Shared {
         limits: limits.clone(),
         stats: HttpStats::default(),
         rates: ops::RateBook::default(),
+        gate: gate.clone(),
     });
     let state = AppState { svc, shared: shared.clone() };
     Router::new()
@@ -116,6 +132,7 @@ pub fn router<S: Service>(svc: S, limits: &HttpConfig) -> Router {
         .route("/v1/cluster/nodes/{id}/accept-loss", post(accept_loss::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/healthz", get(healthz::<S>))
+        .route_layer(middleware::from_fn_with_state((gate, limits.metrics_public), access::access))
         .fallback(not_found)
         .with_state(state)
         .layer(middleware::from_fn_with_state(shared, guard))
@@ -160,18 +177,20 @@ async fn put_counter<S: Service>(
 #[tracing::instrument(name = "list_counters", skip_all)]
 async fn list_counters<S: Service>(
     State(st): State<AppState<S>>,
+    Extension(Caller(caller)): Extension<Caller>,
     query: Result<Query<ops::ListQuery>, QueryRejection>,
 ) -> Result<Json<tally_engine::CounterPage>, ApiError> {
-    ops::list(&st.svc, query).await
+    ops::list(&st.svc, &caller, query).await
 }
 
 /// `GET /v1/stats?limit=N`: this node's busiest counters and read latency.
 #[tracing::instrument(name = "stats", skip_all)]
 async fn stats<S: Service>(
     State(st): State<AppState<S>>,
+    Extension(Caller(caller)): Extension<Caller>,
     query: Result<Query<ops::StatsQuery>, QueryRejection>,
 ) -> Result<Json<ops::StatsView>, ApiError> {
-    ops::stats(&st.svc, &st.shared.rates, query).await
+    ops::stats(&st.svc, &st.shared.rates, &caller, query).await
 }
 
 /// `GET /v1/counters/{name}`: the spec and a summary; 404 if unknown.
@@ -224,22 +243,51 @@ pub struct BatchResults {
 
 /// `POST /v1/increments`: one result per item, in order. A batch larger than
 /// `http.batch_items_max` is refused whole (413), as is one with a malformed delta.
+/// An item whose counter is outside the token's prefixes fails alone (`forbidden`).
 #[tracing::instrument(name = "incr_many", skip_all, fields(items = field::Empty))]
 async fn incr_many<S: Service>(
     State(st): State<AppState<S>>,
+    Extension(Caller(caller)): Extension<Caller>,
     req: Request,
 ) -> Result<Json<BatchResults>, ApiError> {
     let body = read_batch(req, st.shared.limits.batch_limit_items()).await?;
     tracing::Span::current().record("items", body.increments.len());
     let items = body.into_items()?;
-    let results = st
-        .svc
-        .incr_many(items)
-        .await?
+    // Items the token may not touch are answered here; the others go on together.
+    let mut results: Vec<Option<ItemResult>> = Vec::with_capacity(items.len());
+    let mut allowed = Vec::with_capacity(items.len());
+    for (name, inc) in items {
+        let attempt =
+            Attempt { transport: "http", op: "POST /v1/increments", counter: Some(&name), node: None };
+        match st.shared.gate.authorize(&caller, Scope::Write, Resource::Counter(&name), &attempt) {
+            Ok(()) => {
+                results.push(None);
+                allowed.push((name, inc));
+            }
+            Err(e) => {
+                let refused = ApiError::new(StatusCode::FORBIDDEN, codes::FORBIDDEN, e.to_string());
+                results.push(Some(ItemResult::Err(refused.body())));
+            }
+        }
+    }
+    let mut answered =
+        if allowed.is_empty() { Vec::new() } else { st.svc.incr_many(allowed).await? }.into_iter();
+    let results = results
         .into_iter()
-        .map(|r| match r {
-            Ok(outcome) => ItemResult::Ok(outcome),
-            Err(e) => ItemResult::Err(ApiError::from(e).body()),
+        .map(|slot| match slot {
+            Some(refused) => refused,
+            None => match answered.next() {
+                Some(Ok(outcome)) => ItemResult::Ok(outcome),
+                Some(Err(e)) => ItemResult::Err(ApiError::from(e).body()),
+                None => ItemResult::Err(
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        codes::INTERNAL,
+                        "no result for this item",
+                    )
+                    .body(),
+                ),
+            },
         })
         .collect();
     Ok(Json(BatchResults { results }))
@@ -370,6 +418,7 @@ async fn metrics<S: Service>(State(st): State<AppState<S>>) -> Response {
     let mut text = st.svc.metrics_text();
     let mut w = PromWriter::new();
     st.shared.stats.write(&mut w);
+    st.shared.gate.stats().write(&mut w);
     text.push_str(&w.finish());
     ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
 }

@@ -6,6 +6,7 @@
 //! here parses `/metrics`. The page's HTML, CSS and JavaScript are embedded in the
 //! binary (no build step, no CDN), so a node serves it with nothing else installed.
 
+use crate::auth::Principal;
 use crate::http::error::{codes, ApiError};
 use crate::service::Service;
 use axum::extract::rejection::QueryRejection;
@@ -57,15 +58,59 @@ fn bad_query(e: QueryRejection) -> ApiError {
 }
 
 /// `GET /v1/counters?prefix=P&limit=N&cursor=C`: one page of counter names in byte
-/// order with the cursor of the next (`null` on the last page).
+/// order with the cursor of the next (`null` on the last page). A caller limited to
+/// counter prefixes sees only the names within them.
 pub async fn list<S: Service>(
     svc: &S,
+    caller: &Principal,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<CounterPage>, ApiError> {
     let Query(q) = query.map_err(bad_query)?;
     let limit = q.limit.unwrap_or(LIST_LIMIT_DEFAULT);
-    let page = svc.engine().list_counters(q.prefix.as_deref().unwrap_or(""), q.cursor.as_deref(), limit)?;
-    Ok(Json(page))
+    let requested = q.prefix.as_deref().unwrap_or("");
+    let tally = svc.engine();
+    let Some(prefixes) = caller.narrow(requested) else {
+        return Ok(Json(tally.list_counters(requested, q.cursor.as_deref(), limit)?));
+    };
+    // Check the request as the engine would, even when nothing is left to list.
+    tally.list_counters(requested, q.cursor.as_deref(), limit)?;
+    Ok(Json(list_within(tally, &prefixes, q.cursor.as_deref(), limit)?))
+}
+
+/// One page of the names under `prefixes` (in byte order, none a prefix of
+/// another, so their names are disjoint ranges in that order) after `cursor`.
+fn list_within(
+    tally: &Tally,
+    prefixes: &[String],
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<CounterPage, tally_engine::TallyError> {
+    let mut counters: Vec<String> = Vec::new();
+    let mut more = false;
+    for prefix in prefixes {
+        // Every name under a prefix that sorts before the cursor without being under
+        // it sorts before the cursor too: skip it.
+        if cursor.is_some_and(|c| c > prefix.as_str() && !c.starts_with(prefix.as_str())) {
+            continue;
+        }
+        let after = cursor.filter(|c| c.starts_with(prefix.as_str()));
+        if counters.len() == limit {
+            // The page is full: one name under a later prefix means another page.
+            more = !tally.list_counters(prefix, after, 1)?.counters.is_empty();
+            if more {
+                break;
+            }
+            continue;
+        }
+        let page = tally.list_counters(prefix, after, limit - counters.len())?;
+        counters.extend(page.counters);
+        if page.next.is_some() {
+            more = true;
+            break;
+        }
+    }
+    let next = if more { counters.last().cloned() } else { None };
+    Ok(CounterPage { counters, next })
 }
 
 /// The query of `GET /v1/stats`.
@@ -198,9 +243,11 @@ fn latency(snap: HistogramSnapshot) -> LatencySummary {
 
 /// `GET /v1/stats?limit=N`: the busiest counters on this node with their write rate,
 /// cached value, staleness, skew and last drift, and the engine's read latency.
+/// A caller limited to counter prefixes sees only the counters within them.
 pub async fn stats<S: Service>(
     svc: &S,
     rates: &RateBook,
+    caller: &Principal,
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> Result<Json<StatsView>, ApiError> {
     let Query(q) = query.map_err(bad_query)?;
@@ -215,7 +262,8 @@ pub async fn stats<S: Service>(
     let tally: &Tally = svc.engine();
     let s = tally.stats();
     let increments = s.increments_batched.get() + s.increments_sync.get();
-    let active = tally.write_skews(STATS_SCAN_COUNTERS_MAX);
+    let mut active = tally.write_skews(STATS_SCAN_COUNTERS_MAX);
+    active.retain(|(name, _, _)| caller.sees(name.as_str()));
     let writes: HashMap<String, u64> = active.iter().map(|(n, _, w)| (n.as_str().to_string(), *w)).collect();
     let (window, base_increments, base) = rates.observe(Sample { at: Instant::now(), increments, writes });
     let mut ranked: Vec<(String, f64, f64, u64)> = active

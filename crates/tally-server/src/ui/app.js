@@ -1,6 +1,8 @@
 // The status page: polls the node's public JSON endpoints every second and redraws.
 // No framework and no build step; every figure comes from /v1/cluster, /v1/stats and
-// /v1/counters/{name}/shards.
+// /v1/counters/{name}/shards. On a node with client tokens those answer 401 without
+// one: the page then asks for a read token and keeps it in this tab's
+// sessionStorage only (gone when the tab closes), sending it as a Bearer token.
 "use strict";
 
 const POLL_MS = 1000;
@@ -21,9 +23,14 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
+const TOKEN_KEY = "tally-token";
+
 async function getJson(path) {
-  const r = await fetch(path, { cache: "no-store" });
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  const r = await fetch(path, { cache: "no-store", headers });
   const body = await r.json().catch(() => null);
+  if (r.status === 401) $("auth").hidden = false;
   if (!r.ok) {
     const msg = body && body.error ? `${body.error.code}: ${body.error.message}` : `HTTP ${r.status}`;
     throw new Error(`${path}: ${msg}`);
@@ -161,6 +168,14 @@ document.addEventListener("DOMContentLoaded", () => {
   $("counter").value = chosen;
   $("pick").addEventListener("submit", (e) => { e.preventDefault(); chosen = $("counter").value.trim(); poll(); });
   $("counter").addEventListener("change", () => { chosen = $("counter").value.trim(); poll(); });
+  $("auth").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const token = $("token").value.trim();
+    if (token) sessionStorage.setItem(TOKEN_KEY, token); else sessionStorage.removeItem(TOKEN_KEY);
+    $("token").value = "";
+    $("auth").hidden = true;
+    poll();
+  });
   poll();
   setInterval(poll, POLL_MS);
 });
