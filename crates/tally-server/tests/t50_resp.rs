@@ -6,7 +6,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
+use tally_auth::{Scope, TokenConfig, TokenHash, Tokens};
+use tally_server::auth::Gate;
 use tally_server::resp;
 use tally_server::{HttpConfig, RespConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,8 +26,13 @@ fn cmd(args: &[&str]) -> String {
     s
 }
 
-/// Starts the RESP front end on a free port; the sender stops it.
+/// Starts the RESP front end on a free port, open to everyone; the sender stops it.
 async fn start(limits: RespConfig) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    start_gated(limits, Gate::open()).await
+}
+
+/// Starts the RESP front end on a free port behind `gate`.
+async fn start_gated(limits: RespConfig, gate: Gate) -> (u16, tokio::sync::oneshot::Sender<()>) {
     let node = common::mem_node(&HttpConfig::default()).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
@@ -33,8 +41,8 @@ async fn start(limits: RespConfig) -> (u16, tokio::sync::oneshot::Sender<()>) {
         let stop = async move {
             let _ = rx.await;
         };
-        let _ =
-            resp::serve(listener, node, &limits, Duration::from_secs(5), Duration::from_secs(5), stop).await;
+        let (timeout, grace) = (Duration::from_secs(5), Duration::from_secs(5));
+        let _ = resp::serve(listener, node, &limits, timeout, grace, Arc::new(gate), stop).await;
     });
     (port, tx)
 }
@@ -119,4 +127,49 @@ async fn over_limit_headers_are_refused_at_once_and_close_the_connection() {
     let body = "x".repeat(4000);
     let answer = exchange(&mut s, &cmd(&["ECHO", &body]), 4000).await;
     assert_eq!(answer, format!("$4000\r\n{body}\r\n"));
+}
+
+#[tokio::test]
+async fn a_node_with_tokens_wants_auth_and_holds_each_token_to_its_scopes_and_prefixes() {
+    let token = |name: &str, scopes: &[Scope], prefixes: &[&str]| TokenConfig {
+        name: name.into(),
+        hash: TokenHash::of(&format!("secret-{name}")).to_config(),
+        scopes: scopes.to_vec(),
+        prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+    };
+    let tokens = Tokens::from_config(&[
+        token("likes", &[Scope::Read, Scope::Write], &["likes:"]),
+        token("root", &[Scope::Admin, Scope::Read, Scope::Write], &[]),
+    ])
+    .unwrap();
+    let (port, _stop) = start_gated(RespConfig::default(), Gate::new(tokens)).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut input = cmd(&["INCR", "likes:1"]);
+    input += &cmd(&["AUTH", "not-a-token"]);
+    input += &cmd(&["AUTH", "secret-likes"]);
+    input += &cmd(&["INCR", "likes:1"]);
+    input += &cmd(&["INCR", "credits:1"]);
+    input += &cmd(&["DEL", "likes:1"]);
+    input += &cmd(&["GET", "likes:1"]);
+    let mut answer = String::new();
+    while answer.matches("\r\n").count() < 7 {
+        answer += &exchange(&mut s, if answer.is_empty() { &input } else { "" }, 1).await;
+    }
+    let lines: Vec<&str> = answer.split("\r\n").collect();
+    assert_eq!(lines[0], "-NOAUTH Authentication required.", "{answer:?}");
+    assert!(lines[1].starts_with("-WRONGPASS"), "{answer:?}");
+    assert_eq!(lines[2], "+OK");
+    assert_eq!(lines[3], ":1", "{answer:?}");
+    assert!(lines[4].starts_with("-NOPERM"), "another prefix: {answer:?}");
+    assert!(lines[5].starts_with("-NOPERM"), "deleting needs admin: {answer:?}");
+
+    // The admin token may delete, in a new connection that authenticates in HELLO.
+    let mut root = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let input = cmd(&["HELLO", "2", "AUTH", "default", "secret-root"]) + &cmd(&["DEL", "likes:1"]);
+    let mut answer = String::new();
+    while !answer.ends_with(":1\r\n") {
+        let got = exchange(&mut root, if answer.is_empty() { &input } else { "" }, 1).await;
+        assert!(!got.is_empty(), "{answer:?}");
+        answer += &got;
+    }
 }

@@ -208,8 +208,12 @@ async fn run(args: Args) -> Result<()> {
         let Some(l) = resp_listener else { return Ok(()) };
         let (timeout, grace) = (config.http.request_timeout(), config.http.shutdown_grace());
         match &node {
-            Node::Single(n) => resp::serve(l, n.clone(), &config.resp, timeout, grace, resp_shutdown).await,
-            Node::Cluster(n) => resp::serve(l, n.clone(), &config.resp, timeout, grace, resp_shutdown).await,
+            Node::Single(n) => {
+                resp::serve(l, n.clone(), &config.resp, timeout, grace, gate.clone(), resp_shutdown).await
+            }
+            Node::Cluster(n) => {
+                resp::serve(l, n.clone(), &config.resp, timeout, grace, gate.clone(), resp_shutdown).await
+            }
         }
     };
     let (served, resp_served) = tokio::join!(serve(listener, app, &config.http, http_shutdown), resp_served);

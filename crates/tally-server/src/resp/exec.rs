@@ -6,11 +6,13 @@
 use super::auth;
 use super::command::{docs_entry, info_entry, lookup, CommandQuery, CommandSpec, COMMANDS};
 use super::wire::{Proto, Reply};
+use crate::auth::{Gate, Principal};
 use crate::config::RespConfig;
 use crate::http::error::ApiError;
 use crate::service::{incr_total, reconcile_recorded, IncrTotal, Service};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_engine::{Consistency, Increment, SpecPatch, TallyError, ValueRead};
 
@@ -45,12 +47,21 @@ pub struct Front {
     pub commands: AtomicU64,
     /// The last connection id handed out (ids start at 1).
     pub last_id: AtomicU64,
+    /// The node's tokens, audit trail and auth metrics (shared with HTTP).
+    pub gate: Arc<Gate>,
 }
 
 impl Front {
     /// A listener's shared state.
-    pub fn new(node_id: String, addr: SocketAddr, limits: RespConfig, command_timeout: Duration) -> Self {
+    pub fn new(
+        node_id: String,
+        addr: SocketAddr,
+        limits: RespConfig,
+        command_timeout: Duration,
+        gate: Arc<Gate>,
+    ) -> Self {
         Self {
+            gate,
             node_id,
             addr,
             limits,
@@ -78,12 +89,14 @@ pub struct Session {
     pub lib_name: Option<Vec<u8>>,
     /// `CLIENT SETINFO lib-ver`.
     pub lib_ver: Option<Vec<u8>>,
+    /// Who the connection runs as: `None` until `AUTH` on a node with tokens.
+    pub principal: Option<Arc<Principal>>,
 }
 
 impl Session {
-    /// A new RESP2 connection.
-    pub fn new(id: u64) -> Self {
-        Self { id, proto: Proto::Resp2, name: None, lib_name: None, lib_ver: None }
+    /// A new RESP2 connection, running as `principal` (see [`auth::initial`]).
+    pub fn new(id: u64, principal: Option<Arc<Principal>>) -> Self {
+        Self { id, proto: Proto::Resp2, name: None, lib_name: None, lib_ver: None, principal }
     }
 }
 
@@ -241,10 +254,22 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
                     return (Reply::Error("NOPROTO unsupported protocol version".into()), Flow::Continue)
                 }
             };
-            if let Some((user, password)) = credentials {
-                if let Err(reply) = auth::authenticate(Some(&user), &password) {
-                    return (reply, Flow::Continue);
+            match credentials {
+                Some((_user, password)) => match auth::authenticate(&front.gate, &password) {
+                    Ok(principal) => session.principal = Some(principal),
+                    Err(reply) => return (reply, Flow::Continue),
+                },
+                None if session.principal.is_none() => {
+                    return (
+                        Reply::Error(
+                            "NOAUTH HELLO must be called with the client already authenticated, \
+                             otherwise the HELLO <proto> AUTH <user> <pass> option can be used"
+                                .into(),
+                        ),
+                        Flow::Continue,
+                    )
                 }
+                None => {}
             }
             session.proto = next;
             if setname.is_some() {
@@ -252,8 +277,11 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
             }
             hello_reply(session)
         }
-        Command::Auth { user, password } => match auth::authenticate(user.as_deref(), &password) {
-            Ok(()) => Reply::ok(),
+        Command::Auth { user: _, password } => match auth::authenticate(&front.gate, &password) {
+            Ok(principal) => {
+                session.principal = Some(principal);
+                Reply::ok()
+            }
             Err(reply) => reply,
         },
         Command::Select(0) => Reply::ok(),

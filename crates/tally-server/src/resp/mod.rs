@@ -11,7 +11,8 @@
 //!   and parsing arguments into a [`command::Command`]. Pure.
 //! * [`exec`] — running a command against the [`Service`], the same calls the HTTP
 //!   handlers make; connection state in [`exec::Session`].
-//! * [`auth`] — the one function `AUTH` and `HELLO ... AUTH` go through.
+//! * [`auth`] — `AUTH`, `HELLO ... AUTH` and each command's scope, over the node's
+//!   token gate (shared with HTTP).
 //! * this file — [`serve`]: the accept loop (connection limit, graceful shutdown)
 //!   and each connection's read–decode–run–write loop.
 //!
@@ -39,6 +40,7 @@ pub mod command;
 pub mod exec;
 pub mod wire;
 
+use crate::auth::Gate;
 use crate::config::RespConfig;
 use crate::service::Service;
 use exec::{Flow, Front, Session};
@@ -82,10 +84,11 @@ pub async fn serve<S: Service>(
     limits: &RespConfig,
     command_timeout: Duration,
     grace: Duration,
+    gate: Arc<Gate>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
     let local = listener.local_addr()?;
-    let front = Arc::new(Front::new(svc.node_id().to_string(), local, limits.clone(), command_timeout));
+    let front = Arc::new(Front::new(svc.node_id().to_string(), local, limits.clone(), command_timeout, gate));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -122,7 +125,8 @@ pub async fn serve<S: Service>(
         let stop = stop_rx.clone();
         connections.spawn(async move {
             let _open = open;
-            connection(stream, svc, &_open.0, Session::new(id), stop).await;
+            let session = Session::new(id, auth::initial(&_open.0.gate));
+            connection(stream, svc, &_open.0, session, stop).await;
             tracing::debug!(%peer, id, "RESP connection closed");
         });
     }
@@ -177,6 +181,11 @@ async fn timed<F: Future<Output = Reply>>(timeout: Duration, f: F) -> Reply {
     })
 }
 
+/// A request's command name, uppercased, for the audit trail and refusals.
+fn command_name(args: &[Vec<u8>]) -> String {
+    args.first().map(|a| String::from_utf8_lossy(a).to_ascii_uppercase()).unwrap_or_default()
+}
+
 /// Runs one batch of requests, appending each reply to `out` in order.
 async fn run_batch<S: Service>(
     svc: &S,
@@ -189,27 +198,40 @@ async fn run_batch<S: Service>(
     let timeout = front.command_timeout;
     let mut parsed = Vec::with_capacity(batch.len());
     for args in &batch {
-        parsed.push(command::parse(args));
+        // Admitted here, in order: an `AUTH` earlier in the pipeline counts only once
+        // it ran, so everything after it is decided when its turn comes (below).
+        parsed.push(command::parse(args).map(|cmd| (command_name(args), cmd)));
     }
+    let gate = &front.gate;
     let mut items = parsed.into_iter().peekable();
     while let Some(item) = items.next() {
-        let cmd = match item {
-            Ok(cmd) => cmd,
+        let (op, cmd) = match item {
+            Ok(named) => named,
             Err(reply) => {
                 encode(&reply, session.proto, out);
                 continue;
             }
         };
+        if let Err(reply) = auth::admit(gate, session.principal.as_deref(), &op, &cmd) {
+            encode(&reply, session.proto, out);
+            continue;
+        }
         if cmd.is_increment() {
-            let mut run = vec![cmd];
-            while matches!(items.peek(), Some(Ok(c)) if c.is_increment()) {
-                if let Some(Ok(c)) = items.next() {
-                    run.push(c);
+            let mut run = vec![Ok(cmd)];
+            // Increments that follow run with it; one that is refused keeps its place.
+            while matches!(items.peek(), Some(Ok((_, c))) if c.is_increment()) {
+                if let Some(Ok((op, c))) = items.next() {
+                    run.push(auth::admit(gate, session.principal.as_deref(), &op, &c).map(|()| c));
                 }
             }
             let mut running = Vec::with_capacity(run.len());
             for c in run {
-                running.push(timed(timeout, exec::run_increment(svc, c)));
+                running.push(async move {
+                    match c {
+                        Ok(c) => timed(timeout, exec::run_increment(svc, c)).await,
+                        Err(refused) => refused,
+                    }
+                });
             }
             let replies = futures::future::join_all(running).await;
             for reply in &replies {
@@ -217,11 +239,15 @@ async fn run_batch<S: Service>(
             }
             continue;
         }
+        let admin = auth::admin_op(&cmd).map(|_| cmd.clone());
         let ran = tokio::time::timeout(timeout, exec::run(svc, front, session, cmd)).await;
         let (reply, flow) = match ran {
             Ok(done) => done,
             Err(_) => (timed(Duration::ZERO, std::future::pending()).await, Flow::Continue),
         };
+        if let Some(cmd) = admin {
+            auth::audit_admin(gate, session.principal.as_deref(), &op, &cmd, &reply);
+        }
         encode(&reply, session.proto, out);
         if flow == Flow::Close {
             return Flow::Close;
