@@ -97,6 +97,28 @@ impl Gate {
         authorize(principal, scope, resource).inspect_err(|e| self.refused(e, attempt))
     }
 
+    /// Records `items` refusals of one request at once, with one audit event naming
+    /// the first (a batch whose items fall outside the token's prefixes must not
+    /// flood the log with one line per item).
+    pub fn refused_items(&self, first: &AuthError, attempt: &Attempt<'_>, items: u64) {
+        if items == 0 {
+            return;
+        }
+        self.stats.refused_n(first.reason(), items);
+        tracing::warn!(
+            target: AUDIT_TARGET,
+            event = "refused",
+            transport = attempt.transport,
+            token = first.token().unwrap_or("-"),
+            reason = first.reason(),
+            request = attempt.op,
+            counter = attempt.counter.unwrap_or("-"),
+            node = attempt.node.unwrap_or("-"),
+            items,
+            "{items} item(s) of the request refused, the first: {first}"
+        );
+    }
+
     /// Records that `principal` ran the admin operation `op`, answered with HTTP
     /// status `status` (and error `code`, if it failed).
     pub fn admin_done(

@@ -261,9 +261,14 @@ impl AdminOutcome {
 impl AuthStats {
     /// Counts one refusal for `reason` (one of [`tally_auth::AuthError::REASONS`]).
     pub fn refused(&self, reason: &str) {
+        self.refused_n(reason, 1);
+    }
+
+    /// Counts `n` refusals for `reason`.
+    pub fn refused_n(&self, reason: &str, n: u64) {
         let reasons = tally_auth::AuthError::REASONS;
         if let Some(i) = reasons.iter().position(|r| *r == reason) {
-            self.refusals[i].inc();
+            self.refusals[i].add(n);
         }
     }
 

@@ -39,7 +39,7 @@ pub mod body;
 pub mod error;
 pub mod ops;
 
-use crate::auth::{Attempt, Gate, Resource, Scope};
+use crate::auth::{authorize, Attempt, AuthError, Gate, Resource, Scope};
 use crate::config::HttpConfig;
 use crate::metrics::{HttpStats, PromWriter, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 use crate::service::{ClusterView, Service};
@@ -254,12 +254,13 @@ async fn incr_many<S: Service>(
     tracing::Span::current().record("items", body.increments.len());
     let items = body.into_items()?;
     // Items the token may not touch are answered here; the others go on together.
+    // One audit event and one metric update for all of them (see `Gate::refused_items`).
     let mut results: Vec<Option<ItemResult>> = Vec::with_capacity(items.len());
     let mut allowed = Vec::with_capacity(items.len());
+    let mut first_refusal: Option<(AuthError, String)> = None;
+    let mut refused_items = 0u64;
     for (name, inc) in items {
-        let attempt =
-            Attempt { transport: "http", op: "POST /v1/increments", counter: Some(&name), node: None };
-        match st.shared.gate.authorize(&caller, Scope::Write, Resource::Counter(&name), &attempt) {
+        match authorize(&caller, Scope::Write, Resource::Counter(&name)) {
             Ok(()) => {
                 results.push(None);
                 allowed.push((name, inc));
@@ -267,11 +268,20 @@ async fn incr_many<S: Service>(
             Err(e) => {
                 let refused = ApiError::new(StatusCode::FORBIDDEN, codes::FORBIDDEN, e.to_string());
                 results.push(Some(ItemResult::Err(refused.body())));
+                refused_items += 1;
+                first_refusal.get_or_insert((e, name));
             }
         }
     }
-    let mut answered =
-        if allowed.is_empty() { Vec::new() } else { st.svc.incr_many(allowed).await? }.into_iter();
+    if let Some((e, name)) = &first_refusal {
+        let attempt =
+            Attempt { transport: "http", op: "POST /v1/increments", counter: Some(name), node: None };
+        st.shared.gate.refused_items(e, &attempt, refused_items);
+    }
+    // Every item refused: nothing for the engine (an empty batch still goes to it,
+    // which judges that one as before).
+    let all_refused = allowed.is_empty() && refused_items > 0;
+    let mut answered = if all_refused { Vec::new() } else { st.svc.incr_many(allowed).await? }.into_iter();
     let results = results
         .into_iter()
         .map(|slot| match slot {
