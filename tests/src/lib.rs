@@ -41,6 +41,15 @@ pub fn tallyd() -> Result<PathBuf> {
     Ok(candidate)
 }
 
+/// `n` distinct free ports: every listener is held until all are bound, so the
+/// kernel cannot hand out one port twice (a port released at once may come back
+/// from the very next bind).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
+    held.iter().map(|l| l.local_addr().expect("bound").port()).collect()
+}
+
 /// A port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -229,9 +238,9 @@ impl TestCluster {
 
     async fn start_inner(n: usize, spares: &[usize], extra: &str, token: Option<String>) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let ports: Vec<Ports> = (0..n)
-            .map(|_| Ports { http: free_port(), peer: free_port(), raft: free_port(), resp: free_port() })
-            .collect();
+        let free = free_ports(4 * n);
+        let ports: Vec<Ports> =
+            free.chunks(4).map(|p| Ports { http: p[0], peer: p[1], raft: p[2], resp: p[3] }).collect();
         let mut nodes = Vec::new();
         for i in 1..=n {
             let config = dir.path().join(format!("node{i}.toml"));
@@ -671,5 +680,15 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = super::free_ports(256);
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
     }
 }
