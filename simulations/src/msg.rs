@@ -288,9 +288,9 @@ fn hash_sub<H: Hasher>(sub: &Submission, h: &mut H) {
             0u8.hash(h);
             (sum, increments, members, drain_id).hash(h);
         }
-        Submission::Single { delta, event_id, member } => {
+        Submission::Single { delta, event_id, member, item } => {
             1u8.hash(h);
-            (delta, event_id, member).hash(h);
+            (delta, event_id, member, item).hash(h);
         }
     }
 }

@@ -228,7 +228,10 @@ impl FrequencySketch {
             .into_iter()
             .map(|h| {
                 let estimate = self.cms.estimate(h.item.as_bytes());
-                TopItem { estimate: Estimate { estimate, lower_bound: h.count.min(estimate), error_bound }, item: h.item }
+                TopItem {
+                    estimate: Estimate { estimate, lower_bound: h.count.min(estimate), error_bound },
+                    item: h.item,
+                }
             })
             .collect()
     }
@@ -299,7 +302,8 @@ mod tests {
         const SHARDS: usize = 8;
         let zipf = Zipf::new(ITEMS);
         let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_2026);
-        let mut shards: Vec<FrequencySketch> = (0..SHARDS).map(|_| FrequencySketch::new(&SPEC).unwrap()).collect();
+        let mut shards: Vec<FrequencySketch> =
+            (0..SHARDS).map(|_| FrequencySketch::new(&SPEC).unwrap()).collect();
         let mut truth: BTreeMap<String, u64> = BTreeMap::new();
         let names: Vec<String> = (0..=ITEMS).map(|k| format!("item-{k}")).collect();
         for _ in 0..INCREMENTS {
@@ -355,7 +359,9 @@ mod tests {
     #[test]
     fn specs_beyond_the_limits_are_refused_with_a_reason() {
         assert_eq!(SPEC.validate(), Ok(()));
-        for (epsilon, delta) in [(0.0, 0.01), (1e-5, 0.01), (0.6, 0.01), (0.01, 0.0), (0.01, 0.9), (f64::NAN, 0.1)] {
+        for (epsilon, delta) in
+            [(0.0, 0.01), (1e-5, 0.01), (0.6, 0.01), (0.01, 0.0), (0.01, 0.9), (f64::NAN, 0.1)]
+        {
             let e = FrequencySpec { epsilon, delta }.validate().unwrap_err();
             assert!(matches!(e, FrequencyError::Bounds { .. }), "({epsilon}, {delta}): {e}");
         }

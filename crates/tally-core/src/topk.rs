@@ -200,8 +200,11 @@ impl HeavyHitters {
 
     /// The `k` items with the largest counts, largest first (ties by item).
     pub fn top(&self, k: usize) -> Vec<Hitter> {
-        let mut all: Vec<Hitter> =
-            self.stored.iter().map(|(item, &s)| Hitter { item: item.clone(), count: s - self.floor }).collect();
+        let mut all: Vec<Hitter> = self
+            .stored
+            .iter()
+            .map(|(item, &s)| Hitter { item: item.clone(), count: s - self.floor })
+            .collect();
         all.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.item.cmp(&b.item)));
         all.truncate(k);
         all
@@ -330,7 +333,9 @@ mod tests {
         let back: HeavyHitters = crate::codec::decode("top", &bytes).unwrap();
         assert_eq!(back.top(10), h.top(10));
         assert_eq!((back.undercount(), back.total()), (h.undercount(), h.total()));
-        for counts in [vec![("a".to_owned(), 1), ("b".to_owned(), 1), ("c".to_owned(), 1)], vec![("a".into(), 0)]] {
+        for counts in
+            [vec![("a".to_owned(), 1), ("b".to_owned(), 1), ("c".to_owned(), 1)], vec![("a".into(), 0)]]
+        {
             let wire = HeavyHittersWire { capacity: 2, counts, undercount: 0, total: 3 };
             assert!(crate::codec::decode::<HeavyHitters>("top", &crate::codec::encode(&wire)).is_err());
         }

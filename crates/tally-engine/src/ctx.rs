@@ -304,7 +304,7 @@ impl Ctx {
             return Ok(IncrOutcome::APPLIED);
         }
         // The direct path: the shard decides, then answers.
-        let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member };
+        let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member, item: None };
         for attempt in 0..SHARD_CALL_ATTEMPTS_MAX {
             if attempt > 0 {
                 index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
