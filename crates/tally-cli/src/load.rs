@@ -371,6 +371,7 @@ impl Writer {
                 event_id: id.as_deref(),
                 writer: Some(&self.writer_id),
                 member: None,
+                item: None,
             };
             serde_json::to_vec(&inc)
         } else {
@@ -384,6 +385,7 @@ impl Writer {
                         event_id: id.as_deref(),
                         writer: Some(&self.writer_id),
                         member: None,
+                        item: None,
                     },
                 })
                 .collect();
