@@ -44,7 +44,10 @@ async fn check(tally: &Tally, name: &str, truth: &BTreeMap<String, u64>, phase: 
         let f = tally.frequency(name, item).await.unwrap();
         assert!(f.complete, "{phase}: {f:?}");
         assert_eq!(f.total, total, "{phase}: total weight");
-        assert!(f.estimate >= weight && f.estimate - weight <= f.error_bound, "{phase}: {item} {f:?} vs {weight}");
+        assert!(
+            f.estimate >= weight && f.estimate - weight <= f.error_bound,
+            "{phase}: {item} {f:?} vs {weight}"
+        );
         assert!(f.lower_bound <= weight, "{phase}: {item} lower bound {f:?} vs {weight}");
         assert_eq!(f.confidence, 1.0 - FREQ.delta);
     }
@@ -124,10 +127,12 @@ async fn negative_weights_and_reads_without_frequencies_are_refused() {
     assert_eq!(tally.frequency("f", "a").await.unwrap().estimate, 5);
 
     // The shape is fixed once set.
-    let other = SpecPatch { frequency: Some(FrequencySpec { epsilon: 0.01, delta: 0.01 }), ..Default::default() };
+    let other =
+        SpecPatch { frequency: Some(FrequencySpec { epsilon: 0.01, delta: 0.01 }), ..Default::default() };
     let err = tally.put_counter("f", other).await.unwrap_err();
     assert_eq!((err.code(), err.http_status()), ("invalid_spec", 422), "{err}");
-    let too_big = SpecPatch { frequency: Some(FrequencySpec { epsilon: 1e-4, delta: 1e-6 }), ..Default::default() };
+    let too_big =
+        SpecPatch { frequency: Some(FrequencySpec { epsilon: 1e-4, delta: 1e-6 }), ..Default::default() };
     let err = tally.put_counter("g", too_big).await.unwrap_err();
     assert!(err.to_string().contains("raise epsilon or delta"), "{err}");
 
