@@ -269,6 +269,36 @@ mod tests {
     }
 
     #[test]
+    fn frequencies_show_estimate_bound_and_items() {
+        let f = FrequencyRead {
+            item: "/home".into(),
+            estimate: 12,
+            lower_bound: 10,
+            error_bound: 3,
+            confidence: 0.99,
+            total: 40,
+            complete: false,
+            missing_shards: vec![2],
+        };
+        let text = frequency("views", &f);
+        assert!(
+            text.starts_with("views: /home ~12 (at least 10; over by at most 3 with 99.00% confidence"),
+            "{text}"
+        );
+        assert!(text.contains("INCOMPLETE: sketches of shards 2"), "{text}");
+        let t = TopRead {
+            items: vec![crate::wire::TopEntry { item: "/home".into(), estimate: 12, lower_bound: 10 }],
+            error_bound: 3,
+            confidence: 0.99,
+            total: 40,
+            complete: true,
+            missing_shards: vec![],
+        };
+        let text = top_items("views", &t);
+        assert!(text.contains("/home") && text.contains("AT LEAST"), "{text}");
+    }
+
+    #[test]
     fn counters_show_their_spec() {
         let info = CounterInfo {
             name: "likes".into(),
@@ -280,6 +310,7 @@ mod tests {
                 router: "writer".into(),
                 distinct: false,
                 dedup_window_s: 86400,
+                frequency: Some(crate::wire::Frequency { epsilon: 0.001, delta: 0.01 }),
             },
             generation: 1,
             layout_shards: 8,
@@ -288,6 +319,7 @@ mod tests {
         };
         let text = counter("created", &info);
         assert!(text.starts_with("created likes\n  shards          8\n"), "{text}");
+        assert!(text.contains("frequency       epsilon 0.001 delta 0.01\n"), "{text}");
         assert!(text.contains("rollup_ms       0 (no rollup)"), "{text}");
     }
 }
