@@ -24,15 +24,19 @@ schemas = {
               desc="Every error answer: a stable snake_case code and a human-readable message."),
  "Durability": {"type": "string", "enum": ["sync", "batched"]},
  "Router": {"type": "string", "enum": ["event", "writer", "round_robin", "random"]},
+ "Frequency": obj({"epsilon": {"type": "number", "minimum": 1e-4, "maximum": 0.5}, "delta": {"type": "number", "minimum": 1e-6, "maximum": 0.5}},
+   ["epsilon", "delta"], desc="Per-item frequencies: estimates exceed the truth by more than epsilon × total weight with probability at most delta. "
+   "At most 131072 count-min counters per shard (width ⌈e/epsilon⌉ × depth ⌈ln(1/delta)⌉); fixed once set."),
  "CounterSpec": obj({"shards": {"type": "integer", "minimum": 1, "maximum": 1024}, "durability": ref("Durability"),
-   "flush_ms": UINT, "rollup_ms": UINT, "router": ref("Router"), "distinct": BOOL, "dedup_window_s": UINT},
-   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s"]),
+   "flush_ms": UINT, "rollup_ms": UINT, "router": ref("Router"), "distinct": BOOL, "dedup_window_s": UINT, "frequency": nullable(ref("Frequency"))},
+   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency"]),
  "SpecPatch": obj({"shards": {"type": "integer"}, "durability": ref("Durability"), "flush_ms": INT, "rollup_ms": INT,
-   "router": ref("Router"), "distinct": BOOL, "dedup_window_s": INT}, desc="Fields to set; all optional."),
+   "router": ref("Router"), "distinct": BOOL, "dedup_window_s": INT, "frequency": nullable(ref("Frequency"))}, desc="Fields to set; all optional."),
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
    "resharding": nullable(UINT), "created_at_ms": UINT}, ["name", "spec", "generation", "layout_shards", "resharding", "created_at_ms"]),
- "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR}, ["delta"]),
- "BatchItem": obj({"counter": NAME, "delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR}, ["counter", "delta"]),
+ "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR, "item": STR}, ["delta"],
+   desc="On a counter with `frequency`, `item` (or `member` without one) is counted with the delta as its weight; the delta must then be positive."),
+ "BatchItem": obj({"counter": NAME, "delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR, "item": STR}, ["counter", "delta"]),
  "Batch": obj({"increments": {"type": "array", "items": ref("BatchItem")}}, ["increments"]),
  "IncrOutcome": obj({"applied": BOOL, "duplicate": BOOL}, ["applied"]),
  "BatchResults": obj({"results": {"type": "array", "items": {"oneOf": [ref("IncrOutcome"), ref("Error")]}}}, ["results"]),
@@ -41,6 +45,17 @@ schemas = {
    ["value", "consistency", "as_of_ms", "staleness_ms", "complete", "missing_shards"]),
  "DistinctRead": obj({"estimate": UINT, "relative_error": NUM, "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
    ["estimate", "relative_error", "complete", "missing_shards"]),
+ "FrequencyRead": obj({"item": STR, "estimate": UINT, "lower_bound": UINT, "error_bound": UINT, "confidence": NUM, "epsilon": NUM,
+   "total": UINT, "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
+   ["item", "estimate", "lower_bound", "error_bound", "confidence", "epsilon", "total", "complete", "missing_shards"],
+   desc="An item's summed weight: `estimate` is never below it and exceeds it by at most `error_bound` (epsilon × total) with probability `confidence`; "
+   "`lower_bound` is a weight it certainly has."),
+ "TopEntry": obj({"item": STR, "estimate": UINT, "lower_bound": UINT}, ["item", "estimate", "lower_bound"]),
+ "TopRead": obj({"k": UINT, "items": {"type": "array", "items": ref("TopEntry"), "maxItems": 256}, "error_bound": UINT, "confidence": NUM,
+   "undercount": UINT, "total": UINT, "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
+   ["k", "items", "error_bound", "confidence", "undercount", "total", "complete", "missing_shards"],
+   desc="The heaviest items, heaviest first. A listed item's weight lies in [lower_bound, min(estimate, lower_bound + undercount)]; "
+   "an unlisted item weighs at most `undercount`."),
  "ShardReport": obj({"index": UINT, "node": STR, "value": INT, "writes": UINT}, ["index", "node", "value", "writes"]),
  "ShardsReport": obj({"generation": UINT, "base": INT, "shards": {"type": "array", "items": ref("ShardReport")}, "skew": NUM},
    ["generation", "base", "shards", "skew"]),
@@ -111,6 +126,12 @@ paths = {
      [name_param, {"name": "consistency", "in": "query", "schema": {"type": "string", "enum": ["cached", "fresh"], "default": "cached"}}])},
  "/v1/counters/{name}/distinct": {"get": op("readDistinct", "The distinct-member estimate.", {
      "200": ok("The estimate.", ref("DistinctRead")), "400": E400, "404": E404, "409": E409, "422": E422, "503": E503}, [name_param])},
+ "/v1/counters/{name}/frequency": {"get": op("readFrequency", "An item's estimated frequency, merged over every shard (counters with `frequency`).", {
+     "200": ok("The estimate, its error bound and confidence.", ref("FrequencyRead")), "400": E400, "404": E404, "409": E409, "503": E503},
+     [name_param, {"name": "item", "in": "query", "required": True, "schema": {"type": "string", "maxLength": 1024}}])},
+ "/v1/counters/{name}/top": {"get": op("readTop", "The heaviest items, merged over every shard (counters with `frequency`).", {
+     "200": ok("The items with their estimates and bounds.", ref("TopRead")), "400": E400, "404": E404, "409": E409, "503": E503},
+     [name_param, {"name": "k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 256, "default": 10}}])},
  "/v1/counters/{name}/shards": {"get": op("readShards", "Per-shard values, owners, writes and skew.", {
      "200": ok("The shards.", ref("ShardsReport")), "400": E400, "404": E404, "503": E503}, [name_param])},
  "/v1/counters/{name}/reconcile": {"post": op("reconcile", "Bring the counter to an authoritative total.", {

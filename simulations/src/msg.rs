@@ -235,8 +235,10 @@ pub enum Msg {
     MergeSketch {
         /// The shard.
         shard: ShardId,
-        /// The merged sketch of the sealed generation.
-        sketch: Vec<u8>,
+        /// The merged distinct sketch of the sealed generation.
+        sketch: Option<Vec<u8>>,
+        /// The merged frequency sketch of the sealed generation.
+        frequency: Option<Vec<u8>>,
     },
     /// Owner → control: merged and durable.
     Merged {
@@ -288,9 +290,9 @@ fn hash_sub<H: Hasher>(sub: &Submission, h: &mut H) {
             0u8.hash(h);
             (sum, increments, members, drain_id).hash(h);
         }
-        Submission::Single { delta, event_id, member } => {
+        Submission::Single { delta, event_id, member, item } => {
             1u8.hash(h);
-            (delta, event_id, member).hash(h);
+            (delta, event_id, member, item).hash(h);
         }
     }
 }
@@ -342,7 +344,7 @@ impl Hash for Msg {
                 shard.hash(h);
                 hash_image(image, h);
             }
-            Msg::MergeSketch { shard, sketch } => (shard, sketch).hash(h),
+            Msg::MergeSketch { shard, sketch, frequency } => (shard, sketch, frequency).hash(h),
             Msg::Exported { shard, epoch, image, dedup } | Msg::Import { shard, epoch, image, dedup } => {
                 (shard, epoch).hash(h);
                 hash_image(image, h);

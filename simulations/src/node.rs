@@ -19,6 +19,7 @@ use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tally_core::dedup::DedupRecord;
 use tally_core::drain_book::DrainBook;
+use tally_core::frequency::FrequencySketch;
 use tally_core::hash::hash64;
 use tally_core::limits::bufferable;
 use tally_core::meta::CounterMeta;
@@ -196,7 +197,9 @@ impl Sim {
             Msg::Submit { shard, sub, ctx } => self.owner_submit(n, shard, sub, ctx, from),
             Msg::SubmitReply { shard, sub, ctx, answer } => self.gateway_reply(n, shard, sub, ctx, answer),
             Msg::Seal { shard } => self.owner_seal(n, shard),
-            Msg::MergeSketch { shard, sketch } => self.owner_merge(n, shard, &sketch),
+            Msg::MergeSketch { shard, sketch, frequency } => {
+                self.owner_merge(n, shard, sketch.as_deref(), frequency.as_deref())
+            }
             Msg::Export { shard, epoch } => self.owner_export(n, shard, epoch),
             Msg::Import { shard, epoch, image, dedup } => self.owner_import(n, shard, epoch, image, dedup),
             Msg::IncrReply { .. }
@@ -286,7 +289,7 @@ impl Sim {
             acc.members.extend(member);
             return reply(self, Answer::Applied);
         }
-        let sub = Submission::Single { delta, event_id, member };
+        let sub = Submission::Single { delta, event_id, member, item: None };
         let ctx = SubmitCtx::Client { client, op, attempt, hops: 0 };
         self.route_submission(n, &counter, Some(index), sub, ctx);
     }
@@ -469,10 +472,11 @@ impl Sim {
         let id = format!("~reconcile:{:016x}", hash64(CORRECTION_SEED, &key));
         let ctx = SubmitCtx::Reconcile { client, op, before, drift, authoritative, hops: 0 };
         if bug!(ReconcileTwice) {
-            let sub = Submission::Single { delta, event_id: Some(format!("{id}:again")), member: None };
+            let sub =
+                Submission::Single { delta, event_id: Some(format!("{id}:again")), member: None, item: None };
             self.route_submission(n, &counter, None, sub, ctx.clone());
         }
-        let sub = Submission::Single { delta, event_id: Some(id), member: None };
+        let sub = Submission::Single { delta, event_id: Some(id), member: None, item: None };
         self.route_submission(n, &counter, None, sub, ctx);
     }
 
@@ -712,6 +716,7 @@ impl Sim {
             durability: meta.spec.durability,
             dedup_window_ms: meta.spec.dedup_window_ms(),
             distinct: meta.spec.distinct,
+            frequency: meta.spec.frequency,
         };
         ShardMachine::new(params, image, sketch, false)
     }
@@ -778,16 +783,17 @@ impl Sim {
         self.send(Addr::Node(n), Addr::Control, Msg::Sealed { shard, image });
     }
 
-    fn owner_merge(&mut self, n: u8, shard: ShardId, sketch: &[u8]) {
+    fn owner_merge(&mut self, n: u8, shard: ShardId, sketch: Option<&[u8]>, frequency: Option<&[u8]>) {
         if self.meta.owner(&shard) != n || self.node(n).poisoned {
             return;
         }
-        let incoming = DistinctSketch::from_bytes(sketch).expect("sent sketches decode");
+        let distinct = sketch.map(|s| DistinctSketch::from_bytes(s).expect("sent sketches decode"));
+        let frequency = frequency.map(|f| FrequencySketch::from_bytes(f).expect("sent sketches decode"));
         let meta = self.meta.counters[&shard.counter].clone();
         let store = self.node(n).store.clone();
         let mut machine = Self::machine(&store, &shard, &meta);
         let mut effects: VecDeque<Effect<Pending>> =
-            machine.step(self.now, Input::MergeSketch(incoming)).into();
+            machine.step(self.now, Input::MergeSketch { distinct, frequency }).into();
         while let Some(effect) = effects.pop_front() {
             match effect {
                 Effect::Write { write, .. } => {

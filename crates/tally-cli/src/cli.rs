@@ -142,6 +142,21 @@ pub enum Command {
         /// The counter.
         name: String,
     },
+    /// Estimate an item's frequency (GET /v1/counters/NAME/frequency?item=ITEM).
+    Frequency {
+        /// The counter (created with --epsilon and --delta).
+        name: String,
+        /// The item.
+        item: String,
+    },
+    /// List a counter's heaviest items (GET /v1/counters/NAME/top?k=K).
+    TopItems {
+        /// The counter (created with --epsilon and --delta).
+        name: String,
+        /// How many items.
+        #[arg(short, long, default_value_t = 10)]
+        k: u32,
+    },
     /// Show a counter's shards and write skew (GET /v1/counters/NAME/shards).
     Shards {
         /// The counter.
@@ -307,6 +322,12 @@ pub struct CreateArgs {
     /// How long event ids are remembered, in seconds.
     #[arg(long, value_name = "N")]
     pub dedup_window_s: Option<u64>,
+    /// Keep per-item frequencies: estimates within EPSILON × total weight...
+    #[arg(long, value_name = "EPSILON", requires = "delta")]
+    pub epsilon: Option<f64>,
+    /// ...with probability 1 − DELTA.
+    #[arg(long, value_name = "DELTA", requires = "epsilon")]
+    pub delta: Option<f64>,
 }
 
 /// `tally incr`.
@@ -326,6 +347,9 @@ pub struct IncrArgs {
     /// Member to count distinctly.
     #[arg(long, value_name = "M")]
     pub member: Option<String>,
+    /// Item whose frequency the amount adds to.
+    #[arg(long, value_name = "I")]
+    pub item: Option<String>,
 }
 
 /// `tally load`.

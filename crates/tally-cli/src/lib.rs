@@ -37,8 +37,8 @@ use client::{codes, parse_node, Client};
 use reqwest::Method;
 use std::io::Write;
 use wire::{
-    ClusterView, CounterInfo, DistinctRead, IncrOutcome, IncrementBody, ReconcileReport, ShardsReport,
-    SpecBody, ValueRead,
+    ClusterView, CounterInfo, DistinctRead, Frequency, FrequencyRead, IncrOutcome, IncrementBody,
+    ReconcileReport, ShardsReport, SpecBody, TopRead, ValueRead,
 };
 
 /// Where results go, and whether standard output already holds one.
@@ -128,6 +128,22 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             out.show(&answer.text, || render::distinct(name, &d));
             Ok(())
         }
+        Command::Frequency { name, item } => {
+            let mut url = client.counter_url(name, &["frequency"]);
+            url.query_pairs_mut().append_pair("item", item);
+            let answer = client.call::<()>(Method::GET, url, None).await?;
+            let f: FrequencyRead = answer.parse()?;
+            out.show(&answer.text, || render::frequency(name, &f));
+            Ok(())
+        }
+        Command::TopItems { name, k } => {
+            let mut url = client.counter_url(name, &["top"]);
+            url.query_pairs_mut().append_pair("k", &k.to_string());
+            let answer = client.call::<()>(Method::GET, url, None).await?;
+            let t: TopRead = answer.parse()?;
+            out.show(&answer.text, || render::top_items(name, &t));
+            Ok(())
+        }
         Command::Shards { name } => {
             let answer = client.call::<()>(Method::GET, client.counter_url(name, &["shards"]), None).await?;
             let r: ShardsReport = answer.parse()?;
@@ -209,6 +225,7 @@ async fn create(client: &Client, args: &CreateArgs, out: &mut Output) -> Result<
         router: args.router.map(|r| r.as_str().to_string()),
         distinct,
         dedup_window_s: args.dedup_window_s,
+        frequency: args.epsilon.zip(args.delta).map(|(epsilon, delta)| Frequency { epsilon, delta }),
     };
     let answer = client.call(Method::PUT, client.counter_url(&args.name, &[]), Some(&spec)).await?;
     let info: CounterInfo = answer.parse()?;
@@ -223,6 +240,7 @@ async fn incr(client: &Client, args: &IncrArgs, out: &mut Output) -> Result<(), 
         event_id: args.event_id.as_deref(),
         writer: args.writer.as_deref(),
         member: args.member.as_deref(),
+        item: args.item.as_deref(),
     };
     let url = client.counter_url(&args.name, &["increments"]);
     let answer = client.call(Method::POST, url, Some(&body)).await?;

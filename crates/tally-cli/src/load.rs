@@ -373,6 +373,7 @@ impl Writer {
                 event_id: id.as_deref(),
                 writer: Some(&self.writer_id),
                 member: None,
+                item: None,
             };
             serde_json::to_vec(&inc)
         } else {
@@ -386,6 +387,7 @@ impl Writer {
                         event_id: id.as_deref(),
                         writer: Some(&self.writer_id),
                         member: None,
+                        item: None,
                     },
                 })
                 .collect();

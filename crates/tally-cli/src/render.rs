@@ -2,7 +2,8 @@
 //! newline) so the formats are unit-tested; `--json` bypasses all of this.
 
 use crate::wire::{
-    ClusterView, CounterInfo, DistinctRead, IncrOutcome, ReconcileReport, ShardsReport, ValueRead,
+    ClusterView, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, ReconcileReport, ShardsReport,
+    TopRead, ValueRead,
 };
 use std::fmt::Write;
 
@@ -59,6 +60,9 @@ pub fn counter(verb: &str, info: &CounterInfo) -> String {
         ("dedup_window_s", s.dedup_window_s.to_string()),
         ("generation", info.generation.to_string()),
     ];
+    if let Some(f) = s.frequency {
+        pairs.push(("frequency", format!("epsilon {} delta {}", f.epsilon, f.delta)));
+    }
     if let Some(target) = info.resharding {
         pairs.push(("resharding", format!("{} → {target} shards", info.layout_shards)));
     }
@@ -101,6 +105,49 @@ pub fn distinct(name: &str, d: &DistinctRead) -> String {
     if !d.complete {
         let _ =
             writeln!(out, "  INCOMPLETE: sketches of shards {} are missing", shard_list(&d.missing_shards));
+    }
+    out
+}
+
+/// An item's estimate with its bound.
+pub fn frequency(name: &str, f: &FrequencyRead) -> String {
+    let mut out = format!(
+        "{name}: {} ~{} (at least {}; over by at most {} with {:.2}% confidence; total weight {})\n",
+        f.item,
+        f.estimate,
+        f.lower_bound,
+        f.error_bound,
+        f.confidence * 100.0,
+        f.total
+    );
+    if !f.complete {
+        let _ =
+            writeln!(out, "  INCOMPLETE: sketches of shards {} are missing", shard_list(&f.missing_shards));
+    }
+    out
+}
+
+/// The heaviest items as a table.
+pub fn top_items(name: &str, t: &TopRead) -> String {
+    let rows: Vec<Vec<String>> = t
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            vec![(i + 1).to_string(), e.item.clone(), e.estimate.to_string(), e.lower_bound.to_string()]
+        })
+        .collect();
+    let mut out = format!(
+        "{name}: top {} of total weight {} (estimates over by at most {} with {:.2}% confidence)\n",
+        t.items.len(),
+        t.total,
+        t.error_bound,
+        t.confidence * 100.0
+    );
+    out.push_str(&table(&["#", "ITEM", "ESTIMATE", "AT LEAST"], &rows));
+    if !t.complete {
+        let _ =
+            writeln!(out, "  INCOMPLETE: sketches of shards {} are missing", shard_list(&t.missing_shards));
     }
     out
 }
@@ -222,6 +269,36 @@ mod tests {
     }
 
     #[test]
+    fn frequencies_show_estimate_bound_and_items() {
+        let f = FrequencyRead {
+            item: "/home".into(),
+            estimate: 12,
+            lower_bound: 10,
+            error_bound: 3,
+            confidence: 0.99,
+            total: 40,
+            complete: false,
+            missing_shards: vec![2],
+        };
+        let text = frequency("views", &f);
+        assert!(
+            text.starts_with("views: /home ~12 (at least 10; over by at most 3 with 99.00% confidence"),
+            "{text}"
+        );
+        assert!(text.contains("INCOMPLETE: sketches of shards 2"), "{text}");
+        let t = TopRead {
+            items: vec![crate::wire::TopEntry { item: "/home".into(), estimate: 12, lower_bound: 10 }],
+            error_bound: 3,
+            confidence: 0.99,
+            total: 40,
+            complete: true,
+            missing_shards: vec![],
+        };
+        let text = top_items("views", &t);
+        assert!(text.contains("/home") && text.contains("AT LEAST"), "{text}");
+    }
+
+    #[test]
     fn counters_show_their_spec() {
         let info = CounterInfo {
             name: "likes".into(),
@@ -233,6 +310,7 @@ mod tests {
                 router: "writer".into(),
                 distinct: false,
                 dedup_window_s: 86400,
+                frequency: Some(crate::wire::Frequency { epsilon: 0.001, delta: 0.01 }),
             },
             generation: 1,
             layout_shards: 8,
@@ -241,6 +319,7 @@ mod tests {
         };
         let text = counter("created", &info);
         assert!(text.starts_with("created likes\n  shards          8\n"), "{text}");
+        assert!(text.contains("frequency       epsilon 0.001 delta 0.01\n"), "{text}");
         assert!(text.contains("rollup_ms       0 (no rollup)"), "{text}");
     }
 }

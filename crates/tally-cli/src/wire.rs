@@ -26,7 +26,7 @@ pub struct ErrorDetail {
 }
 
 /// The body of `PUT /v1/counters/{name}`: the spec fields to set.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SpecBody {
     /// Shard count.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -49,10 +49,79 @@ pub struct SpecBody {
     /// Dedup window, in seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dedup_window_s: Option<u64>,
+    /// Keep per-item frequencies with this precision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frequency: Option<Frequency>,
+}
+
+/// A counter's frequency option.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Frequency {
+    /// Error bound, as a fraction of the total weight.
+    pub epsilon: f64,
+    /// Probability that an estimate exceeds its bound.
+    pub delta: f64,
+}
+
+/// `GET /v1/counters/{name}/frequency`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct FrequencyRead {
+    /// The item.
+    pub item: String,
+    /// Count-min estimate (never below the truth).
+    pub estimate: u64,
+    /// A weight the item certainly has.
+    #[serde(default)]
+    pub lower_bound: u64,
+    /// `epsilon × total`.
+    pub error_bound: u64,
+    /// `1 − delta`.
+    pub confidence: f64,
+    /// Weight over all items.
+    #[serde(default)]
+    pub total: u64,
+    /// Whether every shard's sketch was merged.
+    #[serde(default = "yes")]
+    pub complete: bool,
+    /// Shards whose sketches are missing.
+    #[serde(default)]
+    pub missing_shards: Vec<u64>,
+}
+
+/// One item of `GET /v1/counters/{name}/top`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct TopEntry {
+    /// The item.
+    pub item: String,
+    /// Count-min estimate.
+    pub estimate: u64,
+    /// A weight it certainly has.
+    #[serde(default)]
+    pub lower_bound: u64,
+}
+
+/// `GET /v1/counters/{name}/top`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TopRead {
+    /// The heaviest items, heaviest first.
+    pub items: Vec<TopEntry>,
+    /// `epsilon × total`.
+    pub error_bound: u64,
+    /// `1 − delta`.
+    pub confidence: f64,
+    /// Weight over all items.
+    #[serde(default)]
+    pub total: u64,
+    /// Whether every shard's sketch was merged.
+    #[serde(default = "yes")]
+    pub complete: bool,
+    /// Shards whose sketches are missing.
+    #[serde(default)]
+    pub missing_shards: Vec<u64>,
 }
 
 /// A counter's contract.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Spec {
     /// Number of shards.
     pub shards: u64,
@@ -68,10 +137,13 @@ pub struct Spec {
     pub distinct: bool,
     /// Dedup window, in seconds.
     pub dedup_window_s: u64,
+    /// The frequency option, if any.
+    #[serde(default)]
+    pub frequency: Option<Frequency>,
 }
 
 /// `GET /v1/counters/{name}` (and the answer of a create or update).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct CounterInfo {
     /// The counter's name.
     pub name: String,
@@ -105,6 +177,9 @@ pub struct IncrementBody<'a> {
     /// Distinct member.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub member: Option<&'a str>,
+    /// Frequency item.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub item: Option<&'a str>,
 }
 
 /// One item of `POST /v1/increments`.
@@ -279,7 +354,13 @@ mod tests {
         let body = BatchBody {
             increments: vec![BatchItem {
                 counter: "c",
-                increment: IncrementBody { delta: 1, event_id: Some("e"), writer: None, member: None },
+                increment: IncrementBody {
+                    delta: 1,
+                    event_id: Some("e"),
+                    writer: None,
+                    member: None,
+                    item: None,
+                },
             }],
         };
         assert_eq!(

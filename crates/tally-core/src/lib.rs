@@ -23,6 +23,8 @@
 //! * [`dedup`] — the dedup window: duplicate, conflict or fresh.
 //! * [`ring`] — consistent-hash placement of shards on nodes, with virtual nodes.
 //! * [`sketch`] — HyperLogLog for distinct counts; [`cms`] — count-min for frequencies.
+//! * [`topk`] — mergeable heavy hitters (Misra–Gries); [`frequency`] — a counter's
+//!   per-shard frequency state (count-min and heavy hitters) and its limits.
 //! * [`rollup`] — when a cached total must be refreshed.
 //! * `planted` (feature `planted-bugs` only) — known bugs the simulator's checker must
 //!   catch, switched on at run time.
@@ -34,6 +36,7 @@ pub mod codec;
 pub mod dedup;
 pub mod drain_book;
 pub mod format;
+pub mod frequency;
 pub mod hash;
 pub mod ids;
 pub mod limits;
@@ -49,6 +52,7 @@ pub mod shard;
 pub mod shard_machine;
 pub mod sketch;
 pub mod spec;
+pub mod topk;
 
 pub use ids::{NodeId, ShardId};
 pub use name::CounterName;

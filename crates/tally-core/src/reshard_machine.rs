@@ -13,11 +13,23 @@
 //! simulator's control plane sends them as messages and resends what is outstanding
 //! ([`ReshardInput::Outstanding`]) until answered. Both run this machine.
 
+use crate::frequency::{FrequencyError, FrequencySketch};
 use crate::meta::Layout;
 use crate::shard::ShardImage;
 use crate::sketch::{DistinctSketch, SketchError};
 use crate::{CounterName, ShardId};
 use std::collections::BTreeMap;
+
+/// Why a sealed image cannot be carried into the next generation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReshardError {
+    /// Its distinct sketch does not decode.
+    #[error("a sealed shard's sketch does not decode: {0}")]
+    Sketch(#[from] SketchError),
+    /// Its frequency sketch does not decode, or does not merge with the others.
+    #[error("a sealed shard's frequency sketch cannot be carried: {0}")]
+    Frequency(#[from] FrequencyError),
+}
 
 /// What happened to a resharding.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,13 +52,15 @@ pub enum ReshardInput {
 pub enum ReshardEffect {
     /// Seal this shard and answer [`ReshardInput::Sealed`] with its final image.
     Seal(ShardId),
-    /// Merge this encoded sketch into `shard` (the next generation's first shard)
-    /// and answer [`ReshardInput::Merged`].
+    /// Merge these encoded sketches into `shard` (the next generation's first shard)
+    /// and answer [`ReshardInput::Merged`]. At least one is present.
     MergeSketch {
         /// Where.
         shard: ShardId,
-        /// The union of the sealed shards' sketches.
-        sketch: Vec<u8>,
+        /// The union of the sealed shards' distinct sketches.
+        sketch: Option<Vec<u8>>,
+        /// The merge of the sealed shards' frequency sketches, carried once.
+        frequency: Option<Vec<u8>>,
     },
     /// Every shard is sealed (and its sketches carried over): open the next
     /// generation with `MetaCommand::CompleteReshard`.
@@ -91,7 +105,7 @@ impl ReshardMachine {
     /// completion once nothing else is outstanding); after `Outstanding`, everything
     /// not yet answered. A sealed image whose sketch does not decode is an error: the
     /// resharding cannot carry its members over.
-    pub fn step(&mut self, input: ReshardInput) -> Result<Vec<ReshardEffect>, SketchError> {
+    pub fn step(&mut self, input: ReshardInput) -> Result<Vec<ReshardEffect>, ReshardError> {
         match input {
             ReshardInput::Sealed { index, image } => {
                 if index >= self.shards || self.images.contains_key(&index) {
@@ -100,6 +114,7 @@ impl ReshardMachine {
                 if let Some(bytes) = &image.sketch {
                     DistinctSketch::from_bytes(bytes)?;
                 }
+                image.decode_frequency()?;
                 self.images.insert(index, image);
                 if self.images.len() < usize::from(self.shards) {
                     return Ok(Vec::new());
@@ -128,14 +143,27 @@ impl ReshardMachine {
 
     /// With every shard sealed: the merge, unless done or not needed; then the
     /// completion.
-    fn after_sealing(&self) -> Result<Vec<ReshardEffect>, SketchError> {
+    fn after_sealing(&self) -> Result<Vec<ReshardEffect>, ReshardError> {
         let mut union: Option<DistinctSketch> = None;
         for bytes in self.images.values().filter_map(|i| i.sketch.as_ref()) {
             union.get_or_insert_with(DistinctSketch::new).merge(&DistinctSketch::from_bytes(bytes)?);
         }
-        if let (Some(sketch), false) = (union, self.merged) {
+        let mut frequency: Option<FrequencySketch> = None;
+        for image in self.images.values() {
+            if let Some(f) = image.decode_frequency()? {
+                match frequency.as_mut() {
+                    None => frequency = Some(f),
+                    Some(all) => all.merge(&f)?,
+                }
+            }
+        }
+        if (union.is_some() || frequency.is_some()) && !self.merged {
             let shard = ShardId::new(self.counter.clone(), self.generation + 1, 0);
-            return Ok(vec![ReshardEffect::MergeSketch { shard, sketch: sketch.to_bytes() }]);
+            return Ok(vec![ReshardEffect::MergeSketch {
+                shard,
+                sketch: union.map(|u| u.to_bytes()),
+                frequency: frequency.map(|f| f.to_bytes()),
+            }]);
         }
         let sealed_sum = self.images.values().map(|i| i128::from(i.value)).sum();
         Ok(vec![ReshardEffect::Complete { generation: self.generation, sealed_sum }])
@@ -161,7 +189,7 @@ mod tests {
             s.insert_hash(member_hash(m));
             s.to_bytes()
         });
-        ShardImage { value, sketch }
+        ShardImage { value, sketch, frequency: None }
     }
 
     #[test]
@@ -204,7 +232,9 @@ mod tests {
         let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
         m.step(ReshardInput::Sealed { index: 0, image: image(1, Some("a")) }).unwrap();
         let effects = m.step(ReshardInput::Sealed { index: 1, image: image(2, Some("b")) }).unwrap();
-        let [ReshardEffect::MergeSketch { shard, sketch }] = effects.as_slice() else {
+        let [ReshardEffect::MergeSketch { shard, sketch: Some(sketch), frequency: None }] =
+            effects.as_slice()
+        else {
             panic!("{effects:?}")
         };
         assert_eq!(shard, &ShardId::new(name(), 1, 0));
@@ -218,10 +248,40 @@ mod tests {
     }
 
     #[test]
+    fn frequency_sketches_carry_merged_and_a_bad_one_is_an_error() {
+        use crate::frequency::FrequencySpec;
+        let spec = FrequencySpec { epsilon: 0.01, delta: 0.01 };
+        let with = |value, item: &str, weight| {
+            let mut f = FrequencySketch::new(&spec).unwrap();
+            f.add(item, weight);
+            ShardImage { value, sketch: None, frequency: Some(f.to_bytes()) }
+        };
+        let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
+        m.step(ReshardInput::Sealed { index: 0, image: with(3, "x", 3) }).unwrap();
+        let effects = m.step(ReshardInput::Sealed { index: 1, image: with(4, "x", 4) }).unwrap();
+        let [ReshardEffect::MergeSketch { sketch: None, frequency: Some(bytes), .. }] = effects.as_slice()
+        else {
+            panic!("{effects:?}")
+        };
+        let carried = FrequencySketch::from_bytes(bytes).unwrap();
+        assert_eq!((carried.total(), carried.estimate("x", &spec).estimate), (7, 7));
+        assert_eq!(
+            m.step(ReshardInput::Merged).unwrap(),
+            vec![ReshardEffect::Complete { generation: 0, sealed_sum: 7 }]
+        );
+        let mut m = ReshardMachine::new(name(), &layout(0, 1, Some(2))).unwrap();
+        let bad = ShardImage { value: 1, sketch: None, frequency: Some(vec![9, 9]) };
+        assert!(matches!(
+            m.step(ReshardInput::Sealed { index: 0, image: bad }),
+            Err(ReshardError::Frequency(_))
+        ));
+    }
+
+    #[test]
     fn a_merge_before_every_seal_is_ignored_and_a_bad_sketch_is_an_error() {
         let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
         assert_eq!(m.step(ReshardInput::Merged).unwrap(), vec![]);
-        let bad = ShardImage { value: 1, sketch: Some(vec![1, 2, 3]) };
+        let bad = ShardImage { value: 1, sketch: Some(vec![1, 2, 3]), frequency: None };
         assert!(m.step(ReshardInput::Sealed { index: 0, image: bad }).is_err());
         assert_eq!(m.step(ReshardInput::Outstanding).unwrap().len(), 2, "the bad answer was not taken");
     }

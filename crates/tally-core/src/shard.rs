@@ -6,6 +6,7 @@
 //! outcome to answer for every submission. The actor adds no logic of its own.
 
 use crate::dedup::{judge, DedupRecord, Verdict};
+use crate::frequency::{FrequencyError, FrequencySketch};
 use crate::limits::{apply_buffered, check_direct, Overflow};
 use crate::sketch::DistinctSketch;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,9 @@ pub enum Submission {
         event_id: Option<String>,
         /// Hash of its distinct-count member.
         member: Option<u64>,
+        /// The item whose frequency it adds to (counters with `frequency`): its
+        /// `item`, or its member when it names no item. Its delta is the weight.
+        item: Option<String>,
     },
 }
 
@@ -109,6 +113,17 @@ pub struct ShardImage {
     /// The shard's distinct-count sketch, encoded by [`crate::sketch`]; `None` for
     /// counters without `distinct`.
     pub sketch: Option<Vec<u8>>,
+    /// The shard's frequency sketch, encoded by [`crate::frequency`]; `None` for
+    /// counters without `frequency`.
+    pub frequency: Option<Vec<u8>>,
+}
+
+impl ShardImage {
+    /// The frequency sketch, decoded: a shell checks it when it loads a shard (a
+    /// sketch that does not decode makes the shard's data corrupt).
+    pub fn decode_frequency(&self) -> Result<Option<FrequencySketch>, FrequencyError> {
+        self.frequency.as_deref().map(FrequencySketch::from_bytes).transpose()
+    }
 }
 
 /// Everything one shard commit changes, applied atomically.
@@ -143,6 +158,8 @@ pub struct ShardState {
     pub value: i64,
     /// The distinct-count sketch, for counters with `distinct`.
     pub sketch: Option<DistinctSketch>,
+    /// The frequency sketch, for counters with `frequency`.
+    pub frequency: Option<FrequencySketch>,
 }
 
 /// Everything a batch of submissions changes.
@@ -156,6 +173,8 @@ pub struct Decision {
     pub outcomes: Vec<Outcome>,
     /// Whether the sketch changed and must be written.
     pub sketch_changed: bool,
+    /// Whether the frequency sketch changed and must be written.
+    pub frequency_changed: bool,
     /// How many increments were counted.
     pub applied_increments: u64,
     /// The absolute change of the value, summed over applied submissions.
@@ -167,7 +186,7 @@ pub struct Decision {
 impl Decision {
     /// Whether anything must be written.
     pub fn writes(&self, before: i64) -> bool {
-        self.value != before || !self.dedup_put.is_empty() || self.sketch_changed
+        self.value != before || !self.dedup_put.is_empty() || self.sketch_changed || self.frequency_changed
     }
 }
 
@@ -215,7 +234,7 @@ pub fn decide(
                 }
                 Outcome::Applied
             }
-            Submission::Single { delta, event_id, member } => {
+            Submission::Single { delta, event_id, member, item } => {
                 let verdict = match event_id {
                     None => Verdict::Fresh,
                     Some(id) => {
@@ -241,6 +260,13 @@ pub fn decide(
                             if let Some(h) = member {
                                 add_member(&mut state.sketch, *h, &mut d.sketch_changed);
                             }
+                            if let (Some(f), Some(item)) = (state.frequency.as_mut(), item) {
+                                // Only positive weights count (see crate::frequency).
+                                if *delta > 0 {
+                                    f.add(item, *delta);
+                                    d.frequency_changed = true;
+                                }
+                            }
                             Outcome::Applied
                         }
                     },
@@ -264,7 +290,7 @@ mod tests {
     const W: u64 = 1_000_000;
 
     fn single(delta: i64, id: Option<&str>) -> Submission {
-        Submission::Single { delta, event_id: id.map(str::to_owned), member: None }
+        Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None }
     }
 
     #[test]
@@ -323,7 +349,7 @@ mod tests {
 
     #[test]
     fn overflow_is_refused_without_a_dedup_record() {
-        let mut s = ShardState { value: SHARD_VALUE_ABS_MAX, sketch: None };
+        let mut s = ShardState { value: SHARD_VALUE_ABS_MAX, sketch: None, frequency: None };
         let d = decide(&mut s, &[single(1, Some("e")), single(-1, None)], &BTreeMap::new(), 0, W);
         assert!(matches!(d.outcomes[0], Outcome::Overflow(_)));
         assert_eq!(d.outcomes[1], Outcome::Applied);
@@ -333,10 +359,20 @@ mod tests {
 
     #[test]
     fn members_reach_the_sketch_only_when_counted() {
-        let mut s = ShardState { value: 0, sketch: Some(DistinctSketch::new()) };
+        let mut s = ShardState { value: 0, sketch: Some(DistinctSketch::new()), frequency: None };
         let batch = [
-            Submission::Single { delta: 1, event_id: Some("a".into()), member: Some(member_hash("a")) },
-            Submission::Single { delta: 1, event_id: Some("a".into()), member: Some(member_hash("b")) },
+            Submission::Single {
+                delta: 1,
+                event_id: Some("a".into()),
+                member: Some(member_hash("a")),
+                item: None,
+            },
+            Submission::Single {
+                delta: 1,
+                event_id: Some("a".into()),
+                member: Some(member_hash("b")),
+                item: None,
+            },
             Submission::Buffered {
                 sum: 2,
                 increments: 2,

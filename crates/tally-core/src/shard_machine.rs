@@ -21,6 +21,7 @@
 //! event id.
 
 use crate::dedup::DedupRecord;
+use crate::frequency::{FrequencySketch, FrequencySpec};
 use crate::shard::{
     decide, ShardImage, ShardReply, ShardState, ShardWrite, Submission, COMMIT_SUBMISSIONS_MAX,
 };
@@ -37,6 +38,8 @@ pub struct ShardParams {
     pub dedup_window_ms: u64,
     /// Whether the counter keeps a distinct-count sketch.
     pub distinct: bool,
+    /// The shape of the counter's frequency sketch, if it keeps one.
+    pub frequency: Option<FrequencySpec>,
 }
 
 /// One thing that happened to a shard.
@@ -69,8 +72,14 @@ pub enum Input<R> {
     Reloaded(Option<(ShardImage, Option<DistinctSketch>)>),
     /// Stop taking writes; what is queued is still committed first.
     Seal,
-    /// Merge a sketch into this shard's.
-    MergeSketch(DistinctSketch),
+    /// Merge a resharding's sketches into this shard's: the distinct sketch by union
+    /// (idempotent), the frequency sketch once (a repeated carry changes nothing).
+    MergeSketch {
+        /// The sealed generation's distinct sketch, if it has one.
+        distinct: Option<DistinctSketch>,
+        /// The sealed generation's frequency sketch, if it has one.
+        frequency: Option<FrequencySketch>,
+    },
     /// Remove these expired dedup records.
     Sweep {
         /// Their ids.
@@ -159,6 +168,10 @@ pub struct ShardMachine<R> {
     state: ShardState,
     /// The encoded sketch, re-encoded only when the sketch changes.
     sketch_bytes: Option<Vec<u8>>,
+    /// The encoded frequency sketch, re-encoded only when it changes. Bytes that do not
+    /// decode (a shell checks them at load, [`ShardImage::decode_frequency`]) are kept
+    /// as stored and not added to.
+    frequency_bytes: Option<Vec<u8>>,
     /// Refuses submissions (answers [`ShardReply::Sealed`]); those queued before the
     /// seal are still committed.
     sealed: bool,
@@ -166,6 +179,9 @@ pub struct ShardMachine<R> {
     seal_waiting: bool,
     /// A merge waiting for the machine to be idle.
     merge_waiting: Option<DistinctSketch>,
+    /// A frequency carry waiting for the machine to be idle (the first one asked for:
+    /// a resharding carries the same union every time).
+    carry_waiting: Option<FrequencySketch>,
     /// Submissions not yet taken into a batch.
     pending: VecDeque<(Submission, R)>,
     commit_scheduled: bool,
@@ -179,13 +195,16 @@ impl<R> ShardMachine<R> {
     /// metadata, or by a durable seal marker).
     pub fn new(params: ShardParams, image: ShardImage, sketch: Option<DistinctSketch>, sealed: bool) -> Self {
         let sketch = sketch.or_else(|| params.distinct.then(DistinctSketch::new));
+        let frequency = frequency_of(&params, &image);
         Self {
             params,
-            state: ShardState { value: image.value, sketch },
+            state: ShardState { value: image.value, sketch, frequency },
             sketch_bytes: image.sketch,
+            frequency_bytes: image.frequency,
             sealed,
             seal_waiting: false,
             merge_waiting: None,
+            carry_waiting: None,
             pending: VecDeque::new(),
             commit_scheduled: false,
             phase: Phase::Idle,
@@ -200,7 +219,11 @@ impl<R> ShardMachine<R> {
 
     /// The shard's image as decided.
     pub fn image(&self) -> ShardImage {
-        ShardImage { value: self.state.value, sketch: self.sketch_bytes.clone() }
+        ShardImage {
+            value: self.state.value,
+            sketch: self.sketch_bytes.clone(),
+            frequency: self.frequency_bytes.clone(),
+        }
     }
 
     /// Whether submissions are refused.
@@ -274,13 +297,16 @@ impl<R> ShardMachine<R> {
                     match image {
                         Some((image, sketch)) => {
                             let sketch = sketch.or_else(|| self.params.distinct.then(DistinctSketch::new));
-                            self.state = ShardState { value: image.value, sketch };
+                            let frequency = frequency_of(&self.params, &image);
+                            self.state = ShardState { value: image.value, sketch, frequency };
                             self.sketch_bytes = image.sketch;
+                            self.frequency_bytes = image.frequency;
                         }
                         None => {
                             self.broken = true;
                             self.pending.clear();
                             self.merge_waiting = None;
+                            self.carry_waiting = None;
                             return vec![Effect::Stop];
                         }
                     }
@@ -290,8 +316,13 @@ impl<R> ShardMachine<R> {
                 self.sealed = true;
                 self.seal_waiting = true;
             }
-            Input::MergeSketch(sketch) => {
-                self.merge_waiting.get_or_insert_with(DistinctSketch::new).merge(&sketch);
+            Input::MergeSketch { distinct, frequency } => {
+                if let Some(sketch) = distinct {
+                    self.merge_waiting.get_or_insert_with(DistinctSketch::new).merge(&sketch);
+                }
+                if let Some(f) = frequency {
+                    self.carry_waiting.get_or_insert(f);
+                }
             }
             Input::Sweep { expired } => {
                 if matches!(self.phase, Phase::Idle) && !expired.is_empty() {
@@ -304,6 +335,11 @@ impl<R> ShardMachine<R> {
             Input::MetaChanged { params, sealed } => {
                 if params.distinct && self.state.sketch.is_none() {
                     self.state.sketch = Some(DistinctSketch::new());
+                }
+                // Frequencies turned on: start counting (stored bytes that did not
+                // decode stay as they are).
+                if self.state.frequency.is_none() && self.frequency_bytes.is_none() {
+                    self.state.frequency = params.frequency.and_then(|f| FrequencySketch::new(&f).ok());
                 }
                 self.params = params;
                 self.sealed |= sealed;
@@ -326,15 +362,38 @@ impl<R> ShardMachine<R> {
             }
             return;
         }
-        if let Some(incoming) = self.merge_waiting.take() {
-            let mut merged = self.state.sketch.clone().unwrap_or_default();
-            merged.merge(&incoming);
-            let bytes = Some(merged.to_bytes());
-            if bytes == self.sketch_bytes {
-                out.push(Effect::Merged);
-            } else {
-                self.state.sketch = Some(merged);
-                self.sketch_bytes = bytes;
+        let (distinct, frequency) = (self.merge_waiting.take(), self.carry_waiting.take());
+        if distinct.is_some() || frequency.is_some() {
+            let mut changed = false;
+            if let Some(incoming) = distinct {
+                let mut merged = self.state.sketch.clone().unwrap_or_default();
+                merged.merge(&incoming);
+                let bytes = Some(merged.to_bytes());
+                if bytes != self.sketch_bytes {
+                    self.state.sketch = Some(merged);
+                    self.sketch_bytes = bytes;
+                    changed = true;
+                }
+            }
+            if let Some(incoming) = frequency {
+                // A shard without a frequency sketch of its own (frequencies were not
+                // on when it started) takes the carried one as it is.
+                let mut mine = match (&self.state.frequency, &self.frequency_bytes) {
+                    (Some(f), _) => Some(f.clone()),
+                    (None, None) => self.params.frequency.and_then(|f| FrequencySketch::new(&f).ok()),
+                    (None, Some(_)) => None,
+                };
+                // A carry of another shape cannot merge: the sealed sketch is kept in
+                // the sealed generation, and this shard counts on from its own.
+                if let Some(f) = mine.as_mut() {
+                    if f.carry(&incoming).unwrap_or(false) {
+                        self.frequency_bytes = Some(f.to_bytes());
+                        self.state.frequency = mine;
+                        changed = true;
+                    }
+                }
+            }
+            if changed {
                 self.phase = Phase::Merging;
                 out.push(Effect::Write {
                     write: ShardWrite { image: self.image(), ..ShardWrite::default() },
@@ -344,6 +403,7 @@ impl<R> ShardMachine<R> {
                 });
                 return;
             }
+            out.push(Effect::Merged);
         }
         if self.seal_waiting {
             self.seal_waiting = false;
@@ -388,9 +448,23 @@ impl<R> ShardMachine<R> {
         if d.sketch_changed {
             self.sketch_bytes = self.state.sketch.as_ref().map(DistinctSketch::to_bytes);
         }
+        if d.frequency_changed {
+            self.frequency_bytes = self.state.frequency.as_ref().map(FrequencySketch::to_bytes);
+        }
         let write = ShardWrite { image: self.image(), dedup_put: d.dedup_put, dedup_remove: Vec::new() };
         self.phase = Phase::Writing(now);
         out.push(Effect::Write { write, durable, change_abs: d.change_abs, submissions: subs.len() });
+    }
+}
+
+/// The frequency sketch a shard starts from: the stored one, or an empty one when the
+/// counter keeps frequencies and nothing is stored. `None` for bytes that do not decode
+/// (kept as stored, see [`ShardMachine`]).
+fn frequency_of(params: &ShardParams, image: &ShardImage) -> Option<FrequencySketch> {
+    match image.decode_frequency() {
+        Ok(Some(f)) => Some(f),
+        Ok(None) => params.frequency.and_then(|f| FrequencySketch::new(&f).ok()),
+        Err(_) => None,
     }
 }
 
@@ -415,15 +489,20 @@ mod tests {
     const WINDOW: u64 = 60_000;
 
     fn params(durability: Durability) -> ShardParams {
-        ShardParams { durability, dedup_window_ms: WINDOW, distinct: false }
+        ShardParams { durability, dedup_window_ms: WINDOW, distinct: false, frequency: None }
     }
 
     fn machine(durability: Durability, value: i64) -> ShardMachine<u32> {
-        ShardMachine::new(params(durability), ShardImage { value, sketch: None }, None, false)
+        ShardMachine::new(
+            params(durability),
+            ShardImage { value, sketch: None, frequency: None },
+            None,
+            false,
+        )
     }
 
     fn single(delta: i64, id: Option<&str>) -> Submission {
-        Submission::Single { delta, event_id: id.map(str::to_owned), member: None }
+        Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None }
     }
 
     fn buffered(sum: i64, id: &str) -> Submission {
@@ -445,7 +524,10 @@ mod tests {
         assert_eq!(first, vec![Effect::ScheduleCommit]);
         assert_eq!(m.step(NOW, Input::Submit { sub: single(2, None), reply: 2 }), vec![]);
         let effects = m.step(NOW, Input::CommitDue { writable: true });
-        let write = ShardWrite { image: ShardImage { value: 13, sketch: None }, ..ShardWrite::default() };
+        let write = ShardWrite {
+            image: ShardImage { value: 13, sketch: None, frequency: None },
+            ..ShardWrite::default()
+        };
         assert_eq!(effects, vec![Effect::Write { write, durable: vec![], change_abs: 3, submissions: 2 }]);
         // Batched answers go out once applied.
         assert_eq!(
@@ -474,7 +556,7 @@ mod tests {
         let prior = BTreeMap::from([("e2".to_owned(), record(7))]);
         let effects = m.step(NOW, Input::Priors(Some(prior)));
         let write = ShardWrite {
-            image: ShardImage { value: 9, sketch: None },
+            image: ShardImage { value: 9, sketch: None, frequency: None },
             dedup_put: vec![("e1".into(), record(5)), ("~drain:a".into(), record(4))],
             dedup_remove: vec![],
         };
@@ -526,7 +608,10 @@ mod tests {
             m.step(NOW, Input::Applied { ok: true }),
             vec![Effect::Reply { to: 1, reply: done(Outcome::Applied, 1) }, Effect::ScheduleCommit]
         );
-        let write = ShardWrite { image: ShardImage { value: 3, sketch: None }, ..ShardWrite::default() };
+        let write = ShardWrite {
+            image: ShardImage { value: 3, sketch: None, frequency: None },
+            ..ShardWrite::default()
+        };
         assert_eq!(
             m.step(NOW, Input::CommitDue { writable: true }),
             vec![Effect::Write { write, durable: vec![], change_abs: 2, submissions: 1 }]
@@ -541,7 +626,10 @@ mod tests {
         assert_eq!(m.value(), 15);
         assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload], "its answer is dropped");
         m.step(NOW, Input::Submit { sub: single(1, None), reply: 2 });
-        let effects = m.step(NOW, Input::Reloaded(Some((ShardImage { value: 10, sketch: None }, None))));
+        let effects = m.step(
+            NOW,
+            Input::Reloaded(Some((ShardImage { value: 10, sketch: None, frequency: None }, None))),
+        );
         assert_eq!(effects, vec![Effect::ScheduleCommit]);
         assert_eq!(m.value(), 10);
         m.step(NOW, Input::CommitDue { writable: true });
@@ -585,7 +673,7 @@ mod tests {
             m.step(NOW, Input::Applied { ok: true }),
             vec![
                 Effect::Reply { to: 1, reply: done(Outcome::Applied, 5) },
-                Effect::Sealed(ShardImage { value: 5, sketch: None }),
+                Effect::Sealed(ShardImage { value: 5, sketch: None, frequency: None }),
             ]
         );
         assert!(m.sealed() && m.quiet());
@@ -603,11 +691,11 @@ mod tests {
     fn a_merge_writes_the_union_once_and_a_repeat_writes_nothing() {
         let p = ShardParams { distinct: true, ..params(Durability::Sync) };
         let mut m: ShardMachine<u32> =
-            ShardMachine::new(p, ShardImage { value: 7, sketch: None }, None, false);
+            ShardMachine::new(p, ShardImage { value: 7, sketch: None, frequency: None }, None, false);
         let mut incoming = DistinctSketch::new();
         incoming.insert_hash(crate::sketch::member_hash("x"));
-        let effects = m.step(NOW, Input::MergeSketch(incoming.clone()));
-        let image = ShardImage { value: 7, sketch: Some(incoming.to_bytes()) };
+        let effects = m.step(NOW, Input::MergeSketch { distinct: Some(incoming.clone()), frequency: None });
+        let image = ShardImage { value: 7, sketch: Some(incoming.to_bytes()), frequency: None };
         assert_eq!(
             effects,
             vec![Effect::Write {
@@ -619,7 +707,7 @@ mod tests {
         );
         assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![Effect::Merged]);
         assert_eq!(
-            m.step(NOW, Input::MergeSketch(incoming)),
+            m.step(NOW, Input::MergeSketch { distinct: Some(incoming), frequency: None }),
             vec![Effect::Merged],
             "merging twice changes nothing"
         );
@@ -630,7 +718,7 @@ mod tests {
         let mut m = machine(Durability::Batched, 2);
         let effects = m.step(NOW, Input::Sweep { expired: vec!["old".into()] });
         let write = ShardWrite {
-            image: ShardImage { value: 2, sketch: None },
+            image: ShardImage { value: 2, sketch: None, frequency: None },
             dedup_put: vec![],
             dedup_remove: vec!["old".into()],
         };
@@ -661,16 +749,16 @@ mod tests {
     fn a_failed_merge_or_sweep_is_forgotten_too() {
         let p = ShardParams { distinct: true, ..params(Durability::Batched) };
         let mut m: ShardMachine<u32> =
-            ShardMachine::new(p, ShardImage { value: 1, sketch: None }, None, false);
+            ShardMachine::new(p, ShardImage { value: 1, sketch: None, frequency: None }, None, false);
         let mut incoming = DistinctSketch::new();
         incoming.insert_hash(crate::sketch::member_hash("x"));
-        m.step(NOW, Input::MergeSketch(incoming));
+        m.step(NOW, Input::MergeSketch { distinct: Some(incoming), frequency: None });
         assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
-        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None }, None))));
+        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None, frequency: None }, None))));
         m.step(NOW, Input::Sweep { expired: vec!["old".into()] });
         assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
         // Nothing to remove: no write at all.
-        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None }, None))));
+        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None, frequency: None }, None))));
         assert_eq!(m.step(NOW, Input::Sweep { expired: vec![] }), vec![]);
         assert!(m.quiet());
     }
@@ -680,13 +768,17 @@ mod tests {
         let p = ShardParams { distinct: true, ..params(Durability::Batched) };
         let mut x = DistinctSketch::new();
         x.insert_hash(crate::sketch::member_hash("x"));
-        let image = ShardImage { value: 0, sketch: Some(x.to_bytes()) };
+        let image = ShardImage { value: 0, sketch: Some(x.to_bytes()), frequency: None };
         let mut m: ShardMachine<u32> = ShardMachine::new(p, image, Some(x.clone()), false);
         m.step(NOW, Input::MetaChanged { params: p, sealed: false });
         assert!(!m.sealed());
         // The sketch it had survives a metadata change; a new member joins it.
-        let sub =
-            Submission::Single { delta: 1, event_id: None, member: Some(crate::sketch::member_hash("y")) };
+        let sub = Submission::Single {
+            delta: 1,
+            event_id: None,
+            member: Some(crate::sketch::member_hash("y")),
+            item: None,
+        };
         m.step(NOW, Input::Submit { sub, reply: 1 });
         let effects = m.step(NOW, Input::CommitDue { writable: true });
         let Some(Effect::Write { write, .. }) = effects.first() else { panic!("{effects:?}") };
@@ -697,5 +789,73 @@ mod tests {
         assert!(m.sealed());
         m.step(NOW, Input::MetaChanged { params: p, sealed: false });
         assert!(m.sealed(), "a seal is never lifted");
+    }
+
+    const FREQ: crate::frequency::FrequencySpec =
+        crate::frequency::FrequencySpec { epsilon: 0.01, delta: 0.01 };
+
+    fn weighted(delta: i64, item: &str) -> Submission {
+        Submission::Single { delta, event_id: None, member: None, item: Some(item.into()) }
+    }
+
+    /// The frequency sketch a write carries.
+    fn written_frequency(effects: &[Effect<u32>]) -> FrequencySketch {
+        let Some(Effect::Write { write, .. }) = effects.first() else { panic!("{effects:?}") };
+        write.image.decode_frequency().unwrap().expect("a frequency sketch in the image")
+    }
+
+    #[test]
+    fn items_are_weighted_into_the_written_image_and_survive_a_reload() {
+        let p = ShardParams { frequency: Some(FREQ), ..params(Durability::Batched) };
+        let mut m: ShardMachine<u32> = ShardMachine::new(p, ShardImage::default(), None, false);
+        m.step(NOW, Input::Submit { sub: weighted(3, "a"), reply: 1 });
+        m.step(NOW, Input::Submit { sub: weighted(2, "b"), reply: 2 });
+        // No item: counted in the value, not in the sketch.
+        m.step(NOW, Input::Submit { sub: single(5, None), reply: 3 });
+        let effects = m.step(NOW, Input::CommitDue { writable: true });
+        let f = written_frequency(&effects);
+        assert_eq!((f.total(), f.estimate("a", &FREQ).estimate, f.estimate("b", &FREQ).estimate), (5, 3, 2));
+        m.step(NOW, Input::Applied { ok: true });
+        let image = m.image();
+        assert_eq!(image.value, 10);
+        // A copy started from the stored image counts on from it.
+        let mut again: ShardMachine<u32> = ShardMachine::new(p, image, None, false);
+        again.step(NOW, Input::Submit { sub: weighted(1, "a"), reply: 4 });
+        let f = written_frequency(&again.step(NOW, Input::CommitDue { writable: true }));
+        assert_eq!(f.estimate("a", &FREQ).estimate, 4);
+    }
+
+    #[test]
+    fn a_carried_frequency_sketch_merges_once() {
+        let p = ShardParams { frequency: Some(FREQ), ..params(Durability::Batched) };
+        let mut m: ShardMachine<u32> = ShardMachine::new(p, ShardImage::default(), None, false);
+        let mut sealed = FrequencySketch::new(&FREQ).unwrap();
+        sealed.add("x", 7);
+        let effects = m.step(NOW, Input::MergeSketch { distinct: None, frequency: Some(sealed.clone()) });
+        assert_eq!(written_frequency(&effects).estimate("x", &FREQ).estimate, 7);
+        assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![Effect::Merged]);
+        // The resharding repeats its step (a crash, a lost answer): nothing changes.
+        assert_eq!(
+            m.step(NOW, Input::MergeSketch { distinct: None, frequency: Some(sealed) }),
+            vec![Effect::Merged]
+        );
+        let stored = m.image().decode_frequency().unwrap().unwrap();
+        assert_eq!(stored.estimate("x", &FREQ).estimate, 7);
+    }
+
+    #[test]
+    fn frequencies_turned_on_later_start_counting() {
+        let mut m: ShardMachine<u32> =
+            ShardMachine::new(params(Durability::Batched), ShardImage::default(), None, false);
+        m.step(NOW, Input::Submit { sub: weighted(1, "a"), reply: 1 });
+        let effects = m.step(NOW, Input::CommitDue { writable: true });
+        let Some(Effect::Write { write, .. }) = effects.first() else { panic!("{effects:?}") };
+        assert_eq!(write.image.frequency, None, "no sketch while frequencies are off");
+        m.step(NOW, Input::Applied { ok: true });
+        let p = ShardParams { frequency: Some(FREQ), ..params(Durability::Batched) };
+        m.step(NOW, Input::MetaChanged { params: p, sealed: false });
+        m.step(NOW, Input::Submit { sub: weighted(2, "a"), reply: 2 });
+        let f = written_frequency(&m.step(NOW, Input::CommitDue { writable: true }));
+        assert_eq!(f.total(), 2);
     }
 }

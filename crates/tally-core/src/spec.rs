@@ -2,6 +2,7 @@
 //! how increments are routed, whether distinct members are counted, and for how long
 //! event ids are remembered.
 
+use crate::frequency::{FrequencyError, FrequencySpec};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -107,6 +108,9 @@ pub struct CounterSpec {
     pub distinct: bool,
     /// How long applied event ids are remembered, in seconds.
     pub dedup_window_s: u32,
+    /// Whether (and how precisely) to keep per-item frequencies of `item` (or
+    /// `member`) values: a count-min sketch and heavy hitters per shard.
+    pub frequency: Option<FrequencySpec>,
 }
 
 impl Default for CounterSpec {
@@ -119,6 +123,7 @@ impl Default for CounterSpec {
             router: RouterPolicy::Writer,
             distinct: false,
             dedup_window_s: DEDUP_WINDOW_S_DEFAULT,
+            frequency: None,
         }
     }
 }
@@ -142,6 +147,9 @@ pub struct SpecPatch {
     pub distinct: Option<bool>,
     /// New dedup window.
     pub dedup_window_s: Option<u32>,
+    /// Keep frequencies with this shape. Once set it cannot change: shards' sketches
+    /// of different shapes do not merge.
+    pub frequency: Option<FrequencySpec>,
 }
 
 /// Why a spec was refused.
@@ -169,6 +177,20 @@ pub enum SpecError {
         /// The accepted words.
         expected: &'static [&'static str],
     },
+    /// A frequency option out of its bounds.
+    #[error(transparent)]
+    Frequency(#[from] FrequencyError),
+    /// A counter's frequency shape cannot change once set.
+    #[error(
+        "frequency is fixed once set (epsilon {epsilon}, delta {delta}): sketches of another shape would not merge; \
+         create a new counter"
+    )]
+    FrequencyFixed {
+        /// The current ε, formatted.
+        epsilon: String,
+        /// The current δ, formatted.
+        delta: String,
+    },
 }
 
 fn range(field: &'static str, got: u64, min: u64, max: u64) -> Result<(), SpecError> {
@@ -187,11 +209,22 @@ impl CounterSpec {
             range("rollup_ms", self.rollup_ms.into(), ROLLUP_MS_MIN.into(), ROLLUP_MS_MAX.into())?;
         }
         range("dedup_window_s", self.dedup_window_s.into(), 0, DEDUP_WINDOW_S_MAX.into())?;
+        if let Some(f) = &self.frequency {
+            f.validate()?;
+        }
         Ok(())
     }
 
     /// This spec with `patch` applied, validated.
     pub fn patched(&self, patch: &SpecPatch) -> Result<Self, SpecError> {
+        if let (Some(now), Some(asked)) = (&self.frequency, &patch.frequency) {
+            if now != asked {
+                return Err(SpecError::FrequencyFixed {
+                    epsilon: now.epsilon.to_string(),
+                    delta: now.delta.to_string(),
+                });
+            }
+        }
         let next = Self {
             shards: patch.shards.unwrap_or(self.shards),
             durability: patch.durability.unwrap_or(self.durability),
@@ -200,6 +233,7 @@ impl CounterSpec {
             router: patch.router.unwrap_or(self.router),
             distinct: patch.distinct.unwrap_or(self.distinct),
             dedup_window_s: patch.dedup_window_s.unwrap_or(self.dedup_window_s),
+            frequency: patch.frequency.or(self.frequency),
         };
         next.validate()?;
         Ok(next)
@@ -255,6 +289,26 @@ mod tests {
         assert!("fast".parse::<Durability>().is_err());
         let json = serde_json::to_string(&CounterSpec::default()).unwrap();
         assert!(json.contains("\"batched\"") && json.contains("\"writer\""), "{json}");
+    }
+
+    #[test]
+    fn frequency_is_validated_and_fixed_once_set() {
+        let f = FrequencySpec { epsilon: 0.001, delta: 0.01 };
+        let p = SpecPatch { frequency: Some(f), ..Default::default() };
+        let s = CounterSpec::default().patched(&p).unwrap();
+        assert_eq!(s.frequency, Some(f));
+        // Naming the same shape again, or not naming it, keeps it.
+        assert_eq!(s.patched(&p).unwrap().frequency, Some(f));
+        assert_eq!(s.patched(&SpecPatch::default()).unwrap().frequency, Some(f));
+        let other =
+            SpecPatch { frequency: Some(FrequencySpec { epsilon: 0.01, delta: 0.01 }), ..Default::default() };
+        assert!(matches!(s.patched(&other), Err(SpecError::FrequencyFixed { .. })));
+        let bad =
+            SpecPatch { frequency: Some(FrequencySpec { epsilon: 0.0, delta: 0.01 }), ..Default::default() };
+        assert!(matches!(CounterSpec::default().patched(&bad), Err(SpecError::Frequency(_))));
+        let json: SpecPatch =
+            serde_json::from_str(r#"{"frequency": {"epsilon": 0.001, "delta": 0.01}}"#).unwrap();
+        assert_eq!(json.frequency, Some(f));
     }
 
     #[test]

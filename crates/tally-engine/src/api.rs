@@ -19,6 +19,10 @@ pub struct Increment {
     /// A member to count distinctly, for counters with `distinct`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<String>,
+    /// The item whose frequency it adds to, for counters with `frequency` (without
+    /// one, `member` is counted). Its delta is the weight, so it must be positive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
 }
 
 impl Increment {
@@ -40,6 +44,15 @@ impl Increment {
     pub fn member(mut self, m: impl Into<String>) -> Self {
         self.member = Some(m.into());
         self
+    }
+    /// With a frequency item.
+    pub fn item(mut self, i: impl Into<String>) -> Self {
+        self.item = Some(i.into());
+        self
+    }
+    /// What a frequency counter counts: the item, or the member without one.
+    pub fn frequency_key(&self) -> Option<&str> {
+        self.item.as_deref().or(self.member.as_deref())
     }
 }
 
@@ -94,6 +107,66 @@ pub struct DistinctRead {
     pub estimate: u64,
     /// The sketch's standard relative error.
     pub relative_error: f64,
+    /// Whether every shard's sketch was merged.
+    pub complete: bool,
+    /// Shards whose sketches are missing.
+    pub missing_shards: Vec<u16>,
+}
+
+/// One item's estimated frequency (its summed weight), merged over every shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FrequencyRead {
+    /// The item asked about.
+    pub item: String,
+    /// Count-min estimate of the item's weight: never below the truth.
+    pub estimate: u64,
+    /// A weight the item certainly has (from the heavy-hitters summary; 0 for an item
+    /// it does not keep).
+    pub lower_bound: u64,
+    /// `epsilon × total`: the estimate exceeds the truth by at most this, with
+    /// probability `confidence`.
+    pub error_bound: u64,
+    /// `1 − delta`.
+    pub confidence: f64,
+    /// The counter's `epsilon`.
+    pub epsilon: f64,
+    /// Weight counted over all items in the merged shards.
+    pub total: u64,
+    /// Whether every shard's sketch was merged.
+    pub complete: bool,
+    /// Shards whose sketches are missing (their weights are missing from the estimate).
+    pub missing_shards: Vec<u16>,
+}
+
+/// One heavy hitter in a top-k read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopEntry {
+    /// The item.
+    pub item: String,
+    /// Count-min estimate of its weight: never below the truth, above it by at most
+    /// the read's `error_bound` with probability `confidence`.
+    pub estimate: u64,
+    /// A weight it certainly has; the truth is at most `lower_bound + undercount`.
+    pub lower_bound: u64,
+}
+
+/// The heaviest items, merged over every shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopRead {
+    /// How many were asked for.
+    pub k: u32,
+    /// At most `k` items, heaviest first (by `lower_bound`, ties by item).
+    pub items: Vec<TopEntry>,
+    /// `epsilon × total`, the estimates' bound.
+    pub error_bound: u64,
+    /// `1 − delta`.
+    pub confidence: f64,
+    /// The most a listed item's weight exceeds its `lower_bound`, and the most weight
+    /// an unlisted item can have (so an item heavier than this is always listed when
+    /// `k` is large enough).
+    pub undercount: u64,
+    /// Weight counted over all items in the merged shards.
+    pub total: u64,
     /// Whether every shard's sketch was merged.
     pub complete: bool,
     /// Shards whose sketches are missing.

@@ -91,8 +91,18 @@ enum Fast {
 }
 
 /// Whether an increment may be acknowledged from an accumulator slot.
+/// An increment whose item a frequency counter counts takes the direct path: an
+/// accumulator slot sums deltas and would lose which item each belonged to.
 fn fast_eligible(rt: &CounterRuntime, inc: &Increment) -> bool {
-    rt.meta.spec.durability == Durability::Batched && inc.event_id.is_none() && bufferable(inc.delta)
+    rt.meta.spec.durability == Durability::Batched
+        && inc.event_id.is_none()
+        && bufferable(inc.delta)
+        && frequency_item(rt, inc).is_none()
+}
+
+/// The item a frequency counter counts for `inc`: its item, or its member.
+fn frequency_item<'a>(rt: &CounterRuntime, inc: &'a Increment) -> Option<&'a str> {
+    rt.meta.spec.frequency.and(inc.frequency_key())
 }
 
 /// The routing inputs of an increment. Shared counters are touched only by the policy
@@ -260,6 +270,9 @@ impl Ctx {
         if let Some(m) = &inc.member {
             check_len("member", m, MEMBER_LEN_MAX)?;
         }
+        if let Some(i) = &inc.item {
+            check_len("item", i, MEMBER_LEN_MAX)?;
+        }
         Ok(())
     }
 
@@ -293,6 +306,10 @@ impl Ctx {
             (Some(m), true) => Some(member_hash(m)),
             _ => None,
         };
+        let item = frequency_item(&rt, &inc).map(str::to_owned);
+        if item.is_some() && inc.delta < 0 {
+            return Err(TallyError::NegativeWeight { counter: name.to_owned(), delta: inc.delta });
+        }
         // One routing decision per increment, reused by whichever path takes it.
         let key = route_key(&rt, &inc);
         let mut index = match fast {
@@ -304,7 +321,7 @@ impl Ctx {
             return Ok(IncrOutcome::APPLIED);
         }
         // The direct path: the shard decides, then answers.
-        let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member };
+        let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member, item };
         for attempt in 0..SHARD_CALL_ATTEMPTS_MAX {
             if attempt > 0 {
                 index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
@@ -539,18 +556,24 @@ impl Ctx {
 
     /// Merges `sketch` into a shard of a generation that takes no writes yet (merging
     /// twice changes nothing, so a retried resharding may repeat it).
+    /// The frequency sketch is carried once (the shard remembers it took it), so a
+    /// repeat changes nothing either.
     pub(crate) async fn merge_sketch(
         self: &Arc<Self>,
         id: &ShardId,
-        sketch: Vec<u8>,
+        sketch: Option<Vec<u8>>,
+        frequency: Option<Vec<u8>>,
     ) -> Result<(), TallyError> {
         if let Some((p, node)) = self.remote(id) {
-            return match p.call(&node, ShardRequest::MergeSketch { id: id.clone(), sketch }).await? {
+            return match p
+                .call(&node, ShardRequest::MergeSketch { id: id.clone(), sketch, frequency })
+                .await?
+            {
                 ShardResponse::Done => Ok(()),
                 other => Err(unexpected(&node, id, other)),
             };
         }
-        self.merge_sketch_local(id, &sketch).await
+        self.merge_sketch_local(id, sketch, frequency).await
     }
 
     /// Merges a sketch into shard `id` on this node, through its actor (the shard's
@@ -558,13 +581,14 @@ impl Ctx {
     pub(crate) async fn merge_sketch_local(
         self: &Arc<Self>,
         id: &ShardId,
-        sketch: &[u8],
+        sketch: Option<Vec<u8>>,
+        frequency: Option<Vec<u8>>,
     ) -> Result<(), TallyError> {
         let rt = self.runtime(id.counter.as_str(), false).await?;
         let actor = self.shard(id, &rt.meta).await?;
         let (tx, rx) = ractor::concurrency::oneshot();
         actor
-            .send_message(ShardMsg::MergeSketch { sketch: sketch.to_vec(), reply: tx.into() })
+            .send_message(ShardMsg::MergeSketch { sketch, frequency, reply: tx.into() })
             .map_err(|e| unavailable(id, &e.to_string()))?;
         self.await_reply(id, rx).await??;
         // The shard belongs to a generation that opens later: its actor was started

@@ -100,6 +100,26 @@ pub enum TallyError {
     /// A listing of counters was asked with a bad limit, prefix or cursor.
     #[error(transparent)]
     InvalidListing(#[from] ListError),
+    /// An increment with a frequency item had a negative delta: an item's weight only
+    /// grows (count-min's bounds hold for additions only).
+    #[error("counter {counter:?} keeps frequencies: an increment with an item (or member) must have a positive delta (got {delta})")]
+    NegativeWeight {
+        /// The counter.
+        counter: String,
+        /// The delta refused.
+        delta: i64,
+    },
+    /// A frequency read of a counter without the `frequency` option.
+    #[error("counter {0:?} keeps no frequencies; create it with \"frequency\": {{\"epsilon\": ..., \"delta\": ...}}")]
+    FrequencyOff(String),
+    /// A top-k read asked for no items or more than the summary keeps.
+    #[error("k must be between 1 and {max} (got {got})")]
+    TopK {
+        /// What was asked for.
+        got: u64,
+        /// `tally_core::frequency::TOP_K_MAX`.
+        max: u32,
+    },
 }
 
 impl TallyError {
@@ -120,13 +140,18 @@ impl TallyError {
             Self::BatchTooLarge { .. } => "batch_too_large",
             Self::DriftOutOfRange { .. } => "drift_out_of_range",
             Self::InvalidListing(_) => "invalid_listing",
+            Self::NegativeWeight { .. } => "negative_frequency_weight",
+            Self::FrequencyOff(_) => "frequency_off",
+            Self::TopK { .. } => "invalid_k",
         }
     }
 
     /// The HTTP status that fits this error.
     pub fn http_status(&self) -> u16 {
         match self {
-            Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) => 400,
+            Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) | Self::TopK { .. } => 400,
+            Self::FrequencyOff(_) => 409,
+            Self::NegativeWeight { .. } => 422,
             Self::NotFound(_) => 404,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,

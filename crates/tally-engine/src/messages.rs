@@ -19,9 +19,16 @@ pub(crate) enum ShardMsg {
     Commit,
     /// Stop taking writes; answer with the final state.
     Seal { reply: RpcReplyPort<Result<ShardImage, TallyError>> },
-    /// Merge an encoded sketch into this shard's (a resharding carries the sealed
-    /// generation's members into the next one); answered once durable.
-    MergeSketch { sketch: Vec<u8>, reply: RpcReplyPort<Result<(), TallyError>> },
+    /// Merge encoded sketches into this shard's (a resharding carries the sealed
+    /// generation's members and frequencies into the next one); answered once durable.
+    MergeSketch {
+        /// The distinct sketch, if the sealed generation has one.
+        sketch: Option<Vec<u8>>,
+        /// The frequency sketch, if the sealed generation has one.
+        frequency: Option<Vec<u8>>,
+        /// Answered once the merge is durable.
+        reply: RpcReplyPort<Result<(), TallyError>>,
+    },
     /// The counter's metadata changed.
     MetaChanged(Arc<CounterMeta>),
     /// Periodic housekeeping.

@@ -56,8 +56,10 @@ pub enum ShardRequest {
     MergeSketch {
         /// The shard.
         id: ShardId,
-        /// The encoded sketch.
-        sketch: Vec<u8>,
+        /// The encoded distinct sketch.
+        sketch: Option<Vec<u8>>,
+        /// The encoded frequency sketch.
+        frequency: Option<Vec<u8>>,
     },
     /// From the shard's new owner after a membership change: stop serving the shard
     /// and answer its state with a page of dedup records (those after `after`).

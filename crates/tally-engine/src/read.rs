@@ -1,11 +1,14 @@
 //! The read path: summing shards and merging sketches.
 
-use crate::api::{Consistency, DistinctRead, ShardReport, ShardsReport, ValueRead};
+use crate::api::{
+    Consistency, DistinctRead, FrequencyRead, ShardReport, ShardsReport, TopEntry, TopRead, ValueRead,
+};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use tally_core::frequency::{FrequencySketch, FrequencySpec};
 use tally_core::meta::CounterMeta;
 use tally_core::sketch::DistinctSketch;
 use tally_core::{CounterName, ShardId};
@@ -146,6 +149,83 @@ pub(crate) async fn distinct(
     Ok(DistinctRead {
         estimate: merged.estimate(),
         relative_error: DistinctSketch::relative_error(),
+        complete: missing_shards.is_empty(),
+        missing_shards,
+    })
+}
+
+/// Every current shard's frequency sketch merged: count-min tables add, heavy-hitter
+/// summaries merge with their bounds (a resharding carried the sealed generation's
+/// into the new one). Shards that did not answer are listed as missing.
+pub(crate) async fn frequencies(
+    ctx: &Arc<Ctx>,
+    meta: &CounterMeta,
+    name: &CounterName,
+) -> Result<(FrequencySketch, FrequencySpec, Vec<u16>), TallyError> {
+    let Some(spec) = meta.spec.frequency else { return Err(TallyError::FrequencyOff(name.to_string())) };
+    let images = images(ctx, meta, name).await;
+    let corrupt = |id: &ShardId, e: &dyn std::fmt::Display| tally_store::StoreError::Corrupt {
+        location: format!("frequency sketch of shard {id}"),
+        source: tally_core::codec::DecodeError { what: "frequency sketch", reason: e.to_string() },
+    };
+    let mut merged = FrequencySketch::new(&spec).map_err(|e| TallyError::InvalidSpec(e.into()))?;
+    for (index, image) in images.iter().enumerate() {
+        let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
+        if let Some(image) = image {
+            if let Some(f) = image.decode_frequency().map_err(|e| corrupt(&id, &e))? {
+                merged.merge(&f).map_err(|e| corrupt(&id, &e))?;
+            }
+        }
+    }
+    Ok((merged, spec, missing(&images)))
+}
+
+/// `item`'s merged estimate.
+pub(crate) async fn frequency(
+    ctx: &Arc<Ctx>,
+    meta: &CounterMeta,
+    name: &CounterName,
+    item: &str,
+) -> Result<FrequencyRead, TallyError> {
+    let (merged, spec, missing_shards) = frequencies(ctx, meta, name).await?;
+    let e = merged.estimate(item, &spec);
+    Ok(FrequencyRead {
+        item: item.to_owned(),
+        estimate: e.estimate,
+        lower_bound: e.lower_bound,
+        error_bound: e.error_bound,
+        confidence: 1.0 - spec.delta,
+        epsilon: spec.epsilon,
+        total: merged.total(),
+        complete: missing_shards.is_empty(),
+        missing_shards,
+    })
+}
+
+/// The `k` heaviest items of the merged summaries.
+pub(crate) async fn top(
+    ctx: &Arc<Ctx>,
+    meta: &CounterMeta,
+    name: &CounterName,
+    k: u32,
+) -> Result<TopRead, TallyError> {
+    let (merged, spec, missing_shards) = frequencies(ctx, meta, name).await?;
+    let items = merged
+        .top(k, &spec)
+        .into_iter()
+        .map(|t| TopEntry {
+            item: t.item,
+            estimate: t.estimate.estimate,
+            lower_bound: t.estimate.lower_bound,
+        })
+        .collect();
+    Ok(TopRead {
+        k,
+        items,
+        error_bound: merged.error_bound(&spec),
+        confidence: 1.0 - spec.delta,
+        undercount: merged.top_undercount(),
+        total: merged.total(),
         complete: missing_shards.is_empty(),
         missing_shards,
     })

@@ -197,7 +197,7 @@ pub(crate) async fn reconcile(
     loop {
         let index = shard_of_event(&event_id, rt.meta.layout.shards);
         let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
-        let sub = Submission::Single { delta, event_id: Some(event_id.clone()), member: None };
+        let sub = Submission::Single { delta, event_id: Some(event_id.clone()), member: None, item: None };
         match ctx.submit(&id, &rt.meta, sub).await? {
             ShardReply::Done { outcome: Outcome::Applied | Outcome::Duplicate, .. } => break,
             ShardReply::Done { outcome: Outcome::Overflow(o), .. } => return Err(TallyError::Overflow(o)),

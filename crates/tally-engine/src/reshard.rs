@@ -81,10 +81,10 @@ async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
                 let image = ctx.seal_shard(&id, &meta).await?;
                 ReshardInput::Sealed { index: id.index, image }
             }
-            ReshardEffect::MergeSketch { shard, sketch } => {
+            ReshardEffect::MergeSketch { shard, sketch, frequency } => {
                 // The next generation takes no writes until the metadata opens it;
                 // merging again after a crash is harmless.
-                ctx.merge_sketch(&shard, sketch).await?;
+                ctx.merge_sketch(&shard, sketch, frequency).await?;
                 ReshardInput::Merged
             }
             ReshardEffect::Complete { generation, sealed_sum } => {
@@ -105,7 +105,7 @@ fn step(
 ) -> Result<Vec<ReshardEffect>, TallyError> {
     machine.step(input).map_err(|e| {
         let id = ShardId::new(name.clone(), machine.generation(), 0);
-        unavailable(&id, &format!("a sealed shard's sketch does not decode: {e}"))
+        unavailable(&id, &e.to_string())
     })
 }
 

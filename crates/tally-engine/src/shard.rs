@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::dedup::{expired_ids, DedupRecord};
+use tally_core::frequency::FrequencySketch;
 use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
 use tally_core::shard::window_for;
@@ -74,6 +75,7 @@ fn params(meta: &CounterMeta) -> ShardParams {
         durability: meta.spec.durability,
         dedup_window_ms: meta.spec.dedup_window_ms(),
         distinct: meta.spec.distinct,
+        frequency: meta.spec.frequency,
     }
 }
 
@@ -84,6 +86,9 @@ fn load(ctx: &Ctx, id: &ShardId) -> Result<(ShardImage, Option<DistinctSketch>),
         Some(b) => Some(DistinctSketch::from_bytes(b).map_err(|e| corrupt_sketch(id, e))?),
         None => None,
     };
+    // The machine decodes the frequency sketch itself; one that does not decode makes
+    // the shard corrupt here, as a distinct sketch does.
+    image.decode_frequency().map_err(|e| corrupt_sketch(id, e))?;
     Ok((image, sketch))
 }
 
@@ -159,16 +164,24 @@ impl Actor for ShardActor {
                 state.sealers.push(reply);
                 Input::Seal
             }
-            ShardMsg::MergeSketch { sketch, reply } => match DistinctSketch::from_bytes(&sketch) {
-                Ok(s) => {
-                    state.mergers.push(reply);
-                    Input::MergeSketch(s)
+            ShardMsg::MergeSketch { sketch, frequency, reply } => {
+                let distinct = sketch.as_deref().map(DistinctSketch::from_bytes).transpose();
+                let frequency = frequency.as_deref().map(FrequencySketch::from_bytes).transpose();
+                match (distinct, frequency) {
+                    (Ok(distinct), Ok(frequency)) => {
+                        state.mergers.push(reply);
+                        Input::MergeSketch { distinct, frequency }
+                    }
+                    (Err(e), _) => {
+                        let _ = reply.send(Err(corrupt_sketch(&state.id, e).into()));
+                        return Ok(());
+                    }
+                    (_, Err(e)) => {
+                        let _ = reply.send(Err(corrupt_sketch(&state.id, e).into()));
+                        return Ok(());
+                    }
                 }
-                Err(e) => {
-                    let _ = reply.send(Err(corrupt_sketch(&state.id, e).into()));
-                    return Ok(());
-                }
-            },
+            }
             ShardMsg::MetaChanged(meta) => {
                 if meta.version <= state.meta.version {
                     return Ok(());

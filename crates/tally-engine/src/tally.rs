@@ -21,7 +21,9 @@ use std::path::Path;
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use tally_core::frequency::TOP_K_MAX;
 use tally_core::meta::{MetaCommand, MetaEffect};
+use tally_core::name::{check_len, MEMBER_LEN_MAX};
 use tally_core::spec::SpecPatch;
 use tally_core::CounterName;
 use tally_store::{SledConfig, SledStore, Store};
@@ -269,6 +271,32 @@ impl Tally {
         Ok(read)
     }
 
+    /// `item`'s estimated frequency — the summed deltas of the increments that named it
+    /// — merged over every shard, with its error bound and confidence (counters with
+    /// `frequency`). Like every fresh read, this node's buffered increments for the
+    /// counter are delivered first, and shards that did not answer are listed.
+    pub async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
+        check_len("item", item, MEMBER_LEN_MAX)?;
+        let rt = self.ctx.runtime(name, false).await?;
+        let settled = self.ctx.deliver_for_read(&rt).await;
+        let mut read = crate::read::frequency(&self.ctx, &rt.meta, &rt.name, item).await?;
+        read.complete &= settled;
+        Ok(read)
+    }
+
+    /// The `k` (1 to [`tally_core::frequency::TOP_K_MAX`]) heaviest items, merged over
+    /// every shard, each with its estimate and a certain lower bound.
+    pub async fn top(&self, name: &str, k: u32) -> Result<TopRead, TallyError> {
+        if k == 0 || k > TOP_K_MAX {
+            return Err(TallyError::TopK { got: u64::from(k), max: TOP_K_MAX });
+        }
+        let rt = self.ctx.runtime(name, false).await?;
+        let settled = self.ctx.deliver_for_read(&rt).await;
+        let mut read = crate::read::top(&self.ctx, &rt.meta, &rt.name, k).await?;
+        read.complete &= settled;
+        Ok(read)
+    }
+
     /// Per-shard values and write skew.
     pub async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
         let rt = self.ctx.runtime(name, false).await?;
@@ -442,8 +470,8 @@ impl Tally {
                 ctx.flusher.flush().await?;
                 Ok(ShardResponse::Done)
             }
-            ShardRequest::MergeSketch { id, sketch } => {
-                ctx.merge_sketch_local(&id, &sketch).await?;
+            ShardRequest::MergeSketch { id, sketch, frequency } => {
+                ctx.merge_sketch_local(&id, sketch, frequency).await?;
                 Ok(ShardResponse::Done)
             }
         }

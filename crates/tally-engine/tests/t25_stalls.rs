@@ -107,7 +107,15 @@ async fn a_sketch_merged_beside_a_live_shard_never_rolls_it_back() {
     let id = ShardId::new(CounterName::new("c").unwrap(), 0, 0);
     let merge = tokio::spawn({
         let tally = tally.clone();
-        async move { tally.serve_shard_request(ShardRequest::MergeSketch { id, sketch: sketch.to_bytes() }).await }
+        async move {
+            tally
+                .serve_shard_request(ShardRequest::MergeSketch {
+                    id,
+                    sketch: Some(sketch.to_bytes()),
+                    frequency: None,
+                })
+                .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(tally.incr("c", Increment::new(7).event_id("e2").member("m2")).await.unwrap().applied);

@@ -195,3 +195,39 @@ async fn a_shard_whose_first_write_is_on_its_way_to_disk_is_handed_off() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frequency_sketches_move_with_their_shards() {
+    let c = Cluster::new(1);
+    let never = Arc::new(AtomicBool::new(false));
+    let a = c.open("a", HookStore::new(MemStore::new()), never.clone()).await;
+    let b = c.open("b", HookStore::new(MemStore::new()), never.clone()).await;
+    let freq = tally_core::frequency::FrequencySpec { epsilon: 0.001, delta: 0.01 };
+    a.put_counter("f", SpecPatch { frequency: Some(freq), ..spec(4, Durability::Sync) }).await.unwrap();
+    // Every shard is on a; the writers spread the items over all four.
+    let total: u64 = (0..40u64).map(|i| 1 + i % 3).sum();
+    for i in 0..40u64 {
+        let inc = Increment::new(1 + (i % 3) as i64).item(format!("item-{}", i % 5)).writer(format!("w{i}"));
+        a.incr("f", inc).await.unwrap();
+    }
+    let mut before = Vec::new();
+    for k in 0..5 {
+        before.push(a.frequency("f", &format!("item-{k}")).await.unwrap().estimate);
+    }
+    assert_eq!(before.iter().sum::<u64>(), total, "{before:?}");
+    // Odd shards move to b with their sketches.
+    c.net.epoch.store(2, SeqCst);
+    let report = a.hand_off_foreign(2).await.unwrap();
+    assert_eq!((report.moved, report.failed), (2, 0), "{report:?}");
+    c.net.epoch.store(3, SeqCst);
+    for t in [&a, &b] {
+        for (k, &want) in before.iter().enumerate() {
+            let f = t.frequency("f", &format!("item-{k}")).await.unwrap();
+            assert_eq!((f.estimate, f.complete, f.total), (want, true, total), "{f:?}");
+        }
+        let top = t.top("f", 5).await.unwrap();
+        assert_eq!(top.items.iter().map(|e| e.lower_bound).sum::<u64>(), total, "{top:?}");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

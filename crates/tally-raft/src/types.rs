@@ -309,6 +309,13 @@ pub enum Rejection {
         /// The accepted words.
         expected: Vec<String>,
     },
+    /// A frequency option out of its bounds, or a change of a fixed one
+    /// (`SpecError::Frequency`, `SpecError::FrequencyFixed`), with core's message.
+    #[error("{message}")]
+    Frequency {
+        /// tally-core's message.
+        message: String,
+    },
     /// A second resharding was asked for while one is in progress.
     #[error("counter is being resharded to {target} shards; retry when it completes")]
     Resharding {
@@ -343,6 +350,9 @@ impl From<MetaError> for Rejection {
                 found,
                 expected: expected.iter().map(|w| (*w).to_owned()).collect(),
             },
+            MetaError::Spec(e @ (SpecError::Frequency(_) | SpecError::FrequencyFixed { .. })) => {
+                Rejection::Frequency { message: e.to_string() }
+            }
             MetaError::Resharding { target } => Rejection::Resharding { target },
             MetaError::TooManyGenerations { count } => Rejection::TooManyGenerations { count },
             MetaError::StaleGeneration { current, got } => Rejection::StaleGeneration { current, got },

@@ -34,6 +34,7 @@ fn full_patch() -> SpecPatch {
         router: Some(RouterPolicy::RoundRobin),
         distinct: Some(true),
         dedup_window_s: Some(3_600),
+        ..SpecPatch::default()
     }
 }
 

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_cluster::{AcceptLossError, ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
-    ShardsReport, SpecPatch, Tally, TallyError, ValueRead,
+    Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
+    ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
 };
 use tally_raft::MemberRejection;
 
@@ -127,6 +127,14 @@ impl Service for ClusterService {
 
     async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
         self.node.tally().distinct(name).await
+    }
+
+    async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
+        self.node.tally().frequency(name, item).await
+    }
+
+    async fn top(&self, name: &str, k: u32) -> Result<TopRead, TallyError> {
+        self.node.tally().top(name, k).await
     }
 
     async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {

@@ -10,8 +10,8 @@ use crate::sources::{RunBook, RunRecord};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, Durability, IncrOutcome, Increment, PutOutcome, ReconcileReport,
-    ShardsReport, SpecPatch, Tally, TallyError, ValueRead,
+    Consistency, CounterInfo, DistinctRead, Durability, FrequencyRead, IncrOutcome, Increment, PutOutcome,
+    ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
 };
 
 /// The operations behind the public HTTP interface. Cheap to clone: the router clones
@@ -53,6 +53,16 @@ pub trait Service: Clone + Send + Sync + 'static {
 
     /// The distinct-member estimate of a counter with `distinct`.
     fn distinct(&self, name: &str) -> impl Future<Output = Result<DistinctRead, TallyError>> + Send;
+
+    /// An item's estimated frequency, for a counter with `frequency`.
+    fn frequency(
+        &self,
+        name: &str,
+        item: &str,
+    ) -> impl Future<Output = Result<FrequencyRead, TallyError>> + Send;
+
+    /// The `k` heaviest items of a counter with `frequency`.
+    fn top(&self, name: &str, k: u32) -> impl Future<Output = Result<TopRead, TallyError>> + Send;
 
     /// Per-shard values, owners and write skew.
     fn shards(&self, name: &str) -> impl Future<Output = Result<ShardsReport, TallyError>> + Send;

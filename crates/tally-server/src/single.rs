@@ -11,8 +11,8 @@ use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, PutOutcome, ReconcileReport,
-    ShardsReport, SledStore, SpecPatch, SystemClock, Tally, TallyError, ValueRead,
+    Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
+    ReconcileReport, ShardsReport, SledStore, SpecPatch, SystemClock, Tally, TallyError, TopRead, ValueRead,
 };
 
 /// Why a node could not start.
@@ -121,6 +121,14 @@ impl Service for SingleNode {
 
     async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
         self.tally.distinct(name).await
+    }
+
+    async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
+        self.tally.frequency(name, item).await
+    }
+
+    async fn top(&self, name: &str, k: u32) -> Result<TopRead, TallyError> {
+        self.tally.top(name, k).await
     }
 
     async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {

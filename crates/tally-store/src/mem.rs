@@ -435,7 +435,7 @@ mod tests {
     }
 
     fn write(value: i64) -> ShardWrite {
-        ShardWrite { image: ShardImage { value, sketch: None }, ..ShardWrite::default() }
+        ShardWrite { image: ShardImage { value, sketch: None, frequency: None }, ..ShardWrite::default() }
     }
 
     #[test]

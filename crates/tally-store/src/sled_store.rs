@@ -509,7 +509,7 @@ mod tests {
         let (a, b) = (shard("a", 0, 0), shard("b", 1, 3));
         for id in [&a, &b] {
             let write = ShardWrite {
-                image: ShardImage { value: 7, sketch: None },
+                image: ShardImage { value: 7, ..ShardImage::default() },
                 dedup_put: vec![("e".into(), DedupRecord { delta: 1, applied_at_ms: 2 })],
                 ..Default::default()
             };
@@ -613,7 +613,7 @@ mod tests {
         }
 
         // A valid image followed by trailing bytes is corrupt too.
-        let mut long = codec::encode(&ShardImage { value: 1, sketch: None });
+        let mut long = codec::encode(&ShardImage { value: 1, sketch: None, frequency: None });
         long.push(7);
         tree.insert(image_key(&prefix), long).unwrap();
         assert!(matches!(store.load_shard(&id), Err(StoreError::Corrupt { .. })));

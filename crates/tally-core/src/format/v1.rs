@@ -39,7 +39,17 @@ pub struct CounterSpecV1 {
 impl From<CounterSpecV1> for CounterSpec {
     fn from(v: CounterSpecV1) -> Self {
         let CounterSpecV1 { shards, durability, flush_ms, rollup_ms, router, distinct, dedup_window_s } = v;
-        CounterSpec { shards, durability, flush_ms, rollup_ms, router, distinct, dedup_window_s }
+        // Format 1 had no frequencies.
+        CounterSpec {
+            shards,
+            durability,
+            flush_ms,
+            rollup_ms,
+            router,
+            distinct,
+            dedup_window_s,
+            frequency: None,
+        }
     }
 }
 
@@ -65,7 +75,16 @@ pub struct SpecPatchV1 {
 impl From<SpecPatchV1> for SpecPatch {
     fn from(v: SpecPatchV1) -> Self {
         let SpecPatchV1 { shards, durability, flush_ms, rollup_ms, router, distinct, dedup_window_s } = v;
-        SpecPatch { shards, durability, flush_ms, rollup_ms, router, distinct, dedup_window_s }
+        SpecPatch {
+            shards,
+            durability,
+            flush_ms,
+            rollup_ms,
+            router,
+            distinct,
+            dedup_window_s,
+            frequency: None,
+        }
     }
 }
 
@@ -138,7 +157,7 @@ pub struct ShardImageV1 {
 
 impl From<ShardImageV1> for ShardImage {
     fn from(v: ShardImageV1) -> Self {
-        ShardImage { value: v.value, sketch: v.sketch }
+        ShardImage { value: v.value, sketch: v.sketch, frequency: None }
     }
 }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use tally_core::frequency::FrequencySpec;
 use tally_engine::{Increment, SpecPatch, TallyError};
 
 /// Longest excerpt of a client's value quoted back in an error message, in bytes.
@@ -220,6 +221,9 @@ pub struct IncrementBody {
     /// A member for distinct counting.
     #[serde(default)]
     pub member: Option<String>,
+    /// An item whose frequency the delta adds to (counters with `frequency`).
+    #[serde(default)]
+    pub item: Option<String>,
 }
 
 impl IncrementBody {
@@ -230,6 +234,7 @@ impl IncrementBody {
             event_id: self.event_id,
             writer: self.writer,
             member: self.member,
+            item: self.item,
         })
     }
 }
@@ -252,6 +257,9 @@ pub struct BatchItem {
     /// A member for distinct counting.
     #[serde(default)]
     pub member: Option<String>,
+    /// An item for frequencies.
+    #[serde(default)]
+    pub item: Option<String>,
 }
 
 /// `POST /v1/increments`.
@@ -273,8 +281,13 @@ impl BatchBody {
             .map(|(i, item)| {
                 let delta =
                     delta_of(item.delta.as_deref()).map_err(|e| e.context(format!("increments[{i}]")))?;
-                let inc =
-                    Increment { delta, event_id: item.event_id, writer: item.writer, member: item.member };
+                let inc = Increment {
+                    delta,
+                    event_id: item.event_id,
+                    writer: item.writer,
+                    member: item.member,
+                    item: item.item,
+                };
                 Ok((item.counter, inc))
             })
             .collect()
@@ -389,6 +402,8 @@ pub struct SpecBody {
     pub distinct: Option<bool>,
     /// Dedup window, in seconds.
     pub dedup_window_s: Option<u64>,
+    /// Keep per-item frequencies: `{"epsilon": ..., "delta": ...}`.
+    pub frequency: Option<FrequencySpec>,
 }
 
 fn narrow<T: TryFrom<u64>>(
@@ -417,6 +432,7 @@ impl SpecBody {
             router: self.router.map(|s| s.parse::<RouterPolicy>()).transpose()?,
             distinct: self.distinct,
             dedup_window_s: narrow("dedup_window_s", self.dedup_window_s, 0, DEDUP_WINDOW_S_MAX.into())?,
+            frequency: self.frequency,
         })
     }
 }

@@ -10,6 +10,8 @@
 //! | `POST /v1/increments` | `incr_many`: `{"results": [...]}`, one per item |
 //! | `GET /v1/counters/{name}/value` | `value`: `?consistency=cached\|fresh` |
 //! | `GET /v1/counters/{name}/distinct` | `distinct` |
+//! | `GET /v1/counters/{name}/frequency` | `frequency`: `?item=X`, the estimate and its bound |
+//! | `GET /v1/counters/{name}/top` | `top`: `?k=10`, the heaviest items |
 //! | `GET /v1/counters/{name}/shards` | `shards` |
 //! | `POST /v1/counters/{name}/reconcile` | `reconcile` (recorded as a run of source `request`) |
 //! | `GET /v1/counters/{name}/reconciliations` | `reconciliations`: the recent runs on this node |
@@ -62,7 +64,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, IncrOutcome, ReconcileReport, ShardsReport, TallyError, ValueRead,
+    Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, ReconcileReport, ShardsReport,
+    TallyError, TopRead, ValueRead,
 };
 use tracing::{field, Instrument};
 
@@ -124,6 +127,8 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         .route("/v1/increments", post(incr_many::<S>))
         .route("/v1/counters/{name}/value", get(value::<S>))
         .route("/v1/counters/{name}/distinct", get(distinct::<S>))
+        .route("/v1/counters/{name}/frequency", get(frequency::<S>))
+        .route("/v1/counters/{name}/top", get(top::<S>))
         .route("/v1/counters/{name}/shards", get(shards::<S>))
         .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
         .route("/v1/counters/{name}/reconciliations", get(reconciliations::<S>))
@@ -342,6 +347,62 @@ async fn distinct<S: Service>(
     CounterPath(name): CounterPath,
 ) -> Result<Json<DistinctRead>, ApiError> {
     Ok(Json(st.svc.distinct(&name).await?))
+}
+
+/// The query of a frequency read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrequencyQuery {
+    /// The item whose frequency is asked for.
+    pub item: Option<String>,
+}
+
+/// `GET /v1/counters/{name}/frequency?item=X`: the item's estimate, error bound and
+/// confidence, merged over every shard.
+#[tracing::instrument(name = "frequency", skip_all)]
+async fn frequency<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    query: Result<Query<FrequencyQuery>, QueryRejection>,
+) -> Result<Json<FrequencyRead>, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
+    let Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let Some(item) = query.item else { return Err(bad("the query needs item=ITEM".into())) };
+    Ok(Json(st.svc.frequency(&name, &item).await?))
+}
+
+/// Items a top read answers when `k` is not given.
+pub const TOP_K_DEFAULT: u32 = 10;
+
+/// The query of a top-k read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopQuery {
+    /// How many items (default [`TOP_K_DEFAULT`], at most
+    /// `tally_core::frequency::TOP_K_MAX`).
+    pub k: Option<String>,
+}
+
+/// `GET /v1/counters/{name}/top?k=10`: the heaviest items with their estimates.
+#[tracing::instrument(name = "top", skip_all)]
+async fn top<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    query: Result<Query<TopQuery>, QueryRejection>,
+) -> Result<Json<TopRead>, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
+    let Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let k = match query.k.as_deref() {
+        None => TOP_K_DEFAULT,
+        Some(text) => text.parse::<u32>().map_err(|_| {
+            let text: String = text.chars().take(64).collect();
+            bad(format!(
+                "k must be a whole number from 1 to {} (got {text:?})",
+                tally_core::frequency::TOP_K_MAX
+            ))
+        })?,
+    };
+    Ok(Json(st.svc.top(&name, k).await?))
 }
 
 /// `GET /v1/counters/{name}/shards`: per-shard values and skew.

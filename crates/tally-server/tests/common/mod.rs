@@ -13,8 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, IncrOutcome, Increment, MemStore, PutOutcome, ReconcileReport,
-    ShardsReport, SpecPatch, SystemClock, Tally, TallyConfig, TallyError, ValueRead,
+    Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, MemStore, PutOutcome,
+    ReconcileReport, ShardsReport, SpecPatch, SystemClock, Tally, TallyConfig, TallyError, TopRead,
+    ValueRead,
 };
 use tally_server::http::error::ApiError;
 use tally_server::{ClusterView, HttpConfig, NodeEntry, Service, SingleNode};
@@ -269,6 +270,12 @@ impl Service for Faulty {
     }
     async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
         self.inner.distinct(name).await
+    }
+    async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
+        self.inner.frequency(name, item).await
+    }
+    async fn top(&self, name: &str, k: u32) -> Result<TopRead, TallyError> {
+        self.inner.top(name, k).await
     }
     async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
         self.inner.shards(name).await
