@@ -254,4 +254,8 @@ pub struct History {
     pub settle_ms: u64,
     /// Nodes that were ever members.
     pub nodes: BTreeSet<u8>,
+    /// How much longer than the model's one tick a rollup refresh may take: 0 where
+    /// remote shard reads are instantaneous (tier 1); a call timeout plus the slowest
+    /// round trip where they cross a simulated network (tier 2).
+    pub refresh_slack_ms: u64,
 }

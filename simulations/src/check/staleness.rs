@@ -34,7 +34,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             });
             continue;
         }
-        let bound = u64::from(info.spec.rollup_ms) + ROLLUP_REFRESH_MS;
+        let bound = u64::from(info.spec.rollup_ms) + ROLLUP_REFRESH_MS + h.refresh_slack_ms;
         let from = r.invoked_ms.saturating_sub(bound);
         if disturbed.iter().any(|d| d.from_ms < done && from < d.to_ms) {
             continue;
@@ -44,7 +44,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
                 invariant: NAME,
                 detail: format!(
                     "cached read of {} at {done} ms is {} ms stale (as_of {}), beyond rollup_ms {} + refresh {} ms, with the cluster healthy",
-                    info.name, v.staleness_ms, v.as_of_ms, info.spec.rollup_ms, ROLLUP_REFRESH_MS
+                    info.name, v.staleness_ms, v.as_of_ms, info.spec.rollup_ms, ROLLUP_REFRESH_MS + h.refresh_slack_ms
                 ),
             });
         }

@@ -500,7 +500,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
                 meta_stale: None,
             })
             .collect();
-        let history = History { nodes: (0..cfg.nodes).collect(), settle_ms: u64::MAX, ..History::default() };
+        // A refresh reads remote shards over the simulated links: one of its calls may
+        // time out, and the next takes the slowest round trip.
+        let refresh_slack_ms = net::CALL_TIMEOUT_MS + 2 * (NET_DELAY_MS_MAX + rates.delay_extra_ms_max);
+        let history =
+            History { nodes: (0..cfg.nodes).collect(), settle_ms: u64::MAX, refresh_slack_ms, ..History::default() };
         let world: Shared = Arc::new(Mutex::new(World {
             cfg: cfg.clone(),
             start: tokio::time::Instant::now(),
@@ -518,6 +522,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             trace: Xxh3::new(),
             events: 0,
             end_ms: 0,
+            debug: std::env::var_os("TALLY_SIM_DEBUG").is_some(),
         }));
         let limit = Duration::from_millis(cfg.chaos_ms + crate::sim::SETTLE_MS_MAX);
         let outcome = match tokio::time::timeout(limit, drive(world.clone())).await {

@@ -39,11 +39,38 @@ fn unavailable(node: &NodeId, reason: &str) -> TallyError {
     TallyError::Unavailable { shard: node.to_string(), reason: reason.into() }
 }
 
+/// A message in the trace: hashed as its encoding, printed as itself.
+struct Wire<'a, T>(&'a [u8], &'a T);
+
+impl<T> std::hash::Hash for Wire<'_, T> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.0.hash(h);
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Wire<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.1.fmt(f)
+    }
+}
+
 /// What became of one message.
 enum Fate {
     Deliver(u64),
     Lost,
     Cut,
+}
+
+/// Whether a copy of `request` may be delivered twice. Every request carries an id
+/// its owner deduplicates or is idempotent (reads, seals, sketch merges), except a
+/// direct submission without an event id: the engine sends it once and relies on the
+/// cluster transport (one TCP connection per peer, no resend) to deliver it at most
+/// once, so the simulated link never duplicates it either.
+fn idempotent(request: &ShardRequest) -> bool {
+    !matches!(
+        request,
+        ShardRequest::Submit { sub: tally_core::shard::Submission::Single { event_id: None, .. }, .. }
+    )
 }
 
 impl SimPlacement {
@@ -83,14 +110,14 @@ impl SimPlacement {
             if !w.alive(self.me, self.incarnation) {
                 return Err(unavailable(&name, "this node is down"));
             }
-            w.note("call", (self.me, to, &bytes));
+            w.note("call", (self.me, to, Wire(&bytes, &request)));
         }
         self.wait_unpaused(self.me).await;
         let d = match self.fate(self.me, to) {
             Fate::Deliver(d) => d,
             Fate::Lost | Fate::Cut => return std::future::pending().await,
         };
-        let duplicate = lock(&self.world).duplicated();
+        let duplicate = idempotent(&request) && lock(&self.world).duplicated();
         if duplicate {
             let copy = bytes.clone();
             let world = self.world.clone();
@@ -123,7 +150,7 @@ impl SimPlacement {
             let mut w = lock(&self.world);
             let alive = w.alive(to, target_inc);
             if alive {
-                w.note("answer", (to, self.me, &bytes));
+                w.note("answer", (to, self.me, Wire(&bytes, &response)));
             }
             alive
         };

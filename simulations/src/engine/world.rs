@@ -69,6 +69,8 @@ pub(crate) struct World {
     pub(crate) events: u64,
     /// The simulated time the run ended at.
     pub(crate) end_ms: u64,
+    /// Print every event to stderr (`TALLY_SIM_DEBUG=1`; output only, no influence).
+    pub(crate) debug: bool,
 }
 
 /// The handle every task holds.
@@ -91,8 +93,11 @@ impl World {
     }
 
     /// Hashes one event into the trace.
-    pub(crate) fn note(&mut self, what: &str, detail: impl Hash) {
+    pub(crate) fn note(&mut self, what: &str, detail: impl Hash + std::fmt::Debug) {
         let now = self.now();
+        if self.debug {
+            eprintln!("{now:>6} {what} {detail:?}");
+        }
         (now, what, detail).hash(&mut self.trace);
         self.events += 1;
     }
