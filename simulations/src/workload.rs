@@ -32,8 +32,8 @@ pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
         infos.push((format!("sync:{i}"), Role::Sync, p, 0));
     }
     for i in 0..2 {
-        let router =
-            [RouterPolicy::Writer, RouterPolicy::RoundRobin, RouterPolicy::Random][rng.random_range(0..3usize)];
+        let router = [RouterPolicy::Writer, RouterPolicy::RoundRobin, RouterPolicy::Random]
+            [rng.random_range(0..3usize)];
         let p = SpecPatch {
             shards: Some(shards(rng)),
             durability: Some(Durability::Batched),

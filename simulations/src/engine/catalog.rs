@@ -101,7 +101,12 @@ impl Catalog for SimCatalog {
         Box::pin(async { Ok(()) })
     }
 
-    fn list(&self, prefix: &str, after: Option<&CounterName>, limit: usize) -> Result<Vec<CounterName>, TallyError> {
+    fn list(
+        &self,
+        prefix: &str,
+        after: Option<&CounterName>,
+        limit: usize,
+    ) -> Result<Vec<CounterName>, TallyError> {
         let w = lock(&self.world);
         Ok(w.meta
             .keys()

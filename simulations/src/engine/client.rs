@@ -6,7 +6,9 @@
 
 use super::world::{lock, now_ms, Shared};
 use crate::config::*;
-use crate::history::{Attempt, CounterInfo, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status};
+use crate::history::{
+    Attempt, CounterInfo, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status,
+};
 use crate::msg::{Answer, Consistency, ReadValue};
 use crate::workload::{counter_plans, counters_of, draw_op, member_name, Draw};
 use rand::Rng;
@@ -83,7 +85,10 @@ where
         (node.tally.clone(), node.incarnation)
     };
     let Some(tally) = tally else {
-        return Err(TallyError::Unavailable { shard: format!("node{}", n + 1), reason: "connection refused".into() });
+        return Err(TallyError::Unavailable {
+            shard: format!("node{}", n + 1),
+            reason: "connection refused".into(),
+        });
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let served = f(tally);
@@ -144,7 +149,14 @@ async fn client_loop(w: Shared, c: u16) {
                 let op = {
                     let mut g = lock(&w);
                     let invoked_ms = now_ms(start);
-                    g.history.incrs.push(IncrOp { client: c, counter, delta, member, invoked_ms, attempts: Vec::new() });
+                    g.history.incrs.push(IncrOp {
+                        client: c,
+                        counter,
+                        delta,
+                        member,
+                        invoked_ms,
+                        attempts: Vec::new(),
+                    });
                     g.history.incrs.len() - 1
                 };
                 let event_id = with_id.then(|| format!("c{c}-o{op}"));
@@ -228,7 +240,14 @@ async fn read(w: &Shared, counter: usize, consistency: Consistency, settled: boo
         let now = g.now();
         let nodes = g.cfg.nodes;
         let n = if consistency == Consistency::Cached && settled { 0 } else { g.rng.random_range(0..nodes) };
-        g.history.reads.push(ReadOp { counter, consistency, invoked_ms: now, done_ms: None, value: None, settled });
+        g.history.reads.push(ReadOp {
+            counter,
+            consistency,
+            invoked_ms: now,
+            done_ms: None,
+            value: None,
+            settled,
+        });
         (g.history.reads.len() - 1, g.history.counters[counter].name.clone(), n)
     };
     let c = match consistency {
@@ -259,7 +278,13 @@ async fn distinct(w: &Shared, counter: usize, settled: bool) -> bool {
         let now = g.now();
         let nodes = g.cfg.nodes;
         let n = g.rng.random_range(0..nodes);
-        g.history.distincts.push(DistinctOp { counter, invoked_ms: now, done_ms: None, estimate: None, settled });
+        g.history.distincts.push(DistinctOp {
+            counter,
+            invoked_ms: now,
+            done_ms: None,
+            estimate: None,
+            settled,
+        });
         (g.history.distincts.len() - 1, g.history.counters[counter].name.clone(), n)
     };
     let reply = ask(w, n, move |t| async move { t.distinct(&name).await }).await;
@@ -288,7 +313,13 @@ async fn reconcile(w: &Shared, counter: usize) -> bool {
             .map(|o| i128::from(o.delta))
             .sum();
         let authoritative = sent + g.history.counters[counter].offline_extra;
-        g.history.reconciles.push(ReconcileOp { counter, authoritative, invoked_ms: now, done_ms: None, result: None });
+        g.history.reconciles.push(ReconcileOp {
+            counter,
+            authoritative,
+            invoked_ms: now,
+            done_ms: None,
+            result: None,
+        });
         (g.history.reconciles.len() - 1, g.history.counters[counter].name.clone(), authoritative)
     };
     let n = gateway(w);

@@ -91,7 +91,12 @@ async fn open_node(w: &Shared, n: u8, ring: &Arc<Ring>) -> Option<Tally> {
             clock: Arc::new(SimClock { start }),
             config: engine_config(n),
             catalog: Some(Arc::new(SimCatalog { world: w.clone(), node: n })),
-            placement: Some(Arc::new(SimPlacement { world: w.clone(), me: n, incarnation, ring: ring.clone() })),
+            placement: Some(Arc::new(SimPlacement {
+                world: w.clone(),
+                me: n,
+                incarnation,
+                ring: ring.clone(),
+            })),
         };
         let opened = Tally::open_parts(parts).await;
         let stray = {
@@ -394,7 +399,9 @@ async fn heal(w: &Shared, ring: &Arc<Ring>) {
             node.paused_until = node.paused_until.min(now);
             node.meta_stale = None;
         }
-        (0..g.cfg.nodes).filter(|&n| !g.nodes[usize::from(n)].up || g.nodes[usize::from(n)].poisoned).collect()
+        (0..g.cfg.nodes)
+            .filter(|&n| !g.nodes[usize::from(n)].up || g.nodes[usize::from(n)].poisoned)
+            .collect()
     };
     for n in down {
         if lock(w).nodes[usize::from(n)].poisoned {
@@ -476,6 +483,8 @@ pub(crate) fn run(cfg: SimConfig) -> RunReport {
 fn run_inner(cfg: SimConfig) -> RunReport {
     #[cfg(feature = "planted-bugs")]
     tally_core::planted::plant(cfg.plant);
+    // Every engine of the run routes on this thread: start its draws from the seed.
+    tally_engine::seed_thread_routing(cfg.seed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -503,8 +512,12 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         // A refresh reads remote shards over the simulated links: one of its calls may
         // time out, and the next takes the slowest round trip.
         let refresh_slack_ms = net::CALL_TIMEOUT_MS + 2 * (NET_DELAY_MS_MAX + rates.delay_extra_ms_max);
-        let history =
-            History { nodes: (0..cfg.nodes).collect(), settle_ms: u64::MAX, refresh_slack_ms, ..History::default() };
+        let history = History {
+            nodes: (0..cfg.nodes).collect(),
+            settle_ms: u64::MAX,
+            refresh_slack_ms,
+            ..History::default()
+        };
         let world: Shared = Arc::new(Mutex::new(World {
             cfg: cfg.clone(),
             start: tokio::time::Instant::now(),
@@ -567,4 +580,3 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         history,
     }
 }
-

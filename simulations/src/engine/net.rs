@@ -190,7 +190,9 @@ impl Placement for SimPlacement {
             let Some(to) = node_index(node).filter(|&n| usize::from(n) < nodes) else {
                 return Err(unavailable(node, "no such node"));
             };
-            match tokio::time::timeout(Duration::from_millis(CALL_TIMEOUT_MS), self.deliver(to, request)).await {
+            match tokio::time::timeout(Duration::from_millis(CALL_TIMEOUT_MS), self.deliver(to, request))
+                .await
+            {
                 Ok(r) => r,
                 Err(_) => Err(unavailable(node, "timed out")),
             }
