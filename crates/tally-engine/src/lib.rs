@@ -25,6 +25,21 @@
 
 #![forbid(unsafe_code)]
 
+/// Whether a planted bug is switched on (`tally_core::planted`, feature
+/// `planted-bugs`); always false without the feature, so nothing changes.
+#[cfg(feature = "planted-bugs")]
+macro_rules! bug {
+    ($b:ident) => {
+        tally_core::planted::active(tally_core::planted::Bug::$b)
+    };
+}
+#[cfg(not(feature = "planted-bugs"))]
+macro_rules! bug {
+    ($b:ident) => {
+        false
+    };
+}
+
 mod aggregator;
 mod api;
 mod catalog;

@@ -1,7 +1,9 @@
 //! A cached read is never staler than `rollup_ms` plus one refresh while the rollup's
 //! node and the shards it reads are healthy: the check applies to reads during which,
 //! and for that long before which, nothing in the cluster was disturbed. Every cached
-//! read's staleness must also be consistent with its `as_of`.
+//! read's staleness must also be consistent with its `as_of`. Where remote reads
+//! cross a lossy network (tier 2), periods with an unanswered call count as
+//! disturbed too (`History::unanswered_calls`).
 
 use super::{merged_disturbances, Violation};
 use crate::config::ROLLUP_TICK_MS;
@@ -17,7 +19,8 @@ pub const ROLLUP_REFRESH_MS: u64 = ROLLUP_TICK_MS;
 
 /// Runs the check.
 pub fn check(h: &History, out: &mut Vec<Violation>) {
-    let disturbed = merged_disturbances(h);
+    let mut disturbed = merged_disturbances(h);
+    disturbed.extend(h.unanswered_calls.iter().copied());
     for r in &h.reads {
         let (Some(done), Some(v)) = (r.done_ms, r.value) else { continue };
         if r.consistency != Consistency::Cached {

@@ -174,7 +174,23 @@ async fn restart(w: Shared, n: u8, ring: Arc<Ring>) {
         g.count(FaultKind::Restart);
         g.note("restart", n);
     }
-    open_node(&w, n, &ring).await;
+    let Some(tally) = open_node(&w, n, &ring).await else { return };
+    // When the node's view catches up with the log, it learns of every change it
+    // missed, as the cluster's metadata apply loop tells its engine.
+    let wait = {
+        let g = lock(&w);
+        let now = g.now();
+        g.nodes[usize::from(n)].meta_stale.map_or(0, |(until, _)| until.saturating_sub(now))
+            + g.nodes[usize::from(n)].meta_lag_ms
+            + 1
+    };
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let names: Vec<String> = lock(&w).meta.keys().cloned().collect();
+        for name in names {
+            let _ = tally.metadata_changed(&name).await;
+        }
+    });
 }
 
 /// Links cut by one partition: a node isolated, the cluster split in two, or one
@@ -509,9 +525,9 @@ fn run_inner(cfg: SimConfig) -> RunReport {
                 meta_stale: None,
             })
             .collect();
-        // A refresh reads remote shards over the simulated links: one of its calls may
-        // time out, and the next takes the slowest round trip.
-        let refresh_slack_ms = net::CALL_TIMEOUT_MS + 2 * (NET_DELAY_MS_MAX + rates.delay_extra_ms_max);
+        // A refresh reads remote shards over the simulated links: it takes up to the
+        // slowest round trip (a call that goes unanswered is recorded apart).
+        let refresh_slack_ms = 2 * (NET_DELAY_MS_MAX + rates.delay_extra_ms_max);
         let history = History {
             nodes: (0..cfg.nodes).collect(),
             settle_ms: u64::MAX,

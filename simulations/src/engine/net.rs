@@ -61,6 +61,17 @@ enum Fate {
     Cut,
 }
 
+/// Records that a call goes unanswered from now until its caller's timeout and one
+/// more rollup tick.
+fn unanswered(w: &mut super::world::World) {
+    let now = w.now();
+    let to_ms = now + CALL_TIMEOUT_MS + crate::config::ROLLUP_TICK_MS;
+    match w.history.unanswered_calls.last_mut() {
+        Some(last) if last.to_ms >= now => last.to_ms = last.to_ms.max(to_ms),
+        _ => w.history.unanswered_calls.push(crate::history::Disturbance { from_ms: now, to_ms }),
+    }
+}
+
 /// Whether a copy of `request` may be delivered twice. Every request carries an id
 /// its owner deduplicates or is idempotent (reads, seals, sketch merges), except a
 /// direct submission without an event id: the engine sends it once and relies on the
@@ -79,10 +90,12 @@ impl SimPlacement {
         let mut w = lock(&self.world);
         if w.cut.contains_key(&(from, to)) {
             w.count(FaultKind::MessageCut);
+            unanswered(&mut w);
             return Fate::Cut;
         }
         if w.lost() {
             w.count(FaultKind::MessageLost);
+            unanswered(&mut w);
             return Fate::Lost;
         }
         Fate::Deliver(w.delay())
@@ -151,6 +164,8 @@ impl SimPlacement {
             let alive = w.alive(to, target_inc);
             if alive {
                 w.note("answer", (to, self.me, Wire(&bytes, &response)));
+            } else {
+                unanswered(&mut w);
             }
             alive
         };
