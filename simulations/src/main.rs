@@ -52,7 +52,8 @@ struct Args {
     #[arg(long)]
     threads: Option<usize>,
     /// Plant a known bug (ack-before-flush, dedup-off, retry-fresh-id, wrapping-add,
-    /// dedup-lost-on-reshard, rollup-never-refreshed, reconcile-twice).
+    /// dedup-lost-on-reshard, rollup-never-refreshed, reconcile-twice; with --tier
+    /// engine: engine-ack-before-flush, seal-forgotten-on-restart).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,
