@@ -8,6 +8,7 @@ use crate::config::*;
 use crate::history::{Attempt, DistinctOp, IncrOp, ReadOp, ReconcileOp, Role, Status};
 use crate::msg::{Addr, Answer, Consistency, Msg};
 use crate::sim::{Event, Phase, Sim};
+use crate::workload::{draw_op, member_name, Draw};
 use rand::Rng;
 use std::collections::VecDeque;
 use tally_core::CounterName;
@@ -17,9 +18,6 @@ const KIND_INCR: u8 = 0;
 const KIND_READ: u8 = 1;
 const KIND_DISTINCT: u8 = 2;
 const KIND_RECONCILE: u8 = 3;
-
-/// Distinct members the workload draws from.
-const MEMBERS_MAX: u32 = 2_000;
 
 /// What a client waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,10 +78,6 @@ impl Client {
     }
 }
 
-fn member_name(m: u32) -> String {
-    format!("m-{m}")
-}
-
 impl Sim {
     fn client(&mut self, c: u16) -> &mut Client {
         &mut self.clients[usize::from(c)]
@@ -125,30 +119,10 @@ impl Sim {
     }
 
     fn new_op(&mut self, c: u16) {
-        let roll = self.rng.random_range(0..100u32);
-        let pick = |sim: &mut Sim, role| {
-            let list = sim.counters_of(role);
-            list[sim.rng.random_range(0..list.len())]
-        };
-        let (counter, delta, member, with_id) = match roll {
-            0..30 => (pick(self, Role::Sync), self.rng.random_range(1..=5), None, true),
-            30..55 => {
-                let mut d = self.rng.random_range(-3..=10);
-                if d == 0 {
-                    d = 1;
-                }
-                (pick(self, Role::Batched), d, None, self.rng.random::<bool>())
-            }
-            55..63 => (pick(self, Role::Distinct), 1, Some(self.rng.random_range(0..MEMBERS_MAX)), true),
-            63..67 => {
-                let magnitude = (1i64 << 61) + self.rng.random_range(0..1i64 << 40);
-                let d = if self.rng.random_range(0..10) < 7 { magnitude } else { -magnitude };
-                (pick(self, Role::Big), d, None, true)
-            }
-            67..73 => (pick(self, Role::Recon), self.rng.random_range(1..=5), None, true),
-            73..83 => return self.new_read(c, Consistency::Fresh, None, false),
-            83..93 => return self.new_read(c, Consistency::Cached, None, false),
-            _ => return self.new_distinct(c, None, false),
+        let (counter, delta, member, with_id) = match draw_op(&mut self.rng, &self.history.counters) {
+            Draw::Incr { counter, delta, member, with_id } => (counter, delta, member, with_id),
+            Draw::Read(consistency) => return self.new_read(c, consistency, None, false),
+            Draw::Distinct => return self.new_distinct(c, None, false),
         };
         let op = self.history.incrs.len();
         let event_id = with_id.then(|| format!("c{c}-o{op}"));

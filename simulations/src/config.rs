@@ -91,6 +91,49 @@ impl FromStr for FaultLevel {
     }
 }
 
+/// Which simulation runs: the runtime-free model of the shells (tier 1) or the real
+/// engine on a paused-time runtime (tier 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tier {
+    /// Tier 1: the core's machines in modelled shells on an event queue.
+    #[default]
+    Model,
+    /// Tier 2: real `tally_engine::Tally` engines, their actors and tasks.
+    Engine,
+}
+
+impl Tier {
+    /// The command-line word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Model => "model",
+            Tier::Engine => "engine",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tier that is neither `model` nor `engine`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tier must be model or engine (got {0:?})")]
+pub struct BadTier(pub String);
+
+impl FromStr for Tier {
+    type Err = BadTier;
+    fn from_str(s: &str) -> Result<Self, BadTier> {
+        match s {
+            "model" => Ok(Tier::Model),
+            "engine" => Ok(Tier::Engine),
+            other => Err(BadTier(other.to_owned())),
+        }
+    }
+}
+
 /// Everything that determines a run. Two runs with equal configs are identical.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
@@ -109,6 +152,8 @@ pub struct SimConfig {
     /// The planted bug of this run, if any.
     #[cfg(feature = "planted-bugs")]
     pub plant: Option<tally_core::planted::Bug>,
+    /// Which simulation runs.
+    pub tier: Tier,
 }
 
 /// Clients of a standard run.
@@ -135,12 +180,18 @@ impl SimConfig {
             transitions: STANDARD_TRANSITIONS,
             #[cfg(feature = "planted-bugs")]
             plant: None,
+            tier: Tier::Model,
         }
     }
 
     /// A shorter run for tests in debug builds: 1.2 s of chaos, 6 clients, 2 transitions.
     pub fn short(seed: u64, nodes: u8, faults: FaultLevel) -> Self {
         Self { clients: 6, chaos_ms: 1_200, transitions: 2, ..Self::standard(seed, nodes, faults) }
+    }
+
+    /// The same run on another tier.
+    pub fn on(self, tier: Tier) -> Self {
+        Self { tier, ..self }
     }
 
     /// The command that replays this run.
@@ -156,6 +207,9 @@ impl SimConfig {
                 "cargo run --release -p tally-sim --features planted-bugs -- --reproduce {} --nodes {} --faults {} --plant {bug}",
                 self.seed, self.nodes, self.faults
             );
+        }
+        if self.tier != Tier::Model {
+            cmd.push_str(&format!(" --tier {}", self.tier));
         }
         if self.clients != STANDARD_CLIENTS
             || self.chaos_ms != STANDARD_CHAOS_MS

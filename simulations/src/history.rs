@@ -254,4 +254,13 @@ pub struct History {
     pub settle_ms: u64,
     /// Nodes that were ever members.
     pub nodes: BTreeSet<u8>,
+    /// How much longer than the model's one tick a rollup refresh may take: 0 where
+    /// remote shard reads are instantaneous (tier 1); the slowest round trip where
+    /// they cross a simulated network (tier 2).
+    pub refresh_slack_ms: u64,
+    /// Periods in which some node-to-node call went unanswered (its request or answer
+    /// lost or cut, until the caller's timeout and one more tick): a rollup refresh
+    /// may fail then, so the staleness bound is not checked across them. Empty where
+    /// remote reads cannot be lost (tier 1).
+    pub unanswered_calls: Vec<Disturbance>,
 }

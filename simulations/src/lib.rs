@@ -17,6 +17,9 @@
 //! * `node` — a node's shells around the core.
 //! * `coord` — the control plane: reshardings and membership changes.
 //! * `client` — the workload and the settle phase.
+//! * `workload` — the counters and the operation mix, shared by both tiers.
+//! * `engine` — tier 2: real engines on a paused-time runtime, with the same
+//!   workload, history and checker.
 //! * [`metalog`] — metadata as one linearizable log over `tally_core::meta::apply_command`.
 //! * [`net`] — the simulated network.
 //! * [`msg`] — messages.
@@ -44,13 +47,23 @@ pub mod check;
 mod client;
 pub mod config;
 mod coord;
+mod engine;
 pub mod history;
 pub mod metalog;
 pub mod msg;
 pub mod net;
 mod node;
 mod sim;
+mod workload;
 
 pub use check::Violation;
-pub use config::{FaultLevel, FaultRates, SimConfig};
-pub use sim::{run, RunReport};
+pub use config::{FaultLevel, FaultRates, SimConfig, Tier};
+pub use sim::RunReport;
+
+/// Runs one seeded simulation on the tier its config names.
+pub fn run(cfg: SimConfig) -> RunReport {
+    match cfg.tier {
+        Tier::Model => sim::run(cfg),
+        Tier::Engine => engine::run(cfg),
+    }
+}

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 use tally_sim::history::FaultKind;
-use tally_sim::{run, FaultLevel, RunReport, SimConfig};
+use tally_sim::{run, FaultLevel, RunReport, SimConfig, Tier};
 
 /// Failing seeds printed in full at the end; the rest are counted.
 const FAILURES_SHOWN_MAX: usize = 20;
@@ -32,6 +32,10 @@ struct Args {
     /// Fault level: light or heavy.
     #[arg(long, default_value = "heavy")]
     faults: FaultLevel,
+    /// Which simulation: model (tier 1, the core's machines in modelled shells) or
+    /// engine (tier 2, real engines on a paused-time runtime).
+    #[arg(long, default_value = "model")]
+    tier: Tier,
     /// Concurrent clients per run.
     #[arg(long)]
     clients: Option<u16>,
@@ -48,7 +52,8 @@ struct Args {
     #[arg(long)]
     threads: Option<usize>,
     /// Plant a known bug (ack-before-flush, dedup-off, retry-fresh-id, wrapping-add,
-    /// dedup-lost-on-reshard, rollup-never-refreshed, reconcile-twice).
+    /// dedup-lost-on-reshard, rollup-never-refreshed, reconcile-twice; with --tier
+    /// engine: engine-ack-before-flush, seal-forgotten-on-restart).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,
@@ -56,7 +61,7 @@ struct Args {
 
 impl Args {
     fn config(&self, seed: u64) -> SimConfig {
-        let mut cfg = SimConfig::standard(seed, self.nodes, self.faults);
+        let mut cfg = SimConfig::standard(seed, self.nodes, self.faults).on(self.tier);
         if let Some(c) = self.clients {
             cfg.clients = c;
         }
@@ -165,7 +170,7 @@ fn dump(r: &RunReport, name: &str) {
 fn reproduce(args: &Args, seed: u64) -> Result<bool> {
     let started = Instant::now();
     let r = run(args.config(seed));
-    println!("seed {seed}: {} nodes, faults {}", r.config.nodes, r.config.faults);
+    println!("seed {seed}: {} nodes, faults {}, tier {}", r.config.nodes, r.config.faults, r.config.tier);
     println!("  simulated time   {} ms", r.sim_ms);
     println!("  events           {}", r.events);
     println!("  operations       {}", r.ops);
@@ -232,7 +237,7 @@ fn main() -> Result<()> {
     println!("| measure | value |");
     println!("| --- | --- |");
     println!("| seeds | {} ({start}..{end}) |", t.seeds);
-    println!("| nodes, faults | {}, {} |", args.nodes, args.faults);
+    println!("| nodes, faults, tier | {}, {}, {} |", args.nodes, args.faults, args.tier);
     println!(
         "| simulated time | {:.1} s total, {:.2} s per seed |",
         t.sim_ms as f64 / 1e3,

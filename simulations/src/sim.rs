@@ -9,7 +9,7 @@ use crate::check::{self, Violation};
 use crate::client::Client;
 use crate::config::*;
 use crate::coord::Coordinator;
-use crate::history::{CounterInfo, Disturbance, FaultKind, History, Role};
+use crate::history::{CounterInfo, Disturbance, FaultKind, History};
 use crate::metalog::MetaLog;
 use crate::msg::{Addr, Msg, SubmitCtx};
 use crate::net::{Fate, Network};
@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::hash::{Hash, Hasher};
 use tally_core::meta::MetaCommand;
 use tally_core::shard::Submission;
-use tally_core::spec::{Durability, RouterPolicy, SpecPatch};
+
 use tally_core::{CounterName, ShardId};
 use tally_store::Store;
 use xxhash_rust::xxh3::Xxh3;
@@ -367,56 +367,7 @@ impl Sim {
     }
 
     fn create_counters(&mut self) {
-        let mut infos = Vec::new();
-        let shards = |rng: &mut ChaCha8Rng| rng.random_range(1..=8u16);
-        let rollup = |rng: &mut ChaCha8Rng| rng.random_range(50..=300u32);
-        for i in 0..3 {
-            let p = SpecPatch {
-                shards: Some(shards(&mut self.rng)),
-                durability: Some(Durability::Sync),
-                rollup_ms: Some(rollup(&mut self.rng)),
-                router: Some(RouterPolicy::Event),
-                ..SpecPatch::default()
-            };
-            infos.push((format!("sync:{i}"), Role::Sync, p, 0));
-        }
-        for i in 0..2 {
-            let router = [RouterPolicy::Writer, RouterPolicy::RoundRobin, RouterPolicy::Random]
-                [self.rng.random_range(0..3usize)];
-            let p = SpecPatch {
-                shards: Some(shards(&mut self.rng)),
-                durability: Some(Durability::Batched),
-                flush_ms: Some(self.rng.random_range(10..=200)),
-                rollup_ms: Some(rollup(&mut self.rng)),
-                router: Some(router),
-                ..SpecPatch::default()
-            };
-            infos.push((format!("batched:{i}"), Role::Batched, p, 0));
-        }
-        let p = SpecPatch {
-            shards: Some(shards(&mut self.rng)),
-            durability: Some(Durability::Sync),
-            distinct: Some(true),
-            rollup_ms: Some(rollup(&mut self.rng)),
-            ..SpecPatch::default()
-        };
-        infos.push(("distinct:0".into(), Role::Distinct, p, 0));
-        let p = SpecPatch {
-            shards: Some(1),
-            durability: Some(Durability::Sync),
-            rollup_ms: Some(rollup(&mut self.rng)),
-            ..SpecPatch::default()
-        };
-        infos.push(("big:0".into(), Role::Big, p, 0));
-        let p = SpecPatch {
-            shards: Some(self.rng.random_range(1..=4)),
-            durability: Some(Durability::Batched),
-            flush_ms: Some(self.rng.random_range(10..=100)),
-            rollup_ms: Some(rollup(&mut self.rng)),
-            ..SpecPatch::default()
-        };
-        let extra = self.rng.random_range(1..=1_000);
-        infos.push(("recon:0".into(), Role::Recon, p, extra));
+        let infos = crate::workload::counter_plans(&mut self.rng);
         for (name, role, patch, offline_extra) in infos {
             let cn = CounterName::new(name.clone()).expect("workload names are valid");
             self.meta.counter(&cn, &MetaCommand::Put(patch), 0).expect("setup metadata writes succeed");

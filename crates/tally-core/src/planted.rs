@@ -28,6 +28,12 @@ pub enum Bug {
     RollupNeverRefreshed,
     /// The reconciler writes its correction twice, under two ids.
     ReconcileTwice,
+    /// Engine: the shard actor answers `sync` submissions once their write is
+    /// applied, before the flush that makes it durable.
+    EngineAckBeforeFlush,
+    /// Engine: a shard reopened after a restart forgets its durable seal marker and
+    /// accepts writes its generation's successor no longer counts.
+    SealForgottenOnRestart,
 }
 
 impl Bug {
@@ -42,6 +48,10 @@ impl Bug {
         Bug::ReconcileTwice,
     ];
 
+    /// The bugs planted in the engine's own code (`tally-engine`), caught by the
+    /// tier-2 simulation only.
+    pub const ENGINE: [Bug; 2] = [Bug::EngineAckBeforeFlush, Bug::SealForgottenOnRestart];
+
     /// The name used on command lines.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -52,6 +62,8 @@ impl Bug {
             Bug::DedupLostOnReshard => "dedup-lost-on-reshard",
             Bug::RollupNeverRefreshed => "rollup-never-refreshed",
             Bug::ReconcileTwice => "reconcile-twice",
+            Bug::EngineAckBeforeFlush => "engine-ack-before-flush",
+            Bug::SealForgottenOnRestart => "seal-forgotten-on-restart",
         }
     }
 }
@@ -70,7 +82,11 @@ pub struct UnknownBug(pub String);
 impl FromStr for Bug {
     type Err = UnknownBug;
     fn from_str(s: &str) -> Result<Self, UnknownBug> {
-        Bug::ALL.into_iter().find(|b| b.as_str() == s).ok_or_else(|| UnknownBug(s.to_owned()))
+        Bug::ALL
+            .into_iter()
+            .chain(Bug::ENGINE)
+            .find(|b| b.as_str() == s)
+            .ok_or_else(|| UnknownBug(s.to_owned()))
     }
 }
 
@@ -99,7 +115,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_the_switch_is_per_thread() {
-        for b in Bug::ALL {
+        for b in Bug::ALL.into_iter().chain(Bug::ENGINE) {
             assert_eq!(b.as_str().parse::<Bug>(), Ok(b));
         }
         plant(Some(Bug::DedupOff));

@@ -109,7 +109,11 @@ impl AggregatorState {
     async fn deliver_everything(&mut self, ctx: &Arc<Ctx>) -> u64 {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(SHUTDOWN_DELIVER_MS);
         loop {
-            for rt in ctx.registry.iter() {
+            // In name order, not the map's: the same state drains in the same order.
+            let mut runtimes: Vec<Arc<CounterRuntime>> =
+                ctx.registry.iter().map(|rt| rt.value().clone()).collect();
+            runtimes.sort_by(|a, b| a.name.cmp(&b.name));
+            for rt in runtimes {
                 if rt.holds_buffered() && rt.claim_dirty() {
                     ctx.queue_dirty(&rt);
                 }
@@ -197,6 +201,7 @@ fn sweep(ctx: &Arc<Ctx>, now: u64) {
             prune.push(rt.name.clone());
         }
     }
+    prune.sort();
     for name in prune {
         crate::reshard::ensure_pruned(ctx, &name);
     }
@@ -214,6 +219,7 @@ fn evict_idle(ctx: &Ctx, now: u64) {
         }
         !idle
     });
+    gone.sort_by(|a, b| a.name.cmp(&b.name));
     for rt in gone {
         rt.retired.store(true, SeqCst);
         if rt.holds_buffered() {

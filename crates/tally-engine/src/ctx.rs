@@ -65,6 +65,16 @@ thread_local! {
     });
 }
 
+/// Restarts this thread's routing token and `random`-policy generator from `seed`,
+/// and forgets its cached runtime. A deterministic simulation runs every engine of
+/// a run on one thread and calls this at the start of each run, so the routing
+/// draws of a run depend on its seed alone, not on the runs the thread made before.
+pub fn seed_thread_routing(seed: u64) {
+    let token = seed.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    THREAD_ROUTE.with(|c| c.set((token, tally_core::hash::hash64(0x5eed, &seed.to_le_bytes()) | 1)));
+    LAST_RUNTIME.with(|c| *c.borrow_mut() = None);
+}
+
 fn next_random() -> u64 {
     THREAD_ROUTE.with(|c| {
         let (aff, mut x) = c.get();

@@ -162,12 +162,13 @@ pub(crate) async fn hand_off_foreign(ctx: &Ctx, epoch: u64) -> Result<HandoffRep
     // longer its previous owner. So first stop every actor of a shard this node no
     // longer owns: each commits what it took before it ends, and none can start
     // again here (the supervisor starts owned shards only).
-    let foreign: Vec<ShardId> = ctx
+    let mut foreign: Vec<ShardId> = ctx
         .directory
         .iter()
         .map(|e| e.key().clone())
         .filter(|id| placement.remote_owner(id).is_some())
         .collect();
+    foreign.sort();
     for id in foreign {
         ctx.stop_local(&id).await;
     }

@@ -25,6 +25,21 @@
 
 #![forbid(unsafe_code)]
 
+/// Whether a planted bug is switched on (`tally_core::planted`, feature
+/// `planted-bugs`); always false without the feature, so nothing changes.
+#[cfg(feature = "planted-bugs")]
+macro_rules! bug {
+    ($b:ident) => {
+        tally_core::planted::active(tally_core::planted::Bug::$b)
+    };
+}
+#[cfg(not(feature = "planted-bugs"))]
+macro_rules! bug {
+    ($b:ident) => {
+        false
+    };
+}
+
 mod aggregator;
 mod api;
 mod catalog;
@@ -53,7 +68,9 @@ pub use api::*;
 pub use catalog::{Catalog, Generations, LocalCatalog};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
-pub use ctx::{IN_DOUBT_RESENDS_CONCURRENT_MAX, IN_DOUBT_RETRY_MS_MAX, PREDECESSORS_MAX};
+pub use ctx::{
+    seed_thread_routing, IN_DOUBT_RESENDS_CONCURRENT_MAX, IN_DOUBT_RETRY_MS_MAX, PREDECESSORS_MAX,
+};
 pub use error::ListError;
 pub use error::TallyError;
 pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};

@@ -108,7 +108,8 @@ impl Actor for ShardActor {
     ) -> Result<ShardActorState, ActorProcessingErr> {
         let ShardArgs { id, meta, ctx } = args;
         let (image, sketch) = load(&ctx, &id)?;
-        let sealed = id.generation < meta.layout.generation || ctx.store.meta_get(&seal_key(&id))?.is_some();
+        let sealed = id.generation < meta.layout.generation
+            || (!bug!(SealForgottenOnRestart) && ctx.store.meta_get(&seal_key(&id))?.is_some());
         ctx.stats.shard_activations.inc();
         let now = ctx.now_ms();
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
@@ -223,8 +224,18 @@ impl ShardActorState {
                             rt.changed.fetch_add(change_abs, Relaxed);
                         }
                     }
+                    let (durable, early) = if bug!(EngineAckBeforeFlush) {
+                        (Vec::new(), durable)
+                    } else {
+                        (durable, Vec::new())
+                    };
                     let waiter = (!durable.is_empty()).then(|| answers_after(durable));
                     let result = self.ctx.flusher.commit(self.id.clone(), write, waiter).await;
+                    if result.is_ok() {
+                        for (reply, done) in early {
+                            let _ = reply.send(done);
+                        }
+                    }
                     if let Err(e) = &result {
                         tracing::error!(shard = %self.id, error = %e, "shard commit failed");
                     } else if submissions > 0 {

@@ -522,8 +522,11 @@ impl Tally {
     pub fn abort(&self) {
         self.ctx.closing.store(true, SeqCst);
         self.ctx.reshard_wake.notify_one();
-        for entry in self.ctx.directory.iter() {
-            entry.value().stop(None);
+        let mut shards: Vec<(tally_core::ShardId, ActorRef<crate::messages::ShardMsg>)> =
+            self.ctx.directory.iter().map(|e| (e.key().clone(), e.value().clone())).collect();
+        shards.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, actor) in shards {
+            actor.stop(None);
         }
         for cell in [
             self.actors.aggregator.get_cell(),

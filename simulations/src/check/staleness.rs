@@ -1,7 +1,9 @@
 //! A cached read is never staler than `rollup_ms` plus one refresh while the rollup's
 //! node and the shards it reads are healthy: the check applies to reads during which,
 //! and for that long before which, nothing in the cluster was disturbed. Every cached
-//! read's staleness must also be consistent with its `as_of`.
+//! read's staleness must also be consistent with its `as_of`. Where remote reads
+//! cross a lossy network (tier 2), periods with an unanswered call count as
+//! disturbed too (`History::unanswered_calls`).
 
 use super::{merged_disturbances, Violation};
 use crate::config::ROLLUP_TICK_MS;
@@ -17,7 +19,8 @@ pub const ROLLUP_REFRESH_MS: u64 = ROLLUP_TICK_MS;
 
 /// Runs the check.
 pub fn check(h: &History, out: &mut Vec<Violation>) {
-    let disturbed = merged_disturbances(h);
+    let mut disturbed = merged_disturbances(h);
+    disturbed.extend(h.unanswered_calls.iter().copied());
     for r in &h.reads {
         let (Some(done), Some(v)) = (r.done_ms, r.value) else { continue };
         if r.consistency != Consistency::Cached {
@@ -34,7 +37,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             });
             continue;
         }
-        let bound = u64::from(info.spec.rollup_ms) + ROLLUP_REFRESH_MS;
+        let bound = u64::from(info.spec.rollup_ms) + ROLLUP_REFRESH_MS + h.refresh_slack_ms;
         let from = r.invoked_ms.saturating_sub(bound);
         if disturbed.iter().any(|d| d.from_ms < done && from < d.to_ms) {
             continue;
@@ -44,7 +47,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
                 invariant: NAME,
                 detail: format!(
                     "cached read of {} at {done} ms is {} ms stale (as_of {}), beyond rollup_ms {} + refresh {} ms, with the cluster healthy",
-                    info.name, v.staleness_ms, v.as_of_ms, info.spec.rollup_ms, ROLLUP_REFRESH_MS
+                    info.name, v.staleness_ms, v.as_of_ms, info.spec.rollup_ms, ROLLUP_REFRESH_MS + h.refresh_slack_ms
                 ),
             });
         }

@@ -1,0 +1,119 @@
+//! The metadata catalog of a tier-2 cluster: one log of committed versions, shared,
+//! with a per-node view that lags it (and, after a restart, may be stale for a
+//! while). Writes go through `tally_core::meta::apply_command`, the function the
+//! replicated catalog applies, and fail during a metadata leader failover. After a
+//! commit every node is told of the change once its view has caught up, as the
+//! cluster's raft apply loop does.
+
+use super::world::{lock, Shared};
+use futures::future::BoxFuture;
+use std::time::Duration;
+use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::CounterName;
+use tally_engine::{Catalog, Generations, TallyError};
+
+/// One node's view of the catalog.
+pub(crate) struct SimCatalog {
+    pub(crate) world: Shared,
+    pub(crate) node: u8,
+}
+
+impl Catalog for SimCatalog {
+    fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
+        Ok(lock(&self.world).meta_view(self.node, name))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            let notify = {
+                let mut w = lock(&self.world);
+                let now = w.now();
+                if now < w.meta_down_until {
+                    w.note("meta-refused", (self.node, name.as_str()));
+                    return Err(TallyError::Unavailable {
+                        shard: name.to_string(),
+                        reason: "metadata leader failing over".into(),
+                    });
+                }
+                let current = w.meta_latest(name.as_str());
+                let (next, effect) = apply_command(current, cmd, now_ms)?;
+                let Some(meta) = next.clone() else {
+                    return Ok((next, effect));
+                };
+                let versions = w.meta.entry(name.to_string()).or_default();
+                if versions.last().is_none_or(|v| v.meta.version != meta.version) {
+                    versions.push(super::world::MetaVersion { at_ms: now, meta });
+                }
+                w.note("meta-commit", (self.node, name.as_str(), next.as_ref().map(|m| m.version)));
+                let nodes = w.nodes.len() as u8;
+                let mut notify = Vec::new();
+                for n in 0..nodes {
+                    let node = &w.nodes[usize::from(n)];
+                    let mut wait = node.meta_lag_ms + 1;
+                    if let Some((until, _)) = node.meta_stale {
+                        wait = wait.max(until.saturating_sub(now) + 1);
+                    }
+                    notify.push((n, wait));
+                }
+                Ok::<_, TallyError>((next, effect, notify))
+            };
+            let (next, effect, notify) = notify?;
+            for (n, wait) in notify {
+                let world = self.world.clone();
+                let name = name.to_string();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    let tally = lock(&world).nodes[usize::from(n)].tally.clone();
+                    if let Some(t) = tally {
+                        let _ = t.metadata_changed(&name).await;
+                    }
+                });
+            }
+            Ok((next, effect))
+        })
+    }
+
+    fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
+        let w = lock(&self.world);
+        let names: Vec<String> = w.meta.keys().cloned().collect();
+        Ok(names
+            .into_iter()
+            .filter(|n| w.meta_view(self.node, n).is_some_and(|m| m.layout.resharding.is_some()))
+            .filter_map(|n| CounterName::new(n).ok())
+            .collect())
+    }
+
+    // Counters are never deleted in a simulated run.
+    fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
+        Ok(Vec::new())
+    }
+
+    fn tombstone(&self, _name: &str) -> Result<Option<Generations>, TallyError> {
+        Ok(None)
+    }
+
+    fn clear_tombstone<'a>(&'a self, _name: &'a CounterName) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn list(
+        &self,
+        prefix: &str,
+        after: Option<&CounterName>,
+        limit: usize,
+    ) -> Result<Vec<CounterName>, TallyError> {
+        let w = lock(&self.world);
+        Ok(w.meta
+            .keys()
+            .filter(|n| n.starts_with(prefix) && after.is_none_or(|a| n.as_str() > a.as_str()))
+            .filter(|n| w.meta_view(self.node, n).is_some())
+            .take(limit)
+            .filter_map(|n| CounterName::new(n.as_str()).ok())
+            .collect())
+    }
+}

@@ -1,0 +1,418 @@
+//! The tier-2 clients: tier 1's workload ([`crate::workload`]: the same counters and
+//! the same mix of operations) run as tasks that call the engines' embedded API
+//! through a client link with delay and loss. A timed-out attempt is retried with the
+//! same event id; once the cluster has healed every unknown outcome is resolved and
+//! the settler reconciles and takes the final reads, as in tier 1.
+
+use super::world::{lock, now_ms, Shared};
+use crate::config::*;
+use crate::history::{
+    Attempt, CounterInfo, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status,
+};
+use crate::msg::{Answer, Consistency, ReadValue};
+use crate::workload::{counter_plans, counters_of, draw_op, member_name, Draw};
+use rand::Rng;
+use std::future::Future;
+use std::time::Duration;
+use tally_engine::{Increment, Tally, TallyError};
+
+/// Setup waits this long after creating the counters, so every node's view has them.
+const SETUP_SETTLE_MS: u64 = 100;
+
+/// Creates the workload's counters through node 1 and records them.
+pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
+    let (plans, tally) = {
+        let mut g = lock(w);
+        let plans = counter_plans(&mut g.rng);
+        (plans, g.nodes[0].tally.clone())
+    };
+    let tally = tally.ok_or("node1 is not open")?;
+    for (name, role, patch, offline_extra) in plans {
+        let out = tally.put_counter(&name, patch).await.map_err(|e| format!("creating {name}: {e}"))?;
+        lock(w).history.counters.push(CounterInfo { name, role, spec: out.counter.spec, offline_extra });
+    }
+    tokio::time::sleep(Duration::from_millis(SETUP_SETTLE_MS)).await;
+    Ok(())
+}
+
+/// Starts the clients of the chaos phase.
+pub(crate) fn start(w: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
+    let clients = lock(w).cfg.clients;
+    (0..clients).map(|c| tokio::spawn(client_loop(w.clone(), c))).collect()
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+/// Waits while node `n` is paused.
+async fn wait_unpaused(w: &Shared, n: u8) {
+    loop {
+        let (now, until) = {
+            let g = lock(w);
+            (g.now(), g.nodes[usize::from(n)].paused_until)
+        };
+        if until <= now {
+            return;
+        }
+        sleep_ms(until - now).await;
+    }
+}
+
+/// Sends a request to node `n`'s API and waits for its answer. A lost request or
+/// answer, or a node that crashed while serving, never answers (the caller times
+/// out). The engine serves the request in its own task, as a server does, whether
+/// or not the client still waits.
+async fn on_node<T, F, Fut>(w: &Shared, n: u8, f: F) -> Result<T, TallyError>
+where
+    F: FnOnce(Tally) -> Fut,
+    Fut: Future<Output = Result<T, TallyError>> + Send + 'static,
+    T: Send + 'static,
+{
+    let (d, lost) = {
+        let mut g = lock(w);
+        (g.delay(), g.lost())
+    };
+    if lost {
+        lock(w).count(FaultKind::MessageLost);
+        return std::future::pending().await;
+    }
+    sleep_ms(d).await;
+    wait_unpaused(w, n).await;
+    let (tally, incarnation) = {
+        let g = lock(w);
+        let node = &g.nodes[usize::from(n)];
+        (node.tally.clone(), node.incarnation)
+    };
+    let Some(tally) = tally else {
+        return Err(TallyError::Unavailable {
+            shard: format!("node{}", n + 1),
+            reason: "connection refused".into(),
+        });
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let served = f(tally);
+    tokio::spawn(async move {
+        let _ = tx.send(served.await);
+    });
+    let Ok(answer) = rx.await else { return std::future::pending().await };
+    let (alive, d, lost) = {
+        let mut g = lock(w);
+        (g.alive(n, incarnation), g.delay(), g.lost())
+    };
+    if !alive {
+        return std::future::pending().await;
+    }
+    if lost {
+        lock(w).count(FaultKind::MessageLost);
+        return std::future::pending().await;
+    }
+    wait_unpaused(w, n).await;
+    sleep_ms(d).await;
+    answer
+}
+
+/// [`on_node`] within the client's timeout: `None` when it timed out.
+async fn ask<T, F, Fut>(w: &Shared, n: u8, f: F) -> Option<Result<T, TallyError>>
+where
+    F: FnOnce(Tally) -> Fut,
+    Fut: Future<Output = Result<T, TallyError>> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::time::timeout(Duration::from_millis(CLIENT_TIMEOUT_MS), on_node(w, n, f)).await.ok()
+}
+
+fn gateway(w: &Shared) -> u8 {
+    let mut g = lock(w);
+    let nodes = g.cfg.nodes;
+    g.rng.random_range(0..nodes)
+}
+
+async fn client_loop(w: Shared, c: u16) {
+    let (start, chaos_ms) = {
+        let g = lock(&w);
+        (g.start, g.cfg.chaos_ms)
+    };
+    let first = lock(&w).rng.random_range(0..=CLIENT_THINK_MS_MAX);
+    sleep_ms(first).await;
+    loop {
+        let draw = {
+            let mut guard = lock(&w);
+            if guard.now() >= chaos_ms || guard.history.incrs.len() >= OPS_MAX {
+                return;
+            }
+            let g = &mut *guard;
+            draw_op(&mut g.rng, &g.history.counters)
+        };
+        match draw {
+            Draw::Incr { counter, delta, member, with_id } => {
+                let op = {
+                    let mut g = lock(&w);
+                    let invoked_ms = now_ms(start);
+                    g.history.incrs.push(IncrOp {
+                        client: c,
+                        counter,
+                        delta,
+                        member,
+                        invoked_ms,
+                        attempts: Vec::new(),
+                    });
+                    g.history.incrs.len() - 1
+                };
+                let event_id = with_id.then(|| format!("c{c}-o{op}"));
+                increment(&w, op, event_id, CLIENT_ATTEMPTS_MAX).await;
+            }
+            Draw::Read(consistency) => {
+                let counter = {
+                    let mut g = lock(&w);
+                    let n = g.history.counters.len();
+                    g.rng.random_range(0..n)
+                };
+                read(&w, counter, consistency, false).await;
+            }
+            Draw::Distinct => {
+                let counter = counters_of(&lock(&w).history.counters, Role::Distinct)[0];
+                distinct(&w, counter, false).await;
+            }
+        }
+        let think = lock(&w).rng.random_range(1..=CLIENT_THINK_MS_MAX);
+        sleep_ms(think).await;
+    }
+}
+
+/// Attempts increment `op` until it is answered (applied, duplicate or refused), or
+/// `limit` attempts were made; only increments with an event id are retried.
+async fn increment(w: &Shared, op: usize, event_id: Option<String>, limit: u32) {
+    loop {
+        let answer = attempt(w, op, event_id.clone()).await;
+        let attempts = lock(w).history.incrs[op].attempts.len() as u32;
+        match answer {
+            Some(Answer::Unavailable) | None if event_id.is_some() && attempts < limit => {
+                sleep_ms(CLIENT_BACKOFF_MS).await;
+            }
+            _ => return,
+        }
+    }
+}
+
+/// One attempt of increment `op` through a random node.
+async fn attempt(w: &Shared, op: usize, event_id: Option<String>) -> Option<Answer> {
+    let (name, inc, n) = {
+        let mut g = lock(w);
+        let now = g.now();
+        let nodes = g.cfg.nodes;
+        let n = g.rng.random_range(0..nodes);
+        let rec = &mut g.history.incrs[op];
+        rec.attempts.push(Attempt { event_id: event_id.clone(), sent_ms: now, answers: Vec::new() });
+        let inc = Increment {
+            delta: rec.delta,
+            event_id: event_id.clone(),
+            writer: Some(format!("w{}", rec.client)),
+            member: rec.member.map(member_name),
+        };
+        let (client, counter) = (rec.client, rec.counter);
+        let name = g.history.counters[counter].name.clone();
+        g.note("incr", (client, op, &event_id, n));
+        (name, inc, n)
+    };
+    let reply = ask(w, n, move |t| async move { t.incr(&name, inc).await }).await;
+    let answer = reply.map(|r| match r {
+        Ok(o) if o.duplicate => Answer::Duplicate,
+        Ok(o) if o.applied => Answer::Applied,
+        Ok(_) => Answer::Unavailable,
+        Err(TallyError::EventIdConflict { .. }) => Answer::Conflict,
+        Err(TallyError::Overflow(_)) => Answer::Overflow,
+        Err(_) => Answer::Unavailable,
+    });
+    let mut g = lock(w);
+    let now = g.now();
+    if let Some(a) = answer {
+        g.history.incrs[op].attempts.last_mut().expect("pushed above").answers.push((now, a));
+    }
+    g.note("incr-answer", (op, format!("{answer:?}")));
+    answer
+}
+
+/// Reads a counter; answers whether the read was complete.
+async fn read(w: &Shared, counter: usize, consistency: Consistency, settled: bool) -> bool {
+    let (op, name, n) = {
+        let mut g = lock(w);
+        let now = g.now();
+        let nodes = g.cfg.nodes;
+        let n = if consistency == Consistency::Cached && settled { 0 } else { g.rng.random_range(0..nodes) };
+        g.history.reads.push(ReadOp {
+            counter,
+            consistency,
+            invoked_ms: now,
+            done_ms: None,
+            value: None,
+            settled,
+        });
+        (g.history.reads.len() - 1, g.history.counters[counter].name.clone(), n)
+    };
+    let c = match consistency {
+        Consistency::Fresh => tally_engine::Consistency::Fresh,
+        Consistency::Cached => tally_engine::Consistency::Cached,
+    };
+    let reply = ask(w, n, move |t| async move { t.read(&name, c).await }).await;
+    let mut g = lock(w);
+    let now = g.now();
+    let Some(reply) = reply else { return false };
+    let value = reply.ok().map(|r| ReadValue {
+        value: r.value,
+        as_of_ms: r.as_of_ms.saturating_sub(super::world::EPOCH_MS),
+        staleness_ms: r.staleness_ms,
+        complete: r.complete,
+    });
+    g.note("read-answer", (op, format!("{value:?}")));
+    let rec = &mut g.history.reads[op];
+    rec.done_ms = Some(now);
+    rec.value = value;
+    value.is_some_and(|v| v.complete)
+}
+
+/// Estimates a counter's distinct members; answers whether the estimate was complete.
+async fn distinct(w: &Shared, counter: usize, settled: bool) -> bool {
+    let (op, name, n) = {
+        let mut g = lock(w);
+        let now = g.now();
+        let nodes = g.cfg.nodes;
+        let n = g.rng.random_range(0..nodes);
+        g.history.distincts.push(DistinctOp {
+            counter,
+            invoked_ms: now,
+            done_ms: None,
+            estimate: None,
+            settled,
+        });
+        (g.history.distincts.len() - 1, g.history.counters[counter].name.clone(), n)
+    };
+    let reply = ask(w, n, move |t| async move { t.distinct(&name).await }).await;
+    let mut g = lock(w);
+    let now = g.now();
+    let Some(reply) = reply else { return false };
+    let estimate = reply.ok().map(|r| (r.estimate, r.complete));
+    g.note("distinct-answer", (op, estimate));
+    let rec = &mut g.history.distincts[op];
+    rec.done_ms = Some(now);
+    rec.estimate = estimate;
+    estimate.is_some_and(|e| e.1)
+}
+
+/// Reconciles a counter against its authoritative total: every increment known to be
+/// counted plus what it never saw. Answers whether the reconciliation was made.
+async fn reconcile(w: &Shared, counter: usize) -> bool {
+    let (op, name, authoritative) = {
+        let mut g = lock(w);
+        let now = g.now();
+        let sent: i128 = g
+            .history
+            .incrs
+            .iter()
+            .filter(|o| o.counter == counter && matches!(o.status(), Status::Applied { .. }))
+            .map(|o| i128::from(o.delta))
+            .sum();
+        let authoritative = sent + g.history.counters[counter].offline_extra;
+        g.history.reconciles.push(ReconcileOp {
+            counter,
+            authoritative,
+            invoked_ms: now,
+            done_ms: None,
+            result: None,
+        });
+        (g.history.reconciles.len() - 1, g.history.counters[counter].name.clone(), authoritative)
+    };
+    let n = gateway(w);
+    let reply = ask(w, n, move |t| async move { t.reconcile(&name, authoritative).await }).await;
+    let mut g = lock(w);
+    let now = g.now();
+    let Some(reply) = reply else { return false };
+    let result = reply.ok().map(|r| (r.before, r.drift));
+    g.note("reconcile-answer", (op, result));
+    let rec = &mut g.history.reconciles[op];
+    rec.done_ms = Some(now);
+    rec.result = result;
+    result.is_some()
+}
+
+/// Whether increment `op` still has an unknown outcome (or was refused only before
+/// the cluster settled, which is not final).
+fn open(w: &Shared, op: usize) -> bool {
+    let g = lock(w);
+    let rec = &g.history.incrs[op];
+    let open = match rec.status() {
+        Status::Unknown => true,
+        Status::Refused => rec.attempts.last().is_some_and(|a| a.sent_ms < g.history.settle_ms),
+        Status::Applied { .. } => false,
+    };
+    open && rec.attempts.first().is_some_and(|a| a.event_id.is_some())
+}
+
+/// One client resolves its open increments, one at a time.
+async fn resolve(w: Shared, c: u16) {
+    let ops: Vec<usize> = {
+        let g = lock(&w);
+        (0..g.history.incrs.len()).filter(|&i| g.history.incrs[i].client == c).collect()
+    };
+    for op in ops {
+        if !open(&w, op) {
+            continue;
+        }
+        let id = lock(&w).history.incrs[op].attempts[0].event_id.clone();
+        increment(&w, op, id, SETTLE_ATTEMPTS_MAX).await;
+    }
+}
+
+/// Whether the cluster is idle: every node up and serving, no resharding pending.
+fn idle(w: &Shared) -> bool {
+    let g = lock(w);
+    g.nodes.iter().all(|n| n.up && !n.poisoned && n.tally.is_some())
+        && g.meta.values().all(|v| v.last().is_none_or(|m| m.meta.layout.resharding.is_none()))
+}
+
+/// The settle phase: clients resolve unknown outcomes, then the settler waits for the
+/// cluster to be idle, reconciles, and takes the final reads.
+pub(crate) async fn settle(w: &Shared) {
+    let clients = {
+        let mut g = lock(w);
+        g.history.settle_ms = g.now();
+        g.note("settle", ());
+        g.cfg.clients
+    };
+    let tasks: Vec<_> = (0..clients).map(|c| tokio::spawn(resolve(w.clone(), c))).collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    while !idle(w) {
+        sleep_ms(COORD_RESEND_MS).await;
+    }
+    let counters = lock(w).history.counters.clone();
+    for i in counters_of(&counters, Role::Recon) {
+        for _ in 0..2 {
+            while !reconcile(w, i).await {
+                sleep_ms(CLIENT_BACKOFF_MS).await;
+            }
+        }
+    }
+    for i in 0..counters.len() {
+        while !read(w, i, Consistency::Fresh, true).await {
+            sleep_ms(CLIENT_BACKOFF_MS).await;
+        }
+    }
+    for i in counters_of(&counters, Role::Distinct) {
+        while !distinct(w, i, true).await {
+            sleep_ms(CLIENT_BACKOFF_MS).await;
+        }
+    }
+    let cached_all = || async {
+        for i in 0..counters.len() {
+            while !read(w, i, Consistency::Cached, true).await {
+                sleep_ms(CLIENT_BACKOFF_MS).await;
+            }
+        }
+    };
+    cached_all().await;
+    let rollup_max = counters.iter().map(|c| u64::from(c.spec.rollup_ms)).max().unwrap_or(0);
+    sleep_ms(2 * rollup_max + 2 * ROLLUP_TICK_MS).await;
+    cached_all().await;
+}

@@ -1,0 +1,598 @@
+//! Tier 2: the real engine in simulation.
+//!
+//! A run is `nodes` real [`tally_engine::Tally`] engines — their shard, supervisor,
+//! aggregator, rollup and reconciler actors, flusher, reads, resharding task — in one
+//! process, on a current-thread tokio runtime whose time is paused (it jumps to the
+//! next timer whenever every task waits). Each engine runs over its own
+//! [`tally_engine::MemStore`], a clock that reads the runtime's paused time, a
+//! simulated transport ([`net`]) and a shared metadata log with lagging per-node views
+//! ([`catalog`]). Faults are drawn from the seed as in tier 1: crashes (the engine
+//! aborted, cut off, its store's unflushed writes torn at a random point, a new
+//! engine opened on the image later), partitions, pauses, lossy, slow and duplicating
+//! links, failing fsyncs and metadata failovers. The workload, history and checker
+//! are tier 1's.
+
+mod catalog;
+mod client;
+mod net;
+mod world;
+
+use crate::check::{self, Violation};
+use crate::config::*;
+use crate::history::{FaultKind, History};
+use crate::sim::RunReport;
+use catalog::SimCatalog;
+use net::{node_name, SimPlacement};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::Hasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tally_core::ring::Ring;
+use tally_engine::{Clock, EngineParts, MemStore, Tally, TallyConfig};
+use world::{lock, now_ms, Node, Shared, World, EPOCH_MS};
+use xxhash_rust::xxh3::Xxh3;
+
+/// Virtual nodes per node on the placement ring (as the cluster uses).
+const VNODES_PER_NODE: u32 = 128;
+/// Longest a node's metadata view lags the log, in milliseconds, by fault level.
+const META_LAG_MS_MAX_LIGHT: u64 = 5;
+/// See [`META_LAG_MS_MAX_LIGHT`].
+const META_LAG_MS_MAX_HEAVY: u64 = 40;
+/// After a restart a node may see metadata as of its crash for up to this long.
+const META_STALE_AFTER_RESTART_MS_MAX: u64 = 300;
+/// A node whose engine could not open is tried again after this.
+const REOPEN_BACKOFF_MS: u64 = 50;
+/// Attempts to open a node's engine before the run reports a failure.
+const OPEN_ATTEMPTS_MAX: u32 = 20;
+/// Flushes a busy node makes per second, to turn the per-flush fsync failure
+/// probability of a fault level into a rate of failures.
+const FLUSHES_PER_S: f64 = 30.0;
+/// Idle shard actors stop after this (so restarts of shard actors are exercised).
+const SHARD_IDLE_STOP_MS: u64 = 1_000;
+
+/// The engines' clock: the runtime's paused time, from [`EPOCH_MS`].
+struct SimClock {
+    start: tokio::time::Instant,
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        EPOCH_MS + now_ms(self.start)
+    }
+}
+
+/// The engine settings of node `n`.
+fn engine_config(n: u8) -> TallyConfig {
+    TallyConfig {
+        node_id: node_name(n),
+        aggregator_tick_ms: AGGREGATOR_TICK_MS,
+        rollup_tick_ms: ROLLUP_TICK_MS,
+        call_timeout_ms: net::CALL_TIMEOUT_MS,
+        shard_idle_stop_ms: SHARD_IDLE_STOP_MS,
+        ..TallyConfig::default()
+    }
+}
+
+/// Opens node `n`'s engine on its current store; `None` if it crashed meanwhile.
+async fn open_node(w: &Shared, n: u8, ring: &Arc<Ring>) -> Option<Tally> {
+    for _ in 0..OPEN_ATTEMPTS_MAX {
+        let (store, incarnation, start) = {
+            let w = lock(w);
+            let node = &w.nodes[usize::from(n)];
+            if !node.up {
+                return None;
+            }
+            (node.store.clone(), node.incarnation, w.start)
+        };
+        let parts = EngineParts {
+            store: Arc::new(store),
+            clock: Arc::new(SimClock { start }),
+            config: engine_config(n),
+            catalog: Some(Arc::new(SimCatalog { world: w.clone(), node: n })),
+            placement: Some(Arc::new(SimPlacement {
+                world: w.clone(),
+                me: n,
+                incarnation,
+                ring: ring.clone(),
+            })),
+        };
+        let opened = Tally::open_parts(parts).await;
+        let stray = {
+            let mut g = lock(w);
+            match opened {
+                Ok(t) if g.alive(n, incarnation) => {
+                    g.nodes[usize::from(n)].tally = Some(t.clone());
+                    g.note("open", n);
+                    g.undisturb(n);
+                    return Some(t);
+                }
+                // The node crashed while it opened: that engine never serves.
+                Ok(t) => Some(t),
+                Err(e) => {
+                    g.note("open-failed", (n, e.to_string()));
+                    None
+                }
+            }
+        };
+        if let Some(t) = stray {
+            t.abort();
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(REOPEN_BACKOFF_MS)).await;
+    }
+    None
+}
+
+/// Crashes node `n` now: its engine is aborted and cut off, and its store keeps its
+/// flushed state plus a random prefix of the rest.
+fn crash(w: &Shared, n: u8) {
+    let tally = {
+        let mut g = lock(w);
+        if !g.nodes[usize::from(n)].up {
+            return;
+        }
+        let unflushed = g.nodes[usize::from(n)].store.unflushed_ops();
+        let keep = g.rng.random_range(0..=unflushed);
+        let now = g.now();
+        let view = g.view_time(n);
+        let stale = g.rng.random::<bool>();
+        let node = &mut g.nodes[usize::from(n)];
+        node.up = false;
+        node.poisoned = false;
+        node.incarnation += 1;
+        node.store = node.store.restart(keep);
+        // Whether the node comes back on the metadata it had when it crashed.
+        node.meta_stale = stale.then_some((0, view));
+        let tally = node.tally.take();
+        g.history.crashes.push((now, n));
+        g.count(FaultKind::Crash);
+        g.note("crash", (n, keep, unflushed));
+        g.disturb(n);
+        tally
+    };
+    if let Some(t) = tally {
+        t.abort();
+    }
+}
+
+/// Brings node `n` back up on its store image.
+async fn restart(w: Shared, n: u8, ring: Arc<Ring>) {
+    {
+        let mut g = lock(&w);
+        if g.nodes[usize::from(n)].up {
+            return;
+        }
+        let now = g.now();
+        let stale_for = g.rng.random_range(0..=META_STALE_AFTER_RESTART_MS_MAX);
+        let node = &mut g.nodes[usize::from(n)];
+        node.up = true;
+        if let Some((_, as_of)) = node.meta_stale {
+            node.meta_stale = Some((now + stale_for, as_of));
+        }
+        g.count(FaultKind::Restart);
+        g.note("restart", n);
+    }
+    let Some(tally) = open_node(&w, n, &ring).await else { return };
+    // When the node's view catches up with the log, it learns of every change it
+    // missed, as the cluster's metadata apply loop tells its engine.
+    let wait = {
+        let g = lock(&w);
+        let now = g.now();
+        g.nodes[usize::from(n)].meta_stale.map_or(0, |(until, _)| until.saturating_sub(now))
+            + g.nodes[usize::from(n)].meta_lag_ms
+            + 1
+    };
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let names: Vec<String> = lock(&w).meta.keys().cloned().collect();
+        for name in names {
+            let _ = tally.metadata_changed(&name).await;
+        }
+    });
+}
+
+/// Links cut by one partition: a node isolated, the cluster split in two, or one
+/// direction of one link.
+fn draw_partition(rng: &mut ChaCha8Rng, nodes: u8) -> (Vec<(u8, u8)>, bool) {
+    let mut links = Vec::new();
+    match rng.random_range(0..3u8) {
+        0 => {
+            let a = rng.random_range(0..nodes);
+            for b in (0..nodes).filter(|&b| b != a) {
+                links.push((a, b));
+                links.push((b, a));
+            }
+            (links, false)
+        }
+        1 => {
+            let side: Vec<bool> = (0..nodes).map(|_| rng.random::<bool>()).collect();
+            for a in 0..nodes {
+                for b in 0..nodes {
+                    if side[usize::from(a)] != side[usize::from(b)] {
+                        links.push((a, b));
+                    }
+                }
+            }
+            (links, false)
+        }
+        _ => {
+            let a = rng.random_range(0..nodes);
+            let b = (a + rng.random_range(1..nodes)) % nodes;
+            links.push((a, b));
+            (links, true)
+        }
+    }
+}
+
+/// Draws the times of a Poisson process of `rate_per_s` over `span_ms`.
+fn poisson(rng: &mut ChaCha8Rng, rate_per_s: f64, span_ms: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    if rate_per_s <= 0.0 {
+        return out;
+    }
+    let mut t = 0.0f64;
+    loop {
+        let u: f64 = rng.random::<f64>().max(1e-12);
+        t += -u.ln() / rate_per_s * 1000.0;
+        if t as u64 >= span_ms {
+            return out;
+        }
+        out.push(t as u64);
+    }
+}
+
+/// One fault, scheduled up front.
+#[derive(Debug, Clone)]
+enum Fault {
+    Crash(u8, u64),
+    Partition(Vec<(u8, u8)>, bool, u64),
+    Pause(u8, u64),
+    Fsync(u8),
+    MetaOutage(u64),
+    Reshard(usize, u16),
+}
+
+/// Draws every fault of the chaos phase, in time order.
+fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
+    let nodes = g.cfg.nodes;
+    let span = g.cfg.chaos_ms;
+    let rates = g.rates.clone();
+    let mut out = Vec::new();
+    for t in poisson(&mut g.rng, rates.crash_per_s, span) {
+        let n = g.rng.random_range(0..nodes);
+        let down = g.uniform(rates.down_ms);
+        out.push((t, Fault::Crash(n, down)));
+    }
+    for t in poisson(&mut g.rng, rates.partition_per_s, span) {
+        let (links, one_way) = draw_partition(&mut g.rng, nodes);
+        let len = g.uniform(rates.partition_ms);
+        out.push((t, Fault::Partition(links, one_way, len)));
+    }
+    for t in poisson(&mut g.rng, rates.pause_per_s, span) {
+        let n = g.rng.random_range(0..nodes);
+        let len = g.uniform(rates.pause_ms);
+        out.push((t, Fault::Pause(n, len)));
+    }
+    for t in poisson(&mut g.rng, rates.meta_outage_per_s, span) {
+        let len = g.uniform(rates.meta_outage_ms);
+        out.push((t, Fault::MetaOutage(len)));
+    }
+    // Fsync failures: the level's per-flush probability at FLUSHES_PER_S flushes per
+    // node and second, as a rate.
+    let fsync_per_s = rates.fsync_fail * f64::from(nodes) * FLUSHES_PER_S;
+    for t in poisson(&mut g.rng, fsync_per_s, span) {
+        let n = g.rng.random_range(0..nodes);
+        out.push((t, Fault::Fsync(n)));
+    }
+    let reshardable: Vec<usize> =
+        (0..g.history.counters.len()).filter(|&i| !g.history.counters[i].name.starts_with("big")).collect();
+    for _ in 0..g.cfg.transitions {
+        let t = g.rng.random_range(span / 10..span * 8 / 10);
+        let c = reshardable[g.rng.random_range(0..reshardable.len())];
+        let target = g.rng.random_range(1..=8u16);
+        out.push((t, Fault::Reshard(c, target)));
+    }
+    out.sort_by_key(|(t, _)| *t);
+    out
+}
+
+/// Carries out one scheduled fault.
+fn inject(w: &Shared, ring: &Arc<Ring>, fault: Fault) {
+    match fault {
+        Fault::Crash(n, down) => {
+            if !lock(w).nodes[usize::from(n)].up {
+                return;
+            }
+            crash(w, n);
+            let (w, ring) = (w.clone(), ring.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(down)).await;
+                if lock(&w).healed {
+                    return;
+                }
+                restart(w, n, ring).await;
+            });
+        }
+        Fault::Partition(links, one_way, len) => {
+            {
+                let mut g = lock(w);
+                g.count(if one_way { FaultKind::PartitionOneWay } else { FaultKind::PartitionSymmetric });
+                g.note("partition", (&links, len));
+                for l in &links {
+                    *g.cut.entry(*l).or_default() += 1;
+                }
+                g.disturbance(len);
+            }
+            let w = w.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(len)).await;
+                let mut g = lock(&w);
+                for l in &links {
+                    if let Some(c) = g.cut.get_mut(l) {
+                        *c -= 1;
+                        if *c == 0 {
+                            g.cut.remove(l);
+                        }
+                    }
+                }
+            });
+        }
+        Fault::Pause(n, len) => {
+            let mut g = lock(w);
+            let now = g.now();
+            g.count(FaultKind::Pause);
+            g.note("pause", (n, len));
+            let node = &mut g.nodes[usize::from(n)];
+            node.paused_until = node.paused_until.max(now + len);
+            g.disturbance(len);
+        }
+        Fault::Fsync(n) => {
+            {
+                let mut g = lock(w);
+                if !g.nodes[usize::from(n)].up || g.nodes[usize::from(n)].poisoned {
+                    return;
+                }
+                g.count(FaultKind::FsyncFailure);
+                g.note("fsync-fail", n);
+                g.nodes[usize::from(n)].poisoned = true;
+                g.nodes[usize::from(n)].store.fail_next_flushes(1);
+                g.disturb(n);
+            }
+            // The operator restarts a node whose flush failed.
+            let (w, ring) = (w.clone(), ring.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(POISON_RESTART_MS)).await;
+                if !lock(&w).nodes[usize::from(n)].poisoned {
+                    return;
+                }
+                crash(&w, n);
+                restart(w, n, ring).await;
+            });
+        }
+        Fault::MetaOutage(len) => {
+            let mut g = lock(w);
+            let now = g.now();
+            g.count(FaultKind::MetaOutage);
+            g.note("meta-outage", len);
+            g.meta_down_until = g.meta_down_until.max(now + len);
+            g.disturbance(len);
+        }
+        Fault::Reshard(c, target) => {
+            let (name, node, tally) = {
+                let mut g = lock(w);
+                let name = g.history.counters[c].name.clone();
+                let nodes = g.cfg.nodes;
+                let node = g.rng.random_range(0..nodes);
+                g.note("reshard", (&name, target, node));
+                g.reshards_requested.insert(name.clone());
+                let tally = g.nodes[usize::from(node)].tally.clone();
+                (name, node, tally)
+            };
+            let Some(t) = tally else { return };
+            let _ = node;
+            tokio::spawn(async move {
+                let patch = tally_core::spec::SpecPatch { shards: Some(target), ..Default::default() };
+                let _ = t.put_counter(&name, patch).await;
+            });
+        }
+    }
+}
+
+/// Every fault ends: partitions close, nodes restart and resume, metadata is
+/// writable, the network stops losing, duplicating and delaying.
+async fn heal(w: &Shared, ring: &Arc<Ring>) {
+    let down: Vec<u8> = {
+        let mut g = lock(w);
+        let now = g.now();
+        g.healed = true;
+        g.history.healed_ms = now;
+        g.cut.clear();
+        g.meta_down_until = 0;
+        g.note("heal", ());
+        for node in &mut g.nodes {
+            node.paused_until = node.paused_until.min(now);
+            node.meta_stale = None;
+        }
+        (0..g.cfg.nodes)
+            .filter(|&n| !g.nodes[usize::from(n)].up || g.nodes[usize::from(n)].poisoned)
+            .collect()
+    };
+    for n in down {
+        if lock(w).nodes[usize::from(n)].poisoned {
+            crash(w, n);
+        }
+        restart(w.clone(), n, ring.clone()).await;
+    }
+    let mut g = lock(w);
+    for n in 0..g.cfg.nodes {
+        g.undisturb(n);
+    }
+    let now = g.now();
+    let open: Vec<(u8, u64)> = std::mem::take(&mut g.disturbed_since).into_iter().collect();
+    for (_, from) in open {
+        g.history.disturbances.push(crate::history::Disturbance { from_ms: from, to_ms: now });
+    }
+}
+
+/// The whole run, on the paused runtime. Answers whether it settled in time.
+async fn drive(w: Shared) -> Result<(), String> {
+    let nodes = lock(&w).cfg.nodes;
+    let ring = Arc::new(Ring::new((0..nodes).map(node_name), VNODES_PER_NODE));
+    for n in 0..nodes {
+        if open_node(&w, n, &ring).await.is_none() {
+            return Err(format!("node{} did not open", n + 1));
+        }
+    }
+    client::create_counters(&w).await?;
+    let faults = schedule(&mut lock(&w));
+    let chaos_ms = lock(&w).cfg.chaos_ms;
+    let clients = client::start(&w);
+    let start = lock(&w).start;
+    for (t, fault) in faults {
+        let now = now_ms(start);
+        if t > now {
+            tokio::time::sleep(Duration::from_millis(t - now)).await;
+        }
+        inject(&w, &ring, fault);
+    }
+    let now = now_ms(start);
+    tokio::time::sleep(Duration::from_millis(chaos_ms.saturating_sub(now))).await;
+    heal(&w, &ring).await;
+    for c in clients {
+        let _ = c.await;
+    }
+    tokio::time::sleep(Duration::from_millis(SETTLE_QUIET_MS)).await;
+    client::settle(&w).await;
+    Ok(())
+}
+
+/// Runs one seeded tier-2 simulation. A panic (an assertion in the engine, the core
+/// or the store) is reported as a violation.
+pub(crate) fn run(cfg: SimConfig) -> RunReport {
+    let c = cfg.clone();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(c))) {
+        Ok(r) => r,
+        Err(payload) => {
+            #[cfg(feature = "planted-bugs")]
+            tally_core::planted::plant(None);
+            let msg = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            RunReport {
+                config: cfg,
+                trace_hash: 0,
+                sim_ms: 0,
+                events: 0,
+                faults: BTreeMap::new(),
+                ops: 0,
+                violations: vec![Violation { invariant: "no-panic", detail: msg }],
+                history: History::default(),
+            }
+        }
+    }
+}
+
+fn run_inner(cfg: SimConfig) -> RunReport {
+    #[cfg(feature = "planted-bugs")]
+    tally_core::planted::plant(cfg.plant);
+    // Every engine of the run routes on this thread: start its draws from the seed.
+    tally_engine::seed_thread_routing(cfg.seed);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime builds");
+    let (world, outcome) = runtime.block_on(async {
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let rates = FaultRates::sample(cfg.faults, &mut rng);
+        let lag_max = match cfg.faults {
+            FaultLevel::Light => META_LAG_MS_MAX_LIGHT,
+            FaultLevel::Heavy => META_LAG_MS_MAX_HEAVY,
+        };
+        let nodes = (0..cfg.nodes)
+            .map(|_| Node {
+                up: true,
+                incarnation: 0,
+                store: MemStore::new(),
+                tally: None,
+                paused_until: 0,
+                poisoned: false,
+                meta_lag_ms: rng.random_range(0..=lag_max),
+                meta_stale: None,
+            })
+            .collect();
+        // A refresh reads remote shards over the simulated links: it takes up to the
+        // slowest round trip (a call that goes unanswered is recorded apart).
+        let refresh_slack_ms = 2 * (NET_DELAY_MS_MAX + rates.delay_extra_ms_max);
+        let history = History {
+            nodes: (0..cfg.nodes).collect(),
+            settle_ms: u64::MAX,
+            refresh_slack_ms,
+            ..History::default()
+        };
+        let world: Shared = Arc::new(Mutex::new(World {
+            cfg: cfg.clone(),
+            start: tokio::time::Instant::now(),
+            rng,
+            rates,
+            history,
+            faults: BTreeMap::new(),
+            nodes,
+            cut: BTreeMap::new(),
+            healed: false,
+            meta_down_until: 0,
+            meta: BTreeMap::new(),
+            disturbed_since: BTreeMap::new(),
+            reshards_requested: BTreeSet::new(),
+            trace: Xxh3::new(),
+            events: 0,
+            end_ms: 0,
+            debug: std::env::var_os("TALLY_SIM_DEBUG").is_some(),
+        }));
+        let limit = Duration::from_millis(cfg.chaos_ms + crate::sim::SETTLE_MS_MAX);
+        let outcome = match tokio::time::timeout(limit, drive(world.clone())).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(format!(
+                "the run did not settle within {} ms of simulated time after healing",
+                crate::sim::SETTLE_MS_MAX
+            )),
+        };
+        // Stop every engine before the runtime goes.
+        let end = lock(&world).now();
+        lock(&world).end_ms = end;
+        let tallies: Vec<Tally> = lock(&world).nodes.iter_mut().filter_map(|n| n.tally.take()).collect();
+        for t in tallies {
+            t.abort();
+        }
+        (world, outcome)
+    });
+    drop(runtime);
+    #[cfg(feature = "planted-bugs")]
+    tally_core::planted::plant(None);
+    let mut g = lock(&world);
+    let sim_ms = g.end_ms;
+    let mut violations = check::check_all(&g.history);
+    if let Some(msg) = outcome {
+        violations.push(Violation { invariant: "liveness", detail: msg });
+    }
+    let history = std::mem::take(&mut g.history);
+    let ops = (history.incrs.len() + history.reads.len() + history.distincts.len() + history.reconciles.len())
+        as u64;
+    let mut h = g.trace.clone();
+    std::hash::Hash::hash(&format!("{history:?}"), &mut h);
+    RunReport {
+        config: cfg,
+        trace_hash: h.finish(),
+        sim_ms,
+        events: g.events,
+        faults: std::mem::take(&mut g.faults),
+        ops,
+        violations,
+        history,
+    }
+}

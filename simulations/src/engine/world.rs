@@ -1,0 +1,183 @@
+//! The shared state of a tier-2 run: the nodes (their stores and engines), the
+//! network's faults, the metadata versions, the history and the trace. Every task of
+//! the run reaches it through one mutex that is never held across an `await`.
+
+use crate::config::{FaultRates, SimConfig};
+use crate::history::{Disturbance, FaultKind, History};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tally_core::meta::CounterMeta;
+use tally_engine::{MemStore, Tally};
+use xxhash_rust::xxh3::Xxh3;
+
+/// The engines' clock reads this many milliseconds at the start of a run (a
+/// plausible wall-clock reading, so nothing meets a zero time).
+pub(crate) const EPOCH_MS: u64 = 1_700_000_000_000;
+
+/// One simulated node.
+pub(crate) struct Node {
+    /// Up (its engine is open or opening) or crashed.
+    pub(crate) up: bool,
+    /// Bumped at every crash: calls and answers of an older incarnation are dropped.
+    pub(crate) incarnation: u64,
+    /// The node's store handle of the current incarnation.
+    pub(crate) store: MemStore,
+    /// The engine, once open.
+    pub(crate) tally: Option<Tally>,
+    /// Messages to and from the node wait until then (a stopped process).
+    pub(crate) paused_until: u64,
+    /// A flush was made to fail; the operator restarts the node.
+    pub(crate) poisoned: bool,
+    /// The node's metadata applies lag this much behind the log.
+    pub(crate) meta_lag_ms: u64,
+    /// After a restart: until the first time, the node's metadata is as of the second.
+    pub(crate) meta_stale: Option<(u64, u64)>,
+}
+
+/// One version of a counter's metadata, with the time the log committed it.
+#[derive(Debug, Clone)]
+pub(crate) struct MetaVersion {
+    pub(crate) at_ms: u64,
+    pub(crate) meta: CounterMeta,
+}
+
+/// Everything a run shares.
+pub(crate) struct World {
+    pub(crate) cfg: SimConfig,
+    pub(crate) start: tokio::time::Instant,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) rates: FaultRates,
+    pub(crate) history: History,
+    pub(crate) faults: BTreeMap<FaultKind, u64>,
+    pub(crate) nodes: Vec<Node>,
+    /// Directed links that carry nothing (partitions).
+    pub(crate) cut: BTreeMap<(u8, u8), u32>,
+    /// Once healed the network neither loses, duplicates nor delays beyond the base.
+    pub(crate) healed: bool,
+    /// Metadata writes fail until then (a leader failover).
+    pub(crate) meta_down_until: u64,
+    /// Every committed version of every counter's metadata, oldest first.
+    pub(crate) meta: BTreeMap<String, Vec<MetaVersion>>,
+    /// Start of each node's current disturbance.
+    pub(crate) disturbed_since: BTreeMap<u8, u64>,
+    /// Transitions (reshardings) requested and not known to be finished.
+    pub(crate) reshards_requested: BTreeSet<String>,
+    pub(crate) trace: Xxh3,
+    pub(crate) events: u64,
+    /// The simulated time the run ended at.
+    pub(crate) end_ms: u64,
+    /// Print every event to stderr (`TALLY_SIM_DEBUG=1`; output only, no influence).
+    pub(crate) debug: bool,
+}
+
+/// The handle every task holds.
+pub(crate) type Shared = Arc<Mutex<World>>;
+
+/// Locks the world. A panicking task leaves it usable: the run reports the panic.
+pub(crate) fn lock(w: &Shared) -> MutexGuard<'_, World> {
+    w.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Simulated milliseconds since the run started.
+pub(crate) fn now_ms(start: tokio::time::Instant) -> u64 {
+    tokio::time::Instant::now().duration_since(start).as_millis() as u64
+}
+
+impl World {
+    /// Simulated milliseconds since the run started.
+    pub(crate) fn now(&self) -> u64 {
+        now_ms(self.start)
+    }
+
+    /// Hashes one event into the trace.
+    pub(crate) fn note(&mut self, what: &str, detail: impl Hash + std::fmt::Debug) {
+        let now = self.now();
+        if self.debug {
+            eprintln!("{now:>6} {what} {detail:?}");
+        }
+        (now, what, detail).hash(&mut self.trace);
+        self.events += 1;
+    }
+
+    /// Counts a fault.
+    pub(crate) fn count(&mut self, kind: FaultKind) {
+        *self.faults.entry(kind).or_default() += 1;
+    }
+
+    /// A uniform draw in `lo..=hi`.
+    pub(crate) fn uniform(&mut self, (lo, hi): (u64, u64)) -> u64 {
+        self.rng.random_range(lo..=hi)
+    }
+
+    /// One-way delay of a message: the base plus, before healing, the run's extra.
+    pub(crate) fn delay(&mut self) -> u64 {
+        let base = self.rng.random_range(crate::config::NET_DELAY_MS_MIN..=crate::config::NET_DELAY_MS_MAX);
+        let extra = if self.healed { 0 } else { self.rng.random_range(0..=self.rates.delay_extra_ms_max) };
+        base + extra
+    }
+
+    /// Whether this message is lost.
+    pub(crate) fn lost(&mut self) -> bool {
+        !self.healed && self.rng.random::<f64>() < self.rates.loss
+    }
+
+    /// Whether this node-to-node message is delivered twice.
+    pub(crate) fn duplicated(&mut self) -> bool {
+        !self.healed && self.rng.random::<f64>() < self.rates.duplicate
+    }
+
+    /// Whether node `n`'s incarnation `inc` is the live one.
+    pub(crate) fn alive(&self, n: u8, inc: u64) -> bool {
+        let node = &self.nodes[usize::from(n)];
+        node.up && node.incarnation == inc
+    }
+
+    /// Marks node `n` disturbed from now.
+    pub(crate) fn disturb(&mut self, n: u8) {
+        let now = self.now();
+        self.disturbed_since.entry(n).or_insert(now);
+    }
+
+    /// Ends node `n`'s disturbance if it is healthy again.
+    pub(crate) fn undisturb(&mut self, n: u8) {
+        let now = self.now();
+        let node = &self.nodes[usize::from(n)];
+        if node.up && !node.poisoned && node.paused_until <= now && node.tally.is_some() {
+            if let Some(from) = self.disturbed_since.remove(&n) {
+                self.history.disturbances.push(Disturbance { from_ms: from, to_ms: now });
+            }
+        }
+    }
+
+    /// Records a disturbance of the whole cluster from now for `ms`.
+    pub(crate) fn disturbance(&mut self, ms: u64) {
+        let now = self.now();
+        self.history.disturbances.push(Disturbance { from_ms: now, to_ms: now + ms });
+    }
+
+    /// The metadata node `n` has applied: the newest version committed before its
+    /// view's time.
+    pub(crate) fn meta_view(&self, n: u8, name: &str) -> Option<CounterMeta> {
+        let at = self.view_time(n);
+        self.meta.get(name)?.iter().rev().find(|v| v.at_ms <= at).map(|v| v.meta.clone())
+    }
+
+    /// The log time up to which node `n` has applied metadata.
+    pub(crate) fn view_time(&self, n: u8) -> u64 {
+        let now = self.now();
+        let node = &self.nodes[usize::from(n)];
+        let lagging = now.saturating_sub(node.meta_lag_ms);
+        match node.meta_stale {
+            Some((until, as_of)) if now < until => lagging.min(as_of),
+            _ => lagging,
+        }
+    }
+
+    /// The newest committed metadata of `name` (the log's leader).
+    pub(crate) fn meta_latest(&self, name: &str) -> Option<CounterMeta> {
+        self.meta.get(name)?.last().map(|v| v.meta.clone())
+    }
+}
