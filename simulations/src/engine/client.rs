@@ -209,6 +209,7 @@ async fn attempt(w: &Shared, op: usize, event_id: Option<String>) -> Option<Answ
             event_id: event_id.clone(),
             writer: Some(format!("w{}", rec.client)),
             member: rec.member.map(member_name),
+            item: None,
         };
         let (client, counter) = (rec.client, rec.counter);
         let name = g.history.counters[counter].name.clone();
