@@ -173,3 +173,29 @@ async fn a_node_with_tokens_wants_auth_and_holds_each_token_to_its_scopes_and_pr
         answer += &got;
     }
 }
+
+#[tokio::test]
+async fn frequencies_answer_cms_query_and_topk_list_in_redisbloom_shape() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut input =
+        cmd(&["TALLY.CREATE", "f", "SHARDS", "4", "DURABILITY", "sync", "FREQUENCY", "0.01", "0.01"]);
+    for (item, weight) in [("a", "5"), ("b", "3"), ("a", "2"), ("c", "1")] {
+        input += &cmd(&["TALLY.INCRBY", "f", weight, "ITEM", item]);
+    }
+    input += &cmd(&["CMS.QUERY", "f", "a", "b", "never"]);
+    input += &cmd(&["TOPK.LIST", "f", "WITHCOUNT", "K", "2"]);
+    input += &cmd(&["TOPK.LIST", "f"]);
+    input += &cmd(&["CMS.QUERY", "nope", "a"]);
+    let mut answer = String::new();
+    while !answer.contains("counter_not_found") {
+        let got = exchange(&mut s, if answer.is_empty() { &input } else { "" }, 1).await;
+        assert!(!got.is_empty(), "{answer:?}");
+        answer += &got;
+    }
+    let expected = "+created\r\n+applied\r\n+applied\r\n+applied\r\n+applied\r\n\
+                    *3\r\n:7\r\n:3\r\n:0\r\n\
+                    *4\r\n$1\r\na\r\n:7\r\n$1\r\nb\r\n:3\r\n\
+                    *3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n-ERR counter_not_found";
+    assert!(answer.starts_with(expected), "{answer:?}");
+}

@@ -73,9 +73,12 @@ fn need(cmd: &Command) -> Need<'_> {
         C::Incr { key, .. } | C::TallyIncrBy { key, .. } | C::PfAdd { key, .. } => {
             Need::Counters(Scope::Write, vec![key.as_str()])
         }
-        C::Get(key) | C::PfCount(key) | C::TallyGet { key, .. } | C::TallyShards(key) => {
-            Need::Counters(Scope::Read, vec![key.as_str()])
-        }
+        C::Get(key)
+        | C::PfCount(key)
+        | C::CmsQuery { key, .. }
+        | C::TopkList { key, .. }
+        | C::TallyGet { key, .. }
+        | C::TallyShards(key) => Need::Counters(Scope::Read, vec![key.as_str()]),
         C::MGet(keys) | C::Exists(keys) => {
             Need::Counters(Scope::Read, keys.iter().map(String::as_str).collect())
         }

@@ -256,6 +256,34 @@ pub const COMMANDS: &[CommandSpec] = &[
         &[many("key", Key)],
     ),
     cmd(
+        "cms.query",
+        -3,
+        R,
+        (1, 1, 1),
+        "cms",
+        "The count-min estimate of each item's weight on a frequency counter (RedisBloom's shape).",
+        &[arg("key", Key), ArgDoc { name: "item", kind: Str, token: None, optional: false, multiple: true }],
+    ),
+    cmd(
+        "topk.list",
+        -2,
+        R,
+        (1, 1, 1),
+        "topk",
+        "The heaviest items of a frequency counter, heaviest first; WITHCOUNT adds each estimate.",
+        &[
+            arg("key", Key),
+            ArgDoc {
+                name: "withcount",
+                kind: Str,
+                token: Some("WITHCOUNT"),
+                optional: true,
+                multiple: false,
+            },
+            opt_tok("K", "k", Integer),
+        ],
+    ),
+    cmd(
         "tally.incrby",
         -3,
         W,
@@ -268,6 +296,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("ID", "event_id", Str),
             opt_tok("WRITER", "writer", Str),
             opt_tok("MEMBER", "member", Str),
+            opt_tok("ITEM", "item", Str),
         ],
     ),
     cmd(
@@ -295,6 +324,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("ROUTER", "event|writer|round_robin|random", Str),
             opt_tok("DISTINCT", "true|false", Str),
             opt_tok("DEDUP_WINDOW_S", "dedup_window_s", Integer),
+            opt_tok("FREQUENCY", "epsilon delta", Str),
         ],
     ),
     cmd(
@@ -334,6 +364,9 @@ pub enum CommandQuery {
     /// `COMMAND INFO [name ...]`.
     Info(Vec<String>),
 }
+
+/// How many items `TOPK.LIST` answers without `K`.
+pub const TOPK_LIST_DEFAULT: u32 = 10;
 
 /// A parsed command.
 #[derive(Debug, Clone, PartialEq)]
@@ -403,6 +436,22 @@ pub enum Command {
     },
     /// `PFCOUNT key`.
     PfCount(String),
+    /// `CMS.QUERY key item ...`.
+    CmsQuery {
+        /// The counter.
+        key: String,
+        /// The items whose weights are estimated.
+        items: Vec<String>,
+    },
+    /// `TOPK.LIST key [WITHCOUNT] [K k]`.
+    TopkList {
+        /// The counter.
+        key: String,
+        /// Whether each item is followed by its estimate.
+        with_count: bool,
+        /// How many items (default [`TOPK_LIST_DEFAULT`]).
+        k: u32,
+    },
     /// `TALLY.INCRBY key delta [ID e] [WRITER w] [MEMBER m]`.
     TallyIncrBy {
         /// The counter.
@@ -461,6 +510,14 @@ pub fn wrong_arity(name: &str) -> Reply {
 /// Redis's error for an option it does not understand.
 pub fn syntax_error() -> Reply {
     Reply::Error("ERR syntax error".into())
+}
+
+fn spec_float(raw: &[u8], field: &str) -> Result<f64, Reply> {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|t| t.parse::<f64>().ok())
+        .filter(|f| f.is_finite())
+        .ok_or_else(|| Reply::err("invalid_spec", format!("{field} must be a number (got '{}')", quote(raw))))
 }
 
 fn key(raw: &[u8]) -> Result<String, Reply> {
@@ -611,6 +668,27 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                 ))
             }
         },
+        "cms.query" => Command::CmsQuery {
+            key: key(&a[0])?,
+            items: a[1..].iter().map(|i| text(i, "an item")).collect::<Result<_, _>>()?,
+        },
+        "topk.list" => {
+            let (mut with_count, mut k) = (false, TOPK_LIST_DEFAULT);
+            let mut rest = a[1..].iter();
+            while let Some(word) = rest.next() {
+                match word.to_ascii_uppercase().as_slice() {
+                    b"WITHCOUNT" => with_count = true,
+                    b"K" => {
+                        let n = rest.next().ok_or_else(syntax_error)?;
+                        k = std::str::from_utf8(n).ok().and_then(|n| n.parse().ok()).ok_or_else(|| {
+                            Reply::Error("ERR value is not an integer or out of range".into())
+                        })?;
+                    }
+                    _ => return Err(syntax_error()),
+                }
+            }
+            Command::TopkList { key: key(&a[0])?, with_count, k }
+        }
         "tally.incrby" => {
             let mut inc = Increment::new(delta(&a[1])?);
             let mut i = 2;
@@ -620,6 +698,7 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                     b"ID" => &mut inc.event_id,
                     b"WRITER" => &mut inc.writer,
                     b"MEMBER" => &mut inc.member,
+                    b"ITEM" => &mut inc.item,
                     _ => return Err(syntax_error()),
                 };
                 *slot = Some(text(value, &String::from_utf8_lossy(&a[i]).to_lowercase())?);
@@ -649,6 +728,13 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                     b"ROUTER" => spec.router = Some(text(value, "router")?.to_lowercase()),
                     b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
                     b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
+                    // `FREQUENCY epsilon delta`: the HTTP body's `frequency` object.
+                    b"FREQUENCY" => {
+                        let delta = a.get(i + 2).ok_or_else(syntax_error)?;
+                        let (epsilon, delta) = (spec_float(value, "epsilon")?, spec_float(delta, "delta")?);
+                        spec.frequency = Some(tally_core::frequency::FrequencySpec { epsilon, delta });
+                        i += 1;
+                    }
                     _ => return Err(syntax_error()),
                 }
                 i += 2;

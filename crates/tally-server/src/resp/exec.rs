@@ -351,6 +351,35 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
             Err(TallyError::NotFound(_)) => Reply::Int(0),
             Err(e) => engine_error(e),
         },
+        Command::CmsQuery { key, items } => {
+            let mut counts = Vec::with_capacity(items.len());
+            for item in items {
+                match svc.frequency(&key, &item).await {
+                    Ok(f) if f.complete => counts.push(Reply::Big(f.estimate.into())),
+                    Ok(f) => {
+                        return (
+                            Reply::err(INCOMPLETE, format!("shards {:?} did not answer", f.missing_shards)),
+                            Flow::Continue,
+                        )
+                    }
+                    Err(e) => return (engine_error(e), Flow::Continue),
+                }
+            }
+            Reply::Array(counts)
+        }
+        Command::TopkList { key, with_count, k } => match svc.top(&key, k).await {
+            Ok(top) if top.complete => Reply::Array(
+                top.items
+                    .into_iter()
+                    .flat_map(|e| {
+                        let count = with_count.then(|| Reply::Big(e.estimate.into()));
+                        std::iter::once(Reply::text(e.item)).chain(count)
+                    })
+                    .collect(),
+            ),
+            Ok(top) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", top.missing_shards)),
+            Err(e) => engine_error(e),
+        },
         Command::TallyGet { key, consistency } => match svc.read(&key, consistency).await {
             Ok(read) => read_reply(&read),
             Err(e) => engine_error(e),
