@@ -93,7 +93,7 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     if let Command::Load(args) = &cli.command {
         return run_load(cli, args, out).await;
     }
-    let client = Client::new(parse_node(&cli.node_arg())?, timeout)?;
+    let client = Client::connect(parse_node(&cli.node_arg())?, timeout, cli.cacert()?.as_ref())?;
     match &cli.command {
         Command::Create(args) => create(&client, args, out).await,
         Command::Get { name, fresh } => {
@@ -233,6 +233,7 @@ async fn run_load(cli: &Cli, args: &LoadArgs, out: &mut Output) -> Result<(), Cl
         batch: args.batch,
         event_ids: args.event_ids,
         timeout: cli.timeout(),
+        cacert: cli.cacert()?,
         create,
         verify: args.verify,
         progress: !args.no_progress,

@@ -156,6 +156,9 @@ pub enum ConfigError {
     /// A `[[reconcile]]` section is invalid.
     #[error(transparent)]
     Source(#[from] SourceConfigError),
+    /// The `[tls]` section is invalid.
+    #[error(transparent)]
+    Tls(#[from] tally_tls::TlsError),
 }
 
 /// A whole configuration file.
@@ -176,6 +179,10 @@ pub struct Config {
     /// (`[[reconcile]]`); none by default.
     #[serde(default)]
     pub reconcile: Vec<SourceConfig>,
+    /// TLS on this node's listeners and, in a cluster, between nodes (`[tls]`);
+    /// plaintext when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<tally_tls::TlsConfig>,
 }
 
 /// The cluster-wide section: identical on every node, fingerprinted at handshake.
@@ -466,6 +473,14 @@ impl Config {
                     reason: format!("source name {:?} appears more than once", source.name),
                 }
                 .into());
+            }
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+            // Between nodes the cluster CA is the only root: without it a node would
+            // either trust nobody or fall back to plaintext.
+            if self.cluster.nodes.len() > 1 && tls.cluster_ca.is_none() {
+                return Err(tally_tls::TlsError::NoClusterCa.into());
             }
         }
         let e = &self.engine;

@@ -40,6 +40,6 @@ pub mod sources;
 pub use cluster::ClusterService;
 pub use config::{ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry};
 pub use http::router;
-pub use server::serve;
+pub use server::{serve, serve_tls};
 pub use service::{ClusterView, NodeState, NodeView, Service};
 pub use single::{SingleNode, StartError};

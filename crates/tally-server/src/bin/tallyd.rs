@@ -19,7 +19,7 @@ use clap::Parser;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tally_server::{router, serve, ClusterService, Config, SingleNode};
+use tally_server::{router, serve, serve_tls, ClusterService, Config, SingleNode};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -146,6 +146,8 @@ async fn run(args: Args) -> Result<()> {
     // Signals first, so one that arrives while the engine opens is not lost.
     let term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    // Certificates are read before anything binds, so a wrong path fails the start.
+    let tls = config.tls.as_ref().map(tally_tls::acceptor).transpose().context("setting up TLS for HTTP")?;
     let listener = tokio::net::TcpListener::bind(me.http)
         .await
         .with_context(|| format!("binding HTTP to {}", me.http))?;
@@ -174,7 +176,11 @@ async fn run(args: Args) -> Result<()> {
         Node::Single(n) => router(n.clone(), &config.http),
         Node::Cluster(n) => router(n.clone(), &config.http),
     };
-    let served = serve(listener, app, &config.http, shutdown_signal(term, int, node.clone())).await;
+    let stop = shutdown_signal(term, int, node.clone());
+    let served = match tls {
+        Some(acceptor) => serve_tls(listener, acceptor, app, &config.http, stop).await,
+        None => serve(listener, app, &config.http, stop).await,
+    };
     // Flush whatever the HTTP side left buffered even if serving failed.
     let flushed = node.shutdown().await;
     served.context("serving HTTP")?;
