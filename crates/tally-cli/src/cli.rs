@@ -11,6 +11,8 @@ pub const NODE_ENV: &str = "TALLY_NODE";
 /// The environment variable that holds the client token when `--token` is absent
 /// (safer than the flag, which other users of the machine can see in `ps`).
 pub const TOKEN_ENV: &str = "TALLY_TOKEN";
+/// The environment variable that names the CA file when `--cacert` is absent.
+pub const CACERT_ENV: &str = "TALLY_CACERT";
 /// Default per-request timeout, in milliseconds.
 pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest per-request timeout accepted, in milliseconds (10 minutes).
@@ -65,7 +67,7 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(name = "tally", version, about, after_help = EXIT_CODES_HELP)]
 pub struct Cli {
-    /// The node's base URL (plain HTTP) [env: TALLY_NODE] [default: http://127.0.0.1:7070]
+    /// The node's base URL (http:// or https://) [env: TALLY_NODE] [default: http://127.0.0.1:7070]
     #[arg(long, global = true, value_name = "URL")]
     pub node: Option<String>,
     /// Print the server's JSON (one object per command) instead of text.
@@ -83,6 +85,10 @@ pub struct Cli {
         value_parser = clap::value_parser!(u64).range(1..=TIMEOUT_MS_MAX),
     )]
     pub timeout_ms: u64,
+    /// The CA certificate (PEM) to verify an https:// node with, instead of the
+    /// system's roots [env: TALLY_CACERT].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub cacert: Option<std::path::PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -109,6 +115,21 @@ impl Cli {
     /// The per-request timeout.
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
+    }
+
+    /// The CA of `--cacert` (else `TALLY_CACERT`), read and parsed.
+    pub fn cacert(&self) -> Result<Option<reqwest::Certificate>, crate::client::CliError> {
+        let path = self
+            .cacert
+            .clone()
+            .or_else(|| std::env::var_os(CACERT_ENV).filter(|v| !v.is_empty()).map(std::path::PathBuf::from));
+        let Some(path) = path else { return Ok(None) };
+        let bad = |why: String| crate::client::CliError::Usage {
+            code: crate::client::codes::INVALID_CACERT,
+            message: format!("--cacert {}: {why}", path.display()),
+        };
+        let pem = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        reqwest::Certificate::from_pem(&pem).map(Some).map_err(|e| bad(e.to_string()))
     }
 }
 

@@ -40,8 +40,10 @@ pub mod codes {
     pub const BAD_ANSWER: &str = "bad_answer";
     /// A request body that cannot be encoded.
     pub const INVALID_REQUEST: &str = "invalid_request";
-    /// A node URL that is not a plain-HTTP URL.
+    /// A node URL that is not an http:// or https:// URL.
     pub const INVALID_NODE_URL: &str = "invalid_node_url";
+    /// A `--cacert` file that cannot be read or holds no PEM certificate.
+    pub const INVALID_CACERT: &str = "invalid_cacert";
     /// `tally load --verify` found the counter did not grow by the acknowledged count.
     pub const VERIFY_FAILED: &str = "verify_failed";
     /// A bug in the client (a task panicked).
@@ -143,10 +145,8 @@ pub fn parse_node(text: &str) -> Result<Url, CliError> {
     let text = text.trim();
     let full = if text.contains("://") { text.to_string() } else { format!("http://{text}") };
     let url = Url::parse(&full).map_err(|e| bad(format!("{text:?} is not a node URL: {e}")))?;
-    if url.scheme() != "http" {
-        return Err(bad(format!(
-            "{text:?}: only plain http:// node URLs are supported (this build has no TLS)"
-        )));
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(bad(format!("{text:?}: a node URL is http:// or https://")));
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err(bad(format!("{text:?} names no host")));
@@ -215,8 +215,22 @@ impl Client {
     /// A client for the node at `base`; every request (answer included) must
     /// complete within `timeout`.
     pub fn new(base: Url, timeout: Duration) -> Result<Self, CliError> {
+        Self::connect(base, timeout, None)
+    }
+
+    /// [`Client::new`], trusting only `cacert` for `https://` nodes when given
+    /// (as curl's `--cacert`), else the system's roots.
+    pub fn connect(
+        base: Url,
+        timeout: Duration,
+        cacert: Option<&reqwest::Certificate>,
+    ) -> Result<Self, CliError> {
         let connect = timeout.min(Duration::from_millis(CONNECT_TIMEOUT_MS_MAX));
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(ca) = cacert {
+            builder = builder.tls_certs_only([ca.clone()]);
+        }
+        let http = builder
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .http1_only()
@@ -350,7 +364,8 @@ mod tests {
     fn node_urls() {
         assert_eq!(parse_node("127.0.0.1:7070").expect("ok").as_str(), "http://127.0.0.1:7070/");
         assert_eq!(parse_node("http://localhost:1/").expect("ok").as_str(), "http://localhost:1/");
-        for bad in ["https://127.0.0.1:7070", "http://", "ftp://x", "http://x/?a=1", "http://u@x/"] {
+        assert_eq!(parse_node("https://127.0.0.1:7443").expect("ok").as_str(), "https://127.0.0.1:7443/");
+        for bad in ["http://", "ftp://x", "http://x/?a=1", "http://u@x/"] {
             let e = parse_node(bad).expect_err(bad);
             assert_eq!((e.code(), e.exit_code()), (codes::INVALID_NODE_URL, EXIT_USAGE), "{bad}");
         }

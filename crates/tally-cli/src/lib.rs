@@ -97,7 +97,8 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     if let Command::Token { action } = &cli.command {
         return token(action, out);
     }
-    let client = Client::new(parse_node(&cli.node_arg())?, timeout)?.with_token(cli.token_arg().as_deref());
+    let client = Client::connect(parse_node(&cli.node_arg())?, timeout, cli.cacert()?.as_ref())?
+        .with_token(cli.token_arg().as_deref());
     match &cli.command {
         Command::Create(args) => create(&client, args, out).await,
         Command::Get { name, fresh } => {
@@ -275,6 +276,7 @@ async fn run_load(cli: &Cli, args: &LoadArgs, out: &mut Output) -> Result<(), Cl
         batch: args.batch,
         event_ids: args.event_ids,
         timeout: cli.timeout(),
+        cacert: cli.cacert()?,
         create,
         verify: args.verify,
         progress: !args.no_progress,

@@ -71,6 +71,9 @@ pub struct LoadPlan {
     pub event_ids: bool,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// The only CA trusted for `https://` nodes (`--cacert`); the system's roots
+    /// when absent.
+    pub cacert: Option<reqwest::Certificate>,
     /// The spec to create (or update) the counter with before the run.
     pub create: Option<SpecBody>,
     /// Whether to verify the total after the run.
@@ -512,7 +515,8 @@ pub async fn run(plan: &LoadPlan) -> Result<LoadReport, CliError> {
         code: codes::INVALID_NODE_URL,
         message: "tally load needs at least one node".into(),
     })?;
-    let control = Client::new(first.clone(), plan.timeout)?.with_token(plan.token.as_deref());
+    let control =
+        Client::connect(first.clone(), plan.timeout, plan.cacert.as_ref())?.with_token(plan.token.as_deref());
     if let Some(spec) = &plan.create {
         control.call(Method::PUT, control.counter_url(&plan.counter, &[]), Some(spec)).await?;
     }
@@ -526,7 +530,8 @@ pub async fn run(plan: &LoadPlan) -> Result<LoadReport, CliError> {
     let mut tasks = Vec::with_capacity(plan.writers as usize);
     for index in 0..plan.writers {
         let base = plan.nodes[index as usize % plan.nodes.len()].clone();
-        let client = Client::new(base, plan.timeout)?.with_token(plan.token.as_deref());
+        let client =
+            Client::connect(base, plan.timeout, plan.cacert.as_ref())?.with_token(plan.token.as_deref());
         let url = if plan.batch == 1 {
             client.counter_url(&plan.counter, &["increments"])
         } else {

@@ -142,9 +142,13 @@ async fn client_side_failures_have_their_own_codes() {
     assert_eq!(json.code, Some(3), "{json:?}");
     assert!(json.stdout.contains(r#""code":"unreachable""#), "{json:?}");
 
-    let tls = tally(&["--node", "https://127.0.0.1:7070", "cluster"]).await;
-    assert_eq!(tls.code, Some(2), "{tls:?}");
-    assert!(tls.stderr.contains("invalid_node_url"), "{tls:?}");
+    let scheme = tally(&["--node", "ftp://127.0.0.1:7070", "cluster"]).await;
+    assert_eq!(scheme.code, Some(2), "{scheme:?}");
+    assert!(scheme.stderr.contains("invalid_node_url"), "{scheme:?}");
+    let cacert =
+        tally(&["--node", "https://127.0.0.1:7070", "--cacert", "/nonexistent/ca.pem", "cluster"]).await;
+    assert_eq!(cacert.code, Some(2), "{cacert:?}");
+    assert!(cacert.stderr.contains("invalid_cacert"), "{cacert:?}");
     let word = tally(&["create", "x", "--durability", "fast"]).await;
     assert_eq!(word.code, Some(2), "{word:?}");
     let writers = tally(&["load", "x", "--writers", "0"]).await;

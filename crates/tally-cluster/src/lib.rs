@@ -77,6 +77,9 @@ pub struct ClusterNodeConfig {
     pub raft_election_timeout_ms: (u64, u64),
     /// The engine's settings.
     pub engine: TallyConfig,
+    /// Mutual TLS between nodes (sessions and raft), with the cluster CA as the
+    /// only root; plaintext when `None`.
+    pub tls: Option<tally_tls::ClusterTls>,
 }
 
 /// Why a node could not start.
@@ -374,6 +377,7 @@ impl ClusterNode {
         raft_cfg.heartbeat_ms = config.raft_heartbeat_ms;
         raft_cfg.election_timeout_min_ms = config.raft_election_timeout_ms.0;
         raft_cfg.election_timeout_max_ms = config.raft_election_timeout_ms.1;
+        raft_cfg.tls = config.tls.clone();
         let raft = Arc::new(MetaRaft::start(raft_cfg).await?);
 
         let handler = Arc::new(ShardHandler { engine: OnceLock::new() });
@@ -388,6 +392,7 @@ impl ClusterNode {
             reconnect_backoff_min_ms: 100,
             reconnect_backoff_max_ms: 2_000,
             call_timeout_ms: config.engine.call_timeout_ms,
+            tls: config.tls.clone(),
         };
         let transport = Transport::start(transport_cfg, handler.clone()).await?;
 

@@ -146,7 +146,17 @@ impl SupervisorState {
                 ctx.directory.insert(id, actor.clone());
                 Ok(actor)
             }
-            Err(e) => Err(crate::error::unavailable(&id, &format!("cannot start: {e}"))),
+            Err(e) => {
+                // A failed `pre_start` (a record that does not decode, a store read
+                // error) is an error of this shard alone: say what it is, not
+                // ractor's "panicked during startup".
+                let reason = match &e {
+                    ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
+                    other => other.to_string(),
+                };
+                tracing::warn!(shard = %id, error = %reason, "cannot start a shard; requests that need it fail");
+                Err(crate::error::unavailable(&id, &format!("cannot start: {reason}")))
+            }
         }
     }
 

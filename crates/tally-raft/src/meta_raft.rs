@@ -4,7 +4,7 @@
 use crate::error::RaftError;
 use crate::identity::{Identity, StoreId};
 use crate::log_store::SledLogStore;
-use crate::network::{http_client, post_json, CallError, HttpNetworkFactory};
+use crate::network::{http_client, post_json, CallError, HttpNetworkFactory, PeerClient};
 use crate::server::{
     raft_router, IdentityAnswer, ReadRequest, ReplaceRequest, PATH_CLIENT_WRITE, PATH_IDENTITY, PATH_READ,
     PATH_REPLACE, REPLACE_TIMEOUT_MS,
@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tally_core::meta::CounterMeta;
 use tally_core::name::CounterName;
+use tally_tls::TlsIncoming;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, oneshot, Mutex};
 use tokio::task::JoinHandle;
@@ -101,6 +102,9 @@ pub struct MetaRaftConfig {
     pub snapshot_logs_kept: u64,
     /// Bound on one write or linearizable read, retries included, in milliseconds.
     pub operation_timeout_ms: u64,
+    /// Mutual TLS on the raft endpoints and on every call to a peer's, with the
+    /// cluster CA as the only root; plaintext when `None`.
+    pub tls: Option<tally_tls::ClusterTls>,
 }
 
 impl MetaRaftConfig {
@@ -117,6 +121,7 @@ impl MetaRaftConfig {
             snapshot_logs_since_last: SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
             snapshot_logs_kept: SNAPSHOT_LOGS_KEPT_DEFAULT,
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
+            tls: None,
         }
     }
 
@@ -200,6 +205,30 @@ struct Serving {
     task: JoinHandle<()>,
 }
 
+/// How long a peer has to complete the TLS handshake on the raft address, in
+/// milliseconds.
+pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
+
+/// [`TlsIncoming`] as a listener `axum::serve` drives.
+struct TlsListener(TlsIncoming);
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.0.next().await {
+            Some(accepted) => accepted,
+            // The accept task stopped (only when dropped): accept nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.0.local_addr())
+    }
+}
+
 /// One node of the metadata group: it persists the log and state machine in sled,
 /// serves the raft endpoints on its raft address, forwards writes to the leader and
 /// answers local reads of the applied metadata.
@@ -228,7 +257,7 @@ pub struct MetaRaft {
     id: NodeId,
     raft: Raft,
     shared: Arc<Shared>,
-    client: reqwest::Client,
+    client: PeerClient,
     operation_timeout: Duration,
     addr: SocketAddr,
     serving: Arc<Mutex<Option<Serving>>>,
@@ -287,8 +316,8 @@ impl MetaRaft {
         let sm = SledStateMachine::open(&db).map_err(|e| RaftError::Storage(e.to_string()))?;
         drop(db);
         let shared = sm.shared();
-        let client =
-            http_client().map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?;
+        let client = http_client(cfg.tls.as_ref())
+            .map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?;
         let network = HttpNetworkFactory::new(client.clone(), cfg.node_id, identity.store, shared.clone());
         let raft = Raft::new(cfg.node_id, config, network, log, sm)
             .await
@@ -296,14 +325,27 @@ impl MetaRaft {
 
         let (stop, stopped) = oneshot::channel::<()>();
         let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store);
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, router).with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            });
-            if let Err(e) = served.await {
-                tracing::warn!(error = %e, "raft endpoint server failed");
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        let task = match &cfg.tls {
+            None => tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(stopped).await {
+                    tracing::warn!(error = %e, "raft endpoint server failed");
+                }
+            }),
+            Some(tls) => {
+                let handshake = Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS);
+                let incoming = TlsIncoming::start(listener, tls.acceptor(), handshake, "raft")
+                    .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
+                tokio::spawn(async move {
+                    let served = axum::serve(TlsListener(incoming), router).with_graceful_shutdown(stopped);
+                    if let Err(e) = served.await {
+                        tracing::warn!(error = %e, "raft endpoint server failed");
+                    }
+                })
             }
-        });
+        };
 
         let store = identity.store;
         let node = Self {

@@ -1,4 +1,5 @@
-//! The client side of raft's RPCs: HTTP/JSON POSTs to the peer's raft address.
+//! The client side of raft's RPCs: HTTP/JSON POSTs to the peer's raft address,
+//! over mutual TLS when the node has a cluster CA ([`PeerClient`]).
 //!
 //! Every call has a timeout (openraft's per-RPC TTL, clamped to
 //! [`RPC_TIMEOUT_MIN_MS`]..=[`RPC_TIMEOUT_MAX_MS`]) and a bounded answer size. A peer
@@ -127,7 +128,7 @@ pub enum CallError {
     },
     /// The request may or may not have been delivered: a timeout, a reset, an
     /// error status or an undecodable answer.
-    #[error("call to http://{addr}{path} failed: {reason}")]
+    #[error("call to {addr}{path} failed: {reason}")]
     Failed {
         /// The peer's address.
         addr: String,
@@ -138,28 +139,46 @@ pub enum CallError {
     },
 }
 
+/// The HTTP client shared by the raft network and request forwarding, with the
+/// scheme it speaks.
+#[derive(Clone, Debug)]
+pub struct PeerClient {
+    http: reqwest::Client,
+    scheme: &'static str,
+}
+
 /// Builds the HTTP client shared by the raft network and request forwarding.
-pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
+/// With `tls`, it speaks `https://` only, trusts only the cluster CA (the peer's
+/// certificate must name its raft IP) and presents this node's certificate.
+pub fn http_client(tls: Option<&tally_tls::ClusterTls>) -> Result<PeerClient, reqwest::Error> {
+    let builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
         .timeout(Duration::from_millis(RPC_TIMEOUT_MAX_MS))
         .pool_idle_timeout(Duration::from_millis(POOL_IDLE_MS))
-        .build()
+        .no_proxy();
+    Ok(match tls {
+        Some(tls) => PeerClient {
+            http: builder.https_only(true).tls_backend_preconfigured(tls.client_config()).build()?,
+            scheme: "https",
+        },
+        None => PeerClient { http: builder.build()?, scheme: "http" },
+    })
 }
 
-/// POSTs `body` as JSON to `http://{addr}{path}` and decodes a JSON answer of at
-/// most [`ANSWER_BYTES_MAX`] bytes, all within `timeout`.
+/// POSTs `body` as JSON to `{scheme}://{addr}{path}` and decodes a JSON answer of
+/// at most [`ANSWER_BYTES_MAX`] bytes, all within `timeout`.
 pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
-    client: &reqwest::Client,
+    client: &PeerClient,
     addr: &str,
     path: &'static str,
     body: &Req,
     timeout: Duration,
 ) -> Result<Resp, CallError> {
     let failed = |reason: String| CallError::Failed { addr: addr.to_owned(), path, reason };
-    let url = format!("http://{addr}{path}");
+    let url = format!("{}://{addr}{path}", client.scheme);
     let call = async {
         let request = client
+            .http
             .post(url)
             .header(crate::rpc::PROTOCOL_HEADER, tally_core::format::RAFT_PROTOCOL.to_string())
             .json(body)
@@ -202,7 +221,7 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
 /// connection pool.
 #[derive(Clone)]
 pub struct HttpNetworkFactory {
-    client: reqwest::Client,
+    client: PeerClient,
     me: NodeId,
     store: StoreId,
     shared: Arc<Shared>,
@@ -211,7 +230,7 @@ pub struct HttpNetworkFactory {
 impl HttpNetworkFactory {
     /// A factory whose clients use `client` (see [`http_client`]) and send as node
     /// `me` on store `store`, expecting the targets' stores recorded in `shared`.
-    pub fn new(client: reqwest::Client, me: NodeId, store: StoreId, shared: Arc<Shared>) -> Self {
+    pub fn new(client: PeerClient, me: NodeId, store: StoreId, shared: Arc<Shared>) -> Self {
         Self { client, me, store, shared }
     }
 }

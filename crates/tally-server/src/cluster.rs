@@ -30,10 +30,12 @@ pub struct ClusterService {
     scheduler: Arc<Scheduler>,
 }
 
-/// The cluster node's settings, taken from a validated [`Config`].
-pub fn cluster_node_config(config: &Config) -> ClusterNodeConfig {
+/// The cluster node's settings, taken from a validated [`Config`]; reads the TLS
+/// files of `[tls]`, if any.
+pub fn cluster_node_config(config: &Config) -> Result<ClusterNodeConfig, tally_tls::TlsError> {
     let c = &config.cluster;
-    ClusterNodeConfig {
+    let tls = config.tls.as_ref().map(tally_tls::ClusterTls::load).transpose()?;
+    Ok(ClusterNodeConfig {
         node_id: config.node.id.clone(),
         data_dir: config.node.data_dir.clone(),
         members: c
@@ -56,13 +58,15 @@ pub fn cluster_node_config(config: &Config) -> ClusterNodeConfig {
         raft_heartbeat_ms: c.raft_heartbeat_ms,
         raft_election_timeout_ms: (c.raft_election_timeout_min_ms, c.raft_election_timeout_max_ms),
         engine: config.tally_config(),
-    }
+        tls,
+    })
 }
 
 impl ClusterService {
     /// Starts this node of the cluster `config` describes.
     pub async fn start(config: &Config) -> Result<Self, ClusterError> {
-        let node = ClusterNode::start(cluster_node_config(config)).await?;
+        let settings = cluster_node_config(config).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let node = ClusterNode::start(settings).await?;
         let node_id: Arc<str> = config.node.id.as_str().into();
         let book = Arc::new(RunBook::open(&config.node.data_dir));
         let ctx = RunContext { tally: node.tally().clone(), node: node_id.to_string(), book: book.clone() };

@@ -167,6 +167,9 @@ pub enum ConfigError {
     /// The node would be reachable beyond loopback without protection.
     #[error(transparent)]
     Exposure(#[from] ExposureError),
+    /// The `[tls]` section is invalid.
+    #[error(transparent)]
+    Tls(#[from] tally_tls::TlsError),
 }
 
 /// Why a valid configuration is unsafe to run: a listener reachable beyond
@@ -236,6 +239,10 @@ pub struct Config {
     /// can be rotated one node at a time.
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
+    /// TLS on this node's listeners and, in a cluster, between nodes (`[tls]`);
+    /// plaintext when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<tally_tls::TlsConfig>,
 }
 
 /// The cluster-wide section: identical on every node, fingerprinted at handshake.
@@ -600,6 +607,14 @@ impl Config {
             }
         }
         Tokens::from_config(&self.tokens)?;
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+            // Between nodes the cluster CA is the only root: without it a node would
+            // either trust nobody or fall back to plaintext.
+            if self.cluster.nodes.len() > 1 && tls.cluster_ca.is_none() {
+                return Err(tally_tls::TlsError::NoClusterCa.into());
+            }
+        }
         let e = &self.engine;
         interval("engine.aggregator_tick_ms", e.aggregator_tick_ms)?;
         interval("engine.shard_idle_stop_ms", e.shard_idle_stop_ms)?;

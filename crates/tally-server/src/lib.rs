@@ -48,6 +48,6 @@ pub use config::{
     ClusterConfig, Config, ConfigError, EngineConfig, HttpConfig, NodeConfig, NodeEntry, RespConfig,
 };
 pub use http::{router, router_with_gate};
-pub use server::serve;
+pub use server::{serve, serve_tls};
 pub use service::{ClusterView, NodeState, NodeView, Service};
 pub use single::{SingleNode, StartError};

@@ -12,6 +12,11 @@
 //! The listener and the shutdown future are passed in (as in mini-redis), so tests
 //! bind port 0 and the binary binds the configured address and wires signals.
 //!
+//! [`serve_tls`] is the same loop with a TLS handshake first on each connection, in
+//! the connection's own task and bounded by the header-read timeout, so a plaintext
+//! or silent client fails alone (its connection is closed and logged at `warn`)
+//! while the listener goes on.
+//!
 //! hyper 1 talks to sockets through its own `rt` traits; `hyper-util` provides the
 //! Tokio adapters but is not a workspace dependency, so the two small adapters it
 //! would supply ([`TokioIo`] and [`TokioTimer`]) live here.
@@ -46,7 +51,30 @@ pub async fn serve(
     limits: &HttpConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
+    serve_with(listener, None, app, limits, shutdown).await
+}
+
+/// [`serve`] over TLS: every connection first completes a handshake with
+/// `acceptor` (see [`tally_tls::acceptor`]) within `http.header_read_timeout_ms`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    acceptor: tally_tls::TlsAcceptor,
+    app: Router,
+    limits: &HttpConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    serve_with(listener, Some(acceptor), app, limits, shutdown).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    tls: Option<tally_tls::TlsAcceptor>,
+    app: Router,
+    limits: &HttpConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
     let local = listener.local_addr()?;
+    let handshake_timeout = limits.header_read_timeout();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer).header_read_timeout(limits.header_read_timeout()).keep_alive(true);
     let builder = Arc::new(builder);
@@ -54,7 +82,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
-    tracing::info!(%local, "serving HTTP");
+    tracing::info!(%local, tls = tls.is_some(), "serving HTTP");
 
     loop {
         // Reap finished connection tasks so the set stays as small as the live ones.
@@ -83,29 +111,18 @@ pub async fn serve(
         let builder = builder.clone();
         let app = app.clone();
         let mut stop = stop_rx.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
             let _permit = permit;
-            let service =
-                hyper::service::service_fn(move |req: axum::http::Request<hyper::body::Incoming>| {
-                    tower::ServiceExt::oneshot(app.clone(), req)
-                });
-            let conn = builder.serve_connection(TokioIo(stream), service);
-            tokio::pin!(conn);
-            let mut draining = false;
-            loop {
-                tokio::select! {
-                    result = conn.as_mut() => {
-                        if let Err(e) = result {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match tls {
+                None => drive(stream, peer, &builder, app, &mut stop).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => drive(stream, peer, &builder, app, &mut stop).await,
+                        Ok(Err(e)) => {
+                            tracing::warn!(%peer, error = %e, "refused an HTTP connection: TLS handshake failed")
                         }
-                        break;
-                    }
-                    changed = stop.wait_for(|stop| *stop), if !draining => {
-                        // Finish the request in flight, if any, then close; an idle
-                        // connection closes at once. A dropped sender means drain too.
-                        let _ = changed;
-                        draining = true;
-                        conn.as_mut().graceful_shutdown();
+                        Err(_) => tracing::warn!(%peer, "refused an HTTP connection: no TLS handshake in time"),
                     }
                 }
             }
@@ -128,14 +145,49 @@ pub async fn serve(
     Ok(())
 }
 
-/// A Tokio TCP stream seen through hyper's I/O traits.
+/// Serves HTTP/1.1 on one connection until it ends, or drains it once `stop` is set.
+async fn drive<S>(
+    stream: S,
+    peer: std::net::SocketAddr,
+    builder: &hyper::server::conn::http1::Builder,
+    app: Router,
+    stop: &mut watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: axum::http::Request<hyper::body::Incoming>| {
+        tower::ServiceExt::oneshot(app.clone(), req)
+    });
+    let conn = builder.serve_connection(TokioIo(stream), service);
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            changed = stop.wait_for(|stop| *stop), if !draining => {
+                // Finish the request in flight, if any, then close; an idle
+                // connection closes at once. A dropped sender means drain too.
+                let _ = changed;
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// A Tokio stream (TCP, or TLS over TCP) seen through hyper's I/O traits.
 ///
 /// Reads go through a small stack buffer and `ReadBufCursor::put_slice`, because
 /// filling hyper's cursor in place needs `unsafe` (which this workspace denies);
 /// the extra copy is negligible next to the system call.
-pub struct TokioIo(pub TcpStream);
+pub struct TokioIo<S = TcpStream>(pub S);
 
-impl hyper::rt::Read for TokioIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> hyper::rt::Read for TokioIo<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -154,7 +206,7 @@ impl hyper::rt::Read for TokioIo {
     }
 }
 
-impl hyper::rt::Write for TokioIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> hyper::rt::Write for TokioIo<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
     }

@@ -46,6 +46,10 @@ pub struct TransportConfig {
     /// Default deadline for [`crate::Transport::call`], in ms (see
     /// [`crate::Transport::default_call_timeout`]).
     pub call_timeout_ms: u64,
+    /// Mutual TLS on every session, with the cluster CA as the only root: a peer
+    /// whose certificate another CA signed never reaches the secret handshake.
+    /// Plaintext when `None`.
+    pub tls: Option<tally_tls::ClusterTls>,
 }
 
 impl TransportConfig {
@@ -146,6 +150,7 @@ pub(crate) mod tests {
             reconnect_backoff_min_ms: 100,
             reconnect_backoff_max_ms: 1_000,
             call_timeout_ms: 1_000,
+            tls: None,
         }
     }
 

@@ -10,7 +10,12 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::node::NodeConnectionMode;
-use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServer, NodeServerMessage};
+use ractor_cluster::{
+    BoxRead, BoxWrite, ClusterBidiStream, IncomingEncryptionMode, NodeServer, NodeServerMessage,
+};
+use std::net::IpAddr;
+use tally_tls::TlsIncoming;
+use tokio::net::TcpListener;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -133,15 +138,37 @@ impl Transport {
         // The session name is `node_id@node_id`: ractor_cluster treats an equal
         // `host:port` connection string as a self-connection, so a shared bind address such
         // as 0.0.0.0 on every machine must not end up in it.
+        // With TLS this node accepts on `cfg.listen` itself (see `tls_accept_loop`)
+        // and hands each verified stream to the NodeServer, whose own listener is
+        // then parked on a loopback port that also requires a cluster certificate.
+        let incoming = match &cfg.tls {
+            Some(tls) => {
+                let bound = TcpListener::bind(cfg.listen).await.and_then(|listener| {
+                    TlsIncoming::start(listener, tls.acceptor(), cfg.handshake_timeout(), "node-to-node")
+                });
+                match bound {
+                    Ok(incoming) => Some(incoming),
+                    Err(e) => {
+                        gateway.stop(None);
+                        return Err(TransportError::Listen { addr: cfg.listen, reason: e.to_string() });
+                    }
+                }
+            }
+            None => None,
+        };
+        let (port, ip, encryption) = match &cfg.tls {
+            Some(tls) => (0, IpAddr::from([127, 0, 0, 1]), IncomingEncryptionMode::Tls(tls.acceptor())),
+            None => (cfg.listen.port(), cfg.listen.ip(), IncomingEncryptionMode::Raw),
+        };
         let server = NodeServer::new(
-            cfg.listen.port(),
+            port,
             cfg.secret.clone(),
             cfg.node_id.clone(),
             cfg.node_id.clone(),
-            None,
+            Some(encryption),
             Some(NodeConnectionMode::Isolated),
         )
-        .with_listen_addr(cfg.listen.ip())
+        .with_listen_addr(ip)
         .with_max_inbound_frame_size(FRAME_BYTES_MAX);
         let server = match Actor::spawn(None, server, ()).await {
             Ok((server, _)) => server,
@@ -198,10 +225,14 @@ impl Transport {
             }
         }
         tasks.push(tokio::spawn(Arc::clone(&inner).sweep_loop()));
+        if let Some(incoming) = incoming {
+            tasks.push(tokio::spawn(Arc::clone(&inner).tls_accept_loop(incoming)));
+        }
         *inner.lock_tasks() = tasks;
 
         tracing::info!(
             node = %inner.cfg.node_id, listen = %inner.cfg.listen, peers = inner.cfg.peers.len(),
+            tls = inner.cfg.tls.is_some(),
             fingerprint = format_args!("{:#018x}", inner.cfg.fingerprint),
             detection_bound_ms = inner.cfg.detection_bound().as_millis() as u64,
             "transport started"
@@ -592,15 +623,11 @@ impl Inner {
             }
             seq += 1;
             let label = dial_label(&peer, seq);
-            let dialed = match tokio::time::timeout(handshake_timeout, TcpStream::connect(addr)).await {
-                Ok(Ok(stream)) => {
-                    let _ = stream.set_nodelay(true);
-                    let stream = LabelledTcp { stream, label: label.clone() };
-                    ractor_cluster::client_connect_external(&self.server, Box::new(stream))
-                        .await
-                        .map_err(|e| e.to_string())
-                }
-                Ok(Err(e)) => Err(e.to_string()),
+            let dialed = match tokio::time::timeout(handshake_timeout, self.dial(addr, &label)).await {
+                Ok(Ok(stream)) => ractor_cluster::client_connect_external(&self.server, stream)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Ok(Err(e)) => Err(e),
                 Err(_) => Err(format!("connect timed out after {} ms", handshake_timeout.as_millis())),
             };
             if let Err(reason) = dialed {
@@ -641,6 +668,44 @@ impl Inner {
         }
     }
 
+    /// A connected stream to `addr`, labelled `label`: TCP, with a TLS handshake on
+    /// it when TLS is on (the peer's certificate must be signed by the cluster CA and
+    /// name `addr`'s IP).
+    async fn dial(&self, addr: SocketAddr, label: &str) -> Result<Box<dyn ClusterBidiStream>, String> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let _ = stream.set_nodelay(true);
+        let label = label.to_string();
+        match &self.cfg.tls {
+            None => Ok(Box::new(LabelledTcp { stream, label })),
+            Some(tls) => {
+                let stream = tls
+                    .connector()
+                    .connect(tally_tls::server_name(addr), stream)
+                    .await
+                    .map_err(|e| format!("TLS handshake failed: {e}"))?;
+                Ok(Box::new(Labelled { stream, label }))
+            }
+        }
+    }
+
+    /// Hands every inbound connection whose TLS handshake succeeded (its client
+    /// certificate is signed by the cluster CA) to the NodeServer, which then runs
+    /// the secret handshake on it as on any inbound session. Refused handshakes are
+    /// logged by [`TlsIncoming`].
+    async fn tls_accept_loop(self: Arc<Self>, mut incoming: TlsIncoming) {
+        while let Some((stream, peer)) = incoming.next().await {
+            tracing::debug!(node = %self.cfg.node_id, %peer, "inbound TLS session, handshaking");
+            let stream = Box::new(Labelled { stream, label: peer.to_string() });
+            if self
+                .server
+                .cast(NodeServerMessage::ConnectionOpenedExternal { stream, is_server: true })
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
     /// Once per heartbeat: session housekeeping, plus a reconciliation with the NodeServer's
     /// own list in case a session event was missed.
     async fn sweep_loop(self: Arc<Self>) {
@@ -669,6 +734,27 @@ struct LabelledTcp {
 impl ClusterBidiStream for LabelledTcp {
     fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
         let (read, write) = self.stream.into_split();
+        (Box::new(read), Box::new(write))
+    }
+
+    fn peer_label(&self) -> Option<String> {
+        Some(self.label.clone())
+    }
+}
+
+/// A TLS stream with the label ractor_cluster reports as the session's peer address
+/// (the dial label for outbound sessions, the peer's address for inbound ones).
+struct Labelled<S> {
+    stream: S,
+    label: String,
+}
+
+impl<S> ClusterBidiStream for Labelled<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
+        let (read, write) = tokio::io::split(self.stream);
         (Box::new(read), Box::new(write))
     }
 

@@ -243,6 +243,7 @@ impl NodeSpec {
             reconnect_backoff_min_ms: 100,
             reconnect_backoff_max_ms: 1_000,
             call_timeout_ms: 1_000,
+            tls: None,
         }
     }
 }

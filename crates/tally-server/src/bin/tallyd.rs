@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tally_server::auth::Gate;
-use tally_server::{resp, router_with_gate, serve, ClusterService, Config, SingleNode};
+use tally_server::{resp, router_with_gate, serve, serve_tls, ClusterService, Config, SingleNode};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -156,6 +156,8 @@ async fn run(args: Args) -> Result<()> {
     // Signals first, so one that arrives while the engine opens is not lost.
     let term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    // Certificates are read before anything binds, so a wrong path fails the start.
+    let tls = config.tls.as_ref().map(tally_tls::acceptor).transpose().context("setting up TLS for HTTP")?;
     let listener = tokio::net::TcpListener::bind(me.http)
         .await
         .with_context(|| format!("binding HTTP to {}", me.http))?;
@@ -216,7 +218,13 @@ async fn run(args: Args) -> Result<()> {
             }
         }
     };
-    let (served, resp_served) = tokio::join!(serve(listener, app, &config.http, http_shutdown), resp_served);
+    let http_served = async {
+        match tls {
+            Some(acceptor) => serve_tls(listener, acceptor, app, &config.http, http_shutdown).await,
+            None => serve(listener, app, &config.http, http_shutdown).await,
+        }
+    };
+    let (served, resp_served) = tokio::join!(http_served, resp_served);
     // Flush whatever the front ends left buffered even if serving failed.
     let flushed = node.shutdown().await;
     served.context("serving HTTP")?;

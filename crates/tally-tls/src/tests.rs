@@ -1,0 +1,160 @@
+//! Handshakes between configs built from generated certificates: the cluster CA is
+//! the only root, a certificate from another CA is refused, and a plaintext client
+//! fails the handshake without stopping the listener.
+
+use super::*;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+fn ca(name: &str) -> Ca {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let key = KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("self-signed");
+    Ca { pem: cert.pem(), issuer: Issuer::new(params, key) }
+}
+
+/// A node certificate for 127.0.0.1 signed by `ca`, written with the CA into `dir`.
+fn node_files(dir: &Path, name: &str, ca: &Ca) -> TlsConfig {
+    let params =
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("params");
+    let key = KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &ca.issuer).expect("signed");
+    let write = |file: String, text: &str| {
+        let path = dir.join(file);
+        std::fs::write(&path, text).expect("write");
+        path
+    };
+    TlsConfig {
+        cert: write(format!("{name}.pem"), &cert.pem()),
+        key: write(format!("{name}-key.pem"), &key.serialize_pem()),
+        client_ca: None,
+        cluster_ca: Some(write(format!("{name}-ca.pem"), &ca.pem)),
+    }
+}
+
+/// Runs one handshake between `client` and `server` over a local socket and
+/// exchanges a byte; returns the client's and the server's outcome.
+async fn handshake(client: TlsConnector, server: TlsAcceptor) -> (Result<(), String>, Result<(), String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let served = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let mut tls = server.accept(tcp).await.map_err(|e| e.to_string())?;
+        let mut byte = [0u8; 1];
+        tls.read_exact(&mut byte).await.map_err(|e| e.to_string())?;
+        tls.write_all(&byte).await.map_err(|e| e.to_string())?;
+        tls.flush().await.map_err(|e| e.to_string())
+    });
+    let dialed = async {
+        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let mut tls = client.connect(server_name(addr), tcp).await.map_err(|e| e.to_string())?;
+        tls.write_all(b"x").await.map_err(|e| e.to_string())?;
+        let mut byte = [0u8; 1];
+        tls.read_exact(&mut byte).await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+    .await;
+    (dialed, served.await.expect("server task"))
+}
+
+#[tokio::test]
+async fn nodes_of_one_ca_connect_and_a_node_of_another_ca_is_refused_both_ways() {
+    let dir = tempfile_dir();
+    let (ours, theirs) = (ca("cluster"), ca("elsewhere"));
+    let a = ClusterTls::load(&node_files(dir.path(), "a", &ours)).expect("a");
+    let b = ClusterTls::load(&node_files(dir.path(), "b", &ours)).expect("b");
+    // A stranger trusts our CA but holds a certificate from another one.
+    let mut stranger_files = node_files(dir.path(), "stranger", &theirs);
+    stranger_files.cluster_ca = a.files().cluster_ca.clone();
+    let stranger = ClusterTls::load(&stranger_files).expect("stranger");
+
+    let (client, server) = handshake(a.connector(), b.acceptor()).await;
+    assert_eq!((client, server), (Ok(()), Ok(())));
+
+    // Dialing in: the server refuses the stranger's client certificate.
+    let (_, server) = handshake(stranger.connector(), b.acceptor()).await;
+    let refused = server.expect_err("the stranger's certificate is refused");
+    assert!(refused.contains("certificate"), "{refused}");
+
+    // Being dialed: our client refuses the stranger's server certificate.
+    let (client, _) = handshake(a.connector(), stranger.acceptor()).await;
+    let refused = client.expect_err("the stranger's server certificate is refused");
+    assert!(refused.contains("UnknownIssuer") || refused.contains("issuer"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_client_listener_with_a_client_ca_refuses_clients_without_a_certificate() {
+    let dir = tempfile_dir();
+    let ours = ca("cluster");
+    let mut files = node_files(dir.path(), "a", &ours);
+    let anyone = acceptor(&files).expect("acceptor");
+    files.client_ca = files.cluster_ca.clone();
+    let picky = acceptor(&files).expect("acceptor");
+    // A client that trusts the CA but presents no certificate.
+    let roots = load_roots(files.cluster_ca.as_deref().expect("ca")).expect("roots");
+    let bare = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let bare = TlsConnector::from(Arc::new(bare));
+    assert_eq!(handshake(bare.clone(), anyone).await, (Ok(()), Ok(())));
+    let (_, server) = handshake(bare, picky.clone()).await;
+    assert!(server.is_err(), "a client without a certificate was let in");
+    let with_cert = ClusterTls::load(&files).expect("cluster tls").connector();
+    assert_eq!(handshake(with_cert, picky).await, (Ok(()), Ok(())));
+}
+
+#[tokio::test]
+async fn plaintext_and_silent_clients_are_refused_and_the_listener_goes_on() {
+    let dir = tempfile_dir();
+    let ours = ca("cluster");
+    let tls = ClusterTls::load(&node_files(dir.path(), "a", &ours)).expect("tls");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let mut incoming =
+        TlsIncoming::start(listener, tls.acceptor(), Duration::from_millis(300), "test").expect("incoming");
+    assert_eq!(incoming.local_addr(), addr);
+    // A silent client and a plaintext one: neither gets through, nor blocks others.
+    let _silent = TcpStream::connect(addr).await.expect("connect");
+    let mut plain = TcpStream::connect(addr).await.expect("connect");
+    plain.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the plaintext connection was not closed");
+    assert!(!answer.starts_with(b"HTTP"), "a plaintext client got an HTTP answer");
+    // A real client still gets in.
+    let dial = async {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        tls.connector().connect(server_name(addr), tcp).await.expect("handshake")
+    };
+    let (_client, accepted) = tokio::join!(dial, incoming.next());
+    assert!(accepted.is_some());
+}
+
+#[test]
+fn bad_files_are_clear_errors() {
+    let dir = tempfile_dir();
+    let missing = dir.path().join("missing.pem");
+    assert!(matches!(load_certs(&missing), Err(TlsError::Read { .. })));
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").expect("write");
+    assert!(matches!(load_certs(&junk), Err(TlsError::Pem { .. })));
+    assert!(matches!(load_key(&junk), Err(TlsError::Pem { .. })));
+    let files = TlsConfig { cert: junk.clone(), key: junk, client_ca: None, cluster_ca: None };
+    assert_eq!(ClusterTls::load(&files).err(), Some(TlsError::NoClusterCa));
+    let empty = TlsConfig { cert: PathBuf::new(), ..files };
+    assert_eq!(empty.validate(), Err(TlsError::EmptyPath("tls.cert")));
+}
+
+fn tempfile_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temporary directory")
+}

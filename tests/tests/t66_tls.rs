@@ -1,0 +1,159 @@
+//! t66: TLS on every listener and between nodes. A client with the CA reaches the
+//! HTTP port over https (curl `--cacert`, the `tally` CLI `--cacert`); plain HTTP to
+//! it fails and the node stays up. A three-node TLS cluster passes t30's crash
+//! story. A node whose certificate another CA signed never joins, and one with the
+//! wrong cluster secret never joins either; both refusals are logged.
+
+use anyhow::{bail, Result};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tally_tests::{make_certs, require_tool, stories, tally_cli, TestCluster, TlsSetup};
+
+/// How long the refusal tests give a refused node to (wrongly) join.
+const REFUSED_WATCH_MS: u64 = 4_000;
+
+fn certs_of(dir: &Path) -> impl Fn(usize) -> (PathBuf, PathBuf) + '_ {
+    move |i| (dir.join(format!("node{i}.pem")), dir.join(format!("node{i}-key.pem")))
+}
+
+fn curl(args: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new("curl").args(["-sS", "--max-time", "5"]).args(args).output()?;
+    Ok((out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+/// Waits until `text` appears in node `i`'s log.
+async fn wait_logged(c: &TestCluster, i: usize, text: &str) -> Result<()> {
+    wait_logged_after(c, i, 0, text).await
+}
+
+/// Waits until `text` appears in node `i`'s log after its first `from` bytes.
+async fn wait_logged_after(c: &TestCluster, i: usize, from: usize, text: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.log(i).get(from..).is_some_and(|tail| tail.contains(text)) {
+        if Instant::now() > deadline {
+            bail!("node{i} never logged {text:?}; log:\n{}", c.node(i).log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// The state node `from` reports for node `of` in `/v1/cluster`.
+async fn state_seen(c: &TestCluster, from: usize, of: usize) -> Result<String> {
+    let view = c.get(from, "/v1/cluster").await?;
+    let nodes = view["nodes"].as_array().cloned().unwrap_or_default();
+    let node = nodes.iter().find(|n| n["id"] == format!("node{of}").as_str());
+    Ok(node.and_then(|n| n["state"].as_str()).unwrap_or("absent").to_string())
+}
+
+/// Node 3 stays apart for [`REFUSED_WATCH_MS`] while nodes 1 and 2 serve.
+async fn node3_stays_out(c: &TestCluster) -> Result<()> {
+    c.put_counter(1, "likes", json!({"shards": 4})).await?;
+    let deadline = Instant::now() + Duration::from_millis(REFUSED_WATCH_MS);
+    while Instant::now() < deadline {
+        for from in [1, 2] {
+            let state = state_seen(c, from, 3).await?;
+            assert_ne!(state, "up", "node{from} sees the refused node3 up");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(c.node(1).pid().is_some() && c.node(2).pid().is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_the_ca_works_and_plain_http_to_the_tls_port_fails() -> Result<()> {
+    let Some(_) = require_tool("curl", "apt-get install curl")? else { return Ok(()) };
+    let dir1 = tempfile::tempdir()?;
+    let certs = make_certs(dir1.path(), "t66 CA", &["node1"])?;
+    let ca = certs.join("ca.pem");
+    let c = TestCluster::start_tls(1, &TlsSetup { ca: &ca, certs: &certs_of(&certs) }).await?;
+    let https = format!("{}/healthz", c.node(1).url());
+    let plain = https.replacen("https://", "http://", 1);
+    let ca_arg = ca.display().to_string();
+
+    let (ok, body) = curl(&["--cacert", &ca_arg, &https])?;
+    assert!(ok, "curl --cacert failed");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body)?, json!({"status": "ok"}));
+    // Without the CA the certificate is not trusted; plain HTTP gets no answer.
+    assert!(!curl(&[&https])?.0, "curl trusted the node without --cacert");
+    let (ok, body) = curl(&[&plain])?;
+    assert!(!ok && !body.contains("status"), "plain HTTP got an answer: {body}");
+    wait_logged(&c, 1, "refused an HTTP connection: TLS handshake failed").await?;
+    // The node stays up and serves the next client.
+    assert!(curl(&["--cacert", &ca_arg, &https])?.0, "the node stopped serving after a plaintext client");
+    assert!(c.node(1).pid().is_some());
+
+    // The CLI takes https URLs and --cacert.
+    let cli = |extra: &[&str]| {
+        Command::new(tally_cli()?)
+            .args(["--node", &c.node(1).url(), "--json"])
+            .args(extra)
+            .args(["create", "visits"])
+            .output()
+            .map_err(anyhow::Error::from)
+    };
+    let out = cli(&["--cacert", &ca_arg])?;
+    assert!(out.status.success(), "tally --cacert: {}", String::from_utf8_lossy(&out.stderr));
+    let out = cli(&[])?;
+    assert!(!out.status.success(), "tally trusted the node without --cacert");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("certificate"), "{said}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_loses_no_acknowledged_sync_increment_when_a_node_is_killed() -> Result<()> {
+    let dir2 = tempfile::tempdir()?;
+    let certs = make_certs(dir2.path(), "t66 CA", &["node1", "node2", "node3"])?;
+    let ca = certs.join("ca.pem");
+    let c = TestCluster::start_tls(3, &TlsSetup { ca: &ca, certs: &certs_of(&certs) }).await?;
+    stories::kill_one_node_under_sync_writes(Arc::new(c)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_certificate_from_another_ca_cannot_join() -> Result<()> {
+    let dir3 = tempfile::tempdir()?;
+    let ours = make_certs(dir3.path(), "t66 CA", &["node1", "node2"])?;
+    let dir4 = tempfile::tempdir()?;
+    let theirs = make_certs(dir4.path(), "another CA", &["node3"])?;
+    let ca = ours.join("ca.pem");
+    // Node 3 trusts the cluster CA but presents a certificate another CA signed.
+    let certs = |i: usize| if i == 3 { certs_of(&theirs)(i) } else { certs_of(&ours)(i) };
+    let c = TestCluster::spawn_tls(3, &TlsSetup { ca: &ca, certs: &certs })?;
+    c.wait_healthy(1).await?;
+    c.wait_healthy(2).await?;
+    c.wait_leader().await?;
+    node3_stays_out(&c).await?;
+    // Nodes 1 and 2 dial node 3's sessions and refuse its certificate; node 3's raft
+    // calls are refused at their TLS handshake.
+    wait_logged(&c, 1, "cannot reach node3").await?;
+    assert!(c.log(1).contains("invalid peer certificate"), "{}", c.node(1).log_tail());
+    let refused = "raft: refused a connection: TLS handshake failed";
+    assert!(c.log(1).contains(refused) || c.log(2).contains(refused), "no raft refusal logged");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_the_wrong_secret_cannot_join_a_tls_cluster() -> Result<()> {
+    let dir5 = tempfile::tempdir()?;
+    let certs = make_certs(dir5.path(), "t66 CA", &["node1", "node2", "node3"])?;
+    let ca = certs.join("ca.pem");
+    let c = TestCluster::start_tls(3, &TlsSetup { ca: &ca, certs: &certs_of(&certs) }).await?;
+    c.node(3).kill();
+    let config = c.dir().join("node3.toml");
+    let text = std::fs::read_to_string(&config)?;
+    std::fs::write(&config, text.replace("secret = \"tally-test-secret\"", "secret = \"another-secret-1\""))?;
+    let before = c.log(1).len();
+    c.spawn(3)?;
+    // Its certificate is good, so TLS passes; the secret handshake fails.
+    wait_logged_after(&c, 1, before, "handshake with node3").await?;
+    node3_stays_out(&c).await?;
+    let after = &c.log(1)[before..];
+    assert!(after.contains("failed (wrong secret"), "{}", c.node(1).log_tail());
+    assert!(!after.contains("peer node3 is up"), "node1 saw node3 up: {}", c.node(1).log_tail());
+    Ok(())
+}
