@@ -1208,12 +1208,18 @@ mod tests {
     }
 
     #[test]
-    fn a_single_node_binds_only_its_http_address() {
+    fn a_single_node_binds_only_its_http_and_resp_addresses() {
         let mut c = Config::single_node().expect("built-in config");
-        assert_eq!(c.listeners().map(|l| l.len()), Ok(1));
+        assert_eq!(c.listeners().map(|l| l.len()), Ok(2));
         // Its peer and raft addresses are never bound, so they are not checked.
         c.cluster.nodes[0].peer = "0.0.0.0:7170".parse().expect("address");
         assert_eq!(c.check_exposure(), Ok(()));
+        // Its RESP address is: beyond loopback it needs tokens like HTTP.
+        c.cluster.nodes[0].resp = Some("0.0.0.0:6380".parse().expect("address"));
+        assert!(matches!(
+            c.check_exposure(),
+            Err(ConfigError::Exposure(ExposureError::NoTokens { ref listener, .. })) if listener.contains("resp")
+        ));
         assert_eq!(good().listeners().map(|l| l.len()), Ok(3));
     }
 }
