@@ -50,6 +50,17 @@ fn free_ports(n: usize) -> Vec<u16> {
     held.iter().map(|l| l.local_addr().expect("bound").port()).collect()
 }
 
+/// How many times a cluster start is tried again, on fresh ports, when a port it
+/// drew was taken before its node could bind it: ports are drawn free and released
+/// for `tallyd` to bind, and in between any process may get the same one (an
+/// ephemeral port of an outgoing connection, another test's `:0` listener).
+const PORT_RACE_RETRIES: usize = 3;
+
+/// Whether a start failed because a node found one of its ports taken.
+fn lost_a_port_race(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("Address already in use")
+}
+
 /// A port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -238,24 +249,39 @@ impl TestCluster {
     }
 
     async fn start_inner(n: usize, spares: &[usize], extra: &str, token: Option<String>) -> Result<Self> {
-        let cluster = Self::prepare(n, spares, &|_| extra.to_string(), None, token)?;
-        for node in &cluster.nodes {
-            node.spawn(cluster.dir.path())?;
+        let mut attempt = 0;
+        loop {
+            let cluster = Self::prepare(n, spares, &|_| extra.to_string(), None, token.clone())?;
+            for node in &cluster.nodes {
+                node.spawn(cluster.dir.path())?;
+            }
+            match cluster.wait_all_healthy(n).await {
+                Err(e) if lost_a_port_race(&e) && attempt < PORT_RACE_RETRIES => attempt += 1,
+                other => return other.map(|()| cluster),
+            }
         }
+    }
+
+    async fn wait_all_healthy(&self, n: usize) -> Result<()> {
         for i in 1..=n {
-            cluster.wait_healthy(i).await?;
+            self.wait_healthy(i).await?;
         }
-        Ok(cluster)
+        Ok(())
     }
 
     /// Starts `n` nodes with TLS on every listener and between them (see
     /// [`TlsSetup`]) and waits, as [`TestCluster::start`] does, until all are
     /// healthy, a leader is known and every node sees every other one up.
     pub async fn start_tls(n: usize, tls: &TlsSetup<'_>) -> Result<Self> {
-        let cluster = Self::spawn_tls(n, tls)?;
-        for i in 1..=n {
-            cluster.wait_healthy(i).await?;
-        }
+        let mut attempt = 0;
+        let cluster = loop {
+            let cluster = Self::spawn_tls(n, tls)?;
+            match cluster.wait_all_healthy(n).await {
+                Err(e) if lost_a_port_race(&e) && attempt < PORT_RACE_RETRIES => attempt += 1,
+                Err(e) => return Err(e),
+                Ok(()) => break cluster,
+            }
+        };
         cluster.wait_leader().await?;
         cluster.wait_connected().await?;
         Ok(cluster)
