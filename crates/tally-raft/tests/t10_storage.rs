@@ -72,7 +72,7 @@ async fn t12_state_machine_reopens_without_reapplying() {
         assert!(matches!(replies[2], Response::Counter(Ok(_))), "{replies:?}");
         db.flush_async().await.unwrap();
     }
-    let db = sled::Config::new().path(dir.path()).open().unwrap();
+    let db = reopen(dir.path()).await;
     let mut log = SledLogStore::open(&db).unwrap();
     let mut sm = SledStateMachine::open(&db).unwrap();
     let (applied, _) = sm.applied_state().await.unwrap();
@@ -108,4 +108,20 @@ async fn t13_snapshot_replaces_the_whole_state() {
     assert!(f.counters.contains_key("kept") && !f.counters.contains_key("stale"));
     let current = follower.get_current_snapshot().await.unwrap().expect("snapshot kept");
     assert_eq!(current.meta, snap.meta);
+}
+
+/// Opens the database at `path` once sled's background threads of the previous
+/// handle have let go of its lock (they can outlive the drop by a moment on a busy
+/// machine).
+async fn reopen(path: &std::path::Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match sled::Config::new().path(path).open() {
+            Ok(db) => return db,
+            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("reopening {}: {e}", path.display()),
+        }
+    }
 }
