@@ -601,8 +601,14 @@ impl Sim {
 /// Runs one seeded simulation. A panic inside the run (an assertion of the core or
 /// the store, say) is reported as a violation of the run, with its message.
 pub fn run(cfg: SimConfig) -> RunReport {
+    guarded(cfg, |c| Sim::new(c).run())
+}
+
+/// Runs `body` on `cfg`, turning a panic inside it into a `no-panic` violation of
+/// the run (both tiers run this way).
+pub(crate) fn guarded(cfg: SimConfig, body: impl FnOnce(SimConfig) -> RunReport) -> RunReport {
     let c = cfg.clone();
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Sim::new(c).run())) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(c))) {
         Ok(r) => r,
         Err(payload) => {
             #[cfg(feature = "planted-bugs")]

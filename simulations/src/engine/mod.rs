@@ -471,29 +471,7 @@ async fn drive(w: Shared) -> Result<(), String> {
 /// Runs one seeded tier-2 simulation. A panic (an assertion in the engine, the core
 /// or the store) is reported as a violation.
 pub(crate) fn run(cfg: SimConfig) -> RunReport {
-    let c = cfg.clone();
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(c))) {
-        Ok(r) => r,
-        Err(payload) => {
-            #[cfg(feature = "planted-bugs")]
-            tally_core::planted::plant(None);
-            let msg = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            RunReport {
-                config: cfg,
-                trace_hash: 0,
-                sim_ms: 0,
-                events: 0,
-                faults: BTreeMap::new(),
-                ops: 0,
-                violations: vec![Violation { invariant: "no-panic", detail: msg }],
-                history: History::default(),
-            }
-        }
-    }
+    crate::sim::guarded(cfg, run_inner)
 }
 
 fn run_inner(cfg: SimConfig) -> RunReport {
