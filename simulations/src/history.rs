@@ -184,11 +184,14 @@ pub enum FaultKind {
     MessageDuplicated,
     /// A message was dropped by a partition.
     MessageCut,
+    /// A shard moved to a new owner in a membership change (counted by the tier that
+    /// runs the engine's hand-off).
+    ShardMoved,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -199,6 +202,7 @@ impl FaultKind {
         FaultKind::MessageLost,
         FaultKind::MessageDuplicated,
         FaultKind::MessageCut,
+        FaultKind::ShardMoved,
     ];
 
     /// A short name for tables.
@@ -214,6 +218,7 @@ impl FaultKind {
             FaultKind::MessageLost => "message lost",
             FaultKind::MessageDuplicated => "message duplicated",
             FaultKind::MessageCut => "message cut",
+            FaultKind::ShardMoved => "shard moved",
         }
     }
 }

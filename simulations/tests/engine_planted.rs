@@ -39,6 +39,26 @@ fn seal_forgotten_on_restart_is_caught() {
 }
 
 #[test]
+fn read_ignores_seal_is_caught() {
+    caught(Bug::ReadIgnoresSeal);
+}
+
+#[test]
+fn handoff_deletes_early_is_caught() {
+    caught(Bug::HandoffDeletesEarly);
+}
+
+#[test]
+fn handoff_forgets_seal_is_caught() {
+    caught(Bug::HandoffForgetsSeal);
+}
+
+#[test]
+fn sketch_merge_beside_live_is_caught() {
+    caught(Bug::SketchMergeBesideLive);
+}
+
+#[test]
 fn every_engine_bug_has_a_test() {
-    assert_eq!(Bug::ENGINE.len(), 2, "a new engine bug needs its own test above");
+    assert_eq!(Bug::ENGINE.len(), 6, "a new engine bug needs its own test above");
 }

@@ -122,6 +122,10 @@ impl Catalog for RaftCatalog {
         Ok(self.raft.counter(name))
     }
 
+    fn current<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<CounterMeta>, TallyError>> {
+        Box::pin(async move { self.raft.counter_linearizable(name).await.map_err(raft_error) })
+    }
+
     fn apply<'a>(
         &'a self,
         name: &'a CounterName,

@@ -34,6 +34,17 @@ pub enum Bug {
     /// Engine: a shard reopened after a restart forgets its durable seal marker and
     /// accepts writes its generation's successor no longer counts.
     SealForgottenOnRestart,
+    /// Engine: a read that finds every shard of its generation sealed sums them as
+    /// current, without asking whether a resharding completed meanwhile.
+    ReadIgnoresSeal,
+    /// Engine: a hand-off deletes the previous owner's copy of a shard before its new
+    /// owner has adopted it.
+    HandoffDeletesEarly,
+    /// Engine: a shard handed off to a new owner loses its seal there.
+    HandoffForgetsSeal,
+    /// Engine: a sealed generation's sketch is merged into the store beside a live
+    /// shard actor, whose next commit writes its own sketch back over it.
+    SketchMergeBesideLive,
 }
 
 impl Bug {
@@ -50,7 +61,14 @@ impl Bug {
 
     /// The bugs planted in the engine's own code (`tally-engine`), caught by the
     /// tier-2 simulation only.
-    pub const ENGINE: [Bug; 2] = [Bug::EngineAckBeforeFlush, Bug::SealForgottenOnRestart];
+    pub const ENGINE: [Bug; 6] = [
+        Bug::EngineAckBeforeFlush,
+        Bug::SealForgottenOnRestart,
+        Bug::ReadIgnoresSeal,
+        Bug::HandoffDeletesEarly,
+        Bug::HandoffForgetsSeal,
+        Bug::SketchMergeBesideLive,
+    ];
 
     /// The name used on command lines.
     pub fn as_str(self) -> &'static str {
@@ -64,6 +82,10 @@ impl Bug {
             Bug::ReconcileTwice => "reconcile-twice",
             Bug::EngineAckBeforeFlush => "engine-ack-before-flush",
             Bug::SealForgottenOnRestart => "seal-forgotten-on-restart",
+            Bug::ReadIgnoresSeal => "read-ignores-seal",
+            Bug::HandoffDeletesEarly => "handoff-deletes-early",
+            Bug::HandoffForgetsSeal => "handoff-forgets-seal",
+            Bug::SketchMergeBesideLive => "sketch-merge-beside-live",
         }
     }
 }

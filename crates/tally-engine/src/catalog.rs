@@ -34,6 +34,13 @@ pub type Generations = Vec<(u32, u16)>;
 pub trait Catalog: Send + Sync + 'static {
     /// The counter's metadata, if it exists.
     fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError>;
+    /// The counter's metadata as of a moment after this call started: never older
+    /// than a change committed before it (a replicated catalog asks its leader). A
+    /// read that finds the generation it summed sealed asks this to learn whether a
+    /// resharding completed meanwhile. Local catalogs are always current.
+    fn current<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<CounterMeta>, TallyError>> {
+        Box::pin(async move { self.get(name) })
+    }
     /// Applies `cmd` (with the proposer's `now_ms`) and returns the counter's metadata
     /// after it and what it did.
     fn apply<'a>(

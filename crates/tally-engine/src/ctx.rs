@@ -182,6 +182,16 @@ pub(crate) struct Ctx {
     pub(crate) lost: crate::lost::LostData,
 }
 
+/// A shard's committed state as a read sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardRead {
+    /// Its committed image.
+    pub(crate) image: tally_store::ShardImage,
+    /// Whether it is sealed: its generation is being (or has been) resharded away,
+    /// so a reader whose metadata still names it may be behind (see `read.rs`).
+    pub(crate) sealed: bool,
+}
+
 /// The store key of shard `id`'s seal marker.
 pub(crate) fn seal_key(id: &ShardId) -> Vec<u8> {
     let mut key = b"sealed:".to_vec();
@@ -496,16 +506,18 @@ impl Ctx {
         }
     }
 
-    /// The committed state of a shard, wherever it lives.
-    pub(crate) async fn read_shard(&self, id: &ShardId) -> Result<tally_store::ShardImage, TallyError> {
+    /// The committed state of a shard, wherever it lives, and whether it is sealed.
+    pub(crate) async fn read_shard(&self, id: &ShardId) -> Result<ShardRead, TallyError> {
         match self.remote(id) {
             None => {
                 self.lost.check(id)?;
                 self.ensure_local(id).await?;
-                Ok(self.store.load_shard(id)?)
+                let image = self.store.load_shard(id)?;
+                let sealed = self.store.meta_get(&seal_key(id))?.is_some();
+                Ok(ShardRead { image, sealed })
             }
             Some((p, node)) => match p.call(&node, ShardRequest::Read { id: id.clone() }).await? {
-                ShardResponse::Image(image) => Ok(image),
+                ShardResponse::Read { image, sealed } => Ok(ShardRead { image, sealed }),
                 other => Err(unexpected(&node, id, other)),
             },
         }
@@ -595,6 +607,10 @@ impl Ctx {
         frequency: Option<Vec<u8>>,
     ) -> Result<(), TallyError> {
         let rt = self.runtime(id.counter.as_str(), false).await?;
+        #[cfg(feature = "planted-bugs")]
+        if bug!(SketchMergeBesideLive) {
+            return self.merge_sketch_in_store(id, sketch).await;
+        }
         let actor = self.shard(id, &rt.meta).await?;
         let (tx, rx) = ractor::concurrency::oneshot();
         actor
@@ -606,6 +622,23 @@ impl Ctx {
         // not look up event ids there. It stops now; the copy that serves the open
         // generation starts from the metadata that opened it.
         self.stop_local(id).await;
+        Ok(())
+    }
+
+    /// The planted bug's merge: straight into the stored image, beside the actor.
+    #[cfg(feature = "planted-bugs")]
+    async fn merge_sketch_in_store(&self, id: &ShardId, sketch: Option<Vec<u8>>) -> Result<(), TallyError> {
+        let mut image = self.store.load_shard(id)?;
+        use tally_core::sketch::DistinctSketch;
+        if let Some(incoming) = sketch.as_deref().and_then(|b| DistinctSketch::from_bytes(b).ok()) {
+            let stored = image.sketch.as_deref().and_then(|b| DistinctSketch::from_bytes(b).ok());
+            let mut merged = stored.unwrap_or_default();
+            merged.merge(&incoming);
+            image.sketch = Some(merged.to_bytes());
+        }
+        let write = tally_store::ShardWrite { image, ..Default::default() };
+        self.flusher.commit(id.clone(), write, None).await?;
+        self.flusher.flush().await?;
         Ok(())
     }
 

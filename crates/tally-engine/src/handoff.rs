@@ -12,15 +12,15 @@
 //!   itself ([`Placement::epoch`]), so from then on it refuses the shard's requests
 //!   and cannot start its actor again; it stops the running actor, which commits
 //!   everything it had taken, before reading the state it hands over.
-//! * The new owner serves the shard only after the imported state and then a marker
-//!   are durable. A crash before the marker repeats the import of the same, sealed
+//! * The new owner serves the shard only after the imported state (with the seal,
+//!   if a resharding sealed the shard) and then a marker are durable. A crash before the marker repeats the import of the same, sealed
 //!   state; a crash after it never imports again.
 //! * The previous owner deletes its copy only after the new owner confirmed the
 //!   adoption, and the metadata group refuses the next membership change until every
 //!   previous member has handed everything off, so each shard has exactly one
 //!   previous owner to pull from.
 
-use crate::ctx::Ctx;
+use crate::ctx::{seal_key, Ctx};
 use crate::error::unavailable;
 use crate::error::TallyError;
 use crate::placement::{unexpected, ShardRequest, ShardResponse};
@@ -66,13 +66,20 @@ impl Ctx {
             let mut after: Option<String> = None;
             loop {
                 let request = ShardRequest::HandOff { id: id.clone(), epoch, after: after.clone() };
-                let (image, records, more) = match placement.call(&previous, request).await? {
-                    ShardResponse::HandedOff { image, records, more } => (image, records, more),
+                let (image, records, more, sealed) = match placement.call(&previous, request).await? {
+                    ShardResponse::HandedOff { image, records, more, sealed } => {
+                        (image, records, more, sealed)
+                    }
                     other => return Err(unexpected(&previous, id, other)),
                 };
                 after = records.last().map(|(event_id, _)| event_id.clone()).or(after);
                 let write = ShardWrite { image, dedup_put: records, dedup_remove: Vec::new() };
                 self.flusher.commit(id.clone(), write, None).await?;
+                // A sealed shard stays sealed here: its value is in the resharding's
+                // sealed sum, and a write it took now would be counted nowhere.
+                if sealed && !bug!(HandoffForgetsSeal) {
+                    self.store.meta_put(&seal_key(id), b"")?;
+                }
                 if !more {
                     break;
                 }
@@ -104,13 +111,13 @@ impl Ctx {
     }
 
     /// Answers the new owner of `id`: stops serving the shard, then hands over its
-    /// state and one page of its dedup records.
+    /// state, whether it is sealed, and one page of its dedup records.
     pub(crate) async fn hand_off(
         &self,
         id: &ShardId,
         epoch: u64,
         after: Option<&str>,
-    ) -> Result<(ShardImage, Vec<(String, DedupRecord)>, bool), TallyError> {
+    ) -> Result<HandedOff, TallyError> {
         self.wait_epoch(id, epoch).await?;
         if self.remote(id).is_none() {
             return Err(unavailable(id, "this node still owns the shard"));
@@ -121,9 +128,10 @@ impl Ctx {
             self.stop_local(id).await;
         }
         let image = self.store.load_shard(id)?;
+        let sealed = self.store.meta_get(&seal_key(id))?.is_some();
         let records = self.store.dedup_scan(id, after, HANDOFF_RECORDS_MAX)?;
         let more = records.len() == HANDOFF_RECORDS_MAX;
-        Ok((image, records, more))
+        Ok(HandedOff { image, records, more, sealed })
     }
 
     /// Adopts `id` now, at the previous owner's request.
@@ -137,6 +145,18 @@ impl Ctx {
             _ => Err(unavailable(id, &format!("this node does not take the shard over at epoch {epoch}"))),
         }
     }
+}
+
+/// One page of a shard handed off.
+pub(crate) struct HandedOff {
+    /// The shard's state.
+    pub(crate) image: ShardImage,
+    /// A page of its dedup records, in event-id order.
+    pub(crate) records: Vec<(String, DedupRecord)>,
+    /// Whether more records follow.
+    pub(crate) more: bool,
+    /// Whether the shard is sealed.
+    pub(crate) sealed: bool,
 }
 
 /// What one hand-off pass did.
@@ -179,6 +199,9 @@ pub(crate) async fn hand_off_foreign(ctx: &Ctx, epoch: u64) -> Result<HandoffRep
         for id in page {
             after = Some(id.clone());
             let Some(owner) = placement.remote_owner(&id) else { continue };
+            if bug!(HandoffDeletesEarly) {
+                ctx.drop_shard_data(&id)?;
+            }
             match placement.call(&owner, ShardRequest::Adopt { id: id.clone(), epoch }).await {
                 Ok(ShardResponse::Done) => {
                     ctx.drop_shard_data(&id)?;

@@ -28,7 +28,7 @@ pub enum ShardRequest {
         /// What to count.
         sub: Submission,
     },
-    /// The shard's committed state.
+    /// The shard's committed state, and whether it is sealed.
     Read {
         /// The shard.
         id: ShardId,
@@ -101,8 +101,15 @@ impl ShardRequest {
 pub enum ShardResponse {
     /// The answer to a submission.
     Reply(ShardReply),
-    /// A shard's state.
+    /// A shard's state (the answer to a seal).
     Image(ShardImage),
+    /// The answer to a read: the shard's committed state, and whether it is sealed.
+    Read {
+        /// The shard's state.
+        image: ShardImage,
+        /// Whether the shard is sealed.
+        sealed: bool,
+    },
     /// A dedup record, if any.
     Record(Option<DedupRecord>),
     /// Done.
@@ -115,6 +122,8 @@ pub enum ShardResponse {
         records: Vec<(String, DedupRecord)>,
         /// Whether more records follow (ask again after the last one).
         more: bool,
+        /// Whether the shard is sealed: its new owner must keep it sealed.
+        sealed: bool,
     },
     /// The owner could not serve the request; retrying may succeed.
     Failed {

@@ -3,7 +3,7 @@
 use crate::api::{
     Consistency, DistinctRead, FrequencyRead, ShardReport, ShardsReport, TopEntry, TopRead, ValueRead,
 };
-use crate::ctx::Ctx;
+use crate::ctx::{Ctx, ShardRead};
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
 use std::sync::atomic::Ordering::Relaxed;
@@ -14,15 +14,15 @@ use tally_core::sketch::DistinctSketch;
 use tally_core::{CounterName, ShardId};
 use tally_store::ShardImage;
 
-/// The committed image of every current shard as applied (not yet made durable),
-/// fetched concurrently (remote shards from their owners, which answer durable
-/// values); `None` where a shard could not be reached.
-async fn images_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardImage>> {
+/// Every current shard's committed state as applied (not yet made durable), fetched
+/// concurrently (remote shards from their owners, which answer durable values);
+/// `None` where a shard could not be reached.
+async fn reads_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardRead>> {
     let reads = (0..meta.layout.shards).map(|index| {
         let id = ShardId::new(name.clone(), meta.layout.generation, index);
         async move {
             match ctx.read_shard(&id).await {
-                Ok(image) => Some(image),
+                Ok(read) => Some(read),
                 Err(e) => {
                     tracing::warn!(shard = %id, error = %e, "shard missing from a read");
                     None
@@ -33,37 +33,92 @@ async fn images_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) 
     futures::future::join_all(reads).await
 }
 
+/// Whether the generation read may have been superseded by the time of the read:
+/// some shard answered sealed and none answered unsealed. A shard that answered
+/// unsealed proves that no resharding of this generation had completed when it
+/// answered (completion needs every shard sealed), hence none before the read began,
+/// so no increment can have been acknowledged in a newer generation before then.
+fn maybe_superseded(reads: &[Option<ShardRead>]) -> bool {
+    let answered = || reads.iter().flatten();
+    answered().any(|r| r.sealed) && answered().all(|r| r.sealed)
+}
+
+/// Most times one read moves to a newer generation it learns of (each move means
+/// a resharding completed during the read).
+pub const READ_GENERATION_MOVES_MAX: usize = 3;
+
+/// What a read summed: the metadata whose generation it read (newer than the
+/// caller's when that one turned out superseded), each shard's image, and whether
+/// the generation is known to be the current one.
+struct Snapshot {
+    meta: Arc<CounterMeta>,
+    images: Vec<Option<ShardImage>>,
+    current: bool,
+}
+
+/// The committed images of the counter's current generation, as applied. When every
+/// shard that answered is sealed, this node's metadata may lag a resharding that
+/// completed: the catalog is asked for its current metadata, and a newer generation
+/// is installed here and read instead. A read that cannot tell says so
+/// (`current: false`), rather than passing off the sealed generation's total.
+async fn snapshot_applied(ctx: &Arc<Ctx>, meta: &Arc<CounterMeta>, name: &CounterName) -> Snapshot {
+    let mut meta = meta.clone();
+    let mut moves = 0;
+    loop {
+        let reads = reads_applied(ctx, &meta, name).await;
+        let current = if !maybe_superseded(&reads) || bug!(ReadIgnoresSeal) {
+            true
+        } else {
+            match ctx.catalog.current(name.as_str()).await {
+                Ok(Some(now)) if now.layout.generation > meta.layout.generation => {
+                    if moves < READ_GENERATION_MOVES_MAX {
+                        moves += 1;
+                        meta = ctx.install(name.clone(), now).meta.clone();
+                        continue;
+                    }
+                    false
+                }
+                // The resharding has not completed: nothing was counted in a newer
+                // generation yet. (A deleted counter reads as it was.)
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(counter = %name, error = %e, "cannot tell whether the generation read is current");
+                    false
+                }
+            }
+        };
+        let images = reads.into_iter().map(|r| r.map(|r| r.image)).collect();
+        return Snapshot { meta, images, current };
+    }
+}
+
 /// Every current shard's image, made durable before it is answered: this node's
 /// shards were read as applied, and a read must never show what a crash could still
 /// take back. (Other owners do the same before answering a `Read`.)
-async fn images(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardImage>> {
-    let images = images_applied(ctx, meta, name).await;
-    durable(ctx, name, images).await
-}
-
-/// `images` once every write applied so far is durable; all missing if it cannot be.
-async fn durable(ctx: &Ctx, name: &CounterName, images: Vec<Option<ShardImage>>) -> Vec<Option<ShardImage>> {
+async fn snapshot(ctx: &Arc<Ctx>, meta: &Arc<CounterMeta>, name: &CounterName) -> Snapshot {
+    let mut snap = snapshot_applied(ctx, meta, name).await;
     if let Err(e) = ctx.flusher.make_durable().await {
         tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
-        return images.into_iter().map(|_| None).collect();
+        snap.images.iter_mut().for_each(|i| *i = None);
     }
-    images
+    snap
 }
 
 fn missing(images: &[Option<ShardImage>]) -> Vec<u16> {
     images.iter().enumerate().filter(|(_, i)| i.is_none()).map(|(i, _)| i as u16).collect()
 }
 
-/// The total of `images` over `meta`'s layout, as of `as_of_ms`.
-fn total(meta: &CounterMeta, images: &[Option<ShardImage>], as_of_ms: u64) -> ValueRead {
-    let value = meta.layout.base + images.iter().flatten().map(|i| i128::from(i.value)).sum::<i128>();
-    let missing_shards = missing(images);
+/// The total of a snapshot, as of `as_of_ms`.
+fn total(snap: &Snapshot, as_of_ms: u64) -> ValueRead {
+    let value =
+        snap.meta.layout.base + snap.images.iter().flatten().map(|i| i128::from(i.value)).sum::<i128>();
+    let missing_shards = missing(&snap.images);
     ValueRead {
         value,
         consistency: Consistency::Fresh,
         as_of_ms,
         staleness_ms: 0,
-        complete: missing_shards.is_empty(),
+        complete: missing_shards.is_empty() && snap.current,
         missing_shards,
     }
 }
@@ -76,12 +131,11 @@ fn total(meta: &CounterMeta, images: &[Option<ShardImage>], as_of_ms: u64) -> Va
 /// that new, so the staleness a cached copy reports is never understated.
 pub(crate) async fn sum_shards(
     ctx: &Arc<Ctx>,
-    meta: &CounterMeta,
+    meta: &Arc<CounterMeta>,
     name: &CounterName,
 ) -> Result<ValueRead, TallyError> {
     let as_of_ms = ctx.now_ms();
-    let images = images(ctx, meta, name).await;
-    Ok(total(meta, &images, as_of_ms))
+    Ok(total(&snapshot(ctx, meta, name).await, as_of_ms))
 }
 
 /// The totals of many counters (a rollup pass), with one wait for durability for all
@@ -91,22 +145,20 @@ pub(crate) async fn sum_many(ctx: &Arc<Ctx>, counters: &[(CounterName, Arc<Count
     let mut all = Vec::with_capacity(counters.len());
     for chunk in counters.chunks(SUM_MANY_CONCURRENT_MAX) {
         all.extend(
-            futures::future::join_all(chunk.iter().map(|(name, meta)| images_applied(ctx, meta, name))).await,
+            futures::future::join_all(chunk.iter().map(|(name, meta)| snapshot_applied(ctx, meta, name)))
+                .await,
         );
     }
     let durable = ctx.flusher.make_durable().await;
     counters
         .iter()
         .zip(all)
-        .map(|((name, meta), images)| {
-            let images = match &durable {
-                Ok(()) => images,
-                Err(e) => {
-                    tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
-                    images.into_iter().map(|_| None).collect()
-                }
-            };
-            total(meta, &images, as_of_ms)
+        .map(|((name, _), mut snap)| {
+            if let Err(e) = &durable {
+                tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
+                snap.images.iter_mut().for_each(|i| *i = None);
+            }
+            total(&snap, as_of_ms)
         })
         .collect()
 }
@@ -130,10 +182,10 @@ pub(crate) async fn fresh(ctx: &Arc<Ctx>, rt: &Arc<CounterRuntime>) -> Result<Va
 /// the sealed generation's sketches into the new one).
 pub(crate) async fn distinct(
     ctx: &Arc<Ctx>,
-    meta: &CounterMeta,
+    meta: &Arc<CounterMeta>,
     name: &CounterName,
 ) -> Result<DistinctRead, TallyError> {
-    let images = images(ctx, meta, name).await;
+    let Snapshot { meta, images, current } = snapshot(ctx, meta, name).await;
     let mut merged = DistinctSketch::new();
     for (index, image) in images.iter().enumerate() {
         let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
@@ -149,7 +201,7 @@ pub(crate) async fn distinct(
     Ok(DistinctRead {
         estimate: merged.estimate(),
         relative_error: DistinctSketch::relative_error(),
-        complete: missing_shards.is_empty(),
+        complete: missing_shards.is_empty() && current,
         missing_shards,
     })
 }
@@ -159,11 +211,11 @@ pub(crate) async fn distinct(
 /// into the new one). Shards that did not answer are listed as missing.
 pub(crate) async fn frequencies(
     ctx: &Arc<Ctx>,
-    meta: &CounterMeta,
+    meta: &Arc<CounterMeta>,
     name: &CounterName,
-) -> Result<(FrequencySketch, FrequencySpec, Vec<u16>), TallyError> {
+) -> Result<(FrequencySketch, FrequencySpec, Vec<u16>, bool), TallyError> {
     let Some(spec) = meta.spec.frequency else { return Err(TallyError::FrequencyOff(name.to_string())) };
-    let images = images(ctx, meta, name).await;
+    let Snapshot { meta, images, current } = snapshot(ctx, meta, name).await;
     let corrupt = |id: &ShardId, e: &dyn std::fmt::Display| tally_store::StoreError::Corrupt {
         location: format!("frequency sketch of shard {id}"),
         source: tally_core::codec::DecodeError { what: "frequency sketch", reason: e.to_string() },
@@ -177,17 +229,17 @@ pub(crate) async fn frequencies(
             }
         }
     }
-    Ok((merged, spec, missing(&images)))
+    Ok((merged, spec, missing(&images), current))
 }
 
 /// `item`'s merged estimate.
 pub(crate) async fn frequency(
     ctx: &Arc<Ctx>,
-    meta: &CounterMeta,
+    meta: &Arc<CounterMeta>,
     name: &CounterName,
     item: &str,
 ) -> Result<FrequencyRead, TallyError> {
-    let (merged, spec, missing_shards) = frequencies(ctx, meta, name).await?;
+    let (merged, spec, missing_shards, current) = frequencies(ctx, meta, name).await?;
     let e = merged.estimate(item, &spec);
     Ok(FrequencyRead {
         item: item.to_owned(),
@@ -197,7 +249,7 @@ pub(crate) async fn frequency(
         confidence: 1.0 - spec.delta,
         epsilon: spec.epsilon,
         total: merged.total(),
-        complete: missing_shards.is_empty(),
+        complete: missing_shards.is_empty() && current,
         missing_shards,
     })
 }
@@ -205,11 +257,11 @@ pub(crate) async fn frequency(
 /// The `k` heaviest items of the merged summaries.
 pub(crate) async fn top(
     ctx: &Arc<Ctx>,
-    meta: &CounterMeta,
+    meta: &Arc<CounterMeta>,
     name: &CounterName,
     k: u32,
 ) -> Result<TopRead, TallyError> {
-    let (merged, spec, missing_shards) = frequencies(ctx, meta, name).await?;
+    let (merged, spec, missing_shards, current) = frequencies(ctx, meta, name).await?;
     let items = merged
         .top(k, &spec)
         .into_iter()
@@ -226,7 +278,7 @@ pub(crate) async fn top(
         confidence: 1.0 - spec.delta,
         undercount: merged.top_undercount(),
         total: merged.total(),
-        complete: missing_shards.is_empty(),
+        complete: missing_shards.is_empty() && current,
         missing_shards,
     })
 }
@@ -236,8 +288,7 @@ pub(crate) async fn shards(
     ctx: &Arc<Ctx>,
     rt: &crate::runtime::CounterRuntime,
 ) -> Result<ShardsReport, TallyError> {
-    let meta = &rt.meta;
-    let images = images(ctx, meta, &rt.name).await;
+    let Snapshot { meta, images, .. } = snapshot(ctx, &rt.meta, &rt.name).await;
     let mut shards = Vec::with_capacity(usize::from(meta.layout.shards));
     for (index, image) in images.iter().enumerate() {
         let id = ShardId::new(rt.name.clone(), meta.layout.generation, index as u16);
@@ -248,7 +299,12 @@ pub(crate) async fn shards(
             index: index as u16,
             node: ctx.owner_name(&id),
             value: image.value,
-            writes: rt.slots[index].writes.load(Relaxed),
+            // Writes this runtime routed; a generation learnt during the read has none yet.
+            writes: if meta.layout.generation == rt.meta.layout.generation {
+                rt.slots.get(index).map_or(0, |s| s.writes.load(Relaxed))
+            } else {
+                0
+            },
         });
     }
     Ok(ShardsReport {

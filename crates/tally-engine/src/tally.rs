@@ -441,8 +441,9 @@ impl Tally {
         }
         match request {
             ShardRequest::HandOff { id, epoch, after } => {
-                let (image, records, more) = ctx.hand_off(&id, epoch, after.as_deref()).await?;
-                Ok(ShardResponse::HandedOff { image, records, more })
+                let handed = ctx.hand_off(&id, epoch, after.as_deref()).await?;
+                let crate::handoff::HandedOff { image, records, more, sealed } = handed;
+                Ok(ShardResponse::HandedOff { image, records, more, sealed })
             }
             ShardRequest::Adopt { id, epoch } => {
                 ctx.adopt(&id, epoch).await?;
@@ -454,9 +455,9 @@ impl Tally {
                 Ok(ShardResponse::Reply(ctx.await_reply(&id, rx).await?))
             }
             ShardRequest::Read { id } => {
-                let image = ctx.read_shard(&id).await?;
+                let read = ctx.read_shard(&id).await?;
                 ctx.flusher.make_durable().await?;
-                Ok(ShardResponse::Image(image))
+                Ok(ShardResponse::Read { image: read.image, sealed: read.sealed })
             }
             ShardRequest::Seal { id, meta_version } => {
                 let rt = ctx.meta_at_least(&id.counter, meta_version).await?;

@@ -23,6 +23,23 @@ impl Catalog for SimCatalog {
         Ok(lock(&self.world).meta_view(self.node, name))
     }
 
+    /// The log's latest version, as a leader's read index would give it; refused
+    /// while the metadata leader fails over.
+    fn current<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<CounterMeta>, TallyError>> {
+        Box::pin(async move {
+            let mut w = lock(&self.world);
+            if w.now() < w.meta_down_until {
+                w.note("meta-read-refused", (self.node, name));
+                return Err(TallyError::Unavailable {
+                    shard: name.to_string(),
+                    reason: "metadata leader failing over".into(),
+                });
+            }
+            w.note("meta-read", (self.node, name));
+            Ok(w.meta_latest(name))
+        })
+    }
+
     fn apply<'a>(
         &'a self,
         name: &'a CounterName,

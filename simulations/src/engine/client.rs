@@ -369,6 +369,7 @@ fn idle(w: &Shared) -> bool {
     let g = lock(w);
     g.nodes.iter().all(|n| n.up && !n.poisoned && n.tally.is_some())
         && g.meta.values().all(|v| v.last().is_none_or(|m| m.meta.layout.resharding.is_none()))
+        && g.placements.last().is_none_or(|p| p.handoff.is_empty())
 }
 
 /// The settle phase: clients resolve unknown outcomes, then the settler waits for the

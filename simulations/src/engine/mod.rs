@@ -29,17 +29,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tally_core::ring::Ring;
 use tally_engine::{Clock, EngineParts, MemStore, Tally, TallyConfig};
 use world::{lock, now_ms, Node, Shared, World, EPOCH_MS};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Virtual nodes per node on the placement ring (as the cluster uses).
-const VNODES_PER_NODE: u32 = 128;
+pub(crate) const VNODES_PER_NODE: u32 = 128;
+/// Pause between a previous member's hand-off passes that left shards behind.
+const HANDOFF_RETRY_MS: u64 = 50;
+/// Fewest members a membership change leaves (a node removed needs others to take
+/// its shards).
+const MEMBERS_MIN: usize = 2;
 /// Longest a node's metadata view lags the log, in milliseconds, by fault level.
 const META_LAG_MS_MAX_LIGHT: u64 = 5;
 /// See [`META_LAG_MS_MAX_LIGHT`].
-const META_LAG_MS_MAX_HEAVY: u64 = 40;
+const META_LAG_MS_MAX_HEAVY: u64 = 150;
 /// After a restart a node may see metadata as of its crash for up to this long.
 const META_STALE_AFTER_RESTART_MS_MAX: u64 = 300;
 /// A node whose engine could not open is tried again after this.
@@ -76,7 +80,7 @@ fn engine_config(n: u8) -> TallyConfig {
 }
 
 /// Opens node `n`'s engine on its current store; `None` if it crashed meanwhile.
-async fn open_node(w: &Shared, n: u8, ring: &Arc<Ring>) -> Option<Tally> {
+async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
     for _ in 0..OPEN_ATTEMPTS_MAX {
         let (store, incarnation, start) = {
             let w = lock(w);
@@ -91,12 +95,7 @@ async fn open_node(w: &Shared, n: u8, ring: &Arc<Ring>) -> Option<Tally> {
             clock: Arc::new(SimClock { start }),
             config: engine_config(n),
             catalog: Some(Arc::new(SimCatalog { world: w.clone(), node: n })),
-            placement: Some(Arc::new(SimPlacement {
-                world: w.clone(),
-                me: n,
-                incarnation,
-                ring: ring.clone(),
-            })),
+            placement: Some(Arc::new(SimPlacement { world: w.clone(), me: n, incarnation })),
         };
         let opened = Tally::open_parts(parts).await;
         let stray = {
@@ -158,7 +157,7 @@ fn crash(w: &Shared, n: u8) {
 }
 
 /// Brings node `n` back up on its store image.
-async fn restart(w: Shared, n: u8, ring: Arc<Ring>) {
+async fn restart(w: Shared, n: u8) {
     {
         let mut g = lock(&w);
         if g.nodes[usize::from(n)].up {
@@ -174,7 +173,7 @@ async fn restart(w: Shared, n: u8, ring: Arc<Ring>) {
         g.count(FaultKind::Restart);
         g.note("restart", n);
     }
-    let Some(tally) = open_node(&w, n, &ring).await else { return };
+    let Some(tally) = open_node(&w, n).await else { return };
     // When the node's view catches up with the log, it learns of every change it
     // missed, as the cluster's metadata apply loop tells its engine.
     let wait = {
@@ -252,6 +251,7 @@ enum Fault {
     Fsync(u8),
     MetaOutage(u64),
     Reshard(usize, u16),
+    Membership,
 }
 
 /// Draws every fault of the chaos phase, in time order.
@@ -288,31 +288,37 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
     }
     let reshardable: Vec<usize> =
         (0..g.history.counters.len()).filter(|&i| !g.history.counters[i].name.starts_with("big")).collect();
+    // Six in ten transitions reshard a counter, the others change the membership
+    // (which members, drawn when it happens: it depends on the changes before it).
     for _ in 0..g.cfg.transitions {
         let t = g.rng.random_range(span / 10..span * 8 / 10);
-        let c = reshardable[g.rng.random_range(0..reshardable.len())];
-        let target = g.rng.random_range(1..=8u16);
-        out.push((t, Fault::Reshard(c, target)));
+        if g.rng.random_range(0..10) < 6 || nodes <= NODES_MIN {
+            let c = reshardable[g.rng.random_range(0..reshardable.len())];
+            let target = g.rng.random_range(1..=8u16);
+            out.push((t, Fault::Reshard(c, target)));
+        } else {
+            out.push((t, Fault::Membership));
+        }
     }
     out.sort_by_key(|(t, _)| *t);
     out
 }
 
 /// Carries out one scheduled fault.
-fn inject(w: &Shared, ring: &Arc<Ring>, fault: Fault) {
+fn inject(w: &Shared, fault: Fault) {
     match fault {
         Fault::Crash(n, down) => {
             if !lock(w).nodes[usize::from(n)].up {
                 return;
             }
             crash(w, n);
-            let (w, ring) = (w.clone(), ring.clone());
+            let w = w.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(down)).await;
                 if lock(&w).healed {
                     return;
                 }
-                restart(w, n, ring).await;
+                restart(w, n).await;
             });
         }
         Fault::Partition(links, one_way, len) => {
@@ -361,14 +367,14 @@ fn inject(w: &Shared, ring: &Arc<Ring>, fault: Fault) {
                 g.disturb(n);
             }
             // The operator restarts a node whose flush failed.
-            let (w, ring) = (w.clone(), ring.clone());
+            let w = w.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(POISON_RESTART_MS)).await;
                 if !lock(&w).nodes[usize::from(n)].poisoned {
                     return;
                 }
                 crash(&w, n);
-                restart(w, n, ring).await;
+                restart(w, n).await;
             });
         }
         Fault::MetaOutage(len) => {
@@ -397,12 +403,92 @@ fn inject(w: &Shared, ring: &Arc<Ring>, fault: Fault) {
                 let _ = t.put_counter(&name, patch).await;
             });
         }
+        Fault::Membership => {
+            if let Some(epoch) = begin_membership(w) {
+                tokio::spawn(hand_off(w.clone(), epoch));
+            }
+        }
     }
+}
+
+/// Commits a membership change, as the metadata group does: a node outside the ring
+/// joins it, or a member leaves, and every previous member must hand off. `None`
+/// while another change is still handed off (the group refuses it).
+fn begin_membership(w: &Shared) -> Option<u64> {
+    let mut g = lock(w);
+    let last = g.placements.last().expect("the initial placement").clone();
+    if !last.handoff.is_empty() {
+        g.note("membership-refused", last.epoch);
+        return None;
+    }
+    let nodes = g.cfg.nodes;
+    let mut members: BTreeSet<u8> = last.members.iter().copied().collect();
+    let outside: Vec<u8> = (0..nodes).filter(|n| !members.contains(n)).collect();
+    if !outside.is_empty() && (members.len() <= MEMBERS_MIN || g.rng.random::<bool>()) {
+        let n = outside[g.rng.random_range(0..outside.len())];
+        members.insert(n);
+    } else {
+        let inside: Vec<u8> = members.iter().copied().collect();
+        let n = inside[g.rng.random_range(0..inside.len())];
+        members.remove(&n);
+    }
+    let next = world::PlacementVersion {
+        at_ms: g.now(),
+        epoch: last.epoch + 1,
+        members: members.into_iter().collect(),
+        handoff: last.members.iter().copied().collect(),
+        previous: last.members,
+    };
+    g.note("membership", &next);
+    let epoch = next.epoch;
+    g.placements.push(next);
+    Some(epoch)
+}
+
+/// Drives the hand-off of placement epoch `epoch`, as each previous member's cluster
+/// layer does: it runs the engine's hand-off pass until nothing is left behind and
+/// then reports itself done; the change completes when every previous member has.
+async fn hand_off(w: Shared, epoch: u64) {
+    loop {
+        let pending: Vec<u8> = {
+            let g = lock(&w);
+            let last = g.placements.last().expect("the initial placement");
+            if last.epoch != epoch || last.handoff.is_empty() {
+                return;
+            }
+            last.handoff.iter().copied().collect()
+        };
+        for p in pending {
+            let Some(tally) = lock(&w).nodes[usize::from(p)].tally.clone() else { continue };
+            let report = tally.hand_off_foreign(epoch).await;
+            let mut g = lock(&w);
+            g.note("hand-off", (p, epoch, format!("{report:?}")));
+            let Ok(report) = report else { continue };
+            for _ in 0..report.moved {
+                g.count(FaultKind::ShardMoved);
+            }
+            if report.failed == 0 {
+                let mut next = g.placements.last().expect("the initial placement").clone();
+                next.handoff.remove(&p);
+                next.at_ms = g.now();
+                if next.handoff.is_empty() {
+                    next.previous.clear();
+                }
+                g.note("hand-off-done", (p, epoch));
+                g.placements.push(next);
+            }
+        }
+        sleep_ms(HANDOFF_RETRY_MS).await;
+    }
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
 /// Every fault ends: partitions close, nodes restart and resume, metadata is
 /// writable, the network stops losing, duplicating and delaying.
-async fn heal(w: &Shared, ring: &Arc<Ring>) {
+async fn heal(w: &Shared) {
     let down: Vec<u8> = {
         let mut g = lock(w);
         let now = g.now();
@@ -423,7 +509,7 @@ async fn heal(w: &Shared, ring: &Arc<Ring>) {
         if lock(w).nodes[usize::from(n)].poisoned {
             crash(w, n);
         }
-        restart(w.clone(), n, ring.clone()).await;
+        restart(w.clone(), n).await;
     }
     let mut g = lock(w);
     for n in 0..g.cfg.nodes {
@@ -439,9 +525,8 @@ async fn heal(w: &Shared, ring: &Arc<Ring>) {
 /// The whole run, on the paused runtime. Answers whether it settled in time.
 async fn drive(w: Shared) -> Result<(), String> {
     let nodes = lock(&w).cfg.nodes;
-    let ring = Arc::new(Ring::new((0..nodes).map(node_name), VNODES_PER_NODE));
     for n in 0..nodes {
-        if open_node(&w, n, &ring).await.is_none() {
+        if open_node(&w, n).await.is_none() {
             return Err(format!("node{} did not open", n + 1));
         }
     }
@@ -455,11 +540,11 @@ async fn drive(w: Shared) -> Result<(), String> {
         if t > now {
             tokio::time::sleep(Duration::from_millis(t - now)).await;
         }
-        inject(&w, &ring, fault);
+        inject(&w, fault);
     }
     let now = now_ms(start);
     tokio::time::sleep(Duration::from_millis(chaos_ms.saturating_sub(now))).await;
-    heal(&w, &ring).await;
+    heal(&w).await;
     for c in clients {
         let _ = c.await;
     }
@@ -526,6 +611,14 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             meta: BTreeMap::new(),
             disturbed_since: BTreeMap::new(),
             reshards_requested: BTreeSet::new(),
+            placements: vec![world::PlacementVersion {
+                at_ms: 0,
+                epoch: 0,
+                members: (0..cfg.nodes).collect(),
+                previous: Vec::new(),
+                handoff: BTreeSet::new(),
+            }],
+            rings: BTreeMap::new(),
             trace: Xxh3::new(),
             events: 0,
             end_ms: 0,

@@ -23,16 +23,16 @@ pub(crate) fn node_name(n: u8) -> NodeId {
 }
 
 /// The index of a node name.
-fn node_index(id: &NodeId) -> Option<u8> {
+pub(crate) fn node_index(id: &NodeId) -> Option<u8> {
     id.as_str().strip_prefix("node")?.parse::<u8>().ok()?.checked_sub(1)
 }
 
-/// One incarnation of one node's view of placement and its outgoing link.
+/// One incarnation of one node's view of placement and its outgoing link. The view
+/// is the node's applied placement in the world's log.
 pub(crate) struct SimPlacement {
     pub(crate) world: Shared,
     pub(crate) me: u8,
     pub(crate) incarnation: u64,
-    pub(crate) ring: Arc<Ring>,
 }
 
 fn unavailable(node: &NodeId, reason: &str) -> TallyError {
@@ -185,10 +185,36 @@ impl SimPlacement {
     }
 }
 
+impl SimPlacement {
+    /// This node's applied placement: its epoch, the ring now and, while a change is
+    /// handed off, the ring before it.
+    fn view(&self) -> (u64, Arc<Ring>, Option<Arc<Ring>>) {
+        let mut w = lock(&self.world);
+        let view = w.placement_view(self.me).clone();
+        let ring = w.ring(&view.members);
+        let previous = (!view.handoff.is_empty()).then(|| w.ring(&view.previous));
+        (view.epoch, ring, previous)
+    }
+}
+
 impl Placement for SimPlacement {
     fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
-        let owner = self.ring.owner(id)?;
+        let (_, ring, _) = self.view();
+        let owner = ring.owner(id)?;
         (node_index(owner) != Some(self.me)).then(|| owner.clone())
+    }
+
+    fn previous_owner(&self, id: &ShardId) -> Option<(NodeId, u64)> {
+        let (epoch, ring, previous) = self.view();
+        let previous = previous?;
+        if node_index(ring.owner(id)?) != Some(self.me) {
+            return None;
+        }
+        previous.owner(id).filter(|before| node_index(before) != Some(self.me)).map(|b| (b.clone(), epoch))
+    }
+
+    fn epoch(&self) -> u64 {
+        lock(&self.world).placement_view(self.me).epoch
     }
 
     fn local_node(&self) -> NodeId {

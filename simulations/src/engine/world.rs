@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tally_core::meta::CounterMeta;
+use tally_core::ring::Ring;
 use tally_engine::{MemStore, Tally};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -44,6 +45,17 @@ pub(crate) struct MetaVersion {
     pub(crate) meta: CounterMeta,
 }
 
+/// One committed placement: the ring's members and, while a membership change is
+/// handed off, the members before it and those that have not finished handing off.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PlacementVersion {
+    pub(crate) at_ms: u64,
+    pub(crate) epoch: u64,
+    pub(crate) members: Vec<u8>,
+    pub(crate) previous: Vec<u8>,
+    pub(crate) handoff: BTreeSet<u8>,
+}
+
 /// Everything a run shares.
 pub(crate) struct World {
     pub(crate) cfg: SimConfig,
@@ -65,6 +77,10 @@ pub(crate) struct World {
     pub(crate) disturbed_since: BTreeMap<u8, u64>,
     /// Transitions (reshardings) requested and not known to be finished.
     pub(crate) reshards_requested: BTreeSet<String>,
+    /// Every committed placement, oldest first (the metadata group's membership).
+    pub(crate) placements: Vec<PlacementVersion>,
+    /// The ring of each member set met so far.
+    pub(crate) rings: BTreeMap<Vec<u8>, Arc<Ring>>,
     pub(crate) trace: Xxh3,
     pub(crate) events: u64,
     /// The simulated time the run ended at.
@@ -179,5 +195,22 @@ impl World {
     /// The newest committed metadata of `name` (the log's leader).
     pub(crate) fn meta_latest(&self, name: &str) -> Option<CounterMeta> {
         self.meta.get(name)?.last().map(|v| v.meta.clone())
+    }
+
+    /// The placement node `n` has applied: the newest committed before its view's
+    /// time (placement is metadata: it lags, and may be stale after a restart, alike).
+    pub(crate) fn placement_view(&self, n: u8) -> &PlacementVersion {
+        let at = self.view_time(n);
+        self.placements.iter().rev().find(|v| v.at_ms <= at).unwrap_or(&self.placements[0])
+    }
+
+    /// The ring over `members`.
+    pub(crate) fn ring(&mut self, members: &[u8]) -> Arc<Ring> {
+        self.rings
+            .entry(members.to_vec())
+            .or_insert_with(|| {
+                Arc::new(Ring::new(members.iter().map(|&m| super::net::node_name(m)), super::VNODES_PER_NODE))
+            })
+            .clone()
     }
 }

@@ -32,7 +32,8 @@ pub const RAFT_STORE_FORMAT: u32 = 2;
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
 /// The node-to-node protocol (transport frames and the engine's shard requests).
-pub const PEER_PROTOCOL: u32 = 1;
+/// Protocol 2: a shard's answer to a read says whether the shard is sealed.
+pub const PEER_PROTOCOL: u32 = 2;
 /// The raft RPC protocol (paths, envelopes, answers).
 pub const RAFT_PROTOCOL: u32 = 1;
 
