@@ -195,6 +195,16 @@ fn reproduce(args: &Args, seed: u64) -> Result<bool> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    // `TALLY_SIM_LOG=tally_engine=debug` prints the engines' own log lines (tier 2) on
+    // stderr, beside `TALLY_SIM_DEBUG`'s events; output only, no influence on a run.
+    if let Ok(filter) = std::env::var("TALLY_SIM_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .without_time()
+            .with_ansi(false)
+            .init();
+    }
     if let Some(seed) = args.reproduce {
         let ok = reproduce(&args, seed)?;
         std::process::exit(if ok { 0 } else { 1 });

@@ -51,7 +51,16 @@ impl Ctx {
     /// change, a shard that was owned elsewhere is adopted first.
     pub(crate) async fn ensure_local(&self, id: &ShardId) -> Result<(), TallyError> {
         let Some(placement) = &self.placement else { return Ok(()) };
-        let Some((previous, epoch)) = placement.previous_owner(id) else { return Ok(()) };
+        let Some((previous, epoch)) = placement.previous_owner(id) else {
+            // The change may have completed since an adoption of this shard began
+            // (its previous owner held nothing of it, so it did not wait): let that
+            // import land before an actor starts beside it and writes under it.
+            let in_flight = self.adopting.get(id).map(|l| l.value().clone());
+            if let Some(lock) = in_flight {
+                drop(lock.lock().await);
+            }
+            return Ok(());
+        };
         let key = (epoch, id.clone());
         if self.adopted.contains(&key) {
             return Ok(());
