@@ -11,13 +11,24 @@ use tally_sim::{run, FaultLevel, SimConfig, Tier};
 /// Seeds tried per bug before giving up.
 const SEEDS_MAX: u64 = 200;
 
-fn config(seed: u64, bug: Option<Bug>) -> SimConfig {
-    // Alternate fault levels so each bug meets both.
-    let faults = if seed % 2 == 0 { FaultLevel::Heavy } else { FaultLevel::Light };
-    SimConfig { plant: bug, ..SimConfig::short(seed, 5, faults).on(Tier::Engine) }
+/// Transitions per run: four times a standard run's, so that reshardings, membership
+/// changes, lagging reads and restarts meet within a few seeds.
+const STRESS_TRANSITIONS: u32 = 16;
+
+/// A standard heavy run with [`STRESS_TRANSITIONS`].
+fn stress(seed: u64, bug: Option<Bug>) -> SimConfig {
+    SimConfig {
+        plant: bug,
+        transitions: STRESS_TRANSITIONS,
+        ..SimConfig::standard(seed, 5, FaultLevel::Heavy).on(Tier::Engine)
+    }
 }
 
 fn caught(bug: Bug) {
+    caught_in(bug, stress);
+}
+
+fn caught_in(bug: Bug, config: fn(u64, Option<Bug>) -> SimConfig) {
     let found = (0..SEEDS_MAX).find_map(|seed| {
         let r = run(config(seed, Some(bug)));
         (!r.violations.is_empty()).then_some((seed, r))

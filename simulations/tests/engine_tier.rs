@@ -59,13 +59,17 @@ fn engine_tier_different_seeds_differ() {
     assert!(!hashes.contains(&model), "the tier must change the run");
 }
 
-/// A node whose metadata lagged a resharding's completion once summed the sealed
-/// generation and called it complete (29 of 35 acknowledged): every seed found in a
-/// long run stays here as a regression.
+/// Seeds a long run found violating, kept as regressions once fixed: 102 (a shard
+/// handed off lost its seal at its new owner) and 57 with 16 transitions (an
+/// adoption still importing when its membership change completed landed over a
+/// write served beside it). (The read on lagging metadata that seed 858 found under
+/// an earlier schedule is kept by the planted bug `read-ignores-seal`.)
 #[test]
 fn engine_tier_found_seeds_violate_nothing() {
-    for seed in [858] {
-        let r = run(SimConfig::standard(seed, NODES, FaultLevel::Heavy).on(Tier::Engine));
+    for (seed, transitions) in [(102, 4), (57, 16)] {
+        let cfg =
+            SimConfig { transitions, ..SimConfig::standard(seed, NODES, FaultLevel::Heavy).on(Tier::Engine) };
+        let r = run(cfg);
         let first: Vec<String> = r.violations.iter().take(3).map(|v| v.to_string()).collect();
         assert!(r.violations.is_empty(), "{}\n    {}", r.config.reproduce_command(), first.join("\n    "));
     }

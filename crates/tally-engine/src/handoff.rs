@@ -70,6 +70,16 @@ impl Ctx {
         if self.adopted.contains(&key) {
             return Ok(());
         }
+        // Looked again under the lock: if the change completed meanwhile, the previous
+        // owner held nothing of this shard (it would have waited for this adoption),
+        // and an actor may already serve it here — importing now would write under it.
+        // A caller that saw the change complete before this lock was taken finds this
+        // adoption in `adopting` and waits for it; one that saw it after skips it here.
+        if placement.previous_owner(id).is_none() {
+            drop(_held);
+            self.adopting.remove(id);
+            return Ok(());
+        }
         let marker = marker(epoch, id);
         if self.store.meta_get(&marker)?.is_none() {
             let mut after: Option<String> = None;

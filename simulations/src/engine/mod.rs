@@ -22,7 +22,7 @@ use crate::config::*;
 use crate::history::{FaultKind, History};
 use crate::sim::RunReport;
 use catalog::SimCatalog;
-use net::{node_name, SimPlacement};
+use net::SimPlacement;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,11 +30,9 @@ use std::hash::Hasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tally_engine::{Clock, EngineParts, MemStore, Tally, TallyConfig};
-use world::{lock, now_ms, Node, Shared, World, EPOCH_MS};
+use world::{lock, node_name, now_ms, Node, Shared, World, EPOCH_MS};
 use xxhash_rust::xxh3::Xxh3;
 
-/// Virtual nodes per node on the placement ring (as the cluster uses).
-pub(crate) const VNODES_PER_NODE: u32 = 128;
 /// Pause between a previous member's hand-off passes that left shards behind.
 const HANDOFF_RETRY_MS: u64 = 50;
 /// Fewest members a membership change leaves (a node removed needs others to take

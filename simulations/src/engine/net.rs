@@ -4,7 +4,7 @@
 //! both directions, paused nodes, and crashed senders and receivers. A lost or cut
 //! message is never answered: the caller's timeout ends the call, as over TCP.
 
-use super::world::{lock, Shared};
+use super::world::{lock, node_name, Shared};
 use crate::history::FaultKind;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -16,11 +16,6 @@ use tally_engine::{Placement, ShardRequest, ShardResponse, TallyError};
 
 /// A node-to-node call not answered within this fails (the engine's call timeout).
 pub(crate) const CALL_TIMEOUT_MS: u64 = 150;
-
-/// The name of node `n`.
-pub(crate) fn node_name(n: u8) -> NodeId {
-    NodeId::new(format!("node{}", u16::from(n) + 1))
-}
 
 /// The index of a node name.
 pub(crate) fn node_index(id: &NodeId) -> Option<u8> {

@@ -45,6 +45,14 @@ pub(crate) struct MetaVersion {
     pub(crate) meta: CounterMeta,
 }
 
+/// Virtual nodes per node on the placement ring (as the cluster uses).
+pub(crate) const VNODES_PER_NODE: u32 = 128;
+
+/// The name of node `n`.
+pub(crate) fn node_name(n: u8) -> tally_core::NodeId {
+    tally_core::NodeId::new(format!("node{}", u16::from(n) + 1))
+}
+
 /// One committed placement: the ring's members and, while a membership change is
 /// handed off, the members before it and those that have not finished handing off.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -208,9 +216,7 @@ impl World {
     pub(crate) fn ring(&mut self, members: &[u8]) -> Arc<Ring> {
         self.rings
             .entry(members.to_vec())
-            .or_insert_with(|| {
-                Arc::new(Ring::new(members.iter().map(|&m| super::net::node_name(m)), super::VNODES_PER_NODE))
-            })
+            .or_insert_with(|| Arc::new(Ring::new(members.iter().map(|&m| node_name(m)), VNODES_PER_NODE)))
             .clone()
     }
 }
