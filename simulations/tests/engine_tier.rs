@@ -62,11 +62,13 @@ fn engine_tier_different_seeds_differ() {
 /// Seeds a long run found violating, kept as regressions once fixed: 102 (a shard
 /// handed off lost its seal at its new owner) and 57 with 16 transitions (an
 /// adoption still importing when its membership change completed landed over a
-/// write served beside it). (The read on lagging metadata that seed 858 found under
+/// write served beside it), 3176 (a previous owner poisoned by a failed flush
+/// handed off a state it then lost; the new owner's interrupted import kept a dedup
+/// record whose value the next import no longer had). (The read on lagging metadata that seed 858 found under
 /// an earlier schedule is kept by the planted bug `read-ignores-seal`.)
 #[test]
 fn engine_tier_found_seeds_violate_nothing() {
-    for (seed, transitions) in [(102, 4), (57, 16)] {
+    for (seed, transitions) in [(102, 4), (57, 16), (3176, 4)] {
         let cfg =
             SimConfig { transitions, ..SimConfig::standard(seed, NODES, FaultLevel::Heavy).on(Tier::Engine) };
         let r = run(cfg);

@@ -82,6 +82,9 @@ impl Ctx {
         }
         let marker = marker(epoch, id);
         if self.store.meta_get(&marker)?.is_none() {
+            // An import cut short by a crash may have left pages here: start clean,
+            // so the shard becomes exactly what its previous owner answers.
+            self.store.delete_shard(id)?;
             let mut after: Option<String> = None;
             loop {
                 let request = ShardRequest::HandOff { id: id.clone(), epoch, after: after.clone() };
@@ -146,6 +149,9 @@ impl Ctx {
             // the running one, which commits what it had taken.
             self.stop_local(id).await;
         }
+        // Only what a crash cannot take back leaves this node: the new owner keeps
+        // what it imports, while a state this node then lost would differ from it.
+        self.flusher.make_durable().await?;
         let image = self.store.load_shard(id)?;
         let sealed = self.store.meta_get(&seal_key(id))?.is_some();
         let records = self.store.dedup_scan(id, after, HANDOFF_RECORDS_MAX)?;
