@@ -171,7 +171,7 @@ pub fn member_hash(member: &str) -> u64 {
 /// sketches together cost about one sketch. `shards` must be non-zero.
 pub fn shard_of_member(hash: u64, shards: u16) -> u16 {
     assert!(shards > 0, "a layout has at least one shard");
-    let index = (mix(hash) >> (64 - HLL_PRECISION)) as u64;
+    let index = mix(hash) >> (64 - HLL_PRECISION);
     ((index * u64::from(shards)) >> HLL_PRECISION) as u16
 }
 

@@ -2,17 +2,17 @@
 //! upgrade to today's.
 //!
 //! Format 3 changed no record's layout: a shard image still holds its distinct sketch
-//! as opaque bytes. It changed those bytes. Format 2's sketch encoding (sketch version
-//! 1) kept 2^14 one-byte registers, or one sorted list of precision-25 entries while
-//! it had at most 4,096 of them; format 3's (sketch version 2, [`crate::sketch`])
-//! packs the registers at 6 bits in 64 segments that are sparse (precision-20
-//! entries) or dense each on its own. So what is frozen here is that decoder,
-//! exactly as format 2 validated its bytes, and the conversion: every precision-25
-//! entry implies exactly one precision-20 entry and every one-byte register is a
-//! 6-bit value, so an upgraded sketch holds the same registers and gives the same
-//! estimate wherever it is dense (a sparse one goes from 2^25 to 2^20 slots: both
-//! are close to exact for the few thousand members a sparse sketch holds). Nothing
-//! here is ever edited: a later format adds a module.
+//! as opaque bytes. It changed those bytes. Format 2's sketch encoding (sketch
+//! version one) kept 2^14 one-byte registers, or one sorted list of precision-25
+//! entries while it had at most 4,096 of them; format 3's (sketch version two, see
+//! [`crate::sketch`]) packs the registers at 6 bits in 64 segments that are sparse
+//! (precision-20 entries) or dense each on its own. So what is frozen here is that
+//! decoder, exactly as format 2 validated its bytes, and the conversion: every
+//! precision-25 entry implies exactly one precision-20 entry and every one-byte
+//! register is a 6-bit value, so an upgraded sketch holds the same registers and gives
+//! the same estimate wherever it is dense (a sparse one goes from 2^25 to 2^20 slots:
+//! both are close to exact for the few thousand members a sparse sketch holds).
+//! Nothing here is ever edited: a later format adds a module.
 
 use crate::codec::{decode, encode, DecodeError};
 use crate::hash::hash64;
