@@ -251,6 +251,13 @@ def targets(writes, sketch_rows, raw):
         why = "" if not missed else f" ({'; '.join(missed)})"
         out.append(f"4. **Distinct-count error ≤ Redis's at equal or smaller memory: {verdict}**{why}")
         out.extend(lines)
+        dense = [r for r in sketch_rows if r["n"] >= 10_000]
+        if dense:
+            rms = lambda key: math.sqrt(sum(r[key] ** 2 for r in dense) / len(dense))  # noqa: E731
+            out.append(
+                f"  - all {len(dense)} trials with n ≥ 10,000 (both sketches dense) pooled: RMS error "
+                f"{rms('tally_error'):.3%} against {rms('redis_error'):.3%} (standard error of 2^14 registers: 0.81 %)"
+            )
         wide = [a for a in agg if a.get("tally_counter_64") is not None]
         if wide:
             over = [a for a in wide if a["tally_counter_64"] > 2 * a["redis_memory_usage"]]
@@ -263,13 +270,6 @@ def targets(writes, sketch_rows, raw):
                     f"  - n = {num(a['n'])}: 64 shards {num(a['tally_counter_64'])} bytes, 1 shard "
                     f"{num(a['tally_counter_1'])}, Redis {num(a['redis_memory_usage'])} (MEMORY USAGE)"
                 )
-        dense = [r for r in sketch_rows if r["n"] >= 10_000]
-        if dense:
-            rms = lambda key: math.sqrt(sum(r[key] ** 2 for r in dense) / len(dense))  # noqa: E731
-            out.append(
-                f"  - all {len(dense)} trials with n ≥ 10,000 (both sketches dense) pooled: RMS error "
-                f"{rms('tally_error'):.3%} against {rms('redis_error'):.3%} (standard error of 2^14 registers: 0.81 %)"
-            )
     else:
         out.append("4. Distinct-count error against Redis: not measured in this run")
     return out
