@@ -392,7 +392,7 @@ section_sketch() {
   start_tally_single
   start_redis everysec
   timeout 1200 "$PY" "$BENCH/lib/sketch.py" --tally "${TALLY_URLS%% *}" --redis-port "$REDIS_PORT" \
-    --plan "$SKETCH_PLAN" --shards 1 >"$SKETCH_RAW"
+    --plan "$SKETCH_PLAN" --shards 1,64 >"$SKETCH_RAW"
   stop_redis
   stop_tally
 }

@@ -27,7 +27,8 @@ READ_COLUMNS = [
 ]
 SKETCH_COLUMNS = [
     "n", "trial", "tally_estimate", "tally_error", "redis_estimate", "redis_error",
-    "tally_sketch_bytes", "redis_string_bytes", "redis_memory_usage_bytes", "redis_encoding",
+    "tally_sketch_bytes", "tally_counter_bytes_1", "tally_counter_bytes_64", "tally_same_estimate",
+    "redis_string_bytes", "redis_memory_usage_bytes", "redis_encoding",
     "tally_stated_error", "tally_insert_s", "redis_insert_s",
 ]
 
@@ -257,6 +258,18 @@ def targets(writes, sketch_rows, raw):
                 f"  - all {len(dense)} trials with n ≥ 10,000 (both sketches dense) pooled: RMS error "
                 f"{rms('tally_error'):.3%} against {rms('redis_error'):.3%} (standard error of 2^14 registers: 0.81 %)"
             )
+        wide = [a for a in agg if a.get("tally_counter_64") is not None]
+        if wide:
+            over = [a for a in wide if a["tally_counter_64"] > 2 * a["redis_memory_usage"]]
+            out.append(
+                f"5. **Bytes per distinct counter at 64 shards ≤ 2× Redis's: {'PASS' if not over else 'MISS'}**"
+                + ("" if not over else f" (at n = {', '.join(num(a['n']) for a in over)})")
+            )
+            for a in wide:
+                out.append(
+                    f"  - n = {num(a['n'])}: 64 shards {num(a['tally_counter_64'])} bytes, 1 shard "
+                    f"{num(a['tally_counter_1'])}, Redis {num(a['redis_memory_usage'])} (MEMORY USAGE)"
+                )
     else:
         out.append("4. Distinct-count error against Redis: not measured in this run")
     return out
@@ -279,6 +292,9 @@ def sketch_summary(rows):
                 "tally_max": max(abs(r["tally_error"]) for r in rs),
                 "redis_max": max(abs(r["redis_error"]) for r in rs),
                 "tally_bytes": max(r["tally_sketch_bytes"] for r in rs),
+                "tally_counter_1": max((r.get("tally_counter_bytes_1") for r in rs), default=None, key=lambda v: v or 0),
+                "tally_counter_64": max((r.get("tally_counter_bytes_64") for r in rs), default=None, key=lambda v: v or 0),
+                "same_estimate": all(r.get("tally_same_estimate", True) for r in rs),
                 "redis_string": max(r["redis_string_bytes"] for r in rs),
                 "redis_memory_usage": max(r["redis_memory_usage_bytes"] for r in rs),
                 "tally_stated": rs[0]["tally_stated_error"],
@@ -573,25 +589,27 @@ def main():
         md.append("## Distinct counts: HyperLogLog against Redis")
         md.append("")
         md.append(
-            "The same member streams (`u<trial>-<i>`, i < n) go to a Tally counter with `distinct` (1 shard, "
-            "batch endpoint) and to a Redis key (pipelined `PFADD`). Error = (estimate − n) / n; the table "
-            "gives the root mean square over the trials. Tally's bytes are the encoded size of its sketch "
-            "computed from the byte format in `crates/tally-core/src/sketch.rs` (no endpoint reports it): "
-            "sparse list of 4-byte entries up to 4,096 entries, then 16,384 one-byte registers, plus 15 bytes "
-            "of header and checksum. Redis: `STRLEN` (its HLL string) and `MEMORY USAGE` (with key and object "
-            "overhead). A Tally counter with more shards keeps one sketch per shard that received members."
+            "The same member streams (`u<trial>-<i>`, i < n) go to Tally counters with `distinct` (1 and 64 "
+            "shards, batch endpoint) and to a Redis key (pipelined `PFADD`). Error = (estimate − n) / n; the "
+            "table gives the root mean square over the trials (the 1-shard counter's; every shard count gives "
+            "the same estimate, the merge being exact). Tally's bytes are what `GET …/distinct` reports: "
+            "`sketch_bytes` (the merged sketch, stored) and `counter_bytes` (every shard's sketch, summed). "
+            "Redis: `STRLEN` (its HLL string) and `MEMORY USAGE` (with key and object overhead)."
         )
         md.append("")
         md.append(
             "| n | trials | Tally RMS error | Redis RMS error | Tally max abs error | Redis max abs error "
-            "| Tally bytes | Redis STRLEN | Redis MEMORY USAGE | Tally insert s | Redis insert s |"
+            "| Tally sketch bytes | Tally counter bytes, 1 shard | Tally counter bytes, 64 shards "
+            "| Redis STRLEN | Redis MEMORY USAGE | same estimate at 1 and 64 shards | Tally insert s | Redis insert s |"
         )
-        md.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        md.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for a in agg:
             md.append(
                 f"| {num(a['n'])} | {a['trials']} | {a['tally_rms']:.3%} | {a['redis_rms']:.3%} "
-                f"| {a['tally_max']:.3%} | {a['redis_max']:.3%} | {num(a['tally_bytes'])} | {num(a['redis_string'])} "
-                f"| {num(a['redis_memory_usage'])} | {a['tally_insert_s']:.2f} | {a['redis_insert_s']:.2f} |"
+                f"| {a['tally_max']:.3%} | {a['redis_max']:.3%} | {num(a['tally_bytes'])} "
+                f"| {num(a['tally_counter_1'])} | {num(a['tally_counter_64'])} | {num(a['redis_string'])} "
+                f"| {num(a['redis_memory_usage'])} | {'yes' if a['same_estimate'] else 'NO'} "
+                f"| {a['tally_insert_s']:.2f} | {a['redis_insert_s']:.2f} |"
             )
         md.append("")
         md.append("![sketch error](sketch_error.png)")

@@ -7,13 +7,14 @@ For each stream size n and trial t, the members "u<t>-<i>" for i in 0..n go
     `GET /v1/counters/NAME/distinct` (after the batched flush window has passed);
   * to Redis: pipelined `PFADD key m1 … m1000`, then `PFCOUNT key` and
     `MEMORY USAGE key`.
-Prints one JSON object per (n, trial) on standard output.
+The same stream goes to one Tally counter per shard count in --shards (1 and 64 by
+default), so the bytes a counter costs can be compared at both. Prints one JSON
+object per (n, trial) on standard output.
 
-Tally's bytes per sketch are not exposed by any endpoint; they are computed from the
-byte format documented in crates/tally-core/src/sketch.rs: sparse form (up to
-SPARSE_ENTRIES_MAX occupied precision-25 slots) = 3 header bytes + 4 (entry count) +
-4 per entry + 8 checksum; dense form = 3 + 16,384 one-byte registers + 8 = 16,395.
-For n far below 2^25 nearly every member occupies its own slot, so entries ≈ n.
+Tally's bytes come from the distinct endpoint itself: `sketch_bytes` is the stored
+size of the merged sketch, `counter_bytes` the stored size of every shard's sketch
+summed (what the counter costs). Redis's: `MEMORY USAGE` (the key with its object
+overhead) and `STRLEN` (the HLL string alone).
 """
 
 import argparse
@@ -27,17 +28,7 @@ import urllib.parse
 TALLY_BATCH_ITEMS = 5000  # items per POST /v1/increments (node limit 10,000; body ≤ 1 MiB)
 REDIS_MEMBERS_PER_PFADD = 1000
 REDIS_PIPELINE_COMMANDS = 50
-HLL_REGISTERS = 1 << 14
-SPARSE_ENTRIES_MAX = HLL_REGISTERS // 4
-HEADER_BYTES, COUNT_BYTES, ENTRY_BYTES, CHECKSUM_BYTES = 3, 4, 4, 8
 FLUSH_WAIT_S = 0.5  # batched counters reach their shards within flush_ms (200) + a tick
-
-
-def tally_sketch_bytes(n):
-    """Encoded size of one Tally sketch holding n members (documented format)."""
-    if n <= SPARSE_ENTRIES_MAX:
-        return HEADER_BYTES + COUNT_BYTES + ENTRY_BYTES * n + CHECKSUM_BYTES
-    return HEADER_BYTES + HLL_REGISTERS + CHECKSUM_BYTES
 
 
 def members(trial, start, stop):
@@ -150,37 +141,42 @@ def main():
     ap.add_argument("--tally", required=True, help="a node's base URL")
     ap.add_argument("--redis-port", type=int, required=True)
     ap.add_argument("--plan", required=True, help="n:trials,… e.g. 1000:5,10000:5,1000000:1")
-    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--shards", default="1,64", help="shard counts, one counter each, e.g. 1,64")
     args = ap.parse_args()
+    shard_counts = [int(x) for x in args.shards.split(",")]
 
     tally, redis = Tally(args.tally), Redis(args.redis_port)
     for item in args.plan.split(","):
         n, trials = (int(x) for x in item.split(":"))
         for trial in range(trials):
-            name = f"hll-n{n}-t{trial}"
-            t0 = time.monotonic()
-            tally.create(name, args.shards)
-            tally.add(name, trial, n)
-            t1 = time.monotonic()
-            est = tally.distinct(name)
+            reads, insert_s = {}, {}
+            for shards in shard_counts:
+                name = f"hll-n{n}-t{trial}-s{shards}"
+                t0 = time.monotonic()
+                tally.create(name, shards)
+                tally.add(name, trial, n)
+                insert_s[shards] = round(time.monotonic() - t0, 3)
+                reads[shards] = tally.distinct(name)
+            first = reads[shard_counts[0]]
+            key = f"hll-n{n}-t{trial}"
             t2 = time.monotonic()
-            redis.add(name, trial, n)
+            redis.add(key, trial, n)
             t3 = time.monotonic()
-            pf = redis.command("PFCOUNT", name)
-            mem = redis.command("MEMORY", "USAGE", name)
-            enc = redis.command("OBJECT", "ENCODING", name)
-            strlen = redis.command("STRLEN", name)
+            pf = redis.command("PFCOUNT", key)
+            mem = redis.command("MEMORY", "USAGE", key)
+            enc = redis.command("OBJECT", "ENCODING", key)
+            strlen = redis.command("STRLEN", key)
             record = {
                 "n": n,
                 "trial": trial,
-                "shards": args.shards,
-                "tally_estimate": est["estimate"],
-                "tally_error": (est["estimate"] - n) / n,
-                "tally_stated_error": est["relative_error"],
-                "tally_complete": est.get("complete", True),
-                # Members spread over the shards; each shard keeps a sketch of its share.
-                "tally_sketch_bytes": args.shards * tally_sketch_bytes(-(-n // args.shards)),
-                "tally_insert_s": round(t1 - t0, 3),
+                "tally_estimate": first["estimate"],
+                "tally_error": (first["estimate"] - n) / n,
+                "tally_stated_error": first["relative_error"],
+                "tally_complete": all(r.get("complete", True) for r in reads.values()),
+                # The merge is exact: every shard count must give the same estimate.
+                "tally_same_estimate": all(r["estimate"] == first["estimate"] for r in reads.values()),
+                "tally_sketch_bytes": first["sketch_bytes"],
+                "tally_insert_s": insert_s[shard_counts[0]],
                 "redis_estimate": pf,
                 "redis_error": (pf - n) / n,
                 "redis_memory_usage_bytes": mem,
@@ -188,10 +184,13 @@ def main():
                 "redis_encoding": enc.decode() if isinstance(enc, bytes) else enc,
                 "redis_insert_s": round(t3 - t2, 3),
             }
+            for shards, r in reads.items():
+                record[f"tally_counter_bytes_{shards}"] = r["counter_bytes"]
             print(json.dumps(record), flush=True)
+            per_shards = ", ".join(f"{s} shards {reads[s]['counter_bytes']} B" for s in shard_counts)
             print(
-                f"    n={n} trial={trial}: tally {est['estimate']} ({record['tally_error']:+.4%}), "
-                f"redis {pf} ({record['redis_error']:+.4%}), {record['tally_insert_s']} s / {record['redis_insert_s']} s",
+                f"    n={n} trial={trial}: tally {first['estimate']} ({record['tally_error']:+.4%}, "
+                f"{first['sketch_bytes']} B; {per_shards}), redis {pf} ({record['redis_error']:+.4%}, {mem} B)",
                 file=sys.stderr,
                 flush=True,
             )

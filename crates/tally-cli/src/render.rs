@@ -102,6 +102,8 @@ pub fn incr(name: &str, delta: i64, outcome: &IncrOutcome) -> String {
 /// A distinct-member estimate with its error.
 pub fn distinct(name: &str, d: &DistinctRead) -> String {
     let mut out = format!("{name}: ~{} distinct members (±{:.2}%)\n", d.estimate, d.relative_error * 100.0);
+    let _ =
+        writeln!(out, "  sketch {} bytes, counter {} bytes over its shards", d.sketch_bytes, d.counter_bytes);
     if !d.complete {
         let _ =
             writeln!(out, "  INCOMPLETE: sketches of shards {} are missing", shard_list(&d.missing_shards));

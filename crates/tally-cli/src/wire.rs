@@ -251,6 +251,12 @@ pub struct DistinctRead {
     pub estimate: u64,
     /// The sketch's standard relative error.
     pub relative_error: f64,
+    /// Stored bytes of the merged sketch (0 from a server that does not say).
+    #[serde(default)]
+    pub sketch_bytes: u64,
+    /// Stored bytes of every shard's sketch, summed (0 from a server that does not say).
+    #[serde(default)]
+    pub counter_bytes: u64,
     /// Whether every shard's sketch was merged.
     #[serde(default = "yes")]
     pub complete: bool,

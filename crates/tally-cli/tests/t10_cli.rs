@@ -66,6 +66,7 @@ async fn distinct_shards_cluster_and_reconcile() {
 
     let distinct = node.tally(&["distinct", "visitors"]).await;
     assert!(distinct.ok().starts_with("visitors: ~4 distinct members (±"), "{distinct:?}");
+    assert!(distinct.ok().contains(" bytes, counter "), "{distinct:?}");
     let json = node.tally(&["--json", "distinct", "visitors"]).await.json();
     assert_eq!(json["estimate"], 4);
 

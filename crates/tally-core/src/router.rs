@@ -54,6 +54,21 @@ pub fn route(policy: RouterPolicy, shards: u16, key: &RouteKey<'_>) -> u16 {
     }
 }
 
+/// Routes one increment of a counter that counts distinct members (`member`: its
+/// member's hash, for increments that carry one). An increment with a member and no
+/// event id goes to the shard that owns the member's registers
+/// ([`crate::sketch::shard_of_member`]), whatever the policy: member hashes are
+/// uniform, so writes still spread over every shard, and each shard's sketch holds
+/// only its slice of the registers, so the shards together cost about one sketch.
+/// Event ids still win (a retry must find the shard that remembers it), and the rest
+/// follow the policy.
+pub fn route_with_member(policy: RouterPolicy, shards: u16, key: &RouteKey<'_>, member: Option<u64>) -> u16 {
+    match member {
+        Some(hash) if key.event_id.is_none() => crate::sketch::shard_of_member(hash, shards),
+        _ => route(policy, shards, key),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +129,24 @@ mod tests {
         // Routes are part of the storage format: a changed route strands dedup records.
         assert_eq!(shard_of_event("e-1", 1), 0);
         assert_eq!(shard_of_event("e-1", 1024), shard_of_event("e-1", 1024));
+    }
+
+    #[test]
+    fn members_route_to_the_owner_of_their_registers_unless_an_event_id_says_otherwise() {
+        let h = crate::sketch::member_hash("user-7");
+        for p in [RouterPolicy::Event, RouterPolicy::Writer, RouterPolicy::RoundRobin, RouterPolicy::Random] {
+            let k = key(None, Some("w-1"));
+            assert_eq!(route_with_member(p, 64, &k, Some(h)), crate::sketch::shard_of_member(h, 64), "{p:?}");
+            assert_eq!(route_with_member(p, 64, &k, None), route(p, 64, &k), "{p:?}");
+            let k = key(Some("e-1"), None);
+            assert_eq!(route_with_member(p, 64, &k, Some(h)), shard_of_event("e-1", 64), "{p:?}");
+        }
+        // Members spread evenly over the shards.
+        let mut hits = [0u32; 8];
+        for i in 0..8_000 {
+            let h = crate::sketch::member_hash(&format!("m{i}"));
+            hits[route_with_member(RouterPolicy::Writer, 8, &key(None, Some("w")), Some(h)) as usize] += 1;
+        }
+        assert!(hits.iter().all(|&n| (800..1_200).contains(&n)), "{hits:?}");
     }
 }

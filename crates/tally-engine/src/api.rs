@@ -107,6 +107,12 @@ pub struct DistinctRead {
     pub estimate: u64,
     /// The sketch's standard relative error.
     pub relative_error: f64,
+    /// Stored bytes of the merged sketch: what one sketch of these members costs
+    /// (at most about 12 KiB, the packed registers).
+    pub sketch_bytes: u64,
+    /// Stored bytes of the sketches of every shard that answered, summed: what the
+    /// counter's distinct count costs.
+    pub counter_bytes: u64,
     /// Whether every shard's sketch was merged.
     pub complete: bool,
     /// Shards whose sketches are missing.

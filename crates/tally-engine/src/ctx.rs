@@ -26,7 +26,7 @@ use tally_core::drain_book::DrainBook;
 use tally_core::limits::{bufferable, slot_open, SLOT_INCREMENTS_MAX};
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
 use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
-use tally_core::router::{route, RouteKey};
+use tally_core::router::{route_with_member, RouteKey};
 use tally_core::shard::ShardReply;
 use tally_core::shard::{Outcome, Submission};
 use tally_core::sketch::member_hash;
@@ -334,7 +334,7 @@ impl Ctx {
         let key = route_key(&rt, &inc);
         let mut index = match fast {
             Fast::Refused { engine_rt, index } if Arc::as_ptr(&rt) as usize == engine_rt => index,
-            _ => route(rt.meta.spec.router, rt.meta.layout.shards, &key),
+            _ => route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &key, member),
         };
         if fast_eligible(&rt, &inc) && self.try_buffer(&rt, index, inc.delta, member) {
             tokio::task::consume_budget().await;
@@ -344,7 +344,7 @@ impl Ctx {
         let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member, item };
         for attempt in 0..SHARD_CALL_ATTEMPTS_MAX {
             if attempt > 0 {
-                index = route(rt.meta.spec.router, rt.meta.layout.shards, &key);
+                index = route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &key, member);
             }
             rt.slots[usize::from(index)].writes.fetch_add(1, Relaxed);
             rt.last_used_ms.store(self.now_ms(), Relaxed);
@@ -425,7 +425,8 @@ impl Ctx {
                 (Some(m), true) => Some(member_hash(m)),
                 _ => None,
             };
-            let index = route(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc));
+            let index =
+                route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc), member);
             if self.try_buffer(rt, index, inc.delta, member) {
                 Fast::Applied
             } else {

@@ -187,9 +187,11 @@ pub(crate) async fn distinct(
 ) -> Result<DistinctRead, TallyError> {
     let Snapshot { meta, images, current } = snapshot(ctx, meta, name).await;
     let mut merged = DistinctSketch::new();
+    let mut counter_bytes = 0u64;
     for (index, image) in images.iter().enumerate() {
         let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
         if let Some(bytes) = image.as_ref().and_then(|i| i.sketch.as_ref()) {
+            counter_bytes += bytes.len() as u64;
             let s = DistinctSketch::from_bytes(bytes).map_err(|e| tally_store::StoreError::Corrupt {
                 location: format!("sketch of shard {id}"),
                 source: tally_core::codec::DecodeError { what: "sketch", reason: e.to_string() },
@@ -201,6 +203,8 @@ pub(crate) async fn distinct(
     Ok(DistinctRead {
         estimate: merged.estimate(),
         relative_error: DistinctSketch::relative_error(),
+        sketch_bytes: merged.encoded_len() as u64,
+        counter_bytes,
         complete: missing_shards.is_empty() && current,
         missing_shards,
     })

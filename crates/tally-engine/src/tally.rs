@@ -552,7 +552,7 @@ pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 /// anything else is written. A store that an engine opened before holds data, so its
 /// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
-    use tally_core::format::{encode_version, judge_store, v1, STORE_FORMAT, STORE_FORMATS_READABLE};
+    use tally_core::format::{encode_version, judge_store, v1, v2, STORE_FORMAT, STORE_FORMATS_READABLE};
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
     let verdict = judge_store("engine store", marker.as_deref(), holds_data, STORE_FORMATS_READABLE)
@@ -566,12 +566,22 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
         store.meta_put(STORE_FORMAT_KEY, &current)?;
         return Ok(());
     }
-    // Format 1 is the only older one: its images and catalog entries lack today's fields.
-    assert_eq!(verdict.found, 1, "readable formats are 1..={STORE_FORMAT}");
-    let plan = tally_store::Upgrade {
-        shard_image: Some(&v1::upgrade_shard_image),
-        meta: vec![(crate::catalog::COUNTER_PREFIX, &v1::upgrade_counter_meta)],
-        marker: (STORE_FORMAT_KEY, &current),
+    // Format 1's images and catalog entries lack format 2's fields; the sketches in
+    // the images of formats 1 and 2 are in format 2's encoding.
+    let plan = match verdict.found {
+        1 => tally_store::Upgrade {
+            shard_image: Some(&v2::upgrade_shard_image_from_v1),
+            meta: vec![(crate::catalog::COUNTER_PREFIX, &v1::upgrade_counter_meta)],
+            marker: (STORE_FORMAT_KEY, &current),
+        },
+        found => {
+            assert_eq!(found, 2, "readable formats are 1..={STORE_FORMAT}");
+            tally_store::Upgrade {
+                shard_image: Some(&v2::upgrade_shard_image),
+                meta: vec![],
+                marker: (STORE_FORMAT_KEY, &current),
+            }
+        }
     };
     let rewritten = store.upgrade(&plan)?;
     tracing::info!(from = verdict.found, to = STORE_FORMAT, rewritten, "upgraded the store's format");

@@ -11,6 +11,39 @@ use tally_engine::{
     Consistency, Durability, Increment, MemStore, SpecPatch, SystemClock, Tally, TallyConfig,
 };
 
+/// Stored bytes of one full sketch: the 12 KiB of packed registers and its framing.
+const FULL_SKETCH_BYTES: u64 = 12_320;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distinct_counter_of_64_shards_costs_about_one_sketch() {
+    let (tally, _) = mem_engine().await;
+    let members = 100_000u32;
+    for (shards, d) in [(1u16, Durability::Batched), (64, Durability::Batched), (64, Durability::Sync)] {
+        let name = format!("bytes-{shards}-{d}");
+        let patch = SpecPatch { distinct: Some(true), ..spec(shards, d) };
+        tally.put_counter(&name, patch).await.unwrap();
+        let items: Vec<_> = (0..members)
+            .map(|i| {
+                (name.clone(), Increment::new(1).member(format!("user-{i}")).writer(format!("w{}", i % 7)))
+            })
+            .collect();
+        for chunk in items.chunks(5_000) {
+            for r in tally.incr_many(chunk.to_vec()).await.unwrap() {
+                r.unwrap();
+            }
+        }
+        let read = tally.distinct(&name).await.unwrap();
+        assert!(read.complete, "{name}: {read:?}");
+        assert!(read.sketch_bytes <= FULL_SKETCH_BYTES, "{name}: {read:?}");
+        // Each shard holds only its slice of the registers: the counter costs about
+        // one sketch (each shard's framing on top), not one per shard.
+        let framing = 20 * u64::from(shards);
+        assert!(read.counter_bytes <= FULL_SKETCH_BYTES + framing, "{name}: {read:?}");
+        let err = (read.estimate as f64 - f64::from(members)).abs() / f64::from(members);
+        assert!(err <= 3.0 * read.relative_error, "{name}: {read:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_estimates_stay_within_the_stated_error_for_1_8_and_64_shards() {
     let (tally, _) = mem_engine().await;

@@ -202,6 +202,12 @@ async fn distinct_shards_reconcile_and_cluster_answer_their_documented_shapes() 
     assert_eq!(d.status, 200, "{}", d.text);
     assert_eq!(d.json()["estimate"], 10);
     assert!(d.json()["relative_error"].as_f64().is_some_and(|e| e > 0.0 && e < 0.05));
+    // Ten members cost a few dozen bytes, not a dense sketch; the counter's shards
+    // together cost at least the merged sketch.
+    let sketch_bytes = d.json()["sketch_bytes"].as_u64().expect("sketch_bytes");
+    let counter_bytes = d.json()["counter_bytes"].as_u64().expect("counter_bytes");
+    assert!((20..100).contains(&sketch_bytes), "{}", d.text);
+    assert!(counter_bytes >= sketch_bytes && counter_bytes < 200, "{}", d.text);
 
     let s = call(&app, "GET", "/v1/counters/u/shards", None).await.json();
     let shards = s["shards"].as_array().cloned().expect("shards");

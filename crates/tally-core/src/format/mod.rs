@@ -9,19 +9,22 @@
 //! of [`FIRST_FORMAT`]. So the marker's absence means "new" only for an empty store.
 //!
 //! This module only decides; the store and transport layers read and write the markers.
-//! [`v1`] holds format 1's records, frozen, and their upgrade to today's.
+//! [`v1`] holds format 1's records, frozen, and their upgrade to today's; [`v2`] the
+//! distinct-sketch bytes of format 2 and theirs.
 
 use std::ops::RangeInclusive;
 
 pub mod v1;
+pub mod v2;
 
 /// The format of a store that predates format markers.
 pub const FIRST_FORMAT: u32 = 1;
 
 /// The engine store's layout (shard trees, key layout, the codec of images and dedup
 /// records) written by this release. Format 2 added fields to shard images and
-/// counter specs (see [`v1`]).
-pub const STORE_FORMAT: u32 = 2;
+/// counter specs (see [`v1`]); format 3 packed distinct sketches' registers at 6 bits
+/// in sparse-or-dense segments (see [`v2`]).
+pub const STORE_FORMAT: u32 = 3;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
@@ -32,7 +35,9 @@ pub const RAFT_STORE_FORMAT: u32 = 2;
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
 /// The node-to-node protocol (transport frames and the engine's shard requests).
-/// Protocol 2: a shard's answer to a read says whether the shard is sealed.
+/// Protocol 2: a shard's answer to a read says whether the shard is sealed, a
+/// hand-off page whether it is sealed, and the distinct sketches that shard images
+/// and sketch merges carry are in store format 3's encoding.
 pub const PEER_PROTOCOL: u32 = 2;
 /// The raft RPC protocol (paths, envelopes, answers).
 pub const RAFT_PROTOCOL: u32 = 1;
