@@ -158,6 +158,13 @@ async fn run(args: Args) -> Result<()> {
     let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     // Certificates are read before anything binds, so a wrong path fails the start.
     let tls = config.tls.as_ref().map(tally_tls::acceptor).transpose().context("setting up TLS for HTTP")?;
+    let resp_tls = match (&config.tls, me.resp) {
+        (Some(files), Some(_)) => Some(resp::RespTls {
+            acceptor: tally_tls::stream_acceptor(files).context("setting up TLS for RESP")?,
+            handshake_timeout: config.http.header_read_timeout(),
+        }),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(me.http)
         .await
         .with_context(|| format!("binding HTTP to {}", me.http))?;
@@ -208,14 +215,16 @@ async fn run(args: Args) -> Result<()> {
     };
     let resp_served = async {
         let Some(l) = resp_listener else { return Ok(()) };
-        let (timeout, grace) = (config.http.request_timeout(), config.http.shutdown_grace());
+        let serving = resp::Serving {
+            limits: config.resp.clone(),
+            command_timeout: config.http.request_timeout(),
+            grace: config.http.shutdown_grace(),
+            gate: gate.clone(),
+            tls: resp_tls,
+        };
         match &node {
-            Node::Single(n) => {
-                resp::serve(l, n.clone(), &config.resp, timeout, grace, gate.clone(), resp_shutdown).await
-            }
-            Node::Cluster(n) => {
-                resp::serve(l, n.clone(), &config.resp, timeout, grace, gate.clone(), resp_shutdown).await
-            }
+            Node::Single(n) => resp::serve_with(l, n.clone(), serving, resp_shutdown).await,
+            Node::Cluster(n) => resp::serve_with(l, n.clone(), serving, resp_shutdown).await,
         }
     };
     let http_served = async {
