@@ -294,6 +294,12 @@ async fn run_batch<S: Service>(
                 continue;
             }
         };
+        let generation = gate.generation();
+        if session.auth_generation != generation {
+            // The tokens were reloaded: run as a new connection would.
+            session.principal = auth::initial(gate);
+            session.auth_generation = generation;
+        }
         if let Err(reply) = auth::admit(gate, session.principal.as_deref(), &op, &cmd) {
             encode(&reply, session.proto, out);
             continue;
