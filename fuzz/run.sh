@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 mode="${1:-short}"
 shift || true
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(wire store_records http_input node_config)
+[ "${#targets[@]}" -gt 0 ] || targets=(wire store_records http_input node_config resp)
 # The largest value the codec decodes is tally_core::codec::DECODE_BYTES_MAX = 64 MiB;
 # no single allocation may exceed it (plus the allocator's slack).
 MALLOC_LIMIT_MB="${MALLOC_LIMIT_MB:-80}"

@@ -405,3 +405,94 @@ fn tallyd_refuses_exposed_listeners_without_tokens_or_with_the_dev_secret() -> R
     assert!(String::from_utf8_lossy(&out.stdout).contains("client tokens: none"));
     Ok(())
 }
+
+/// One `[[tokens]]` entry for `token`.
+fn token_entry(token: &str, name: &str, scopes: &[Scope], prefixes: &[&str]) -> String {
+    let prefixes: Vec<String> = prefixes.iter().map(|p| p.to_string()).collect();
+    tally_auth::config_lines(token, name, scopes, &prefixes).expect("valid entry")
+}
+
+/// Sends one RESP command on `s` and reads one reply line.
+async fn resp_line(s: &mut tokio::net::TcpStream, args: &[&str]) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req += &format!("${}\r\n{a}\r\n", a.len());
+    }
+    s.write_all(req.as_bytes()).await?;
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n") {
+        let mut chunk = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk)).await??;
+        if n == 0 {
+            bail!("the node closed the RESP connection");
+        }
+        got.extend_from_slice(&chunk[..n]);
+    }
+    Ok(String::from_utf8_lossy(&got).trim().to_string())
+}
+
+/// Sends SIGHUP to node 1 and waits until its log has `text` after `from` bytes.
+async fn hangup_and_wait(c: &TestCluster, from: usize, text: &str) -> Result<()> {
+    let pid = c.node(1).pid().context("node1 runs")?;
+    let status = Command::new("kill").args(["-HUP", &pid.to_string()]).status()?;
+    assert!(status.success(), "kill -HUP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.log(1).get(from..).is_some_and(|t| t.contains(text)) {
+        if Instant::now() > deadline {
+            bail!("node1 never logged {text:?}:\n{}", c.node(1).log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_tokens_without_a_restart() -> Result<()> {
+    let ops = token_entry(OPS, "ops", &[Scope::Admin], &[]);
+    let reader = token_entry(READER, "reader", &[Scope::Read], &[]);
+    let ingest = token_entry(INGEST, "ingest", &[Scope::Write], &["likes:"]);
+    let c = TestCluster::start_secured(1, &[], &format!("{ops}\n{reader}"), OPS).await?;
+    let http = reqwest::Client::new();
+    let base = c.node(1).url();
+    let pid = c.node(1).pid();
+    c.put_counter(1, "likes:1", json!({"shards": 2, "durability": "sync"})).await?;
+    let read = format!("{base}/v1/counters/likes:1");
+    let incr = format!("{base}/v1/counters/likes:1/increments");
+    assert_eq!(call(&http, "GET", &read, Some(READER), None).await?.0, 200);
+    assert_eq!(call(&http, "POST", &incr, Some(INGEST), Some(json!({"delta": 1}))).await?.0, 401);
+    // A RESP connection authenticated as the reader.
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", c.node(1).ports.resp)).await?;
+    assert_eq!(resp_line(&mut conn, &["AUTH", READER]).await?, "+OK");
+    let got = resp_line(&mut conn, &["GET", "likes:1"]).await?;
+    assert!(!got.starts_with('-'), "the reader cannot GET over RESP: {got}");
+
+    // The reader is revoked and the ingest token added, in the file; then SIGHUP.
+    let config = c.config_path(1).to_path_buf();
+    let text = std::fs::read_to_string(&config)?;
+    assert!(text.contains(&reader));
+    std::fs::write(&config, text.replace(&reader, &ingest))?;
+    let before = c.log(1).len();
+    hangup_and_wait(&c, before, "reloaded [[tokens]]: 2 in force").await?;
+    assert_eq!(c.node(1).pid(), pid, "the node restarted");
+    let (status, challenge, _) = call(&http, "GET", &read, Some(READER), None).await?;
+    assert_eq!((status, challenge.is_empty()), (401, false), "the revoked reader still reads");
+    let (status, _, body) = call(&http, "POST", &incr, Some(INGEST), Some(json!({"delta": 1}))).await?;
+    assert_eq!(status, 200, "the added token is not in force: {body}");
+    assert_eq!(call(&http, "GET", &read, Some(OPS), None).await?.0, 200);
+    // The RESP connection authenticated under the old tokens must AUTH again, and
+    // the revoked token no longer does.
+    assert!(resp_line(&mut conn, &["GET", "likes:1"]).await?.starts_with("-NOAUTH"));
+    assert!(resp_line(&mut conn, &["AUTH", READER]).await?.starts_with("-WRONGPASS"));
+    assert_eq!(resp_line(&mut conn, &["AUTH", INGEST]).await?, "+OK");
+    assert_eq!(resp_line(&mut conn, &["INCR", "likes:1"]).await?, ":2");
+
+    // A config that does not load is refused whole: the tokens in force stay.
+    std::fs::write(&config, "this is not toml [[[")?;
+    let before = c.log(1).len();
+    hangup_and_wait(&c, before, "token reload refused, the tokens in force stay").await?;
+    assert_eq!(call(&http, "POST", &incr, Some(INGEST), Some(json!({"delta": 1}))).await?.0, 200);
+    assert_eq!(call(&http, "GET", &read, Some(READER), None).await?.0, 401);
+    assert_eq!(c.node(1).pid(), pid);
+    Ok(())
+}

@@ -2,15 +2,19 @@
 //! HTTP port over https (curl `--cacert`, the `tally` CLI `--cacert`); plain HTTP to
 //! it fails and the node stays up. A three-node TLS cluster passes t30's crash
 //! story. A node whose certificate another CA signed never joins, and one with the
-//! wrong cluster secret never joins either; both refusals are logged.
+//! wrong cluster secret never joins either; both refusals are logged. The RESP
+//! port speaks TLS with the same `[tls]` files: `redis-cli --tls --cacert` and the
+//! Python `redis` package with `ssl=True` drive it, a plaintext client is refused
+//! and logged while the node stays up, and with `tls.client_ca` only a client with
+//! a certificate that CA signed gets in.
 
 use anyhow::{bail, Result};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_tests::{make_certs, require_tool, stories, tally_cli, TestCluster, TlsSetup};
+use tally_tests::{in_ci, make_certs, require_tool, stories, tally_cli, TestCluster, TlsSetup};
 
 /// How long the refusal tests give a refused node to (wrongly) join.
 const REFUSED_WATCH_MS: u64 = 4_000;
@@ -155,5 +159,111 @@ async fn a_node_with_the_wrong_secret_cannot_join_a_tls_cluster() -> Result<()> 
     let after = &c.log(1)[before..];
     assert!(after.contains("failed (wrong secret"), "{}", c.node(1).log_tail());
     assert!(!after.contains("peer node3 is up"), "node1 saw node3 up: {}", c.node(1).log_tail());
+    Ok(())
+}
+
+/// `redis-cli -p PORT FLAGS... ARGS...`: (whether it succeeded, what it printed on
+/// both streams, trimmed).
+fn redis_cli(port: u16, flags: &[&str], args: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(flags)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()?;
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.success(), said.trim().to_string()))
+}
+
+/// A Python that imports the `redis` package (Debian's first); in CI there must be one.
+fn python_redis() -> Result<Option<&'static str>> {
+    for python in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(python)
+            .args(["-c", "import redis"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(Some(python));
+        }
+    }
+    if in_ci() {
+        bail!("the Python redis package is missing and CI is set: apt-get install python3-redis");
+    }
+    eprintln!("SKIPPED: the Python redis package is missing (apt-get install python3-redis)");
+    Ok(None)
+}
+
+/// The Python client over TLS: argv is the port and the CA file.
+const PYTHON_TLS: &str = r#"
+import sys, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]), ssl=True, ssl_ca_certs=sys.argv[2],
+                socket_timeout=10)
+assert r.ping()
+got = r.incrby("likes", 2)
+assert got == 7, f"incrby: {got!r}"
+p = r.pipeline(transaction=False)
+for _ in range(10):
+    p.incr("likes")
+got = p.execute()
+assert got[-1] == 17, f"pipeline: {got!r}"
+print("python tls ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp_over_tls_serves_redis_clients_and_refuses_plaintext() -> Result<()> {
+    let Some(_) = require_tool("redis-cli", "apt-get install redis-tools")? else { return Ok(()) };
+    let dir6 = tempfile::tempdir()?;
+    let certs = make_certs(dir6.path(), "t66 CA", &["node1", "client"])?;
+    let ca = certs.join("ca.pem");
+    let ca_arg = ca.display().to_string();
+    let c = TestCluster::start_tls(1, &TlsSetup { ca: &ca, certs: &certs_of(&certs) }).await?;
+    let port = c.node(1).ports.resp;
+    let tls = ["--tls", "--cacert", &ca_arg];
+
+    assert_eq!(redis_cli(port, &tls, &["PING"])?, (true, "PONG".to_string()));
+    let create = ["TALLY.CREATE", "likes", "DURABILITY", "sync", "SHARDS", "4"];
+    assert_eq!(redis_cli(port, &tls, &create)?, (true, "created".to_string()));
+    assert_eq!(redis_cli(port, &tls, &["INCRBY", "likes", "5"])?, (true, "5".to_string()));
+    assert_eq!(redis_cli(port, &tls, &["GET", "likes"])?, (true, "5".to_string()));
+    // Without the CA the node's certificate is not trusted.
+    let (_, said) = redis_cli(port, &["--tls"], &["PING"])?;
+    assert!(!said.contains("PONG"), "redis-cli trusted the node without --cacert: {said}");
+    // Plaintext to the TLS port gets no reply; the refusal is logged.
+    let (_, said) = redis_cli(port, &[], &["PING"])?;
+    assert!(!said.contains("PONG"), "plaintext RESP got an answer: {said}");
+    wait_logged(&c, 1, "refused a RESP connection: TLS handshake failed").await?;
+    if let Some(python) = python_redis()? {
+        let out = Command::new(python).arg("-c").arg(PYTHON_TLS).arg(port.to_string()).arg(&ca).output()?;
+        assert!(
+            out.status.success(),
+            "python redis over TLS: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The node is still up and serving, over RESP and HTTP.
+    assert!(c.node(1).pid().is_some());
+    let (ok, total) = redis_cli(port, &tls, &["GET", "likes"])?;
+    assert!(ok && (total == "5" || total == "17"), "after the plaintext client: {total}");
+
+    // With tls.client_ca, a client must present a certificate the CA signed.
+    c.node(1).kill();
+    let config = c.config_path(1).to_path_buf();
+    let text = std::fs::read_to_string(&config)?;
+    std::fs::write(&config, text.replace("[tls]\n", &format!("[tls]\nclient_ca = {:?}\n", ca)))?;
+    let before = c.log(1).len();
+    c.spawn(1)?;
+    // HTTP now wants a client certificate too, so the fixture's health check cannot
+    // pass: the listener's start is in the log.
+    wait_logged_after(&c, 1, before, "serving RESP").await?;
+    let (_, said) = redis_cli(port, &tls, &["PING"])?;
+    assert!(!said.contains("PONG"), "a client without a certificate got in: {said}");
+    wait_logged_after(&c, 1, before, "refused a RESP connection: TLS handshake failed").await?;
+    let (cert, key) = (certs.join("client.pem"), certs.join("client-key.pem"));
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let with_cert = ["--tls", "--cacert", &ca_arg, "--cert", &cert, "--key", &key];
+    assert_eq!(redis_cli(port, &with_cert, &["PING"])?, (true, "PONG".to_string()));
     Ok(())
 }

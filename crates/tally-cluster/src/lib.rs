@@ -382,6 +382,7 @@ impl ClusterNode {
         raft_cfg.election_timeout_min_ms = config.raft_election_timeout_ms.0;
         raft_cfg.election_timeout_max_ms = config.raft_election_timeout_ms.1;
         raft_cfg.tls = config.tls.clone();
+        raft_cfg.secret = Some(tally_raft::RaftSecret::new(&config.secret));
         let raft = Arc::new(MetaRaft::start(raft_cfg).await?);
 
         let handler = Arc::new(ShardHandler { engine: OnceLock::new() });

@@ -17,6 +17,8 @@
 //!   (`RaftStateMachine`), one atomic batch per apply.
 //! * [`network`] — raft RPCs over HTTP/JSON with reqwest (`RaftNetwork`).
 //! * [`server`] — the axum endpoints every node serves on its raft address.
+//! * [`auth`] — the proof of the cluster secret every raft RPC carries and every
+//!   endpoint checks.
 //! * [`identity`] — the store incarnation of a node's data directory, which every
 //!   raft RPC names so that a node with a replaced disk is never taken for its
 //!   predecessor; `replace.rs` re-adds such a node as a new incarnation.
@@ -32,6 +34,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod error;
 pub mod identity;
 pub mod log_store;
@@ -45,6 +48,7 @@ pub mod state_machine;
 pub mod types;
 pub mod upgrade;
 
+pub use auth::RaftSecret;
 pub use error::RaftError;
 pub use identity::StoreId;
 pub use log_store::SledLogStore;

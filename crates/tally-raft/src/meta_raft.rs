@@ -1,6 +1,7 @@
 //! [`MetaRaft`]: one node of the metadata group, ready to use — storage, network,
 //! endpoints, cluster initialization, forwarding and local reads behind one handle.
 
+use crate::auth::{RaftPeer, RaftSecret};
 use crate::error::RaftError;
 use crate::identity::{Identity, StoreId};
 use crate::log_store::SledLogStore;
@@ -105,6 +106,10 @@ pub struct MetaRaftConfig {
     /// Mutual TLS on the raft endpoints and on every call to a peer's, with the
     /// cluster CA as the only root; plaintext when `None`.
     pub tls: Option<tally_tls::ClusterTls>,
+    /// The cluster secret every raft RPC must prove ([`crate::auth`]), sent with
+    /// every call and checked on every endpoint; `None` (tests of this crate only)
+    /// serves any caller.
+    pub secret: Option<RaftSecret>,
 }
 
 impl MetaRaftConfig {
@@ -122,6 +127,7 @@ impl MetaRaftConfig {
             snapshot_logs_kept: SNAPSHOT_LOGS_KEPT_DEFAULT,
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
             tls: None,
+            secret: None,
         }
     }
 
@@ -211,6 +217,12 @@ pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 
 /// [`TlsIncoming`] as a listener `axum::serve` drives.
 struct TlsListener(TlsIncoming);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for RaftPeer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        RaftPeer(*stream.remote_addr())
+    }
+}
 
 impl axum::serve::Listener for TlsListener {
     type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
@@ -316,7 +328,8 @@ impl MetaRaft {
         let sm = SledStateMachine::open(&db).map_err(|e| RaftError::Storage(e.to_string()))?;
         drop(db);
         let shared = sm.shared();
-        let client = http_client(cfg.tls.as_ref())
+        let secret = cfg.secret.clone().map(Arc::new);
+        let client = http_client(cfg.tls.as_ref(), secret.clone())
             .map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?;
         let network = HttpNetworkFactory::new(client.clone(), cfg.node_id, identity.store, shared.clone());
         let raft = Raft::new(cfg.node_id, config, network, log, sm)
@@ -324,7 +337,8 @@ impl MetaRaft {
             .map_err(|e| RaftError::Stopped(e.to_string()))?;
 
         let (stop, stopped) = oneshot::channel::<()>();
-        let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store);
+        let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store, secret)
+            .into_make_service_with_connect_info::<RaftPeer>();
         let stopped = async move {
             let _ = stopped.await;
         };

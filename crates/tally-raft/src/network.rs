@@ -14,6 +14,7 @@
 //! reported as `RPCError::Unreachable`: raft treats the node as absent, never as a
 //! voter whose log contradicts what it acknowledged.
 
+use crate::auth::RaftSecret;
 use crate::identity::StoreId;
 use crate::rpc::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
 use crate::state_machine::Shared;
@@ -118,7 +119,8 @@ pub enum CallError {
         source: reqwest::Error,
     },
     /// The peer refused the request without handing it to raft: the two nodes
-    /// disagree about a store incarnation ([`IncarnationError`]).
+    /// disagree about a store incarnation ([`IncarnationError`]), the raft protocol
+    /// version, or the cluster secret.
     #[error("{addr} refused the call: {reason}")]
     Refused {
         /// The peer's address.
@@ -145,12 +147,17 @@ pub enum CallError {
 pub struct PeerClient {
     http: reqwest::Client,
     scheme: &'static str,
+    secret: Option<Arc<RaftSecret>>,
 }
 
 /// Builds the HTTP client shared by the raft network and request forwarding.
 /// With `tls`, it speaks `https://` only, trusts only the cluster CA (the peer's
-/// certificate must name its raft IP) and presents this node's certificate.
-pub fn http_client(tls: Option<&tally_tls::ClusterTls>) -> Result<PeerClient, reqwest::Error> {
+/// certificate must name its raft IP) and presents this node's certificate. With
+/// `secret`, every call carries its proof ([`crate::auth::AUTH_HEADER`]).
+pub fn http_client(
+    tls: Option<&tally_tls::ClusterTls>,
+    secret: Option<Arc<RaftSecret>>,
+) -> Result<PeerClient, reqwest::Error> {
     let builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
         .timeout(Duration::from_millis(RPC_TIMEOUT_MAX_MS))
@@ -160,8 +167,9 @@ pub fn http_client(tls: Option<&tally_tls::ClusterTls>) -> Result<PeerClient, re
         Some(tls) => PeerClient {
             http: builder.https_only(true).tls_backend_preconfigured(tls.client_config()).build()?,
             scheme: "https",
+            secret,
         },
-        None => PeerClient { http: builder.build()?, scheme: "http" },
+        None => PeerClient { http: builder.build()?, scheme: "http", secret },
     })
 }
 
@@ -177,12 +185,15 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
     let failed = |reason: String| CallError::Failed { addr: addr.to_owned(), path, reason };
     let url = format!("{}://{addr}{path}", client.scheme);
     let call = async {
-        let request = client
+        let mut request = client
             .http
             .post(url)
             .header(crate::rpc::PROTOCOL_HEADER, tally_core::format::RAFT_PROTOCOL.to_string())
             .json(body)
             .timeout(timeout);
+        if let Some(secret) = &client.secret {
+            request = request.header(crate::auth::AUTH_HEADER, secret.header_value().clone());
+        }
         let mut resp = request.send().await.map_err(|e| {
             if e.is_connect() {
                 CallError::Connect { addr: addr.to_owned(), source: e }
@@ -190,7 +201,9 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
                 failed(e.to_string())
             }
         })?;
-        if resp.status() == reqwest::StatusCode::CONFLICT {
+        if resp.status() == reqwest::StatusCode::CONFLICT
+            || resp.status() == reqwest::StatusCode::UNAUTHORIZED
+        {
             let text = resp.text().await.unwrap_or_default();
             let reason = text.chars().take(REFUSAL_BYTES_MAX).collect();
             return Err(CallError::Refused { addr: addr.to_owned(), reason });

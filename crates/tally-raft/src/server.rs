@@ -15,7 +15,10 @@
 //!
 //! Every RPC carries the sender's raft protocol version in the
 //! `tally-raft-protocol` header; another version, or none, is refused with 409 and
-//! both versions named before the body is read.
+//! both versions named before the body is read. Then it must prove the cluster
+//! secret ([`crate::auth`], the `tally-raft-auth` header): without the proof, or
+//! with another cluster's, it is refused with 401 and audited before its body is
+//! read or raft sees it.
 //!
 //! A body that does not decode is refused by axum with a 4xx status before it
 //! reaches raft; bodies are bounded by [`RAFT_BODY_BYTES_MAX`]. An RPC whose
@@ -23,6 +26,7 @@
 //! with another store ([`crate::network::check_incarnation`]), is refused with 409
 //! and the reason as text, before raft sees it.
 
+use crate::auth::RaftSecret;
 use crate::identity::StoreId;
 use crate::network::{check_incarnation, Guarded};
 pub use crate::rpc::{
@@ -73,9 +77,17 @@ struct Ctx {
 }
 
 /// The router of a node's raft endpoints (see the module docs), for node `me` on
-/// store `store`, for the caller to serve on the node's raft address.
+/// store `store`, for the caller to serve on the node's raft address (with
+/// `into_make_service_with_connect_info::<RaftPeer>` (see [`crate::auth::RaftPeer`]) for
+/// refusals to name the peer). With `secret`, every RPC must prove it; without, any caller is served.
 /// [`crate::MetaRaft::start`] serves it itself.
-pub fn raft_router(raft: Raft, shared: Arc<Shared>, me: NodeId, store: StoreId) -> Router {
+pub fn raft_router(
+    raft: Raft,
+    shared: Arc<Shared>,
+    me: NodeId,
+    store: StoreId,
+    secret: Option<Arc<RaftSecret>>,
+) -> Router {
     Router::new()
         .route(PATH_APPEND, post(append))
         .route(PATH_VOTE, post(vote))
@@ -84,8 +96,10 @@ pub fn raft_router(raft: Raft, shared: Arc<Shared>, me: NodeId, store: StoreId) 
         .route(PATH_READ, post(read))
         .route(PATH_IDENTITY, post(identity))
         .route(PATH_REPLACE, post(replace))
-        .layer(axum::middleware::from_fn(same_protocol))
         .layer(DefaultBodyLimit::max(RAFT_BODY_BYTES_MAX))
+        .layer(axum::middleware::from_fn_with_state(secret, crate::auth::authenticated))
+        // Outermost: a peer of another release learns that, not just "401".
+        .layer(axum::middleware::from_fn(same_protocol))
         .with_state(Ctx { raft, shared, me, store, replacing: Default::default() })
 }
 

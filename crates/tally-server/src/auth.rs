@@ -10,10 +10,17 @@
 //! `tally_admin_operations_total{op,outcome}`). Nothing here knows about HTTP: the
 //! router's layer in `http::access` is a shell over [`Gate::authenticate`],
 //! [`Gate::authorize`] and [`Gate::admin_done`].
+//!
+//! The tokens can be replaced while the node runs ([`Gate::reload`], what `tallyd`
+//! does on SIGHUP): every HTTP request presents its token, so it is decided by the
+//! set in force when it arrives; a RESP connection authenticated once, so it checks
+//! [`Gate::generation`] before each command and, after a reload, runs as a new
+//! connection would (it must `AUTH` again on a node with tokens).
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::{AdminOp, AdminOutcome, AuthStats};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 pub use tally_auth::{authorize, AuthError, Principal, Resource, Scope, Tokens};
 
 /// The tracing target of audit events: filter on it (`RUST_LOG=tally::audit=info`)
@@ -36,14 +43,16 @@ pub struct Attempt<'a> {
 /// The node's tokens, metrics and audit trail. Cheap to share (`Arc`).
 #[derive(Debug, Default)]
 pub struct Gate {
-    tokens: Tokens,
+    tokens: RwLock<Arc<Tokens>>,
+    /// How many times the tokens were replaced ([`Gate::reload`]).
+    generation: AtomicU64,
     stats: AuthStats,
 }
 
 impl Gate {
     /// The gate of a node with `config`'s `[[tokens]]`.
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
-        Ok(Self { tokens: Tokens::from_config(&config.tokens)?, stats: AuthStats::default() })
+        Ok(Self::new(Tokens::from_config(&config.tokens)?))
     }
 
     /// The gate of a node without tokens: every request is let through.
@@ -53,12 +62,38 @@ impl Gate {
 
     /// A gate over `tokens` (tests and embedders).
     pub fn new(tokens: Tokens) -> Self {
-        Self { tokens, stats: AuthStats::default() }
+        Self {
+            tokens: RwLock::new(Arc::new(tokens)),
+            generation: AtomicU64::new(0),
+            stats: AuthStats::default(),
+        }
+    }
+
+    /// The tokens in force now.
+    fn tokens(&self) -> Arc<Tokens> {
+        self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the tokens with `config`'s `[[tokens]]` (already validated, its
+    /// exposure checked); returns how many are in force. Nothing else of `config`
+    /// is taken.
+    pub fn reload(&self, config: &Config) -> Result<usize, ConfigError> {
+        let tokens = Arc::new(Tokens::from_config(&config.tokens)?);
+        let n = config.tokens.len();
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = tokens;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(n)
+    }
+
+    /// How many times the tokens were replaced: a connection that authenticated
+    /// under another generation must authenticate again.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Whether the node declares no token (everything is open).
     pub fn is_open(&self) -> bool {
-        self.tokens.is_empty()
+        self.tokens().is_empty()
     }
 
     /// The refusal and admin-operation counts, for `/metrics`.
@@ -73,16 +108,17 @@ impl Gate {
         credentials: Option<&[u8]>,
         attempt: &Attempt<'_>,
     ) -> Result<Arc<Principal>, AuthError> {
-        self.tokens.authenticate(credentials).inspect_err(|e| self.refused(e, attempt))
+        self.tokens().authenticate(credentials).inspect_err(|e| self.refused(e, attempt))
     }
 
     /// The principal of a bare token (RESP `AUTH TOKEN`); a refusal is audited
     /// and counted. On an open node every token is accepted as the open principal.
     pub fn verify(&self, token: &str, attempt: &Attempt<'_>) -> Result<Arc<Principal>, AuthError> {
-        if self.is_open() {
+        let tokens = self.tokens();
+        if tokens.is_empty() {
             return Ok(Arc::new(Principal::open()));
         }
-        self.tokens.verify(token).inspect_err(|e| self.refused(e, attempt))
+        tokens.verify(token).inspect_err(|e| self.refused(e, attempt))
     }
 
     /// Whether `principal` may use `scope` on `resource`; a refusal is audited and
@@ -185,6 +221,30 @@ mod tests {
         let mut w = PromWriter::new();
         g.stats().write(&mut w);
         w.finish()
+    }
+
+    #[test]
+    fn a_reload_replaces_the_tokens_and_moves_the_generation() {
+        let g = gate();
+        assert!(g.authenticate(Some(b"Bearer tok-read"), &ATTEMPT).is_ok());
+        let mut config = Config::single_node().expect("built-in");
+        config.tokens = vec![tally_auth::TokenConfig {
+            name: "writer".into(),
+            hash: tally_auth::TokenHash::of("tok-write").to_config(),
+            scopes: vec![Scope::Write],
+            prefixes: vec![],
+        }];
+        assert_eq!(g.generation(), 0);
+        assert_eq!(g.reload(&config), Ok(1));
+        assert_eq!(g.generation(), 1);
+        assert_eq!(
+            g.authenticate(Some(b"Bearer tok-read"), &ATTEMPT).map(|_| ()),
+            Err(AuthError::UnknownToken)
+        );
+        assert_eq!(g.verify("tok-write", &ATTEMPT).map(|p| p.label().to_string()), Ok("writer".to_string()));
+        config.tokens.clear();
+        assert_eq!(g.reload(&config), Ok(0));
+        assert!(g.is_open());
     }
 
     #[test]

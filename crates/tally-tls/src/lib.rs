@@ -7,7 +7,7 @@
 //!
 //! | function | used by | what it verifies |
 //! | --- | --- | --- |
-//! | [`acceptor`] | client listeners (HTTP, RESP) | clients' certificates against `client_ca` when set, none otherwise |
+//! | [`acceptor`] / [`stream_acceptor`] | client listeners (HTTP / RESP) | clients' certificates against `client_ca` when set, none otherwise |
 //! | [`ClusterTls::load`] → [`ClusterTls::acceptor`] | node-to-node and raft listeners | every client presents a certificate signed by `cluster_ca` |
 //! | [`ClusterTls::load`] → [`ClusterTls::client_config`] / [`ClusterTls::connector`] | node-to-node dials, raft RPCs | the server's certificate is signed by `cluster_ca` and names the dialed address |
 //!
@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
-use tokio_rustls::server::TlsStream;
+pub use tokio_rustls::server::TlsStream;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// Most certificates read from one PEM file: a chain or a CA bundle is a handful;
@@ -196,6 +196,13 @@ pub fn acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
     let mut config = server_config(cfg, cfg.client_ca.as_deref())?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The acceptor of a client listener that is not HTTP (RESP): as [`acceptor`], with
+/// no ALPN protocol offered (Redis clients offer none, and one that offers some is
+/// not refused for it).
+pub fn stream_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
+    Ok(TlsAcceptor::from(Arc::new(server_config(cfg, cfg.client_ca.as_deref())?)))
 }
 
 /// Mutual TLS between nodes: the cluster CA is the only root, both ways.

@@ -39,8 +39,9 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// hand-off page whether it is sealed, and the distinct sketches that shard images
 /// and sketch merges carry are in store format 3's encoding.
 pub const PEER_PROTOCOL: u32 = 2;
-/// The raft RPC protocol (paths, envelopes, answers).
-pub const RAFT_PROTOCOL: u32 = 1;
+/// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
+/// the cluster secret every RPC carries (`tally_raft::auth`).
+pub const RAFT_PROTOCOL: u32 = 2;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;

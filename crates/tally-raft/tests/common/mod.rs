@@ -63,6 +63,7 @@ impl TestCluster {
         cfg.heartbeat_ms = TEST_HEARTBEAT_MS;
         cfg.election_timeout_min_ms = TEST_ELECTION_MIN_MS;
         cfg.election_timeout_max_ms = TEST_ELECTION_MAX_MS;
+        cfg.secret = Some(tally_raft::RaftSecret::new("raft-test-secret"));
         (self.tune)(&mut cfg);
         cfg
     }

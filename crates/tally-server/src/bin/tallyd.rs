@@ -30,7 +30,7 @@ use tracing_subscriber::EnvFilter;
 const FORCED_EXIT_STATUS: i32 = 130;
 
 /// Command-line arguments.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "tallyd", version, about = "Runs a Tally node: sharded, durable counters over HTTP/JSON.")]
 struct Args {
     /// The node's configuration file (TOML). Without it, the built-in single-node
@@ -99,6 +99,61 @@ async fn shutdown_signal(mut term: Signal, mut int: Signal, node: Node) {
     });
 }
 
+/// Re-reads the node config on every SIGHUP and puts its `[[tokens]]` in force
+/// (nothing else of it: a changed listener, secret or engine setting needs a
+/// restart, and a reload that changes them says so). A config that does not load,
+/// validate or pass the exposure check (tokens removed from a node listening beyond
+/// loopback) is refused whole and the tokens in force stay.
+async fn reload_tokens_on_hangup(mut hup: Signal, args: Args, running: Config, gate: Arc<Gate>) {
+    while hup.recv().await.is_some() {
+        if args.config.is_none() {
+            tracing::info!("SIGHUP: the built-in configuration has no tokens to reload");
+            continue;
+        }
+        let loaded = load(&args).and_then(|c| c.check_exposure().map(|()| c).map_err(anyhow::Error::from));
+        let config = match loaded {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(
+                    target: tally_server::auth::AUDIT_TARGET,
+                    event = "tokens_reload",
+                    outcome = "refused",
+                    "SIGHUP: token reload refused, the tokens in force stay: {e:#}"
+                );
+                continue;
+            }
+        };
+        let mut rest = config.clone();
+        rest.tokens.clone_from(&running.tokens);
+        if rest != running {
+            tracing::warn!(
+                "SIGHUP: the config changed beyond [[tokens]]; only the tokens are reloaded, \
+                 the rest takes effect at the next restart"
+            );
+        }
+        match gate.reload(&config) {
+            Ok(n) => {
+                let names: Vec<&str> = config.tokens.iter().map(|t| t.name.as_str()).collect();
+                tracing::info!(
+                    target: tally_server::auth::AUDIT_TARGET,
+                    event = "tokens_reload",
+                    outcome = "ok",
+                    tokens = n,
+                    names = %names.join(","),
+                    generation = gate.generation(),
+                    "SIGHUP: reloaded [[tokens]]: {n} in force"
+                );
+            }
+            Err(e) => tracing::error!(
+                target: tally_server::auth::AUDIT_TARGET,
+                event = "tokens_reload",
+                outcome = "refused",
+                "SIGHUP: token reload refused, the tokens in force stay: {e}"
+            ),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -156,8 +211,17 @@ async fn run(args: Args) -> Result<()> {
     // Signals first, so one that arrives while the engine opens is not lost.
     let term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tokio::spawn(reload_tokens_on_hangup(hup, args.clone(), config.clone(), gate.clone()));
     // Certificates are read before anything binds, so a wrong path fails the start.
     let tls = config.tls.as_ref().map(tally_tls::acceptor).transpose().context("setting up TLS for HTTP")?;
+    let resp_tls = match (&config.tls, me.resp) {
+        (Some(files), Some(_)) => Some(resp::RespTls {
+            acceptor: tally_tls::stream_acceptor(files).context("setting up TLS for RESP")?,
+            handshake_timeout: config.http.header_read_timeout(),
+        }),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(me.http)
         .await
         .with_context(|| format!("binding HTTP to {}", me.http))?;
@@ -208,14 +272,16 @@ async fn run(args: Args) -> Result<()> {
     };
     let resp_served = async {
         let Some(l) = resp_listener else { return Ok(()) };
-        let (timeout, grace) = (config.http.request_timeout(), config.http.shutdown_grace());
+        let serving = resp::Serving {
+            limits: config.resp.clone(),
+            command_timeout: config.http.request_timeout(),
+            grace: config.http.shutdown_grace(),
+            gate: gate.clone(),
+            tls: resp_tls,
+        };
         match &node {
-            Node::Single(n) => {
-                resp::serve(l, n.clone(), &config.resp, timeout, grace, gate.clone(), resp_shutdown).await
-            }
-            Node::Cluster(n) => {
-                resp::serve(l, n.clone(), &config.resp, timeout, grace, gate.clone(), resp_shutdown).await
-            }
+            Node::Single(n) => resp::serve_with(l, n.clone(), serving, resp_shutdown).await,
+            Node::Cluster(n) => resp::serve_with(l, n.clone(), serving, resp_shutdown).await,
         }
     };
     let http_served = async {

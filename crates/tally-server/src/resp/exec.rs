@@ -91,12 +91,23 @@ pub struct Session {
     pub lib_ver: Option<Vec<u8>>,
     /// Who the connection runs as: `None` until `AUTH` on a node with tokens.
     pub principal: Option<Arc<Principal>>,
+    /// The gate's token generation `principal` was decided under
+    /// ([`crate::auth::Gate::generation`]).
+    pub auth_generation: u64,
 }
 
 impl Session {
     /// A new RESP2 connection, running as `principal` (see [`auth::initial`]).
     pub fn new(id: u64, principal: Option<Arc<Principal>>) -> Self {
-        Self { id, proto: Proto::Resp2, name: None, lib_name: None, lib_ver: None, principal }
+        Self {
+            id,
+            proto: Proto::Resp2,
+            name: None,
+            lib_name: None,
+            lib_ver: None,
+            principal,
+            auth_generation: 0,
+        }
     }
 }
 

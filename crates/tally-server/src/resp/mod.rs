@@ -49,7 +49,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -87,12 +87,54 @@ pub async fn serve<S: Service>(
     gate: Arc<Gate>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
+    let serving = Serving { limits: limits.clone(), command_timeout, grace, gate, tls: None };
+    serve_with(listener, svc, serving, shutdown).await
+}
+
+/// TLS on the RESP listener: the acceptor of the node's `[tls]` section (see
+/// [`tally_tls::stream_acceptor`]) and how long a handshake may take.
+#[derive(Clone)]
+pub struct RespTls {
+    /// Presents the node's certificate; verifies clients' when `tls.client_ca` is set.
+    pub acceptor: tally_tls::TlsAcceptor,
+    /// How long a connection may take to complete its handshake
+    /// (`http.header_read_timeout_ms`, shared with HTTP).
+    pub handshake_timeout: Duration,
+}
+
+/// What a RESP listener runs under.
+pub struct Serving {
+    /// The `[resp]` limits.
+    pub limits: RespConfig,
+    /// How long one command may take.
+    pub command_timeout: Duration,
+    /// How long connections may finish their commands after shutdown.
+    pub grace: Duration,
+    /// The node's tokens and audit trail.
+    pub gate: Arc<Gate>,
+    /// TLS, or plaintext when `None`.
+    pub tls: Option<RespTls>,
+}
+
+/// [`serve`] with every setting, TLS included. With TLS, each connection first
+/// completes a handshake in its own task (counted against `resp.connections_max`,
+/// bounded by the handshake timeout); a plaintext client or one without an accepted
+/// certificate fails the handshake, is logged at `warn` and closed, and the
+/// listener goes on.
+pub async fn serve_with<S: Service>(
+    listener: TcpListener,
+    svc: S,
+    serving: Serving,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    let Serving { limits, command_timeout, grace, gate, tls } = serving;
+    let limits = &limits;
     let local = listener.local_addr()?;
     let front = Arc::new(Front::new(svc.node_id().to_string(), local, limits.clone(), command_timeout, gate));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
-    tracing::info!(%local, "serving RESP");
+    tracing::info!(%local, tls = tls.is_some(), "serving RESP");
     loop {
         while connections.try_join_next().is_some() {}
         let (mut stream, peer) = tokio::select! {
@@ -109,8 +151,20 @@ pub async fn serve<S: Service>(
         if front.connected.load(Ordering::Relaxed) >= limits.connections_max {
             front.rejected.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, "RESP connection refused: resp.connections_max reached");
+            let tls = tls.clone();
             connections.spawn(async move {
-                let _ = tokio::time::timeout(command_timeout, stream.write_all(MAX_CLIENTS)).await;
+                match tls {
+                    None => {
+                        let _ = tokio::time::timeout(command_timeout, stream.write_all(MAX_CLIENTS)).await;
+                    }
+                    Some(tls) => {
+                        if let Some(mut stream) = handshake(&tls, stream, peer).await {
+                            let _ =
+                                tokio::time::timeout(command_timeout, stream.write_all(MAX_CLIENTS)).await;
+                            let _ = stream.shutdown().await;
+                        }
+                    }
+                }
             });
             continue;
         }
@@ -123,10 +177,17 @@ pub async fn serve<S: Service>(
         let open = Open(front.clone());
         let svc = svc.clone();
         let stop = stop_rx.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
             let _open = open;
             let session = Session::new(id, auth::initial(&_open.0.gate));
-            connection(stream, svc, &_open.0, session, stop).await;
+            match tls {
+                None => connection(stream, svc, &_open.0, session, stop).await,
+                Some(tls) => {
+                    let Some(stream) = handshake(&tls, stream, peer).await else { return };
+                    connection(stream, svc, &_open.0, session, stop).await
+                }
+            }
             tracing::debug!(%peer, id, "RESP connection closed");
         });
     }
@@ -141,6 +202,27 @@ pub async fn serve<S: Service>(
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// Runs the TLS handshake of a connection within the handshake timeout; `None`
+/// (logged at `warn`) when it fails: a plaintext client, a certificate not signed
+/// by `tls.client_ca`, silence.
+async fn handshake(
+    tls: &RespTls,
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+) -> Option<tally_tls::TlsStream<TcpStream>> {
+    match tokio::time::timeout(tls.handshake_timeout, tls.acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, error = %e, "refused a RESP connection: TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "refused a RESP connection: no TLS handshake in time");
+            None
+        }
+    }
 }
 
 /// Takes every complete request off the front of `buf` (at most
@@ -212,6 +294,12 @@ async fn run_batch<S: Service>(
                 continue;
             }
         };
+        let generation = gate.generation();
+        if session.auth_generation != generation {
+            // The tokens were reloaded: run as a new connection would.
+            session.principal = auth::initial(gate);
+            session.auth_generation = generation;
+        }
         if let Err(reply) = auth::admit(gate, session.principal.as_deref(), &op, &cmd) {
             encode(&reply, session.proto, out);
             continue;
@@ -258,8 +346,8 @@ async fn run_batch<S: Service>(
 
 /// One connection: read, decode every complete command, run them, write every
 /// reply at once; until the client leaves, `QUIT`, a protocol error or shutdown.
-async fn connection<S: Service>(
-    mut stream: TcpStream,
+async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: IO,
     svc: S,
     front: &Front,
     mut session: Session,

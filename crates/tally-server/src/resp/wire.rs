@@ -78,7 +78,10 @@ fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, Pro
     let n: i64 = digits
         .parse()
         .map_err(|_| malformed(format!("invalid {what} length '{}'", quote(digits.as_bytes()))))?;
-    match window.get(cr + 1) {
+    // The LF may lie just past the window (a header of exactly HEADER_BYTES_MAX bytes
+    // before its LF): look it up in the buffer, or the header would read as
+    // incomplete and its count escape the limits.
+    match buf.get(at + cr + 1) {
         None => Ok(None),
         Some(b'\n') => Ok(Some((n, at + cr + 2))),
         Some(_) => Err(malformed(format!("invalid {what} length"))),
@@ -357,6 +360,17 @@ mod tests {
         // Exactly at the limits passes.
         assert_eq!(next_request(b"*8\r\n", &LIMITS), Ok(None));
         assert_eq!(next_request(b"*1\r\n$1024\r\n", &LIMITS), Ok(None));
+    }
+
+    #[test]
+    fn a_count_whose_lf_ends_just_past_the_header_window_is_still_checked() {
+        // 23 digits: the CR is the window's last byte, the LF the next one.
+        let mut req = format!("*{}9\r\n", "0".repeat(HEADER_BYTES_MAX - 2));
+        for _ in 0..9 {
+            req += "$1\r\na\r\n";
+        }
+        let e = next_request(req.as_bytes(), &LIMITS).expect_err("nine arguments, the limit is eight");
+        assert_eq!(e.code, REQUEST_TOO_LARGE, "{e}");
     }
 
     #[test]
