@@ -112,11 +112,15 @@ WRK_SYNC_LUA=$TMP_ROOT/post-ids.lua
 cat >"$WRK_SYNC_LUA" <<'EOF'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+local threads, started = 0, os.time()
+setup = function(thread)
+  threads = threads + 1
+  thread:set("prefix", string.format("%d-%d", started, threads))
+end
 local n = 0
 request = function()
   n = n + 1
-  local body = string.format('{"delta": 1, "event_id": "e-%d-%d"}', math.random(1, 1e9), n)
-  return wrk.format(nil, nil, nil, body)
+  return wrk.format(nil, nil, nil, string.format('{"delta": 1, "event_id": "e%s-%d"}', prefix, n))
 end
 EOF
 

@@ -488,13 +488,19 @@ wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"delta": 1}'
 LUA
-  # A new event id per request: a random prefix per thread, then a sequence.
+  # A new event id per request: the run's start time and the thread's number (wrk's
+  # threads share one unseeded random generator, so random prefixes collide), then a
+  # sequence.
   cat >"$lua_ids" <<'LUA'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-local prefix, n = nil, 0
+local threads, started = 0, os.time()
+setup = function(thread)
+  threads = threads + 1
+  thread:set("prefix", string.format("%d-%d", started, threads))
+end
+local n = 0
 request = function()
-  prefix = prefix or string.format("%x", math.random(1, 2^31))
   n = n + 1
   return wrk.format(nil, nil, nil, string.format('{"delta": 1, "event_id": "w%s-%d"}', prefix, n))
 end

@@ -232,21 +232,29 @@ impl LocalCatalog {
         if puts.is_empty() {
             return out;
         }
-        // A new counter never has a resharding marker, so nothing is deleted.
-        let written = self.store.meta_batch(&puts, &[]).map_err(TallyError::from);
-        drop(guard);
         let any_sync = created.values().any(|m| m.spec.durability == Durability::Sync);
+        drop(created);
+        // A new counter never has a resharding marker, so nothing is deleted. sled
+        // holds a write back while a flush's fsync runs, so a store that blocks is
+        // written from a blocking thread, never from an async worker.
+        let written = if self.store.blocks() {
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.meta_batch(&puts, &[]))
+                .await
+                .unwrap_or(Err(tally_store::StoreError::Closed))
+        } else {
+            self.store.meta_batch(&puts, &[])
+        }
+        .map_err(TallyError::from);
+        drop(guard);
         let settled = match written {
             // A counter created with a `batched` spec by its first increment needs no
             // fsync of its own before that increment is acknowledged: the increment
-            // itself is acknowledged from memory and durable only with a later flush,
-            // and sled recovers a prefix of its writes, so no shard data can survive a
-            // crash without the entry written before it. A flush is asked for at once
-            // (not awaited): the entry is durable within one commit cycle.
-            Ok(()) if !any_sync => {
-                self.flusher.after_flush(Box::new(|_| {}));
-                Ok(())
-            }
+            // itself is acknowledged from memory and durable only with the flush that
+            // follows its drain (within `flush_ms`), and sled recovers a prefix of its
+            // writes, so no shard data can survive a crash without the entry written
+            // before it.
+            Ok(()) if !any_sync => Ok(()),
             Ok(()) => self.flusher.flush().await.map_err(TallyError::from),
             Err(e) => Err(e),
         };
