@@ -399,34 +399,56 @@ section_sketch() {
 
 # ---------------------------------------------------------------- one client for both
 
-# resp_requests PORT WRITERS PIPELINE KEY: like redis_requests, for any key.
+# resp_requests PORT WRITERS PIPELINE COMMAND...: like redis_requests, for any command.
 resp_requests() {
-  local port=$1 w=$2 pipe=$3 key=$4 probe rps
+  local port=$1 w=$2 pipe=$3 probe rps
+  shift 3
   probe=$((w * pipe * 20))
   ((probe >= 2000)) || probe=2000
-  rps=$(timeout 60 redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$probe" -P "$pipe" -q INCR "$key" |
+  rps=$(timeout 60 redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$probe" -P "$pipe" -r 1000000000 -q "$@" |
     tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | awk '{print int($1)}')
   rps=${rps:-0}
   local n=$((rps * DURATION_S))
   echo $((n > probe ? n : probe))
 }
 
-# resp_cell SYSTEM CONFIG PORT PID KEY COUNT_CMD PIPELINE WRITERS: redis-benchmark INCR.
+# resp_cell SYSTEM CONFIG PORT PID COUNT_CMD PIPELINE WRITERS COMMAND...: redis-benchmark
+# running COMMAND (INCR KEY, or TALLY.INCRBY with a random event id per command).
 resp_cell() {
-  local system=$1 config=$2 port=$3 pid=$4 key=$5 count_cmd=$6 pipe=$7 w=$8 requests n
+  local system=$1 config=$2 port=$3 pid=$4 count_cmd=$5 pipe=$6 w=$7 requests n
+  shift 7
   if ((pipe == 1)); then requests=single; else requests="pipeline $pipe"; fi
-  n=$(resp_requests "$port" "$w" "$pipe" "$key")
-  log "redis-benchmark INCR against $system ($config), $requests, $w writers, $n requests"
+  n=$(resp_requests "$port" "$w" "$pipe" "$@")
+  log "redis-benchmark $1 against $system ($config), $requests, $w writers, $n requests"
+  # -r: __rand_int__ in an event id becomes a random 12-digit number per command.
   measure --tool redis --server-pids "$pid" --timeout "$(cell_timeout "$((DURATION_S * 3))")" \
     --log "$OUT/logs/resp.log" --count-cmd "$count_cmd" \
     --field section=resp --field system="$system" --field config="$config" \
     --field requests="$requests" --field batch="$pipe" --field writers="$w" -- \
-    redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$n" -P "$pipe" INCR "$key"
+    redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$n" -P "$pipe" -r 1000000000 "$@"
+}
+
+# wrk_cell CONFIG URL LUA COUNT_CMD WRITERS: single HTTP requests from wrk, a neutral
+# load generator (C, one connection per writer), against the Tally node.
+wrk_cell() {
+  local config=$1 url=$2 lua=$3 count_cmd=$4 w=$5 threads=2 script=() count=()
+  ((w >= 2)) || threads=1
+  [[ -z $lua ]] || script=(-s "$lua")
+  [[ -z $count_cmd ]] || count=(--count-cmd "$count_cmd")
+  log "wrk against Tally 1 node ($config), $w writers"
+  measure --tool wrk --server-pids "$TALLY_PIDS" --timeout "$(cell_timeout "$DURATION_S")" \
+    --log "$OUT/logs/http.log" "${count[@]}" --verify-slack "$w" \
+    --field section=http --field system="Tally 1 node (wrk)" --field config="$config" \
+    --field requests=single --field batch=1 --field writers="$w" -- \
+    wrk -t "$threads" -c "$w" -d "${DURATION_S}s" --latency "${script[@]}" "$url"
 }
 
 # The same client, redis-benchmark, against Redis (appendfsync everysec and always)
 # and against a single Tally node's RESP port (a batched and a sync counter of
-# $TALLY_SHARDS shards): INCR at every writer count, single and pipelined.
+# $TALLY_SHARDS shards): INCR at every writer count, single and pipelined, and
+# TALLY.INCRBY with a new event id per command on the sync counter (Redis `always`
+# is its comparison). Then single HTTP increments from wrk beside `tally load`, and
+# wrk on /healthz (the node's HTTP ceiling).
 section_resp() {
   log "== one client for both: redis-benchmark INCR against Redis and Tally's RESP port"
   start_redis everysec
@@ -441,19 +463,73 @@ section_resp() {
   local w pipe fresh
   for w in $WRITERS; do
     for pipe in 1 "$PIPELINE"; do
-      resp_cell Redis "INCR, appendfsync everysec" "$everysec_port" "$everysec_pid" bench:resp \
-        "redis-cli -h 127.0.0.1 -p $everysec_port GET bench:resp" "$pipe" "$w"
+      resp_cell Redis "INCR, appendfsync everysec" "$everysec_port" "$everysec_pid" \
+        "redis-cli -h 127.0.0.1 -p $everysec_port GET bench:resp" "$pipe" "$w" INCR bench:resp
       for dur in batched sync; do
         fresh="redis-cli -h 127.0.0.1 -p $TALLY_RESP_PORT TALLY.GET resp-$dur FRESH | sed -n 2p"
         resp_cell "Tally 1 node (RESP)" "INCR, $dur counter, $TALLY_SHARDS shards" "$TALLY_RESP_PORT" \
-          "$TALLY_PIDS" "resp-$dur" "$fresh" "$pipe" "$w"
+          "$TALLY_PIDS" "$fresh" "$pipe" "$w" INCR "resp-$dur"
       done
-      resp_cell Redis "INCR, appendfsync always" "$always_port" "$always_pid" bench:resp \
-        "redis-cli -h 127.0.0.1 -p $always_port GET bench:resp" "$pipe" "$w"
+      fresh="redis-cli -h 127.0.0.1 -p $TALLY_RESP_PORT TALLY.GET resp-sync FRESH | sed -n 2p"
+      resp_cell "Tally 1 node (RESP)" "TALLY.INCRBY with event ids, sync counter, $TALLY_SHARDS shards" \
+        "$TALLY_RESP_PORT" "$TALLY_PIDS" "$fresh" "$pipe" "$w" \
+        TALLY.INCRBY resp-sync 1 ID "e$w-$pipe-__rand_int__"
+      resp_cell Redis "INCR, appendfsync always" "$always_port" "$always_pid" \
+        "redis-cli -h 127.0.0.1 -p $always_port GET bench:resp" "$pipe" "$w" INCR bench:resp
     done
   done
   stop_pid "$everysec_pid" TERM 60
   stop_pid "$always_pid" TERM 60
+
+  log "== HTTP single increments: wrk beside tally load"
+  local url=${TALLY_URLS%% *} lua=$TMP_ROOT/incr.lua lua_ids=$TMP_ROOT/incr-ids.lua
+  cat >"$lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"delta": 1}'
+LUA
+  # A new event id per request: the run's start time and the thread's number (wrk's
+  # threads share one unseeded random generator, so random prefixes collide), then a
+  # sequence.
+  cat >"$lua_ids" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local threads, started = 0, os.time()
+setup = function(thread)
+  threads = threads + 1
+  thread:set("prefix", string.format("%d-%d", started, threads))
+end
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, nil, string.format('{"delta": 1, "event_id": "w%s-%d"}', prefix, n))
+end
+LUA
+  for dur in batched sync; do
+    tally_create "$url" "http-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
+  done
+  local value='import json,sys; print(json.load(sys.stdin)["value"])' ids config
+  for w in $WRITERS; do
+    wrk_cell "GET /healthz" "$url/healthz" "" "" "$w"
+    wrk_cell "batched counter, $TALLY_SHARDS shards" "$url/v1/counters/http-batched/increments" "$lua" \
+      "curl -fsS '$url/v1/counters/http-batched/value?consistency=fresh' | $PY -c '$value'" "$w"
+    wrk_cell "sync counter with event ids, $TALLY_SHARDS shards" "$url/v1/counters/http-sync/increments" \
+      "$lua_ids" "curl -fsS '$url/v1/counters/http-sync/value?consistency=fresh' | $PY -c '$value'" "$w"
+    for dur in batched sync; do
+      ids=()
+      config="batched counter, $TALLY_SHARDS shards"
+      if [[ $dur == sync ]]; then
+        ids=(--event-ids)
+        config="sync counter with event ids, $TALLY_SHARDS shards"
+      fi
+      log "tally load against Tally 1 node ($config), $w writers"
+      measure --tool tally --server-pids "$TALLY_PIDS" --timeout "$(cell_timeout "$DURATION_S")" \
+        --log "$OUT/logs/http.log" --field section=http --field system="Tally 1 node (tally load)" \
+        --field config="$config" --field requests=single --field batch=1 --field writers="$w" -- \
+        "$TALLY" --node "$url" --json --timeout-ms 10000 load "http-$dur" --writers "$w" \
+        --duration "${DURATION_S}s" --batch 1 --no-progress --verify "${ids[@]}"
+    done
+  done
   stop_tally
 }
 

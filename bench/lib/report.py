@@ -103,23 +103,60 @@ def resp_section(raw):
         "",
         "The same load generator (`redis-benchmark … INCR KEY`) against Redis and against a single Tally node's "
         "Redis-protocol port. Pipelined rows send 16 commands per round trip (`-P 16`). Server CPU µs per "
-        "increment = server CPU ÷ increments/s. ÷ Redis everysec compares with the Redis everysec row of the "
-        "same writers and pipelining. *verified*: the counter (Tally: a fresh `TALLY.GET`) grew by exactly the "
+        "increment = server CPU ÷ increments/s. ÷ Redis everysec and ÷ Redis always compare with the Redis "
+        "row of the same writers and pipelining (a durable Tally row, `sync`, is to be read against "
+        "`always`). `TALLY.INCRBY` rows carry a new event id per command (`-r`: redis-benchmark puts a random "
+        "number in each). *verified*: the counter (Tally: a fresh `TALLY.GET`) grew by exactly the "
         "acknowledged increments.",
         "",
-        "| system | counter | requests | writers | increments/s | ÷ Redis everysec | p50 µs | p99 µs "
-        "| server CPU % | server CPU µs / incr | verified |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| system | counter | requests | writers | increments/s | ÷ Redis everysec | ÷ Redis always | p50 µs "
+        "| p99 µs | server CPU % | server CPU µs / incr | verified |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def ratio(rate, config, r):
+        base = find(rows, system="Redis", config=config, requests=r.get("requests"), writers=r.get("writers"))
+        return f"{rate / base['incr_per_s']:.2f}×" if base and base.get("incr_per_s") and rate else "–"
+
+    for r in rows:
+        rate, cpu = r.get("incr_per_s"), r.get("server_cpu_pct")
+        per = num(cpu / 100 * 1e6 / rate, 1) if rate and cpu is not None else "–"
+        out.append(
+            f"| {r['system']} | {r['config']} | {r['requests']} | {r['writers']} | {num(rate)} "
+            f"| {ratio(rate, 'INCR, appendfsync everysec', r)} | {ratio(rate, 'INCR, appendfsync always', r)} "
+            f"| {us(r.get('p50_us'))} | {us(r.get('p99_us'))} | {num(cpu)} | {per} | {verified_text(r)} |"
+        )
+    out.append("")
+    return out
+
+
+def http_section(raw):
+    """Markdown lines of the neutral-client HTTP cells: wrk beside tally load, and /healthz."""
+    rows = [r for r in raw if r.get("section") == "http"]
+    if not rows:
+        return []
+    out = [
+        "## HTTP single increments: wrk beside tally load",
+        "",
+        "Single requests, one connection per writer: `wrk -t 2 -c W --latency` (a Lua script sets the body; "
+        "a new event id per request on the sync counter) and `tally load --batch 1`, against the same node. "
+        "`GET /healthz` is the node's HTTP ceiling on this machine; ÷ /healthz compares with it at the same "
+        "writers. wrk may leave up to one request per connection applied but unacknowledged when it stops, so "
+        "its rows verify acknowledged ≤ growth ≤ acknowledged + writers.",
+        "",
+        "| client | request | writers | requests/s | ÷ /healthz | p50 µs | p99 µs | server CPU % "
+        "| server CPU µs / request | verified |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        base = find(rows, system="Redis", config="INCR, appendfsync everysec", requests=r.get("requests"),
-                    writers=r.get("writers"))
+        base = find(rows, system="Tally 1 node (wrk)", config="GET /healthz", writers=r.get("writers"))
         rate, cpu = r.get("incr_per_s"), r.get("server_cpu_pct")
         ratio = f"{rate / base['incr_per_s']:.2f}×" if base and base.get("incr_per_s") and rate else "–"
         per = num(cpu / 100 * 1e6 / rate, 1) if rate and cpu is not None else "–"
+        verified = verified_text(r) if r.get("config") != "GET /healthz" else "–"
         out.append(
-            f"| {r['system']} | {r['config']} | {r['requests']} | {r['writers']} | {num(rate)} | {ratio} "
-            f"| {us(r.get('p50_us'))} | {us(r.get('p99_us'))} | {num(cpu)} | {per} | {verified_text(r)} |"
+            f"| {r['system']} | {r['config']} | {r['writers']} | {num(rate)} | {ratio} "
+            f"| {us(r.get('p50_us'))} | {us(r.get('p99_us'))} | {num(cpu)} | {per} | {verified} |"
         )
     out.append("")
     return out
@@ -558,6 +595,7 @@ def main():
     md.append("![p99 against writers](p99_vs_writers.png)")
     md.append("")
     md.extend(resp_section(raw))
+    md.extend(http_section(raw))
     if reads:
         md.append("## Reads, idle and while writes run")
         md.append("")

@@ -93,6 +93,22 @@ impl Op for EngineIncr {
     }
 }
 
+/// The same through a resolved handle (`tally.handle("hot")`): no name lookup.
+struct HandleIncr {
+    handle: tally_engine::CounterHandle,
+}
+
+impl Op for HandleIncr {
+    async fn call(&self) -> Result<(), String> {
+        let outcome = self.handle.incr(Increment::new(1)).await.map_err(err)?;
+        if outcome.applied {
+            Ok(())
+        } else {
+            Err(format!("increment not applied: {outcome:?}"))
+        }
+    }
+}
+
 /// The key of an engine or baseline cell.
 pub fn hot_key(kind: &str, shards: u16, writers: usize) -> String {
     format!("{kind}/{shards}sh/{writers}w")
@@ -105,7 +121,22 @@ pub async fn hot_cell(
     writers: usize,
     opts: &Options,
 ) -> anyhow::Result<Cell> {
-    let kind = durability.as_str();
+    hot_cell_via(durability, shards, writers, opts, false).await
+}
+
+/// The key prefix of the cells that increment through a resolved handle.
+pub const HANDLE_KIND: &str = "handle";
+
+/// [`hot_cell`]; `via_handle`: every writer increments through one resolved
+/// [`tally_engine::CounterHandle`] instead of by name (row `handle`).
+pub async fn hot_cell_via(
+    durability: Durability,
+    shards: u16,
+    writers: usize,
+    opts: &Options,
+    via_handle: bool,
+) -> anyhow::Result<Cell> {
+    let kind = if via_handle { HANDLE_KIND } else { durability.as_str() };
     let dir = tempfile::tempdir()?;
     // What `Tally::open(dir, TallyConfig::default())` does, with the store's commits and
     // flushes timed.
@@ -114,8 +145,13 @@ pub async fn hot_cell(
     let patch = SpecPatch { shards: Some(shards), durability: Some(durability), ..SpecPatch::default() };
     tally.put_counter(HOT, patch).await?;
     let sample_every = if durability == Durability::Batched { opts.sample_every } else { 1 };
-    let op = Arc::new(EngineIncr { tally: tally.clone() });
-    let d = drive(op, writers, opts.duration(), sample_every).await;
+    let d = if via_handle {
+        let op = Arc::new(HandleIncr { handle: tally.handle(HOT).await? });
+        drive(op, writers, opts.duration(), sample_every).await
+    } else {
+        let op = Arc::new(EngineIncr { tally: tally.clone() });
+        drive(op, writers, opts.duration(), sample_every).await
+    };
     let read = tally.read(HOT, Consistency::Fresh).await.context("fresh read after the run")?;
     let mut cell = Cell::from_driven(hot_key(kind, shards, writers), kind, shards, writers, &d, sample_every);
     cell.verification = verify(read.value, &d);

@@ -26,6 +26,8 @@ use tally_engine::{Consistency, Durability};
 pub const WORKER_THREADS: usize = 2;
 /// Shard counts of the `batched` rows.
 pub const BATCHED_SHARDS: [u16; 3] = [8, 16, 64];
+/// Shard count of the `handle` rows (batched increments through a resolved handle).
+pub const HANDLE_SHARDS: u16 = 64;
 /// Shard counts of the `sync` rows.
 pub const SYNC_SHARDS: [u16; 2] = [8, 64];
 /// Writer counts of every throughput row.
@@ -96,6 +98,17 @@ pub async fn run(opts: &Options, command: String) -> Report {
         let cell = cells::hot_cell(durability, shards, writers, opts)
             .await
             .unwrap_or_else(|e| failed_cell(key, durability.as_str(), shards, writers, e));
+        report.cells.push(cell);
+    }
+    for writers in WRITERS {
+        let key = cells::hot_key(cells::HANDLE_KIND, HANDLE_SHARDS, writers);
+        if !opts.selects(&key) {
+            continue;
+        }
+        eprintln!("{key} ...");
+        let cell = cells::hot_cell_via(Durability::Batched, HANDLE_SHARDS, writers, opts, true)
+            .await
+            .unwrap_or_else(|e| failed_cell(key, cells::HANDLE_KIND, HANDLE_SHARDS, writers, e));
         report.cells.push(cell);
     }
     for writers in WRITERS {

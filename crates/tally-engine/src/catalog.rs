@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 use tally_core::codec;
 use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::spec::Durability;
 use tally_core::CounterName;
 use tally_store::{Store, StoreError};
 use tokio::sync::Mutex;
@@ -27,6 +28,10 @@ fn key(prefix: &[u8], name: &str) -> Vec<u8> {
 
 /// The (generation, shard count) pairs whose data a deleted counter left behind.
 pub type Generations = Vec<(u32, u16)>;
+
+/// What [`Catalog::ensure_many`] answers: per name, its metadata after the command
+/// (always a counter) and whether it was created.
+pub type EnsureResults = Vec<Result<(Option<CounterMeta>, MetaEffect), TallyError>>;
 
 /// Counter metadata as the engine needs it. Reads are local and quick (they may lag a
 /// replicated catalog slightly; shards answer writes under stale metadata with
@@ -49,6 +54,22 @@ pub trait Catalog: Send + Sync + 'static {
         cmd: &'a MetaCommand,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>>;
+    /// Creates every counter of `names` that does not exist, with the default spec
+    /// (`MetaCommand::Ensure` on each, in order): one result per name. Durable when
+    /// it returns, except that a catalog whose store recovers a prefix of its writes
+    /// may answer a `batched` creation once it is written and make it durable with the
+    /// next flush ([`LocalCatalog`] does: see `ensure_local`). The default applies them
+    /// one by one, concurrently, so a catalog
+    /// that shares its commits among concurrent changes (a replicated log that
+    /// appends what is queued together) shares them here too; [`LocalCatalog`] writes
+    /// them all in one store batch and one flush.
+    fn ensure_many<'a>(&'a self, names: &'a [CounterName], now_ms: u64) -> BoxFuture<'a, EnsureResults> {
+        Box::pin(async move {
+            let ensure = MetaCommand::Ensure;
+            let each = names.iter().map(|n| self.apply(n, &ensure, now_ms));
+            futures::future::join_all(each).await
+        })
+    }
     /// Counters with a resharding that has not completed.
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError>;
     /// Deleted counters whose data may still be in stores, with their generations.
@@ -101,6 +122,10 @@ impl Catalog for LocalCatalog {
         now_ms: u64,
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(self.apply_local(name, cmd, now_ms))
+    }
+
+    fn ensure_many<'a>(&'a self, names: &'a [CounterName], now_ms: u64) -> BoxFuture<'a, EnsureResults> {
+        Box::pin(self.ensure_local(names, now_ms))
     }
 
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
@@ -188,6 +213,66 @@ impl LocalCatalog {
         drop(guard);
         self.flusher.flush().await?;
         Ok((next, effect))
+    }
+
+    /// Every creation in one store batch and one flush: the counters that do not
+    /// exist yet are written together, so a burst of first increments to new
+    /// counters costs one metadata commit, not one each.
+    async fn ensure_local(&self, names: &[CounterName], now_ms: u64) -> EnsureResults {
+        let guard = self.write.lock().await;
+        let mut out = Vec::with_capacity(names.len());
+        let mut puts: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        // A name twice in one batch is created once: the second sees the first.
+        let mut created: std::collections::HashMap<&str, CounterMeta> = std::collections::HashMap::new();
+        for name in names {
+            let current = match created.get(name.as_str()) {
+                Some(m) => Ok(Some(m.clone())),
+                None => self.get(name.as_str()),
+            };
+            let result = current.and_then(|c| Ok(apply_command(c, &MetaCommand::Ensure, now_ms)?));
+            if let Ok((Some(meta), MetaEffect::Created)) = &result {
+                puts.push((key(COUNTER_PREFIX, name.as_str()), codec::encode(meta)));
+                created.insert(name.as_str(), meta.clone());
+            }
+            out.push(result);
+        }
+        if puts.is_empty() {
+            return out;
+        }
+        let any_sync = created.values().any(|m| m.spec.durability == Durability::Sync);
+        drop(created);
+        // A new counter never has a resharding marker, so nothing is deleted. sled
+        // holds a write back while a flush's fsync runs, so a store that blocks is
+        // written from a blocking thread, never from an async worker.
+        let written = if self.store.blocks() {
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.meta_batch(&puts, &[]))
+                .await
+                .unwrap_or(Err(tally_store::StoreError::Closed))
+        } else {
+            self.store.meta_batch(&puts, &[])
+        }
+        .map_err(TallyError::from);
+        drop(guard);
+        let settled = match written {
+            // A counter created with a `batched` spec by its first increment needs no
+            // fsync of its own before that increment is acknowledged: the increment
+            // itself is acknowledged from memory and durable only with the flush that
+            // follows its drain (within `flush_ms`), and sled recovers a prefix of its
+            // writes, so no shard data can survive a crash without the entry written
+            // before it.
+            Ok(()) if !any_sync => Ok(()),
+            Ok(()) => self.flusher.flush().await.map_err(TallyError::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = settled {
+            // Nothing is reported created that was not written (or, for a `sync`
+            // spec, made durable).
+            for r in out.iter_mut().filter(|r| matches!(r, Ok((_, MetaEffect::Created)))) {
+                *r = Err(e.clone());
+            }
+        }
+        out
     }
 
     fn names(&self, prefix: &[u8]) -> Result<Vec<CounterName>, TallyError> {

@@ -173,6 +173,8 @@ pub(crate) struct Ctx {
     /// Whether a resend of in-doubt sums is running (one at a time).
     pub(crate) resending: AtomicBool,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
+    /// The rollup, told of counters created here (their first cached total is 0).
+    pub(crate) rollup: OnceLock<ActorRef<crate::rollup::RollupMsg>>,
     pub(crate) closing: AtomicBool,
     /// Shards adopted after a membership change, by placement epoch.
     pub(crate) adopted: dashmap::DashSet<(u64, ShardId)>,
@@ -180,6 +182,8 @@ pub(crate) struct Ctx {
     pub(crate) adopting: DashMap<ShardId, Arc<tokio::sync::Mutex<()>>>,
     /// Set while this node's shards may lack values it lost (`lost.rs`).
     pub(crate) lost: crate::lost::LostData,
+    /// Creations of counters by their first increment, batched into shared commits.
+    pub(crate) creator: Arc<crate::create::Creator>,
 }
 
 /// A shard's committed state as a read sees it.
@@ -229,8 +233,21 @@ impl Ctx {
             None if !create => return Err(TallyError::NotFound(name.to_string())),
             None => {
                 self.finish_delete(&name).await?;
-                let (m, _) = self.catalog.apply(&name, &MetaCommand::Ensure, self.now_ms()).await?;
-                m.expect("ensure always yields a counter")
+                // Shares one metadata commit with the creations queued meanwhile.
+                let (meta, effect, before_ms) = self.creator.ensure(name.clone()).await?;
+                // A counter this call created holds nothing anywhere (a deleted one's
+                // data is gone: `finish_delete`), so its slots may take increments at
+                // once instead of waiting for a first direct write to learn the value,
+                // and its cached total is 0 as of before the creation, with no read.
+                let created = effect == MetaEffect::Created;
+                let rt = self.install_with(name, meta, created);
+                if created && rt.meta.spec.rollup_ms > 0 {
+                    if let Some(rollup) = self.rollup.get() {
+                        let seed = crate::rollup::Fetched::created(&rt, before_ms);
+                        let _ = rollup.send_message(crate::rollup::RollupMsg::Loaded(seed));
+                    }
+                }
+                return Ok(rt);
             }
         };
         Ok(self.install(name, meta))
@@ -239,6 +256,17 @@ impl Ctx {
     /// Makes `meta` the counter's current metadata on this node: a new runtime if it
     /// changed, the old one retired (it still drains what it holds).
     pub(crate) fn install(self: &Arc<Self>, name: CounterName, meta: CounterMeta) -> Arc<CounterRuntime> {
+        self.install_with(name, meta, false)
+    }
+
+    /// [`Ctx::install`]; `created`: the counter was just created with nothing in any
+    /// shard, so a runtime this call inserts where none was opens its slots.
+    fn install_with(
+        self: &Arc<Self>,
+        name: CounterName,
+        meta: CounterMeta,
+        created: bool,
+    ) -> Arc<CounterRuntime> {
         let now = self.now_ms();
         let mut replaced = None;
         let rt = match self.registry.entry(name.clone()) {
@@ -252,7 +280,11 @@ impl Ctx {
                 rt
             }
             dashmap::Entry::Vacant(e) => {
-                e.insert(Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now))).clone()
+                let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now);
+                if created {
+                    rt.open_empty_slots();
+                }
+                e.insert(Arc::new(rt)).clone()
             }
         };
         if let Some(old) = replaced {
@@ -296,13 +328,10 @@ impl Ctx {
         Ok(())
     }
 
-    /// The write path.
-    pub(crate) async fn incr(
-        self: &Arc<Self>,
-        name: &str,
-        inc: Increment,
-    ) -> Result<IncrOutcome, TallyError> {
-        Self::validate(&inc)?;
+    /// What every increment checks before it counts: its fields, and that the engine
+    /// takes writes.
+    fn admit(&self, inc: &Increment) -> Result<(), TallyError> {
+        Self::validate(inc)?;
         if self.closing.load(Relaxed) {
             return Err(TallyError::ShuttingDown);
         }
@@ -312,13 +341,40 @@ impl Ctx {
                 message: "an earlier flush failed; reopen the store".into(),
             }));
         }
+        Ok(())
+    }
+
+    /// The write path.
+    pub(crate) async fn incr(
+        self: &Arc<Self>,
+        name: &str,
+        inc: Increment,
+    ) -> Result<IncrOutcome, TallyError> {
+        self.incr_rt(name, inc, false).await.map(|(outcome, _)| outcome)
+    }
+
+    /// The write path, answering the runtime the increment went through when `want_rt`
+    /// (a front end that reports the total after the increment reads through it, so
+    /// neither the name nor the spec is looked up again).
+    pub(crate) async fn incr_rt(
+        self: &Arc<Self>,
+        name: &str,
+        inc: Increment,
+        want_rt: bool,
+    ) -> Result<(IncrOutcome, Option<Arc<CounterRuntime>>), TallyError> {
+        self.admit(&inc)?;
         let fast = self.try_fast(name, &inc);
         if fast == Fast::Applied {
+            let rt = if want_rt {
+                LAST_RUNTIME.with(|c| c.borrow().as_ref().map(|(_, rt)| rt.clone()))
+            } else {
+                None
+            };
             // The fast path never waits, so a writer looping on it would never give
             // the runtime back to the aggregator and the other actors. Spend tokio's
             // cooperative budget like any other resource: every so often, yield.
             tokio::task::consume_budget().await;
-            return Ok(IncrOutcome::APPLIED);
+            return Ok((IncrOutcome::APPLIED, rt));
         }
         let mut rt = self.runtime(name, true).await?;
         LAST_RUNTIME.with(|c| *c.borrow_mut() = Some((self.id(), rt.clone())));
@@ -338,7 +394,7 @@ impl Ctx {
         };
         if fast_eligible(&rt, &inc) && self.try_buffer(&rt, index, inc.delta, member) {
             tokio::task::consume_budget().await;
-            return Ok(IncrOutcome::APPLIED);
+            return Ok((IncrOutcome::APPLIED, want_rt.then_some(rt)));
         }
         // The direct path: the shard decides, then answers.
         let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member, item };
@@ -357,7 +413,8 @@ impl Ctx {
                     if rt.meta.spec.durability == Durability::Batched && rt.claim_dirty() {
                         self.queue_dirty(&rt);
                     }
-                    return self.outcome(&rt, &inc, outcome);
+                    let outcome = self.outcome(&rt, &inc, outcome)?;
+                    return Ok((outcome, want_rt.then_some(rt)));
                 }
                 ShardReply::Sealed => {
                     if attempt > 0 {
@@ -433,6 +490,26 @@ impl Ctx {
                 Fast::Refused { engine_rt: Arc::as_ptr(rt) as usize, index }
             }
         })
+    }
+
+    /// An increment through a resolved handle: counted on `rt`'s accumulator if it is
+    /// still the counter's current runtime and its slot takes it (true), otherwise
+    /// left to the general path (false). Refuses what `incr` refuses.
+    pub(crate) fn try_handle_fast(
+        &self,
+        rt: &Arc<CounterRuntime>,
+        inc: &Increment,
+    ) -> Result<bool, TallyError> {
+        self.admit(inc)?;
+        if rt.retired.load(Relaxed) || !fast_eligible(rt, inc) {
+            return Ok(false);
+        }
+        let member = match (&inc.member, rt.meta.spec.distinct) {
+            (Some(m), true) => Some(member_hash(m)),
+            _ => None,
+        };
+        let index = route(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc));
+        Ok(self.try_buffer(rt, index, inc.delta, member))
     }
 
     /// The fast path: add to an accumulator slot. False if the slot cannot take it.

@@ -45,9 +45,11 @@ mod api;
 mod catalog;
 mod clock;
 mod config;
+mod create;
 mod ctx;
 mod error;
 mod flusher;
+mod handle;
 mod handoff;
 mod list;
 mod lost;
@@ -65,14 +67,16 @@ mod tally;
 
 pub use aggregator::{DRAINS_CONCURRENT_MAX, EVICTION_SWEEP_MS, SHUTDOWN_DELIVER_MS};
 pub use api::*;
-pub use catalog::{Catalog, Generations, LocalCatalog};
+pub use catalog::{Catalog, EnsureResults, Generations, LocalCatalog};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
+pub use create::CREATE_BATCH_MAX;
 pub use ctx::{
     seed_thread_routing, IN_DOUBT_RESENDS_CONCURRENT_MAX, IN_DOUBT_RETRY_MS_MAX, PREDECESSORS_MAX,
 };
 pub use error::ListError;
 pub use error::TallyError;
+pub use handle::CounterHandle;
 pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};
 pub use list::{CounterPage, LIST_PAGE_COUNTERS_MAX, LIST_PREFIX_BYTES_MAX};
 pub use placement::{Placement, ShardRequest, ShardResponse};

@@ -51,6 +51,27 @@ pub(crate) struct Fetched {
     runtime: Weak<CounterRuntime>,
 }
 
+impl Fetched {
+    /// The total of a counter created at `as_of_ms` (taken before its creation was
+    /// committed): 0, since no increment can have reached one of its shards before it
+    /// existed. Cached at creation, so a first cached read needs no fan-out.
+    pub(crate) fn created(rt: &Arc<CounterRuntime>, as_of_ms: u64) -> Self {
+        Self {
+            name: rt.name.clone(),
+            read: ValueRead {
+                value: 0,
+                consistency: Consistency::Cached,
+                as_of_ms,
+                staleness_ms: 0,
+                complete: true,
+                missing_shards: Vec::new(),
+            },
+            rollup_ms: rt.meta.spec.rollup_ms,
+            runtime: Arc::downgrade(rt),
+        }
+    }
+}
+
 /// The rollup actor.
 pub(crate) struct Rollup;
 

@@ -93,6 +93,15 @@ impl CounterRuntime {
         }
     }
 
+    /// Opens every slot of a counter known to hold nothing (just created): a value
+    /// of 0 leaves every slot its full room ([`tally_core::limits::slot_open`]).
+    pub(crate) fn open_empty_slots(&self) {
+        let open = tally_core::limits::slot_open(0);
+        for slot in self.slots.iter() {
+            slot.open.store(open, SeqCst);
+        }
+    }
+
     /// This runtime and the ones it replaced, newest first (at most `max`).
     pub(crate) fn lineage(self: &Arc<Self>, max: usize) -> Vec<Arc<CounterRuntime>> {
         let mut out = vec![self.clone()];

@@ -9,6 +9,7 @@ use crate::config::TallyConfig;
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::flusher::Flusher;
+use crate::handle::CounterHandle;
 use crate::handoff::HandoffReport;
 use crate::messages::{AggregatorMsg, SupervisorMsg};
 use crate::placement::{Placement, ShardRequest, ShardResponse};
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use tally_core::frequency::TOP_K_MAX;
 use tally_core::meta::{MetaCommand, MetaEffect};
 use tally_core::name::{check_len, MEMBER_LEN_MAX};
-use tally_core::spec::SpecPatch;
+use tally_core::spec::{Durability, SpecPatch};
 use tally_core::CounterName;
 use tally_store::{SledConfig, SledStore, Store};
 
@@ -105,6 +106,7 @@ impl Tally {
             Some(c) => c,
             None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())),
         };
+        let creator = crate::create::Creator::new(catalog.clone(), clock.clone());
         let ctx = Arc::new(Ctx {
             engine_id: crate::ctx::next_engine_id(),
             catalog,
@@ -125,10 +127,12 @@ impl Tally {
             pruning: Default::default(),
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
+            rollup: OnceLock::new(),
             closing: Default::default(),
             adopted: Default::default(),
             adopting: Default::default(),
             lost: Default::default(),
+            creator,
         });
         crate::reshard::watch(&ctx);
         let weak = Arc::downgrade(&ctx);
@@ -138,6 +142,7 @@ impl Tally {
         let (reconciler, _) = Actor::spawn(None, Reconciler, weak).await.map_err(spawn_err)?;
         let _ = ctx.supervisor.set(supervisor.clone());
         let _ = ctx.aggregator.set(aggregator.clone());
+        let _ = ctx.rollup.set(rollup.clone());
         // Finish what a crash interrupted: deletions, then reshardings.
         // (In a cluster other nodes may not be up yet: what fails here is finished
         // later, by the next write to the counter or the next restart.)
@@ -237,6 +242,50 @@ impl Tally {
     pub async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
         let started = Instant::now();
         let rt = self.ctx.runtime(name, false).await?;
+        self.read_rt(name, &rt, consistency, started).await
+    }
+
+    /// Counts one increment and reads the counter's total after it, through the
+    /// runtime the increment went through (no second lookup of the name or of the
+    /// spec): a `sync` counter's fresh total, read once the increment is durable; a
+    /// `batched` counter's cached total (fresh without a rollup), which may or may not
+    /// include this increment yet. What Redis's `INCR` answers
+    /// (`docs/SEMANTICS.md`, "The Redis protocol").
+    #[tracing::instrument(level = "trace", skip_all, fields(counter = name, delta = inc.delta))]
+    pub async fn incr_total(
+        &self,
+        name: &str,
+        inc: Increment,
+    ) -> Result<(IncrOutcome, ValueRead), TallyError> {
+        let (outcome, rt) = self.ctx.incr_rt(name, inc, true).await?;
+        let started = Instant::now();
+        let rt = match rt {
+            Some(rt) => rt,
+            None => self.ctx.runtime(name, false).await?,
+        };
+        let consistency = match rt.meta.spec.durability {
+            Durability::Sync => Consistency::Fresh,
+            Durability::Batched => Consistency::Cached,
+        };
+        let read = self.read_rt(name, &rt, consistency, started).await?;
+        Ok((outcome, read))
+    }
+
+    /// A resolved handle on the counter (created with the defaults if unknown, like a
+    /// first increment): increments through it skip the name lookup. See
+    /// [`CounterHandle`].
+    pub async fn handle(&self, name: &str) -> Result<CounterHandle, TallyError> {
+        let rt = self.ctx.runtime(name, true).await?;
+        Ok(CounterHandle { ctx: self.ctx.clone(), rt })
+    }
+
+    async fn read_rt(
+        &self,
+        name: &str,
+        rt: &Arc<crate::runtime::CounterRuntime>,
+        consistency: Consistency,
+        started: Instant,
+    ) -> Result<ValueRead, TallyError> {
         let read = if consistency == Consistency::Cached && rt.meta.spec.rollup_ms > 0 {
             let (tx, rx) = ractor::concurrency::oneshot();
             self.actors
@@ -254,7 +303,7 @@ impl Tally {
             self.ctx.stats.read_cached_us.record(started.elapsed().as_micros() as u64);
             r
         } else {
-            let r = crate::read::fresh(&self.ctx, &rt).await?;
+            let r = crate::read::fresh(&self.ctx, rt).await?;
             self.ctx.stats.reads_fresh.inc();
             self.ctx.stats.read_fresh_us.record(started.elapsed().as_micros() as u64);
             r

@@ -55,6 +55,12 @@ pub struct HookStore {
     pub on_load: Arc<std::sync::Mutex<Option<LoadHook>>>,
     /// While set, every `load_shard` fails.
     pub fail_loads: Arc<std::sync::atomic::AtomicBool>,
+    /// How many metadata batches (catalog commits) were written.
+    pub meta_batches: Arc<std::sync::atomic::AtomicU64>,
+    /// Every metadata batch sleeps this long first, in milliseconds (a slow disk).
+    pub meta_batch_stall_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// How many shard loads were asked for.
+    pub loads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl HookStore {
@@ -66,6 +72,9 @@ impl HookStore {
             commit_stall_ms: Default::default(),
             on_load: Default::default(),
             fail_loads: Default::default(),
+            meta_batches: Default::default(),
+            meta_batch_stall_ms: Default::default(),
+            loads: Default::default(),
         }
     }
 
@@ -92,6 +101,7 @@ impl tally_engine::Store for HookStore {
         &self,
         id: &tally_core::ShardId,
     ) -> Result<tally_store::ShardImage, tally_engine::StoreError> {
+        self.loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(f) = self.on_load.lock().unwrap().as_ref() {
             f();
         }
@@ -157,6 +167,8 @@ impl tally_engine::Store for HookStore {
         puts: &[(Vec<u8>, Vec<u8>)],
         deletes: &[Vec<u8>],
     ) -> Result<(), tally_engine::StoreError> {
+        self.meta_batches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        stall(&self.meta_batch_stall_ms);
         self.inner.meta_batch(puts, deletes)
     }
     fn meta_scan(
@@ -187,17 +199,20 @@ pub struct SharedCatalog {
     map: Arc<std::sync::Mutex<std::collections::BTreeMap<String, tally_core::meta::CounterMeta>>>,
     /// While set, `CompleteReshard` through this view waits.
     pub hold_completions: Arc<std::sync::atomic::AtomicBool>,
+    /// How many times any view read a counter's metadata.
+    pub gets: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SharedCatalog {
     /// Another view of the same metadata, with a gate of its own.
     pub fn view(&self, hold_completions: Arc<std::sync::atomic::AtomicBool>) -> Self {
-        Self { map: self.map.clone(), hold_completions }
+        Self { map: self.map.clone(), hold_completions, gets: self.gets.clone() }
     }
 }
 
 impl tally_engine::Catalog for SharedCatalog {
     fn get(&self, name: &str) -> Result<Option<tally_core::meta::CounterMeta>, tally_engine::TallyError> {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(self.map.lock().unwrap().get(name).cloned())
     }
     fn apply<'a>(

@@ -118,6 +118,10 @@ impl Service for ClusterService {
         self.node.tally().incr(name, inc).await
     }
 
+    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, ValueRead), TallyError> {
+        self.node.tally().incr_total(name, inc).await
+    }
+
     async fn incr_many(
         &self,
         items: Vec<(String, Increment)>,

@@ -37,6 +37,26 @@ pub trait Service: Clone + Send + Sync + 'static {
         inc: Increment,
     ) -> impl Future<Output = Result<IncrOutcome, TallyError>> + Send;
 
+    /// Counts one increment and reports the counter's total after it, as
+    /// [`incr_total`] describes. The default composes [`Service::incr`],
+    /// [`Service::counter`] and [`Service::read`]; a node over an engine answers in one
+    /// pass through the counter's runtime ([`Tally::incr_total`]).
+    fn incr_total(
+        &self,
+        name: &str,
+        inc: Increment,
+    ) -> impl Future<Output = Result<(IncrOutcome, ValueRead), TallyError>> + Send {
+        async move {
+            let outcome = self.incr(name, inc).await?;
+            let info = self.counter(name).await?;
+            let consistency = match info.spec.durability {
+                Durability::Sync => Consistency::Fresh,
+                Durability::Batched => Consistency::Cached,
+            };
+            Ok((outcome, self.read(name, consistency).await?))
+        }
+    }
+
     /// Counts many independent increments: one result per item, in order. The outer
     /// error refuses the whole batch (for example one that is too large).
     fn incr_many(
@@ -208,13 +228,7 @@ pub async fn incr_total<S: Service>(
     name: &str,
     inc: Increment,
 ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-    let outcome = svc.incr(name, inc).await?;
-    let info = svc.counter(name).await?;
-    let consistency = match info.spec.durability {
-        Durability::Sync => Consistency::Fresh,
-        Durability::Batched => Consistency::Cached,
-    };
-    let read = svc.read(name, consistency).await?;
+    let (outcome, read) = svc.incr_total(name, inc).await?;
     if !read.complete {
         return Ok((outcome, IncrTotal::Incomplete(read.missing_shards)));
     }

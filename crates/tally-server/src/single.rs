@@ -108,6 +108,10 @@ impl Service for SingleNode {
         self.tally.incr(name, inc).await
     }
 
+    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, ValueRead), TallyError> {
+        self.tally.incr_total(name, inc).await
+    }
+
     async fn incr_many(
         &self,
         items: Vec<(String, Increment)>,

@@ -85,15 +85,27 @@ struct Shared {
 }
 
 /// The router's state: the service and the shared limits and signals.
-struct AppState<S> {
+struct AppStateInner<S> {
     svc: S,
     shared: Arc<Shared>,
 }
 
-// Derived `Clone` would require `S: Clone` on the struct; `Service` already is.
-impl<S: Service> Clone for AppState<S> {
+/// [`AppStateInner`] behind one reference count: axum clones the state into every
+/// request, and a service is several `Arc`s (each clone and drop an atomic write to a
+/// cache line every core shares), so a request pays one count instead of all of them.
+struct AppState<S>(Arc<AppStateInner<S>>);
+
+impl<S> std::ops::Deref for AppState<S> {
+    type Target = AppStateInner<S>;
+    fn deref(&self) -> &AppStateInner<S> {
+        &self.0
+    }
+}
+
+// Derived `Clone` would require `S: Clone`.
+impl<S> Clone for AppState<S> {
     fn clone(&self) -> Self {
-        Self { svc: self.svc.clone(), shared: self.shared.clone() }
+        Self(self.0.clone())
     }
 }
 
@@ -113,7 +125,7 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         rates: ops::RateBook::default(),
         gate: gate.clone(),
     });
-    let state = AppState { svc, shared: shared.clone() };
+    let state = AppState(Arc::new(AppStateInner { svc, shared: shared.clone() }));
     Router::new()
         .route("/v1/counters", get(list_counters::<S>))
         .route("/v1/stats", get(stats::<S>))
@@ -161,7 +173,7 @@ impl<S: Send + Sync> FromRequestParts<S> for CounterPath {
 
 /// `PUT /v1/counters/{name}`: creates (201) or updates (200) the counter and answers
 /// with it. An empty body creates a counter with the defaults.
-#[tracing::instrument(name = "put_counter", skip_all)]
+#[tracing::instrument(level = "debug", name = "put_counter", skip_all)]
 async fn put_counter<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -179,7 +191,7 @@ async fn put_counter<S: Service>(
 }
 
 /// `GET /v1/counters?prefix=P&limit=N&cursor=C`: one page of counter names.
-#[tracing::instrument(name = "list_counters", skip_all)]
+#[tracing::instrument(level = "debug", name = "list_counters", skip_all)]
 async fn list_counters<S: Service>(
     State(st): State<AppState<S>>,
     Extension(Caller(caller)): Extension<Caller>,
@@ -189,7 +201,7 @@ async fn list_counters<S: Service>(
 }
 
 /// `GET /v1/stats?limit=N`: this node's busiest counters and read latency.
-#[tracing::instrument(name = "stats", skip_all)]
+#[tracing::instrument(level = "debug", name = "stats", skip_all)]
 async fn stats<S: Service>(
     State(st): State<AppState<S>>,
     Extension(Caller(caller)): Extension<Caller>,
@@ -199,7 +211,7 @@ async fn stats<S: Service>(
 }
 
 /// `GET /v1/counters/{name}`: the spec and a summary; 404 if unknown.
-#[tracing::instrument(name = "get_counter", skip_all)]
+#[tracing::instrument(level = "debug", name = "get_counter", skip_all)]
 async fn get_counter<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -208,7 +220,7 @@ async fn get_counter<S: Service>(
 }
 
 /// `DELETE /v1/counters/{name}`: 204; 404 if unknown.
-#[tracing::instrument(name = "delete_counter", skip_all)]
+#[tracing::instrument(level = "debug", name = "delete_counter", skip_all)]
 async fn delete_counter<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -219,7 +231,7 @@ async fn delete_counter<S: Service>(
 
 /// `POST /v1/counters/{name}/increments`: `{"applied": true}` or
 /// `{"applied": false, "duplicate": true}`.
-#[tracing::instrument(name = "incr", skip_all)]
+#[tracing::instrument(level = "debug", name = "incr", skip_all)]
 async fn incr<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -249,7 +261,7 @@ pub struct BatchResults {
 /// `POST /v1/increments`: one result per item, in order. A batch larger than
 /// `http.batch_items_max` is refused whole (413), as is one with a malformed delta.
 /// An item whose counter is outside the token's prefixes fails alone (`forbidden`).
-#[tracing::instrument(name = "incr_many", skip_all, fields(items = field::Empty))]
+#[tracing::instrument(level = "debug", name = "incr_many", skip_all, fields(items = field::Empty))]
 async fn incr_many<S: Service>(
     State(st): State<AppState<S>>,
     Extension(Caller(caller)): Extension<Caller>,
@@ -317,7 +329,7 @@ pub struct ReadQuery {
 }
 
 /// `GET /v1/counters/{name}/value?consistency=cached|fresh`; 404 if unknown.
-#[tracing::instrument(name = "value", skip_all)]
+#[tracing::instrument(level = "debug", name = "value", skip_all)]
 async fn value<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -341,7 +353,7 @@ async fn value<S: Service>(
 }
 
 /// `GET /v1/counters/{name}/distinct`: the distinct-member estimate.
-#[tracing::instrument(name = "distinct", skip_all)]
+#[tracing::instrument(level = "debug", name = "distinct", skip_all)]
 async fn distinct<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -359,7 +371,7 @@ pub struct FrequencyQuery {
 
 /// `GET /v1/counters/{name}/frequency?item=X`: the item's estimate, error bound and
 /// confidence, merged over every shard.
-#[tracing::instrument(name = "frequency", skip_all)]
+#[tracing::instrument(level = "debug", name = "frequency", skip_all)]
 async fn frequency<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -384,7 +396,7 @@ pub struct TopQuery {
 }
 
 /// `GET /v1/counters/{name}/top?k=10`: the heaviest items with their estimates.
-#[tracing::instrument(name = "top", skip_all)]
+#[tracing::instrument(level = "debug", name = "top", skip_all)]
 async fn top<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -406,7 +418,7 @@ async fn top<S: Service>(
 }
 
 /// `GET /v1/counters/{name}/shards`: per-shard values and skew.
-#[tracing::instrument(name = "shards", skip_all)]
+#[tracing::instrument(level = "debug", name = "shards", skip_all)]
 async fn shards<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -415,7 +427,7 @@ async fn shards<S: Service>(
 }
 
 /// `POST /v1/counters/{name}/reconcile` with `{"authoritative": N}`.
-#[tracing::instrument(name = "reconcile", skip_all)]
+#[tracing::instrument(level = "debug", name = "reconcile", skip_all)]
 async fn reconcile<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -438,7 +450,7 @@ struct ReconciliationsView {
 
 /// `GET /v1/counters/{name}/reconciliations`: the recent reconciliations of the
 /// counter this node ran, newest first.
-#[tracing::instrument(name = "reconciliations", skip_all)]
+#[tracing::instrument(level = "debug", name = "reconciliations", skip_all)]
 async fn reconciliations<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
@@ -449,14 +461,14 @@ async fn reconciliations<S: Service>(
 }
 
 /// `GET /v1/cluster`: membership, health and leader.
-#[tracing::instrument(name = "cluster", skip_all)]
+#[tracing::instrument(level = "debug", name = "cluster", skip_all)]
 async fn cluster<S: Service>(State(st): State<AppState<S>>) -> Json<ClusterView> {
     Json(st.svc.cluster().await)
 }
 
 /// `PUT /v1/cluster/members/{id}`: the node joins the placement ring; shards move
 /// to it in the background (`handoff` lists the nodes still moving them).
-#[tracing::instrument(name = "add_member", skip_all)]
+#[tracing::instrument(level = "debug", name = "add_member", skip_all)]
 async fn add_member<S: Service>(
     State(st): State<AppState<S>>,
     Path(id): Path<String>,
@@ -466,7 +478,7 @@ async fn add_member<S: Service>(
 
 /// `DELETE /v1/cluster/members/{id}`: the node leaves the placement ring; its
 /// shards move to the others. Stop it once `handoff` is empty.
-#[tracing::instrument(name = "remove_member", skip_all)]
+#[tracing::instrument(level = "debug", name = "remove_member", skip_all)]
 async fn remove_member<S: Service>(
     State(st): State<AppState<S>>,
     Path(id): Path<String>,
@@ -476,7 +488,7 @@ async fn remove_member<S: Service>(
 
 /// `POST /v1/cluster/nodes/{id}/accept-loss`: the operator accepts that the node's
 /// replaced disk lost its shards' earlier values; reads count its shards again.
-#[tracing::instrument(name = "accept_loss", skip_all)]
+#[tracing::instrument(level = "debug", name = "accept_loss", skip_all)]
 async fn accept_loss<S: Service>(
     State(st): State<AppState<S>>,
     Path(id): Path<String>,
@@ -549,10 +561,15 @@ async fn guard(State(shared): State<Arc<Shared>>, mut req: Request, next: Next) 
     let body_expected = sends_body(req.headers());
     req.extensions_mut().insert(BodyContext { limit_bytes: limits.body_limit_bytes(), done: done.clone() });
     let method = req.method().clone();
-    let span = tracing::info_span!(
+    // At debug level: under the default `info` filter a request opens no span at all
+    // (a span is a registry slot, allocated and released per request). The warnings
+    // and errors below name the method and path themselves.
+    let uri = req.uri().clone();
+    let path = uri.path();
+    let span = tracing::debug_span!(
         "request",
         method = %method,
-        path = %req.uri().path(),
+        path = %path,
         counter = field::Empty,
         status = field::Empty,
     );
@@ -563,7 +580,7 @@ async fn guard(State(shared): State<Arc<Shared>>, mut req: Request, next: Next) 
         Ok(Err(panic)) => {
             shared.stats.panics.inc();
             let message = panic_message(panic.as_ref());
-            tracing::error!(parent: &span, %message, "handler panicked");
+            tracing::error!(parent: &span, %method, %path, %message, "handler panicked");
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 codes::INTERNAL,
@@ -596,7 +613,7 @@ async fn guard(State(shared): State<Arc<Shared>>, mut req: Request, next: Next) 
     let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     shared.stats.record(status, elapsed_us);
     if status >= 500 {
-        tracing::warn!(parent: &span, elapsed_us, "answered with a server error");
+        tracing::warn!(parent: &span, %method, %path, status, elapsed_us, "answered with a server error");
     } else {
         tracing::debug!(parent: &span, elapsed_us, "answered");
     }

@@ -263,6 +263,41 @@ async fn timed<F: Future<Output = Reply>>(timeout: Duration, f: F) -> Reply {
     })
 }
 
+/// Runs `running` together under one deadline `timeout` from now: a reply each, in
+/// order; a command still running at the deadline answers as [`timed`] does. One
+/// timer serves the whole run (a timer per command was a visible share of a
+/// pipeline's cost: registering and clearing each in the runtime's timer wheel).
+async fn join_timed<F: Future<Output = Reply>>(timeout: Duration, running: Vec<F>) -> Vec<Reply> {
+    if running.len() == 1 {
+        let mut one = running;
+        let only = one.pop().expect("one command");
+        return vec![timed(timeout, only).await];
+    }
+    let mut replies: Vec<Option<Reply>> = std::iter::repeat_with(|| None).take(running.len()).collect();
+    let mut pending: futures::stream::FuturesUnordered<_> =
+        running.into_iter().enumerate().map(|(i, f)| async move { (i, f.await) }).collect();
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            biased;
+            next = futures::StreamExt::next(&mut pending) => match next {
+                Some((i, reply)) => replies[i] = Some(reply),
+                None => break,
+            },
+            _ = &mut deadline => break,
+        }
+    }
+    let mut out = Vec::with_capacity(replies.len());
+    for reply in replies {
+        out.push(match reply {
+            Some(r) => r,
+            None => timed(Duration::ZERO, std::future::pending()).await,
+        });
+    }
+    out
+}
+
 /// A request's command name, uppercased, for the audit trail and refusals.
 fn command_name(args: &[Vec<u8>]) -> String {
     args.first().map(|a| String::from_utf8_lossy(a).to_ascii_uppercase()).unwrap_or_default()
@@ -316,12 +351,12 @@ async fn run_batch<S: Service>(
             for c in run {
                 running.push(async move {
                     match c {
-                        Ok(c) => timed(timeout, exec::run_increment(svc, c)).await,
+                        Ok(c) => exec::run_increment(svc, c).await,
                         Err(refused) => refused,
                     }
                 });
             }
-            let replies = futures::future::join_all(running).await;
+            let replies = join_timed(timeout, running).await;
             for reply in &replies {
                 encode(reply, session.proto, out);
             }

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Where a single node's CPU goes on the hot paths: `perf record -g` on a release
+# `tallyd` while one load generator drives it, then the top frames (self time, and
+# children) of each run.
+#
+#   bench/profile.sh [--out DIR] [--seconds S] [--only resp,resp-pipe,http,http-sync]
+#
+# Workloads (each against a fresh node, 64 connections):
+#   resp       redis-benchmark -c 64 INCR on a batched counter of 64 shards
+#   resp-pipe  the same with -P 16
+#   resp-new   redis-benchmark -c 64 INCR on never-seen counters (a random key each)
+#   resp-many  the same over 1,000 counters that exist and are active
+#   http       wrk: single POST /v1/counters/NAME/increments on a batched counter
+#   http-sync  wrk: the same on a sync counter with event ids
+# Needs perf (Debian linux-perf), redis-benchmark (redis-tools) and wrk; builds
+# `tallyd` unless BENCH_NO_BUILD=1. Results: DIR/<workload>.txt (perf report) and
+# DIR/<workload>.rate (the load generator's summary); DIR defaults to
+# bench/results/profile.
+set -euo pipefail
+
+BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$BENCH")
+# shellcheck source=lib/common.sh
+source "$BENCH/lib/common.sh"
+
+OUT=$BENCH/results/profile
+SECONDS_PER_RUN=8
+ONLY="resp resp-pipe resp-new resp-many http http-sync"
+while (($#)); do
+  case $1 in
+    --out)
+      OUT=$2
+      shift
+      ;;
+    --seconds)
+      SECONDS_PER_RUN=$2
+      shift
+      ;;
+    --only)
+      ONLY=${2//,/ }
+      shift
+      ;;
+    -h | --help)
+      sed -n "2,18p" "$0"
+      exit 0
+      ;;
+    *) die "unknown argument $1 (try --help)" ;;
+  esac
+  shift
+done
+for tool in perf redis-benchmark redis-cli wrk curl; do
+  command -v "$tool" >/dev/null || die "missing $tool (apt-get install linux-perf redis-tools wrk curl)"
+done
+target=${CARGO_TARGET_DIR:-$REPO/target}
+if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
+  (cd "$REPO" && cargo build --release --bin tallyd)
+fi
+TALLYD=$target/release/tallyd
+mkdir -p "$OUT"
+TMP_ROOT=$(mktemp -d "${BENCH_TMPDIR:-/var/tmp}/tally-profile.XXXXXX")
+trap 'stop_all; rm -rf "$TMP_ROOT"' EXIT
+
+start_node() {
+  local dir=$TMP_ROOT/$1 http peer raft resp
+  mkdir -p "$dir"
+  read -r http peer raft resp <<<"$(free_ports 4)"
+  sed -e "s/127\.0\.0\.1:7070/127.0.0.1:$http/" -e "s/127\.0\.0\.1:7170/127.0.0.1:$peer/" \
+    -e "s/127\.0\.0\.1:7270/127.0.0.1:$raft/" -e "s/127\.0\.0\.1:6380/127.0.0.1:$resp/" \
+    -e "s|^data_dir = .*|data_dir = \"$dir/data\"|" \
+    "$REPO/cluster-config/single.toml" >"$dir/node.toml"
+  "$TALLYD" --config "$dir/node.toml" --data-dir "$dir/data" >"$dir/node.log" 2>&1 &
+  NODE_PID=$!
+  register_pid "$NODE_PID"
+  URL="http://127.0.0.1:$http"
+  RESP_PORT=$resp
+  wait_until 60 tallyd curl -fsS "$URL/healthz" -o /dev/null
+}
+
+# profile NAME CMD...: perf record on the node while CMD runs, then the report.
+profile() {
+  local name=$1
+  shift
+  log "$name: $*"
+  perf record -F 999 -g -p "$NODE_PID" -o "$TMP_ROOT/$name.data" -- sleep "$((SECONDS_PER_RUN + 1))" \
+    2>"$TMP_ROOT/$name.perf.log" &
+  local perf_pid=$!
+  sleep 0.5
+  "$@" >"$OUT/$name.rate" 2>&1 || true
+  wait "$perf_pid" || true
+  {
+    echo "# $*"
+    echo "## self time, by symbol"
+    perf report -i "$TMP_ROOT/$name.data" --no-children --sort dso,symbol --stdio -g none 2>/dev/null |
+      grep -v '^#' | grep -v '^$' | sed 's/[ -]*$//' | head -40 || true
+    echo "## with children (inclusive), by symbol"
+    perf report -i "$TMP_ROOT/$name.data" --children --sort symbol --stdio -g none 2>/dev/null |
+      grep -v '^#' | grep -v '^$' | sed 's/[ -]*$//' | head -60 || true
+    echo "## by shared object"
+    perf report -i "$TMP_ROOT/$name.data" --no-children --sort dso --stdio -g none 2>/dev/null |
+      grep -v '^#' | grep -v '^$' | sed 's/[ -]*$//' | head -12 || true
+  } >"$OUT/$name.txt"
+  tr '\r' '\n' <"$OUT/$name.rate" | grep -E 'rps=|requests per second|Requests/sec|Latency' | tail -n 3 >&2 || true
+}
+
+WRK_LUA=$TMP_ROOT/post.lua
+cat >"$WRK_LUA" <<'EOF'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"delta": 1}'
+EOF
+WRK_SYNC_LUA=$TMP_ROOT/post-ids.lua
+cat >"$WRK_SYNC_LUA" <<'EOF'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local threads, started = 0, os.time()
+setup = function(thread)
+  threads = threads + 1
+  thread:set("prefix", string.format("%d-%d", started, threads))
+end
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, nil, string.format('{"delta": 1, "event_id": "e%s-%d"}', prefix, n))
+end
+EOF
+
+for w in $ONLY; do
+  start_node "$w"
+  case $w in
+    resp | resp-pipe)
+      redis-cli -p "$RESP_PORT" TALLY.CREATE hot SHARDS 64 DURABILITY batched >/dev/null
+      pipe=1
+      [[ $w == resp-pipe ]] && pipe=16
+      # requests enough to outlast the recording; the recording is what is measured
+      profile "$w" timeout "$SECONDS_PER_RUN" redis-benchmark -p "$RESP_PORT" -c 64 -P "$pipe" \
+        -n 100000000 INCR hot
+      ;;
+    resp-new)
+      profile "$w" timeout "$SECONDS_PER_RUN" redis-benchmark -p "$RESP_PORT" -c 64 -r 1000000000 \
+        -n 100000000 INCR new:__rand_int__
+      ;;
+    resp-many)
+      redis-benchmark -p "$RESP_PORT" -c 64 -r 1000 -n 200000 -q INCR many:__rand_int__ >/dev/null
+      profile "$w" timeout "$SECONDS_PER_RUN" redis-benchmark -p "$RESP_PORT" -c 64 -r 1000 \
+        -n 100000000 INCR many:__rand_int__
+      ;;
+    http)
+      curl -fsS -X PUT "$URL/v1/counters/hot" -H 'content-type: application/json' \
+        -d '{"shards": 64}' -o /dev/null
+      profile "$w" wrk -t 2 -c 64 -d "${SECONDS_PER_RUN}s" --latency -s "$WRK_LUA" "$URL/v1/counters/hot/increments"
+      ;;
+    http-sync)
+      curl -fsS -X PUT "$URL/v1/counters/hot" -H 'content-type: application/json' \
+        -d '{"shards": 64, "durability": "sync"}' -o /dev/null
+      profile "$w" wrk -t 2 -c 64 -d "${SECONDS_PER_RUN}s" --latency -s "$WRK_SYNC_LUA" \
+        "$URL/v1/counters/hot/increments"
+      ;;
+    *) die "unknown workload $w" ;;
+  esac
+  stop_pid "$NODE_PID" TERM 30
+done
+log "done: $OUT/*.txt"

@@ -1,0 +1,97 @@
+//! Creating counters on their first increment, many per metadata commit.
+//!
+//! An increment to a counter nobody created gives it the default spec
+//! (`MetaCommand::Ensure`). Every counter keeps its metadata entry — listing,
+//! deletion and resharding see it exactly as if it had been created with `PUT` —
+//! but the creations that arrive while one commit is under way wait for the next
+//! one and share it: [`Catalog::ensure_many`] writes them together (one store batch
+//! and one flush for [`crate::LocalCatalog`]). So a burst of new counters costs one
+//! commit per burst, not one per counter.
+//!
+//! One committer runs at a time: the first creation that finds none running starts
+//! it as a task; it takes everything queued (at most [`CREATE_BATCH_MAX`] names per
+//! commit), commits, answers, and goes on while more is queued. The queue holds one
+//! entry per caller waiting for its counter, so it is bounded by the requests in
+//! flight.
+
+use crate::catalog::Catalog;
+use crate::clock::Clock;
+use crate::error::TallyError;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use tally_core::meta::{CounterMeta, MetaEffect};
+use tally_core::CounterName;
+use tokio::sync::oneshot;
+
+/// Most counters one metadata commit creates; the rest wait for the next.
+pub const CREATE_BATCH_MAX: usize = 1024;
+
+/// A creation's answer: the counter's metadata, what the commit did to it, and the
+/// time taken before that commit (no shard of a counter created by it can hold
+/// anything committed before then).
+type Answer = Result<(CounterMeta, MetaEffect, u64), TallyError>;
+
+/// The queue of creations and its committer.
+pub(crate) struct Creator {
+    catalog: Arc<dyn Catalog>,
+    clock: Arc<dyn Clock>,
+    queue: Mutex<Vec<(CounterName, oneshot::Sender<Answer>)>>,
+    running: AtomicBool,
+}
+
+impl Creator {
+    pub(crate) fn new(catalog: Arc<dyn Catalog>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(Self { catalog, clock, queue: Mutex::new(Vec::new()), running: AtomicBool::new(false) })
+    }
+
+    /// `name` exists once this returns: its metadata, whether this call's commit
+    /// created it, and when that commit started.
+    pub(crate) async fn ensure(self: &Arc<Self>, name: CounterName) -> Answer {
+        let (tx, rx) = oneshot::channel();
+        self.queue.lock().push((name, tx));
+        if !self.running.swap(true, SeqCst) {
+            tokio::spawn(self.clone().commit_queued());
+        }
+        rx.await.unwrap_or(Err(TallyError::ShuttingDown))
+    }
+
+    /// Commits what is queued until nothing is.
+    async fn commit_queued(self: Arc<Self>) {
+        loop {
+            let batch: Vec<_> = {
+                let mut q = self.queue.lock();
+                let n = q.len().min(CREATE_BATCH_MAX);
+                q.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                self.running.store(false, SeqCst);
+                // A creation queued after the take above and before the store saw
+                // `running` set and started nobody: take it over, unless another
+                // committer already did.
+                if self.queue.lock().is_empty() || self.running.swap(true, SeqCst) {
+                    return;
+                }
+                continue;
+            }
+            let (names, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            // A catalog that panics fails this batch, not every later creation.
+            let before_ms = self.clock.now_ms();
+            let commit = std::panic::AssertUnwindSafe(self.catalog.ensure_many(&names, before_ms));
+            let results = futures::FutureExt::catch_unwind(commit).await.unwrap_or_default();
+            let mut results = results.into_iter();
+            for (name, reply) in names.iter().zip(replies) {
+                let answer = match results.next() {
+                    Some(Ok((Some(meta), effect))) => Ok((meta, effect, before_ms)),
+                    Some(Ok((None, _))) => Err(TallyError::NotFound(name.to_string())),
+                    Some(Err(e)) => Err(e),
+                    None => Err(TallyError::Unavailable {
+                        shard: "metadata".into(),
+                        reason: "the catalog answered fewer creations than it was asked".into(),
+                    }),
+                };
+                let _ = reply.send(answer);
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! t12: the lean paths — an increment that answers its total reads through the
+//! counter's runtime, first increments to new counters share one metadata commit,
+//! and a resolved handle counts exactly as `incr` does.
+
+mod common;
+
+use common::{quick_config, spec, HookStore, SharedCatalog};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use tally_engine::{
+    Catalog, Consistency, Durability, EngineParts, Increment, MemStore, SpecPatch, SystemClock, Tally,
+};
+
+async fn engine_with_catalog() -> (Tally, SharedCatalog) {
+    let catalog = SharedCatalog::default();
+    let shared: Arc<dyn Catalog> = Arc::new(catalog.clone());
+    let tally = Tally::open_parts(EngineParts {
+        store: Arc::new(MemStore::new()),
+        clock: Arc::new(SystemClock),
+        config: quick_config(),
+        catalog: Some(shared),
+        placement: None,
+    })
+    .await
+    .unwrap();
+    (tally, catalog)
+}
+
+async fn engine_on_hooks() -> (Tally, HookStore) {
+    let store = HookStore::new(MemStore::new());
+    let tally =
+        Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), quick_config()).await.unwrap();
+    (tally, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_total_answers_from_the_runtime_without_reading_the_catalog() {
+    let (tally, catalog) = engine_with_catalog().await;
+    tally.put_counter("money", spec(4, Durability::Sync)).await.unwrap();
+    let no_rollup = SpecPatch { shards: Some(4), rollup_ms: Some(0), ..SpecPatch::default() };
+    tally.put_counter("views", no_rollup).await.unwrap();
+    // Activate both, then count the catalog reads of the increments alone.
+    tally.incr_total("money", Increment::new(1)).await.unwrap();
+    tally.incr_total("views", Increment::new(1)).await.unwrap();
+    let before = catalog.gets.load(SeqCst);
+    for i in 2..=20i128 {
+        let (outcome, read) = tally.incr_total("money", Increment::new(1)).await.unwrap();
+        assert!(outcome.applied);
+        // sync: the fresh total after this increment is durable, so it includes it.
+        assert_eq!(read.consistency, Consistency::Fresh);
+        assert_eq!(read.value, i);
+        // batched without a rollup: a fresh read that delivers this node's buffers.
+        let (_, read) = tally.incr_total("views", Increment::new(1)).await.unwrap();
+        assert_eq!(read.value, i);
+        assert!(read.complete);
+    }
+    assert_eq!(catalog.gets.load(SeqCst), before, "no increment looked its spec up again");
+    // The counter used to be looked up through the catalog for its durability.
+    tally.counter("money").await.unwrap();
+    assert!(catalog.gets.load(SeqCst) > before);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_total_of_a_batched_counter_answers_the_cached_total() {
+    let (tally, _) = engine_with_catalog().await;
+    let (_, first) = tally.incr_total("likes", Increment::new(5)).await.unwrap();
+    assert_eq!(first.consistency, Consistency::Cached);
+    // The cached total may or may not include the increment, never more than counted.
+    assert!(first.value == 0 || first.value == 5, "{first:?}");
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_increments_to_new_counters_share_metadata_commits() {
+    let (tally, store) = engine_on_hooks().await;
+    // A commit that takes a while (a loaded disk): creations arriving meanwhile wait
+    // for the next one and share it.
+    store.meta_batch_stall_ms.store(20, SeqCst);
+    let before = store.meta_batches.load(SeqCst);
+    const NEW: usize = 64;
+    let tasks: Vec<_> = (0..NEW)
+        .map(|i| {
+            let t = tally.clone();
+            tokio::spawn(async move { t.incr(&format!("new:{i:02}"), Increment::new(1)).await })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap().applied);
+    }
+    let commits = store.meta_batches.load(SeqCst) - before;
+    assert!(commits * 4 <= NEW as u64, "{commits} metadata commits for {NEW} new counters");
+    store.meta_batch_stall_ms.store(0, SeqCst);
+    // Every one is a counter like any other: listed, counted, deletable, reshardable.
+    let page = tally.list_counters("new:", None, 1000).unwrap();
+    assert_eq!(page.counters.len(), NEW);
+    for i in 0..NEW {
+        let read = tally.read(&format!("new:{i:02}"), Consistency::Fresh).await.unwrap();
+        assert_eq!(read.value, 1, "new:{i:02}");
+    }
+    tally.delete_counter("new:00").await.unwrap();
+    assert_eq!(tally.list_counters("new:", None, 1000).unwrap().counters.len(), NEW - 1);
+    tally.put_counter("new:01", SpecPatch { shards: Some(2), ..SpecPatch::default() }).await.unwrap();
+    tally.incr("new:01", Increment::new(1)).await.unwrap();
+    assert_eq!(tally.read("new:01", Consistency::Fresh).await.unwrap().value, 2);
+    // A deleted counter's first increment creates it anew, from zero.
+    tally.incr("new:00", Increment::new(3)).await.unwrap();
+    assert_eq!(tally.read("new:00", Consistency::Fresh).await.unwrap().value, 3);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_counter_takes_its_first_increment_into_memory() {
+    let (tally, store) = engine_on_hooks().await;
+    let loads = store.loads.load(SeqCst);
+    tally.incr("fresh:1", Increment::new(1)).await.unwrap();
+    // Acknowledged from the accumulator: no shard was started to learn its value.
+    assert_eq!(store.loads.load(SeqCst), loads);
+    assert_eq!(tally.read("fresh:1", Consistency::Fresh).await.unwrap().value, 1);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_counts_as_incr_does() {
+    let (tally, _) = engine_on_hooks().await;
+    let likes = tally.handle("likes:42").await.unwrap();
+    assert_eq!(likes.name(), "likes:42");
+    for _ in 0..1000 {
+        assert!(likes.incr_by(1).await.unwrap().applied);
+    }
+    assert!(likes.incr_by(0).await.is_err(), "a zero delta is refused as by incr");
+    assert_eq!(tally.read("likes:42", Consistency::Fresh).await.unwrap().value, 1000);
+    // A resharding replaces the runtime: the handle goes on counting by name.
+    tally.put_counter("likes:42", SpecPatch { shards: Some(16), ..SpecPatch::default() }).await.unwrap();
+    assert!(!likes.is_current());
+    for _ in 0..10 {
+        likes.incr_by(1).await.unwrap();
+    }
+    assert_eq!(tally.read("likes:42", Consistency::Fresh).await.unwrap().value, 1010);
+    assert!(tally.handle("likes:42").await.unwrap().is_current());
+
+    // Event ids and sync counters take the shard path through a handle too.
+    tally.put_counter("credits", spec(2, Durability::Sync)).await.unwrap();
+    let credits = tally.handle("credits").await.unwrap();
+    assert!(credits.incr(Increment::new(5).event_id("e-1")).await.unwrap().applied);
+    assert!(credits.incr(Increment::new(5).event_id("e-1")).await.unwrap().duplicate);
+    assert_eq!(tally.read("credits", Consistency::Fresh).await.unwrap().value, 5);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_never_leaves_shard_data_of_a_counter_whose_creation_was_lost() {
+    // Counters created by their first (batched) increment are written without an
+    // fsync of their own; whatever prefix of the store survives, every shard on disk
+    // belongs to a listed counter and every listed counter reads.
+    for keep in [0usize, 1, 2, 3, 5, 8, 13, 21, 34, usize::MAX] {
+        let (tally, store) = common::mem_engine().await;
+        for i in 0..8 {
+            tally.incr(&format!("c:{i}"), Increment::new(i + 1)).await.unwrap();
+        }
+        // Let some drains and flushes happen for the larger prefixes.
+        tokio::time::sleep(std::time::Duration::from_millis(if keep > 8 { 300 } else { 0 })).await;
+        tally.abort();
+        let store = store.restart(keep);
+        let tally = common::reopen(&store).await;
+        let listed = tally.list_counters("c:", None, 100).unwrap().counters;
+        let shards = tally_engine::Store::shard_ids(&store, None, 10_000).unwrap();
+        for id in &shards {
+            assert!(
+                listed.iter().any(|n| n == id.counter.as_str()),
+                "keep {keep}: shard {id} of an unlisted counter"
+            );
+        }
+        for name in &listed {
+            let i: i128 = name[2..].parse().unwrap();
+            let v = tally.read(name, Consistency::Fresh).await.unwrap().value;
+            assert!(v == 0 || v == i + 1, "keep {keep}: {name} = {v}");
+        }
+        tally.shutdown().await.unwrap();
+    }
+}
