@@ -508,7 +508,8 @@ impl Ctx {
             (Some(m), true) => Some(member_hash(m)),
             _ => None,
         };
-        let index = route(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc));
+        let index =
+            route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc), member);
         Ok(self.try_buffer(rt, index, inc.delta, member))
     }
 
