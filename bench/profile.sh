@@ -102,27 +102,8 @@ profile() {
   tr '\r' '\n' <"$OUT/$name.rate" | grep -E 'rps=|requests per second|Requests/sec|Latency' | tail -n 3 >&2 || true
 }
 
-WRK_LUA=$TMP_ROOT/post.lua
-cat >"$WRK_LUA" <<'EOF'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"delta": 1}'
-EOF
-WRK_SYNC_LUA=$TMP_ROOT/post-ids.lua
-cat >"$WRK_SYNC_LUA" <<'EOF'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local threads, started = 0, os.time()
-setup = function(thread)
-  threads = threads + 1
-  thread:set("prefix", string.format("%d-%d", started, threads))
-end
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format(nil, nil, nil, string.format('{"delta": 1, "event_id": "e%s-%d"}', prefix, n))
-end
-EOF
+WRK_LUA=$BENCH/lib/wrk-increment.lua
+WRK_SYNC_LUA=$BENCH/lib/wrk-increment-ids.lua
 
 for w in $ONLY; do
   start_node "$w"

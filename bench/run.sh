@@ -482,29 +482,7 @@ section_resp() {
   stop_pid "$always_pid" TERM 60
 
   log "== HTTP single increments: wrk beside tally load"
-  local url=${TALLY_URLS%% *} lua=$TMP_ROOT/incr.lua lua_ids=$TMP_ROOT/incr-ids.lua
-  cat >"$lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"delta": 1}'
-LUA
-  # A new event id per request: the run's start time and the thread's number (wrk's
-  # threads share one unseeded random generator, so random prefixes collide), then a
-  # sequence.
-  cat >"$lua_ids" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local threads, started = 0, os.time()
-setup = function(thread)
-  threads = threads + 1
-  thread:set("prefix", string.format("%d-%d", started, threads))
-end
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format(nil, nil, nil, string.format('{"delta": 1, "event_id": "w%s-%d"}', prefix, n))
-end
-LUA
+  local url=${TALLY_URLS%% *} lua=$BENCH/lib/wrk-increment.lua lua_ids=$BENCH/lib/wrk-increment-ids.lua
   for dur in batched sync; do
     tally_create "$url" "http-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
   done
