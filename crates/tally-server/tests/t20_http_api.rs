@@ -265,7 +265,16 @@ async fn metrics_are_valid_prometheus_text_with_engine_and_http_signals() {
     call(&app, "POST", "/v1/counters/b/increments", Some(r#"{"delta": 1}"#)).await;
     call(&app, "GET", "/v1/counters/s/value?consistency=fresh", None).await;
     call(&app, "GET", "/nope", None).await;
-    let a = call(&app, "GET", "/metrics", None).await;
+    // A batched increment is counted once its drain is answered (within `flush_ms`).
+    let batched = "tally_increments_total{durability=\"batched\"} 1";
+    let mut a = call(&app, "GET", "/metrics", None).await;
+    for _ in 0..50 {
+        if a.text.lines().any(|l| l == batched) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        a = call(&app, "GET", "/metrics", None).await;
+    }
     assert_eq!(a.status, 200);
     assert_eq!(a.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
     let samples = check_prometheus(&a.text);
