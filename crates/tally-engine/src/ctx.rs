@@ -173,8 +173,6 @@ pub(crate) struct Ctx {
     /// Whether a resend of in-doubt sums is running (one at a time).
     pub(crate) resending: AtomicBool,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
-    /// The rollup, told of counters created here (their first cached total is 0).
-    pub(crate) rollup: OnceLock<ActorRef<crate::rollup::RollupMsg>>,
     pub(crate) closing: AtomicBool,
     /// Shards adopted after a membership change, by placement epoch.
     pub(crate) adopted: dashmap::DashSet<(u64, ShardId)>,
@@ -234,20 +232,14 @@ impl Ctx {
             None => {
                 self.finish_delete(&name).await?;
                 // Shares one metadata commit with the creations queued meanwhile.
-                let (meta, effect, before_ms) = self.creator.ensure(name.clone()).await?;
+                let (meta, effect, _) = self.creator.ensure(name.clone()).await?;
                 // A counter this call created holds nothing anywhere (a deleted one's
                 // data is gone: `finish_delete`), so its slots may take increments at
-                // once instead of waiting for a first direct write to learn the value,
-                // and its cached total is 0 as of before the creation, with no read.
+                // once instead of waiting for a first direct write to learn the value.
+                // Its first cached read reads it fresh, buffers delivered first
+                // (`rollup::load`), so an `INCR` that created it counts itself.
                 let created = effect == MetaEffect::Created;
-                let rt = self.install_with(name, meta, created);
-                if created && rt.meta.spec.rollup_ms > 0 {
-                    if let Some(rollup) = self.rollup.get() {
-                        let seed = crate::rollup::Fetched::created(&rt, before_ms);
-                        let _ = rollup.send_message(crate::rollup::RollupMsg::Loaded(seed));
-                    }
-                }
-                return Ok(rt);
+                return Ok(self.install_with(name, meta, created));
             }
         };
         Ok(self.install(name, meta))

@@ -51,27 +51,6 @@ pub(crate) struct Fetched {
     runtime: Weak<CounterRuntime>,
 }
 
-impl Fetched {
-    /// The total of a counter created at `as_of_ms` (taken before its creation was
-    /// committed): 0, since no increment can have reached one of its shards before it
-    /// existed. Cached at creation, so a first cached read needs no fan-out.
-    pub(crate) fn created(rt: &Arc<CounterRuntime>, as_of_ms: u64) -> Self {
-        Self {
-            name: rt.name.clone(),
-            read: ValueRead {
-                value: 0,
-                consistency: Consistency::Cached,
-                as_of_ms,
-                staleness_ms: 0,
-                complete: true,
-                missing_shards: Vec::new(),
-            },
-            rollup_ms: rt.meta.spec.rollup_ms,
-            runtime: Arc::downgrade(rt),
-        }
-    }
-}
-
 /// The rollup actor.
 pub(crate) struct Rollup;
 
@@ -175,8 +154,9 @@ fn aged(read: &ValueRead, now: u64) -> ValueRead {
     }
 }
 
-/// Reads a counter's total for a first cached read: answers the caller, then hands
-/// the total to the rollup to cache.
+/// Reads a counter's total for a first cached read — fresh, this node's buffered
+/// increments delivered first, so the `INCR` that created a counter answers a total
+/// that includes it — answers the caller, then hands the total to the rollup to cache.
 async fn load(
     ctx: Arc<Ctx>,
     rollup: ActorRef<RollupMsg>,
@@ -191,7 +171,7 @@ async fn load(
         }
     };
     rt.changed.store(0, SeqCst);
-    match crate::read::sum_shards(&ctx, &rt.meta, &name).await {
+    match crate::read::fresh(&ctx, &rt).await {
         Ok(read) => {
             let _ = reply.send(Ok(aged(&read, ctx.now_ms())));
             let fetched =

@@ -127,7 +127,6 @@ impl Tally {
             pruning: Default::default(),
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
-            rollup: OnceLock::new(),
             closing: Default::default(),
             adopted: Default::default(),
             adopting: Default::default(),
@@ -142,7 +141,6 @@ impl Tally {
         let (reconciler, _) = Actor::spawn(None, Reconciler, weak).await.map_err(spawn_err)?;
         let _ = ctx.supervisor.set(supervisor.clone());
         let _ = ctx.aggregator.set(aggregator.clone());
-        let _ = ctx.rollup.set(rollup.clone());
         // Finish what a crash interrupted: deletions, then reshardings.
         // (In a cluster other nodes may not be up yet: what fails here is finished
         // later, by the next write to the counter or the next restart.)
