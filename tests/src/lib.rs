@@ -575,6 +575,29 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
+/// A Python that imports the `redis` package: Debian's (where `python3-redis`
+/// installs it) before whatever `python3` is first on `PATH`. Outside CI a missing
+/// package is `Ok(None)` after a message saying the test is skipped; in CI an error.
+pub fn python_redis() -> Result<Option<&'static str>> {
+    for python in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(python)
+            .args(["-c", "import redis"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(Some(python));
+        }
+    }
+    if in_ci() {
+        bail!(
+            "the Python redis package is missing and CI is set: apt-get install python3-redis (.ci/run does)"
+        );
+    }
+    eprintln!("SKIPPED: the Python redis package is missing (apt-get install python3-redis)");
+    Ok(None)
+}
+
 /// The path of the external program `name` (looked up on `PATH`). Outside CI a
 /// missing program is `Ok(None)` after a message saying the test is skipped and how
 /// to install it; in CI it is an error, so a missing install step fails the run.

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tally_tests::{in_ci, require_tool, TestCluster};
+use tally_tests::{python_redis, require_tool, TestCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -70,28 +70,6 @@ async fn exchange(port: u16, bytes: &[u8], expect: &str) -> Result<(String, bool
         }
     }
     Ok((String::from_utf8_lossy(&got).into_owned(), closed))
-}
-
-/// A Python that imports the `redis` package: Debian's (where `python3-redis`
-/// installs it) before whatever `python3` is first on `PATH`. In CI there must be one.
-fn python_redis() -> Result<Option<&'static str>> {
-    for python in ["/usr/bin/python3", "python3"] {
-        let ok = Command::new(python)
-            .args(["-c", "import redis"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Ok(Some(python));
-        }
-    }
-    if in_ci() {
-        bail!(
-            "the Python redis package is missing and CI is set: apt-get install python3-redis (.ci/run does)"
-        );
-    }
-    eprintln!("SKIPPED: the Python redis package is missing (apt-get install python3-redis)");
-    Ok(None)
 }
 
 /// The Python client's part: every check is an `assert`, so a wrong answer fails

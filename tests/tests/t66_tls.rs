@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_tests::{in_ci, make_certs, require_tool, stories, tally_cli, TestCluster, TlsSetup};
+use tally_tests::{make_certs, python_redis, require_tool, stories, tally_cli, TestCluster, TlsSetup};
 
 /// How long the refusal tests give a refused node to (wrongly) join.
 const REFUSED_WATCH_MS: u64 = 4_000;
@@ -174,25 +174,6 @@ fn redis_cli(port: u16, flags: &[&str], args: &[&str]) -> Result<(bool, String)>
         .output()?;
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     Ok((out.status.success(), said.trim().to_string()))
-}
-
-/// A Python that imports the `redis` package (Debian's first); in CI there must be one.
-fn python_redis() -> Result<Option<&'static str>> {
-    for python in ["/usr/bin/python3", "python3"] {
-        let ok = Command::new(python)
-            .args(["-c", "import redis"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Ok(Some(python));
-        }
-    }
-    if in_ci() {
-        bail!("the Python redis package is missing and CI is set: apt-get install python3-redis");
-    }
-    eprintln!("SKIPPED: the Python redis package is missing (apt-get install python3-redis)");
-    Ok(None)
 }
 
 /// The Python client over TLS: argv is the port and the CA file.
