@@ -22,6 +22,8 @@ BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$BENCH")
 # shellcheck source=lib/common.sh
 source "$BENCH/lib/common.sh"
+# shellcheck source=lib/servers.sh
+source "$BENCH/lib/servers.sh"
 
 OUT=$BENCH/results/profile
 SECONDS_PER_RUN=8
@@ -60,20 +62,12 @@ mkdir -p "$OUT"
 TMP_ROOT=$(mktemp -d "${BENCH_TMPDIR:-/var/tmp}/tally-profile.XXXXXX")
 trap 'stop_all; rm -rf "$TMP_ROOT"' EXIT
 
+# One single node on fresh ports and a fresh data directory (`start_tally_single`).
 start_node() {
-  local dir=$TMP_ROOT/$1 http peer raft resp
-  mkdir -p "$dir"
-  read -r http peer raft resp <<<"$(free_ports 4)"
-  sed -e "s/127\.0\.0\.1:7070/127.0.0.1:$http/" -e "s/127\.0\.0\.1:7170/127.0.0.1:$peer/" \
-    -e "s/127\.0\.0\.1:7270/127.0.0.1:$raft/" -e "s/127\.0\.0\.1:6380/127.0.0.1:$resp/" \
-    -e "s|^data_dir = .*|data_dir = \"$dir/data\"|" \
-    "$REPO/cluster-config/single.toml" >"$dir/node.toml"
-  "$TALLYD" --config "$dir/node.toml" --data-dir "$dir/data" >"$dir/node.log" 2>&1 &
-  NODE_PID=$!
-  register_pid "$NODE_PID"
-  URL="http://127.0.0.1:$http"
-  RESP_PORT=$resp
-  wait_until 60 tallyd curl -fsS "$URL/healthz" -o /dev/null
+  start_tally_single
+  NODE_PID=$TALLY_PIDS
+  URL=$TALLY_URLS
+  RESP_PORT=$TALLY_RESP_PORT
 }
 
 # profile NAME CMD...: perf record on the node while CMD runs, then the report.
