@@ -25,17 +25,13 @@ fn stress(seed: u64, bug: Option<Bug>) -> SimConfig {
 }
 
 fn caught(bug: Bug) {
-    caught_in(bug, stress);
-}
-
-fn caught_in(bug: Bug, config: fn(u64, Option<Bug>) -> SimConfig) {
     let found = (0..SEEDS_MAX).find_map(|seed| {
-        let r = run(config(seed, Some(bug)));
+        let r = run(stress(seed, Some(bug)));
         (!r.violations.is_empty()).then_some((seed, r))
     });
     let Some((seed, r)) = found else { panic!("{bug} not caught within {SEEDS_MAX} seeds") };
     println!("{bug}: caught by seed {seed}: {}", r.violations[0]);
-    let clean = run(config(seed, None));
+    let clean = run(stress(seed, None));
     assert!(clean.violations.is_empty(), "seed {seed} fails without {bug} too: {:?}", clean.violations);
 }
 
