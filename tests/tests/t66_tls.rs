@@ -45,6 +45,36 @@ async fn wait_logged_after(c: &TestCluster, i: usize, from: usize, text: &str) -
     Ok(())
 }
 
+/// What node `i` (TLS, trusted through `ca`) counts in
+/// `tally_listener_refusals_total{listener, reason}`.
+fn refusals(c: &TestCluster, i: usize, ca: &Path, listener: &str, reason: &str) -> Result<u64> {
+    let ca = ca.display().to_string();
+    let (ok, metrics) = curl(&["--cacert", &ca, &format!("{}/metrics", c.node(i).url())])?;
+    anyhow::ensure!(ok, "node{i}'s /metrics did not answer");
+    let series = format!("tally_listener_refusals_total{{listener=\"{listener}\",reason=\"{reason}\"}} ");
+    let line = metrics.lines().find_map(|l| l.strip_prefix(series.as_str()));
+    Ok(line.ok_or_else(|| anyhow::anyhow!("no {series:?} in:\n{metrics}"))?.trim().parse()?)
+}
+
+/// [`refusals`] once it reaches `at_least` (a refusal is counted just after the
+/// client sees its connection close), or what it is after five seconds.
+async fn refusals_reaching(
+    c: &TestCluster,
+    i: usize,
+    ca: &Path,
+    series: (&str, &str),
+    at_least: u64,
+) -> Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = refusals(c, i, ca, series.0, series.1)?;
+        if n >= at_least || Instant::now() > deadline {
+            return Ok(n);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The state node `from` reports for node `of` in `/v1/cluster`.
 async fn state_seen(c: &TestCluster, from: usize, of: usize) -> Result<String> {
     let view = c.get(from, "/v1/cluster").await?;
@@ -86,7 +116,9 @@ async fn https_with_the_ca_works_and_plain_http_to_the_tls_port_fails() -> Resul
     assert!(!curl(&[&https])?.0, "curl trusted the node without --cacert");
     let (ok, body) = curl(&[&plain])?;
     assert!(!ok && !body.contains("status"), "plain HTTP got an answer: {body}");
-    wait_logged(&c, 1, "refused an HTTP connection: TLS handshake failed").await?;
+    wait_logged(&c, 1, "HTTP: refused a connection: TLS handshake failed").await?;
+    // Counted by reason: the client that did not trust the certificate, and the plaintext one.
+    assert_eq!(refusals_reaching(&c, 1, &ca, ("http", "tls_handshake"), 2).await?, 2);
     // The node stays up and serves the next client.
     assert!(curl(&["--cacert", &ca_arg, &https])?.0, "the node stopped serving after a plaintext client");
     assert!(c.node(1).pid().is_some());
@@ -158,6 +190,10 @@ async fn a_node_with_the_wrong_secret_cannot_join_a_tls_cluster() -> Result<()> 
     node3_stays_out(&c).await?;
     let after = &c.log(1)[before..];
     assert!(after.contains("failed (wrong secret"), "{}", c.node(1).log_tail());
+    // Node 3 is dialed by the others (the smaller name dials) and refuses their
+    // sessions, which cannot prove its secret: it counts them and says so.
+    wait_logged(&c, 3, "refused an inbound node-to-node session").await?;
+    assert!(refusals_reaching(&c, 3, &ca, ("node", "unauthenticated"), 1).await? >= 1);
     assert!(!after.contains("peer node3 is up"), "node1 saw node3 up: {}", c.node(1).log_tail());
     Ok(())
 }
@@ -208,13 +244,17 @@ async fn resp_over_tls_serves_redis_clients_and_refuses_plaintext() -> Result<()
     assert_eq!(redis_cli(port, &tls, &create)?, (true, "created".to_string()));
     assert_eq!(redis_cli(port, &tls, &["INCRBY", "likes", "5"])?, (true, "5".to_string()));
     assert_eq!(redis_cli(port, &tls, &["GET", "likes"])?, (true, "5".to_string()));
-    // Without the CA the node's certificate is not trusted.
-    let (_, said) = redis_cli(port, &["--tls"], &["PING"])?;
-    assert!(!said.contains("PONG"), "redis-cli trusted the node without --cacert: {said}");
-    // Plaintext to the TLS port gets no reply; the refusal is logged.
+    // Plaintext to the TLS port gets no reply; the refusal is logged and counted.
     let (_, said) = redis_cli(port, &[], &["PING"])?;
     assert!(!said.contains("PONG"), "plaintext RESP got an answer: {said}");
-    wait_logged(&c, 1, "refused a RESP connection: TLS handshake failed").await?;
+    wait_logged(&c, 1, "RESP: refused a connection: TLS handshake failed").await?;
+    assert_eq!(refusals_reaching(&c, 1, &ca, ("resp", "tls_handshake"), 1).await?, 1, "the plaintext client");
+    // Without the CA the node's certificate is not trusted (the client aborts the
+    // handshake, which counts too).
+    let (_, said) = redis_cli(port, &["--tls"], &["PING"])?;
+    assert!(!said.contains("PONG"), "redis-cli trusted the node without --cacert: {said}");
+    let n = refusals_reaching(&c, 1, &ca, ("resp", "tls_handshake"), 2).await?;
+    assert!(n >= 2, "the client that did not trust the node was not counted");
     if let Some(python) = python_redis()? {
         let out = Command::new(python).arg("-c").arg(PYTHON_TLS).arg(port.to_string()).arg(&ca).output()?;
         assert!(
@@ -241,7 +281,7 @@ async fn resp_over_tls_serves_redis_clients_and_refuses_plaintext() -> Result<()
     wait_logged_after(&c, 1, before, "serving RESP").await?;
     let (_, said) = redis_cli(port, &tls, &["PING"])?;
     assert!(!said.contains("PONG"), "a client without a certificate got in: {said}");
-    wait_logged_after(&c, 1, before, "refused a RESP connection: TLS handshake failed").await?;
+    wait_logged_after(&c, 1, before, "RESP: refused a connection: TLS handshake failed").await?;
     let (cert, key) = (certs.join("client.pem"), certs.join("client-key.pem"));
     let (cert, key) = (cert.display().to_string(), key.display().to_string());
     let with_cert = ["--tls", "--cacert", &ca_arg, "--cert", &cert, "--key", &key];

@@ -1,8 +1,8 @@
 //! t68: the raft endpoints of a plaintext cluster answer only callers that prove
 //! they hold the cluster secret. Raw HTTP requests to every node's raft port — the
 //! identity probe, a forwarded write deleting a counter, a vote — without the
-//! secret's proof or with a wrong one are refused with 401 and logged; the counter
-//! survives and the cluster goes on serving.
+//! secret's proof or with a wrong one are refused with 401, logged and counted by
+//! reason on `/metrics`; the counter survives and the cluster goes on serving.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -65,6 +65,15 @@ async fn raft_rpcs_without_the_cluster_secret_are_refused() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(c.log(1).contains("refused a raft RPC: wrong proof of the cluster secret"));
+    // Each node counts what it refused: three calls without a proof, six with a wrong one.
+    for i in 1..=3 {
+        let metrics = reqwest::get(format!("{}/metrics", c.node(i).url())).await?.text().await?;
+        for (reason, n) in [("proof_missing", 3), ("proof_wrong", 6)] {
+            let line =
+                format!("tally_listener_refusals_total{{listener=\"raft\",reason=\"{reason}\"}} {n}\n");
+            assert!(metrics.contains(&line), "node{i} lacks {line:?}:\n{metrics}");
+        }
+    }
     // The counter is intact and the cluster serves.
     assert_eq!(c.fresh(2, "credits").await?["value"], 100);
     let (status, body) = c.incr(3, "credits", json!({"delta": 1})).await?;

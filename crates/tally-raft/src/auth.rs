@@ -22,12 +22,13 @@ use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
+use tally_tls::refusals::{self, Listener, Reason};
 
 /// The header every raft RPC carries its proof of the cluster secret in.
 pub const AUTH_HEADER: &str = "tally-raft-auth";
 /// The tracing target refusals are logged on: the server's audit trail
 /// (`tally_server::auth::AUDIT_TARGET`).
-pub const AUDIT_TARGET: &str = "tally::audit";
+pub const AUDIT_TARGET: &str = refusals::AUDIT_TARGET;
 /// What the secret is hashed behind, so the proof is of no use anywhere else.
 const DOMAIN: &[u8] = b"tally raft rpc v1\0";
 
@@ -112,9 +113,11 @@ pub(crate) async fn authenticated(
                 Refusal::Wrong => "refused a raft RPC: wrong proof of the cluster secret",
             };
             let reason = match refusal {
-                Refusal::Missing => "missing",
-                Refusal::Wrong => "wrong",
+                Refusal::Missing => Reason::ProofMissing,
+                Refusal::Wrong => Reason::ProofWrong,
             };
+            refusals::count(Listener::Raft, reason);
+            let reason = reason.as_str();
             tracing::warn!(target: AUDIT_TARGET, %path, %peer, reason, outcome = "refused", "{text}");
             (StatusCode::UNAUTHORIZED, "the raft RPC does not prove this cluster's secret (cluster.secret)")
                 .into_response()

@@ -350,8 +350,9 @@ impl MetaRaft {
             }),
             Some(tls) => {
                 let handshake = Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS);
-                let incoming = TlsIncoming::start(listener, tls.acceptor(), handshake, "raft")
-                    .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
+                let incoming =
+                    TlsIncoming::start(listener, tls.acceptor(), handshake, tally_tls::Listener::Raft)
+                        .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
                 tokio::spawn(async move {
                     let served = axum::serve(TlsListener(incoming), router).with_graceful_shutdown(stopped);
                     if let Err(e) = served.await {

@@ -25,7 +25,7 @@ pub use tally_auth::{authorize, AuthError, Principal, Resource, Scope, Tokens};
 
 /// The tracing target of audit events: filter on it (`RUST_LOG=tally::audit=info`)
 /// or route it to its own sink.
-pub const AUDIT_TARGET: &str = "tally::audit";
+pub const AUDIT_TARGET: &str = tally_tls::refusals::AUDIT_TARGET;
 
 /// What a request asks, for the audit trail.
 #[derive(Debug, Clone, Copy)]

@@ -303,6 +303,23 @@ impl AuthStats {
     }
 }
 
+/// `tally_listener_refusals_total{listener, reason}`: connections and calls refused
+/// below client authentication (TLS handshakes, raft proofs, node-to-node sessions),
+/// counted by every listener of this process ([`tally_tls::refusals`]).
+pub fn listener_refusals(w: &mut PromWriter) {
+    let counts = tally_tls::refusals::snapshot();
+    let labels: Vec<[(&str, &str); 2]> =
+        counts.iter().map(|((l, r), _)| [("listener", l.as_str()), ("reason", r.as_str())]).collect();
+    let samples: Vec<(Labels<'_>, u64)> =
+        labels.iter().zip(&counts).map(|(l, (_, n))| (l.as_slice(), *n)).collect();
+    w.counter(
+        "tally_listener_refusals_total",
+        "Connections and calls refused before client authentication, by listener and reason \
+         (TLS handshakes, raft RPCs without the cluster secret's proof, node-to-node sessions).",
+        &samples,
+    );
+}
+
 /// The engine's families, labelled where a dimension exists.
 pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
     let s: &Stats = tally.stats();

@@ -119,10 +119,10 @@ async fn serve_with(
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => drive(stream, peer, &builder, app, &mut stop).await,
-                        Ok(Err(e)) => {
-                            tracing::warn!(%peer, error = %e, "refused an HTTP connection: TLS handshake failed")
+                        Ok(Err(e)) => tally_tls::refused_handshake(tally_tls::Listener::Http, peer, &e),
+                        Err(_) => {
+                            tally_tls::timed_out_handshake(tally_tls::Listener::Http, peer, handshake_timeout)
                         }
-                        Err(_) => tracing::warn!(%peer, "refused an HTTP connection: no TLS handshake in time"),
                     }
                 }
             }

@@ -34,6 +34,9 @@ use tokio::sync::{mpsc, Semaphore};
 pub use tokio_rustls::server::TlsStream;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+pub mod refusals;
+pub use refusals::Listener;
+
 /// Most certificates read from one PEM file: a chain or a CA bundle is a handful;
 /// this bounds what a wrong file (a whole system bundle, a log) can make a node hold.
 pub const PEM_CERTS_MAX: usize = 64;
@@ -272,6 +275,22 @@ pub fn server_name(addr: SocketAddr) -> ServerName<'static> {
     ServerName::IpAddress(addr.ip().into())
 }
 
+/// Logs and counts a TLS handshake that `what` refused from `peer`.
+pub fn refused_handshake(what: Listener, peer: SocketAddr, error: &std::io::Error) {
+    refusals::count(what, refusals::Reason::TlsHandshake);
+    tracing::warn!(target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_handshake", %error, listener = what.as_str(), "{}: refused a connection: TLS handshake failed", what.describe());
+}
+
+/// Logs and counts a connection to `what` from `peer` that did not complete its TLS
+/// handshake within `timeout`.
+pub fn timed_out_handshake(what: Listener, peer: SocketAddr, timeout: Duration) {
+    refusals::count(what, refusals::Reason::TlsTimeout);
+    tracing::warn!(
+        target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_timeout", listener = what.as_str(), timeout_ms = timeout.as_millis() as u64,
+        "{}: refused a connection: no TLS handshake in time", what.describe()
+    );
+}
+
 /// Connections accepted on a listener whose TLS handshakes succeeded.
 ///
 /// A task accepts TCP connections and runs each handshake in its own task, at
@@ -287,12 +306,13 @@ pub struct TlsIncoming {
 }
 
 impl TlsIncoming {
-    /// Starts accepting on `listener`; `what` names the listener in logs.
+    /// Starts accepting on `listener`; `what` names it in logs and in the refusal
+    /// counts ([`refusals`]).
     pub fn start(
         listener: TcpListener,
         acceptor: TlsAcceptor,
         handshake_timeout: Duration,
-        what: &'static str,
+        what: Listener,
     ) -> std::io::Result<Self> {
         let local = listener.local_addr()?;
         let (tx, accepted) = mpsc::channel(ACCEPTED_QUEUE_MAX);
@@ -305,7 +325,7 @@ impl TlsIncoming {
                     accepted = listener.accept() => match accepted {
                         Ok(a) => a,
                         Err(e) => {
-                            tracing::warn!(%local, error = %e, "{what}: accept failed; backing off");
+                            tracing::warn!(%local, error = %e, "{}: accept failed; backing off", what.describe());
                             tokio::time::sleep(Duration::from_millis(ACCEPT_BACKOFF_MS)).await;
                             continue;
                         }
@@ -319,13 +339,8 @@ impl TlsIncoming {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, peer)).await;
                         }
-                        Ok(Err(e)) => {
-                            tracing::warn!(%local, %peer, error = %e, "{what}: refused a connection: TLS handshake failed")
-                        }
-                        Err(_) => tracing::warn!(
-                            %local, %peer, timeout_ms = handshake_timeout.as_millis() as u64,
-                            "{what}: refused a connection: no TLS handshake in time"
-                        ),
+                        Ok(Err(e)) => refused_handshake(what, peer, &e),
+                        Err(_) => timed_out_handshake(what, peer, handshake_timeout),
                     }
                 });
             }

@@ -2,6 +2,7 @@
 //! the only root, a certificate from another CA is refused, and a plaintext client
 //! fails the handshake without stopping the listener.
 
+use super::refusals::Reason;
 use super::*;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -120,8 +121,11 @@ async fn plaintext_and_silent_clients_are_refused_and_the_listener_goes_on() {
     let tls = ClusterTls::load(&node_files(dir.path(), "a", &ours)).expect("tls");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let refused = |reason| refusals::get(Listener::Node, reason);
+    let (failed_before, late_before) = (refused(Reason::TlsHandshake), refused(Reason::TlsTimeout));
     let mut incoming =
-        TlsIncoming::start(listener, tls.acceptor(), Duration::from_millis(300), "test").expect("incoming");
+        TlsIncoming::start(listener, tls.acceptor(), Duration::from_millis(300), Listener::Node)
+            .expect("incoming");
     assert_eq!(incoming.local_addr(), addr);
     // A silent client and a plaintext one: neither gets through, nor blocks others.
     let _silent = TcpStream::connect(addr).await.expect("connect");
@@ -138,6 +142,18 @@ async fn plaintext_and_silent_clients_are_refused_and_the_listener_goes_on() {
     };
     let (_client, accepted) = tokio::join!(dial, incoming.next());
     assert!(accepted.is_some());
+    // Each refusal is counted under its reason (no other test here starts a node
+    // listener); the count follows the close the client saw, so it is waited for.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    for (reason, before, who) in [
+        (Reason::TlsHandshake, failed_before, "the plaintext client"),
+        (Reason::TlsTimeout, late_before, "the silent client"),
+    ] {
+        while refused(reason) == before && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(refused(reason) - before, 1, "{who}");
+    }
 }
 
 #[test]

@@ -21,6 +21,7 @@ use ractor_cluster::{NodeEventSubscription, NodeSessionMessage};
 use tokio::sync::watch;
 
 use crate::backoff::{unix_ms, LogLimiter, RECONNECT_LOG_INTERVAL_MS};
+use tally_tls::refusals::{self, Listener, Reason, AUDIT_TARGET};
 
 /// Prefix of the label we give outbound streams; ractor_cluster reports it back as the
 /// session's `peer_addr`, which is how a dial is matched to its session.
@@ -61,6 +62,9 @@ pub(crate) struct SessionRecord {
     pub(crate) opened: Instant,
     /// When we asked it to stop, for the kill-after-grace fallback.
     pub(crate) stop_requested: Option<Instant>,
+    /// Refused once already (a node not in the peer list), so its close is not
+    /// counted as a second refusal.
+    pub(crate) refused: bool,
 }
 
 impl SessionRecord {
@@ -139,6 +143,7 @@ impl Sessions {
             authenticated: false,
             opened: Instant::now(),
             stop_requested: None,
+            refused: false,
         }
     }
 
@@ -163,7 +168,14 @@ impl Sessions {
             let record = table.records.entry(ses.actor.get_id()).or_insert_with(|| Self::record_from(&ses));
             let dialed = record.dial_label.as_deref().and_then(dial_label_peer).map(str::to_string);
             if !self.peers.contains(&peer) {
-                tracing::warn!(node = %self.node_id, "closing session from {full_name:?}: not in the peer list");
+                if record.inbound {
+                    refusals::count(Listener::Node, Reason::UnknownPeer);
+                }
+                record.refused = true;
+                tracing::warn!(
+                    target: AUDIT_TARGET, node = %self.node_id, addr = %ses.peer_addr, outcome = "refused",
+                    reason = Reason::UnknownPeer.as_str(), "closing session from {full_name:?}: not in the peer list"
+                );
                 record.stop_requested = Some(Instant::now());
                 record.actor.stop(Some("tally: unknown peer".into()));
             } else if dialed.as_deref().is_some_and(|d| d != peer) {
@@ -197,6 +209,16 @@ impl Sessions {
                     if let Some(suppressed) = table.log_allowed(&peer, false) {
                         tracing::info!(node = %self.node_id, peer = %peer, suppressed, "session down with {peer}");
                     }
+                }
+                Some(r) if r.inbound && !r.refused => {
+                    // A dialer that could not prove the cluster secret, or stayed
+                    // silent until the handshake timeout.
+                    refusals::count(Listener::Node, Reason::Unauthenticated);
+                    tracing::warn!(
+                        target: AUDIT_TARGET, node = %self.node_id, addr = %ses.peer_addr, outcome = "refused",
+                        reason = Reason::Unauthenticated.as_str(),
+                        "refused an inbound node-to-node session: it closed before proving the cluster secret"
+                    );
                 }
                 Some(r) => {
                     tracing::debug!(node = %self.node_id, peer = ?r.peer, "session closed before authenticating")

@@ -144,7 +144,12 @@ impl Transport {
         let incoming = match &cfg.tls {
             Some(tls) => {
                 let bound = TcpListener::bind(cfg.listen).await.and_then(|listener| {
-                    TlsIncoming::start(listener, tls.acceptor(), cfg.handshake_timeout(), "node-to-node")
+                    TlsIncoming::start(
+                        listener,
+                        tls.acceptor(),
+                        cfg.handshake_timeout(),
+                        tally_tls::Listener::Node,
+                    )
                 });
                 match bound {
                     Ok(incoming) => Some(incoming),

@@ -502,6 +502,7 @@ async fn metrics<S: Service>(State(st): State<AppState<S>>) -> Response {
     let mut w = PromWriter::new();
     st.shared.stats.write(&mut w);
     st.shared.gate.stats().write(&mut w);
+    crate::metrics::listener_refusals(&mut w);
     text.push_str(&w.finish());
     ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
 }

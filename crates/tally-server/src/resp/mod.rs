@@ -215,11 +215,11 @@ async fn handshake(
     match tokio::time::timeout(tls.handshake_timeout, tls.acceptor.accept(stream)).await {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(e)) => {
-            tracing::warn!(%peer, error = %e, "refused a RESP connection: TLS handshake failed");
+            tally_tls::refused_handshake(tally_tls::Listener::Resp, peer, &e);
             None
         }
         Err(_) => {
-            tracing::warn!(%peer, "refused a RESP connection: no TLS handshake in time");
+            tally_tls::timed_out_handshake(tally_tls::Listener::Resp, peer, tls.handshake_timeout);
             None
         }
     }
