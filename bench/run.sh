@@ -420,7 +420,8 @@ resp_cell() {
   if ((pipe == 1)); then requests=single; else requests="pipeline $pipe"; fi
   n=$(resp_requests "$port" "$w" "$pipe" "$@")
   log "redis-benchmark $1 against $system ($config), $requests, $w writers, $n requests"
-  # -r: __rand_int__ in an event id becomes a random 12-digit number per command.
+  # -r: each __rand_int__ becomes a random 12-digit number per command; event ids
+  # carry two, so that no two of a cell (probe included) collide: 10^18 ids.
   measure --tool redis --server-pids "$pid" --timeout "$(cell_timeout "$((DURATION_S * 3))")" \
     --log "$OUT/logs/resp.log" --count-cmd "$count_cmd" \
     --field section=resp --field system="$system" --field config="$config" \
@@ -473,7 +474,7 @@ section_resp() {
       fresh="redis-cli -h 127.0.0.1 -p $TALLY_RESP_PORT TALLY.GET resp-sync FRESH | sed -n 2p"
       resp_cell "Tally 1 node (RESP)" "TALLY.INCRBY with event ids, sync counter, $TALLY_SHARDS shards" \
         "$TALLY_RESP_PORT" "$TALLY_PIDS" "$fresh" "$pipe" "$w" \
-        TALLY.INCRBY resp-sync 1 ID "e$w-$pipe-__rand_int__"
+        TALLY.INCRBY resp-sync 1 ID "e$w-$pipe-__rand_int__-__rand_int__"
       resp_cell Redis "INCR, appendfsync always" "$always_port" "$always_pid" \
         "redis-cli -h 127.0.0.1 -p $always_port GET bench:resp" "$pipe" "$w" INCR bench:resp
     done
