@@ -35,6 +35,7 @@
 //!   machine follows. [`AutoInput::Refused`] drops a proposal the metadata refused.
 
 use crate::spec::AutoShards;
+use serde::{Deserialize, Serialize};
 
 /// A raise multiplies the shard count by at least this.
 pub const UP_FACTOR: u16 = 2;
@@ -166,7 +167,7 @@ pub struct Sample {
 }
 
 /// A sample's contention figures, as reported.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Figures {
     /// Mean increments per second per shard.
     pub rate_per_shard: u64,
@@ -196,7 +197,8 @@ impl Figures {
 }
 
 /// Why a change was proposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// Increments queued at a shard.
     QueueDepth,
@@ -228,7 +230,7 @@ impl Reason {
 }
 
 /// A proposed or completed change of the shard count.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Change {
     /// The count before.
     pub from: u16,
@@ -285,8 +287,17 @@ pub enum AutoEffect {
     },
 }
 
+/// A proposal that did not happen, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DroppedChange {
+    /// The proposal.
+    pub change: Change,
+    /// Why it did not happen.
+    pub reason: String,
+}
+
 /// What `GET …/shards` shows of an auto counter.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AutoStatus {
     /// The bounds.
     pub bounds: AutoShards,
@@ -295,7 +306,7 @@ pub struct AutoStatus {
     /// The proposal outstanding.
     pub pending: Option<Change>,
     /// The last proposal that did not happen, and why.
-    pub last_dropped: Option<(Change, String)>,
+    pub last_dropped: Option<DroppedChange>,
     /// The latest sample's figures.
     pub figures: Option<Figures>,
 }
@@ -312,7 +323,7 @@ pub struct AutoShardMachine {
     last_proposal_ms: Option<u64>,
     pending: Option<Change>,
     last_change: Option<Change>,
-    last_dropped: Option<(Change, String)>,
+    last_dropped: Option<DroppedChange>,
     figures: Option<Figures>,
 }
 
@@ -358,7 +369,7 @@ impl AutoShardMachine {
             }
             AutoInput::Refused { reason } => match self.pending.take() {
                 Some(change) => {
-                    self.last_dropped = Some((change, reason.clone()));
+                    self.last_dropped = Some(DroppedChange { change, reason: reason.clone() });
                     vec![AutoEffect::Dropped { change, reason }]
                 }
                 None => Vec::new(),
@@ -426,7 +437,7 @@ impl AutoShardMachine {
                 effects.push(AutoEffect::Changed(done));
             } else {
                 let reason = format!("the counter has {} shards, not the {} proposed", s.shards, p.to);
-                self.last_dropped = Some((p, reason.clone()));
+                self.last_dropped = Some(DroppedChange { change: p, reason: reason.clone() });
                 effects.push(AutoEffect::Dropped { change: p, reason });
             }
             self.shards = s.shards;
@@ -704,7 +715,7 @@ mod tests {
         let [AutoEffect::Dropped { change, reason }] = e.as_slice() else { panic!("{e:?}") };
         assert_eq!((change.to, reason.as_str()), (2, "resharding"));
         assert_eq!(m.status().pending, None);
-        assert_eq!(m.status().last_dropped.map(|(c, _)| c.to), Some(2));
+        assert_eq!(m.status().last_dropped.map(|d| d.change.to), Some(2));
         for t in (200..1_100).step_by(100) {
             assert_eq!(proposal(&m.step(t, even(1, 0, 9))), None, "at {t}");
         }
