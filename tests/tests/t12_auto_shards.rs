@@ -160,7 +160,7 @@ async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
     let total = check_exact(&c, &load, 0).await?;
     let peak = layout(&c).await?.0;
     eprintln!("t12: peak {peak} shards; {total} increments acknowledged");
-    assert!(peak >= 4 && peak <= 64, "{peak}");
+    assert!((4..=64).contains(&peak), "{peak}");
 
     // Quiet: back down to min_shards after the quiet period.
     let down = wait_for(&c, Duration::from_secs(15), |s| s == 1).await?;
