@@ -319,9 +319,16 @@ impl RouterArg {
 pub struct CreateArgs {
     /// The counter.
     pub name: String,
-    /// Number of shards (1-1024).
+    /// Number of shards (1-1024), or `auto`: the count follows contention between
+    /// --min-shards and --max-shards.
+    #[arg(long, value_name = "N|auto")]
+    pub shards: Option<crate::wire::Shards>,
+    /// Fewest shards of an auto counter (where a new one starts).
     #[arg(long, value_name = "N")]
-    pub shards: Option<u64>,
+    pub min_shards: Option<u64>,
+    /// Most shards of an auto counter.
+    #[arg(long, value_name = "N")]
+    pub max_shards: Option<u64>,
     /// When increments are acknowledged.
     #[arg(long)]
     pub durability: Option<DurabilityArg>,

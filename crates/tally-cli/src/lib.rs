@@ -219,7 +219,9 @@ async fn create(client: &Client, args: &CreateArgs, out: &mut Output) -> Result<
         _ => None,
     };
     let spec = SpecBody {
-        shards: args.shards,
+        shards: args.shards.clone(),
+        min_shards: args.min_shards,
+        max_shards: args.max_shards,
         durability: args.durability.map(|d| d.as_str().to_string()),
         flush_ms: args.flush_ms,
         rollup_ms: args.rollup_ms,
@@ -262,7 +264,7 @@ async fn run_load(cli: &Cli, args: &LoadArgs, out: &mut Output) -> Result<(), Cl
     let create =
         (args.create_shards.is_some() || args.durability.is_some() || args.flush_ms.is_some()).then(|| {
             SpecBody {
-                shards: args.create_shards,
+                shards: args.create_shards.map(crate::wire::Shards::Count),
                 durability: args.durability.map(|d| d.as_str().to_string()),
                 flush_ms: args.flush_ms,
                 ..SpecBody::default()

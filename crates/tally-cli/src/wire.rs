@@ -28,9 +28,15 @@ pub struct ErrorDetail {
 /// The body of `PUT /v1/counters/{name}`: the spec fields to set.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SpecBody {
-    /// Shard count.
+    /// Shard count, or `"auto"`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub shards: Option<u64>,
+    pub shards: Option<Shards>,
+    /// Fewest shards of an auto counter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_shards: Option<u64>,
+    /// Most shards of an auto counter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_shards: Option<u64>,
     /// `sync` or `batched`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub durability: Option<String>,
@@ -52,6 +58,26 @@ pub struct SpecBody {
     /// Keep per-item frequencies with this precision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frequency: Option<Frequency>,
+}
+
+/// `shards` of a spec: a count, or the word `auto` (the count follows contention).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Shards {
+    /// A fixed count.
+    Count(u64),
+    /// `"auto"`.
+    Auto(&'static str),
+}
+
+impl std::str::FromStr for Shards {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(Self::Auto("auto"));
+        }
+        s.parse().map(Self::Count).map_err(|_| format!("expected a shard count or \"auto\", got {s:?}"))
+    }
 }
 
 /// A counter's frequency option.

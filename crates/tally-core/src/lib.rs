@@ -15,6 +15,8 @@
 //! * [`spec`] — the per-counter contract and its validation.
 //! * [`meta`] — counter metadata (spec + shard layout) and its transitions,
 //!   including resharding by layout generations.
+//! * [`autoshard`] — when an auto counter's shard count should change: contention
+//!   samples in, proposals out.
 //! * [`router`] — which shard an increment goes to.
 //! * [`limits`] — the arithmetic that lets increments be acknowledged from an
 //!   in-memory accumulator without any shard ever overflowing.
@@ -31,6 +33,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod autoshard;
 pub mod cms;
 pub mod codec;
 pub mod dedup;

@@ -152,6 +152,90 @@ pub struct SpecPatch {
     pub frequency: Option<FrequencySpec>,
 }
 
+/// The bounds of a counter whose shard count follows contention (`shards: "auto"`).
+///
+/// Kept beside the counter's [`CounterSpec`], not inside it: the stored spec's layout
+/// is unchanged, so stores and logs written before auto counters stay readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AutoShards {
+    /// Fewest shards; a new auto counter starts here.
+    pub min_shards: u16,
+    /// Most shards.
+    pub max_shards: u16,
+}
+
+impl AutoShards {
+    /// Checks `1 ≤ min_shards ≤ max_shards ≤ SHARDS_MAX`.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        range("min_shards", self.min_shards.into(), SHARDS_MIN.into(), SHARDS_MAX.into())?;
+        range("max_shards", self.max_shards.into(), self.min_shards.into(), SHARDS_MAX.into())?;
+        Ok(())
+    }
+
+    /// These bounds with the named ones replaced, validated.
+    pub fn patched(&self, min_shards: Option<u16>, max_shards: Option<u16>) -> Result<Self, SpecError> {
+        let next = Self {
+            min_shards: min_shards.unwrap_or(self.min_shards),
+            max_shards: max_shards.unwrap_or(self.max_shards),
+        };
+        next.validate()?;
+        Ok(next)
+    }
+}
+
+/// How a create or update sets a counter's shard count: the numeric `shards` of a
+/// [`SpecPatch`] makes it fixed; this makes it follow contention, or changes its
+/// bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AutoPatch {
+    /// `shards: "auto"` was named.
+    pub auto: bool,
+    /// New lower bound.
+    pub min_shards: Option<u16>,
+    /// New upper bound.
+    pub max_shards: Option<u16>,
+}
+
+impl AutoPatch {
+    /// Whether the patch names anything.
+    pub fn is_empty(&self) -> bool {
+        !self.auto && self.min_shards.is_none() && self.max_shards.is_none()
+    }
+
+    /// The bounds after this patch, given the current ones (`None`: the counter is
+    /// fixed) and a numeric `shards` in the same request (`fixed`): `Ok(None)` keeps
+    /// or makes the counter fixed. Switching to auto without naming a bound takes
+    /// `SHARDS_MIN` and `max(AUTO_MAX_SHARDS_DEFAULT, min_shards)`.
+    pub fn resolve(
+        &self,
+        current: Option<AutoShards>,
+        fixed: Option<u16>,
+    ) -> Result<Option<AutoShards>, SpecError> {
+        if self.auto && fixed.is_some() {
+            return Err(SpecError::AutoAndFixed);
+        }
+        if fixed.is_some() {
+            if self.min_shards.is_some() || self.max_shards.is_some() {
+                return Err(SpecError::AutoAndFixed);
+            }
+            return Ok(None);
+        }
+        let base = match (current, self.auto) {
+            (Some(b), _) => b,
+            (None, true) => {
+                let min_shards = self.min_shards.unwrap_or(SHARDS_MIN);
+                AutoShards { min_shards, max_shards: AUTO_MAX_SHARDS_DEFAULT.max(min_shards) }
+            }
+            (None, false) if self.is_empty() => return Ok(None),
+            (None, false) => return Err(SpecError::BoundsWithoutAuto),
+        };
+        base.patched(self.min_shards, self.max_shards).map(Some)
+    }
+}
+
+/// `max_shards` of an auto counter that names none.
+pub const AUTO_MAX_SHARDS_DEFAULT: u16 = 64;
+
 /// Why a spec was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
@@ -180,6 +264,12 @@ pub enum SpecError {
     /// A frequency option out of its bounds.
     #[error(transparent)]
     Frequency(#[from] FrequencyError),
+    /// Both a numeric `shards` and auto bounds were named.
+    #[error("shards is either a number or \"auto\" with min_shards and max_shards, not both")]
+    AutoAndFixed,
+    /// `min_shards` or `max_shards` named for a counter whose shard count is fixed.
+    #[error("min_shards and max_shards apply only with shards: \"auto\"")]
+    BoundsWithoutAuto,
     /// A counter's frequency shape cannot change once set.
     #[error(
         "frequency is fixed once set (epsilon {epsilon}, delta {delta}): sketches of another shape would not merge; \
@@ -309,6 +399,38 @@ mod tests {
         let json: SpecPatch =
             serde_json::from_str(r#"{"frequency": {"epsilon": 0.001, "delta": 0.01}}"#).unwrap();
         assert_eq!(json.frequency, Some(f));
+    }
+
+    #[test]
+    fn auto_bounds_are_validated_and_exclusive_with_a_number() {
+        let auto = |min, max| AutoPatch { auto: true, min_shards: min, max_shards: max };
+        assert_eq!(
+            auto(None, None).resolve(None, None),
+            Ok(Some(AutoShards { min_shards: 1, max_shards: 64 }))
+        );
+        assert_eq!(
+            auto(Some(2), Some(8)).resolve(None, None),
+            Ok(Some(AutoShards { min_shards: 2, max_shards: 8 }))
+        );
+        assert_eq!(
+            auto(Some(100), None).resolve(None, None),
+            Ok(Some(AutoShards { min_shards: 100, max_shards: 100 }))
+        );
+        for (min, max, field) in [(0, 4, "min_shards"), (4, 2, "max_shards"), (1, 1025, "max_shards")] {
+            let err = auto(Some(min), Some(max)).resolve(None, None).unwrap_err();
+            assert!(matches!(err, SpecError::OutOfRange { field: f, .. } if f == field), "{err:?}");
+        }
+        assert_eq!(auto(None, None).resolve(None, Some(4)), Err(SpecError::AutoAndFixed));
+        let bounds_only = AutoPatch { max_shards: Some(8), ..Default::default() };
+        assert_eq!(bounds_only.resolve(None, Some(4)), Err(SpecError::AutoAndFixed));
+        assert_eq!(bounds_only.resolve(None, None), Err(SpecError::BoundsWithoutAuto));
+        // On an auto counter: bounds change alone; a number makes it fixed; nothing
+        // named keeps it.
+        let now = Some(AutoShards { min_shards: 2, max_shards: 16 });
+        assert_eq!(bounds_only.resolve(now, None), Ok(Some(AutoShards { min_shards: 2, max_shards: 8 })));
+        assert_eq!(AutoPatch::default().resolve(now, Some(4)), Ok(None));
+        assert_eq!(AutoPatch::default().resolve(now, None), Ok(now));
+        assert_eq!(AutoPatch::default().resolve(None, None), Ok(None));
     }
 
     #[test]

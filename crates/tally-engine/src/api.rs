@@ -203,6 +203,9 @@ pub struct ShardsReport {
     pub shards: Vec<ShardReport>,
     /// Hottest shard's writes ÷ mean writes (1.0 = perfectly even; 0 when idle).
     pub skew: f64,
+    /// For a counter whose shard count follows contention: its bounds, its last
+    /// change and why, and the latest contention figures.
+    pub auto: Option<tally_core::autoshard::AutoStatus>,
 }
 
 /// The result of a reconciliation.
@@ -231,6 +234,9 @@ pub struct CounterInfo {
     pub resharding: Option<u16>,
     /// When it was created, in milliseconds since the Unix epoch.
     pub created_at_ms: u64,
+    /// The bounds of a counter whose shard count follows contention (`shards:
+    /// "auto"`); `None` for a fixed count.
+    pub auto: Option<tally_core::spec::AutoShards>,
 }
 
 /// Whether a create-or-update created the counter.

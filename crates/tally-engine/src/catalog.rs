@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 use tally_core::codec;
 use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
-use tally_core::spec::Durability;
+use tally_core::spec::{AutoShards, Durability};
 use tally_core::CounterName;
 use tally_store::{Store, StoreError};
 use tokio::sync::Mutex;
@@ -19,6 +19,11 @@ use tokio::sync::Mutex;
 pub(crate) const COUNTER_PREFIX: &[u8] = b"counter/";
 const RESHARD_PREFIX: &[u8] = b"reshard/";
 const TOMBSTONE_PREFIX: &[u8] = b"tombstone/";
+/// The bounds of counters whose shard count follows contention: a record of its own
+/// beside the counter's, so the counter record's layout (and every store written
+/// before auto counters) is unchanged. A release that predates it ignores these keys,
+/// and such a counter keeps the shard count it has.
+const AUTO_PREFIX: &[u8] = b"autoshard/";
 /// Most keys one catalog scan returns per page.
 const SCAN_PAGE_KEYS: usize = 1024;
 
@@ -69,6 +74,42 @@ pub trait Catalog: Send + Sync + 'static {
             let each = names.iter().map(|n| self.apply(n, &ensure, now_ms));
             futures::future::join_all(each).await
         })
+    }
+    /// The auto bounds of a counter whose shard count follows contention (`None`:
+    /// fixed, or no such counter).
+    fn auto_shards(&self, _name: &str) -> Result<Option<AutoShards>, TallyError> {
+        Ok(None)
+    }
+    /// Every counter whose shard count follows contention, with its bounds.
+    fn auto_counters(&self) -> Result<Vec<(CounterName, AutoShards)>, TallyError> {
+        Ok(Vec::new())
+    }
+    /// Applies `cmd` and sets the counter's auto bounds (`None`: fixed) in one
+    /// durable change. A catalog that does not keep auto bounds refuses any but `None`.
+    fn apply_auto<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        auto: Option<AutoShards>,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        match auto {
+            None => self.apply(name, cmd, now_ms),
+            Some(_) => Box::pin(async { Err(TallyError::AutoShardsUnsupported) }),
+        }
+    }
+    /// Reshards an auto counter to `shards`, only if it is still auto and its
+    /// metadata is still at `version` (so a proposal made from a stale look, or
+    /// crossing a change by hand, is refused rather than undoing that change). The
+    /// one path by which the engine's own decisions change a counter.
+    fn auto_reshard<'a>(
+        &'a self,
+        _name: &'a CounterName,
+        _version: u64,
+        _shards: u16,
+        _now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async { Err(TallyError::AutoShardsUnsupported) })
     }
     /// Counters with a resharding that has not completed.
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError>;
@@ -132,6 +173,57 @@ impl Catalog for LocalCatalog {
         self.names(RESHARD_PREFIX)
     }
 
+    fn auto_shards(&self, name: &str) -> Result<Option<AutoShards>, TallyError> {
+        match self.store.meta_get(&key(AUTO_PREFIX, name))? {
+            None => Ok(None),
+            Some(b) => Ok(Some(codec::decode("auto shard bounds", &b).map_err(|source| {
+                StoreError::Corrupt { location: format!("auto shard bounds {name:?}"), source }
+            })?)),
+        }
+    }
+
+    fn auto_counters(&self) -> Result<Vec<(CounterName, AutoShards)>, TallyError> {
+        let mut out = Vec::new();
+        for name in self.names(AUTO_PREFIX)? {
+            if let Some(bounds) = self.auto_shards(name.as_str())? {
+                out.push((name, bounds));
+            }
+        }
+        Ok(out)
+    }
+
+    fn apply_auto<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        auto: Option<AutoShards>,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            let guard = self.write.lock().await;
+            self.apply_locked(guard, name, cmd, Some(auto), now_ms).await
+        })
+    }
+
+    fn auto_reshard<'a>(
+        &'a self,
+        name: &'a CounterName,
+        version: u64,
+        shards: u16,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            let guard = self.write.lock().await;
+            let found = self.get(name.as_str())?.map(|m| m.version);
+            if found != Some(version) || self.auto_shards(name.as_str())?.is_none() {
+                return Err(TallyError::AutoProposalStale { counter: name.to_string(), version, found });
+            }
+            let cmd =
+                MetaCommand::Put(tally_core::spec::SpecPatch { shards: Some(shards), ..Default::default() });
+            self.apply_locked(guard, name, &cmd, None, now_ms).await
+        })
+    }
+
     fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
         let mut out = Vec::new();
         for name in self.names(TOMBSTONE_PREFIX)? {
@@ -185,26 +277,55 @@ impl LocalCatalog {
         now_ms: u64,
     ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
         let guard = self.write.lock().await;
+        self.apply_locked(guard, name, cmd, None, now_ms).await
+    }
+
+    /// [`LocalCatalog::apply_local`] under the write lock, setting the auto bounds too
+    /// when `auto` is `Some` (`Some(None)`: the counter becomes fixed).
+    async fn apply_locked(
+        &self,
+        guard: tokio::sync::MutexGuard<'_, ()>,
+        name: &CounterName,
+        cmd: &MetaCommand,
+        auto: Option<Option<AutoShards>>,
+        now_ms: u64,
+    ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
         let current = self.get(name.as_str())?;
         let (next, effect) = apply_command(current, cmd, now_ms)?;
         let ck = key(COUNTER_PREFIX, name.as_str());
         let rk = key(RESHARD_PREFIX, name.as_str());
+        let ak = key(AUTO_PREFIX, name.as_str());
+        let auto_changed = match auto {
+            Some(a) if next.is_some() => a != self.auto_shards(name.as_str())?,
+            _ => false,
+        };
         match (&next, &effect) {
+            (Some(_), MetaEffect::Unchanged) if auto_changed => match auto.flatten() {
+                Some(bounds) => self.store.meta_batch(&[(ak, codec::encode(&bounds))], &[])?,
+                None => self.store.meta_batch(&[], &[ak])?,
+            },
             (_, MetaEffect::Unchanged | MetaEffect::Missing) => return Ok((next, effect)),
             // One atomic change each: a crash never leaves a counter without its
             // tombstone, or a resharding without its marker (or the reverse).
             (None, MetaEffect::Deleted(generations)) => {
                 // The tombstone lists the data to delete; it outlives a crash mid-cleanup.
                 let tombstone = (key(TOMBSTONE_PREFIX, name.as_str()), codec::encode(generations));
-                self.store.meta_batch(&[tombstone], &[ck, rk])?;
+                self.store.meta_batch(&[tombstone], &[ck, rk, ak])?;
             }
             (Some(meta), _) => {
-                let counter = (ck, codec::encode(meta));
+                let mut puts = vec![(ck, codec::encode(meta))];
+                let mut deletes = Vec::new();
                 if meta.layout.resharding.is_some() {
-                    self.store.meta_batch(&[counter, (rk, Vec::new())], &[])?;
+                    puts.push((rk, Vec::new()));
                 } else {
-                    self.store.meta_batch(&[counter], &[rk])?;
+                    deletes.push(rk);
                 }
+                match auto {
+                    Some(Some(bounds)) => puts.push((ak, codec::encode(&bounds))),
+                    Some(None) => deletes.push(ak),
+                    None => {}
+                }
+                self.store.meta_batch(&puts, &deletes)?;
             }
             (None, _) => unreachable!("only a delete removes a counter"),
         }

@@ -46,6 +46,9 @@ pub struct TallyConfig {
     pub authority: Option<Arc<dyn AuthoritativeSource>>,
     /// Most items in one `incr_many` batch.
     pub batch_items_max: usize,
+    /// Thresholds and timers of counters whose shard count follows contention
+    /// (checked with [`tally_core::autoshard::Tuning::validate`] where configured).
+    pub autoshard: tally_core::autoshard::Tuning,
 }
 
 impl Default for TallyConfig {
@@ -65,6 +68,7 @@ impl Default for TallyConfig {
             reconcile_interval_ms: 0,
             authority: None,
             batch_items_max: 10_000,
+            autoshard: tally_core::autoshard::Tuning::default(),
         }
     }
 }

@@ -182,6 +182,8 @@ pub(crate) struct Ctx {
     pub(crate) lost: crate::lost::LostData,
     /// Creations of counters by their first increment, batched into shared commits.
     pub(crate) creator: Arc<crate::create::Creator>,
+    /// The auto counters this engine follows (`autoshard.rs`).
+    pub(crate) auto: crate::autoshard::AutoBook,
 }
 
 /// A shard's committed state as a read sees it.
@@ -397,7 +399,10 @@ impl Ctx {
             rt.slots[usize::from(index)].writes.fetch_add(1, Relaxed);
             rt.last_used_ms.store(self.now_ms(), Relaxed);
             let id = ShardId::new(rt.name.clone(), rt.meta.layout.generation, index);
-            match self.submit(&id, &rt.meta, sub.clone()).await? {
+            let queued = crate::runtime::InFlight::enter(&rt.slots[usize::from(index)]);
+            let reply = self.submit(&id, &rt.meta, sub.clone()).await;
+            drop(queued);
+            match reply? {
                 ShardReply::Done { outcome, value } => {
                     rt.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                     // A batched commit is not flushed here; queueing the counter makes

@@ -120,6 +120,28 @@ pub enum TallyError {
         /// `tally_core::frequency::TOP_K_MAX`.
         max: u32,
     },
+    /// `shards: "auto"` on a node whose catalog does not keep auto bounds (a
+    /// cluster's replicated catalog does not yet).
+    #[error("shards: \"auto\" is not available on this node's catalog (a cluster does not replicate auto bounds yet); give a number")]
+    AutoShardsUnsupported,
+    /// A node follows at most `AUTO_COUNTERS_MAX` auto counters.
+    #[error("this node already follows {max} counters with shards: \"auto\"; give a number")]
+    AutoCountersFull {
+        /// `AUTO_COUNTERS_MAX`.
+        max: usize,
+    },
+    /// An auto resharding was proposed from a look at the counter that is no longer
+    /// current (it changed, or stopped being auto, meanwhile); the next sample decides
+    /// again.
+    #[error("counter {counter:?} changed since version {version} (now {found:?}) or is no longer auto")]
+    AutoProposalStale {
+        /// The counter.
+        counter: String,
+        /// The version the proposal was made from.
+        version: u64,
+        /// The version found (`None`: the counter is gone).
+        found: Option<u64>,
+    },
 }
 
 impl TallyError {
@@ -143,6 +165,9 @@ impl TallyError {
             Self::NegativeWeight { .. } => "negative_frequency_weight",
             Self::FrequencyOff(_) => "frequency_off",
             Self::TopK { .. } => "invalid_k",
+            Self::AutoShardsUnsupported => "auto_shards_unsupported",
+            Self::AutoCountersFull { .. } => "auto_counters_full",
+            Self::AutoProposalStale { .. } => "auto_proposal_stale",
         }
     }
 
@@ -150,7 +175,8 @@ impl TallyError {
     pub fn http_status(&self) -> u16 {
         match self {
             Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) | Self::TopK { .. } => 400,
-            Self::FrequencyOff(_) => 409,
+            Self::FrequencyOff(_) | Self::AutoProposalStale { .. } => 409,
+            Self::AutoShardsUnsupported | Self::AutoCountersFull { .. } => 422,
             Self::NegativeWeight { .. } => 422,
             Self::NotFound(_) => 404,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,

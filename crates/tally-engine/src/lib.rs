@@ -42,6 +42,7 @@ macro_rules! bug {
 
 mod aggregator;
 mod api;
+mod autoshard;
 mod catalog;
 mod clock;
 mod config;
@@ -67,6 +68,7 @@ mod tally;
 
 pub use aggregator::{DRAINS_CONCURRENT_MAX, EVICTION_SWEEP_MS, SHUTDOWN_DELIVER_MS};
 pub use api::*;
+pub use autoshard::{AutoChangeCounts, AUTO_COUNTERS_MAX};
 pub use catalog::{Catalog, EnsureResults, Generations, LocalCatalog};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
@@ -86,5 +88,8 @@ pub use rollup::ROLLUP_REFRESH_BATCH_MAX;
 pub use shard::ShardReply;
 pub use stats::{Count, DriftBook, Histogram, HistogramSnapshot, Stats, DRIFT_BOOK_COUNTERS_MAX};
 pub use tally::{EngineParts, Tally, STORE_FORMAT_KEY};
-pub use tally_core::spec::{CounterSpec, Durability, RouterPolicy, SpecPatch};
+pub use tally_core::autoshard::{
+    AutoStatus, Change as AutoChange, Figures as Contention, Reason as AutoReason, Tuning as AutoTuning,
+};
+pub use tally_core::spec::{AutoPatch, AutoShards, CounterSpec, Durability, RouterPolicy, SpecPatch};
 pub use tally_store::{MemStore, SledConfig, SledStore, Store, StoreError, Upgrade};

@@ -316,6 +316,7 @@ pub(crate) async fn shards(
         base: meta.layout.base,
         skew: skew(shards.iter().map(|s| s.writes)),
         shards,
+        auto: crate::autoshard::status(ctx, rt.name.as_str()),
     })
 }
 

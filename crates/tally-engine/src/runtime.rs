@@ -18,7 +18,7 @@
 
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use tally_core::meta::CounterMeta;
 use tally_core::CounterName;
@@ -37,6 +37,27 @@ pub(crate) struct Slot {
     pub(crate) writes: AtomicU64,
     /// Member hashes of buffered increments, for counters with `distinct`.
     pub(crate) members: Mutex<Vec<u64>>,
+    /// Increments sent to this shard directly and not yet answered: its queue.
+    pub(crate) in_flight: AtomicU32,
+    /// The deepest `in_flight` since the auto-shard sampler last took it.
+    pub(crate) in_flight_peak: AtomicU32,
+}
+
+/// One increment waiting at a shard: counted into the slot's queue while it lives.
+pub(crate) struct InFlight<'a>(&'a Slot);
+
+impl<'a> InFlight<'a> {
+    pub(crate) fn enter(slot: &'a Slot) -> Self {
+        let depth = slot.in_flight.fetch_add(1, Relaxed).saturating_add(1);
+        slot.in_flight_peak.fetch_max(depth, Relaxed);
+        Self(slot)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
 }
 
 /// What a drain took out of one slot.

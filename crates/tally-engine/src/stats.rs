@@ -128,6 +128,12 @@ pub struct Stats {
     pub shards_adopted: Count,
     /// The last measured drift of each counter reconciled on this node.
     pub drifts: DriftBook,
+    /// Auto reshardings proposed by this node (`shards: "auto"`).
+    pub auto_proposals: Count,
+    /// Auto reshardings completed, by direction and reason.
+    pub auto_changes: crate::autoshard::AutoChangeCounts,
+    /// Auto proposals that did not happen (refused, or overtaken by another change).
+    pub auto_dropped: Count,
 }
 
 /// Most counters whose last drift a [`DriftBook`] remembers: it is a signal for

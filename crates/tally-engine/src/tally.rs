@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tally_core::frequency::TOP_K_MAX;
 use tally_core::meta::{MetaCommand, MetaEffect};
 use tally_core::name::{check_len, MEMBER_LEN_MAX};
-use tally_core::spec::{Durability, SpecPatch};
+use tally_core::spec::{AutoPatch, AutoShards, Durability, SpecPatch};
 use tally_core::CounterName;
 use tally_store::{SledConfig, SledStore, Store};
 
@@ -132,8 +132,10 @@ impl Tally {
             adopting: Default::default(),
             lost: Default::default(),
             creator,
+            auto: Default::default(),
         });
         crate::reshard::watch(&ctx);
+        crate::autoshard::start(&ctx)?;
         let weak = Arc::downgrade(&ctx);
         let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
         let (aggregator, _) = Actor::spawn(None, Aggregator, weak.clone()).await.map_err(spawn_err)?;
@@ -161,8 +163,51 @@ impl Tally {
     /// names. A changed shard count reshards the live counter in the background.
     #[tracing::instrument(level = "debug", skip_all, fields(counter = name))]
     pub async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
+        self.put_counter_auto(name, patch, AutoPatch::default()).await
+    }
+
+    /// [`Tally::put_counter`], also setting whether the shard count follows
+    /// contention: `auto` names `shards: "auto"` and its bounds (a new auto counter
+    /// starts at `min_shards`; an existing one is brought into its bounds by its
+    /// machine at once, see [`tally_core::autoshard`]); a numeric `patch.shards` makes
+    /// an auto counter fixed again.
+    #[tracing::instrument(level = "debug", skip_all, fields(counter = name))]
+    pub async fn put_counter_auto(
+        &self,
+        name: &str,
+        patch: SpecPatch,
+        auto: AutoPatch,
+    ) -> Result<PutOutcome, TallyError> {
         let name = CounterName::new(name)?;
         self.ctx.finish_delete(&name).await?;
+        let current_auto = self.ctx.catalog.auto_shards(name.as_str())?;
+        let next_auto = auto.resolve(current_auto, patch.shards)?;
+        if next_auto.is_none() && current_auto.is_none() {
+            return self.put_fixed(name, patch).await;
+        }
+        if next_auto.is_some() {
+            crate::autoshard::admit(&self.ctx, &name)?;
+        }
+        let mut patch = patch;
+        if let Some(bounds) = next_auto {
+            if self.ctx.catalog.get(name.as_str())?.is_none() {
+                patch.shards = Some(bounds.min_shards);
+            }
+        }
+        let (meta, effect) = self
+            .ctx
+            .catalog
+            .apply_auto(&name, &MetaCommand::Put(patch), next_auto, self.ctx.now_ms())
+            .await?;
+        let meta = meta.expect("a put always leaves a counter");
+        let rt = self.ctx.install(name.clone(), meta);
+        crate::autoshard::bounds_set(&self.ctx, &name, next_auto, &rt.meta).await;
+        // A clamp into new bounds may have started a resharding: report it.
+        let meta = self.ctx.catalog.get(name.as_str())?.unwrap_or_else(|| (*rt.meta).clone());
+        Ok(PutOutcome { created: effect == MetaEffect::Created, counter: info(&name, &meta, next_auto) })
+    }
+
+    async fn put_fixed(&self, name: CounterName, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
         // Sealed generations past their retention make room for a resharding.
         if patch.shards.is_some() {
             if let Some(meta) = self.ctx.catalog.get(name.as_str())? {
@@ -177,14 +222,14 @@ impl Tally {
         }
         let (rt, effect) = self.ctx.apply_meta(&name, &MetaCommand::Put(patch)).await?;
         let rt = rt.expect("a put always leaves a counter");
-        Ok(PutOutcome { created: effect == MetaEffect::Created, counter: info(&name, &rt.meta) })
+        Ok(PutOutcome { created: effect == MetaEffect::Created, counter: info(&name, &rt.meta, None) })
     }
 
     /// The counter's spec and layout.
     pub async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
         let name = CounterName::new(name)?;
         match self.ctx.catalog.get(name.as_str())? {
-            Some(meta) => Ok(info(&name, &meta)),
+            Some(meta) => Ok(info(&name, &meta, self.ctx.catalog.auto_shards(name.as_str())?)),
             None => Err(TallyError::NotFound(name.to_string())),
         }
     }
@@ -196,6 +241,7 @@ impl Tally {
         if effect == MetaEffect::Missing {
             return Err(TallyError::NotFound(name.to_string()));
         }
+        crate::autoshard::forget(&self.ctx, &name);
         if let Some((_, rt)) = self.ctx.registry.remove(name.as_str()) {
             rt.retired.store(true, SeqCst);
         }
@@ -342,6 +388,12 @@ impl Tally {
         let mut read = crate::read::top(&self.ctx, &rt.meta, &rt.name, k).await?;
         read.complete &= settled;
         Ok(read)
+    }
+
+    /// How many counters with `shards: "auto"` this engine follows, and their
+    /// current shard counts summed (bounded metrics, whatever the number of counters).
+    pub fn auto_totals(&self) -> (u64, u64) {
+        self.ctx.auto.totals(&self.ctx)
     }
 
     /// Per-shard values and write skew.
@@ -657,7 +709,7 @@ fn next_incarnation(store: &dyn Store) -> Result<u64, TallyError> {
     Ok(next)
 }
 
-fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta) -> CounterInfo {
+fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta, auto: Option<AutoShards>) -> CounterInfo {
     CounterInfo {
         name: name.to_string(),
         spec: meta.spec,
@@ -665,5 +717,6 @@ fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta) -> CounterInfo
         layout_shards: meta.layout.shards,
         resharding: meta.layout.resharding,
         created_at_ms: meta.created_at_ms,
+        auto,
     }
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_cluster::{AcceptLossError, ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
+    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
     ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
 };
 use tally_raft::MemberRejection;
@@ -102,8 +102,14 @@ impl ClusterService {
 }
 
 impl Service for ClusterService {
-    async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
-        self.node.tally().put_counter(name, patch).await
+    async fn put_counter(
+        &self,
+        name: &str,
+        patch: SpecPatch,
+        auto: AutoPatch,
+    ) -> Result<PutOutcome, TallyError> {
+        // The replicated catalog keeps no auto bounds yet: it refuses "auto".
+        self.node.tally().put_counter_auto(name, patch, auto).await
     }
 
     async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {

@@ -461,6 +461,32 @@ pub struct EngineConfig {
     /// Period of the store's background fsync, in milliseconds; 0 turns it off (only
     /// the engine's own flushes then make data durable).
     pub store_flush_every_ms: u64,
+    /// How often each counter with `shards: "auto"` is sampled, in milliseconds.
+    pub auto_sample_ms: u64,
+    /// At most one auto resharding per counter in this many milliseconds.
+    pub auto_change_interval_ms: u64,
+    /// How long an auto counter stays quiet before its shard count is lowered.
+    pub auto_quiet_ms: u64,
+    /// Consecutive hot samples before an auto counter's shard count is raised.
+    pub auto_hot_samples: u32,
+    /// Increments per second at one shard that make a sample hot.
+    pub auto_rate_up_per_shard: u64,
+    /// Increments waiting at one shard at once that make a sample hot.
+    pub auto_queue_up: u32,
+}
+
+impl EngineConfig {
+    /// The auto-shard tuning these fields name.
+    pub fn auto_tuning(&self) -> tally_core::autoshard::Tuning {
+        tally_core::autoshard::Tuning {
+            sample_ms: self.auto_sample_ms,
+            change_interval_ms: self.auto_change_interval_ms,
+            quiet_ms: self.auto_quiet_ms,
+            hot_samples: self.auto_hot_samples,
+            rate_up_per_shard: self.auto_rate_up_per_shard,
+            queue_up: self.auto_queue_up,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -478,6 +504,12 @@ impl Default for EngineConfig {
             dedup_sweep_records_max: t.dedup_sweep_records_max as u64,
             store_cache_bytes: SledConfig::DEFAULT_CACHE_CAPACITY_BYTES,
             store_flush_every_ms: SledConfig::DEFAULT_FLUSH_EVERY_MS.unwrap_or(0),
+            auto_sample_ms: t.autoshard.sample_ms,
+            auto_change_interval_ms: t.autoshard.change_interval_ms,
+            auto_quiet_ms: t.autoshard.quiet_ms,
+            auto_hot_samples: t.autoshard.hot_samples,
+            auto_rate_up_per_shard: t.autoshard.rate_up_per_shard,
+            auto_queue_up: t.autoshard.queue_up,
         }
     }
 }
@@ -616,6 +648,19 @@ impl Config {
             }
         }
         let e = &self.engine;
+        e.auto_tuning().validate().map_err(|t| ConfigError::OutOfRange {
+            field: match t.field {
+                "sample_ms" => "engine.auto_sample_ms",
+                "change_interval_ms" => "engine.auto_change_interval_ms",
+                "quiet_ms" => "engine.auto_quiet_ms",
+                "hot_samples" => "engine.auto_hot_samples",
+                "rate_up_per_shard" => "engine.auto_rate_up_per_shard",
+                _ => "engine.auto_queue_up",
+            },
+            got: t.got,
+            min: t.min,
+            max: t.max,
+        })?;
         interval("engine.aggregator_tick_ms", e.aggregator_tick_ms)?;
         interval("engine.shard_idle_stop_ms", e.shard_idle_stop_ms)?;
         interval("engine.counter_idle_evict_ms", e.counter_idle_evict_ms)?;
@@ -711,6 +756,7 @@ impl Config {
             dedup_sweep_ms: e.dedup_sweep_ms,
             dedup_sweep_records_max: usize::try_from(e.dedup_sweep_records_max).unwrap_or(usize::MAX),
             batch_items_max: self.http.batch_limit_items(),
+            autoshard: e.auto_tuning(),
             ..TallyConfig::default()
         }
     }
@@ -1016,6 +1062,9 @@ mod tests {
                 Box::new(|c| c.engine.shard_idle_stop_ms = INTERVAL_MS_CEILING + 1),
             ),
             ("engine.store_cache_bytes", Box::new(|c| c.engine.store_cache_bytes = 0)),
+            ("engine.auto_sample_ms", Box::new(|c| c.engine.auto_sample_ms = 1)),
+            ("engine.auto_change_interval_ms", Box::new(|c| c.engine.auto_change_interval_ms = 1)),
+            ("engine.auto_queue_up", Box::new(|c| c.engine.auto_queue_up = 1)),
         ];
         for (field, mutate) in cases {
             let err = refused(mutate);

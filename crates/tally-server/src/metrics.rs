@@ -429,6 +429,39 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
          the busiest active counters only.",
         &samples,
     );
+    // Auto shard counts: changes by direction and reason (a fixed label set), and the
+    // totals over every auto counter, not one series per counter (their number is
+    // up to the clients).
+    let changes = s.auto_changes.snapshot();
+    let labels: Vec<[(&str, &str); 2]> =
+        changes.iter().map(|(d, r, _)| [("direction", *d), ("reason", *r)]).collect();
+    let samples: Vec<(Labels<'_>, u64)> = labels.iter().zip(&changes).map(|(l, c)| (&l[..], c.2)).collect();
+    w.counter(
+        "tally_auto_reshards_total",
+        "Completed reshardings of counters with shards \"auto\", by direction and reason.",
+        &samples,
+    );
+    w.counter(
+        "tally_auto_proposals_total",
+        "Reshardings this node proposed for counters with shards \"auto\".",
+        &[(&[], s.auto_proposals.get())],
+    );
+    w.counter(
+        "tally_auto_dropped_total",
+        "Auto proposals that did not happen (refused, or overtaken by another change).",
+        &[(&[], s.auto_dropped.get())],
+    );
+    let (auto_counters, auto_shards) = tally.auto_totals();
+    w.gauge(
+        "tally_auto_counters",
+        "Counters with shards \"auto\" this node follows.",
+        &[(&[], auto_counters as f64)],
+    );
+    w.gauge(
+        "tally_auto_shards",
+        "Shards of the current generations of every counter with shards \"auto\", summed.",
+        &[(&[], auto_shards as f64)],
+    );
 }
 
 /// The scheduled reconciler's signals: `tally_drift{counter}`, the latest drift a

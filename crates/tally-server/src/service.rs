@@ -10,18 +10,20 @@ use crate::sources::{RunBook, RunRecord};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, Durability, FrequencyRead, IncrOutcome, Increment, PutOutcome,
-    ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
+    AutoPatch, Consistency, CounterInfo, DistinctRead, Durability, FrequencyRead, IncrOutcome, Increment,
+    PutOutcome, ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
 };
 
 /// The operations behind the public HTTP interface. Cheap to clone: the router clones
 /// it into every request.
 pub trait Service: Clone + Send + Sync + 'static {
-    /// Creates the counter (defaults plus `patch`) or updates the fields `patch` names.
+    /// Creates the counter (defaults plus `patch`) or updates the fields `patch` names;
+    /// `auto` makes its shard count follow contention, or changes its bounds.
     fn put_counter(
         &self,
         name: &str,
         patch: SpecPatch,
+        auto: AutoPatch,
     ) -> impl Future<Output = Result<PutOutcome, TallyError>> + Send;
 
     /// The counter's spec and a summary of its layout.

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
+    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
     ReconcileReport, ShardsReport, SledStore, SpecPatch, SystemClock, Tally, TallyError, TopRead, ValueRead,
 };
 
@@ -92,8 +92,13 @@ impl SingleNode {
 }
 
 impl Service for SingleNode {
-    async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
-        self.tally.put_counter(name, patch).await
+    async fn put_counter(
+        &self,
+        name: &str,
+        patch: SpecPatch,
+        auto: AutoPatch,
+    ) -> Result<PutOutcome, TallyError> {
+        self.tally.put_counter_auto(name, patch, auto).await
     }
 
     async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {

@@ -9,6 +9,7 @@ use super::world::{lock, Shared};
 use futures::future::BoxFuture;
 use std::time::Duration;
 use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::spec::AutoShards;
 use tally_core::CounterName;
 use tally_engine::{Catalog, Generations, TallyError};
 
@@ -92,6 +93,63 @@ impl Catalog for SimCatalog {
                 });
             }
             Ok((next, effect))
+        })
+    }
+
+    fn auto_shards(&self, name: &str) -> Result<Option<AutoShards>, TallyError> {
+        Ok(lock(&self.world).auto.get(name).copied())
+    }
+
+    fn auto_counters(&self) -> Result<Vec<(CounterName, AutoShards)>, TallyError> {
+        let w = lock(&self.world);
+        Ok(w.auto.iter().filter_map(|(n, b)| Some((CounterName::new(n.as_str()).ok()?, *b))).collect())
+    }
+
+    /// The command, then the bounds, with no await between: a crash (which aborts a
+    /// node's tasks at an await) never separates them.
+    fn apply_auto<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        auto: Option<AutoShards>,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            let out = self.apply(name, cmd, now_ms).await?;
+            let mut w = lock(&self.world);
+            w.note("meta-auto", (self.node, name.as_str(), auto));
+            match auto {
+                Some(b) if out.0.is_some() => w.auto.insert(name.to_string(), b),
+                _ => w.auto.remove(name.as_str()),
+            };
+            Ok(out)
+        })
+    }
+
+    /// Checked against the log's latest version, as the replicated state machine's
+    /// version check would be: two nodes proposing from one version, one wins.
+    fn auto_reshard<'a>(
+        &'a self,
+        name: &'a CounterName,
+        version: u64,
+        shards: u16,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            let cmd =
+                MetaCommand::Put(tally_core::spec::SpecPatch { shards: Some(shards), ..Default::default() });
+            {
+                let mut w = lock(&self.world);
+                let found = w.meta_latest(name.as_str()).map(|m| m.version);
+                if found != Some(version) || !w.auto.contains_key(name.as_str()) {
+                    w.note("auto-stale", (self.node, name.as_str(), version, found));
+                    return Err(TallyError::AutoProposalStale { counter: name.to_string(), version, found });
+                }
+                w.note("auto-reshard", (self.node, name.as_str(), shards));
+            }
+            // No await between the check and the commit below (the runtime has one
+            // thread): nothing can commit in between.
+            self.apply(name, &cmd, now_ms).await
         })
     }
 

@@ -19,6 +19,14 @@ use tally_engine::{Increment, Tally, TallyError};
 /// Setup waits this long after creating the counters, so every node's view has them.
 const SETUP_SETTLE_MS: u64 = 100;
 
+/// The workload counter whose shard count follows contention (bounds
+/// [`AUTO_BOUNDS`]); its machine reshards it while faults strike, and the checker
+/// holds it to the same exact totals as every `sync` counter.
+pub(crate) const AUTO_COUNTER: &str = "sync:1";
+/// Its bounds.
+const AUTO_BOUNDS: tally_engine::AutoPatch =
+    tally_engine::AutoPatch { auto: true, min_shards: Some(1), max_shards: Some(8) };
+
 /// Creates the workload's counters through node 1 and records them.
 pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
     let (plans, tally) = {
@@ -28,7 +36,13 @@ pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
     };
     let tally = tally.ok_or("node1 is not open")?;
     for (name, role, patch, offline_extra) in plans {
-        let out = tally.put_counter(&name, patch).await.map_err(|e| format!("creating {name}: {e}"))?;
+        let out = if name == AUTO_COUNTER {
+            let patch = tally_engine::SpecPatch { shards: None, ..patch };
+            tally.put_counter_auto(&name, patch, AUTO_BOUNDS).await
+        } else {
+            tally.put_counter(&name, patch).await
+        }
+        .map_err(|e| format!("creating {name}: {e}"))?;
         lock(w).history.counters.push(CounterInfo { name, role, spec: out.counter.spec, offline_extra });
     }
     tokio::time::sleep(Duration::from_millis(SETUP_SETTLE_MS)).await;

@@ -81,6 +81,8 @@ pub(crate) struct World {
     pub(crate) meta_down_until: u64,
     /// Every committed version of every counter's metadata, oldest first.
     pub(crate) meta: BTreeMap<String, Vec<MetaVersion>>,
+    /// The bounds of counters whose shard count follows contention, as committed.
+    pub(crate) auto: BTreeMap<String, tally_core::spec::AutoShards>,
     /// Start of each node's current disturbance.
     pub(crate) disturbed_since: BTreeMap<u8, u64>,
     /// Transitions (reshardings) requested and not known to be finished.

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_core::frequency::FrequencySpec;
-use tally_engine::{Increment, SpecPatch, TallyError};
+use tally_engine::{AutoPatch, Increment, SpecPatch, TallyError};
 
 /// Longest excerpt of a client's value quoted back in an error message, in bytes.
 const QUOTE_BYTES_MAX: usize = 64;
@@ -388,8 +388,13 @@ impl ReconcileBody {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecBody {
-    /// Shard count.
-    pub shards: Option<u64>,
+    /// Shard count, or `"auto"`: the count follows contention within
+    /// `min_shards..=max_shards`.
+    pub shards: Option<ShardsField>,
+    /// Fewest shards of an auto counter (where a new one starts).
+    pub min_shards: Option<u64>,
+    /// Most shards of an auto counter.
+    pub max_shards: Option<u64>,
     /// `sync` or `batched`.
     pub durability: Option<String>,
     /// Aggregation window, in milliseconds.
@@ -404,6 +409,17 @@ pub struct SpecBody {
     pub dedup_window_s: Option<u64>,
     /// Keep per-item frequencies: `{"epsilon": ..., "delta": ...}`.
     pub frequency: Option<FrequencySpec>,
+}
+
+/// `shards`: a number, or a word (only `"auto"` is accepted, by the engine's own
+/// error for any other).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ShardsField {
+    /// A fixed count.
+    Count(u64),
+    /// `"auto"`.
+    Word(String),
 }
 
 fn narrow<T: TryFrom<u64>>(
@@ -421,11 +437,29 @@ fn narrow<T: TryFrom<u64>>(
 }
 
 impl SpecBody {
-    /// The engine's patch; the engine validates the resulting spec as a whole.
-    pub fn into_patch(self) -> Result<SpecPatch, TallyError> {
+    /// The engine's patches (the spec's, and whether the shard count follows
+    /// contention); the engine validates the resulting spec as a whole.
+    pub fn into_patch(self) -> Result<(SpecPatch, AutoPatch), TallyError> {
         use tally_core::spec::*;
-        Ok(SpecPatch {
-            shards: narrow("shards", self.shards, SHARDS_MIN.into(), SHARDS_MAX.into())?,
+        let (count, auto) = match self.shards {
+            None => (None, false),
+            Some(ShardsField::Count(n)) => (Some(n), false),
+            Some(ShardsField::Word(w)) if w == "auto" => (None, true),
+            Some(ShardsField::Word(w)) => {
+                return Err(TallyError::InvalidSpec(SpecError::UnknownWord {
+                    field: "shards",
+                    found: w.chars().take(64).collect(),
+                    expected: &["auto"],
+                }))
+            }
+        };
+        let auto = AutoPatch {
+            auto,
+            min_shards: narrow("min_shards", self.min_shards, SHARDS_MIN.into(), SHARDS_MAX.into())?,
+            max_shards: narrow("max_shards", self.max_shards, SHARDS_MIN.into(), SHARDS_MAX.into())?,
+        };
+        let spec = SpecPatch {
+            shards: narrow("shards", count, SHARDS_MIN.into(), SHARDS_MAX.into())?,
             durability: self.durability.map(|s| s.parse::<Durability>()).transpose()?,
             flush_ms: narrow("flush_ms", self.flush_ms, FLUSH_MS_MIN.into(), FLUSH_MS_MAX.into())?,
             rollup_ms: narrow("rollup_ms", self.rollup_ms, 0, ROLLUP_MS_MAX.into())?,
@@ -433,7 +467,8 @@ impl SpecBody {
             distinct: self.distinct,
             dedup_window_s: narrow("dedup_window_s", self.dedup_window_s, 0, DEDUP_WINDOW_S_MAX.into())?,
             frequency: self.frequency,
-        })
+        };
+        Ok((spec, auto))
     }
 }
 
@@ -484,16 +519,37 @@ mod tests {
 
     #[test]
     fn spec_numbers_beyond_their_type_are_invalid_spec() {
-        let e = SpecBody { shards: Some(70_000), ..Default::default() }.into_patch().expect_err("too many");
+        let e = SpecBody { shards: Some(ShardsField::Count(70_000)), ..Default::default() }
+            .into_patch()
+            .expect_err("too many");
         assert_eq!((e.code(), e.http_status()), ("invalid_spec", 422));
         let e = SpecBody { durability: Some("fast".into()), ..Default::default() }
             .into_patch()
             .expect_err("word");
         assert_eq!(e.code(), "invalid_spec");
-        let p = SpecBody { shards: Some(4), router: Some("round_robin".into()), ..Default::default() }
-            .into_patch()
-            .expect("valid");
+        let (p, auto) = SpecBody {
+            shards: Some(ShardsField::Count(4)),
+            router: Some("round_robin".into()),
+            ..Default::default()
+        }
+        .into_patch()
+        .expect("valid");
         assert_eq!((p.shards, p.router), (Some(4), Some(tally_engine::RouterPolicy::RoundRobin)));
+        assert!(auto.is_empty());
+    }
+
+    #[test]
+    fn shards_is_a_number_or_auto_with_bounds() {
+        let body: SpecBody =
+            serde_json::from_str(r#"{"shards": "auto", "min_shards": 2, "max_shards": 32}"#).unwrap();
+        let (p, auto) = body.into_patch().unwrap();
+        assert_eq!(p.shards, None);
+        assert_eq!(auto, AutoPatch { auto: true, min_shards: Some(2), max_shards: Some(32) });
+        let body: SpecBody = serde_json::from_str(r#"{"shards": "many"}"#).unwrap();
+        assert_eq!(body.into_patch().unwrap_err().code(), "invalid_spec");
+        let body: SpecBody = serde_json::from_str(r#"{"shards": "auto", "max_shards": 70000}"#).unwrap();
+        assert_eq!(body.into_patch().unwrap_err().http_status(), 422);
+        assert!(serde_json::from_str::<SpecBody>(r#"{"shards": true}"#).is_err());
     }
 
     #[test]

@@ -179,7 +179,8 @@ async fn put_counter<S: Service>(
     CounterPath(name): CounterPath,
     OptionalJsonBody(spec): OptionalJsonBody<SpecBody>,
 ) -> Result<Response, ApiError> {
-    let outcome = st.svc.put_counter(&name, spec.into_patch()?).await?;
+    let (patch, auto) = spec.into_patch()?;
+    let outcome = st.svc.put_counter(&name, patch, auto).await?;
     if !outcome.created {
         return Ok(Json(outcome.counter).into_response());
     }

@@ -8,7 +8,7 @@
 //! about values carry the public snake_case codes (`ERR invalid_delta ...`).
 
 use super::wire::{quote, Reply};
-use crate::http::body::SpecBody;
+use crate::http::body::{ShardsField, SpecBody};
 use crate::http::error::codes;
 use tally_engine::{Consistency, Increment};
 
@@ -317,7 +317,9 @@ pub const COMMANDS: &[CommandSpec] = &[
         "Creates or updates a counter's spec.",
         &[
             arg("key", Key),
-            opt_tok("SHARDS", "shards", Integer),
+            opt_tok("SHARDS", "shards|auto", Str),
+            opt_tok("MIN", "min_shards", Integer),
+            opt_tok("MAX", "max_shards", Integer),
             opt_tok("DURABILITY", "sync|batched", Str),
             opt_tok("FLUSH_MS", "flush_ms", Integer),
             opt_tok("ROLLUP_MS", "rollup_ms", Integer),
@@ -721,7 +723,13 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
             while i < a.len() {
                 let value = a.get(i + 1).ok_or_else(syntax_error)?;
                 match upper(i).as_slice() {
-                    b"SHARDS" => spec.shards = Some(spec_number(value, "shards")?),
+                    // `SHARDS auto MIN n MAX m`: the count follows contention.
+                    b"SHARDS" if value.eq_ignore_ascii_case(b"auto") => {
+                        spec.shards = Some(ShardsField::Word("auto".into()))
+                    }
+                    b"SHARDS" => spec.shards = Some(ShardsField::Count(spec_number(value, "shards")?)),
+                    b"MIN" => spec.min_shards = Some(spec_number(value, "min_shards")?),
+                    b"MAX" => spec.max_shards = Some(spec_number(value, "max_shards")?),
                     b"DURABILITY" => spec.durability = Some(text(value, "durability")?.to_lowercase()),
                     b"FLUSH_MS" => spec.flush_ms = Some(spec_number(value, "flush_ms")?),
                     b"ROLLUP_MS" => spec.rollup_ms = Some(spec_number(value, "rollup_ms")?),
@@ -986,13 +994,23 @@ mod tests {
             panic!("a create");
         };
         assert_eq!(key, "c");
-        let patch = spec.into_patch().expect("valid");
+        let (patch, auto) = spec.into_patch().expect("valid");
+        assert!(auto.is_empty());
         assert_eq!(patch.shards, Some(4));
         assert_eq!(patch.durability, Some(tally_engine::Durability::Sync));
         assert_eq!((patch.distinct, patch.rollup_ms), (Some(true), Some(0)));
         assert!(refused(&["tally.create", "c", "SHARDS", "-1"]).starts_with("ERR invalid_spec"));
         assert!(refused(&["tally.create", "c", "DISTINCT", "maybe"]).starts_with("ERR invalid_spec"));
         assert_eq!(refused(&["tally.create", "c", "SHARDS"]), "ERR syntax error");
+        let Ok(Command::TallyCreate { spec, .. }) =
+            parse(&args(&["TALLY.CREATE", "c", "SHARDS", "AUTO", "MIN", "2", "max", "16"]))
+        else {
+            panic!("an auto create");
+        };
+        let (patch, auto) = spec.into_patch().expect("valid");
+        assert_eq!(patch.shards, None);
+        assert_eq!(auto, tally_engine::AutoPatch { auto: true, min_shards: Some(2), max_shards: Some(16) });
+        assert!(refused(&["tally.create", "c", "MIN", "x"]).starts_with("ERR invalid_spec"));
     }
 
     #[test]

@@ -14,9 +14,28 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_engine::{Consistency, Increment, SpecPatch, TallyError, ValueRead};
+use tally_engine::{AutoPatch, Consistency, Increment, SpecPatch, TallyError, ValueRead};
 
 use super::command::Command;
+
+/// An auto counter's bounds and last change, for `TALLY.SHARDS`.
+fn auto_reply(a: &tally_engine::AutoStatus) -> Reply {
+    let change = |c: &tally_engine::AutoChange| {
+        Reply::map([
+            ("from", Reply::Int(c.from.into())),
+            ("to", Reply::Int(c.to.into())),
+            ("reason", Reply::text(c.reason.as_str())),
+            ("proposed_at_ms", Reply::Big(c.proposed_at_ms.into())),
+        ])
+    };
+    Reply::map([
+        ("min_shards", Reply::Int(a.bounds.min_shards.into())),
+        ("max_shards", Reply::Int(a.bounds.max_shards.into())),
+        ("last_change", a.last_change.as_ref().map_or(Reply::Null, change)),
+        ("queue_depth_max", Reply::Int(a.figures.map_or(0, |f| f.queue_depth_max).into())),
+        ("rate_per_shard", Reply::Big(a.figures.map_or(0, |f| f.rate_per_shard).into())),
+    ])
+}
 
 /// The code of a read (or an increment's total) some shards did not answer: the
 /// partial sum is never given as a value; `TALLY.GET` shows it with the shards.
@@ -397,7 +416,7 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
         },
         Command::TallyCreate { key, spec } => {
             let put = match spec.into_patch() {
-                Ok(patch) => svc.put_counter(&key, patch).await,
+                Ok((patch, auto)) => svc.put_counter(&key, patch, auto).await,
                 Err(e) => Err(e),
             };
             match put {
@@ -426,6 +445,7 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
                             .collect(),
                     ),
                 ),
+                ("auto", r.auto.as_ref().map_or(Reply::Null, auto_reply)),
             ]),
             Err(e) => engine_error(e),
         },
@@ -456,7 +476,14 @@ async fn pfadd<S: Service>(svc: &S, key: String, members: Vec<String>) -> Reply 
         }
         Ok(_) => false,
         Err(TallyError::NotFound(_)) => {
-            match svc.put_counter(&key, SpecPatch { distinct: Some(true), ..SpecPatch::default() }).await {
+            match svc
+                .put_counter(
+                    &key,
+                    SpecPatch { distinct: Some(true), ..SpecPatch::default() },
+                    AutoPatch::default(),
+                )
+                .await
+            {
                 Ok(o) => o.created,
                 Err(e) => return engine_error(e),
             }

@@ -243,8 +243,13 @@ pub struct Faulty {
 }
 
 impl Service for Faulty {
-    async fn put_counter(&self, name: &str, patch: SpecPatch) -> Result<PutOutcome, TallyError> {
-        self.inner.put_counter(name, patch).await
+    async fn put_counter(
+        &self,
+        name: &str,
+        patch: SpecPatch,
+        auto: tally_engine::AutoPatch,
+    ) -> Result<PutOutcome, TallyError> {
+        self.inner.put_counter(name, patch, auto).await
     }
     async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
         self.inner.counter(name).await

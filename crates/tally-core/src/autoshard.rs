@@ -1,0 +1,822 @@
+//! Shard counts that follow contention: when a counter with `shards: "auto"` should
+//! be resharded, to how many shards, and why.
+//!
+//! One [`AutoShardMachine`] per auto counter. The engine samples the counter's own
+//! signals every [`Tuning::sample_ms`] — increments routed to each shard, and the
+//! deepest queue of increments waiting at one shard for its answer — and feeds them in
+//! as a [`Sample`]; the machine answers with [`AutoEffect`]s. It never reads a clock:
+//! `now_ms` is an argument.
+//!
+//! # The rules
+//!
+//! * **Up.** A sample is *hot* when the busiest shard takes at least
+//!   [`Tuning::rate_up_per_shard`] increments per second, or when some shard has at
+//!   least [`Tuning::queue_up`] increments waiting at once. After
+//!   [`Tuning::hot_samples`] hot samples in a row the machine proposes
+//!   `max(shards × UP_FACTOR, what the rate needs)`, at most `max_shards`. The reason
+//!   says which signal fired: [`Reason::QueueDepth`], [`Reason::WriteRate`] (the mean
+//!   per shard passed the threshold), or [`Reason::HotShard`] (only the busiest did:
+//!   the load is skewed).
+//! * **Down.** A sample is *quiet* when the mean rate per shard is below
+//!   `rate_up_per_shard / DOWN_DIVISOR` and no shard has more than
+//!   `queue_up / DOWN_DIVISOR` increments waiting. After [`Tuning::quiet_ms`] of quiet
+//!   samples the machine proposes the count the rate needs at half the threshold per
+//!   shard, at least `min_shards` ([`Reason::Quiet`]). Between the two thresholds
+//!   nothing happens: that band is the hysteresis, and because a lowered counter
+//!   carries at most half the up threshold per shard, lowering never makes it hot.
+//! * **Interval.** At most one proposal per counter per [`Tuning::change_interval_ms`]
+//!   (a refused one counts). Only a change of the bounds themselves
+//!   ([`Reason::Bounds`], a shard count outside `min_shards..=max_shards`) is proposed
+//!   at once: the operator asked for it.
+//! * **One at a time.** While a proposal is outstanding, or any resharding is in
+//!   progress, nothing else is proposed. A sample that shows the proposed count with no
+//!   resharding in progress completes the proposal ([`AutoEffect::Changed`]); one that
+//!   shows another count without a resharding means someone else changed it, and the
+//!   machine follows. [`AutoInput::Refused`] drops a proposal the metadata refused.
+
+use crate::spec::AutoShards;
+use serde::{Deserialize, Serialize};
+
+/// A raise multiplies the shard count by at least this.
+pub const UP_FACTOR: u16 = 2;
+/// The quiet thresholds are the hot ones divided by this: the hysteresis band.
+pub const DOWN_DIVISOR: u64 = 4;
+
+/// Default [`Tuning::sample_ms`].
+pub const SAMPLE_MS_DEFAULT: u64 = 1_000;
+/// Shortest [`Tuning::sample_ms`].
+pub const SAMPLE_MS_MIN: u64 = 10;
+/// Longest [`Tuning::sample_ms`].
+pub const SAMPLE_MS_MAX: u64 = 60_000;
+/// Default [`Tuning::change_interval_ms`].
+pub const CHANGE_INTERVAL_MS_DEFAULT: u64 = 5_000;
+/// Longest [`Tuning::change_interval_ms`] (one hour); the shortest is `sample_ms`.
+pub const CHANGE_INTERVAL_MS_MAX: u64 = 3_600_000;
+/// Default [`Tuning::quiet_ms`].
+pub const QUIET_MS_DEFAULT: u64 = 30_000;
+/// Longest [`Tuning::quiet_ms`] (one day).
+pub const QUIET_MS_MAX: u64 = 86_400_000;
+/// Default [`Tuning::hot_samples`].
+pub const HOT_SAMPLES_DEFAULT: u32 = 2;
+/// Most [`Tuning::hot_samples`].
+pub const HOT_SAMPLES_MAX: u32 = 100;
+/// Default [`Tuning::rate_up_per_shard`], increments per second.
+pub const RATE_UP_PER_SHARD_DEFAULT: u64 = 20_000;
+/// Smallest [`Tuning::rate_up_per_shard`]: below `DOWN_DIVISOR` the quiet threshold
+/// would be zero.
+pub const RATE_UP_PER_SHARD_MIN: u64 = DOWN_DIVISOR;
+/// Largest [`Tuning::rate_up_per_shard`].
+pub const RATE_UP_PER_SHARD_MAX: u64 = 100_000_000;
+/// Default [`Tuning::queue_up`], increments waiting at one shard.
+pub const QUEUE_UP_DEFAULT: u32 = 8;
+/// Smallest [`Tuning::queue_up`]: one waiting increment is a single writer, not
+/// contention.
+pub const QUEUE_UP_MIN: u32 = 2;
+/// Largest [`Tuning::queue_up`].
+pub const QUEUE_UP_MAX: u32 = 65_536;
+
+/// The thresholds and timers of every auto counter on a node (node configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// How often the engine samples each auto counter, in milliseconds.
+    pub sample_ms: u64,
+    /// At most one proposed change per counter in this many milliseconds.
+    pub change_interval_ms: u64,
+    /// How long a counter must stay quiet before its shard count is lowered.
+    pub quiet_ms: u64,
+    /// Consecutive hot samples before the shard count is raised.
+    pub hot_samples: u32,
+    /// Increments per second at one shard that make a sample hot.
+    pub rate_up_per_shard: u64,
+    /// Increments waiting at one shard at once that make a sample hot.
+    pub queue_up: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            sample_ms: SAMPLE_MS_DEFAULT,
+            change_interval_ms: CHANGE_INTERVAL_MS_DEFAULT,
+            quiet_ms: QUIET_MS_DEFAULT,
+            hot_samples: HOT_SAMPLES_DEFAULT,
+            rate_up_per_shard: RATE_UP_PER_SHARD_DEFAULT,
+            queue_up: QUEUE_UP_DEFAULT,
+        }
+    }
+}
+
+/// A tuning value outside its bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("autoshard.{field} must be between {min} and {max} (got {got})")]
+pub struct TuningError {
+    /// The field.
+    pub field: &'static str,
+    /// Smallest allowed.
+    pub min: u64,
+    /// Largest allowed.
+    pub max: u64,
+    /// What was given.
+    pub got: u64,
+}
+
+fn bound(field: &'static str, got: u64, min: u64, max: u64) -> Result<(), TuningError> {
+    if got < min || got > max {
+        return Err(TuningError { field, min, max, got });
+    }
+    Ok(())
+}
+
+impl Tuning {
+    /// Checks every field against its bounds.
+    pub fn validate(&self) -> Result<(), TuningError> {
+        bound("sample_ms", self.sample_ms, SAMPLE_MS_MIN, SAMPLE_MS_MAX)?;
+        bound("change_interval_ms", self.change_interval_ms, self.sample_ms, CHANGE_INTERVAL_MS_MAX)?;
+        bound("quiet_ms", self.quiet_ms, 0, QUIET_MS_MAX)?;
+        bound("hot_samples", self.hot_samples.into(), 1, HOT_SAMPLES_MAX.into())?;
+        bound("rate_up_per_shard", self.rate_up_per_shard, RATE_UP_PER_SHARD_MIN, RATE_UP_PER_SHARD_MAX)?;
+        bound("queue_up", self.queue_up.into(), QUEUE_UP_MIN.into(), QUEUE_UP_MAX.into())?;
+        Ok(())
+    }
+
+    /// The mean rate per shard below which a sample may be quiet.
+    pub fn rate_down_per_shard(&self) -> u64 {
+        self.rate_up_per_shard / DOWN_DIVISOR
+    }
+
+    /// The deepest queue a quiet sample may show.
+    pub fn queue_down(&self) -> u32 {
+        self.queue_up / DOWN_DIVISOR as u32
+    }
+}
+
+/// What the engine measured of one counter since its previous sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sample {
+    /// The shard count of the layout taking writes.
+    pub shards: u16,
+    /// Whether a resharding (anyone's) is in progress.
+    pub resharding: bool,
+    /// Milliseconds the sample covers.
+    pub elapsed_ms: u64,
+    /// Increments routed to the counter's shards in that time, on this node.
+    pub writes: u64,
+    /// Of those, the most routed to one shard.
+    pub hottest_writes: u64,
+    /// The most increments that waited at one shard at once.
+    pub queue_depth_max: u32,
+}
+
+/// A sample's contention figures, as reported.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Figures {
+    /// Mean increments per second per shard.
+    pub rate_per_shard: u64,
+    /// Increments per second at the busiest shard.
+    pub rate_hottest: u64,
+    /// Busiest shard's rate ÷ the mean (1.0 = even; 0 when idle).
+    pub skew: f64,
+    /// The most increments that waited at one shard at once.
+    pub queue_depth_max: u32,
+    /// Increments per second over all shards.
+    pub rate_total: u64,
+}
+
+impl Figures {
+    fn of(s: &Sample) -> Self {
+        let per_s = |n: u64| n.saturating_mul(1000) / s.elapsed_ms.max(1);
+        let rate_total = per_s(s.writes);
+        let rate_per_shard = rate_total / u64::from(s.shards.max(1));
+        let rate_hottest = per_s(s.hottest_writes);
+        let skew = if s.writes == 0 {
+            0.0
+        } else {
+            s.hottest_writes as f64 * f64::from(s.shards.max(1)) / s.writes as f64
+        };
+        Self { rate_per_shard, rate_hottest, skew, queue_depth_max: s.queue_depth_max, rate_total }
+    }
+}
+
+/// Why a change was proposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Increments queued at a shard.
+    QueueDepth,
+    /// The mean rate per shard passed the threshold.
+    WriteRate,
+    /// Only the busiest shard passed it: the load is skewed.
+    HotShard,
+    /// The counter stayed quiet for the quiet period.
+    Quiet,
+    /// The shard count was outside the counter's bounds.
+    Bounds,
+}
+
+impl Reason {
+    /// Every reason, for metrics (a bounded label set).
+    pub const ALL: [Reason; 5] =
+        [Self::QueueDepth, Self::WriteRate, Self::HotShard, Self::Quiet, Self::Bounds];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::QueueDepth => "queue_depth",
+            Self::WriteRate => "write_rate",
+            Self::HotShard => "hot_shard",
+            Self::Quiet => "quiet",
+            Self::Bounds => "bounds",
+        }
+    }
+}
+
+/// A proposed or completed change of the shard count.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    /// The count before.
+    pub from: u16,
+    /// The count proposed.
+    pub to: u16,
+    /// Why.
+    pub reason: Reason,
+    /// When it was proposed, in milliseconds since the Unix epoch.
+    pub proposed_at_ms: u64,
+    /// When it was seen complete (`None` while proposed).
+    pub completed_at_ms: Option<u64>,
+    /// The figures of the sample that decided it.
+    pub figures: Figures,
+}
+
+impl Change {
+    /// Whether it raised the count.
+    pub fn is_up(&self) -> bool {
+        self.to > self.from
+    }
+}
+
+/// What happened to an auto counter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AutoInput {
+    /// A fresh sample of its signals.
+    Sample(Sample),
+    /// Its bounds changed (the counter stays auto).
+    Bounds(AutoShards),
+    /// The metadata refused the outstanding proposal (a resharding already in
+    /// progress, too many sealed generations, the counter changed meanwhile, a store
+    /// error).
+    Refused {
+        /// Why, as the metadata said it.
+        reason: String,
+    },
+}
+
+/// What the engine must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AutoEffect {
+    /// Reshard the counter from `change.from` to `change.to` shards through the
+    /// ordinary resharding, unless its layout moved meanwhile; answer
+    /// [`AutoInput::Refused`] if that is refused.
+    Propose(Change),
+    /// The proposal completed (count it, log it).
+    Changed(Change),
+    /// The outstanding proposal was dropped: refused, or the count changed otherwise.
+    Dropped {
+        /// The proposal.
+        change: Change,
+        /// Why it did not happen.
+        reason: String,
+    },
+}
+
+/// A proposal that did not happen, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DroppedChange {
+    /// The proposal.
+    pub change: Change,
+    /// Why it did not happen.
+    pub reason: String,
+}
+
+/// What `GET …/shards` shows of an auto counter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AutoStatus {
+    /// The bounds.
+    pub bounds: AutoShards,
+    /// The last completed change.
+    pub last_change: Option<Change>,
+    /// The proposal outstanding.
+    pub pending: Option<Change>,
+    /// The last proposal that did not happen, and why.
+    pub last_dropped: Option<DroppedChange>,
+    /// The latest sample's figures.
+    pub figures: Option<Figures>,
+}
+
+/// The decision state of one auto counter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoShardMachine {
+    tuning: Tuning,
+    bounds: AutoShards,
+    /// The shard count last seen.
+    shards: u16,
+    hot_streak: u32,
+    quiet_since_ms: Option<u64>,
+    last_proposal_ms: Option<u64>,
+    pending: Option<Change>,
+    last_change: Option<Change>,
+    last_dropped: Option<DroppedChange>,
+    figures: Option<Figures>,
+}
+
+impl AutoShardMachine {
+    /// The machine of a counter with `bounds` and `shards` shards now.
+    pub fn new(tuning: Tuning, bounds: AutoShards, shards: u16) -> Self {
+        Self {
+            tuning,
+            bounds,
+            shards,
+            hot_streak: 0,
+            quiet_since_ms: None,
+            last_proposal_ms: None,
+            pending: None,
+            last_change: None,
+            last_dropped: None,
+            figures: None,
+        }
+    }
+
+    /// What is known, for reports.
+    pub fn status(&self) -> AutoStatus {
+        AutoStatus {
+            bounds: self.bounds,
+            last_change: self.last_change,
+            pending: self.pending,
+            last_dropped: self.last_dropped.clone(),
+            figures: self.figures,
+        }
+    }
+
+    /// Takes one input at `now_ms`; returns what to do.
+    pub fn step(&mut self, now_ms: u64, input: AutoInput) -> Vec<AutoEffect> {
+        let effects = match input {
+            AutoInput::Sample(s) => self.sample(now_ms, s),
+            AutoInput::Bounds(b) => {
+                self.bounds = b;
+                self.forget_streaks();
+                match self.pending {
+                    Some(_) => Vec::new(),
+                    None => self.clamp(now_ms, None),
+                }
+            }
+            AutoInput::Refused { reason } => match self.pending.take() {
+                Some(change) => {
+                    self.last_dropped = Some(DroppedChange { change, reason: reason.clone() });
+                    vec![AutoEffect::Dropped { change, reason }]
+                }
+                None => Vec::new(),
+            },
+        };
+        self.check();
+        effects
+    }
+
+    fn check(&self) {
+        assert!(self.bounds.min_shards <= self.bounds.max_shards, "auto bounds inverted: {:?}", self.bounds);
+        if let Some(p) = &self.pending {
+            assert!(p.from != p.to, "a proposal changes the count: {p:?}");
+            assert!(
+                p.reason == Reason::Bounds
+                    || (self.bounds.min_shards..=self.bounds.max_shards).contains(&p.to),
+                "a proposal stays within the bounds: {p:?} {:?}",
+                self.bounds
+            );
+        }
+    }
+
+    fn forget_streaks(&mut self) {
+        self.hot_streak = 0;
+        self.quiet_since_ms = None;
+    }
+
+    fn interval_passed(&self, now_ms: u64) -> bool {
+        self.last_proposal_ms.is_none_or(|t| now_ms.saturating_sub(t) >= self.tuning.change_interval_ms)
+    }
+
+    fn propose(&mut self, now_ms: u64, to: u16, reason: Reason, figures: Figures) -> Vec<AutoEffect> {
+        let change =
+            Change { from: self.shards, to, reason, proposed_at_ms: now_ms, completed_at_ms: None, figures };
+        self.pending = Some(change);
+        self.last_proposal_ms = Some(now_ms);
+        self.forget_streaks();
+        vec![AutoEffect::Propose(change)]
+    }
+
+    /// A proposal back into the bounds if the count is outside them.
+    fn clamp(&mut self, now_ms: u64, figures: Option<Figures>) -> Vec<AutoEffect> {
+        let to = self.shards.clamp(self.bounds.min_shards, self.bounds.max_shards);
+        if to == self.shards {
+            return Vec::new();
+        }
+        self.propose(now_ms, to, Reason::Bounds, figures.unwrap_or_default())
+    }
+
+    /// The shard count that keeps `rate_total` at half the hot threshold per shard.
+    fn needed(&self, rate_total: u64) -> u64 {
+        rate_total.div_ceil((self.tuning.rate_up_per_shard / 2).max(1))
+    }
+
+    fn sample(&mut self, now_ms: u64, s: Sample) -> Vec<AutoEffect> {
+        let mut effects = Vec::new();
+        if let Some(p) = self.pending {
+            if s.resharding {
+                return effects;
+            }
+            self.pending = None;
+            if s.shards == p.to {
+                let done = Change { completed_at_ms: Some(now_ms), ..p };
+                self.last_change = Some(done);
+                effects.push(AutoEffect::Changed(done));
+            } else {
+                let reason = format!("the counter has {} shards, not the {} proposed", s.shards, p.to);
+                self.last_dropped = Some(DroppedChange { change: p, reason: reason.clone() });
+                effects.push(AutoEffect::Dropped { change: p, reason });
+            }
+            self.shards = s.shards;
+            // The sample covers the old layout: start measuring afresh.
+            return effects;
+        }
+        if s.resharding || s.shards != self.shards {
+            // Someone else is changing (or changed) the layout: follow it.
+            self.shards = s.shards;
+            self.forget_streaks();
+            return effects;
+        }
+        if s.elapsed_ms == 0 || s.shards == 0 {
+            return effects;
+        }
+        let f = Figures::of(&s);
+        self.figures = Some(f);
+        let out_of_bounds = self.clamp(now_ms, Some(f));
+        if !out_of_bounds.is_empty() {
+            return out_of_bounds;
+        }
+        let t = self.tuning;
+        let hot = if s.queue_depth_max >= t.queue_up {
+            Some(Reason::QueueDepth)
+        } else if f.rate_per_shard >= t.rate_up_per_shard {
+            Some(Reason::WriteRate)
+        } else if f.rate_hottest >= t.rate_up_per_shard {
+            Some(Reason::HotShard)
+        } else {
+            None
+        };
+        let quiet = f.rate_per_shard < t.rate_down_per_shard() && s.queue_depth_max <= t.queue_down();
+        match hot {
+            Some(reason) => {
+                self.quiet_since_ms = None;
+                self.hot_streak = self.hot_streak.saturating_add(1);
+                if self.hot_streak >= t.hot_samples
+                    && self.shards < self.bounds.max_shards
+                    && self.interval_passed(now_ms)
+                {
+                    let doubled = u64::from(self.shards) * u64::from(UP_FACTOR);
+                    let to = doubled.max(self.needed(f.rate_total)).min(self.bounds.max_shards.into()) as u16;
+                    return self.propose(now_ms, to, reason, f);
+                }
+            }
+            None if quiet => {
+                self.hot_streak = 0;
+                let since = *self.quiet_since_ms.get_or_insert(now_ms);
+                if now_ms.saturating_sub(since) >= t.quiet_ms
+                    && self.shards > self.bounds.min_shards
+                    && self.interval_passed(now_ms)
+                {
+                    let to = self
+                        .needed(f.rate_total)
+                        .clamp(self.bounds.min_shards.into(), u64::from(self.shards) - 1)
+                        as u16;
+                    return self.propose(now_ms, to, Reason::Quiet, f);
+                }
+            }
+            None => self.forget_streaks(),
+        }
+        effects
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Tuning = Tuning {
+        sample_ms: 100,
+        change_interval_ms: 1_000,
+        quiet_ms: 3_000,
+        hot_samples: 2,
+        rate_up_per_shard: 1_000,
+        queue_up: 8,
+    };
+    const B: AutoShards = AutoShards { min_shards: 1, max_shards: 64 };
+
+    /// A 100 ms sample over `shards` shards with `writes` spread evenly.
+    fn even(shards: u16, writes: u64, queue: u32) -> AutoInput {
+        AutoInput::Sample(Sample {
+            shards,
+            resharding: false,
+            elapsed_ms: 100,
+            writes,
+            hottest_writes: writes / u64::from(shards),
+            queue_depth_max: queue,
+        })
+    }
+
+    fn proposal(effects: &[AutoEffect]) -> Option<(u16, u16, Reason)> {
+        match effects {
+            [AutoEffect::Propose(c)] => Some((c.from, c.to, c.reason)),
+            [] => None,
+            other => panic!("unexpected effects {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tuning_bounds_are_checked() {
+        assert_eq!(Tuning::default().validate(), Ok(()));
+        assert_eq!(T.validate(), Ok(()));
+        let bad = Tuning { sample_ms: 5, ..T };
+        assert_eq!(bad.validate().unwrap_err().field, "sample_ms");
+        let bad = Tuning { change_interval_ms: 50, ..T };
+        assert_eq!(
+            bad.validate().unwrap_err(),
+            TuningError { field: "change_interval_ms", min: 100, max: CHANGE_INTERVAL_MS_MAX, got: 50 }
+        );
+        assert_eq!(Tuning { queue_up: 1, ..T }.validate().unwrap_err().field, "queue_up");
+        assert_eq!(Tuning { hot_samples: 0, ..T }.validate().unwrap_err().field, "hot_samples");
+        assert_eq!(Tuning { rate_up_per_shard: 3, ..T }.validate().unwrap_err().field, "rate_up_per_shard");
+    }
+
+    #[test]
+    fn a_queue_raises_after_the_hot_streak_and_doubles() {
+        let mut m = AutoShardMachine::new(T, B, 1);
+        // One hot sample is not enough (hysteresis in time).
+        assert_eq!(proposal(&m.step(0, even(1, 10, 8))), None);
+        let e = m.step(100, even(1, 10, 8));
+        assert_eq!(proposal(&e), Some((1, 2, Reason::QueueDepth)));
+        let AutoEffect::Propose(c) = &e[0] else { unreachable!() };
+        assert_eq!(c.proposed_at_ms, 100);
+        assert_eq!(c.figures.queue_depth_max, 8);
+        assert_eq!(c.figures.rate_total, 100);
+        // Outstanding while the resharding runs: nothing else, however hot.
+        let busy = Sample {
+            shards: 1,
+            resharding: true,
+            elapsed_ms: 100,
+            writes: 10,
+            hottest_writes: 10,
+            queue_depth_max: 50,
+        };
+        assert_eq!(proposal(&m.step(200, AutoInput::Sample(busy))), None);
+        assert_eq!(m.status().pending.map(|c| c.to), Some(2));
+    }
+
+    #[test]
+    fn a_hot_streak_is_broken_by_one_calm_sample() {
+        let mut m = AutoShardMachine::new(T, B, 1);
+        assert_eq!(proposal(&m.step(0, even(1, 10, 8))), None);
+        assert_eq!(proposal(&m.step(100, even(1, 10, 4))), None);
+        assert_eq!(proposal(&m.step(200, even(1, 10, 8))), None);
+        assert_eq!(proposal(&m.step(300, even(1, 10, 8))), Some((1, 2, Reason::QueueDepth)));
+    }
+
+    #[test]
+    fn the_rate_sets_a_raise_beyond_doubling_up_to_max() {
+        let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 16 }, 2);
+        // 1,000 increments in 100 ms = 10,000/s over 2 shards: 5,000/s each. Needed at
+        // 500/s per shard: 20 shards, clamped to 16.
+        m.step(0, even(2, 1_000, 0));
+        assert_eq!(proposal(&m.step(100, even(2, 1_000, 0))), Some((2, 16, Reason::WriteRate)));
+    }
+
+    #[test]
+    fn one_hot_shard_raises_with_its_own_reason() {
+        let mut m = AutoShardMachine::new(T, B, 4);
+        // 120 writes in 100 ms, 110 of them to one shard: mean 300/s, hottest 1,100/s.
+        let skewed = AutoInput::Sample(Sample {
+            shards: 4,
+            resharding: false,
+            elapsed_ms: 100,
+            writes: 120,
+            hottest_writes: 110,
+            queue_depth_max: 1,
+        });
+        m.step(0, skewed.clone());
+        assert_eq!(proposal(&m.step(100, skewed)), Some((4, 8, Reason::HotShard)));
+        let f = m.status().pending.unwrap().figures;
+        assert_eq!((f.rate_per_shard, f.rate_hottest), (300, 1_100));
+        assert!((f.skew - 110.0 * 4.0 / 120.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn completion_is_seen_in_a_sample_and_recorded() {
+        let mut m = AutoShardMachine::new(T, B, 1);
+        m.step(0, even(1, 0, 9));
+        m.step(100, even(1, 0, 9));
+        // The resharding is under way: wait.
+        let busy = AutoInput::Sample(Sample { shards: 1, resharding: true, ..Default::default() });
+        assert_eq!(m.step(200, busy), vec![]);
+        let e = m.step(300, even(2, 0, 9));
+        let [AutoEffect::Changed(c)] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!(
+            (c.from, c.to, c.reason, c.proposed_at_ms, c.completed_at_ms),
+            (1, 2, Reason::QueueDepth, 100, Some(300))
+        );
+        assert_eq!(m.status().last_change, Some(*c));
+        assert_eq!(m.status().pending, None);
+    }
+
+    #[test]
+    fn at_most_one_proposal_per_interval() {
+        let mut m = AutoShardMachine::new(T, B, 1);
+        m.step(0, even(1, 0, 9));
+        assert!(proposal(&m.step(100, even(1, 0, 9))).is_some());
+        m.step(200, even(2, 0, 9)); // completed at 2
+                                    // Hot again at once: the streak builds, but the interval (1,000 ms from the
+                                    // proposal at 100) holds it back until 1,100.
+        for t in [300, 400, 500, 1_000, 1_099] {
+            assert_eq!(proposal(&m.step(t, even(2, 0, 9))), None, "at {t}");
+        }
+        assert_eq!(proposal(&m.step(1_100, even(2, 0, 9))), Some((2, 4, Reason::QueueDepth)));
+    }
+
+    #[test]
+    fn never_beyond_max_and_never_below_min() {
+        let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 4 }, 4);
+        for t in 0..30 {
+            assert_eq!(proposal(&m.step(t * 100, even(4, 0, 100))), None, "at max already");
+        }
+        let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 4 }, 2);
+        for t in 0..100 {
+            assert_eq!(proposal(&m.step(t * 100, even(2, 0, 0))), None, "at min already");
+        }
+    }
+
+    #[test]
+    fn quiet_lowers_after_the_quiet_period_to_what_the_rate_needs() {
+        let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 64 }, 32);
+        // 20 increments per 100 ms = 200/s: below the quiet threshold (250/s per
+        // shard), and needs 1 shard at 500/s: the minimum, 2, decides.
+        for t in (0..3_000).step_by(100) {
+            assert_eq!(proposal(&m.step(t, even(32, 20, 1))), None, "at {t}");
+        }
+        assert_eq!(proposal(&m.step(3_000, even(32, 20, 1))), Some((32, 2, Reason::Quiet)));
+    }
+
+    #[test]
+    fn quiet_lowers_only_as_far_as_the_rate_allows() {
+        let mut m = AutoShardMachine::new(T, B, 64);
+        // 6,000/s over 64 shards = 93/s each (quiet), but it needs 12 shards at 500/s.
+        for t in (0..3_000).step_by(100) {
+            m.step(t, even(64, 600, 0));
+        }
+        assert_eq!(proposal(&m.step(3_000, even(64, 600, 0))), Some((64, 12, Reason::Quiet)));
+    }
+
+    #[test]
+    fn the_band_between_thresholds_changes_nothing_and_resets_quiet() {
+        let mut m = AutoShardMachine::new(T, B, 8);
+        // 500/s per shard: neither hot (1,000) nor quiet (250).
+        for t in (0..10_000).step_by(100) {
+            assert_eq!(proposal(&m.step(t, even(8, 400, 1))), None);
+        }
+        // Quiet from 10,000: the period counts from there, not from 0.
+        for t in (10_000..13_000).step_by(100) {
+            assert_eq!(proposal(&m.step(t, even(8, 0, 0))), None, "at {t}");
+        }
+        assert_eq!(proposal(&m.step(13_000, even(8, 0, 0))), Some((8, 1, Reason::Quiet)));
+    }
+
+    #[test]
+    fn a_lowered_counter_is_not_hot() {
+        // The target of a lowering carries at most half the hot rate per shard.
+        let mut m = AutoShardMachine::new(T, B, 64);
+        for t in (0..=3_000).step_by(100) {
+            m.step(t, even(64, 1_500, 0));
+        }
+        let to = m.status().pending.expect("lowered").to;
+        assert_eq!(to, 30);
+        let per_shard = 15_000 / u64::from(to);
+        assert!(per_shard <= T.rate_up_per_shard / 2, "{per_shard}");
+    }
+
+    #[test]
+    fn a_refused_proposal_is_dropped_and_waits_for_the_interval() {
+        let mut m = AutoShardMachine::new(T, B, 1);
+        m.step(0, even(1, 0, 9));
+        m.step(100, even(1, 0, 9));
+        let e = m.step(150, AutoInput::Refused { reason: "resharding".into() });
+        let [AutoEffect::Dropped { change, reason }] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!((change.to, reason.as_str()), (2, "resharding"));
+        assert_eq!(m.status().pending, None);
+        assert_eq!(m.status().last_dropped.map(|d| d.change.to), Some(2));
+        for t in (200..1_100).step_by(100) {
+            assert_eq!(proposal(&m.step(t, even(1, 0, 9))), None, "at {t}");
+        }
+        assert_eq!(proposal(&m.step(1_100, even(1, 0, 9))), Some((1, 2, Reason::QueueDepth)));
+        // A refusal with nothing outstanding does nothing.
+        let mut idle = AutoShardMachine::new(T, B, 1);
+        assert_eq!(idle.step(0, AutoInput::Refused { reason: "x".into() }), vec![]);
+    }
+
+    #[test]
+    fn someone_elses_change_is_followed() {
+        let mut m = AutoShardMachine::new(T, B, 4);
+        m.step(0, even(4, 0, 9));
+        // A resharding by hand starts and ends at 16: the streak starts again.
+        assert_eq!(
+            m.step(100, AutoInput::Sample(Sample { shards: 4, resharding: true, ..Default::default() })),
+            vec![]
+        );
+        assert_eq!(proposal(&m.step(200, even(16, 0, 9))), None);
+        assert_eq!(proposal(&m.step(300, even(16, 0, 9))), None);
+        assert_eq!(proposal(&m.step(400, even(16, 0, 9))), Some((16, 32, Reason::QueueDepth)));
+        // A proposal overtaken by another change is dropped and the count followed.
+        let e = m.step(500, even(8, 0, 0));
+        assert!(matches!(e.as_slice(), [AutoEffect::Dropped { change, .. }] if change.to == 32), "{e:?}");
+        assert_eq!(proposal(&m.step(600, even(8, 0, 9))), None);
+    }
+
+    #[test]
+    fn new_bounds_clamp_at_once_even_within_the_interval() {
+        let mut m = AutoShardMachine::new(T, B, 1);
+        m.step(0, even(1, 0, 9));
+        m.step(100, even(1, 0, 9));
+        m.step(200, even(2, 0, 0));
+        let e = m.step(300, AutoInput::Bounds(AutoShards { min_shards: 8, max_shards: 16 }));
+        assert_eq!(proposal(&e), Some((2, 8, Reason::Bounds)));
+        m.step(400, even(8, 0, 0));
+        assert_eq!(m.status().last_change.map(|c| (c.to, c.reason)), Some((8, Reason::Bounds)));
+        let e = m.step(500, AutoInput::Bounds(AutoShards { min_shards: 1, max_shards: 4 }));
+        assert_eq!(proposal(&e), Some((8, 4, Reason::Bounds)));
+        // Bounds that already hold the count change nothing.
+        let mut m = AutoShardMachine::new(T, B, 4);
+        assert_eq!(m.step(0, AutoInput::Bounds(AutoShards { min_shards: 2, max_shards: 8 })), vec![]);
+        // A count found outside the bounds in a sample is clamped too.
+        let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 8 }, 2);
+        m.step(0, even(2, 0, 0));
+        m.step(100, AutoInput::Sample(Sample { shards: 2, resharding: true, ..Default::default() }));
+        m.step(200, even(32, 0, 0));
+        assert_eq!(proposal(&m.step(300, even(32, 0, 0))), Some((32, 8, Reason::Bounds)));
+    }
+
+    #[test]
+    fn a_sample_of_nothing_decides_nothing() {
+        let mut m = AutoShardMachine::new(T, B, 4);
+        let empty = AutoInput::Sample(Sample {
+            shards: 4,
+            elapsed_ms: 0,
+            queue_depth_max: 100,
+            ..Default::default()
+        });
+        for t in 0..10 {
+            assert_eq!(m.step(t * 1_000, empty.clone()), vec![]);
+        }
+        assert_eq!(m.status().figures, None);
+    }
+
+    #[test]
+    fn one_writer_to_sixty_four_and_back() {
+        // The whole story at the sample rate: queue depth follows writers ÷ shards.
+        let mut m = AutoShardMachine::new(T, B, 1);
+        let mut shards = 1u16;
+        let mut pending: Option<u16> = None;
+        let mut changes = Vec::new();
+        let mut now = 0;
+        let mut run = |writers: u32, until: u64, m: &mut AutoShardMachine, now: &mut u64| {
+            while *now < until {
+                if let Some(to) = pending.take() {
+                    shards = to;
+                }
+                let depth = writers.div_ceil(u32::from(shards));
+                for e in m.step(*now, even(shards, u64::from(writers), depth)) {
+                    match e {
+                        AutoEffect::Propose(c) => pending = Some(c.to),
+                        AutoEffect::Changed(c) => changes.push((c.from, c.to, c.reason)),
+                        AutoEffect::Dropped { .. } => panic!("nothing refuses here"),
+                    }
+                }
+                *now += 100;
+            }
+        };
+        run(1, 2_000, &mut m, &mut now);
+        run(64, 12_000, &mut m, &mut now);
+        run(0, 20_000, &mut m, &mut now);
+        assert_eq!(
+            changes,
+            vec![
+                (1, 2, Reason::QueueDepth),
+                (2, 4, Reason::QueueDepth),
+                (4, 8, Reason::QueueDepth),
+                (8, 16, Reason::QueueDepth),
+                (16, 1, Reason::Quiet),
+            ]
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! t12: a counter created with `"shards": "auto"` on a real single-node `tallyd`
+//! follows its contention. One HTTP writer leaves it at `min_shards`; 64 concurrent
+//! writers get it resharded up within 10 s; once they stop it is resharded back down
+//! after the quiet period. The total is exact after each phase (every increment
+//! carries an event id and is retried with it until its outcome is known), and
+//! `GET /shards` and `/metrics` show each change and its reason. Also: a cluster
+//! refuses "auto" with a clear error rather than half-supporting it.
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tally_tests::{openapi, TestCluster};
+
+const NAME: &str = "auto:hot";
+const WRITERS: usize = 64;
+
+/// Short timers for a test, the thresholds at their defaults.
+const TIMERS: &str = "auto_sample_ms = 250\nauto_change_interval_ms = 1000\nauto_quiet_ms = 2000\n";
+
+struct Load {
+    active: AtomicUsize,
+    idle: AtomicUsize,
+    stop: AtomicBool,
+    acked: AtomicI64,
+}
+
+async fn layout(c: &TestCluster) -> Result<(u64, bool)> {
+    let info = c.get(1, &format!("/v1/counters/{NAME}")).await?;
+    Ok((info["layout_shards"].as_u64().unwrap_or(0), !info["resharding"].is_null()))
+}
+
+async fn wait_for(c: &TestCluster, within: Duration, pred: impl Fn(u64) -> bool) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let (shards, resharding) = layout(c).await?;
+        if !resharding && pred(shards) {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > within {
+            bail!("still {shards} shards (resharding {resharding}) after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Pauses every writer, then the fresh total must equal the acknowledged sum.
+async fn check_exact(c: &TestCluster, load: &Load, resume: usize) -> Result<i64> {
+    load.active.store(0, SeqCst);
+    while load.idle.load(SeqCst) < WRITERS {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let value = c.value(1, NAME).await?;
+    assert_eq!(value, load.acked.load(SeqCst), "a read after a drain is the acknowledged sum");
+    load.active.store(resume, SeqCst);
+    Ok(value)
+}
+
+/// The machine's report, once it has seen its last change complete.
+async fn seen_change(c: &TestCluster) -> Result<Value> {
+    let start = Instant::now();
+    loop {
+        let report = c.get(1, &format!("/v1/counters/{NAME}/shards")).await?;
+        openapi::check("GET", "/v1/counters/{name}/shards", 200, &report)?;
+        let auto = &report["auto"];
+        let shards = report["shards"].as_array().map_or(0, Vec::len) as u64;
+        if auto["pending"].is_null() && auto["last_change"]["to"].as_u64() == Some(shards) {
+            return Ok(report);
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            bail!("the change was never seen complete: {report}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn sample(metrics: &str, series: &str) -> u64 {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
+    let c = Arc::new(TestCluster::start_configured(1, &[], TIMERS).await?);
+    let (status, body) = c
+        .send(
+            1,
+            "PUT",
+            &format!("/v1/counters/{NAME}"),
+            json!({"shards": "auto", "min_shards": 1, "max_shards": 64, "durability": "sync"}),
+        )
+        .await?;
+    assert_eq!(status, 201, "{body}");
+    openapi::check("PUT", "/v1/counters/{name}", status, &body)?;
+    assert_eq!(body["layout_shards"], 1, "an auto counter starts at min_shards: {body}");
+    assert_eq!(body["auto"], json!({"min_shards": 1, "max_shards": 64}));
+
+    let load = Arc::new(Load {
+        active: AtomicUsize::new(1),
+        idle: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        acked: AtomicI64::new(0),
+    });
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (c, load) = (c.clone(), load.clone());
+        writers.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            let mut idle = false;
+            while !load.stop.load(SeqCst) {
+                if w >= load.active.load(SeqCst) {
+                    if !idle {
+                        load.idle.fetch_add(1, SeqCst);
+                        idle = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                if idle {
+                    load.idle.fetch_sub(1, SeqCst);
+                    idle = false;
+                }
+                let inc = json!({"delta": 1, "event_id": format!("{w}-{i}"), "writer": format!("w{w}")});
+                match c.incr(1, NAME, inc).await {
+                    Ok((200, body)) if body["applied"] == true => {
+                        load.acked.fetch_add(1, SeqCst);
+                        i += 1;
+                    }
+                    // Unknown outcome (a shard unavailable mid-resharding, a timeout):
+                    // retry with the same event id until it is known.
+                    Ok((503, _)) | Err(_) => continue,
+                    Ok((status, body)) => panic!("increment {w}-{i}: {status} {body}"),
+                }
+            }
+        }));
+    }
+
+    // One writer: no queue at its shard, no change.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(layout(&c).await?, (1, false), "one writer never queues");
+    check_exact(&c, &load, WRITERS).await?;
+
+    // 64 writers: resharded up within 10 s.
+    let up = wait_for(&c, Duration::from_secs(10), |s| s > 1).await?;
+    let first = layout(&c).await?.0;
+    eprintln!("t12: 64 writers: 1 -> {first} shards after {:.1} s", up.as_secs_f64());
+    let report = seen_change(&c).await?;
+    let change = &report["auto"]["last_change"];
+    assert_eq!(
+        (change["from"].as_u64(), change["reason"].as_str()),
+        (Some(1), Some("queue_depth")),
+        "{report}"
+    );
+    assert!(change["figures"]["queue_depth_max"].as_u64() >= Some(8), "{report}");
+    // Let it climb for a while, exact at each stop.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        check_exact(&c, &load, WRITERS).await?;
+    }
+    let total = check_exact(&c, &load, 0).await?;
+    let peak = layout(&c).await?.0;
+    eprintln!("t12: peak {peak} shards; {total} increments acknowledged");
+    assert!((4..=64).contains(&peak), "{peak}");
+
+    // Quiet: back down to min_shards after the quiet period.
+    let down = wait_for(&c, Duration::from_secs(15), |s| s == 1).await?;
+    eprintln!("t12: quiet: {peak} -> 1 shards after {:.1} s", down.as_secs_f64());
+    let report = seen_change(&c).await?;
+    let change = &report["auto"]["last_change"];
+    assert_eq!(
+        (change["from"].as_u64(), change["to"].as_u64(), change["reason"].as_str()),
+        (Some(peak), Some(1), Some("quiet"))
+    );
+    load.stop.store(true, SeqCst);
+    for w in writers {
+        w.await?;
+    }
+    assert_eq!(c.value(1, NAME).await?, load.acked.load(SeqCst));
+
+    // The metrics count the changes by direction and reason.
+    let metrics = reqwest::get(format!("{}/metrics", c.node(1).url())).await?.text().await?;
+    assert!(
+        sample(&metrics, r#"tally_auto_reshards_total{direction="up",reason="queue_depth"}"#) >= 1,
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, r#"tally_auto_reshards_total{direction="down",reason="quiet"}"#), 1);
+    assert_eq!(sample(&metrics, "tally_auto_counters"), 1);
+
+    // Fixed again by a number.
+    c.put_counter(1, NAME, json!({"shards": 2})).await?;
+    let info = c.get(1, &format!("/v1/counters/{NAME}")).await?;
+    assert!(info["auto"].is_null(), "{info}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bounds_are_422_and_a_cluster_refuses_auto() -> Result<()> {
+    let c = TestCluster::start(1).await?;
+    for body in [
+        json!({"shards": "auto", "min_shards": 0}),
+        json!({"shards": "auto", "min_shards": 8, "max_shards": 4}),
+        json!({"shards": "auto", "max_shards": 2000}),
+        json!({"shards": "many"}),
+        json!({"shards": 4, "max_shards": 8}),
+        json!({"min_shards": 2}),
+    ] {
+        let (status, answer) = c.send(1, "PUT", "/v1/counters/bad", body.clone()).await?;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (422, Some("invalid_spec")),
+            "{body}: {answer}"
+        );
+        openapi::check("PUT", "/v1/counters/{name}", status, &answer)?;
+    }
+    drop(c);
+    let cluster = TestCluster::start(3).await?;
+    let (status, answer) = cluster.send(1, "PUT", "/v1/counters/auto", json!({"shards": "auto"})).await?;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (422, Some("auto_shards_unsupported")),
+        "{answer}"
+    );
+    openapi::check("PUT", "/v1/counters/{name}", status, &answer)?;
+    Ok(())
+}
