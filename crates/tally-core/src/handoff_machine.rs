@@ -160,6 +160,8 @@ pub enum AdoptInput {
         after: Option<String>,
         /// The page.
         page: HandOffPage,
+        /// Whether this node still owns the shard, looked at as the page arrived.
+        owns: bool,
     },
     /// An answer is overdue: pull again.
     Resend,
@@ -264,9 +266,17 @@ impl<N: Clone> Adoption<N> {
                 self.stage = AdoptStage::Pulling { after: None };
                 vec![AdoptEffect::DeleteShard, self.pull(None)]
             }
-            (AdoptStage::Pulling { after }, AdoptInput::Page { after: answered, page }) => {
+            (AdoptStage::Pulling { after }, AdoptInput::Page { after: answered, page, owns }) => {
                 if *after != answered {
                     return Vec::new();
+                }
+                // The change completed during this adoption (its previous owner held
+                // nothing) and a next one took the shard away: importing now would
+                // leave a copy here that no owner asks for, and the next hand-off
+                // could never report it gone.
+                if !owns {
+                    self.stage = AdoptStage::Finished;
+                    return vec![AdoptEffect::Skip];
                 }
                 let next = page.records.last().map(|(key, _)| key.clone()).or(answered);
                 let mut effects = vec![AdoptEffect::Import(ShardWrite {
@@ -671,7 +681,7 @@ mod tests {
     fn the_last_page_is_made_durable_before_the_marker_and_the_marker_before_serving() {
         let mut a = pulling();
         assert_eq!(
-            a.step(AdoptInput::Page { after: None, page: page(5, &["x", "y"], false, false) }),
+            a.step(AdoptInput::Page { after: None, page: page(5, &["x", "y"], false, false), owns: true }),
             vec![
                 import(5, &["x", "y"]),
                 AdoptEffect::Flush,
@@ -687,18 +697,25 @@ mod tests {
     fn pages_are_pulled_after_the_last_record_and_stale_answers_are_ignored() {
         let mut a = pulling();
         assert_eq!(
-            a.step(AdoptInput::Page { after: None, page: page(5, &["a", "b"], true, false) }),
+            a.step(AdoptInput::Page { after: None, page: page(5, &["a", "b"], true, false), owns: true }),
             vec![import(5, &["a", "b"]), pull(Some("b"))]
         );
         assert_eq!(a.step(AdoptInput::Resend), vec![pull(Some("b"))], "resent as it stands");
         // The first page again (a duplicate, or the answer to a resend) is not imported twice.
-        assert_eq!(a.step(AdoptInput::Page { after: None, page: page(5, &["a", "b"], true, false) }), vec![]);
+        assert_eq!(
+            a.step(AdoptInput::Page { after: None, page: page(5, &["a", "b"], true, false), owns: true }),
+            vec![]
+        );
         // A full page without records (they went meanwhile) pulls from the same place.
         assert_eq!(
-            a.step(AdoptInput::Page { after: Some("b".into()), page: page(6, &[], true, false) }),
+            a.step(AdoptInput::Page { after: Some("b".into()), page: page(6, &[], true, false), owns: true }),
             vec![import(6, &[]), pull(Some("b"))]
         );
-        let last = a.step(AdoptInput::Page { after: Some("b".into()), page: page(6, &["c"], false, false) });
+        let last = a.step(AdoptInput::Page {
+            after: Some("b".into()),
+            page: page(6, &["c"], false, false),
+            owns: true,
+        });
         assert_eq!(last.first(), Some(&import(6, &["c"])));
         assert_eq!(last.last(), Some(&AdoptEffect::Adopted { imported: true }));
         assert_eq!(a.step(AdoptInput::Resend), vec![]);
@@ -709,22 +726,43 @@ mod tests {
     #[test]
     fn a_sealed_shard_is_sealed_at_its_new_owner() {
         let mut a = pulling();
-        let effects = a.step(AdoptInput::Page { after: None, page: page(5, &["x"], true, true) });
+        let effects = a.step(AdoptInput::Page { after: None, page: page(5, &["x"], true, true), owns: true });
         assert_eq!(effects, vec![import(5, &["x"]), AdoptEffect::Seal, pull(Some("x"))]);
-        let effects = a.step(AdoptInput::Page { after: Some("x".into()), page: page(5, &[], false, true) });
+        let effects =
+            a.step(AdoptInput::Page { after: Some("x".into()), page: page(5, &[], false, true), owns: true });
         assert_eq!(effects[..2], [import(5, &[]), AdoptEffect::Seal]);
         assert_eq!(effects[2], AdoptEffect::Flush, "the seal is durable before the marker");
+    }
+
+    /// Found by the simulator: an adoption still in flight when its change completed
+    /// and the next change gave the shard to another node imported its page there,
+    /// leaving a copy that node's next hand-off could never hand to anyone.
+    #[test]
+    fn an_adoption_overtaken_by_the_next_change_imports_nothing() {
+        let mut a = pulling();
+        assert_eq!(
+            a.step(AdoptInput::Page { after: None, page: page(0, &[], false, false), owns: false }),
+            vec![AdoptEffect::Skip]
+        );
+        assert!(a.finished());
+        assert_eq!(a.step(AdoptInput::Resend), vec![]);
     }
 
     #[test]
     fn inputs_out_of_order_change_nothing() {
         let mut a = Adoption::new(shard(0), "b", 3);
         assert_eq!(a.step(AdoptInput::Marker { present: false }), vec![]);
-        assert_eq!(a.step(AdoptInput::Page { after: None, page: page(1, &[], false, false) }), vec![]);
+        assert_eq!(
+            a.step(AdoptInput::Page { after: None, page: page(1, &[], false, false), owns: true }),
+            vec![]
+        );
         assert_eq!(a.step(AdoptInput::Resend), vec![]);
         a.step(AdoptInput::Begun { adopted: false, still_previous: true });
         assert_eq!(a.step(AdoptInput::Begun { adopted: false, still_previous: true }), vec![]);
-        assert_eq!(a.step(AdoptInput::Page { after: None, page: page(1, &[], false, false) }), vec![]);
+        assert_eq!(
+            a.step(AdoptInput::Page { after: None, page: page(1, &[], false, false), owns: true }),
+            vec![]
+        );
     }
 
     #[test]
@@ -892,7 +930,7 @@ mod tests {
         );
         plant(Some(Bug::HandoffForgetsSeal));
         let mut a = pulling();
-        let effects = a.step(AdoptInput::Page { after: None, page: page(5, &[], false, true) });
+        let effects = a.step(AdoptInput::Page { after: None, page: page(5, &[], false, true), owns: true });
         assert!(!effects.contains(&AdoptEffect::Seal));
         plant(None);
     }

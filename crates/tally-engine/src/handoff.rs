@@ -81,7 +81,8 @@ impl Ctx {
                     let request = ShardRequest::HandOff { id: id.clone(), epoch, after: after.clone() };
                     match placement.call(&from, request).await? {
                         ShardResponse::HandedOff { image, records, more, sealed } => {
-                            AdoptInput::Page { after, page: HandOffPage { image, records, more, sealed } }
+                            let page = HandOffPage { image, records, more, sealed };
+                            AdoptInput::Page { after, page, owns: self.remote(id).is_none() }
                         }
                         other => return Err(unexpected(&from, id, other)),
                     }
