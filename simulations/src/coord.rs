@@ -178,7 +178,14 @@ impl Sim {
             }
             Transition::Membership { members } => match self.meta.begin_membership(members, now) {
                 Err(LogError::Unavailable { .. }) => return,
-                Ok(_) => self.coord.active = Some(Active::Membership { since: now }),
+                Ok(_) => {
+                    self.coord.active = Some(Active::Membership { since: now });
+                    // Every previous member hands off until it reports nothing left.
+                    let previous: Vec<u8> = self.meta.membership.handoff.iter().copied().collect();
+                    for n in previous {
+                        self.timer(n, crate::config::HANDOFF_TICK_MS, crate::sim::NodeTimer::HandOff);
+                    }
+                }
                 Err(_) => {}
             },
         }

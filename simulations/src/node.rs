@@ -268,8 +268,14 @@ impl Sim {
                 }
             }
             NodeTimer::HandOff => {
-                self.handoff_tick(n);
-                self.timer(n, HANDOFF_TICK_MS, NodeTimer::HandOff);
+                // The ticks run while this node is a previous member that has not
+                // reported (the control plane starts them with the change).
+                if self.meta.membership.handoff.contains(&n) {
+                    self.handoff_tick(n);
+                    self.timer(n, HANDOFF_TICK_MS, NodeTimer::HandOff);
+                } else {
+                    self.node(n).pass = None;
+                }
             }
         }
     }
@@ -1009,10 +1015,6 @@ impl Sim {
     /// nothing left behind, and gives up on a pass that waited too long.
     fn handoff_tick(&mut self, n: u8) {
         let epoch = self.meta.membership.epoch;
-        if !self.meta.membership.handoff.contains(&n) {
-            self.node(n).pass = None;
-            return;
-        }
         if self.node(n).poisoned {
             return;
         }
