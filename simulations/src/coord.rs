@@ -145,15 +145,14 @@ impl Sim {
                     }
                 }
             }
-            Some(Active::Membership { since }) => {
-                if self.meta.membership.previous.is_none() {
-                    // A shard not yet adopted answers no read (the engine's read waits
-                    // for the adoption): the hand-off disturbs the cached totals.
-                    self.history.unanswered_calls.push(Disturbance { from_ms: since, to_ms: now });
-                    self.coord.active = None;
-                    self.coord.completed += 1;
-                }
+            Some(Active::Membership { since }) if self.meta.membership.previous.is_none() => {
+                // A shard not yet adopted answers no read (the engine's read waits for
+                // the adoption): the hand-off disturbs the cached totals.
+                self.history.unanswered_calls.push(Disturbance { from_ms: since, to_ms: now });
+                self.coord.active = None;
+                self.coord.completed += 1;
             }
+            Some(Active::Membership { .. }) => {}
         }
     }
 
