@@ -1,6 +1,6 @@
 //! Cluster metadata as one linearizable log: counter specs and layouts (every counter
 //! command is `tally_core::meta::apply_command`, exactly what the replicated state
-//! machine applies) and the membership with its pending change.
+//! machine applies) and the membership with the change being handed off.
 //!
 //! The real metadata is an openraft group; here it is a model of what a client of
 //! that group observes: every node reads the latest committed state, and a leader
