@@ -22,6 +22,14 @@ pub const ROLLUP_TICK_MS: u64 = 10;
 pub const COORD_TICK_MS: u64 = 10;
 /// A control-plane request not answered within this is sent again.
 pub const COORD_RESEND_MS: u64 = 60;
+/// How often a previous member of a membership change runs a hand-off pass while
+/// it has not reported nothing left behind.
+pub const HANDOFF_TICK_MS: u64 = 20;
+/// A hand-off pass stops waiting for its adoption requests after this; the
+/// unanswered ones count as left behind and the next pass asks again.
+pub const HANDOFF_PASS_TIMEOUT_MS: u64 = 150;
+/// An adoption's pull not answered within this is sent again.
+pub const ADOPT_RESEND_MS: u64 = 40;
 /// A client gives up waiting for an answer after this and retries (same event id).
 pub const CLIENT_TIMEOUT_MS: u64 = 200;
 /// Attempts a client makes for one increment during the chaos phase.

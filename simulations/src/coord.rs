@@ -4,26 +4,28 @@
 //! of the current generation (each owner flushes and reports its final image), merges
 //! the sealed sketches into the next generation's first shard, and opens the next
 //! generation (`MetaCommand::CompleteReshard`) — the engine's `reshard.rs`, as
-//! messages. A membership change logs the new membership as pending, moves every
-//! shard whose owner changes (`tally_core::ring::moved`: export image and dedup records
-//! from the old owner, import and flush at the new one) and then completes. Every step
-//! is resent until answered and every handler is idempotent.
+//! messages. A membership change is only proposed here, as `tally-cluster` proposes
+//! it to the metadata group: the new members own their shards at once, the nodes move
+//! the shards themselves with `tally_core::handoff_machine` (the new owner adopts by
+//! pulling from the previous one, each previous member hands off what it no longer
+//! owns and reports when nothing is left), and the change is over once every
+//! previous member has reported. Every step is resent until answered and every
+//! handler is idempotent.
 //!
 //! The control plane itself does not crash (it stands for a task on the metadata
 //! leader, whose failover shows as metadata unavailability).
 
 use crate::config::{COORD_RESEND_MS, NODES_MIN};
+use crate::history::Disturbance;
 use crate::metalog::LogError;
 use crate::msg::{Addr, Msg};
 use crate::sim::Sim;
 use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use tally_core::dedup::DedupRecord;
 use tally_core::meta::{MetaCommand, MetaEffect};
 use tally_core::reshard_machine::{ReshardEffect, ReshardInput, ReshardMachine};
 use tally_core::spec::SpecPatch;
-use tally_core::{CounterName, ShardId};
-use tally_store::ShardImage;
+use tally_core::CounterName;
 
 /// A requested change.
 #[derive(Debug, Clone)]
@@ -46,12 +48,10 @@ pub(crate) enum Active {
         /// When the merge was last sent (0: never).
         merge_sent: u64,
     },
+    /// A membership change, over once no previous member holds anything.
     Membership {
-        epoch: u64,
-        moves: Vec<(ShardId, u8, u8)>,
-        exported: BTreeMap<ShardId, (ShardImage, Vec<(String, DedupRecord)>)>,
-        imported: BTreeSet<ShardId>,
-        sent: BTreeMap<ShardId, u64>,
+        /// When it began.
+        since: u64,
     },
 }
 
@@ -145,36 +145,14 @@ impl Sim {
                     }
                 }
             }
-            Some(Active::Membership { epoch, moves, exported, imported, sent }) => {
-                for (shard, from, to) in &moves {
-                    if imported.contains(shard) || !due(sent.get(shard), now) {
-                        continue;
-                    }
-                    match exported.get(shard) {
-                        None => self.send(
-                            Addr::Control,
-                            Addr::Node(*from),
-                            Msg::Export { shard: shard.clone(), epoch },
-                        ),
-                        Some((image, dedup)) => {
-                            let msg = Msg::Import {
-                                shard: shard.clone(),
-                                epoch,
-                                image: image.clone(),
-                                dedup: dedup.clone(),
-                            };
-                            self.send(Addr::Control, Addr::Node(*to), msg);
-                        }
-                    }
-                    if let Some(Active::Membership { sent, .. }) = &mut self.coord.active {
-                        sent.insert(shard.clone(), now);
-                    }
-                }
-                if imported.len() == moves.len() && self.meta.complete_membership(now).is_ok() {
-                    self.coord.active = None;
-                    self.coord.completed += 1;
-                }
+            Some(Active::Membership { since }) if self.meta.membership.previous.is_none() => {
+                // A shard not yet adopted answers no read (the engine's read waits for
+                // the adoption): the hand-off disturbs the cached totals.
+                self.history.unanswered_calls.push(Disturbance { from_ms: since, to_ms: now });
+                self.coord.active = None;
+                self.coord.completed += 1;
             }
+            Some(Active::Membership { .. }) => {}
         }
     }
 
@@ -197,30 +175,18 @@ impl Sim {
                     Ok(_) | Err(_) => {}
                 }
             }
-            Transition::Membership { members } => {
-                let before = self.meta.membership.ring.clone();
-                match self.meta.begin_membership(members, now) {
-                    Err(LogError::Unavailable { .. }) => return,
-                    Ok(()) => {
-                        let (_, after) = self.meta.membership.pending.clone().expect("just begun");
-                        let shards = self.meta.all_shards();
-                        let moves = tally_core::ring::moved(&before, &after, &shards)
-                            .into_iter()
-                            .map(|(s, f, t)| {
-                                (s, crate::metalog::node_index(&f), crate::metalog::node_index(&t))
-                            })
-                            .collect();
-                        self.coord.active = Some(Active::Membership {
-                            epoch: self.meta.membership.epoch,
-                            moves,
-                            exported: BTreeMap::new(),
-                            imported: BTreeSet::new(),
-                            sent: BTreeMap::new(),
-                        });
+            Transition::Membership { members } => match self.meta.begin_membership(members, now) {
+                Err(LogError::Unavailable { .. }) => return,
+                Ok(_) => {
+                    self.coord.active = Some(Active::Membership { since: now });
+                    // Every previous member hands off until it reports nothing left.
+                    let previous: Vec<u8> = self.meta.membership.handoff.iter().copied().collect();
+                    for n in previous {
+                        self.timer(n, crate::config::HANDOFF_TICK_MS, crate::sim::NodeTimer::HandOff);
                     }
-                    Err(_) => {}
                 }
-            }
+                Err(_) => {}
+            },
         }
         self.coord.queue.pop_front();
     }
@@ -240,19 +206,6 @@ impl Sim {
                 if shard.counter == *counter && shard.generation == machine.generation() + 1 =>
             {
                 machine.step(ReshardInput::Merged).expect("stored sketches decode");
-            }
-            (
-                Some(Active::Membership { epoch, exported, sent, .. }),
-                Msg::Exported { shard, epoch: e, image, dedup },
-            ) if e == *epoch && !exported.contains_key(&shard) => {
-                exported.insert(shard.clone(), (image, dedup));
-                // Import at the next tick.
-                sent.remove(&shard);
-            }
-            (Some(Active::Membership { epoch, imported, .. }), Msg::Imported { shard, epoch: e })
-                if e == *epoch =>
-            {
-                imported.insert(shard);
             }
             _ => {}
         }

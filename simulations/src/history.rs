@@ -265,7 +265,8 @@ pub struct History {
     pub refresh_slack_ms: u64,
     /// Periods in which some node-to-node call went unanswered (its request or answer
     /// lost or cut, until the caller's timeout and one more tick): a rollup refresh
-    /// may fail then, so the staleness bound is not checked across them. Empty where
-    /// remote reads cannot be lost (tier 1).
+    /// may fail then, so the staleness bound is not checked across them. In tier 1,
+    /// where remote reads cannot be lost, the membership hand-offs: a shard not yet
+    /// adopted by its new owner answers no read until it is.
     pub unanswered_calls: Vec<Disturbance>,
 }

@@ -1,6 +1,6 @@
 //! Cluster metadata as one linearizable log: counter specs and layouts (every counter
 //! command is `tally_core::meta::apply_command`, exactly what the replicated state
-//! machine applies) and the membership with its pending change.
+//! machine applies) and the membership with the change being handed off.
 //!
 //! The real metadata is an openraft group; here it is a model of what a client of
 //! that group observes: every node reads the latest committed state, and a leader
@@ -28,16 +28,19 @@ pub enum LogError {
     MembershipBusy,
 }
 
-/// The cluster membership: who owns shards now, and who will once a change completes.
+/// The cluster membership: who owns shards, and, while a change is being handed
+/// off, who owned them before it and which previous members still hold shards.
 #[derive(Debug, Clone)]
 pub struct Membership {
     /// Current members.
     pub members: BTreeSet<u8>,
     /// The ring over `members`.
     pub ring: Ring,
-    /// The members and ring after the change in progress, if any.
-    pub pending: Option<(BTreeSet<u8>, Ring)>,
-    /// Bumped by every completed change.
+    /// The ring before the change being handed off, if one is.
+    pub previous: Option<Ring>,
+    /// The previous members that have not yet reported nothing left behind.
+    pub handoff: BTreeSet<u8>,
+    /// Bumped by every change.
     pub epoch: u64,
 }
 
@@ -75,7 +78,7 @@ impl MetaLog {
         let ring = ring_of(&members);
         Self {
             counters: BTreeMap::new(),
-            membership: Membership { members, ring, pending: None, epoch: 0 },
+            membership: Membership { members, ring, previous: None, handoff: BTreeSet::new(), epoch: 0 },
             index: 0,
             unavailable_until_ms: 0,
         }
@@ -106,42 +109,51 @@ impl MetaLog {
         Ok(effect)
     }
 
-    /// Starts a membership change to `members`.
-    pub fn begin_membership(&mut self, members: BTreeSet<u8>, now_ms: u64) -> Result<(), LogError> {
+    /// Changes the membership to `members`, as the metadata group does: the new ring
+    /// owns every shard at once, and each previous member must then report that it
+    /// handed off everything it no longer owns. Refused while a change is handed off.
+    pub fn begin_membership(&mut self, members: BTreeSet<u8>, now_ms: u64) -> Result<u64, LogError> {
         self.writable(now_ms)?;
-        if self.membership.pending.is_some() {
+        if self.membership.previous.is_some() {
             return Err(LogError::MembershipBusy);
         }
         let ring = ring_of(&members);
-        self.membership.pending = Some((members, ring));
+        let previous = std::mem::replace(&mut self.membership.ring, ring);
+        self.membership.previous = Some(previous);
+        self.membership.handoff = std::mem::replace(&mut self.membership.members, members);
+        self.membership.epoch += 1;
         self.index += 1;
-        Ok(())
+        Ok(self.membership.epoch)
     }
 
-    /// Completes the membership change in progress (idempotent).
-    pub fn complete_membership(&mut self, now_ms: u64) -> Result<(), LogError> {
+    /// Node `node` reports that it left nothing behind at `epoch` (idempotent); the
+    /// change is over once every previous member has.
+    pub fn handed_off(&mut self, node: u8, epoch: u64, now_ms: u64) -> Result<(), LogError> {
         self.writable(now_ms)?;
-        if let Some((members, ring)) = self.membership.pending.take() {
-            self.membership.members = members;
-            self.membership.ring = ring;
-            self.membership.epoch += 1;
+        if epoch == self.membership.epoch && self.membership.handoff.remove(&node) {
+            if self.membership.handoff.is_empty() {
+                self.membership.previous = None;
+            }
             self.index += 1;
         }
         Ok(())
     }
 
-    /// The node that owns `shard` now.
+    /// The node that owns `shard`.
     pub fn owner(&self, shard: &ShardId) -> u8 {
         node_index(self.membership.ring.owner(shard).expect("membership is never empty"))
     }
 
-    /// Whether `shard` is moving in the membership change in progress: it takes no
-    /// writes until the change completes.
-    pub fn moving(&self, shard: &ShardId) -> bool {
-        match &self.membership.pending {
-            Some((_, ring)) => ring.owner(shard) != self.membership.ring.owner(shard),
-            None => false,
+    /// The previous owner of `shard` for node `n`, with the change's epoch, while the
+    /// change that gave `n` the shard is handed off (the engine's
+    /// `Placement::previous_owner`).
+    pub fn previous_owner(&self, n: u8, shard: &ShardId) -> Option<(u8, u64)> {
+        let previous = self.membership.previous.as_ref()?;
+        if self.owner(shard) != n {
+            return None;
         }
+        let before = node_index(previous.owner(shard)?);
+        (before != n).then_some((before, self.membership.epoch))
     }
 
     /// Every shard that holds data: all generations of every counter.

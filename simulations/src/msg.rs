@@ -2,7 +2,7 @@
 //! how each message feeds the trace hash.
 
 use std::hash::{Hash, Hasher};
-use tally_core::dedup::DedupRecord;
+use tally_core::handoff_machine::HandOffPage;
 use tally_core::shard::{Outcome, Submission};
 use tally_core::{CounterName, ShardId};
 use tally_store::ShardImage;
@@ -245,41 +245,39 @@ pub enum Msg {
         /// The shard.
         shard: ShardId,
     },
-    /// Control → old owner: hand over a moving shard's image and dedup records.
-    Export {
+    /// New owner → previous owner: a page of a shard it adopts (the engine's
+    /// `ShardRequest::HandOff`).
+    HandOff {
         /// The shard.
         shard: ShardId,
-        /// The membership epoch the move belongs to.
+        /// The membership epoch of the change.
+        epoch: u64,
+        /// The last record key of the previous page.
+        after: Option<String>,
+    },
+    /// Previous owner → new owner: the page.
+    HandedOff {
+        /// The shard.
+        shard: ShardId,
+        /// The membership epoch of the change.
+        epoch: u64,
+        /// The `after` of the pull it answers.
+        after: Option<String>,
+        /// The page.
+        page: HandOffPage,
+    },
+    /// Previous owner → new owner: take this shard over now (`ShardRequest::Adopt`).
+    Adopt {
+        /// The shard.
+        shard: ShardId,
+        /// The membership epoch of the change.
         epoch: u64,
     },
-    /// Old owner → control.
-    Exported {
+    /// New owner → previous owner: adopted, durably.
+    Adopted {
         /// The shard.
         shard: ShardId,
-        /// The membership epoch the move belongs to.
-        epoch: u64,
-        /// Its image.
-        image: ShardImage,
-        /// Every dedup record it holds.
-        dedup: Vec<(String, DedupRecord)>,
-    },
-    /// Control → new owner: take this shard over.
-    Import {
-        /// The shard.
-        shard: ShardId,
-        /// The membership epoch the move belongs to: a late copy from an earlier
-        /// change must not overwrite newer data.
-        epoch: u64,
-        /// Its image.
-        image: ShardImage,
-        /// Its dedup records.
-        dedup: Vec<(String, DedupRecord)>,
-    },
-    /// New owner → control: stored and durable.
-    Imported {
-        /// The shard.
-        shard: ShardId,
-        /// The membership epoch the move belongs to.
+        /// The membership epoch of the change.
         epoch: u64,
     },
 }
@@ -339,16 +337,17 @@ impl Hash for Msg {
                 hash_sub(sub, h);
             }
             Msg::Seal { shard } | Msg::Merged { shard } => shard.hash(h),
-            Msg::Export { shard, epoch } | Msg::Imported { shard, epoch } => (shard, epoch).hash(h),
+            Msg::Adopt { shard, epoch } | Msg::Adopted { shard, epoch } => (shard, epoch).hash(h),
+            Msg::HandOff { shard, epoch, after } => (shard, epoch, after).hash(h),
             Msg::Sealed { shard, image } => {
                 shard.hash(h);
                 hash_image(image, h);
             }
             Msg::MergeSketch { shard, sketch, frequency } => (shard, sketch, frequency).hash(h),
-            Msg::Exported { shard, epoch, image, dedup } | Msg::Import { shard, epoch, image, dedup } => {
-                (shard, epoch).hash(h);
-                hash_image(image, h);
-                for (id, r) in dedup {
+            Msg::HandedOff { shard, epoch, after, page } => {
+                (shard, epoch, after, page.more, page.sealed).hash(h);
+                hash_image(&page.image, h);
+                for (id, r) in &page.records {
                     (id, r.delta, r.applied_at_ms).hash(h);
                 }
             }

@@ -5,7 +5,10 @@
 //! the flush), the aggregator (accumulators drained every `flush_ms`, remote drains
 //! resent under their drain id until answered), the rollup (refreshed by
 //! `tally_core::rollup::refresh_due`), the reconciler (idempotent correction ids) and
-//! the control-plane handlers (seal, merge sketch, export and import of moving shards).
+//! the control-plane handlers (seal, merge sketch), and the membership hand-off: the
+//! new owner's adoption, the previous owner's answers to its pulls and its hand-off
+//! passes, each carrying out `tally_core::handoff_machine`'s effects as the engine's
+//! `handoff.rs` does, over simulated messages.
 //!
 //! Volatile state is everything in [`Node`] except `store`: a crash drops it, and the
 //! store loses its unflushed suffix ([`MemStore::restart`]). A failed flush poisons
@@ -20,6 +23,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tally_core::dedup::DedupRecord;
 use tally_core::drain_book::DrainBook;
 use tally_core::frequency::FrequencySketch;
+use tally_core::handoff_machine::{
+    admit, seal_marker, Admission, AdoptEffect, AdoptInput, Adoption, HandOffPass, PassEffect, PassInput,
+    PullAnswer, PullEffect, PullInput,
+};
 use tally_core::hash::hash64;
 use tally_core::limits::bufferable;
 use tally_core::meta::CounterMeta;
@@ -30,7 +37,7 @@ use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
 use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_core::spec::Durability;
 use tally_core::{CounterName, ShardId};
-use tally_store::{MemStore, ShardImage, ShardWrite, Store};
+use tally_store::{MemStore, ShardImage, Store};
 
 /// Seed of the hash that names reconciliation corrections.
 const CORRECTION_SEED: u64 = 0x7265_636f_6e63_696c;
@@ -83,6 +90,12 @@ pub(crate) struct Node {
     rollup: BTreeMap<CounterName, Cached>,
     changed: BTreeMap<CounterName, u64>,
     sequence: BTreeMap<CounterName, u64>,
+    /// Adoptions in flight, each with the previous owners waiting for its end.
+    adoptions: BTreeMap<ShardId, (Adoption<u8>, BTreeSet<u8>)>,
+    /// Shards adopted, by membership epoch.
+    adopted: BTreeSet<(u64, ShardId)>,
+    /// The hand-off pass in flight and when it started.
+    pass: Option<(HandOffPass<u8>, u64)>,
 }
 
 impl Node {
@@ -103,6 +116,9 @@ impl Node {
             rollup: BTreeMap::new(),
             changed: BTreeMap::new(),
             sequence: BTreeMap::new(),
+            adoptions: BTreeMap::new(),
+            adopted: BTreeSet::new(),
+            pass: None,
         }
     }
 
@@ -141,6 +157,7 @@ impl Sim {
     pub(crate) fn start_node_timers(&mut self, n: u8) {
         self.timer(n, AGGREGATOR_TICK_MS, NodeTimer::Aggregator);
         self.timer(n, ROLLUP_TICK_MS, NodeTimer::Rollup);
+        self.timer(n, HANDOFF_TICK_MS, NodeTimer::HandOff);
     }
 
     /// Crashes node `n`: volatile state gone, a random part of the unflushed writes lost.
@@ -200,16 +217,25 @@ impl Sim {
             Msg::MergeSketch { shard, sketch, frequency } => {
                 self.owner_merge(n, shard, sketch.as_deref(), frequency.as_deref())
             }
-            Msg::Export { shard, epoch } => self.owner_export(n, shard, epoch),
-            Msg::Import { shard, epoch, image, dedup } => self.owner_import(n, shard, epoch, image, dedup),
+            Msg::HandOff { shard, epoch, after } => self.answer_pull(n, from, shard, epoch, after),
+            Msg::HandedOff { shard, epoch, after, page } => {
+                if self.node(n).adoptions.get(&shard).is_some_and(|(a, _)| a.epoch() == epoch) {
+                    let owns = self.meta.owner(&shard) == n;
+                    self.adopt_step(n, &shard, AdoptInput::Page { after, page, owns });
+                }
+            }
+            Msg::Adopt { shard, epoch } => self.adopt_request(n, from, shard, epoch),
+            Msg::Adopted { shard, epoch } => {
+                if self.node(n).pass.as_ref().is_some_and(|(p, _)| p.epoch() == epoch) {
+                    self.pass_step(n, PassInput::Adopted { shard, ok: true });
+                }
+            }
             Msg::IncrReply { .. }
             | Msg::ReadReply { .. }
             | Msg::DistinctReply { .. }
             | Msg::ReconcileReply { .. }
             | Msg::Sealed { .. }
-            | Msg::Merged { .. }
-            | Msg::Exported { .. }
-            | Msg::Imported { .. } => {}
+            | Msg::Merged { .. } => {}
         }
     }
 
@@ -234,6 +260,21 @@ impl Sim {
                 if self.node(n).poisoned {
                     self.crash(n);
                     self.restart(n);
+                }
+            }
+            NodeTimer::AdoptResend(shard) => {
+                if self.node(n).adoptions.contains_key(&shard) {
+                    self.adopt_step(n, &shard, AdoptInput::Resend);
+                }
+            }
+            NodeTimer::HandOff => {
+                // The ticks run while this node is a previous member that has not
+                // reported (the control plane starts them with the change).
+                if self.meta.membership.handoff.contains(&n) {
+                    self.handoff_tick(n);
+                    self.timer(n, HANDOFF_TICK_MS, NodeTimer::HandOff);
+                } else {
+                    self.node(n).pass = None;
                 }
             }
         }
@@ -398,7 +439,7 @@ impl Sim {
             .map(|index| {
                 let shard = ShardId::new(counter.clone(), meta.layout.generation, index);
                 let owner = self.meta.owner(&shard);
-                self.reachable(n, owner).then(|| {
+                (self.reachable(n, owner) && self.serves(owner, &shard)).then(|| {
                     self.nodes[usize::from(owner)]
                         .store
                         .load_shard(&shard)
@@ -565,8 +606,12 @@ impl Sim {
     /// Why this node may not commit to `shard` now, if it may not.
     fn refusal(&self, n: u8, shard: &ShardId) -> Option<ShardAnswer> {
         let Some(meta) = self.meta.counters.get(&shard.counter) else { return Some(ShardAnswer::Moved) };
-        if self.meta.owner(shard) != n || self.meta.moving(shard) {
+        if self.meta.owner(shard) != n || !self.serves(n, shard) {
             return Some(ShardAnswer::Moved);
+        }
+        // A seal handed off with the shard refuses as the layout does.
+        if self.nodes[usize::from(n)].store.meta_get(&seal_marker(shard)).ok().flatten().is_some() {
+            return Some(ShardAnswer::Sealed);
         }
         let layout = &meta.layout;
         if shard.generation < layout.generation
@@ -599,7 +644,7 @@ impl Sim {
             for g in meta.layout.sealed.iter().rev() {
                 let sid = ShardId::new(shard.counter.clone(), g.generation, shard_of_event(id, g.shards));
                 let owner = self.meta.owner(&sid);
-                if !self.reachable(n, owner) {
+                if !self.reachable(n, owner) || !self.serves(owner, &sid) {
                     return None;
                 }
                 let store = &self.nodes[usize::from(owner)].store;
@@ -618,6 +663,7 @@ impl Sim {
     /// machine lives for one batch.
     fn commit_shard(&mut self, n: u8, shard: ShardId) {
         self.node(n).commit_scheduled.remove(&shard);
+        self.ensure_local(n, &shard);
         let Some(mut queue) = self.node(n).pending.remove(&shard) else { return };
         let rest = if queue.len() > COMMIT_SUBMISSIONS_MAX {
             queue.split_off(COMMIT_SUBMISSIONS_MAX)
@@ -767,13 +813,16 @@ impl Sim {
     // ------------------------------------------------- control-plane handlers
 
     fn owner_seal(&mut self, n: u8, shard: ShardId) {
-        if self.meta.owner(&shard) != n || self.node(n).poisoned {
+        if self.meta.owner(&shard) != n || self.node(n).poisoned || !self.ensure_local(n, &shard) {
             return;
         }
         // Pending submissions are refused now (the layout is resharding).
         if self.node(n).pending.contains_key(&shard) {
             self.commit_shard(n, shard.clone());
         }
+        // The seal marker travels with the shard if a membership change moves it.
+        let marker = seal_marker(&shard);
+        self.node(n).store.meta_put(&marker, b"").expect("a running node's store is open");
         // The final image is reported only once durable: its dedup records must
         // outlive any crash, or a retry after the resharding would count again.
         if !self.flush(n) {
@@ -784,7 +833,7 @@ impl Sim {
     }
 
     fn owner_merge(&mut self, n: u8, shard: ShardId, sketch: Option<&[u8]>, frequency: Option<&[u8]>) {
-        if self.meta.owner(&shard) != n || self.node(n).poisoned {
+        if self.meta.owner(&shard) != n || self.node(n).poisoned || !self.ensure_local(n, &shard) {
             return;
         }
         let distinct = sketch.map(|s| DistinctSketch::from_bytes(s).expect("sent sketches decode"));
@@ -810,44 +859,236 @@ impl Sim {
         }
     }
 
-    fn owner_export(&mut self, n: u8, shard: ShardId, epoch: u64) {
-        if self.meta.membership.epoch != epoch || self.meta.owner(&shard) != n || self.node(n).poisoned {
-            return;
-        }
-        if !self.flush(n) {
-            return;
-        }
-        let store = &self.node(n).store;
-        let image = store.load_shard(&shard).expect("a running node's store is open");
-        let dedup = store.dedup_scan(&shard, None, usize::MAX).expect("a running node's store is open");
-        self.send(Addr::Node(n), Addr::Control, Msg::Exported { shard, epoch, image, dedup });
+    // ---------------------------------------------------------------- hand-off
+
+    /// Whether node `n` serves `shard` now: no adoption of it is due or in flight
+    /// (`tally_core::handoff_machine::admit`).
+    fn serves(&self, n: u8, shard: &ShardId) -> bool {
+        let node = &self.nodes[usize::from(n)];
+        let previous = self.meta.previous_owner(n, shard);
+        let adopted = previous.is_some_and(|(_, e)| node.adopted.contains(&(e, shard.clone())));
+        admit(previous, adopted, node.adoptions.contains_key(shard)) == Admission::Serve
     }
 
-    fn owner_import(
-        &mut self,
-        n: u8,
-        shard: ShardId,
-        epoch: u64,
-        image: ShardImage,
-        dedup: Vec<(String, DedupRecord)>,
-    ) {
-        let target = match &self.meta.membership.pending {
-            Some((_, ring)) => ring.owner(&shard).map(crate::metalog::node_index),
-            None => None,
-        };
-        // Only while this very move is in progress: a late copy must not overwrite.
-        if self.meta.membership.epoch != epoch || target != Some(n) || self.node(n).poisoned {
+    /// Whether node `n` serves `shard` now; if the shard must be adopted first, the
+    /// adoption starts (the engine's `ensure_local`, without its waiting: the caller
+    /// is refused and retries).
+    fn ensure_local(&mut self, n: u8, shard: &ShardId) -> bool {
+        let previous = self.meta.previous_owner(n, shard);
+        let node = self.node(n);
+        let adopted = previous.is_some_and(|(_, e)| node.adopted.contains(&(e, shard.clone())));
+        let in_flight = node.adoptions.contains_key(shard);
+        match admit(previous, adopted, in_flight) {
+            Admission::Serve => true,
+            Admission::AwaitInFlight => false,
+            Admission::Adopt { from, epoch } => {
+                if !in_flight && !node.poisoned {
+                    let adoption = Adoption::new(shard.clone(), from, epoch);
+                    node.adoptions.insert(shard.clone(), (adoption, BTreeSet::new()));
+                    // One simulated step: nothing can change between the check and here.
+                    self.adopt_step(n, shard, AdoptInput::Begun { adopted, still_previous: true });
+                }
+                false
+            }
+        }
+    }
+
+    /// The previous owner asks node `n` to adopt `shard` at `epoch`.
+    fn adopt_request(&mut self, n: u8, from: Addr, shard: ShardId, epoch: u64) {
+        let Addr::Node(previous) = from else { return };
+        if self.meta.previous_owner(n, &shard) != Some((previous, epoch)) {
             return;
         }
-        // One atomic commit replaces whatever an earlier ownership left here: a crash
-        // can never keep half of a handover.
+        if self.ensure_local(n, &shard) {
+            self.send(Addr::Node(n), from, Msg::Adopted { shard, epoch });
+        } else if let Some((_, waiting)) = self.node(n).adoptions.get_mut(&shard) {
+            waiting.insert(previous);
+        }
+    }
+
+    /// Feeds `input` to node `n`'s adoption of `shard` and carries out its effects.
+    fn adopt_step(&mut self, n: u8, shard: &ShardId, input: AdoptInput) {
+        let Some((adoption, _)) = self.node(n).adoptions.get_mut(shard) else { return };
+        let epoch = adoption.epoch();
+        let mut effects: VecDeque<AdoptEffect<u8>> = adoption.step(input).into();
         let store = self.node(n).store.clone();
-        let stale = store.dedup_scan(&shard, None, usize::MAX).expect("a running node's store is open");
-        let dedup_remove = stale.into_iter().map(|(id, _)| id).collect();
-        let write = ShardWrite { image, dedup_put: dedup, dedup_remove };
-        store.commit(&shard, &write).expect("a running node's store is open");
-        if self.flush(n) {
-            self.send(Addr::Node(n), Addr::Control, Msg::Imported { shard, epoch });
+        while let Some(effect) = effects.pop_front() {
+            let next = match effect {
+                AdoptEffect::Skip => {
+                    self.node(n).adoptions.remove(shard);
+                    return;
+                }
+                AdoptEffect::ReadMarker(key) => AdoptInput::Marker {
+                    present: store.meta_get(&key).expect("a running node's store is open").is_some(),
+                },
+                AdoptEffect::DeleteShard => {
+                    store.delete_shard(shard).expect("a running node's store is open");
+                    store.meta_delete(&seal_marker(shard)).expect("a running node's store is open");
+                    continue;
+                }
+                AdoptEffect::Pull { from, epoch, after } => {
+                    let msg = Msg::HandOff { shard: shard.clone(), epoch, after };
+                    self.send(Addr::Node(n), Addr::Node(from), msg);
+                    self.timer(n, ADOPT_RESEND_MS, NodeTimer::AdoptResend(shard.clone()));
+                    continue;
+                }
+                AdoptEffect::Import(write) => {
+                    store.commit(shard, &write).expect("a running node's store is open");
+                    continue;
+                }
+                AdoptEffect::Seal => {
+                    store.meta_put(&seal_marker(shard), b"").expect("a running node's store is open");
+                    continue;
+                }
+                AdoptEffect::Flush => {
+                    if !self.flush(n) {
+                        // Poisoned: abandoned; after the restart it starts again.
+                        self.node(n).adoptions.remove(shard);
+                        return;
+                    }
+                    continue;
+                }
+                AdoptEffect::WriteMarker(key) => {
+                    store.meta_put(&key, &[]).expect("a running node's store is open");
+                    continue;
+                }
+                AdoptEffect::Adopted { imported } => {
+                    if imported {
+                        self.count(FaultKind::ShardMoved);
+                    }
+                    let node = self.node(n);
+                    node.adopted.insert((epoch, shard.clone()));
+                    let (_, waiting) = node.adoptions.remove(shard).expect("in flight");
+                    for to in waiting {
+                        self.send(
+                            Addr::Node(n),
+                            Addr::Node(to),
+                            Msg::Adopted { shard: shard.clone(), epoch },
+                        );
+                    }
+                    return;
+                }
+            };
+            let Some((adoption, _)) = self.node(n).adoptions.get_mut(shard) else { return };
+            effects.extend(adoption.step(next));
+        }
+    }
+
+    /// Node `n` answers a new owner's pull of `shard` (the engine's `hand_off`).
+    fn answer_pull(&mut self, n: u8, from: Addr, shard: ShardId, epoch: u64, after: Option<String>) {
+        if self.meta.membership.epoch < epoch {
+            return;
+        }
+        let mut answer = PullAnswer::new(after.clone());
+        let owns = self.meta.owner(&shard) == n;
+        let mut effects: VecDeque<PullEffect> = answer.step(PullInput::Asked { owns }).into();
+        while let Some(effect) = effects.pop_front() {
+            let next = match effect {
+                PullEffect::Refuse => return,
+                PullEffect::StopShard => {
+                    // What is pending here is refused now (this node no longer owns it).
+                    if self.node(n).pending.contains_key(&shard) {
+                        self.commit_shard(n, shard.clone());
+                    }
+                    continue;
+                }
+                PullEffect::MakeDurable => PullInput::Durable { ok: self.flush(n) },
+                PullEffect::Read { after, limit } => {
+                    let store = &self.node(n).store;
+                    let open = "a running node's store is open";
+                    PullInput::Read {
+                        image: store.load_shard(&shard).expect(open),
+                        sealed: store.meta_get(&seal_marker(&shard)).expect(open).is_some(),
+                        records: store.dedup_scan(&shard, after.as_deref(), limit).expect(open),
+                    }
+                }
+                PullEffect::Answer(page) => {
+                    let msg = Msg::HandedOff { shard, epoch, after, page };
+                    return self.send(Addr::Node(n), from, msg);
+                }
+            };
+            effects.extend(answer.step(next));
+        }
+    }
+
+    /// Starts a hand-off pass if node `n` is a previous member that has not reported
+    /// nothing left behind, and gives up on a pass that waited too long.
+    fn handoff_tick(&mut self, n: u8) {
+        let epoch = self.meta.membership.epoch;
+        if self.node(n).poisoned {
+            return;
+        }
+        match &self.node(n).pass {
+            Some((p, started)) if p.epoch() == epoch && !p.finished() => {
+                if started + HANDOFF_PASS_TIMEOUT_MS <= self.now {
+                    self.pass_step(n, PassInput::GiveUp);
+                }
+                return;
+            }
+            _ => {}
+        }
+        let running: Vec<(ShardId, Option<u8>)> = self.nodes[usize::from(n)]
+            .pending
+            .keys()
+            .map(|id| (id.clone(), Some(self.meta.owner(id)).filter(|&o| o != n)))
+            .collect();
+        self.node(n).pass = Some((HandOffPass::new(epoch), self.now));
+        self.pass_step(n, PassInput::Start { applied: epoch, running });
+    }
+
+    /// Feeds `input` to node `n`'s hand-off pass and carries out its effects.
+    fn pass_step(&mut self, n: u8, input: PassInput<u8>) {
+        let Some((pass, _)) = self.node(n).pass.as_mut() else { return };
+        let epoch = pass.epoch();
+        let mut effects: VecDeque<PassEffect<u8>> = pass.step(input).into();
+        let store = self.node(n).store.clone();
+        while let Some(effect) = effects.pop_front() {
+            let next = match effect {
+                PassEffect::NotApplied => return,
+                PassEffect::Stop(id) => {
+                    if self.node(n).pending.contains_key(&id) {
+                        self.commit_shard(n, id);
+                    }
+                    continue;
+                }
+                PassEffect::Scan { after, limit } => {
+                    let ids = store.shard_ids(after.as_ref(), limit).expect("a running node's store is open");
+                    PassInput::Scanned(
+                        ids.into_iter()
+                            .map(|id| {
+                                let owner = Some(self.meta.owner(&id)).filter(|&o| o != n);
+                                (id, owner)
+                            })
+                            .collect(),
+                    )
+                }
+                PassEffect::AskAdopt { shard, owner, epoch } => {
+                    self.send(Addr::Node(n), Addr::Node(owner), Msg::Adopt { shard, epoch });
+                    continue;
+                }
+                PassEffect::Delete(id) => {
+                    store.delete_shard(&id).expect("a running node's store is open");
+                    store.meta_delete(&seal_marker(&id)).expect("a running node's store is open");
+                    continue;
+                }
+                PassEffect::Flush => {
+                    if !self.flush(n) {
+                        self.node(n).pass = None;
+                        return;
+                    }
+                    continue;
+                }
+                PassEffect::Report(report) => {
+                    // Nothing left behind: the change may complete (a metadata outage
+                    // refuses the report; the next pass makes it again).
+                    if report.failed == 0 {
+                        let _ = self.meta.handed_off(n, epoch, self.now);
+                    }
+                    continue;
+                }
+            };
+            let Some((pass, _)) = self.node(n).pass.as_mut() else { return };
+            effects.extend(pass.step(next));
         }
     }
 }

@@ -49,6 +49,10 @@ pub(crate) enum NodeTimer {
     },
     /// The operator restarts a node whose flush failed.
     PoisonRestart,
+    /// Resend an adoption's pull, if it is still outstanding.
+    AdoptResend(ShardId),
+    /// Run a hand-off pass if this node is a previous member still holding shards.
+    HandOff,
 }
 
 /// Something the simulator does at a point in time.
@@ -92,7 +96,7 @@ impl Event {
             Event::Timer { node, incarnation, timer } => {
                 (node, incarnation).hash(h);
                 match timer {
-                    NodeTimer::Commit(s) => s.hash(h),
+                    NodeTimer::Commit(s) | NodeTimer::AdoptResend(s) => s.hash(h),
                     NodeTimer::Resubmit { counter, ctx, .. } => (counter, ctx).hash(h),
                     other => std::mem::discriminant(other).hash(h),
                 }

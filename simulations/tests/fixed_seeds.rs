@@ -32,3 +32,18 @@ fn light_faults_violate_nothing() {
 fn heavy_faults_violate_nothing() {
     gate(FaultLevel::Heavy);
 }
+
+/// Seeds that long tier-1 runs found, each failing before its fix: 7203 (heavy) — an
+/// adoption still in flight when its change completed imported its page after the
+/// next change had taken the shard away, and that node's hand-off could then never
+/// report the copy gone (the run did not settle).
+const FOUND: [u64; 1] = [7203];
+
+#[test]
+fn found_seeds_violate_nothing() {
+    for seed in FOUND {
+        let r = run(SimConfig::standard(seed, NODES, FaultLevel::Heavy));
+        let first: Vec<String> = r.violations.iter().take(3).map(|v| v.to_string()).collect();
+        assert!(r.violations.is_empty(), "{}\n    {}", r.config.reproduce_command(), first.join("\n    "));
+    }
+}

@@ -27,6 +27,9 @@
 //! * [`sketch`] — HyperLogLog for distinct counts; [`cms`] — count-min for frequencies.
 //! * [`topk`] — mergeable heavy hitters (Misra–Gries); [`frequency`] — a counter's
 //!   per-shard frequency state (count-min and heavy hitters) and its limits.
+//! * [`shard_machine`], [`drain_book`], [`reshard_machine`], [`handoff_machine`] — the
+//!   shard, the aggregator's drains, the resharding and the membership hand-off as
+//!   pure state machines that the engine's actors and the simulator both run.
 //! * [`rollup`] — when a cached total must be refreshed.
 //! * `planted` (feature `planted-bugs` only) — known bugs the simulator's checker must
 //!   catch, switched on at run time.
@@ -40,6 +43,7 @@ pub mod dedup;
 pub mod drain_book;
 pub mod format;
 pub mod frequency;
+pub mod handoff_machine;
 pub mod hash;
 pub mod ids;
 pub mod limits;

@@ -4,8 +4,9 @@
 //!
 //! The switch is per thread: a simulation runs on one thread, and tests that run
 //! simulations in parallel each plant their own bug. Bugs that live in the core are
-//! hooked where the real logic is (`dedup`, `limits`, `rollup`); the others live in
-//! the simulator's shells and read the same switch.
+//! hooked where the real logic is (`dedup`, `limits`, `rollup`, `shard_machine`,
+//! `handoff_machine`); the others live in the engine's or the simulator's shells and
+//! read the same switch.
 
 use std::cell::Cell;
 use std::fmt;
@@ -37,10 +38,10 @@ pub enum Bug {
     /// Engine: a read that finds every shard of its generation sealed sums them as
     /// current, without asking whether a resharding completed meanwhile.
     ReadIgnoresSeal,
-    /// Engine: a hand-off deletes the previous owner's copy of a shard before its new
-    /// owner has adopted it.
+    /// Hand-off machine: a hand-off pass deletes the previous owner's copy of a shard
+    /// before its new owner has adopted it.
     HandoffDeletesEarly,
-    /// Engine: a shard handed off to a new owner loses its seal there.
+    /// Hand-off machine: a shard handed off to a new owner loses its seal there.
     HandoffForgetsSeal,
     /// Engine: a sealed generation's sketch is merged into the store beside a live
     /// shard actor, whose next commit writes its own sketch back over it.
@@ -48,8 +49,9 @@ pub enum Bug {
 }
 
 impl Bug {
-    /// Every planted bug, in a fixed order.
-    pub const ALL: [Bug; 7] = [
+    /// The bugs tier 1 catches, in a fixed order (`handoff-deletes-early` is in the
+    /// hand-off machine, which both tiers run, so it is in [`Bug::ENGINE`] too).
+    pub const ALL: [Bug; 8] = [
         Bug::AckBeforeFlush,
         Bug::DedupOff,
         Bug::RetryFreshId,
@@ -57,10 +59,14 @@ impl Bug {
         Bug::DedupLostOnReshard,
         Bug::RollupNeverRefreshed,
         Bug::ReconcileTwice,
+        Bug::HandoffDeletesEarly,
     ];
 
-    /// The bugs planted in the engine's own code (`tally-engine`), caught by the
-    /// tier-2 simulation only.
+    /// The bugs planted in the engine's own code (`tally-engine`) or in a machine of
+    /// the core that only the engine's shells make observable, caught by tier 2. The
+    /// two hand-off bugs live in `handoff_machine`; tier 1 runs that machine too, but
+    /// cannot observe a forgotten seal (its metadata is never stale, so the layout
+    /// refuses the sealed shard's writes anyway).
     pub const ENGINE: [Bug; 6] = [
         Bug::EngineAckBeforeFlush,
         Bug::SealForgottenOnRestart,

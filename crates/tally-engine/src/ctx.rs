@@ -198,9 +198,7 @@ pub(crate) struct ShardRead {
 
 /// The store key of shard `id`'s seal marker.
 pub(crate) fn seal_key(id: &ShardId) -> Vec<u8> {
-    let mut key = b"sealed:".to_vec();
-    key.extend_from_slice(id.to_string().as_bytes());
-    key
+    tally_core::handoff_machine::seal_marker(id)
 }
 
 impl Ctx {

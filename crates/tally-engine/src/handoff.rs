@@ -1,121 +1,119 @@
-//! Moving shards when the cluster's membership changes.
+//! Moving shards when the cluster's membership changes: the shell that carries out
+//! `tally_core::handoff_machine`'s effects against this node's store, flusher,
+//! supervisor and placement.
 //!
-//! A membership change gives some shards a new owner. Nothing moves by itself: the
-//! new owner *adopts* a shard before it serves it for the first time, by pulling the
-//! previous owner's copy — value, sketch and every dedup record — and the previous
-//! owner hands off every shard it holds but no longer owns, by asking each new owner
-//! to adopt it and deleting its own copy once the new owner has it durably.
-//!
-//! Why nothing is lost or counted twice:
-//!
-//! * The previous owner answers a hand-off only after it has applied the change
-//!   itself ([`Placement::epoch`]), so from then on it refuses the shard's requests
-//!   and cannot start its actor again; it stops the running actor, which commits
-//!   everything it had taken, before reading the state it hands over.
-//! * The new owner serves the shard only after the imported state (with the seal,
-//!   if a resharding sealed the shard) and then a marker are durable. A crash before the marker repeats the import of the same, sealed
-//!   state; a crash after it never imports again.
-//! * The previous owner deletes its copy only after the new owner confirmed the
-//!   adoption, and the metadata group refuses the next membership change until every
-//!   previous member has handed everything off, so each shard has exactly one
-//!   previous owner to pull from.
+//! The machines decide every step (see their module for why nothing is lost or
+//! counted twice); this file adds what only a running node has: waiting until the
+//! node has applied the change ([`EPOCH_WAIT_MS`]), one adoption of a shard at a
+//! time (`Ctx::adopting`), and the shards adopted at each epoch (`Ctx::adopted`).
 
 use crate::ctx::{seal_key, Ctx};
 use crate::error::unavailable;
 use crate::error::TallyError;
 use crate::placement::{unexpected, ShardRequest, ShardResponse};
+use std::collections::VecDeque;
 use std::time::Duration;
-use tally_core::dedup::DedupRecord;
-use tally_core::ShardId;
-use tally_store::{ShardImage, ShardWrite};
+use tally_core::handoff_machine::{
+    admit, Admission, AdoptEffect, AdoptInput, Adoption, HandOffPage, HandOffPass, PassEffect, PassInput,
+    PullAnswer, PullEffect, PullInput,
+};
+use tally_core::{NodeId, ShardId};
 
-/// Most dedup records one hand-off answer carries; larger shards take several pages.
-pub const HANDOFF_RECORDS_MAX: usize = 4_096;
-
-/// Most shard ids one pass of [`hand_off_foreign`] reads from the store at a time.
-pub const HANDOFF_SCAN_PAGE: usize = 1_024;
+pub use tally_core::handoff_machine::{HandoffReport, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};
 
 /// How long a node waits to apply a membership change another node already knows.
 pub const EPOCH_WAIT_MS: u64 = 10_000;
-
-/// The metadata key that records the adoption of shard `id` at `epoch`.
-fn marker(epoch: u64, id: &ShardId) -> Vec<u8> {
-    let mut key = b"adopted:".to_vec();
-    key.extend_from_slice(&epoch.to_be_bytes());
-    key.extend_from_slice(id.to_string().as_bytes());
-    key
-}
 
 impl Ctx {
     /// Makes sure this node holds shard `id` before serving it: during a membership
     /// change, a shard that was owned elsewhere is adopted first.
     pub(crate) async fn ensure_local(&self, id: &ShardId) -> Result<(), TallyError> {
         let Some(placement) = &self.placement else { return Ok(()) };
-        let Some((previous, epoch)) = placement.previous_owner(id) else {
-            // The change may have completed since an adoption of this shard began
-            // (its previous owner held nothing of it, so it did not wait): let that
-            // import land before an actor starts beside it and writes under it.
-            let in_flight = self.adopting.get(id).map(|l| l.value().clone());
-            if let Some(lock) = in_flight {
-                drop(lock.lock().await);
+        let previous = placement.previous_owner(id);
+        let adopted = previous.as_ref().is_some_and(|(_, e)| self.adopted.contains(&(*e, id.clone())));
+        let (from, epoch) = match admit(previous, adopted, self.adopting.contains_key(id)) {
+            Admission::Serve => return Ok(()),
+            Admission::AwaitInFlight => {
+                let in_flight = self.adopting.get(id).map(|l| l.value().clone());
+                if let Some(lock) = in_flight {
+                    drop(lock.lock().await);
+                }
+                return Ok(());
             }
-            return Ok(());
+            Admission::Adopt { from, epoch } => (from, epoch),
         };
-        let key = (epoch, id.clone());
-        if self.adopted.contains(&key) {
-            return Ok(());
-        }
         let lock = self.adopting.entry(id.clone()).or_default().clone();
-        let _held = lock.lock().await;
-        if self.adopted.contains(&key) {
-            return Ok(());
-        }
-        // Looked again under the lock: if the change completed meanwhile, the previous
-        // owner held nothing of this shard (it would have waited for this adoption),
-        // and an actor may already serve it here — importing now would write under it.
-        // A caller that saw the change complete before this lock was taken finds this
-        // adoption in `adopting` and waits for it; one that saw it after skips it here.
-        if placement.previous_owner(id).is_none() {
-            drop(_held);
-            self.adopting.remove(id);
-            return Ok(());
-        }
-        let marker = marker(epoch, id);
-        if self.store.meta_get(&marker)?.is_none() {
-            // An import cut short by a crash may have left pages here: start clean,
-            // so the shard becomes exactly what its previous owner answers.
-            self.store.delete_shard(id)?;
-            let mut after: Option<String> = None;
-            loop {
-                let request = ShardRequest::HandOff { id: id.clone(), epoch, after: after.clone() };
-                let (image, records, more, sealed) = match placement.call(&previous, request).await? {
-                    ShardResponse::HandedOff { image, records, more, sealed } => {
-                        (image, records, more, sealed)
-                    }
-                    other => return Err(unexpected(&previous, id, other)),
-                };
-                after = records.last().map(|(event_id, _)| event_id.clone()).or(after);
-                let write = ShardWrite { image, dedup_put: records, dedup_remove: Vec::new() };
-                self.flusher.commit(id.clone(), write, None).await?;
-                // A sealed shard stays sealed here: its value is in the resharding's
-                // sealed sum, and a write it took now would be counted nowhere.
-                if sealed && !bug!(HandoffForgetsSeal) {
-                    self.store.meta_put(&seal_key(id), b"")?;
-                }
-                if !more {
-                    break;
-                }
-            }
-            // The state first, then the marker: a crash in between imports again.
-            self.flusher.flush().await?;
-            self.store.meta_put(&marker, &[])?;
-            self.flusher.flush().await?;
-            self.stats.shards_adopted.inc();
-            tracing::debug!(shard = %id, from = %previous, epoch, "shard adopted");
-        }
-        self.adopted.insert(key);
-        drop(_held);
+        let held = lock.lock().await;
+        // Looked again under the lock: another adoption may have finished, or the
+        // change completed (a caller that saw it complete before this lock was taken
+        // finds this adoption in `adopting` and waits for it).
+        let begun = AdoptInput::Begun {
+            adopted: self.adopted.contains(&(epoch, id.clone())),
+            still_previous: placement.previous_owner(id).is_some(),
+        };
+        self.adopt_under_lock(id, Adoption::new(id.clone(), from, epoch), begun).await?;
+        drop(held);
+        // A failed adoption leaves its slot, so a retry queues behind its waiters.
         self.adopting.remove(id);
+        Ok(())
+    }
+
+    /// Carries out one adoption's effects, one after another.
+    async fn adopt_under_lock(
+        &self,
+        id: &ShardId,
+        mut adoption: Adoption<NodeId>,
+        first: AdoptInput,
+    ) -> Result<(), TallyError> {
+        let Some(placement) = &self.placement else { return Ok(()) };
+        let mut effects: VecDeque<AdoptEffect<NodeId>> = adoption.step(first).into();
+        while let Some(effect) = effects.pop_front() {
+            let next = match effect {
+                AdoptEffect::Skip => return Ok(()),
+                AdoptEffect::ReadMarker(key) => {
+                    AdoptInput::Marker { present: self.store.meta_get(&key)?.is_some() }
+                }
+                AdoptEffect::DeleteShard => {
+                    self.store.delete_shard(id)?;
+                    continue;
+                }
+                AdoptEffect::Pull { from, epoch, after } => {
+                    let request = ShardRequest::HandOff { id: id.clone(), epoch, after: after.clone() };
+                    match placement.call(&from, request).await? {
+                        ShardResponse::HandedOff { image, records, more, sealed } => {
+                            let page = HandOffPage { image, records, more, sealed };
+                            AdoptInput::Page { after, page, owns: self.remote(id).is_none() }
+                        }
+                        other => return Err(unexpected(&from, id, other)),
+                    }
+                }
+                AdoptEffect::Import(write) => {
+                    self.flusher.commit(id.clone(), write, None).await?;
+                    continue;
+                }
+                AdoptEffect::Seal => {
+                    self.store.meta_put(&seal_key(id), b"")?;
+                    continue;
+                }
+                AdoptEffect::Flush => {
+                    self.flusher.flush().await?;
+                    continue;
+                }
+                AdoptEffect::WriteMarker(key) => {
+                    self.store.meta_put(&key, &[])?;
+                    continue;
+                }
+                AdoptEffect::Adopted { imported } => {
+                    if imported {
+                        self.stats.shards_adopted.inc();
+                        tracing::debug!(shard = %id, epoch = adoption.epoch(), "shard adopted");
+                    }
+                    self.adopted.insert((adoption.epoch(), id.clone()));
+                    return Ok(());
+                }
+            };
+            effects.extend(adoption.step(next));
+        }
         Ok(())
     }
 
@@ -139,24 +137,41 @@ impl Ctx {
         id: &ShardId,
         epoch: u64,
         after: Option<&str>,
-    ) -> Result<HandedOff, TallyError> {
+    ) -> Result<HandOffPage, TallyError> {
         self.wait_epoch(id, epoch).await?;
-        if self.remote(id).is_none() {
-            return Err(unavailable(id, "this node still owns the shard"));
+        let mut answer = PullAnswer::new(after.map(str::to_owned));
+        let mut not_durable = None;
+        let mut effects: VecDeque<PullEffect> =
+            answer.step(PullInput::Asked { owns: self.remote(id).is_none() }).into();
+        while let Some(effect) = effects.pop_front() {
+            let next = match effect {
+                PullEffect::Refuse => {
+                    return Err(match not_durable.take() {
+                        Some(e) => TallyError::from(e),
+                        None => unavailable(id, "this node still owns the shard"),
+                    });
+                }
+                PullEffect::StopShard => {
+                    self.stop_local(id).await;
+                    continue;
+                }
+                PullEffect::MakeDurable => match self.flusher.make_durable().await {
+                    Ok(()) => PullInput::Durable { ok: true },
+                    Err(e) => {
+                        not_durable = Some(e);
+                        PullInput::Durable { ok: false }
+                    }
+                },
+                PullEffect::Read { after, limit } => PullInput::Read {
+                    image: self.store.load_shard(id)?,
+                    sealed: self.store.meta_get(&seal_key(id))?.is_some(),
+                    records: self.store.dedup_scan(id, after.as_deref(), limit)?,
+                },
+                PullEffect::Answer(page) => return Ok(page),
+            };
+            effects.extend(answer.step(next));
         }
-        if after.is_none() {
-            // No new actor can start now (this node no longer owns the shard); stop
-            // the running one, which commits what it had taken.
-            self.stop_local(id).await;
-        }
-        // Only what a crash cannot take back leaves this node: the new owner keeps
-        // what it imports, while a state this node then lost would differ from it.
-        self.flusher.make_durable().await?;
-        let image = self.store.load_shard(id)?;
-        let sealed = self.store.meta_get(&seal_key(id))?.is_some();
-        let records = self.store.dedup_scan(id, after, HANDOFF_RECORDS_MAX)?;
-        let more = records.len() == HANDOFF_RECORDS_MAX;
-        Ok(HandedOff { image, records, more, sealed })
+        Err(unavailable(id, "the hand-off answered nothing"))
     }
 
     /// Adopts `id` now, at the previous owner's request.
@@ -172,80 +187,64 @@ impl Ctx {
     }
 }
 
-/// One page of a shard handed off.
-pub(crate) struct HandedOff {
-    /// The shard's state.
-    pub(crate) image: ShardImage,
-    /// A page of its dedup records, in event-id order.
-    pub(crate) records: Vec<(String, DedupRecord)>,
-    /// Whether more records follow.
-    pub(crate) more: bool,
-    /// Whether the shard is sealed.
-    pub(crate) sealed: bool,
-}
-
-/// What one hand-off pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HandoffReport {
-    /// Shards adopted by their new owners and deleted here.
-    pub moved: u64,
-    /// Shards whose new owner did not confirm; a later pass retries them.
-    pub failed: u64,
-}
-
 /// Hands every shard this node holds but no longer owns at `epoch` to its owner.
 pub(crate) async fn hand_off_foreign(ctx: &Ctx, epoch: u64) -> Result<HandoffReport, TallyError> {
-    let mut report = HandoffReport::default();
-    let Some(placement) = &ctx.placement else { return Ok(report) };
-    if placement.epoch() < epoch {
-        let id = ShardId::new(tally_core::CounterName::new("handoff").expect("a valid name"), 0, 0);
-        return Err(unavailable(&id, &format!("placement epoch {epoch} not applied here yet")));
-    }
-    // The store lists only shards with a committed write. A shard whose first write
-    // is still with its actor (or on its way to the disk) would be missed, and its
-    // new owner would serve it from nothing once the next change makes this node no
-    // longer its previous owner. So first stop every actor of a shard this node no
-    // longer owns: each commits what it took before it ends, and none can start
-    // again here (the supervisor starts owned shards only).
-    let mut foreign: Vec<ShardId> = ctx
-        .directory
-        .iter()
-        .map(|e| e.key().clone())
-        .filter(|id| placement.remote_owner(id).is_some())
-        .collect();
-    foreign.sort();
-    for id in foreign {
-        ctx.stop_local(&id).await;
-    }
-    let mut after: Option<ShardId> = None;
-    loop {
-        let page = ctx.store.shard_ids(after.as_ref(), HANDOFF_SCAN_PAGE)?;
-        let last_page = page.len() < HANDOFF_SCAN_PAGE;
-        for id in page {
-            after = Some(id.clone());
-            let Some(owner) = placement.remote_owner(&id) else { continue };
-            if bug!(HandoffDeletesEarly) {
+    let Some(placement) = &ctx.placement else { return Ok(HandoffReport::default()) };
+    let running: Vec<(ShardId, Option<NodeId>)> =
+        ctx.directory.iter().map(|e| (e.key().clone(), placement.remote_owner(e.key()))).collect();
+    let mut pass = HandOffPass::new(epoch);
+    let mut effects: VecDeque<PassEffect<NodeId>> =
+        pass.step(PassInput::Start { applied: placement.epoch(), running }).into();
+    // Depth first: what an answer makes due runs before the next request.
+    while let Some(effect) = effects.pop_front() {
+        let next = match effect {
+            PassEffect::NotApplied => {
+                let id = ShardId::new(tally_core::CounterName::new("handoff").expect("a valid name"), 0, 0);
+                return Err(unavailable(&id, &format!("placement epoch {epoch} not applied here yet")));
+            }
+            PassEffect::Stop(id) => {
+                ctx.stop_local(&id).await;
+                continue;
+            }
+            PassEffect::Scan { after, limit } => {
+                let page = ctx.store.shard_ids(after.as_ref(), limit)?;
+                PassInput::Scanned(
+                    page.into_iter()
+                        .map(|id| {
+                            let owner = placement.remote_owner(&id);
+                            (id, owner)
+                        })
+                        .collect(),
+                )
+            }
+            PassEffect::AskAdopt { shard, owner, epoch } => {
+                let request = ShardRequest::Adopt { id: shard.clone(), epoch };
+                let ok = match placement.call(&owner, request).await {
+                    Ok(ShardResponse::Done) => true,
+                    Ok(other) => {
+                        tracing::warn!(shard = %shard, "{}", unexpected(&owner, &shard, other));
+                        false
+                    }
+                    Err(e) => {
+                        tracing::warn!(shard = %shard, owner = %owner, error = %e, "hand-off failed; will retry");
+                        false
+                    }
+                };
+                PassInput::Adopted { shard, ok }
+            }
+            PassEffect::Delete(id) => {
                 ctx.drop_shard_data(&id)?;
+                continue;
             }
-            match placement.call(&owner, ShardRequest::Adopt { id: id.clone(), epoch }).await {
-                Ok(ShardResponse::Done) => {
-                    ctx.drop_shard_data(&id)?;
-                    report.moved += 1;
-                }
-                Ok(other) => {
-                    tracing::warn!(shard = %id, "{}", unexpected(&owner, &id, other));
-                    report.failed += 1;
-                }
-                Err(e) => {
-                    tracing::warn!(shard = %id, owner = %owner, error = %e, "hand-off failed; will retry");
-                    report.failed += 1;
-                }
+            PassEffect::Flush => {
+                ctx.flusher.flush().await?;
+                continue;
             }
-        }
-        if last_page {
-            break;
+            PassEffect::Report(report) => return Ok(report),
+        };
+        for e in pass.step(next).into_iter().rev() {
+            effects.push_front(e);
         }
     }
-    ctx.flusher.flush().await?;
-    Ok(report)
+    Err(TallyError::ShuttingDown)
 }

@@ -541,7 +541,7 @@ impl Tally {
         match request {
             ShardRequest::HandOff { id, epoch, after } => {
                 let handed = ctx.hand_off(&id, epoch, after.as_deref()).await?;
-                let crate::handoff::HandedOff { image, records, more, sealed } = handed;
+                let tally_core::handoff_machine::HandOffPage { image, records, more, sealed } = handed;
                 Ok(ShardResponse::HandedOff { image, records, more, sealed })
             }
             ShardRequest::Adopt { id, epoch } => {
