@@ -315,7 +315,13 @@ impl ShardActorState {
                     sup.send_message(SupervisorMsg::Retire { id: self.id.clone(), actor: myself.get_id() });
             }
         }
-        if now.saturating_sub(self.last_sweep_ms) < self.ctx.config.dedup_sweep_ms || self.machine.sealed() {
+        // A pass over the records starts every `dedup_sweep_ms`; once started, it goes
+        // on a page per tick until it reaches the end, so expiry keeps up with shards
+        // that take more than a page of records per period.
+        let passing = self.sweep_after.is_some();
+        if (!passing && now.saturating_sub(self.last_sweep_ms) < self.ctx.config.dedup_sweep_ms)
+            || self.machine.sealed()
+        {
             return None;
         }
         self.last_sweep_ms = now;
