@@ -39,9 +39,9 @@ schemas = {
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
    "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards"))},
    ["name", "spec", "generation", "layout_shards", "resharding", "created_at_ms", "auto"]),
- "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR, "item": STR}, ["delta"],
+ "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "seq": {"type": "integer", "minimum": 0, "maximum": 9223372036854775807, "description": "The writer's sequence number (needs `writer`, excludes `event_id`): idempotent by sequence, see docs/SEMANTICS.md."}, "member": STR, "item": STR}, ["delta"],
    desc="On a counter with `frequency`, `item` (or `member` without one) is counted with the delta as its weight; the delta must then be positive."),
- "BatchItem": obj({"counter": NAME, "delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "member": STR, "item": STR}, ["counter", "delta"]),
+ "BatchItem": obj({"counter": NAME, "delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "seq": {"type": "integer", "minimum": 0, "maximum": 9223372036854775807, "description": "The writer's sequence number (needs `writer`, excludes `event_id`): idempotent by sequence, see docs/SEMANTICS.md."}, "member": STR, "item": STR}, ["counter", "delta"]),
  "Batch": obj({"increments": {"type": "array", "items": ref("BatchItem")}}, ["increments"]),
  "IncrOutcome": obj({"applied": BOOL, "duplicate": BOOL}, ["applied"]),
  "BatchResults": obj({"results": {"type": "array", "items": {"oneOf": [ref("IncrOutcome"), ref("Error")]}}}, ["results"]),
@@ -105,7 +105,8 @@ def err(desc): return {"description": desc, **json_body(ref("Error"))}
 def ok(desc, schema): return {"description": desc, **json_body(schema)}
 E400 = err("Malformed request: bad name, JSON, query or field.")
 E404 = err("Unknown counter, node or route.")
-E409 = err("Conflict: a reused event id, a resharding in progress, or not a cluster.")
+E409 = err("Conflict: a reused event id, a writer sequence out of order, a resharding in progress, or not a cluster.")
+E429 = err("The writer is new and its shard keeps marks for the most writers it may (`too_many_writers`); retry later.")
 E413 = err("Body or batch too large.")
 E422 = err("A value out of range.")
 E503 = err("A shard or the metadata group is unavailable, or the node is starting or shutting down; retry (with the same event id).")
@@ -133,7 +134,7 @@ paths = {
    "delete": op("deleteCounter", "Delete the counter and its data.", {"204": {"description": "Deleted."}, "400": E400, "404": E404, "503": E503}, [name_param])},
  "/v1/counters/{name}/increments": {"post": op("increment", "Count one increment (an unknown counter is created with the defaults).", {
      "200": ok("Counted, or recognized as a duplicate.", ref("IncrOutcome")), "400": E400, "409": E409, "413": E413, "415": E415,
-     "422": E422, "503": E503}, [name_param], (ref("Increment"), True))},
+     "422": E422, "429": E429, "503": E503}, [name_param], (ref("Increment"), True))},
  "/v1/increments": {"post": op("incrementMany", "Count many increments; one result per item, in order.", {
      "200": ok("One result per item.", ref("BatchResults")), "400": E400, "413": E413, "415": E415, "503": E503}, body=(ref("Batch"), True))},
  "/v1/counters/{name}/value": {"get": op("readValue", "The counter's total.", {

@@ -100,7 +100,7 @@ impl IncrOp {
                 }
                 match ans {
                     Answer::Applied | Answer::Duplicate => ack = Some(ack.map_or(at, |x: u64| x.min(at))),
-                    Answer::Conflict | Answer::Overflow => this_refused = true,
+                    Answer::Conflict | Answer::Overflow | Answer::Refused => this_refused = true,
                     Answer::Unavailable => {}
                 }
             }

@@ -29,6 +29,9 @@ pub enum Answer {
     Conflict,
     /// Counting it would overflow a shard; not counted.
     Overflow,
+    /// A sequenced increment refused before counting (out of order, or too many
+    /// writers on its shard); not counted.
+    Refused,
     /// The node could not get an answer (may or may not have been counted).
     Unavailable,
 }
@@ -41,6 +44,7 @@ impl Answer {
             Outcome::Duplicate => Answer::Duplicate,
             Outcome::Conflict { .. } => Answer::Conflict,
             Outcome::Overflow(_) => Answer::Overflow,
+            Outcome::OutOfOrder { .. } | Outcome::TooManyWriters => Answer::Refused,
         }
     }
 }
@@ -288,9 +292,9 @@ fn hash_sub<H: Hasher>(sub: &Submission, h: &mut H) {
             0u8.hash(h);
             (sum, increments, members, drain_id).hash(h);
         }
-        Submission::Single { delta, event_id, member, item } => {
+        Submission::Single { delta, event_id, member, item, seq } => {
             1u8.hash(h);
-            (delta, event_id, member, item).hash(h);
+            (delta, event_id, member, item, seq).hash(h);
         }
     }
 }

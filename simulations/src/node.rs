@@ -330,7 +330,7 @@ impl Sim {
             acc.members.extend(member);
             return reply(self, Answer::Applied);
         }
-        let sub = Submission::Single { delta, event_id, member, item: None };
+        let sub = Submission::Single { delta, event_id, member, item: None, seq: None };
         let ctx = SubmitCtx::Client { client, op, attempt, hops: 0 };
         self.route_submission(n, &counter, Some(index), sub, ctx);
     }
@@ -513,11 +513,16 @@ impl Sim {
         let id = format!("~reconcile:{:016x}", hash64(CORRECTION_SEED, &key));
         let ctx = SubmitCtx::Reconcile { client, op, before, drift, authoritative, hops: 0 };
         if bug!(ReconcileTwice) {
-            let sub =
-                Submission::Single { delta, event_id: Some(format!("{id}:again")), member: None, item: None };
+            let sub = Submission::Single {
+                delta,
+                event_id: Some(format!("{id}:again")),
+                member: None,
+                item: None,
+                seq: None,
+            };
             self.route_submission(n, &counter, None, sub, ctx.clone());
         }
-        let sub = Submission::Single { delta, event_id: Some(id), member: None, item: None };
+        let sub = Submission::Single { delta, event_id: Some(id), member: None, item: None, seq: None };
         self.route_submission(n, &counter, None, sub, ctx);
     }
 

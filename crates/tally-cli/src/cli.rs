@@ -369,9 +369,13 @@ pub struct IncrArgs {
     /// Idempotency key: a retry with the same id is never counted twice.
     #[arg(long, value_name = "ID")]
     pub event_id: Option<String>,
-    /// Writer id, for writer-affinity routing.
+    /// Writer id, for writer-affinity routing (and the owner of --seq).
     #[arg(long, value_name = "W")]
     pub writer: Option<String>,
+    /// The writer's sequence number: idempotent by sequence instead of event id
+    /// (needs --writer).
+    #[arg(long, value_name = "N", requires = "writer", conflicts_with = "event_id")]
+    pub seq: Option<u64>,
     /// Member to count distinctly.
     #[arg(long, value_name = "M")]
     pub member: Option<String>,
@@ -407,6 +411,10 @@ pub struct LoadArgs {
     /// Give every increment a unique event id.
     #[arg(long)]
     pub event_ids: bool,
+    /// Give every increment its writer's next sequence number instead (a new writer
+    /// id per writer and run; a failed request is resent with the same sequences).
+    #[arg(long, conflicts_with = "event_ids")]
+    pub seq: bool,
     /// Spread the writers round-robin over these nodes (default: --node).
     #[arg(long, value_name = "URL,URL,...", value_delimiter = ',', num_args = 1..)]
     pub nodes: Vec<String>,

@@ -69,6 +69,10 @@ pub struct LoadPlan {
     pub batch: u32,
     /// Whether every increment carries a unique event id.
     pub event_ids: bool,
+    /// Whether every increment carries its writer's next sequence number instead
+    /// (each writer a new writer id per run; a failed request is resent with the
+    /// same sequences).
+    pub sequences: bool,
     /// Per-request timeout.
     pub timeout: Duration,
     /// The only CA trusted for `https://` nodes (`--cacert`); the system's roots
@@ -161,6 +165,8 @@ pub struct LoadReport {
     pub batch: u32,
     /// Whether increments carried unique event ids.
     pub event_ids: bool,
+    /// Whether increments carried writer sequence numbers.
+    pub sequences: bool,
     /// The requested duration, in milliseconds.
     pub duration_ms: u64,
     /// From the first request to the last answer, in milliseconds.
@@ -218,7 +224,11 @@ impl LoadReport {
         } else {
             format!("batches of {}", self.batch)
         };
-        let ids = if self.event_ids { " with event ids" } else { "" };
+        let ids = match (self.event_ids, self.sequences) {
+            (true, _) => " with event ids",
+            (false, true) => " with writer sequences",
+            _ => "",
+        };
         let nodes = match self.nodes.as_slice() {
             [one] => one.clone(),
             many => format!("{} nodes", many.len()),
@@ -357,6 +367,8 @@ struct Writer {
     writer_id: String,
     /// The run's event id prefix, when increments carry event ids.
     event_prefix: Option<Arc<str>>,
+    /// Whether increments carry this writer's sequence numbers.
+    sequences: bool,
     batch: u32,
     deadline: Instant,
     live: Arc<Live>,
@@ -367,28 +379,30 @@ impl Writer {
     fn body(&self, seq: &mut u64) -> Vec<u8> {
         let mut next_id = || {
             *seq += 1;
-            self.event_prefix.as_ref().map(|p| format!("{p}-{}", seq))
+            (self.event_prefix.as_ref().map(|p| format!("{p}-{}", seq)), self.sequences.then_some(*seq))
         };
         let encoded = if self.batch == 1 {
-            let id = next_id();
+            let (id, seq) = next_id();
             let inc = IncrementBody {
                 delta: 1,
                 event_id: id.as_deref(),
                 writer: Some(&self.writer_id),
+                seq,
                 member: None,
                 item: None,
             };
             serde_json::to_vec(&inc)
         } else {
-            let ids: Vec<Option<String>> = (0..self.batch).map(|_| next_id()).collect();
+            let ids: Vec<(Option<String>, Option<u64>)> = (0..self.batch).map(|_| next_id()).collect();
             let increments = ids
                 .iter()
-                .map(|id| BatchItem {
+                .map(|(id, seq)| BatchItem {
                     counter: &self.counter,
                     increment: IncrementBody {
                         delta: 1,
                         event_id: id.as_deref(),
                         writer: Some(&self.writer_id),
+                        seq: *seq,
                         member: None,
                         item: None,
                     },
@@ -405,6 +419,7 @@ impl Writer {
         let mut seq = 0u64;
         let items = u64::from(self.batch);
         while Instant::now() < self.deadline {
+            let first = seq;
             let body = self.body(&mut seq);
             let started = Instant::now();
             let result = self.client.send_raw(Method::POST, self.url.clone(), Some(body)).await;
@@ -425,6 +440,10 @@ impl Writer {
             self.live.acknowledged.fetch_add(stats.acknowledged - acked_before, Ordering::Relaxed);
             self.live.failed.fetch_add(stats.failed - failed_before, Ordering::Relaxed);
             if stats.failed > failed_before {
+                if self.sequences {
+                    // Resend the same sequences: those applied answer duplicate.
+                    seq = first;
+                }
                 let left = self.deadline.saturating_duration_since(Instant::now());
                 tokio::time::sleep(left.min(Duration::from_millis(ERROR_BACKOFF_MS))).await;
             }
@@ -525,6 +544,9 @@ pub async fn run(plan: &LoadPlan) -> Result<LoadReport, CliError> {
     let live = Arc::new(Live::default());
     let counter: Arc<str> = plan.counter.as_str().into();
     let event_prefix: Option<Arc<str>> = plan.event_ids.then(|| run_id().into());
+    // Sequenced writers are new writers each run: an earlier run's marks would make
+    // their first sequences duplicates.
+    let writer_prefix = if plan.sequences { format!("{}-w", run_id()) } else { "load-w".to_string() };
     let started = Instant::now();
     let deadline = started + plan.duration;
     let mut tasks = Vec::with_capacity(plan.writers as usize);
@@ -541,8 +563,9 @@ pub async fn run(plan: &LoadPlan) -> Result<LoadReport, CliError> {
             client,
             url,
             counter: counter.clone(),
-            writer_id: format!("load-w{index}"),
+            writer_id: format!("{writer_prefix}{index}"),
             event_prefix: event_prefix.as_ref().map(|p| format!("{p}-w{index}").into()),
+            sequences: plan.sequences,
             batch: plan.batch,
             deadline,
             live: live.clone(),
@@ -583,6 +606,7 @@ pub async fn run(plan: &LoadPlan) -> Result<LoadReport, CliError> {
         writers: plan.writers,
         batch: plan.batch,
         event_ids: plan.event_ids,
+        sequences: plan.sequences,
         duration_ms: u64::try_from(plan.duration.as_millis()).unwrap_or(u64::MAX),
         elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
         requests: total.requests,
@@ -646,6 +670,7 @@ mod tests {
             writers: 8,
             batch: 1,
             event_ids: true,
+            sequences: false,
             duration_ms: 2000,
             elapsed_ms: 2004,
             requests: 100,
@@ -717,6 +742,7 @@ mod tests {
             counter: "c".into(),
             writer_id: "load-w0".into(),
             event_prefix: Some("p".into()),
+            sequences: false,
             batch: 2,
             deadline: Instant::now(),
             live: Arc::default(),
@@ -727,5 +753,10 @@ mod tests {
             body,
             r#"{"increments":[{"counter":"c","delta":1,"event_id":"p-1","writer":"load-w0"},{"counter":"c","delta":1,"event_id":"p-2","writer":"load-w0"}]}"#
         );
+        let w = Writer { event_prefix: None, sequences: true, batch: 1, ..w };
+        let mut seq = 4;
+        let body = String::from_utf8(w.body(&mut seq)).expect("utf8");
+        assert_eq!(body, r#"{"delta":1,"writer":"load-w0","seq":5}"#);
+        assert_eq!(seq, 5);
     }
 }

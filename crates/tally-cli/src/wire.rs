@@ -200,6 +200,9 @@ pub struct IncrementBody<'a> {
     /// Writer id.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub writer: Option<&'a str>,
+    /// The writer's sequence number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
     /// Distinct member.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub member: Option<&'a str>,
@@ -390,6 +393,7 @@ mod tests {
                     delta: 1,
                     event_id: Some("e"),
                     writer: None,
+                    seq: None,
                     member: None,
                     item: None,
                 },

@@ -5,7 +5,7 @@
 //! and records to commit atomically, whether the sketch must be rewritten, and the
 //! outcome to answer for every submission. The actor adds no logic of its own.
 
-use crate::dedup::{judge, DedupRecord, Verdict};
+use crate::dedup::{judge, judge_seq, DedupRecord, SeqVerdict, Verdict, WriterMark, WRITERS_PER_SHARD_MAX};
 use crate::frequency::{FrequencyError, FrequencySketch};
 use crate::limits::{apply_buffered, check_direct, Overflow};
 use crate::sketch::DistinctSketch;
@@ -60,6 +60,11 @@ pub enum Submission {
         /// The item whose frequency it adds to (counters with `frequency`): its
         /// `item`, or its member when it names no item. Its delta is the weight.
         item: Option<String>,
+        /// Its writer's sequence number, for a sequenced increment; `event_id` then
+        /// holds the writer's mark id ([`crate::dedup::mark_id`]), under which the
+        /// shard keeps the writer's high-water mark instead of one record per
+        /// increment.
+        seq: Option<u64>,
     },
 }
 
@@ -103,6 +108,15 @@ pub enum Outcome {
     },
     /// Counting it would overflow the shard: refused.
     Overflow(Overflow),
+    /// A sequenced increment beyond its writer's next sequence: refused, nothing
+    /// counted; the writer retries once the earlier sequences are answered.
+    OutOfOrder {
+        /// The sequence the shard takes next for this writer.
+        expected: u64,
+    },
+    /// A sequenced increment from a writer with no mark in a shard that keeps
+    /// [`crate::dedup::WRITERS_PER_SHARD_MAX`] marks already: refused, nothing counted.
+    TooManyWriters,
 }
 
 /// The persisted state of one shard.
@@ -160,6 +174,10 @@ pub struct ShardState {
     pub sketch: Option<DistinctSketch>,
     /// The frequency sketch, for counters with `frequency`.
     pub frequency: Option<FrequencySketch>,
+    /// How many writer marks the shard's store holds (live or not yet swept), as far
+    /// as this copy knows; bounds new writers at
+    /// [`crate::dedup::WRITERS_PER_SHARD_MAX`].
+    pub writer_marks: u64,
 }
 
 /// Everything a batch of submissions changes.
@@ -234,12 +252,35 @@ pub fn decide(
                 }
                 Outcome::Applied
             }
-            Submission::Single { delta, event_id, member, item } => {
-                let verdict = match event_id {
-                    None => Verdict::Fresh,
-                    Some(id) => {
+            Submission::Single { delta, event_id, member, item, seq } => {
+                let verdict = match (event_id, seq) {
+                    (None, _) => Verdict::Fresh,
+                    (Some(id), None) => {
                         let rec = created.get(id.as_str()).or_else(|| prior.get(id));
                         judge(rec, *delta, now_ms, window_ms)
+                    }
+                    (Some(id), Some(seq)) => {
+                        let rec = created.get(id.as_str()).or_else(|| prior.get(id));
+                        match judge_seq(rec, *seq, now_ms, window_ms) {
+                            SeqVerdict::Duplicate => Verdict::Duplicate,
+                            SeqVerdict::OutOfOrder { expected } => {
+                                d.outcomes.push(Outcome::OutOfOrder { expected });
+                                continue;
+                            }
+                            // A writer with no record at all is a new mark: the
+                            // bound applies. (A mark found only in a sealed
+                            // generation is rewritten here uncounted; the shell
+                            // recounts from the store when the shard starts.)
+                            SeqVerdict::Fresh
+                                if !created.contains_key(id.as_str())
+                                    && !prior.contains_key(id.as_str())
+                                    && state.writer_marks >= WRITERS_PER_SHARD_MAX =>
+                            {
+                                d.outcomes.push(Outcome::TooManyWriters);
+                                continue;
+                            }
+                            SeqVerdict::Fresh => Verdict::Fresh,
+                        }
                     }
                 };
                 match verdict {
@@ -254,8 +295,20 @@ pub fn decide(
                             d.value = next;
                             d.applied_increments += 1;
                             d.change_abs = d.change_abs.saturating_add(delta.unsigned_abs());
-                            if let Some(id) = event_id {
-                                created.insert(id, DedupRecord { delta: *delta, applied_at_ms: now_ms });
+                            match (event_id, seq) {
+                                (Some(id), None) => {
+                                    created.insert(id, DedupRecord { delta: *delta, applied_at_ms: now_ms });
+                                }
+                                (Some(id), Some(seq)) => {
+                                    let new = !created.contains_key(id.as_str())
+                                        && !prior.contains_key(id.as_str());
+                                    if new {
+                                        state.writer_marks += 1;
+                                    }
+                                    let mark = WriterMark { seq: *seq, applied_at_ms: now_ms };
+                                    created.insert(id, mark.to_record());
+                                }
+                                (None, _) => {}
                             }
                             if let Some(h) = member {
                                 add_member(&mut state.sketch, *h, &mut d.sketch_changed);
@@ -290,7 +343,7 @@ mod tests {
     const W: u64 = 1_000_000;
 
     fn single(delta: i64, id: Option<&str>) -> Submission {
-        Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None }
+        Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None, seq: None }
     }
 
     #[test]
@@ -349,7 +402,7 @@ mod tests {
 
     #[test]
     fn overflow_is_refused_without_a_dedup_record() {
-        let mut s = ShardState { value: SHARD_VALUE_ABS_MAX, sketch: None, frequency: None };
+        let mut s = ShardState { value: SHARD_VALUE_ABS_MAX, sketch: None, frequency: None, writer_marks: 0 };
         let d = decide(&mut s, &[single(1, Some("e")), single(-1, None)], &BTreeMap::new(), 0, W);
         assert!(matches!(d.outcomes[0], Outcome::Overflow(_)));
         assert_eq!(d.outcomes[1], Outcome::Applied);
@@ -359,19 +412,22 @@ mod tests {
 
     #[test]
     fn members_reach_the_sketch_only_when_counted() {
-        let mut s = ShardState { value: 0, sketch: Some(DistinctSketch::new()), frequency: None };
+        let mut s =
+            ShardState { value: 0, sketch: Some(DistinctSketch::new()), frequency: None, writer_marks: 0 };
         let batch = [
             Submission::Single {
                 delta: 1,
                 event_id: Some("a".into()),
                 member: Some(member_hash("a")),
                 item: None,
+                seq: None,
             },
             Submission::Single {
                 delta: 1,
                 event_id: Some("a".into()),
                 member: Some(member_hash("b")),
                 item: None,
+                seq: None,
             },
             Submission::Buffered {
                 sum: 2,
@@ -419,5 +475,88 @@ mod tests {
         assert!(records.writes(5), "a record to keep");
         let sketch = Decision { sketch_changed: true, ..base };
         assert!(sketch.writes(5), "the sketch changed");
+    }
+    fn sequenced(delta: i64, writer: &str, seq: u64) -> Submission {
+        Submission::Single {
+            delta,
+            event_id: Some(crate::dedup::mark_id(writer)),
+            member: None,
+            item: None,
+            seq: Some(seq),
+        }
+    }
+
+    #[test]
+    fn sequenced_increments_keep_one_mark_per_writer() {
+        let mut s = ShardState::default();
+        let batch = [
+            sequenced(1, "w", 1),
+            sequenced(1, "w", 2),
+            sequenced(1, "w", 2),
+            sequenced(1, "w", 4),
+            sequenced(5, "v", 10),
+            sequenced(1, "w", 1),
+        ];
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 7, W);
+        assert_eq!(
+            d.outcomes,
+            vec![
+                Outcome::Applied,
+                Outcome::Applied,
+                Outcome::Duplicate,
+                Outcome::OutOfOrder { expected: 3 },
+                Outcome::Applied,
+                Outcome::Duplicate,
+            ]
+        );
+        assert_eq!((d.value, d.duplicates, d.applied_increments), (7, 2, 3));
+        assert_eq!(
+            d.dedup_put,
+            vec![
+                ("~seq:v".to_owned(), DedupRecord { delta: 10, applied_at_ms: 7 }),
+                ("~seq:w".to_owned(), DedupRecord { delta: 2, applied_at_ms: 7 }),
+            ],
+            "one record per writer, holding its highest sequence"
+        );
+        assert_eq!(s.writer_marks, 2);
+        // The next batch finds w's mark in the store: 3 is next, 2 is a retry.
+        let prior = BTreeMap::from([("~seq:w".to_owned(), DedupRecord { delta: 2, applied_at_ms: 7 })]);
+        let d = decide(&mut s, &[sequenced(1, "w", 2), sequenced(1, "w", 3)], &prior, 8, W);
+        assert_eq!(d.outcomes, vec![Outcome::Duplicate, Outcome::Applied]);
+        assert_eq!(d.dedup_put, vec![("~seq:w".to_owned(), DedupRecord { delta: 3, applied_at_ms: 8 })]);
+        assert_eq!((d.value, s.writer_marks), (8, 2), "a stored mark is not a new writer");
+        // A refused or duplicate sequence writes nothing.
+        let d = decide(&mut s, &[sequenced(1, "w", 9), sequenced(1, "w", 1)], &prior, 9, W);
+        assert_eq!(d.outcomes, vec![Outcome::OutOfOrder { expected: 3 }, Outcome::Duplicate]);
+        assert!(!d.writes(8));
+    }
+
+    #[test]
+    fn a_shard_full_of_writers_refuses_new_ones_only() {
+        let mut s = ShardState { writer_marks: crate::dedup::WRITERS_PER_SHARD_MAX, ..ShardState::default() };
+        let prior = BTreeMap::from([("~seq:old".to_owned(), DedupRecord { delta: 4, applied_at_ms: 1 })]);
+        let d = decide(&mut s, &[sequenced(1, "new", 1), sequenced(1, "old", 5)], &prior, 2, W);
+        assert_eq!(d.outcomes, vec![Outcome::TooManyWriters, Outcome::Applied]);
+        assert_eq!((d.value, s.writer_marks), (1, crate::dedup::WRITERS_PER_SHARD_MAX));
+        // An expired mark still in the store is overwritten, not counted again.
+        let d = decide(&mut s, &[sequenced(1, "old", 99)], &prior, 2 + W, W);
+        assert_eq!(d.outcomes, vec![Outcome::Applied]);
+        assert_eq!(s.writer_marks, crate::dedup::WRITERS_PER_SHARD_MAX);
+    }
+
+    #[test]
+    fn a_mark_and_an_event_id_never_share_a_record() {
+        // An event id cannot spell a mark id, and a sequenced increment is judged by
+        // its sequence alone (its delta is not recorded).
+        let mut s = ShardState::default();
+        let d = decide(
+            &mut s,
+            &[sequenced(3, "w", 1), sequenced(4, "w", 1), single(2, Some("w"))],
+            &BTreeMap::new(),
+            1,
+            W,
+        );
+        assert_eq!(d.outcomes, vec![Outcome::Applied, Outcome::Duplicate, Outcome::Applied]);
+        assert_eq!(d.dedup_put.len(), 2);
     }
 }

@@ -20,7 +20,7 @@
 //! handle tells its caller the shard stopped, and the caller retries with the same
 //! event id.
 
-use crate::dedup::DedupRecord;
+use crate::dedup::{is_mark_id, DedupRecord};
 use crate::frequency::{FrequencySketch, FrequencySpec};
 use crate::shard::{
     decide, ShardImage, ShardReply, ShardState, ShardWrite, Submission, COMMIT_SUBMISSIONS_MAX,
@@ -155,8 +155,8 @@ enum Phase<R> {
     Writing(Vec<(R, ShardReply)>),
     /// The write of a merge.
     Merging,
-    /// The write of a sweep.
-    Sweeping,
+    /// The write of a sweep, removing this many writer marks.
+    Sweeping(u64),
     /// The image, after a failed write.
     Reloading,
 }
@@ -198,7 +198,7 @@ impl<R> ShardMachine<R> {
         let frequency = frequency_of(&params, &image);
         Self {
             params,
-            state: ShardState { value: image.value, sketch, frequency },
+            state: ShardState { value: image.value, sketch, frequency, writer_marks: 0 },
             sketch_bytes: image.sketch,
             frequency_bytes: image.frequency,
             sealed,
@@ -210,6 +210,18 @@ impl<R> ShardMachine<R> {
             phase: Phase::Idle,
             broken: false,
         }
+    }
+
+    /// Tells the machine how many writer marks the store holds for this shard (the
+    /// shell counts them when the shard starts; see
+    /// [`crate::dedup::WRITERS_PER_SHARD_MAX`]).
+    pub fn set_writer_marks(&mut self, marks: u64) {
+        self.state.writer_marks = marks;
+    }
+
+    /// How many writer marks this copy counts.
+    pub fn writer_marks(&self) -> u64 {
+        self.state.writer_marks
     }
 
     /// The shard's value as decided.
@@ -284,8 +296,10 @@ impl<R> ShardMachine<R> {
                     out.extend(replies.into_iter().map(|(to, reply)| Effect::Reply { to, reply }));
                 }
                 Phase::Merging if ok => out.push(Effect::Merged),
-                Phase::Sweeping if ok => {}
-                Phase::Writing(_) | Phase::Merging | Phase::Sweeping => {
+                Phase::Sweeping(marks) if ok => {
+                    self.state.writer_marks = self.state.writer_marks.saturating_sub(marks);
+                }
+                Phase::Writing(_) | Phase::Merging | Phase::Sweeping(_) => {
                     self.phase = Phase::Reloading;
                     out.push(Effect::Reload);
                 }
@@ -298,7 +312,10 @@ impl<R> ShardMachine<R> {
                         Some((image, sketch)) => {
                             let sketch = sketch.or_else(|| self.params.distinct.then(DistinctSketch::new));
                             let frequency = frequency_of(&self.params, &image);
-                            self.state = ShardState { value: image.value, sketch, frequency };
+                            // The store's mark count is not read back: the count stays
+                            // as decided (at worst high, refusing new writers early).
+                            let writer_marks = self.state.writer_marks;
+                            self.state = ShardState { value: image.value, sketch, frequency, writer_marks };
                             self.sketch_bytes = image.sketch;
                             self.frequency_bytes = image.frequency;
                         }
@@ -326,9 +343,10 @@ impl<R> ShardMachine<R> {
             }
             Input::Sweep { expired } => {
                 if matches!(self.phase, Phase::Idle) && !expired.is_empty() {
+                    let marks = expired.iter().filter(|id| is_mark_id(id)).count() as u64;
                     let write =
                         ShardWrite { image: self.image(), dedup_put: Vec::new(), dedup_remove: expired };
-                    self.phase = Phase::Sweeping;
+                    self.phase = Phase::Sweeping(marks);
                     out.push(Effect::Write { write, durable: Vec::new(), change_abs: 0, submissions: 0 });
                 }
             }
@@ -502,7 +520,7 @@ mod tests {
     }
 
     fn single(delta: i64, id: Option<&str>) -> Submission {
-        Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None }
+        Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None, seq: None }
     }
 
     fn buffered(sum: i64, id: &str) -> Submission {
@@ -778,6 +796,7 @@ mod tests {
             event_id: None,
             member: Some(crate::sketch::member_hash("y")),
             item: None,
+            seq: None,
         };
         m.step(NOW, Input::Submit { sub, reply: 1 });
         let effects = m.step(NOW, Input::CommitDue { writable: true });
@@ -795,7 +814,7 @@ mod tests {
         crate::frequency::FrequencySpec { epsilon: 0.01, delta: 0.01 };
 
     fn weighted(delta: i64, item: &str) -> Submission {
-        Submission::Single { delta, event_id: None, member: None, item: Some(item.into()) }
+        Submission::Single { delta, event_id: None, member: None, item: Some(item.into()), seq: None }
     }
 
     /// The frequency sketch a write carries.

@@ -13,9 +13,15 @@ pub struct Increment {
     /// An idempotency key: a retry with the same id is never counted twice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
-    /// The writer, for the `writer` routing policy.
+    /// The writer, for the `writer` routing policy, and the owner of `seq`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writer: Option<String>,
+    /// The writer's sequence number (needs `writer`, excludes `event_id`): the
+    /// writer's increments to this counter are idempotent by sequence — the shard
+    /// keeps one high-water mark per writer, answers a sequence at or below it as a
+    /// duplicate and refuses one beyond the next as out of order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
     /// A member to count distinctly, for counters with `distinct`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<String>,
@@ -39,6 +45,20 @@ impl Increment {
     pub fn writer(mut self, w: impl Into<String>) -> Self {
         self.writer = Some(w.into());
         self
+    }
+    /// With a writer and its sequence number.
+    pub fn sequenced(mut self, writer: impl Into<String>, seq: u64) -> Self {
+        self.writer = Some(writer.into());
+        self.seq = Some(seq);
+        self
+    }
+    /// The id its dedup record is kept under: its event id, or its writer's mark id
+    /// when sequenced.
+    pub fn record_id(&self) -> Option<String> {
+        match (&self.seq, &self.writer) {
+            (Some(_), Some(w)) => Some(tally_core::dedup::mark_id(w)),
+            _ => self.event_id.clone(),
+        }
     }
     /// With a distinct-count member.
     pub fn member(mut self, m: impl Into<String>) -> Self {

@@ -22,6 +22,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tally_core::dedup::SEQ_MAX;
 use tally_core::drain_book::DrainBook;
 use tally_core::limits::{bufferable, slot_open, SLOT_INCREMENTS_MAX};
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect};
@@ -106,6 +107,7 @@ enum Fast {
 fn fast_eligible(rt: &CounterRuntime, inc: &Increment) -> bool {
     rt.meta.spec.durability == Durability::Batched
         && inc.event_id.is_none()
+        && inc.seq.is_none()
         && bufferable(inc.delta)
         && frequency_item(rt, inc).is_none()
 }
@@ -115,12 +117,15 @@ fn frequency_item<'a>(rt: &CounterRuntime, inc: &'a Increment) -> Option<&'a str
     rt.meta.spec.frequency.and(inc.frequency_key())
 }
 
-/// The routing inputs of an increment. Shared counters are touched only by the policy
-/// that needs them, so other policies add no contended write to the hot path.
-fn route_key<'a>(rt: &CounterRuntime, inc: &'a Increment) -> RouteKey<'a> {
+/// The routing inputs of an increment whose dedup record (if any) is kept under
+/// `record_id` ([`Increment::record_id`]): an event id, or a sequenced writer's mark
+/// id, so all of a writer's sequenced increments reach the shard holding its mark, in
+/// every layout. Shared counters are touched only by the policy that needs them, so
+/// other policies add no contended write to the hot path.
+fn route_key<'a>(rt: &CounterRuntime, inc: &'a Increment, record_id: Option<&'a str>) -> RouteKey<'a> {
     let policy = rt.meta.spec.router;
     RouteKey {
-        event_id: inc.event_id.as_deref(),
+        event_id: record_id,
         writer: inc.writer.as_deref(),
         affinity: affinity(),
         sequence: if policy == RouterPolicy::RoundRobin { rt.sequence.fetch_add(1, Relaxed) } else { 0 },
@@ -308,6 +313,19 @@ impl Ctx {
         if let Some(id) = &inc.event_id {
             check_token("event id", id, EVENT_ID_LEN_MAX)?;
         }
+        if let Some(seq) = inc.seq {
+            if inc.writer.is_none() {
+                return Err(TallyError::InvalidSequence("a sequenced increment needs a writer"));
+            }
+            if inc.event_id.is_some() {
+                return Err(TallyError::InvalidSequence(
+                    "an increment carries an event id or a writer sequence, not both",
+                ));
+            }
+            if seq > SEQ_MAX {
+                return Err(TallyError::InvalidSequence("seq must be at most 9223372036854775807"));
+            }
+        }
         if let Some(w) = &inc.writer {
             check_len("writer", w, WRITER_LEN_MAX)?;
         }
@@ -379,7 +397,8 @@ impl Ctx {
             return Err(TallyError::NegativeWeight { counter: name.to_owned(), delta: inc.delta });
         }
         // One routing decision per increment, reused by whichever path takes it.
-        let key = route_key(&rt, &inc);
+        let record_id = inc.record_id();
+        let key = route_key(&rt, &inc, record_id.as_deref());
         let mut index = match fast {
             Fast::Refused { engine_rt, index } if Arc::as_ptr(&rt) as usize == engine_rt => index,
             _ => route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &key, member),
@@ -389,7 +408,8 @@ impl Ctx {
             return Ok((IncrOutcome::APPLIED, want_rt.then_some(rt)));
         }
         // The direct path: the shard decides, then answers.
-        let sub = Submission::Single { delta: inc.delta, event_id: inc.event_id.clone(), member, item };
+        let sub =
+            Submission::Single { delta: inc.delta, event_id: record_id.clone(), member, item, seq: inc.seq };
         for attempt in 0..SHARD_CALL_ATTEMPTS_MAX {
             if attempt > 0 {
                 index = route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &key, member);
@@ -452,6 +472,16 @@ impl Ctx {
                 })
             }
             Outcome::Overflow(o) => Err(TallyError::Overflow(o)),
+            Outcome::OutOfOrder { expected } => Err(TallyError::OutOfOrderSequence {
+                writer: inc.writer.clone().unwrap_or_default(),
+                seq: inc.seq.unwrap_or_default(),
+                expected,
+            }),
+            Outcome::TooManyWriters => Err(TallyError::TooManyWriters {
+                counter: rt.name.to_string(),
+                writer: inc.writer.clone().unwrap_or_default(),
+                max: tally_core::dedup::WRITERS_PER_SHARD_MAX,
+            }),
         }
     }
 
@@ -477,8 +507,12 @@ impl Ctx {
                 (Some(m), true) => Some(member_hash(m)),
                 _ => None,
             };
-            let index =
-                route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc), member);
+            let index = route_with_member(
+                rt.meta.spec.router,
+                rt.meta.layout.shards,
+                &route_key(rt, inc, inc.event_id.as_deref()),
+                member,
+            );
             if self.try_buffer(rt, index, inc.delta, member) {
                 Fast::Applied
             } else {
@@ -503,8 +537,12 @@ impl Ctx {
             (Some(m), true) => Some(member_hash(m)),
             _ => None,
         };
-        let index =
-            route_with_member(rt.meta.spec.router, rt.meta.layout.shards, &route_key(rt, inc), member);
+        let index = route_with_member(
+            rt.meta.spec.router,
+            rt.meta.layout.shards,
+            &route_key(rt, inc, inc.event_id.as_deref()),
+            member,
+        );
         Ok(self.try_buffer(rt, index, inc.delta, member))
     }
 

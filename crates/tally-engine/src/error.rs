@@ -112,6 +112,34 @@ pub enum TallyError {
     /// A frequency read of a counter without the `frequency` option.
     #[error("counter {0:?} keeps no frequencies; create it with \"frequency\": {{\"epsilon\": ..., \"delta\": ...}}")]
     FrequencyOff(String),
+    /// A sequenced increment was malformed: a sequence without a writer, with an
+    /// event id as well, or above `tally_core::dedup::SEQ_MAX`.
+    #[error("{0}")]
+    InvalidSequence(&'static str),
+    /// A sequenced increment skipped ahead of its writer's next sequence: nothing was
+    /// counted. Retry it once the earlier sequences are answered.
+    #[error(
+        "writer {writer:?} sent sequence {seq}; the next sequence this counter takes from it is {expected}"
+    )]
+    OutOfOrderSequence {
+        /// The writer.
+        writer: String,
+        /// The sequence sent.
+        seq: u64,
+        /// The sequence the shard takes next.
+        expected: u64,
+    },
+    /// The shard a new writer's sequenced increments route to keeps marks for
+    /// `tally_core::dedup::WRITERS_PER_SHARD_MAX` writers already: nothing was counted.
+    #[error("writer {writer:?} is new and its shard of counter {counter:?} keeps marks for {max} writers already; retry later (marks expire after the dedup window) or use event ids")]
+    TooManyWriters {
+        /// The counter.
+        counter: String,
+        /// The writer.
+        writer: String,
+        /// The bound.
+        max: u64,
+    },
     /// A top-k read asked for no items or more than the summary keeps.
     #[error("k must be between 1 and {max} (got {got})")]
     TopK {
@@ -168,6 +196,9 @@ impl TallyError {
             Self::AutoShardsUnsupported => "auto_shards_unsupported",
             Self::AutoCountersFull { .. } => "auto_counters_full",
             Self::AutoProposalStale { .. } => "auto_proposal_stale",
+            Self::InvalidSequence(_) => "invalid_sequence",
+            Self::OutOfOrderSequence { .. } => "out_of_order_sequence",
+            Self::TooManyWriters { .. } => "too_many_writers",
         }
     }
 
@@ -177,6 +208,9 @@ impl TallyError {
             Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) | Self::TopK { .. } => 400,
             Self::FrequencyOff(_) | Self::AutoProposalStale { .. } => 409,
             Self::AutoShardsUnsupported | Self::AutoCountersFull { .. } => 422,
+            Self::InvalidSequence(_) => 400,
+            Self::OutOfOrderSequence { .. } => 409,
+            Self::TooManyWriters { .. } => 429,
             Self::NegativeWeight { .. } => 422,
             Self::NotFound(_) => 404,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
@@ -190,7 +224,13 @@ impl TallyError {
 
     /// Whether retrying the same request (with the same event id) may succeed.
     pub fn retryable(&self) -> bool {
-        self.http_status() == 503 || matches!(self, Self::Meta(MetaError::Resharding { .. }))
+        self.http_status() == 503
+            || matches!(
+                self,
+                Self::Meta(MetaError::Resharding { .. })
+                    | Self::OutOfOrderSequence { .. }
+                    | Self::TooManyWriters { .. }
+            )
     }
 }
 

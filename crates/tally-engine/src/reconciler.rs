@@ -197,12 +197,22 @@ pub(crate) async fn reconcile(
     loop {
         let index = shard_of_event(&event_id, rt.meta.layout.shards);
         let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
-        let sub = Submission::Single { delta, event_id: Some(event_id.clone()), member: None, item: None };
+        let sub = Submission::Single {
+            delta,
+            event_id: Some(event_id.clone()),
+            member: None,
+            item: None,
+            seq: None,
+        };
         match ctx.submit(&id, &rt.meta, sub).await? {
             ShardReply::Done { outcome: Outcome::Applied | Outcome::Duplicate, .. } => break,
             ShardReply::Done { outcome: Outcome::Overflow(o), .. } => return Err(TallyError::Overflow(o)),
             ShardReply::Done { outcome: Outcome::Conflict { recorded_delta }, .. } => {
                 return Err(TallyError::EventIdConflict { event_id, recorded_delta, delta })
+            }
+            // A correction carries an event id, never a sequence.
+            ShardReply::Done { outcome: Outcome::OutOfOrder { .. } | Outcome::TooManyWriters, .. } => {
+                return Err(TallyError::InvalidSequence("a correction carries no sequence"))
             }
             ShardReply::Sealed => {
                 tokio::time::sleep(Duration::from_millis(2)).await;

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::dedup::{expired_ids, DedupRecord};
+use tally_core::dedup::{expired_ids, is_mark_id, DedupRecord, MARK_ID_PREFIX, WRITERS_PER_SHARD_MAX};
 use tally_core::frequency::FrequencySketch;
 use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
@@ -92,6 +92,14 @@ fn load(ctx: &Ctx, id: &ShardId) -> Result<(ShardImage, Option<DistinctSketch>),
     Ok((image, sketch))
 }
 
+/// How many writer marks the store holds for shard `id`, counted up to one past
+/// [`WRITERS_PER_SHARD_MAX`] (marks sort together, after every event id and drain id).
+fn count_marks(ctx: &Ctx, id: &ShardId) -> Result<u64, StoreError> {
+    let limit = usize::try_from(WRITERS_PER_SHARD_MAX + 1).unwrap_or(usize::MAX);
+    let page = ctx.store.dedup_scan(id, Some(MARK_ID_PREFIX), limit)?;
+    Ok(page.iter().take_while(|(k, _)| is_mark_id(k)).count() as u64)
+}
+
 fn store_failure(what: &str) -> TallyError {
     StoreError::Io { op: "flush", message: what.into() }.into()
 }
@@ -113,8 +121,10 @@ impl Actor for ShardActor {
         ctx.stats.shard_activations.inc();
         let now = ctx.now_ms();
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
+        let mut machine = ShardMachine::new(params(&meta), image, sketch, sealed);
+        machine.set_writer_marks(count_marks(&ctx, &id)?);
         Ok(ShardActorState {
-            machine: ShardMachine::new(params(&meta), image, sketch, sealed),
+            machine,
             id,
             ctx,
             meta,
@@ -305,7 +315,13 @@ impl ShardActorState {
                     sup.send_message(SupervisorMsg::Retire { id: self.id.clone(), actor: myself.get_id() });
             }
         }
-        if now.saturating_sub(self.last_sweep_ms) < self.ctx.config.dedup_sweep_ms || self.machine.sealed() {
+        // A pass over the records starts every `dedup_sweep_ms`; once started, it goes
+        // on a page per tick until it reaches the end, so expiry keeps up with shards
+        // that take more than a page of records per period.
+        let passing = self.sweep_after.is_some();
+        if (!passing && now.saturating_sub(self.last_sweep_ms) < self.ctx.config.dedup_sweep_ms)
+            || self.machine.sealed()
+        {
             return None;
         }
         self.last_sweep_ms = now;

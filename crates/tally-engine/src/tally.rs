@@ -18,6 +18,7 @@ use crate::rollup::{Rollup, RollupMsg};
 use crate::stats::Stats;
 use crate::supervisor::Supervisor;
 use ractor::{Actor, ActorRef};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, OnceLock};
@@ -265,19 +266,43 @@ impl Tally {
         if items.len() > max {
             return Err(TallyError::BatchTooLarge { got: items.len(), max });
         }
-        let mut out = Vec::with_capacity(items.len());
+        let mut out: Vec<Option<Result<IncrOutcome, TallyError>>> = Vec::with_capacity(items.len());
         let mut tasks = Vec::new();
+        // A writer's sequenced items must reach its shard in order, so each writer's
+        // (per counter) run one after another in one task.
+        let mut sequenced: BTreeMap<(String, String), Vec<(usize, Increment)>> = BTreeMap::new();
         for (i, (name, inc)) in items.into_iter().enumerate() {
             out.push(None);
+            if let (Some(_), Some(w)) = (inc.seq, &inc.writer) {
+                sequenced.entry((name, w.clone())).or_default().push((i, inc));
+                continue;
+            }
             let ctx = self.ctx.clone();
             // Items that wait for a shard (sync, event ids) run concurrently, so one
             // group commit serves the whole batch.
-            tasks.push((i, tokio::spawn(async move { ctx.incr(&name, inc).await })));
+            let task = tokio::spawn(async move { vec![ctx.incr(&name, inc).await] });
+            tasks.push((vec![i], task));
         }
-        for (i, t) in tasks {
-            out[i] = Some(t.await.unwrap_or(Err(TallyError::ShuttingDown)));
+        for ((name, _), run) in sequenced {
+            let ctx = self.ctx.clone();
+            let slots = run.iter().map(|(i, _)| *i).collect();
+            let task = tokio::spawn(async move {
+                let mut answers = Vec::with_capacity(run.len());
+                for (_, inc) in run {
+                    answers.push(ctx.incr(&name, inc).await);
+                }
+                answers
+            });
+            tasks.push((slots, task));
         }
-        Ok(out.into_iter().map(|r| r.expect("every item answered")).collect())
+        for (slots, t) in tasks {
+            let answers = t.await.unwrap_or_default();
+            let mut answers = answers.into_iter();
+            for i in slots {
+                out[i] = Some(answers.next().unwrap_or(Err(TallyError::ShuttingDown)));
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or(Err(TallyError::ShuttingDown))).collect())
     }
 
     /// The counter's total. `Fresh` first delivers this node's buffered increments,

@@ -119,3 +119,37 @@ async fn expired_records_are_swept_from_the_store() {
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_pass_goes_on_page_by_page_until_every_expired_record_is_gone() {
+    // Pages of 5 records and a pass an hour: 20 expired records must not wait four
+    // hours (expiry would never keep up with a shard taking more than a page per
+    // period); once a pass starts it takes a page per tick.
+    let store = tally_engine::MemStore::new();
+    let clock = tally_engine::ManualClock::new(1_000_000);
+    let config = TallyConfig {
+        dedup_sweep_ms: 3_600_000,
+        dedup_sweep_records_max: 5,
+        shard_idle_stop_ms: 1_000 * 3_600_000,
+        ..quick_config()
+    };
+    let tally = Tally::open_with(Arc::new(store.clone()), Arc::new(clock.clone()), config).await.unwrap();
+    let patch = SpecPatch { dedup_window_s: Some(1), ..spec(1, Durability::Sync) };
+    tally.put_counter("c", patch).await.unwrap();
+    for i in 0..20 {
+        tally.incr("c", Increment::new(1).event_id(format!("e{i:02}"))).await.unwrap();
+    }
+    let id = tally_core::ShardId::new(tally_core::CounterName::new("c").unwrap(), 0, 0);
+    clock.advance(3_600_000);
+    let mut left = 20;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        left = tally.store().dedup_scan(&id, None, 100).unwrap().len();
+        if left == 0 {
+            break;
+        }
+    }
+    assert_eq!(left, 0, "a pass stopped after its first page");
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
+    tally.shutdown().await.unwrap();
+}

@@ -231,3 +231,37 @@ async fn frequency_sketches_move_with_their_shards() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_marks_move_with_their_shards() {
+    let c = Cluster::new(1);
+    let never = Arc::new(AtomicBool::new(false));
+    let a = c.open("a", HookStore::new(MemStore::new()), never.clone()).await;
+    let b = c.open("b", HookStore::new(MemStore::new()), never.clone()).await;
+    a.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    // A writer whose mark lives in shard 1, which moves to b.
+    let writer = (0..)
+        .map(|i| format!("w{i}"))
+        .find(|w| shard_of_event(&tally_core::dedup::mark_id(w), 2) == 1)
+        .unwrap();
+    for n in 1..=5 {
+        assert!(a.incr("c", Increment::new(1).sequenced(&writer, n)).await.unwrap().applied);
+    }
+    c.net.epoch.store(2, SeqCst);
+    let report = a.hand_off_foreign(2).await.unwrap();
+    assert_eq!((report.moved, report.failed), (1, 0), "{report:?}");
+    c.net.epoch.store(3, SeqCst);
+    for t in [&a, &b] {
+        let o = incr_retrying(t, "c", Increment::new(1).sequenced(&writer, 5)).await;
+        assert!(o.duplicate, "the mark moved with its shard: {o:?}");
+        let err = t.incr("c", Increment::new(1).sequenced(&writer, 9)).await.unwrap_err();
+        assert_eq!(err.code(), "out_of_order_sequence");
+    }
+    assert!(incr_retrying(&b, "c", Increment::new(1).sequenced(&writer, 6)).await.applied);
+    for t in [&a, &b] {
+        let r = t.read("c", Consistency::Fresh).await.unwrap();
+        assert_eq!((r.value, r.complete), (6, true), "{r:?}");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

@@ -32,7 +32,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
                             applied.entry(id).or_default().push((a.sent_ms, at));
                         }
                     }
-                    Answer::Conflict | Answer::Overflow => {}
+                    Answer::Conflict | Answer::Overflow | Answer::Refused => {}
                     Answer::Unavailable => {}
                 }
             }
@@ -40,7 +40,9 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
         if let Some(c) = counted_at {
             refused_after = op.attempts.iter().any(|a| {
                 a.sent_ms > c
-                    && a.answers.iter().any(|&(_, ans)| matches!(ans, Answer::Conflict | Answer::Overflow))
+                    && a.answers
+                        .iter()
+                        .any(|&(_, ans)| matches!(ans, Answer::Conflict | Answer::Overflow | Answer::Refused))
             });
         }
         for (id, mut times) in applied {

@@ -222,6 +222,7 @@ async fn attempt(w: &Shared, op: usize, event_id: Option<String>) -> Option<Answ
             delta: rec.delta,
             event_id: event_id.clone(),
             writer: Some(format!("w{}", rec.client)),
+            seq: None,
             member: rec.member.map(member_name),
             item: None,
         };

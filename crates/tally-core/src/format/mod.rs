@@ -37,8 +37,9 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// The node-to-node protocol (transport frames and the engine's shard requests).
 /// Protocol 2: a shard's answer to a read says whether the shard is sealed, a
 /// hand-off page whether it is sealed, and the distinct sketches that shard images
-/// and sketch merges carry are in store format 3's encoding.
-pub const PEER_PROTOCOL: u32 = 2;
+/// and sketch merges carry are in store format 3's encoding. Protocol 3: an
+/// increment a node forwards carries its writer's sequence number.
+pub const PEER_PROTOCOL: u32 = 3;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`).
 pub const RAFT_PROTOCOL: u32 = 2;

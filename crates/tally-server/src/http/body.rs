@@ -224,6 +224,9 @@ pub struct IncrementBody {
     /// An item whose frequency the delta adds to (counters with `frequency`).
     #[serde(default)]
     pub item: Option<String>,
+    /// The writer's sequence number (needs `writer`, excludes `event_id`).
+    #[serde(default)]
+    pub seq: Option<u64>,
 }
 
 impl IncrementBody {
@@ -233,6 +236,7 @@ impl IncrementBody {
             delta: delta_of(self.delta.as_deref())?,
             event_id: self.event_id,
             writer: self.writer,
+            seq: self.seq,
             member: self.member,
             item: self.item,
         })
@@ -260,6 +264,9 @@ pub struct BatchItem {
     /// An item for frequencies.
     #[serde(default)]
     pub item: Option<String>,
+    /// The writer's sequence number.
+    #[serde(default)]
+    pub seq: Option<u64>,
 }
 
 /// `POST /v1/increments`.
@@ -285,6 +292,7 @@ impl BatchBody {
                     delta,
                     event_id: item.event_id,
                     writer: item.writer,
+                    seq: item.seq,
                     member: item.member,
                     item: item.item,
                 };

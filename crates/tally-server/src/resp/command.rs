@@ -289,12 +289,13 @@ pub const COMMANDS: &[CommandSpec] = &[
         W,
         (1, 1, 1),
         "tally",
-        "An increment with an event id, writer and member; answers applied or duplicate.",
+        "An increment with an event id (or a writer and its sequence), writer and member; answers applied or duplicate.",
         &[
             arg("key", Key),
             arg("delta", Integer),
             opt_tok("ID", "event_id", Str),
             opt_tok("WRITER", "writer", Str),
+            opt_tok("SEQ", "seq", Integer),
             opt_tok("MEMBER", "member", Str),
             opt_tok("ITEM", "item", Str),
         ],
@@ -454,7 +455,7 @@ pub enum Command {
         /// How many items (default [`TOPK_LIST_DEFAULT`]).
         k: u32,
     },
-    /// `TALLY.INCRBY key delta [ID e] [WRITER w] [MEMBER m]`.
+    /// `TALLY.INCRBY key delta [ID e] [WRITER w] [SEQ n] [MEMBER m] [ITEM i]`.
     TallyIncrBy {
         /// The counter.
         key: String,
@@ -492,6 +493,17 @@ impl Command {
     /// without any other command seeing a different order.
     pub fn is_increment(&self) -> bool {
         matches!(self, Command::Incr { .. } | Command::TallyIncrBy { .. })
+    }
+
+    /// The counter and writer of a sequenced `TALLY.INCRBY`, whose increments must run
+    /// in order.
+    pub fn sequenced_writer(&self) -> Option<(String, String)> {
+        match self {
+            Command::TallyIncrBy { key, inc } if inc.seq.is_some() => {
+                inc.writer.clone().map(|w| (key.clone(), w))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -696,6 +708,14 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
             let mut i = 2;
             while i < a.len() {
                 let value = a.get(i + 1).ok_or_else(syntax_error)?;
+                if upper(i).as_slice() == b"SEQ" {
+                    let seq = std::str::from_utf8(value).ok().and_then(|n| n.parse::<u64>().ok());
+                    inc.seq = Some(
+                        seq.ok_or_else(|| Reply::Error("ERR value is not an integer or out of range".into()))?,
+                    );
+                    i += 2;
+                    continue;
+                }
                 let slot = match upper(i).as_slice() {
                     b"ID" => &mut inc.event_id,
                     b"WRITER" => &mut inc.writer,
@@ -968,6 +988,15 @@ mod tests {
                 inc: Increment::new(5).event_id("e-1").writer("w").member("u1")
             }
         );
+        assert_eq!(
+            parsed(&["tally.incrby", "c", "5", "seq", "7", "WRITER", "w"]),
+            Command::TallyIncrBy { key: "c".into(), inc: Increment::new(5).sequenced("w", 7) }
+        );
+        assert_eq!(
+            refused(&["tally.incrby", "c", "5", "SEQ", "-1"]),
+            "ERR value is not an integer or out of range"
+        );
+        assert_eq!(refused(&["tally.incrby", "c", "5", "SEQ"]), "ERR syntax error");
         assert_eq!(refused(&["tally.incrby", "c", "5", "ID"]), "ERR syntax error");
         assert_eq!(refused(&["tally.incrby", "c", "5", "COLOR", "red"]), "ERR syntax error");
         assert_eq!(

@@ -44,6 +44,7 @@ use crate::auth::Gate;
 use crate::config::RespConfig;
 use crate::service::Service;
 use exec::{Flow, Front, Session};
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::sync::atomic::Ordering;
@@ -348,12 +349,30 @@ async fn run_batch<S: Service>(
                 }
             }
             let mut running = Vec::with_capacity(run.len());
+            // A writer's sequenced increments must reach its shard in order: each
+            // one starts once the one before it (same counter, same writer) answered.
+            let mut last: HashMap<(String, String), tokio::sync::oneshot::Receiver<()>> = HashMap::new();
             for c in run {
+                let (after, done) = match c.as_ref().ok().and_then(command::Command::sequenced_writer) {
+                    Some(writer) => {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        (last.insert(writer, rx), Some(tx))
+                    }
+                    None => (None, None),
+                };
                 running.push(async move {
-                    match c {
+                    if let Some(before) = after {
+                        // An error only means the one before gave up (timed out).
+                        let _ = before.await;
+                    }
+                    let reply = match c {
                         Ok(c) => exec::run_increment(svc, c).await,
                         Err(refused) => refused,
+                    };
+                    if let Some(done) = done {
+                        let _ = done.send(());
                     }
+                    reply
                 });
             }
             let replies = join_timed(timeout, running).await;
