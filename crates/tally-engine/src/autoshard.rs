@@ -16,45 +16,19 @@
 //!
 //! [`Catalog::auto_reshard`]: crate::catalog::Catalog::auto_reshard
 
+use crate::auto_book::Tracked;
 use crate::ctx::Ctx;
 use crate::error::TallyError;
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::autoshard::{AutoEffect, AutoInput, AutoShardMachine, AutoStatus, Reason, Sample};
+use tally_core::autoshard::{AutoEffect, AutoInput, AutoShardMachine, AutoStatus, Sample};
 use tally_core::meta::CounterMeta;
 use tally_core::spec::AutoShards;
 use tally_core::CounterName;
 
 /// Most auto counters one node samples: every sample visits each of them.
 pub const AUTO_COUNTERS_MAX: usize = 10_000;
-
-/// One auto counter being followed.
-struct Tracked {
-    machine: AutoShardMachine,
-    /// The runtime sampled last (by address) and its slots' write counts then.
-    baseline: Option<(usize, Vec<u64>)>,
-    /// When it was sampled last.
-    sampled_at_ms: u64,
-}
-
-/// Every auto counter this engine follows.
-#[derive(Default)]
-pub(crate) struct AutoBook(parking_lot::Mutex<BTreeMap<CounterName, Tracked>>);
-
-impl AutoBook {
-    /// How many counters it follows, and their shard counts summed (for metrics).
-    pub(crate) fn totals(&self, ctx: &Ctx) -> (u64, u64) {
-        let names: Vec<CounterName> = self.0.lock().keys().cloned().collect();
-        let shards = names
-            .iter()
-            .filter_map(|n| ctx.catalog.get(n.as_str()).ok().flatten())
-            .map(|m| u64::from(m.layout.shards))
-            .sum();
-        (names.len() as u64, shards)
-    }
-}
 
 /// Starts following the auto counters the catalog holds, and the sampling task (one
 /// per engine). The task ends when the engine is gone or closing.
@@ -249,26 +223,4 @@ async fn propose(ctx: &Arc<Ctx>, name: &CounterName, version: u64, shards: u16) 
         ctx.install(name.clone(), meta);
     }
     Ok(())
-}
-
-/// Auto changes completed, by direction and reason: a fixed set of labels.
-#[derive(Debug, Default)]
-pub struct AutoChangeCounts([[crate::stats::Count; Reason::ALL.len()]; 2]);
-
-impl AutoChangeCounts {
-    fn record(&self, up: bool, reason: Reason) {
-        let i = Reason::ALL.iter().position(|r| *r == reason).expect("every reason is listed");
-        self.0[usize::from(!up)][i].inc();
-    }
-
-    /// Every (direction, reason, count), `"up"` then `"down"`.
-    pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
-        let mut out = Vec::new();
-        for (d, direction) in ["up", "down"].into_iter().enumerate() {
-            for (i, reason) in Reason::ALL.iter().enumerate() {
-                out.push((direction, reason.as_str(), self.0[d][i].get()));
-            }
-        }
-        out
-    }
 }

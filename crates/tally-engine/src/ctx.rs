@@ -188,7 +188,7 @@ pub(crate) struct Ctx {
     /// Creations of counters by their first increment, batched into shared commits.
     pub(crate) creator: Arc<crate::create::Creator>,
     /// The auto counters this engine follows (`autoshard.rs`).
-    pub(crate) auto: crate::autoshard::AutoBook,
+    pub(crate) auto: crate::auto_book::AutoBook,
 }
 
 /// A shard's committed state as a read sees it.

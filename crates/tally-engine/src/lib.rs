@@ -42,6 +42,7 @@ macro_rules! bug {
 
 mod aggregator;
 mod api;
+mod auto_book;
 mod autoshard;
 mod catalog;
 mod clock;
@@ -68,7 +69,7 @@ mod tally;
 
 pub use aggregator::{DRAINS_CONCURRENT_MAX, EVICTION_SWEEP_MS, SHUTDOWN_DELIVER_MS};
 pub use api::*;
-pub use autoshard::{AutoChangeCounts, AUTO_COUNTERS_MAX};
+pub use autoshard::AUTO_COUNTERS_MAX;
 pub use catalog::{Catalog, EnsureResults, Generations, LocalCatalog};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
@@ -86,6 +87,7 @@ pub use read::{skew, SUM_MANY_CONCURRENT_MAX};
 pub use reconciler::RECONCILE_DRIFT_ABS_MAX;
 pub use rollup::ROLLUP_REFRESH_BATCH_MAX;
 pub use shard::ShardReply;
+pub use stats::AutoChangeCounts;
 pub use stats::{Count, DriftBook, Histogram, HistogramSnapshot, Stats, DRIFT_BOOK_COUNTERS_MAX};
 pub use tally::{EngineParts, Tally, STORE_FORMAT_KEY};
 pub use tally_core::autoshard::{

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use tally_core::autoshard::Reason;
 use tally_core::CounterName;
 
 /// A monotonically increasing count.
@@ -131,7 +132,7 @@ pub struct Stats {
     /// Auto reshardings proposed by this node (`shards: "auto"`).
     pub auto_proposals: Count,
     /// Auto reshardings completed, by direction and reason.
-    pub auto_changes: crate::autoshard::AutoChangeCounts,
+    pub auto_changes: AutoChangeCounts,
     /// Auto proposals that did not happen (refused, or overtaken by another change).
     pub auto_dropped: Count,
 }
@@ -163,5 +164,27 @@ impl DriftBook {
     /// The last drift of `name` and when it was measured, if it was reconciled here.
     pub fn get(&self, name: &str) -> Option<(i128, u64)> {
         self.0.lock().get(name).copied()
+    }
+}
+
+/// Auto changes completed, by direction and reason: a fixed set of labels.
+#[derive(Debug, Default)]
+pub struct AutoChangeCounts([[Count; Reason::ALL.len()]; 2]);
+
+impl AutoChangeCounts {
+    pub(crate) fn record(&self, up: bool, reason: Reason) {
+        let i = Reason::ALL.iter().position(|r| *r == reason).expect("every reason is listed");
+        self.0[usize::from(!up)][i].inc();
+    }
+
+    /// Every (direction, reason, count), `"up"` then `"down"`.
+    pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let mut out = Vec::new();
+        for (d, direction) in ["up", "down"].into_iter().enumerate() {
+            for (i, reason) in Reason::ALL.iter().enumerate() {
+                out.push((direction, reason.as_str(), self.0[d][i].get()));
+            }
+        }
+        out
     }
 }

@@ -418,7 +418,13 @@ impl Tally {
     /// How many counters with `shards: "auto"` this engine follows, and their
     /// current shard counts summed (bounded metrics, whatever the number of counters).
     pub fn auto_totals(&self) -> (u64, u64) {
-        self.ctx.auto.totals(&self.ctx)
+        let names = self.ctx.auto.names();
+        let shards = names
+            .iter()
+            .filter_map(|n| self.ctx.catalog.get(n.as_str()).ok().flatten())
+            .map(|m| u64::from(m.layout.shards))
+            .sum();
+        (names.len() as u64, shards)
     }
 
     /// Per-shard values and write skew.
