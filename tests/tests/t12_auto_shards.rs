@@ -167,10 +167,10 @@ async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
     eprintln!("t12: quiet: {peak} -> 1 shards after {:.1} s", down.as_secs_f64());
     let report = seen_change(&c).await?;
     let change = &report["auto"]["last_change"];
-    assert_eq!(
-        (change["from"].as_u64(), change["to"].as_u64(), change["reason"].as_str()),
-        (Some(peak), Some(1), Some("quiet"))
-    );
+    // A raise proposed before the writers paused may complete after `peak` was read.
+    let from = change["from"].as_u64().unwrap_or(0);
+    assert!((peak..=64).contains(&from), "lowered from {from} after a peak of {peak}: {report}");
+    assert_eq!((change["to"].as_u64(), change["reason"].as_str()), (Some(1), Some("quiet")), "{report}");
     load.stop.store(true, SeqCst);
     for w in writers {
         w.await?;

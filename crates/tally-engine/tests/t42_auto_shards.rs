@@ -197,7 +197,9 @@ async fn one_to_sixty_four_writers_and_quiet_again() {
     let status = report.auto.expect("an auto counter reports its machine");
     assert_eq!(status.bounds, AutoShards { min_shards: 1, max_shards: 64 });
     let last = seen_change(&tally, name).await;
-    assert_eq!((last.from, last.to, last.reason), (peak, 1, AutoReason::Quiet));
+    // The count may have risen once more after `peak` was read, while the writers ran.
+    assert!((peak..=64).contains(&last.from), "lowered from {} after a peak of {peak}", last.from);
+    assert_eq!((last.to, last.reason), (1, AutoReason::Quiet));
     assert!(last.completed_at_ms.is_some());
     assert!(status.figures.is_some());
     let sum: i128 = report.base + report.shards.iter().map(|s| i128::from(s.value)).sum::<i128>();
