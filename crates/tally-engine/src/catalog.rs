@@ -183,13 +183,7 @@ impl Catalog for LocalCatalog {
     }
 
     fn auto_counters(&self) -> Result<Vec<(CounterName, AutoShards)>, TallyError> {
-        let mut out = Vec::new();
-        for name in self.names(AUTO_PREFIX)? {
-            if let Some(bounds) = self.auto_shards(name.as_str())? {
-                out.push((name, bounds));
-            }
-        }
-        Ok(out)
+        self.records(AUTO_PREFIX, |name| self.auto_shards(name))
     }
 
     fn apply_auto<'a>(
@@ -225,13 +219,7 @@ impl Catalog for LocalCatalog {
     }
 
     fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {
-        let mut out = Vec::new();
-        for name in self.names(TOMBSTONE_PREFIX)? {
-            if let Some(gens) = self.tombstone(name.as_str())? {
-                out.push((name, gens));
-            }
-        }
-        Ok(out)
+        self.records(TOMBSTONE_PREFIX, |name| self.tombstone(name))
     }
 
     fn tombstone(&self, name: &str) -> Result<Option<Generations>, TallyError> {
@@ -394,6 +382,21 @@ impl LocalCatalog {
             }
         }
         out
+    }
+
+    /// Every counter with a record under `prefix`, with that record as `get` reads it.
+    fn records<T>(
+        &self,
+        prefix: &[u8],
+        get: impl Fn(&str) -> Result<Option<T>, TallyError>,
+    ) -> Result<Vec<(CounterName, T)>, TallyError> {
+        let mut out = Vec::new();
+        for name in self.names(prefix)? {
+            if let Some(record) = get(name.as_str())? {
+                out.push((name, record));
+            }
+        }
+        Ok(out)
     }
 
     fn names(&self, prefix: &[u8]) -> Result<Vec<CounterName>, TallyError> {
