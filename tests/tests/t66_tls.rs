@@ -180,6 +180,15 @@ async fn a_node_with_the_wrong_secret_cannot_join_a_tls_cluster() -> Result<()> 
     let ca = certs.join("ca.pem");
     let c = TestCluster::start_tls(3, &TlsSetup { ca: &ca, certs: &certs_of(&certs) }).await?;
     c.node(3).kill();
+    // Both survivors first see the killed node3 leave `up`, so what they report after
+    // the restart below is about the new node3, not what they saw before the kill.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for from in [1, 2] {
+        while state_seen(&c, from, 3).await? == "up" {
+            anyhow::ensure!(Instant::now() < deadline, "node{from} still sees the killed node3 up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let config = c.dir().join("node3.toml");
     let text = std::fs::read_to_string(&config)?;
     std::fs::write(&config, text.replace("secret = \"tally-test-secret\"", "secret = \"another-secret-1\""))?;
