@@ -145,6 +145,23 @@ impl Identity {
 mod tests {
     use super::*;
 
+    /// Opens the database at `path` again once the one just dropped has let go of its
+    /// file lock: sled's flusher thread may still hold it for a moment after the drop.
+    fn reopen(path: &std::path::Path) -> sled::Db {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match sled::open(path) {
+                Ok(db) => return db,
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("cannot reopen {}: {e}", path.display()),
+            }
+        }
+    }
+
     #[test]
     fn an_identity_is_created_once_and_kept() {
         let dir = tempfile::tempdir().unwrap();
@@ -155,7 +172,7 @@ mod tests {
             id.set_replaced(true).unwrap();
             id.store
         };
-        let db = sled::open(dir.path()).unwrap();
+        let db = reopen(dir.path());
         let again = Identity::open(&db).unwrap();
         assert_eq!((again.store, again.created), (first, false));
         assert!(again.replaced().unwrap());
