@@ -41,6 +41,7 @@ pub mod cms;
 pub mod codec;
 pub mod dedup;
 pub mod drain_book;
+pub mod escrow;
 pub mod format;
 pub mod frequency;
 pub mod handoff_machine;
