@@ -1,0 +1,165 @@
+//! t35: availability with one node of three killed and kept down.
+//!
+//! 16 writers send sync increments with event ids through nodes 1 and 2, retrying
+//! every failure with the same id; a reader takes fresh reads through both. Node 3 is
+//! killed with `kill -9` and kept down for [`OUTAGE`], then restarted. The test prints
+//! what a user sees (the share of attempts acknowledged, of increments acknowledged at
+//! their first attempt, of fresh reads that were complete, and how long after the kill
+//! first attempts succeeded again), and checks what must hold whatever the replication:
+//! after the restart every node's total is the acknowledged sum and every acknowledged
+//! id answers `duplicate`.
+//!
+//! With one copy per shard, increments whose event id routes to a shard of the dead
+//! node cannot complete until it returns, and no fresh read during the outage is
+//! complete; the figures say so rather than hide it.
+
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tally_tests::TestCluster;
+
+/// Writers, as many as the availability target names.
+const WRITERS: usize = 16;
+/// How long node 3 stays down.
+const OUTAGE: Duration = Duration::from_secs(6);
+/// Writing before the kill.
+const WARM_UP: Duration = Duration::from_millis(1_500);
+/// Pause before a failed attempt is retried.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// Width of the windows in which the share of first attempts acknowledged is
+/// measured, to find when writes recovered.
+const WINDOW: Duration = Duration::from_millis(250);
+/// A window in which at least this share of first attempts was acknowledged counts
+/// as recovered.
+const RECOVERED_SHARE: f64 = 0.99;
+
+/// One attempt of one increment: when it was sent (since the start), whether it was
+/// the increment's first attempt, whether it was acknowledged.
+#[derive(Clone, Copy)]
+struct Attempt {
+    at: Duration,
+    first: bool,
+    acked: bool,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_of_three_down_what_writers_and_readers_see() -> anyhow::Result<()> {
+    let c = Arc::new(TestCluster::start(3).await?);
+    c.put_counter(1, "balance", json!({"shards": 12, "durability": "sync"})).await?;
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let attempts = Arc::new(Mutex::new(Vec::<Attempt>::new()));
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (c, stop, attempts, acked) = (c.clone(), stop.clone(), attempts.clone(), acked.clone());
+        writers.push(tokio::spawn(async move {
+            let node = 1 + w % 2;
+            let mut i = 0;
+            while !stop.load(SeqCst) {
+                let id = format!("w{w}-{i}");
+                let mut first = true;
+                while !stop.load(SeqCst) {
+                    let at = start.elapsed();
+                    let answer = c.incr(node, "balance", json!({"delta": 1, "event_id": id})).await;
+                    let ok = matches!(answer, Ok((200, _)));
+                    attempts.lock().unwrap().push(Attempt { at, first, acked: ok });
+                    match answer {
+                        Ok((200, _)) => {
+                            acked.lock().unwrap().push(id.clone());
+                            break;
+                        }
+                        Ok((503 | 504, _)) | Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+                        Ok((status, body)) => panic!("unexpected {status} {body}"),
+                    }
+                    first = false;
+                }
+                i += 1;
+            }
+        }));
+    }
+    let reads = Arc::new(Mutex::new(Vec::<(Duration, bool)>::new()));
+    let reader = {
+        let (c, stop, reads) = (c.clone(), stop.clone(), reads.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(SeqCst) {
+                let at = start.elapsed();
+                let complete = match c.fresh(1 + n % 2, "balance").await {
+                    Ok(v) => v["complete"] == json!(true),
+                    Err(_) => false,
+                };
+                reads.lock().unwrap().push((at, complete));
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    tokio::time::sleep(WARM_UP).await;
+    let killed_at = start.elapsed();
+    c.node(3).kill();
+    tokio::time::sleep(OUTAGE).await;
+    let restarted_at = start.elapsed();
+    c.restart(3).await?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.store(true, SeqCst);
+    for w in writers {
+        w.await?;
+    }
+    reader.await?;
+
+    // What a user saw while node 3 was down.
+    let attempts = attempts.lock().unwrap().clone();
+    let down = |at: Duration| at >= killed_at && at < restarted_at;
+    let during: Vec<Attempt> = attempts.iter().copied().filter(|a| down(a.at)).collect();
+    let share = |xs: &[Attempt], f: fn(&Attempt) -> bool| {
+        let n = xs.iter().filter(|a| f(a)).count();
+        (n, if n == 0 { f64::NAN } else { xs.iter().filter(|a| f(a) && a.acked).count() as f64 / n as f64 })
+    };
+    let (n_all, acked_all) = share(&during, |_| true);
+    let (n_first, acked_first) = share(&during, |a| a.first);
+    let recovered = recovery_after(&during, killed_at, restarted_at);
+    let reads = reads.lock().unwrap().clone();
+    let reads_down: Vec<bool> = reads.iter().filter(|(at, _)| down(*at)).map(|(_, ok)| *ok).collect();
+    let complete = reads_down.iter().filter(|ok| **ok).count();
+    println!("one node of three down for {} ms, {WRITERS} sync writers with event ids:", OUTAGE.as_millis());
+    println!("  attempts acknowledged:             {:6.2} % of {n_all}", acked_all * 100.0);
+    println!("  first attempts acknowledged:       {:6.2} % of {n_first}", acked_first * 100.0);
+    println!("  fresh reads complete:              {complete} of {}", reads_down.len());
+    match recovered {
+        Some(d) => println!("  first attempts ≥ 99 % again after: {} ms", d.as_millis()),
+        None => println!("  first attempts ≥ 99 % again after: not before the node returned"),
+    }
+    assert!(n_all > 100, "writers made little progress while node 3 was down: {n_all}");
+
+    // Nothing acknowledged is lost, and every acknowledged id is remembered.
+    let acked = acked.lock().unwrap().clone();
+    for node in 1..=3 {
+        let value = c.value(node, "balance").await?;
+        let n = acked.len() as i64;
+        // An id still unanswered when the writers stopped may have been applied: at
+        // most one per writer.
+        assert!((n..=n + WRITERS as i64).contains(&value), "node{node}: value {value}, acknowledged {n}");
+    }
+    for id in acked.iter().step_by(23) {
+        let (_, body) = c.incr(3, "balance", json!({"delta": 1, "event_id": id})).await?;
+        assert_eq!(body, json!({"applied": false, "duplicate": true}), "{id}");
+    }
+    Ok(())
+}
+
+/// How long after `from` the first window of [`WINDOW`] began in which at least
+/// [`RECOVERED_SHARE`] of first attempts were acknowledged, and every later window
+/// until `until` too; `None` if that never happened.
+fn recovery_after(attempts: &[Attempt], from: Duration, until: Duration) -> Option<Duration> {
+    let windows = ((until - from).as_millis() / WINDOW.as_millis()) as u32;
+    let good = |k: u32| {
+        let (lo, hi) = (from + WINDOW * k, from + WINDOW * (k + 1));
+        let firsts: Vec<&Attempt> = attempts.iter().filter(|a| a.first && a.at >= lo && a.at < hi).collect();
+        !firsts.is_empty()
+            && firsts.iter().filter(|a| a.acked).count() as f64 >= RECOVERED_SHARE * firsts.len() as f64
+    };
+    (0..windows).find(|&k| (k..windows).all(good)).map(|k| WINDOW * k)
+}
