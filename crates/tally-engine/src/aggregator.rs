@@ -35,6 +35,7 @@ pub(crate) struct AggregatorState {
     /// (runtime, due time in ms), in arrival order.
     pending: Vec<(Arc<CounterRuntime>, u64)>,
     last_sweep_ms: u64,
+    dormant: crate::dormant::DormantSweep,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -50,7 +51,13 @@ impl Actor for Aggregator {
     ) -> Result<AggregatorState, ActorProcessingErr> {
         let tick_ms = ctx.upgrade().map(|c| c.config.aggregator_tick_ms).unwrap_or(5);
         let ticker = myself.send_interval(Duration::from_millis(tick_ms), || AggregatorMsg::Tick);
-        Ok(AggregatorState { ctx, pending: Vec::new(), last_sweep_ms: 0, ticker: Some(ticker) })
+        Ok(AggregatorState {
+            ctx,
+            pending: Vec::new(),
+            last_sweep_ms: 0,
+            dormant: Default::default(),
+            ticker: Some(ticker),
+        })
     }
 
     async fn post_stop(
@@ -92,6 +99,7 @@ impl Actor for Aggregator {
                 if now.saturating_sub(state.last_sweep_ms) >= EVICTION_SWEEP_MS {
                     state.last_sweep_ms = now;
                     sweep(&ctx, now);
+                    state.dormant.tick(&ctx, now);
                 }
             }
             AggregatorMsg::FlushAll { reply } => {

@@ -49,6 +49,7 @@ mod clock;
 mod config;
 mod create;
 mod ctx;
+mod dormant;
 mod error;
 mod flusher;
 mod handle;

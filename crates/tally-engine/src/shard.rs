@@ -120,6 +120,7 @@ impl Actor for ShardActor {
             || (!bug!(SealForgottenOnRestart) && ctx.store.meta_get(&seal_key(&id))?.is_some());
         ctx.stats.shard_activations.inc();
         let now = ctx.now_ms();
+        let first_sweep_ms = now.saturating_sub(ctx.config.dedup_sweep_ms);
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
         let mut machine = ShardMachine::new(params(&meta), image, sketch, sealed);
         machine.set_writer_marks(count_marks(&ctx, &id)?);
@@ -131,7 +132,10 @@ impl Actor for ShardActor {
             sealers: Vec::new(),
             mergers: Vec::new(),
             last_active_ms: now,
-            last_sweep_ms: now,
+            // A started shard sweeps a pass at its first tick: a shard that is
+            // written to less often than it retires would never sweep otherwise, and
+            // `dormant.rs` starts shards only for that.
+            last_sweep_ms: first_sweep_ms,
             sweep_after: None,
             ticker: Some(ticker),
         })
@@ -309,7 +313,8 @@ impl ShardActorState {
     async fn tick(&mut self, myself: &ActorRef<ShardMsg>) -> Option<Input<RpcReplyPort<ShardReply>>> {
         let now = self.ctx.now_ms();
         let idle = now.saturating_sub(self.last_active_ms) >= self.ctx.config.shard_idle_stop_ms;
-        if idle && self.machine.quiet() {
+        // Not while a sweep pass is under way: it would start over from its first page.
+        if idle && self.machine.quiet() && self.sweep_after.is_none() {
             if let Some(sup) = self.ctx.supervisor.get() {
                 let _ =
                     sup.send_message(SupervisorMsg::Retire { id: self.id.clone(), actor: myself.get_id() });

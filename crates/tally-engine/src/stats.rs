@@ -123,6 +123,8 @@ pub struct Stats {
     pub drift_last: AtomicI64,
     /// Shard actors started.
     pub shard_activations: Count,
+    /// Shards started only to sweep their expired dedup records (no actor ran them).
+    pub dormant_wakes: Count,
     /// Shard actors stopped for idleness.
     pub shard_retirements: Count,
     /// Shards this node took over from their previous owner after a membership change.

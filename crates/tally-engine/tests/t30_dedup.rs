@@ -153,3 +153,40 @@ async fn a_sweep_pass_goes_on_page_by_page_until_every_expired_record_is_gone() 
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_went_idle_still_has_its_expired_records_swept() {
+    // The shard retires long before its records expire, and nothing writes to it
+    // again: its records must not stay on disk forever.
+    let store = tally_engine::MemStore::new();
+    let clock = tally_engine::ManualClock::new(1_000_000);
+    let config = TallyConfig { dedup_sweep_ms: 60_000, shard_idle_stop_ms: 5_000, ..quick_config() };
+    let tally = Tally::open_with(Arc::new(store.clone()), Arc::new(clock.clone()), config).await.unwrap();
+    let patch = SpecPatch { dedup_window_s: Some(3_600), ..spec(2, Durability::Sync) };
+    tally.put_counter("c", patch).await.unwrap();
+    for i in 0..20 {
+        tally.incr("c", Increment::new(1).event_id(format!("e{i:02}"))).await.unwrap();
+    }
+    let name = tally_core::CounterName::new("c").unwrap();
+    let ids = [tally_core::ShardId::new(name.clone(), 0, 0), tally_core::ShardId::new(name, 0, 1)];
+    let records =
+        || ids.iter().map(|id| tally.store().dedup_scan(id, None, 100).unwrap().len()).sum::<usize>();
+    assert_eq!(records(), 20);
+    // Idle: the shards retire (a tick a second sees the idle time).
+    clock.advance(10_000);
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    assert_eq!(records(), 20, "records swept before they expired");
+    // An hour later every record has expired.
+    clock.advance(3_600_000);
+    let mut left = 20;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        left = records();
+        if left == 0 {
+            break;
+        }
+    }
+    assert_eq!(left, 0, "an idle shard's expired records stayed on disk");
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
+    tally.shutdown().await.unwrap();
+}

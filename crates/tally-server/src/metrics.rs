@@ -408,6 +408,11 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
     );
     w.counter("tally_shard_activations_total", "Shard actors started.", &[(&[], s.shard_activations.get())]);
     w.counter(
+        "tally_dormant_shard_wakes_total",
+        "Shards started only to sweep their expired dedup records.",
+        &[(&[], s.dormant_wakes.get())],
+    );
+    w.counter(
         "tally_shard_retirements_total",
         "Shard actors stopped for idleness.",
         &[(&[], s.shard_retirements.get())],
