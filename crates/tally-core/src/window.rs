@@ -257,9 +257,12 @@ impl Buckets {
     /// Drops buckets more than a window older than `newest`. Returns how many.
     fn drop_before(&mut self, newest: u64) -> usize {
         let keep_from = newest.saturating_sub(BUCKETS_PER_WINDOW - 1);
-        let before = self.buckets.len();
-        self.buckets = self.buckets.split_off(&keep_from);
-        before - self.buckets.len()
+        let mut dropped = 0;
+        while self.buckets.first_key_value().is_some_and(|(k, _)| *k < keep_from) {
+            self.buckets.pop_first();
+            dropped += 1;
+        }
+        dropped
     }
 
     fn newest(&self) -> Option<u64> {
@@ -335,13 +338,19 @@ impl WindowState {
     pub fn add(&mut self, now_ms: u64, delta: i64, members: &[u64]) {
         for w in &mut self.windows {
             let b = bucket_of(now_ms, w.window.bucket_ms());
-            let newest = w.newest().map_or(b, |n| n.max(b));
-            w.drop_before(newest);
-            if b + BUCKETS_PER_WINDOW <= newest {
-                self.late += 1;
-                continue;
-            }
-            let bucket = w.buckets.entry(b).or_default();
+            let bucket = match w.buckets.last_entry() {
+                // The common case: the newest bucket, so nothing expires.
+                Some(e) if *e.key() == b => e.into_mut(),
+                _ => {
+                    let newest = w.newest().map_or(b, |n| n.max(b));
+                    w.drop_before(newest);
+                    if b + BUCKETS_PER_WINDOW <= newest {
+                        self.late += 1;
+                        continue;
+                    }
+                    w.buckets.entry(b).or_default()
+                }
+            };
             bucket.total = bucket.total.saturating_add(delta);
             if self.distinct {
                 let sketch = bucket.sketch.get_or_insert_with(DistinctSketch::new);
