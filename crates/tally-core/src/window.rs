@@ -42,6 +42,8 @@ pub const WINDOW_MS_MIN: u64 = 60_000;
 pub const WINDOW_MS_MAX: u64 = 30 * 86_400_000;
 /// Longest duration text accepted (`"43200m"` fits; longer is refused unparsed).
 pub const WINDOW_TEXT_BYTES_MAX: usize = 16;
+/// Bytes of one bucket's index and total, as [`WindowState::size_bytes`] counts them.
+const BUCKET_ENTRY_BYTES: usize = 2 * std::mem::size_of::<u64>();
 /// Version byte of the encoded window state.
 const STATE_VERSION: u8 = 1;
 
@@ -408,20 +410,30 @@ impl WindowState {
         self.late += other.late;
     }
 
-    /// Bytes the buckets hold in memory (totals, indices and sketches). At most
+    /// Bytes the buckets hold in memory: each bucket's index and total, and its
+    /// sketch (inline part and heap); the map's own nodes are not counted. At most
     /// [`WindowState::bound_bytes`].
     pub fn size_bytes(&self) -> usize {
         self.windows
             .iter()
             .flat_map(|w| w.buckets.values())
-            .map(|b| 16 + b.sketch.as_ref().map_or(0, DistinctSketch::size_bytes))
+            .map(|b| BUCKET_ENTRY_BYTES + b.sketch.as_ref().map_or(0, DistinctSketch::size_bytes))
             .sum()
     }
 
-    /// The most [`WindowState::size_bytes`] can reach for `windows` windows.
+    /// The most [`WindowState::size_bytes`] can reach for `windows` windows: every
+    /// bucket kept, each sketch with its sparse list at its largest capacity and
+    /// every segment dense (a sketch's sparse list is not shrunk as segments turn
+    /// dense).
     pub fn bound_bytes(windows: usize, distinct: bool) -> usize {
-        let sketch = if distinct { crate::sketch::DENSE_BYTES + crate::sketch::SEGMENTS * 8 } else { 0 };
-        windows * BUCKETS_PER_WINDOW as usize * (16 + sketch)
+        let sketch = if distinct {
+            std::mem::size_of::<DistinctSketch>()
+                + crate::sketch::SPARSE_ENTRIES_MAX.next_power_of_two() * std::mem::size_of::<u32>()
+                + crate::sketch::DENSE_BYTES
+        } else {
+            0
+        };
+        windows * BUCKETS_PER_WINDOW as usize * (BUCKET_ENTRY_BYTES + sketch)
     }
 
     /// The state's stored bytes.
@@ -588,6 +600,22 @@ mod tests {
         assert!(!st.expire(230 * MIN), "nothing more to drop");
         assert!(st.expire(300 * MIN));
         assert_eq!((st.size_bytes(), st.read(win, 300 * MIN).unwrap().total), (0, 0));
+    }
+
+    #[test]
+    fn full_sketches_stay_within_the_stated_bound() {
+        let win = w("1m");
+        let mut st = WindowState::new(&[win], true);
+        for second in 0..3u64 {
+            for i in 0..30_000u64 {
+                st.add(HOUR + second * 1_000, 1, &[member_hash(&format!("{second}:{i}"))]);
+            }
+        }
+        let per_bucket = WindowState::bound_bytes(1, true) / BUCKETS_PER_WINDOW as usize;
+        assert!(st.size_bytes() <= 3 * per_bucket, "{} > {}", st.size_bytes(), 3 * per_bucket);
+        assert!(st.size_bytes() >= 3 * crate::sketch::DENSE_BYTES, "the sketches are dense");
+        let e = st.read(win, HOUR + 2_000).unwrap().sketch.unwrap().estimate() as f64;
+        assert!((e - 90_000.0).abs() < 90_000.0 * 4.0 * DistinctSketch::relative_error(), "{e}");
     }
 
     #[test]
