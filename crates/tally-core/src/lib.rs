@@ -31,6 +31,8 @@
 //!   shard, the aggregator's drains, the resharding and the membership hand-off as
 //!   pure state machines that the engine's actors and the simulator both run.
 //! * [`rollup`] — when a cached total must be refreshed.
+//! * [`window`] — sliding windows: time buckets of totals and distinct members, their
+//!   arithmetic (which bucket, which span a read sums, expiry) and their merge.
 //! * `planted` (feature `planted-bugs` only) — known bugs the simulator's checker must
 //!   catch, switched on at run time.
 
@@ -61,6 +63,7 @@ pub mod shard_machine;
 pub mod sketch;
 pub mod spec;
 pub mod topk;
+pub mod window;
 
 pub use ids::{NodeId, ShardId};
 pub use name::CounterName;
