@@ -17,9 +17,7 @@
 //! format).
 
 use crate::log_store::LOG_TREE;
-use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::hash::{BuildHasher, Hasher};
+use crate::store_id::StoreId;
 
 /// Name of the sled tree holding the store identity.
 pub const IDENTITY_TREE: &str = "raft_identity";
@@ -27,37 +25,6 @@ pub const IDENTITY_TREE: &str = "raft_identity";
 const KEY_STORE: &[u8] = b"store";
 const KEY_REPLACED: &[u8] = b"replaced";
 const KEY_FORMAT: &[u8] = b"format";
-
-/// The random 128-bit identity of one data directory, created with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct StoreId(pub u128);
-
-impl StoreId {
-    /// A new random identity. The bits come from the standard library's
-    /// per-process random hash keys (seeded by the operating system), mixed with the
-    /// clock and the process id, so two directories never share one in practice.
-    pub fn random() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let half = |salt: u64| {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u64(salt);
-            h.write_u128(nanos);
-            h.write_u32(std::process::id());
-            h.finish()
-        };
-        Self((u128::from(half(1)) << 64) | u128::from(half(2)))
-    }
-}
-
-impl fmt::Display for StoreId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
-    }
-}
 
 /// This node's identity as stored in its raft database.
 #[derive(Debug, Clone)]

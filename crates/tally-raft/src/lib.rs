@@ -45,17 +45,18 @@ pub mod rpc;
 pub mod server;
 pub mod state;
 pub mod state_machine;
+pub mod store_id;
 pub mod types;
 pub mod upgrade;
 
 pub use auth::RaftSecret;
 pub use error::RaftError;
-pub use identity::StoreId;
 pub use log_store::SledLogStore;
 pub use meta_raft::{MetaRaft, MetaRaftConfig, RaftStorage};
 pub use server::raft_router;
 pub use state::MetaState;
 pub use state_machine::SledStateMachine;
+pub use store_id::StoreId;
 pub use types::{
     Effect, MemberRejection, MembersView, MetaChange, NodeId, Raft, Rejection, Request, Response,
     StoreRecord, StoreRejection, TypeConfig,

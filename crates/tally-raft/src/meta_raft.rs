@@ -3,7 +3,7 @@
 
 use crate::auth::{RaftPeer, RaftSecret};
 use crate::error::RaftError;
-use crate::identity::{Identity, StoreId};
+use crate::identity::Identity;
 use crate::log_store::SledLogStore;
 use crate::network::{http_client, post_json, CallError, HttpNetworkFactory, PeerClient};
 use crate::server::{
@@ -12,6 +12,7 @@ use crate::server::{
 };
 use crate::state::MetaState;
 use crate::state_machine::{Shared, SledStateMachine};
+use crate::store_id::StoreId;
 use crate::types::{
     MembersView, MetaChange, NodeId, Raft, Request, Response, StoreRecord, StoreRejection, TypeConfig,
 };

@@ -15,9 +15,9 @@
 //! voter whose log contradicts what it acknowledged.
 
 use crate::auth::RaftSecret;
-use crate::identity::StoreId;
 use crate::rpc::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
 use crate::state_machine::Shared;
+use crate::store_id::StoreId;
 use crate::types::{NodeId, StoreRecord, TypeConfig};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;

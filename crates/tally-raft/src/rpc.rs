@@ -2,7 +2,7 @@
 //! own. Both sides use it — the server that answers (`server.rs`) and the clients
 //! that call (`network.rs`, `replace.rs`) — so neither depends on the other for it.
 
-use crate::identity::StoreId;
+use crate::store_id::StoreId;
 use crate::types::{NodeId, StoreRecord};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

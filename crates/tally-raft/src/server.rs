@@ -27,13 +27,13 @@
 //! and the reason as text, before raft sees it.
 
 use crate::auth::RaftSecret;
-use crate::identity::StoreId;
 use crate::network::{check_incarnation, Guarded};
 pub use crate::rpc::{
     IdentityAnswer, ReplaceRequest, PATH_APPEND, PATH_CLIENT_WRITE, PATH_IDENTITY, PATH_READ, PATH_REPLACE,
     PATH_SNAPSHOT, PATH_VOTE,
 };
 use crate::state_machine::Shared;
+use crate::store_id::StoreId;
 use crate::types::{NodeId, Raft, Request, TypeConfig};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;

@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn a_store_is_registered_once_replaced_explicitly_and_its_loss_accepted_once() {
-        use crate::identity::StoreId;
+        use crate::store_id::StoreId;
         let (old, new) = (StoreId(1), StoreId(2));
         let mut s = MetaState::default();
         let (r, touched, changes) = s.apply(&Request::RegisterStore { node: 3, store: old });
@@ -386,11 +386,11 @@ mod tests {
             (0u64..3, nodes.clone(), nodes.clone()).prop_map(|(e, a, b)| set(e, &[a], &[a, b])),
             (nodes, 0u64..3).prop_map(|(n, epoch)| Request::HandoffDone { node: n.into(), epoch }),
             (1u64..4, 0u128..3)
-                .prop_map(|(node, s)| Request::RegisterStore { node, store: crate::identity::StoreId(s) }),
+                .prop_map(|(node, s)| Request::RegisterStore { node, store: crate::store_id::StoreId(s) }),
             (1u64..4, 0u128..3)
-                .prop_map(|(node, s)| Request::ReplaceStore { node, store: crate::identity::StoreId(s) }),
+                .prop_map(|(node, s)| Request::ReplaceStore { node, store: crate::store_id::StoreId(s) }),
             (1u64..4, 0u128..3)
-                .prop_map(|(node, s)| Request::AcceptLoss { node, store: crate::identity::StoreId(s) }),
+                .prop_map(|(node, s)| Request::AcceptLoss { node, store: crate::store_id::StoreId(s) }),
         ]
     }
 

@@ -5,7 +5,7 @@
 //! `SpecError` holds `&'static str`s, which cannot be deserialized), so the applied
 //! result carries serializable mirrors of them: [`Effect`] and [`Rejection`].
 
-use crate::identity::StoreId;
+use crate::store_id::StoreId;
 use serde::{Deserialize, Serialize};
 use std::io::Cursor;
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError, SealedGeneration};

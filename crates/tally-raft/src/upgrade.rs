@@ -6,10 +6,10 @@
 //! format marker, in one sled transaction: a crash leaves the database either all
 //! format 1 or all today's.
 
-use crate::identity::StoreId;
 use crate::log_store::LOG_TREE;
 use crate::state::MetaState;
 use crate::state_machine::{KEY_SNAPSHOT, PREFIX_COUNTER, SM_TREE, SNAPSHOT_TREE};
+use crate::store_id::StoreId;
 use crate::types::{NodeId, Request, StoreRecord, TypeConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
