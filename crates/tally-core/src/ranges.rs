@@ -69,7 +69,7 @@ pub const REPLICAS_DEFAULT: u8 = 3;
 const BALANCE_STEPS_PER_SLOT: usize = 4;
 
 /// One range of the ring: an index into its layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RangeId(pub u32);
 
 impl fmt::Display for RangeId {
