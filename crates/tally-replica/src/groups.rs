@@ -17,16 +17,19 @@ use tally_core::ranges::{RangeId, RangeLayout};
 use tally_core::ShardId;
 
 /// Leader heartbeat interval, in milliseconds.
-pub const HEARTBEAT_MS: u64 = 150;
-/// Shortest election timeout, in milliseconds (four heartbeats: a lost heartbeat
+pub const HEARTBEAT_MS: u64 = 100;
+/// Shortest election timeout, in milliseconds (five heartbeats: a lost heartbeat
 /// or two does not start an election).
-pub const ELECTION_TIMEOUT_MIN_MS: u64 = 600;
-/// Longest election timeout, in milliseconds.
-pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1_200;
-/// Bound on a failover: the survivors' election timers run out (at most
-/// [`ELECTION_TIMEOUT_MAX_MS`] after the last heartbeat), and one split vote may
-/// cost a second timeout; a heartbeat interval covers the rounds of messages.
-pub const FAILOVER_BOUND_MS: u64 = 2 * ELECTION_TIMEOUT_MAX_MS + HEARTBEAT_MS;
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
+/// Longest election timeout, in milliseconds. openraft also uses it as the leader
+/// lease: a follower that heard from a leader neither votes for another candidate
+/// nor stands itself until the lease has run out.
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 900;
+/// Bound on a failover, from the leader's death to a new leader: the survivors'
+/// lease runs out (at most [`ELECTION_TIMEOUT_MAX_MS`] after the last heartbeat),
+/// then an election timeout (at most as long again), and one split vote costs a
+/// further timeout; a heartbeat interval covers the rounds of messages.
+pub const FAILOVER_BOUND_MS: u64 = 3 * ELECTION_TIMEOUT_MAX_MS + HEARTBEAT_MS;
 const _: () = assert!(FAILOVER_BOUND_MS <= 3_000, "failover must stay within 3 s");
 /// How long a write waits for its quorum before answering `Timeout` (outcome
 /// unknown), in milliseconds; covers a failover.
@@ -226,7 +229,10 @@ impl RangeGroups {
         let identity = kv.tree(IDENTITY_TREE)?;
         let id = match identity.get(KEY_REPLICA_ID)? {
             Some(bytes) => u64::from_be_bytes(
-                bytes.as_slice().try_into().map_err(|_| ReplicaError::Storage("corrupt replica id".into()))?,
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| ReplicaError::Storage("corrupt replica id".into()))?,
             ),
             None => {
                 identity.apply(vec![(KEY_REPLICA_ID.to_vec(), Some(fresh_id.to_be_bytes().to_vec()))])?;
@@ -300,7 +306,11 @@ impl RangeGroups {
 
     /// Makes `members` the first voters of `range`'s group. Call it on one of them
     /// only, once; a group that was initialized already answers Ok.
-    pub async fn initialize(&self, range: RangeId, members: &[(ReplicaId, ReplicaNode)]) -> Result<(), ReplicaError> {
+    pub async fn initialize(
+        &self,
+        range: RangeId,
+        members: &[(ReplicaId, ReplicaNode)],
+    ) -> Result<(), ReplicaError> {
         let g = self.group(range)?;
         let members: BTreeMap<ReplicaId, ReplicaNode> = members.iter().cloned().collect();
         match g.raft.initialize(members).await {
@@ -311,7 +321,10 @@ impl RangeGroups {
 
     fn check(&self, range: RangeId, images: &[ShardEntry]) -> Result<(), ReplicaError> {
         if images.is_empty() || images.len() > BATCH_IMAGES_MAX {
-            return Err(ReplicaError::Invalid(format!("{} images; 1..={BATCH_IMAGES_MAX} allowed", images.len())));
+            return Err(ReplicaError::Invalid(format!(
+                "{} images; 1..={BATCH_IMAGES_MAX} allowed",
+                images.len()
+            )));
         }
         for e in images {
             let records = e.write.dedup_put.len() + e.write.dedup_remove.len();
@@ -334,7 +347,8 @@ impl RangeGroups {
         self.check(range, &images)?;
         let g = self.group(range)?;
         let ms = self.config.write_timeout_ms;
-        let written = tokio::time::timeout(Duration::from_millis(ms), g.raft.client_write(Batch { range, images }));
+        let written =
+            tokio::time::timeout(Duration::from_millis(ms), g.raft.client_write(Batch { range, images }));
         match written.await {
             Err(_) => Err(ReplicaError::Timeout { range, ms }),
             Ok(Ok(r)) => Ok(WriteAck { log_id: r.log_id, report: r.data }),
@@ -402,7 +416,12 @@ impl RangeGroups {
     /// On the leader: adds `replica` on `node` as a learner of `range`. It receives
     /// the log (or a snapshot) but counts towards no quorum; call
     /// [`RangeGroups::promote`] once it caught up.
-    pub async fn add_learner(&self, range: RangeId, replica: ReplicaId, node: ReplicaNode) -> Result<(), ReplicaError> {
+    pub async fn add_learner(
+        &self,
+        range: RangeId,
+        replica: ReplicaId,
+        node: ReplicaNode,
+    ) -> Result<(), ReplicaError> {
         let g = self.group(range)?;
         match g.raft.add_learner(replica, node, false).await {
             Ok(_) => Ok(()),
@@ -418,7 +437,8 @@ impl RangeGroups {
         if m.current_leader != Some(self.id) {
             return Err(ReplicaError::NotLeader { range, leader: m.current_leader, leader_node: None });
         }
-        let matched = m.replication.as_ref().and_then(|r| r.get(&replica).cloned().flatten()).map(|l| l.index);
+        let matched =
+            m.replication.as_ref().and_then(|r| r.get(&replica).cloned().flatten()).map(|l| l.index);
         let needed = m.last_applied.map(|l| l.index);
         if matched >= needed {
             Ok(())
@@ -429,7 +449,12 @@ impl RangeGroups {
 
     /// On the leader: waits until `replica` caught up ([`RangeGroups::caught_up`]),
     /// at most `timeout`.
-    pub async fn wait_caught_up(&self, range: RangeId, replica: ReplicaId, timeout: Duration) -> Result<(), ReplicaError> {
+    pub async fn wait_caught_up(
+        &self,
+        range: RangeId,
+        replica: ReplicaId,
+        timeout: Duration,
+    ) -> Result<(), ReplicaError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             match self.caught_up(range, replica) {
@@ -446,7 +471,12 @@ impl RangeGroups {
     /// consensus. Refused with [`ReplicaError::NotCaughtUp`] while the learner lacks
     /// entries the leader applied, so it never counts towards a quorum before it
     /// holds everything that quorum must know.
-    pub async fn promote(&self, range: RangeId, replica: ReplicaId, remove: &[ReplicaId]) -> Result<(), ReplicaError> {
+    pub async fn promote(
+        &self,
+        range: RangeId,
+        replica: ReplicaId,
+        remove: &[ReplicaId],
+    ) -> Result<(), ReplicaError> {
         self.caught_up(range, replica)?;
         let mut voters = self.members(range)?.voters;
         voters.insert(replica);

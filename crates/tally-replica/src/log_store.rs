@@ -23,11 +23,17 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_PURGED: &[u8] = b"purged";
 
-pub(crate) fn read_err(subject: ErrorSubject<ReplicaId>, e: impl std::error::Error + 'static) -> StorageError {
+pub(crate) fn read_err(
+    subject: ErrorSubject<ReplicaId>,
+    e: impl std::error::Error + 'static,
+) -> StorageError {
     StorageIOError::new(subject, ErrorVerb::Read, openraft::AnyError::new(&e)).into()
 }
 
-pub(crate) fn write_err(subject: ErrorSubject<ReplicaId>, e: impl std::error::Error + 'static) -> StorageError {
+pub(crate) fn write_err(
+    subject: ErrorSubject<ReplicaId>,
+    e: impl std::error::Error + 'static,
+) -> StorageError {
     StorageIOError::new(subject, ErrorVerb::Write, openraft::AnyError::new(&e)).into()
 }
 
@@ -67,7 +73,9 @@ impl LogStore {
     ) -> Result<Option<T>, StorageError> {
         match self.meta.get(key).map_err(|e| read_err(subject.clone(), e))? {
             None => Ok(None),
-            Some(bytes) => tally_core::codec::decode(what, &bytes).map(Some).map_err(|e| read_err(subject, e)),
+            Some(bytes) => {
+                tally_core::codec::decode(what, &bytes).map(Some).map_err(|e| read_err(subject, e))
+            }
         }
     }
 
@@ -99,7 +107,8 @@ impl RaftLogStorage<RangeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<RangeConfig>, StorageError> {
-        let last_purged_log_id: Option<LogId> = self.get_value(KEY_PURGED, "purged log id", ErrorSubject::Logs)?;
+        let last_purged_log_id: Option<LogId> =
+            self.get_value(KEY_PURGED, "purged log id", ErrorSubject::Logs)?;
         let last = match self.log.last().map_err(|e| read_err(ErrorSubject::Logs, e))? {
             Some((_, bytes)) => Some(Self::decode_entry(&bytes)?.log_id),
             None => None,
@@ -137,8 +146,10 @@ impl RaftLogStorage<RangeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let batch =
-            entries.into_iter().map(|e| (index_key(e.log_id.index), Some(tally_core::codec::encode(&e)))).collect();
+        let batch = entries
+            .into_iter()
+            .map(|e| (index_key(e.log_id.index), Some(tally_core::codec::encode(&e))))
+            .collect();
         self.log.apply(batch).map_err(|e| write_err(ErrorSubject::Logs, e))?;
         match self.kv.flush().await {
             Ok(()) => {

@@ -7,13 +7,17 @@
 //! delivers by replica id with a fixed latency and can cut links, isolate a replica
 //! or drop it. Messages and replies are serde types, ready for a byte transport.
 
+// openraft's RPC error types are large and its network trait returns them; the
+// helpers here return the same types rather than boxing and unboxing them.
+#![allow(clippy::result_large_err)]
+
 use crate::types::{RangeConfig, ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::{RaftNetwork, RaftNetworkFactory};
 use parking_lot::Mutex;
@@ -118,7 +122,8 @@ impl RaftNetworkFactory<RangeConfig> for GroupNetworkFactory {
     }
 }
 
-type Rpc<T, E = openraft::error::Infallible> = Result<T, RPCError<ReplicaId, ReplicaNode, RaftError<ReplicaId, E>>>;
+type Rpc<T, E = openraft::error::Infallible> =
+    Result<T, RPCError<ReplicaId, ReplicaNode, RaftError<ReplicaId, E>>>;
 
 impl GroupNetwork {
     async fn send(&self, rpc: RangeRpc, option: &RPCOption) -> Result<RangeReply, NetError> {
@@ -130,9 +135,14 @@ impl GroupNetwork {
         }
     }
 
-    fn net_err<E: std::error::Error>(&self, e: NetError) -> RPCError<ReplicaId, ReplicaNode, RaftError<ReplicaId, E>> {
+    fn net_err<E: std::error::Error>(
+        &self,
+        e: NetError,
+    ) -> RPCError<ReplicaId, ReplicaNode, RaftError<ReplicaId, E>> {
         match e {
-            NetError::Unreachable(_) | NetError::NoGroup { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+            NetError::Unreachable(_) | NetError::NoGroup { .. } => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
             NetError::Timeout(_) | NetError::Mismatch(_) => RPCError::Network(NetworkError::new(&e)),
         }
     }
@@ -189,7 +199,9 @@ struct RouterState {
 
 impl RouterState {
     fn linked(&self, a: ReplicaId, b: ReplicaId) -> bool {
-        !self.isolated.contains(&a) && !self.isolated.contains(&b) && !self.cut.contains(&(a.min(b), a.max(b)))
+        !self.isolated.contains(&a)
+            && !self.isolated.contains(&b)
+            && !self.cut.contains(&(a.min(b), a.max(b)))
     }
 }
 

@@ -198,7 +198,12 @@ fn load(tree: &dyn KvTree) -> Result<Applied, StorageError> {
                     }
                     PREFIX_DEDUP => {
                         let id = std::str::from_utf8(rest).map_err(|_| bad())?.to_owned();
-                        applied.state.dedup.entry(shard).or_default().insert(id, decode("dedup record", &value)?);
+                        applied
+                            .state
+                            .dedup
+                            .entry(shard)
+                            .or_default()
+                            .insert(id, decode("dedup record", &value)?);
                     }
                     _ => return Err(bad()),
                 }
@@ -236,9 +241,11 @@ impl StateMachine {
     /// the state.
     pub fn open(range: RangeId, kv: Arc<dyn KvStore>, prefix: &str) -> Result<Self, StorageError> {
         let tree = kv.tree(&format!("{prefix}sm")).map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
-        let snapshots = kv.tree(&format!("{prefix}snap")).map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
+        let snapshots =
+            kv.tree(&format!("{prefix}snap")).map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
         let applied = load(&*tree)?;
-        let shared = Arc::new(Shared { applied: RwLock::new(applied), snapshots_installed: AtomicU64::new(0) });
+        let shared =
+            Arc::new(Shared { applied: RwLock::new(applied), snapshots_installed: AtomicU64::new(0) });
         Ok(Self { range, kv, tree, snapshots, shared, seq: Arc::new(AtomicU64::new(0)) })
     }
 
@@ -346,12 +353,17 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
         let state: RangeState =
             tally_core::codec::decode("range snapshot", &data).map_err(|e| read_err(subject.clone(), e))?;
-        let next = Applied { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+        let next =
+            Applied { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
         // Replace the whole tree in one atomic batch: remove every key, then write
         // the snapshot's (a later write of the same key wins within a batch).
         let old = self

@@ -231,7 +231,9 @@ impl KvTree for MemTree {
     }
 
     fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
-        if let (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) = (&from, &to) {
+        if let (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) =
+            (&from, &to)
+        {
             // BTreeMap::range panics on an inverted range; an empty answer is right.
             if a > b {
                 return Ok(Vec::new());
