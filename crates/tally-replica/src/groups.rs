@@ -1,7 +1,9 @@
 //! [`RangeGroups`]: the range groups one node replicates, behind one facade.
 
 use crate::log_store::LogStore;
-use crate::network::{GroupNetworkFactory, NetError, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
+use crate::network::{
+    GroupNetworkFactory, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc,
+};
 use crate::state_machine::{Shared, StateMachine};
 use crate::storage::{KvError, KvStore};
 use crate::types::{Batch, BatchReport, LogId, Raft, ReplicaId, ReplicaNode, ShardEntry, StoredShard};
@@ -517,10 +519,14 @@ impl RangeGroups {
 }
 
 impl RangeInbound for RangeGroups {
-    fn handle(&self, range: RangeId, rpc: RangeRpc) -> BoxFuture<'static, Result<RangeReply, NetError>> {
+    fn handle(&self, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>> {
+        let RangeEnvelope { to, range, rpc, .. } = envelope;
+        let own = self.id;
         let group = self.groups.read().get(&range).cloned();
-        let to = self.id;
         Box::pin(async move {
+            if to != own {
+                return Err(NetError::NotThisReplica { asked: to, own });
+            }
             let g = group.ok_or(NetError::NoGroup { to, range })?;
             Ok(match rpc {
                 RangeRpc::Append(r) => RangeReply::Append(g.raft.append_entries(r).await),

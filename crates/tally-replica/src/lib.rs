@@ -54,6 +54,6 @@ pub use groups::{
     GroupMembers, GroupsConfig, RangeGroups, ReplicaError, ShardRead, WriteAck, ELECTION_TIMEOUT_MAX_MS,
     ELECTION_TIMEOUT_MIN_MS, FAILOVER_BOUND_MS, HEARTBEAT_MS,
 };
-pub use network::{MemRouter, NetError, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
+pub use network::{MemRouter, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
 pub use storage::{KvStore, MemKv, SledKv};
 pub use types::{Batch, BatchReport, ReplicaId, ReplicaNode, ShardEntry, StoredShard};

@@ -5,7 +5,9 @@
 //!
 //! [`MemRouter`] is the in-memory implementation, for tests and the simulator: it
 //! delivers by replica id with a fixed latency and can cut links, isolate a replica
-//! or drop it. Messages and replies are serde types, ready for a byte transport.
+//! or drop it. Messages and replies are serde types with a byte encoding
+//! ([`encode_envelope`], [`decode_reply`], …) for a byte transport; the router can
+//! send everything through it ([`MemRouter::encode_messages`]).
 
 // openraft's RPC error types are large and its network trait returns them; the
 // helpers here return the same types rather than boxing and unboxing them.
@@ -54,6 +56,52 @@ pub enum RangeReply {
     Snapshot(Result<InstallSnapshotResponse<ReplicaId>, RaftError<ReplicaId, InstallSnapshotError>>),
 }
 
+/// A message for one group, addressed to one replica (an id is one store
+/// incarnation: a node that now runs another store refuses it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RangeEnvelope {
+    /// The sending replica.
+    pub from: ReplicaId,
+    /// The replica it is meant for.
+    pub to: ReplicaId,
+    /// The group.
+    pub range: RangeId,
+    /// The raft message.
+    pub rpc: RangeRpc,
+}
+
+/// Largest encoded message or reply a byte transport should accept: a snapshot
+/// chunk (`SNAPSHOT_CHUNK_BYTES`) or an append of openraft's largest payload of
+/// full batches fits well within it.
+pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
+
+/// The bytes of `envelope`, for a byte transport.
+pub fn encode_envelope(envelope: &RangeEnvelope) -> Vec<u8> {
+    tally_core::codec::encode(envelope)
+}
+
+/// The envelope in `bytes`, refusing more than [`MESSAGE_BYTES_MAX`].
+pub fn decode_envelope(bytes: &[u8]) -> Result<RangeEnvelope, NetError> {
+    if bytes.len() > MESSAGE_BYTES_MAX {
+        return Err(NetError::Undecodable(format!("{} bytes; at most {MESSAGE_BYTES_MAX}", bytes.len())));
+    }
+    tally_core::codec::decode("range message", bytes).map_err(|e| NetError::Undecodable(e.to_string()))
+}
+
+/// The bytes of an answer.
+pub fn encode_reply(reply: &Result<RangeReply, NetError>) -> Vec<u8> {
+    tally_core::codec::encode(reply)
+}
+
+/// The answer in `bytes`, refusing more than [`MESSAGE_BYTES_MAX`].
+pub fn decode_reply(bytes: &[u8]) -> Result<RangeReply, NetError> {
+    if bytes.len() > MESSAGE_BYTES_MAX {
+        return Err(NetError::Undecodable(format!("{} bytes; at most {MESSAGE_BYTES_MAX}", bytes.len())));
+    }
+    tally_core::codec::decode::<Result<RangeReply, NetError>>("range reply", bytes)
+        .map_err(|e| NetError::Undecodable(e.to_string()))?
+}
+
 /// Why a message was not answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum NetError {
@@ -75,25 +123,36 @@ pub enum NetError {
     /// The answer was of another kind than the message.
     #[error("replica {0} answered with another kind of reply")]
     Mismatch(ReplicaId),
+    /// The node runs another replica (its store was replaced): the message was
+    /// for an incarnation that no longer exists.
+    #[error("message for replica {asked} reached replica {own}")]
+    NotThisReplica {
+        /// The replica the message was for.
+        asked: ReplicaId,
+        /// The replica the node runs.
+        own: ReplicaId,
+    },
+    /// The bytes of a message or answer did not decode.
+    #[error("undecodable range message: {0}")]
+    Undecodable(String),
 }
 
 /// Sends a group's messages to other replicas.
 pub trait RangeNetwork: Send + Sync + 'static {
-    /// Delivers `rpc` for group `range` from `from` to replica `to` and waits for
-    /// its answer.
+    /// Delivers `envelope` to replica `envelope.to`, which runs on `node`, and
+    /// waits for its answer.
     fn call(
         &self,
-        from: ReplicaId,
-        to: ReplicaId,
-        range: RangeId,
-        rpc: RangeRpc,
+        node: &ReplicaNode,
+        envelope: RangeEnvelope,
     ) -> BoxFuture<'static, Result<RangeReply, NetError>>;
 }
 
 /// The receiving side: a node's groups, by range.
 pub trait RangeInbound: Send + Sync + 'static {
-    /// Hands `rpc` to the group of `range`.
-    fn handle(&self, range: RangeId, rpc: RangeRpc) -> BoxFuture<'static, Result<RangeReply, NetError>>;
+    /// Hands the message to the group it names, if it is meant for this node's
+    /// replica ([`NetError::NotThisReplica`] otherwise).
+    fn handle(&self, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>>;
 }
 
 // ------------------------------------------------------------ openraft adapters
@@ -128,7 +187,8 @@ type Rpc<T, E = openraft::error::Infallible> =
 impl GroupNetwork {
     async fn send(&self, rpc: RangeRpc, option: &RPCOption) -> Result<RangeReply, NetError> {
         let f = &self.factory;
-        let call = f.net.call(f.me, self.target, f.range, rpc);
+        let envelope = RangeEnvelope { from: f.me, to: self.target, range: f.range, rpc };
+        let call = f.net.call(&self.node, envelope);
         match tokio::time::timeout(option.hard_ttl(), call).await {
             Ok(r) => r,
             Err(_) => Err(NetError::Timeout(self.target)),
@@ -140,10 +200,12 @@ impl GroupNetwork {
         e: NetError,
     ) -> RPCError<ReplicaId, ReplicaNode, RaftError<ReplicaId, E>> {
         match e {
-            NetError::Unreachable(_) | NetError::NoGroup { .. } => {
+            NetError::Unreachable(_) | NetError::NoGroup { .. } | NetError::NotThisReplica { .. } => {
                 RPCError::Unreachable(Unreachable::new(&e))
             }
-            NetError::Timeout(_) | NetError::Mismatch(_) => RPCError::Network(NetworkError::new(&e)),
+            NetError::Timeout(_) | NetError::Mismatch(_) | NetError::Undecodable(_) => {
+                RPCError::Network(NetworkError::new(&e))
+            }
         }
     }
 
@@ -195,6 +257,8 @@ struct RouterState {
     /// Cut links, both directions, stored as (smaller, larger).
     cut: BTreeSet<(ReplicaId, ReplicaId)>,
     isolated: BTreeSet<ReplicaId>,
+    /// Whether messages and answers travel as bytes.
+    encode: bool,
 }
 
 impl RouterState {
@@ -245,6 +309,12 @@ impl MemRouter {
         self.state.lock().isolated.insert(id);
     }
 
+    /// Sends every message and answer through [`encode_envelope`] and
+    /// [`encode_reply`] and back, as a byte transport would.
+    pub fn encode_messages(&self, on: bool) {
+        self.state.lock().encode = on;
+    }
+
     /// Restores every cut link and isolated replica.
     pub fn heal_all(&self) {
         let mut s = self.state.lock();
@@ -256,24 +326,29 @@ impl MemRouter {
 impl RangeNetwork for MemRouter {
     fn call(
         &self,
-        from: ReplicaId,
-        to: ReplicaId,
-        range: RangeId,
-        rpc: RangeRpc,
+        _node: &ReplicaNode,
+        envelope: RangeEnvelope,
     ) -> BoxFuture<'static, Result<RangeReply, NetError>> {
         let state = self.state.clone();
         Box::pin(async move {
+            let (from, to) = (envelope.from, envelope.to);
             let latency = Duration::from_millis(MEM_LINK_LATENCY_MS);
             tokio::time::sleep(latency).await;
-            let target = {
+            let (target, encode) = {
                 let s = state.lock();
                 if !s.linked(from, to) {
                     return Err(NetError::Unreachable(to));
                 }
-                s.nodes.get(&to).and_then(Weak::upgrade)
+                (s.nodes.get(&to).and_then(Weak::upgrade), s.encode)
             };
             let target = target.ok_or(NetError::Unreachable(to))?;
-            let reply = target.handle(range, rpc).await;
+            let reply = if encode {
+                let envelope = decode_envelope(&encode_envelope(&envelope))?;
+                let reply = target.handle(envelope).await;
+                decode_reply(&encode_reply(&reply))
+            } else {
+                target.handle(envelope).await
+            };
             tokio::time::sleep(latency).await;
             let s = state.lock();
             if !s.linked(from, to) || !s.nodes.contains_key(&to) {

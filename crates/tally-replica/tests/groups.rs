@@ -2,6 +2,8 @@
 //! runtime with paused time: elections, failover, partitions, catch-up of an
 //! emptied replica and restarts, each deterministic and fast.
 
+use openraft::raft::VoteRequest;
+use openraft::Vote;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -11,8 +13,8 @@ use tally_core::ranges::{RangeId, RangeLayout};
 use tally_core::shard::{ShardImage, ShardWrite};
 use tally_core::ShardId;
 use tally_replica::{
-    GroupsConfig, KvStore, MemKv, MemRouter, RangeGroups, RangeInbound, ReplicaError, ReplicaId, ReplicaNode,
-    ShardEntry, SledKv, FAILOVER_BOUND_MS,
+    GroupsConfig, KvStore, MemKv, MemRouter, NetError, RangeEnvelope, RangeGroups, RangeInbound, RangeRpc,
+    ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS,
 };
 use tokio::time::Instant;
 
@@ -67,6 +69,8 @@ impl Cluster {
             incarnations: vec![0; n],
             nodes: (0..n).map(|_| None).collect(),
         };
+        // Every message and answer crosses as bytes, as over a node-to-node transport.
+        c.router.encode_messages(true);
         for i in 0..n {
             c.start_node(i).await;
         }
@@ -261,6 +265,16 @@ async fn an_emptied_replica_catches_up_by_snapshot_as_a_learner_before_it_votes(
     c.start_node(victim).await;
     let new_id = c.id(victim);
     assert_ne!(new_id, old_id, "an empty store is a new replica");
+    // A transport that routes by node name delivers the old replica's traffic to
+    // the new one, which refuses it: it never answers a vote or an append as the
+    // voter it replaced.
+    let inbound: Arc<dyn RangeInbound> = c.node(victim).clone();
+    c.router.register(old_id, Arc::downgrade(&inbound));
+    let vote = RangeRpc::Vote(VoteRequest { vote: Vote::new(99, c.id(leader)), last_log_id: None });
+    let refused = inbound.handle(RangeEnvelope { from: c.id(leader), to: old_id, range, rpc: vote }).await;
+    assert!(
+        matches!(refused, Err(NetError::NotThisReplica { asked, own }) if asked == old_id && own == new_id)
+    );
 
     // Cut off, the learner cannot catch up, and promotion is refused.
     c.router.cut(c.id(leader), new_id);
