@@ -425,3 +425,27 @@ async fn sled_groups_restart_from_their_databases() {
         g.shutdown().await;
     }
 }
+
+/// With both followers' flushes failing, no quorum holds the entry durably, and
+/// the leader must not acknowledge it.
+#[tokio::test(start_paused = true)]
+async fn no_write_is_acknowledged_without_a_durable_quorum() {
+    let mut c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let shard = shards_in(range)[0].clone();
+    c.write(range, vec![entry(&shard, 1, 10)]).await;
+    let (l, _) = c.wait_leader(range, &[]).await;
+    for i in (0..3).filter(|i| *i != l) {
+        c.stores[i].fail_flushes(true);
+    }
+    let written = c.node(l).write(range, vec![entry(&shard, 2, 20)]).await;
+    assert!(written.is_err(), "acknowledged without a durable quorum: {written:?}");
+    // A replica whose store failed stops its groups; restarted on a healthy disk,
+    // it makes a quorum again and writes commit.
+    let f = (l + 1) % 3;
+    c.kill(f).await;
+    c.stores[f].fail_flushes(false);
+    c.start_node(f).await;
+    c.write(range, vec![entry(&shard, 3, 30)]).await;
+    assert_eq!(c.read_all(range).await.get(&shard), Some(&(3, 30)));
+}
