@@ -202,6 +202,9 @@ pub struct RangeGroups {
     config: GroupsConfig,
     layout: RangeLayout,
     groups: RwLock<BTreeMap<RangeId, Group>>,
+    /// Held while a group is being opened, so two opens of one range never start
+    /// two rafts over the same trees.
+    opening: tokio::sync::Mutex<()>,
 }
 
 fn leader_of(range: RangeId, f: &ForwardToLeader<ReplicaId, ReplicaNode>) -> ReplicaError {
@@ -243,7 +246,16 @@ impl RangeGroups {
             }
         };
         let node = ReplicaNode { node: node.to_owned() };
-        Ok(Arc::new(Self { id, node, kv, net, config, layout, groups: RwLock::new(BTreeMap::new()) }))
+        Ok(Arc::new(Self {
+            id,
+            node,
+            kv,
+            net,
+            config,
+            layout,
+            groups: RwLock::new(BTreeMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+        }))
     }
 
     /// This node's replica id (its store's).
@@ -278,6 +290,7 @@ impl RangeGroups {
         if self.layout.span(range).is_none() {
             return Err(ReplicaError::Invalid(format!("{range} is outside the layout")));
         }
+        let _opening = self.opening.lock().await;
         {
             let groups = self.groups.read();
             if groups.contains_key(&range) {

@@ -33,13 +33,25 @@
 //! replaced, and joins as a learner, is promoted when caught up, and the old id is
 //! removed in the same joint change.
 //!
+//! # Limits of this version
+//!
+//! A replica keeps a copy of its range's images and dedup records in memory (read
+//! by `read_fresh` and `read_local`), and a snapshot is built, sent and installed as
+//! one encoded `RangeState` in memory (sent in `SNAPSHOT_CHUNK_BYTES` chunks). Both
+//! are fine for ranges of thousands of shards; before ranges hold millions of dedup
+//! records, reads should go to the state tree and snapshots should stream it.
+//! openraft draws its election timeouts from a thread-local RNG, so runs on paused
+//! time are fast and bounded but not bit-for-bit repeatable.
+//!
 //! # Boundary of this version
 //!
 //! Nothing here is wired into the engine or the cluster yet: shard actors do not
 //! commit through [`RangeGroups::write`], the directory of ranges is not in the
 //! metadata group, and there is no [`RangeNetwork`] over `tally-transport`'s node
-//! sessions yet (only [`MemRouter`]); those are the next steps (ARCHITECTURE.md,
-//! "Shard replication").
+//! sessions yet (only [`MemRouter`]; [`RangeEnvelope`] and its byte encoding in
+//! [`network`] are what such a transport would carry, and the router's tests already
+//! send every message through that encoding); those are the next steps
+//! (ARCHITECTURE.md, "Shard replication").
 
 #![forbid(unsafe_code)]
 
