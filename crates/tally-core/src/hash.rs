@@ -15,6 +15,9 @@ pub const MEMBER_SEED: u64 = 0x7461_6c6c_796d_656d; // "tallymem"
 /// Seed for spreading shards over storage partitions.
 pub const STORE_SEED: u64 = 0x7461_6c6c_7973_746f; // "tallysto"
 
+/// Seed for breaking ties when replicas of ring ranges are assigned to nodes.
+pub const RANGE_SEED: u64 = 0x7461_6c6c_7972_616e; // "tallyran"
+
 /// XXH3-64 of `bytes` under `seed`.
 pub fn hash64(seed: u64, bytes: &[u8]) -> u64 {
     xxh3_64_with_seed(bytes, seed)

@@ -24,6 +24,9 @@
 //!   dedup records found, the new value, the records to write and every reply.
 //! * [`dedup`] — the dedup window: duplicate, conflict or fresh.
 //! * [`ring`] — consistent-hash placement of shards on nodes, with virtual nodes.
+//! * [`ranges`] — the range directory of shard replication: the ring's circle cut
+//!   into a bounded number of ranges, each replicated on `R` nodes, and the
+//!   per-range replica changes a membership change causes.
 //! * [`sketch`] — HyperLogLog for distinct counts; [`cms`] — count-min for frequencies.
 //! * [`topk`] — mergeable heavy hitters (Misra–Gries); [`frequency`] — a counter's
 //!   per-shard frequency state (count-min and heavy hitters) and its limits.
@@ -54,6 +57,7 @@ pub mod meta;
 pub mod name;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
+pub mod ranges;
 pub mod reshard_machine;
 pub mod ring;
 pub mod rollup;

@@ -173,8 +173,9 @@ impl Ring {
 }
 
 /// A shard's position on the ring: its counter name, a separator, then its
-/// generation and index big-endian, hashed with [`RING_SEED`].
-fn shard_point(shard: &ShardId) -> u64 {
+/// generation and index big-endian, hashed with [`RING_SEED`]. The ring's owner and
+/// the range directory ([`crate::ranges`]) both place a shard by this point.
+pub fn shard_point(shard: &ShardId) -> u64 {
     let name = shard.counter.as_str().as_bytes();
     let mut key = Vec::with_capacity(name.len() + 1 + 4 + 2);
     key.extend_from_slice(name);

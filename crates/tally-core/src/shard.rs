@@ -141,7 +141,7 @@ impl ShardImage {
 }
 
 /// Everything one shard commit changes, applied atomically.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardWrite {
     /// The shard's new state.
     pub image: ShardImage,

@@ -1,0 +1,551 @@
+//! [`RangeGroups`]: the range groups one node replicates, behind one facade.
+
+use crate::log_store::LogStore;
+use crate::network::{
+    GroupNetworkFactory, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc,
+};
+use crate::state_machine::{Shared, StateMachine};
+use crate::storage::{KvError, KvStore};
+use crate::types::{Batch, BatchReport, LogId, Raft, ReplicaId, ReplicaNode, ShardEntry, StoredShard};
+use crate::types::{BATCH_IMAGES_MAX, IMAGE_RECORDS_MAX};
+use futures::future::BoxFuture;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use parking_lot::RwLock;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tally_core::dedup::DedupRecord;
+use tally_core::ranges::{RangeId, RangeLayout};
+use tally_core::ShardId;
+
+/// Leader heartbeat interval, in milliseconds.
+pub const HEARTBEAT_MS: u64 = 100;
+/// Shortest election timeout, in milliseconds (five heartbeats: a lost heartbeat
+/// or two does not start an election).
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
+/// Longest election timeout, in milliseconds. openraft also uses it as the leader
+/// lease: a follower that heard from a leader neither votes for another candidate
+/// nor stands itself until the lease has run out.
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 900;
+/// Bound on a failover, from the leader's death to a new leader: the survivors'
+/// lease runs out (at most [`ELECTION_TIMEOUT_MAX_MS`] after the last heartbeat),
+/// then an election timeout (at most as long again), and one split vote costs a
+/// further timeout; a heartbeat interval covers the rounds of messages.
+pub const FAILOVER_BOUND_MS: u64 = 3 * ELECTION_TIMEOUT_MAX_MS + HEARTBEAT_MS;
+const _: () = assert!(FAILOVER_BOUND_MS <= 3_000, "failover must stay within 3 s");
+/// How long a write waits for its quorum before answering `Timeout` (outcome
+/// unknown), in milliseconds; covers a failover.
+pub const WRITE_TIMEOUT_MS: u64 = 5_000;
+/// How long a fresh read waits for its leader check, in milliseconds.
+pub const READ_TIMEOUT_MS: u64 = 3_000;
+/// How long a learner may take to catch up before the wait gives up, in
+/// milliseconds.
+pub const CATCH_UP_TIMEOUT_MS: u64 = 30_000;
+/// Entries applied since the last snapshot that trigger a new one.
+pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
+/// Entries kept in the log behind a snapshot (followers a little behind catch up
+/// from the log instead of a snapshot).
+pub const LOGS_KEPT_BEHIND_SNAPSHOT: u64 = 1_000;
+/// Longest time one snapshot chunk may take, in milliseconds.
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
+/// Bytes per snapshot chunk.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+/// Most groups one node runs: every range of the largest layout.
+pub const GROUPS_PER_NODE_MAX: usize = tally_core::ranges::RANGES_MAX as usize;
+/// Polling interval of waits on a group's progress, in milliseconds.
+const POLL_MS: u64 = 10;
+
+const KEY_REPLICA_ID: &[u8] = b"replica_id";
+const IDENTITY_TREE: &str = "replica/identity";
+
+/// The tunables of a node's groups; [`GroupsConfig::default`] holds the constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupsConfig {
+    /// Leader heartbeat interval, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// Shortest election timeout, in milliseconds.
+    pub election_timeout_min_ms: u64,
+    /// Longest election timeout, in milliseconds.
+    pub election_timeout_max_ms: u64,
+    /// Entries since the last snapshot that trigger a new one.
+    pub snapshot_logs_since_last: u64,
+    /// Entries kept behind a snapshot.
+    pub logs_kept: u64,
+    /// Write timeout, in milliseconds.
+    pub write_timeout_ms: u64,
+    /// Fresh-read timeout, in milliseconds.
+    pub read_timeout_ms: u64,
+}
+
+impl Default for GroupsConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: HEARTBEAT_MS,
+            election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS,
+            snapshot_logs_since_last: SNAPSHOT_LOGS_SINCE_LAST,
+            logs_kept: LOGS_KEPT_BEHIND_SNAPSHOT,
+            write_timeout_ms: WRITE_TIMEOUT_MS,
+            read_timeout_ms: READ_TIMEOUT_MS,
+        }
+    }
+}
+
+/// Why a group operation failed. Every variant is an answer, never a crash.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaError {
+    /// This replica does not lead the range; `leader` is the leader it knows of.
+    #[error("not the leader of {range} (leader: {leader:?} on {leader_node:?})")]
+    NotLeader {
+        /// The range.
+        range: RangeId,
+        /// The leader's replica id, if known.
+        leader: Option<ReplicaId>,
+        /// The leader's node, if known.
+        leader_node: Option<String>,
+    },
+    /// This node runs no group for the range.
+    #[error("{0} is not open on this node")]
+    NoSuchRange(RangeId),
+    /// No quorum answered in time: the outcome of a write is unknown.
+    #[error("{range}: no quorum within {ms} ms")]
+    Timeout {
+        /// The range.
+        range: RangeId,
+        /// The timeout.
+        ms: u64,
+    },
+    /// The learner has not caught up with the leader yet.
+    #[error("{range}: replica {replica} has {matched:?}, the leader has applied {needed:?}")]
+    NotCaughtUp {
+        /// The range.
+        range: RangeId,
+        /// The learner.
+        replica: ReplicaId,
+        /// The last log index it holds.
+        matched: Option<u64>,
+        /// The last index the leader applied.
+        needed: Option<u64>,
+    },
+    /// A write outside the bounds or the range.
+    #[error("invalid write: {0}")]
+    Invalid(String),
+    /// The node would run more groups than [`GROUPS_PER_NODE_MAX`].
+    #[error("this node runs {0} groups already")]
+    TooManyGroups(usize),
+    /// The store failed.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// The store belongs to another replica than the one named.
+    #[error("this store is replica {stored}, not {asked}")]
+    OtherReplica {
+        /// The id in the store.
+        stored: ReplicaId,
+        /// The id asked for.
+        asked: ReplicaId,
+    },
+    /// Raft refused for another reason (a membership change in progress, a stopped
+    /// group, an invalid configuration).
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+impl From<KvError> for ReplicaError {
+    fn from(e: KvError) -> Self {
+        ReplicaError::Storage(e.to_string())
+    }
+}
+
+/// A write that a quorum holds durably.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteAck {
+    /// The entry's log id.
+    pub log_id: LogId,
+    /// What applying it did.
+    pub report: BatchReport,
+}
+
+/// A shard as a leader read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardRead {
+    /// The shard's image (`None`: the range holds nothing for it).
+    pub shard: Option<StoredShard>,
+    /// Its dedup records.
+    pub dedup: BTreeMap<String, DedupRecord>,
+    /// The leader's log position the read reflects.
+    pub read_at: Option<LogId>,
+}
+
+/// The voters and learners of a group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupMembers {
+    /// Replicas that count towards quorums (both sides during a joint change).
+    pub voters: BTreeSet<ReplicaId>,
+    /// Replicas that receive the log but do not count.
+    pub learners: BTreeSet<ReplicaId>,
+    /// Whether a joint (two-configuration) change is in progress.
+    pub joint: bool,
+}
+
+#[derive(Clone)]
+struct Group {
+    raft: Raft,
+    shared: Arc<Shared>,
+}
+
+/// The range groups of one node, sharing one store and one network.
+pub struct RangeGroups {
+    id: ReplicaId,
+    node: ReplicaNode,
+    kv: Arc<dyn KvStore>,
+    net: Arc<dyn RangeNetwork>,
+    config: GroupsConfig,
+    layout: RangeLayout,
+    groups: RwLock<BTreeMap<RangeId, Group>>,
+    /// Held while a group is being opened, so two opens of one range never start
+    /// two rafts over the same trees.
+    opening: tokio::sync::Mutex<()>,
+}
+
+fn leader_of(range: RangeId, f: &ForwardToLeader<ReplicaId, ReplicaNode>) -> ReplicaError {
+    ReplicaError::NotLeader {
+        range,
+        leader: f.leader_id,
+        leader_node: f.leader_node.as_ref().map(|n| n.node.clone()),
+    }
+}
+
+fn fatal<E: std::fmt::Display>(e: E) -> ReplicaError {
+    ReplicaError::Raft(e.to_string())
+}
+
+impl RangeGroups {
+    /// Opens the node's groups on `kv`. A store that names a replica id keeps it;
+    /// an empty store takes `fresh_id`, which must never have been used by any
+    /// store in the cluster (a node that lost its disk comes back as a new replica).
+    pub async fn open(
+        node: &str,
+        fresh_id: ReplicaId,
+        kv: Arc<dyn KvStore>,
+        net: Arc<dyn RangeNetwork>,
+        layout: RangeLayout,
+        config: GroupsConfig,
+    ) -> Result<Arc<Self>, ReplicaError> {
+        let identity = kv.tree(IDENTITY_TREE)?;
+        let id = match identity.get(KEY_REPLICA_ID)? {
+            Some(bytes) => u64::from_be_bytes(
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| ReplicaError::Storage("corrupt replica id".into()))?,
+            ),
+            None => {
+                identity.apply(vec![(KEY_REPLICA_ID.to_vec(), Some(fresh_id.to_be_bytes().to_vec()))])?;
+                kv.flush().await?;
+                fresh_id
+            }
+        };
+        let node = ReplicaNode { node: node.to_owned() };
+        Ok(Arc::new(Self {
+            id,
+            node,
+            kv,
+            net,
+            config,
+            layout,
+            groups: RwLock::new(BTreeMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// This node's replica id (its store's).
+    pub fn replica_id(&self) -> ReplicaId {
+        self.id
+    }
+
+    /// This node's raft node record.
+    pub fn node(&self) -> &ReplicaNode {
+        &self.node
+    }
+
+    fn openraft_config(&self) -> Result<Arc<openraft::Config>, ReplicaError> {
+        let c = &self.config;
+        let config = openraft::Config {
+            cluster_name: "tally-ranges".into(),
+            heartbeat_interval: c.heartbeat_ms,
+            election_timeout_min: c.election_timeout_min_ms,
+            election_timeout_max: c.election_timeout_max_ms,
+            install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(c.snapshot_logs_since_last),
+            max_in_snapshot_log_to_keep: c.logs_kept,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            ..Default::default()
+        };
+        Ok(Arc::new(config.validate().map_err(fatal)?))
+    }
+
+    /// Starts the group of `range` from what the store holds (an empty, not yet
+    /// initialized group if nothing: it waits to be initialized or added).
+    pub async fn open_range(&self, range: RangeId) -> Result<(), ReplicaError> {
+        if self.layout.span(range).is_none() {
+            return Err(ReplicaError::Invalid(format!("{range} is outside the layout")));
+        }
+        let _opening = self.opening.lock().await;
+        {
+            let groups = self.groups.read();
+            if groups.contains_key(&range) {
+                return Ok(());
+            }
+            if groups.len() >= GROUPS_PER_NODE_MAX {
+                return Err(ReplicaError::TooManyGroups(groups.len()));
+            }
+        }
+        let prefix = format!("replica/{}/", range.0);
+        let log = LogStore::open(self.kv.clone(), &prefix)?;
+        let sm = StateMachine::open(range, self.kv.clone(), &prefix).map_err(fatal)?;
+        let shared = sm.shared();
+        let network = GroupNetworkFactory { me: self.id, range, net: self.net.clone() };
+        let raft = Raft::new(self.id, self.openraft_config()?, network, log, sm).await.map_err(fatal)?;
+        self.groups.write().entry(range).or_insert(Group { raft, shared });
+        Ok(())
+    }
+
+    fn group(&self, range: RangeId) -> Result<Group, ReplicaError> {
+        self.groups.read().get(&range).cloned().ok_or(ReplicaError::NoSuchRange(range))
+    }
+
+    /// The ranges open on this node.
+    pub fn ranges(&self) -> Vec<RangeId> {
+        self.groups.read().keys().copied().collect()
+    }
+
+    /// Makes `members` the first voters of `range`'s group. Call it on one of them
+    /// only, once; a group that was initialized already answers Ok.
+    pub async fn initialize(
+        &self,
+        range: RangeId,
+        members: &[(ReplicaId, ReplicaNode)],
+    ) -> Result<(), ReplicaError> {
+        let g = self.group(range)?;
+        let members: BTreeMap<ReplicaId, ReplicaNode> = members.iter().cloned().collect();
+        match g.raft.initialize(members).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(fatal(e)),
+        }
+    }
+
+    fn check(&self, range: RangeId, images: &[ShardEntry]) -> Result<(), ReplicaError> {
+        if images.is_empty() || images.len() > BATCH_IMAGES_MAX {
+            return Err(ReplicaError::Invalid(format!(
+                "{} images; 1..={BATCH_IMAGES_MAX} allowed",
+                images.len()
+            )));
+        }
+        for e in images {
+            let records = e.write.dedup_put.len() + e.write.dedup_remove.len();
+            if records > IMAGE_RECORDS_MAX {
+                return Err(ReplicaError::Invalid(format!("{}: {records} dedup changes", e.shard)));
+            }
+            if self.layout.range_of_shard(&e.shard) != range {
+                return Err(ReplicaError::Invalid(format!("{} is not in {range}", e.shard)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Replicates `images` through `range`'s group. Answers Ok only once a quorum
+    /// of the group holds the entry durably and it is applied here; a replica that
+    /// does not lead answers [`ReplicaError::NotLeader`] with the leader it knows;
+    /// [`ReplicaError::Timeout`] means the outcome is unknown (retry with the same
+    /// images: they are absolute, so a repeat changes nothing).
+    pub async fn write(&self, range: RangeId, images: Vec<ShardEntry>) -> Result<WriteAck, ReplicaError> {
+        self.check(range, &images)?;
+        let g = self.group(range)?;
+        let ms = self.config.write_timeout_ms;
+        let written =
+            tokio::time::timeout(Duration::from_millis(ms), g.raft.client_write(Batch { range, images }));
+        match written.await {
+            Err(_) => Err(ReplicaError::Timeout { range, ms }),
+            Ok(Ok(r)) => Ok(WriteAck { log_id: r.log_id, report: r.data }),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => Err(leader_of(range, &f)),
+            Ok(Err(e)) => Err(fatal(e)),
+        }
+    }
+
+    async fn linearize(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
+        let ms = self.config.read_timeout_ms;
+        match tokio::time::timeout(Duration::from_millis(ms), g.raft.ensure_linearizable()).await {
+            Err(_) => Err(ReplicaError::Timeout { range, ms }),
+            Ok(Ok(at)) => Ok(at),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => Err(leader_of(range, &f)),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                Err(ReplicaError::Timeout { range, ms })
+            }
+            Ok(Err(e)) => Err(fatal(e)),
+        }
+    }
+
+    /// Reads `shard` as the range's leader, after confirming with a quorum that it
+    /// still leads and applying everything committed before the read (read index).
+    pub async fn read_fresh(&self, range: RangeId, shard: &ShardId) -> Result<ShardRead, ReplicaError> {
+        let g = self.group(range)?;
+        let read_at = self.linearize(range, &g).await?;
+        let (shard, dedup) = g.shared.shard(shard).map_or((None, BTreeMap::new()), |(s, d)| (Some(s), d));
+        Ok(ShardRead { shard, dedup, read_at })
+    }
+
+    /// What this replica has applied of `range`, without asking anyone (may be
+    /// behind the leader).
+    pub fn read_local(&self, range: RangeId) -> Result<crate::state_machine::RangeState, ReplicaError> {
+        Ok(self.group(range)?.shared.state())
+    }
+
+    /// The leader of `range` as this replica knows it.
+    pub fn leader(&self, range: RangeId) -> Result<Option<ReplicaId>, ReplicaError> {
+        Ok(self.group(range)?.raft.metrics().borrow().current_leader)
+    }
+
+    /// The voters and learners of `range` as this replica knows them.
+    pub fn members(&self, range: RangeId) -> Result<GroupMembers, ReplicaError> {
+        let g = self.group(range)?;
+        let metrics = g.raft.metrics().borrow().clone();
+        let m = metrics.membership_config.membership();
+        Ok(GroupMembers {
+            voters: m.voter_ids().collect(),
+            learners: m.learner_ids().collect(),
+            joint: m.get_joint_config().len() > 1,
+        })
+    }
+
+    /// How many snapshots this node's replica of `range` installed since it opened.
+    pub fn snapshots_installed(&self, range: RangeId) -> Result<u64, ReplicaError> {
+        Ok(self.group(range)?.shared.snapshots_installed())
+    }
+
+    /// Builds a snapshot of `range` now (the log behind it is purged down to the
+    /// configured number of kept entries).
+    pub async fn snapshot_now(&self, range: RangeId) -> Result<(), ReplicaError> {
+        self.group(range)?.raft.trigger().snapshot().await.map_err(fatal)
+    }
+
+    /// On the leader: adds `replica` on `node` as a learner of `range`. It receives
+    /// the log (or a snapshot) but counts towards no quorum; call
+    /// [`RangeGroups::promote`] once it caught up.
+    pub async fn add_learner(
+        &self,
+        range: RangeId,
+        replica: ReplicaId,
+        node: ReplicaNode,
+    ) -> Result<(), ReplicaError> {
+        let g = self.group(range)?;
+        match g.raft.add_learner(replica, node, false).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(leader_of(range, &f)),
+            Err(e) => Err(fatal(e)),
+        }
+    }
+
+    /// On the leader: whether `replica` holds every entry the leader applied.
+    pub fn caught_up(&self, range: RangeId, replica: ReplicaId) -> Result<(), ReplicaError> {
+        let g = self.group(range)?;
+        let m = g.raft.metrics().borrow().clone();
+        if m.current_leader != Some(self.id) {
+            return Err(ReplicaError::NotLeader { range, leader: m.current_leader, leader_node: None });
+        }
+        let matched =
+            m.replication.as_ref().and_then(|r| r.get(&replica).cloned().flatten()).map(|l| l.index);
+        let needed = m.last_applied.map(|l| l.index);
+        if matched >= needed {
+            Ok(())
+        } else {
+            Err(ReplicaError::NotCaughtUp { range, replica, matched, needed })
+        }
+    }
+
+    /// On the leader: waits until `replica` caught up ([`RangeGroups::caught_up`]),
+    /// at most `timeout`.
+    pub async fn wait_caught_up(
+        &self,
+        range: RangeId,
+        replica: ReplicaId,
+        timeout: Duration,
+    ) -> Result<(), ReplicaError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.caught_up(range, replica) {
+                Err(ReplicaError::NotCaughtUp { .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(POLL_MS)).await
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// On the leader: makes the learner `replica` a voter of `range` and removes
+    /// the voters in `remove` (a replaced incarnation, a node that left), by joint
+    /// consensus. Refused with [`ReplicaError::NotCaughtUp`] while the learner lacks
+    /// entries the leader applied, so it never counts towards a quorum before it
+    /// holds everything that quorum must know.
+    pub async fn promote(
+        &self,
+        range: RangeId,
+        replica: ReplicaId,
+        remove: &[ReplicaId],
+    ) -> Result<(), ReplicaError> {
+        self.caught_up(range, replica)?;
+        let mut voters = self.members(range)?.voters;
+        voters.insert(replica);
+        for r in remove {
+            voters.remove(r);
+        }
+        self.change_voters(range, voters).await
+    }
+
+    /// On the leader: removes `replica` from `range`'s voters and learners.
+    pub async fn remove_replica(&self, range: RangeId, replica: ReplicaId) -> Result<(), ReplicaError> {
+        let mut voters = self.members(range)?.voters;
+        voters.remove(&replica);
+        self.change_voters(range, voters).await
+    }
+
+    async fn change_voters(&self, range: RangeId, voters: BTreeSet<ReplicaId>) -> Result<(), ReplicaError> {
+        if voters.is_empty() {
+            return Err(ReplicaError::Invalid("a group keeps at least one voter".into()));
+        }
+        let g = self.group(range)?;
+        match g.raft.change_membership(voters, false).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(leader_of(range, &f)),
+            Err(e) => Err(fatal(e)),
+        }
+    }
+
+    /// Stops every group (their state stays in the store).
+    pub async fn shutdown(&self) {
+        let groups: Vec<Group> = std::mem::take(&mut *self.groups.write()).into_values().collect();
+        for g in groups {
+            if let Err(e) = g.raft.shutdown().await {
+                tracing::warn!(error = %e, "a range group did not stop cleanly");
+            }
+        }
+    }
+}
+
+impl RangeInbound for RangeGroups {
+    fn handle(&self, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>> {
+        let RangeEnvelope { to, range, rpc, .. } = envelope;
+        let own = self.id;
+        let group = self.groups.read().get(&range).cloned();
+        Box::pin(async move {
+            if to != own {
+                return Err(NetError::NotThisReplica { asked: to, own });
+            }
+            let g = group.ok_or(NetError::NoGroup { to, range })?;
+            Ok(match rpc {
+                RangeRpc::Append(r) => RangeReply::Append(g.raft.append_entries(r).await),
+                RangeRpc::Vote(r) => RangeReply::Vote(g.raft.vote(r).await),
+                RangeRpc::Snapshot(r) => RangeReply::Snapshot(g.raft.install_snapshot(r).await),
+            })
+        })
+    }
+}

@@ -1,0 +1,71 @@
+//! Shard replication: one openraft 0.9 group per range of the ring.
+//!
+//! [`tally_core::ranges`] cuts the ring into a bounded number of ranges and names
+//! each range's replicas; this crate runs the groups. A group's log entries are
+//! batches of *absolute* shard images ([`ShardEntry`]: the shard's image, the dedup
+//! records its commit put and removed, its seal and its commit sequence), never
+//! deltas, and applying keeps the image with the higher sequence: a replayed entry,
+//! or an older image after a newer one, changes nothing.
+//!
+//! # Pieces
+//!
+//! * [`storage`] — the ordered key-value storage underneath: [`SledKv`] (every group
+//!   of a node in one `sled::Db`, trees `replica/<range>/{log,vote,sm,snap}`) and
+//!   [`MemKv`] (same contract, with simulated crashes and failing flushes);
+//! * [`log_store`] — the log and vote, flushed before an append or a vote is
+//!   reported, so nothing is acknowledged that a crash can take back;
+//! * [`state_machine`] — the range's shards and dedup records, one atomic batch per
+//!   apply with the apply position; snapshots hold every shard of the range, so a
+//!   replica with an empty disk catches up by installing one;
+//! * [`network`] — [`RangeNetwork`], multiplexed by range so all groups of a node
+//!   share one connection per node pair, and [`MemRouter`], an in-memory network
+//!   with cut links, isolated and dropped replicas;
+//! * [`groups`] — [`RangeGroups`], one node's groups: open, initialize, `write`
+//!   (Ok only once a quorum has the entry durably; `NotLeader` with a hint
+//!   otherwise), `read_fresh` (leader read through openraft's read index),
+//!   learners promoted only once caught up, removal, by joint consensus.
+//!
+//! # Identities
+//!
+//! A replica's raft id belongs to its *store*: an empty store takes a fresh id and
+//! keeps it. A node that comes back with an empty disk is therefore a new replica,
+//! unknown to every group: it never votes or counts towards a quorum as the voter it
+//! replaced, and joins as a learner, is promoted when caught up, and the old id is
+//! removed in the same joint change.
+//!
+//! # Limits of this version
+//!
+//! A replica keeps a copy of its range's images and dedup records in memory (read
+//! by `read_fresh` and `read_local`), and a snapshot is built, sent and installed as
+//! one encoded `RangeState` in memory (sent in `SNAPSHOT_CHUNK_BYTES` chunks). Both
+//! are fine for ranges of thousands of shards; before ranges hold millions of dedup
+//! records, reads should go to the state tree and snapshots should stream it.
+//! openraft draws its election timeouts from a thread-local RNG, so runs on paused
+//! time are fast and bounded but not bit-for-bit repeatable.
+//!
+//! # Boundary of this version
+//!
+//! Nothing here is wired into the engine or the cluster yet: shard actors do not
+//! commit through [`RangeGroups::write`], the directory of ranges is not in the
+//! metadata group, and there is no [`RangeNetwork`] over `tally-transport`'s node
+//! sessions yet (only [`MemRouter`]; [`RangeEnvelope`] and its byte encoding in
+//! [`network`] are what such a transport would carry, and the router's tests already
+//! send every message through that encoding); those are the next steps
+//! (ARCHITECTURE.md, "Shard replication").
+
+#![forbid(unsafe_code)]
+
+pub mod groups;
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+pub mod storage;
+pub mod types;
+
+pub use groups::{
+    GroupMembers, GroupsConfig, RangeGroups, ReplicaError, ShardRead, WriteAck, ELECTION_TIMEOUT_MAX_MS,
+    ELECTION_TIMEOUT_MIN_MS, FAILOVER_BOUND_MS, HEARTBEAT_MS,
+};
+pub use network::{MemRouter, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
+pub use storage::{KvStore, MemKv, SledKv};
+pub use types::{Batch, BatchReport, ReplicaId, ReplicaNode, ShardEntry, StoredShard};

@@ -1,0 +1,360 @@
+//! Raft messages between the replicas of range groups, multiplexed by range: every
+//! group of a node sends through one [`RangeNetwork`], so one connection per node
+//! pair carries every group's traffic, and the receiving node hands each message to
+//! the group it names ([`RangeInbound`]).
+//!
+//! [`MemRouter`] is the in-memory implementation, for tests and the simulator: it
+//! delivers by replica id with a fixed latency and can cut links, isolate a replica
+//! or drop it. Messages and replies are serde types with a byte encoding
+//! ([`encode_envelope`], [`decode_reply`], …) for a byte transport; the router can
+//! send everything through it ([`MemRouter::encode_messages`]).
+
+// openraft's RPC error types are large and its network trait returns them; the
+// helpers here return the same types rather than boxing and unboxing them.
+#![allow(clippy::result_large_err)]
+
+use crate::types::{RangeConfig, ReplicaId, ReplicaNode};
+use futures::future::BoxFuture;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{RaftNetwork, RaftNetworkFactory};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tally_core::ranges::RangeId;
+
+/// One-way latency of a [`MemRouter`] link, in milliseconds.
+pub const MEM_LINK_LATENCY_MS: u64 = 1;
+/// Pause before openraft retries a replica that was unreachable, in milliseconds.
+pub const UNREACHABLE_BACKOFF_MS: u64 = 100;
+
+/// A raft message for one group.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum RangeRpc {
+    /// Log replication and heartbeats.
+    Append(AppendEntriesRequest<RangeConfig>),
+    /// An election.
+    Vote(VoteRequest<ReplicaId>),
+    /// A chunk of a snapshot.
+    Snapshot(InstallSnapshotRequest<RangeConfig>),
+}
+
+/// The answer of the receiving group's raft.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RangeReply {
+    /// To [`RangeRpc::Append`].
+    Append(Result<AppendEntriesResponse<ReplicaId>, RaftError<ReplicaId>>),
+    /// To [`RangeRpc::Vote`].
+    Vote(Result<VoteResponse<ReplicaId>, RaftError<ReplicaId>>),
+    /// To [`RangeRpc::Snapshot`].
+    Snapshot(Result<InstallSnapshotResponse<ReplicaId>, RaftError<ReplicaId, InstallSnapshotError>>),
+}
+
+/// A message for one group, addressed to one replica (an id is one store
+/// incarnation: a node that now runs another store refuses it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RangeEnvelope {
+    /// The sending replica.
+    pub from: ReplicaId,
+    /// The replica it is meant for.
+    pub to: ReplicaId,
+    /// The group.
+    pub range: RangeId,
+    /// The raft message.
+    pub rpc: RangeRpc,
+}
+
+/// Largest encoded message or reply a byte transport should accept: a snapshot
+/// chunk (`SNAPSHOT_CHUNK_BYTES`) or an append of openraft's largest payload of
+/// full batches fits well within it.
+pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
+
+/// The bytes of `envelope`, for a byte transport.
+pub fn encode_envelope(envelope: &RangeEnvelope) -> Vec<u8> {
+    tally_core::codec::encode(envelope)
+}
+
+/// The envelope in `bytes`, refusing more than [`MESSAGE_BYTES_MAX`].
+pub fn decode_envelope(bytes: &[u8]) -> Result<RangeEnvelope, NetError> {
+    if bytes.len() > MESSAGE_BYTES_MAX {
+        return Err(NetError::Undecodable(format!("{} bytes; at most {MESSAGE_BYTES_MAX}", bytes.len())));
+    }
+    tally_core::codec::decode("range message", bytes).map_err(|e| NetError::Undecodable(e.to_string()))
+}
+
+/// The bytes of an answer.
+pub fn encode_reply(reply: &Result<RangeReply, NetError>) -> Vec<u8> {
+    tally_core::codec::encode(reply)
+}
+
+/// The answer in `bytes`, refusing more than [`MESSAGE_BYTES_MAX`].
+pub fn decode_reply(bytes: &[u8]) -> Result<RangeReply, NetError> {
+    if bytes.len() > MESSAGE_BYTES_MAX {
+        return Err(NetError::Undecodable(format!("{} bytes; at most {MESSAGE_BYTES_MAX}", bytes.len())));
+    }
+    tally_core::codec::decode::<Result<RangeReply, NetError>>("range reply", bytes)
+        .map_err(|e| NetError::Undecodable(e.to_string()))?
+}
+
+/// Why a message was not answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum NetError {
+    /// The replica cannot be reached (down, partitioned, or no longer this id: a
+    /// node with a new store answers to a new id only).
+    #[error("replica {0} is unreachable")]
+    Unreachable(ReplicaId),
+    /// The replica's node does not run this range's group.
+    #[error("replica {to} runs no group for {range}")]
+    NoGroup {
+        /// The replica.
+        to: ReplicaId,
+        /// The range.
+        range: RangeId,
+    },
+    /// No answer within the deadline.
+    #[error("no answer from replica {0} in time")]
+    Timeout(ReplicaId),
+    /// The answer was of another kind than the message.
+    #[error("replica {0} answered with another kind of reply")]
+    Mismatch(ReplicaId),
+    /// The node runs another replica (its store was replaced): the message was
+    /// for an incarnation that no longer exists.
+    #[error("message for replica {asked} reached replica {own}")]
+    NotThisReplica {
+        /// The replica the message was for.
+        asked: ReplicaId,
+        /// The replica the node runs.
+        own: ReplicaId,
+    },
+    /// The bytes of a message or answer did not decode.
+    #[error("undecodable range message: {0}")]
+    Undecodable(String),
+}
+
+/// Sends a group's messages to other replicas.
+pub trait RangeNetwork: Send + Sync + 'static {
+    /// Delivers `envelope` to replica `envelope.to`, which runs on `node`, and
+    /// waits for its answer.
+    fn call(
+        &self,
+        node: &ReplicaNode,
+        envelope: RangeEnvelope,
+    ) -> BoxFuture<'static, Result<RangeReply, NetError>>;
+}
+
+/// The receiving side: a node's groups, by range.
+pub trait RangeInbound: Send + Sync + 'static {
+    /// Hands the message to the group it names, if it is meant for this node's
+    /// replica ([`NetError::NotThisReplica`] otherwise).
+    fn handle(&self, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>>;
+}
+
+// ------------------------------------------------------------ openraft adapters
+
+/// openraft's network factory of one group: every client goes through the node's
+/// shared [`RangeNetwork`].
+#[derive(Clone)]
+pub struct GroupNetworkFactory {
+    pub(crate) me: ReplicaId,
+    pub(crate) range: RangeId,
+    pub(crate) net: Arc<dyn RangeNetwork>,
+}
+
+/// openraft's connection to one replica of a group.
+pub struct GroupNetwork {
+    factory: GroupNetworkFactory,
+    target: ReplicaId,
+    node: ReplicaNode,
+}
+
+impl RaftNetworkFactory<RangeConfig> for GroupNetworkFactory {
+    type Network = GroupNetwork;
+
+    async fn new_client(&mut self, target: ReplicaId, node: &ReplicaNode) -> GroupNetwork {
+        GroupNetwork { factory: self.clone(), target, node: node.clone() }
+    }
+}
+
+type Rpc<T, E = openraft::error::Infallible> =
+    Result<T, RPCError<ReplicaId, ReplicaNode, RaftError<ReplicaId, E>>>;
+
+impl GroupNetwork {
+    async fn send(&self, rpc: RangeRpc, option: &RPCOption) -> Result<RangeReply, NetError> {
+        let f = &self.factory;
+        let envelope = RangeEnvelope { from: f.me, to: self.target, range: f.range, rpc };
+        let call = f.net.call(&self.node, envelope);
+        match tokio::time::timeout(option.hard_ttl(), call).await {
+            Ok(r) => r,
+            Err(_) => Err(NetError::Timeout(self.target)),
+        }
+    }
+
+    fn net_err<E: std::error::Error>(
+        &self,
+        e: NetError,
+    ) -> RPCError<ReplicaId, ReplicaNode, RaftError<ReplicaId, E>> {
+        match e {
+            NetError::Unreachable(_) | NetError::NoGroup { .. } | NetError::NotThisReplica { .. } => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            NetError::Timeout(_) | NetError::Mismatch(_) | NetError::Undecodable(_) => {
+                RPCError::Network(NetworkError::new(&e))
+            }
+        }
+    }
+
+    fn remote<T, E: std::error::Error>(&self, r: Result<T, RaftError<ReplicaId, E>>) -> Rpc<T, E> {
+        r.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
+    }
+}
+
+impl RaftNetwork<RangeConfig> for GroupNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<RangeConfig>,
+        option: RPCOption,
+    ) -> Rpc<AppendEntriesResponse<ReplicaId>> {
+        match self.send(RangeRpc::Append(rpc), &option).await.map_err(|e| self.net_err(e))? {
+            RangeReply::Append(r) => self.remote(r),
+            _ => Err(self.net_err(NetError::Mismatch(self.target))),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<RangeConfig>,
+        option: RPCOption,
+    ) -> Rpc<InstallSnapshotResponse<ReplicaId>, InstallSnapshotError> {
+        match self.send(RangeRpc::Snapshot(rpc), &option).await.map_err(|e| self.net_err(e))? {
+            RangeReply::Snapshot(r) => self.remote(r),
+            _ => Err(self.net_err(NetError::Mismatch(self.target))),
+        }
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<ReplicaId>, option: RPCOption) -> Rpc<VoteResponse<ReplicaId>> {
+        match self.send(RangeRpc::Vote(rpc), &option).await.map_err(|e| self.net_err(e))? {
+            RangeReply::Vote(r) => self.remote(r),
+            _ => Err(self.net_err(NetError::Mismatch(self.target))),
+        }
+    }
+
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(UNREACHABLE_BACKOFF_MS)))
+    }
+}
+
+// ------------------------------------------------------------------ in memory
+
+#[derive(Default)]
+struct RouterState {
+    nodes: BTreeMap<ReplicaId, Weak<dyn RangeInbound>>,
+    /// Cut links, both directions, stored as (smaller, larger).
+    cut: BTreeSet<(ReplicaId, ReplicaId)>,
+    isolated: BTreeSet<ReplicaId>,
+    /// Whether messages and answers travel as bytes.
+    encode: bool,
+}
+
+impl RouterState {
+    fn linked(&self, a: ReplicaId, b: ReplicaId) -> bool {
+        !self.isolated.contains(&a)
+            && !self.isolated.contains(&b)
+            && !self.cut.contains(&(a.min(b), a.max(b)))
+    }
+}
+
+/// The in-memory network: replicas register their node's groups under their id;
+/// a message is delivered after [`MEM_LINK_LATENCY_MS`], and its answer after as
+/// long again, if the link is up at both moments.
+#[derive(Clone, Default)]
+pub struct MemRouter {
+    state: Arc<Mutex<RouterState>>,
+}
+
+impl MemRouter {
+    /// A router with no replica.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Delivers messages for `id` to `node` from now on (held weakly: a dropped
+    /// node is unreachable).
+    pub fn register(&self, id: ReplicaId, node: Weak<dyn RangeInbound>) {
+        self.state.lock().nodes.insert(id, node);
+    }
+
+    /// Stops delivering to `id` (the node crashed or was stopped).
+    pub fn drop_replica(&self, id: ReplicaId) {
+        self.state.lock().nodes.remove(&id);
+    }
+
+    /// Cuts the link between `a` and `b`, both ways.
+    pub fn cut(&self, a: ReplicaId, b: ReplicaId) {
+        self.state.lock().cut.insert((a.min(b), a.max(b)));
+    }
+
+    /// Restores the link between `a` and `b`.
+    pub fn heal(&self, a: ReplicaId, b: ReplicaId) {
+        self.state.lock().cut.remove(&(a.min(b), a.max(b)));
+    }
+
+    /// Cuts every link of `id`.
+    pub fn isolate(&self, id: ReplicaId) {
+        self.state.lock().isolated.insert(id);
+    }
+
+    /// Sends every message and answer through [`encode_envelope`] and
+    /// [`encode_reply`] and back, as a byte transport would.
+    pub fn encode_messages(&self, on: bool) {
+        self.state.lock().encode = on;
+    }
+
+    /// Restores every cut link and isolated replica.
+    pub fn heal_all(&self) {
+        let mut s = self.state.lock();
+        s.cut.clear();
+        s.isolated.clear();
+    }
+}
+
+impl RangeNetwork for MemRouter {
+    fn call(
+        &self,
+        _node: &ReplicaNode,
+        envelope: RangeEnvelope,
+    ) -> BoxFuture<'static, Result<RangeReply, NetError>> {
+        let state = self.state.clone();
+        Box::pin(async move {
+            let (from, to) = (envelope.from, envelope.to);
+            let latency = Duration::from_millis(MEM_LINK_LATENCY_MS);
+            tokio::time::sleep(latency).await;
+            let (target, encode) = {
+                let s = state.lock();
+                if !s.linked(from, to) {
+                    return Err(NetError::Unreachable(to));
+                }
+                (s.nodes.get(&to).and_then(Weak::upgrade), s.encode)
+            };
+            let target = target.ok_or(NetError::Unreachable(to))?;
+            let reply = if encode {
+                let envelope = decode_envelope(&encode_envelope(&envelope))?;
+                let reply = target.handle(envelope).await;
+                decode_reply(&encode_reply(&reply))
+            } else {
+                target.handle(envelope).await
+            };
+            tokio::time::sleep(latency).await;
+            let s = state.lock();
+            if !s.linked(from, to) || !s.nodes.contains_key(&to) {
+                return Err(NetError::Unreachable(to));
+            }
+            reply
+        })
+    }
+}

@@ -1,0 +1,337 @@
+//! The ordered key-value storage every group's log, vote and state machine live
+//! in, with two implementations: [`SledKv`] (production: every group of a node in
+//! one `sled::Db`, one set of trees per group) and [`MemKv`] (tests and simulation).
+//!
+//! Both give the same guarantees, which is all the layers above rely on:
+//!
+//! * [`KvTree::apply`] is atomic: after a crash either every write of a batch is
+//!   there or none is;
+//! * writes become durable only at [`KvStore::flush`], which covers every tree;
+//!   after a crash a store holds what was flushed (sled may also keep some later
+//!   writes, always a prefix of them in order; [`MemKv::crash`] keeps none of them,
+//!   the harshest case allowed).
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+/// Why the storage failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    /// sled reported an error.
+    #[error("sled: {0}")]
+    Sled(String),
+    /// The in-memory store was told to fail its flushes (a simulated fsync failure).
+    #[error("flush failed (injected)")]
+    FlushFailed,
+}
+
+impl From<sled::Error> for KvError {
+    fn from(e: sled::Error) -> Self {
+        KvError::Sled(e.to_string())
+    }
+}
+
+/// One write of a batch: a value to insert, or `None` to remove the key.
+pub type KvWrite = (Vec<u8>, Option<Vec<u8>>);
+
+/// A key-value pair read back.
+pub type KvPair = (Vec<u8>, Vec<u8>);
+
+/// A node's store: named trees and one flush over all of them.
+pub trait KvStore: Send + Sync + 'static {
+    /// The tree called `name`, created if absent.
+    fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, KvError>;
+    /// Makes every write so far durable.
+    fn flush(&self) -> BoxFuture<'static, Result<(), KvError>>;
+}
+
+/// One ordered tree of byte keys.
+pub trait KvTree: Send + Sync + 'static {
+    /// The value of `key`.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError>;
+    /// Applies every write of `batch` atomically, in order (a later write of the
+    /// same key wins).
+    fn apply(&self, batch: Vec<KvWrite>) -> Result<(), KvError>;
+    /// Every pair with a key in `(from, to)`, in key order.
+    fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError>;
+    /// The pair with the largest key.
+    fn last(&self) -> Result<Option<KvPair>, KvError>;
+}
+
+/// Every pair whose key starts with `prefix`.
+pub fn scan_prefix(tree: &dyn KvTree, prefix: &[u8]) -> Result<Vec<KvPair>, KvError> {
+    let to = prefix_end(prefix).map_or(Bound::Unbounded, Bound::Excluded);
+    tree.scan(Bound::Included(prefix.to_vec()), to)
+}
+
+/// The smallest key greater than every key starting with `prefix`, if any.
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+// ------------------------------------------------------------------------- sled
+
+/// The production store: trees of one `sled::Db`, shared by every group of a node
+/// (and by the rest of the node's data, under other tree names).
+#[derive(Clone)]
+pub struct SledKv {
+    db: sled::Db,
+}
+
+impl SledKv {
+    /// Wraps an open database.
+    pub fn new(db: sled::Db) -> Self {
+        Self { db }
+    }
+}
+
+struct SledTree(sled::Tree);
+
+impl KvStore for SledKv {
+    fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, KvError> {
+        Ok(Arc::new(SledTree(self.db.open_tree(name)?)))
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), KvError>> {
+        let db = self.db.clone();
+        Box::pin(async move {
+            db.flush_async().await?;
+            Ok(())
+        })
+    }
+}
+
+impl KvTree for SledTree {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        Ok(self.0.get(key)?.map(|v| v.to_vec()))
+    }
+
+    fn apply(&self, batch: Vec<KvWrite>) -> Result<(), KvError> {
+        let mut b = sled::Batch::default();
+        for (key, value) in batch {
+            match value {
+                Some(v) => b.insert(key, v),
+                None => b.remove(key),
+            }
+        }
+        Ok(self.0.apply_batch(b)?)
+    }
+
+    fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
+        let mut out = Vec::new();
+        for item in self.0.range::<Vec<u8>, _>((from, to)) {
+            let (k, v) = item?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn last(&self) -> Result<Option<KvPair>, KvError> {
+        Ok(self.0.last()?.map(|(k, v)| (k.to_vec(), v.to_vec())))
+    }
+}
+
+// ----------------------------------------------------------------------- memory
+
+type Trees = BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>;
+
+#[derive(Default)]
+struct MemInner {
+    /// What a crash keeps.
+    durable: Trees,
+    /// What readers see: `durable` plus every write since the last flush.
+    live: Trees,
+    /// Whether flushes fail.
+    fail_flushes: bool,
+}
+
+/// The in-memory store, with sled's durability contract: writes since the last
+/// [`KvStore::flush`] vanish on [`MemKv::crash`]. Clones share the same store (a
+/// node restarted on it sees what survived).
+#[derive(Clone, Default)]
+pub struct MemKv {
+    inner: Arc<Mutex<MemInner>>,
+}
+
+impl MemKv {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Simulates a crash: every write since the last successful flush is lost.
+    pub fn crash(&self) {
+        let mut inner = self.inner.lock();
+        inner.live = inner.durable.clone();
+    }
+
+    /// Makes later flushes fail (`true`) or succeed again (`false`).
+    pub fn fail_flushes(&self, fail: bool) {
+        self.inner.lock().fail_flushes = fail;
+    }
+}
+
+struct MemTree {
+    inner: Arc<Mutex<MemInner>>,
+    name: String,
+}
+
+impl KvStore for MemKv {
+    fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, KvError> {
+        self.inner.lock().live.entry(name.to_owned()).or_default();
+        Ok(Arc::new(MemTree { inner: self.inner.clone(), name: name.to_owned() }))
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), KvError>> {
+        let result = {
+            let mut inner = self.inner.lock();
+            if inner.fail_flushes {
+                Err(KvError::FlushFailed)
+            } else {
+                inner.durable = inner.live.clone();
+                Ok(())
+            }
+        };
+        Box::pin(async move { result })
+    }
+}
+
+impl MemTree {
+    fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<Vec<u8>, Vec<u8>>) -> T) -> T {
+        let mut inner = self.inner.lock();
+        f(inner.live.entry(self.name.clone()).or_default())
+    }
+}
+
+impl KvTree for MemTree {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        Ok(self.with(|t| t.get(key).cloned()))
+    }
+
+    fn apply(&self, batch: Vec<KvWrite>) -> Result<(), KvError> {
+        self.with(|t| {
+            for (key, value) in batch {
+                match value {
+                    Some(v) => t.insert(key, v),
+                    None => t.remove(&key),
+                };
+            }
+        });
+        Ok(())
+    }
+
+    fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
+        if let (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) =
+            (&from, &to)
+        {
+            // BTreeMap::range panics on an inverted range; an empty answer is right.
+            if a > b {
+                return Ok(Vec::new());
+            }
+        }
+        Ok(self.with(|t| t.range((from, to)).map(|(k, v)| (k.clone(), v.clone())).collect()))
+    }
+
+    fn last(&self) -> Result<Option<KvPair>, KvError> {
+        Ok(self.with(|t| t.iter().next_back().map(|(k, v)| (k.clone(), v.clone()))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Apply(Vec<(u8, Option<u8>)>),
+        Scan(u8, u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            proptest::collection::vec((0u8..16, proptest::option::of(any::<u8>())), 0..6).prop_map(Op::Apply),
+            (0u8..18, 0u8..18).prop_map(|(a, b)| Op::Scan(a, b)),
+        ]
+    }
+
+    fn key(k: u8) -> Vec<u8> {
+        vec![b'k', k]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// sled and the in-memory store answer every read the same after the same
+        /// writes, over two trees.
+        #[test]
+        fn sled_and_memory_agree(ops in proptest::collection::vec((any::<bool>(), op()), 1..40)) {
+            let dir = tempfile::tempdir().unwrap();
+            let sled = SledKv::new(sled::open(dir.path()).unwrap());
+            let mem = MemKv::new();
+            let trees = |s: &dyn KvStore| [s.tree("a").unwrap(), s.tree("b").unwrap()];
+            let (st, mt) = (trees(&sled), trees(&mem));
+            for (which, op) in ops {
+                let (s, m) = (&st[usize::from(which)], &mt[usize::from(which)]);
+                match op {
+                    Op::Apply(writes) => {
+                        let batch: Vec<KvWrite> = writes.iter().map(|(k, v)| (key(*k), v.map(|v| vec![v]))).collect();
+                        s.apply(batch.clone()).unwrap();
+                        m.apply(batch).unwrap();
+                    }
+                    Op::Scan(a, b) => {
+                        let range = || (Bound::Included(key(a)), Bound::Excluded(key(b)));
+                        let (r1, r2) = range();
+                        let (m1, m2) = range();
+                        prop_assert_eq!(s.scan(r1, r2).unwrap(), m.scan(m1, m2).unwrap());
+                    }
+                }
+                prop_assert_eq!(s.last().unwrap(), m.last().unwrap());
+                prop_assert_eq!(scan_prefix(&**s, b"k").unwrap(), scan_prefix(&**m, b"k").unwrap());
+                for k in 0..16 {
+                    prop_assert_eq!(s.get(&key(k)).unwrap(), m.get(&key(k)).unwrap());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_crash_loses_exactly_what_was_not_flushed() {
+        let kv = MemKv::new();
+        let t = kv.tree("t").unwrap();
+        t.apply(vec![(b"a".to_vec(), Some(b"1".to_vec()))]).unwrap();
+        futures::executor::block_on(kv.flush()).unwrap();
+        t.apply(vec![(b"b".to_vec(), Some(b"2".to_vec())), (b"a".to_vec(), None)]).unwrap();
+        kv.crash();
+        assert_eq!(t.get(b"a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(t.get(b"b").unwrap(), None);
+        kv.fail_flushes(true);
+        t.apply(vec![(b"c".to_vec(), Some(b"3".to_vec()))]).unwrap();
+        assert_eq!(futures::executor::block_on(kv.flush()), Err(KvError::FlushFailed));
+        kv.crash();
+        assert_eq!(t.get(b"c").unwrap(), None);
+    }
+
+    #[test]
+    fn prefix_scans_stop_at_the_prefix() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[b'a', 0xff]), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+        let kv = MemKv::new();
+        let t = kv.tree("t").unwrap();
+        let put = |k: &[u8]| (k.to_vec(), Some(vec![1]));
+        t.apply(vec![put(b"a"), put(b"ab"), put(&[b'a', 0xff]), put(b"b")]).unwrap();
+        let keys: Vec<Vec<u8>> = scan_prefix(&*t, b"a").unwrap().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, vec![b"a".to_vec(), b"ab".to_vec(), vec![b'a', 0xff]]);
+    }
+}

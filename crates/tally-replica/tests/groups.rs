@@ -1,0 +1,451 @@
+//! Range groups of three nodes over the in-memory router, on a current-thread
+//! runtime with paused time: elections, failover, partitions, catch-up of an
+//! emptied replica and restarts, each deterministic and fast.
+
+use openraft::raft::VoteRequest;
+use openraft::Vote;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tally_core::dedup::DedupRecord;
+use tally_core::name::CounterName;
+use tally_core::ranges::{RangeId, RangeLayout};
+use tally_core::shard::{ShardImage, ShardWrite};
+use tally_core::ShardId;
+use tally_replica::{
+    GroupsConfig, KvStore, MemKv, MemRouter, NetError, RangeEnvelope, RangeGroups, RangeInbound, RangeRpc,
+    ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS,
+};
+use tokio::time::Instant;
+
+/// Ranges of the test layout (of 4) that the three nodes replicate.
+const RANGES: [RangeId; 3] = [RangeId(0), RangeId(1), RangeId(2)];
+/// Shards per range the tests write.
+const SHARDS_PER_RANGE: usize = 6;
+/// How long a test waits for a condition that must come true.
+const SETTLE: Duration = Duration::from_secs(20);
+
+fn layout() -> RangeLayout {
+    RangeLayout::try_new(4).unwrap()
+}
+
+/// `SHARDS_PER_RANGE` shards that lie in `range`.
+fn shards_in(range: RangeId) -> Vec<ShardId> {
+    let layout = layout();
+    (0..)
+        .map(|i| ShardId::new(CounterName::new(format!("c{i}")).unwrap(), 0, 0))
+        .filter(|s| layout.range_of_shard(s) == range)
+        .take(SHARDS_PER_RANGE)
+        .collect()
+}
+
+fn entry(shard: &ShardId, seq: u64, value: i64) -> ShardEntry {
+    ShardEntry {
+        shard: shard.clone(),
+        seq,
+        write: ShardWrite {
+            image: ShardImage { value, ..Default::default() },
+            dedup_put: vec![(format!("ev-{seq}"), DedupRecord { delta: 1, applied_at_ms: seq })],
+            dedup_remove: vec![],
+        },
+        sealed: false,
+    }
+}
+
+struct Cluster {
+    router: MemRouter,
+    config: GroupsConfig,
+    stores: Vec<MemKv>,
+    incarnations: Vec<u64>,
+    nodes: Vec<Option<Arc<RangeGroups>>>,
+}
+
+impl Cluster {
+    async fn start(n: usize, config: GroupsConfig) -> Self {
+        let mut c = Self {
+            router: MemRouter::new(),
+            config,
+            stores: (0..n).map(|_| MemKv::new()).collect(),
+            incarnations: vec![0; n],
+            nodes: (0..n).map(|_| None).collect(),
+        };
+        // Every message and answer crosses as bytes, as over a node-to-node transport.
+        c.router.encode_messages(true);
+        for i in 0..n {
+            c.start_node(i).await;
+        }
+        let members: Vec<(ReplicaId, ReplicaNode)> =
+            (0..n).map(|i| (c.id(i), c.node(i).node().clone())).collect();
+        for (k, range) in RANGES.iter().enumerate() {
+            c.node(k % n).initialize(*range, &members).await.unwrap();
+        }
+        for range in RANGES {
+            c.wait_leader(range, &[]).await;
+        }
+        c
+    }
+
+    async fn start_node(&mut self, i: usize) {
+        let fresh = (i as u64 + 1) * 100 + self.incarnations[i];
+        let kv: Arc<dyn KvStore> = Arc::new(self.stores[i].clone());
+        let g = RangeGroups::open(
+            &format!("node{i}"),
+            fresh,
+            kv,
+            Arc::new(self.router.clone()),
+            layout(),
+            self.config,
+        )
+        .await
+        .unwrap();
+        let inbound: Arc<dyn RangeInbound> = g.clone();
+        self.router.register(g.replica_id(), Arc::downgrade(&inbound) as Weak<dyn RangeInbound>);
+        for range in RANGES {
+            g.open_range(range).await.unwrap();
+        }
+        self.nodes[i] = Some(g);
+    }
+
+    /// Crashes node `i`: unreachable at once, groups stopped, unflushed writes lost.
+    async fn kill(&mut self, i: usize) {
+        let g = self.nodes[i].take().expect("node is up");
+        self.router.drop_replica(g.replica_id());
+        g.shutdown().await;
+        self.stores[i].crash();
+    }
+
+    fn node(&self, i: usize) -> &Arc<RangeGroups> {
+        self.nodes[i].as_ref().expect("node is up")
+    }
+
+    fn id(&self, i: usize) -> ReplicaId {
+        self.node(i).replica_id()
+    }
+
+    fn live(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.nodes.len()).filter(|i| self.nodes[*i].is_some())
+    }
+
+    /// The live node, not in `except`, that a majority of live nodes names as the
+    /// leader of `range` and that believes it leads.
+    fn leader(&self, range: RangeId, except: &[usize]) -> Option<usize> {
+        self.live().filter(|i| !except.contains(i)).find(|&i| {
+            let id = self.id(i);
+            let named = self.live().filter(|&j| self.node(j).leader(range).unwrap() == Some(id)).count();
+            self.node(i).leader(range).unwrap() == Some(id) && named >= 2
+        })
+    }
+
+    async fn wait_leader(&self, range: RangeId, except: &[usize]) -> (usize, Duration) {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.leader(range, except) {
+                return (l, start.elapsed());
+            }
+            assert!(start.elapsed() < SETTLE, "{range}: no leader");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Writes through whichever node leads, following `NotLeader` hints.
+    async fn write(&self, range: RangeId, images: Vec<ShardEntry>) {
+        let start = Instant::now();
+        loop {
+            for i in self.live().collect::<Vec<_>>() {
+                match self.node(i).write(range, images.clone()).await {
+                    Ok(_) => return,
+                    Err(ReplicaError::NotLeader { .. }) | Err(ReplicaError::Timeout { .. }) => {}
+                    Err(e) => panic!("{range}: {e}"),
+                }
+            }
+            assert!(start.elapsed() < SETTLE, "{range}: write never committed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every shard's value as the current leader reads it.
+    async fn read_all(&self, range: RangeId) -> BTreeMap<ShardId, (u64, i64)> {
+        let (l, _) = self.wait_leader(range, &[]).await;
+        let mut out = BTreeMap::new();
+        for s in shards_in(range) {
+            let read = self.node(l).read_fresh(range, &s).await.unwrap();
+            if let Some(stored) = read.shard {
+                out.insert(s, (stored.seq, stored.image.value));
+            }
+        }
+        out
+    }
+}
+
+/// Writes `rounds` rounds of images to every range; returns what each shard holds.
+async fn write_rounds(c: &Cluster, rounds: u64, base: u64) -> BTreeMap<ShardId, (u64, i64)> {
+    let mut want = BTreeMap::new();
+    for round in 0..rounds {
+        for range in RANGES {
+            let seq = base + round;
+            let images: Vec<ShardEntry> =
+                shards_in(range).iter().map(|s| entry(s, seq, seq as i64 * 10)).collect();
+            for s in shards_in(range) {
+                want.insert(s, (seq, seq as i64 * 10));
+            }
+            c.write(range, images).await;
+        }
+    }
+    want
+}
+
+async fn assert_holds(c: &Cluster, want: &BTreeMap<ShardId, (u64, i64)>) {
+    for range in RANGES {
+        let got = c.read_all(range).await;
+        for s in shards_in(range) {
+            assert_eq!(got.get(&s), want.get(&s), "{range} {s}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn committed_writes_survive_the_leader_and_a_new_one_is_elected_in_bounded_time() {
+    let mut c = Cluster::start(3, GroupsConfig::default()).await;
+    let want = write_rounds(&c, 5, 1).await;
+    let (old, _) = c.wait_leader(RANGES[0], &[]).await;
+    c.kill(old).await;
+    let (new, took) = c.wait_leader(RANGES[0], &[old]).await;
+    println!("failover of {}: {} ms (bound {FAILOVER_BOUND_MS} ms)", RANGES[0], took.as_millis());
+    assert_ne!(new, old);
+    assert!(took <= Duration::from_millis(FAILOVER_BOUND_MS), "failover took {took:?}");
+    assert_holds(&c, &want).await;
+    let want = write_rounds(&c, 3, 100).await;
+    assert_holds(&c, &want).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_isolated_leader_acknowledges_nothing() {
+    let c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let shard = shards_in(range)[0].clone();
+    c.write(range, vec![entry(&shard, 1, 10)]).await;
+    let (old, _) = c.wait_leader(range, &[]).await;
+    c.router.isolate(c.id(old));
+    // The old leader's write would win if it were ever applied (higher sequence).
+    let stale_write = c.node(old).write(range, vec![entry(&shard, 1_000, -1)]);
+    let stale_read = c.node(old).read_fresh(range, &shard);
+    let majority = async {
+        let (new, _) = c.wait_leader(range, &[old]).await;
+        c.node(new).write(range, vec![entry(&shard, 2, 20)]).await.unwrap();
+        new
+    };
+    let (written, read, new) = tokio::join!(stale_write, stale_read, majority);
+    assert!(matches!(written, Err(ReplicaError::Timeout { .. })), "isolated leader answered {written:?}");
+    assert!(read.is_err(), "isolated leader served a fresh read: {read:?}");
+    assert_ne!(new, old);
+    c.router.heal_all();
+    let got = c.read_all(range).await;
+    assert_eq!(got.get(&shard), Some(&(2, 20)));
+    // Once healed, the old leader dropped its uncommitted entry and holds the same.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let local = c.node(old).read_local(range).unwrap();
+    assert_eq!(local.shards[&shard].seq, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_emptied_replica_catches_up_by_snapshot_as_a_learner_before_it_votes() {
+    let config = GroupsConfig { snapshot_logs_since_last: 10, logs_kept: 0, ..GroupsConfig::default() };
+    let mut c = Cluster::start(3, config).await;
+    let range = RANGES[0];
+    let want = write_rounds(&c, 30, 1).await;
+    let (leader, _) = c.wait_leader(range, &[]).await;
+    c.node(leader).snapshot_now(range).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let victim = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let old_id = c.id(victim);
+    c.kill(victim).await;
+    c.stores[victim] = MemKv::new();
+    c.incarnations[victim] += 1;
+    c.start_node(victim).await;
+    let new_id = c.id(victim);
+    assert_ne!(new_id, old_id, "an empty store is a new replica");
+    // A transport that routes by node name delivers the old replica's traffic to
+    // the new one, which refuses it: it never answers a vote or an append as the
+    // voter it replaced.
+    let inbound: Arc<dyn RangeInbound> = c.node(victim).clone();
+    c.router.register(old_id, Arc::downgrade(&inbound));
+    let vote = RangeRpc::Vote(VoteRequest { vote: Vote::new(99, c.id(leader)), last_log_id: None });
+    let refused = inbound.handle(RangeEnvelope { from: c.id(leader), to: old_id, range, rpc: vote }).await;
+    assert!(
+        matches!(refused, Err(NetError::NotThisReplica { asked, own }) if asked == old_id && own == new_id)
+    );
+
+    // Cut off, the learner cannot catch up, and promotion is refused.
+    c.router.cut(c.id(leader), new_id);
+    let l = c.node(leader).clone();
+    l.add_learner(range, new_id, c.node(victim).node().clone()).await.unwrap();
+    let members = l.members(range).unwrap();
+    assert!(members.learners.contains(&new_id) && !members.voters.contains(&new_id), "{members:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let refused = l.promote(range, new_id, &[old_id]).await;
+    assert!(matches!(refused, Err(ReplicaError::NotCaughtUp { .. })), "{refused:?}");
+    assert!(!l.members(range).unwrap().voters.contains(&new_id));
+
+    c.router.heal_all();
+    l.wait_caught_up(range, new_id, SETTLE).await.unwrap();
+    assert!(c.node(victim).snapshots_installed(range).unwrap() >= 1, "caught up by snapshot");
+    l.promote(range, new_id, &[old_id]).await.unwrap();
+    let members = l.members(range).unwrap();
+    assert_eq!(members.voters, [c.id(leader), c.id(other), new_id].into_iter().collect());
+    assert!(!members.joint);
+    let local = c.node(victim).read_local(range).unwrap();
+    for s in shards_in(range) {
+        assert_eq!(local.shards.get(&s).map(|x| (x.seq, x.image.value)), want.get(&s).copied(), "{s}");
+    }
+
+    // The new replica now counts: with the third node gone, it and the leader are
+    // the quorum.
+    c.kill(other).await;
+    let shard = shards_in(range)[0].clone();
+    c.write(range, vec![entry(&shard, 500, 5_000)]).await;
+    assert_eq!(c.read_all(range).await.get(&shard), Some(&(500, 5_000)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_of_every_node_recovers_every_committed_image() {
+    let mut c = Cluster::start(3, GroupsConfig::default()).await;
+    let want = write_rounds(&c, 8, 1).await;
+    let ids: Vec<ReplicaId> = (0..3).map(|i| c.id(i)).collect();
+    for i in 0..3 {
+        c.kill(i).await;
+    }
+    for (i, id) in ids.iter().enumerate() {
+        c.incarnations[i] += 1; // offered, but a store that has an id keeps it
+        c.start_node(i).await;
+        assert_eq!(c.id(i), *id);
+    }
+    assert_holds(&c, &want).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn replayed_and_older_images_keep_the_newest_and_followers_redirect() {
+    let c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[1];
+    let shard = shards_in(range)[0].clone();
+    let (l, _) = c.wait_leader(range, &[]).await;
+    let leader = c.node(l);
+    let ack = leader.write(range, vec![entry(&shard, 7, 70)]).await.unwrap();
+    assert_eq!(ack.report.applied, 1);
+    let ack = leader.write(range, vec![entry(&shard, 6, 60)]).await.unwrap();
+    assert_eq!((ack.report.applied, ack.report.stale), (0, 1));
+    let ack = leader.write(range, vec![entry(&shard, 7, 70)]).await.unwrap();
+    assert_eq!(ack.report.stale, 1);
+    let read = leader.read_fresh(range, &shard).await.unwrap();
+    let stored = read.shard.unwrap();
+    assert_eq!((stored.seq, stored.image.value), (7, 70));
+    assert!(read.dedup.contains_key("ev-7") && !read.dedup.contains_key("ev-6"));
+
+    let follower = (l + 1) % 3;
+    match c.node(follower).write(range, vec![entry(&shard, 8, 80)]).await {
+        Err(ReplicaError::NotLeader { leader, .. }) => assert_eq!(leader, Some(c.id(l))),
+        other => panic!("a follower answered {other:?}"),
+    }
+    let wrong = shards_in(RANGES[2])[0].clone();
+    assert!(matches!(leader.write(range, vec![entry(&wrong, 1, 1)]).await, Err(ReplicaError::Invalid(_))));
+    assert!(matches!(leader.write(range, vec![]).await, Err(ReplicaError::Invalid(_))));
+    assert!(matches!(
+        leader.write(RangeId(3), vec![entry(&shard, 9, 9)]).await,
+        Err(ReplicaError::Invalid(_) | ReplicaError::NoSuchRange(_))
+    ));
+}
+
+/// Three nodes on sled (real time: sled flushes on its own threads), restarted on
+/// their databases: every committed image is read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_groups_restart_from_their_databases() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let dbs: Vec<sled::Db> = dirs.iter().map(|d| sled::open(d.path()).unwrap()).collect();
+    let router = MemRouter::new();
+    let start = |i: usize| {
+        let router = router.clone();
+        let db = dbs[i].clone();
+        async move {
+            let kv: Arc<dyn KvStore> = Arc::new(SledKv::new(db));
+            let g = RangeGroups::open(
+                &format!("node{i}"),
+                i as u64 + 1,
+                kv,
+                Arc::new(router.clone()),
+                layout(),
+                GroupsConfig::default(),
+            )
+            .await
+            .unwrap();
+            let inbound: Arc<dyn RangeInbound> = g.clone();
+            router.register(g.replica_id(), Arc::downgrade(&inbound));
+            g.open_range(RANGES[0]).await.unwrap();
+            g
+        }
+    };
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(start(i).await);
+    }
+    let members: Vec<(ReplicaId, ReplicaNode)> =
+        nodes.iter().map(|g| (g.replica_id(), g.node().clone())).collect();
+    nodes[0].initialize(RANGES[0], &members).await.unwrap();
+    let write_anywhere = |nodes: Vec<Arc<RangeGroups>>, images: Vec<ShardEntry>| async move {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            for g in &nodes {
+                if g.write(RANGES[0], images.clone()).await.is_ok() {
+                    return g.clone();
+                }
+            }
+            assert!(Instant::now() < deadline, "no write committed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let shards = shards_in(RANGES[0]);
+    for seq in 1..=5u64 {
+        let images = shards.iter().map(|s| entry(s, seq, seq as i64)).collect();
+        write_anywhere(nodes.clone(), images).await;
+    }
+    for g in nodes.drain(..) {
+        router.drop_replica(g.replica_id());
+        g.shutdown().await;
+    }
+    for i in 0..3 {
+        nodes.push(start(i).await);
+    }
+    // A write through the new leader commits in its term; then every image reads back.
+    let leader = write_anywhere(nodes.clone(), vec![entry(&shards[0], 6, 6)]).await;
+    for (k, s) in shards.iter().enumerate() {
+        let read = leader.read_fresh(RANGES[0], s).await.unwrap().shard.unwrap();
+        let want = if k == 0 { 6 } else { 5 };
+        assert_eq!((read.seq, read.image.value), (want, want as i64), "{s}");
+    }
+    for g in nodes {
+        g.shutdown().await;
+    }
+}
+
+/// With both followers' flushes failing, no quorum holds the entry durably, and
+/// the leader must not acknowledge it.
+#[tokio::test(start_paused = true)]
+async fn no_write_is_acknowledged_without_a_durable_quorum() {
+    let mut c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let shard = shards_in(range)[0].clone();
+    c.write(range, vec![entry(&shard, 1, 10)]).await;
+    let (l, _) = c.wait_leader(range, &[]).await;
+    for i in (0..3).filter(|i| *i != l) {
+        c.stores[i].fail_flushes(true);
+    }
+    let written = c.node(l).write(range, vec![entry(&shard, 2, 20)]).await;
+    assert!(written.is_err(), "acknowledged without a durable quorum: {written:?}");
+    // A replica whose store failed stops its groups; restarted on a healthy disk,
+    // it makes a quorum again and writes commit.
+    let f = (l + 1) % 3;
+    c.kill(f).await;
+    c.stores[f].fail_flushes(false);
+    c.start_node(f).await;
+    c.write(range, vec![entry(&shard, 3, 30)]).await;
+    assert_eq!(c.read_all(range).await.get(&shard), Some(&(3, 30)));
+}
