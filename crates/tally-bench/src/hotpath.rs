@@ -100,11 +100,8 @@ async fn counters_cell(new: bool, opts: &Options) -> anyhow::Result<Cell> {
     let verification = if new { verify_new(&tally, &d).await } else { verify_existing(&tally, &d).await };
     cell.verification = verification.unwrap_or_else(|e| Verification::Failed(format!("{e:#}")));
     let stats = tally.stats();
-    cell.details = format!(
-        "{} fsyncs; {} shard actor starts",
-        stats.flushes.get(),
-        stats.shard_activations.get()
-    );
+    cell.details =
+        format!("{} fsyncs; {} shard actor starts", stats.flushes.get(), stats.shard_activations.get());
     tally.shutdown().await?;
     Ok(cell)
 }
@@ -220,7 +217,11 @@ async fn fresh_read_cell(writers: usize, opts: &Options) -> anyhow::Result<Cell>
     cell.unit = "reads/s";
     let last = tally.read(READ_COUNTER, Consistency::Fresh).await?;
     cell.verification = if d.errors > 0 {
-        Verification::Failed(format!("{} reads wrong (first: {})", d.errors, d.first_error.unwrap_or_default()))
+        Verification::Failed(format!(
+            "{} reads wrong (first: {})",
+            d.errors,
+            d.first_error.unwrap_or_default()
+        ))
     } else if last.value != i128::from(written) {
         Verification::Failed(format!("final fresh read {} after {written} acknowledged", last.value))
     } else {

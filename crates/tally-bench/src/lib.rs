@@ -149,7 +149,8 @@ pub async fn run(opts: &Options, command: String) -> Report {
             continue;
         }
         eprintln!("{key} ...");
-        let cell = hotpath::cell(&key, opts).await.unwrap_or_else(|e| failed_cell(key, hotpath::PREFIX, 0, 0, e));
+        let cell =
+            hotpath::cell(&key, opts).await.unwrap_or_else(|e| failed_cell(key, hotpath::PREFIX, 0, 0, e));
         report.cells.push(cell);
     }
     report.elapsed = started.elapsed();

@@ -240,12 +240,18 @@ impl Report {
         let created = ratio(
             get(format!("{PREFIX}/new-counters/{CREATE_WRITERS}w")),
             get(format!("{PREFIX}/existing-counters/{CREATE_WRITERS}w")),
-            &format!("first increments to new counters ÷ increments to existing ones ({CREATE_WRITERS} writers)"),
+            &format!(
+                "first increments to new counters ÷ increments to existing ones ({CREATE_WRITERS} writers)"
+            ),
             0.5,
         );
         let _ = writeln!(o, "{created}");
         if let Some(c) = get(format!("{PREFIX}/sync/64sh/64w")) {
-            let _ = writeln!(o, "- `sync`, 64 shards, 64 writers (not to be hurt): {} increments/s", thousands(c.rate));
+            let _ = writeln!(
+                o,
+                "- `sync`, 64 shards, 64 writers (not to be hurt): {} increments/s",
+                thousands(c.rate)
+            );
         }
         let idle = get(format!("{PREFIX}/fresh-read-idle/{READ_SHARDS}sh"));
         if let Some(c) = get(format!("{PREFIX}/fresh-read-{READ_WRITERS}w/{READ_SHARDS}sh")) {
