@@ -248,3 +248,41 @@ async fn a_sum_in_doubt_past_the_resend_limit_is_reported_not_resent() {
     store.stall_commit_path(0);
     tally.shutdown().await.unwrap();
 }
+
+/// A fresh read of a `batched` counter answers the values its shards applied without
+/// waiting behind a slow fsync (everything applied to a batched shard was
+/// acknowledged already); a `sync` counter's fresh read still waits for the flush, as
+/// its shards may hold applied writes that are not acknowledged yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_fresh_read_does_not_wait_for_a_slow_fsync() {
+    let (tally, store) = hooked(quick_config(), Arc::new(SystemClock)).await;
+    // A window longer than the test: only the reads drain "b", so no flush of the
+    // aggregator's runs on the commit path while they do.
+    let batched = SpecPatch { flush_ms: Some(10_000), ..spec(8, Durability::Batched) };
+    tally.put_counter("b", batched).await.unwrap();
+    tally.put_counter("s", spec(8, Durability::Sync)).await.unwrap();
+    tally.incr("s", Increment::new(5)).await.unwrap();
+    const FLUSH_MS: u64 = 1_500;
+    store.flush_stall_ms.store(FLUSH_MS, std::sync::atomic::Ordering::SeqCst);
+    for i in 0..20 {
+        tally.incr("b", Increment::new(1).writer(format!("w{i}"))).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    let read = tally.read("b", Consistency::Fresh).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!((read.value, read.complete), (20, true));
+    assert!(took < Duration::from_millis(FLUSH_MS / 3), "the batched read took {took:?}");
+    // The drain just applied writes that are not durable: a sync counter's read waits.
+    tally.incr("b", Increment::new(1)).await.unwrap();
+    let _ = tally.read("b", Consistency::Fresh).await.unwrap();
+    let started = std::time::Instant::now();
+    let read = tally.read("s", Consistency::Fresh).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!((read.value, read.complete), (5, true));
+    assert!(
+        took >= Duration::from_millis(FLUSH_MS / 2),
+        "the sync read did not wait for the flush: {took:?}"
+    );
+    store.flush_stall_ms.store(0, std::sync::atomic::Ordering::SeqCst);
+    tally.shutdown().await.unwrap();
+}
