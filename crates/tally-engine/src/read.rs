@@ -92,36 +92,11 @@ async fn snapshot_applied(ctx: &Arc<Ctx>, meta: &Arc<CounterMeta>, name: &Counte
     }
 }
 
-/// How a read treats values applied but not yet flushed on this node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wait {
-    /// Wait for the flush that makes them durable (a `sync` counter, whose shards
-    /// hold applied writes not yet acknowledged; a reconciliation, which corrects
-    /// from a total a crash must not take back).
-    Durable,
-    /// Answer them as applied when the counter is `batched`: every write applied to
-    /// a batched shard was acknowledged already (from memory, or once applied), and
-    /// what a crash may take back of them is what the batched contract lets it lose.
-    /// A read then never waits behind the group commit's fsync.
-    BySpec,
-}
-
-impl Wait {
-    fn durable(self, meta: &CounterMeta) -> bool {
-        self == Wait::Durable || meta.spec.durability == tally_core::spec::Durability::Sync
-    }
-}
-
-/// Every current shard's image. A `sync` counter's (or any, with [`Wait::Durable`])
-/// is made durable before it is answered: this node's shards were read as applied,
-/// and such a read must never show what a crash could still take back, including
-/// `sync` writes not yet acknowledged. (Other owners make theirs durable before
-/// answering a `Read` in every case.)
-async fn snapshot(ctx: &Arc<Ctx>, meta: &Arc<CounterMeta>, name: &CounterName, wait: Wait) -> Snapshot {
+/// Every current shard's image, made durable before it is answered: this node's
+/// shards were read as applied, and a read must never show what a crash could still
+/// take back. (Other owners do the same before answering a `Read`.)
+async fn snapshot(ctx: &Arc<Ctx>, meta: &Arc<CounterMeta>, name: &CounterName) -> Snapshot {
     let mut snap = snapshot_applied(ctx, meta, name).await;
-    if !wait.durable(&snap.meta) {
-        return snap;
-    }
     if let Err(e) = ctx.flusher.make_durable().await {
         tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
         snap.images.iter_mut().for_each(|i| *i = None);
@@ -158,10 +133,9 @@ pub(crate) async fn sum_shards(
     ctx: &Arc<Ctx>,
     meta: &Arc<CounterMeta>,
     name: &CounterName,
-    wait: Wait,
 ) -> Result<ValueRead, TallyError> {
     let as_of_ms = ctx.now_ms();
-    Ok(total(&snapshot(ctx, meta, name, wait).await, as_of_ms))
+    Ok(total(&snapshot(ctx, meta, name).await, as_of_ms))
 }
 
 /// The totals of many counters (a rollup pass), with one wait for durability for all
@@ -197,13 +171,9 @@ pub const SUM_MANY_CONCURRENT_MAX: usize = 64;
 /// summed. The read says `complete: false` if a shard did not answer, or if a sum
 /// this node drained is still in doubt (sent, not yet answered): it cannot know
 /// whether that sum is in the total.
-pub(crate) async fn fresh(
-    ctx: &Arc<Ctx>,
-    rt: &Arc<CounterRuntime>,
-    wait: Wait,
-) -> Result<ValueRead, TallyError> {
+pub(crate) async fn fresh(ctx: &Arc<Ctx>, rt: &Arc<CounterRuntime>) -> Result<ValueRead, TallyError> {
     let settled = ctx.deliver_for_read(rt).await;
-    let mut read = sum_shards(ctx, &rt.meta, &rt.name, wait).await?;
+    let mut read = sum_shards(ctx, &rt.meta, &rt.name).await?;
     read.complete &= settled;
     Ok(read)
 }
@@ -215,7 +185,7 @@ pub(crate) async fn distinct(
     meta: &Arc<CounterMeta>,
     name: &CounterName,
 ) -> Result<DistinctRead, TallyError> {
-    let Snapshot { meta, images, current } = snapshot(ctx, meta, name, Wait::BySpec).await;
+    let Snapshot { meta, images, current } = snapshot(ctx, meta, name).await;
     let mut merged = DistinctSketch::new();
     let mut counter_bytes = 0u64;
     for (index, image) in images.iter().enumerate() {
@@ -249,7 +219,7 @@ pub(crate) async fn frequencies(
     name: &CounterName,
 ) -> Result<(FrequencySketch, FrequencySpec, Vec<u16>, bool), TallyError> {
     let Some(spec) = meta.spec.frequency else { return Err(TallyError::FrequencyOff(name.to_string())) };
-    let Snapshot { meta, images, current } = snapshot(ctx, meta, name, Wait::BySpec).await;
+    let Snapshot { meta, images, current } = snapshot(ctx, meta, name).await;
     let corrupt = |id: &ShardId, e: &dyn std::fmt::Display| tally_store::StoreError::Corrupt {
         location: format!("frequency sketch of shard {id}"),
         source: tally_core::codec::DecodeError { what: "frequency sketch", reason: e.to_string() },
@@ -322,7 +292,7 @@ pub(crate) async fn shards(
     ctx: &Arc<Ctx>,
     rt: &crate::runtime::CounterRuntime,
 ) -> Result<ShardsReport, TallyError> {
-    let Snapshot { meta, images, .. } = snapshot(ctx, &rt.meta, &rt.name, Wait::BySpec).await;
+    let Snapshot { meta, images, .. } = snapshot(ctx, &rt.meta, &rt.name).await;
     let mut shards = Vec::with_capacity(usize::from(meta.layout.shards));
     for (index, image) in images.iter().enumerate() {
         let id = ShardId::new(rt.name.clone(), meta.layout.generation, index as u16);

@@ -170,7 +170,7 @@ pub(crate) async fn reconcile(
     let rt = ctx.runtime(name.as_str(), false).await?;
     // Only a complete total may be corrected: a correction computed from part of the
     // shards would count the missing ones a second time once they answer again.
-    let read = crate::read::fresh(ctx, &rt, crate::read::Wait::Durable).await?;
+    let read = crate::read::fresh(ctx, &rt).await?;
     if !read.complete {
         return Err(TallyError::Unavailable {
             shard: name.to_string(),

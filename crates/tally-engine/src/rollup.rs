@@ -171,7 +171,7 @@ async fn load(
         }
     };
     rt.changed.store(0, SeqCst);
-    match crate::read::fresh(&ctx, &rt, crate::read::Wait::BySpec).await {
+    match crate::read::fresh(&ctx, &rt).await {
         Ok(read) => {
             let _ = reply.send(Ok(aged(&read, ctx.now_ms())));
             let fetched =

@@ -61,8 +61,6 @@ pub struct HookStore {
     pub meta_batch_stall_ms: Arc<std::sync::atomic::AtomicU64>,
     /// How many shard loads were asked for.
     pub loads: Arc<std::sync::atomic::AtomicU64>,
-    /// Every flush sleeps this long first, in milliseconds (a slow fsync).
-    pub flush_stall_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl HookStore {
@@ -77,7 +75,6 @@ impl HookStore {
             meta_batches: Default::default(),
             meta_batch_stall_ms: Default::default(),
             loads: Default::default(),
-            flush_stall_ms: Default::default(),
         }
     }
 
@@ -154,7 +151,6 @@ impl tally_engine::Store for HookStore {
         self.inner.delete_shard(id)
     }
     fn flush(&self) -> Result<(), tally_engine::StoreError> {
-        stall(&self.flush_stall_ms);
         self.inner.flush()
     }
     fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, tally_engine::StoreError> {
