@@ -665,6 +665,52 @@ mod tests {
     }
 
     #[test]
+    fn a_cycle_of_one_key_and_many_key_writes_over_every_tree_reads_back_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<ShardId> = (0..64u16).map(|i| shard("likes", 0, i)).collect();
+        {
+            let store = SledStore::open_path(dir.path()).unwrap();
+            // Odd shards write an image alone (a plain insert); even ones an image with
+            // a record and remove another (their cycle's transaction).
+            let first: Vec<(ShardId, ShardWrite)> = ids
+                .iter()
+                .map(|id| {
+                    let record = DedupRecord { delta: 1, applied_at_ms: 2 };
+                    let dedup_put = vec![("old".into(), record), ("e".into(), record)];
+                    (id.clone(), ShardWrite { image: ShardImage::default(), dedup_put, ..Default::default() })
+                })
+                .collect();
+            assert!(store.commit_many(&first).iter().all(Result::is_ok));
+            let writes: Vec<(ShardId, ShardWrite)> = ids
+                .iter()
+                .map(|id| {
+                    let image = ShardImage { value: i64::from(id.index) + 1, ..ShardImage::default() };
+                    let write = if id.index % 2 == 1 {
+                        ShardWrite { image, ..Default::default() }
+                    } else {
+                        ShardWrite {
+                            image,
+                            dedup_put: vec![("e2".into(), DedupRecord { delta: 3, applied_at_ms: 4 })],
+                            dedup_remove: vec!["old".into()],
+                        }
+                    };
+                    (id.clone(), write)
+                })
+                .collect();
+            assert!(store.commit_many(&writes).iter().all(Result::is_ok));
+            store.flush().unwrap();
+        }
+        let store = SledStore::open_path(dir.path()).unwrap();
+        for id in &ids {
+            assert_eq!(store.load_shard(id).unwrap().value, i64::from(id.index) + 1, "{id}");
+            assert!(store.dedup_get(id, "e").unwrap().is_some(), "{id}");
+            let even = id.index % 2 == 0;
+            assert_eq!(store.dedup_get(id, "e2").unwrap().is_some(), even, "{id}");
+            assert_eq!(store.dedup_get(id, "old").unwrap().is_none(), even, "{id}");
+        }
+    }
+
+    #[test]
     fn shards_spread_over_trees() {
         let mut used = [false; SHARD_TREES];
         for i in 0..256u16 {
