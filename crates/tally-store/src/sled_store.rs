@@ -450,6 +450,9 @@ impl Store for SledStore {
             writes.iter().map(|_| Err(StoreError::Injected("store::commit_many"))).collect()
         });
         let mut grouped: Vec<Staged> = (0..SHARD_TREES).map(|_| Staged::new()).collect();
+        // Shards with a write in the group: a later write of theirs joins it, so the
+        // writes of one shard are applied in the order given.
+        let mut in_group: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
         // Per write: `None` when it rides in the group, else its own result.
         let mut outcome: Vec<Option<Result<(), StoreError>>> = Vec::with_capacity(writes.len());
         for (id, write) in writes {
@@ -457,10 +460,11 @@ impl Store for SledStore {
             let tree = tree_index(&prefix);
             let mut staged = Staged::new();
             stage_write(&mut staged, &prefix, write);
-            if staged.len() == 1 {
+            if staged.len() == 1 && !in_group.contains(&prefix) {
                 outcome.push(Some(apply_staged(&self.shards[tree], staged)));
             } else {
                 grouped[tree].extend(staged);
+                in_group.insert(prefix);
                 outcome.push(None);
             }
         }
