@@ -9,6 +9,7 @@
 
 pub mod cells;
 pub mod drive;
+pub mod hotpath;
 pub mod memory;
 pub mod options;
 pub mod report;
@@ -141,6 +142,15 @@ pub async fn run(opts: &Options, command: String) -> Report {
         let cell = cells::many_cached_cell(ACTIVE_COUNTERS, opts)
             .await
             .unwrap_or_else(|e| failed_cell(key, "read", 8, 1, e));
+        report.cells.push(cell);
+    }
+    for key in hotpath::keys() {
+        if !opts.selects(&key) {
+            continue;
+        }
+        eprintln!("{key} ...");
+        let cell =
+            hotpath::cell(&key, opts).await.unwrap_or_else(|e| failed_cell(key, hotpath::PREFIX, 0, 0, e));
         report.cells.push(cell);
     }
     report.elapsed = started.elapsed();

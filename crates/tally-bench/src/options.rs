@@ -14,7 +14,8 @@ OPTIONS:
     --seconds N         seconds per cell (default 3; 0.5 with --quick)
     --only SUBSTRING    run only cells whose key contains SUBSTRING; keys look like
                         batched/8sh/64w, sync/64sh/1w, handle/64sh/64w, baseline/1sh/4w, cached-read/64sh,
-                        fresh-read/8sh, memory
+                        fresh-read/8sh, memory, hotpath/... (hotpath selects the hot-path
+                        cells: hotpath/sync/1sh/1w, hotpath/new-counters/64w, ...)
     --counters N        idle counters for the memory row (default 1,000,000; 20,000 with --quick)
     --sample-every N    time 1 in N calls (random gaps) in the batched rows (default 64)
     -h, --help          this text

@@ -204,6 +204,69 @@ impl Report {
             );
         }
         let _ = writeln!(o);
+        self.render_hotpath(o);
+    }
+
+    /// The hot-path figures, each beside its reference from the same run.
+    fn render_hotpath(&self, o: &mut String) {
+        use crate::hotpath::{CREATE_WRITERS, PREFIX, READ_SHARDS, READ_WRITERS};
+        if !self.cells.iter().any(|c| c.key.starts_with(PREFIX)) {
+            return;
+        }
+        let _ = writeln!(o, "## Hot path\n");
+        let get = |k: String| self.cell(&k);
+        let ratio = |a: Option<&Cell>, b: Option<&Cell>, what: &str, target: f64| {
+            let line = match (a, b) {
+                (Some(a), Some(b)) if b.rate > 0.0 => {
+                    let r = a.rate / b.rate;
+                    format!(
+                        "- {what} = {} ÷ {} = **{r:.2}×** — target ≥ {target}×: **{}**",
+                        thousands(a.rate),
+                        thousands(b.rate),
+                        pass(r >= target)
+                    )
+                }
+                _ => format!("- {what}: n/a (cell not run or not verified)"),
+            };
+            line
+        };
+        let sync1 = ratio(
+            get(format!("{PREFIX}/sync/1sh/1w")),
+            get(format!("{PREFIX}/baseline/1w")),
+            "one `sync` writer (1 shard) ÷ the per-increment-flush baseline (1 writer)",
+            1.0,
+        );
+        let _ = writeln!(o, "{sync1}");
+        let created = ratio(
+            get(format!("{PREFIX}/new-counters/{CREATE_WRITERS}w")),
+            get(format!("{PREFIX}/existing-counters/{CREATE_WRITERS}w")),
+            &format!(
+                "first increments to new counters ÷ increments to existing ones ({CREATE_WRITERS} writers)"
+            ),
+            0.5,
+        );
+        let _ = writeln!(o, "{created}");
+        if let Some(c) = get(format!("{PREFIX}/sync/64sh/64w")) {
+            let _ = writeln!(
+                o,
+                "- `sync`, 64 shards, 64 writers (not to be hurt): {} increments/s",
+                thousands(c.rate)
+            );
+        }
+        let idle = get(format!("{PREFIX}/fresh-read-idle/{READ_SHARDS}sh"));
+        if let Some(c) = get(format!("{PREFIX}/fresh-read-{READ_WRITERS}w/{READ_SHARDS}sh")) {
+            let _ = writeln!(
+                o,
+                "- fresh read, {READ_SHARDS} shards, {READ_WRITERS} writers: {} reads/s, p50 {} µs, p99 {} µs \
+                 (idle: {}) — target p99 < 5,000 µs: **{}**",
+                thousands(c.rate),
+                us(c.p50_us),
+                us(c.p99_us),
+                idle.map_or("n/a".to_string(), |i| format!("{} reads/s, p99 {} µs", thousands(i.rate), us(i.p99_us))),
+                pass(c.p99_us < 5_000.0)
+            );
+        }
+        let _ = writeln!(o);
     }
 }
 

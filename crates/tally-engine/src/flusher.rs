@@ -48,6 +48,21 @@ enum Job {
     Flush(Waiter),
 }
 
+/// The name of the thread that runs the commit cycles of a store that blocks.
+pub const COMMIT_THREAD_NAME: &str = "tally-commit";
+
+/// `first` and every job already queued behind it, at most [`CYCLE_JOBS_MAX`].
+fn take_more(first: Job, mut next: impl FnMut() -> Option<Job>) -> Vec<Job> {
+    let mut jobs = vec![first];
+    while jobs.len() < CYCLE_JOBS_MAX {
+        match next() {
+            Some(j) => jobs.push(j),
+            None => break,
+        }
+    }
+    jobs
+}
+
 /// A handle to the commit task.
 #[derive(Clone)]
 pub(crate) struct Flusher {
@@ -75,30 +90,37 @@ impl Flusher {
         let flag = poisoned.clone();
         let progress = Arc::new(Progress::default());
         let seen = progress.clone();
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let mut jobs = vec![first];
-                while jobs.len() < CYCLE_JOBS_MAX {
-                    match rx.try_recv() {
-                        Ok(j) => jobs.push(j),
-                        Err(_) => break,
-                    }
-                }
-                // A store that never blocks (the in-memory one) is driven inline, so a
-                // simulation stays on one thread.
-                if !store.blocks() {
+        // A store that never blocks (the in-memory one) is driven inline by a task, so
+        // a simulation stays on one thread.
+        if !store.blocks() {
+            tokio::spawn(async move {
+                while let Some(first) = rx.recv().await {
+                    let jobs = take_more(first, || rx.try_recv().ok());
                     cycle(&*store, jobs, &flag, &stats, &seen);
-                    continue;
                 }
-                let (store, flag, stats, seen) = (store.clone(), flag.clone(), stats.clone(), seen.clone());
+            });
+            return Self { tx, poisoned, progress };
+        }
+        // A store that blocks gets a thread of its own that waits on the queue: a
+        // task handing each cycle to `spawn_blocking` cost one more thread wake-up
+        // per cycle, on the path of every `sync` acknowledgement (a lone `sync`
+        // writer paid it once per increment). The thread ends when the last handle
+        // is dropped.
+        let run = move || {
+            while let Some(first) = rx.blocking_recv() {
+                let jobs = take_more(first, || rx.try_recv().ok());
                 // A panic in the store drops the jobs' senders: every waiter hears
                 // `Closed`, which callers treat like a failed write.
-                let run = move || cycle(&*store, jobs, &flag, &stats, &seen);
-                if let Err(e) = tokio::task::spawn_blocking(run).await {
-                    tracing::error!(error = %e, "commit cycle failed");
+                let one = std::panic::AssertUnwindSafe(|| cycle(&*store, jobs, &flag, &stats, &seen));
+                if std::panic::catch_unwind(one).is_err() {
+                    tracing::error!("commit cycle failed");
                 }
             }
-        });
+        };
+        if let Err(e) = std::thread::Builder::new().name(COMMIT_THREAD_NAME.into()).spawn(run) {
+            // No thread: every job is refused (its sender is dropped with the closure).
+            tracing::error!(error = %e, "cannot start the commit thread");
+        }
         Self { tx, poisoned, progress }
     }
 
