@@ -190,7 +190,9 @@ async fn drain_and_flush(ctx: &Arc<Ctx>, due: Vec<Arc<CounterRuntime>>) {
         return;
     }
     futures::stream::iter(due)
-        .for_each_concurrent(DRAINS_CONCURRENT_MAX, |rt| async move { ctx.drain(&rt).await })
+        .for_each_concurrent(DRAINS_CONCURRENT_MAX, |rt| async move {
+            ctx.drain(&rt).await;
+        })
         .await;
     if let Err(e) = ctx.flusher.flush().await {
         tracing::error!(error = %e, "flush after drain failed");

@@ -142,6 +142,10 @@ fn affinity() -> u64 {
 static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A fresh engine identity.
+/// Rounds a fresh read delivers buffered sums in, learning newer metadata between
+/// rounds when a sealed shard sent a sum back; after that the read says incomplete.
+pub const READ_DELIVERY_ROUNDS_MAX: usize = 3;
+
 pub(crate) fn next_engine_id() -> u64 {
     NEXT_ENGINE_ID.fetch_add(1, Relaxed)
 }
@@ -834,13 +838,15 @@ impl Ctx {
     /// Delivers everything `rt` buffers to the counter's current shards. Sums that
     /// cannot be delivered go back into the current runtime for the next drain, so an
     /// acknowledged increment is never dropped.
-    pub(crate) async fn drain(self: &Arc<Self>, rt: &Arc<CounterRuntime>) {
+    ///
+    /// False if a sum went back to a runtime's slots (its shard was sealed, or could
+    /// not be reached): it is still counted, but not yet in any shard.
+    pub(crate) async fn drain(self: &Arc<Self>, rt: &Arc<CounterRuntime>) -> bool {
         rt.drains_in_flight.fetch_add(1, SeqCst);
         let drained = rt.drain();
-        if !drained.is_empty() {
-            self.deliver(rt, drained).await;
-        }
+        let delivered = drained.is_empty() || self.deliver(rt, drained).await;
         rt.drains_in_flight.fetch_sub(1, SeqCst);
+        delivered
     }
 
     /// Waits until no drain of `rt` is between its slots and its shards, bounded by
@@ -861,9 +867,25 @@ impl Ctx {
     /// everything this node acknowledged for the counter is now in its shards; false
     /// if a drain did not settle or a sum is still in doubt.
     pub(crate) async fn deliver_for_read(self: &Arc<Self>, rt: &Arc<CounterRuntime>) -> bool {
-        let lineage = rt.lineage(PREDECESSORS_MAX);
-        for r in &lineage {
-            self.drain(r).await;
+        let mut lineage = rt.lineage(PREDECESSORS_MAX);
+        let mut delivered = false;
+        for round in 0..READ_DELIVERY_ROUNDS_MAX {
+            if round > 0 {
+                // A sum came back from a sealed shard: the layout moved on. Learn the
+                // newer metadata, so the runtime holding it becomes a predecessor of
+                // one whose generation takes writes, and deliver again.
+                if let Ok(Some(meta)) = self.catalog.current(rt.name.as_str()).await {
+                    let newer = self.install(rt.name.clone(), meta);
+                    lineage = newer.lineage(PREDECESSORS_MAX);
+                }
+            }
+            delivered = true;
+            for r in &lineage {
+                delivered &= self.drain(r).await;
+            }
+            if delivered {
+                break;
+            }
         }
         if self.in_doubt_of(&rt.name) > 0 {
             self.resend_in_doubt(Some(&rt.name)).await;
@@ -873,7 +895,7 @@ impl Ctx {
             settled &= self.settle_drains(r).await;
         }
         rt.forget_quiet_predecessors();
-        settled && self.in_doubt_of(&rt.name) == 0
+        delivered && settled && self.in_doubt_of(&rt.name) == 0
     }
 
     /// Increments of `name` in sums whose delivery is in doubt.
@@ -881,7 +903,9 @@ impl Ctx {
         self.drains.lock().increments_of(name)
     }
 
-    async fn deliver(self: &Arc<Self>, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) {
+    /// Delivers drained sums to the current layout; false if one went back to the
+    /// slots instead (see [`Ctx::drain`]).
+    async fn deliver(self: &Arc<Self>, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) -> bool {
         rt.last_used_ms.store(self.now_ms(), Relaxed);
         let target = match self.registry.get(rt.name.as_str()).map(|r| r.clone()) {
             Some(t) => t,
@@ -889,15 +913,16 @@ impl Ctx {
                 Ok(t) => t,
                 Err(TallyError::NotFound(_)) => {
                     tracing::warn!(counter = %rt.name, "dropping buffered increments of a deleted counter");
-                    return;
+                    return true;
                 }
                 Err(e) => {
                     tracing::warn!(counter = %rt.name, error = %e, "cannot reach counter; keeping its buffer");
                     self.give_back(rt, drained);
-                    return;
+                    return false;
                 }
             },
         };
+        let mut delivered = true;
         let mut waiting = Vec::with_capacity(drained.len());
         let now = self.now_ms();
         for d in drained {
@@ -921,6 +946,7 @@ impl Ctx {
                 Err(_) => {
                     self.drains.lock().close(sub.drain_id().unwrap_or_default());
                     self.give_back(&target, vec![Drained { index, ..d }]);
+                    delivered = false;
                 }
             }
         }
@@ -936,10 +962,13 @@ impl Ctx {
                 Ok(ShardReply::Sealed) => {
                     self.drains.lock().close(drain_id);
                     self.give_back(&target, vec![Drained { index, ..d }]);
+                    delivered = false;
                 }
+                // In the book of sums in doubt, which a read checks.
                 Err(_) => self.drains.lock().unanswered(drain_id, self.now_ms()),
             }
         }
+        delivered
     }
 
     /// Resends the drained sums in doubt that are due (all of them, or those of one

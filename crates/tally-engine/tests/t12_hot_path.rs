@@ -136,8 +136,8 @@ async fn a_handle_counts_as_incr_does() {
     for _ in 0..10 {
         likes.incr_by(1).await.unwrap();
     }
-    // Every increment counts (a fresh read just after a resharding may not show the
-    // last ones yet: see `a_fresh_read_right_after_a_resharding_shows_every_acknowledged_increment`).
+    // Every increment counts (a fresh read during the resharding may say it is
+    // incomplete: see the next test).
     let mut value = 0;
     for _ in 0..100 {
         value = tally.read("likes:42", Consistency::Fresh).await.unwrap().value;
@@ -190,27 +190,26 @@ async fn a_crash_never_leaves_shard_data_of_a_counter_whose_creation_was_lost() 
     }
 }
 
-/// A known defect: under load (two busy cores beside the test), increments counted
-/// through a handle just after `put_counter` started a resharding were acknowledged,
-/// yet a fresh read said `complete: true` with 1,001 of 1,010; three seconds later it
-/// showed all 1,010. Nothing is lost, but the fresh read's promise (every increment
-/// acknowledged before it began) is broken in that window. Run with `--ignored`
-/// beside load (`yes > /dev/null &` twice) to see it fail about one run in four.
+/// Increments counted through a handle just after `put_counter` started a resharding
+/// are acknowledged while their shards are being sealed: a drained sum a sealed shard
+/// refuses goes back to its slots. A fresh read then must either deliver it to the
+/// new generation or say it is incomplete; it said `complete: true` with 1,001 of
+/// 1,010 about one run in sixteen beside two busy cores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect: a fresh read just after a resharding can miss buffered increments"]
-async fn a_fresh_read_right_after_a_resharding_shows_every_acknowledged_increment() {
-    let (tally, _) = engine_on_hooks().await;
-    let likes = tally.handle("likes:42").await.unwrap();
-    for _ in 0..1000 {
-        likes.incr_by(1).await.unwrap();
+async fn a_complete_fresh_read_right_after_a_resharding_shows_every_acknowledged_increment() {
+    for _ in 0..8 {
+        let (tally, _) = engine_on_hooks().await;
+        let likes = tally.handle("likes:42").await.unwrap();
+        for _ in 0..1000 {
+            likes.incr_by(1).await.unwrap();
+        }
+        assert_eq!(tally.read("likes:42", Consistency::Fresh).await.unwrap().value, 1000);
+        tally.put_counter("likes:42", SpecPatch { shards: Some(16), ..SpecPatch::default() }).await.unwrap();
+        for _ in 0..10 {
+            likes.incr_by(1).await.unwrap();
+        }
+        let r = tally.read("likes:42", Consistency::Fresh).await.unwrap();
+        assert!(!r.complete || r.value == 1010, "a complete read missed increments: {r:?}");
+        tally.shutdown().await.unwrap();
     }
-    assert_eq!(tally.read("likes:42", Consistency::Fresh).await.unwrap().value, 1000);
-    tally.put_counter("likes:42", SpecPatch { shards: Some(16), ..SpecPatch::default() }).await.unwrap();
-    for _ in 0..10 {
-        likes.incr_by(1).await.unwrap();
-    }
-    let r = tally.read("likes:42", Consistency::Fresh).await.unwrap();
-    assert!(r.complete);
-    assert_eq!(r.value, 1010, "{r:?}");
-    tally.shutdown().await.unwrap();
 }
