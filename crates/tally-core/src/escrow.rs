@@ -390,17 +390,17 @@ impl<T> Ledger<T> {
         }
     }
 
+    /// What the changes waiting here would spend on `side`.
+    fn waiting_on(&self, side: Side) -> u64 {
+        let on_side = self.waiting.iter().filter(|(_, d, _)| Side::spent_by(*d) == Some(side));
+        on_side.map(|(_, d, _)| d.unsigned_abs()).sum()
+    }
+
     /// Asks the other shards for what the waiting changes on `side` lack, at most
     /// once per [`Tuning::ask_every_ms`].
     fn ask(&mut self, now_ms: u64, side: Side, effects: &mut Vec<Effect<T>>) {
         let due = self.asked_at_ms[side.slot()].is_none_or(|at| now_ms >= at + self.tuning.ask_every_ms);
-        let needed: u64 = self
-            .waiting
-            .iter()
-            .filter(|(_, d, _)| Side::spent_by(*d) == Some(side))
-            .map(|(_, d, _)| d.unsigned_abs())
-            .sum();
-        let lacking = needed.saturating_sub(self.share(side));
+        let lacking = self.waiting_on(side).saturating_sub(self.share(side));
         if due && lacking > 0 {
             self.asked_at_ms[side.slot()] = Some(now_ms);
             effects.push(Effect::Broadcast(Message::Borrow { from: self.index, side, amount: lacking }));
@@ -458,13 +458,7 @@ impl<T> Ledger<T> {
                 // What waits here first, then at most half of the rest: a donor keeps
                 // headroom for its own writers, and two short shards cannot drain each
                 // other back and forth.
-                let waiting_here: u64 = self
-                    .waiting
-                    .iter()
-                    .filter(|(_, d, _)| Side::spent_by(*d) == Some(side))
-                    .map(|(_, d, _)| d.unsigned_abs())
-                    .sum();
-                let spare = self.share(side).saturating_sub(waiting_here);
+                let spare = self.share(side).saturating_sub(self.waiting_on(side));
                 let amount = amount.min(spare.div_ceil(2));
                 if amount == 0 {
                     return;
