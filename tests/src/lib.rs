@@ -188,12 +188,21 @@ pub struct TestCluster {
     token: Option<String>,
 }
 
+/// A node's config. Lines of `extra` of the form `cluster.KEY = VALUE` go into the
+/// `[cluster]` section (as `KEY = VALUE`); the rest is appended at the end.
 fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize], extra: &str) -> String {
     let mut s = String::from(
         "[cluster]\nname = \"test\"\nsecret = \"tally-test-secret\"\nvnodes_per_node = 64\n\
          heartbeat_ms = 200\nheartbeat_misses_max = 4\nraft_heartbeat_ms = 200\n\
          raft_election_timeout_min_ms = 800\nraft_election_timeout_max_ms = 1600\n",
     );
+    let (cluster_lines, rest): (Vec<&str>, Vec<&str>) =
+        extra.lines().partition(|l| l.trim_start().starts_with("cluster."));
+    for line in cluster_lines {
+        s += line.trim_start().trim_start_matches("cluster.");
+        s += "\n";
+    }
+    let extra = rest.join("\n");
     for (i, p) in ports.iter().enumerate() {
         s += &format!(
             "\n[[cluster.nodes]]\nid = \"node{n}\"\nraft_id = {n}\nhttp = \"127.0.0.1:{}\"\npeer = \"127.0.0.1:{}\"\nraft = \"127.0.0.1:{}\"\nresp = \"127.0.0.1:{}\"\nmember = {}\n",
@@ -207,7 +216,8 @@ fn config_text(ports: &[Ports], me: usize, data_dir: &Path, spares: &[usize], ex
     }
     s += &format!("\n[node]\nid = \"node{me}\"\ndata_dir = {:?}\n", data_dir.display().to_string());
     s += "\n[engine]\ncall_timeout_ms = 3000\n";
-    s += extra;
+    s += &extra;
+    s += "\n";
     s
 }
 

@@ -14,7 +14,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod replication;
+
+pub use replication::Replication;
+
 use futures::future::BoxFuture;
+use replication::PeerRequest;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -80,6 +85,11 @@ pub struct ClusterNodeConfig {
     /// Mutual TLS between nodes (sessions and raft), with the cluster CA as the
     /// only root; plaintext when `None`.
     pub tls: Option<tally_tls::ClusterTls>,
+    /// Copies of every shard, `1..=`[`tally_core::ranges::REPLICAS_MAX`]: 1 keeps
+    /// one copy on the ring owner (membership changes hand shards off); more puts
+    /// each shard in a range group of `min(replicas, members)` nodes (see
+    /// [`replication`]; the membership is then fixed).
+    pub replicas: u8,
 }
 
 /// Why a node could not start.
@@ -220,17 +230,53 @@ pub struct RingPlacement {
     view: parking_lot::RwLock<Arc<PlacementView>>,
     transport: Transport,
     call_timeout: Duration,
+    /// Set when shards are replicated: owners are range leaders.
+    replication: Option<Arc<Replication>>,
+    /// The local engine, for a request whose range's new leader is this node.
+    engine: OnceLock<Tally>,
 }
 
 impl RingPlacement {
     fn view(&self) -> Arc<PlacementView> {
         self.view.read().clone()
     }
+
+    async fn call_node(&self, node: &NodeId, request: &ShardRequest) -> Result<ShardResponse, TallyError> {
+        let unavailable = |reason: String| TallyError::Unavailable { shard: format!("node {node}"), reason };
+        let bytes = codec::encode(&PeerRequest::Shard(request.clone()));
+        let answer = self
+            .transport
+            .call(node.as_str(), bytes, self.call_timeout)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        codec::decode("shard response", &answer).map_err(|e| unavailable(e.to_string()))
+    }
+}
+
+/// Whether a request may be sent again after an attempt whose outcome is unknown:
+/// everything but a count without an event id or drain id (which could count twice).
+fn repeatable(request: &ShardRequest) -> bool {
+    match request {
+        ShardRequest::Submit { sub, .. } => sub.record_id().is_some(),
+        _ => true,
+    }
 }
 
 impl Placement for RingPlacement {
     fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
+        if let Some(r) = &self.replication {
+            return Some(r.owner(id)).filter(|owner| *owner != self.me);
+        }
         self.view().ring.owner(id).filter(|owner| **owner != self.me).cloned()
+    }
+
+    fn confirm_local<'a>(&'a self, id: &'a ShardId) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async move {
+            match &self.replication {
+                Some(r) => r.confirm(id).await,
+                None => Ok(()),
+            }
+        })
     }
 
     fn local_node(&self) -> NodeId {
@@ -256,14 +302,33 @@ impl Placement for RingPlacement {
         request: ShardRequest,
     ) -> BoxFuture<'a, Result<ShardResponse, TallyError>> {
         Box::pin(async move {
-            let unavailable =
-                |reason: String| TallyError::Unavailable { shard: format!("node {node}"), reason };
-            let bytes = self
-                .transport
-                .call(node.as_str(), codec::encode(&request), self.call_timeout)
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            codec::decode("shard response", &bytes).map_err(|e| unavailable(e.to_string()))
+            let first = self.call_node(node, &request).await;
+            let Some(r) = &self.replication else { return first };
+            // A replicated shard whose leader did not serve it: once its range has
+            // another leader, the request goes there (or is served here), if sending
+            // it again cannot count anything twice.
+            let not_served = match &first {
+                Err(_) => true,
+                Ok(ShardResponse::Failed { code, .. }) => code == "shard_unavailable",
+                Ok(_) => false,
+            };
+            if !not_served || !repeatable(&request) {
+                return first;
+            }
+            let id = request.shard().clone();
+            let Some(next) = r.next_leader(&id, Some(node)).await else { return first };
+            if next == self.me {
+                return match self.engine.get() {
+                    Some(engine) => match engine.serve_shard_request(request).await {
+                        ShardResponse::Failed { code, message } if code == "shard_unavailable" => {
+                            Err(TallyError::Unavailable { shard: id.to_string(), reason: message })
+                        }
+                        other => Ok(other),
+                    },
+                    None => first,
+                };
+            }
+            self.call_node(&next, &request).await
         })
     }
 }
@@ -273,23 +338,40 @@ pub const HANDOFF_RETRY_MIN_MS: u64 = 100;
 /// Longest pause between hand-off passes.
 pub const HANDOFF_RETRY_MAX_MS: u64 = 2_000;
 
-/// Serves other nodes' shard requests with the local engine.
+/// Serves other nodes' requests: shard requests with the local engine, range
+/// messages with the local range groups.
 struct ShardHandler {
     engine: OnceLock<Tally>,
+    replication: OnceLock<Arc<Replication>>,
 }
 
 impl Handler for ShardHandler {
     fn handle(&self, from: &str, request: Vec<u8>) -> impl std::future::Future<Output = Vec<u8>> + Send {
         let engine = self.engine.get().cloned();
+        let replication = self.replication.get().cloned();
         let from = from.to_string();
         async move {
-            let response = match (engine, codec::decode::<ShardRequest>("shard request", &request)) {
-                (Some(engine), Ok(req)) => engine.serve_shard_request(req).await,
-                (None, _) => {
-                    ShardResponse::Failed { code: "starting".into(), message: "node is starting".into() }
+            let starting =
+                || ShardResponse::Failed { code: "starting".into(), message: "node is starting".into() };
+            let response = match codec::decode::<PeerRequest>("node request", &request) {
+                Ok(PeerRequest::Shard(req)) => match engine {
+                    Some(engine) => engine.serve_shard_request(req).await,
+                    None => starting(),
+                },
+                Ok(PeerRequest::Range(envelope)) => {
+                    let reply = match replication {
+                        Some(r) => tally_replica::RangeInbound::handle(&*r.groups, envelope).await,
+                        None => {
+                            Err(tally_replica::NetError::NoGroup { to: envelope.to, range: envelope.range })
+                        }
+                    };
+                    return tally_replica::network::encode_reply(&reply);
                 }
-                (_, Err(e)) => {
-                    tracing::warn!(from = %from, error = %e, "undecodable shard request");
+                Ok(PeerRequest::Formed(range)) => {
+                    return codec::encode(&replication.is_some_and(|r| r.formed(range)));
+                }
+                Err(e) => {
+                    tracing::warn!(from = %from, error = %e, "undecodable node request");
                     ShardResponse::Failed { code: "malformed".into(), message: e.to_string() }
                 }
             };
@@ -316,6 +398,10 @@ pub struct ClusterNode {
     raft: Arc<MetaRaft>,
     transport: Transport,
     placement: Arc<RingPlacement>,
+    /// Set when shards are replicated.
+    replication: Option<Arc<Replication>>,
+    /// The task that forms range groups and replaces replicas.
+    tending: Arc<parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>>,
     config: Arc<ClusterNodeConfig>,
     /// Set while this node's hand-off task runs.
     handing_off: Arc<std::sync::atomic::AtomicBool>,
@@ -357,6 +443,9 @@ pub enum MembershipError {
     /// The metadata group could not be reached.
     #[error("metadata group unavailable: {0}")]
     Unavailable(String),
+    /// Shards are replicated: the members are fixed by the config.
+    #[error("the members are fixed while shards are replicated (cluster.replicas > 1)")]
+    Replicated,
 }
 
 /// Attempts at a membership change that keeps meeting concurrent changes.
@@ -385,7 +474,7 @@ impl ClusterNode {
         raft_cfg.secret = Some(tally_raft::RaftSecret::new(&config.secret));
         let raft = Arc::new(MetaRaft::start(raft_cfg).await?);
 
-        let handler = Arc::new(ShardHandler { engine: OnceLock::new() });
+        let handler = Arc::new(ShardHandler { engine: OnceLock::new(), replication: OnceLock::new() });
         let transport_cfg = TransportConfig {
             node_id: me.id.clone(),
             listen: me.peer,
@@ -402,17 +491,29 @@ impl ClusterNode {
         let transport = Transport::start(transport_cfg, handler.clone()).await?;
 
         let view = PlacementView::new(&config, &raft.membership());
+        let local: Arc<dyn tally_store::Store> =
+            Arc::new(SledStore::open(&SledConfig::new(config.data_dir.join("store")))?);
+        let (replication, store) = if config.replicas > 1 {
+            let r = Self::start_replication(&config, &me, &raft, &transport).await?;
+            let _ = handler.replication.set(r.clone());
+            let store =
+                tally_replica::RangeStore::new(r.groups.clone(), local, tokio::runtime::Handle::current());
+            (Some(r), Arc::new(store) as Arc<dyn tally_store::Store>)
+        } else {
+            (None, local)
+        };
         let placement = Arc::new(RingPlacement {
             me: NodeId::new(&me.id),
             view: parking_lot::RwLock::new(Arc::new(view)),
             transport: transport.clone(),
             call_timeout: Duration::from_millis(config.engine.call_timeout_ms),
+            replication: replication.clone(),
+            engine: OnceLock::new(),
         });
-        let store = SledStore::open(&SledConfig::new(config.data_dir.join("store")))?;
         let mut engine_cfg = config.engine.clone();
         engine_cfg.node_id = NodeId::new(&me.id);
         let tally = Tally::open_parts(EngineParts {
-            store: Arc::new(store),
+            store,
             clock: Arc::new(SystemClock),
             config: engine_cfg,
             catalog: Some(Arc::new(RaftCatalog { raft: raft.clone() })),
@@ -421,12 +522,14 @@ impl ClusterNode {
         .await?;
         // Before any other node can read this node's shards: a new or replaced disk
         // holds no trustworthy values until the metadata group says otherwise.
-        tally.set_data_lost(raft.data_lost());
         let _ = handler.engine.set(tally.clone());
+        let _ = placement.engine.set(tally.clone());
         let node = Self {
             tally: tally.clone(),
             raft: raft.clone(),
             transport,
+            replication,
+            tending: Default::default(),
             placement,
             config: Arc::new(config),
             handing_off: Default::default(),
@@ -434,6 +537,10 @@ impl ClusterNode {
             watching: Default::default(),
         };
 
+        node.sync_data_lost();
+        if let Some(r) = &node.replication {
+            *node.tending.lock() = Some(tokio::spawn(r.clone().run()));
+        }
         // Metadata changed elsewhere: rebuild this node's view of the counter, or of
         // the placement (and hand off what it no longer owns).
         let mut changes = raft.subscribe();
@@ -450,14 +557,14 @@ impl ClusterNode {
                     Ok(MetaChange::Members(_)) => watcher.membership_changed(),
                     Ok(MetaChange::Reset) => {
                         watcher.membership_changed();
-                        engine.set_data_lost(watcher.raft.data_lost());
+                        watcher.sync_data_lost();
                     }
                     Ok(MetaChange::Store(_)) => engine.set_data_lost(watcher.raft.data_lost()),
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(missed = n, "metadata change feed lagged; shards re-read on demand");
                         watcher.membership_changed();
-                        engine.set_data_lost(watcher.raft.data_lost());
+                        watcher.sync_data_lost();
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
@@ -471,13 +578,71 @@ impl ClusterNode {
         Ok(node)
     }
 
+    /// Starts this node's range groups: the directory of the initial members, one
+    /// group per range this node replicates, all in one sled database.
+    async fn start_replication(
+        config: &ClusterNodeConfig,
+        me: &Member,
+        raft: &Arc<MetaRaft>,
+        transport: &Transport,
+    ) -> Result<Arc<Replication>, ClusterError> {
+        let members = initial_members(config).into_iter().map(NodeId::new);
+        let directory = tally_core::ranges::Directory::new(members, Some(config.replicas))
+            .map_err(|e| ClusterError::Config(format!("replicas: {e}")))?;
+        let replica = |e: tally_replica::ReplicaError| ClusterError::Config(format!("range groups: {e}"));
+        let kv = tally_replica::SledKv::open(&config.data_dir.join("replica"))
+            .map_err(|e| ClusterError::Config(format!("range groups: {e}")))?;
+        let net = Arc::new(replication::SessionNet { transport: transport.clone() });
+        let groups = tally_replica::RangeGroups::open(
+            &me.id,
+            replication::replica_id_of(raft.store_id()),
+            Arc::new(kv),
+            net,
+            directory.layout(),
+            tally_replica::GroupsConfig::default(),
+        )
+        .await
+        .map_err(replica)?;
+        let mine = directory.ranges_of(&NodeId::new(&me.id));
+        for range in &mine {
+            groups.open_range(*range).await.map_err(replica)?;
+        }
+        tracing::info!(
+            ranges = directory.layout().count(),
+            replicated_here = mine.len(),
+            replicas = directory.replicas_per_range(),
+            replica = groups.replica_id(),
+            "range groups open"
+        );
+        Ok(Arc::new(Replication {
+            me: NodeId::new(&me.id),
+            groups,
+            directory,
+            members: config.members.clone(),
+            raft: raft.clone(),
+            transport: transport.clone(),
+        }))
+    }
+
+    /// Marks the engine's shards as missing data while this node's earlier disk is
+    /// lost and not accepted. Replicated shards lose nothing with one disk: the
+    /// node's replicas catch up from the others before they count.
+    fn sync_data_lost(&self) {
+        self.tally.set_data_lost(self.replication.is_none() && self.raft.data_lost());
+    }
+
+    /// The node's replication, when shards are replicated.
+    pub fn replication(&self) -> Option<&Arc<Replication>> {
+        self.replication.as_ref()
+    }
+
     /// Keeps [`ClusterNode::ready`] and the engine's lost-data mark current.
     async fn watch_ready(&self) {
         let mut caught_up_once = false;
         loop {
             let r = self.raft.readiness().await;
             caught_up_once |= r.caught_up;
-            self.tally.set_data_lost(self.raft.data_lost());
+            self.sync_data_lost();
             let peers = self.transport.peers();
             let sessions_up = r.reachable.iter().all(|raft_id| {
                 let Some(m) = self.config.members.iter().find(|m| m.raft_id == *raft_id) else { return true };
@@ -612,6 +777,9 @@ impl ClusterNode {
         &self,
         change: impl Fn(&mut Vec<String>),
     ) -> Result<MembersView, MembershipError> {
+        if self.replication.is_some() {
+            return Err(MembershipError::Replicated);
+        }
         let mut last = None;
         for _ in 0..MEMBERSHIP_ATTEMPTS_MAX {
             let current = self.raft.membership();
@@ -699,7 +867,13 @@ impl ClusterNode {
         if let Some(watching) = self.watching.lock().take() {
             watching.abort();
         }
+        if let Some(tending) = self.tending.lock().take() {
+            tending.abort();
+        }
         let r = self.tally.shutdown().await;
+        if let Some(r) = &self.replication {
+            r.groups.shutdown().await;
+        }
         self.raft.shutdown().await;
         self.transport.shutdown().await;
         r

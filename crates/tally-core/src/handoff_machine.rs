@@ -73,6 +73,16 @@ pub fn seal_marker(id: &ShardId) -> Vec<u8> {
     key
 }
 
+/// The shard whose seal marker `key` is ([`seal_marker`]'s inverse); `None` for
+/// any other key.
+pub fn shard_of_seal_marker(key: &[u8]) -> Option<ShardId> {
+    let text = std::str::from_utf8(key.strip_prefix(b"sealed:")?).ok()?;
+    let (name, rest) = text.rsplit_once("#g")?;
+    let (generation, index) = rest.split_once('/')?;
+    let name = crate::name::CounterName::new(name).ok()?;
+    Some(ShardId::new(name, generation.parse().ok()?, index.parse().ok()?))
+}
+
 /// The store key that records the adoption of shard `id` at placement `epoch`.
 pub fn adoption_marker(epoch: u64, id: &ShardId) -> Vec<u8> {
     let mut key = b"adopted:".to_vec();
@@ -566,6 +576,14 @@ impl<N: Clone> HandOffPass<N> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_seal_marker_names_its_shard_back() {
+        let id = ShardId::new(crate::name::CounterName::new("page:views").unwrap(), 7, 12);
+        assert_eq!(super::shard_of_seal_marker(&super::seal_marker(&id)), Some(id));
+        assert_eq!(super::shard_of_seal_marker(b"adopted:x"), None);
+        assert_eq!(super::shard_of_seal_marker(b"sealed:likes#g1"), None);
+    }
+
     use super::*;
     use crate::CounterName;
 

@@ -185,6 +185,7 @@ impl TallyError {
             Self::Meta(MetaError::Spec(_)) => "invalid_spec",
             Self::Meta(_) => "resharding_in_progress",
             Self::Unavailable { .. } => "shard_unavailable",
+            Self::Store(StoreError::Unavailable { .. }) => "shard_unavailable",
             Self::Store(_) => "storage_failure",
             Self::ShuttingDown => "shutting_down",
             Self::BatchTooLarge { .. } => "batch_too_large",

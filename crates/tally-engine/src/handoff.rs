@@ -29,6 +29,7 @@ impl Ctx {
     /// change, a shard that was owned elsewhere is adopted first.
     pub(crate) async fn ensure_local(&self, id: &ShardId) -> Result<(), TallyError> {
         let Some(placement) = &self.placement else { return Ok(()) };
+        placement.confirm_local(id).await?;
         let previous = placement.previous_owner(id);
         let adopted = previous.as_ref().is_some_and(|(_, e)| self.adopted.contains(&(*e, id.clone())));
         let (from, epoch) = match admit(previous, adopted, self.adopting.contains_key(id)) {

@@ -150,6 +150,14 @@ pub trait Placement: Send + Sync + 'static {
     fn epoch(&self) -> u64 {
         0
     }
+    /// Confirms that this node may serve shard `id` from its own store now: called
+    /// before a local shard's actor starts and before a local shard's state is read.
+    /// A placement that replicates shards checks that this node leads the shard's
+    /// group and has applied everything committed before the call; one where the
+    /// owner is the only copy always may.
+    fn confirm_local<'a>(&'a self, _id: &'a ShardId) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Carries `request` to `node` and returns its answer (with a timeout).
     fn call<'a>(
         &'a self,

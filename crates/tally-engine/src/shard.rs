@@ -81,7 +81,7 @@ fn params(meta: &CounterMeta) -> ShardParams {
 
 /// The shard as the store holds it, its sketch decoded.
 fn load(ctx: &Ctx, id: &ShardId) -> Result<(ShardImage, Option<DistinctSketch>), StoreError> {
-    let image = ctx.store.load_shard(id)?;
+    let image = ctx.store.open_shard(id)?;
     let sketch = match &image.sketch {
         Some(b) => Some(DistinctSketch::from_bytes(b).map_err(|e| corrupt_sketch(id, e))?),
         None => None,

@@ -405,6 +405,73 @@ impl RangeGroups {
         Ok(self.group(range)?.raft.metrics().borrow().current_leader)
     }
 
+    /// The node of `range`'s leader as this replica knows it.
+    pub fn leader_node(&self, range: RangeId) -> Option<String> {
+        let g = self.group(range).ok()?;
+        let metrics = g.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader?;
+        metrics.membership_config.membership().get_node(&leader).map(|n| n.node.clone())
+    }
+
+    /// Whether this replica leads `range` now (as far as it knows: a deposed leader
+    /// may not have heard yet; [`RangeGroups::confirm`] asks a quorum).
+    pub fn leads(&self, range: RangeId) -> bool {
+        self.leader(range).is_ok_and(|l| l == Some(self.id))
+    }
+
+    /// Whether `range`'s group here holds a membership (it was initialized, or a
+    /// leader added this replica): a group that does not waits to be added.
+    pub fn formed(&self, range: RangeId) -> bool {
+        self.group(range).is_ok_and(|g| {
+            let metrics = g.raft.metrics().borrow().clone();
+            metrics.membership_config.membership().voter_ids().next().is_some()
+        })
+    }
+
+    /// Every replica of `range` (voters and learners) with its node.
+    pub fn replica_nodes(&self, range: RangeId) -> Result<BTreeMap<ReplicaId, ReplicaNode>, ReplicaError> {
+        let g = self.group(range)?;
+        let metrics = g.raft.metrics().borrow().clone();
+        Ok(metrics.membership_config.membership().nodes().map(|(id, n)| (*id, n.clone())).collect())
+    }
+
+    /// Confirms with a quorum that this replica still leads `range`, and returns
+    /// once everything committed before the call is applied here (read index):
+    /// what [`RangeGroups::shard`] answers afterwards is fresh.
+    pub async fn confirm(&self, range: RangeId) -> Result<(), ReplicaError> {
+        let g = self.group(range)?;
+        self.linearize(range, &g).await.map(|_| ())
+    }
+
+    /// One shard and its dedup records as applied here (`None`: never written).
+    pub fn shard(
+        &self,
+        range: RangeId,
+        shard: &ShardId,
+    ) -> Result<Option<(StoredShard, BTreeMap<String, DedupRecord>)>, ReplicaError> {
+        Ok(self.group(range)?.shared.shard(shard))
+    }
+
+    /// Applies `f` to one shard's dedup records as applied here, without copying them.
+    pub fn with_dedup<T>(
+        &self,
+        range: RangeId,
+        shard: &ShardId,
+        f: impl FnOnce(Option<&BTreeMap<String, DedupRecord>>) -> T,
+    ) -> Result<T, ReplicaError> {
+        Ok(self.group(range)?.shared.with_dedup(shard, f))
+    }
+
+    /// The ids of the shards of `range` as applied here.
+    pub fn shard_ids(&self, range: RangeId) -> Result<Vec<ShardId>, ReplicaError> {
+        Ok(self.group(range)?.shared.shard_ids())
+    }
+
+    /// The range layout the groups are cut by.
+    pub fn layout(&self) -> RangeLayout {
+        self.layout
+    }
+
     /// The voters and learners of `range` as this replica knows them.
     pub fn members(&self, range: RangeId) -> Result<GroupMembers, ReplicaError> {
         let g = self.group(range)?;

@@ -60,6 +60,7 @@ pub mod log_store;
 pub mod network;
 pub mod state_machine;
 pub mod storage;
+pub mod store;
 pub mod types;
 
 pub use groups::{
@@ -68,4 +69,5 @@ pub use groups::{
 };
 pub use network::{MemRouter, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
 pub use storage::{KvStore, MemKv, SledKv};
+pub use store::RangeStore;
 pub use types::{Batch, BatchReport, ReplicaId, ReplicaNode, ShardEntry, StoredShard};

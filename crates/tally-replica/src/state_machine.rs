@@ -76,6 +76,9 @@ impl RangeState {
             StoredShard { seq: entry.seq, image: entry.write.image.clone(), sealed: entry.sealed },
         );
         let records = self.dedup.entry(entry.shard.clone()).or_default();
+        if entry.clear {
+            records.clear();
+        }
         for id in &entry.write.dedup_remove {
             records.remove(id);
         }
@@ -113,6 +116,20 @@ impl Shared {
         let a = self.applied.read();
         let s = a.state.shards.get(shard)?.clone();
         Some((s, a.state.dedup.get(shard).cloned().unwrap_or_default()))
+    }
+
+    /// Applies `f` to one shard's dedup records, under the read lock.
+    pub fn with_dedup<T>(
+        &self,
+        shard: &ShardId,
+        f: impl FnOnce(Option<&BTreeMap<String, DedupRecord>>) -> T,
+    ) -> T {
+        f(self.applied.read().state.dedup.get(shard))
+    }
+
+    /// The ids of every shard held.
+    pub fn shard_ids(&self) -> Vec<ShardId> {
+        self.applied.read().state.shards.keys().cloned().collect()
     }
 
     /// A copy of the whole applied state.
@@ -219,10 +236,16 @@ fn dedup_key(shard: &ShardId, id: &str) -> Vec<u8> {
     key
 }
 
-/// The writes that store `entry` (already judged newer).
-fn stage(batch: &mut Vec<KvWrite>, entry: &ShardEntry) {
+/// The writes that store `entry` (already judged newer); `held` is the shard's
+/// records before it, removed first when the entry clears them.
+fn stage(batch: &mut Vec<KvWrite>, entry: &ShardEntry, held: Option<&BTreeMap<String, DedupRecord>>) {
     let stored = StoredShard { seq: entry.seq, image: entry.write.image.clone(), sealed: entry.sealed };
     batch.push((shard_key(PREFIX_SHARD, &entry.shard), Some(tally_core::codec::encode(&stored))));
+    if entry.clear {
+        for id in held.into_iter().flat_map(|h| h.keys()) {
+            batch.push((dedup_key(&entry.shard, id), None));
+        }
+    }
     for id in &entry.write.dedup_remove {
         batch.push((dedup_key(&entry.shard, id), None));
     }
@@ -264,16 +287,24 @@ impl StateMachine {
 
     fn apply_batch(&self, state: &mut RangeState, batch: &Batch, writes: &mut Vec<KvWrite>) -> BatchReport {
         let mut report = BatchReport::default();
+        let positions = 0..u32::try_from(batch.images.len()).unwrap_or(u32::MAX);
         if batch.range != self.range {
-            report.misrouted = u32::try_from(batch.images.len()).unwrap_or(u32::MAX);
+            report.misrouted = positions.end;
+            report.refused = positions.collect();
             return report;
         }
-        for image in &batch.images {
-            if state.apply(image) {
-                stage(writes, image);
+        for (at, image) in positions.zip(&batch.images) {
+            // Staged before the state changes: a clearing image removes the keys of
+            // the records held until now.
+            let newer = !state.shards.get(&image.shard).is_some_and(|s| s.seq >= image.seq);
+            if newer {
+                stage(writes, image, state.dedup.get(&image.shard));
+            }
+            if newer && state.apply(image) {
                 report.applied += 1;
             } else {
                 report.stale += 1;
+                report.refused.push(at);
             }
         }
         report
@@ -424,6 +455,7 @@ mod tests {
                 dedup_remove: remove.iter().map(|id| (*id).to_owned()).collect(),
             },
             sealed: false,
+            clear: false,
         }
     }
 

@@ -93,6 +93,11 @@ impl SledKv {
     pub fn new(db: sled::Db) -> Self {
         Self { db }
     }
+
+    /// Opens (or creates) the database in directory `path`.
+    pub fn open(path: &std::path::Path) -> Result<Self, KvError> {
+        Ok(Self::new(sled::Config::new().path(path).open()?))
+    }
 }
 
 struct SledTree(sled::Tree);

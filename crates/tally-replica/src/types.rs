@@ -70,6 +70,9 @@ pub struct ShardEntry {
     pub write: ShardWrite,
     /// Whether a resharding sealed the shard.
     pub sealed: bool,
+    /// Whether every dedup record the shard held goes before this image's are put
+    /// (the shard was deleted: its image is then the empty one).
+    pub clear: bool,
 }
 
 /// The payload of one log entry: shard images of one range, from one group commit.
@@ -90,6 +93,9 @@ pub struct BatchReport {
     pub stale: u32,
     /// Images refused because the entry named another range than the group's.
     pub misrouted: u32,
+    /// The positions, in the batch, of the images that were not applied (stale or
+    /// misrouted): their writers' commits failed.
+    pub refused: Vec<u32>,
 }
 
 /// One shard as a range holds it.

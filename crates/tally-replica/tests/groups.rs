@@ -49,6 +49,7 @@ fn entry(shard: &ShardId, seq: u64, value: i64) -> ShardEntry {
             dedup_remove: vec![],
         },
         sealed: false,
+        clear: false,
     }
 }
 

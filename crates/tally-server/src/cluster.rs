@@ -59,6 +59,7 @@ pub fn cluster_node_config(config: &Config) -> Result<ClusterNodeConfig, tally_t
         raft_election_timeout_ms: (c.raft_election_timeout_min_ms, c.raft_election_timeout_max_ms),
         engine: config.tally_config(),
         tls,
+        replicas: c.replicas,
     })
 }
 
@@ -229,6 +230,9 @@ impl Service for ClusterService {
             }
             Err(e @ MembershipError::Unavailable(_)) => {
                 Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable", e.to_string()))
+            }
+            Err(e @ MembershipError::Replicated) => {
+                Err(ApiError::new(StatusCode::CONFLICT, "members_fixed", e.to_string()))
             }
         }
     }

@@ -275,6 +275,13 @@ pub struct ClusterConfig {
     /// Longest raft election timeout, in milliseconds.
     #[serde(default = "default_raft_election_timeout_max_ms")]
     pub raft_election_timeout_max_ms: u64,
+    /// Copies of every shard (1–5). 1 keeps one copy, on the ring owner; more puts
+    /// each shard in a range group replicated on `min(replicas, nodes)` nodes, whose
+    /// leader serves it: a node's death or the loss of its disk loses nothing and
+    /// shards stay available while a majority of each group is up. The members are
+    /// then fixed by this list (no membership changes).
+    #[serde(default = "default_replicas")]
+    pub replicas: u8,
     /// Every node of the cluster, with its stable identities and addresses.
     pub nodes: Vec<NodeEntry>,
 }
@@ -517,6 +524,10 @@ impl Default for EngineConfig {
 fn default_cluster_name() -> String {
     "tally".into()
 }
+fn default_replicas() -> u8 {
+    1
+}
+
 fn default_vnodes_per_node() -> u32 {
     tally_core::ring::VNODES_PER_NODE_DEFAULT
 }
@@ -785,7 +796,14 @@ struct Canonical<'a> {
     raft_heartbeat_ms: u64,
     raft_election_timeout_min_ms: u64,
     raft_election_timeout_max_ms: u64,
+    /// Left out when 1, so clusters of one copy kept their fingerprints.
+    #[serde(skip_serializing_if = "is_one")]
+    replicas: u8,
     nodes: &'a [NodeEntry],
+}
+
+fn is_one(n: &u8) -> bool {
+    *n == 1
 }
 
 impl ClusterConfig {
@@ -803,6 +821,7 @@ impl ClusterConfig {
             raft_heartbeat_ms: self.raft_heartbeat_ms,
             raft_election_timeout_min_ms: self.raft_election_timeout_min_ms,
             raft_election_timeout_max_ms: self.raft_election_timeout_max_ms,
+            replicas: self.replicas,
             nodes: &self.nodes,
         };
         tally_core::hash::hash64(FINGERPRINT_SEED, &tally_core::codec::encode(&canonical))
@@ -823,6 +842,7 @@ impl ClusterConfig {
         }
         let vnodes_max = tally_core::ring::VNODES_PER_NODE_MAX;
         range("cluster.vnodes_per_node", self.vnodes_per_node.into(), 1, vnodes_max.into())?;
+        range("cluster.replicas", self.replicas.into(), 1, tally_core::ranges::REPLICAS_MAX.into())?;
         interval("cluster.heartbeat_ms", self.heartbeat_ms)?;
         range(
             "cluster.heartbeat_misses_max",
@@ -1047,6 +1067,8 @@ mod tests {
     fn numeric_fields_are_range_checked() {
         let cases: Vec<(&str, Mutation)> = vec![
             ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 0)),
+            ("cluster.replicas", Box::new(|c| c.cluster.replicas = 0)),
+            ("cluster.replicas", Box::new(|c| c.cluster.replicas = 6)),
             ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 5000)),
             ("cluster.heartbeat_ms", Box::new(|c| c.cluster.heartbeat_ms = 0)),
             ("cluster.heartbeat_misses_max", Box::new(|c| c.cluster.heartbeat_misses_max = 0)),
@@ -1128,6 +1150,7 @@ mod tests {
         let changes: Vec<ClusterMutation> = vec![
             Box::new(|c| c.name = "other".into()),
             Box::new(|c| c.vnodes_per_node += 1),
+            Box::new(|c| c.replicas = 3),
             Box::new(|c| c.heartbeat_ms += 1),
             Box::new(|c| c.heartbeat_misses_max += 1),
             Box::new(|c| c.raft_heartbeat_ms += 1),

@@ -42,6 +42,20 @@ pub enum StoreError {
     #[error(transparent)]
     Format(#[from] tally_core::format::FormatError),
 
+    /// A replicated store could not take the write or serve the read here: this node
+    /// does not lead the shard's replica group, no quorum answered in time, or the
+    /// shard's writer must reload first (another writer committed since it loaded).
+    /// A write that failed this way may still take effect (a quorum may have it):
+    /// nothing that depended on it is acknowledged, and retrying with the same
+    /// event ids is safe.
+    #[error("replica group unavailable during {op}: {reason}")]
+    Unavailable {
+        /// The store operation, e.g. `"commit"`.
+        op: &'static str,
+        /// Why.
+        reason: String,
+    },
+
     /// The store was closed (its simulated node shut down or crashed) and refuses every
     /// operation until it is restarted.
     #[error("the store is closed: its node has shut down or crashed")]

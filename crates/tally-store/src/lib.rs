@@ -55,6 +55,14 @@ pub trait Store: Send + Sync + 'static {
     /// The shard's current state; a shard never written reads as zero with no sketch.
     fn load_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError>;
 
+    /// The shard's current state, read by the shard's writer (its actor) when it
+    /// starts or reloads after a failed commit. Every commit of the shard builds on
+    /// the state its writer last opened or committed; a replicated store remembers
+    /// it here and refuses a commit that would build on anything older.
+    fn open_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError> {
+        self.load_shard(id)
+    }
+
     /// The dedup record for `event_id` in this shard, if one was committed.
     fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError>;
 

@@ -38,8 +38,10 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// Protocol 2: a shard's answer to a read says whether the shard is sealed, a
 /// hand-off page whether it is sealed, and the distinct sketches that shard images
 /// and sketch merges carry are in store format 3's encoding. Protocol 3: an
-/// increment a node forwards carries its writer's sequence number.
-pub const PEER_PROTOCOL: u32 = 3;
+/// increment a node forwards carries its writer's sequence number. Protocol 4: a
+/// request names what it is for (a shard's owner, a range group's raft message, or
+/// the question whether a node's group of a range is formed).
+pub const PEER_PROTOCOL: u32 = 4;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`).
 pub const RAFT_PROTOCOL: u32 = 2;

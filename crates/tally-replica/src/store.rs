@@ -1,0 +1,297 @@
+//! [`RangeStore`]: the engine's [`Store`] over a node's range groups.
+//!
+//! Shard data (images, dedup records, seals) lives in the range groups; metadata
+//! (the local catalog, the format marker) stays in the node's own store. The
+//! engine's commit path calls [`Store::commit_many`] once per cycle with every
+//! shard write of the cycle: they become one raft entry per range, so one quorum
+//! round and one fsync per replica serve every write of the cycle.
+//!
+//! # Writers and sequences
+//!
+//! A shard has one writer, its actor on the range's leader. Each commit carries the
+//! shard's sequence: one more than the sequence of the state the writer built on
+//! (what it opened, [`Store::open_shard`], or last committed), and a group applies
+//! an image only over an older sequence. Since the state a writer builds on was
+//! stored at some point and stored sequences only grow, an image is applied exactly
+//! when nothing else was committed to the shard since its writer's state: a writer
+//! left over on a deposed leader, or one that missed a commit of another node, has
+//! its commit refused ([`StoreError::Unavailable`]), reloads, and can never
+//! overwrite an increment another writer had acknowledged.
+
+use crate::groups::RangeGroups;
+use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX};
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use tally_core::dedup::DedupRecord;
+use tally_core::handoff_machine::shard_of_seal_marker;
+use tally_core::ranges::RangeId;
+use tally_core::shard::{ShardImage, ShardWrite};
+use tally_core::ShardId;
+use tally_store::{Store, StoreError, Upgrade};
+
+/// The engine's store on a node that replicates its shards.
+pub struct RangeStore {
+    groups: Arc<RangeGroups>,
+    local: Arc<dyn Store>,
+    runtime: tokio::runtime::Handle,
+    /// The sequence each shard's writer builds on, set when it opens the shard and
+    /// by each of its commits; removed when a commit fails (the writer reloads).
+    writers: Mutex<HashMap<ShardId, u64>>,
+}
+
+fn unavailable(op: &'static str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable { op, reason: e.to_string() }
+}
+
+impl RangeStore {
+    /// Shard data through `groups`, metadata in `local`; raft calls run on
+    /// `runtime` (the store's methods are called from blocking threads).
+    pub fn new(groups: Arc<RangeGroups>, local: Arc<dyn Store>, runtime: tokio::runtime::Handle) -> Self {
+        Self { groups, local, runtime, writers: Mutex::new(HashMap::new()) }
+    }
+
+    /// The groups underneath.
+    pub fn groups(&self) -> &Arc<RangeGroups> {
+        &self.groups
+    }
+
+    fn range(&self, id: &ShardId) -> RangeId {
+        self.groups.layout().range_of_shard(id)
+    }
+
+    /// Runs `f` to completion from a synchronous method: on the commit thread
+    /// directly, from a runtime worker by handing the worker's other tasks on
+    /// first (the node runs a multi-threaded runtime).
+    fn wait<F: Future>(&self, f: F) -> F::Output {
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => tokio::task::block_in_place(|| self.runtime.block_on(f)),
+            Err(_) => self.runtime.block_on(f),
+        }
+    }
+
+    fn stored(&self, op: &'static str, id: &ShardId) -> Result<Option<StoredShard>, StoreError> {
+        match self.groups.shard(self.range(id), id) {
+            Ok(s) => Ok(s.map(|(s, _)| s)),
+            Err(e) => Err(unavailable(op, e)),
+        }
+    }
+
+    fn dedup<T>(
+        &self,
+        op: &'static str,
+        id: &ShardId,
+        f: impl FnOnce(Option<&std::collections::BTreeMap<String, DedupRecord>>) -> T,
+    ) -> Result<T, StoreError> {
+        self.groups.with_dedup(self.range(id), id, f).map_err(|e| unavailable(op, e))
+    }
+
+    /// Replicates one entry that is not a writer's commit (a seal, an unseal, a
+    /// deletion), built on the stored state.
+    fn write_one(&self, op: &'static str, entry: ShardEntry) -> Result<(), StoreError> {
+        let range = self.range(&entry.shard);
+        let ack = self.wait(self.groups.write(range, vec![entry])).map_err(|e| unavailable(op, e))?;
+        if ack.report.refused.is_empty() {
+            Ok(())
+        } else {
+            Err(unavailable(op, "the shard changed since this node read it; retry"))
+        }
+    }
+
+    /// The sequence the shard's writer builds on, if it opened the shard.
+    fn base(&self, id: &ShardId) -> Option<u64> {
+        self.writers.lock().get(id).copied()
+    }
+}
+
+impl Store for RangeStore {
+    fn load_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError> {
+        Ok(self.stored("load_shard", id)?.map(|s| s.image).unwrap_or_default())
+    }
+
+    fn open_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError> {
+        let stored = self.stored("open_shard", id)?.unwrap_or_default();
+        self.writers.lock().insert(id.clone(), stored.seq);
+        Ok(stored.image)
+    }
+
+    fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
+        self.dedup("dedup_get", id, |d| d.and_then(|d| d.get(event_id).copied()))
+    }
+
+    fn dedup_scan(
+        &self,
+        id: &ShardId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, DedupRecord)>, StoreError> {
+        use std::ops::Bound;
+        self.dedup("dedup_scan", id, |d| {
+            let Some(d) = d else { return Vec::new() };
+            let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.to_owned()));
+            d.range::<String, _>((from, Bound::Unbounded)).take(limit).map(|(k, r)| (k.clone(), *r)).collect()
+        })
+    }
+
+    /// The shards of the ranges this node leads, in shard order.
+    fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError> {
+        let mut ids = BTreeSet::new();
+        for range in self.groups.ranges() {
+            if self.groups.leads(range) {
+                ids.extend(self.groups.shard_ids(range).map_err(|e| unavailable("shard_ids", e))?);
+            }
+        }
+        Ok(ids.into_iter().filter(|id| after.is_none_or(|a| id > a)).take(limit).collect())
+    }
+
+    fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {
+        self.commit_many(&[(id.clone(), write.clone())]).pop().unwrap_or(Err(StoreError::Closed))
+    }
+
+    fn commit_many(&self, writes: &[(ShardId, ShardWrite)]) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); writes.len()];
+        // Each range's entries, with the position of every image's write.
+        let mut batches: Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)> = Vec::new();
+        let mut open: HashMap<RangeId, usize> = HashMap::new();
+        for (at, (id, write)) in writes.iter().enumerate() {
+            let Some(base) = self.base(id) else {
+                results[at] = Err(unavailable("commit", "the shard's writer must reload it first"));
+                continue;
+            };
+            let sealed = match self.stored("commit", id) {
+                Ok(s) => s.is_some_and(|s| s.sealed),
+                Err(e) => {
+                    results[at] = Err(e);
+                    continue;
+                }
+            };
+            let range = self.range(id);
+            let slot = match open.get(&range) {
+                Some(&i) if batches[i].2.len() < BATCH_IMAGES_MAX => i,
+                _ => {
+                    batches.push((range, Vec::new(), Vec::new()));
+                    open.insert(range, batches.len() - 1);
+                    batches.len() - 1
+                }
+            };
+            let entry =
+                ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
+            batches[slot].1.push(at);
+            batches[slot].2.push(entry);
+        }
+        let groups = &self.groups;
+        let sent = batches.iter().map(|(range, _, entries)| groups.write(*range, entries.clone()));
+        let answers = self.wait(futures::future::join_all(sent));
+        let mut writers = self.writers.lock();
+        for ((_, positions, entries), answer) in batches.iter().zip(answers) {
+            match answer {
+                Ok(ack) => {
+                    for (i, (&at, entry)) in positions.iter().zip(entries).enumerate() {
+                        let refused = ack.report.refused.contains(&u32::try_from(i).unwrap_or(u32::MAX));
+                        if refused {
+                            writers.remove(&entry.shard);
+                            results[at] = Err(unavailable(
+                                "commit",
+                                "another writer committed to the shard since this one loaded it",
+                            ));
+                        } else {
+                            writers.insert(entry.shard.clone(), entry.seq);
+                        }
+                    }
+                }
+                Err(e) => {
+                    for (&at, entry) in positions.iter().zip(entries) {
+                        writers.remove(&entry.shard);
+                        results[at] = Err(unavailable("commit", &e));
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    fn delete_shard(&self, id: &ShardId) -> Result<(), StoreError> {
+        self.writers.lock().remove(id);
+        let Some(stored) = self.stored("delete_shard", id)? else { return Ok(()) };
+        let entry = ShardEntry {
+            shard: id.clone(),
+            seq: stored.seq + 1,
+            write: ShardWrite::default(),
+            sealed: false,
+            clear: true,
+        };
+        self.write_one("delete_shard", entry)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        // Shard data is durable on a quorum once committed; the local store holds
+        // the metadata.
+        self.local.flush()
+    }
+
+    fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        match shard_of_seal_marker(key) {
+            Some(id) => Ok(self.stored("meta_get", &id)?.filter(|s| s.sealed).map(|_| Vec::new())),
+            None => self.local.meta_get(key),
+        }
+    }
+
+    /// A seal marker seals the shard in its group, on the state its writer holds.
+    fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let Some(id) = shard_of_seal_marker(key) else { return self.local.meta_put(key, value) };
+        let stored = self.stored("seal", &id)?.unwrap_or_default();
+        if stored.sealed {
+            return Ok(());
+        }
+        // Built on the stored state (the seal keeps its image): a writer that built
+        // on the same state builds on the seal next.
+        let writer_current = self.base(&id) == Some(stored.seq);
+        let write = ShardWrite { image: stored.image, ..ShardWrite::default() };
+        let entry = ShardEntry { shard: id.clone(), seq: stored.seq + 1, write, sealed: true, clear: false };
+        let result = self.write_one("seal", entry);
+        let mut writers = self.writers.lock();
+        match &result {
+            Ok(()) if writer_current => writers.insert(id, stored.seq + 1),
+            _ => writers.remove(&id),
+        };
+        result
+    }
+
+    fn meta_delete(&self, key: &[u8]) -> Result<(), StoreError> {
+        let Some(id) = shard_of_seal_marker(key) else { return self.local.meta_delete(key) };
+        let Some(stored) = self.stored("unseal", &id)?.filter(|s| s.sealed) else { return Ok(()) };
+        self.writers.lock().remove(&id);
+        let write = ShardWrite { image: stored.image, ..ShardWrite::default() };
+        let entry = ShardEntry { shard: id, seq: stored.seq + 1, write, sealed: false, clear: false };
+        self.write_one("unseal", entry)
+    }
+
+    fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError> {
+        let seals = puts.iter().map(|(k, _)| k).chain(deletes).any(|k| shard_of_seal_marker(k).is_some());
+        if seals {
+            return Err(StoreError::Io {
+                op: "meta_batch",
+                message: "seal markers of replicated shards change one at a time".into(),
+            });
+        }
+        self.local.meta_batch(puts, deletes)
+    }
+
+    fn meta_scan(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        self.local.meta_scan(prefix, after, limit)
+    }
+
+    fn upgrade(&self, plan: &Upgrade<'_>) -> Result<u64, StoreError> {
+        self.local.upgrade(plan)
+    }
+
+    fn size_on_disk(&self) -> Result<u64, StoreError> {
+        self.local.size_on_disk()
+    }
+}
