@@ -18,6 +18,9 @@ use tally_core::dedup::DedupRecord;
 use tally_core::ranges::{RangeId, RangeLayout};
 use tally_core::ShardId;
 
+/// One shard's image and its dedup records, as a replica holds them.
+pub type ShardCopy = (StoredShard, BTreeMap<String, DedupRecord>);
+
 /// Leader heartbeat interval, in milliseconds.
 pub const HEARTBEAT_MS: u64 = 100;
 /// Shortest election timeout, in milliseconds (five heartbeats: a lost heartbeat
@@ -444,11 +447,7 @@ impl RangeGroups {
     }
 
     /// One shard and its dedup records as applied here (`None`: never written).
-    pub fn shard(
-        &self,
-        range: RangeId,
-        shard: &ShardId,
-    ) -> Result<Option<(StoredShard, BTreeMap<String, DedupRecord>)>, ReplicaError> {
+    pub fn shard(&self, range: RangeId, shard: &ShardId) -> Result<Option<ShardCopy>, ReplicaError> {
         Ok(self.group(range)?.shared.shard(shard))
     }
 

@@ -43,15 +43,17 @@
 //! openraft draws its election timeouts from a thread-local RNG, so runs on paused
 //! time are fast and bounded but not bit-for-bit repeatable.
 //!
+//! * [`store`] — [`RangeStore`], the engine's `Store` over a node's groups: the
+//!   shard writes of a commit cycle become one entry per range, applied only over
+//!   the state their writer built on (see its docs); `tally-cluster` runs it, with
+//!   the groups over the node-to-node sessions, when `cluster.replicas` > 1.
+//!
 //! # Boundary of this version
 //!
-//! Nothing here is wired into the engine or the cluster yet: shard actors do not
-//! commit through [`RangeGroups::write`], the directory of ranges is not in the
-//! metadata group, and there is no [`RangeNetwork`] over `tally-transport`'s node
-//! sessions yet (only [`MemRouter`]; [`RangeEnvelope`] and its byte encoding in
-//! [`network`] are what such a transport would carry, and the router's tests already
-//! send every message through that encoding); those are the next steps
-//! (ARCHITECTURE.md, "Shard replication").
+//! The simulator does not run range groups yet (openraft's timers and RNG are not
+//! the simulator's), and a cluster's range directory is computed from its initial
+//! members rather than kept in the metadata group, so the members are fixed while
+//! shards are replicated (ARCHITECTURE.md, "Shard replication").
 
 #![forbid(unsafe_code)]
 

@@ -296,7 +296,7 @@ impl StateMachine {
         for (at, image) in positions.zip(&batch.images) {
             // Staged before the state changes: a clearing image removes the keys of
             // the records held until now.
-            let newer = !state.shards.get(&image.shard).is_some_and(|s| s.seq >= image.seq);
+            let newer = state.shards.get(&image.shard).is_none_or(|s| s.seq < image.seq);
             if newer {
                 stage(writes, image, state.dedup.get(&image.shard));
             }

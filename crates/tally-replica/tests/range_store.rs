@@ -1,0 +1,123 @@
+//! `RangeStore`: the engine's store over a range group. Two stores over one group
+//! stand for two writers of one shard (on two nodes, one a deposed leader): the
+//! commit sequence lets only a writer that built on the stored state commit.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tally_core::dedup::DedupRecord;
+use tally_core::handoff_machine::seal_marker;
+use tally_core::name::CounterName;
+use tally_core::ranges::{RangeId, RangeLayout};
+use tally_core::shard::{ShardImage, ShardWrite};
+use tally_core::ShardId;
+use tally_replica::{GroupsConfig, MemKv, MemRouter, RangeGroups, RangeInbound, RangeStore, ReplicaNode};
+use tally_store::{MemStore, Store, StoreError};
+
+async fn one_replica_group() -> (Arc<RangeGroups>, RangeId) {
+    let layout = RangeLayout::try_new(1).unwrap();
+    let router = MemRouter::new();
+    let groups = RangeGroups::open(
+        "node1",
+        7,
+        Arc::new(MemKv::new()),
+        Arc::new(router.clone()),
+        layout,
+        GroupsConfig::default(),
+    )
+    .await
+    .unwrap();
+    let inbound: Arc<dyn RangeInbound> = groups.clone();
+    router.register(groups.replica_id(), Arc::downgrade(&inbound) as Weak<dyn RangeInbound>);
+    let range = RangeId(0);
+    groups.open_range(range).await.unwrap();
+    groups.initialize(range, &[(7, ReplicaNode { node: "node1".into() })]).await.unwrap();
+    for _ in 0..500 {
+        if groups.leads(range) {
+            return (groups, range);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the group elected no leader");
+}
+
+fn write(value: i64, put: &[&str]) -> ShardWrite {
+    ShardWrite {
+        image: ShardImage { value, ..Default::default() },
+        dedup_put: put
+            .iter()
+            .map(|id| (id.to_string(), DedupRecord { delta: 1, applied_at_ms: 1 }))
+            .collect(),
+        dedup_remove: Vec::new(),
+    }
+}
+
+fn refused(r: &Result<(), StoreError>) -> bool {
+    matches!(r, Err(StoreError::Unavailable { .. }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_missed_a_commit_is_refused_and_reloads() {
+    let (groups, _) = one_replica_group().await;
+    let handle = tokio::runtime::Handle::current();
+    let shard = ShardId::new(CounterName::new("likes").unwrap(), 0, 3);
+    let a = RangeStore::new(groups.clone(), Arc::new(MemStore::new()), handle.clone());
+    let b = RangeStore::new(groups.clone(), Arc::new(MemStore::new()), handle.clone());
+    let s = shard.clone();
+    tokio::task::spawn_blocking(move || {
+        // A commit from a writer that never opened the shard is refused.
+        assert!(refused(&a.commit(&s, &write(1, &[]))));
+        assert_eq!(a.open_shard(&s).unwrap().value, 0);
+        assert_eq!(b.open_shard(&s).unwrap().value, 0);
+        a.commit(&s, &write(5, &["e1"])).unwrap();
+        // b built on the empty shard: its image would overwrite a's acknowledged 5.
+        assert!(refused(&b.commit(&s, &write(3, &["e2"]))));
+        assert_eq!(b.load_shard(&s).unwrap().value, 5);
+        assert!(b.dedup_get(&s, "e2").unwrap().is_none());
+        // Until it reloads, b stays refused; then it builds on 5.
+        assert!(refused(&b.commit(&s, &write(8, &["e2"]))));
+        assert_eq!(b.open_shard(&s).unwrap().value, 5);
+        b.commit(&s, &write(8, &["e2"])).unwrap();
+        // Now a is the stale one.
+        assert!(refused(&a.commit(&s, &write(6, &[]))));
+        assert_eq!(a.load_shard(&s).unwrap().value, 8);
+        let ids: Vec<String> = a.dedup_scan(&s, None, 10).unwrap().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, ["e1", "e2"]);
+        assert_eq!(a.dedup_scan(&s, Some("e1"), 10).unwrap().len(), 1);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seals_and_deletions_are_replicated_and_other_metadata_stays_local() {
+    let (groups, _) = one_replica_group().await;
+    let handle = tokio::runtime::Handle::current();
+    let shard = ShardId::new(CounterName::new("views").unwrap(), 1, 0);
+    let local = Arc::new(MemStore::new());
+    let store = RangeStore::new(groups.clone(), local.clone(), handle);
+    let s = shard.clone();
+    tokio::task::spawn_blocking(move || {
+        store.open_shard(&s).unwrap();
+        store.commit(&s, &write(4, &["e1", "e2"])).unwrap();
+        assert_eq!(store.meta_get(&seal_marker(&s)).unwrap(), None);
+        store.meta_put(&seal_marker(&s), b"").unwrap();
+        assert_eq!(store.meta_get(&seal_marker(&s)).unwrap(), Some(Vec::new()));
+        assert_eq!(store.load_shard(&s).unwrap().value, 4, "a seal keeps the image");
+        // The writer built on the state the seal was built on, so it goes on.
+        store.commit(&s, &write(4, &["e3"])).unwrap();
+        // Other metadata goes to the local store.
+        store.meta_put(b"counter:views", b"spec").unwrap();
+        assert_eq!(local.meta_get(b"counter:views").unwrap(), Some(b"spec".to_vec()));
+        assert_eq!(local.meta_get(&seal_marker(&s)).unwrap(), None);
+        assert_eq!(store.shard_ids(None, 10).unwrap(), [s.clone()]);
+        store.delete_shard(&s).unwrap();
+        store.meta_delete(&seal_marker(&s)).unwrap();
+        assert_eq!(store.load_shard(&s).unwrap(), ShardImage::default());
+        assert!(store.dedup_scan(&s, None, 10).unwrap().is_empty(), "a deletion clears every record");
+        assert_eq!(store.meta_get(&seal_marker(&s)).unwrap(), None);
+        // A writer of the deleted shard must reload before it commits again.
+        assert!(refused(&store.commit(&s, &write(1, &[]))));
+    })
+    .await
+    .unwrap();
+}
