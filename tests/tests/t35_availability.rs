@@ -49,6 +49,10 @@ struct Attempt {
     acked: bool,
 }
 
+/// Held by each test while its cluster runs: the figures are only comparable when
+/// one cluster at a time shares the machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// What the writers and the reader saw, and when.
 struct Figures {
     /// Share of attempts acknowledged from the end of the failover until the restart.
@@ -114,6 +118,7 @@ async fn outage(c: Arc<TestCluster>, label: &str, wipe: bool) -> anyhow::Result<
                         Ok(v) => v.to_string(),
                         Err(e) => e.to_string(),
                     };
+                    let why = format!("(answered after {} ms) {why}", (start.elapsed() - at).as_millis());
                     incomplete.lock().unwrap().push((at, why));
                 }
                 reads.lock().unwrap().push((at, complete));
@@ -161,7 +166,15 @@ async fn outage(c: Arc<TestCluster>, label: &str, wipe: bool) -> anyhow::Result<
     for (at, why) in
         incomplete.lock().unwrap().iter().filter(|(at, _)| down(*at) && *at >= failover_end).take(3)
     {
-        println!("  incomplete fresh read {} ms after the kill: {why}", (*at - killed_at).as_millis());
+        println!(
+            "  {label}: incomplete fresh read {} ms after the kill: {why}",
+            (*at - killed_at).as_millis()
+        );
+        for n in 1..=2 {
+            for line in c.log(n).lines().filter(|l| l.contains("missing from a read")).take(3) {
+                println!("    node{n}: {line}");
+            }
+        }
     }
     println!(
         "{label}: one node of three down for {} ms, {WRITERS} sync writers with event ids:",
@@ -206,6 +219,7 @@ async fn outage(c: Arc<TestCluster>, label: &str, wipe: bool) -> anyhow::Result<
 /// One copy per shard: the figures say what the outage costs, and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_of_three_down_what_writers_and_readers_see() -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let c = Arc::new(TestCluster::start(3).await?);
     outage(c, "one copy", false).await?;
     Ok(())
@@ -215,6 +229,7 @@ async fn one_node_of_three_down_what_writers_and_readers_see() -> anyhow::Result
 /// and fresh reads go on as if nothing happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_copies_one_node_down_writes_and_fresh_reads_go_on() -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let c = Arc::new(TestCluster::start_configured(3, &[], "cluster.replicas = 3\n").await?);
     let f = outage(c, "three copies", false).await?;
     check_targets(&f);
@@ -226,6 +241,7 @@ async fn three_copies_one_node_down_writes_and_fresh_reads_go_on() -> anyhow::Re
 /// acknowledged id is still a duplicate (checked by [`outage`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_copies_a_node_back_with_an_empty_disk_loses_nothing() -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let c = Arc::new(TestCluster::start_configured(3, &[], "cluster.replicas = 3\n").await?);
     let f = outage(c.clone(), "three copies, disk lost", true).await?;
     check_targets(&f);
