@@ -274,7 +274,22 @@ impl TestCluster {
 
     async fn wait_all_healthy(&self, n: usize) -> Result<()> {
         for i in 1..=n {
-            self.wait_healthy(i).await?;
+            if let Err(e) = self.wait_healthy(i).await {
+                // Why a node is not healthy is often another node's failure.
+                let mut why = String::new();
+                for j in (1..=n).filter(|j| *j != i) {
+                    let log = self.log(j);
+                    for line in
+                        log.lines().filter(|l| l.contains("panicked") || l.contains(" ERROR tally")).take(5)
+                    {
+                        why += &format!("\nnode{j}: {line}");
+                    }
+                    for line in log.lines().rev().take(3) {
+                        why += &format!("\nnode{j} (end): {line}");
+                    }
+                }
+                return Err(e.context(format!("other nodes:{why}")));
+            }
         }
         Ok(())
     }

@@ -639,19 +639,22 @@ impl ClusterNode {
     /// Keeps [`ClusterNode::ready`] and the engine's lost-data mark current.
     async fn watch_ready(&self) {
         let mut caught_up_once = false;
+        let mut groups_led_once = false;
         loop {
             let r = self.raft.readiness().await;
             caught_up_once |= r.caught_up;
+            groups_led_once |= self.replication.as_ref().is_none_or(|g| g.every_group_has_a_leader());
             self.sync_data_lost();
             let peers = self.transport.peers();
             let sessions_up = r.reachable.iter().all(|raft_id| {
                 let Some(m) = self.config.members.iter().find(|m| m.raft_id == *raft_id) else { return true };
                 peers.iter().any(|p| p.node == m.id && p.state == PeerState::Up)
             });
-            let ready = r.leader.is_some() && caught_up_once && r.registered && sessions_up;
+            let ready =
+                r.leader.is_some() && caught_up_once && r.registered && sessions_up && groups_led_once;
             let was = self.ready.swap(ready, std::sync::atomic::Ordering::SeqCst);
             if was != ready {
-                tracing::info!(ready, leader = ?r.leader, caught_up = caught_up_once, registered = r.registered, sessions_up, "readiness changed");
+                tracing::info!(ready, leader = ?r.leader, caught_up = caught_up_once, registered = r.registered, sessions_up, groups_led = groups_led_once, "readiness changed");
             }
             tokio::time::sleep(Duration::from_millis(READY_POLL_MS)).await;
         }

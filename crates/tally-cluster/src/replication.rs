@@ -48,6 +48,8 @@ pub const TEND_EVERY_MS: u64 = 500;
 /// How long one range message may take on the node-to-node session (a snapshot
 /// chunk of 1 MiB included).
 pub const RANGE_CALL_TIMEOUT_MS: u64 = 10_000;
+/// How long a peer may take to say whether its group of a range is formed.
+pub const FORMED_ASK_TIMEOUT_MS: u64 = 1_000;
 /// How long a learner may take to catch up before its promotion is tried again
 /// on the next pass.
 pub const CATCH_UP_WAIT_MS: u64 = 2_000;
@@ -163,6 +165,12 @@ impl Replication {
         self.groups.confirm(range).await.map_err(|e| unavailable(id, e.to_string()))
     }
 
+    /// Whether every group this node runs knows a leader (once true at start, the
+    /// node's shards can be served; see `ClusterNode::ready`).
+    pub fn every_group_has_a_leader(&self) -> bool {
+        self.groups.ranges().into_iter().all(|r| self.groups.leader(r).is_ok_and(|l| l.is_some()))
+    }
+
     /// Answers a peer's question whether this node's group of `range` is formed.
     pub(crate) fn formed(&self, range: RangeId) -> bool {
         self.groups.formed(range)
@@ -187,7 +195,7 @@ impl Replication {
     async fn peer_formed(&self, node: &str, range: RangeId) -> Option<bool> {
         let bytes = codec::encode(&PeerRequest::Formed(range));
         let answer =
-            self.transport.call(node, bytes, Duration::from_millis(RANGE_CALL_TIMEOUT_MS)).await.ok()?;
+            self.transport.call(node, bytes, Duration::from_millis(FORMED_ASK_TIMEOUT_MS)).await.ok()?;
         codec::decode::<bool>("formed answer", &answer).ok()
     }
 
@@ -247,7 +255,9 @@ impl Replication {
     /// One pass over this node's ranges: forms what needs forming, replaces what
     /// needs replacing. Failures are retried on the next pass.
     pub(crate) async fn tend(&self) {
-        for range in self.groups.ranges() {
+        // Ranges are tended side by side: one whose peer is slow to answer holds up
+        // no other.
+        let passes = self.groups.ranges().into_iter().map(|range| async move {
             if let Err(e) = self.form(range).await {
                 tracing::warn!(%range, error = %e, "cannot form a range group yet");
             }
@@ -255,7 +265,8 @@ impl Replication {
                 Ok(()) | Err(ReplicaError::NotCaughtUp { .. }) | Err(ReplicaError::NotLeader { .. }) => {}
                 Err(e) => tracing::warn!(%range, error = %e, "cannot replace a replica yet"),
             }
-        }
+        });
+        futures::future::join_all(passes).await;
     }
 
     /// Tends the groups every [`TEND_EVERY_MS`] until the task is dropped.

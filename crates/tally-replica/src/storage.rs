@@ -108,10 +108,15 @@ impl KvStore for SledKv {
     }
 
     fn flush(&self) -> BoxFuture<'static, Result<(), KvError>> {
+        // A blocking flush on the blocking pool, not `Db::flush_async`: in sled 0.34
+        // concurrent `flush_async` calls can all wait forever (sled issues #1241,
+        // #1308), and every group of a node flushes its own votes and appends.
         let db = self.db.clone();
         Box::pin(async move {
-            db.flush_async().await?;
-            Ok(())
+            match tokio::task::spawn_blocking(move || db.flush()).await {
+                Ok(flushed) => flushed.map(|_| ()).map_err(KvError::from),
+                Err(e) => Err(KvError::Sled(format!("flush task failed: {e}"))),
+            }
         })
     }
 }
