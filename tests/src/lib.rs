@@ -835,6 +835,32 @@ pub mod stories {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    /// Checks that every acknowledged increment of `counter` is counted exactly once:
+    /// every node's total is the number of `acked` ids, plus at most `in_flight`
+    /// (ids still unanswered when the writers stopped may have been applied), and
+    /// every `step`th acknowledged id answers `duplicate` through node 3.
+    pub async fn assert_counted_once(
+        c: &TestCluster,
+        counter: &str,
+        acked: &[String],
+        in_flight: usize,
+        step: usize,
+    ) -> anyhow::Result<()> {
+        let n = acked.len() as i64;
+        for node in 1..=c.len() {
+            let value = c.value(node, counter).await?;
+            assert!(
+                (n..=n + in_flight as i64).contains(&value),
+                "node{node}: value {value}, acknowledged {n}"
+            );
+        }
+        for id in acked.iter().step_by(step) {
+            let (_, body) = c.incr(3, counter, json!({"delta": 1, "event_id": id})).await?;
+            assert_eq!(body, json!({"applied": false, "duplicate": true}), "{id}");
+        }
+        Ok(())
+    }
+
     /// The story of t30 on a running three-node cluster `c`: sync increments stream
     /// in through nodes 1 and 2 (retried with the same event id), node 3 is killed with
     /// `kill -9` and restarted, and afterwards every acknowledged increment is counted
@@ -880,16 +906,7 @@ pub mod stories {
         // An id that was refused and then retried may have been applied by the refused
         // attempt; its id makes that count once. An id still in flight when the writers
         // stopped is the only unknown: at most one per writer.
-        for node in 1..=3 {
-            let value = c.value(node, "credits").await?;
-            let acked = acked.len() as i64;
-            assert!((acked..=acked + 8).contains(&value), "node{node}: value {value}, acknowledged {acked}");
-        }
-        for id in acked.iter().step_by(17) {
-            let (_, body) = c.incr(3, "credits", json!({"delta": 1, "event_id": id})).await?;
-            assert_eq!(body, json!({"applied": false, "duplicate": true}), "{id}");
-        }
-        Ok(())
+        assert_counted_once(&c, "credits", &acked, 8, 17).await
     }
 }
 

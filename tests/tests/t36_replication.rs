@@ -100,14 +100,5 @@ async fn a_frozen_range_leader_never_makes_an_acknowledged_increment_disappear()
         }
     }
     assert!(during > 100, "writes did not go on around the frozen leader: {during}");
-    for node in 1..=3 {
-        let value = c.value(node, "stock").await?;
-        let n = acked.len() as i64;
-        assert!((n..=n + WRITERS as i64).contains(&value), "node{node}: value {value}, acknowledged {n}");
-    }
-    for id in acked.iter().step_by(11) {
-        let (_, body) = c.incr(3, "stock", json!({"delta": 1, "event_id": id})).await?;
-        assert_eq!(body, json!({"applied": false, "duplicate": true}), "{id}");
-    }
-    Ok(())
+    tally_tests::stories::assert_counted_once(&c, "stock", &acked, WRITERS, 11).await
 }

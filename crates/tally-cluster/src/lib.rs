@@ -631,11 +631,6 @@ impl ClusterNode {
         self.tally.set_data_lost(self.replication.is_none() && self.raft.data_lost());
     }
 
-    /// The node's replication, when shards are replicated.
-    pub fn replication(&self) -> Option<&Arc<Replication>> {
-        self.replication.as_ref()
-    }
-
     /// Keeps [`ClusterNode::ready`] and the engine's lost-data mark current.
     async fn watch_ready(&self) {
         let mut caught_up_once = false;

@@ -54,10 +54,6 @@ pub const FORMED_ASK_TIMEOUT_MS: u64 = 1_000;
 /// on the next pass.
 pub const CATCH_UP_WAIT_MS: u64 = 2_000;
 
-/// Replicas replaced by a caught-up successor since the process started (a node
-/// came back with an empty disk).
-pub static REPLICAS_REPLACED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// What one node sends another on its node-to-node session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum PeerRequest {
@@ -247,7 +243,6 @@ impl Replication {
                 held.iter().filter(|(r, n)| **r != id && n.node == node.node).map(|(r, _)| *r).collect();
             tracing::info!(%range, replica = id, node = %node, replaced = ?old, "promoting a caught-up replica");
             self.groups.promote(range, id, &old).await?;
-            REPLICAS_REPLACED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
     }

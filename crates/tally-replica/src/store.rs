@@ -52,11 +52,6 @@ impl RangeStore {
         Self { groups, local, runtime, writers: Mutex::new(HashMap::new()) }
     }
 
-    /// The groups underneath.
-    pub fn groups(&self) -> &Arc<RangeGroups> {
-        &self.groups
-    }
-
     fn range(&self, id: &ShardId) -> RangeId {
         self.groups.layout().range_of_shard(id)
     }
