@@ -1034,7 +1034,7 @@ impl Ctx {
         // Adopt first, so the previous owner deletes its copy in its hand-off.
         self.ensure_local(id).await?;
         self.stop_local(id).await;
-        self.drop_shard_data(id)
+        self.drop_shard_data(id).await
     }
 
     /// Stops the local actor of shard `id`, if one runs, and returns once it has ended
@@ -1050,9 +1050,9 @@ impl Ctx {
 
     /// Removes shard `id`'s data from this node's store: value, sketch, dedup records
     /// and its seal.
-    pub(crate) fn drop_shard_data(&self, id: &ShardId) -> Result<(), TallyError> {
-        self.store.delete_shard(id)?;
-        self.store.meta_delete(&seal_key(id))?;
+    pub(crate) async fn drop_shard_data(&self, id: &ShardId) -> Result<(), TallyError> {
+        self.store.delete_shard_async(id).await?;
+        self.store.meta_delete_async(&seal_key(id)).await?;
         Ok(())
     }
 

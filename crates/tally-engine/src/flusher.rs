@@ -90,6 +90,31 @@ impl Flusher {
         let flag = poisoned.clone();
         let progress = Arc::new(Progress::default());
         let seen = progress.clone();
+        // A store whose writes wait on other nodes (a replicated one) is driven by a
+        // task that awaits them: no thread is held while a quorum answers.
+        if store.waits() {
+            tokio::spawn(async move {
+                while let Some(first) = rx.recv().await {
+                    let jobs = take_more(first, || rx.try_recv().ok());
+                    let mut cycle = Cycle::new(jobs);
+                    let results = if cycle.writes.is_empty() || flag.load(Ordering::SeqCst) {
+                        cycle.refused(&flag)
+                    } else {
+                        store.commit_many_async(&cycle.writes).await
+                    };
+                    if cycle.applied(results, &stats, &seen) {
+                        let covered = seen.applied.load(Ordering::SeqCst);
+                        let result = if flag.load(Ordering::SeqCst) {
+                            Err(poison_error())
+                        } else {
+                            store.flush_async().await
+                        };
+                        cycle.flushed(result, covered, &flag, &stats, &seen);
+                    }
+                }
+            });
+            return Self { tx, poisoned, progress };
+        }
         // A store that never blocks (the in-memory one) is driven inline by a task, so
         // a simulation stays on one thread.
         if !store.blocks() {
@@ -178,66 +203,101 @@ impl Flusher {
     }
 }
 
+/// The jobs of one cycle, split into the writes it applies and what waits for them.
+struct Cycle {
+    writes: Vec<(ShardId, ShardWrite)>,
+    replies: Vec<(oneshot::Sender<Result<(), StoreError>>, Option<Waiter>)>,
+    waiters: Vec<Waiter>,
+}
+
+impl Cycle {
+    fn new(jobs: Vec<Job>) -> Self {
+        let mut cycle = Cycle { writes: Vec::new(), replies: Vec::new(), waiters: Vec::new() };
+        for job in jobs {
+            match job {
+                Job::Commit { id, write, applied, durable } => {
+                    cycle.writes.push((id, write));
+                    cycle.replies.push((applied, durable));
+                }
+                Job::Flush(w) => cycle.waiters.push(w),
+            }
+        }
+        cycle
+    }
+
+    /// The answers to the cycle's writes when none may be applied (a poisoned engine).
+    fn refused(&self, poisoned: &AtomicBool) -> Vec<Result<(), StoreError>> {
+        debug_assert!(self.writes.is_empty() || poisoned.load(Ordering::SeqCst));
+        self.writes.iter().map(|_| Err(poison_error())).collect()
+    }
+
+    /// Answers each write with its result; true if anyone waits for a flush.
+    fn applied(&mut self, results: Vec<Result<(), StoreError>>, stats: &Stats, progress: &Progress) -> bool {
+        assert_eq!(results.len(), self.writes.len(), "the store answers every write of a cycle");
+        let mut applied = 0u64;
+        let replies = std::mem::take(&mut self.replies);
+        for (((id, _), (reply, durable)), result) in self.writes.iter().zip(replies).zip(results) {
+            match result {
+                Ok(()) => {
+                    applied += 1;
+                    progress.applied.fetch_add(1, Ordering::SeqCst);
+                    let _ = reply.send(Ok(()));
+                    self.waiters.extend(durable);
+                }
+                Err(e) => {
+                    tracing::error!(shard = %id, error = %e, "shard commit failed");
+                    if let Some(w) = durable {
+                        w(Err(e.clone()));
+                    }
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+        stats.cycle_commits.record(applied);
+        !self.waiters.is_empty()
+    }
+
+    /// Runs the waiters with the flush's result; `covered` is what was applied
+    /// before the flush started.
+    fn flushed(
+        self,
+        result: Result<(), StoreError>,
+        covered: u64,
+        poisoned: &AtomicBool,
+        stats: &Stats,
+        progress: &Progress,
+    ) {
+        if result.is_ok() {
+            progress.durable.fetch_max(covered, Ordering::SeqCst);
+        }
+        if let Err(e) = &result {
+            if !poisoned.swap(true, Ordering::SeqCst) {
+                tracing::error!(error = %e, "store flush failed; refusing writes until restart");
+            }
+        }
+        stats.flushes.inc();
+        stats.flush_waiters.record(self.waiters.len() as u64);
+        for w in self.waiters {
+            w(result.clone());
+        }
+    }
+}
+
 /// One cycle: apply every write in arrival order, then flush once for the waiters.
 fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats, progress: &Progress) {
-    let mut waiters: Vec<Waiter> = Vec::new();
-    let mut writes: Vec<(ShardId, ShardWrite)> = Vec::new();
-    let mut replies = Vec::new();
-    for job in jobs {
-        match job {
-            Job::Commit { id, write, applied, durable } => {
-                writes.push((id, write));
-                replies.push((applied, durable));
-            }
-            Job::Flush(w) => waiters.push(w),
-        }
-    }
+    let mut cycle = Cycle::new(jobs);
     // Every write of the cycle in one call: the store groups them into as few atomic
     // batches as it can.
-    let results = if writes.is_empty() {
-        Vec::new()
-    } else if poisoned.load(Ordering::SeqCst) {
-        writes.iter().map(|_| Err(poison_error())).collect()
+    let results = if cycle.writes.is_empty() || poisoned.load(Ordering::SeqCst) {
+        cycle.refused(poisoned)
     } else {
-        store.commit_many(&writes)
+        store.commit_many(&cycle.writes)
     };
-    assert_eq!(results.len(), writes.len(), "the store answers every write of a cycle");
-    let mut applied = 0u64;
-    for (((id, _), (reply, durable)), result) in writes.iter().zip(replies).zip(results) {
-        match result {
-            Ok(()) => {
-                applied += 1;
-                progress.applied.fetch_add(1, Ordering::SeqCst);
-                let _ = reply.send(Ok(()));
-                waiters.extend(durable);
-            }
-            Err(e) => {
-                tracing::error!(shard = %id, error = %e, "shard commit failed");
-                if let Some(w) = durable {
-                    w(Err(e.clone()));
-                }
-                let _ = reply.send(Err(e));
-            }
-        }
-    }
-    stats.cycle_commits.record(applied);
-    if waiters.is_empty() {
+    if !cycle.applied(results, stats, progress) {
         return;
     }
     // Everything applied so far is covered by this flush.
     let covered = progress.applied.load(Ordering::SeqCst);
     let result = if poisoned.load(Ordering::SeqCst) { Err(poison_error()) } else { store.flush() };
-    if result.is_ok() {
-        progress.durable.fetch_max(covered, Ordering::SeqCst);
-    }
-    if let Err(e) = &result {
-        if !poisoned.swap(true, Ordering::SeqCst) {
-            tracing::error!(error = %e, "store flush failed; refusing writes until restart");
-        }
-    }
-    stats.flushes.inc();
-    stats.flush_waiters.record(waiters.len() as u64);
-    for w in waiters {
-        w(result.clone());
-    }
+    cycle.flushed(result, covered, poisoned, stats, progress);
 }

@@ -75,7 +75,7 @@ impl Ctx {
                     AdoptInput::Marker { present: self.store.meta_get(&key)?.is_some() }
                 }
                 AdoptEffect::DeleteShard => {
-                    self.store.delete_shard(id)?;
+                    self.store.delete_shard_async(id).await?;
                     continue;
                 }
                 AdoptEffect::Pull { from, epoch, after } => {
@@ -93,7 +93,7 @@ impl Ctx {
                     continue;
                 }
                 AdoptEffect::Seal => {
-                    self.store.meta_put(&seal_key(id), b"")?;
+                    self.store.meta_put_async(&seal_key(id), b"").await?;
                     continue;
                 }
                 AdoptEffect::Flush => {
@@ -101,7 +101,7 @@ impl Ctx {
                     continue;
                 }
                 AdoptEffect::WriteMarker(key) => {
-                    self.store.meta_put(&key, &[])?;
+                    self.store.meta_put_async(&key, &[]).await?;
                     continue;
                 }
                 AdoptEffect::Adopted { imported } => {
@@ -234,7 +234,7 @@ pub(crate) async fn hand_off_foreign(ctx: &Ctx, epoch: u64) -> Result<HandoffRep
                 PassInput::Adopted { shard, ok }
             }
             PassEffect::Delete(id) => {
-                ctx.drop_shard_data(&id)?;
+                ctx.drop_shard_data(&id).await?;
                 continue;
             }
             PassEffect::Flush => {

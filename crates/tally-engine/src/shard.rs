@@ -303,7 +303,7 @@ impl ShardActorState {
         if self.ctx.flusher.poisoned() {
             return Err(store_failure("an earlier flush failed"));
         }
-        self.ctx.store.meta_put(&seal_key(&self.id), b"")?;
+        self.ctx.store.meta_put_async(&seal_key(&self.id), b"").await?;
         self.ctx.flusher.flush().await?;
         Ok(image)
     }

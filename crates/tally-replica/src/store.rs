@@ -29,7 +29,7 @@ use tally_core::handoff_machine::shard_of_seal_marker;
 use tally_core::ranges::RangeId;
 use tally_core::shard::{ShardImage, ShardWrite};
 use tally_core::ShardId;
-use tally_store::{Store, StoreError, Upgrade};
+use tally_store::{Store, StoreError, StoreFuture, Upgrade};
 
 /// The engine's store on a node that replicates its shards.
 pub struct RangeStore {
@@ -56,11 +56,20 @@ impl RangeStore {
         self.groups.layout().range_of_shard(id)
     }
 
-    /// Runs `f` to completion from a synchronous method: on the commit thread
-    /// directly, from a runtime worker by handing the worker's other tasks on
-    /// first (the node runs a multi-threaded runtime).
-    fn wait<F: Future>(&self, f: F) -> F::Output {
+    /// Runs `f` to completion from a synchronous method: on a blocking thread
+    /// directly, from a worker of a multi-threaded runtime by handing the worker's
+    /// other tasks on first. The engine calls the `_async` operations (this store
+    /// [`waits`](Store::waits)), so this serves other callers only; on a
+    /// current-thread runtime, which nothing may block, it answers an error.
+    fn wait<T, F: Future<Output = Result<T, StoreError>>>(
+        &self,
+        op: &'static str,
+        f: F,
+    ) -> Result<T, StoreError> {
         match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread => {
+                Err(unavailable(op, "a replicated write cannot block a current-thread runtime"))
+            }
             Ok(_) => tokio::task::block_in_place(|| self.runtime.block_on(f)),
             Err(_) => self.runtime.block_on(f),
         }
@@ -84,13 +93,88 @@ impl RangeStore {
 
     /// Replicates one entry that is not a writer's commit (a seal, an unseal, a
     /// deletion), built on the stored state.
-    fn write_one(&self, op: &'static str, entry: ShardEntry) -> Result<(), StoreError> {
+    async fn write_one(&self, op: &'static str, entry: ShardEntry) -> Result<(), StoreError> {
         let range = self.range(&entry.shard);
-        let ack = self.wait(self.groups.write(range, vec![entry])).map_err(|e| unavailable(op, e))?;
+        let ack = self.groups.write(range, vec![entry]).await.map_err(|e| unavailable(op, e))?;
         if ack.report.refused.is_empty() {
             Ok(())
         } else {
             Err(unavailable(op, "the shard changed since this node read it; retry"))
+        }
+    }
+
+    /// The entries of one commit cycle, one batch per range (split at
+    /// [`BATCH_IMAGES_MAX`]), with the position of every image's write; writes that
+    /// cannot be sent are answered at once.
+    #[allow(clippy::type_complexity)]
+    fn plan(
+        &self,
+        writes: &[(ShardId, ShardWrite)],
+    ) -> (Vec<Result<(), StoreError>>, Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)>) {
+        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); writes.len()];
+        let mut batches: Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)> = Vec::new();
+        let mut open: HashMap<RangeId, usize> = HashMap::new();
+        for (at, (id, write)) in writes.iter().enumerate() {
+            let Some(base) = self.base(id) else {
+                results[at] = Err(unavailable("commit", "the shard's writer must reload it first"));
+                continue;
+            };
+            let sealed = match self.stored("commit", id) {
+                Ok(s) => s.is_some_and(|s| s.sealed),
+                Err(e) => {
+                    results[at] = Err(e);
+                    continue;
+                }
+            };
+            let range = self.range(id);
+            let slot = match open.get(&range) {
+                Some(&i) if batches[i].2.len() < BATCH_IMAGES_MAX => i,
+                _ => {
+                    batches.push((range, Vec::new(), Vec::new()));
+                    open.insert(range, batches.len() - 1);
+                    batches.len() - 1
+                }
+            };
+            let entry =
+                ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
+            batches[slot].1.push(at);
+            batches[slot].2.push(entry);
+        }
+        (results, batches)
+    }
+
+    /// Answers each write of the cycle from its range's answer, and moves each
+    /// writer's base to what it committed (or forgets it: the writer reloads).
+    fn settle(
+        &self,
+        batches: &[(RangeId, Vec<usize>, Vec<ShardEntry>)],
+        answers: Vec<Result<crate::groups::WriteAck, crate::groups::ReplicaError>>,
+        results: &mut [Result<(), StoreError>],
+    ) {
+        let mut writers = self.writers.lock();
+        for ((_, positions, entries), answer) in batches.iter().zip(answers) {
+            match answer {
+                Ok(ack) => {
+                    for (i, (&at, entry)) in positions.iter().zip(entries).enumerate() {
+                        let refused = ack.report.refused.contains(&u32::try_from(i).unwrap_or(u32::MAX));
+                        if refused {
+                            writers.remove(&entry.shard);
+                            results[at] = Err(unavailable(
+                                "commit",
+                                "another writer committed to the shard since this one loaded it",
+                            ));
+                        } else {
+                            writers.insert(entry.shard.clone(), entry.seq);
+                        }
+                    }
+                }
+                Err(e) => {
+                    for (&at, entry) in positions.iter().zip(entries) {
+                        writers.remove(&entry.shard);
+                        results[at] = Err(unavailable("commit", &e));
+                    }
+                }
+            }
         }
     }
 
@@ -145,84 +229,73 @@ impl Store for RangeStore {
     }
 
     fn commit_many(&self, writes: &[(ShardId, ShardWrite)]) -> Vec<Result<(), StoreError>> {
-        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); writes.len()];
-        // Each range's entries, with the position of every image's write.
-        let mut batches: Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)> = Vec::new();
-        let mut open: HashMap<RangeId, usize> = HashMap::new();
-        for (at, (id, write)) in writes.iter().enumerate() {
-            let Some(base) = self.base(id) else {
-                results[at] = Err(unavailable("commit", "the shard's writer must reload it first"));
-                continue;
-            };
-            let sealed = match self.stored("commit", id) {
-                Ok(s) => s.is_some_and(|s| s.sealed),
-                Err(e) => {
-                    results[at] = Err(e);
-                    continue;
-                }
-            };
-            let range = self.range(id);
-            let slot = match open.get(&range) {
-                Some(&i) if batches[i].2.len() < BATCH_IMAGES_MAX => i,
-                _ => {
-                    batches.push((range, Vec::new(), Vec::new()));
-                    open.insert(range, batches.len() - 1);
-                    batches.len() - 1
-                }
-            };
-            let entry =
-                ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
-            batches[slot].1.push(at);
-            batches[slot].2.push(entry);
-        }
-        let groups = &self.groups;
-        let sent = batches.iter().map(|(range, _, entries)| groups.write(*range, entries.clone()));
-        let answers = self.wait(futures::future::join_all(sent));
-        let mut writers = self.writers.lock();
-        for ((_, positions, entries), answer) in batches.iter().zip(answers) {
-            match answer {
-                Ok(ack) => {
-                    for (i, (&at, entry)) in positions.iter().zip(entries).enumerate() {
-                        let refused = ack.report.refused.contains(&u32::try_from(i).unwrap_or(u32::MAX));
-                        if refused {
-                            writers.remove(&entry.shard);
-                            results[at] = Err(unavailable(
-                                "commit",
-                                "another writer committed to the shard since this one loaded it",
-                            ));
-                        } else {
-                            writers.insert(entry.shard.clone(), entry.seq);
-                        }
+        let all = |r: Result<Vec<Result<(), StoreError>>, StoreError>| match r {
+            Ok(results) => results,
+            Err(e) => writes.iter().map(|_| Err(e.clone())).collect(),
+        };
+        all(self.wait("commit", async { Ok(self.commit_many_async(writes).await) }))
+    }
+
+    fn commit_many_async<'a>(
+        &'a self,
+        writes: &'a [(ShardId, ShardWrite)],
+    ) -> StoreFuture<'a, Vec<Result<(), StoreError>>> {
+        Box::pin(async move {
+            let (mut results, batches) = self.plan(writes);
+            #[cfg(feature = "planted-bugs")]
+            if tally_core::planted::active(tally_core::planted::Bug::AckBeforeQuorumDurable) {
+                // Planted: every write is answered once handed to its group.
+                let mut writers = self.writers.lock();
+                for (range, _, entries) in batches {
+                    for e in &entries {
+                        writers.insert(e.shard.clone(), e.seq);
                     }
+                    let groups = self.groups.clone();
+                    tokio::spawn(async move { groups.write(range, entries).await });
                 }
-                Err(e) => {
-                    for (&at, entry) in positions.iter().zip(entries) {
-                        writers.remove(&entry.shard);
-                        results[at] = Err(unavailable("commit", &e));
-                    }
-                }
+                return results;
             }
-        }
-        results
+            let groups = &self.groups;
+            let sent = batches.iter().map(|(range, _, entries)| groups.write(*range, entries.clone()));
+            let answers = futures::future::join_all(sent).await;
+            self.settle(&batches, answers, &mut results);
+            results
+        })
     }
 
     fn delete_shard(&self, id: &ShardId) -> Result<(), StoreError> {
-        self.writers.lock().remove(id);
-        let Some(stored) = self.stored("delete_shard", id)? else { return Ok(()) };
-        let entry = ShardEntry {
-            shard: id.clone(),
-            seq: stored.seq + 1,
-            write: ShardWrite::default(),
-            sealed: false,
-            clear: true,
-        };
-        self.write_one("delete_shard", entry)
+        self.wait("delete_shard", self.delete_shard_async(id))
+    }
+
+    fn delete_shard_async<'a>(&'a self, id: &'a ShardId) -> StoreFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.writers.lock().remove(id);
+            let Some(stored) = self.stored("delete_shard", id)? else { return Ok(()) };
+            let entry = ShardEntry {
+                shard: id.clone(),
+                seq: stored.seq + 1,
+                write: ShardWrite::default(),
+                sealed: false,
+                clear: true,
+            };
+            self.write_one("delete_shard", entry).await
+        })
     }
 
     fn flush(&self) -> Result<(), StoreError> {
         // Shard data is durable on a quorum once committed; the local store holds
         // the metadata.
         self.local.flush()
+    }
+
+    fn flush_async(&self) -> StoreFuture<'_, Result<(), StoreError>> {
+        let local = self.local.clone();
+        Box::pin(async move {
+            if !local.blocks() {
+                return local.flush();
+            }
+            tokio::task::spawn_blocking(move || local.flush()).await.unwrap_or(Err(StoreError::Closed))
+        })
     }
 
     fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -232,34 +305,51 @@ impl Store for RangeStore {
         }
     }
 
-    /// A seal marker seals the shard in its group, on the state its writer holds.
     fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        let Some(id) = shard_of_seal_marker(key) else { return self.local.meta_put(key, value) };
-        let stored = self.stored("seal", &id)?.unwrap_or_default();
-        if stored.sealed {
-            return Ok(());
-        }
-        // Built on the stored state (the seal keeps its image): a writer that built
-        // on the same state builds on the seal next.
-        let writer_current = self.base(&id) == Some(stored.seq);
-        let write = ShardWrite { image: stored.image, ..ShardWrite::default() };
-        let entry = ShardEntry { shard: id.clone(), seq: stored.seq + 1, write, sealed: true, clear: false };
-        let result = self.write_one("seal", entry);
-        let mut writers = self.writers.lock();
-        match &result {
-            Ok(()) if writer_current => writers.insert(id, stored.seq + 1),
-            _ => writers.remove(&id),
-        };
-        result
+        self.wait("meta_put", self.meta_put_async(key, value))
+    }
+
+    /// A seal marker seals the shard in its group, on the state its writer holds.
+    fn meta_put_async<'a>(
+        &'a self,
+        key: &'a [u8],
+        value: &'a [u8],
+    ) -> StoreFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let Some(id) = shard_of_seal_marker(key) else { return self.local.meta_put(key, value) };
+            let stored = self.stored("seal", &id)?.unwrap_or_default();
+            if stored.sealed {
+                return Ok(());
+            }
+            // Built on the stored state (the seal keeps its image): a writer that built
+            // on the same state builds on the seal next.
+            let writer_current = self.base(&id) == Some(stored.seq);
+            let write = ShardWrite { image: stored.image, ..ShardWrite::default() };
+            let entry =
+                ShardEntry { shard: id.clone(), seq: stored.seq + 1, write, sealed: true, clear: false };
+            let result = self.write_one("seal", entry).await;
+            let mut writers = self.writers.lock();
+            match &result {
+                Ok(()) if writer_current => writers.insert(id, stored.seq + 1),
+                _ => writers.remove(&id),
+            };
+            result
+        })
     }
 
     fn meta_delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        let Some(id) = shard_of_seal_marker(key) else { return self.local.meta_delete(key) };
-        let Some(stored) = self.stored("unseal", &id)?.filter(|s| s.sealed) else { return Ok(()) };
-        self.writers.lock().remove(&id);
-        let write = ShardWrite { image: stored.image, ..ShardWrite::default() };
-        let entry = ShardEntry { shard: id, seq: stored.seq + 1, write, sealed: false, clear: false };
-        self.write_one("unseal", entry)
+        self.wait("meta_delete", self.meta_delete_async(key))
+    }
+
+    fn meta_delete_async<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let Some(id) = shard_of_seal_marker(key) else { return self.local.meta_delete(key) };
+            let Some(stored) = self.stored("unseal", &id)?.filter(|s| s.sealed) else { return Ok(()) };
+            self.writers.lock().remove(&id);
+            let write = ShardWrite { image: stored.image, ..ShardWrite::default() };
+            let entry = ShardEntry { shard: id, seq: stored.seq + 1, write, sealed: false, clear: false };
+            self.write_one("unseal", entry).await
+        })
     }
 
     fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError> {
@@ -288,5 +378,13 @@ impl Store for RangeStore {
 
     fn size_on_disk(&self) -> Result<u64, StoreError> {
         self.local.size_on_disk()
+    }
+
+    fn blocks(&self) -> bool {
+        self.local.blocks()
+    }
+
+    fn waits(&self) -> bool {
+        true
     }
 }

@@ -138,4 +138,48 @@ pub trait Store: Send + Sync + 'static {
     fn blocks(&self) -> bool {
         true
     }
+
+    /// Whether shard writes, seals and deletions wait on other nodes (a store that
+    /// replicates them). The engine then awaits the `_async` operations below on its
+    /// runtime instead of calling the synchronous ones, so no thread is held while a
+    /// quorum answers and a simulation of such a store stays on one thread.
+    fn waits(&self) -> bool {
+        false
+    }
+
+    /// [`Store::commit_many`], for a store that [`waits`](Store::waits).
+    fn commit_many_async<'a>(
+        &'a self,
+        writes: &'a [(ShardId, ShardWrite)],
+    ) -> StoreFuture<'a, Vec<Result<(), StoreError>>> {
+        Box::pin(std::future::ready(self.commit_many(writes)))
+    }
+
+    /// [`Store::flush`], for a store that [`waits`](Store::waits).
+    fn flush_async(&self) -> StoreFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(self.flush()))
+    }
+
+    /// [`Store::delete_shard`], for a store that [`waits`](Store::waits).
+    fn delete_shard_async<'a>(&'a self, id: &'a ShardId) -> StoreFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(self.delete_shard(id)))
+    }
+
+    /// [`Store::meta_put`], for a store that [`waits`](Store::waits) (a seal marker
+    /// is a replicated write there).
+    fn meta_put_async<'a>(
+        &'a self,
+        key: &'a [u8],
+        value: &'a [u8],
+    ) -> StoreFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(self.meta_put(key, value)))
+    }
+
+    /// [`Store::meta_delete`], for a store that [`waits`](Store::waits).
+    fn meta_delete_async<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(self.meta_delete(key)))
+    }
 }
+
+/// What the `_async` operations of a [`Store`] answer with.
+pub type StoreFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
