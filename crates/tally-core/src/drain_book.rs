@@ -56,9 +56,9 @@ pub struct DrainBook {
 }
 
 impl DrainBook {
-    /// The book of `node` in its `incarnation` (a number that never repeats for the
-    /// node's store).
-    pub fn new(node: &str, incarnation: u64) -> Self {
+    /// The book of `node` in its `incarnation` (never repeated by any store the node
+    /// runs).
+    pub fn new(node: &str, incarnation: impl std::fmt::Display) -> Self {
         Self { prefix: format!("{DRAIN_ID_PREFIX}{node}:{incarnation}:"), seq: 0, open: BTreeMap::new() }
     }
 

@@ -99,7 +99,7 @@ impl Tally {
     pub async fn open_parts(parts: EngineParts) -> Result<Self, TallyError> {
         let EngineParts { store, clock, config, catalog, placement } = parts;
         open_format(&*store)?;
-        let incarnation = next_incarnation(&*store)?;
+        let incarnation = next_incarnation(&*store, clock.now_ms())?;
         let drains = tally_core::drain_book::DrainBook::new(config.node_id.as_str(), incarnation);
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
@@ -718,26 +718,38 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     Ok(())
 }
 
-/// Counts this opening of `store` and returns the count: an incarnation that never
-/// repeats for this store (a clock reading could), made durable before any drain id
-/// that carries it is sent.
-fn next_incarnation(store: &dyn Store) -> Result<u64, TallyError> {
-    let previous = match store.meta_get(OPENS_KEY)? {
-        Some(b) => {
-            u64::from_be_bytes(b.as_slice().try_into().map_err(|_| tally_store::StoreError::Corrupt {
-                location: "engine:opens".into(),
-                source: tally_core::codec::DecodeError {
-                    what: "open count",
-                    reason: format!("{} bytes", b.len()),
-                },
-            })?)
+/// The store key of the clock reading at which an engine first opened this store.
+const BORN_KEY: &[u8] = b"engine:born_ms";
+
+fn read_u64(store: &dyn Store, key: &'static [u8], what: &'static str) -> Result<Option<u64>, TallyError> {
+    let Some(b) = store.meta_get(key)? else { return Ok(None) };
+    let bytes: [u8; 8] = b.as_slice().try_into().map_err(|_| tally_store::StoreError::Corrupt {
+        location: String::from_utf8_lossy(key).into_owned(),
+        source: tally_core::codec::DecodeError { what, reason: format!("{} bytes", b.len()) },
+    })?;
+    Ok(Some(u64::from_be_bytes(bytes)))
+}
+
+/// Counts this opening of `store` and returns this life's incarnation, made durable
+/// before any drain id that carries it is sent: the clock reading at which the store
+/// was created and the number of times it was opened. The count alone never repeats
+/// for one store; the birth keeps a node that comes back with an empty data
+/// directory (a new store, counting from 1 again) from sending drain ids its earlier
+/// store sent, which shards elsewhere still remember and would drop as repeats.
+fn next_incarnation(store: &dyn Store, now_ms: u64) -> Result<String, TallyError> {
+    let next = read_u64(store, OPENS_KEY, "open count")?.unwrap_or(0) + 1;
+    let born = match read_u64(store, BORN_KEY, "birth time")? {
+        Some(born) => born,
+        None if next == 1 => {
+            store.meta_put(BORN_KEY, &now_ms.to_be_bytes())?;
+            now_ms
         }
+        // A store first opened before the birth was recorded.
         None => 0,
     };
-    let next = previous + 1;
     store.meta_put(OPENS_KEY, &next.to_be_bytes())?;
     store.flush()?;
-    Ok(next)
+    Ok(format!("{born}.{next}"))
 }
 
 fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta, auto: Option<AutoShards>) -> CounterInfo {
@@ -749,5 +761,25 @@ fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta, auto: Option<A
         resharding: meta.layout.resharding,
         created_at_ms: meta.created_at_ms,
         auto,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_back_with_an_empty_disk_never_repeats_an_incarnation() {
+        let first = tally_store::MemStore::new();
+        let one = next_incarnation(&first, 1_000).unwrap();
+        let two = next_incarnation(&first, 5_000).unwrap();
+        assert_ne!(one, two, "each opening of one store is a new life");
+        // The same node on a new, empty store later: its drain ids must not be the
+        // first store's, which other nodes' shards still remember.
+        let emptied = tally_store::MemStore::new();
+        let again = next_incarnation(&emptied, 9_000).unwrap();
+        assert_ne!(again, one);
+        assert_ne!(again, two);
+        assert_eq!(two, "1000.2");
     }
 }
