@@ -16,7 +16,7 @@
 
 pub mod replication;
 
-pub use replication::Replication;
+pub use tally_replica::Replication;
 
 use futures::future::BoxFuture;
 use replication::PeerRequest;
@@ -253,15 +253,6 @@ impl RingPlacement {
     }
 }
 
-/// Whether a request may be sent again after an attempt whose outcome is unknown:
-/// everything but a count without an event id or drain id (which could count twice).
-fn repeatable(request: &ShardRequest) -> bool {
-    match request {
-        ShardRequest::Submit { sub, .. } => sub.record_id().is_some(),
-        _ => true,
-    }
-}
-
 impl Placement for RingPlacement {
     fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
         if let Some(r) = &self.replication {
@@ -302,33 +293,9 @@ impl Placement for RingPlacement {
         request: ShardRequest,
     ) -> BoxFuture<'a, Result<ShardResponse, TallyError>> {
         Box::pin(async move {
-            let first = self.call_node(node, &request).await;
-            let Some(r) = &self.replication else { return first };
-            // A replicated shard whose leader did not serve it: once its range has
-            // another leader, the request goes there (or is served here), if sending
-            // it again cannot count anything twice.
-            let not_served = match &first {
-                Err(_) => true,
-                Ok(ShardResponse::Failed { code, .. }) => code == "shard_unavailable",
-                Ok(_) => false,
-            };
-            if !not_served || !repeatable(&request) {
-                return first;
-            }
-            let id = request.shard().clone();
-            let Some(next) = r.next_leader(&id, Some(node)).await else { return first };
-            if next == self.me {
-                return match self.engine.get() {
-                    Some(engine) => match engine.serve_shard_request(request).await {
-                        ShardResponse::Failed { code, message } if code == "shard_unavailable" => {
-                            Err(TallyError::Unavailable { shard: id.to_string(), reason: message })
-                        }
-                        other => Ok(other),
-                    },
-                    None => first,
-                };
-            }
-            self.call_node(&next, &request).await
+            let Some(r) = &self.replication else { return self.call_node(node, &request).await };
+            let send = |to: NodeId, request: ShardRequest| async move { self.call_node(&to, &request).await };
+            r.call(node, request, self.engine.get(), send).await
         })
     }
 }
@@ -360,7 +327,7 @@ impl Handler for ShardHandler {
                 },
                 Ok(PeerRequest::Range(envelope)) => {
                     let reply = match replication {
-                        Some(r) => tally_replica::RangeInbound::handle(&*r.groups, envelope).await,
+                        Some(r) => tally_replica::RangeInbound::handle(&**r.groups(), envelope).await,
                         None => {
                             Err(tally_replica::NetError::NoGroup { to: envelope.to, range: envelope.range })
                         }
@@ -497,7 +464,7 @@ impl ClusterNode {
             let r = Self::start_replication(&config, &me, &raft, &transport).await?;
             let _ = handler.replication.set(r.clone());
             let store =
-                tally_replica::RangeStore::new(r.groups.clone(), local, tokio::runtime::Handle::current());
+                tally_replica::RangeStore::new(r.groups().clone(), local, tokio::runtime::Handle::current());
             (Some(r), Arc::new(store) as Arc<dyn tally_store::Store>)
         } else {
             (None, local)
@@ -614,14 +581,12 @@ impl ClusterNode {
             replica = groups.replica_id(),
             "range groups open"
         );
-        Ok(Arc::new(Replication {
-            me: NodeId::new(&me.id),
-            groups,
-            directory,
+        let peers = replication::ClusterPeers {
             members: config.members.clone(),
             raft: raft.clone(),
             transport: transport.clone(),
-        }))
+        };
+        Ok(Arc::new(Replication::new(NodeId::new(&me.id), groups, directory, Arc::new(peers))))
     }
 
     /// Marks the engine's shards as missing data while this node's earlier disk is
@@ -870,7 +835,7 @@ impl ClusterNode {
         }
         let r = self.tally.shutdown().await;
         if let Some(r) = &self.replication {
-            r.groups.shutdown().await;
+            r.groups().shutdown().await;
         }
         self.raft.shutdown().await;
         self.transport.shutdown().await;

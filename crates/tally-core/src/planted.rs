@@ -46,6 +46,16 @@ pub enum Bug {
     /// Engine: a sealed generation's sketch is merged into the store beside a live
     /// shard actor, whose next commit writes its own sketch back over it.
     SketchMergeBesideLive,
+    /// Replication: a replicated store answers a shard commit as soon as it is sent
+    /// to its range group, before a quorum holds it durably.
+    AckBeforeQuorumDurable,
+    /// Replication: a node that believes it leads a range serves its shards without
+    /// confirming with a quorum, and a range group applies every image whatever
+    /// state its writer built on, so a deposed leader's writer acknowledges too.
+    TwoLeadersAck,
+    /// Replication: a node that comes back with an empty disk rejoins its range
+    /// groups as the replica it was, counting towards quorums before it caught up.
+    CatchUpSkipped,
 }
 
 impl Bug {
@@ -76,6 +86,11 @@ impl Bug {
         Bug::SketchMergeBesideLive,
     ];
 
+    /// The bugs planted in shard replication (`tally-replica`, and the identity a
+    /// node's store incarnation gives its replicas), caught by tier 2 with range
+    /// groups (`--replicas 3`).
+    pub const REPLICA: [Bug; 3] = [Bug::AckBeforeQuorumDurable, Bug::TwoLeadersAck, Bug::CatchUpSkipped];
+
     /// The name used on command lines.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -92,6 +107,9 @@ impl Bug {
             Bug::HandoffDeletesEarly => "handoff-deletes-early",
             Bug::HandoffForgetsSeal => "handoff-forgets-seal",
             Bug::SketchMergeBesideLive => "sketch-merge-beside-live",
+            Bug::AckBeforeQuorumDurable => "ack-before-quorum-durable",
+            Bug::TwoLeadersAck => "two-leaders-ack",
+            Bug::CatchUpSkipped => "catch-up-skipped",
         }
     }
 }
@@ -113,6 +131,7 @@ impl FromStr for Bug {
         Bug::ALL
             .into_iter()
             .chain(Bug::ENGINE)
+            .chain(Bug::REPLICA)
             .find(|b| b.as_str() == s)
             .ok_or_else(|| UnknownBug(s.to_owned()))
     }
@@ -143,7 +162,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_the_switch_is_per_thread() {
-        for b in Bug::ALL.into_iter().chain(Bug::ENGINE) {
+        for b in Bug::ALL.into_iter().chain(Bug::ENGINE).chain(Bug::REPLICA) {
             assert_eq!(b.as_str().parse::<Bug>(), Ok(b));
         }
         plant(Some(Bug::DedupOff));

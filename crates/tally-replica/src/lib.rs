@@ -40,8 +40,8 @@
 //! one encoded `RangeState` in memory (sent in `SNAPSHOT_CHUNK_BYTES` chunks). Both
 //! are fine for ranges of thousands of shards; before ranges hold millions of dedup
 //! records, reads should go to the state tree and snapshots should stream it.
-//! openraft draws its election timeouts from a thread-local RNG, so runs on paused
-//! time are fast and bounded but not bit-for-bit repeatable.
+//! openraft draws its election timeouts from its runtime's thread-local generator;
+//! [`runtime::RangeRuntime`] lets a simulation seed it ([`runtime::seed_thread_rng`]).
 //!
 //! * [`store`] — [`RangeStore`], the engine's `Store` over a node's groups: the
 //!   shard writes of a commit cycle become one entry per range, applied only over
@@ -60,6 +60,8 @@
 pub mod groups;
 pub mod log_store;
 pub mod network;
+pub mod replication;
+pub mod runtime;
 pub mod state_machine;
 pub mod storage;
 pub mod store;
@@ -70,6 +72,7 @@ pub use groups::{
     ELECTION_TIMEOUT_MIN_MS, FAILOVER_BOUND_MS, HEARTBEAT_MS,
 };
 pub use network::{MemRouter, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
+pub use replication::{Peers, Replication, LEADER_WAIT_MS};
 pub use storage::{KvStore, MemKv, SledKv};
 pub use store::RangeStore;
 pub use types::{Batch, BatchReport, ReplicaId, ReplicaNode, ShardEntry, StoredShard};

@@ -17,6 +17,7 @@ openraft::declare_raft_types!(
         NodeId = ReplicaId,
         Node = ReplicaNode,
         SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = crate::runtime::RangeRuntime,
 );
 
 /// A replica's raft id: chosen when a node's store is created and kept for the

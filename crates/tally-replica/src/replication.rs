@@ -1,0 +1,285 @@
+//! [`Replication`]: a node's part in shard replication, over any way to reach its
+//! peers. The cluster runs it over the node-to-node sessions; the simulator runs
+//! the very same code over its simulated links.
+//!
+//! * **Directory.** The ring's circle is cut into ranges, each replicated on
+//!   `min(R, members)` nodes ([`tally_core::ranges::Directory`]); every node
+//!   computes the same directory from the initial members.
+//! * **Replica ids.** A replica's raft id belongs to its node's store incarnation
+//!   ([`Peers::replica_of`]): a node that comes back with an empty disk is a new
+//!   replica, which the range's leader adds as a learner and promotes, replacing
+//!   the old id, only once it holds everything the leader applied
+//!   ([`Replication::tend`]).
+//! * **Forming.** A range's group is initialized once, by its preferred leader,
+//!   when every replica's store is known and every other replica answers that its
+//!   group holds nothing yet ([`Peers::formed`]); a node whose peers already formed
+//!   the group waits to be added instead, so an emptied node never starts a rival
+//!   group.
+//! * **Routing.** A shard's requests go to its range's leader
+//!   ([`Replication::owner`]); a node that is not the leader refuses to serve the
+//!   shard's state ([`Replication::confirm`]); a request its leader did not serve
+//!   goes to the next leader when sending it again cannot count twice
+//!   ([`Replication::call`]).
+
+use crate::groups::{RangeGroups, ReplicaError, FAILOVER_BOUND_MS};
+use crate::types::{ReplicaId, ReplicaNode};
+use futures::future::BoxFuture;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tally_core::ranges::{Directory, RangeId};
+use tally_core::{NodeId, ShardId};
+use tally_engine::{ShardRequest, ShardResponse, Tally, TallyError};
+
+/// Longest wait for a range to have a leader before a request gives up: a
+/// failover, and a heartbeat for the news to spread.
+pub const LEADER_WAIT_MS: u64 = FAILOVER_BOUND_MS + 500;
+/// Pause between looks at a range's leader while waiting for one.
+pub const LEADER_POLL_MS: u64 = 20;
+/// Pause between passes that form groups and replace replicas.
+pub const TEND_EVERY_MS: u64 = 500;
+/// How long a learner may take to catch up before its promotion is tried again
+/// on the next pass.
+pub const CATCH_UP_WAIT_MS: u64 = 2_000;
+
+/// What a node needs to know of its peers.
+pub trait Peers: Send + Sync + 'static {
+    /// The replica id node `node` runs now (its store incarnation's), `None` while
+    /// the node's store is not known.
+    fn replica_of(&self, node: &NodeId) -> Option<ReplicaId>;
+
+    /// Whether `node`'s group of `range` holds a membership already; `None` when
+    /// the node did not answer.
+    fn formed<'a>(&'a self, node: &'a NodeId, range: RangeId) -> BoxFuture<'a, Option<bool>>;
+}
+
+/// A node's part in shard replication.
+pub struct Replication {
+    me: NodeId,
+    groups: Arc<RangeGroups>,
+    directory: Directory,
+    peers: Arc<dyn Peers>,
+}
+
+fn unavailable(id: &ShardId, reason: String) -> TallyError {
+    TallyError::Unavailable { shard: id.to_string(), reason }
+}
+
+/// Whether a request may be sent again after an attempt whose outcome is unknown:
+/// everything but a count without an event id or drain id (which could count twice).
+pub fn repeatable(request: &ShardRequest) -> bool {
+    match request {
+        ShardRequest::Submit { sub, .. } => sub.record_id().is_some(),
+        _ => true,
+    }
+}
+
+impl Replication {
+    /// Node `me`'s replication over `groups`, cut by `directory`.
+    pub fn new(me: NodeId, groups: Arc<RangeGroups>, directory: Directory, peers: Arc<dyn Peers>) -> Self {
+        Self { me, groups, directory, peers }
+    }
+
+    /// The node's range groups.
+    pub fn groups(&self) -> &Arc<RangeGroups> {
+        &self.groups
+    }
+
+    /// The directory of ranges.
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    /// The range of shard `id`.
+    pub fn range_of(&self, id: &ShardId) -> RangeId {
+        self.directory.range_of_shard(id)
+    }
+
+    /// The node leading `id`'s range, as this node knows it.
+    pub fn leader_of(&self, id: &ShardId) -> Option<NodeId> {
+        self.groups.leader_node(self.range_of(id)).map(NodeId::new)
+    }
+
+    /// The node that should serve `id` now: the range's leader, or while none is
+    /// known its preferred leader.
+    pub fn owner(&self, id: &ShardId) -> NodeId {
+        let range = self.range_of(id);
+        match self.groups.leader_node(range) {
+            Some(n) => NodeId::new(n),
+            None => self.directory.preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone()),
+        }
+    }
+
+    /// Waits until `id`'s range has a leader other than `not`, at most
+    /// [`LEADER_WAIT_MS`].
+    pub async fn next_leader(&self, id: &ShardId, not: Option<&NodeId>) -> Option<NodeId> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+        loop {
+            if let Some(l) = self.leader_of(id).filter(|l| Some(l) != not) {
+                return Some(l);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(LEADER_POLL_MS)).await;
+        }
+    }
+
+    /// Confirms that this node leads `id`'s range and has applied everything
+    /// committed (a read index): only then may it start the shard's actor or
+    /// answer its state. While the range has no leader, waits for one.
+    pub async fn confirm(&self, id: &ShardId) -> Result<(), TallyError> {
+        let range = self.range_of(id);
+        #[cfg(feature = "planted-bugs")]
+        if tally_core::planted::active(tally_core::planted::Bug::TwoLeadersAck) && self.groups.leads(range) {
+            // Planted: a node that believes it leads serves without asking a quorum.
+            return Ok(());
+        }
+        let leader = self.next_leader(id, None).await;
+        match leader {
+            Some(l) if l == self.me => {}
+            Some(l) => return Err(unavailable(id, format!("{l} leads its replica group {range}"))),
+            None => return Err(unavailable(id, format!("its replica group {range} has no leader"))),
+        }
+        self.groups.confirm(range).await.map_err(|e| unavailable(id, e.to_string()))
+    }
+
+    /// Sends `request` for a replicated shard to `node` with `send`; if its leader
+    /// did not serve it, and sending it again cannot count anything twice, sends it
+    /// to the range's next leader once there is one (or serves it on `local`, this
+    /// node's engine, if that is this node).
+    pub async fn call<'a, F, Fut>(
+        &'a self,
+        node: &'a NodeId,
+        request: ShardRequest,
+        local: Option<&'a Tally>,
+        send: F,
+    ) -> Result<ShardResponse, TallyError>
+    where
+        F: Fn(NodeId, ShardRequest) -> Fut,
+        Fut: Future<Output = Result<ShardResponse, TallyError>>,
+    {
+        let first = send(node.clone(), request.clone()).await;
+        let not_served = match &first {
+            Err(_) => true,
+            Ok(ShardResponse::Failed { code, .. }) => code == "shard_unavailable",
+            Ok(_) => false,
+        };
+        if !not_served || !repeatable(&request) {
+            return first;
+        }
+        let id = request.shard().clone();
+        let Some(next) = self.next_leader(&id, Some(node)).await else { return first };
+        if next == self.me {
+            return match local {
+                Some(engine) => match engine.serve_shard_request(request).await {
+                    ShardResponse::Failed { code, message } if code == "shard_unavailable" => {
+                        Err(TallyError::Unavailable { shard: id.to_string(), reason: message })
+                    }
+                    other => Ok(other),
+                },
+                None => first,
+            };
+        }
+        send(next, request).await
+    }
+
+    /// Whether every group this node runs knows a leader (once true at start, the
+    /// node's shards can be served).
+    pub fn every_group_has_a_leader(&self) -> bool {
+        self.groups.ranges().into_iter().all(|r| self.groups.leader(r).is_ok_and(|l| l.is_some()))
+    }
+
+    /// Answers a peer's question whether this node's group of `range` is formed.
+    pub fn formed(&self, range: RangeId) -> bool {
+        self.groups.formed(range)
+    }
+
+    /// The replica id each node of `range` runs now; `None` while one is not known.
+    fn current_replicas(&self, range: RangeId) -> Option<BTreeMap<ReplicaId, ReplicaNode>> {
+        let mut out = BTreeMap::new();
+        for node in self.directory.replicas(range) {
+            let id = self.peers.replica_of(node)?;
+            out.insert(id, ReplicaNode { node: node.as_str().to_owned() });
+        }
+        Some(out)
+    }
+
+    /// Forms `range`'s group if this node is its preferred leader and nobody formed
+    /// it yet.
+    async fn form(&self, range: RangeId) -> Result<(), ReplicaError> {
+        if self.groups.formed(range) || self.directory.preferred_leader(range) != Some(&self.me) {
+            return Ok(());
+        }
+        let Some(replicas) = self.current_replicas(range) else { return Ok(()) };
+        for node in replicas.values().filter(|n| n.node != self.me.as_str()) {
+            match self.peers.formed(&NodeId::new(&node.node), range).await {
+                Some(false) => {}
+                // Formed elsewhere: this node waits to be added. Unanswered: ask
+                // again on the next pass.
+                Some(true) | None => return Ok(()),
+            }
+        }
+        let members: Vec<(ReplicaId, ReplicaNode)> = replicas.into_iter().collect();
+        self.groups.initialize(range, &members).await?;
+        tracing::info!(%range, replicas = members.len(), "formed a range group");
+        Ok(())
+    }
+
+    /// On the leader of `range`: a node whose store changed (an empty disk) runs
+    /// a new replica; it is added as a learner, and once caught up promoted in
+    /// place of the node's old replica, by joint consensus.
+    async fn replace(&self, range: RangeId) -> Result<(), ReplicaError> {
+        if !self.groups.leads(range) {
+            return Ok(());
+        }
+        let Some(wanted) = self.current_replicas(range) else { return Ok(()) };
+        let members = self.groups.members(range)?;
+        if members.joint {
+            return Ok(());
+        }
+        let held = self.groups.replica_nodes(range)?;
+        for (id, node) in wanted {
+            if members.voters.contains(&id) {
+                continue;
+            }
+            if !members.learners.contains(&id) {
+                tracing::info!(%range, replica = id, node = %node.node, "adding a new replica as a learner");
+                self.groups.add_learner(range, id, node).await?;
+                continue;
+            }
+            self.groups.wait_caught_up(range, id, Duration::from_millis(CATCH_UP_WAIT_MS)).await?;
+            let old: Vec<ReplicaId> =
+                held.iter().filter(|(r, n)| **r != id && n.node == node.node).map(|(r, _)| *r).collect();
+            tracing::info!(%range, replica = id, node = %node.node, replaced = ?old, "promoting a caught-up replica");
+            self.groups.promote(range, id, &old).await?;
+        }
+        Ok(())
+    }
+
+    /// One pass over this node's ranges: forms what needs forming, replaces what
+    /// needs replacing. Failures are retried on the next pass.
+    pub async fn tend(&self) {
+        // Ranges are tended side by side: one whose peer is slow to answer holds up
+        // no other.
+        let passes = self.groups.ranges().into_iter().map(|range| async move {
+            if let Err(e) = self.form(range).await {
+                tracing::warn!(%range, error = %e, "cannot form a range group yet");
+            }
+            match self.replace(range).await {
+                Ok(()) | Err(ReplicaError::NotCaughtUp { .. }) | Err(ReplicaError::NotLeader { .. }) => {}
+                Err(e) => tracing::warn!(%range, error = %e, "cannot replace a replica yet"),
+            }
+        });
+        futures::future::join_all(passes).await;
+    }
+
+    /// Tends the groups every [`TEND_EVERY_MS`] until the task is dropped.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            self.tend().await;
+            tokio::time::sleep(Duration::from_millis(TEND_EVERY_MS)).await;
+        }
+    }
+}
