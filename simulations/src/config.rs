@@ -162,7 +162,14 @@ pub struct SimConfig {
     pub plant: Option<tally_core::planted::Bug>,
     /// Which simulation runs.
     pub tier: Tier,
+    /// Copies of every shard (tier 2): above 1, shards live in range groups
+    /// (`tally-replica`) of this many nodes, membership is fixed, and some crashes
+    /// lose the node's disk.
+    pub replicas: u8,
 }
+
+/// Most copies of a shard a run may ask for (as the cluster allows).
+pub const REPLICAS_MAX: u8 = 5;
 
 /// Clients of a standard run.
 pub const STANDARD_CLIENTS: u16 = 12;
@@ -189,12 +196,18 @@ impl SimConfig {
             #[cfg(feature = "planted-bugs")]
             plant: None,
             tier: Tier::Model,
+            replicas: 1,
         }
     }
 
     /// A shorter run for tests in debug builds: 1.2 s of chaos, 6 clients, 2 transitions.
     pub fn short(seed: u64, nodes: u8, faults: FaultLevel) -> Self {
         Self { clients: 6, chaos_ms: 1_200, transitions: 2, ..Self::standard(seed, nodes, faults) }
+    }
+
+    /// The same run with `replicas` copies of every shard (tier 2).
+    pub fn replicated(self, replicas: u8) -> Self {
+        Self { replicas: replicas.clamp(1, REPLICAS_MAX), ..self }
     }
 
     /// The same run on another tier.
@@ -218,6 +231,9 @@ impl SimConfig {
         }
         if self.tier != Tier::Model {
             cmd.push_str(&format!(" --tier {}", self.tier));
+        }
+        if self.replicas > 1 {
+            cmd.push_str(&format!(" --replicas {}", self.replicas));
         }
         if self.clients != STANDARD_CLIENTS
             || self.chaos_ms != STANDARD_CHAOS_MS

@@ -187,11 +187,16 @@ pub enum FaultKind {
     /// A shard moved to a new owner in a membership change (counted by the tier that
     /// runs the engine's hand-off).
     ShardMoved,
+    /// A crashed node came back with an empty disk (replicated runs).
+    DiskLost,
+    /// A range group's replica on an emptied disk was promoted in place of the old
+    /// one (replicated runs, counted at the end).
+    ReplicaReplaced,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -203,6 +208,8 @@ impl FaultKind {
         FaultKind::MessageDuplicated,
         FaultKind::MessageCut,
         FaultKind::ShardMoved,
+        FaultKind::DiskLost,
+        FaultKind::ReplicaReplaced,
     ];
 
     /// A short name for tables.
@@ -219,6 +226,8 @@ impl FaultKind {
             FaultKind::MessageDuplicated => "message duplicated",
             FaultKind::MessageCut => "message cut",
             FaultKind::ShardMoved => "shard moved",
+            FaultKind::DiskLost => "disk lost",
+            FaultKind::ReplicaReplaced => "replica replaced",
         }
     }
 }

@@ -45,6 +45,10 @@ struct Args {
     /// Reshardings and membership changes requested per run.
     #[arg(long)]
     transitions: Option<u32>,
+    /// Copies of every shard (tier 2 only; 1–5): above 1, shards live in range
+    /// groups, membership is fixed and some crashes lose the node's disk.
+    #[arg(long, default_value_t = 1)]
+    replicas: u8,
     /// With --reproduce: print the history of this counter (e.g. sync:0).
     #[arg(long)]
     dump: Option<String>,
@@ -61,7 +65,8 @@ struct Args {
 
 impl Args {
     fn config(&self, seed: u64) -> SimConfig {
-        let mut cfg = SimConfig::standard(seed, self.nodes, self.faults).on(self.tier);
+        let mut cfg =
+            SimConfig::standard(seed, self.nodes, self.faults).on(self.tier).replicated(self.replicas);
         if let Some(c) = self.clients {
             cfg.clients = c;
         }
@@ -195,6 +200,12 @@ fn reproduce(args: &Args, seed: u64) -> Result<bool> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if !(1..=tally_sim::config::REPLICAS_MAX).contains(&args.replicas) {
+        bail!("--replicas must be 1..={}", tally_sim::config::REPLICAS_MAX);
+    }
+    if args.replicas > 1 && args.tier != Tier::Engine {
+        bail!("--replicas above 1 needs --tier engine (tier 1 models one copy per shard)");
+    }
     // `TALLY_SIM_LOG=tally_engine=debug` prints the engines' own log lines (tier 2) on
     // stderr, beside `TALLY_SIM_DEBUG`'s events; output only, no influence on a run.
     if let Ok(filter) = std::env::var("TALLY_SIM_LOG") {
@@ -248,6 +259,9 @@ fn main() -> Result<()> {
     println!("| --- | --- |");
     println!("| seeds | {} ({start}..{end}) |", t.seeds);
     println!("| nodes, faults, tier | {}, {}, {} |", args.nodes, args.faults, args.tier);
+    if args.replicas > 1 {
+        println!("| copies of every shard | {} |", args.replicas);
+    }
     println!(
         "| simulated time | {:.1} s total, {:.2} s per seed |",
         t.sim_ms as f64 / 1e3,

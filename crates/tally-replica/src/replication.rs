@@ -24,7 +24,7 @@
 use crate::groups::{RangeGroups, ReplicaError, FAILOVER_BOUND_MS};
 use crate::types::{ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +60,9 @@ pub struct Replication {
     groups: Arc<RangeGroups>,
     directory: Directory,
     peers: Arc<dyn Peers>,
+    /// The replica that last served each range this node does not replicate (its
+    /// leader, as far as this node learnt): where the range's requests go first.
+    hints: parking_lot::Mutex<HashMap<RangeId, NodeId>>,
 }
 
 fn unavailable(id: &ShardId, reason: String) -> TallyError {
@@ -78,7 +81,7 @@ pub fn repeatable(request: &ShardRequest) -> bool {
 impl Replication {
     /// Node `me`'s replication over `groups`, cut by `directory`.
     pub fn new(me: NodeId, groups: Arc<RangeGroups>, directory: Directory, peers: Arc<dyn Peers>) -> Self {
-        Self { me, groups, directory, peers }
+        Self { me, groups, directory, peers, hints: parking_lot::Mutex::new(HashMap::new()) }
     }
 
     /// The node's range groups.
@@ -101,14 +104,21 @@ impl Replication {
         self.groups.leader_node(self.range_of(id)).map(NodeId::new)
     }
 
-    /// The node that should serve `id` now: the range's leader, or while none is
-    /// known its preferred leader.
+    /// Whether this node runs a replica of `range`.
+    fn runs(&self, range: RangeId) -> bool {
+        self.groups.leader(range).is_ok()
+    }
+
+    /// The node that should serve `id` now: the range's leader (on a node that
+    /// replicates the range, as its group knows it; elsewhere the replica that
+    /// served the range last), or while none is known its preferred leader.
     pub fn owner(&self, id: &ShardId) -> NodeId {
         let range = self.range_of(id);
-        match self.groups.leader_node(range) {
-            Some(n) => NodeId::new(n),
-            None => self.directory.preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone()),
-        }
+        let known = match self.runs(range) {
+            true => self.groups.leader_node(range).map(NodeId::new),
+            false => self.hints.lock().get(&range).cloned(),
+        };
+        known.unwrap_or_else(|| self.directory.preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone()))
     }
 
     /// Waits until `id`'s range has a leader other than `not`, at most
@@ -160,16 +170,33 @@ impl Replication {
         F: Fn(NodeId, ShardRequest) -> Fut,
         Fut: Future<Output = Result<ShardResponse, TallyError>>,
     {
-        let first = send(node.clone(), request.clone()).await;
-        let not_served = match &first {
+        let not_served = |r: &Result<ShardResponse, TallyError>| match r {
             Err(_) => true,
             Ok(ShardResponse::Failed { code, .. }) => code == "shard_unavailable",
             Ok(_) => false,
         };
-        if !not_served || !repeatable(&request) {
+        let id = request.shard().clone();
+        let range = self.range_of(&id);
+        let first = send(node.clone(), request.clone()).await;
+        if !not_served(&first) || !repeatable(&request) {
+            if !not_served(&first) && !self.runs(range) {
+                self.hints.lock().insert(range, node.clone());
+            }
             return first;
         }
-        let id = request.shard().clone();
+        if !self.runs(range) {
+            // This node does not know the range's leader: its other replicas are
+            // asked in turn, and the one that serves is remembered.
+            let mut last = first;
+            for replica in self.directory.replicas(range).iter().filter(|r| *r != node && **r != self.me) {
+                last = send(replica.clone(), request.clone()).await;
+                if !not_served(&last) {
+                    self.hints.lock().insert(range, replica.clone());
+                    return last;
+                }
+            }
+            return last;
+        }
         let Some(next) = self.next_leader(&id, Some(node)).await else { return first };
         if next == self.me {
             return match local {

@@ -26,6 +26,9 @@ pub enum KvError {
     /// The in-memory store was told to fail its flushes (a simulated fsync failure).
     #[error("flush failed (injected)")]
     FlushFailed,
+    /// The in-memory store was restarted: this handle belongs to a crashed process.
+    #[error("the store was restarted; this handle is closed")]
+    Closed,
 }
 
 impl From<sled::Error> for KvError {
@@ -163,6 +166,8 @@ struct MemInner {
     live: Trees,
     /// Whether flushes fail.
     fail_flushes: bool,
+    /// Set by [`MemKv::restart`]: every later call through this store fails.
+    closed: bool,
 }
 
 /// The in-memory store, with sled's durability contract: writes since the last
@@ -185,6 +190,24 @@ impl MemKv {
         inner.live = inner.durable.clone();
     }
 
+    /// Simulates a crash of the process that used this store and returns the store
+    /// its next process opens: what was flushed. This handle (and every tree opened
+    /// through it) is closed for good, so the crashed process's leftover tasks can
+    /// change nothing.
+    pub fn restart(&self) -> MemKv {
+        let mut inner = self.inner.lock();
+        inner.closed = true;
+        let durable = inner.durable.clone();
+        MemKv {
+            inner: Arc::new(Mutex::new(MemInner {
+                live: durable.clone(),
+                durable,
+                fail_flushes: false,
+                closed: false,
+            })),
+        }
+    }
+
     /// Makes later flushes fail (`true`) or succeed again (`false`).
     pub fn fail_flushes(&self, fail: bool) {
         self.inner.lock().fail_flushes = fail;
@@ -205,7 +228,9 @@ impl KvStore for MemKv {
     fn flush(&self) -> BoxFuture<'static, Result<(), KvError>> {
         let result = {
             let mut inner = self.inner.lock();
-            if inner.fail_flushes {
+            if inner.closed {
+                Err(KvError::Closed)
+            } else if inner.fail_flushes {
                 Err(KvError::FlushFailed)
             } else {
                 inner.durable = inner.live.clone();
@@ -217,15 +242,18 @@ impl KvStore for MemKv {
 }
 
 impl MemTree {
-    fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<Vec<u8>, Vec<u8>>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<Vec<u8>, Vec<u8>>) -> T) -> Result<T, KvError> {
         let mut inner = self.inner.lock();
-        f(inner.live.entry(self.name.clone()).or_default())
+        if inner.closed {
+            return Err(KvError::Closed);
+        }
+        Ok(f(inner.live.entry(self.name.clone()).or_default()))
     }
 }
 
 impl KvTree for MemTree {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        Ok(self.with(|t| t.get(key).cloned()))
+        self.with(|t| t.get(key).cloned())
     }
 
     fn apply(&self, batch: Vec<KvWrite>) -> Result<(), KvError> {
@@ -236,8 +264,7 @@ impl KvTree for MemTree {
                     None => t.remove(&key),
                 };
             }
-        });
-        Ok(())
+        })
     }
 
     fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
@@ -249,11 +276,11 @@ impl KvTree for MemTree {
                 return Ok(Vec::new());
             }
         }
-        Ok(self.with(|t| t.range((from, to)).map(|(k, v)| (k.clone(), v.clone())).collect()))
+        self.with(|t| t.range((from, to)).map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
     fn last(&self) -> Result<Option<KvPair>, KvError> {
-        Ok(self.with(|t| t.iter().next_back().map(|(k, v)| (k.clone(), v.clone()))))
+        self.with(|t| t.iter().next_back().map(|(k, v)| (k.clone(), v.clone())))
     }
 }
 

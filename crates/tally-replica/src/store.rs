@@ -306,7 +306,10 @@ impl Store for RangeStore {
     }
 
     fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.wait("meta_put", self.meta_put_async(key, value))
+        match shard_of_seal_marker(key) {
+            Some(_) => self.wait("seal", self.meta_put_async(key, value)),
+            None => self.local.meta_put(key, value),
+        }
     }
 
     /// A seal marker seals the shard in its group, on the state its writer holds.
@@ -338,7 +341,10 @@ impl Store for RangeStore {
     }
 
     fn meta_delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        self.wait("meta_delete", self.meta_delete_async(key))
+        match shard_of_seal_marker(key) {
+            Some(_) => self.wait("unseal", self.meta_delete_async(key)),
+            None => self.local.meta_delete(key),
+        }
     }
 
     fn meta_delete_async<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Result<(), StoreError>> {

@@ -15,6 +15,7 @@
 mod catalog;
 mod client;
 mod net;
+mod replica;
 mod world;
 
 use crate::check::{self, Violation};
@@ -93,20 +94,32 @@ fn engine_config(n: u8) -> TallyConfig {
 /// Opens node `n`'s engine on its current store; `None` if it crashed meanwhile.
 async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
     for _ in 0..OPEN_ATTEMPTS_MAX {
-        let (store, incarnation, start) = {
+        let (store, incarnation, start, replicated, kv) = {
             let w = lock(w);
             let node = &w.nodes[usize::from(n)];
             if !node.up {
                 return None;
             }
-            (node.store.clone(), node.incarnation, w.start)
+            (node.store.clone(), node.incarnation, w.start, w.cfg.replicas > 1, node.kv.clone())
+        };
+        let (store, replication): (Arc<dyn tally_engine::Store>, _) = if replicated {
+            match open_replication(w, n, incarnation, kv).await {
+                Some(r) => {
+                    let handle = tokio::runtime::Handle::current();
+                    let ranges = tally_replica::RangeStore::new(r.groups().clone(), Arc::new(store), handle);
+                    (Arc::new(ranges), Some(r))
+                }
+                None => return None,
+            }
+        } else {
+            (Arc::new(store), None)
         };
         let parts = EngineParts {
-            store: Arc::new(store),
+            store,
             clock: Arc::new(SimClock { start }),
             config: engine_config(n),
             catalog: Some(Arc::new(SimCatalog { world: w.clone(), node: n })),
-            placement: Some(Arc::new(SimPlacement { world: w.clone(), me: n, incarnation })),
+            placement: Some(Arc::new(SimPlacement { world: w.clone(), me: n, incarnation, replication })),
         };
         let opened = Tally::open_parts(parts).await;
         let stray = {
@@ -135,9 +148,103 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
     None
 }
 
+/// Share of the crashes of a replicated run that lose the node's disk (when no
+/// earlier loss is still being replaced).
+const DISK_LOSS_SHARE: f64 = 0.4;
+
+/// Whether every node is up and every range group's leader has the replicas of the
+/// nodes' current disks as its voters, nothing else: a disk may be lost then
+/// without losing more than one copy of anything.
+fn every_replica_in_place(g: &World) -> bool {
+    if g.nodes.iter().any(|n| !n.up || n.replication.is_none()) {
+        return false;
+    }
+    let directory = replica::directory(g.cfg.nodes, g.cfg.replicas);
+    let wanted = |range| -> BTreeSet<u64> {
+        directory
+            .replicas(range)
+            .iter()
+            .filter_map(|node| net::node_index(node))
+            .map(|m| replica::replica_id(m, g.nodes[usize::from(m)].disk))
+            .collect()
+    };
+    for range in directory.layout().ranges() {
+        let leader = g.nodes.iter().filter_map(|n| n.replication.as_ref()).find(|r| r.groups().leads(range));
+        let Some(leader) = leader else { return false };
+        match leader.groups().members(range) {
+            Ok(m) if !m.joint && m.learners.is_empty() && m.voters == wanted(range) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Counts, at the end of a replicated run, the replicas of emptied disks that are
+/// voters of their ranges now (each promoted in place of the node's old replica).
+fn count_replacements(w: &Shared) {
+    let mut g = lock(w);
+    let mut replaced = 0;
+    for (i, node) in g.nodes.iter().enumerate() {
+        let (Some(r), true) = (&node.replication, node.disk > 0) else { continue };
+        let me = replica::replica_id(i as u8, node.disk);
+        for range in r.groups().ranges() {
+            if r.groups().members(range).is_ok_and(|m| m.voters.contains(&me)) {
+                replaced += 1;
+            }
+        }
+    }
+    for _ in 0..replaced {
+        g.count(FaultKind::ReplicaReplaced);
+    }
+}
+
+/// Opens node `n`'s range groups for its incarnation, once; `None` if the node
+/// crashed meanwhile or they cannot open.
+async fn open_replication(
+    w: &Shared,
+    n: u8,
+    incarnation: u64,
+    kv: tally_replica::MemKv,
+) -> Option<Arc<tally_replica::Replication>> {
+    if let Some(r) = lock(w).nodes[usize::from(n)].replication.clone() {
+        return Some(r);
+    }
+    let opened = replica::open(w, n, incarnation, kv).await;
+    let mut g = lock(w);
+    match opened {
+        Ok((r, tending)) if g.alive(n, incarnation) => {
+            let node = &mut g.nodes[usize::from(n)];
+            node.replication = Some(r.clone());
+            node.tending = Some(tending);
+            Some(r)
+        }
+        Ok((r, tending)) => {
+            tending.abort();
+            drop(g);
+            stop_groups(r);
+            None
+        }
+        Err(e) => {
+            g.note("groups-failed", (n, e));
+            None
+        }
+    }
+}
+
+/// Stops a crashed node's range groups (their store is closed already: nothing
+/// they do reaches the next incarnation).
+fn stop_groups(r: Arc<tally_replica::Replication>) {
+    tokio::spawn(async move { r.groups().shutdown().await });
+}
+
 /// Crashes node `n` now: its engine is aborted and cut off, and its store keeps its
 /// flushed state plus a random prefix of the rest.
 fn crash(w: &Shared, n: u8) {
+    crash_losing(w, n, false);
+}
+
+/// Crashes node `n`; with `disk_lost` it comes back on empty stores (a new disk).
+fn crash_losing(w: &Shared, n: u8, disk_lost: bool) {
     let tally = {
         let mut g = lock(w);
         if !g.nodes[usize::from(n)].up {
@@ -153,17 +260,39 @@ fn crash(w: &Shared, n: u8) {
         node.poisoned = false;
         node.incarnation += 1;
         node.store = node.store.restart(keep);
+        node.kv = node.kv.restart();
+        if disk_lost {
+            node.store = MemStore::new();
+            node.kv = tally_replica::MemKv::new();
+            // The new disk is a new replica, unless a bug makes the node rejoin as
+            // the one it was.
+            #[cfg(feature = "planted-bugs")]
+            let same = tally_core::planted::active(tally_core::planted::Bug::CatchUpSkipped);
+            #[cfg(not(feature = "planted-bugs"))]
+            let same = false;
+            if !same {
+                node.disk += 1;
+            }
+        }
+        let groups = node.replication.take();
+        if let Some(t) = node.tending.take() {
+            t.abort();
+        }
         // Whether the node comes back on the metadata it had when it crashed.
         node.meta_stale = stale.then_some((0, view));
         let tally = node.tally.take();
         g.history.crashes.push((now, n));
-        g.count(FaultKind::Crash);
-        g.note("crash", (n, keep, unflushed));
+        g.count(if disk_lost { FaultKind::DiskLost } else { FaultKind::Crash });
+        g.note("crash", (n, keep, unflushed, disk_lost));
         g.disturb(n);
-        tally
+        (tally, groups)
     };
+    let (tally, groups) = tally;
     if let Some(t) = tally {
         t.abort();
+    }
+    if let Some(r) = groups {
+        stop_groups(r);
     }
 }
 
@@ -308,7 +437,8 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
     // (which members, drawn when it happens: it depends on the changes before it).
     for _ in 0..g.cfg.transitions {
         let t = g.rng.random_range(span / 10..span * 8 / 10);
-        if g.rng.random_range(0..10) < 6 || nodes <= NODES_MIN {
+        // Membership is fixed while shards are replicated (as in the cluster).
+        if g.rng.random_range(0..10) < 6 || nodes <= NODES_MIN || g.cfg.replicas > 1 {
             let c = reshardable[g.rng.random_range(0..reshardable.len())];
             let target = g.rng.random_range(1..=8u16);
             out.push((t, Fault::Reshard(c, target)));
@@ -327,7 +457,11 @@ fn inject(w: &Shared, fault: Fault) {
             if !lock(w).nodes[usize::from(n)].up {
                 return;
             }
-            crash(w, n);
+            let disk_lost = {
+                let mut g = lock(w);
+                g.cfg.replicas > 1 && g.rng.random::<f64>() < DISK_LOSS_SHARE && every_replica_in_place(&g)
+            };
+            crash_losing(w, n, disk_lost);
             let w = w.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(down)).await;
@@ -580,6 +714,8 @@ fn run_inner(cfg: SimConfig) -> RunReport {
     tally_core::planted::plant(cfg.plant);
     // Every engine of the run routes on this thread: start its draws from the seed.
     tally_engine::seed_thread_routing(cfg.seed);
+    // … and every range group draws its election timeouts on it.
+    tally_replica::runtime::seed_thread_rng(cfg.seed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -602,6 +738,10 @@ fn run_inner(cfg: SimConfig) -> RunReport {
                 poisoned: false,
                 meta_lag_ms: rng.random_range(0..=lag_max),
                 meta_stale: None,
+                kv: tally_replica::MemKv::new(),
+                disk: 0,
+                replication: None,
+                tending: None,
             })
             .collect();
         // A refresh reads remote shards over the simulated links: it takes up to the
@@ -655,6 +795,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         lock(&world).end_ms = end;
         let tallies: Vec<Tally> = lock(&world).nodes.iter_mut().filter_map(|n| n.tally.take()).collect();
         for t in tallies {
+            t.abort();
+        }
+        count_replacements(&world);
+        let tending: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.tending.take()).collect();
+        for t in tending {
             t.abort();
         }
         (world, outcome)

@@ -28,6 +28,8 @@ pub(crate) struct SimPlacement {
     pub(crate) world: Shared,
     pub(crate) me: u8,
     pub(crate) incarnation: u64,
+    /// Set when shards are replicated: owners are range leaders, membership fixed.
+    pub(crate) replication: Option<Arc<tally_replica::Replication>>,
 }
 
 fn unavailable(node: &NodeId, reason: &str) -> TallyError {
@@ -50,7 +52,7 @@ impl<T: std::fmt::Debug> std::fmt::Debug for Wire<'_, T> {
 }
 
 /// What became of one message.
-enum Fate {
+pub(crate) enum Fate {
     Deliver(u64),
     Lost,
     Cut,
@@ -79,37 +81,37 @@ fn idempotent(request: &ShardRequest) -> bool {
     )
 }
 
+/// Draws the fate of a message from `from` to `to`.
+pub(crate) fn fate(world: &Shared, from: u8, to: u8) -> Fate {
+    let mut w = lock(world);
+    if w.cut.contains_key(&(from, to)) {
+        w.count(FaultKind::MessageCut);
+        unanswered(&mut w);
+        return Fate::Cut;
+    }
+    if w.lost() {
+        w.count(FaultKind::MessageLost);
+        unanswered(&mut w);
+        return Fate::Lost;
+    }
+    Fate::Deliver(w.delay())
+}
+
+/// Waits while node `n` is paused.
+pub(crate) async fn wait_unpaused(world: &Shared, n: u8) {
+    loop {
+        let (now, until) = {
+            let w = lock(world);
+            (w.now(), w.nodes[usize::from(n)].paused_until)
+        };
+        if until <= now {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(until - now)).await;
+    }
+}
+
 impl SimPlacement {
-    /// Draws the fate of a message from `from` to `to`.
-    fn fate(&self, from: u8, to: u8) -> Fate {
-        let mut w = lock(&self.world);
-        if w.cut.contains_key(&(from, to)) {
-            w.count(FaultKind::MessageCut);
-            unanswered(&mut w);
-            return Fate::Cut;
-        }
-        if w.lost() {
-            w.count(FaultKind::MessageLost);
-            unanswered(&mut w);
-            return Fate::Lost;
-        }
-        Fate::Deliver(w.delay())
-    }
-
-    /// Waits while node `n` is paused.
-    async fn wait_unpaused(&self, n: u8) {
-        loop {
-            let (now, until) = {
-                let w = lock(&self.world);
-                (w.now(), w.nodes[usize::from(n)].paused_until)
-            };
-            if until <= now {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(until - now)).await;
-        }
-    }
-
     async fn deliver(&self, to: u8, request: ShardRequest) -> Result<ShardResponse, TallyError> {
         let name = node_name(to);
         let bytes = codec::encode(&request);
@@ -120,8 +122,8 @@ impl SimPlacement {
             }
             w.note("call", (self.me, to, Wire(&bytes, &request)));
         }
-        self.wait_unpaused(self.me).await;
-        let d = match self.fate(self.me, to) {
+        wait_unpaused(&self.world, self.me).await;
+        let d = match fate(&self.world, self.me, to) {
             Fate::Deliver(d) => d,
             Fate::Lost | Fate::Cut => return std::future::pending().await,
         };
@@ -140,7 +142,7 @@ impl SimPlacement {
             });
         }
         tokio::time::sleep(Duration::from_millis(d)).await;
-        self.wait_unpaused(to).await;
+        wait_unpaused(&self.world, to).await;
         let (target, target_inc) = {
             let w = lock(&self.world);
             let node = &w.nodes[usize::from(to)];
@@ -167,8 +169,8 @@ impl SimPlacement {
         if !answered {
             return std::future::pending().await;
         }
-        self.wait_unpaused(to).await;
-        let d = match self.fate(to, self.me) {
+        wait_unpaused(&self.world, to).await;
+        let d = match fate(&self.world, to, self.me) {
             Fate::Deliver(d) => d,
             Fate::Lost | Fate::Cut => return std::future::pending().await,
         };
@@ -194,12 +196,27 @@ impl SimPlacement {
 
 impl Placement for SimPlacement {
     fn remote_owner(&self, id: &ShardId) -> Option<NodeId> {
+        if let Some(r) = &self.replication {
+            return Some(r.owner(id)).filter(|owner| node_index(owner) != Some(self.me));
+        }
         let (_, ring, _) = self.view();
         let owner = ring.owner(id)?;
         (node_index(owner) != Some(self.me)).then(|| owner.clone())
     }
 
+    fn confirm_local<'a>(&'a self, id: &'a ShardId) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async move {
+            match &self.replication {
+                Some(r) => r.confirm(id).await,
+                None => Ok(()),
+            }
+        })
+    }
+
     fn previous_owner(&self, id: &ShardId) -> Option<(NodeId, u64)> {
+        if self.replication.is_some() {
+            return None;
+        }
         let (epoch, ring, previous) = self.view();
         let previous = previous?;
         if node_index(ring.owner(id)?) != Some(self.me) {
@@ -222,16 +239,27 @@ impl Placement for SimPlacement {
         request: ShardRequest,
     ) -> BoxFuture<'a, Result<ShardResponse, TallyError>> {
         Box::pin(async move {
-            let nodes = lock(&self.world).nodes.len();
-            let Some(to) = node_index(node).filter(|&n| usize::from(n) < nodes) else {
-                return Err(unavailable(node, "no such node"));
+            let Some(r) = &self.replication else { return self.call_one(node.clone(), request).await };
+            let local = {
+                let w = lock(&self.world);
+                let n = &w.nodes[usize::from(self.me)];
+                n.tally.clone().filter(|_| w.alive(self.me, self.incarnation))
             };
-            match tokio::time::timeout(Duration::from_millis(CALL_TIMEOUT_MS), self.deliver(to, request))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(unavailable(node, "timed out")),
-            }
+            r.call(node, request, local.as_ref(), |to, request| self.call_one(to, request)).await
         })
+    }
+}
+
+impl SimPlacement {
+    /// One call to `node`, ended by the engine's call timeout.
+    async fn call_one(&self, node: NodeId, request: ShardRequest) -> Result<ShardResponse, TallyError> {
+        let nodes = lock(&self.world).nodes.len();
+        let Some(to) = node_index(&node).filter(|&n| usize::from(n) < nodes) else {
+            return Err(unavailable(&node, "no such node"));
+        };
+        match tokio::time::timeout(Duration::from_millis(CALL_TIMEOUT_MS), self.deliver(to, request)).await {
+            Ok(r) => r,
+            Err(_) => Err(unavailable(&node, "timed out")),
+        }
     }
 }

@@ -36,6 +36,14 @@ pub(crate) struct Node {
     pub(crate) meta_lag_ms: u64,
     /// After a restart: until the first time, the node's metadata is as of the second.
     pub(crate) meta_stale: Option<(u64, u64)>,
+    /// Replicated runs: the store of the node's range groups (current incarnation).
+    pub(crate) kv: tally_replica::MemKv,
+    /// Replicated runs: which disk the node runs (bumped when one is lost).
+    pub(crate) disk: u32,
+    /// Replicated runs: the node's range groups and their driver, once open.
+    pub(crate) replication: Option<Arc<tally_replica::Replication>>,
+    /// Replicated runs: the task that forms groups and replaces replicas.
+    pub(crate) tending: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// One version of a counter's metadata, with the time the log committed it.

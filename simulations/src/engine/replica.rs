@@ -1,0 +1,178 @@
+//! Shard replication in a tier-2 run (`--replicas R`): every node runs the real
+//! range groups of `tally-replica` (openraft over [`tally_replica::MemKv`]) and the
+//! real [`tally_replica::Replication`] driver, whose raft messages and questions
+//! cross the run's simulated links with their faults; the engine's store is the
+//! real [`tally_replica::RangeStore`] over them.
+//!
+//! A replica's raft id belongs to its node's disk: a node whose disk was lost comes
+//! back as a new replica that the range's leader must add, catch up and promote.
+//! The registry of disks ([`SimPeers::replica_of`]) stands for the metadata group's
+//! record of each node's store.
+
+use super::net::{fate, node_index, wait_unpaused, Fate};
+use super::world::{lock, node_name, Shared};
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+use tally_core::ranges::{Directory, RangeId};
+use tally_core::NodeId;
+use tally_replica::network::{decode_envelope, encode_envelope};
+use tally_replica::{
+    GroupsConfig, MemKv, NetError, Peers, RangeEnvelope, RangeGroups, RangeInbound, RangeNetwork,
+    RangeReply, ReplicaId, ReplicaNode, Replication,
+};
+
+/// A question to a peer (is your group of this range formed?) left unanswered is
+/// given up after this, as the cluster's is.
+pub(crate) const FORMED_ASK_TIMEOUT_MS: u64 = 1_000;
+
+/// The raft id of node `n`'s replicas on its `disk`-th disk.
+pub(crate) fn replica_id(n: u8, disk: u32) -> ReplicaId {
+    1 + u64::from(n) * 1_000_000 + u64::from(disk)
+}
+
+/// The directory of a run: every node an initial member, `replicas` copies.
+pub(crate) fn directory(nodes: u8, replicas: u8) -> Directory {
+    Directory::new((0..nodes).map(node_name), Some(replicas)).expect("a valid directory of the run")
+}
+
+/// Range messages of one incarnation of node `me`, over the run's links.
+pub(crate) struct SimRangeNet {
+    pub(crate) world: Shared,
+    pub(crate) me: u8,
+    pub(crate) incarnation: u64,
+}
+
+impl SimRangeNet {
+    async fn carry(&self, to: u8, envelope: RangeEnvelope) -> Result<RangeReply, NetError> {
+        let target = envelope.to;
+        let bytes = encode_envelope(&envelope);
+        {
+            let mut w = lock(&self.world);
+            if !w.alive(self.me, self.incarnation) {
+                return Err(NetError::Unreachable(target));
+            }
+            w.note("range", (self.me, to, envelope.range.0, xxhash_rust::xxh3::xxh3_64(&bytes)));
+        }
+        wait_unpaused(&self.world, self.me).await;
+        let d = match fate(&self.world, self.me, to) {
+            Fate::Deliver(d) => d,
+            Fate::Lost | Fate::Cut => return std::future::pending().await,
+        };
+        tokio::time::sleep(Duration::from_millis(d)).await;
+        wait_unpaused(&self.world, to).await;
+        let (replication, to_inc) = {
+            let w = lock(&self.world);
+            let node = &w.nodes[usize::from(to)];
+            (node.replication.clone().filter(|_| node.up), node.incarnation)
+        };
+        // Nothing listens on a crashed node.
+        let Some(replication) = replication else { return Err(NetError::Unreachable(target)) };
+        let envelope = decode_envelope(&bytes)?;
+        let reply = RangeInbound::handle(&**replication.groups(), envelope).await;
+        if !lock(&self.world).alive(to, to_inc) {
+            return std::future::pending().await;
+        }
+        wait_unpaused(&self.world, to).await;
+        let d = match fate(&self.world, to, self.me) {
+            Fate::Deliver(d) => d,
+            Fate::Lost | Fate::Cut => return std::future::pending().await,
+        };
+        tokio::time::sleep(Duration::from_millis(d)).await;
+        if !lock(&self.world).alive(self.me, self.incarnation) {
+            return Err(NetError::Unreachable(target));
+        }
+        reply
+    }
+}
+
+impl RangeNetwork for SimRangeNet {
+    fn call(&self, node: &ReplicaNode, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>> {
+        let net = SimRangeNet { world: self.world.clone(), me: self.me, incarnation: self.incarnation };
+        let to = node_index(&NodeId::new(&node.node));
+        Box::pin(async move {
+            let Some(to) = to else { return Err(NetError::Unreachable(envelope.to)) };
+            net.carry(to, envelope).await
+        })
+    }
+}
+
+/// What node `me` knows of its peers: their disks, and their answers over the
+/// run's links.
+pub(crate) struct SimPeers {
+    pub(crate) world: Shared,
+    pub(crate) me: u8,
+    pub(crate) incarnation: u64,
+}
+
+impl SimPeers {
+    async fn ask_formed(&self, to: u8, range: RangeId) -> Option<bool> {
+        if !lock(&self.world).alive(self.me, self.incarnation) {
+            return None;
+        }
+        wait_unpaused(&self.world, self.me).await;
+        let Fate::Deliver(d) = fate(&self.world, self.me, to) else { return std::future::pending().await };
+        tokio::time::sleep(Duration::from_millis(d)).await;
+        wait_unpaused(&self.world, to).await;
+        let formed = {
+            let w = lock(&self.world);
+            let node = &w.nodes[usize::from(to)];
+            node.replication.clone().filter(|_| node.up).map(|r| r.formed(range))
+        }?;
+        let Fate::Deliver(d) = fate(&self.world, to, self.me) else { return std::future::pending().await };
+        tokio::time::sleep(Duration::from_millis(d)).await;
+        lock(&self.world).note("formed", (self.me, to, range.0, formed));
+        Some(formed)
+    }
+}
+
+impl Peers for SimPeers {
+    fn replica_of(&self, node: &NodeId) -> Option<ReplicaId> {
+        let n = node_index(node)?;
+        let w = lock(&self.world);
+        let disk = w.nodes.get(usize::from(n))?.disk;
+        Some(replica_id(n, disk))
+    }
+
+    fn formed<'a>(&'a self, node: &'a NodeId, range: RangeId) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(async move {
+            let to = node_index(node)?;
+            let ask = self.ask_formed(to, range);
+            tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await.ok().flatten()
+        })
+    }
+}
+
+/// Opens node `n`'s range groups (incarnation `incarnation`) on `kv` and starts
+/// tending them; answers the replication and the tending task.
+pub(crate) async fn open(
+    w: &Shared,
+    n: u8,
+    incarnation: u64,
+    kv: MemKv,
+) -> Result<(Arc<Replication>, tokio::task::JoinHandle<()>), String> {
+    let (nodes, replicas, disk) = {
+        let g = lock(w);
+        (g.cfg.nodes, g.cfg.replicas, g.nodes[usize::from(n)].disk)
+    };
+    let directory = directory(nodes, replicas);
+    let net = Arc::new(SimRangeNet { world: w.clone(), me: n, incarnation });
+    let name = node_name(n);
+    let groups = RangeGroups::open(
+        name.as_str(),
+        replica_id(n, disk),
+        Arc::new(kv),
+        net,
+        directory.layout(),
+        GroupsConfig::default(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    for range in directory.ranges_of(&name) {
+        groups.open_range(range).await.map_err(|e| e.to_string())?;
+    }
+    let peers = Arc::new(SimPeers { world: w.clone(), me: n, incarnation });
+    let replication = Arc::new(Replication::new(name, groups, directory, peers));
+    let tending = tokio::spawn(replication.clone().run());
+    Ok((replication, tending))
+}
