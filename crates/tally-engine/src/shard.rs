@@ -275,6 +275,13 @@ impl ShardActorState {
                 }
                 Effect::Sealed(image) => {
                     let result = self.persist_seal(image).await;
+                    if let Err(e) = &result {
+                        // The seal is not stored: a new actor starts from what is
+                        // stored (a replicated store refuses the seal of a writer that
+                        // missed a commit) and seals that.
+                        tracing::warn!(shard = %self.id, error = %e, "cannot persist a seal; stopping the shard");
+                        myself.stop(Some("its seal could not be stored".into()));
+                    }
                     for sealer in self.sealers.drain(..) {
                         let _ = sealer.send(result.clone());
                     }

@@ -312,7 +312,8 @@ impl Store for RangeStore {
         }
     }
 
-    /// A seal marker seals the shard in its group, on the state its writer holds.
+    /// A seal marker seals the shard in its group, on the state its writer holds
+    /// (refused if the writer did not build on the stored state).
     fn meta_put_async<'a>(
         &'a self,
         key: &'a [u8],
@@ -324,17 +325,21 @@ impl Store for RangeStore {
             if stored.sealed {
                 return Ok(());
             }
-            // Built on the stored state (the seal keeps its image): a writer that built
-            // on the same state builds on the seal next.
-            let writer_current = self.base(&id) == Some(stored.seq);
+            // The writer seals with the image it holds, and that image goes into the
+            // next generation's base: a writer that did not build on the stored state
+            // (it missed another's commit) would seal one image and count another.
+            if self.base(&id) != Some(stored.seq) {
+                self.writers.lock().remove(&id);
+                return Err(unavailable("seal", "the shard changed since its writer loaded it; reload"));
+            }
             let write = ShardWrite { image: stored.image, ..ShardWrite::default() };
             let entry =
                 ShardEntry { shard: id.clone(), seq: stored.seq + 1, write, sealed: true, clear: false };
             let result = self.write_one("seal", entry).await;
             let mut writers = self.writers.lock();
             match &result {
-                Ok(()) if writer_current => writers.insert(id, stored.seq + 1),
-                _ => writers.remove(&id),
+                Ok(()) => writers.insert(id, stored.seq + 1),
+                Err(_) => writers.remove(&id),
             };
             result
         })

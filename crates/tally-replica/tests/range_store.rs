@@ -121,3 +121,29 @@ async fn seals_and_deletions_are_replicated_and_other_metadata_stays_local() {
     .await
     .unwrap();
 }
+
+/// A writer seals with the image it holds, which goes into the next generation's
+/// base: a seal by a writer that missed another's commit must be refused (it
+/// would seal the newer image in the group and count the older one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seal_by_a_writer_that_missed_a_commit_is_refused() {
+    let (groups, _) = one_replica_group().await;
+    let handle = tokio::runtime::Handle::current();
+    let shard = ShardId::new(CounterName::new("likes").unwrap(), 0, 2);
+    let stale = RangeStore::new(groups.clone(), Arc::new(MemStore::new()), handle.clone());
+    let current = RangeStore::new(groups.clone(), Arc::new(MemStore::new()), handle.clone());
+    let s = shard.clone();
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(stale.open_shard(&s).unwrap().value, 0);
+        assert_eq!(current.open_shard(&s).unwrap().value, 0);
+        current.commit(&s, &write(2, &["e1"])).unwrap();
+        assert!(refused(&stale.meta_put(&seal_marker(&s), b"")), "the stale writer's seal is refused");
+        assert_eq!(stale.meta_get(&seal_marker(&s)).unwrap(), None);
+        // Reloaded, it seals what is stored.
+        assert_eq!(stale.open_shard(&s).unwrap().value, 2);
+        stale.meta_put(&seal_marker(&s), b"").unwrap();
+        assert_eq!(stale.meta_get(&seal_marker(&s)).unwrap(), Some(Vec::new()));
+    })
+    .await
+    .unwrap();
+}
