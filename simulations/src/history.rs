@@ -278,4 +278,8 @@ pub struct History {
     /// where remote reads cannot be lost, the membership hand-offs: a shard not yet
     /// adopted by its new owner answers no read until it is.
     pub unanswered_calls: Vec<Disturbance>,
+    /// How long after a disturbance ends the cluster may still not serve normally:
+    /// 0 with one copy of every shard; with range groups, a failover (a range whose
+    /// leader was disturbed elects another, and requests wait for it).
+    pub recovery_ms: u64,
 }

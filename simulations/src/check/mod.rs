@@ -107,9 +107,13 @@ pub fn unknown_ops(h: &History, counter: usize) -> usize {
         .count()
 }
 
-/// Disturbances merged into disjoint, sorted periods.
+/// Disturbances, each extended by the run's recovery time, merged into disjoint,
+/// sorted periods.
 pub fn merged_disturbances(h: &History) -> Vec<Disturbance> {
     let mut d = h.disturbances.clone();
+    for x in &mut d {
+        x.to_ms = x.to_ms.saturating_add(h.recovery_ms);
+    }
     d.sort_by_key(|x| (x.from_ms, x.to_ms));
     let mut out: Vec<Disturbance> = Vec::new();
     for x in d {

@@ -751,6 +751,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             nodes: (0..cfg.nodes).collect(),
             settle_ms: u64::MAX,
             refresh_slack_ms,
+            recovery_ms: if cfg.replicas > 1 { tally_replica::LEADER_WAIT_MS } else { 0 },
             ..History::default()
         };
         let world: Shared = Arc::new(Mutex::new(World {
