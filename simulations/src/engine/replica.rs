@@ -43,6 +43,15 @@ pub(crate) struct SimRangeNet {
     pub(crate) incarnation: u64,
 }
 
+/// A peer that cannot be reached answers as a call that timed out, never as
+/// [`NetError::Unreachable`]: openraft backs off after an unreachable peer in an
+/// unbiased `tokio::select!`, whose branch order tokio draws from a generator a run
+/// cannot seed, so a run with it would not repeat. (Without the back-off, openraft
+/// tries the peer again at its next heartbeat.)
+fn unreachable(to: ReplicaId) -> NetError {
+    NetError::Timeout(to)
+}
+
 impl SimRangeNet {
     async fn carry(&self, to: u8, envelope: RangeEnvelope) -> Result<RangeReply, NetError> {
         let target = envelope.to;
@@ -50,7 +59,7 @@ impl SimRangeNet {
         {
             let mut w = lock(&self.world);
             if !w.alive(self.me, self.incarnation) {
-                return Err(NetError::Unreachable(target));
+                return Err(unreachable(target));
             }
             w.note("range", (self.me, to, envelope.range.0, xxhash_rust::xxh3::xxh3_64(&bytes)));
         }
@@ -67,9 +76,13 @@ impl SimRangeNet {
             (node.replication.clone().filter(|_| node.up), node.incarnation)
         };
         // Nothing listens on a crashed node.
-        let Some(replication) = replication else { return Err(NetError::Unreachable(target)) };
+        let Some(replication) = replication else { return Err(unreachable(target)) };
         let envelope = decode_envelope(&bytes)?;
-        let reply = RangeInbound::handle(&**replication.groups(), envelope).await;
+        let reply = match RangeInbound::handle(&**replication.groups(), envelope).await {
+            // No such replica or group there: as unreachable (see `unreachable`).
+            Err(NetError::NotThisReplica { .. } | NetError::NoGroup { .. }) => Err(unreachable(target)),
+            other => other,
+        };
         if !lock(&self.world).alive(to, to_inc) {
             return std::future::pending().await;
         }
@@ -80,7 +93,7 @@ impl SimRangeNet {
         };
         tokio::time::sleep(Duration::from_millis(d)).await;
         if !lock(&self.world).alive(self.me, self.incarnation) {
-            return Err(NetError::Unreachable(target));
+            return Err(unreachable(target));
         }
         reply
     }
@@ -91,7 +104,7 @@ impl RangeNetwork for SimRangeNet {
         let net = SimRangeNet { world: self.world.clone(), me: self.me, incarnation: self.incarnation };
         let to = node_index(&NodeId::new(&node.node));
         Box::pin(async move {
-            let Some(to) = to else { return Err(NetError::Unreachable(envelope.to)) };
+            let Some(to) = to else { return Err(unreachable(envelope.to)) };
             net.carry(to, envelope).await
         })
     }
