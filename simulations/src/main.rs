@@ -57,7 +57,10 @@ struct Args {
     threads: Option<usize>,
     /// Plant a known bug (ack-before-flush, dedup-off, retry-fresh-id, wrapping-add,
     /// dedup-lost-on-reshard, rollup-never-refreshed, reconcile-twice; with --tier
-    /// engine: engine-ack-before-flush, seal-forgotten-on-restart).
+    /// engine: engine-ack-before-flush, seal-forgotten-on-restart, read-ignores-seal,
+    /// handoff-deletes-early, handoff-forgets-seal, sketch-merge-beside-live; with
+    /// --tier engine --replicas 3: ack-before-quorum-durable, two-leaders-ack,
+    /// catch-up-skipped).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,

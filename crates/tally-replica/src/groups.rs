@@ -375,7 +375,32 @@ impl RangeGroups {
         }
     }
 
+    /// A leader's read index: confirms with a quorum that this replica leads, then
+    /// waits until it applied every entry of its log. openraft's own read index is
+    /// the leader's commit position, which a leader restored at start-up (a replica
+    /// that led before a crash resumes its term at once, if its vote was committed)
+    /// has not learnt yet; every committed entry is in the leader's log, so waiting
+    /// for all of it covers them.
     async fn linearize(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
+        let ms = self.config.read_timeout_ms;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+        let at = self.read_index(range, g).await?;
+        loop {
+            let m = g.raft.metrics().borrow().clone();
+            if m.current_leader != Some(self.id) {
+                return Err(ReplicaError::NotLeader { range, leader: m.current_leader, leader_node: None });
+            }
+            if m.last_applied.map(|l| l.index) >= m.last_log_index {
+                return Ok(at);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ReplicaError::Timeout { range, ms });
+            }
+            tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+        }
+    }
+
+    async fn read_index(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
         let ms = self.config.read_timeout_ms;
         match tokio::time::timeout(Duration::from_millis(ms), g.raft.ensure_linearizable()).await {
             Err(_) => Err(ReplicaError::Timeout { range, ms }),

@@ -118,7 +118,9 @@ impl Replication {
             true => self.groups.leader_node(range).map(NodeId::new),
             false => self.hints.lock().get(&range).cloned(),
         };
-        known.unwrap_or_else(|| self.directory.preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone()))
+        known.unwrap_or_else(|| {
+            self.directory.preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone())
+        })
     }
 
     /// Waits until `id`'s range has a leader other than `not`, at most

@@ -18,8 +18,8 @@ use tally_core::ranges::{Directory, RangeId};
 use tally_core::NodeId;
 use tally_replica::network::{decode_envelope, encode_envelope};
 use tally_replica::{
-    GroupsConfig, MemKv, NetError, Peers, RangeEnvelope, RangeGroups, RangeInbound, RangeNetwork,
-    RangeReply, ReplicaId, ReplicaNode, Replication,
+    GroupsConfig, MemKv, NetError, Peers, RangeEnvelope, RangeGroups, RangeInbound, RangeNetwork, RangeReply,
+    ReplicaId, ReplicaNode, Replication,
 };
 
 /// A question to a peer (is your group of this range formed?) left unanswered is
@@ -100,7 +100,11 @@ impl SimRangeNet {
 }
 
 impl RangeNetwork for SimRangeNet {
-    fn call(&self, node: &ReplicaNode, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>> {
+    fn call(
+        &self,
+        node: &ReplicaNode,
+        envelope: RangeEnvelope,
+    ) -> BoxFuture<'static, Result<RangeReply, NetError>> {
         let net = SimRangeNet { world: self.world.clone(), me: self.me, incarnation: self.incarnation };
         let to = node_index(&NodeId::new(&node.node));
         Box::pin(async move {
