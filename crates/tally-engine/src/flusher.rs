@@ -203,10 +203,13 @@ impl Flusher {
     }
 }
 
+/// Where a write's shard hears that it is applied, and what runs once it is durable.
+type Reply = (oneshot::Sender<Result<(), StoreError>>, Option<Waiter>);
+
 /// The jobs of one cycle, split into the writes it applies and what waits for them.
 struct Cycle {
     writes: Vec<(ShardId, ShardWrite)>,
-    replies: Vec<(oneshot::Sender<Result<(), StoreError>>, Option<Waiter>)>,
+    replies: Vec<Reply>,
     waiters: Vec<Waiter>,
 }
 

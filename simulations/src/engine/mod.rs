@@ -164,7 +164,7 @@ fn every_replica_in_place(g: &World) -> bool {
         directory
             .replicas(range)
             .iter()
-            .filter_map(|node| net::node_index(node))
+            .filter_map(net::node_index)
             .map(|m| replica::replica_id(m, g.nodes[usize::from(m)].disk))
             .collect()
     };
