@@ -163,6 +163,8 @@ pub(crate) struct Ctx {
     pub(crate) registry: DashMap<CounterName, Arc<CounterRuntime>>,
     /// Running shard actors. Only the supervisor inserts and removes.
     pub(crate) directory: DashMap<ShardId, ActorRef<ShardMsg>>,
+    /// Shards written without an actor right now, or being started (`cold.rs`).
+    pub(crate) cold: DashMap<ShardId, crate::cold::ColdMark>,
     /// Counters with buffered increments, waiting for the aggregator.
     pub(crate) dirty: parking_lot::Mutex<Vec<Arc<CounterRuntime>>>,
     /// Counters whose resharding task is running or about to start.
@@ -940,7 +942,13 @@ impl Ctx {
                 (d.sum, d.increments, d.members.clone()),
             );
             self.stats.drain_increments.record(d.increments);
-            match self.send_submit(&id, &target.meta, sub.clone()).await {
+            // A shard that holds nothing and never ran takes its first sum without
+            // an actor (`cold.rs`).
+            let sent = match self.write_cold(&target, index, &id, &sub).await {
+                Some(rx) => Ok(rx),
+                None => self.send_submit(&id, &target.meta, sub.clone()).await,
+            };
+            match sent {
                 Ok(rx) => waiting.push((id, index, rx, d, sub)),
                 // Never sent: nothing was applied, so it may merge with later sums.
                 Err(_) => {

@@ -41,6 +41,10 @@ pub(crate) struct Slot {
     pub(crate) in_flight: AtomicU32,
     /// The deepest `in_flight` since the auto-shard sampler last took it.
     pub(crate) in_flight_peak: AtomicU32,
+    /// The shard holds nothing and no actor has started for it since the counter
+    /// was created here: its first drained sum may be written without one
+    /// (`cold.rs`). Cleared by that write and by every actor start.
+    pub(crate) cold: AtomicBool,
 }
 
 /// One increment waiting at a shard: counted into the slot's queue while it lives.
@@ -120,6 +124,7 @@ impl CounterRuntime {
         let open = tally_core::limits::slot_open(0);
         for slot in self.slots.iter() {
             slot.open.store(open, SeqCst);
+            slot.cold.store(true, SeqCst);
         }
     }
 
