@@ -182,6 +182,31 @@ async fn a_first_drain_without_an_actor_and_direct_writes_to_the_same_shard_both
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_read_during_a_flush_joins_it_instead_of_waiting_for_the_next() {
+    let (tally, store) = engine_on_hooks().await;
+    tally.put_counter("money", spec(1, Durability::Sync)).await.unwrap();
+    tally.incr("views", Increment::new(3)).await.unwrap();
+    assert_eq!(tally.read("views", Consistency::Fresh).await.unwrap().value, 3);
+    // A slow fsync under way: a `sync` increment's write is applied, its flush runs.
+    store.flush_stall_ms.store(300, SeqCst);
+    let t = tally.clone();
+    let writer = tokio::spawn(async move { t.incr("money", Increment::new(1)).await });
+    let started = store.flush_starts.load(SeqCst);
+    while store.flush_starts.load(SeqCst) == started {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let during = store.flush_starts.load(SeqCst);
+    // Nothing is applied while a flush runs, so that flush covers everything this read
+    // sees: it returns with it, without a flush of its own after it.
+    let read = tally.read("views", Consistency::Fresh).await.unwrap();
+    assert_eq!(read.value, 3);
+    assert_eq!(store.flush_starts.load(SeqCst), during, "the read waited for a flush started after it");
+    store.flush_stall_ms.store(0, SeqCst);
+    assert!(writer.await.unwrap().unwrap().applied);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_counts_as_incr_does() {
     let (tally, _) = engine_on_hooks().await;
     let likes = tally.handle("likes:42").await.unwrap();
