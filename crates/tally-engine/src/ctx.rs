@@ -847,7 +847,9 @@ impl Ctx {
         rt.drains_in_flight.fetch_add(1, SeqCst);
         let drained = rt.drain();
         let delivered = drained.is_empty() || self.deliver(rt, drained).await;
-        rt.drains_in_flight.fetch_sub(1, SeqCst);
+        if rt.drains_in_flight.fetch_sub(1, SeqCst) == 1 {
+            rt.drains_settled.notify_waiters();
+        }
         delivered
     }
 
@@ -855,13 +857,20 @@ impl Ctx {
     /// the call timeout. False if one still is: its sum may be missing from a read.
     pub(crate) async fn settle_drains(&self, rt: &CounterRuntime) -> bool {
         let deadline = tokio::time::Instant::now() + self.timeout();
-        while rt.drains_in_flight.load(SeqCst) > 0 {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
+        loop {
+            // Registered before the count is read, so a drain that ends in between
+            // still wakes this wait (a 1 ms poll here cost reads under writers a
+            // millisecond whenever the aggregator's drain of the counter was in flight).
+            let settled = rt.drains_settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if rt.drains_in_flight.load(SeqCst) == 0 {
+                return true;
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return rt.drains_in_flight.load(SeqCst) == 0;
+            }
         }
-        true
     }
 
     /// Before a read: delivers what this node buffers for the counter — in `rt` and

@@ -94,6 +94,8 @@ pub(crate) struct CounterRuntime {
     /// Drains of this runtime whose sums have left the slots but not yet been
     /// answered by their shards; a fresh read waits for them.
     pub(crate) drains_in_flight: AtomicU64,
+    /// Woken when `drains_in_flight` falls to zero.
+    pub(crate) drains_settled: tokio::sync::Notify,
     /// The runtime this one replaced, while it may still hold buffered increments: a
     /// fresh read delivers them too. Dropped once it (and its own predecessors) are
     /// quiet.
@@ -114,6 +116,7 @@ impl CounterRuntime {
             changed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
             drains_in_flight: AtomicU64::new(0),
+            drains_settled: tokio::sync::Notify::new(),
             predecessor: Mutex::new(None),
         }
     }
