@@ -100,8 +100,12 @@ async fn counters_cell(new: bool, opts: &Options) -> anyhow::Result<Cell> {
     let verification = if new { verify_new(&tally, &d).await } else { verify_existing(&tally, &d).await };
     cell.verification = verification.unwrap_or_else(|e| Verification::Failed(format!("{e:#}")));
     let stats = tally.stats();
-    cell.details =
-        format!("{} fsyncs; {} shard actor starts", stats.flushes.get(), stats.shard_activations.get());
+    cell.details = format!(
+        "{} fsyncs; {} shard actor starts; {} first writes without an actor",
+        stats.flushes.get(),
+        stats.shard_activations.get(),
+        stats.cold_writes.get()
+    );
     tally.shutdown().await?;
     Ok(cell)
 }

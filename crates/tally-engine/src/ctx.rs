@@ -163,6 +163,8 @@ pub(crate) struct Ctx {
     pub(crate) registry: DashMap<CounterName, Arc<CounterRuntime>>,
     /// Running shard actors. Only the supervisor inserts and removes.
     pub(crate) directory: DashMap<ShardId, ActorRef<ShardMsg>>,
+    /// Shards written without an actor right now, or being started (`cold.rs`).
+    pub(crate) cold: DashMap<ShardId, crate::cold::ColdMark>,
     /// Counters with buffered increments, waiting for the aggregator.
     pub(crate) dirty: parking_lot::Mutex<Vec<Arc<CounterRuntime>>>,
     /// Counters whose resharding task is running or about to start.
@@ -845,7 +847,9 @@ impl Ctx {
         rt.drains_in_flight.fetch_add(1, SeqCst);
         let drained = rt.drain();
         let delivered = drained.is_empty() || self.deliver(rt, drained).await;
-        rt.drains_in_flight.fetch_sub(1, SeqCst);
+        if rt.drains_in_flight.fetch_sub(1, SeqCst) == 1 {
+            rt.drains_settled.notify_waiters();
+        }
         delivered
     }
 
@@ -853,13 +857,20 @@ impl Ctx {
     /// the call timeout. False if one still is: its sum may be missing from a read.
     pub(crate) async fn settle_drains(&self, rt: &CounterRuntime) -> bool {
         let deadline = tokio::time::Instant::now() + self.timeout();
-        while rt.drains_in_flight.load(SeqCst) > 0 {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
+        loop {
+            // Registered before the count is read, so a drain that ends in between
+            // still wakes this wait (a 1 ms poll here cost reads under writers a
+            // millisecond whenever the aggregator's drain of the counter was in flight).
+            let settled = rt.drains_settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if rt.drains_in_flight.load(SeqCst) == 0 {
+                return true;
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return rt.drains_in_flight.load(SeqCst) == 0;
+            }
         }
-        true
     }
 
     /// Before a read: delivers what this node buffers for the counter — in `rt` and
@@ -940,7 +951,13 @@ impl Ctx {
                 (d.sum, d.increments, d.members.clone()),
             );
             self.stats.drain_increments.record(d.increments);
-            match self.send_submit(&id, &target.meta, sub.clone()).await {
+            // A shard that holds nothing and never ran takes its first sum without
+            // an actor (`cold.rs`).
+            let sent = match self.write_cold(&target, index, &id, &sub).await {
+                Some(rx) => Ok(rx),
+                None => self.send_submit(&id, &target.meta, sub.clone()).await,
+            };
+            match sent {
                 Ok(rx) => waiting.push((id, index, rx, d, sub)),
                 // Never sent: nothing was applied, so it may merge with later sums.
                 Err(_) => {

@@ -76,6 +76,9 @@ pub(crate) struct Flusher {
 struct Progress {
     applied: AtomicU64,
     durable: AtomicU64,
+    /// The flush under way: how many applied writes it covers, and the waiters that
+    /// joined it after it started (see [`Flusher::make_durable`]).
+    flushing: parking_lot::Mutex<(Option<u64>, Vec<Waiter>)>,
 }
 
 fn poison_error() -> StoreError {
@@ -103,7 +106,7 @@ impl Flusher {
                         store.commit_many_async(&cycle.writes).await
                     };
                     if cycle.applied(results, &stats, &seen) {
-                        let covered = seen.applied.load(Ordering::SeqCst);
+                        let covered = Cycle::flush_starts(&seen);
                         let result = if flag.load(Ordering::SeqCst) {
                             Err(poison_error())
                         } else {
@@ -152,10 +155,31 @@ impl Flusher {
     /// Returns once every shard write applied before this call is durable: at once if
     /// it is already, else after the next flush. A read that saw applied values makes
     /// them durable this way before it answers.
+    ///
+    /// No write is applied while a flush runs (one task applies, then flushes), so
+    /// a read that finds a flush under way usually needs nothing more than that flush:
+    /// it joins it instead of queueing for the one after, which would start only once
+    /// the next cycle's writes are applied.
     pub(crate) async fn make_durable(&self) -> Result<(), StoreError> {
         let applied = self.progress.applied.load(Ordering::SeqCst);
         if self.progress.durable.load(Ordering::SeqCst) >= applied && !self.poisoned() {
             return Ok(());
+        }
+        let (tx, rx) = oneshot::channel();
+        let joined = {
+            let mut flushing = self.progress.flushing.lock();
+            match flushing.0 {
+                Some(covered) if covered >= applied => {
+                    flushing.1.push(Box::new(move |r| {
+                        let _ = tx.send(r);
+                    }));
+                    true
+                }
+                _ => false,
+            }
+        };
+        if joined {
+            return rx.await.unwrap_or(Err(StoreError::Closed));
         }
         self.flush().await
     }
@@ -260,10 +284,17 @@ impl Cycle {
         !self.waiters.is_empty()
     }
 
-    /// Runs the waiters with the flush's result; `covered` is what was applied
-    /// before the flush started.
+    /// A flush starts: it covers everything applied so far, which reads may join.
+    fn flush_starts(progress: &Progress) -> u64 {
+        let covered = progress.applied.load(Ordering::SeqCst);
+        progress.flushing.lock().0 = Some(covered);
+        covered
+    }
+
+    /// Runs the waiters, with those that joined the flush while it ran, with the
+    /// flush's result; `covered` is what was applied before the flush started.
     fn flushed(
-        self,
+        mut self,
         result: Result<(), StoreError>,
         covered: u64,
         poisoned: &AtomicBool,
@@ -273,6 +304,12 @@ impl Cycle {
         if result.is_ok() {
             progress.durable.fetch_max(covered, Ordering::SeqCst);
         }
+        let joined = {
+            let mut flushing = progress.flushing.lock();
+            flushing.0 = None;
+            std::mem::take(&mut flushing.1)
+        };
+        self.waiters.extend(joined);
         if let Err(e) = &result {
             if !poisoned.swap(true, Ordering::SeqCst) {
                 tracing::error!(error = %e, "store flush failed; refusing writes until restart");
@@ -299,8 +336,7 @@ fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats
     if !cycle.applied(results, stats, progress) {
         return;
     }
-    // Everything applied so far is covered by this flush.
-    let covered = progress.applied.load(Ordering::SeqCst);
+    let covered = Cycle::flush_starts(progress);
     let result = if poisoned.load(Ordering::SeqCst) { Err(poison_error()) } else { store.flush() };
     cycle.flushed(result, covered, poisoned, stats, progress);
 }

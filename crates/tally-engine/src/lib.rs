@@ -46,6 +46,7 @@ mod auto_book;
 mod autoshard;
 mod catalog;
 mod clock;
+mod cold;
 mod config;
 mod create;
 mod ctx;

@@ -41,6 +41,10 @@ pub(crate) struct Slot {
     pub(crate) in_flight: AtomicU32,
     /// The deepest `in_flight` since the auto-shard sampler last took it.
     pub(crate) in_flight_peak: AtomicU32,
+    /// The shard holds nothing and no actor has started for it since the counter
+    /// was created here: its first drained sum may be written without one
+    /// (`cold.rs`). Cleared by that write and by every actor start.
+    pub(crate) cold: AtomicBool,
 }
 
 /// One increment waiting at a shard: counted into the slot's queue while it lives.
@@ -90,6 +94,8 @@ pub(crate) struct CounterRuntime {
     /// Drains of this runtime whose sums have left the slots but not yet been
     /// answered by their shards; a fresh read waits for them.
     pub(crate) drains_in_flight: AtomicU64,
+    /// Woken when `drains_in_flight` falls to zero.
+    pub(crate) drains_settled: tokio::sync::Notify,
     /// The runtime this one replaced, while it may still hold buffered increments: a
     /// fresh read delivers them too. Dropped once it (and its own predecessors) are
     /// quiet.
@@ -110,6 +116,7 @@ impl CounterRuntime {
             changed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
             drains_in_flight: AtomicU64::new(0),
+            drains_settled: tokio::sync::Notify::new(),
             predecessor: Mutex::new(None),
         }
     }
@@ -120,6 +127,7 @@ impl CounterRuntime {
         let open = tally_core::limits::slot_open(0);
         for slot in self.slots.iter() {
             slot.open.store(open, SeqCst);
+            slot.cold.store(true, SeqCst);
         }
     }
 

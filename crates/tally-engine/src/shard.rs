@@ -27,6 +27,7 @@ use tally_core::frequency::FrequencySketch;
 use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
 use tally_core::shard::window_for;
+use tally_core::shard::Submission;
 use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
 use tally_core::sketch::DistinctSketch;
 use tally_core::ShardId;
@@ -231,32 +232,9 @@ impl ShardActorState {
                 }
                 Effect::LookUpPriors { ids } => Input::Priors(self.priors(&ids).await),
                 Effect::Write { write, durable, change_abs, submissions } => {
-                    // Counted before the write is applied, so a rollup that finds no
-                    // change knows no write is on its way either.
-                    if change_abs > 0 {
-                        if let Some(rt) = self.ctx.registry.get(self.id.counter.as_str()) {
-                            rt.changed.fetch_add(change_abs, Relaxed);
-                        }
-                    }
-                    let (durable, early) = if bug!(EngineAckBeforeFlush) {
-                        (Vec::new(), durable)
-                    } else {
-                        (durable, Vec::new())
-                    };
-                    let waiter = (!durable.is_empty()).then(|| answers_after(durable));
-                    let result = self.ctx.flusher.commit(self.id.clone(), write, waiter).await;
-                    if result.is_ok() {
-                        for (reply, done) in early {
-                            let _ = reply.send(done);
-                        }
-                    }
-                    if let Err(e) = &result {
-                        tracing::error!(shard = %self.id, error = %e, "shard commit failed");
-                    } else if submissions > 0 {
-                        self.ctx.stats.commits.inc();
-                        self.ctx.stats.commit_submissions.record(submissions as u64);
-                    }
-                    Input::Applied { ok: result.is_ok() }
+                    let ok =
+                        write_through(&self.ctx, &self.id, write, durable, change_abs, submissions).await;
+                    Input::Applied { ok }
                 }
                 Effect::Reply { to, reply } => {
                     let _ = to.send(reply);
@@ -408,6 +386,97 @@ impl ShardActorState {
             }
         }
         Ok(newest)
+    }
+}
+
+/// Carries out [`Effect::Write`]: hands the write to the commit path, with the
+/// answers that wait for the flush after it; true once it is applied.
+async fn write_through(
+    ctx: &Ctx,
+    id: &ShardId,
+    write: tally_store::ShardWrite,
+    durable: Vec<(RpcReplyPort<ShardReply>, ShardReply)>,
+    change_abs: u64,
+    submissions: usize,
+) -> bool {
+    // Counted before the write is applied, so a rollup that finds no change knows no
+    // write is on its way either.
+    if change_abs > 0 {
+        if let Some(rt) = ctx.registry.get(id.counter.as_str()) {
+            rt.changed.fetch_add(change_abs, Relaxed);
+        }
+    }
+    let (durable, early) =
+        if bug!(EngineAckBeforeFlush) { (Vec::new(), durable) } else { (durable, Vec::new()) };
+    let waiter = (!durable.is_empty()).then(|| answers_after(durable));
+    let result = ctx.flusher.commit(id.clone(), write, waiter).await;
+    if result.is_ok() {
+        for (reply, done) in early {
+            let _ = reply.send(done);
+        }
+    }
+    if let Err(e) = &result {
+        tracing::error!(shard = %id, error = %e, "shard commit failed");
+    } else if submissions > 0 {
+        ctx.stats.commits.inc();
+        ctx.stats.commit_submissions.record(submissions as u64);
+    }
+    result.is_ok()
+}
+
+/// Runs one submission through the machine of a shard that holds nothing and has no
+/// actor (`cold.rs` holds the shard's claim meanwhile, so nothing else decides for
+/// it): the same steps an actor would take, carried out here and then forgotten —
+/// the next actor of the shard starts from what this wrote.
+pub(crate) async fn run_cold(
+    ctx: &Ctx,
+    id: &ShardId,
+    meta: &CounterMeta,
+    sub: Submission,
+    reply: RpcReplyPort<ShardReply>,
+) {
+    let mut machine: ShardMachine<RpcReplyPort<ShardReply>> =
+        ShardMachine::new(params(meta), ShardImage::default(), None, false);
+    let mut effects: VecDeque<_> = machine.step(ctx.now_ms(), Input::Submit { sub, reply }).into();
+    while let Some(effect) = effects.pop_front() {
+        let next = match effect {
+            Effect::ScheduleCommit => Input::CommitDue { writable: !ctx.flusher.poisoned() },
+            Effect::LookUpPriors { ids } => {
+                // Only this shard's records: a just-created counter has no sealed
+                // generation to look in.
+                let mut found = Some(BTreeMap::new());
+                for record in &ids {
+                    match ctx.store.dedup_get(id, record) {
+                        Ok(Some(r)) => {
+                            found.as_mut().map(|f| f.insert(record.clone(), r));
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(shard = %id, error = %e, "cannot read dedup records; the sum is resent");
+                            found = None;
+                            break;
+                        }
+                    }
+                }
+                Input::Priors(found)
+            }
+            Effect::Write { write, durable, change_abs, submissions } => {
+                Input::Applied { ok: write_through(ctx, id, write, durable, change_abs, submissions).await }
+            }
+            Effect::Reply { to, reply } => {
+                let _ = to.send(reply);
+                continue;
+            }
+            Effect::ReplyAfterFlush(answers) => {
+                ctx.flusher.after_flush(answers_after(answers));
+                continue;
+            }
+            Effect::Reload => Input::Reloaded(load(ctx, id).ok()),
+            // Neither a seal nor a merge is ever asked of this machine; a stop drops it,
+            // and its answer with it (the caller resends to an actor).
+            Effect::Sealed(_) | Effect::Merged | Effect::Stop => continue,
+        };
+        effects.extend(machine.step(ctx.now_ms(), next));
     }
 }
 

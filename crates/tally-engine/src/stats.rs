@@ -123,6 +123,8 @@ pub struct Stats {
     pub drift_last: AtomicI64,
     /// Shard actors started.
     pub shard_activations: Count,
+    /// First writes of just-created shards carried out without an actor (`cold.rs`).
+    pub cold_writes: Count,
     /// Shards started only to sweep their expired dedup records (no actor ran them).
     pub dormant_wakes: Count,
     /// Shard actors stopped for idleness.

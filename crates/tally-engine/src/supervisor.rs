@@ -58,8 +58,7 @@ impl Actor for Supervisor {
                 if let Some(waiting) = state.draining.get_mut(&id) {
                     waiting.push(Waiting::Spawn(meta, reply));
                 } else {
-                    let r = state.spawn(&ctx, &myself, id, meta).await;
-                    let _ = reply.send(r);
+                    state.spawn(&ctx, &myself, id, meta, reply).await;
                 }
             }
             SupervisorMsg::Retire { id, actor } => {
@@ -69,6 +68,16 @@ impl Actor for Supervisor {
                 }
             }
             SupervisorMsg::Stop { id, reply } => {
+                // A first write without an actor (`cold.rs`) is a running shard too:
+                // the stop waits for it.
+                if let Some(lock) = ctx.cold_writer(&id) {
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        drop(lock.lock().await);
+                        let _ = me.send_message(SupervisorMsg::Stop { id, reply });
+                    });
+                    return Ok(());
+                }
                 if ctx.directory.contains_key(&id) {
                     state.begin_drain(&ctx, &id);
                 }
@@ -104,8 +113,7 @@ impl Actor for Supervisor {
         for w in state.draining.remove(&id).unwrap_or_default() {
             match w {
                 Waiting::Spawn(meta, reply) => {
-                    let r = state.spawn(&ctx, &myself, id.clone(), meta).await;
-                    let _ = reply.send(r);
+                    state.spawn(&ctx, &myself, id.clone(), meta, reply).await;
                 }
                 Waiting::Stopped(reply) => {
                     let _ = reply.send(());
@@ -117,7 +125,35 @@ impl Actor for Supervisor {
 }
 
 impl SupervisorState {
+    /// Starts shard `id` unless it runs, and answers its actor on `reply`. While a
+    /// first write without an actor is under way (`cold.rs`), the start waits for it
+    /// and is asked again.
     async fn spawn(
+        &mut self,
+        ctx: &Arc<Ctx>,
+        myself: &ActorRef<SupervisorMsg>,
+        id: ShardId,
+        meta: Arc<CounterMeta>,
+        reply: SpawnReply,
+    ) {
+        if let Some(a) = ctx.directory.get(&id) {
+            let _ = reply.send(Ok(a.clone()));
+            return;
+        }
+        if let Err(lock) = ctx.begin_spawn(&id) {
+            let me = myself.clone();
+            tokio::spawn(async move {
+                drop(lock.lock().await);
+                let _ = me.send_message(SupervisorMsg::Spawn { id, meta, reply });
+            });
+            return;
+        }
+        let r = self.start(ctx, myself, id.clone(), meta).await;
+        ctx.end_spawn(&id);
+        let _ = reply.send(r);
+    }
+
+    async fn start(
         &mut self,
         ctx: &Arc<Ctx>,
         myself: &ActorRef<SupervisorMsg>,

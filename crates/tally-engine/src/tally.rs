@@ -118,6 +118,7 @@ impl Tally {
             stats,
             registry: Default::default(),
             directory: Default::default(),
+            cold: Default::default(),
             dirty: Default::default(),
             resharding: Default::default(),
             reshard_queue: Default::default(),

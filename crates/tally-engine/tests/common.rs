@@ -85,6 +85,10 @@ pub struct HookStore {
     pub meta_batch_stall_ms: Arc<std::sync::atomic::AtomicU64>,
     /// How many shard loads were asked for.
     pub loads: Arc<std::sync::atomic::AtomicU64>,
+    /// How many flushes were started.
+    pub flush_starts: Arc<std::sync::atomic::AtomicU64>,
+    /// Every flush sleeps this long first, in milliseconds (a slow fsync).
+    pub flush_stall_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl HookStore {
@@ -98,6 +102,8 @@ impl HookStore {
             fail_loads: Default::default(),
             meta_batches: Default::default(),
             meta_batch_stall_ms: Default::default(),
+            flush_starts: Default::default(),
+            flush_stall_ms: Default::default(),
             loads: Default::default(),
         }
     }
@@ -175,6 +181,11 @@ impl tally_engine::Store for HookStore {
         self.inner.delete_shard(id)
     }
     fn flush(&self) -> Result<(), tally_engine::StoreError> {
+        self.flush_starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let stall = self.flush_stall_ms.load(std::sync::atomic::Ordering::SeqCst);
+        if stall > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(stall));
+        }
         self.inner.flush()
     }
     fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, tally_engine::StoreError> {

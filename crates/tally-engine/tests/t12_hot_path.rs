@@ -121,6 +121,98 @@ async fn a_created_counter_takes_its_first_increment_into_memory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_counters_first_drained_sum_is_written_without_a_shard_actor() {
+    let (tally, store) = common::mem_engine().await;
+    tally.incr("cold:1", Increment::new(4)).await.unwrap();
+    // The fresh read delivers the buffered sum: to a shard that holds nothing and
+    // never ran, so no actor is started for it.
+    assert_eq!(tally.read("cold:1", Consistency::Fresh).await.unwrap().value, 4);
+    assert_eq!(tally.stats().shard_activations.get(), 0, "a shard actor was started");
+    assert_eq!(tally.stats().cold_writes.get(), 1);
+    // Later writes go through actors, which start from what that write left.
+    for shard_key in 0..16 {
+        let inc = Increment::new(1).event_id(format!("e{shard_key}"));
+        assert!(tally.incr("cold:1", inc.clone()).await.unwrap().applied);
+        assert!(!tally.incr("cold:1", inc).await.unwrap().applied, "a retry counts once");
+    }
+    assert_eq!(tally.read("cold:1", Consistency::Fresh).await.unwrap().value, 20);
+    assert!(tally.stats().shard_activations.get() > 0);
+    assert_eq!(tally.stats().cold_writes.get(), 1, "only the first write of a shard goes without an actor");
+    tally.shutdown().await.unwrap();
+    let tally = common::reopen(&store).await;
+    assert_eq!(tally.read("cold:1", Consistency::Fresh).await.unwrap().value, 20);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_drain_without_an_actor_and_direct_writes_to_the_same_shard_both_count() {
+    // A new counter's buffered first increment is drained while increments with event
+    // ids start the shard's actor: whichever comes first, neither overwrites the other.
+    let (tally, store) = common::mem_engine().await;
+    const COUNTERS: usize = 200;
+    let mut tasks = Vec::new();
+    for c in 0..COUNTERS {
+        let t = tally.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("race:{c}");
+            t.incr(&name, Increment::new(1)).await.unwrap();
+            let (t2, n2) = (t.clone(), name.clone());
+            let reader = tokio::spawn(async move { t2.read(&n2, Consistency::Fresh).await.unwrap() });
+            for e in 0..4 {
+                t.incr(&name, Increment::new(10).event_id(format!("{name}-{e}"))).await.unwrap();
+            }
+            reader.await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for c in 0..COUNTERS {
+        let read = tally.read(&format!("race:{c}"), Consistency::Fresh).await.unwrap();
+        assert!(read.complete);
+        assert_eq!(read.value, 41, "race:{c}");
+    }
+    assert!(tally.stats().cold_writes.get() > 0);
+    tally.shutdown().await.unwrap();
+    let tally = common::reopen(&store).await;
+    for c in 0..COUNTERS {
+        assert_eq!(tally.read(&format!("race:{c}"), Consistency::Fresh).await.unwrap().value, 41, "race:{c}");
+    }
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_read_during_a_flush_joins_it_instead_of_waiting_for_the_next() {
+    let (tally, store) = engine_on_hooks().await;
+    tally.put_counter("money", spec(1, Durability::Sync)).await.unwrap();
+    tally.incr("views", Increment::new(3)).await.unwrap();
+    assert_eq!(tally.read("views", Consistency::Fresh).await.unwrap().value, 3);
+    // A slow fsync under way: a `sync` increment's write is applied, its flush runs.
+    const STALL_MS: u64 = 400;
+    store.flush_stall_ms.store(STALL_MS, SeqCst);
+    let t = tally.clone();
+    let writer = tokio::spawn(async move { t.incr("money", Increment::new(1)).await });
+    let started = store.flush_starts.load(SeqCst);
+    while store.flush_starts.load(SeqCst) == started {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    // Nothing is applied while a flush runs, so that flush covers everything this read
+    // sees: the read returns with it (at most one stall), not after a flush of its own
+    // that starts once it ends (two stalls).
+    let begun = std::time::Instant::now();
+    let read = tally.read("views", Consistency::Fresh).await.unwrap();
+    let waited = begun.elapsed();
+    assert_eq!(read.value, 3);
+    assert!(
+        waited < std::time::Duration::from_millis(STALL_MS * 3 / 2),
+        "the read waited {waited:?}: for a flush started after it"
+    );
+    store.flush_stall_ms.store(0, SeqCst);
+    assert!(writer.await.unwrap().unwrap().applied);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_counts_as_incr_does() {
     let (tally, _) = engine_on_hooks().await;
     let likes = tally.handle("likes:42").await.unwrap();

@@ -1,0 +1,117 @@
+//! First writes of just-created shards, without an actor.
+//!
+//! A counter created by its first increment holds nothing anywhere, and most such
+//! counters (a key per user, per page) see a handful of increments in their life.
+//! Starting a shard actor for the first drained sum — through the supervisor, loading
+//! the empty shard from the store, a ticker, an idle stop half a minute later — cost
+//! far more than the sum's write itself. So the first sum drained to a shard that
+//! holds nothing is run through the shard's machine here, in the draining task:
+//! the same step function an actor runs, the same commit path and flush, the same
+//! answers; only the shell is not an actor. The machine is dropped afterwards; a later
+//! write starts an actor, which loads what this wrote.
+//!
+//! One writer per shard still holds. A shard may be written this way only while
+//!
+//! * its slot is *cold*: set when this node created the counter with nothing in any
+//!   shard, cleared by the first write here and by every actor start (the supervisor
+//!   clears it before it starts one), so no actor has ever loaded the shard; and
+//! * this node holds the shard's claim in [`Ctx::cold`]: the supervisor marks a shard
+//!   it is starting ([`ColdMark::Spawning`]) in the same map, and a start that finds
+//!   a cold write under way waits for it to end (the claim is a lock the writer holds).
+//!
+//! A claim is taken only where no start is under way, and a start is begun only where
+//! no claim is held, so an actor never loads a shard while a cold write to it is in
+//! flight, and a cold write never races an actor that loaded the shard before it.
+
+use crate::ctx::Ctx;
+use crate::runtime::CounterRuntime;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use tally_core::shard::{ShardReply, Submission};
+use tally_core::ShardId;
+
+/// What [`Ctx::cold`] holds for a shard.
+pub(crate) enum ColdMark {
+    /// A cold write is under way; the lock is held until it ends.
+    Writing(Arc<tokio::sync::Mutex<()>>),
+    /// The supervisor is starting the shard's actor.
+    Spawning,
+}
+
+impl Ctx {
+    /// Writes `sub`, drained from slot `index` of `rt`, to its shard without an actor
+    /// if the shard is cold (see the module docs). `None` if it is not: the caller
+    /// sends `sub` to the shard's actor as usual. Otherwise the answer arrives on the
+    /// returned receiver (closed if the write failed: the sum is then in doubt and
+    /// resent to an actor).
+    pub(crate) async fn write_cold(
+        &self,
+        rt: &Arc<CounterRuntime>,
+        index: u16,
+        id: &ShardId,
+        sub: &Submission,
+    ) -> Option<ractor::concurrency::OneshotReceiver<ShardReply>> {
+        let slot = &rt.slots[usize::from(index)];
+        if !slot.cold.load(SeqCst) || self.remote(id).is_some() || self.directory.contains_key(id) {
+            return None;
+        }
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let held = lock.clone().try_lock_owned().ok()?;
+        match self.cold.entry(id.clone()) {
+            dashmap::Entry::Vacant(e) => {
+                e.insert(ColdMark::Writing(lock));
+            }
+            dashmap::Entry::Occupied(_) => return None,
+        }
+        // Under the claim: still cold (no actor started since the counter was
+        // created, and no other cold write), and no actor runs.
+        let cold = slot.cold.swap(false, SeqCst) && !self.directory.contains_key(id);
+        let local = cold && self.ensure_local(id).await.is_ok();
+        let rx = if local {
+            let (tx, rx) = ractor::concurrency::oneshot();
+            crate::shard::run_cold(self, id, &rt.meta, sub.clone(), tx.into()).await;
+            self.stats.cold_writes.inc();
+            Some(rx)
+        } else {
+            None
+        };
+        self.cold.remove(id);
+        drop(held);
+        rx
+    }
+
+    /// The lock of the cold write under way to shard `id`, if one is.
+    pub(crate) fn cold_writer(&self, id: &ShardId) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        match self.cold.get(id).as_deref() {
+            Some(ColdMark::Writing(lock)) => Some(lock.clone()),
+            _ => None,
+        }
+    }
+
+    /// The supervisor is about to start shard `id`'s actor: marks the start and clears
+    /// the shard's cold slot. `Err` with the claim's lock if a cold write is under way:
+    /// the start must wait for the lock and try again.
+    pub(crate) fn begin_spawn(&self, id: &ShardId) -> Result<(), Arc<tokio::sync::Mutex<()>>> {
+        match self.cold.entry(id.clone()) {
+            dashmap::Entry::Occupied(e) => match e.get() {
+                ColdMark::Writing(lock) => return Err(lock.clone()),
+                ColdMark::Spawning => {}
+            },
+            dashmap::Entry::Vacant(e) => {
+                e.insert(ColdMark::Spawning);
+            }
+        }
+        if let Some(rt) = self.registry.get(id.counter.as_str()) {
+            if let Some(slot) = rt.slots.get(usize::from(id.index)) {
+                slot.cold.store(false, SeqCst);
+            }
+        }
+        Ok(())
+    }
+
+    /// The start marked by [`Ctx::begin_spawn`] is over (the actor is in the
+    /// directory, or it failed to start).
+    pub(crate) fn end_spawn(&self, id: &ShardId) {
+        self.cold.remove_if(id, |_, m| matches!(m, ColdMark::Spawning));
+    }
+}
