@@ -15,6 +15,8 @@
 //! * its slot is *cold*: set when this node created the counter with nothing in any
 //!   shard, cleared by the first write here and by every actor start (the supervisor
 //!   clears it before it starts one), so no actor has ever loaded the shard; and
+//! * the store holds nothing for the shard when the write begins (a shard adopted
+//!   from another node, or a replicated one another leader wrote, is not empty); and
 //! * this node holds the shard's claim in [`Ctx::cold`]: the supervisor marks a shard
 //!   it is starting ([`ColdMark::Spawning`]) in the same map, and a start that finds
 //!   a cold write under way waits for it to end (the claim is a lock the writer holds).
@@ -66,7 +68,13 @@ impl Ctx {
         // Under the claim: still cold (no actor started since the counter was
         // created, and no other cold write), and no actor runs.
         let cold = slot.cold.swap(false, SeqCst) && !self.directory.contains_key(id);
-        let local = cold && self.ensure_local(id).await.is_ok();
+        // And the shard holds nothing where it is stored now: a shard this node
+        // adopted in a membership change, or whose range group another node led
+        // before, may hold what others wrote since the counter was created. Opening
+        // it also makes this node the shard's writer for a replicated store.
+        let local = cold
+            && self.ensure_local(id).await.is_ok()
+            && self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default());
         let rx = if local {
             let (tx, rx) = ractor::concurrency::oneshot();
             crate::shard::run_cold(self, id, &rt.meta, sub.clone(), tx.into()).await;
