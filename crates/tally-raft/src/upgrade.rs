@@ -1,10 +1,11 @@
-//! Upgrading a raft database of format 1 to today's format, in place.
+//! Upgrading a raft database of format 1 or 2 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
-//! patches of format 1's layout (`tally_core::format::v1`). An upgrade decodes each
+//! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
+//! format 2 (`tally_core::format::v3`: format 3 added windows). An upgrade decodes each
 //! with the frozen types, converts it and writes it back, together with the new
 //! format marker, in one sled transaction: a crash leaves the database either all
-//! format 1 or all today's.
+//! of the old format or all today's.
 
 use crate::log_store::LOG_TREE;
 use crate::state::MetaState;
@@ -16,6 +17,7 @@ use std::collections::BTreeMap;
 use std::io::Cursor;
 use tally_core::codec::{decode, encode, DecodeError};
 use tally_core::format::v1::{upgrade_counter_meta, CounterMetaV1, MetaCommandV1};
+use tally_core::format::v3::{CounterMetaV3, MetaCommandV3};
 use tally_core::format::Rewrite;
 use tally_core::name::CounterName;
 
@@ -55,6 +57,88 @@ impl From<RequestV1> for Request {
             RequestV1::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
         }
     }
+}
+
+openraft::declare_raft_types!(
+    /// The type configuration of format 2's log: only its entries' payload differs.
+    TypeConfigV2:
+        D = RequestV2,
+        R = crate::types::Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+/// [`Request`] as format 2 stored it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum RequestV2 {
+    Counter { name: CounterName, cmd: MetaCommandV3, now_ms: u64 },
+    ClearTombstone { name: CounterName },
+    SetMembers { from_epoch: u64, previous: Vec<String>, members: Vec<String> },
+    HandoffDone { node: String, epoch: u64 },
+    RegisterStore { node: NodeId, store: StoreId },
+    ReplaceStore { node: NodeId, store: StoreId },
+    AcceptLoss { node: NodeId, store: StoreId },
+}
+
+impl From<RequestV2> for Request {
+    fn from(v: RequestV2) -> Self {
+        match v {
+            RequestV2::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
+            RequestV2::ClearTombstone { name } => Request::ClearTombstone { name },
+            RequestV2::SetMembers { from_epoch, previous, members } => {
+                Request::SetMembers { from_epoch, previous, members }
+            }
+            RequestV2::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
+            RequestV2::RegisterStore { node, store } => Request::RegisterStore { node, store },
+            RequestV2::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
+            RequestV2::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
+        }
+    }
+}
+
+/// [`MetaState`] as format 2 stored it (inside snapshots).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct MetaStateV2 {
+    counters: BTreeMap<CounterName, CounterMetaV3>,
+    tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
+    members: Vec<String>,
+    placement_epoch: u64,
+    previous: Vec<String>,
+    handoff: Vec<String>,
+    stores: BTreeMap<NodeId, StoreRecord>,
+    applied_requests: u64,
+}
+
+impl From<MetaStateV2> for MetaState {
+    fn from(v: MetaStateV2) -> Self {
+        MetaState {
+            counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
+            tombstones: v.tombstones,
+            members: v.members,
+            placement_epoch: v.placement_epoch,
+            previous: v.previous,
+            handoff: v.handoff,
+            stores: v.stores,
+            applied_requests: v.applied_requests,
+        }
+    }
+}
+
+fn upgrade_entry_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    let old: openraft::Entry<TypeConfigV2> = decode("format-2 raft log entry", bytes)?;
+    let payload = match old.payload {
+        openraft::EntryPayload::Blank => openraft::EntryPayload::Blank,
+        openraft::EntryPayload::Normal(r) => openraft::EntryPayload::Normal(Request::from(r)),
+        openraft::EntryPayload::Membership(m) => openraft::EntryPayload::Membership(m),
+    };
+    Ok(encode(&openraft::Entry::<TypeConfig> { log_id: old.log_id, payload }))
+}
+
+fn upgrade_snapshot_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    let old: StoredSnapshot = decode("format-2 snapshot", bytes)?;
+    let state: MetaStateV2 = decode("format-2 snapshot state", &old.data)?;
+    Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&MetaState::from(state)) }))
 }
 
 /// [`MetaState`] as format 1 stored it (inside snapshots).
@@ -160,17 +244,50 @@ pub(crate) fn from_v1(
     marker_key: &[u8],
     marker: &[u8],
 ) -> Result<u64, UpgradeError> {
+    let rewrites =
+        Rewrites { entry: &upgrade_entry, counter: &upgrade_counter_meta, snapshot: &upgrade_snapshot };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites every format-2 record of `db` in today's format, as [`from_v1`] does.
+pub(crate) fn from_v2(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v2,
+        counter: &tally_core::format::v3::upgrade_counter_meta,
+        snapshot: &upgrade_snapshot_v2,
+    };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// The rewrites of one older format's records.
+struct Rewrites<'a> {
+    entry: Rewrite<'a>,
+    counter: Rewrite<'a>,
+    snapshot: Rewrite<'a>,
+}
+
+fn from_old(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    (marker_key, marker): (&[u8], &[u8]),
+    f: Rewrites<'_>,
+) -> Result<u64, UpgradeError> {
     use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
     let log = db.open_tree(LOG_TREE)?;
     let sm = db.open_tree(SM_TREE)?;
     let snapshots = db.open_tree(SNAPSHOT_TREE)?;
     // (tree index, key, new value); trees are [log, sm, snapshots, marker_tree].
     let mut records = Vec::new();
-    rewrite(&mut records, (0, &log, LOG_TREE), &|_| true, &upgrade_entry)?;
+    rewrite(&mut records, (0, &log, LOG_TREE), &|_| true, f.entry)?;
     let counters = |k: &[u8]| k.starts_with(PREFIX_COUNTER);
-    rewrite(&mut records, (1, &sm, SM_TREE), &counters, &upgrade_counter_meta)?;
+    rewrite(&mut records, (1, &sm, SM_TREE), &counters, f.counter)?;
     let snapshot = |k: &[u8]| k == KEY_SNAPSHOT;
-    rewrite(&mut records, (2, &snapshots, SNAPSHOT_TREE), &snapshot, &upgrade_snapshot)?;
+    rewrite(&mut records, (2, &snapshots, SNAPSHOT_TREE), &snapshot, f.snapshot)?;
     let trees = [&log, &sm, &snapshots, marker_tree];
     trees
         .as_slice()
