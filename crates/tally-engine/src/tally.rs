@@ -389,6 +389,20 @@ impl Tally {
         Ok(read)
     }
 
+    /// One of the counter's sliding windows (`"1h"`, `"60m"`: any spelling of a kept
+    /// window), merged over every shard at this node's clock, with its bucket width and
+    /// span. Like every fresh read, this node's buffered increments for the counter are
+    /// delivered first, and shards that did not answer are listed. A window the counter
+    /// does not keep is refused ([`TallyError::Window`], `unknown_window`).
+    pub async fn window(&self, name: &str, window: &str) -> Result<WindowRead, TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        rt.meta.spec.windows.find(window)?;
+        let settled = self.ctx.deliver_for_read(&rt).await;
+        let mut read = crate::read::window(&self.ctx, &rt.meta, &rt.name, window).await?;
+        read.complete &= settled;
+        Ok(read)
+    }
+
     /// `item`'s estimated frequency — the summed deltas of the increments that named it
     /// — merged over every shard, with its error bound and confidence (counters with
     /// `frequency`). Like every fresh read, this node's buffered increments for the
