@@ -149,3 +149,43 @@ async fn a_counter_without_windows_answers_none() {
     assert!(e.to_string().contains("keeps no window"), "{e}");
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_format_3_opens_with_counters_without_windows() {
+    use tally_core::codec::encode;
+    use tally_core::format::v3::{CounterMetaV3, CounterSpecV3};
+    use tally_core::format::{encode_version, STORE_FORMAT};
+    use tally_core::meta::Layout;
+    use tally_engine::{Consistency, RouterPolicy, Store, STORE_FORMAT_KEY};
+    // The records a format-3 release left: an opened store with one counter whose
+    // sealed generations summed to 5.
+    let (store, clock) = (MemStore::new(), ManualClock::new(T0));
+    Store::meta_put(&store, b"engine:opens", &1u64.to_be_bytes()).unwrap();
+    Store::meta_put(&store, STORE_FORMAT_KEY, &encode_version(3)).unwrap();
+    let spec = CounterSpecV3 {
+        shards: 4,
+        durability: Durability::Sync,
+        flush_ms: 200,
+        rollup_ms: 0,
+        router: RouterPolicy::Writer,
+        distinct: false,
+        dedup_window_s: 60,
+        frequency: None,
+    };
+    let layout = Layout { generation: 1, shards: 4, base: 5, sealed: vec![], resharding: None };
+    let meta = CounterMetaV3 { spec, layout, created_at_ms: T0, version: 3 };
+    Store::meta_put(&store, b"counter/old", &encode(&meta)).unwrap();
+    let tally = engine(&store, &clock).await;
+    let info = tally.counter("old").await.unwrap();
+    assert_eq!((info.spec.shards, info.spec.windows, info.generation), (4, WindowSet::NONE, 1));
+    assert_eq!(tally.read("old", Consistency::Fresh).await.unwrap().value, 5);
+    let marker = Store::meta_get(&store, STORE_FORMAT_KEY).unwrap();
+    assert_eq!(marker.as_deref(), Some(&encode_version(STORE_FORMAT)[..]), "marked with today's format");
+    // The upgraded counter takes windows like any other.
+    let patch = SpecPatch { windows: Some(WindowSet::parse(&["1m"]).unwrap()), ..Default::default() };
+    tally.put_counter("old", patch).await.unwrap();
+    tally.incr("old", Increment::new(2)).await.unwrap();
+    assert_eq!(tally.window("old", "1m").await.unwrap().value, 2);
+    assert_eq!(tally.read("old", Consistency::Fresh).await.unwrap().value, 7);
+    tally.shutdown().await.unwrap();
+}
