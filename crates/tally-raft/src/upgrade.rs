@@ -305,3 +305,78 @@ fn from_old(
     db.flush()?;
     Ok(records.len() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_core::format::v3::{CounterSpecV3, SpecPatchV3};
+    use tally_core::meta::{CounterMeta, Layout, MetaCommand};
+    use tally_core::spec::{Durability, RouterPolicy};
+    use tally_core::window::WindowSet;
+
+    fn spec_v3() -> CounterSpecV3 {
+        CounterSpecV3 {
+            shards: 6,
+            durability: Durability::Sync,
+            flush_ms: 20,
+            rollup_ms: 0,
+            router: RouterPolicy::Event,
+            distinct: true,
+            dedup_window_s: 60,
+            frequency: None,
+        }
+    }
+
+    #[test]
+    fn a_format_two_database_upgrades_with_no_windows() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let name = CounterName::new("c").unwrap();
+        let layout = Layout { generation: 1, shards: 6, base: 2, sealed: vec![], resharding: None };
+        let meta = CounterMetaV3 { spec: spec_v3(), layout: layout.clone(), created_at_ms: 3, version: 4 };
+        let put = MetaCommandV3::Put(SpecPatchV3 { distinct: Some(true), ..Default::default() });
+        let entry = openraft::Entry::<TypeConfigV2> {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 7),
+            payload: openraft::EntryPayload::Normal(RequestV2::Counter {
+                name: name.clone(),
+                cmd: put,
+                now_ms: 9,
+            }),
+        };
+        let log = db.open_tree(LOG_TREE).unwrap();
+        log.insert(7u64.to_be_bytes(), encode(&entry)).unwrap();
+        let sm = db.open_tree(SM_TREE).unwrap();
+        sm.insert([PREFIX_COUNTER, b"c"].concat(), encode(&meta)).unwrap();
+        let state = MetaStateV2 { counters: [(name.clone(), meta)].into(), ..Default::default() };
+        let snapshot = StoredSnapshot {
+            meta: openraft::SnapshotMeta {
+                last_log_id: None,
+                last_membership: openraft::StoredMembership::default(),
+                snapshot_id: "s".into(),
+            },
+            data: encode(&state),
+        };
+        db.open_tree(SNAPSHOT_TREE).unwrap().insert(KEY_SNAPSHOT, encode(&snapshot)).unwrap();
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v2(&db, &marker_tree, b"format", b"3").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"3"[..]));
+
+        let up: openraft::Entry<TypeConfig> =
+            decode("entry", &log.get(7u64.to_be_bytes()).unwrap().unwrap()).unwrap();
+        let openraft::EntryPayload::Normal(Request::Counter { cmd: MetaCommand::Put(p), now_ms: 9, .. }) =
+            up.payload
+        else {
+            panic!("a counter put stays one")
+        };
+        assert_eq!((p.distinct, p.windows), (Some(true), None));
+        let up: CounterMeta =
+            decode("meta", &sm.get([PREFIX_COUNTER, b"c"].concat()).unwrap().unwrap()).unwrap();
+        assert_eq!((up.spec.shards, up.spec.windows, up.layout), (6, WindowSet::NONE, layout));
+        let snap: StoredSnapshot =
+            decode("snapshot", &db.open_tree(SNAPSHOT_TREE).unwrap().get(KEY_SNAPSHOT).unwrap().unwrap())
+                .unwrap();
+        let state: MetaState = decode("state", &snap.data).unwrap();
+        assert_eq!(state.counters[&name].spec.windows, WindowSet::NONE);
+        // Today's records are not format 2's: a second upgrade refuses them, changing nothing.
+        assert!(from_v2(&db, &marker_tree, b"format", b"3").is_err());
+    }
+}
