@@ -28,14 +28,20 @@ schemas = {
    ["epsilon", "delta"], desc="Per-item frequencies: estimates exceed the truth by more than epsilon × total weight with probability at most delta. "
    "At most 131072 count-min counters per shard (width ⌈e/epsilon⌉ × depth ⌈ln(1/delta)⌉); fixed once set."),
  "CounterSpec": obj({"shards": {"type": "integer", "minimum": 1, "maximum": 1024}, "durability": ref("Durability"),
-   "flush_ms": UINT, "rollup_ms": UINT, "router": ref("Router"), "distinct": BOOL, "dedup_window_s": UINT, "frequency": nullable(ref("Frequency"))},
-   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency"]),
+   "flush_ms": UINT, "rollup_ms": UINT, "router": ref("Router"), "distinct": BOOL, "dedup_window_s": UINT, "frequency": nullable(ref("Frequency")),
+   "windows": ref("Windows")},
+   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency", "windows"]),
+ "Windows": {"type": "array", "items": {"type": "string", "pattern": "^[0-9]+[smhd]$", "maxLength": 16}, "maxItems": 4,
+   "description": "Sliding windows the shards keep in 60 buckets each (1/60 of the window wide): each from 1m to 30d, "
+   "whole milliseconds per bucket, each once, at most 4; answered shortest first in their shortest form (\"24h\" is \"1d\")."},
  "AutoShards": obj({"min_shards": {"type": "integer", "minimum": 1, "maximum": 1024}, "max_shards": {"type": "integer", "minimum": 1, "maximum": 1024}},
    ["min_shards", "max_shards"], desc="The bounds of a counter whose shard count follows contention (`shards: \"auto\"`)."),
  "SpecPatch": obj({"shards": {"anyOf": [{"type": "integer"}, {"const": "auto"}],
    "description": "A fixed count, or \"auto\": the count follows contention within min_shards..=max_shards (a new auto counter starts at min_shards; defaults 1 and 64)."},
    "min_shards": INT, "max_shards": INT, "durability": ref("Durability"), "flush_ms": INT, "rollup_ms": INT,
-   "router": ref("Router"), "distinct": BOOL, "dedup_window_s": INT, "frequency": nullable(ref("Frequency"))}, desc="Fields to set; all optional."),
+   "router": ref("Router"), "distinct": BOOL, "dedup_window_s": INT, "frequency": nullable(ref("Frequency")),
+   "windows": {"type": "array", "items": STR, "description": "Sliding windows such as [\"1m\", \"1h\", \"24h\"] ([] for none); windows kept keep their buckets."}},
+   desc="Fields to set; all optional."),
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
    "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards"))},
    ["name", "spec", "generation", "layout_shards", "resharding", "created_at_ms", "auto"]),
@@ -51,6 +57,15 @@ schemas = {
  "DistinctRead": obj({"estimate": UINT, "relative_error": NUM, "sketch_bytes": UINT, "counter_bytes": UINT,
    "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
    ["estimate", "relative_error", "sketch_bytes", "counter_bytes", "complete", "missing_shards"]),
+ "WindowRead": obj({"window": STR, "window_ms": UINT, "bucket_ms": UINT, "start_ms": UINT, "end_ms": UINT, "value": INT,
+   "estimate": nullable(UINT), "relative_error": nullable(NUM), "window_bytes": UINT, "window_bytes_bound": UINT,
+   "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
+   ["window", "window_ms", "bucket_ms", "start_ms", "end_ms", "value", "estimate", "relative_error", "window_bytes", "window_bytes_bound",
+    "complete", "missing_shards"],
+   desc="A sliding window, merged over every shard at the answering node's clock: `value` is the exact sum of the increments the shards stamped "
+   "in [start_ms, end_ms], which is the nominal window [end_ms - window_ms, end_ms] less its oldest bucket's part (less than `bucket_ms`); "
+   "`estimate` the distinct members of that span (counters with `distinct`). `window_bytes` is what the counter's buckets hold in memory "
+   "over every shard that answered, never above `window_bytes_bound`. See docs/SEMANTICS.md (clock skew moves each edge by the skew)."),
  "FrequencyRead": obj({"item": STR, "estimate": UINT, "lower_bound": UINT, "error_bound": UINT, "confidence": NUM, "epsilon": NUM,
    "total": UINT, "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
    ["item", "estimate", "lower_bound", "error_bound", "confidence", "epsilon", "total", "complete", "missing_shards"],
@@ -138,10 +153,16 @@ paths = {
  "/v1/increments": {"post": op("incrementMany", "Count many increments; one result per item, in order.", {
      "200": ok("One result per item.", ref("BatchResults")), "400": E400, "413": E413, "415": E415, "503": E503}, body=(ref("Batch"), True))},
  "/v1/counters/{name}/value": {"get": op("readValue", "The counter's total.", {
-     "200": ok("The total and how much to trust it.", ref("ValueRead")), "400": E400, "404": E404, "503": E503},
-     [name_param, {"name": "consistency", "in": "query", "schema": {"type": "string", "enum": ["cached", "fresh"], "default": "cached"}}])},
+     "200": ok("The total and how much to trust it; with `window`, the sliding window's total and its bucket granularity.",
+               {"oneOf": [ref("ValueRead"), ref("WindowRead")]}),
+     "400": err("Malformed request, or a window the counter does not keep (`unknown_window`)."), "404": E404, "503": E503},
+     [name_param, {"name": "consistency", "in": "query", "schema": {"type": "string", "enum": ["cached", "fresh"], "default": "cached"}},
+      {"name": "window", "in": "query", "schema": STR, "description": "One of the counter's windows (`1m`, `1h`, …): a fresh read of that sliding window."}])},
  "/v1/counters/{name}/distinct": {"get": op("readDistinct", "The distinct-member estimate.", {
-     "200": ok("The estimate.", ref("DistinctRead")), "400": E400, "404": E404, "409": E409, "422": E422, "503": E503}, [name_param])},
+     "200": ok("The estimate; with `window`, the sliding window's estimate and total and its bucket granularity.",
+               {"oneOf": [ref("DistinctRead"), ref("WindowRead")]}),
+     "400": err("Malformed request, or a window the counter does not keep (`unknown_window`)."), "404": E404, "409": E409, "422": E422, "503": E503},
+     [name_param, {"name": "window", "in": "query", "schema": STR, "description": "One of the counter's windows: a fresh read of that sliding window."}])},
  "/v1/counters/{name}/frequency": {"get": op("readFrequency", "An item's estimated frequency, merged over every shard (counters with `frequency`).", {
      "200": ok("The estimate, its error bound and confidence.", ref("FrequencyRead")), "400": E400, "404": E404, "409": E409, "503": E503},
      [name_param, {"name": "item", "in": "query", "required": True, "schema": {"type": "string", "maxLength": 1024}}])},

@@ -119,13 +119,13 @@ impl Sim {
                                 }
                             }
                         }
-                        ReshardEffect::MergeSketch { shard, sketch, frequency } => {
+                        ReshardEffect::MergeSketch { shard, sketch, frequency, windows } => {
                             if merge_sent == 0 || due(Some(&merge_sent), now) {
                                 let owner = self.meta.owner(&shard);
                                 self.send(
                                     Addr::Control,
                                     Addr::Node(owner),
-                                    Msg::MergeSketch { shard, sketch, frequency },
+                                    Msg::MergeSketch { shard, sketch, frequency, windows },
                                 );
                                 if let Some(Active::Reshard { merge_sent, .. }) = &mut self.coord.active {
                                     *merge_sent = now;

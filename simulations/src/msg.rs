@@ -243,6 +243,8 @@ pub enum Msg {
         sketch: Option<Vec<u8>>,
         /// The merged frequency sketch of the sealed generation.
         frequency: Option<Vec<u8>>,
+        /// The merged window buckets of the sealed generation.
+        windows: Option<Vec<u8>>,
     },
     /// Owner → control: merged and durable.
     Merged {
@@ -347,7 +349,9 @@ impl Hash for Msg {
                 shard.hash(h);
                 hash_image(image, h);
             }
-            Msg::MergeSketch { shard, sketch, frequency } => (shard, sketch, frequency).hash(h),
+            Msg::MergeSketch { shard, sketch, frequency, windows } => {
+                (shard, sketch, frequency, windows).hash(h)
+            }
             Msg::HandedOff { shard, epoch, after, page } => {
                 (shard, epoch, after, page.more, page.sealed).hash(h);
                 hash_image(&page.image, h);

@@ -214,8 +214,8 @@ impl Sim {
             Msg::Submit { shard, sub, ctx } => self.owner_submit(n, shard, sub, ctx, from),
             Msg::SubmitReply { shard, sub, ctx, answer } => self.gateway_reply(n, shard, sub, ctx, answer),
             Msg::Seal { shard } => self.owner_seal(n, shard),
-            Msg::MergeSketch { shard, sketch, frequency } => {
-                self.owner_merge(n, shard, sketch.as_deref(), frequency.as_deref())
+            Msg::MergeSketch { shard, sketch, frequency, windows } => {
+                self.owner_merge(n, shard, [sketch.as_deref(), frequency.as_deref(), windows.as_deref()])
             }
             Msg::HandOff { shard, epoch, after } => self.answer_pull(n, from, shard, epoch, after),
             Msg::HandedOff { shard, epoch, after, page } => {
@@ -768,6 +768,7 @@ impl Sim {
             dedup_window_ms: meta.spec.dedup_window_ms(),
             distinct: meta.spec.distinct,
             frequency: meta.spec.frequency,
+            windows: meta.spec.windows,
         };
         ShardMachine::new(params, image, sketch, false)
     }
@@ -837,17 +838,19 @@ impl Sim {
         self.send(Addr::Node(n), Addr::Control, Msg::Sealed { shard, image });
     }
 
-    fn owner_merge(&mut self, n: u8, shard: ShardId, sketch: Option<&[u8]>, frequency: Option<&[u8]>) {
+    fn owner_merge(&mut self, n: u8, shard: ShardId, [sketch, frequency, windows]: [Option<&[u8]>; 3]) {
         if self.meta.owner(&shard) != n || self.node(n).poisoned || !self.ensure_local(n, &shard) {
             return;
         }
         let distinct = sketch.map(|s| DistinctSketch::from_bytes(s).expect("sent sketches decode"));
         let frequency = frequency.map(|f| FrequencySketch::from_bytes(f).expect("sent sketches decode"));
+        let windows =
+            windows.map(|w| tally_core::window::WindowState::from_bytes(w).expect("sent windows decode"));
         let meta = self.meta.counters[&shard.counter].clone();
         let store = self.node(n).store.clone();
         let mut machine = Self::machine(&store, &shard, &meta);
         let mut effects: VecDeque<Effect<Pending>> =
-            machine.step(self.now, Input::MergeSketch { distinct, frequency }).into();
+            machine.step(self.now, Input::MergeSketch { distinct, frequency, windows }).into();
         while let Some(effect) = effects.pop_front() {
             match effect {
                 Effect::Write { write, .. } => {

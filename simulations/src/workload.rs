@@ -6,6 +6,7 @@ use crate::msg::Consistency;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tally_core::spec::{Durability, RouterPolicy, SpecPatch};
+use tally_core::window::WindowSet;
 
 /// Distinct members the workload draws from.
 pub(crate) const MEMBERS_MAX: u32 = 2_000;
@@ -15,8 +16,10 @@ pub(crate) const MEMBERS_MAX: u32 = 2_000;
 pub(crate) type CounterPlan = (String, Role, SpecPatch, i128);
 
 /// The counters of a run, their specs drawn from `rng`: three `sync` counters with
-/// event routing, two batched ones, a distinct one, a one-shard counter for huge
-/// deltas and a reconciled batched one.
+/// event routing (the first keeps a one-minute window, so its shards step window
+/// buckets, carry them over reshardings and store them through every fault; no
+/// operation reads the window yet), two batched ones, a distinct one, a one-shard
+/// counter for huge deltas and a reconciled batched one.
 pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
     let mut infos = Vec::new();
     let shards = |rng: &mut ChaCha8Rng| rng.random_range(1..=8u16);
@@ -27,6 +30,7 @@ pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
             durability: Some(Durability::Sync),
             rollup_ms: Some(rollup(rng)),
             router: Some(RouterPolicy::Event),
+            windows: (i == 0).then(|| WindowSet::parse(&["1m"]).expect("a valid window")),
             ..SpecPatch::default()
         };
         infos.push((format!("sync:{i}"), Role::Sync, p, 0));

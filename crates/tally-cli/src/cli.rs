@@ -356,6 +356,10 @@ pub struct CreateArgs {
     /// ...with probability 1 − DELTA.
     #[arg(long, value_name = "DELTA", requires = "epsilon")]
     pub delta: Option<f64>,
+    /// Sliding windows to keep (at most 4, each 1m to 30d), comma-separated:
+    /// `--windows 1m,1h,24h`; `--windows ""` keeps none.
+    #[arg(long, value_name = "W,W", value_delimiter = ',')]
+    pub windows: Option<Vec<String>>,
 }
 
 /// `tally incr`.

@@ -63,6 +63,9 @@ pub fn counter(verb: &str, info: &CounterInfo) -> String {
     if let Some(f) = s.frequency {
         pairs.push(("frequency", format!("epsilon {} delta {}", f.epsilon, f.delta)));
     }
+    if !s.windows.is_empty() {
+        pairs.push(("windows", s.windows.join(", ")));
+    }
     if let Some(target) = info.resharding {
         pairs.push(("resharding", format!("{} → {target} shards", info.layout_shards)));
     }
@@ -313,6 +316,7 @@ mod tests {
                 distinct: false,
                 dedup_window_s: 86400,
                 frequency: Some(crate::wire::Frequency { epsilon: 0.001, delta: 0.01 }),
+                windows: vec!["1m".into(), "1h".into()],
             },
             generation: 1,
             layout_shards: 8,
@@ -322,6 +326,7 @@ mod tests {
         let text = counter("created", &info);
         assert!(text.starts_with("created likes\n  shards          8\n"), "{text}");
         assert!(text.contains("frequency       epsilon 0.001 delta 0.01\n"), "{text}");
+        assert!(text.contains("windows         1m, 1h\n"), "{text}");
         assert!(text.contains("rollup_ms       0 (no rollup)"), "{text}");
     }
 }

@@ -58,6 +58,9 @@ pub struct SpecBody {
     /// Keep per-item frequencies with this precision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frequency: Option<Frequency>,
+    /// Sliding windows to keep (`["1m", "1h"]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub windows: Option<Vec<String>>,
 }
 
 /// `shards` of a spec: a count, or the word `auto` (the count follows contention).
@@ -166,6 +169,9 @@ pub struct Spec {
     /// The frequency option, if any.
     #[serde(default)]
     pub frequency: Option<Frequency>,
+    /// The sliding windows kept.
+    #[serde(default)]
+    pub windows: Vec<String>,
 }
 
 /// `GET /v1/counters/{name}` (and the answer of a create or update).

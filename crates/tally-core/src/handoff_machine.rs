@@ -596,7 +596,7 @@ mod tests {
     }
 
     fn image(value: i64) -> ShardImage {
-        ShardImage { value, sketch: None, frequency: None }
+        ShardImage { value, sketch: None, frequency: None, windows: None }
     }
 
     fn records(keys: &[&str]) -> Vec<(String, DedupRecord)> {

@@ -17,6 +17,7 @@ use crate::frequency::{FrequencyError, FrequencySketch};
 use crate::meta::Layout;
 use crate::shard::ShardImage;
 use crate::sketch::{DistinctSketch, SketchError};
+use crate::window::WindowState;
 use crate::{CounterName, ShardId};
 use std::collections::BTreeMap;
 
@@ -29,6 +30,9 @@ pub enum ReshardError {
     /// Its frequency sketch does not decode, or does not merge with the others.
     #[error("a sealed shard's frequency sketch cannot be carried: {0}")]
     Frequency(#[from] FrequencyError),
+    /// Its window buckets do not decode.
+    #[error("a sealed shard's window buckets cannot be carried: {0}")]
+    Windows(#[from] crate::codec::DecodeError),
 }
 
 /// What happened to a resharding.
@@ -61,6 +65,9 @@ pub enum ReshardEffect {
         sketch: Option<Vec<u8>>,
         /// The merge of the sealed shards' frequency sketches, carried once.
         frequency: Option<Vec<u8>>,
+        /// The bucket-wise merge of the sealed shards' window buckets, carried once
+        /// ([`crate::window::WindowState::to_bytes`]).
+        windows: Option<Vec<u8>>,
     },
     /// Every shard is sealed (and its sketches carried over): open the next
     /// generation with `MetaCommand::CompleteReshard`.
@@ -115,6 +122,7 @@ impl ReshardMachine {
                     DistinctSketch::from_bytes(bytes)?;
                 }
                 image.decode_frequency()?;
+                image.decode_windows()?;
                 self.images.insert(index, image);
                 if self.images.len() < usize::from(self.shards) {
                     return Ok(Vec::new());
@@ -157,12 +165,22 @@ impl ReshardMachine {
                 }
             }
         }
-        if (union.is_some() || frequency.is_some()) && !self.merged {
+        let mut windows: Option<WindowState> = None;
+        for image in self.images.values() {
+            if let Some(w) = image.decode_windows()? {
+                match windows.as_mut() {
+                    None => windows = Some(w),
+                    Some(all) => all.merge(&w),
+                }
+            }
+        }
+        if (union.is_some() || frequency.is_some() || windows.is_some()) && !self.merged {
             let shard = ShardId::new(self.counter.clone(), self.generation + 1, 0);
             return Ok(vec![ReshardEffect::MergeSketch {
                 shard,
                 sketch: union.map(|u| u.to_bytes()),
                 frequency: frequency.map(|f| f.to_bytes()),
+                windows: windows.map(|w| w.to_bytes()),
             }]);
         }
         let sealed_sum = self.images.values().map(|i| i128::from(i.value)).sum();
@@ -189,7 +207,7 @@ mod tests {
             s.insert_hash(member_hash(m));
             s.to_bytes()
         });
-        ShardImage { value, sketch, frequency: None }
+        ShardImage { value, sketch, frequency: None, windows: None }
     }
 
     #[test]
@@ -232,7 +250,7 @@ mod tests {
         let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
         m.step(ReshardInput::Sealed { index: 0, image: image(1, Some("a")) }).unwrap();
         let effects = m.step(ReshardInput::Sealed { index: 1, image: image(2, Some("b")) }).unwrap();
-        let [ReshardEffect::MergeSketch { shard, sketch: Some(sketch), frequency: None }] =
+        let [ReshardEffect::MergeSketch { shard, sketch: Some(sketch), frequency: None, windows: None }] =
             effects.as_slice()
         else {
             panic!("{effects:?}")
@@ -254,7 +272,7 @@ mod tests {
         let with = |value, item: &str, weight| {
             let mut f = FrequencySketch::new(&spec).unwrap();
             f.add(item, weight);
-            ShardImage { value, sketch: None, frequency: Some(f.to_bytes()) }
+            ShardImage { value, sketch: None, frequency: Some(f.to_bytes()), windows: None }
         };
         let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
         m.step(ReshardInput::Sealed { index: 0, image: with(3, "x", 3) }).unwrap();
@@ -270,7 +288,7 @@ mod tests {
             vec![ReshardEffect::Complete { generation: 0, sealed_sum: 7 }]
         );
         let mut m = ReshardMachine::new(name(), &layout(0, 1, Some(2))).unwrap();
-        let bad = ShardImage { value: 1, sketch: None, frequency: Some(vec![9, 9]) };
+        let bad = ShardImage { value: 1, sketch: None, frequency: Some(vec![9, 9]), windows: None };
         assert!(matches!(
             m.step(ReshardInput::Sealed { index: 0, image: bad }),
             Err(ReshardError::Frequency(_))
@@ -281,7 +299,7 @@ mod tests {
     fn a_merge_before_every_seal_is_ignored_and_a_bad_sketch_is_an_error() {
         let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
         assert_eq!(m.step(ReshardInput::Merged).unwrap(), vec![]);
-        let bad = ShardImage { value: 1, sketch: Some(vec![1, 2, 3]), frequency: None };
+        let bad = ShardImage { value: 1, sketch: Some(vec![1, 2, 3]), frequency: None, windows: None };
         assert!(m.step(ReshardInput::Sealed { index: 0, image: bad }).is_err());
         assert_eq!(m.step(ReshardInput::Outstanding).unwrap().len(), 2, "the bad answer was not taken");
     }

@@ -9,6 +9,7 @@ use crate::dedup::{judge, judge_seq, DedupRecord, SeqVerdict, Verdict, WriterMar
 use crate::frequency::{FrequencyError, FrequencySketch};
 use crate::limits::{apply_buffered, check_direct, Overflow};
 use crate::sketch::DistinctSketch;
+use crate::window::WindowState;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -130,6 +131,9 @@ pub struct ShardImage {
     /// The shard's frequency sketch, encoded by [`crate::frequency`]; `None` for
     /// counters without `frequency`.
     pub frequency: Option<Vec<u8>>,
+    /// The shard's window buckets, encoded by [`crate::window::WindowState::to_bytes`];
+    /// `None` for counters without `windows`.
+    pub windows: Option<Vec<u8>>,
 }
 
 impl ShardImage {
@@ -137,6 +141,12 @@ impl ShardImage {
     /// sketch that does not decode makes the shard's data corrupt).
     pub fn decode_frequency(&self) -> Result<Option<FrequencySketch>, FrequencyError> {
         self.frequency.as_deref().map(FrequencySketch::from_bytes).transpose()
+    }
+
+    /// The window buckets, decoded (checked like the frequency sketch when a shell
+    /// loads a shard).
+    pub fn decode_windows(&self) -> Result<Option<WindowState>, crate::codec::DecodeError> {
+        self.windows.as_deref().map(WindowState::from_bytes).transpose()
     }
 }
 
@@ -174,6 +184,9 @@ pub struct ShardState {
     pub sketch: Option<DistinctSketch>,
     /// The frequency sketch, for counters with `frequency`.
     pub frequency: Option<FrequencySketch>,
+    /// The window buckets, for counters with `windows`: every applied submission is
+    /// added to the bucket of the batch's `now_ms`.
+    pub windows: Option<WindowState>,
     /// How many writer marks the shard's store holds (live or not yet swept), as far
     /// as this copy knows; bounds new writers at
     /// [`crate::dedup::WRITERS_PER_SHARD_MAX`].
@@ -193,6 +206,8 @@ pub struct Decision {
     pub sketch_changed: bool,
     /// Whether the frequency sketch changed and must be written.
     pub frequency_changed: bool,
+    /// Whether the window buckets changed and must be written.
+    pub windows_changed: bool,
     /// How many increments were counted.
     pub applied_increments: u64,
     /// The absolute change of the value, summed over applied submissions.
@@ -204,7 +219,11 @@ pub struct Decision {
 impl Decision {
     /// Whether anything must be written.
     pub fn writes(&self, before: i64) -> bool {
-        self.value != before || !self.dedup_put.is_empty() || self.sketch_changed || self.frequency_changed
+        self.value != before
+            || !self.dedup_put.is_empty()
+            || self.sketch_changed
+            || self.frequency_changed
+            || self.windows_changed
     }
 }
 
@@ -249,6 +268,10 @@ pub fn decide(
                 d.change_abs = d.change_abs.saturating_add(sum.unsigned_abs());
                 for &h in members {
                     add_member(&mut state.sketch, h, &mut d.sketch_changed);
+                }
+                if let Some(w) = state.windows.as_mut() {
+                    w.add(now_ms, *sum, members);
+                    d.windows_changed = true;
                 }
                 Outcome::Applied
             }
@@ -312,6 +335,10 @@ pub fn decide(
                             }
                             if let Some(h) = member {
                                 add_member(&mut state.sketch, *h, &mut d.sketch_changed);
+                            }
+                            if let Some(w) = state.windows.as_mut() {
+                                w.add(now_ms, *delta, member.as_slice());
+                                d.windows_changed = true;
                             }
                             if let (Some(f), Some(item)) = (state.frequency.as_mut(), item) {
                                 // Only positive weights count (see crate::frequency).
@@ -402,7 +429,13 @@ mod tests {
 
     #[test]
     fn overflow_is_refused_without_a_dedup_record() {
-        let mut s = ShardState { value: SHARD_VALUE_ABS_MAX, sketch: None, frequency: None, writer_marks: 0 };
+        let mut s = ShardState {
+            value: SHARD_VALUE_ABS_MAX,
+            sketch: None,
+            frequency: None,
+            writer_marks: 0,
+            windows: None,
+        };
         let d = decide(&mut s, &[single(1, Some("e")), single(-1, None)], &BTreeMap::new(), 0, W);
         assert!(matches!(d.outcomes[0], Outcome::Overflow(_)));
         assert_eq!(d.outcomes[1], Outcome::Applied);
@@ -412,8 +445,13 @@ mod tests {
 
     #[test]
     fn members_reach_the_sketch_only_when_counted() {
-        let mut s =
-            ShardState { value: 0, sketch: Some(DistinctSketch::new()), frequency: None, writer_marks: 0 };
+        let mut s = ShardState {
+            value: 0,
+            sketch: Some(DistinctSketch::new()),
+            frequency: None,
+            writer_marks: 0,
+            windows: None,
+        };
         let batch = [
             Submission::Single {
                 delta: 1,

@@ -27,6 +27,7 @@ use crate::shard::{
 };
 use crate::sketch::DistinctSketch;
 use crate::spec::Durability;
+use crate::window::{state_for, WindowSet, WindowState};
 use std::collections::{BTreeMap, VecDeque};
 
 /// What the machine needs of its counter's metadata.
@@ -40,6 +41,8 @@ pub struct ShardParams {
     pub distinct: bool,
     /// The shape of the counter's frequency sketch, if it keeps one.
     pub frequency: Option<FrequencySpec>,
+    /// The sliding windows whose buckets the shard keeps.
+    pub windows: WindowSet,
 }
 
 /// One thing that happened to a shard.
@@ -73,12 +76,15 @@ pub enum Input<R> {
     /// Stop taking writes; what is queued is still committed first.
     Seal,
     /// Merge a resharding's sketches into this shard's: the distinct sketch by union
-    /// (idempotent), the frequency sketch once (a repeated carry changes nothing).
+    /// (idempotent), the frequency sketch and the window buckets once (a repeated
+    /// carry changes nothing).
     MergeSketch {
         /// The sealed generation's distinct sketch, if it has one.
         distinct: Option<DistinctSketch>,
         /// The sealed generation's frequency sketch, if it has one.
         frequency: Option<FrequencySketch>,
+        /// The sealed generation's window buckets, merged over its shards, if any.
+        windows: Option<WindowState>,
     },
     /// Remove these expired dedup records.
     Sweep {
@@ -172,6 +178,9 @@ pub struct ShardMachine<R> {
     /// decode (a shell checks them at load, [`ShardImage::decode_frequency`]) are kept
     /// as stored and not added to.
     frequency_bytes: Option<Vec<u8>>,
+    /// The encoded window buckets, re-encoded when they change; like the frequency
+    /// sketch, bytes that do not decode are kept as stored and not added to.
+    windows_bytes: Option<Vec<u8>>,
     /// Refuses submissions (answers [`ShardReply::Sealed`]); those queued before the
     /// seal are still committed.
     sealed: bool,
@@ -182,6 +191,8 @@ pub struct ShardMachine<R> {
     /// A frequency carry waiting for the machine to be idle (the first one asked for:
     /// a resharding carries the same union every time).
     carry_waiting: Option<FrequencySketch>,
+    /// A window carry waiting for the machine to be idle (the first one asked for).
+    windows_waiting: Option<WindowState>,
     /// Submissions not yet taken into a batch.
     pending: VecDeque<(Submission, R)>,
     commit_scheduled: bool,
@@ -196,15 +207,19 @@ impl<R> ShardMachine<R> {
     pub fn new(params: ShardParams, image: ShardImage, sketch: Option<DistinctSketch>, sealed: bool) -> Self {
         let sketch = sketch.or_else(|| params.distinct.then(DistinctSketch::new));
         let frequency = frequency_of(&params, &image);
+        let windows = windows_of(&params, &image);
+        let windows_bytes = encoded_windows(&params, &windows, image.windows);
         Self {
             params,
-            state: ShardState { value: image.value, sketch, frequency, writer_marks: 0 },
+            state: ShardState { value: image.value, sketch, frequency, windows, writer_marks: 0 },
             sketch_bytes: image.sketch,
             frequency_bytes: image.frequency,
+            windows_bytes,
             sealed,
             seal_waiting: false,
             merge_waiting: None,
             carry_waiting: None,
+            windows_waiting: None,
             pending: VecDeque::new(),
             commit_scheduled: false,
             phase: Phase::Idle,
@@ -235,7 +250,14 @@ impl<R> ShardMachine<R> {
             value: self.state.value,
             sketch: self.sketch_bytes.clone(),
             frequency: self.frequency_bytes.clone(),
+            windows: self.windows_bytes.clone(),
         }
+    }
+
+    /// The shard's window buckets as decided (`None` for a counter without windows,
+    /// or stored buckets that did not decode).
+    pub fn windows(&self) -> Option<&WindowState> {
+        self.state.windows.as_ref()
     }
 
     /// Whether submissions are refused.
@@ -312,10 +334,13 @@ impl<R> ShardMachine<R> {
                         Some((image, sketch)) => {
                             let sketch = sketch.or_else(|| self.params.distinct.then(DistinctSketch::new));
                             let frequency = frequency_of(&self.params, &image);
+                            let windows = windows_of(&self.params, &image);
                             // The store's mark count is not read back: the count stays
                             // as decided (at worst high, refusing new writers early).
                             let writer_marks = self.state.writer_marks;
-                            self.state = ShardState { value: image.value, sketch, frequency, writer_marks };
+                            self.windows_bytes = encoded_windows(&self.params, &windows, image.windows);
+                            self.state =
+                                ShardState { value: image.value, sketch, frequency, windows, writer_marks };
                             self.sketch_bytes = image.sketch;
                             self.frequency_bytes = image.frequency;
                         }
@@ -324,6 +349,7 @@ impl<R> ShardMachine<R> {
                             self.pending.clear();
                             self.merge_waiting = None;
                             self.carry_waiting = None;
+                            self.windows_waiting = None;
                             return vec![Effect::Stop];
                         }
                     }
@@ -333,12 +359,15 @@ impl<R> ShardMachine<R> {
                 self.sealed = true;
                 self.seal_waiting = true;
             }
-            Input::MergeSketch { distinct, frequency } => {
+            Input::MergeSketch { distinct, frequency, windows } => {
                 if let Some(sketch) = distinct {
                     self.merge_waiting.get_or_insert_with(DistinctSketch::new).merge(&sketch);
                 }
                 if let Some(f) = frequency {
                     self.carry_waiting.get_or_insert(f);
+                }
+                if let Some(w) = windows {
+                    self.windows_waiting.get_or_insert(w);
                 }
             }
             Input::Sweep { expired } => {
@@ -358,6 +387,20 @@ impl<R> ShardMachine<R> {
                 // decode stay as they are).
                 if self.state.frequency.is_none() && self.frequency_bytes.is_none() {
                     self.state.frequency = params.frequency.and_then(|f| FrequencySketch::new(&f).ok());
+                }
+                // Windows changed: kept ones keep their buckets (stored bytes that did
+                // not decode stay as they are).
+                if (params.windows, params.distinct) != (self.params.windows, self.params.distinct)
+                    && (self.state.windows.is_some() || self.windows_bytes.is_none())
+                {
+                    self.state.windows = match self.state.windows.take() {
+                        Some(mut w) if !params.windows.is_empty() => {
+                            w.respec(&params.windows.windows(), params.distinct);
+                            Some(w)
+                        }
+                        _ => state_for(&params.windows, params.distinct, None).ok().flatten(),
+                    };
+                    self.windows_bytes = self.state.windows.as_ref().map(WindowState::to_bytes);
                 }
                 self.params = params;
                 self.sealed |= sealed;
@@ -381,8 +424,17 @@ impl<R> ShardMachine<R> {
             return;
         }
         let (distinct, frequency) = (self.merge_waiting.take(), self.carry_waiting.take());
-        if distinct.is_some() || frequency.is_some() {
+        let windows = self.windows_waiting.take();
+        if distinct.is_some() || frequency.is_some() || windows.is_some() {
             let mut changed = false;
+            if let (Some(incoming), Some(mine)) = (windows, self.state.windows.as_mut()) {
+                // Windows this shard does not keep (the spec changed meanwhile) are
+                // not carried; a repeated carry changes nothing.
+                if mine.carry(&incoming) {
+                    self.windows_bytes = Some(mine.to_bytes());
+                    changed = true;
+                }
+            }
             if let Some(incoming) = distinct {
                 let mut merged = self.state.sketch.clone().unwrap_or_default();
                 merged.merge(&incoming);
@@ -469,6 +521,9 @@ impl<R> ShardMachine<R> {
         if d.frequency_changed {
             self.frequency_bytes = self.state.frequency.as_ref().map(FrequencySketch::to_bytes);
         }
+        if d.windows_changed {
+            self.windows_bytes = self.state.windows.as_ref().map(WindowState::to_bytes);
+        }
         let write = ShardWrite { image: self.image(), dedup_put: d.dedup_put, dedup_remove: Vec::new() };
         self.phase = Phase::Writing(now);
         out.push(Effect::Write { write, durable, change_abs: d.change_abs, submissions: subs.len() });
@@ -483,6 +538,39 @@ fn frequency_of(params: &ShardParams, image: &ShardImage) -> Option<FrequencySke
         Ok(Some(f)) => Some(f),
         Ok(None) => params.frequency.and_then(|f| FrequencySketch::new(&f).ok()),
         Err(_) => None,
+    }
+}
+
+/// The window buckets a shard starts from: the stored ones following the counter's
+/// current windows, or empty ones when it keeps windows and nothing is stored. `None`
+/// for bytes that do not decode (kept as stored, see [`ShardMachine`]).
+fn windows_of(params: &ShardParams, image: &ShardImage) -> Option<WindowState> {
+    state_for(&params.windows, params.distinct, image.windows.as_deref()).ok().flatten()
+}
+
+/// The bytes a machine keeps for its window state: the state's own encoding when it
+/// changed from what is stored (a respec), else the stored bytes; none once the
+/// counter keeps no windows.
+fn encoded_windows(
+    params: &ShardParams,
+    state: &Option<WindowState>,
+    stored: Option<Vec<u8>>,
+) -> Option<Vec<u8>> {
+    if params.windows.is_empty() {
+        return None;
+    }
+    match (state, stored) {
+        (Some(w), Some(bytes)) => {
+            let ours = w.to_bytes();
+            if ours == bytes {
+                Some(bytes)
+            } else {
+                Some(ours)
+            }
+        }
+        (Some(w), None) => Some(w.to_bytes()),
+        // Stored bytes that do not decode.
+        (None, stored) => stored,
     }
 }
 
@@ -507,13 +595,19 @@ mod tests {
     const WINDOW: u64 = 60_000;
 
     fn params(durability: Durability) -> ShardParams {
-        ShardParams { durability, dedup_window_ms: WINDOW, distinct: false, frequency: None }
+        ShardParams {
+            durability,
+            dedup_window_ms: WINDOW,
+            distinct: false,
+            frequency: None,
+            windows: crate::window::WindowSet::NONE,
+        }
     }
 
     fn machine(durability: Durability, value: i64) -> ShardMachine<u32> {
         ShardMachine::new(
             params(durability),
-            ShardImage { value, sketch: None, frequency: None },
+            ShardImage { value, sketch: None, frequency: None, windows: None },
             None,
             false,
         )
@@ -543,7 +637,7 @@ mod tests {
         assert_eq!(m.step(NOW, Input::Submit { sub: single(2, None), reply: 2 }), vec![]);
         let effects = m.step(NOW, Input::CommitDue { writable: true });
         let write = ShardWrite {
-            image: ShardImage { value: 13, sketch: None, frequency: None },
+            image: ShardImage { value: 13, sketch: None, frequency: None, windows: None },
             ..ShardWrite::default()
         };
         assert_eq!(effects, vec![Effect::Write { write, durable: vec![], change_abs: 3, submissions: 2 }]);
@@ -574,7 +668,7 @@ mod tests {
         let prior = BTreeMap::from([("e2".to_owned(), record(7))]);
         let effects = m.step(NOW, Input::Priors(Some(prior)));
         let write = ShardWrite {
-            image: ShardImage { value: 9, sketch: None, frequency: None },
+            image: ShardImage { value: 9, sketch: None, frequency: None, windows: None },
             dedup_put: vec![("e1".into(), record(5)), ("~drain:a".into(), record(4))],
             dedup_remove: vec![],
         };
@@ -627,7 +721,7 @@ mod tests {
             vec![Effect::Reply { to: 1, reply: done(Outcome::Applied, 1) }, Effect::ScheduleCommit]
         );
         let write = ShardWrite {
-            image: ShardImage { value: 3, sketch: None, frequency: None },
+            image: ShardImage { value: 3, sketch: None, frequency: None, windows: None },
             ..ShardWrite::default()
         };
         assert_eq!(
@@ -646,7 +740,10 @@ mod tests {
         m.step(NOW, Input::Submit { sub: single(1, None), reply: 2 });
         let effects = m.step(
             NOW,
-            Input::Reloaded(Some((ShardImage { value: 10, sketch: None, frequency: None }, None))),
+            Input::Reloaded(Some((
+                ShardImage { value: 10, sketch: None, frequency: None, windows: None },
+                None,
+            ))),
         );
         assert_eq!(effects, vec![Effect::ScheduleCommit]);
         assert_eq!(m.value(), 10);
@@ -691,7 +788,7 @@ mod tests {
             m.step(NOW, Input::Applied { ok: true }),
             vec![
                 Effect::Reply { to: 1, reply: done(Outcome::Applied, 5) },
-                Effect::Sealed(ShardImage { value: 5, sketch: None, frequency: None }),
+                Effect::Sealed(ShardImage { value: 5, sketch: None, frequency: None, windows: None }),
             ]
         );
         assert!(m.sealed() && m.quiet());
@@ -708,12 +805,20 @@ mod tests {
     #[test]
     fn a_merge_writes_the_union_once_and_a_repeat_writes_nothing() {
         let p = ShardParams { distinct: true, ..params(Durability::Sync) };
-        let mut m: ShardMachine<u32> =
-            ShardMachine::new(p, ShardImage { value: 7, sketch: None, frequency: None }, None, false);
+        let mut m: ShardMachine<u32> = ShardMachine::new(
+            p,
+            ShardImage { value: 7, sketch: None, frequency: None, windows: None },
+            None,
+            false,
+        );
         let mut incoming = DistinctSketch::new();
         incoming.insert_hash(crate::sketch::member_hash("x"));
-        let effects = m.step(NOW, Input::MergeSketch { distinct: Some(incoming.clone()), frequency: None });
-        let image = ShardImage { value: 7, sketch: Some(incoming.to_bytes()), frequency: None };
+        let effects = m.step(
+            NOW,
+            Input::MergeSketch { distinct: Some(incoming.clone()), frequency: None, windows: None },
+        );
+        let image =
+            ShardImage { value: 7, sketch: Some(incoming.to_bytes()), frequency: None, windows: None };
         assert_eq!(
             effects,
             vec![Effect::Write {
@@ -725,7 +830,7 @@ mod tests {
         );
         assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![Effect::Merged]);
         assert_eq!(
-            m.step(NOW, Input::MergeSketch { distinct: Some(incoming), frequency: None }),
+            m.step(NOW, Input::MergeSketch { distinct: Some(incoming), frequency: None, windows: None }),
             vec![Effect::Merged],
             "merging twice changes nothing"
         );
@@ -736,7 +841,7 @@ mod tests {
         let mut m = machine(Durability::Batched, 2);
         let effects = m.step(NOW, Input::Sweep { expired: vec!["old".into()] });
         let write = ShardWrite {
-            image: ShardImage { value: 2, sketch: None, frequency: None },
+            image: ShardImage { value: 2, sketch: None, frequency: None, windows: None },
             dedup_put: vec![],
             dedup_remove: vec!["old".into()],
         };
@@ -766,17 +871,33 @@ mod tests {
     #[test]
     fn a_failed_merge_or_sweep_is_forgotten_too() {
         let p = ShardParams { distinct: true, ..params(Durability::Batched) };
-        let mut m: ShardMachine<u32> =
-            ShardMachine::new(p, ShardImage { value: 1, sketch: None, frequency: None }, None, false);
+        let mut m: ShardMachine<u32> = ShardMachine::new(
+            p,
+            ShardImage { value: 1, sketch: None, frequency: None, windows: None },
+            None,
+            false,
+        );
         let mut incoming = DistinctSketch::new();
         incoming.insert_hash(crate::sketch::member_hash("x"));
-        m.step(NOW, Input::MergeSketch { distinct: Some(incoming), frequency: None });
+        m.step(NOW, Input::MergeSketch { distinct: Some(incoming), frequency: None, windows: None });
         assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
-        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None, frequency: None }, None))));
+        m.step(
+            NOW,
+            Input::Reloaded(Some((
+                ShardImage { value: 1, sketch: None, frequency: None, windows: None },
+                None,
+            ))),
+        );
         m.step(NOW, Input::Sweep { expired: vec!["old".into()] });
         assert_eq!(m.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
         // Nothing to remove: no write at all.
-        m.step(NOW, Input::Reloaded(Some((ShardImage { value: 1, sketch: None, frequency: None }, None))));
+        m.step(
+            NOW,
+            Input::Reloaded(Some((
+                ShardImage { value: 1, sketch: None, frequency: None, windows: None },
+                None,
+            ))),
+        );
         assert_eq!(m.step(NOW, Input::Sweep { expired: vec![] }), vec![]);
         assert!(m.quiet());
     }
@@ -786,7 +907,7 @@ mod tests {
         let p = ShardParams { distinct: true, ..params(Durability::Batched) };
         let mut x = DistinctSketch::new();
         x.insert_hash(crate::sketch::member_hash("x"));
-        let image = ShardImage { value: 0, sketch: Some(x.to_bytes()), frequency: None };
+        let image = ShardImage { value: 0, sketch: Some(x.to_bytes()), frequency: None, windows: None };
         let mut m: ShardMachine<u32> = ShardMachine::new(p, image, Some(x.clone()), false);
         m.step(NOW, Input::MetaChanged { params: p, sealed: false });
         assert!(!m.sealed());
@@ -850,12 +971,13 @@ mod tests {
         let mut m: ShardMachine<u32> = ShardMachine::new(p, ShardImage::default(), None, false);
         let mut sealed = FrequencySketch::new(&FREQ).unwrap();
         sealed.add("x", 7);
-        let effects = m.step(NOW, Input::MergeSketch { distinct: None, frequency: Some(sealed.clone()) });
+        let effects = m
+            .step(NOW, Input::MergeSketch { distinct: None, frequency: Some(sealed.clone()), windows: None });
         assert_eq!(written_frequency(&effects).estimate("x", &FREQ).estimate, 7);
         assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![Effect::Merged]);
         // The resharding repeats its step (a crash, a lost answer): nothing changes.
         assert_eq!(
-            m.step(NOW, Input::MergeSketch { distinct: None, frequency: Some(sealed) }),
+            m.step(NOW, Input::MergeSketch { distinct: None, frequency: Some(sealed), windows: None }),
             vec![Effect::Merged]
         );
         let stored = m.image().decode_frequency().unwrap().unwrap();
@@ -876,5 +998,100 @@ mod tests {
         m.step(NOW, Input::Submit { sub: weighted(2, "a"), reply: 2 });
         let f = written_frequency(&m.step(NOW, Input::CommitDue { writable: true }));
         assert_eq!(f.total(), 2);
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+    use crate::shard::Outcome;
+    use crate::window::{Window, WindowSet};
+
+    const MIN: u64 = 60_000;
+
+    fn params() -> ShardParams {
+        ShardParams {
+            durability: Durability::Batched,
+            dedup_window_ms: MIN,
+            distinct: true,
+            frequency: None,
+            windows: WindowSet::parse(&["1m", "1h"]).unwrap(),
+        }
+    }
+
+    fn single(delta: i64, member: &str) -> Submission {
+        Submission::Single {
+            delta,
+            event_id: None,
+            member: Some(crate::sketch::member_hash(member)),
+            item: None,
+            seq: None,
+        }
+    }
+
+    fn commit(m: &mut ShardMachine<u32>, now: u64, subs: &[Submission]) {
+        for (i, sub) in subs.iter().enumerate() {
+            m.step(now, Input::Submit { sub: sub.clone(), reply: i as u32 });
+        }
+        let effects = m.step(now, Input::CommitDue { writable: true });
+        assert!(matches!(effects.first(), Some(Effect::Write { .. })), "{effects:?}");
+        let answers = m.step(now, Input::Applied { ok: true });
+        assert!(answers.iter().all(|e| matches!(
+            e,
+            Effect::Reply { reply: ShardReply::Done { outcome: Outcome::Applied, .. }, .. }
+        )));
+    }
+
+    #[test]
+    fn applied_increments_land_in_the_bucket_of_the_step_time_and_are_stored() {
+        let one_min = Window::parse("1m").unwrap();
+        let mut m: ShardMachine<u32> = ShardMachine::new(params(), ShardImage::default(), None, false);
+        commit(&mut m, 10 * MIN, &[single(2, "a"), single(3, "b")]);
+        commit(&mut m, 10 * MIN + 30_000, &[single(5, "a")]);
+        commit(&mut m, 11 * MIN + 10_000, &[single(7, "c")]);
+        let r = m.windows().unwrap().read(one_min, 11 * MIN + 10_000).unwrap();
+        // The one-minute window at 11:10 starts at 10:11: the 10:00 increments left it.
+        assert_eq!((r.total, r.span.start_ms), (12, 10 * MIN + 11_000));
+        assert_eq!(r.sketch.unwrap().estimate(), 2);
+        assert_eq!(m.value(), 17, "the shard's total counts everything");
+        // A copy started from the stored image has the same buckets.
+        let again: ShardMachine<u32> = ShardMachine::new(params(), m.image(), None, false);
+        assert_eq!(again.windows(), m.windows());
+        // Windows turned off: the image carries none.
+        let mut off = again;
+        off.step(
+            11 * MIN,
+            Input::MetaChanged {
+                params: ShardParams { windows: WindowSet::NONE, ..params() },
+                sealed: false,
+            },
+        );
+        assert_eq!((off.windows(), off.image().windows), (None, None));
+    }
+
+    #[test]
+    fn a_carried_window_state_merges_once() {
+        let hour = Window::parse("1h").unwrap();
+        let mut sealed: ShardMachine<u32> = ShardMachine::new(params(), ShardImage::default(), None, false);
+        commit(&mut sealed, 5 * MIN, &[single(4, "x")]);
+        let carried = sealed.windows().unwrap().clone();
+        let mut next: ShardMachine<u32> = ShardMachine::new(params(), ShardImage::default(), None, false);
+        let effects = next.step(
+            6 * MIN,
+            Input::MergeSketch { distinct: None, frequency: None, windows: Some(carried.clone()) },
+        );
+        assert!(matches!(effects.as_slice(), [Effect::Write { .. }]), "{effects:?}");
+        assert_eq!(next.step(6 * MIN, Input::Applied { ok: true }), vec![Effect::Merged]);
+        assert_eq!(
+            next.step(
+                6 * MIN,
+                Input::MergeSketch { distinct: None, frequency: None, windows: Some(carried) }
+            ),
+            vec![Effect::Merged],
+            "a repeated carry changes nothing"
+        );
+        assert_eq!(next.windows().unwrap().read(hour, 6 * MIN).unwrap().total, 4);
+        let stored = next.image().decode_windows().unwrap().unwrap();
+        assert_eq!(stored.read(hour, 6 * MIN).unwrap().total, 4);
     }
 }

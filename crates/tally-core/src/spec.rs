@@ -3,6 +3,7 @@
 //! event ids are remembered.
 
 use crate::frequency::{FrequencyError, FrequencySpec};
+use crate::window::{WindowError, WindowSet};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -111,6 +112,9 @@ pub struct CounterSpec {
     /// Whether (and how precisely) to keep per-item frequencies of `item` (or
     /// `member`) values: a count-min sketch and heavy hitters per shard.
     pub frequency: Option<FrequencySpec>,
+    /// Sliding windows whose totals (and, with `distinct`, members) each shard keeps
+    /// in time buckets ([`crate::window`]); empty for none.
+    pub windows: WindowSet,
 }
 
 impl Default for CounterSpec {
@@ -124,6 +128,7 @@ impl Default for CounterSpec {
             distinct: false,
             dedup_window_s: DEDUP_WINDOW_S_DEFAULT,
             frequency: None,
+            windows: WindowSet::NONE,
         }
     }
 }
@@ -150,6 +155,9 @@ pub struct SpecPatch {
     /// Keep frequencies with this shape. Once set it cannot change: shards' sketches
     /// of different shapes do not merge.
     pub frequency: Option<FrequencySpec>,
+    /// New set of windows: windows kept keep their buckets, new ones start empty,
+    /// dropped ones are forgotten.
+    pub windows: Option<WindowSet>,
 }
 
 /// The bounds of a counter whose shard count follows contention (`shards: "auto"`).
@@ -264,6 +272,9 @@ pub enum SpecError {
     /// A frequency option out of its bounds.
     #[error(transparent)]
     Frequency(#[from] FrequencyError),
+    /// A `windows` option out of its bounds (see [`crate::window`]'s limits).
+    #[error(transparent)]
+    Window(#[from] WindowError),
     /// Both a numeric `shards` and auto bounds were named.
     #[error("shards is either a number or \"auto\" with min_shards and max_shards, not both")]
     AutoAndFixed,
@@ -324,6 +335,7 @@ impl CounterSpec {
             distinct: patch.distinct.unwrap_or(self.distinct),
             dedup_window_s: patch.dedup_window_s.unwrap_or(self.dedup_window_s),
             frequency: patch.frequency.or(self.frequency),
+            windows: patch.windows.unwrap_or(self.windows),
         };
         next.validate()?;
         Ok(next)
@@ -431,6 +443,22 @@ mod tests {
         assert_eq!(AutoPatch::default().resolve(now, Some(4)), Ok(None));
         assert_eq!(AutoPatch::default().resolve(now, None), Ok(now));
         assert_eq!(AutoPatch::default().resolve(None, None), Ok(None));
+    }
+
+    #[test]
+    fn windows_are_an_option_of_the_spec() {
+        let set = WindowSet::parse(&["1m", "1h"]).unwrap();
+        let p = SpecPatch { windows: Some(set), ..Default::default() };
+        let s = CounterSpec::default().patched(&p).unwrap();
+        assert_eq!(s.windows, set);
+        assert_eq!(s.patched(&SpecPatch::default()).unwrap().windows, set, "unnamed, they stay");
+        let none = SpecPatch { windows: Some(WindowSet::NONE), ..Default::default() };
+        assert!(s.patched(&none).unwrap().windows.is_empty());
+        let json: SpecPatch = serde_json::from_str(r#"{"windows": ["1h", "1m"]}"#).unwrap();
+        assert_eq!(json.windows, Some(set));
+        assert!(serde_json::from_str::<SpecPatch>(r#"{"windows": ["1y"]}"#).is_err());
+        let e: SpecError = WindowSet::parse(&["1m", "1m"]).unwrap_err().into();
+        assert!(e.to_string().contains("named twice"), "{e}");
     }
 
     #[test]

@@ -191,6 +191,74 @@ pub fn parse_windows<S: AsRef<str>>(texts: &[S]) -> Result<Vec<Window>, WindowEr
     Ok(out)
 }
 
+/// The windows a counter keeps, as its spec holds them: at most
+/// `WINDOWS_PER_COUNTER_MAX`, each once, shortest first. A plain value (`Copy`), so a
+/// spec stays one; it is written as the list of its durations (`["1m", "1h"]`), and
+/// decoding one parses and checks them again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WindowSet {
+    /// The windows' lengths in milliseconds, the first `len` used, shortest first.
+    ms: [u64; WINDOWS_PER_COUNTER_MAX],
+    len: u8,
+}
+
+impl WindowSet {
+    /// No windows.
+    pub const NONE: WindowSet = WindowSet { ms: [0; WINDOWS_PER_COUNTER_MAX], len: 0 };
+
+    /// Parses a counter's `windows` option (see [`parse_windows`]).
+    pub fn parse<S: AsRef<str>>(texts: &[S]) -> Result<Self, WindowError> {
+        let windows = parse_windows(texts)?;
+        let mut set = Self::NONE;
+        for (slot, w) in set.ms.iter_mut().zip(&windows) {
+            *slot = w.ms;
+        }
+        set.len = windows.len() as u8;
+        Ok(set)
+    }
+
+    /// The windows, shortest first.
+    pub fn windows(&self) -> Vec<Window> {
+        self.ms[..usize::from(self.len)].iter().map(|&ms| Window { ms }).collect()
+    }
+
+    /// Whether the counter keeps no window.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many windows.
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// The windows as text, shortest first (`["1m", "1h"]`).
+    pub fn texts(&self) -> Vec<String> {
+        self.windows().iter().map(Window::to_string).collect()
+    }
+
+    /// The kept window a read names (see [`find_window`]).
+    pub fn find(&self, asked: &str) -> Result<Window, WindowError> {
+        find_window(&self.windows(), asked)
+    }
+}
+
+impl Serialize for WindowSet {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.texts())
+    }
+}
+
+impl<'de> Deserialize<'de> for WindowSet {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let texts: Vec<String> = Vec::deserialize(deserializer)?;
+        if texts.len() > WINDOWS_PER_COUNTER_MAX {
+            return Err(serde::de::Error::custom(WindowError::TooMany { count: texts.len() }));
+        }
+        Self::parse(&texts).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Finds the window a read names among those a counter keeps.
 pub fn find_window(kept: &[Window], asked: &str) -> Result<Window, WindowError> {
     let unknown = || WindowError::Unknown {
@@ -307,12 +375,38 @@ pub struct WindowState {
     pub distinct: bool,
     /// Increments stamped before every kept bucket (counted in the total only).
     pub late: u64,
+    /// Whether a resharding's carry was merged in ([`WindowState::carry`]).
+    pub carried: bool,
+}
+
+/// The window state a shard starts from: stored bytes decoded and made to follow the
+/// counter's current windows, or empty buckets when the counter keeps windows and
+/// nothing is stored; `None` when it keeps none.
+pub fn state_for(
+    windows: &WindowSet,
+    distinct: bool,
+    stored: Option<&[u8]>,
+) -> Result<Option<WindowState>, DecodeError> {
+    if windows.is_empty() {
+        return Ok(None);
+    }
+    let mut state = match stored {
+        Some(bytes) => WindowState::from_bytes(bytes)?,
+        None => WindowState::new(&windows.windows(), distinct),
+    };
+    state.respec(&windows.windows(), distinct);
+    Ok(Some(state))
 }
 
 impl WindowState {
     /// Empty buckets for `windows`.
     pub fn new(windows: &[Window], distinct: bool) -> Self {
-        Self { windows: windows.iter().map(|w| Buckets::new(*w)).collect(), distinct, late: 0 }
+        Self {
+            windows: windows.iter().map(|w| Buckets::new(*w)).collect(),
+            distinct,
+            late: 0,
+            carried: false,
+        }
     }
 
     /// Whether the counter keeps any window.
@@ -408,6 +502,18 @@ impl WindowState {
             }
         }
         self.late += other.late;
+    }
+
+    /// Merges the sealed generation's windows into this state, once: a second carry
+    /// is ignored (sums add, so a repeated carry would count twice). Returns whether
+    /// anything changed.
+    pub fn carry(&mut self, previous: &WindowState) -> bool {
+        if self.carried {
+            return false;
+        }
+        self.merge(previous);
+        self.carried = true;
+        true
     }
 
     /// Bytes the buckets hold in memory: each bucket's index and total, and its
@@ -523,6 +629,25 @@ mod tests {
         assert_eq!(e.code(), "unknown_window");
         assert!(e.to_string().contains("\"1m\", \"1h\""), "{e}");
         assert_eq!(find_window(&kept, "garbage").unwrap_err().code(), "unknown_window");
+    }
+
+    #[test]
+    fn a_window_set_is_a_checked_list_of_durations() {
+        let set = WindowSet::parse(&["24h", "1m"]).unwrap();
+        assert_eq!(set.windows(), vec![w("1m"), w("1d")]);
+        assert_eq!((set.len(), set.is_empty()), (2, false));
+        assert_eq!(set.texts(), vec!["1m".to_owned(), "1d".to_owned()]);
+        assert_eq!(set.find("24h"), Ok(w("1d")));
+        assert_eq!(set.find("1h").unwrap_err().code(), "unknown_window");
+        assert!(WindowSet::NONE.is_empty() && WindowSet::default() == WindowSet::NONE);
+        let json = serde_json::to_string(&set).unwrap();
+        assert_eq!(json, r#"["1m","1d"]"#);
+        assert_eq!(serde_json::from_str::<WindowSet>(&json).unwrap(), set);
+        assert_eq!(decode::<WindowSet>("set", &encode(&set)), Ok(set));
+        for bad in [r#"["1m","60s"]"#, r#"["1w"]"#, r#"["1m","2m","3m","4m","5m"]"#, r#"["59s"]"#] {
+            assert!(serde_json::from_str::<WindowSet>(bad).is_err(), "{bad}");
+        }
+        assert_eq!(WindowSet::parse(&["1m", "2m", "3m", "4m", "5m"]).unwrap_err().code(), "too_many_windows");
     }
 
     #[test]
@@ -657,6 +782,19 @@ mod tests {
             carried.merge(p);
         }
         assert_eq!(carried.read(w("1h"), now), one.read(w("1h"), now));
+    }
+
+    #[test]
+    fn a_carry_is_merged_once() {
+        let win = w("1m");
+        let mut sealed = WindowState::new(&[win], false);
+        sealed.add(HOUR, 5, &[]);
+        let mut next = WindowState::new(&[win], false);
+        assert!(next.carry(&sealed));
+        assert!(!next.carry(&sealed), "a repeated carry changes nothing");
+        assert_eq!(next.read(win, HOUR).unwrap().total, 5);
+        let back = WindowState::from_bytes(&next.to_bytes()).unwrap();
+        assert!(back.carried, "the flag is stored");
     }
 
     #[test]

@@ -120,6 +120,39 @@ pub struct ValueRead {
     pub missing_shards: Vec<u16>,
 }
 
+/// A sliding window's total (and, for a counter with `distinct`, its distinct
+/// members), merged over every shard: the exact sum of the increments the shards
+/// stamped in `[start_ms, end_ms]`, which is the nominal window `[end_ms - window,
+/// end_ms]` less at most its oldest bucket (`docs/SEMANTICS.md`, "Windowed counters").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowRead {
+    /// The window, in its shortest form (`"1h"`, `"1d"`).
+    pub window: String,
+    /// Its length in milliseconds.
+    pub window_ms: u64,
+    /// The width of its buckets: the granularity of the answer.
+    pub bucket_ms: u64,
+    /// The start of the oldest bucket summed, in milliseconds since the Unix epoch.
+    pub start_ms: u64,
+    /// The reading node's clock when the read was taken: the end of the window.
+    pub end_ms: u64,
+    /// The sum of the deltas in the span.
+    pub value: i128,
+    /// The estimated distinct members in the span, for a counter with `distinct`.
+    pub estimate: Option<u64>,
+    /// The sketch's standard relative error, for a counter with `distinct`.
+    pub relative_error: Option<f64>,
+    /// Bytes the window buckets of every shard that answered hold in memory (all of
+    /// the counter's windows).
+    pub window_bytes: u64,
+    /// The most those buckets can hold: shards × windows × buckets per window.
+    pub window_bytes_bound: u64,
+    /// Whether every shard answered.
+    pub complete: bool,
+    /// Shards that did not answer (their buckets are missing).
+    pub missing_shards: Vec<u16>,
+}
+
 /// A distinct-count estimate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DistinctRead {

@@ -703,17 +703,18 @@ impl Ctx {
         id: &ShardId,
         sketch: Option<Vec<u8>>,
         frequency: Option<Vec<u8>>,
+        windows: Option<Vec<u8>>,
     ) -> Result<(), TallyError> {
         if let Some((p, node)) = self.remote(id) {
             return match p
-                .call(&node, ShardRequest::MergeSketch { id: id.clone(), sketch, frequency })
+                .call(&node, ShardRequest::MergeSketch { id: id.clone(), sketch, frequency, windows })
                 .await?
             {
                 ShardResponse::Done => Ok(()),
                 other => Err(unexpected(&node, id, other)),
             };
         }
-        self.merge_sketch_local(id, sketch, frequency).await
+        self.merge_sketch_local(id, sketch, frequency, windows).await
     }
 
     /// Merges a sketch into shard `id` on this node, through its actor (the shard's
@@ -723,6 +724,7 @@ impl Ctx {
         id: &ShardId,
         sketch: Option<Vec<u8>>,
         frequency: Option<Vec<u8>>,
+        windows: Option<Vec<u8>>,
     ) -> Result<(), TallyError> {
         let rt = self.runtime(id.counter.as_str(), false).await?;
         #[cfg(feature = "planted-bugs")]
@@ -732,7 +734,7 @@ impl Ctx {
         let actor = self.shard(id, &rt.meta).await?;
         let (tx, rx) = ractor::concurrency::oneshot();
         actor
-            .send_message(ShardMsg::MergeSketch { sketch, frequency, reply: tx.into() })
+            .send_message(ShardMsg::MergeSketch { sketch, frequency, windows, reply: tx.into() })
             .map_err(|e| unavailable(id, &e.to_string()))?;
         self.await_reply(id, rx).await??;
         // The shard belongs to a generation that opens later: its actor was started

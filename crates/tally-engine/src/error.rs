@@ -170,6 +170,9 @@ pub enum TallyError {
         /// The version found (`None`: the counter is gone).
         found: Option<u64>,
     },
+    /// A window read named a window the counter does not keep (or no duration).
+    #[error(transparent)]
+    Window(#[from] tally_core::window::WindowError),
 }
 
 impl TallyError {
@@ -200,6 +203,7 @@ impl TallyError {
             Self::InvalidSequence(_) => "invalid_sequence",
             Self::OutOfOrderSequence { .. } => "out_of_order_sequence",
             Self::TooManyWriters { .. } => "too_many_writers",
+            Self::Window(e) => e.code(),
         }
     }
 
@@ -209,7 +213,7 @@ impl TallyError {
             Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) | Self::TopK { .. } => 400,
             Self::FrequencyOff(_) | Self::AutoProposalStale { .. } => 409,
             Self::AutoShardsUnsupported | Self::AutoCountersFull { .. } => 422,
-            Self::InvalidSequence(_) => 400,
+            Self::InvalidSequence(_) | Self::Window(_) => 400,
             Self::OutOfOrderSequence { .. } => 409,
             Self::TooManyWriters { .. } => 429,
             Self::NegativeWeight { .. } => 422,

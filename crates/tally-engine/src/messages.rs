@@ -26,6 +26,8 @@ pub(crate) enum ShardMsg {
         sketch: Option<Vec<u8>>,
         /// The frequency sketch, if the sealed generation has one.
         frequency: Option<Vec<u8>>,
+        /// The window buckets, if the sealed generation keeps windows.
+        windows: Option<Vec<u8>>,
         /// Answered once the merge is durable.
         reply: RpcReplyPort<Result<(), TallyError>>,
     },

@@ -60,6 +60,8 @@ pub enum ShardRequest {
         sketch: Option<Vec<u8>>,
         /// The encoded frequency sketch.
         frequency: Option<Vec<u8>>,
+        /// The encoded window buckets.
+        windows: Option<Vec<u8>>,
     },
     /// From the shard's new owner after a membership change: stop serving the shard
     /// and answer its state with a page of dedup records (those after `after`).

@@ -2,6 +2,7 @@
 
 use crate::api::{
     Consistency, DistinctRead, FrequencyRead, ShardReport, ShardsReport, TopEntry, TopRead, ValueRead,
+    WindowRead,
 };
 use crate::ctx::{Ctx, ShardRead};
 use crate::error::TallyError;
@@ -205,6 +206,52 @@ pub(crate) async fn distinct(
         relative_error: DistinctSketch::relative_error(),
         sketch_bytes: merged.encoded_len() as u64,
         counter_bytes,
+        complete: missing_shards.is_empty() && current,
+        missing_shards,
+    })
+}
+
+/// One window of the current generation, merged over every shard at this node's
+/// clock (a resharding carried the sealed generation's buckets into the new one).
+pub(crate) async fn window(
+    ctx: &Arc<Ctx>,
+    meta: &Arc<CounterMeta>,
+    name: &CounterName,
+    asked: &str,
+) -> Result<WindowRead, TallyError> {
+    use tally_core::window::{span, WindowRead as Merged, WindowState};
+    let window = meta.spec.windows.find(asked)?;
+    let Snapshot { meta, images, current } = snapshot(ctx, meta, name).await;
+    let now_ms = ctx.now_ms();
+    let distinct = meta.spec.distinct;
+    let mut merged = Merged::empty(span(window, now_ms), distinct);
+    let mut window_bytes = 0u64;
+    for (index, image) in images.iter().enumerate() {
+        let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
+        let state = image.as_ref().map(ShardImage::decode_windows).transpose().map_err(|source| {
+            tally_store::StoreError::Corrupt { location: format!("window buckets of shard {id}"), source }
+        })?;
+        if let Some(state) = state.flatten() {
+            window_bytes += state.size_bytes() as u64;
+            if let Some(read) = state.read(window, now_ms) {
+                merged.merge(&read);
+            }
+        }
+    }
+    let s = merged.span;
+    let bound = WindowState::bound_bytes(meta.spec.windows.len(), distinct) as u64;
+    let missing_shards = missing(&images);
+    Ok(WindowRead {
+        window: window.to_string(),
+        window_ms: window.ms(),
+        bucket_ms: s.bucket_ms,
+        start_ms: s.start_ms,
+        end_ms: s.end_ms,
+        value: merged.total,
+        estimate: merged.sketch.as_ref().map(DistinctSketch::estimate),
+        relative_error: distinct.then(DistinctSketch::relative_error),
+        window_bytes,
+        window_bytes_bound: bound * u64::from(meta.layout.shards),
         complete: missing_shards.is_empty() && current,
         missing_shards,
     })

@@ -81,10 +81,10 @@ async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
                 let image = ctx.seal_shard(&id, &meta).await?;
                 ReshardInput::Sealed { index: id.index, image }
             }
-            ReshardEffect::MergeSketch { shard, sketch, frequency } => {
+            ReshardEffect::MergeSketch { shard, sketch, frequency, windows } => {
                 // The next generation takes no writes until the metadata opens it;
                 // merging again after a crash is harmless.
-                ctx.merge_sketch(&shard, sketch, frequency).await?;
+                ctx.merge_sketch(&shard, sketch, frequency, windows).await?;
                 ReshardInput::Merged
             }
             ReshardEffect::Complete { generation, sealed_sum } => {

@@ -30,6 +30,7 @@ use tally_core::shard::window_for;
 use tally_core::shard::Submission;
 use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
 use tally_core::sketch::DistinctSketch;
+use tally_core::window::WindowState;
 use tally_core::ShardId;
 use tally_store::{ShardImage, StoreError};
 
@@ -77,6 +78,7 @@ fn params(meta: &CounterMeta) -> ShardParams {
         dedup_window_ms: meta.spec.dedup_window_ms(),
         distinct: meta.spec.distinct,
         frequency: meta.spec.frequency,
+        windows: meta.spec.windows,
     }
 }
 
@@ -90,6 +92,7 @@ fn load(ctx: &Ctx, id: &ShardId) -> Result<(ShardImage, Option<DistinctSketch>),
     // The machine decodes the frequency sketch itself; one that does not decode makes
     // the shard corrupt here, as a distinct sketch does.
     image.decode_frequency().map_err(|e| corrupt_sketch(id, e))?;
+    image.decode_windows().map_err(|e| corrupt_sketch(id, e))?;
     Ok((image, sketch))
 }
 
@@ -180,13 +183,20 @@ impl Actor for ShardActor {
                 state.sealers.push(reply);
                 Input::Seal
             }
-            ShardMsg::MergeSketch { sketch, frequency, reply } => {
+            ShardMsg::MergeSketch { sketch, frequency, windows, reply } => {
                 let distinct = sketch.as_deref().map(DistinctSketch::from_bytes).transpose();
                 let frequency = frequency.as_deref().map(FrequencySketch::from_bytes).transpose();
+                let windows = match windows.as_deref().map(WindowState::from_bytes).transpose() {
+                    Ok(w) => w,
+                    Err(e) => {
+                        let _ = reply.send(Err(corrupt_sketch(&state.id, e).into()));
+                        return Ok(());
+                    }
+                };
                 match (distinct, frequency) {
                     (Ok(distinct), Ok(frequency)) => {
                         state.mergers.push(reply);
-                        Input::MergeSketch { distinct, frequency }
+                        Input::MergeSketch { distinct, frequency, windows }
                     }
                     (Err(e), _) => {
                         let _ = reply.send(Err(corrupt_sketch(&state.id, e).into()));

@@ -390,6 +390,20 @@ impl Tally {
         Ok(read)
     }
 
+    /// One of the counter's sliding windows (`"1h"`, `"60m"`: any spelling of a kept
+    /// window), merged over every shard at this node's clock, with its bucket width and
+    /// span. Like every fresh read, this node's buffered increments for the counter are
+    /// delivered first, and shards that did not answer are listed. A window the counter
+    /// does not keep is refused ([`TallyError::Window`], `unknown_window`).
+    pub async fn window(&self, name: &str, window: &str) -> Result<WindowRead, TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        rt.meta.spec.windows.find(window)?;
+        let settled = self.ctx.deliver_for_read(&rt).await;
+        let mut read = crate::read::window(&self.ctx, &rt.meta, &rt.name, window).await?;
+        read.complete &= settled;
+        Ok(read)
+    }
+
     /// `item`'s estimated frequency — the summed deltas of the increments that named it
     /// — merged over every shard, with its error bound and confidence (counters with
     /// `frequency`). Like every fresh read, this node's buffered increments for the
@@ -602,8 +616,8 @@ impl Tally {
                 ctx.flusher.flush().await?;
                 Ok(ShardResponse::Done)
             }
-            ShardRequest::MergeSketch { id, sketch, frequency } => {
-                ctx.merge_sketch_local(&id, sketch, frequency).await?;
+            ShardRequest::MergeSketch { id, sketch, frequency, windows } => {
+                ctx.merge_sketch_local(&id, sketch, frequency, windows).await?;
                 Ok(ShardResponse::Done)
             }
         }
@@ -683,7 +697,7 @@ pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 /// anything else is written. A store that an engine opened before holds data, so its
 /// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
-    use tally_core::format::{encode_version, judge_store, v1, v2, STORE_FORMAT, STORE_FORMATS_READABLE};
+    use tally_core::format::{encode_version, judge_store, v1, v2, v3, STORE_FORMAT, STORE_FORMATS_READABLE};
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
     let verdict = judge_store("engine store", marker.as_deref(), holds_data, STORE_FORMATS_READABLE)
@@ -698,18 +712,24 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
         return Ok(());
     }
     // Format 1's images and catalog entries lack format 2's fields; the sketches in
-    // the images of formats 1 and 2 are in format 2's encoding.
+    // the images of formats 1 and 2 are in format 2's encoding; the images and
+    // catalog entries of formats 2 and 3 lack format 4's windows.
     let plan = match verdict.found {
         1 => tally_store::Upgrade {
             shard_image: Some(&v2::upgrade_shard_image_from_v1),
             meta: vec![(crate::catalog::COUNTER_PREFIX, &v1::upgrade_counter_meta)],
             marker: (STORE_FORMAT_KEY, &current),
         },
+        2 => tally_store::Upgrade {
+            shard_image: Some(&v2::upgrade_shard_image),
+            meta: vec![(crate::catalog::COUNTER_PREFIX, &v3::upgrade_counter_meta)],
+            marker: (STORE_FORMAT_KEY, &current),
+        },
         found => {
-            assert_eq!(found, 2, "readable formats are 1..={STORE_FORMAT}");
+            assert_eq!(found, 3, "readable formats are 1..={STORE_FORMAT}");
             tally_store::Upgrade {
-                shard_image: Some(&v2::upgrade_shard_image),
-                meta: vec![],
+                shard_image: Some(&v3::upgrade_shard_image),
+                meta: vec![(crate::catalog::COUNTER_PREFIX, &v3::upgrade_counter_meta)],
                 marker: (STORE_FORMAT_KEY, &current),
             }
         }

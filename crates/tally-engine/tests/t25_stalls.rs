@@ -113,6 +113,7 @@ async fn a_sketch_merged_beside_a_live_shard_never_rolls_it_back() {
                     id,
                     sketch: Some(sketch.to_bytes()),
                     frequency: None,
+                    windows: None,
                 })
                 .await
         }

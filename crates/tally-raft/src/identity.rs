@@ -67,9 +67,13 @@ impl Identity {
         let verdict = judge_store("raft store", marker.as_deref(), holds_data, RAFT_STORE_FORMATS_READABLE)?;
         let current = encode_version(RAFT_STORE_FORMAT);
         if verdict.write_marker && holds_data && verdict.found != RAFT_STORE_FORMAT {
-            // Format 1 is the only older one.
-            assert_eq!(verdict.found, 1, "readable formats are 1..={RAFT_STORE_FORMAT}");
-            let rewritten = crate::upgrade::from_v1(db, &tree, KEY_FORMAT, &current)?;
+            let rewritten = match verdict.found {
+                1 => crate::upgrade::from_v1(db, &tree, KEY_FORMAT, &current)?,
+                found => {
+                    assert_eq!(found, 2, "readable formats are 1..={RAFT_STORE_FORMAT}");
+                    crate::upgrade::from_v2(db, &tree, KEY_FORMAT, &current)?
+                }
+            };
             tracing::info!(
                 from = verdict.found,
                 to = RAFT_STORE_FORMAT,

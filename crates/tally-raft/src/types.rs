@@ -354,11 +354,12 @@ impl From<MetaError> for Rejection {
                 Rejection::Frequency { message: e.to_string() }
             }
             // Auto bounds are resolved by the engine before any command is proposed,
-            // so no metadata command raises these; should one, its message travels
-            // in the variant that carries core's text (the answer's layout stays).
-            MetaError::Spec(e @ (SpecError::AutoAndFixed | SpecError::BoundsWithoutAuto)) => {
-                Rejection::Frequency { message: e.to_string() }
-            }
+            // and a window set is checked when it is built, so no metadata command
+            // raises these; should one, its message travels in the variant that
+            // carries core's text (the answer's layout stays).
+            MetaError::Spec(
+                e @ (SpecError::AutoAndFixed | SpecError::BoundsWithoutAuto | SpecError::Window(_)),
+            ) => Rejection::Frequency { message: e.to_string() },
             MetaError::Resharding { target } => Rejection::Resharding { target },
             MetaError::TooManyGenerations { count } => Rejection::TooManyGenerations { count },
             MetaError::StaleGeneration { current, got } => Rejection::StaleGeneration { current, got },

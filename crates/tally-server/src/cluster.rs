@@ -144,6 +144,10 @@ impl Service for ClusterService {
         self.node.tally().distinct(name).await
     }
 
+    async fn window(&self, name: &str, window: &str) -> Result<tally_engine::WindowRead, TallyError> {
+        self.node.tally().window(name, window).await
+    }
+
     async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
         self.node.tally().frequency(name, item).await
     }

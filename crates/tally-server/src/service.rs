@@ -76,6 +76,14 @@ pub trait Service: Clone + Send + Sync + 'static {
     /// The distinct-member estimate of a counter with `distinct`.
     fn distinct(&self, name: &str) -> impl Future<Output = Result<DistinctRead, TallyError>> + Send;
 
+    /// One of a counter's sliding windows (its total, and its distinct estimate with
+    /// `distinct`), merged over every shard.
+    fn window(
+        &self,
+        name: &str,
+        window: &str,
+    ) -> impl Future<Output = Result<tally_engine::WindowRead, TallyError>> + Send;
+
     /// An item's estimated frequency, for a counter with `frequency`.
     fn frequency(
         &self,

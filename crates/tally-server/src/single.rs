@@ -132,6 +132,10 @@ impl Service for SingleNode {
         self.tally.distinct(name).await
     }
 
+    async fn window(&self, name: &str, window: &str) -> Result<tally_engine::WindowRead, TallyError> {
+        self.tally.window(name, window).await
+    }
+
     async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
         self.tally.frequency(name, item).await
     }

@@ -435,7 +435,10 @@ mod tests {
     }
 
     fn write(value: i64) -> ShardWrite {
-        ShardWrite { image: ShardImage { value, sketch: None, frequency: None }, ..ShardWrite::default() }
+        ShardWrite {
+            image: ShardImage { value, sketch: None, frequency: None, windows: None },
+            ..ShardWrite::default()
+        }
     }
 
     #[test]

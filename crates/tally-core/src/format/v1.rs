@@ -49,6 +49,7 @@ impl From<CounterSpecV1> for CounterSpec {
             distinct,
             dedup_window_s,
             frequency: None,
+            windows: crate::window::WindowSet::NONE,
         }
     }
 }
@@ -84,6 +85,7 @@ impl From<SpecPatchV1> for SpecPatch {
             distinct,
             dedup_window_s,
             frequency: None,
+            windows: None,
         }
     }
 }
@@ -157,7 +159,7 @@ pub struct ShardImageV1 {
 
 impl From<ShardImageV1> for ShardImage {
     fn from(v: ShardImageV1) -> Self {
-        ShardImage { value: v.value, sketch: v.sketch, frequency: None }
+        ShardImage { value: v.value, sketch: v.sketch, frequency: None, windows: None }
     }
 }
 

@@ -14,7 +14,7 @@
 //! both are close to exact for the few thousand members a sparse sketch holds).
 //! Nothing here is ever edited: a later format adds a module.
 
-use crate::codec::{decode, encode, DecodeError};
+use crate::codec::{decode, DecodeError};
 use crate::hash::hash64;
 use crate::shard::ShardImage;
 use crate::sketch::DistinctSketch;
@@ -141,23 +141,32 @@ impl From<SketchV2> for DistinctSketch {
 
 /// A format-2 shard image (today's layout) with its sketch in today's bytes.
 pub fn upgrade_shard_image(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    let mut image: ShardImage = decode("format-2 shard image", bytes)?;
+    // Format 2's layout is format 3's (see `super::v3`).
+    let image = super::v3::decode_shard_image("format-2 shard image", bytes)?;
+    upgrade_sketch(image)
+}
+
+/// Today's bytes of an image whose sketch is in format 2's encoding.
+fn upgrade_sketch(mut image: ShardImage) -> Result<Vec<u8>, DecodeError> {
     if let Some(sketch) = image.sketch.take() {
         let today: DistinctSketch = SketchV2::from_bytes(&sketch)?.into();
         image.sketch = Some(today.to_bytes());
     }
-    Ok(encode(&image))
+    Ok(super::v3::encode_shard_image(&image))
 }
 
 /// A format-1 shard image, as today's bytes: format 1's layout upgrade, then format 2's
 /// sketch upgrade (format 1 encoded sketches as format 2 did).
 pub fn upgrade_shard_image_from_v1(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_shard_image(&super::v1::upgrade_shard_image(bytes)?)
+    let image: ShardImage = decode("format-1 shard image", &super::v1::upgrade_shard_image(bytes)?)?;
+    upgrade_sketch(image)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::encode;
+    use crate::format::v3::ShardImageV3;
     use crate::sketch::member_hash;
 
     /// `sketch_of(0..3)` (members `user-0..2`) as format 2 encoded it.
@@ -218,19 +227,21 @@ mod tests {
 
     #[test]
     fn shard_images_upgrade_and_bad_sketches_are_an_error() {
-        let image = ShardImage { value: 9, sketch: Some(FORMAT_2_SKETCH_OF_THREE.to_vec()), frequency: None };
+        let image =
+            ShardImageV3 { value: 9, sketch: Some(FORMAT_2_SKETCH_OF_THREE.to_vec()), frequency: None };
         let up: ShardImage = decode("image", &upgrade_shard_image(&encode(&image)).unwrap()).unwrap();
         assert_eq!(up.value, 9);
         assert_eq!(DistinctSketch::from_bytes(up.sketch.as_deref().unwrap()), Ok(sketch_of(0..3)));
-        let plain = ShardImage { value: -1, sketch: None, frequency: None };
-        assert_eq!(upgrade_shard_image(&encode(&plain)).unwrap(), encode(&plain));
+        let plain = ShardImageV3 { value: -1, sketch: None, frequency: None };
+        let today = ShardImage { value: -1, sketch: None, frequency: None, windows: None };
+        assert_eq!(upgrade_shard_image(&encode(&plain)).unwrap(), encode(&today));
 
         let mut bad = FORMAT_2_SKETCH_OF_THREE.to_vec();
         bad[8] ^= 1;
-        let image = ShardImage { value: 9, sketch: Some(bad), frequency: None };
+        let image = ShardImageV3 { value: 9, sketch: Some(bad), frequency: None };
         assert!(upgrade_shard_image(&encode(&image)).is_err());
         // Today's bytes are not format 2's.
-        let image = ShardImage { value: 9, sketch: Some(sketch_of(0..3).to_bytes()), frequency: None };
+        let image = ShardImageV3 { value: 9, sketch: Some(sketch_of(0..3).to_bytes()), frequency: None };
         assert!(upgrade_shard_image(&encode(&image)).is_err());
         assert!(SketchV2::from_bytes(&[]).is_err());
     }

@@ -417,6 +417,8 @@ pub struct SpecBody {
     pub dedup_window_s: Option<u64>,
     /// Keep per-item frequencies: `{"epsilon": ..., "delta": ...}`.
     pub frequency: Option<FrequencySpec>,
+    /// Sliding windows: durations such as `["1m", "1h", "24h"]`; `[]` for none.
+    pub windows: Option<Vec<String>>,
 }
 
 /// `shards`: a number, or a word (only `"auto"` is accepted, by the engine's own
@@ -475,6 +477,12 @@ impl SpecBody {
             distinct: self.distinct,
             dedup_window_s: narrow("dedup_window_s", self.dedup_window_s, 0, DEDUP_WINDOW_S_MAX.into())?,
             frequency: self.frequency,
+            windows: self
+                .windows
+                .as_deref()
+                .map(tally_core::window::WindowSet::parse)
+                .transpose()
+                .map_err(SpecError::from)?,
         };
         Ok((spec, auto))
     }

@@ -8,8 +8,8 @@
 //! | `DELETE /v1/counters/{name}` | `delete_counter`: 204 |
 //! | `POST /v1/counters/{name}/increments` | `incr`: `{"applied": true}` |
 //! | `POST /v1/increments` | `incr_many`: `{"results": [...]}`, one per item |
-//! | `GET /v1/counters/{name}/value` | `value`: `?consistency=cached\|fresh` |
-//! | `GET /v1/counters/{name}/distinct` | `distinct` |
+//! | `GET /v1/counters/{name}/value` | `value`: `?consistency=cached\|fresh`, or `?window=1h` |
+//! | `GET /v1/counters/{name}/distinct` | `distinct`, or `?window=24h` |
 //! | `GET /v1/counters/{name}/frequency` | `frequency`: `?item=X`, the estimate and its bound |
 //! | `GET /v1/counters/{name}/top` | `top`: `?k=10`, the heaviest items |
 //! | `GET /v1/counters/{name}/shards` | `shards` |
@@ -327,17 +327,28 @@ async fn incr_many<S: Service>(
 pub struct ReadQuery {
     /// `cached` (default) or `fresh`.
     pub consistency: Option<String>,
+    /// One of the counter's windows (`1m`, `1h`, …): the sliding window's total,
+    /// always fresh.
+    pub window: Option<String>,
 }
 
-/// `GET /v1/counters/{name}/value?consistency=cached|fresh`; 404 if unknown.
+/// `GET /v1/counters/{name}/value?consistency=cached|fresh`; 404 if unknown. With
+/// `?window=1h`, the sliding window's total with its bucket granularity.
 #[tracing::instrument(level = "debug", name = "value", skip_all)]
 async fn value<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
     query: Result<Query<ReadQuery>, QueryRejection>,
-) -> Result<Json<ValueRead>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
     let Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    if let Some(window) = query.window {
+        if query.consistency.as_deref().is_some_and(|c| c != "fresh") {
+            return Err(bad("a window read is always fresh: drop consistency, or give fresh".into()));
+        }
+        return Ok(Json(st.svc.window(&name, &window).await?).into_response());
+    }
     let consistency = match query.consistency.as_deref() {
         None | Some("cached") => Consistency::Cached,
         Some("fresh") => Consistency::Fresh,
@@ -350,16 +361,33 @@ async fn value<S: Service>(
     if consistency == Consistency::Cached {
         st.shared.stats.cached_staleness_ms.record(read.staleness_ms);
     }
-    Ok(Json(read))
+    Ok(Json::<ValueRead>(read).into_response())
 }
 
-/// `GET /v1/counters/{name}/distinct`: the distinct-member estimate.
+/// The query of a distinct read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistinctQuery {
+    /// One of the counter's windows: the members of the sliding window.
+    pub window: Option<String>,
+}
+
+/// `GET /v1/counters/{name}/distinct`: the distinct-member estimate. With
+/// `?window=24h`, the sliding window's estimate (and total) with its bucket
+/// granularity.
 #[tracing::instrument(level = "debug", name = "distinct", skip_all)]
 async fn distinct<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
-) -> Result<Json<DistinctRead>, ApiError> {
-    Ok(Json(st.svc.distinct(&name).await?))
+    query: Result<Query<DistinctQuery>, QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
+    let Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    if let Some(window) = query.window {
+        return Ok(Json(st.svc.window(&name, &window).await?).into_response());
+    }
+    Ok(Json::<DistinctRead>(st.svc.distinct(&name).await?).into_response())
 }
 
 /// The query of a frequency read.

@@ -276,6 +276,9 @@ impl Service for Faulty {
     async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
         self.inner.distinct(name).await
     }
+    async fn window(&self, name: &str, window: &str) -> Result<tally_engine::WindowRead, TallyError> {
+        self.inner.window(name, window).await
+    }
     async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
         self.inner.frequency(name, item).await
     }
