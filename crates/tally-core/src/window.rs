@@ -115,7 +115,9 @@ impl Window {
     /// Parses `"<n><unit>"` with unit `s`, `m`, `h` or `d` and checks its bounds.
     pub fn parse(text: &str) -> Result<Self, WindowError> {
         let unparsable = || WindowError::Unparsable { found: text.chars().take(32).collect() };
-        if text.is_empty() || text.len() > WINDOW_TEXT_BYTES_MAX {
+        // ASCII only: the unit is the last byte, and a multi-byte character there
+        // must be refused, not split.
+        if text.is_empty() || text.len() > WINDOW_TEXT_BYTES_MAX || !text.is_ascii() {
             return Err(unparsable());
         }
         let (digits, unit) = text.split_at(text.len() - 1);
@@ -876,6 +878,13 @@ mod tests {
                 prop_assert_eq!(got.total, want_total);
                 prop_assert_eq!(got.sketch, Some(want_sketch));
             }
+        }
+    }
+
+    #[test]
+    fn a_duration_ending_in_a_multi_byte_character_is_refused() {
+        for text in ["\u{5ff}", "1\u{5ff}", "é", "5mé"] {
+            assert!(Window::parse(text).is_err(), "{text:?}");
         }
     }
 }
