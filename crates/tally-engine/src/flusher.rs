@@ -105,7 +105,12 @@ impl Flusher {
                     } else {
                         store.commit_many_async(&cycle.writes).await
                     };
-                    if cycle.applied(results, &stats, &seen) {
+                    let waiting = cycle.applied(results, &stats, &seen);
+                    if store.durable_on_commit() {
+                        // What was applied is durable: reads need no flush.
+                        seen.durable.fetch_max(seen.applied.load(Ordering::SeqCst), Ordering::SeqCst);
+                    }
+                    if waiting {
                         let covered = Cycle::flush_starts(&seen);
                         let result = if flag.load(Ordering::SeqCst) {
                             Err(poison_error())

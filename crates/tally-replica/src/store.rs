@@ -398,4 +398,9 @@ impl Store for RangeStore {
     fn waits(&self) -> bool {
         true
     }
+
+    /// A commit returns once a quorum of its range group holds it.
+    fn durable_on_commit(&self) -> bool {
+        true
+    }
 }

@@ -147,6 +147,13 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether a commit that returned Ok is durable already (a replicated store: a
+    /// quorum holds it). The engine's reads then make nothing durable themselves, so
+    /// they never wait behind the commit path.
+    fn durable_on_commit(&self) -> bool {
+        false
+    }
+
     /// [`Store::commit_many`], for a store that [`waits`](Store::waits).
     fn commit_many_async<'a>(
         &'a self,
