@@ -483,3 +483,60 @@ pub fn voter_lag(status: &crate::groups::GroupStatus) -> u64 {
 fn excluded(directory: &[String], replicas: &[ReplicaReport]) -> Vec<String> {
     directory.iter().filter(|n| !replicas.iter().any(|r| &r.node == *n)).cloned().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::groups::GroupStatus;
+
+    #[test]
+    fn only_a_different_leader_is_a_failover() {
+        assert!(!is_failover(None, Some(1)), "a first election");
+        assert!(!is_failover(Some(1), Some(1)));
+        assert!(!is_failover(Some(1), None), "no leader yet: nothing changed hands");
+        assert!(is_failover(Some(1), Some(2)));
+    }
+
+    fn leader_status(last: Option<u64>, matched: &[(ReplicaId, Option<u64>)]) -> GroupStatus {
+        GroupStatus {
+            replica: 1,
+            leader: Some(1),
+            voters: [(1, "a".to_owned()), (2, "b".to_owned()), (3, "c".to_owned())].into(),
+            last_log_index: last,
+            matched: Some(matched.iter().copied().collect()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn voter_lag_is_the_furthest_voter_behind_the_leaders_log() {
+        let s = leader_status(Some(40), &[(1, Some(40)), (2, Some(38)), (3, Some(31))]);
+        assert_eq!(voter_lag(&s), 9);
+        let s = leader_status(Some(40), &[(1, Some(40)), (2, Some(40)), (3, Some(40))]);
+        assert_eq!(voter_lag(&s), 0);
+        // A voter known to hold nothing lacks the whole log (index 0 included).
+        let s = leader_status(Some(40), &[(1, Some(40)), (2, Some(40)), (3, None)]);
+        assert_eq!(voter_lag(&s), 41);
+        // Learners do not count.
+        let mut s = leader_status(Some(40), &[(1, Some(40)), (2, Some(40)), (3, Some(40)), (4, Some(2))]);
+        s.learners.insert(4, "d".into());
+        assert_eq!(voter_lag(&s), 0);
+        // Not a leader: no progress known, no lag.
+        let s = GroupStatus { matched: None, last_log_index: Some(40), ..leader_status(None, &[]) };
+        assert_eq!(voter_lag(&s), 0);
+    }
+
+    #[test]
+    fn excluded_are_the_directory_nodes_without_a_replica() {
+        let replica = |node: &str| ReplicaReport {
+            node: node.into(),
+            replica: Some(1),
+            role: ReplicaRole::Voter,
+            current: Some(true),
+            matched: None,
+        };
+        let directory = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        assert_eq!(excluded(&directory, &[replica("a"), replica("b")]), ["c"]);
+        assert!(excluded(&directory, &[replica("a"), replica("b"), replica("c")]).is_empty());
+    }
+}
