@@ -77,9 +77,9 @@ schemas = {
    ["k", "items", "error_bound", "confidence", "undercount", "total", "complete", "missing_shards"],
    desc="The heaviest items, heaviest first. A listed item's weight lies in [lower_bound, min(estimate, lower_bound + undercount)]; "
    "an unlisted item weighs at most `undercount`."),
- "ReplicaReport": obj({"node": STR, "replica": nullable(UINT), "role": {"type": "string", "enum": ["voter", "learner", "directory"]},
+ "ReplicaReport": obj({"node": STR, "replica": nullable({"type": "string", "pattern": "^[0-9]+$"}), "role": {"type": "string", "enum": ["voter", "learner", "directory"]},
    "current": nullable(BOOL), "matched": nullable(UINT)}, ["node", "replica", "role", "current", "matched"],
-   desc="One replica of a range: its node, raft id, role (`directory`: named by the range directory on a node that runs no replica of the range), "
+   desc="One replica of a range: its node, raft id (64 bits, in decimal), role (`directory`: named by the range directory on a node that runs no replica of the range), "
    "whether it is its node's current store incarnation, and on the range's leader the last log index it is known to hold."),
  "RangeReport": obj({"range": UINT, "replicated_here": BOOL, "replicas": {"type": "array", "items": ref("ReplicaReport")},
    "leader": nullable(STR), "term": nullable(UINT), "joint": BOOL, "applied": nullable(UINT), "leader_last_log": nullable(UINT),

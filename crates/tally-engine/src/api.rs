@@ -267,8 +267,9 @@ pub enum ReplicaRole {
 pub struct ReplicaReport {
     /// The node running it.
     pub node: String,
-    /// Its raft id (its node's store incarnation); `None` where unknown.
-    pub replica: Option<u64>,
+    /// Its raft id (its node's store incarnation), in decimal: a 64-bit id is
+    /// beyond the integers a JSON double holds exactly. `None` where unknown.
+    pub replica: Option<String>,
     /// Voter, learner, or only named by the directory.
     pub role: ReplicaRole,
     /// Whether it is its node's current store incarnation; `false` for the replica

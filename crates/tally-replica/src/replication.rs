@@ -388,15 +388,19 @@ impl Replication {
             .iter()
             .map(|(id, node)| (id, node, ReplicaRole::Voter))
             .chain(status.learners.iter().map(|(id, node)| (id, node, ReplicaRole::Learner)));
-        let replicas: Vec<ReplicaReport> = roles
+        let mut replicas: Vec<ReplicaReport> = roles
             .map(|(id, node, role)| ReplicaReport {
                 node: node.clone(),
-                replica: Some(*id),
+                replica: Some(id.to_string()),
                 role,
                 current: current(*id, node),
                 matched: matched(*id),
             })
             .collect();
+        // Voters first, each role by node name.
+        replicas.sort_by(|a, b| {
+            (a.role != ReplicaRole::Voter, &a.node).cmp(&(b.role != ReplicaRole::Voter, &b.node))
+        });
         let excluded = excluded(&directory, &replicas);
         let leads = status.matched.is_some();
         RangeReport {
@@ -530,7 +534,7 @@ mod tests {
     fn excluded_are_the_directory_nodes_without_a_replica() {
         let replica = |node: &str| ReplicaReport {
             node: node.into(),
-            replica: Some(1),
+            replica: Some("1".into()),
             role: ReplicaRole::Voter,
             current: Some(true),
             matched: None,
