@@ -77,7 +77,20 @@ schemas = {
    ["k", "items", "error_bound", "confidence", "undercount", "total", "complete", "missing_shards"],
    desc="The heaviest items, heaviest first. A listed item's weight lies in [lower_bound, min(estimate, lower_bound + undercount)]; "
    "an unlisted item weighs at most `undercount`."),
- "ShardReport": obj({"index": UINT, "node": STR, "value": INT, "writes": UINT}, ["index", "node", "value", "writes"]),
+ "ReplicaReport": obj({"node": STR, "replica": nullable({"type": "string", "pattern": "^[0-9]+$"}), "role": {"type": "string", "enum": ["voter", "learner", "directory"]},
+   "current": nullable(BOOL), "matched": nullable(UINT)}, ["node", "replica", "role", "current", "matched"],
+   desc="One replica of a range: its node, raft id (64 bits, in decimal), role (`directory`: named by the range directory on a node that runs no replica of the range), "
+   "whether it is its node's current store incarnation, and on the range's leader the last log index it is known to hold."),
+ "RangeReport": obj({"range": UINT, "replicated_here": BOOL, "replicas": {"type": "array", "items": ref("ReplicaReport")},
+   "leader": nullable(STR), "term": nullable(UINT), "joint": BOOL, "applied": nullable(UINT), "leader_last_log": nullable(UINT),
+   "excluded": {"type": "array", "items": STR}},
+   ["range", "replicated_here", "replicas", "leader", "term", "joint", "applied", "leader_last_log", "excluded"],
+   desc="A range's replica group as the node asked knows it (only when cluster.replicas > 1). On a node that runs no replica of the range, "
+   "`replicas` are the directory's, `leader` the replica that served the range last for it, `term` null. `applied` is the node's last applied "
+   "index; on the leader, `leader_last_log` is its last log index and every replica's `matched` is filled (a learner has caught up once "
+   "`matched` reaches the leader's `applied`). `excluded`: nodes the directory names that hold no replica in the group."),
+ "ShardReport": obj({"index": UINT, "node": STR, "value": INT, "writes": UINT, "replication": ref("RangeReport")},
+   ["index", "node", "value", "writes"]),
  "Contention": obj({"rate_per_shard": UINT, "rate_hottest": UINT, "skew": NUM, "queue_depth_max": UINT, "rate_total": UINT},
    ["rate_per_shard", "rate_hottest", "skew", "queue_depth_max", "rate_total"],
    desc="One sample of a counter's contention on this node: increments per second (mean per shard, busiest shard, all shards), skew, and the most increments waiting at one shard at once."),
@@ -101,7 +114,8 @@ schemas = {
  "NodeView": obj({"id": STR, "state": {"type": "string", "enum": ["up", "suspect", "down"]}, "http": STR, "member": BOOL},
    ["id", "state", "http", "member"]),
  "ClusterView": obj({"nodes": {"type": "array", "items": ref("NodeView")}, "leader": nullable(STR), "term": UINT,
-   "placement_epoch": UINT, "handoff": {"type": "array", "items": STR}, "data_lost": {"type": "array", "items": STR}},
+   "placement_epoch": UINT, "handoff": {"type": "array", "items": STR}, "data_lost": {"type": "array", "items": STR},
+   "ranges": {"type": "array", "items": ref("RangeReport")}},
    ["nodes", "leader", "term", "placement_epoch", "handoff", "data_lost"]),
  "CounterPage": obj({"counters": {"type": "array", "items": NAME, "maxItems": 1000}, "next": nullable(NAME)}, ["counters", "next"],
    desc="One page of counter names in byte order; pass `next` as `cursor` for the next page (null on the last)."),

@@ -102,3 +102,135 @@ async fn a_frozen_range_leader_never_makes_an_acknowledged_increment_disappear()
     assert!(during > 100, "writes did not go on around the frozen leader: {during}");
     tally_tests::stories::assert_counted_once(&c, "stock", &acked, WRITERS, 11).await
 }
+
+/// How long the groups may take to agree on their leaders (a start, or a failover
+/// and the news spreading).
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The sample of an unlabelled metric in Prometheus text.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Each shard's range and leader as every node in `nodes` reports it, once they
+/// all agree on one leader per shard (and it is one of `nodes`); `Err` if they do
+/// not within [`SETTLE`]. Every report is checked against the OpenAPI document.
+async fn agreed_leaders(
+    c: &TestCluster,
+    nodes: &[usize],
+    counter: &str,
+) -> anyhow::Result<Vec<(u64, String, serde_json::Value)>> {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let mut views = Vec::new();
+        for &n in nodes {
+            let report = c.get(n, &format!("/v1/counters/{counter}/shards")).await?;
+            tally_tests::openapi::check("GET", "/v1/counters/{name}/shards", 200, &report)?;
+            views.push(report);
+        }
+        let live: Vec<String> = nodes.iter().map(|n| format!("node{n}")).collect();
+        let first = &views[0]["shards"];
+        let shards = first.as_array().map_or(0, Vec::len);
+        let agreed: Option<Vec<(u64, String, serde_json::Value)>> = (0..shards)
+            .map(|i| {
+                let r = &first[i]["replication"];
+                let leader = r["leader"].as_str()?.to_owned();
+                let same = views.iter().all(|v| v["shards"][i]["replication"]["leader"] == r["leader"]);
+                (same && live.contains(&leader))
+                    .then(|| (r["range"].as_u64().unwrap_or(u64::MAX), leader, r.clone()))
+            })
+            .collect();
+        match agreed {
+            Some(a) if shards > 0 => return Ok(a),
+            _ if std::time::Instant::now() > deadline => {
+                anyhow::bail!("nodes {nodes:?} never agreed on the leaders of {counter}: {views:?}")
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The shard report and the cluster view show each range's three replicas, the
+/// one leader every node agrees on, and its term; after the leader of a range is
+/// killed, another node leads it and the survivors count a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_and_cluster_show_replicas_leaders_and_failovers() -> anyhow::Result<()> {
+    let c = TestCluster::start_configured(3, &[], REPLICATED).await?;
+    c.put_counter(1, "views", json!({"shards": 8, "durability": "sync"})).await?;
+    for i in 0..24 {
+        let (status, body) =
+            c.incr(1 + i % 3, "views", json!({"delta": 1, "event_id": format!("v{i}")})).await?;
+        assert_eq!(status, 200, "{body}");
+    }
+    let leaders = agreed_leaders(&c, &[1, 2, 3], "views").await?;
+    for (range, leader, r) in &leaders {
+        assert_eq!(r["replicated_here"], json!(true), "{r}");
+        let replicas = r["replicas"].as_array().expect("replicas");
+        assert_eq!(replicas.len(), 3, "range {range}: {r}");
+        let mut nodes: Vec<&str> = replicas.iter().filter_map(|p| p["node"].as_str()).collect();
+        nodes.sort();
+        assert_eq!(nodes, ["node1", "node2", "node3"], "range {range}: {r}");
+        assert!(replicas.iter().all(|p| p["role"] == json!("voter") && p["current"] == json!(true)), "{r}");
+        assert!(r["term"].as_u64().is_some_and(|t| t >= 1), "range {range}: {r}");
+        assert_eq!(r["excluded"], json!([]), "{r}");
+        assert!(leader.starts_with("node"), "{r}");
+    }
+
+    // The cluster view of every node lists every range; a range's leader fills in
+    // every replica's progress, and its voters hold its whole log once idle.
+    let mut ranges_led = 0;
+    for n in 1..=3 {
+        let view = c.get(n, "/v1/cluster").await?;
+        tally_tests::openapi::check("GET", "/v1/cluster", 200, &view)?;
+        let ranges = view["ranges"].as_array().expect("ranges in a replicated cluster's view");
+        assert!(!ranges.is_empty(), "{view}");
+        for (range, leader, _) in &leaders {
+            let r = ranges.iter().find(|r| r["range"].as_u64() == Some(*range)).expect("every range listed");
+            assert_eq!(r["leader"].as_str(), Some(leader.as_str()), "node{n}: {r}");
+            if *leader == format!("node{n}") {
+                let last = r["leader_last_log"].as_u64().expect("the leader knows its log");
+                let settled = r["replicas"]
+                    .as_array()
+                    .expect("replicas")
+                    .iter()
+                    .all(|p| p["matched"].as_u64().is_some());
+                assert!(settled, "node{n} leads but lacks progress: {r}");
+                assert!(last >= 1, "{r}");
+            } else {
+                assert_eq!(r["leader_last_log"], json!(null), "node{n} does not lead: {r}");
+            }
+        }
+        let metrics = reqwest::get(format!("{}/metrics", c.node(n).url())).await?.text().await?;
+        ranges_led += sample(&metrics, "tally_replica_ranges_led").expect("ranges led") as u64;
+        assert_eq!(sample(&metrics, "tally_replica_ranges_without_leader"), Some(0.0), "node{n}");
+        assert!(sample(&metrics, "tally_replica_lag_entries").is_some(), "node{n}");
+    }
+    let ranges = c.get(1, "/v1/cluster").await?["ranges"].as_array().map_or(0, Vec::len) as u64;
+    assert_eq!(ranges_led, ranges, "every range is led by exactly one node");
+
+    // Kill the leader of shard 0's range: the other two elect another.
+    let (range, old, _) = leaders[0].clone();
+    let victim: usize = old.trim_start_matches("node").parse()?;
+    let survivors: Vec<usize> = (1..=3).filter(|n| *n != victim).collect();
+    let mut before = Vec::new();
+    for &n in &survivors {
+        let metrics = reqwest::get(format!("{}/metrics", c.node(n).url())).await?.text().await?;
+        before.push(sample(&metrics, "tally_replica_failovers_total").expect("failovers counted"));
+    }
+    c.node(victim).kill();
+    let killed = std::time::Instant::now();
+    let after = agreed_leaders(&c, &survivors, "views").await?;
+    println!(
+        "{old} (leader of range {range}) killed: survivors agree on every leader after {:?}",
+        killed.elapsed()
+    );
+    let (_, new, _) = after.iter().find(|(r, _, _)| *r == range).expect("the range is still there");
+    assert_ne!(*new, old, "range {range} kept its dead leader");
+    for (i, &n) in survivors.iter().enumerate() {
+        let metrics = reqwest::get(format!("{}/metrics", c.node(n).url())).await?.text().await?;
+        let failovers = sample(&metrics, "tally_replica_failovers_total").expect("failovers counted");
+        println!("node{n}: tally_replica_failovers_total {} -> {failovers}", before[i]);
+        assert!(failovers > before[i], "node{n} counted no failover: {} then {failovers}", before[i]);
+    }
+    Ok(())
+}

@@ -159,13 +159,25 @@ pub fn top_items(name: &str, t: &TopRead) -> String {
 
 /// Per-shard values as a table, then the total and skew.
 pub fn shards(name: &str, r: &ShardsReport) -> String {
+    let replicated = r.shards.iter().any(|s| s.replication.is_some());
     let rows: Vec<Vec<String>> = r
         .shards
         .iter()
-        .map(|s| vec![s.index.to_string(), s.node.clone(), s.value.to_string(), s.writes.to_string()])
+        .map(|s| {
+            let mut row =
+                vec![s.index.to_string(), s.node.clone(), s.value.to_string(), s.writes.to_string()];
+            if replicated {
+                row.extend(replica_columns(s.replication.as_ref()));
+            }
+            row
+        })
         .collect();
     let total: i128 = r.base.saturating_add(r.shards.iter().map(|s| s.value).sum::<i128>());
-    let mut out = table(&["shard", "node", "value", "writes"], &rows);
+    let mut out = if replicated {
+        table(&["shard", "node", "value", "writes", "range", "leader", "term", "replicas"], &rows)
+    } else {
+        table(&["shard", "node", "value", "writes"], &rows)
+    };
     let sealed =
         if r.base == 0 { String::new() } else { format!(" (of which {} from sealed generations)", r.base) };
     let _ = writeln!(
@@ -176,6 +188,22 @@ pub fn shards(name: &str, r: &ShardsReport) -> String {
         r.skew
     );
     out
+}
+
+/// A replicated shard's range, leader, term and replicas (learners marked).
+fn replica_columns(r: Option<&crate::wire::RangeReport>) -> Vec<String> {
+    let Some(r) = r else { return vec!["-".into(); 4] };
+    let replicas: Vec<String> = r
+        .replicas
+        .iter()
+        .map(|p| if p.role == "learner" { format!("{}(learner)", p.node) } else { p.node.clone() })
+        .collect();
+    vec![
+        r.range.to_string(),
+        r.leader.clone().unwrap_or_else(|| "(none known)".into()),
+        r.term.map_or_else(|| "-".into(), |t| t.to_string()),
+        replicas.join(","),
+    ]
 }
 
 /// The cluster's nodes as a table, then the leader and term.
@@ -230,8 +258,8 @@ mod tests {
             generation: 1,
             base: 0,
             shards: vec![
-                ShardReport { index: 0, node: "node1".into(), value: 12, writes: 12 },
-                ShardReport { index: 1, node: "node1".into(), value: 3, writes: 3 },
+                ShardReport { index: 0, node: "node1".into(), value: 12, writes: 12, replication: None },
+                ShardReport { index: 1, node: "node1".into(), value: 3, writes: 3, replication: None },
             ],
             skew: 1.6,
         };
@@ -255,6 +283,37 @@ mod tests {
             cluster(&c),
             "node   state  shards  http\nnode1  up     member  127.0.0.1:7070\n\
              leader node1, term 3, placement epoch 1\nshards still moving from: node1\n"
+        );
+    }
+
+    #[test]
+    fn replicated_shards_show_their_range_leader_and_replicas() {
+        use crate::wire::{RangeReport, ReplicaReport};
+        let replica = |node: &str, role: &str| ReplicaReport { node: node.into(), role: role.into() };
+        let range = RangeReport {
+            range: 14,
+            leader: Some("node2".into()),
+            term: Some(3),
+            replicas: vec![replica("node1", "voter"), replica("node2", "voter"), replica("node4", "learner")],
+        };
+        let r = ShardsReport {
+            generation: 0,
+            base: 0,
+            shards: vec![ShardReport {
+                index: 0,
+                node: "node2".into(),
+                value: 5,
+                writes: 5,
+                replication: Some(range),
+            }],
+            skew: 1.0,
+        };
+        let text = shards("likes", &r);
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        assert_eq!(lines[0], "shard  node   value  writes  range  leader  term  replicas", "{text}");
+        assert_eq!(
+            lines[1], "0      node2  5      5       14     node2   3     node1,node2,node4(learner)",
+            "{text}"
         );
     }
 

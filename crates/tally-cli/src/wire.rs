@@ -316,6 +316,31 @@ pub struct ShardReport {
     /// Increments routed to it (as seen by the answering node).
     #[serde(default)]
     pub writes: u64,
+    /// Its range's group, when shards are replicated.
+    #[serde(default)]
+    pub replication: Option<RangeReport>,
+}
+
+/// A range's replica group as the answering node knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RangeReport {
+    /// The range's number.
+    pub range: u64,
+    /// Its leader's node, if known.
+    pub leader: Option<String>,
+    /// The raft term of that knowledge.
+    pub term: Option<u64>,
+    /// Its replicas.
+    pub replicas: Vec<ReplicaReport>,
+}
+
+/// One replica of a range.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ReplicaReport {
+    /// Its node.
+    pub node: String,
+    /// `voter`, `learner` or `directory`.
+    pub role: String,
 }
 
 /// `GET /v1/counters/{name}/shards`.

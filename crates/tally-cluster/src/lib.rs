@@ -16,7 +16,7 @@
 
 pub mod replication;
 
-pub use tally_replica::Replication;
+pub use tally_replica::{Replication, ReplicationFigures};
 
 use futures::future::BoxFuture;
 use replication::PeerRequest;
@@ -786,6 +786,25 @@ impl ClusterNode {
     /// The node's engine (every counter is served through it).
     pub fn tally(&self) -> &Tally {
         &self.tally
+    }
+
+    /// The node's shard replication, when shards are replicated.
+    pub fn replication(&self) -> Option<&Arc<Replication>> {
+        self.replication.as_ref()
+    }
+
+    /// `name`'s shards as the engine reports them, each with its range's replicas,
+    /// leader and term when shards are replicated.
+    pub async fn shards(&self, name: &str) -> Result<tally_engine::ShardsReport, TallyError> {
+        let mut report = self.tally.shards(name).await?;
+        if let Some(r) = &self.replication {
+            let counter = CounterName::new(name)?;
+            for shard in &mut report.shards {
+                let id = ShardId::new(counter.clone(), report.generation, shard.index);
+                shard.replication = Some(r.range_report(r.range_of(&id)));
+            }
+        }
+        Ok(report)
     }
 
     /// Every member with its state as this node sees it.

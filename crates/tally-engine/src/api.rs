@@ -243,6 +243,68 @@ pub struct ShardReport {
     pub value: i64,
     /// Increments routed to it on this node since the counter became active here.
     pub writes: u64,
+    /// Its range's replicas, leader and term, when shards are replicated
+    /// (`cluster.replicas` > 1); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<RangeReport>,
+}
+
+/// The part a replica plays in its range's group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaRole {
+    /// Counts towards quorums.
+    Voter,
+    /// Receives the log but counts towards no quorum (a replica catching up).
+    Learner,
+    /// Named by the range directory; this node runs no replica of the range, so
+    /// it does not know the group's membership.
+    Directory,
+}
+
+/// One replica of a range, as the node asked knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaReport {
+    /// The node running it.
+    pub node: String,
+    /// Its raft id (its node's store incarnation), in decimal: a 64-bit id is
+    /// beyond the integers a JSON double holds exactly. `None` where unknown.
+    pub replica: Option<String>,
+    /// Voter, learner, or only named by the directory.
+    pub role: ReplicaRole,
+    /// Whether it is its node's current store incarnation; `false` for the replica
+    /// of a replaced disk still in the membership until it is removed; `None`
+    /// where unknown.
+    pub current: Option<bool>,
+    /// On the range's leader only: the last log index the replica is known to hold.
+    pub matched: Option<u64>,
+}
+
+/// A range's replica group as the node asked knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeReport {
+    /// The range's number.
+    pub range: u32,
+    /// Whether the node asked runs a replica of the range. If not, `replicas` are
+    /// the directory's, `leader` is the replica that served the range last for
+    /// this node (or `None`), and `term` is `None`.
+    pub replicated_here: bool,
+    /// The replicas: voters, then learners (or the directory's nodes).
+    pub replicas: Vec<ReplicaReport>,
+    /// The leader's node, if known.
+    pub leader: Option<String>,
+    /// The raft term of that knowledge.
+    pub term: Option<u64>,
+    /// Whether a joint membership change (a replica being replaced) is under way.
+    pub joint: bool,
+    /// The last index the node asked applied.
+    pub applied: Option<u64>,
+    /// On the leader only: its last log index (a replica whose `matched` equals it
+    /// holds everything).
+    pub leader_last_log: Option<u64>,
+    /// Nodes the directory names for the range that hold no replica in the
+    /// group's membership (excluded, or not added yet).
+    pub excluded: Vec<String>,
 }
 
 /// Per-shard values and the write skew.

@@ -356,6 +356,7 @@ pub(crate) async fn shards(
             } else {
                 0
             },
+            replication: None,
         });
     }
     Ok(ShardsReport {

@@ -190,6 +190,34 @@ pub struct GroupMembers {
     pub joint: bool,
 }
 
+/// openraft's metrics of one range group.
+pub type GroupMetrics = openraft::RaftMetrics<ReplicaId, ReplicaNode>;
+
+/// What a replica knows of its range's group ([`RangeGroups::status`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// This node's replica id.
+    pub replica: ReplicaId,
+    /// The leader it knows of.
+    pub leader: Option<ReplicaId>,
+    /// That leader's node, if the membership names it.
+    pub leader_node: Option<String>,
+    /// The raft term it is in.
+    pub term: u64,
+    /// The voters (both sides during a joint change), with their nodes.
+    pub voters: BTreeMap<ReplicaId, String>,
+    /// The learners, with their nodes.
+    pub learners: BTreeMap<ReplicaId, String>,
+    /// Whether a joint (two-configuration) change is in progress.
+    pub joint: bool,
+    /// The last index of its log.
+    pub last_log_index: Option<u64>,
+    /// The last index it applied.
+    pub last_applied: Option<u64>,
+    /// On the leader only: the last index each replica is known to hold.
+    pub matched: Option<BTreeMap<ReplicaId, Option<u64>>>,
+}
+
 #[derive(Clone)]
 struct Group {
     raft: Raft,
@@ -511,6 +539,46 @@ impl RangeGroups {
     /// How many snapshots this node's replica of `range` installed since it opened.
     pub fn snapshots_installed(&self, range: RangeId) -> Result<u64, ReplicaError> {
         Ok(self.group(range)?.shared.snapshots_installed())
+    }
+
+    /// Encoded bytes of the snapshots this node's replica of `range` installed
+    /// since it opened (catch-up by snapshot).
+    pub fn snapshot_bytes_installed(&self, range: RangeId) -> Result<u64, ReplicaError> {
+        Ok(self.group(range)?.shared.snapshot_bytes_installed())
+    }
+
+    /// What this replica knows of `range`'s group now, read from openraft's
+    /// metrics without asking anyone.
+    pub fn status(&self, range: RangeId) -> Result<GroupStatus, ReplicaError> {
+        let g = self.group(range)?;
+        let m = g.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let node = |id: &ReplicaId| membership.get_node(id).map_or_else(String::new, |n| n.node.clone());
+        let leads = m.current_leader == Some(self.id);
+        Ok(GroupStatus {
+            replica: self.id,
+            leader: m.current_leader,
+            leader_node: m
+                .current_leader
+                .as_ref()
+                .and_then(|l| membership.get_node(l))
+                .map(|n| n.node.clone()),
+            term: m.current_term,
+            voters: membership.voter_ids().map(|id| (id, node(&id))).collect(),
+            learners: membership.learner_ids().map(|id| (id, node(&id))).collect(),
+            joint: membership.get_joint_config().len() > 1,
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            matched: match (leads, m.replication.as_ref()) {
+                (true, Some(r)) => Some(r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect()),
+                _ => None,
+            },
+        })
+    }
+
+    /// A watch of `range`'s openraft metrics (it ends when the group stops).
+    pub fn watch(&self, range: RangeId) -> Result<tokio::sync::watch::Receiver<GroupMetrics>, ReplicaError> {
+        Ok(self.group(range)?.raft.metrics())
     }
 
     /// Builds a snapshot of `range` now (the log behind it is purged down to the

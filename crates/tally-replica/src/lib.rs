@@ -68,11 +68,11 @@ pub mod store;
 pub mod types;
 
 pub use groups::{
-    GroupMembers, GroupsConfig, RangeGroups, ReplicaError, ShardRead, WriteAck, ELECTION_TIMEOUT_MAX_MS,
-    ELECTION_TIMEOUT_MIN_MS, FAILOVER_BOUND_MS, HEARTBEAT_MS,
+    GroupMembers, GroupMetrics, GroupStatus, GroupsConfig, RangeGroups, ReplicaError, ShardRead, WriteAck,
+    ELECTION_TIMEOUT_MAX_MS, ELECTION_TIMEOUT_MIN_MS, FAILOVER_BOUND_MS, HEARTBEAT_MS,
 };
 pub use network::{MemRouter, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
-pub use replication::{Peers, Replication, LEADER_WAIT_MS};
+pub use replication::{Peers, Replication, ReplicationFigures, LEADER_WAIT_MS};
 pub use storage::{KvStore, MemKv, SledKv};
 pub use store::RangeStore;
 pub use types::{Batch, BatchReport, ReplicaId, ReplicaNode, ShardEntry, StoredShard};

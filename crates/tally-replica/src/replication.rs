@@ -26,11 +26,12 @@ use crate::types::{ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::ranges::{Directory, RangeId};
 use tally_core::{NodeId, ShardId};
-use tally_engine::{ShardRequest, ShardResponse, Tally, TallyError};
+use tally_engine::{RangeReport, ReplicaReport, ReplicaRole, ShardRequest, ShardResponse, Tally, TallyError};
 
 /// Longest wait for a range to have a leader before a request gives up: a
 /// failover, and a heartbeat for the news to spread.
@@ -63,6 +64,8 @@ pub struct Replication {
     /// The replica that last served each range this node does not replicate (its
     /// leader, as far as this node learnt): where the range's requests go first.
     hints: parking_lot::Mutex<HashMap<RangeId, NodeId>>,
+    /// Leader changes this node observed in the groups it runs.
+    failovers: AtomicU64,
 }
 
 fn unavailable(id: &ShardId, reason: String) -> TallyError {
@@ -81,7 +84,14 @@ pub fn repeatable(request: &ShardRequest) -> bool {
 impl Replication {
     /// Node `me`'s replication over `groups`, cut by `directory`.
     pub fn new(me: NodeId, groups: Arc<RangeGroups>, directory: Directory, peers: Arc<dyn Peers>) -> Self {
-        Self { me, groups, directory, peers, hints: parking_lot::Mutex::new(HashMap::new()) }
+        Self {
+            me,
+            groups,
+            directory,
+            peers,
+            hints: parking_lot::Mutex::new(HashMap::new()),
+            failovers: AtomicU64::new(0),
+        }
     }
 
     /// The node's range groups.
@@ -304,11 +314,233 @@ impl Replication {
         futures::future::join_all(passes).await;
     }
 
-    /// Tends the groups every [`TEND_EVERY_MS`] until the task is dropped.
+    /// Tends the groups every [`TEND_EVERY_MS`], and counts the leader changes of
+    /// every group this node runs, until the task is dropped.
     pub async fn run(self: Arc<Self>) {
-        loop {
-            self.tend().await;
-            tokio::time::sleep(Duration::from_millis(TEND_EVERY_MS)).await;
+        let tending = async {
+            loop {
+                self.tend().await;
+                tokio::time::sleep(Duration::from_millis(TEND_EVERY_MS)).await;
+            }
+        };
+        futures::future::join(tending, self.watch_leaders()).await;
+    }
+
+    /// Counts, in [`Replication::failovers`], every change of leader of the groups
+    /// this node runs, as each group's metrics report it; ends when they stop.
+    async fn watch_leaders(&self) {
+        let watches = self.groups.ranges().into_iter().filter_map(|r| self.groups.watch(r).ok());
+        let watching = watches.map(|mut watch| async move {
+            let mut last = watch.borrow().current_leader;
+            while watch.changed().await.is_ok() {
+                let now = watch.borrow().current_leader;
+                if is_failover(last, now) {
+                    self.failovers.fetch_add(1, Ordering::Relaxed);
+                }
+                last = now.or(last);
+            }
+        });
+        futures::future::join_all(watching).await;
+    }
+
+    /// Leader changes this node observed in the groups it runs since it started
+    /// (a first election is none).
+    pub fn failovers(&self) -> u64 {
+        self.failovers.load(Ordering::Relaxed)
+    }
+
+    /// `range`'s group as this node knows it: the group's membership, leader and
+    /// term where this node runs a replica (with every replica's progress where it
+    /// leads); elsewhere the directory's replicas and the replica that served the
+    /// range last.
+    pub fn range_report(&self, range: RangeId) -> RangeReport {
+        let directory: Vec<String> =
+            self.directory.replicas(range).iter().map(|n| n.as_str().to_owned()).collect();
+        let Ok(status) = self.groups.status(range) else {
+            return RangeReport {
+                range: range.0,
+                replicated_here: false,
+                replicas: directory
+                    .into_iter()
+                    .map(|node| ReplicaReport {
+                        node,
+                        replica: None,
+                        role: ReplicaRole::Directory,
+                        current: None,
+                        matched: None,
+                    })
+                    .collect(),
+                leader: self.hints.lock().get(&range).map(|n| n.as_str().to_owned()),
+                term: None,
+                joint: false,
+                applied: None,
+                leader_last_log: None,
+                excluded: Vec::new(),
+            };
+        };
+        let current = |replica: ReplicaId, node: &str| {
+            self.peers.replica_of(&NodeId::new(node)).map(|now| now == replica)
+        };
+        let matched =
+            |replica: ReplicaId| status.matched.as_ref().and_then(|m| m.get(&replica).copied().flatten());
+        let roles = status
+            .voters
+            .iter()
+            .map(|(id, node)| (id, node, ReplicaRole::Voter))
+            .chain(status.learners.iter().map(|(id, node)| (id, node, ReplicaRole::Learner)));
+        let mut replicas: Vec<ReplicaReport> = roles
+            .map(|(id, node, role)| ReplicaReport {
+                node: node.clone(),
+                replica: Some(id.to_string()),
+                role,
+                current: current(*id, node),
+                matched: matched(*id),
+            })
+            .collect();
+        // Voters first, each role by node name.
+        replicas.sort_by(|a, b| {
+            (a.role != ReplicaRole::Voter, &a.node).cmp(&(b.role != ReplicaRole::Voter, &b.node))
+        });
+        let excluded = excluded(&directory, &replicas);
+        let leads = status.matched.is_some();
+        RangeReport {
+            range: range.0,
+            replicated_here: true,
+            replicas,
+            leader: status.leader_node,
+            term: Some(status.term),
+            joint: status.joint,
+            applied: status.last_applied,
+            leader_last_log: if leads { status.last_log_index } else { None },
+            excluded,
         }
+    }
+
+    /// Every range of the directory, as [`Replication::range_report`] tells it.
+    pub fn range_reports(&self) -> Vec<RangeReport> {
+        (0..self.directory.layout().count()).map(|r| self.range_report(RangeId(r))).collect()
+    }
+
+    /// This node's replication figures, for its metrics.
+    pub fn figures(&self) -> ReplicationFigures {
+        let mut f = ReplicationFigures { failovers: self.failovers(), ..Default::default() };
+        for range in self.groups.ranges() {
+            let Ok(status) = self.groups.status(range) else { continue };
+            f.ranges_replicated += 1;
+            if status.leader.is_none() {
+                f.ranges_without_leader += 1;
+            }
+            f.snapshot_bytes_installed += self.groups.snapshot_bytes_installed(range).unwrap_or(0);
+            f.snapshots_installed += self.groups.snapshots_installed(range).unwrap_or(0);
+            if status.leader == Some(status.replica) {
+                f.ranges_led += 1;
+                f.lag_entries_max = f.lag_entries_max.max(voter_lag(&status));
+            }
+        }
+        f
+    }
+}
+
+/// A node's replication figures ([`Replication::figures`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplicationFigures {
+    /// Ranges this node runs a replica of.
+    pub ranges_replicated: u64,
+    /// Of those, the ranges this node leads.
+    pub ranges_led: u64,
+    /// Of those it runs, the ranges whose group knows no leader here.
+    pub ranges_without_leader: u64,
+    /// Over the ranges it leads: the largest gap, in log entries, between its
+    /// last log index and a voter's matched index.
+    pub lag_entries_max: u64,
+    /// Leader changes observed ([`Replication::failovers`]).
+    pub failovers: u64,
+    /// Snapshots its replicas installed (catch-up by snapshot).
+    pub snapshots_installed: u64,
+    /// Encoded bytes of those snapshots.
+    pub snapshot_bytes_installed: u64,
+}
+
+/// Whether a group's leader changing from `last` (the last one known) to `now`
+/// is a failover: a leader other than the one known before. A first election,
+/// or a spell without a leader that ends with the same one, is not.
+pub fn is_failover(last: Option<ReplicaId>, now: Option<ReplicaId>) -> bool {
+    matches!((last, now), (Some(a), Some(b)) if a != b)
+}
+
+/// On a leader: the largest gap between its last log index and a voter's matched
+/// index (a voter known to hold nothing is behind by the whole log).
+pub fn voter_lag(status: &crate::groups::GroupStatus) -> u64 {
+    let (Some(matched), Some(last)) = (status.matched.as_ref(), status.last_log_index) else { return 0 };
+    status
+        .voters
+        .keys()
+        .filter(|id| **id != status.replica)
+        .map(|id| {
+            matched.get(id).copied().flatten().map_or(last.saturating_add(1), |m| last.saturating_sub(m))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The directory's nodes holding no replica among `replicas`.
+fn excluded(directory: &[String], replicas: &[ReplicaReport]) -> Vec<String> {
+    directory.iter().filter(|n| !replicas.iter().any(|r| &r.node == *n)).cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::groups::GroupStatus;
+
+    #[test]
+    fn only_a_different_leader_is_a_failover() {
+        assert!(!is_failover(None, Some(1)), "a first election");
+        assert!(!is_failover(Some(1), Some(1)));
+        assert!(!is_failover(Some(1), None), "no leader yet: nothing changed hands");
+        assert!(is_failover(Some(1), Some(2)));
+    }
+
+    fn leader_status(last: Option<u64>, matched: &[(ReplicaId, Option<u64>)]) -> GroupStatus {
+        GroupStatus {
+            replica: 1,
+            leader: Some(1),
+            voters: [(1, "a".to_owned()), (2, "b".to_owned()), (3, "c".to_owned())].into(),
+            last_log_index: last,
+            matched: Some(matched.iter().copied().collect()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn voter_lag_is_the_furthest_voter_behind_the_leaders_log() {
+        let s = leader_status(Some(40), &[(1, Some(40)), (2, Some(38)), (3, Some(31))]);
+        assert_eq!(voter_lag(&s), 9);
+        let s = leader_status(Some(40), &[(1, Some(40)), (2, Some(40)), (3, Some(40))]);
+        assert_eq!(voter_lag(&s), 0);
+        // A voter known to hold nothing lacks the whole log (index 0 included).
+        let s = leader_status(Some(40), &[(1, Some(40)), (2, Some(40)), (3, None)]);
+        assert_eq!(voter_lag(&s), 41);
+        // Learners do not count.
+        let mut s = leader_status(Some(40), &[(1, Some(40)), (2, Some(40)), (3, Some(40)), (4, Some(2))]);
+        s.learners.insert(4, "d".into());
+        assert_eq!(voter_lag(&s), 0);
+        // Not a leader: no progress known, no lag.
+        let s = GroupStatus { matched: None, last_log_index: Some(40), ..leader_status(None, &[]) };
+        assert_eq!(voter_lag(&s), 0);
+    }
+
+    #[test]
+    fn excluded_are_the_directory_nodes_without_a_replica() {
+        let replica = |node: &str| ReplicaReport {
+            node: node.into(),
+            replica: Some("1".into()),
+            role: ReplicaRole::Voter,
+            current: Some(true),
+            matched: None,
+        };
+        let directory = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        assert_eq!(excluded(&directory, &[replica("a"), replica("b")]), ["c"]);
+        assert!(excluded(&directory, &[replica("a"), replica("b"), replica("c")]).is_empty());
     }
 }

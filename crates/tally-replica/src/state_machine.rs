@@ -117,6 +117,7 @@ pub struct Applied {
 pub struct Shared {
     applied: RwLock<Applied>,
     snapshots_installed: AtomicU64,
+    snapshot_bytes_installed: AtomicU64,
 }
 
 impl Shared {
@@ -154,6 +155,11 @@ impl Shared {
     /// How many snapshots this replica installed since it started.
     pub fn snapshots_installed(&self) -> u64 {
         self.snapshots_installed.load(Ordering::Relaxed)
+    }
+
+    /// Encoded bytes of the snapshots this replica installed since it started.
+    pub fn snapshot_bytes_installed(&self) -> u64 {
+        self.snapshot_bytes_installed.load(Ordering::Relaxed)
     }
 }
 
@@ -276,8 +282,7 @@ impl StateMachine {
         let snapshots =
             kv.tree(&format!("{prefix}snap")).map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
         let applied = load(&*tree)?;
-        let shared =
-            Arc::new(Shared { applied: RwLock::new(applied), snapshots_installed: AtomicU64::new(0) });
+        let shared = Arc::new(Shared { applied: RwLock::new(applied), ..Default::default() });
         Ok(Self { range, kv, tree, snapshots, shared, seq: Arc::new(AtomicU64::new(0)) })
     }
 
@@ -399,6 +404,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
+        let bytes = data.len() as u64;
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
         let state: RangeState =
             tally_core::codec::decode("range snapshot", &data).map_err(|e| read_err(subject.clone(), e))?;
@@ -424,6 +430,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         self.save_snapshot(&StoredSnapshot { meta: meta.clone(), data }).await?;
         *self.shared.applied.write() = next;
         self.shared.snapshots_installed.fetch_add(1, Ordering::Relaxed);
+        self.shared.snapshot_bytes_installed.fetch_add(bytes, Ordering::Relaxed);
         tracing::info!(range = %self.range, snapshot = %meta, "installed range snapshot");
         Ok(())
     }

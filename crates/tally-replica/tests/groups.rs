@@ -284,6 +284,20 @@ async fn an_emptied_replica_catches_up_by_snapshot_as_a_learner_before_it_votes(
     let members = l.members(range).unwrap();
     assert!(members.learners.contains(&new_id) && !members.voters.contains(&new_id), "{members:?}");
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // The leader's status shows the learner and how far behind it is; a follower's
+    // knows the leader but no one's progress.
+    let status = l.status(range).unwrap();
+    assert_eq!(status.leader, Some(c.id(leader)));
+    assert_eq!(status.leader_node.as_deref(), Some(c.node(leader).node().node.as_str()));
+    assert!(status.term >= 1, "{status:?}");
+    assert!(status.learners.contains_key(&new_id) && status.voters.contains_key(&old_id), "{status:?}");
+    let matched = status.matched.as_ref().expect("the leader knows every replica's progress");
+    assert!(
+        matched.get(&new_id).copied().flatten() < status.last_applied,
+        "cut off yet caught up: {status:?}"
+    );
+    let follower = c.node(other).status(range).unwrap();
+    assert_eq!((follower.leader, follower.matched.as_ref()), (Some(c.id(leader)), None), "{follower:?}");
     let refused = l.promote(range, new_id, &[old_id]).await;
     assert!(matches!(refused, Err(ReplicaError::NotCaughtUp { .. })), "{refused:?}");
     assert!(!l.members(range).unwrap().voters.contains(&new_id));
@@ -291,6 +305,10 @@ async fn an_emptied_replica_catches_up_by_snapshot_as_a_learner_before_it_votes(
     c.router.heal_all();
     l.wait_caught_up(range, new_id, SETTLE).await.unwrap();
     assert!(c.node(victim).snapshots_installed(range).unwrap() >= 1, "caught up by snapshot");
+    assert!(c.node(victim).snapshot_bytes_installed(range).unwrap() > 0, "snapshot bytes counted");
+    let status = l.status(range).unwrap();
+    let matched = status.matched.as_ref().and_then(|m| m.get(&new_id).copied().flatten());
+    assert!(matched >= status.last_applied, "caught up, as the leader's status shows: {status:?}");
     l.promote(range, new_id, &[old_id]).await.unwrap();
     let members = l.members(range).unwrap();
     assert_eq!(members.voters, [c.id(leader), c.id(other), new_id].into_iter().collect());

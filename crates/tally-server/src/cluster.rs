@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use crate::http::error::ApiError;
-use crate::metrics::{engine_metrics, reconcile_metrics, PromWriter};
+use crate::metrics::{engine_metrics, reconcile_metrics, replication_metrics, PromWriter};
 use crate::service::{ClusterView, NodeState, NodeView, Service};
 use crate::sources::{RunBook, RunContext, Scheduler};
 use axum::http::StatusCode;
@@ -157,7 +157,7 @@ impl Service for ClusterService {
     }
 
     async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
-        self.node.tally().shards(name).await
+        self.node.shards(name).await
     }
 
     async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
@@ -188,6 +188,7 @@ impl Service for ClusterService {
             placement_epoch,
             handoff,
             data_lost: self.node.data_lost_nodes(),
+            ranges: self.node.replication().map(|r| r.range_reports()),
         }
     }
 
@@ -284,6 +285,9 @@ impl Service for ClusterService {
             "Peers with a healthy node-to-node session.",
             &[(&[], self.node.connected_peers() as f64)],
         );
+        if let Some(r) = self.node.replication() {
+            replication_metrics(&mut w, &r.figures());
+        }
         w.finish()
     }
 

@@ -498,6 +498,44 @@ pub fn reconcile_metrics(w: &mut PromWriter, book: &RunBook) {
 /// millions of counters keeps its metrics page small.
 pub const SKEW_COUNTERS_MAX: usize = 100;
 
+/// The shard replication figures of a node whose shards are replicated
+/// (`cluster.replicas` > 1).
+pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFigures) {
+    w.gauge(
+        "tally_replica_ranges",
+        "Ranges this node runs a replica of.",
+        &[(&[], f.ranges_replicated as f64)],
+    );
+    w.gauge("tally_replica_ranges_led", "Ranges this node leads.", &[(&[], f.ranges_led as f64)]);
+    w.gauge(
+        "tally_replica_ranges_without_leader",
+        "Ranges this node runs a replica of whose group knows no leader here.",
+        &[(&[], f.ranges_without_leader as f64)],
+    );
+    w.gauge(
+        "tally_replica_lag_entries",
+        "Over the ranges this node leads: the largest gap, in log entries, between its last log \
+         index and a voter's matched index (0 when it leads none).",
+        &[(&[], f.lag_entries_max as f64)],
+    );
+    w.counter(
+        "tally_replica_failovers_total",
+        "Leader changes this node observed in the range groups it runs since it started (a first \
+         election is none).",
+        &[(&[], f.failovers)],
+    );
+    w.counter(
+        "tally_replica_snapshots_installed_total",
+        "Snapshots this node's replicas installed to catch up since it started.",
+        &[(&[], f.snapshots_installed)],
+    );
+    w.counter(
+        "tally_replica_snapshot_bytes_installed_total",
+        "Encoded bytes of the snapshots this node's replicas installed to catch up since it started.",
+        &[(&[], f.snapshot_bytes_installed)],
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

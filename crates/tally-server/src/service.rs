@@ -192,6 +192,10 @@ pub struct ClusterView {
     /// of their shards report them missing meanwhile.
     #[serde(default)]
     pub data_lost: Vec<String>,
+    /// Every range's replica group as this node knows it, when shards are
+    /// replicated (`cluster.replicas` > 1); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranges: Option<Vec<tally_engine::RangeReport>>,
 }
 
 /// Reconciles `name` to `authoritative` and records the run (source `request`)

@@ -165,6 +165,7 @@ impl Service for SingleNode {
             placement_epoch: 0,
             handoff: Vec::new(),
             data_lost: Vec::new(),
+            ranges: None,
         }
     }
 
