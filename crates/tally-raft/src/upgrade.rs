@@ -24,55 +24,28 @@ use tally_core::name::CounterName;
 openraft::declare_raft_types!(
     /// The type configuration of format 1's log: only its entries' payload differs.
     TypeConfigV1:
-        D = RequestV1,
+        D = RequestOld<MetaCommandV1>,
         R = crate::types::Response,
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
 );
-
-/// [`Request`] as format 1 stored it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-enum RequestV1 {
-    Counter { name: CounterName, cmd: MetaCommandV1, now_ms: u64 },
-    ClearTombstone { name: CounterName },
-    SetMembers { from_epoch: u64, previous: Vec<String>, members: Vec<String> },
-    HandoffDone { node: String, epoch: u64 },
-    RegisterStore { node: NodeId, store: StoreId },
-    ReplaceStore { node: NodeId, store: StoreId },
-    AcceptLoss { node: NodeId, store: StoreId },
-}
-
-impl From<RequestV1> for Request {
-    fn from(v: RequestV1) -> Self {
-        match v {
-            RequestV1::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
-            RequestV1::ClearTombstone { name } => Request::ClearTombstone { name },
-            RequestV1::SetMembers { from_epoch, previous, members } => {
-                Request::SetMembers { from_epoch, previous, members }
-            }
-            RequestV1::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
-            RequestV1::RegisterStore { node, store } => Request::RegisterStore { node, store },
-            RequestV1::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
-            RequestV1::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
-        }
-    }
-}
 
 openraft::declare_raft_types!(
     /// The type configuration of format 2's log: only its entries' payload differs.
     TypeConfigV2:
-        D = RequestV2,
+        D = RequestOld<MetaCommandV3>,
         R = crate::types::Response,
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
 );
 
-/// [`Request`] as format 2 stored it.
+/// [`Request`] as formats 1 and 2 stored it: only the counter command's layout
+/// (`C`) differs between them and today.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-enum RequestV2 {
-    Counter { name: CounterName, cmd: MetaCommandV3, now_ms: u64 },
+enum RequestOld<C> {
+    Counter { name: CounterName, cmd: C, now_ms: u64 },
     ClearTombstone { name: CounterName },
     SetMembers { from_epoch: u64, previous: Vec<String>, members: Vec<String> },
     HandoffDone { node: String, epoch: u64 },
@@ -81,18 +54,18 @@ enum RequestV2 {
     AcceptLoss { node: NodeId, store: StoreId },
 }
 
-impl From<RequestV2> for Request {
-    fn from(v: RequestV2) -> Self {
+impl<C: Into<tally_core::meta::MetaCommand>> From<RequestOld<C>> for Request {
+    fn from(v: RequestOld<C>) -> Self {
         match v {
-            RequestV2::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
-            RequestV2::ClearTombstone { name } => Request::ClearTombstone { name },
-            RequestV2::SetMembers { from_epoch, previous, members } => {
+            RequestOld::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
+            RequestOld::ClearTombstone { name } => Request::ClearTombstone { name },
+            RequestOld::SetMembers { from_epoch, previous, members } => {
                 Request::SetMembers { from_epoch, previous, members }
             }
-            RequestV2::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
-            RequestV2::RegisterStore { node, store } => Request::RegisterStore { node, store },
-            RequestV2::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
-            RequestV2::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
+            RequestOld::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
+            RequestOld::RegisterStore { node, store } => Request::RegisterStore { node, store },
+            RequestOld::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
+            RequestOld::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
         }
     }
 }
@@ -336,7 +309,7 @@ mod tests {
         let put = MetaCommandV3::Put(SpecPatchV3 { distinct: Some(true), ..Default::default() });
         let entry = openraft::Entry::<TypeConfigV2> {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 7),
-            payload: openraft::EntryPayload::Normal(RequestV2::Counter {
+            payload: openraft::EntryPayload::Normal(RequestOld::Counter {
                 name: name.clone(),
                 cmd: put,
                 now_ms: 9,
