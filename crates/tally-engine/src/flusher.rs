@@ -101,7 +101,7 @@ impl Flusher {
                     let jobs = take_more(first, || rx.try_recv().ok());
                     let mut cycle = Cycle::new(jobs);
                     let results = if cycle.writes.is_empty() || flag.load(Ordering::SeqCst) {
-                        cycle.refused(&flag)
+                        cycle.refused()
                     } else {
                         store.commit_many_async(&cycle.writes).await
                     };
@@ -258,8 +258,7 @@ impl Cycle {
     }
 
     /// The answers to the cycle's writes when none may be applied (a poisoned engine).
-    fn refused(&self, poisoned: &AtomicBool) -> Vec<Result<(), StoreError>> {
-        debug_assert!(self.writes.is_empty() || poisoned.load(Ordering::SeqCst));
+    fn refused(&self) -> Vec<Result<(), StoreError>> {
         self.writes.iter().map(|_| Err(poison_error())).collect()
     }
 
@@ -334,7 +333,7 @@ fn cycle(store: &dyn Store, jobs: Vec<Job>, poisoned: &AtomicBool, stats: &Stats
     // Every write of the cycle in one call: the store groups them into as few atomic
     // batches as it can.
     let results = if cycle.writes.is_empty() || poisoned.load(Ordering::SeqCst) {
-        cycle.refused(poisoned)
+        cycle.refused()
     } else {
         store.commit_many(&cycle.writes)
     };

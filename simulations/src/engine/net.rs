@@ -111,6 +111,17 @@ pub(crate) async fn wait_unpaused(world: &Shared, n: u8) {
     }
 }
 
+/// Carries one message from `from` to `to`: it leaves once `from` is not paused,
+/// meets the link's fate and delay, and arrives; a lost or cut message never
+/// arrives (the future never ends: the caller's timeout ends the call).
+pub(crate) async fn cross(world: &Shared, from: u8, to: u8) {
+    wait_unpaused(world, from).await;
+    match fate(world, from, to) {
+        Fate::Deliver(d) => tokio::time::sleep(Duration::from_millis(d)).await,
+        Fate::Lost | Fate::Cut => std::future::pending().await,
+    }
+}
+
 impl SimPlacement {
     async fn deliver(&self, to: u8, request: ShardRequest) -> Result<ShardResponse, TallyError> {
         let name = node_name(to);
@@ -169,12 +180,7 @@ impl SimPlacement {
         if !answered {
             return std::future::pending().await;
         }
-        wait_unpaused(&self.world, to).await;
-        let d = match fate(&self.world, to, self.me) {
-            Fate::Deliver(d) => d,
-            Fate::Lost | Fate::Cut => return std::future::pending().await,
-        };
-        tokio::time::sleep(Duration::from_millis(d)).await;
+        cross(&self.world, to, self.me).await;
         if !lock(&self.world).alive(self.me, self.incarnation) {
             return Err(unavailable(&name, "this node is down"));
         }

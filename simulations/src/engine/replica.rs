@@ -9,7 +9,7 @@
 //! The registry of disks ([`SimPeers::replica_of`]) stands for the metadata group's
 //! record of each node's store.
 
-use super::net::{fate, node_index, wait_unpaused, Fate};
+use super::net::{cross, node_index, wait_unpaused};
 use super::world::{lock, node_name, Shared};
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -63,12 +63,7 @@ impl SimRangeNet {
             }
             w.note("range", (self.me, to, envelope.range.0, xxhash_rust::xxh3::xxh3_64(&bytes)));
         }
-        wait_unpaused(&self.world, self.me).await;
-        let d = match fate(&self.world, self.me, to) {
-            Fate::Deliver(d) => d,
-            Fate::Lost | Fate::Cut => return std::future::pending().await,
-        };
-        tokio::time::sleep(Duration::from_millis(d)).await;
+        cross(&self.world, self.me, to).await;
         wait_unpaused(&self.world, to).await;
         let (replication, to_inc) = {
             let w = lock(&self.world);
@@ -86,12 +81,7 @@ impl SimRangeNet {
         if !lock(&self.world).alive(to, to_inc) {
             return std::future::pending().await;
         }
-        wait_unpaused(&self.world, to).await;
-        let d = match fate(&self.world, to, self.me) {
-            Fate::Deliver(d) => d,
-            Fate::Lost | Fate::Cut => return std::future::pending().await,
-        };
-        tokio::time::sleep(Duration::from_millis(d)).await;
+        cross(&self.world, to, self.me).await;
         if !lock(&self.world).alive(self.me, self.incarnation) {
             return Err(unreachable(target));
         }
@@ -127,17 +117,14 @@ impl SimPeers {
         if !lock(&self.world).alive(self.me, self.incarnation) {
             return None;
         }
-        wait_unpaused(&self.world, self.me).await;
-        let Fate::Deliver(d) = fate(&self.world, self.me, to) else { return std::future::pending().await };
-        tokio::time::sleep(Duration::from_millis(d)).await;
+        cross(&self.world, self.me, to).await;
         wait_unpaused(&self.world, to).await;
         let formed = {
             let w = lock(&self.world);
             let node = &w.nodes[usize::from(to)];
             node.replication.clone().filter(|_| node.up).map(|r| r.formed(range))
         }?;
-        let Fate::Deliver(d) = fate(&self.world, to, self.me) else { return std::future::pending().await };
-        tokio::time::sleep(Duration::from_millis(d)).await;
+        cross(&self.world, to, self.me).await;
         lock(&self.world).note("formed", (self.me, to, range.0, formed));
         Some(formed)
     }
