@@ -367,8 +367,28 @@ impl Transport {
             entry.health.misses = 0;
         }
         inner.publish();
+        // The listening socket belongs to the NodeServer's listener child (or to the aborted
+        // TLS accept task); both drop it after the stop returned. Wait, within the bound,
+        // until the address can be bound again, so a restart in this process finds it free.
+        wait_until_bindable(inner.cfg.listen, Duration::from_millis(SHUTDOWN_WAIT_MS)).await;
         RUNNING.store(false, Ordering::SeqCst);
         tracing::info!(node = %inner.cfg.node_id, "transport shut down");
+    }
+}
+
+/// Waits until `addr` can be bound (as tokio binds a listener: with `SO_REUSEADDR`, so
+/// connections left in `TIME_WAIT` do not count), or until `bound` has passed.
+async fn wait_until_bindable(addr: SocketAddr, bound: Duration) {
+    let probe = || {
+        let socket =
+            if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(1).map(drop)
+    };
+    let deadline = tokio::time::Instant::now() + bound;
+    while probe().is_err() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
