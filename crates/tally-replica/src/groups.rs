@@ -5,7 +5,7 @@ use crate::network::{
     GroupNetworkFactory, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc,
 };
 use crate::state_machine::{Shared, StateMachine};
-use crate::storage::{KvError, KvStore};
+use crate::storage::{KvError, KvStore, KvTree};
 use crate::types::{Batch, BatchReport, LogId, Raft, ReplicaId, ReplicaNode, ShardEntry, StoredShard};
 use crate::types::{BATCH_IMAGES_MAX, IMAGE_RECORDS_MAX};
 use futures::future::BoxFuture;
@@ -59,7 +59,14 @@ pub const GROUPS_PER_NODE_MAX: usize = tally_core::ranges::RANGES_MAX as usize;
 const POLL_MS: u64 = 10;
 
 const KEY_REPLICA_ID: &[u8] = b"replica_id";
+const KEY_FORMAT: &[u8] = b"format";
 const IDENTITY_TREE: &str = "replica/identity";
+
+/// The layout of what the range groups store (log entries, applied shard images,
+/// snapshots), written beside the replica id. 1: the first release with range groups,
+/// whose stores carry no format mark (its shard images had no window buckets).
+/// 2: shard images with window buckets.
+pub const REPLICA_FORMAT: u32 = 2;
 
 /// The tunables of a node's groups; [`GroupsConfig::default`] holds the constants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +153,16 @@ pub enum ReplicaError {
         stored: ReplicaId,
         /// The id asked for.
         asked: ReplicaId,
+    },
+    /// The store was written in a layout this release cannot read.
+    #[error("range data in format {found}, this release reads format {known}: {reason}")]
+    Format {
+        /// The store's format.
+        found: u32,
+        /// The format this release reads and writes.
+        known: u32,
+        /// What to do about it.
+        reason: &'static str,
     },
     /// Raft refused for another reason (a membership change in progress, a stopped
     /// group, an invalid configuration).
@@ -250,6 +267,31 @@ fn fatal<E: std::fmt::Display>(e: E) -> ReplicaError {
     ReplicaError::Raft(e.to_string())
 }
 
+/// Refuses a store this release cannot read: one of a later format, or one of the
+/// first format (a replica id without a format mark), whose shard images predate
+/// window buckets. An empty store is fine: it takes the current format.
+fn check_format(identity: &dyn KvTree) -> Result<(), ReplicaError> {
+    let found = match (identity.get(KEY_FORMAT)?, identity.get(KEY_REPLICA_ID)?) {
+        (None, None) => return Ok(()),
+        (None, Some(_)) => 1,
+        (Some(bytes), _) => u32::from_be_bytes(
+            bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| ReplicaError::Storage("corrupt range data format".into()))?,
+        ),
+    };
+    let reason = match found {
+        REPLICA_FORMAT => return Ok(()),
+        f if f > REPLICA_FORMAT => "it was written by a later release; run that release",
+        _ => {
+            "it was written by an earlier release; start this node with an empty `replica` \
+             directory only while the other replicas of its ranges run this format and hold the data"
+        }
+    };
+    Err(ReplicaError::Format { found, known: REPLICA_FORMAT, reason })
+}
+
 impl RangeGroups {
     /// Opens the node's groups on `kv`. A store that names a replica id keeps it;
     /// an empty store takes `fresh_id`, which must never have been used by any
@@ -263,6 +305,7 @@ impl RangeGroups {
         config: GroupsConfig,
     ) -> Result<Arc<Self>, ReplicaError> {
         let identity = kv.tree(IDENTITY_TREE)?;
+        check_format(identity.as_ref())?;
         let id = match identity.get(KEY_REPLICA_ID)? {
             Some(bytes) => u64::from_be_bytes(
                 bytes
@@ -271,7 +314,10 @@ impl RangeGroups {
                     .map_err(|_| ReplicaError::Storage("corrupt replica id".into()))?,
             ),
             None => {
-                identity.apply(vec![(KEY_REPLICA_ID.to_vec(), Some(fresh_id.to_be_bytes().to_vec()))])?;
+                identity.apply(vec![
+                    (KEY_FORMAT.to_vec(), Some(REPLICA_FORMAT.to_be_bytes().to_vec())),
+                    (KEY_REPLICA_ID.to_vec(), Some(fresh_id.to_be_bytes().to_vec())),
+                ])?;
                 kv.flush().await?;
                 fresh_id
             }

@@ -14,7 +14,7 @@ use tally_core::shard::{ShardImage, ShardWrite};
 use tally_core::ShardId;
 use tally_replica::{
     GroupsConfig, KvStore, MemKv, MemRouter, NetError, RangeEnvelope, RangeGroups, RangeInbound, RangeRpc,
-    ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS,
+    ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS, REPLICA_FORMAT,
 };
 use tokio::time::Instant;
 
@@ -496,4 +496,36 @@ async fn a_leader_back_from_a_crash_reads_every_committed_image() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert_eq!(got, want.get(&shards_in(range)[0]).copied());
+}
+
+/// A store names the format it was written in: a new one takes the current format,
+/// and one of an unknown format (later, or the first release's unmarked one) is
+/// refused with a message rather than misread.
+#[tokio::test(start_paused = true)]
+async fn a_store_of_a_format_this_release_cannot_read_is_refused() {
+    let open = |kv: MemKv| async move {
+        RangeGroups::open(
+            "node0",
+            7,
+            Arc::new(kv),
+            Arc::new(MemRouter::default()),
+            layout(),
+            GroupsConfig::default(),
+        )
+        .await
+    };
+    let kv = MemKv::default();
+    assert_eq!(open(kv.clone()).await.unwrap().replica_id(), 7);
+    let identity = kv.tree("replica/identity").unwrap();
+    assert_eq!(identity.get(b"format").unwrap(), Some(REPLICA_FORMAT.to_be_bytes().to_vec()));
+    assert_eq!(open(kv.clone()).await.unwrap().replica_id(), 7, "the same store opens again");
+
+    identity.apply(vec![(b"format".to_vec(), Some((REPLICA_FORMAT + 1).to_be_bytes().to_vec()))]).unwrap();
+    let later = open(kv.clone()).await.err().expect("a later format is refused");
+    assert!(matches!(later, ReplicaError::Format { found, .. } if found == REPLICA_FORMAT + 1), "{later}");
+    assert!(later.to_string().contains("later release"), "{later}");
+
+    identity.apply(vec![(b"format".to_vec(), None)]).unwrap();
+    let first = open(kv).await.err().expect("an unmarked store with a replica id is refused");
+    assert!(matches!(first, ReplicaError::Format { found: 1, .. }), "{first}");
 }
