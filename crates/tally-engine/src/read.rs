@@ -7,6 +7,7 @@ use crate::api::{
 use crate::ctx::{Ctx, ShardRead};
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
+use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tally_core::frequency::{FrequencySketch, FrequencySpec};
@@ -139,32 +140,50 @@ pub(crate) async fn sum_shards(
     Ok(total(&snapshot(ctx, meta, name).await, as_of_ms))
 }
 
-/// The totals of many counters (a rollup pass), with one wait for durability for all
-/// of them instead of one per counter.
-pub(crate) async fn sum_many(ctx: &Arc<Ctx>, counters: &[(CounterName, Arc<CounterMeta>)]) -> Vec<ValueRead> {
+/// The totals of many counters (a rollup pass), handed to `emit` as they are read
+/// (by index into `counters`), so a slow counter holds up only itself: the reads
+/// that completed together share one wait for durability. Every total's `as_of` is
+/// the time the pass began.
+pub(crate) async fn sum_each(
+    ctx: &Arc<Ctx>,
+    counters: &[(CounterName, Arc<CounterMeta>)],
+    mut emit: impl FnMut(Vec<(usize, ValueRead)>),
+) {
+    use futures::{FutureExt, StreamExt};
     let as_of_ms = ctx.now_ms();
-    let mut all = Vec::with_capacity(counters.len());
-    for chunk in counters.chunks(SUM_MANY_CONCURRENT_MAX) {
-        all.extend(
-            futures::future::join_all(chunk.iter().map(|(name, meta)| snapshot_applied(ctx, meta, name)))
-                .await,
+    // Collected first: a stream over the mapping iterator itself is not `Send` for
+    // every lifetime, as `tokio::spawn` needs.
+    let reads: Vec<_> = counters
+        .iter()
+        .enumerate()
+        .map(|(i, (name, meta))| numbered(i, snapshot_applied(ctx, meta, name)))
+        .collect();
+    let mut reads = futures::stream::iter(reads).buffer_unordered(SUM_MANY_CONCURRENT_MAX);
+    while let Some(first) = reads.next().await {
+        let mut done = vec![first];
+        while let Some(Some(more)) = reads.next().now_or_never() {
+            done.push(more);
+        }
+        let durable = ctx.flusher.make_durable().await;
+        emit(
+            done.into_iter()
+                .map(|(i, mut snap)| {
+                    if let Err(e) = &durable {
+                        tracing::warn!(counter = %counters[i].0, error = %e, "cannot make the values read durable");
+                        snap.images.iter_mut().for_each(|i| *i = None);
+                    }
+                    (i, total(&snap, as_of_ms))
+                })
+                .collect(),
         );
     }
-    let durable = ctx.flusher.make_durable().await;
-    counters
-        .iter()
-        .zip(all)
-        .map(|((name, _), mut snap)| {
-            if let Err(e) = &durable {
-                tracing::warn!(counter = %name, error = %e, "cannot make the values read durable");
-                snap.images.iter_mut().for_each(|i| *i = None);
-            }
-            total(&snap, as_of_ms)
-        })
-        .collect()
 }
 
-/// Most counters whose shards [`sum_many`] reads at once.
+async fn numbered<T>(i: usize, f: impl Future<Output = T>) -> (usize, T) {
+    (i, f.await)
+}
+
+/// Most counters whose shards [`sum_each`] reads at once.
 pub const SUM_MANY_CONCURRENT_MAX: usize = 64;
 
 /// A fresh read: first this node's buffered increments for the counter (its current

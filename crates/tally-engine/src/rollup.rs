@@ -7,8 +7,10 @@
 //! The actor never reads shards itself: refresh passes and first reads run in tasks
 //! of their own and send their totals back, so a cached read is one message however
 //! long a pass takes. A pass visits only the counters that are due (a schedule keyed
-//! by due time), reads them in one batch with one wait for durability, and skips the
-//! read of a counter that nothing can have changed since its total was taken.
+//! by due time), reads them together, sharing waits for durability, and hands each
+//! total back as soon as it is read, so a counter whose shard is slow to answer holds
+//! up only itself; a few passes may run at once. It skips the read of a counter that
+//! nothing can have changed since its total was taken.
 
 use crate::api::{Consistency, ValueRead};
 use crate::ctx::Ctx;
@@ -25,6 +27,9 @@ use tally_core::CounterName;
 
 /// Most counters one refresh pass reads; the rest wait for the next pass.
 pub const ROLLUP_REFRESH_BATCH_MAX: usize = 4_096;
+/// Most refresh passes running at once: a pass whose last counters wait on an
+/// unreachable shard does not keep the other counters from being refreshed.
+pub const ROLLUP_PASSES_MAX: usize = 4;
 
 /// Messages the rollup takes.
 pub(crate) enum RollupMsg {
@@ -34,8 +39,10 @@ pub(crate) enum RollupMsg {
     Tick,
     /// Forget a counter (deleted).
     Forget(CounterName),
-    /// The totals a refresh pass read (from its task).
+    /// Totals a refresh pass read (from its task, as they come).
     Refreshed(Vec<Fetched>),
+    /// A refresh pass read every counter it took.
+    PassDone,
     /// A first read of a counter not cached yet (from its task).
     Loaded(Fetched),
 }
@@ -72,8 +79,9 @@ pub(crate) struct RollupState {
     /// Refresh schedule: one (due time, counter) per cached counter, so a pass looks
     /// only at what is due, however many counters are cached.
     due: BTreeSet<(u64, CounterName)>,
-    /// A refresh pass is running (one at a time).
-    refreshing: bool,
+    /// Refresh passes running (at most [`ROLLUP_PASSES_MAX`]); a counter being read
+    /// by one is out of the schedule until its total comes back.
+    passes: usize,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -89,13 +97,7 @@ impl Actor for Rollup {
     ) -> Result<RollupState, ActorProcessingErr> {
         let tick_ms = ctx.upgrade().map(|c| c.config.rollup_tick_ms).unwrap_or(10);
         let ticker = myself.send_interval(Duration::from_millis(tick_ms), || RollupMsg::Tick);
-        Ok(RollupState {
-            ctx,
-            cache: HashMap::new(),
-            due: BTreeSet::new(),
-            refreshing: false,
-            ticker: Some(ticker),
-        })
+        Ok(RollupState { ctx, cache: HashMap::new(), due: BTreeSet::new(), passes: 0, ticker: Some(ticker) })
     }
 
     async fn post_stop(
@@ -134,8 +136,8 @@ impl Actor for Rollup {
             }
             RollupMsg::Tick => state.refresh_due(&ctx, &myself),
             RollupMsg::Forget(name) => state.forget(&name),
+            RollupMsg::PassDone => state.passes -= 1,
             RollupMsg::Refreshed(fetched) => {
-                state.refreshing = false;
                 for f in fetched {
                     state.store(&ctx, f, false);
                 }
@@ -243,7 +245,7 @@ impl RollupState {
     /// runtime is the same, and it counts no change) only has its `as_of` moved on;
     /// the others are read in one batch by a task of their own.
     fn refresh_due(&mut self, ctx: &Arc<Ctx>, myself: &ActorRef<RollupMsg>) {
-        if self.refreshing {
+        if self.passes >= ROLLUP_PASSES_MAX {
             return;
         }
         let now = ctx.now_ms();
@@ -292,23 +294,28 @@ impl RollupState {
         if batch.is_empty() {
             return;
         }
-        self.refreshing = true;
+        self.passes += 1;
         let (ctx, myself) = (ctx.clone(), myself.clone());
         tokio::spawn(async move {
             let counters: Vec<(CounterName, Arc<CounterMeta>)> =
                 batch.iter().map(|(n, m, _)| (n.clone(), m.clone())).collect();
-            let reads = crate::read::sum_many(&ctx, &counters).await;
-            let fetched = batch
-                .into_iter()
-                .zip(reads)
-                .map(|((name, meta, runtime), read)| Fetched {
-                    name,
-                    read,
-                    rollup_ms: meta.spec.rollup_ms,
-                    runtime,
-                })
-                .collect();
-            let _ = myself.send_message(RollupMsg::Refreshed(fetched));
+            crate::read::sum_each(&ctx, &counters, |reads| {
+                let fetched = reads
+                    .into_iter()
+                    .map(|(i, read)| {
+                        let (name, meta, runtime) = &batch[i];
+                        Fetched {
+                            name: name.clone(),
+                            read,
+                            rollup_ms: meta.spec.rollup_ms,
+                            runtime: runtime.clone(),
+                        }
+                    })
+                    .collect();
+                let _ = myself.send_message(RollupMsg::Refreshed(fetched));
+            })
+            .await;
+            let _ = myself.send_message(RollupMsg::PassDone);
         });
     }
 }
