@@ -2,7 +2,7 @@
 # Tally side by side with a PostgreSQL row counter and Redis INCR, measured on this
 # machine in one run. See bench/README.md.
 #
-#   bench/run.sh            the full suite (about 10 minutes), results in bench/results/
+#   bench/run.sh            the full suite (about 12 minutes), results in bench/results/
 #   bench/run.sh --quick    a smoke run (1-2 minutes), results in bench/results/quick/
 #
 # Options (mostly for working on the suite itself):
