@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Where a single node's CPU goes on the hot paths: `perf record -g` on a release
-# `tallyd` while one load generator drives it, then the top frames (self time, and
-# children) of each run.
+# Where a node's CPU goes on the hot paths: `perf record -g` on a release `tallyd`
+# while one load generator drives it, then the top frames (self time, and children)
+# of each run.
 #
-#   bench/profile.sh [--out DIR] [--seconds S] [--only resp,resp-pipe,http,http-sync]
+#   bench/profile.sh [--out DIR] [--seconds S] [--only resp,resp-pipe,http,http-sync,sync-r3]
 #
-# Workloads (each against a fresh node, 64 connections):
+# Workloads (each against a fresh node or cluster, 64 connections):
 #   resp       redis-benchmark -c 64 INCR on a batched counter of 64 shards
 #   resp-pipe  the same with -P 16
 #   resp-new   redis-benchmark -c 64 INCR on never-seen counters (a random key each)
 #   resp-many  the same over 1,000 counters that exist and are active
 #   http       wrk: single POST /v1/counters/NAME/increments on a batched counter
 #   http-sync  wrk: the same on a sync counter with event ids
+#   sync-r3    tally load --writers 64 --batch 1 on a sync counter of 64 shards of a
+#              3-node cluster with replicas = 3 (bench/run.sh's tally3r cluster),
+#              writers spread over the nodes; node 1 is recorded (not run by default)
 # Needs perf (Debian linux-perf), redis-benchmark (redis-tools) and wrk; builds
-# `tallyd` unless BENCH_NO_BUILD=1. Results: DIR/<workload>.txt (perf report) and
-# DIR/<workload>.rate (the load generator's summary); DIR defaults to
+# `tallyd` and `tally` unless BENCH_NO_BUILD=1. Results: DIR/<workload>.txt (perf
+# report) and DIR/<workload>.rate (the load generator's summary); DIR defaults to
 # bench/results/profile.
 set -euo pipefail
 
@@ -43,7 +46,7 @@ while (($#)); do
       shift
       ;;
     -h | --help)
-      sed -n "2,18p" "$0"
+      sed -n "2,22p" "$0"
       exit 0
       ;;
     *) die "unknown argument $1 (try --help)" ;;
@@ -55,9 +58,10 @@ for tool in perf redis-benchmark redis-cli wrk curl; do
 done
 target=${CARGO_TARGET_DIR:-$REPO/target}
 if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
-  (cd "$REPO" && cargo build --release --bin tallyd)
+  (cd "$REPO" && cargo build --release --bin tallyd --bin tally)
 fi
 TALLYD=$target/release/tallyd
+TALLY=$target/release/tally
 mkdir -p "$OUT"
 TMP_ROOT=$(mktemp -d "${BENCH_TMPDIR:-/var/tmp}/tally-profile.XXXXXX")
 trap 'stop_all; rm -rf "$TMP_ROOT"' EXIT
@@ -100,6 +104,15 @@ WRK_LUA=$BENCH/lib/wrk-increment.lua
 WRK_SYNC_LUA=$BENCH/lib/wrk-increment-ids.lua
 
 for w in $ONLY; do
+  if [[ $w == sync-r3 ]]; then
+    start_tally_cluster 3
+    NODE_PID=${TALLY_PIDS%% *}
+    tally_create "${TALLY_URLS%% *}" hot --shards 64 --durability sync
+    profile "$w" timeout "$((SECONDS_PER_RUN + 30))" "$TALLY" --node "${TALLY_URLS%% *}" --timeout-ms 10000 \
+      load hot --writers 64 --batch 1 --duration "${SECONDS_PER_RUN}s" --no-progress --nodes "${TALLY_URLS// /,}"
+    stop_tally
+    continue
+  fi
   start_node "$w"
   case $w in
     resp | resp-pipe)

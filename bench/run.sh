@@ -2,11 +2,12 @@
 # Tally side by side with a PostgreSQL row counter and Redis INCR, measured on this
 # machine in one run. See bench/README.md.
 #
-#   bench/run.sh            the full suite (about 10 minutes), results in bench/results/
+#   bench/run.sh            the full suite (about 12 minutes), results in bench/results/
 #   bench/run.sh --quick    a smoke run (1-2 minutes), results in bench/results/quick/
 #
 # Options (mostly for working on the suite itself):
-#   --only SECTIONS   comma-separated subset of: postgres,redis,tally1,tally3,reads,sketch,resp
+#   --only SECTIONS   comma-separated subset of: postgres,redis,tally1,tally3,tally3r,reads,
+#                     sketch,resp (tally3r: the 3-node cluster with replicas = 3)
 #   --out DIR         where results go
 # Environment: BENCH_DURATION_S, BENCH_WRITERS ("1 8 64 256"), BENCH_TMPDIR (default
 # /var/tmp; data directories must be on a real disk, fsync on tmpfs is free),
@@ -22,7 +23,7 @@ source "$BENCH/lib/common.sh"
 source "$BENCH/lib/servers.sh"
 
 MODE=full
-SECTIONS="postgres redis tally1 tally3 reads sketch resp"
+SECTIONS="postgres redis tally1 tally3 tally3r reads sketch resp"
 OUT=""
 while (($#)); do
   case $1 in
@@ -36,7 +37,7 @@ while (($#)); do
       shift
       ;;
     -h | --help)
-      sed -n '2,17p' "$0"
+      sed -n '2,18p' "$0"
       exit 0
       ;;
     *) die "unknown argument $1 (try --help)" ;;
@@ -70,6 +71,8 @@ TALLY_SHARDS=64
 READ_WRITERS=8
 # Writers of the sync shard-count cells (the target's concurrency).
 SWEEP_WRITERS=64
+# Copies of every shard in the tally3r cluster (cluster.replicas).
+REPLICAS=3
 
 mkdir -p "$OUT/logs"
 RAW=$OUT/raw.jsonl
@@ -226,10 +229,16 @@ redis_cell() {
     redis-benchmark -h 127.0.0.1 -p "$port" -c "$w" -n "$n" -P "$pipe" INCR bench:hot
 }
 
-# tally_cell TOPO(1|3) COUNTER CONFIG DURABILITY BATCH WRITERS [SECTION]
+# tally_cell TOPO(1|3|3r) COUNTER CONFIG DURABILITY BATCH WRITERS [SECTION]
+# (3: the 3-node cluster with one copy of every shard; 3r: with $REPLICAS copies)
 tally_cell() {
   local topo=$1 name=$2 config=$3 dur=$4 batch=$5 w=$6 section=${7:-write} urls pids system requests
-  if [[ $topo == 1 ]]; then urls=$T1_URLS pids=$T1_PIDS system="Tally 1 node"; else urls=$T3_URLS pids=$T3_PIDS system="Tally 3 nodes"; fi
+  case $topo in
+    1) urls=$T1_URLS pids=$T1_PIDS system="Tally 1 node" ;;
+    3) urls=$T3_URLS pids=$T3_PIDS system="Tally 3 nodes" ;;
+    3r) urls=$T3R_URLS pids=$T3R_PIDS system="Tally 3 nodes, $REPLICAS replicas" ;;
+    *) die "tally_cell: unknown topology $topo" ;;
+  esac
   if ((batch == 1)); then requests=single; else requests="batch $batch"; fi
   log "$system, $config, $requests, $w writers"
   measure --tool tally --server-pids "$pids" --timeout "$(cell_timeout "$DURATION_S")" \
@@ -240,18 +249,20 @@ tally_cell() {
     --duration "${DURATION_S}s" --batch "$batch" --no-progress --verify --nodes "${urls// /,}"
 }
 
-# The write phase, for the systems named in $SECTIONS (postgres, redis, tally1, tally3).
+# The write phase, for the systems named in $SECTIONS (postgres, redis, tally1, tally3,
+# tally3r).
 phase_writes() {
-  local want_pg=0 want_redis=0 want_t1=0 want_t3=0 s
+  local want_pg=0 want_redis=0 want_t1=0 want_t3=0 want_t3r=0 s
   for s in $SECTIONS; do
     case $s in
       postgres) want_pg=1 ;;
       redis) want_redis=1 ;;
       tally1) want_t1=1 ;;
       tally3) want_t3=1 ;;
+      tally3r) want_t3r=1 ;;
     esac
   done
-  ((want_pg + want_redis + want_t1 + want_t3)) || return 0
+  ((want_pg + want_redis + want_t1 + want_t3 + want_t3r)) || return 0
   log "== writes: starting every server of the phase"
   if ((want_pg)); then setup_postgres; fi
   if ((want_redis)); then
@@ -278,11 +289,20 @@ phase_writes() {
       tally_create "${T3_URLS%% *}" "bench-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
     done
   fi
+  if ((want_t3r)); then
+    # The same three nodes, every shard replicated by its range group: a sync
+    # increment is acknowledged once a majority of the group has it on disk.
+    start_tally_cluster "$REPLICAS"
+    T3R_URLS=$TALLY_URLS T3R_PIDS=$TALLY_PIDS
+    for dur in sync batched; do
+      tally_create "${T3R_URLS%% *}" "bench-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
+    done
+  fi
 
   # What the servers cost while idle, all together: the background of every cell.
   log "idle servers, 3 s"
   # shellcheck disable=SC2086 # word lists of PIDs
-  measure --tool none --server-pids "${PG_PID:-} ${REDIS_ALWAYS_PID:-} ${REDIS_EVERYSEC_PID:-} ${T1_PIDS:-} ${T3_PIDS:-}" \
+  measure --tool none --server-pids "${PG_PID:-} ${REDIS_ALWAYS_PID:-} ${REDIS_EVERYSEC_PID:-} ${T1_PIDS:-} ${T3_PIDS:-} ${T3R_PIDS:-}" \
     --timeout 30 --field section=idle --field system="all servers of the write phase" -- sleep 3
 
   local w variant fsync pipe topo batch
@@ -297,9 +317,10 @@ phase_writes() {
         for pipe in 1 "$PIPELINE"; do redis_cell "$fsync" "$pipe" "$w"; done
       done
     fi
-    for topo in 1 3; do
+    for topo in 1 3 3r; do
       if [[ $topo == 1 ]] && ((!want_t1)); then continue; fi
       if [[ $topo == 3 ]] && ((!want_t3)); then continue; fi
+      if [[ $topo == 3r ]] && ((!want_t3r)); then continue; fi
       for dur in sync batched; do
         for batch in 1 "$PIPELINE"; do
           tally_cell "$topo" "bench-$dur" "$dur counter, $TALLY_SHARDS shards" "$dur" "$batch" "$w"
@@ -519,13 +540,13 @@ build_tally
 log "mode $MODE: cells of ${DURATION_S}s, writers $WRITERS; results in $OUT; data under $TMP_ROOT"
 # shellcheck disable=SC2046 # versions prints separate key=value words
 write_meta start mode="$MODE" duration_s="$DURATION_S" writers="$WRITERS" read_duration_s="$READ_DURATION_S" \
-  pipeline="$PIPELINE" tally_shards="$TALLY_SHARDS" read_writers="$READ_WRITERS" sketch_plan="$SKETCH_PLAN" \
+  pipeline="$PIPELINE" tally_shards="$TALLY_SHARDS" replicas="$REPLICAS" read_writers="$READ_WRITERS" sketch_plan="$SKETCH_PLAN" \
   tmp_fs="$(fs_type "$TMP_ROOT")" $(versions)
 [[ $(fs_type "$TMP_ROOT") != tmpfs ]] || log "warning: $TMP_ROOT is on tmpfs, where fsync costs nothing"
 
 for section in $SECTIONS; do
   case $section in
-    postgres | redis | tally1 | tally3 | reads | sketch | resp) ;;
+    postgres | redis | tally1 | tally3 | tally3r | reads | sketch | resp) ;;
     *) die "unknown section $section" ;;
   esac
 done

@@ -105,12 +105,15 @@ start_tally_single() {
   log "tallyd single node on $TALLY_URLS, RESP on 127.0.0.1:$resp (pid $TALLY_PIDS)"
 }
 
-# start_tally_cluster: three nodes, generated from cluster-config/local3/ with free
-# ports (HTTP, peer, raft and RESP of each node) and data directories under $TMP_ROOT.
-# Sets TALLY_URLS (space-separated) and TALLY_PIDS.
+# start_tally_cluster [REPLICAS]: three nodes, generated from cluster-config/local3/
+# with free ports (HTTP, peer, raft and RESP of each node) and data directories under
+# $TMP_ROOT. REPLICAS (default 1, one copy of every shard) goes into every node's
+# [cluster] section as `replicas`; with more, each shard lives in a range group
+# replicated by raft, and /healthz answers 200 only once every range group of the
+# node has a leader. Sets TALLY_URLS (space-separated) and TALLY_PIDS.
 start_tally_cluster() {
-  local dir ports n i old new
-  dir=$(mktemp -d "$TMP_ROOT/tally3.XXXX") # new each time, as in start_tally_single
+  local replicas=${1:-1} dir ports n i old new
+  dir=$(mktemp -d "$TMP_ROOT/tally3r$replicas.XXXX") # new each time, as in start_tally_single
   read -r -a ports <<<"$(free_ports 12)"
   TALLY_URLS=""
   TALLY_PIDS=""
@@ -125,15 +128,22 @@ start_tally_cluster() {
     subst+=(-e "s/127\\.0\\.0\\.1:638${n}/127.0.0.1:${ports[9 + i]}/") # RESP 638n
     TALLY_URLS+="${TALLY_URLS:+ }http://127.0.0.1:${ports[i]}"
   done
+  # The same line in every node's [cluster] section: it is part of the fingerprint.
+  ((replicas == 1)) || subst+=(-e "/^\\[cluster\\]\$/a replicas = $replicas")
   for n in 1 2 3; do
     sed "${subst[@]}" -e "s|^data_dir = .*|data_dir = \"$dir/node$n\"|" \
       "$REPO/cluster-config/local3/node$n.toml" >"$dir/node$n.toml"
+    if ((replicas != 1)); then
+      grep -qx "replicas = $replicas" "$dir/node$n.toml" || die "no replicas line in $dir/node$n.toml"
+    fi
     "$TALLYD" --config "$dir/node$n.toml" --data-dir "$dir/node$n" >"$dir/node$n.log" 2>&1 &
     register_pid "$!"
     TALLY_PIDS+="${TALLY_PIDS:+ }$!"
   done
   local url
   for url in $TALLY_URLS; do
+    # A replicating node answers 503 until each of its range groups has elected a
+    # leader: curl -f fails on it, so this waits for that too.
     wait_until 90 "tallyd at $url" tally_healthy "$url"
   done
   # /healthz answers per node; wait until every node sees all three up (node-to-node
@@ -141,7 +151,7 @@ start_tally_cluster() {
   for url in $TALLY_URLS; do
     wait_until 60 "the cluster view of $url" tally_cluster_ready "$url"
   done
-  log "tallyd 3-node cluster on $TALLY_URLS (pids $TALLY_PIDS)"
+  log "tallyd 3-node cluster, replicas = $replicas, on $TALLY_URLS (pids $TALLY_PIDS)"
 }
 
 tally_cluster_ready() {
