@@ -136,7 +136,7 @@ impl Actor for Rollup {
             }
             RollupMsg::Tick => state.refresh_due(&ctx, &myself),
             RollupMsg::Forget(name) => state.forget(&name),
-            RollupMsg::PassDone => state.passes -= 1,
+            RollupMsg::PassDone => state.passes = state.passes.saturating_sub(1),
             RollupMsg::Refreshed(fetched) => {
                 for f in fetched {
                     state.store(&ctx, f, false);
