@@ -200,6 +200,12 @@ impl CounterMeta {
         gone
     }
 
+    /// The generation a resharding in progress opens, with its shard count: it
+    /// takes no writes yet, but its shards already take the merged sketches.
+    pub fn opening(&self) -> Option<(u32, u16)> {
+        self.layout.resharding.map(|target| (self.layout.generation + 1, target))
+    }
+
     /// Every generation whose shards hold data: sealed ones, then the current one.
     pub fn generations(&self) -> impl Iterator<Item = (u32, u16)> + '_ {
         self.layout

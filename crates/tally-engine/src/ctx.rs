@@ -293,8 +293,9 @@ impl Ctx {
         if let Some(old) = replaced {
             old.retired.store(true, SeqCst);
             self.queue_dirty(&old);
-            // Tell the running shards of every generation; sealed ones may now stop.
-            for (generation, shards) in old.meta.generations() {
+            // Tell the running shards of every generation, the one a resharding was
+            // opening included (a sketch merge started them); sealed ones may now stop.
+            for (generation, shards) in old.meta.generations().chain(old.meta.opening()) {
                 for index in 0..shards {
                     let id = ShardId::new(name.clone(), generation, index);
                     if let Some(a) = self.directory.get(&id) {

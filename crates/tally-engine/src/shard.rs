@@ -174,7 +174,16 @@ impl Actor for ShardActor {
             return Ok(());
         }
         let input = match msg {
-            ShardMsg::Submit { sub, reply } => Input::Submit { sub, reply },
+            ShardMsg::Submit { sub, reply } => {
+                if state.id.generation > state.meta.layout.generation {
+                    // Started before its generation opened (see `catch_up_meta`).
+                    if !state.catch_up_meta(&myself).await {
+                        tracing::warn!(shard = %state.id, "a submission reached a generation this node has not opened; the caller retries");
+                        return Ok(());
+                    }
+                }
+                Input::Submit { sub, reply }
+            }
             ShardMsg::Commit => {
                 state.last_active_ms = state.ctx.now_ms();
                 Input::CommitDue { writable: !state.ctx.flusher.poisoned() }
@@ -227,6 +236,32 @@ impl Actor for ShardActor {
 }
 
 impl ShardActorState {
+    /// A shard started before its generation opened (a resharding's sketch merge
+    /// starts it) holds the resharding's metadata, which does not list the generation
+    /// being sealed, where earlier records of its event ids are. A submission reaches
+    /// it only once its generation is open on this node (the sender's metadata
+    /// version is installed first), so it takes the newest metadata the node has;
+    /// false if that still does not open its generation.
+    async fn catch_up_meta(&mut self, myself: &ActorRef<ShardMsg>) -> bool {
+        let name = self.id.counter.as_str();
+        let mut newest = self.ctx.registry.get(name).map(|rt| rt.meta.clone());
+        if newest.as_ref().is_none_or(|m| m.layout.generation < self.id.generation) {
+            // The runtime may have been evicted meanwhile: the catalog has it too.
+            if let Ok(Some(meta)) = self.ctx.catalog.get(name) {
+                if newest.as_ref().is_none_or(|m| meta.version > m.version) {
+                    newest = Some(Arc::new(meta));
+                }
+            }
+        }
+        if let Some(meta) = newest.filter(|m| m.version > self.meta.version) {
+            let sealed = self.id.generation < meta.layout.generation;
+            self.meta = meta;
+            let input = Input::MetaChanged { params: params(&self.meta), sealed };
+            self.run(myself, input).await;
+        }
+        self.id.generation <= self.meta.layout.generation
+    }
+
     /// Steps the machine with `input` and carries out its effects, feeding back what
     /// they produce, until none is left.
     async fn run(&mut self, myself: &ActorRef<ShardMsg>, input: Input<RpcReplyPort<ShardReply>>) {

@@ -803,4 +803,65 @@ mod tests {
         assert_ne!(again, two);
         assert_eq!(two, "1000.2");
     }
+
+    /// A shard of the generation a resharding opens may start before it opens (a
+    /// sketch merge starts it, and a late or repeated merge can start it again) on
+    /// the metadata of the resharding, which does not list the generation being
+    /// sealed yet. Once that generation is sealed and the next one open, the shard
+    /// must look for earlier records in the sealed one, or a retried event id counts
+    /// twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shard_started_before_its_generation_opened_still_finds_earlier_records() {
+        use tally_core::meta::apply_command;
+        use tally_core::shard::{Outcome, ShardReply, Submission};
+        use tally_core::ShardId;
+        let store = tally_store::MemStore::new();
+        let config = TallyConfig { call_timeout_ms: 10_000, ..TallyConfig::default() };
+        let tally = Tally::open_with(Arc::new(store), Arc::new(SystemClock), config).await.unwrap();
+        let spec = SpecPatch { shards: Some(2), durability: Some(Durability::Sync), ..Default::default() };
+        tally.put_counter("c", spec).await.unwrap();
+        for i in 0..40 {
+            tally.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+        }
+        let ctx = &tally.ctx;
+        let name = CounterName::new("c").unwrap();
+        let now = ctx.now_ms();
+        let v1 = ctx.catalog.get("c").unwrap().unwrap();
+        let reshard = MetaCommand::Put(SpecPatch { shards: Some(8), ..Default::default() });
+        let v2 = apply_command(Some(v1), &reshard, now).unwrap().0.unwrap();
+        // The next generation's shard 0 starts on the resharding's metadata.
+        let early = ShardId::new(name.clone(), 1, 0);
+        ctx.shard(&early, &Arc::new(v2.clone())).await.unwrap();
+        // The old generation is sealed and the next one opens.
+        for index in 0..2 {
+            let id = ShardId::new(name.clone(), 0, index);
+            ctx.seal_shard(&id, &Arc::new(v2.clone())).await.unwrap();
+        }
+        let open = MetaCommand::CompleteReshard { generation: 0, sealed_sum: 40 };
+        let v3 = apply_command(Some(v2), &open, now).unwrap().0.unwrap();
+        let rt = ctx.install(name.clone(), v3);
+        let retried = (0..40)
+            .map(|i| format!("e{i}"))
+            .find(|e| tally_core::router::shard_of_event(e, 8) == 0)
+            .expect("an event id of shard 0 among 40");
+        let sub = Submission::Single {
+            delta: 1,
+            event_id: Some(retried.clone()),
+            member: None,
+            item: None,
+            seq: None,
+        };
+        let rx = ctx.send_local(&early, &rt.meta, sub).await.unwrap();
+        match rx.await.unwrap() {
+            ShardReply::Done { outcome, .. } => {
+                assert_eq!(
+                    outcome,
+                    Outcome::Duplicate,
+                    "{retried}, applied before the resharding, counted again"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        tally.shutdown().await.unwrap();
+    }
 }
