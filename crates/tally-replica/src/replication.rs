@@ -38,6 +38,9 @@ use tally_engine::{RangeReport, ReplicaReport, ReplicaRole, ShardRequest, ShardR
 pub const LEADER_WAIT_MS: u64 = FAILOVER_BOUND_MS + 500;
 /// Pause between looks at a range's leader while waiting for one.
 pub const LEADER_POLL_MS: u64 = 20;
+/// Most sends of one request that its range's leaders do not serve: the first, one
+/// resend to the same leader, and one to each of a few leaders elected meanwhile.
+pub const CALL_ATTEMPTS_MAX: usize = 5;
 /// Pause between passes that form groups and replace replicas.
 pub const TEND_EVERY_MS: u64 = 500;
 /// How long a learner may take to catch up before its promotion is tried again
@@ -133,12 +136,22 @@ impl Replication {
         })
     }
 
-    /// Waits until `id`'s range has a leader other than `not`, at most
-    /// [`LEADER_WAIT_MS`].
-    pub async fn next_leader(&self, id: &ShardId, not: Option<&NodeId>) -> Option<NodeId> {
+    /// Waits until `id`'s range has a leader, at most [`LEADER_WAIT_MS`].
+    pub async fn next_leader(&self, id: &ShardId) -> Option<NodeId> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+        self.leader_where(id, deadline, |_| true).await
+    }
+
+    /// Waits until `id`'s range has a leader that `accept` takes; `None` once
+    /// `deadline` passed.
+    async fn leader_where(
+        &self,
+        id: &ShardId,
+        deadline: tokio::time::Instant,
+        mut accept: impl FnMut(&NodeId) -> bool,
+    ) -> Option<NodeId> {
         loop {
-            if let Some(l) = self.leader_of(id).filter(|l| Some(l) != not) {
+            if let Some(l) = self.leader_of(id).filter(|l| accept(l)) {
                 return Some(l);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -158,7 +171,7 @@ impl Replication {
             // Planted: a node that believes it leads serves without asking a quorum.
             return Ok(());
         }
-        let leader = self.next_leader(id, None).await;
+        let leader = self.next_leader(id).await;
         match leader {
             Some(l) if l == self.me => {}
             Some(l) => return Err(unavailable(id, format!("{l} leads its replica group {range}"))),
@@ -209,19 +222,45 @@ impl Replication {
             }
             return last;
         }
-        let Some(next) = self.next_leader(&id, Some(node)).await else { return first };
-        if next == self.me {
-            return match local {
-                Some(engine) => match engine.serve_shard_request(request).await {
-                    ShardResponse::Failed { code, message } if code == "shard_unavailable" => {
-                        Err(TallyError::Unavailable { shard: id.to_string(), reason: message })
-                    }
-                    other => Ok(other),
-                },
-                None => first,
-            };
+        // The leader did not serve it: it lost the request or its answer, or it no
+        // longer leads. The same leader is asked once more at once; after that, only
+        // a new leader, until one is elected or the wait is over.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+        let (mut last, mut failed, mut resent) = (first, node.clone(), false);
+        for _ in 1..CALL_ATTEMPTS_MAX {
+            let Some(next) = self.leader_for_resend(&id, &failed, &mut resent, deadline).await else { break };
+            if next == self.me {
+                return match local {
+                    Some(engine) => match engine.serve_shard_request(request).await {
+                        ShardResponse::Failed { code, message } if code == "shard_unavailable" => {
+                            Err(TallyError::Unavailable { shard: id.to_string(), reason: message })
+                        }
+                        other => Ok(other),
+                    },
+                    None => last,
+                };
+            }
+            last = send(next.clone(), request.clone()).await;
+            if !not_served(&last) {
+                return last;
+            }
+            failed = next;
         }
-        send(next, request).await
+        last
+    }
+
+    /// The leader to send an unserved request to next: a leader other than `failed`,
+    /// or `failed` itself once (`resent` records it) — a lost message is no reason to
+    /// wait for an election. `None` once `deadline` passed.
+    async fn leader_for_resend(
+        &self,
+        id: &ShardId,
+        failed: &NodeId,
+        resent: &mut bool,
+        deadline: tokio::time::Instant,
+    ) -> Option<NodeId> {
+        let accept = |l: &NodeId| l != failed || !std::mem::replace(resent, true);
+        self.leader_where(id, deadline, accept).await
     }
 
     /// Whether every group this node runs knows a leader (once true at start, the
