@@ -1,8 +1,8 @@
 //! t15: the Redis protocol with real clients. A real `tallyd` is driven by
-//! `redis-cli` (one command per call, `--pipe` for a pipeline of 1,000 `INCRBY`,
-//! `-3` for RESP3) and by the Python `redis` package (a pipeline, idempotent
-//! `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the errors of bad input); totals must
-//! be exact. Then raw sockets check what no client library sends: a RESP3 session
+//! `redis-cli` (one command per call — a windowed counter's `TALLY.WINDOW` among them —
+//! `--pipe` for a pipeline of 1,000 `INCRBY`, `-3` for RESP3) and by the Python `redis`
+//! package (a pipeline, idempotent `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the
+//! errors of bad input); totals must be exact. Then raw sockets check what no client library sends: a RESP3 session
 //! after `HELLO 3`, garbage and a 1 GB bulk length (each answered with an error and
 //! its connection closed), and the connection limit — and the node still serves
 //! everyone else with its data intact.
@@ -159,6 +159,26 @@ async fn real_redis_clients_drive_a_node() -> Result<()> {
     assert!(cli(port, &["INFO", "server"])?.contains("node_id:node1"));
     let count: usize = cli(port, &["COMMAND", "COUNT"])?.parse()?;
     assert!(count >= 20, "{count}");
+
+    eprintln!("phase: redis-cli, a windowed counter");
+    let create = ["TALLY.CREATE", "visits", "WINDOWS", "1h,1m", "DISTINCT", "true", "DURABILITY", "sync"];
+    assert_eq!(cli(port, &create)?, "created");
+    for (delta, member) in [("3", "u1"), ("4", "u2"), ("5", "u1")] {
+        assert_eq!(cli(port, &["TALLY.INCRBY", "visits", delta, "MEMBER", member])?, "applied");
+    }
+    for (window, window_ms) in [("1m", "60000"), ("1h", "3600000")] {
+        let out = cli(port, &["TALLY.WINDOW", "visits", window])?;
+        let lines: Vec<&str> = out.lines().collect();
+        let field =
+            |name: &str| lines.iter().position(|l| *l == name).and_then(|i| lines.get(i + 1)).copied();
+        assert_eq!(field("window"), Some(window), "{out}");
+        assert_eq!(field("window_ms"), Some(window_ms), "{out}");
+        assert_eq!(field("value"), Some("12"), "{out}");
+        assert_eq!(field("estimate"), Some("2"), "{out}");
+        assert_eq!(field("complete"), Some("1"), "{out}");
+    }
+    assert!(cli(port, &["TALLY.WINDOW", "visits", "24h"])?.starts_with("ERR unknown_window"));
+    assert!(cli(port, &["TALLY.WINDOW", "likes:1", "1h"])?.starts_with("ERR unknown_window"));
 
     eprintln!("phase: redis-cli --pipe, {PIPE_INCREMENTS} INCRBY in one stream");
     let mut pipe = String::new();

@@ -78,6 +78,7 @@ fn need(cmd: &Command) -> Need<'_> {
         | C::CmsQuery { key, .. }
         | C::TopkList { key, .. }
         | C::TallyGet { key, .. }
+        | C::TallyWindow { key, .. }
         | C::TallyShards(key) => Need::Counters(Scope::Read, vec![key.as_str()]),
         C::MGet(keys) | C::Exists(keys) => {
             Need::Counters(Scope::Read, keys.iter().map(String::as_str).collect())

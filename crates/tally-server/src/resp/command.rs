@@ -310,6 +310,15 @@ pub const COMMANDS: &[CommandSpec] = &[
         &[arg("key", Key), opt("FRESH|CACHED", Token)],
     ),
     cmd(
+        "tally.window",
+        3,
+        R,
+        (1, 1, 1),
+        "tally",
+        "One of the counter's sliding windows: its total, and its distinct estimate with distinct, with the bucket granularity.",
+        &[arg("key", Key), arg("window", Str)],
+    ),
+    cmd(
         "tally.create",
         -2,
         &["write"],
@@ -328,6 +337,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("DISTINCT", "true|false", Str),
             opt_tok("DEDUP_WINDOW_S", "dedup_window_s", Integer),
             opt_tok("FREQUENCY", "epsilon delta", Str),
+            opt_tok("WINDOWS", "1m,1h,24h", Str),
         ],
     ),
     cmd(
@@ -468,6 +478,13 @@ pub enum Command {
         key: String,
         /// How fresh.
         consistency: Consistency,
+    },
+    /// `TALLY.WINDOW key window`.
+    TallyWindow {
+        /// The counter.
+        key: String,
+        /// One of its windows (`1h`, `24h`, …).
+        window: String,
     },
     /// `TALLY.CREATE key [FIELD value ...]`.
     TallyCreate {
@@ -737,6 +754,7 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                 Some(_) => return Err(syntax_error()),
             },
         },
+        "tally.window" => Command::TallyWindow { key: key(&a[0])?, window: text(&a[1], "window")? },
         "tally.create" => {
             let mut spec = SpecBody::default();
             let mut i = 1;
@@ -756,6 +774,12 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                     b"ROUTER" => spec.router = Some(text(value, "router")?.to_lowercase()),
                     b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
                     b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
+                    // `WINDOWS 1m,1h,24h`: the HTTP body's `windows` list; `""` keeps none.
+                    b"WINDOWS" => {
+                        let list = text(value, "windows")?;
+                        let parts = list.split(',').map(str::trim).filter(|w| !w.is_empty());
+                        spec.windows = Some(parts.map(str::to_owned).collect());
+                    }
                     // `FREQUENCY epsilon delta`: the HTTP body's `frequency` object.
                     b"FREQUENCY" => {
                         let delta = a.get(i + 2).ok_or_else(syntax_error)?;
@@ -1008,6 +1032,23 @@ mod tests {
             Command::TallyGet { key: "c".into(), consistency: Consistency::Cached }
         );
         assert_eq!(refused(&["tally.get", "c", "warm"]), "ERR syntax error");
+        assert_eq!(
+            parsed(&["TALLY.WINDOW", "c", "1h"]),
+            Command::TallyWindow { key: "c".into(), window: "1h".into() }
+        );
+        assert_eq!(
+            refused(&["tally.window", "c"]),
+            "ERR wrong number of arguments for 'tally.window' command"
+        );
+        let Command::TallyCreate { spec, .. } = parsed(&["tally.create", "c", "windows", "1m, 1h,24h"])
+        else {
+            panic!("not a create")
+        };
+        assert_eq!(spec.windows, Some(vec!["1m".to_owned(), "1h".to_owned(), "24h".to_owned()]));
+        let Command::TallyCreate { spec, .. } = parsed(&["tally.create", "c", "WINDOWS", ""]) else {
+            panic!("not a create")
+        };
+        assert_eq!(spec.windows, Some(Vec::new()), "an empty list keeps no windows");
         let Command::TallyCreate { key, spec } = parsed(&[
             "TALLY.CREATE",
             "c",

@@ -180,6 +180,30 @@ pub fn read_reply(read: &ValueRead) -> Reply {
     ])
 }
 
+/// `TALLY.WINDOW`'s answer: the same fields as the HTTP window read (`estimate` and
+/// `relative_error` only for a counter with `distinct`).
+pub fn window_reply(read: &tally_engine::WindowRead) -> Reply {
+    let mut fields = vec![
+        ("window", Reply::text(read.window.clone())),
+        ("window_ms", Reply::Big(read.window_ms.into())),
+        ("bucket_ms", Reply::Big(read.bucket_ms.into())),
+        ("start_ms", Reply::Big(read.start_ms.into())),
+        ("end_ms", Reply::Big(read.end_ms.into())),
+        ("value", Reply::Big(read.value)),
+    ];
+    if let (Some(estimate), Some(error)) = (read.estimate, read.relative_error) {
+        fields.push(("estimate", Reply::Big(estimate.into())));
+        fields.push(("relative_error", Reply::Double(error)));
+    }
+    fields.extend([
+        ("window_bytes", Reply::Big(read.window_bytes.into())),
+        ("window_bytes_bound", Reply::Big(read.window_bytes_bound.into())),
+        ("complete", Reply::Bool(read.complete)),
+        ("missing_shards", shards_reply(&read.missing_shards)),
+    ]);
+    Reply::Map(fields.into_iter().map(|(k, v)| (Reply::text(k), v)).collect())
+}
+
 fn hello_reply(session: &Session) -> Reply {
     Reply::map([
         ("server", Reply::text("tally")),
@@ -412,6 +436,10 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
         },
         Command::TallyGet { key, consistency } => match svc.read(&key, consistency).await {
             Ok(read) => read_reply(&read),
+            Err(e) => engine_error(e),
+        },
+        Command::TallyWindow { key, window } => match svc.window(&key, &window).await {
+            Ok(read) => window_reply(&read),
             Err(e) => engine_error(e),
         },
         Command::TallyCreate { key, spec } => {
