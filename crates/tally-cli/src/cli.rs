@@ -138,13 +138,18 @@ impl Cli {
 pub enum Command {
     /// Create a counter, or update its spec (PUT /v1/counters/NAME).
     Create(CreateArgs),
-    /// Read a counter's value (GET /v1/counters/NAME/value).
+    /// Read a counter's value (GET /v1/counters/NAME/value), or one of its sliding
+    /// windows with --window (GET /v1/counters/NAME/value?window=W).
     Get {
         /// The counter.
         name: String,
         /// Sum every shard now instead of reading the cached rollup.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "window")]
         fresh: bool,
+        /// One of the counter's windows (`1m`, `1h`, `24h`, …): its sliding total,
+        /// summed fresh from every shard's buckets.
+        #[arg(long)]
+        window: Option<String>,
     },
     /// Show a counter's spec and summary (GET /v1/counters/NAME).
     Info {
@@ -158,10 +163,14 @@ pub enum Command {
     },
     /// Add to a counter (POST /v1/counters/NAME/increments).
     Incr(IncrArgs),
-    /// Estimate a counter's distinct members (GET /v1/counters/NAME/distinct).
+    /// Estimate a counter's distinct members (GET /v1/counters/NAME/distinct), or
+    /// those of one of its windows with --window.
     Distinct {
         /// The counter.
         name: String,
+        /// One of the counter's windows: the members of its sliding span.
+        #[arg(long)]
+        window: Option<String>,
     },
     /// Estimate an item's frequency (GET /v1/counters/NAME/frequency?item=ITEM).
     Frequency {

@@ -38,7 +38,7 @@ use reqwest::Method;
 use std::io::Write;
 use wire::{
     ClusterView, CounterInfo, DistinctRead, Frequency, FrequencyRead, IncrOutcome, IncrementBody,
-    ReconcileReport, ShardsReport, SpecBody, TopRead, ValueRead,
+    ReconcileReport, ShardsReport, SpecBody, TopRead, ValueRead, WindowRead,
 };
 
 /// Where results go, and whether standard output already holds one.
@@ -101,7 +101,13 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         .with_token(cli.token_arg().as_deref());
     match &cli.command {
         Command::Create(args) => create(&client, args, out).await,
-        Command::Get { name, fresh } => {
+        Command::Get { name, window: Some(window), .. } => {
+            read_window(&client, name, "value", window, out).await
+        }
+        Command::Distinct { name, window: Some(window) } => {
+            read_window(&client, name, "distinct", window, out).await
+        }
+        Command::Get { name, fresh, window: None } => {
             let mut url = client.counter_url(name, &["value"]);
             url.query_pairs_mut().append_pair("consistency", if *fresh { "fresh" } else { "cached" });
             let answer = client.call::<()>(Method::GET, url, None).await?;
@@ -122,7 +128,7 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             Ok(())
         }
         Command::Incr(args) => incr(&client, args, out).await,
-        Command::Distinct { name } => {
+        Command::Distinct { name, window: None } => {
             let answer =
                 client.call::<()>(Method::GET, client.counter_url(name, &["distinct"]), None).await?;
             let d: DistinctRead = answer.parse()?;
@@ -235,6 +241,22 @@ async fn create(client: &Client, args: &CreateArgs, out: &mut Output) -> Result<
     let info: CounterInfo = answer.parse()?;
     let verb = if answer.status == 201 { "created" } else { "updated" };
     out.show(&answer.text, || render::counter(verb, &info));
+    Ok(())
+}
+
+/// `get --window` and `distinct --window`: one of the counter's sliding windows.
+async fn read_window(
+    client: &Client,
+    name: &str,
+    what: &str,
+    window: &str,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let mut url = client.counter_url(name, &[what]);
+    url.query_pairs_mut().append_pair("window", window);
+    let answer = client.call::<()>(Method::GET, url, None).await?;
+    let w: WindowRead = answer.parse()?;
+    out.show(&answer.text, || render::window(name, &w));
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 
 use crate::wire::{
     ClusterView, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, ReconcileReport, ShardsReport,
-    TopRead, ValueRead,
+    TopRead, ValueRead, WindowRead,
 };
 use std::fmt::Write;
 
@@ -111,6 +111,27 @@ pub fn distinct(name: &str, d: &DistinctRead) -> String {
         let _ =
             writeln!(out, "  INCOMPLETE: sketches of shards {} are missing", shard_list(&d.missing_shards));
     }
+    out
+}
+
+/// A sliding window's total (and distinct estimate), with its span and granularity.
+pub fn window(name: &str, w: &WindowRead) -> String {
+    let mut out = format!("{name} over the last {} = {}\n", w.window, w.value);
+    let mut pairs = vec![
+        ("span_ms", format!("{}..{}", w.start_ms, w.end_ms)),
+        ("granularity", format!("{} ms buckets", w.bucket_ms)),
+    ];
+    if let (Some(estimate), Some(error)) = (w.estimate, w.relative_error) {
+        pairs.push(("distinct", format!("~{estimate} (±{:.2}%)", error * 100.0)));
+    }
+    pairs.push(("bytes", format!("{} of at most {}", w.window_bytes, w.window_bytes_bound)));
+    let complete = if w.complete {
+        "yes".to_string()
+    } else {
+        format!("NO: buckets of shards {} are missing", shard_list(&w.missing_shards))
+    };
+    pairs.push(("complete", complete));
+    out.push_str(&fields(&pairs));
     out
 }
 

@@ -279,6 +279,38 @@ pub struct ValueRead {
     pub missing_shards: Vec<u64>,
 }
 
+/// `GET /v1/counters/{name}/value?window=W` (and `/distinct?window=W`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct WindowRead {
+    /// The window, in its shortest form.
+    pub window: String,
+    /// Its length in milliseconds.
+    pub window_ms: u64,
+    /// The width of its buckets: the granularity of the answer.
+    pub bucket_ms: u64,
+    /// The start of the oldest bucket summed, in milliseconds since the Unix epoch.
+    pub start_ms: u64,
+    /// The end of the span: the reading node's clock.
+    pub end_ms: u64,
+    /// The sum of the deltas in the span.
+    pub value: i128,
+    /// The estimated distinct members in the span, for a counter with `distinct`.
+    #[serde(default)]
+    pub estimate: Option<u64>,
+    /// The sketch's standard relative error, for a counter with `distinct`.
+    #[serde(default)]
+    pub relative_error: Option<f64>,
+    /// Bytes the window buckets of the shards that answered hold.
+    pub window_bytes: u64,
+    /// The most those buckets can hold.
+    pub window_bytes_bound: u64,
+    /// Whether every shard answered.
+    pub complete: bool,
+    /// Shards whose buckets are missing.
+    #[serde(default)]
+    pub missing_shards: Vec<u64>,
+}
+
 /// `GET /v1/counters/{name}/distinct`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct DistinctRead {

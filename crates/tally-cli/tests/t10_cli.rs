@@ -105,6 +105,29 @@ async fn distinct_shards_cluster_and_reconcile() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_windows_are_read_with_get_and_distinct() {
+    let node = Node::start().await;
+    let create = ["create", "visits", "--distinct", "--durability", "sync", "--windows", "1m,1h"];
+    node.tally(&create).await.ok();
+    for (delta, member) in [("3", "ann"), ("4", "bob"), ("5", "ann")] {
+        node.tally(&["incr", "visits", "--by", delta, "--member", member]).await.ok();
+    }
+    let text = node.tally(&["get", "visits", "--window", "1h"]).await;
+    assert!(text.ok().starts_with("visits over the last 1h = 12\n"), "{text:?}");
+    assert!(text.ok().contains("60000 ms buckets") && text.ok().contains("complete"), "{text:?}");
+    let json = node.tally(&["--json", "get", "visits", "--window", "1m"]).await.json();
+    assert_eq!((json["value"].as_i64(), json["bucket_ms"].as_u64()), (Some(12), Some(1_000)), "{json}");
+    let json = node.tally(&["--json", "distinct", "visits", "--window", "1h"]).await.json();
+    assert_eq!(json["estimate"], 2, "{json}");
+    let text = node.tally(&["distinct", "visits", "--window", "1m"]).await;
+    assert!(text.ok().contains("distinct") && text.ok().contains("~2 (±"), "{text:?}");
+    let unknown = node.tally(&["get", "visits", "--window", "24h"]).await;
+    assert_ne!(unknown.code, Some(0), "{unknown:?}");
+    assert!(unknown.stderr.contains("unknown_window"), "{unknown:?}");
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_exit_non_zero_with_their_code() {
     let node = Node::start().await;
     let text = node.tally(&["get", "nope"]).await;
