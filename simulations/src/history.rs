@@ -192,11 +192,18 @@ pub enum FaultKind {
     /// A range group's replica on an emptied disk was promoted in place of the old
     /// one (replicated runs, counted at the end).
     ReplicaReplaced,
+    /// A range's leader was cut off from every other node for longer than an
+    /// election takes (replicated runs): the others elect a new leader while it
+    /// still believes it leads.
+    LeaderIsolated,
+    /// A range's leader stopped for longer than an election takes (replicated runs):
+    /// its lease expires while it cannot notice, and it resumes as a deposed leader.
+    LeaderPaused,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -210,6 +217,8 @@ impl FaultKind {
         FaultKind::ShardMoved,
         FaultKind::DiskLost,
         FaultKind::ReplicaReplaced,
+        FaultKind::LeaderIsolated,
+        FaultKind::LeaderPaused,
     ];
 
     /// A short name for tables.
@@ -228,6 +237,8 @@ impl FaultKind {
             FaultKind::ShardMoved => "shard moved",
             FaultKind::DiskLost => "disk lost",
             FaultKind::ReplicaReplaced => "replica replaced",
+            FaultKind::LeaderIsolated => "leader isolated",
+            FaultKind::LeaderPaused => "leader paused",
         }
     }
 }

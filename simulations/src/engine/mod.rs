@@ -23,7 +23,7 @@ use crate::config::*;
 use crate::history::{FaultKind, History};
 use crate::sim::RunReport;
 use catalog::SimCatalog;
-use net::SimPlacement;
+use net::{node_index, SimPlacement};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -151,6 +151,14 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
 /// Share of the crashes of a replicated run that lose the node's disk (when no
 /// earlier loss is still being replaced).
 const DISK_LOSS_SHARE: f64 = 0.4;
+/// How long a leader fault (isolation, pause) lasts in replicated runs: longer than
+/// an election takes (`tally_replica` draws its timeouts from 500–900 ms), shorter
+/// than a run's chaos phase.
+const LEADER_FAULT_MS: (u64, u64) = (1_000, 2_500);
+/// Leader isolations, and leader pauses, per simulated second in replicated runs, by
+/// fault level (the run draws its rate from the range).
+const LEADER_FAULTS_PER_S_LIGHT: (f64, f64) = (0.0, 0.15);
+const LEADER_FAULTS_PER_S_HEAVY: (f64, f64) = (0.1, 0.5);
 
 /// Whether every node is up and every range group's leader has the replicas of the
 /// nodes' current disks as its voters, nothing else: a disk may be lost then
@@ -388,6 +396,12 @@ enum Fault {
     Crash(u8, u64),
     Partition(Vec<(u8, u8)>, bool, u64),
     Pause(u8, u64),
+    /// Isolate (or, `paused`, stop) the leader of a range, for `len` ms.
+    Leader {
+        range: u32,
+        paused: bool,
+        len: u64,
+    },
     Fsync(u8),
     MetaOutage(u64),
     Reshard(usize, u16),
@@ -446,8 +460,71 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
             out.push((t, Fault::Membership));
         }
     }
+    // Replicated runs also aim at range leaders: cut one off, or stop it, for longer
+    // than an election takes. Drawn last, so runs with one copy are unchanged.
+    if g.cfg.replicas > 1 {
+        let (lo, hi) = match g.cfg.faults {
+            FaultLevel::Light => LEADER_FAULTS_PER_S_LIGHT,
+            FaultLevel::Heavy => LEADER_FAULTS_PER_S_HEAVY,
+        };
+        for paused in [false, true] {
+            let per_s = lo + (hi - lo) * g.rng.random::<f64>();
+            for t in poisson(&mut g.rng, per_s, span) {
+                let range = g.rng.random::<u32>();
+                let len = g.uniform(LEADER_FAULT_MS);
+                out.push((t, Fault::Leader { range, paused, len }));
+            }
+        }
+    }
     out.sort_by_key(|(t, _)| *t);
     out
+}
+
+/// The node leading the `pick`-th range (modulo their count), as the first node
+/// that is up and knows a leader sees it.
+fn range_leader(g: &World, pick: u32) -> Option<u8> {
+    let layout = replica::directory(g.cfg.nodes, g.cfg.replicas).layout();
+    let range = tally_core::ranges::RangeId(pick % layout.count());
+    g.nodes.iter().filter(|n| n.up).find_map(|n| {
+        let leader = n.replication.as_ref()?.groups().leader_node(range)?;
+        node_index(&tally_core::NodeId::new(&leader))
+    })
+}
+
+/// Cuts `links` for `len` ms.
+fn cut(w: &Shared, links: Vec<(u8, u8)>, kind: FaultKind, len: u64) {
+    {
+        let mut g = lock(w);
+        g.count(kind);
+        g.note("partition", (&links, len));
+        for l in &links {
+            *g.cut.entry(*l).or_default() += 1;
+        }
+        g.disturbance(len);
+    }
+    let w = w.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(len)).await;
+        let mut g = lock(&w);
+        for l in &links {
+            if let Some(c) = g.cut.get_mut(l) {
+                *c -= 1;
+                if *c == 0 {
+                    g.cut.remove(l);
+                }
+            }
+        }
+    });
+}
+
+/// Stops node `n` for `len` ms.
+fn pause(g: &mut World, n: u8, kind: FaultKind, len: u64) {
+    let now = g.now();
+    g.count(kind);
+    g.note("pause", (n, len));
+    let node = &mut g.nodes[usize::from(n)];
+    node.paused_until = node.paused_until.max(now + len);
+    g.disturbance(len);
 }
 
 /// Carries out one scheduled fault.
@@ -472,37 +549,19 @@ fn inject(w: &Shared, fault: Fault) {
             });
         }
         Fault::Partition(links, one_way, len) => {
-            {
-                let mut g = lock(w);
-                g.count(if one_way { FaultKind::PartitionOneWay } else { FaultKind::PartitionSymmetric });
-                g.note("partition", (&links, len));
-                for l in &links {
-                    *g.cut.entry(*l).or_default() += 1;
-                }
-                g.disturbance(len);
-            }
-            let w = w.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(len)).await;
-                let mut g = lock(&w);
-                for l in &links {
-                    if let Some(c) = g.cut.get_mut(l) {
-                        *c -= 1;
-                        if *c == 0 {
-                            g.cut.remove(l);
-                        }
-                    }
-                }
-            });
+            let kind = if one_way { FaultKind::PartitionOneWay } else { FaultKind::PartitionSymmetric };
+            cut(w, links, kind, len);
         }
-        Fault::Pause(n, len) => {
-            let mut g = lock(w);
-            let now = g.now();
-            g.count(FaultKind::Pause);
-            g.note("pause", (n, len));
-            let node = &mut g.nodes[usize::from(n)];
-            node.paused_until = node.paused_until.max(now + len);
-            g.disturbance(len);
+        Fault::Pause(n, len) => pause(&mut lock(w), n, FaultKind::Pause, len),
+        Fault::Leader { range, paused, len } => {
+            let Some(n) = range_leader(&lock(w), range) else { return };
+            if paused {
+                pause(&mut lock(w), n, FaultKind::LeaderPaused, len);
+            } else {
+                let others = (0..lock(w).cfg.nodes).filter(|&b| b != n);
+                let links = others.flat_map(|b| [(n, b), (b, n)]).collect();
+                cut(w, links, FaultKind::LeaderIsolated, len);
+            }
         }
         Fault::Fsync(n) => {
             {
