@@ -18,8 +18,8 @@ use std::sync::Arc;
 use tally_core::format::{encode_version, STORE_FORMAT};
 use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_engine::{
-    Consistency, Durability, Increment, MemStore, SledStore, SpecPatch, Store, SystemClock, Tally,
-    TallyConfig, STORE_FORMAT_KEY,
+    Consistency, Durability, Increment, ManualClock, MemStore, SledStore, SpecPatch, Store, SystemClock,
+    Tally, TallyConfig, STORE_FORMAT_KEY,
 };
 
 /// The sync counter whose event ids must stay known.
@@ -136,10 +136,23 @@ fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
     (to, db)
 }
 
+/// When the fixture's release wrote it: its database file's modification time, which
+/// tar keeps. Its event ids are judged then, not today: they expire with the
+/// counter's dedup window (a day), so a clock of today would rightly forget them.
+fn written_at_ms(dir: &Path) -> u64 {
+    let modified =
+        std::fs::metadata(dir.join("db")).and_then(|m| m.modified()).expect("the fixture's db file");
+    let since = modified.duration_since(std::time::UNIX_EPOCH).expect("a time after 1970");
+    u64::try_from(since.as_millis()).expect("a time within 64 bits of milliseconds")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_of_the_first_format_reads_the_same() {
     let (_keep, dir) = fixture_copy();
-    let tally = Tally::open(&dir, config()).await.unwrap();
+    // A minute after the fixture was written, well within its counters' dedup window.
+    let clock = ManualClock::new(written_at_ms(&dir) + 60_000);
+    let store = SledStore::open_path(&dir).unwrap();
+    let tally = Tally::open_with(Arc::new(store), Arc::new(clock), config()).await.unwrap();
 
     let credits: i128 = (0..CREDIT_EVENTS).map(|i| i128::from(credit_delta(i))).sum();
     let cases = [
