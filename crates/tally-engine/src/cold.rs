@@ -74,6 +74,7 @@ impl Ctx {
         // it also makes this node the shard's writer for a replicated store.
         let local = cold
             && self.ensure_local(id).await.is_ok()
+            && self.catalog.creation_written(id.counter.as_str()).await.is_ok()
             && self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default());
         let rx = if local {
             let (tx, rx) = ractor::concurrency::oneshot();

@@ -599,6 +599,9 @@ impl Ctx {
             return Ok(a.clone());
         }
         self.ensure_local(id).await?;
+        // Nothing of a counter is written before its creation (a running actor was
+        // started after this).
+        self.catalog.creation_written(id.counter.as_str()).await?;
         let sup = self.supervisor.get().ok_or(TallyError::ShuttingDown)?;
         let (tx, rx) = ractor::concurrency::oneshot();
         sup.send_message(SupervisorMsg::Spawn { id: id.clone(), meta: meta.clone(), reply: tx.into() })
@@ -919,6 +922,11 @@ impl Ctx {
     /// Delivers drained sums to the current layout; false if one went back to the
     /// slots instead (see [`Ctx::drain`]).
     async fn deliver(self: &Arc<Self>, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) -> bool {
+        if rt.deleted.load(SeqCst) {
+            // Not to the counter a later increment created under the same name.
+            tracing::warn!(counter = %rt.name, "dropping buffered increments of a deleted counter");
+            return true;
+        }
         rt.last_used_ms.store(self.now_ms(), Relaxed);
         let target = match self.registry.get(rt.name.as_str()).map(|r| r.clone()) {
             Some(t) => t,
