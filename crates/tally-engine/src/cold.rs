@@ -78,7 +78,7 @@ impl Ctx {
             && self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default());
         let rx = if local {
             let (tx, rx) = ractor::concurrency::oneshot();
-            crate::shard::run_cold(self, id, &rt.meta, sub.clone(), tx.into()).await;
+            crate::shard::run_cold(self, id, &rt.meta, self.cold_submission(sub), tx.into()).await;
             self.stats.cold_writes.inc();
             Some(rx)
         } else {
@@ -87,6 +87,26 @@ impl Ctx {
         self.cold.remove(id);
         drop(held);
         rx
+    }
+
+    /// What a cold write applies for `sub`. A store that does not replicate answers
+    /// every commit for certain (applied, or failed and not applied), and a cold write
+    /// is answered before [`Ctx::write_cold`] returns, so its sum is resent only if it
+    /// was not applied: it needs no drain record, and the write is one key (the
+    /// shard's value) instead of two. A replicated store's commit may be in doubt,
+    /// so there the sum keeps its drain id and its record.
+    fn cold_submission(&self, sub: &Submission) -> Submission {
+        match sub {
+            Submission::Buffered { sum, increments, members, drain_id: Some(_) } if !self.store.waits() => {
+                Submission::Buffered {
+                    sum: *sum,
+                    increments: *increments,
+                    members: members.clone(),
+                    drain_id: None,
+                }
+            }
+            other => other.clone(),
+        }
     }
 
     /// The lock of the cold write under way to shard `id`, if one is.

@@ -46,6 +46,13 @@ pub use tally_core::drain_book::IN_DOUBT_RETRY_MS_MAX;
 pub const IN_DOUBT_RESENDS_CONCURRENT_MAX: usize = 64;
 /// Most predecessors a fresh read follows from a counter's current runtime.
 pub const PREDECESSORS_MAX: usize = 64;
+/// Most counters created on this node whose first drain has not been delivered. A
+/// first increment is acknowledged before its counter's creation is written, so
+/// without a bound writers of new counters could outrun the drains that write them,
+/// and what a crash loses would grow past the window. A creation beyond the bound
+/// waits for a place; while fewer than half are free, created counters drain at the
+/// next aggregator tick instead of at the end of their window.
+pub const CREATED_UNDRAINED_MAX: usize = 16_384;
 
 /// Hands out per-thread routing tokens.
 static NEXT_THREAD_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -193,6 +200,8 @@ pub(crate) struct Ctx {
     pub(crate) lost: crate::lost::LostData,
     /// Creations of counters by their first increment, batched into shared commits.
     pub(crate) creator: Arc<crate::create::Creator>,
+    /// Places for created counters not drained yet ([`CREATED_UNDRAINED_MAX`]).
+    pub(crate) created_undrained: Arc<tokio::sync::Semaphore>,
     /// The auto counters this engine follows (`autoshard.rs`).
     pub(crate) auto: crate::auto_book::AutoBook,
 }
@@ -242,7 +251,14 @@ impl Ctx {
             None if !create => return Err(TallyError::NotFound(name.to_string())),
             None => {
                 self.finish_delete(&name).await?;
-                // Shares one metadata commit with the creations queued meanwhile.
+                let place = self
+                    .created_undrained
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| TallyError::ShuttingDown)?;
+                // Shares one metadata commit with the creations queued meanwhile
+                // (or, with a local catalog, is answered before it is written).
                 let (meta, effect, _) = self.creator.ensure(name.clone()).await?;
                 // A counter this call created holds nothing anywhere (a deleted one's
                 // data is gone: `finish_delete`), so its slots may take increments at
@@ -250,7 +266,17 @@ impl Ctx {
                 // Its first cached read reads it fresh, buffers delivered first
                 // (`rollup::load`), so an `INCR` that created it counts itself.
                 let created = effect == MetaEffect::Created;
-                return Ok(self.install_with(name, meta, created));
+                let rt = self.install_with(name, meta, created);
+                if created {
+                    let mut held = rt.undrained.lock();
+                    if held.is_none() {
+                        *held = Some(place);
+                    }
+                    if self.created_undrained.available_permits() < CREATED_UNDRAINED_MAX / 2 {
+                        rt.flush_requested.store(true, SeqCst);
+                    }
+                }
+                return Ok(rt);
             }
         };
         Ok(self.install(name, meta))
@@ -852,6 +878,10 @@ impl Ctx {
         rt.drains_in_flight.fetch_add(1, SeqCst);
         let drained = rt.drain();
         let delivered = drained.is_empty() || self.deliver(rt, drained).await;
+        if delivered {
+            // Its first drain is in its shards (or it had nothing): the place goes.
+            rt.undrained.lock().take();
+        }
         if rt.drains_in_flight.fetch_sub(1, SeqCst) == 1 {
             rt.drains_settled.notify_waiters();
         }

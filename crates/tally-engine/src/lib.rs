@@ -77,7 +77,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
 pub use create::CREATE_BATCH_MAX;
 pub use ctx::{
-    seed_thread_routing, IN_DOUBT_RESENDS_CONCURRENT_MAX, IN_DOUBT_RETRY_MS_MAX, PREDECESSORS_MAX,
+    seed_thread_routing, CREATED_UNDRAINED_MAX, IN_DOUBT_RESENDS_CONCURRENT_MAX, IN_DOUBT_RETRY_MS_MAX,
+    PREDECESSORS_MAX,
 };
 pub use error::ListError;
 pub use error::TallyError;

@@ -134,6 +134,7 @@ impl Tally {
             adopting: Default::default(),
             lost: Default::default(),
             creator,
+            created_undrained: Arc::new(tokio::sync::Semaphore::new(crate::ctx::CREATED_UNDRAINED_MAX)),
             auto: Default::default(),
         });
         crate::reshard::watch(&ctx);
