@@ -68,14 +68,11 @@ impl Ctx {
         // Under the claim: still cold (no actor started since the counter was
         // created, and no other cold write), and no actor runs.
         let cold = slot.cold.swap(false, SeqCst) && !self.directory.contains_key(id);
-        // And the shard holds nothing where it is stored now: a shard this node
-        // adopted in a membership change, or whose range group another node led
-        // before, may hold what others wrote since the counter was created. Opening
-        // it also makes this node the shard's writer for a replicated store.
+        // And the shard holds nothing where it is stored now (`holds_nothing`).
         let local = cold
             && self.ensure_local(id).await.is_ok()
             && self.catalog.creation_written(id.counter.as_str()).await.is_ok()
-            && self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default());
+            && self.holds_nothing(id);
         let rx = if local {
             let (tx, rx) = ractor::concurrency::oneshot();
             crate::shard::run_cold(self, id, &rt.meta, self.cold_submission(sub), tx.into()).await;
@@ -87,6 +84,21 @@ impl Ctx {
         self.cold.remove(id);
         drop(held);
         rx
+    }
+
+    /// Whether shard `id`, whose slot is cold under this node's claim, holds nothing
+    /// where it is stored. An embedded engine's own store holds only what this node
+    /// wrote, and a cold slot says it wrote nothing since the counter was created
+    /// (what a deleted counter left is removed before it is created again), so there
+    /// is nothing to read. Otherwise the shard may have been adopted from another
+    /// node, or its range group led by another node, since the counter was created:
+    /// its stored image must be empty, and opening it also makes this node the
+    /// shard's writer for a replicated store.
+    fn holds_nothing(&self, id: &ShardId) -> bool {
+        if self.placement.is_none() && !self.store.waits() {
+            return true;
+        }
+        self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default())
     }
 
     /// What a cold write applies for `sub`. A store that does not replicate answers

@@ -50,8 +50,10 @@ pub const PREDECESSORS_MAX: usize = 64;
 /// first increment is acknowledged before its counter's creation is written, so
 /// without a bound writers of new counters could outrun the drains that write them,
 /// and what a crash loses would grow past the window. A creation beyond the bound
-/// waits for a place; while fewer than half are free, created counters drain at the
-/// next aggregator tick instead of at the end of their window.
+/// waits for a place (at most `call_timeout_ms`, then it is refused as unavailable);
+/// while fewer than half are free, created counters drain at the next aggregator tick
+/// instead of at the end of their window. A place is freed by the counter's first
+/// drain, delivered or not.
 pub const CREATED_UNDRAINED_MAX: usize = 16_384;
 
 /// Hands out per-thread routing tokens.
@@ -251,12 +253,17 @@ impl Ctx {
             None if !create => return Err(TallyError::NotFound(name.to_string())),
             None => {
                 self.finish_delete(&name).await?;
-                let place = self
-                    .created_undrained
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| TallyError::ShuttingDown)?;
+                let wait = self.created_undrained.clone().acquire_owned();
+                let place = match tokio::time::timeout(self.timeout(), wait).await {
+                    Ok(Ok(place)) => place,
+                    Ok(Err(_)) => return Err(TallyError::ShuttingDown),
+                    Err(_) => return Err(TallyError::Unavailable {
+                        shard: name.to_string(),
+                        reason: format!(
+                            "{CREATED_UNDRAINED_MAX} counters created here wait for their first drain; retry"
+                        ),
+                    }),
+                };
                 // Shares one metadata commit with the creations queued meanwhile
                 // (or, with a local catalog, is answered before it is written).
                 let (meta, effect, _) = self.creator.ensure(name.clone()).await?;
@@ -878,10 +885,10 @@ impl Ctx {
         rt.drains_in_flight.fetch_add(1, SeqCst);
         let drained = rt.drain();
         let delivered = drained.is_empty() || self.deliver(rt, drained).await;
-        if delivered {
-            // Its first drain is in its shards (or it had nothing): the place goes.
-            rt.undrained.lock().take();
-        }
+        // Its first drain has been tried: the place goes. (A sum that could not be
+        // delivered is back in the slots, as any counter's is whose shard is away, so
+        // counters whose shards are down never keep creations of others waiting.)
+        rt.undrained.lock().take();
         if rt.drains_in_flight.fetch_sub(1, SeqCst) == 1 {
             rt.drains_settled.notify_waiters();
         }
