@@ -13,6 +13,14 @@
 //! commit), commits, answers, and goes on while more is queued. The queue holds one
 //! entry per caller waiting for its counter, so it is bounded by the requests in
 //! flight.
+//!
+//! A catalog that can answer a creation before writing it
+//! ([`Catalog::ensure_deferred`]: the node's own catalog, for the `batched` default
+//! spec) answers first, and the caller does not queue at all; one writer task at a
+//! time ([`Creator::write_soon`]) then writes what was deferred, in one store batch
+//! per pass, and goes on while creations were deferred during its pass. The engine
+//! awaits [`Catalog::creation_written`] before it writes any shard of a counter, so
+//! a shard is never written before its counter's entry even if that task is late.
 
 use crate::catalog::Catalog;
 use crate::clock::Clock;
