@@ -257,12 +257,14 @@ impl Ctx {
                 let place = match tokio::time::timeout(self.timeout(), wait).await {
                     Ok(Ok(place)) => place,
                     Ok(Err(_)) => return Err(TallyError::ShuttingDown),
-                    Err(_) => return Err(TallyError::Unavailable {
-                        shard: name.to_string(),
-                        reason: format!(
+                    Err(_) => {
+                        return Err(TallyError::Unavailable {
+                            shard: name.to_string(),
+                            reason: format!(
                             "{CREATED_UNDRAINED_MAX} counters created here wait for their first drain; retry"
                         ),
-                    }),
+                        })
+                    }
                 };
                 // Shares one metadata commit with the creations queued meanwhile
                 // (or, with a local catalog, is answered before it is written).

@@ -72,7 +72,7 @@ mod tally;
 pub use aggregator::{DRAINS_CONCURRENT_MAX, EVICTION_SWEEP_MS, SHUTDOWN_DELIVER_MS};
 pub use api::*;
 pub use autoshard::AUTO_COUNTERS_MAX;
-pub use catalog::{Catalog, EnsureResults, Generations, LocalCatalog};
+pub use catalog::{Catalog, EnsureResults, Generations, LocalCatalog, CREATIONS_UNWRITTEN_MAX};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
 pub use create::CREATE_BATCH_MAX;
