@@ -46,7 +46,7 @@ pub use tally_core::drain_book::IN_DOUBT_RETRY_MS_MAX;
 pub const IN_DOUBT_RESENDS_CONCURRENT_MAX: usize = 64;
 /// Most predecessors a fresh read follows from a counter's current runtime.
 pub const PREDECESSORS_MAX: usize = 64;
-/// Most counters created on this node whose first drain has not been delivered. A
+/// Most counters created on this node whose first drain has not run yet. A
 /// first increment is acknowledged before its counter's creation is written, so
 /// without a bound writers of new counters could outrun the drains that write them,
 /// and what a crash loses would grow past the window. A creation beyond the bound

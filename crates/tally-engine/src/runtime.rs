@@ -94,8 +94,8 @@ pub(crate) struct CounterRuntime {
     /// The counter was deleted while this runtime was current (or replaced): what it
     /// still buffers belongs to no counter, not to one created anew under the name.
     pub(crate) deleted: AtomicBool,
-    /// Held from the counter's creation here until its first delivered drain: a
-    /// place among [`crate::ctx::CREATED_UNDRAINED_MAX`].
+    /// Held from the counter's creation here until its first drain has run: a place
+    /// among [`crate::ctx::CREATED_UNDRAINED_MAX`].
     pub(crate) undrained: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
     /// Drains of this runtime whose sums have left the slots but not yet been
     /// answered by their shards; a fresh read waits for them.
