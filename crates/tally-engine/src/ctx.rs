@@ -49,7 +49,7 @@ pub const PREDECESSORS_MAX: usize = 64;
 /// Most counters created on this node whose first drain has not run yet. A
 /// first increment is acknowledged before its counter's creation is written, so
 /// without a bound writers of new counters could outrun the drains that write them,
-/// and what a crash loses would grow past the window. A creation beyond the bound
+/// and what a crash loses would grow without limit. A creation beyond the bound
 /// waits for a place (at most `call_timeout_ms`, then it is refused as unavailable);
 /// while fewer than half are free, created counters drain at the next aggregator tick
 /// instead of at the end of their window. A place is freed by the counter's first
