@@ -8,6 +8,7 @@
 use crate::error::TallyError;
 use crate::flusher::Flusher;
 use futures::future::BoxFuture;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use tally_core::codec;
 use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
@@ -75,6 +76,38 @@ pub trait Catalog: Send + Sync + 'static {
             futures::future::join_all(each).await
         })
     }
+    /// Creates `name` with the default spec if it exists nowhere, without waiting
+    /// for the creation to be written: its metadata and whether this call created
+    /// it. `None` if this catalog cannot (the default, and a replicated catalog: a
+    /// creation there is agreed on by the group before anyone may use it), or cannot
+    /// now (the name is under a change, or too many creations are unwritten); the
+    /// caller then creates it through [`Catalog::ensure_many`].
+    ///
+    /// A catalog that answers `Some` sees the creation in every read and listing at
+    /// once, orders every later change of the counter after it, writes it soon on its
+    /// own ([`Catalog::write_deferred`]), and writes it before
+    /// [`Catalog::creation_written`] returns, which the engine awaits before any
+    /// shard of the counter is written. It answers `Some` only for a `batched`
+    /// default spec: the creation is then durable with the flush that makes the
+    /// counter's first drained sum durable, and never after it.
+    fn ensure_deferred(
+        &self,
+        _name: &CounterName,
+        _now_ms: u64,
+    ) -> Option<Result<(CounterMeta, MetaEffect), TallyError>> {
+        None
+    }
+    /// Writes the creations [`Catalog::ensure_deferred`] answered and has not written
+    /// yet (nothing, for a catalog that defers none).
+    fn write_deferred(&self) -> BoxFuture<'_, Result<(), TallyError>> {
+        Box::pin(async { Ok(()) })
+    }
+    /// Returns once the creation of `name`, if [`Catalog::ensure_deferred`] answered
+    /// it, is written (in the store's order, before anything written after this
+    /// returns).
+    fn creation_written<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// The auto bounds of a counter whose shard count follows contention (`None`:
     /// fixed, or no such counter).
     fn auto_shards(&self, _name: &str) -> Result<Option<AutoShards>, TallyError> {
@@ -130,30 +163,171 @@ pub trait Catalog: Send + Sync + 'static {
     ) -> Result<Vec<CounterName>, TallyError>;
 }
 
+/// Most creations [`LocalCatalog`] holds answered and not yet written; a creation
+/// beyond them waits for a commit ([`Catalog::ensure_many`]). One write takes them all.
+pub const CREATIONS_UNWRITTEN_MAX: usize = 8192;
+
+/// Creations answered by [`Catalog::ensure_deferred`] and not written yet.
+#[derive(Default)]
+struct Deferred {
+    /// Each with its ticket: tickets rise in the order creations were answered.
+    unwritten: std::collections::HashMap<CounterName, (CounterMeta, u64)>,
+    /// Counters a change holds under the write lock: no creation of theirs is deferred
+    /// while it runs (it would be written over the change).
+    busy: std::collections::HashSet<CounterName>,
+    /// The last ticket handed out.
+    last_ticket: u64,
+}
+
 /// Counter metadata backed by the store's metadata space.
 pub struct LocalCatalog {
     store: Arc<dyn Store>,
     flusher: Flusher,
     write: Mutex<()>,
+    deferred: parking_lot::Mutex<Deferred>,
+    /// How many creations are unwritten (read without the lock on every look-up).
+    unwritten: AtomicUsize,
+    /// Every ticket up to this one is written.
+    written: AtomicU64,
 }
 
 impl LocalCatalog {
     pub(crate) fn new(store: Arc<dyn Store>, flusher: Flusher) -> Self {
-        Self { store, flusher, write: Mutex::new(()) }
+        Self {
+            store,
+            flusher,
+            write: Mutex::new(()),
+            deferred: Default::default(),
+            unwritten: AtomicUsize::new(0),
+            written: AtomicU64::new(0),
+        }
+    }
+
+    /// The unwritten creation of `name`, with its ticket.
+    fn unwritten(&self, name: &str) -> Option<(CounterMeta, u64)> {
+        if self.unwritten.load(SeqCst) == 0 {
+            return None;
+        }
+        self.deferred.lock().unwritten.get(name).cloned()
+    }
+
+    /// Writes every unwritten creation in one store batch (no flush: they are
+    /// `batched`). The caller holds the write lock.
+    async fn write_unwritten(&self, _guard: &tokio::sync::MutexGuard<'_, ()>) -> Result<(), TallyError> {
+        let (puts, names, last) = {
+            let d = self.deferred.lock();
+            if d.unwritten.is_empty() {
+                return Ok(());
+            }
+            let puts: Vec<_> = d
+                .unwritten
+                .iter()
+                .map(|(n, (m, _))| (key(COUNTER_PREFIX, n.as_str()), codec::encode(m)))
+                .collect();
+            let names: Vec<_> = d.unwritten.keys().cloned().collect();
+            (puts, names, d.last_ticket)
+        };
+        self.meta_batch_off_worker(puts).await?;
+        let mut d = self.deferred.lock();
+        for n in &names {
+            d.unwritten.remove(n);
+        }
+        self.unwritten.store(d.unwritten.len(), SeqCst);
+        // Only this writer removes, and it took every entry there was: every ticket up
+        // to `last` is written.
+        self.written.fetch_max(last, SeqCst);
+        Ok(())
+    }
+
+    /// One store batch of puts, from a blocking thread when the store blocks (sled
+    /// holds a write back while a flush's fsync runs).
+    async fn meta_batch_off_worker(&self, puts: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), TallyError> {
+        if self.store.blocks() {
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.meta_batch(&puts, &[]))
+                .await
+                .unwrap_or(Err(tally_store::StoreError::Closed))
+        } else {
+            self.store.meta_batch(&puts, &[])
+        }
+        .map_err(TallyError::from)
+    }
+
+    /// Marks `name` as under a change: no creation of it is deferred until
+    /// [`LocalCatalog::release`]. The caller holds the write lock and writes the
+    /// unwritten creations next, so the change sees any creation deferred before.
+    fn hold(&self, name: &CounterName) {
+        self.deferred.lock().busy.insert(name.clone());
+    }
+
+    fn release(&self, name: &CounterName) {
+        self.deferred.lock().busy.remove(name);
     }
 }
 
 impl Catalog for LocalCatalog {
     fn get(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
-        match self.store.meta_get(&key(COUNTER_PREFIX, name))? {
-            None => Ok(None),
-            Some(bytes) => {
-                let meta = codec::decode("counter metadata", &bytes).map_err(|source| {
-                    StoreError::Corrupt { location: format!("catalog entry {name:?}"), source }
-                })?;
-                Ok(Some(meta))
-            }
+        match self.unwritten(name) {
+            Some((meta, _)) => Ok(Some(meta)),
+            None => self.stored(name),
         }
+    }
+
+    fn ensure_deferred(
+        &self,
+        name: &CounterName,
+        now_ms: u64,
+    ) -> Option<Result<(CounterMeta, MetaEffect), TallyError>> {
+        let mut d = self.deferred.lock();
+        if let Some((meta, _)) = d.unwritten.get(name.as_str()) {
+            return Some(Ok((meta.clone(), MetaEffect::Unchanged)));
+        }
+        if d.busy.contains(name.as_str()) || d.unwritten.len() >= CREATIONS_UNWRITTEN_MAX {
+            return None;
+        }
+        // Under the lock, so two creations of one name cannot both find it missing,
+        // and the writer cannot move it from the map to the store unseen.
+        match self.stored(name.as_str()) {
+            Ok(Some(meta)) => return Some(Ok((meta, MetaEffect::Unchanged))),
+            Ok(None) => {}
+            Err(e) => return Some(Err(e)),
+        }
+        let meta = match apply_command(None, &MetaCommand::Ensure, now_ms) {
+            Ok((Some(meta), MetaEffect::Created)) => meta,
+            Ok(_) => return None,
+            Err(e) => return Some(Err(e.into())),
+        };
+        // Only a `batched` creation may be answered before it is durable.
+        if meta.spec.durability != Durability::Batched {
+            return None;
+        }
+        d.last_ticket += 1;
+        let ticket = d.last_ticket;
+        d.unwritten.insert(name.clone(), (meta.clone(), ticket));
+        self.unwritten.store(d.unwritten.len(), SeqCst);
+        Some(Ok((meta, MetaEffect::Created)))
+    }
+
+    fn write_deferred(&self) -> BoxFuture<'_, Result<(), TallyError>> {
+        Box::pin(async move {
+            let guard = self.write.lock().await;
+            self.write_unwritten(&guard).await
+        })
+    }
+
+    fn creation_written<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), TallyError>> {
+        Box::pin(async move {
+            let Some((_, ticket)) = self.unwritten(name) else { return Ok(()) };
+            if self.written.load(SeqCst) >= ticket {
+                return Ok(());
+            }
+            let guard = self.write.lock().await;
+            // Another writer may have written it while this waited for the lock.
+            if self.written.load(SeqCst) >= ticket {
+                return Ok(());
+            }
+            self.write_unwritten(&guard).await
+        })
     }
 
     fn apply<'a>(
@@ -247,17 +421,47 @@ impl Catalog for LocalCatalog {
         limit: usize,
     ) -> Result<Vec<CounterName>, TallyError> {
         let scan = key(COUNTER_PREFIX, prefix);
-        let after = after.map(|a| key(COUNTER_PREFIX, a.as_str()));
-        let page = self.store.meta_scan(&scan, after.as_deref(), limit)?;
-        Ok(page
+        let after_key = after.map(|a| key(COUNTER_PREFIX, a.as_str()));
+        let page = self.store.meta_scan(&scan, after_key.as_deref(), limit)?;
+        let mut names: Vec<CounterName> = page
             .iter()
             .filter_map(|(k, _)| std::str::from_utf8(&k[COUNTER_PREFIX.len()..]).ok())
             .filter_map(|n| CounterName::new(n).ok())
-            .collect())
+            .collect();
+        // Unwritten creations are listed as if written: the first `limit` names of
+        // both, in byte order (the store's page holds the first `limit` it has).
+        if self.unwritten.load(SeqCst) > 0 {
+            let d = self.deferred.lock();
+            let after = after.map(CounterName::as_str);
+            names.extend(
+                d.unwritten
+                    .keys()
+                    .filter(|n| n.as_str().starts_with(prefix) && after.is_none_or(|a| n.as_str() > a))
+                    .cloned(),
+            );
+            drop(d);
+            names.sort_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()));
+            names.dedup();
+            names.truncate(limit);
+        }
+        Ok(names)
     }
 }
 
 impl LocalCatalog {
+    /// The counter's metadata as the store holds it (without unwritten creations).
+    fn stored(&self, name: &str) -> Result<Option<CounterMeta>, TallyError> {
+        match self.store.meta_get(&key(COUNTER_PREFIX, name))? {
+            None => Ok(None),
+            Some(bytes) => {
+                let meta = codec::decode("counter metadata", &bytes).map_err(|source| {
+                    StoreError::Corrupt { location: format!("catalog entry {name:?}"), source }
+                })?;
+                Ok(Some(meta))
+            }
+        }
+    }
+
     async fn apply_local(
         &self,
         name: &CounterName,
@@ -269,7 +473,9 @@ impl LocalCatalog {
     }
 
     /// [`LocalCatalog::apply_local`] under the write lock, setting the auto bounds too
-    /// when `auto` is `Some` (`Some(None)`: the counter becomes fixed).
+    /// when `auto` is `Some` (`Some(None)`: the counter becomes fixed). The counter is
+    /// held meanwhile, and the unwritten creations are written first, so the change
+    /// applies to a deferred creation of the counter and is never written over by it.
     async fn apply_locked(
         &self,
         guard: tokio::sync::MutexGuard<'_, ()>,
@@ -278,7 +484,25 @@ impl LocalCatalog {
         auto: Option<Option<AutoShards>>,
         now_ms: u64,
     ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
-        let current = self.get(name.as_str())?;
+        self.hold(name);
+        let result = match self.write_unwritten(&guard).await {
+            Ok(()) => self.apply_held(guard, name, cmd, auto, now_ms).await,
+            Err(e) => Err(e),
+        };
+        self.release(name);
+        result
+    }
+
+    /// [`LocalCatalog::apply_locked`] once the unwritten creations are written.
+    async fn apply_held(
+        &self,
+        guard: tokio::sync::MutexGuard<'_, ()>,
+        name: &CounterName,
+        cmd: &MetaCommand,
+        auto: Option<Option<AutoShards>>,
+        now_ms: u64,
+    ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
+        let current = self.stored(name.as_str())?;
         let (next, effect) = apply_command(current, cmd, now_ms)?;
         let ck = key(COUNTER_PREFIX, name.as_str());
         let rk = key(RESHARD_PREFIX, name.as_str());
@@ -329,6 +553,10 @@ impl LocalCatalog {
     /// counters costs one metadata commit, not one each.
     async fn ensure_local(&self, names: &[CounterName], now_ms: u64) -> EnsureResults {
         let guard = self.write.lock().await;
+        // A name deferred meanwhile is found written, not created twice.
+        if let Err(e) = self.write_unwritten(&guard).await {
+            return names.iter().map(|_| Err(e.clone())).collect();
+        }
         let mut out = Vec::with_capacity(names.len());
         let mut puts: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         // A name twice in one batch is created once: the second sees the first.
@@ -336,7 +564,7 @@ impl LocalCatalog {
         for name in names {
             let current = match created.get(name.as_str()) {
                 Some(m) => Ok(Some(m.clone())),
-                None => self.get(name.as_str()),
+                None => self.stored(name.as_str()),
             };
             let result = current.and_then(|c| Ok(apply_command(c, &MetaCommand::Ensure, now_ms)?));
             if let Ok((Some(meta), MetaEffect::Created)) = &result {
@@ -353,15 +581,7 @@ impl LocalCatalog {
         // A new counter never has a resharding marker, so nothing is deleted. sled
         // holds a write back while a flush's fsync runs, so a store that blocks is
         // written from a blocking thread, never from an async worker.
-        let written = if self.store.blocks() {
-            let store = self.store.clone();
-            tokio::task::spawn_blocking(move || store.meta_batch(&puts, &[]))
-                .await
-                .unwrap_or(Err(tally_store::StoreError::Closed))
-        } else {
-            self.store.meta_batch(&puts, &[])
-        }
-        .map_err(TallyError::from);
+        let written = self.meta_batch_off_worker(puts).await;
         drop(guard);
         let settled = match written {
             // A counter created with a `batched` spec by its first increment needs no

@@ -68,16 +68,14 @@ impl Ctx {
         // Under the claim: still cold (no actor started since the counter was
         // created, and no other cold write), and no actor runs.
         let cold = slot.cold.swap(false, SeqCst) && !self.directory.contains_key(id);
-        // And the shard holds nothing where it is stored now: a shard this node
-        // adopted in a membership change, or whose range group another node led
-        // before, may hold what others wrote since the counter was created. Opening
-        // it also makes this node the shard's writer for a replicated store.
+        // And the shard holds nothing where it is stored now (`holds_nothing`).
         let local = cold
             && self.ensure_local(id).await.is_ok()
-            && self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default());
+            && self.catalog.creation_written(id.counter.as_str()).await.is_ok()
+            && self.holds_nothing(id);
         let rx = if local {
             let (tx, rx) = ractor::concurrency::oneshot();
-            crate::shard::run_cold(self, id, &rt.meta, sub.clone(), tx.into()).await;
+            crate::shard::run_cold(self, id, &rt.meta, self.cold_submission(sub), tx.into()).await;
             self.stats.cold_writes.inc();
             Some(rx)
         } else {
@@ -86,6 +84,41 @@ impl Ctx {
         self.cold.remove(id);
         drop(held);
         rx
+    }
+
+    /// Whether shard `id`, whose slot is cold under this node's claim, holds nothing
+    /// where it is stored. An embedded engine's own store holds only what this node
+    /// wrote, and a cold slot says it wrote nothing since the counter was created
+    /// (what a deleted counter left is removed before it is created again), so there
+    /// is nothing to read. Otherwise the shard may have been adopted from another
+    /// node, or its range group led by another node, since the counter was created:
+    /// its stored image must be empty, and opening it also makes this node the
+    /// shard's writer for a replicated store.
+    fn holds_nothing(&self, id: &ShardId) -> bool {
+        if self.placement.is_none() && !self.store.waits() {
+            return true;
+        }
+        self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default())
+    }
+
+    /// What a cold write applies for `sub`. A store that does not replicate answers
+    /// every commit for certain (applied, or failed and not applied), and a cold write
+    /// is answered before [`Ctx::write_cold`] returns, so its sum is resent only if it
+    /// was not applied: it needs no drain record, and the write is one key (the
+    /// shard's value) instead of two. A replicated store's commit may be in doubt,
+    /// so there the sum keeps its drain id and its record.
+    fn cold_submission(&self, sub: &Submission) -> Submission {
+        match sub {
+            Submission::Buffered { sum, increments, members, drain_id: Some(_) } if !self.store.waits() => {
+                Submission::Buffered {
+                    sum: *sum,
+                    increments: *increments,
+                    members: members.clone(),
+                    drain_id: None,
+                }
+            }
+            other => other.clone(),
+        }
     }
 
     /// The lock of the cold write under way to shard `id`, if one is.

@@ -13,12 +13,20 @@
 //! commit), commits, answers, and goes on while more is queued. The queue holds one
 //! entry per caller waiting for its counter, so it is bounded by the requests in
 //! flight.
+//!
+//! A catalog that can answer a creation before writing it
+//! ([`Catalog::ensure_deferred`]: the node's own catalog, for the `batched` default
+//! spec) answers first, and the caller does not queue at all; one writer task at a
+//! time ([`Creator::write_soon`]) then writes what was deferred, in one store batch
+//! per pass, and goes on while creations were deferred during its pass. The engine
+//! awaits [`Catalog::creation_written`] before it writes any shard of a counter, so
+//! a shard is never written before its counter's entry even if that task is late.
 
 use crate::catalog::Catalog;
 use crate::clock::Clock;
 use crate::error::TallyError;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use tally_core::meta::{CounterMeta, MetaEffect};
 use tally_core::CounterName;
@@ -38,22 +46,73 @@ pub(crate) struct Creator {
     clock: Arc<dyn Clock>,
     queue: Mutex<Vec<(CounterName, oneshot::Sender<Answer>)>>,
     running: AtomicBool,
+    /// Creations the catalog deferred ([`Catalog::ensure_deferred`]), counted; the
+    /// writer of deferred creations compares it before and after a write.
+    deferred: AtomicU64,
+    /// Whether a task writing deferred creations runs.
+    writing: AtomicBool,
 }
 
 impl Creator {
     pub(crate) fn new(catalog: Arc<dyn Catalog>, clock: Arc<dyn Clock>) -> Arc<Self> {
-        Arc::new(Self { catalog, clock, queue: Mutex::new(Vec::new()), running: AtomicBool::new(false) })
+        Arc::new(Self {
+            catalog,
+            clock,
+            queue: Mutex::new(Vec::new()),
+            running: AtomicBool::new(false),
+            deferred: AtomicU64::new(0),
+            writing: AtomicBool::new(false),
+        })
     }
 
     /// `name` exists once this returns: its metadata, whether this call's commit
     /// created it, and when that commit started.
     pub(crate) async fn ensure(self: &Arc<Self>, name: CounterName) -> Answer {
+        let before_ms = self.clock.now_ms();
+        match self.catalog.ensure_deferred(&name, before_ms) {
+            Some(Ok((meta, effect))) => {
+                if effect == MetaEffect::Created {
+                    self.deferred.fetch_add(1, SeqCst);
+                    self.write_soon();
+                }
+                return Ok((meta, effect, before_ms));
+            }
+            Some(Err(e)) => return Err(e),
+            None => {}
+        }
         let (tx, rx) = oneshot::channel();
         self.queue.lock().push((name, tx));
         if !self.running.swap(true, SeqCst) {
             tokio::spawn(self.clone().commit_queued());
         }
         rx.await.unwrap_or(Err(TallyError::ShuttingDown))
+    }
+
+    /// Writes the deferred creations in a task, one such task at a time, until no
+    /// creation was deferred during its last write.
+    fn write_soon(self: &Arc<Self>) {
+        if self.writing.swap(true, SeqCst) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let seen = me.deferred.load(SeqCst);
+                let written = me.catalog.write_deferred().await;
+                me.writing.store(false, SeqCst);
+                if let Err(e) = written {
+                    // They stay unwritten: the first write to one of their shards
+                    // writes them first, or fails with this.
+                    tracing::warn!(error = %e, "cannot write deferred counter creations yet");
+                    return;
+                }
+                // A creation deferred during the write found a writer running and
+                // started none: take it over, unless another writer already did.
+                if me.deferred.load(SeqCst) == seen || me.writing.swap(true, SeqCst) {
+                    return;
+                }
+            }
+        });
     }
 
     /// Commits what is queued until nothing is.

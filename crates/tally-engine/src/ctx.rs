@@ -46,6 +46,15 @@ pub use tally_core::drain_book::IN_DOUBT_RETRY_MS_MAX;
 pub const IN_DOUBT_RESENDS_CONCURRENT_MAX: usize = 64;
 /// Most predecessors a fresh read follows from a counter's current runtime.
 pub const PREDECESSORS_MAX: usize = 64;
+/// Most counters created on this node whose first drain has not run yet. A
+/// first increment is acknowledged before its counter's creation is written, so
+/// without a bound writers of new counters could outrun the drains that write them,
+/// and what a crash loses would grow without limit. A creation beyond the bound
+/// waits for a place (at most `call_timeout_ms`, then it is refused as unavailable);
+/// while fewer than half are free, created counters drain at the next aggregator tick
+/// instead of at the end of their window. A place is freed by the counter's first
+/// drain, delivered or not.
+pub const CREATED_UNDRAINED_MAX: usize = 16_384;
 
 /// Hands out per-thread routing tokens.
 static NEXT_THREAD_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -193,6 +202,8 @@ pub(crate) struct Ctx {
     pub(crate) lost: crate::lost::LostData,
     /// Creations of counters by their first increment, batched into shared commits.
     pub(crate) creator: Arc<crate::create::Creator>,
+    /// Places for created counters not drained yet ([`CREATED_UNDRAINED_MAX`]).
+    pub(crate) created_undrained: Arc<tokio::sync::Semaphore>,
     /// The auto counters this engine follows (`autoshard.rs`).
     pub(crate) auto: crate::auto_book::AutoBook,
 }
@@ -242,7 +253,21 @@ impl Ctx {
             None if !create => return Err(TallyError::NotFound(name.to_string())),
             None => {
                 self.finish_delete(&name).await?;
-                // Shares one metadata commit with the creations queued meanwhile.
+                let wait = self.created_undrained.clone().acquire_owned();
+                let place = match tokio::time::timeout(self.timeout(), wait).await {
+                    Ok(Ok(place)) => place,
+                    Ok(Err(_)) => return Err(TallyError::ShuttingDown),
+                    Err(_) => {
+                        return Err(TallyError::Unavailable {
+                            shard: name.to_string(),
+                            reason: format!(
+                            "{CREATED_UNDRAINED_MAX} counters created here wait for their first drain; retry"
+                        ),
+                        })
+                    }
+                };
+                // Shares one metadata commit with the creations queued meanwhile
+                // (or, with a local catalog, is answered before it is written).
                 let (meta, effect, _) = self.creator.ensure(name.clone()).await?;
                 // A counter this call created holds nothing anywhere (a deleted one's
                 // data is gone: `finish_delete`), so its slots may take increments at
@@ -250,7 +275,17 @@ impl Ctx {
                 // Its first cached read reads it fresh, buffers delivered first
                 // (`rollup::load`), so an `INCR` that created it counts itself.
                 let created = effect == MetaEffect::Created;
-                return Ok(self.install_with(name, meta, created));
+                let rt = self.install_with(name, meta, created);
+                if created {
+                    let mut held = rt.undrained.lock();
+                    if held.is_none() {
+                        *held = Some(place);
+                    }
+                    if self.created_undrained.available_permits() < CREATED_UNDRAINED_MAX / 2 {
+                        rt.flush_requested.store(true, SeqCst);
+                    }
+                }
+                return Ok(rt);
             }
         };
         Ok(self.install(name, meta))
@@ -600,6 +635,9 @@ impl Ctx {
             return Ok(a.clone());
         }
         self.ensure_local(id).await?;
+        // Nothing of a counter is written before its creation (a running actor was
+        // started after this).
+        self.catalog.creation_written(id.counter.as_str()).await?;
         let sup = self.supervisor.get().ok_or(TallyError::ShuttingDown)?;
         let (tx, rx) = ractor::concurrency::oneshot();
         sup.send_message(SupervisorMsg::Spawn { id: id.clone(), meta: meta.clone(), reply: tx.into() })
@@ -850,6 +888,10 @@ impl Ctx {
         rt.drains_in_flight.fetch_add(1, SeqCst);
         let drained = rt.drain();
         let delivered = drained.is_empty() || self.deliver(rt, drained).await;
+        // Its first drain has been tried: the place goes. (A sum that could not be
+        // delivered is back in the slots, as any counter's is whose shard is away, so
+        // counters whose shards are down never keep creations of others waiting.)
+        rt.undrained.lock().take();
         if rt.drains_in_flight.fetch_sub(1, SeqCst) == 1 {
             rt.drains_settled.notify_waiters();
         }
@@ -920,6 +962,11 @@ impl Ctx {
     /// Delivers drained sums to the current layout; false if one went back to the
     /// slots instead (see [`Ctx::drain`]).
     async fn deliver(self: &Arc<Self>, rt: &Arc<CounterRuntime>, drained: Vec<Drained>) -> bool {
+        if rt.deleted.load(SeqCst) {
+            // Not to the counter a later increment created under the same name.
+            tracing::warn!(counter = %rt.name, "dropping buffered increments of a deleted counter");
+            return true;
+        }
         rt.last_used_ms.store(self.now_ms(), Relaxed);
         let target = match self.registry.get(rt.name.as_str()).map(|r| r.clone()) {
             Some(t) => t,

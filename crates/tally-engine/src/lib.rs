@@ -72,12 +72,13 @@ mod tally;
 pub use aggregator::{DRAINS_CONCURRENT_MAX, EVICTION_SWEEP_MS, SHUTDOWN_DELIVER_MS};
 pub use api::*;
 pub use autoshard::AUTO_COUNTERS_MAX;
-pub use catalog::{Catalog, EnsureResults, Generations, LocalCatalog};
+pub use catalog::{Catalog, EnsureResults, Generations, LocalCatalog, CREATIONS_UNWRITTEN_MAX};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AuthoritativeSource, TallyConfig};
 pub use create::CREATE_BATCH_MAX;
 pub use ctx::{
-    seed_thread_routing, IN_DOUBT_RESENDS_CONCURRENT_MAX, IN_DOUBT_RETRY_MS_MAX, PREDECESSORS_MAX,
+    seed_thread_routing, CREATED_UNDRAINED_MAX, IN_DOUBT_RESENDS_CONCURRENT_MAX, IN_DOUBT_RETRY_MS_MAX,
+    PREDECESSORS_MAX,
 };
 pub use error::ListError;
 pub use error::TallyError;

@@ -91,6 +91,12 @@ pub(crate) struct CounterRuntime {
     pub(crate) changed: AtomicU64,
     /// Replaced by a newer runtime or evicted; it still drains what it holds.
     pub(crate) retired: AtomicBool,
+    /// The counter was deleted while this runtime was current (or replaced): what it
+    /// still buffers belongs to no counter, not to one created anew under the name.
+    pub(crate) deleted: AtomicBool,
+    /// Held from the counter's creation here until its first drain has run: a place
+    /// among [`crate::ctx::CREATED_UNDRAINED_MAX`].
+    pub(crate) undrained: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
     /// Drains of this runtime whose sums have left the slots but not yet been
     /// answered by their shards; a fresh read waits for them.
     pub(crate) drains_in_flight: AtomicU64,
@@ -115,6 +121,8 @@ impl CounterRuntime {
             last_used_ms: AtomicU64::new(now_ms),
             changed: AtomicU64::new(0),
             retired: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+            undrained: Mutex::new(None),
             drains_in_flight: AtomicU64::new(0),
             drains_settled: tokio::sync::Notify::new(),
             predecessor: Mutex::new(None),

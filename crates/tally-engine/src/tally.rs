@@ -134,6 +134,7 @@ impl Tally {
             adopting: Default::default(),
             lost: Default::default(),
             creator,
+            created_undrained: Arc::new(tokio::sync::Semaphore::new(crate::ctx::CREATED_UNDRAINED_MAX)),
             auto: Default::default(),
         });
         crate::reshard::watch(&ctx);
@@ -245,6 +246,11 @@ impl Tally {
         }
         crate::autoshard::forget(&self.ctx, &name);
         if let Some((_, rt)) = self.ctx.registry.remove(name.as_str()) {
+            // Its buffers (and its predecessors') are dropped at their next drain: a
+            // counter created anew by a later increment starts from zero.
+            for r in rt.lineage(crate::ctx::PREDECESSORS_MAX) {
+                r.deleted.store(true, SeqCst);
+            }
             rt.retired.store(true, SeqCst);
         }
         let _ = self.actors.rollup.send_message(RollupMsg::Forget(name.clone()));
@@ -538,6 +544,9 @@ impl Tally {
         }
         let wait = Some(Duration::from_millis(SHUTDOWN_WAIT_MS));
         self.actors.supervisor.drain_children_and_wait(wait).await;
+        // A creation no drain wrote (its increment took another path) is written and
+        // made durable too.
+        self.ctx.catalog.write_deferred().await?;
         self.ctx.flusher.flush().await?;
         // Wait for the actors to end, so their references to the engine (and so to
         // the store) are gone when this returns: dropping the last handle then

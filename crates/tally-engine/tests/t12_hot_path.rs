@@ -305,3 +305,125 @@ async fn a_complete_fresh_read_right_after_a_resharding_shows_every_acknowledged
         tally.shutdown().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_increment_does_not_wait_for_its_counters_creation_to_be_written() {
+    let (tally, store) = engine_on_hooks().await;
+    // A metadata write that takes a while (a loaded disk).
+    const STALL_MS: u64 = 400;
+    store.meta_batch_stall_ms.store(STALL_MS, SeqCst);
+    let begun = std::time::Instant::now();
+    assert!(tally.incr("later:1", Increment::new(2)).await.unwrap().applied);
+    let waited = begun.elapsed();
+    assert!(
+        waited < std::time::Duration::from_millis(STALL_MS / 2),
+        "the first increment waited {waited:?} for its counter's creation"
+    );
+    // The counter exists at once, as if written: listed, described, counted.
+    let page = tally.list_counters("later:", None, 10).unwrap();
+    assert_eq!(page.counters.len(), 1);
+    assert_eq!(tally.counter("later:1").await.unwrap().spec, tally_engine::CounterSpec::default());
+    // A fresh read delivers the increment, which writes the creation first.
+    assert_eq!(tally.read("later:1", Consistency::Fresh).await.unwrap().value, 2);
+    store.meta_batch_stall_ms.store(0, SeqCst);
+    tally.shutdown().await.unwrap();
+    let tally =
+        Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), quick_config()).await.unwrap();
+    assert_eq!(tally.read("later:1", Consistency::Fresh).await.unwrap().value, 2);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_of_a_counter_whose_creation_is_unwritten_apply_after_it() {
+    let (tally, store) = engine_on_hooks().await;
+    store.meta_batch_stall_ms.store(100, SeqCst);
+    // Created by an increment, then changed at once: the change applies to it and is
+    // never written over by the creation.
+    tally.incr("ch:put", Increment::new(1)).await.unwrap();
+    tally.put_counter("ch:put", SpecPatch { shards: Some(2), ..SpecPatch::default() }).await.unwrap();
+    tally.incr("ch:put", Increment::new(1)).await.unwrap();
+    // Created, then deleted at once: gone, and its next increment starts from zero.
+    tally.incr("ch:del", Increment::new(5)).await.unwrap();
+    tally.delete_counter("ch:del").await.unwrap();
+    assert!(tally.counter("ch:del").await.is_err());
+    tally.incr("ch:del", Increment::new(3)).await.unwrap();
+    store.meta_batch_stall_ms.store(0, SeqCst);
+    // A fresh read while the resharding runs may say it is incomplete.
+    let mut read = tally.read("ch:put", Consistency::Fresh).await.unwrap();
+    for _ in 0..100 {
+        if read.complete && tally.counter("ch:put").await.unwrap().resharding.is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        read = tally.read("ch:put", Consistency::Fresh).await.unwrap();
+    }
+    assert!(read.complete);
+    assert_eq!(read.value, 2);
+    assert_eq!(tally.read("ch:del", Consistency::Fresh).await.unwrap().value, 3);
+    tally.shutdown().await.unwrap();
+    let tally =
+        Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), quick_config()).await.unwrap();
+    assert_eq!(tally.counter("ch:put").await.unwrap().spec.shards, 2);
+    assert_eq!(tally.read("ch:put", Consistency::Fresh).await.unwrap().value, 2);
+    assert_eq!(tally.read("ch:del", Consistency::Fresh).await.unwrap().value, 3);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_counters_buffered_increments_never_count_in_the_counter_created_anew() {
+    let (tally, _) = common::mem_engine().await;
+    // Deleted while its first increment is still buffered, then created anew by the
+    // next increment before the window drains the old buffer.
+    tally.incr("reborn", Increment::new(5)).await.unwrap();
+    tally.delete_counter("reborn").await.unwrap();
+    tally.incr("reborn", Increment::new(3)).await.unwrap();
+    // Past two windows: whatever the deleted counter buffered has been drained or
+    // dropped by now.
+    let window = u64::from(tally_engine::CounterSpec::default().flush_ms);
+    tokio::time::sleep(std::time::Duration::from_millis(2 * window + 100)).await;
+    assert_eq!(tally.read("reborn", Consistency::Fresh).await.unwrap().value, 3);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_new_counters_than_wait_for_a_drain_or_a_write_all_count_and_survive_a_restart() {
+    // Past both bounds: creations answered before they are written, and created
+    // counters waiting for their first drain. Every one is listed, counted once, and
+    // written by a clean shutdown.
+    let (tally, store) = common::mem_engine().await;
+    let total = tally_engine::CREATED_UNDRAINED_MAX + tally_engine::CREATIONS_UNWRITTEN_MAX;
+    const WRITERS: usize = 64;
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let t = tally.clone();
+            tokio::spawn(async move {
+                for i in (w..total).step_by(WRITERS) {
+                    assert!(t.incr(&format!("many:{i:06}"), Increment::new(1)).await.unwrap().applied);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let listed = |tally: Tally| async move {
+        let mut n = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = tally.list_counters("many:", after.as_deref(), 1000).unwrap();
+            n += page.counters.len();
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return n,
+            }
+        }
+    };
+    assert_eq!(listed(tally.clone()).await, total);
+    tally.shutdown().await.unwrap();
+    let tally = common::reopen(&store).await;
+    assert_eq!(listed(tally.clone()).await, total);
+    for i in (0..total).step_by(997) {
+        assert_eq!(tally.read(&format!("many:{i:06}"), Consistency::Fresh).await.unwrap().value, 1);
+    }
+    tally.shutdown().await.unwrap();
+}
