@@ -5,11 +5,23 @@
 //! Both give the same guarantees, which is all the layers above rely on:
 //!
 //! * [`KvTree::apply`] is atomic: after a crash either every write of a batch is
-//!   there or none is;
-//! * writes become durable only at [`KvStore::flush`], which covers every tree;
-//!   after a crash a store holds what was flushed (sled may also keep some later
-//!   writes, always a prefix of them in order; [`MemKv::crash`] keeps none of them,
-//!   the harshest case allowed).
+//!   there or none is; [`KvTree::write_in_order`] is not: its writes are separate
+//!   units, each atomic on its own;
+//! * writes become durable only at [`KvStore::flush`], which covers every tree and
+//!   every write made before the call; after a crash a store holds what was
+//!   flushed and possibly a prefix, in order, of the units written since
+//!   ([`MemKv::crash`] keeps none of them, the harshest case allowed;
+//!   [`MemKv::restart_keeping`] keeps any prefix).
+//!
+//! # What a write costs in sled
+//!
+//! A single `insert` or `remove` is atomic in sled and only reserves room in the
+//! current log buffer. A `sled::Batch`, like a sled transaction, is made atomic by
+//! `pin_log`, which rolls the log buffer before and after its manifest: each one
+//! is a synchronous log write (`pwrite` and `sync_file_range`) of its own. So
+//! [`SledTree`] writes one key with a plain insert or remove, and
+//! [`KvTree::write_in_order`] writes each key so; only an [`KvTree::apply`] of
+//! several keys pays for a batch.
 
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
@@ -47,7 +59,8 @@ pub type KvPair = (Vec<u8>, Vec<u8>);
 pub trait KvStore: Send + Sync + 'static {
     /// The tree called `name`, created if absent.
     fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, KvError>;
-    /// Makes every write so far durable.
+    /// Makes every write made before the call durable: the returned future
+    /// resolves once a flush that began after the call completed.
     fn flush(&self) -> BoxFuture<'static, Result<(), KvError>>;
 }
 
@@ -58,6 +71,10 @@ pub trait KvTree: Send + Sync + 'static {
     /// Applies every write of `batch` atomically, in order (a later write of the
     /// same key wins).
     fn apply(&self, batch: Vec<KvWrite>) -> Result<(), KvError>;
+    /// Applies the writes one by one, in order, each atomic on its own but not
+    /// together: after a crash the tree holds a prefix of them. Cheaper than
+    /// [`KvTree::apply`] of several keys in sled (no batch).
+    fn write_in_order(&self, writes: Vec<KvWrite>) -> Result<(), KvError>;
     /// Every pair with a key in `(from, to)`, in key order.
     fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError>;
     /// The pair with the largest key.
@@ -105,6 +122,16 @@ impl SledKv {
 
 struct SledTree(sled::Tree);
 
+impl SledTree {
+    fn write_one(&self, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<(), KvError> {
+        match value {
+            Some(v) => self.0.insert(key, v).map(drop)?,
+            None => self.0.remove(key).map(drop)?,
+        }
+        Ok(())
+    }
+}
+
 impl KvStore for SledKv {
     fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, KvError> {
         Ok(Arc::new(SledTree(self.db.open_tree(name)?)))
@@ -130,6 +157,10 @@ impl KvTree for SledTree {
     }
 
     fn apply(&self, batch: Vec<KvWrite>) -> Result<(), KvError> {
+        if batch.len() <= 1 {
+            // One key is atomic on its own; a batch would roll the log twice.
+            return self.write_in_order(batch);
+        }
         let mut b = sled::Batch::default();
         for (key, value) in batch {
             match value {
@@ -138,6 +169,10 @@ impl KvTree for SledTree {
             }
         }
         Ok(self.0.apply_batch(b)?)
+    }
+
+    fn write_in_order(&self, writes: Vec<KvWrite>) -> Result<(), KvError> {
+        writes.into_iter().try_for_each(|(key, value)| self.write_one(key, value))
     }
 
     fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
@@ -158,16 +193,69 @@ impl KvTree for SledTree {
 
 type Trees = BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>;
 
+/// One unit of writes since the last flush: a tree and writes a crash keeps or
+/// loses together.
+type Unit = (String, Vec<KvWrite>);
+
+/// The most units [`MemKv`] remembers between two flushes, for
+/// [`MemKv::restart_keeping`]; past it, a restart keeps none of them (always a
+/// state a crash may leave).
+pub const MEM_PENDING_UNITS_MAX: usize = 1 << 16;
+
 #[derive(Default)]
 struct MemInner {
     /// What a crash keeps.
     durable: Trees,
     /// What readers see: `durable` plus every write since the last flush.
     live: Trees,
+    /// The units written since the last flush, in order (`live` = `durable` with
+    /// them applied), unless `pending_lost`.
+    pending: Vec<Unit>,
+    /// More than [`MEM_PENDING_UNITS_MAX`] units were written since the last flush.
+    pending_lost: bool,
+    /// Flushes that succeeded.
+    flushes: u64,
     /// Whether flushes fail.
     fail_flushes: bool,
     /// Set by [`MemKv::restart`]: every later call through this store fails.
     closed: bool,
+}
+
+impl MemInner {
+    fn record(&mut self, unit: Unit) {
+        if self.pending_lost {
+            return;
+        }
+        if self.pending.len() >= MEM_PENDING_UNITS_MAX {
+            self.pending = Vec::new();
+            self.pending_lost = true;
+            return;
+        }
+        self.pending.push(unit);
+    }
+
+    fn flush(&mut self) -> Result<(), KvError> {
+        if self.closed {
+            return Err(KvError::Closed);
+        }
+        if self.fail_flushes {
+            return Err(KvError::FlushFailed);
+        }
+        self.durable = self.live.clone();
+        self.pending = Vec::new();
+        self.pending_lost = false;
+        self.flushes += 1;
+        Ok(())
+    }
+}
+
+fn write_to(tree: &mut BTreeMap<Vec<u8>, Vec<u8>>, writes: &[KvWrite]) {
+    for (key, value) in writes {
+        match value {
+            Some(v) => tree.insert(key.clone(), v.clone()),
+            None => tree.remove(key),
+        };
+    }
 }
 
 /// The in-memory store, with sled's durability contract: writes since the last
@@ -188,6 +276,8 @@ impl MemKv {
     pub fn crash(&self) {
         let mut inner = self.inner.lock();
         inner.live = inner.durable.clone();
+        inner.pending = Vec::new();
+        inner.pending_lost = false;
     }
 
     /// Simulates a crash of the process that used this store and returns the store
@@ -195,17 +285,40 @@ impl MemKv {
     /// through it) is closed for good, so the crashed process's leftover tasks can
     /// change nothing.
     pub fn restart(&self) -> MemKv {
+        self.restart_keeping(0)
+    }
+
+    /// Like [`MemKv::restart`], but the next process also finds the first `units`
+    /// units written since the last flush (one per [`KvTree::apply`], one per write
+    /// of [`KvTree::write_in_order`]): any prefix is a state sled may recover.
+    pub fn restart_keeping(&self, units: usize) -> MemKv {
         let mut inner = self.inner.lock();
         inner.closed = true;
-        let durable = inner.durable.clone();
-        MemKv {
-            inner: Arc::new(Mutex::new(MemInner {
-                live: durable.clone(),
-                durable,
-                fail_flushes: false,
-                closed: false,
-            })),
+        let mut durable = inner.durable.clone();
+        if !inner.pending_lost {
+            for (tree, writes) in inner.pending.iter().take(units) {
+                write_to(durable.entry(tree.clone()).or_default(), writes);
+            }
         }
+        MemKv {
+            inner: Arc::new(Mutex::new(MemInner { live: durable.clone(), durable, ..MemInner::default() })),
+        }
+    }
+
+    /// How many units were written since the last flush (what
+    /// [`MemKv::restart_keeping`] can keep).
+    pub fn pending_units(&self) -> usize {
+        let inner = self.inner.lock();
+        if inner.pending_lost {
+            0
+        } else {
+            inner.pending.len()
+        }
+    }
+
+    /// How many flushes succeeded.
+    pub fn flushes(&self) -> u64 {
+        self.inner.lock().flushes
     }
 
     /// Makes later flushes fail (`true`) or succeed again (`false`).
@@ -226,17 +339,7 @@ impl KvStore for MemKv {
     }
 
     fn flush(&self) -> BoxFuture<'static, Result<(), KvError>> {
-        let result = {
-            let mut inner = self.inner.lock();
-            if inner.closed {
-                Err(KvError::Closed)
-            } else if inner.fail_flushes {
-                Err(KvError::FlushFailed)
-            } else {
-                inner.durable = inner.live.clone();
-                Ok(())
-            }
-        };
+        let result = self.inner.lock().flush();
         Box::pin(async move { result })
     }
 }
@@ -249,6 +352,19 @@ impl MemTree {
         }
         Ok(f(inner.live.entry(self.name.clone()).or_default()))
     }
+
+    /// Writes `units` in order, each one a unit a crash keeps or loses whole.
+    fn write_units(&self, units: Vec<Vec<KvWrite>>) -> Result<(), KvError> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(KvError::Closed);
+        }
+        for writes in units {
+            write_to(inner.live.entry(self.name.clone()).or_default(), &writes);
+            inner.record((self.name.clone(), writes));
+        }
+        Ok(())
+    }
 }
 
 impl KvTree for MemTree {
@@ -257,14 +373,11 @@ impl KvTree for MemTree {
     }
 
     fn apply(&self, batch: Vec<KvWrite>) -> Result<(), KvError> {
-        self.with(|t| {
-            for (key, value) in batch {
-                match value {
-                    Some(v) => t.insert(key, v),
-                    None => t.remove(&key),
-                };
-            }
-        })
+        self.write_units(vec![batch])
+    }
+
+    fn write_in_order(&self, writes: Vec<KvWrite>) -> Result<(), KvError> {
+        self.write_units(writes.into_iter().map(|w| vec![w]).collect())
     }
 
     fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
@@ -292,12 +405,15 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Op {
         Apply(Vec<(u8, Option<u8>)>),
+        InOrder(Vec<(u8, Option<u8>)>),
         Scan(u8, u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             proptest::collection::vec((0u8..16, proptest::option::of(any::<u8>())), 0..6).prop_map(Op::Apply),
+            proptest::collection::vec((0u8..16, proptest::option::of(any::<u8>())), 0..6)
+                .prop_map(Op::InOrder),
             (0u8..18, 0u8..18).prop_map(|(a, b)| Op::Scan(a, b)),
         ]
     }
@@ -325,6 +441,11 @@ mod tests {
                         let batch: Vec<KvWrite> = writes.iter().map(|(k, v)| (key(*k), v.map(|v| vec![v]))).collect();
                         s.apply(batch.clone()).unwrap();
                         m.apply(batch).unwrap();
+                    }
+                    Op::InOrder(writes) => {
+                        let batch: Vec<KvWrite> = writes.iter().map(|(k, v)| (key(*k), v.map(|v| vec![v]))).collect();
+                        s.write_in_order(batch.clone()).unwrap();
+                        m.write_in_order(batch).unwrap();
                     }
                     Op::Scan(a, b) => {
                         let range = || (Bound::Included(key(a)), Bound::Excluded(key(b)));
@@ -357,6 +478,33 @@ mod tests {
         assert_eq!(futures::executor::block_on(kv.flush()), Err(KvError::FlushFailed));
         kv.crash();
         assert_eq!(t.get(b"c").unwrap(), None);
+    }
+
+    #[test]
+    fn a_restart_keeps_the_chosen_prefix_of_the_units_since_the_flush() {
+        let kv = MemKv::new();
+        let t = kv.tree("t").unwrap();
+        let put = |k: &[u8], v: u8| (k.to_vec(), Some(vec![v]));
+        t.apply(vec![put(b"a", 1)]).unwrap();
+        futures::executor::block_on(kv.flush()).unwrap();
+        t.apply(vec![put(b"a", 2), put(b"b", 2)]).unwrap();
+        t.write_in_order(vec![put(b"c", 3), (b"a".to_vec(), None)]).unwrap();
+        assert_eq!(kv.pending_units(), 3);
+        let read = |kv: &MemKv| {
+            let t = kv.tree("t").unwrap();
+            [b"a", b"b", b"c"].map(|k| t.get(k).unwrap().map(|v| v[0]))
+        };
+        let kept: Vec<_> = (0..=3).map(|n| read(&kv.clone().restart_keeping(n))).collect();
+        assert_eq!(
+            kept,
+            [
+                [Some(1), None, None],
+                [Some(2), Some(2), None],
+                [Some(2), Some(2), Some(3)],
+                [None, Some(2), Some(3)],
+            ]
+        );
+        assert_eq!(t.get(b"a"), Err(KvError::Closed), "the old handle is closed");
     }
 
     #[test]
