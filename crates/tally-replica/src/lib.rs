@@ -10,13 +10,15 @@
 //! # Pieces
 //!
 //! * [`storage`] — the ordered key-value storage underneath: [`SledKv`] (every group
-//!   of a node in one `sled::Db`, trees `replica/<range>/{log,vote,sm,snap}`) and
-//!   [`MemKv`] (same contract, with simulated crashes and failing flushes);
+//!   of a node in one `sled::Db`, trees `replica/<range>/{log,vote,sm,snap}`, one
+//!   shared flusher) and [`MemKv`] (same contract, with simulated crashes that keep
+//!   any prefix of the unflushed writes, and failing flushes);
 //! * [`log_store`] — the log and vote, flushed before an append or a vote is
 //!   reported, so nothing is acknowledged that a crash can take back;
-//! * [`state_machine`] — the range's shards and dedup records, one atomic batch per
-//!   apply with the apply position; snapshots hold every shard of the range, so a
-//!   replica with an empty disk catches up by installing one;
+//! * [`state_machine`] — the range's shards and dedup records, stored by each apply
+//!   before its apply position (one atomic batch when dedup records change);
+//!   snapshots hold every shard of the range, so a replica with an empty disk
+//!   catches up by installing one;
 //! * [`network`] — [`RangeNetwork`], multiplexed by range so all groups of a node
 //!   share one connection per node pair, and [`MemRouter`], an in-memory network
 //!   with cut links, isolated and dropped replicas;

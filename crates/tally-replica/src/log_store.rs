@@ -3,10 +3,15 @@
 //! Keys of the log tree are log indexes as 8 big-endian bytes (key order is log
 //! order); the meta tree holds the vote, the committed and the purged log id.
 //! `save_vote` returns, and `append` reports its entries written, only after a
-//! [`KvStore::flush`] (an fsync of the whole store) completed: a replica never
-//! acknowledges an entry or a vote a crash could take back. Truncation and purge are
-//! not flushed: the store keeps a prefix of its writes, so a crash can only bring
-//! back the state before the truncate or purge, which is as valid as it was then.
+//! [`KvStore::flush`] (an fsync of the whole store) that began after the write
+//! completed: a replica never acknowledges an entry or a vote a crash could take
+//! back. An append writes its entries one by one in index order
+//! ([`KvTree::write_in_order`], no batch): until the flush a crash keeps a prefix of
+//! them, a log without holes, and none of them was acknowledged yet. Truncation and
+//! purge are not flushed: the store keeps a prefix of its writes, so a crash can
+//! only bring back the state before the truncate or purge, which is as valid as it
+//! was then. The vote, the committed and the purged log id are one key each, a
+//! plain write.
 
 // openraft's `StorageError` is large and its storage traits return it.
 #![allow(clippy::result_large_err)]
@@ -146,11 +151,11 @@ impl RaftLogStorage<RangeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let batch = entries
+        let writes = entries
             .into_iter()
             .map(|e| (index_key(e.log_id.index), Some(tally_core::codec::encode(&e))))
             .collect();
-        self.log.apply(batch).map_err(|e| write_err(ErrorSubject::Logs, e))?;
+        self.log.write_in_order(writes).map_err(|e| write_err(ErrorSubject::Logs, e))?;
         match self.kv.flush().await {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
