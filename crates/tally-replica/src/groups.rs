@@ -41,6 +41,14 @@ const _: () = assert!(FAILOVER_BOUND_MS <= 3_000, "failover must stay within 3 s
 pub const WRITE_TIMEOUT_MS: u64 = 5_000;
 /// How long a fresh read waits for its leader check, in milliseconds.
 pub const READ_TIMEOUT_MS: u64 = 3_000;
+/// How long one attempt at a leader check (a round of heartbeats answered by a
+/// quorum) may take before it is tried again, within [`READ_TIMEOUT_MS`]: a round
+/// whose messages a passing partition lost never completes, and a new round after
+/// it heals answers within a round trip.
+pub const READ_INDEX_ATTEMPT_MS: u64 = 4 * HEARTBEAT_MS;
+/// Pause between attempts at a leader check that found no quorum.
+const READ_INDEX_RETRY_MS: u64 = HEARTBEAT_MS / 2;
+const _: () = assert!(READ_INDEX_ATTEMPT_MS < READ_TIMEOUT_MS);
 /// How long a learner may take to catch up before the wait gives up, in
 /// milliseconds.
 pub const CATCH_UP_TIMEOUT_MS: u64 = 30_000;
@@ -474,16 +482,27 @@ impl RangeGroups {
         }
     }
 
+    /// The read index: the leader's committed position once a quorum confirmed it
+    /// still leads. Attempts that find no quorum, or whose round does not complete
+    /// within [`READ_INDEX_ATTEMPT_MS`], are tried again until the read timeout.
     async fn read_index(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
         let ms = self.config.read_timeout_ms;
-        match tokio::time::timeout(Duration::from_millis(ms), g.raft.ensure_linearizable()).await {
-            Err(_) => Err(ReplicaError::Timeout { range, ms }),
-            Ok(Ok(at)) => Ok(at),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => Err(leader_of(range, &f)),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
-                Err(ReplicaError::Timeout { range, ms })
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let attempt = left.min(Duration::from_millis(READ_INDEX_ATTEMPT_MS));
+            match tokio::time::timeout(attempt, g.raft.ensure_linearizable()).await {
+                Ok(Ok(at)) => return Ok(at),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+                    return Err(leader_of(range, &f))
+                }
+                Err(_) | Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {}
+                Ok(Err(e)) => return Err(fatal(e)),
             }
-            Ok(Err(e)) => Err(fatal(e)),
+            if tokio::time::Instant::now() + Duration::from_millis(READ_INDEX_RETRY_MS) >= deadline {
+                return Err(ReplicaError::Timeout { range, ms });
+            }
+            tokio::time::sleep(Duration::from_millis(READ_INDEX_RETRY_MS)).await;
         }
     }
 

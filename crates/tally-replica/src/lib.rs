@@ -71,7 +71,8 @@ pub mod types;
 
 pub use groups::{
     GroupMembers, GroupMetrics, GroupStatus, GroupsConfig, RangeGroups, ReplicaError, ShardRead, WriteAck,
-    ELECTION_TIMEOUT_MAX_MS, ELECTION_TIMEOUT_MIN_MS, FAILOVER_BOUND_MS, HEARTBEAT_MS, REPLICA_FORMAT,
+    ELECTION_TIMEOUT_MAX_MS, ELECTION_TIMEOUT_MIN_MS, FAILOVER_BOUND_MS, HEARTBEAT_MS, READ_INDEX_ATTEMPT_MS,
+    REPLICA_FORMAT,
 };
 pub use network::{MemRouter, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc};
 pub use replication::{Peers, Replication, ReplicationFigures, LEADER_WAIT_MS};

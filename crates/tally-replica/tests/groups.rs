@@ -14,7 +14,8 @@ use tally_core::shard::{ShardImage, ShardWrite};
 use tally_core::ShardId;
 use tally_replica::{
     GroupsConfig, KvStore, MemKv, MemRouter, NetError, RangeEnvelope, RangeGroups, RangeInbound, RangeRpc,
-    ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS, REPLICA_FORMAT,
+    ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS, HEARTBEAT_MS,
+    READ_INDEX_ATTEMPT_MS, REPLICA_FORMAT,
 };
 use tokio::time::Instant;
 
@@ -217,6 +218,32 @@ async fn committed_writes_survive_the_leader_and_a_new_one_is_elected_in_bounded
     assert_holds(&c, &want).await;
     let want = write_rounds(&c, 3, 100).await;
     assert_holds(&c, &want).await;
+}
+
+/// A leader cut off for less than an election takes stays leader; a fresh read it
+/// began meanwhile is answered soon after the links heal, not at its timeout.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_read_begun_during_a_short_partition_is_answered_once_it_heals() {
+    let c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let shard = shards_in(range)[0].clone();
+    c.write(range, vec![entry(&shard, 1, 10)]).await;
+    let (leader, _) = c.wait_leader(range, &[]).await;
+    c.router.isolate(c.id(leader));
+    let cut = Duration::from_millis(2 * HEARTBEAT_MS);
+    let started = Instant::now();
+    let read = c.node(leader).read_fresh(range, &shard);
+    let heal = async {
+        tokio::time::sleep(cut).await;
+        c.router.heal_all();
+    };
+    let (read, ()) = tokio::join!(read, heal);
+    let took = started.elapsed();
+    assert_eq!(read.expect("the read after the heal").shard.map(|s| s.image.value), Some(10));
+    assert!(
+        took <= cut + Duration::from_millis(READ_INDEX_ATTEMPT_MS + 2 * HEARTBEAT_MS),
+        "the read took {took:?} for a cut of {cut:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
