@@ -34,7 +34,7 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use tokio::sync::watch;
 
 /// Why the storage failed.
@@ -285,7 +285,7 @@ impl FlushGate {
     }
 
     fn spawn_driver(self: &Arc<Self>) {
-        let driver = Driver(Some(self.clone()));
+        let driver = Driver { gate: Some(Arc::downgrade(self)), outcome: self.outcome.clone() };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(rt.spawn_blocking(move || driver.run())),
             // No runtime (a synchronous caller): flush on this thread.
@@ -303,31 +303,43 @@ impl FlushGate {
         st.started += 1;
         Some(st.started)
     }
-
-    fn publish(&self, flush: u64, result: Result<(), KvError>) {
-        self.outcome.send_modify(|o| {
-            o.done = o.done.max(flush);
-            match result {
-                Ok(()) => o.ok = o.ok.max(flush),
-                Err(e) => o.error = Some(e),
-            }
-        });
-    }
 }
 
-/// Runs flushes while anyone waits. Dropped without finishing (its blocking task
+fn publish(outcome: &watch::Sender<Outcome>, flush: u64, result: Result<(), KvError>) {
+    outcome.send_modify(|o| {
+        o.done = o.done.max(flush);
+        match result {
+            Ok(()) => o.ok = o.ok.max(flush),
+            Err(e) => o.error = Some(e),
+        }
+    });
+}
+
+/// Runs flushes while anyone waits. It holds the gate (and so the store) only
+/// while it runs a flush and lets go of it before it answers: a caller woken by
+/// the last flush may close the store and open it again at once, and must not find
+/// it still locked by the flusher. Dropped without finishing (its blocking task
 /// never ran, the runtime shutting down, or a panicking flush), it fails every
 /// ticket handed out and frees the gate for the next caller, so no waiter hangs.
-struct Driver(Option<Arc<FlushGate>>);
+struct Driver {
+    /// `None` once the driver finished normally.
+    gate: Option<Weak<FlushGate>>,
+    outcome: watch::Sender<Outcome>,
+}
 
 impl Driver {
     fn run(mut self) {
-        let Some(gate) = self.0.clone() else { return };
         let rt = tokio::runtime::Handle::try_current().ok();
         let mut ran = 0u32;
-        while let Some(flush) = gate.next() {
+        loop {
+            // The store is gone: nobody can wait on it any more, and the waiters
+            // left learn it when the last sender of the outcome goes.
+            let Some(gate) = self.gate.as_ref().and_then(Weak::upgrade) else { break };
+            // `next` found nobody waiting and freed the gate.
+            let Some(flush) = gate.next() else { break };
             let result = (gate.run)();
-            gate.publish(flush, result);
+            drop(gate);
+            publish(&self.outcome, flush, result);
             ran += 1;
             if ran >= FLUSHES_PER_DRIVER {
                 if let Some(rt) = &rt {
@@ -337,21 +349,21 @@ impl Driver {
                 }
             }
         }
-        // `next` found nobody waiting and freed the gate.
-        self.0 = None;
+        self.gate = None;
     }
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let Some(gate) = self.0.take() else { return };
+        let Some(gate) = self.gate.take().and_then(|g| g.upgrade()) else { return };
         let wanted = {
             let mut st = gate.state.lock();
             st.started = st.started.max(st.wanted);
             st.running = false;
             st.wanted
         };
-        gate.publish(wanted, Err(KvError::Sled("the flush did not run".into())));
+        drop(gate);
+        publish(&self.outcome, wanted, Err(KvError::Sled("the flush did not run".into())));
     }
 }
 
@@ -790,6 +802,18 @@ mod tests {
         drop((t, kv));
         let reopened = SledKv::open(dir.path()).unwrap().tree("t").unwrap();
         assert_eq!(reopened.scan(Bound::Unbounded, Bound::Unbounded).unwrap().len(), 32);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_closed_after_its_flush_answered_opens_again_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..200u8 {
+            let kv = SledKv::open(dir.path()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let t = kv.tree("t").unwrap();
+            assert_eq!(t.scan(Bound::Unbounded, Bound::Unbounded).unwrap().len(), usize::from(round));
+            t.apply(vec![(vec![round], Some(vec![round]))]).unwrap();
+            kv.flush().await.unwrap();
+        }
     }
 
     #[test]
