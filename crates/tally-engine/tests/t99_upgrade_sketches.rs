@@ -15,8 +15,11 @@
 //! so the checks below hold for both).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tally_core::sketch::{member_hash, DistinctSketch};
-use tally_engine::{Consistency, Durability, Increment, SpecPatch, Tally, TallyConfig};
+use tally_engine::{
+    Consistency, Durability, Increment, ManualClock, SledStore, SpecPatch, Tally, TallyConfig,
+};
 
 /// A distinct counter of one shard whose sketch stayed sparse.
 const SMALL: &str = "small";
@@ -126,6 +129,16 @@ fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
     (to, db)
 }
 
+/// When the fixture's release wrote it: its database file's modification time, which
+/// tar keeps. Its event ids are judged then, not today: they expire with the
+/// counter's dedup window (a day), so a clock of today would rightly forget them.
+fn written_at_ms(dir: &Path) -> u64 {
+    let modified =
+        std::fs::metadata(dir.join("db")).and_then(|m| m.modified()).expect("the fixture's db file");
+    let since = modified.duration_since(std::time::UNIX_EPOCH).expect("a time after 1970");
+    u64::try_from(since.as_millis()).expect("a time within 64 bits of milliseconds")
+}
+
 /// Opens the store at `dir` once the engine that had it open has let go of it (its
 /// actors drop their handles shortly after a shutdown; sled locks the directory).
 async fn reopen(dir: &Path) -> Tally {
@@ -144,7 +157,10 @@ async fn reopen(dir: &Path) -> Tally {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_of_format_2_upgrades_its_sketches_and_keeps_its_estimates() {
     let (_keep, dir) = fixture_copy();
-    let tally = Tally::open(&dir, config()).await.unwrap();
+    // A minute after the fixture was written, well within its counters' dedup window.
+    let clock = ManualClock::new(written_at_ms(&dir) + 60_000);
+    let store = SledStore::open_path(&dir).unwrap();
+    let tally = Tally::open_with(Arc::new(store), Arc::new(clock), config()).await.unwrap();
 
     let totals = [
         (SMALL, i128::from(SMALL_MEMBERS)),

@@ -215,7 +215,7 @@ pub(crate) type FlushFn = Box<dyn Fn() -> Result<(), KvError> + Send + Sync>;
 /// so a waiter that subscribes late still sees it (no lost wake-up).
 pub(crate) struct FlushGate {
     run: FlushFn,
-    state: Mutex<GateState>,
+    state: Arc<Mutex<GateState>>,
     outcome: watch::Sender<Outcome>,
 }
 
@@ -247,7 +247,7 @@ impl FlushGate {
     pub(crate) fn new(run: FlushFn) -> Arc<Self> {
         Arc::new(Self {
             run,
-            state: Mutex::new(GateState::default()),
+            state: Arc::new(Mutex::new(GateState::default())),
             outcome: watch::channel(Outcome::default()).0,
         })
     }
@@ -285,24 +285,29 @@ impl FlushGate {
     }
 
     fn spawn_driver(self: &Arc<Self>) {
-        let driver = Driver { gate: Some(Arc::downgrade(self)), outcome: self.outcome.clone() };
+        let driver = Driver {
+            gate: Arc::downgrade(self),
+            state: self.state.clone(),
+            outcome: self.outcome.clone(),
+            finished: false,
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(rt.spawn_blocking(move || driver.run())),
             // No runtime (a synchronous caller): flush on this thread.
             Err(_) => driver.run(),
         }
     }
+}
 
-    /// The next flush to run, if anyone waits for one.
-    fn next(&self) -> Option<u64> {
-        let mut st = self.state.lock();
-        if st.wanted <= st.started {
-            st.running = false;
-            return None;
-        }
-        st.started += 1;
-        Some(st.started)
+/// The next flush to run, if anyone waits for one.
+fn next(state: &Mutex<GateState>) -> Option<u64> {
+    let mut st = state.lock();
+    if st.wanted <= st.started {
+        st.running = false;
+        return None;
     }
+    st.started += 1;
+    Some(st.started)
 }
 
 fn publish(outcome: &watch::Sender<Outcome>, flush: u64, result: Result<(), KvError>) {
@@ -316,29 +321,30 @@ fn publish(outcome: &watch::Sender<Outcome>, flush: u64, result: Result<(), KvEr
 }
 
 /// Runs flushes while anyone waits. It holds the gate (and so the store) only
-/// while it runs a flush and lets go of it before it answers: a caller woken by
-/// the last flush may close the store and open it again at once, and must not find
-/// it still locked by the flusher. Dropped without finishing (its blocking task
-/// never ran, the runtime shutting down, or a panicking flush), it fails every
-/// ticket handed out and frees the gate for the next caller, so no waiter hangs.
+/// while a flush runs and lets go of it before it answers: a caller woken by the
+/// last flush may close the store and open it again at once, and must not find it
+/// still locked by the flusher. Its bookkeeping lives beside the gate, not in it.
+/// Dropped without finishing (its blocking task never ran, the runtime shutting
+/// down, or a panicking flush), it fails every ticket handed out and frees the gate
+/// for the next caller, so no waiter hangs.
 struct Driver {
-    /// `None` once the driver finished normally.
-    gate: Option<Weak<FlushGate>>,
+    gate: Weak<FlushGate>,
+    state: Arc<Mutex<GateState>>,
     outcome: watch::Sender<Outcome>,
+    finished: bool,
 }
 
 impl Driver {
     fn run(mut self) {
         let rt = tokio::runtime::Handle::try_current().ok();
         let mut ran = 0u32;
-        loop {
-            // The store is gone: nobody can wait on it any more, and the waiters
-            // left learn it when the last sender of the outcome goes.
-            let Some(gate) = self.gate.as_ref().and_then(Weak::upgrade) else { break };
-            // `next` found nobody waiting and freed the gate.
-            let Some(flush) = gate.next() else { break };
-            let result = (gate.run)();
-            drop(gate);
+        // `next` found nobody waiting and freed the gate.
+        while let Some(flush) = next(&self.state) {
+            let result = match self.gate.upgrade() {
+                Some(gate) => (gate.run)(),
+                // The store is gone: its flush cannot run.
+                None => Err(KvError::Sled("the store was closed".into())),
+            };
             publish(&self.outcome, flush, result);
             ran += 1;
             if ran >= FLUSHES_PER_DRIVER {
@@ -349,20 +355,21 @@ impl Driver {
                 }
             }
         }
-        self.gate = None;
+        self.finished = true;
     }
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let Some(gate) = self.gate.take().and_then(|g| g.upgrade()) else { return };
+        if self.finished {
+            return;
+        }
         let wanted = {
-            let mut st = gate.state.lock();
+            let mut st = self.state.lock();
             st.started = st.started.max(st.wanted);
             st.running = false;
             st.wanted
         };
-        drop(gate);
         publish(&self.outcome, wanted, Err(KvError::Sled("the flush did not run".into())));
     }
 }
@@ -800,15 +807,31 @@ mod tests {
         }
         assert!(kv.flushes() >= 1 && kv.flushes() <= 32);
         drop((t, kv));
-        let reopened = SledKv::open(dir.path()).unwrap().tree("t").unwrap();
+        let reopened = open_once_free(dir.path()).tree("t").unwrap();
         assert_eq!(reopened.scan(Bound::Unbounded, Bound::Unbounded).unwrap().len(), 32);
+    }
+
+    /// Opens the store at `path` once every handle of its last opening is gone: sled
+    /// releases its directory lock when its own background threads let go of the
+    /// database, which may be a moment after the last handle was dropped.
+    fn open_once_free(path: &std::path::Path) -> SledKv {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match SledKv::open(path) {
+                Ok(kv) => return kv,
+                Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => panic!("opening {}: {e}", path.display()),
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_store_closed_after_its_flush_answered_opens_again_at_once() {
         let dir = tempfile::tempdir().unwrap();
         for round in 0..200u8 {
-            let kv = SledKv::open(dir.path()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let kv = open_once_free(dir.path());
             let t = kv.tree("t").unwrap();
             assert_eq!(t.scan(Bound::Unbounded, Bound::Unbounded).unwrap().len(), usize::from(round));
             t.apply(vec![(vec![round], Some(vec![round]))]).unwrap();
