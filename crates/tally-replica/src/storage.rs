@@ -828,7 +828,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_store_closed_after_its_flush_answered_opens_again_at_once() {
+    async fn a_store_closed_after_its_flush_answered_opens_again() {
         let dir = tempfile::tempdir().unwrap();
         for round in 0..200u8 {
             let kv = open_once_free(dir.path());
