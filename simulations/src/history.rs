@@ -146,6 +146,32 @@ pub struct DistinctOp {
     pub settled: bool,
 }
 
+/// One read of a counter's sliding window (counters with `windows`).
+#[derive(Debug, Clone)]
+pub struct WindowOp {
+    /// The counter.
+    pub counter: usize,
+    /// When invoked.
+    pub invoked_ms: u64,
+    /// When answered.
+    pub done_ms: Option<u64>,
+    /// The answer.
+    pub value: Option<WindowValue>,
+    /// Taken after the cluster healed and every outcome was resolved.
+    pub settled: bool,
+}
+
+/// A window read's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowValue {
+    /// The sum of the deltas in the window's buckets.
+    pub value: i128,
+    /// The start of its oldest bucket, in run time (negative: before the run began).
+    pub start_ms: i64,
+    /// Whether every shard answered.
+    pub complete: bool,
+}
+
 /// One reconciliation.
 #[derive(Debug, Clone)]
 pub struct ReconcileOp {
@@ -265,6 +291,8 @@ pub struct History {
     pub reads: Vec<ReadOp>,
     /// Distinct reads.
     pub distincts: Vec<DistinctOp>,
+    /// Window reads (tier 2).
+    pub windows: Vec<WindowOp>,
     /// Reconciliations.
     pub reconciles: Vec<ReconcileOp>,
     /// Times at which a node lost its volatile state and unflushed writes (crash, or

@@ -13,6 +13,7 @@
 //! | [`reconcile`] | reconciliation brings drift to zero, and a second one finds none |
 //! | [`staleness`] | a cached read is never staler than `rollup_ms` plus one refresh while the cluster is healthy |
 //! | [`distinct`] | a distinct estimate stays within a stated multiple of HyperLogLog's standard error |
+//! | [`window`] | a `sync` counter's window sums exactly what was applied in its buckets (tier 2) |
 
 use crate::history::{Disturbance, History, IncrOp, Role, Status};
 use std::fmt;
@@ -23,6 +24,7 @@ pub mod exactly_once;
 pub mod reconcile;
 pub mod staleness;
 pub mod sync_bounds;
+pub mod window;
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +50,7 @@ pub fn check_all(h: &History) -> Vec<Violation> {
     reconcile::check(h, &mut v);
     staleness::check(h, &mut v);
     distinct::check(h, &mut v);
+    window::check(h, &mut v);
     v
 }
 

@@ -7,7 +7,8 @@
 use super::world::{lock, now_ms, Shared};
 use crate::config::*;
 use crate::history::{
-    Attempt, CounterInfo, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status,
+    Attempt, CounterInfo, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status, WindowOp,
+    WindowValue,
 };
 use crate::msg::{Answer, Consistency, ReadValue};
 use crate::workload::{counter_plans, counters_of, draw_op, member_name, Draw};
@@ -183,6 +184,14 @@ async fn client_loop(w: Shared, c: u16) {
                     g.rng.random_range(0..n)
                 };
                 read(&w, counter, consistency, false).await;
+                // Every fresh read is followed by a read of the shortest window of
+                // the counter that keeps windows, through a node of its own.
+                if consistency == Consistency::Fresh {
+                    let windowed = lock(&w).history.counters.iter().position(|c| !c.spec.windows.is_empty());
+                    if let Some(c) = windowed {
+                        window(&w, c, false).await;
+                    }
+                }
             }
             Draw::Distinct => {
                 let counter = counters_of(&lock(&w).history.counters, Role::Distinct)[0];
@@ -282,6 +291,36 @@ async fn read(w: &Shared, counter: usize, consistency: Consistency, settled: boo
     });
     g.note("read-answer", (op, format!("{value:?}")));
     let rec = &mut g.history.reads[op];
+    rec.done_ms = Some(now);
+    rec.value = value;
+    value.is_some_and(|v| v.complete)
+}
+
+/// Reads the shortest window of a counter with windows (nothing for one without);
+/// answers whether the read was complete.
+async fn window(w: &Shared, counter: usize, settled: bool) -> bool {
+    let (op, name, window, n) = {
+        let mut g = lock(w);
+        let Some(window) = g.history.counters[counter].spec.windows.texts().into_iter().next() else {
+            return true;
+        };
+        let now = g.now();
+        let nodes = g.cfg.nodes;
+        let n = g.rng.random_range(0..nodes);
+        g.history.windows.push(WindowOp { counter, invoked_ms: now, done_ms: None, value: None, settled });
+        (g.history.windows.len() - 1, g.history.counters[counter].name.clone(), window, n)
+    };
+    let reply = ask(w, n, move |t| async move { t.window(&name, &window).await }).await;
+    let mut g = lock(w);
+    let now = g.now();
+    let Some(reply) = reply else { return false };
+    let value = reply.ok().map(|r| WindowValue {
+        value: r.value,
+        start_ms: r.start_ms as i64 - super::world::EPOCH_MS as i64,
+        complete: r.complete,
+    });
+    g.note("window-answer", (op, format!("{value:?}")));
+    let rec = &mut g.history.windows[op];
     rec.done_ms = Some(now);
     rec.value = value;
     value.is_some_and(|v| v.complete)
@@ -413,6 +452,9 @@ pub(crate) async fn settle(w: &Shared) {
     }
     for i in 0..counters.len() {
         while !read(w, i, Consistency::Fresh, true).await {
+            sleep_ms(CLIENT_BACKOFF_MS).await;
+        }
+        while !window(w, i, true).await {
             sleep_ms(CLIENT_BACKOFF_MS).await;
         }
     }

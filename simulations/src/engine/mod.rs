@@ -874,8 +874,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         violations.push(Violation { invariant: "liveness", detail: msg });
     }
     let history = std::mem::take(&mut g.history);
-    let ops = (history.incrs.len() + history.reads.len() + history.distincts.len() + history.reconciles.len())
-        as u64;
+    let ops = (history.incrs.len()
+        + history.reads.len()
+        + history.distincts.len()
+        + history.windows.len()
+        + history.reconciles.len()) as u64;
     let mut h = g.trace.clone();
     std::hash::Hash::hash(&format!("{history:?}"), &mut h);
     RunReport {
