@@ -528,10 +528,18 @@ impl RangeGroups {
 
     /// The node of `range`'s leader as this replica knows it.
     pub fn leader_node(&self, range: RangeId) -> Option<String> {
+        self.leadership(range).map(|(node, _)| node)
+    }
+
+    /// The node of `range`'s leader as this replica knows it, and the term it leads
+    /// in: a node elected again leads a new term.
+    pub fn leadership(&self, range: RangeId) -> Option<(String, u64)> {
         let g = self.group(range).ok()?;
-        let metrics = g.raft.metrics().borrow().clone();
+        let metrics = g.raft.metrics();
+        let metrics = metrics.borrow();
         let leader = metrics.current_leader?;
-        metrics.membership_config.membership().get_node(&leader).map(|n| n.node.clone())
+        let node = metrics.membership_config.membership().get_node(&leader)?.node.clone();
+        Some((node, metrics.current_term))
     }
 
     /// Whether this replica leads `range` now (as far as it knows: a deposed leader

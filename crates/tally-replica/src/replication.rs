@@ -71,6 +71,27 @@ pub struct Replication {
     failovers: AtomicU64,
 }
 
+/// A range's leader as a node knows it: the leader's node and the term it leads in.
+/// What fails to serve a request is a leadership, not a node: a node elected again
+/// leads a new term, and may serve what it did not serve before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    /// The leader's node.
+    pub node: NodeId,
+    /// Its raft term (0 when the term is not known).
+    pub term: u64,
+}
+
+impl Leadership {
+    /// Whether a request `failed` did not serve should go to this leadership next:
+    /// yes if it is another one (another node, or the same node in a later term);
+    /// for `failed` itself only once, recorded in `resent` (a lost message or
+    /// answer is no reason to wait for an election).
+    pub fn worth_resending(&self, failed: &Leadership, resent: &mut bool) -> bool {
+        self.node != failed.node || self.term > failed.term || !std::mem::replace(resent, true)
+    }
+}
+
 fn unavailable(id: &ShardId, reason: String) -> TallyError {
     TallyError::Unavailable { shard: id.to_string(), reason }
 }
@@ -112,9 +133,17 @@ impl Replication {
         self.directory.range_of_shard(id)
     }
 
-    /// The node leading `id`'s range, as this node knows it.
-    pub fn leader_of(&self, id: &ShardId) -> Option<NodeId> {
-        self.groups.leader_node(self.range_of(id)).map(NodeId::new)
+    /// The leadership of `id`'s range, as this node knows it.
+    pub fn leadership(&self, id: &ShardId) -> Option<Leadership> {
+        let (node, term) = self.groups.leadership(self.range_of(id))?;
+        Some(Leadership { node: NodeId::new(node), term })
+    }
+
+    /// `node`'s leadership of `range` as this node knows it now (term 0 if this
+    /// node knows of no leadership of `node`).
+    fn leadership_of(&self, range: RangeId, node: &NodeId) -> Leadership {
+        let term = self.groups.leadership(range).filter(|(n, _)| n == node.as_str()).map_or(0, |(_, t)| t);
+        Leadership { node: node.clone(), term }
     }
 
     /// Whether this node runs a replica of `range`.
@@ -137,21 +166,21 @@ impl Replication {
     }
 
     /// Waits until `id`'s range has a leader, at most [`LEADER_WAIT_MS`].
-    pub async fn next_leader(&self, id: &ShardId) -> Option<NodeId> {
+    pub async fn next_leader(&self, id: &ShardId) -> Option<Leadership> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
         self.leader_where(id, deadline, |_| true).await
     }
 
-    /// Waits until `id`'s range has a leader that `accept` takes; `None` once
+    /// Waits until `id`'s range has a leadership that `accept` takes; `None` once
     /// `deadline` passed.
     async fn leader_where(
         &self,
         id: &ShardId,
         deadline: tokio::time::Instant,
-        mut accept: impl FnMut(&NodeId) -> bool,
-    ) -> Option<NodeId> {
+        mut accept: impl FnMut(&Leadership) -> bool,
+    ) -> Option<Leadership> {
         loop {
-            if let Some(l) = self.leader_of(id).filter(|l| accept(l)) {
+            if let Some(l) = self.leadership(id).filter(|l| accept(l)) {
                 return Some(l);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -171,7 +200,7 @@ impl Replication {
             // Planted: a node that believes it leads serves without asking a quorum.
             return Ok(());
         }
-        let leader = self.next_leader(id).await;
+        let leader = self.next_leader(id).await.map(|l| l.node);
         match leader {
             Some(l) if l == self.me => {}
             Some(l) => return Err(unavailable(id, format!("{l} leads its replica group {range}"))),
@@ -182,8 +211,9 @@ impl Replication {
 
     /// Sends `request` for a replicated shard to `node` with `send`; if its leader
     /// did not serve it, and sending it again cannot count anything twice, sends it
-    /// to the range's next leader once there is one (or serves it on `local`, this
-    /// node's engine, if that is this node).
+    /// to the range's next leadership once there is one — another node, or the same
+    /// node elected again (or serves it on `local`, this node's engine, if that is
+    /// this node).
     pub async fn call<'a, F, Fut>(
         &'a self,
         node: &'a NodeId,
@@ -202,6 +232,7 @@ impl Replication {
         };
         let id = request.shard().clone();
         let range = self.range_of(&id);
+        let sent_to = self.leadership_of(range, node);
         let first = send(node.clone(), request.clone()).await;
         if !not_served(&first) || !repeatable(&request) {
             if !not_served(&first) && !self.runs(range) {
@@ -223,13 +254,14 @@ impl Replication {
             return last;
         }
         // The leader did not serve it: it lost the request or its answer, or it no
-        // longer leads. The same leader is asked once more at once; after that, only
-        // a new leader, until one is elected or the wait is over.
+        // longer leads. The same leadership is asked once more at once; after that,
+        // only a new one, until one is elected or the wait is over.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
-        let (mut last, mut failed, mut resent) = (first, node.clone(), false);
+        let (mut last, mut failed, mut resent) = (first, sent_to, false);
         for _ in 1..CALL_ATTEMPTS_MAX {
-            let Some(next) = self.leader_for_resend(&id, &failed, &mut resent, deadline).await else { break };
-            if next == self.me {
+            let accept = |l: &Leadership| l.worth_resending(&failed, &mut resent);
+            let Some(next) = self.leader_where(&id, deadline, accept).await else { break };
+            if next.node == self.me {
                 return match local {
                     Some(engine) => match engine.serve_shard_request(request).await {
                         ShardResponse::Failed { code, message } if code == "shard_unavailable" => {
@@ -240,27 +272,13 @@ impl Replication {
                     None => last,
                 };
             }
-            last = send(next.clone(), request.clone()).await;
+            last = send(next.node.clone(), request.clone()).await;
             if !not_served(&last) {
                 return last;
             }
             failed = next;
         }
         last
-    }
-
-    /// The leader to send an unserved request to next: a leader other than `failed`,
-    /// or `failed` itself once (`resent` records it) — a lost message is no reason to
-    /// wait for an election. `None` once `deadline` passed.
-    async fn leader_for_resend(
-        &self,
-        id: &ShardId,
-        failed: &NodeId,
-        resent: &mut bool,
-        deadline: tokio::time::Instant,
-    ) -> Option<NodeId> {
-        let accept = |l: &NodeId| l != failed || !std::mem::replace(resent, true);
-        self.leader_where(id, deadline, accept).await
     }
 
     /// Whether every group this node runs knows a leader (once true at start, the
@@ -531,6 +549,25 @@ fn excluded(directory: &[String], replicas: &[ReplicaReport]) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::groups::GroupStatus;
+
+    #[test]
+    fn an_unserved_request_goes_to_a_new_leadership_even_of_the_same_node() {
+        let at = |node: &str, term| Leadership { node: NodeId::new(node), term };
+        let failed = at("node2", 1);
+        let mut resent = false;
+        // Another node, or the same node elected again, at once and as often as
+        // they come.
+        assert!(at("node3", 1).worth_resending(&failed, &mut resent));
+        assert!(at("node2", 4).worth_resending(&failed, &mut resent));
+        assert!(!resent, "a new leadership is no resend to the one that failed");
+        // The leadership that failed: once (a lost message), then no more.
+        assert!(at("node2", 1).worth_resending(&failed, &mut resent));
+        assert!(resent);
+        assert!(!at("node2", 1).worth_resending(&failed, &mut resent));
+        assert!(at("node2", 2).worth_resending(&failed, &mut resent));
+        // A term this node did not know when it sent (0) is older than any known.
+        assert!(at("node2", 1).worth_resending(&at("node2", 0), &mut resent));
+    }
 
     #[test]
     fn only_a_different_leader_is_a_failover() {
