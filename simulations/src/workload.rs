@@ -17,8 +17,8 @@ pub(crate) type CounterPlan = (String, Role, SpecPatch, i128);
 
 /// The counters of a run, their specs drawn from `rng`: three `sync` counters with
 /// event routing (the first keeps a one-minute window, so its shards step window
-/// buckets, carry them over reshardings and store them through every fault; no
-/// operation reads the window yet), two batched ones, a distinct one, a one-shard
+/// buckets, carry them over reshardings and store them through every fault; tier 2
+/// reads it after every fresh read), two batched ones, a distinct one, a one-shard
 /// counter for huge deltas and a reconciled batched one.
 pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
     let mut infos = Vec::new();
