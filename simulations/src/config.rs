@@ -6,6 +6,16 @@ use rand_chacha::ChaCha8Rng;
 use std::fmt;
 use std::str::FromStr;
 
+/// The build settings under which tier 2 repeats exactly. tokio's generator orders
+/// the wakers of a `watch` channel (openraft's metrics) and the branches of an
+/// unbiased `select!`; only its unstable API (`Builder::rng_seed`) lets a run seed
+/// it. The flag is the simulator's alone: in a production build it would also turn
+/// on tokio's per-resource tracing, so it goes to a target directory of its own.
+pub const SEEDED_TOKIO_BUILD: &str = "RUSTFLAGS='--cfg tokio_unstable' CARGO_TARGET_DIR=target/sim";
+
+/// Whether this build seeds tokio's generator (see [`SEEDED_TOKIO_BUILD`]).
+pub const TOKIO_SEEDED: bool = cfg!(tokio_unstable);
+
 /// Shortest one-way network delay between two endpoints, in simulated milliseconds.
 pub const NET_DELAY_MS_MIN: u64 = 1;
 /// Longest one-way network delay without injected extra delay.
@@ -217,7 +227,6 @@ impl SimConfig {
 
     /// The command that replays this run.
     pub fn reproduce_command(&self) -> String {
-        #[allow(unused_mut)]
         let mut cmd = format!(
             "cargo run --release -p tally-sim -- --reproduce {} --nodes {} --faults {}",
             self.seed, self.nodes, self.faults
@@ -230,6 +239,9 @@ impl SimConfig {
             );
         }
         if self.tier != Tier::Model {
+            // Tier 2 repeats exactly only with tokio's generator seeded (see
+            // `SEEDED_TOKIO_BUILD`).
+            cmd = format!("{SEEDED_TOKIO_BUILD} {cmd}");
             cmd.push_str(&format!(" --tier {}", self.tier));
         }
         if self.replicas > 1 {

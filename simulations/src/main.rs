@@ -219,6 +219,13 @@ fn main() -> Result<()> {
             .with_ansi(false)
             .init();
     }
+    if args.tier == Tier::Engine && !tally_sim::config::TOKIO_SEEDED {
+        eprintln!(
+            "note: built without --cfg tokio_unstable, so tokio's own draws are not seeded and a tier-2 \
+             run may not repeat exactly; build as `{} cargo run --release -p tally-sim -- …`",
+            tally_sim::config::SEEDED_TOKIO_BUILD
+        );
+    }
     if let Some(seed) = args.reproduce {
         let ok = reproduce(&args, seed)?;
         std::process::exit(if ok { 0 } else { 1 });

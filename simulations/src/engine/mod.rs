@@ -775,11 +775,14 @@ fn run_inner(cfg: SimConfig) -> RunReport {
     tally_engine::seed_thread_routing(cfg.seed);
     // … and every range group draws its election timeouts on it.
     tally_replica::runtime::seed_thread_rng(cfg.seed);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime builds");
+    // … and so does tokio's own generator, which orders the wakers of a `watch`
+    // channel (openraft's metrics) and the ready branches of an unbiased `select!`,
+    // in a build that can seed it (`config::SEEDED_TOKIO_BUILD`).
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&cfg.seed.to_le_bytes()));
+    let runtime = builder.build().expect("a current-thread runtime builds");
     let (world, outcome) = runtime.block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let rates = FaultRates::sample(cfg.faults, &mut rng);
