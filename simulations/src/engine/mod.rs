@@ -865,6 +865,12 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         for t in tending {
             t.abort();
         }
+        // The groups hold the world through their network: shut them down and let
+        // go of them, or every run would keep its whole world alive.
+        let groups: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.replication.take()).collect();
+        for r in groups {
+            r.groups().shutdown().await;
+        }
         (world, outcome)
     });
     drop(runtime);
