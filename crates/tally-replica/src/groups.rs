@@ -249,6 +249,13 @@ struct Group {
     shared: Arc<Shared>,
 }
 
+impl Group {
+    /// Whether replica `id` is a voter of this group, as its metrics know it.
+    fn is_voter(&self, id: ReplicaId) -> bool {
+        self.raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == id)
+    }
+}
+
 /// The range groups of one node, sharing one store and one network.
 pub struct RangeGroups {
     id: ReplicaId,
@@ -620,6 +627,12 @@ impl RangeGroups {
         Ok(self.group(range)?.shared.snapshot_bytes_installed())
     }
 
+    /// Encoded bytes of the log entries this replica of `range` received while a
+    /// learner (catch-up through the log).
+    pub fn log_bytes_caught_up(&self, range: RangeId) -> Result<u64, ReplicaError> {
+        Ok(self.group(range)?.shared.log_bytes_caught_up())
+    }
+
     /// What this replica knows of `range`'s group now, read from openraft's
     /// metrics without asking anyone.
     pub fn status(&self, range: RangeId) -> Result<GroupStatus, ReplicaError> {
@@ -774,7 +787,18 @@ impl RangeInbound for RangeGroups {
             }
             let g = group.ok_or(NetError::NoGroup { to, range })?;
             Ok(match rpc {
-                RangeRpc::Append(r) => RangeReply::Append(g.raft.append_entries(r).await),
+                RangeRpc::Append(r) => {
+                    // Entries that reach a replica outside the voters (a learner, or
+                    // a new replica that learns it is one from these very entries)
+                    // are catch-up, counted in bytes as installed snapshots are.
+                    let catching_up = !r.entries.is_empty() && !g.is_voter(own);
+                    let bytes = catching_up.then(|| tally_core::codec::encode(&r.entries).len());
+                    let reply = g.raft.append_entries(r).await;
+                    if let Some(bytes) = bytes.filter(|_| reply.is_ok() && !g.is_voter(own)) {
+                        g.shared.count_log_bytes_caught_up(bytes as u64);
+                    }
+                    RangeReply::Append(reply)
+                }
                 RangeRpc::Vote(r) => RangeReply::Vote(g.raft.vote(r).await),
                 RangeRpc::Snapshot(r) => RangeReply::Snapshot(g.raft.install_snapshot(r).await),
             })

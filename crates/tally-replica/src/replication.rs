@@ -489,6 +489,7 @@ impl Replication {
             }
             f.snapshot_bytes_installed += self.groups.snapshot_bytes_installed(range).unwrap_or(0);
             f.snapshots_installed += self.groups.snapshots_installed(range).unwrap_or(0);
+            f.log_bytes_caught_up += self.groups.log_bytes_caught_up(range).unwrap_or(0);
             if status.leader == Some(status.replica) {
                 f.ranges_led += 1;
                 f.lag_entries_max = f.lag_entries_max.max(voter_lag(&status));
@@ -516,6 +517,9 @@ pub struct ReplicationFigures {
     pub snapshots_installed: u64,
     /// Encoded bytes of those snapshots.
     pub snapshot_bytes_installed: u64,
+    /// Encoded bytes of the log entries its replicas received as learners
+    /// (catch-up through the log).
+    pub log_bytes_caught_up: u64,
 }
 
 /// Whether a group's leader changing from `last` (the last one known) to `now`

@@ -123,6 +123,7 @@ pub struct Shared {
     applied: RwLock<Applied>,
     snapshots_installed: AtomicU64,
     snapshot_bytes_installed: AtomicU64,
+    log_bytes_caught_up: AtomicU64,
 }
 
 impl Shared {
@@ -165,6 +166,16 @@ impl Shared {
     /// Encoded bytes of the snapshots this replica installed since it started.
     pub fn snapshot_bytes_installed(&self) -> u64 {
         self.snapshot_bytes_installed.load(Ordering::Relaxed)
+    }
+
+    /// Encoded bytes of the log entries this replica received as a learner since it
+    /// started: catch-up through the log rather than by snapshot.
+    pub fn log_bytes_caught_up(&self) -> u64 {
+        self.log_bytes_caught_up.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_log_bytes_caught_up(&self, bytes: u64) {
+        self.log_bytes_caught_up.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 

@@ -354,6 +354,40 @@ async fn an_emptied_replica_catches_up_by_snapshot_as_a_learner_before_it_votes(
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_emptied_replica_catches_up_through_the_log_and_its_bytes_are_counted() {
+    let mut c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let want = write_rounds(&c, 20, 1).await;
+    let (leader, _) = c.wait_leader(range, &[]).await;
+    let victim = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let old_id = c.id(victim);
+    c.kill(victim).await;
+    c.stores[victim] = MemKv::new();
+    c.incarnations[victim] += 1;
+    c.start_node(victim).await;
+    let new_id = c.id(victim);
+    let l = c.node(leader).clone();
+    l.add_learner(range, new_id, c.node(victim).node().clone()).await.unwrap();
+    l.wait_caught_up(range, new_id, SETTLE).await.unwrap();
+    // No snapshot was taken: the whole log went to the learner, and it counted it.
+    assert_eq!(c.node(victim).snapshots_installed(range).unwrap(), 0);
+    let caught_up = c.node(victim).log_bytes_caught_up(range).unwrap();
+    assert!(caught_up > 0, "the learner's log entries were not counted");
+    // Entries a voter receives are replication, not catch-up.
+    assert_eq!(c.node(other).log_bytes_caught_up(range).unwrap(), 0);
+    l.promote(range, new_id, &[old_id]).await.unwrap();
+    let shard = shards_in(range)[0].clone();
+    c.write(range, vec![entry(&shard, 500, 5_000)]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(c.node(victim).log_bytes_caught_up(range).unwrap(), caught_up, "counted as a voter");
+    let local = c.node(victim).read_local(range).unwrap();
+    for s in shards_in(range).into_iter().filter(|s| *s != shard) {
+        assert_eq!(local.shards.get(&s).map(|x| (x.seq, x.image.value)), want.get(&s).copied(), "{s}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restart_of_every_node_recovers_every_committed_image() {
     let mut c = Cluster::start(3, GroupsConfig::default()).await;
     let want = write_rounds(&c, 8, 1).await;

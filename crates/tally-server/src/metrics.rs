@@ -534,6 +534,12 @@ pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFig
         "Encoded bytes of the snapshots this node's replicas installed to catch up since it started.",
         &[(&[], f.snapshot_bytes_installed)],
     );
+    w.counter(
+        "tally_replica_log_bytes_caught_up_total",
+        "Encoded bytes of the log entries this node's replicas received as learners (catch-up through \
+         the log) since it started.",
+        &[(&[], f.log_bytes_caught_up)],
+    );
 }
 
 #[cfg(test)]
