@@ -116,6 +116,17 @@ impl Cluster {
         self.stores[i].crash();
     }
 
+    /// Kills node `i` and starts it again on an empty store: a new replica.
+    /// Answers the old replica id and the new one.
+    async fn replace_disk(&mut self, i: usize) -> (ReplicaId, ReplicaId) {
+        let old_id = self.id(i);
+        self.kill(i).await;
+        self.stores[i] = MemKv::new();
+        self.incarnations[i] += 1;
+        self.start_node(i).await;
+        (old_id, self.id(i))
+    }
+
     fn node(&self, i: usize) -> &Arc<RangeGroups> {
         self.nodes[i].as_ref().expect("node is up")
     }
@@ -286,12 +297,7 @@ async fn an_emptied_replica_catches_up_by_snapshot_as_a_learner_before_it_votes(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let victim = (leader + 1) % 3;
     let other = (leader + 2) % 3;
-    let old_id = c.id(victim);
-    c.kill(victim).await;
-    c.stores[victim] = MemKv::new();
-    c.incarnations[victim] += 1;
-    c.start_node(victim).await;
-    let new_id = c.id(victim);
+    let (old_id, new_id) = c.replace_disk(victim).await;
     assert_ne!(new_id, old_id, "an empty store is a new replica");
     // A transport that routes by node name delivers the old replica's traffic to
     // the new one, which refuses it: it never answers a vote or an append as the
@@ -361,12 +367,7 @@ async fn an_emptied_replica_catches_up_through_the_log_and_its_bytes_are_counted
     let (leader, _) = c.wait_leader(range, &[]).await;
     let victim = (leader + 1) % 3;
     let other = (leader + 2) % 3;
-    let old_id = c.id(victim);
-    c.kill(victim).await;
-    c.stores[victim] = MemKv::new();
-    c.incarnations[victim] += 1;
-    c.start_node(victim).await;
-    let new_id = c.id(victim);
+    let (old_id, new_id) = c.replace_disk(victim).await;
     let l = c.node(leader).clone();
     l.add_learner(range, new_id, c.node(victim).node().clone()).await.unwrap();
     l.wait_caught_up(range, new_id, SETTLE).await.unwrap();

@@ -70,15 +70,28 @@ pub struct Bounds {
 
 /// Bounds for a read of `counter` that began at `from_ms` and ended at `to_ms`.
 pub fn bounds(h: &History, counter: usize, from_ms: u64, to_ms: u64) -> Bounds {
+    bounds_since(h, counter, i64::MIN, from_ms, to_ms)
+}
+
+/// Bounds for a read of what `counter`'s increments applied at or after `start_ms`
+/// (run time) add up to — a window's — that began at `from_ms` and ended at `to_ms`.
+/// An increment is applied between its invocation and its acknowledgement: one
+/// acknowledged before the read began must be included if it was invoked at or
+/// after the start, and cannot be if it was acknowledged before it.
+pub fn bounds_since(h: &History, counter: usize, start_ms: i64, from_ms: u64, to_ms: u64) -> Bounds {
     let mut b = Bounds { acked: 0, low: 0, high: 0, in_doubt: 0 };
+    let since_start = |t: u64| i128::from(t) >= i128::from(start_ms);
     for op in h.incrs.iter().filter(|o| o.counter == counter) {
         let d = i128::from(op.delta);
-        if let Status::Applied { .. } = op.status_at(from_ms) {
-            b.acked += d;
-            continue;
-        }
-        if op.invoked_ms >= to_ms || surely_refused(h, op) {
-            continue;
+        match op.status_at(from_ms) {
+            Status::Applied { .. } if since_start(op.invoked_ms) => {
+                b.acked += d;
+                continue;
+            }
+            Status::Applied { ack_ms } if !since_start(ack_ms) => continue,
+            Status::Applied { .. } => {}
+            _ if op.invoked_ms >= to_ms || surely_refused(h, op) => continue,
+            _ => {}
         }
         b.in_doubt += 1;
         if d < 0 {
