@@ -168,6 +168,8 @@ pub struct WindowValue {
     pub value: i128,
     /// The start of its oldest bucket, in run time (negative: before the run began).
     pub start_ms: i64,
+    /// The estimated distinct members in the window (counters with `distinct`).
+    pub estimate: Option<u64>,
     /// Whether every shard answered.
     pub complete: bool,
 }

@@ -18,7 +18,8 @@ pub(crate) type CounterPlan = (String, Role, SpecPatch, i128);
 /// The counters of a run, their specs drawn from `rng`: three `sync` counters with
 /// event routing (the first keeps a one-minute window, so its shards step window
 /// buckets, carry them over reshardings and store them through every fault; tier 2
-/// reads it after every fresh read), two batched ones, a distinct one, a one-shard
+/// reads it after every fresh read), two batched ones, a distinct one (with a
+/// one-minute window of totals and members too), a one-shard
 /// counter for huge deltas and a reconciled batched one.
 pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
     let mut infos = Vec::new();
@@ -53,6 +54,7 @@ pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
         durability: Some(Durability::Sync),
         distinct: Some(true),
         rollup_ms: Some(rollup(rng)),
+        windows: Some(WindowSet::parse(&["1m"]).expect("a valid window")),
         ..SpecPatch::default()
     };
     infos.push(("distinct:0".into(), Role::Distinct, p, 0));

@@ -22,36 +22,80 @@ pub fn tolerance() -> f64 {
     ERROR_MULTIPLE * 1.04 / f64::from(1u32 << HLL_PRECISION).sqrt()
 }
 
-/// Runs the check.
-pub fn check(h: &History, out: &mut Vec<Violation>) {
+/// The members of `counter`'s increments applied at or after `start_ms` (run
+/// time) that a read begun at `from_ms` and ended at `to_ms` must count, and those
+/// it may count (see [`super::bounds_since`] for when an increment is applied).
+pub fn members_since(
+    h: &History,
+    counter: usize,
+    start_ms: i64,
+    from_ms: u64,
+    to_ms: u64,
+) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let since_start = |t: u64| i128::from(t) >= i128::from(start_ms);
+    let (mut must, mut may) = (BTreeSet::new(), BTreeSet::new());
+    for op in h.incrs.iter().filter(|o| o.counter == counter) {
+        let Some(m) = op.member else { continue };
+        match op.status_at(from_ms) {
+            Status::Applied { .. } if since_start(op.invoked_ms) => {
+                must.insert(m);
+                may.insert(m);
+            }
+            Status::Applied { ack_ms } if !since_start(ack_ms) => {}
+            Status::Applied { .. } => {
+                may.insert(m);
+            }
+            _ if op.invoked_ms < to_ms && !surely_refused(h, op) => {
+                may.insert(m);
+            }
+            _ => {}
+        }
+    }
+    (must, may)
+}
+
+/// The estimates the error allows for `must`..`may` members counted, if `estimate`
+/// is not among them.
+pub fn outside(estimate: u64, must: usize, may: usize) -> Option<(u64, u64)> {
     let eps = tolerance();
+    let low = (((must as f64) * (1.0 - eps)).floor() as u64).saturating_sub(1);
+    let high = ((may as f64) * (1.0 + eps)).ceil() as u64 + 1;
+    (estimate < low || estimate > high).then_some((low, high))
+}
+
+/// Runs the check: distinct reads, and the distinct estimates of window reads.
+pub fn check(h: &History, out: &mut Vec<Violation>) {
     for d in &h.distincts {
         let (Some(done), Some((estimate, complete))) = (d.done_ms, d.estimate) else { continue };
         if !complete {
             continue;
         }
-        let mut must = BTreeSet::new();
-        let mut may = BTreeSet::new();
-        for op in h.incrs.iter().filter(|o| o.counter == d.counter) {
-            let Some(m) = op.member else { continue };
-            if let Status::Applied { .. } = op.status_at(d.invoked_ms) {
-                must.insert(m);
-                may.insert(m);
-            } else if op.invoked_ms < done && !surely_refused(h, op) {
-                may.insert(m);
-            }
-        }
-        let low = ((must.len() as f64) * (1.0 - eps)).floor() as u64;
-        let high = ((may.len() as f64) * (1.0 + eps)).ceil() as u64 + 1;
-        if estimate < low.saturating_sub(1) || estimate > high {
+        let (must, may) = members_since(h, d.counter, i64::MIN, d.invoked_ms, done);
+        if let Some((low, high)) = outside(estimate, must.len(), may.len()) {
             out.push(Violation {
                 invariant: NAME,
                 detail: format!(
-                    "distinct estimate of {} at {done} ms is {estimate}; members counted {}..{} allow [{}, {high}]",
+                    "distinct estimate of {} at {done} ms is {estimate}; members counted {}..{} allow [{low}, {high}]",
                     name(h, d.counter),
                     must.len(),
                     may.len(),
-                    low.saturating_sub(1)
+                ),
+            });
+        }
+    }
+    for r in &h.windows {
+        let (Some(done), Some(v)) = (r.done_ms, r.value) else { continue };
+        let Some(estimate) = v.estimate.filter(|_| v.complete) else { continue };
+        let (must, may) = members_since(h, r.counter, v.start_ms, r.invoked_ms, done);
+        if let Some((low, high)) = outside(estimate, must.len(), may.len()) {
+            out.push(Violation {
+                invariant: NAME,
+                detail: format!(
+                    "window distinct estimate of {} from {} ms at {done} ms is {estimate}; members counted {}..{} allow [{low}, {high}]",
+                    name(h, r.counter),
+                    v.start_ms,
+                    must.len(),
+                    may.len(),
                 ),
             });
         }

@@ -12,7 +12,7 @@
 //! | [`batched`] | a batched total never over counts and loses at most the stated window per crash |
 //! | [`reconcile`] | reconciliation brings drift to zero, and a second one finds none |
 //! | [`staleness`] | a cached read is never staler than `rollup_ms` plus one refresh while the cluster is healthy |
-//! | [`distinct`] | a distinct estimate stays within a stated multiple of HyperLogLog's standard error |
+//! | [`distinct`] | a distinct estimate (of the whole counter, or of a window) stays within a stated multiple of HyperLogLog's standard error |
 //! | [`window`] | a `sync` counter's window sums exactly what was applied in its buckets (tier 2) |
 
 use crate::history::{Disturbance, History, IncrOp, Role, Status};

@@ -185,9 +185,16 @@ async fn client_loop(w: Shared, c: u16) {
                 };
                 read(&w, counter, consistency, false).await;
                 // Every fresh read is followed by a read of the shortest window of
-                // the counter that keeps windows, through a node of its own.
+                // a counter that keeps windows (each in turn), through a node of
+                // its own.
                 if consistency == Consistency::Fresh {
-                    let windowed = lock(&w).history.counters.iter().position(|c| !c.spec.windows.is_empty());
+                    let windowed = {
+                        let g = lock(&w);
+                        let with: Vec<usize> = (0..g.history.counters.len())
+                            .filter(|&c| !g.history.counters[c].spec.windows.is_empty())
+                            .collect();
+                        (!with.is_empty()).then(|| with[g.history.windows.len() % with.len()])
+                    };
                     if let Some(c) = windowed {
                         window(&w, c, false).await;
                     }
@@ -317,6 +324,7 @@ async fn window(w: &Shared, counter: usize, settled: bool) -> bool {
     let value = reply.ok().map(|r| WindowValue {
         value: r.value,
         start_ms: r.start_ms as i64 - super::world::EPOCH_MS as i64,
+        estimate: r.estimate,
         complete: r.complete,
     });
     g.note("window-answer", (op, format!("{value:?}")));
