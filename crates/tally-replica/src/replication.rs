@@ -38,9 +38,14 @@ use tally_engine::{RangeReport, ReplicaReport, ReplicaRole, ShardRequest, ShardR
 pub const LEADER_WAIT_MS: u64 = FAILOVER_BOUND_MS + 500;
 /// Pause between looks at a range's leader while waiting for one.
 pub const LEADER_POLL_MS: u64 = 20;
-/// Most sends of one request that its range's leaders do not serve: the first, one
-/// resend to the same leader, and one to each of a few leaders elected meanwhile.
-pub const CALL_ATTEMPTS_MAX: usize = 5;
+/// Most leaderships one request is sent to: the first, and a few elected meanwhile
+/// (resends to a leadership that did not serve it do not count).
+pub const CALL_LEADERSHIPS_MAX: usize = 5;
+/// Pause before a request goes again to a leadership that did not serve it twice
+/// running (the first resend goes at once): a leader that lost a message or two is
+/// asked again rather than waited out until `LEADER_WAIT_MS`, and a dead one costs
+/// a call timeout per pause until the node learns its successor.
+pub const SAME_LEADER_RESEND_MS: u64 = 2 * crate::groups::HEARTBEAT_MS;
 /// Pause between passes that form groups and replace replicas.
 pub const TEND_EVERY_MS: u64 = 500;
 /// How long a learner may take to catch up before its promotion is tried again
@@ -83,12 +88,10 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Whether a request `failed` did not serve should go to this leadership next:
-    /// yes if it is another one (another node, or the same node in a later term);
-    /// for `failed` itself only once, recorded in `resent` (a lost message or
-    /// answer is no reason to wait for an election).
-    pub fn worth_resending(&self, failed: &Leadership, resent: &mut bool) -> bool {
-        self.node != failed.node || self.term > failed.term || !std::mem::replace(resent, true)
+    /// Whether this is a leadership after `failed`: another node, or the same node
+    /// in a later term.
+    pub fn succeeds(&self, failed: &Leadership) -> bool {
+        self.node != failed.node || self.term > failed.term
     }
 }
 
@@ -254,13 +257,21 @@ impl Replication {
             return last;
         }
         // The leader did not serve it: it lost the request or its answer, or it no
-        // longer leads. The same leadership is asked once more at once; after that,
-        // only a new one, until one is elected or the wait is over.
+        // longer leads. A new leadership is asked as soon as this node knows it (even
+        // while the request is out to the last one); the same one at once, then
+        // every `SAME_LEADER_RESEND_MS`, until the wait is over.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
-        let (mut last, mut failed, mut resent) = (first, sent_to, false);
-        for _ in 1..CALL_ATTEMPTS_MAX {
-            let accept = |l: &Leadership| l.worth_resending(&failed, &mut resent);
+        let (mut last, mut failed, mut same_due) = (first, sent_to, tokio::time::Instant::now());
+        let mut leaderships = 1;
+        loop {
+            let accept = |l: &Leadership| l.succeeds(&failed) || tokio::time::Instant::now() >= same_due;
             let Some(next) = self.leader_where(&id, deadline, accept).await else { break };
+            if next.succeeds(&failed) {
+                if leaderships >= CALL_LEADERSHIPS_MAX {
+                    break;
+                }
+                leaderships += 1;
+            }
             if next.node == self.me {
                 return match local {
                     Some(engine) => match engine.serve_shard_request(request).await {
@@ -272,9 +283,21 @@ impl Replication {
                     None => last,
                 };
             }
-            last = send(next.node.clone(), request.clone()).await;
-            if !not_served(&last) {
-                return last;
+            // A leadership that succeeds this one while the request is out takes it
+            // at once: a frozen leader would otherwise hold it for a call timeout.
+            let superseded = self.leader_where(&id, deadline, |l| l.succeeds(&next));
+            tokio::select! {
+                biased;
+                answer = send(next.node.clone(), request.clone()) => {
+                    last = answer;
+                    if !not_served(&last) {
+                        return last;
+                    }
+                    same_due = tokio::time::Instant::now() + Duration::from_millis(SAME_LEADER_RESEND_MS);
+                }
+                Some(newer) = superseded => {
+                    last = Err(unavailable(&id, format!("{} leads its replica group {range} now", newer.node)));
+                }
             }
             failed = next;
         }
@@ -555,22 +578,14 @@ mod tests {
     use crate::groups::GroupStatus;
 
     #[test]
-    fn an_unserved_request_goes_to_a_new_leadership_even_of_the_same_node() {
+    fn the_same_node_elected_again_is_a_new_leadership() {
         let at = |node: &str, term| Leadership { node: NodeId::new(node), term };
         let failed = at("node2", 1);
-        let mut resent = false;
-        // Another node, or the same node elected again, at once and as often as
-        // they come.
-        assert!(at("node3", 1).worth_resending(&failed, &mut resent));
-        assert!(at("node2", 4).worth_resending(&failed, &mut resent));
-        assert!(!resent, "a new leadership is no resend to the one that failed");
-        // The leadership that failed: once (a lost message), then no more.
-        assert!(at("node2", 1).worth_resending(&failed, &mut resent));
-        assert!(resent);
-        assert!(!at("node2", 1).worth_resending(&failed, &mut resent));
-        assert!(at("node2", 2).worth_resending(&failed, &mut resent));
+        assert!(at("node3", 1).succeeds(&failed), "another node");
+        assert!(at("node2", 4).succeeds(&failed), "the same node, elected again");
+        assert!(!at("node2", 1).succeeds(&failed), "the leadership that failed");
         // A term this node did not know when it sent (0) is older than any known.
-        assert!(at("node2", 1).worth_resending(&at("node2", 0), &mut resent));
+        assert!(at("node2", 1).succeeds(&at("node2", 0)));
     }
 
     #[test]

@@ -807,8 +807,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             })
             .collect();
         // A refresh reads remote shards over the simulated links: it takes up to the
-        // slowest round trip (a call that goes unanswered is recorded apart).
-        let refresh_slack_ms = 2 * (NET_DELAY_MS_MAX + rates.delay_extra_ms_max);
+        // slowest round trip (a call that goes unanswered is recorded apart); with
+        // range groups, the shard's leader first confirms with a quorum that it still
+        // leads (a read index): a second round trip.
+        let round_trips = if cfg.replicas > 1 { 2 } else { 1 };
+        let refresh_slack_ms = round_trips * 2 * (NET_DELAY_MS_MAX + rates.delay_extra_ms_max);
         let history = History {
             nodes: (0..cfg.nodes).collect(),
             settle_ms: u64::MAX,
