@@ -43,8 +43,8 @@ pub const LEADER_POLL_MS: u64 = 20;
 pub const CALL_LEADERSHIPS_MAX: usize = 5;
 /// Pause before a request goes again to a leadership that did not serve it twice
 /// running (the first resend goes at once): a leader that lost a message or two is
-/// asked again rather than waited out until `LEADER_WAIT_MS`, and a dead one costs
-/// a call timeout per pause until the node learns its successor.
+/// asked again rather than waited out until `LEADER_WAIT_MS`; a dead one is asked
+/// too, but a newer leadership takes the request from it as soon as it is known.
 pub const SAME_LEADER_RESEND_MS: u64 = 2 * crate::groups::HEARTBEAT_MS;
 /// Pause between passes that form groups and replace replicas.
 pub const TEND_EVERY_MS: u64 = 500;
