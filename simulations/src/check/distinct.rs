@@ -3,8 +3,8 @@
 //! that may have been counted by its end, widened by [`ERROR_MULTIPLE`] standard
 //! errors (`1.04 / sqrt(2^14)` ≈ 0.81 % each, so ≈ 3.25 %) plus one member.
 
-use super::{name, surely_refused, Violation};
-use crate::history::{History, Status};
+use super::{name, standing, Standing, Violation};
+use crate::history::History;
 use std::collections::BTreeSet;
 
 /// The invariant's name.
@@ -24,7 +24,7 @@ pub fn tolerance() -> f64 {
 
 /// The members of `counter`'s increments applied at or after `start_ms` (run
 /// time) that a read begun at `from_ms` and ended at `to_ms` must count, and those
-/// it may count (see [`super::bounds_since`] for when an increment is applied).
+/// it may count ([`standing`]).
 pub fn members_since(
     h: &History,
     counter: usize,
@@ -32,23 +32,18 @@ pub fn members_since(
     from_ms: u64,
     to_ms: u64,
 ) -> (BTreeSet<u32>, BTreeSet<u32>) {
-    let since_start = |t: u64| i128::from(t) >= i128::from(start_ms);
     let (mut must, mut may) = (BTreeSet::new(), BTreeSet::new());
     for op in h.incrs.iter().filter(|o| o.counter == counter) {
         let Some(m) = op.member else { continue };
-        match op.status_at(from_ms) {
-            Status::Applied { .. } if since_start(op.invoked_ms) => {
+        match standing(h, op, start_ms, from_ms, to_ms) {
+            Standing::Counted => {
                 must.insert(m);
                 may.insert(m);
             }
-            Status::Applied { ack_ms } if !since_start(ack_ms) => {}
-            Status::Applied { .. } => {
+            Standing::InDoubt => {
                 may.insert(m);
             }
-            _ if op.invoked_ms < to_ms && !surely_refused(h, op) => {
-                may.insert(m);
-            }
-            _ => {}
+            Standing::Excluded => {}
         }
     }
     (must, may)

@@ -73,31 +73,51 @@ pub fn bounds(h: &History, counter: usize, from_ms: u64, to_ms: u64) -> Bounds {
     bounds_since(h, counter, i64::MIN, from_ms, to_ms)
 }
 
+/// Where an increment stands for a read of what was applied at or after `start_ms`
+/// (run time; `i64::MIN` for the whole counter) that began at `from_ms` and ended
+/// at `to_ms`. An increment is applied between its invocation and its
+/// acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Acknowledged before the read began and invoked at or after the start: the
+    /// read must include it.
+    Counted,
+    /// It may or may not be included.
+    InDoubt,
+    /// The read cannot include it: acknowledged before the start, invoked after the
+    /// read ended, or surely refused.
+    Excluded,
+}
+
+/// Where `op` stands for such a read (see [`Standing`]).
+pub fn standing(h: &History, op: &IncrOp, start_ms: i64, from_ms: u64, to_ms: u64) -> Standing {
+    let since_start = |t: u64| i128::from(t) >= i128::from(start_ms);
+    match op.status_at(from_ms) {
+        Status::Applied { .. } if since_start(op.invoked_ms) => Standing::Counted,
+        Status::Applied { ack_ms } if !since_start(ack_ms) => Standing::Excluded,
+        Status::Applied { .. } => Standing::InDoubt,
+        _ if op.invoked_ms >= to_ms || surely_refused(h, op) => Standing::Excluded,
+        _ => Standing::InDoubt,
+    }
+}
+
 /// Bounds for a read of what `counter`'s increments applied at or after `start_ms`
 /// (run time) add up to — a window's — that began at `from_ms` and ended at `to_ms`.
-/// An increment is applied between its invocation and its acknowledgement: one
-/// acknowledged before the read began must be included if it was invoked at or
-/// after the start, and cannot be if it was acknowledged before it.
 pub fn bounds_since(h: &History, counter: usize, start_ms: i64, from_ms: u64, to_ms: u64) -> Bounds {
     let mut b = Bounds { acked: 0, low: 0, high: 0, in_doubt: 0 };
-    let since_start = |t: u64| i128::from(t) >= i128::from(start_ms);
     for op in h.incrs.iter().filter(|o| o.counter == counter) {
         let d = i128::from(op.delta);
-        match op.status_at(from_ms) {
-            Status::Applied { .. } if since_start(op.invoked_ms) => {
-                b.acked += d;
-                continue;
+        match standing(h, op, start_ms, from_ms, to_ms) {
+            Standing::Counted => b.acked += d,
+            Standing::Excluded => {}
+            Standing::InDoubt => {
+                b.in_doubt += 1;
+                if d < 0 {
+                    b.low += d;
+                } else {
+                    b.high += d;
+                }
             }
-            Status::Applied { ack_ms } if !since_start(ack_ms) => continue,
-            Status::Applied { .. } => {}
-            _ if op.invoked_ms >= to_ms || surely_refused(h, op) => continue,
-            _ => {}
-        }
-        b.in_doubt += 1;
-        if d < 0 {
-            b.low += d;
-        } else {
-            b.high += d;
         }
     }
     b.low += b.acked;
