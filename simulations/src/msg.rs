@@ -44,7 +44,9 @@ impl Answer {
             Outcome::Duplicate => Answer::Duplicate,
             Outcome::Conflict { .. } => Answer::Conflict,
             Outcome::Overflow(_) => Answer::Overflow,
-            Outcome::OutOfOrder { .. } | Outcome::TooManyWriters => Answer::Refused,
+            Outcome::OutOfOrder { .. } | Outcome::TooManyWriters | Outcome::BoundExceeded { .. } => {
+                Answer::Refused
+            }
         }
     }
 }

@@ -34,23 +34,28 @@
 //! it, and each recipient remembers at most [`TRANSFERS_IN_FLIGHT_MAX`] credits per
 //! donor.
 //!
-//! # Waiting
+//! # Spending and waiting
 //!
-//! A decrease the share cannot cover waits for grants for up to
-//! [`Tuning::borrow_wait_ms`] (queued, at most [`WAITING_MAX`] per shard), and is then
-//! refused with the headroom this shard saw ([`Effect::Refuse`]). It is never admitted
-//! in part.
+//! The shard machine ([`crate::shard_machine`]) decides each fresh increment of a
+//! bounded counter with [`Ledger::spend`]: covered, it is counted in the same batch
+//! (and its share spent in the same write). A change the share cannot cover is
+//! *parked* ([`Input::Park`]): the ledger asks the other shards for what is lacking,
+//! hands the change back ([`Effect::Retry`]) once grants cover it, and refuses it
+//! ([`Effect::Refuse`], with the headroom this shard saw) after
+//! [`Tuning::borrow_wait_ms`] (at most [`WAITING_MAX`] wait per shard). It is never
+//! admitted in part. A counter of one shard has no one to borrow from: it refuses at
+//! once.
 //!
 //! [`Ledger::step`] takes one [`Input`] and returns the [`Effect`]s to carry out, in
 //! order: a [`Effect::Persist`] must be durable before any message after it is sent,
 //! and it writes the ledger ([`Ledger::durable`]) in the same atomic batch as the
 //! shard's value, so a crash reverts both together.
 //!
-//! # Not yet wired
+//! # What is not carried
 //!
-//! This module is the pure core of bounded counters: the engine's shard machine does
-//! not run it yet, the counter spec has no `min`/`max`, and a resharding does not yet
-//! carry shares. Until then no counter is bounded.
+//! Bounds are set when a counter is created and its shard count never changes
+//! afterwards ([`crate::spec::CounterSpec::updated`]): a resharding would have to carry
+//! shares and transfers in flight into a new generation, which this version does not.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -241,12 +246,16 @@ pub enum Message {
 /// One thing that happened to a shard's ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Input<T> {
-    /// A change of `delta` asks to be applied; `token` answers it.
-    Change {
+    /// A change of `delta` that [`Ledger::spend`] could not cover waits for headroom,
+    /// since `since_ms` (when it first asked); `token` is handed back by
+    /// [`Effect::Retry`] or [`Effect::Refuse`].
+    Park {
         /// How much the value would change.
         delta: i64,
         /// The shell's handle for this change.
         token: T,
+        /// When the change first found the share short.
+        since_ms: u64,
     },
     /// A message from another shard.
     Receive(Message),
@@ -257,8 +266,10 @@ pub enum Input<T> {
 /// What the shell must do, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect<T> {
-    /// Apply the change of `token` (its share is already spent).
-    Admit(T),
+    /// The share may now cover the change of `token`: try it again with
+    /// [`Ledger::spend`] (and park it again, with its first `since_ms`, if it is still
+    /// short).
+    Retry(T),
     /// Refuse the change of `token`: this shard had only `headroom` on its side.
     Refuse {
         /// The shell's handle.
@@ -275,8 +286,6 @@ pub enum Effect<T> {
         /// What to send.
         message: Message,
     },
-    /// Send `message` to every other shard of the counter.
-    Broadcast(Message),
 }
 
 /// The durable part of a shard's ledger: what [`Effect::Persist`] writes.
@@ -291,10 +300,36 @@ pub struct Durable {
     credits: BTreeMap<u16, Credits>,
 }
 
+impl Durable {
+    /// A ledger holding `shares` and no transfer.
+    pub fn with_shares(shares: [u64; 2]) -> Self {
+        Durable { shares, ..Default::default() }
+    }
+
+    /// The ledger of shard `index` of `shards` that never wrote one: its part of the
+    /// headroom around the counter's first value, 0.
+    pub fn initial(bounds: Bounds, index: u16, shards: u16) -> Result<Self, BoundsError> {
+        let shares = bounds.initial_shares(0, shards)?;
+        let share = shares.get(usize::from(index)).copied().unwrap_or_default();
+        Ok(Durable { shares: share, ..Default::default() })
+    }
+
+    /// The encoding kept in a shard image ([`crate::shard::ShardImage::escrow`]).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        crate::codec::encode(self)
+    }
+
+    /// Decodes what [`Durable::to_bytes`] wrote.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, crate::codec::DecodeError> {
+        crate::codec::decode("escrow ledger", bytes)
+    }
+}
+
 /// One shard's escrow: its shares, its transfers, the changes waiting for headroom.
 #[derive(Debug, Clone)]
 pub struct Ledger<T> {
     index: u16,
+    shards: u16,
     bounds: Bounds,
     tuning: Tuning,
     durable: Durable,
@@ -307,10 +342,12 @@ pub struct Ledger<T> {
 }
 
 impl<T> Ledger<T> {
-    /// The ledger of shard `index` of a counter with `bounds`, as last persisted.
-    pub fn new(index: u16, bounds: Bounds, tuning: Tuning, durable: Durable) -> Self {
+    /// The ledger of shard `index` of a counter with `shards` shards and `bounds`, as
+    /// last persisted.
+    pub fn new(index: u16, shards: u16, bounds: Bounds, tuning: Tuning, durable: Durable) -> Self {
         Ledger {
             index,
+            shards,
             bounds,
             tuning,
             durable,
@@ -340,33 +377,61 @@ impl<T> Ledger<T> {
         self.waiting.len()
     }
 
+    /// The changes waiting for headroom, in arrival order, leaving none.
+    pub fn into_waiting(self) -> Vec<T> {
+        self.waiting.into_iter().map(|(token, _, _)| token).collect()
+    }
+
+    /// Whether nothing waits and no transfer is unacknowledged: no tick is needed.
+    pub fn settled(&self) -> bool {
+        self.waiting.is_empty() && self.durable.outgoing.is_empty()
+    }
+
+    /// Spends a change of `delta` from its side's share (and adds it to the other
+    /// side's), or refuses it with the share held. A change that spends no guarded
+    /// side always passes. A small change may pass while a larger one waits: each is
+    /// admitted whole or not at all, never in part.
+    pub fn spend(&mut self, delta: i64) -> Result<(), u64> {
+        if let Some(side) = Side::spent_by(delta).filter(|s| self.bounds.guards(*s)) {
+            if self.share(side) < delta.unsigned_abs() {
+                #[cfg(feature = "planted-bugs")]
+                if crate::planted::active(crate::planted::Bug::EscrowOverspend) {
+                    self.durable.shares[side.slot()] = delta.unsigned_abs();
+                    self.apply(delta);
+                    return Ok(());
+                }
+                return Err(self.share(side));
+            }
+        }
+        self.apply(delta);
+        Ok(())
+    }
+
     /// Carries out `input` at `now_ms`.
     pub fn step(&mut self, now_ms: u64, input: Input<T>) -> Vec<Effect<T>> {
         let mut effects = Vec::new();
         match input {
-            Input::Change { delta, token } => self.change(now_ms, delta, token, &mut effects),
+            Input::Park { delta, token, since_ms } => self.park(now_ms, delta, token, since_ms, &mut effects),
             Input::Receive(message) => self.receive(now_ms, message, &mut effects),
             Input::Tick => self.tick(now_ms, &mut effects),
         }
         effects
     }
 
-    fn change(&mut self, now_ms: u64, delta: i64, token: T, effects: &mut Vec<Effect<T>>) {
+    fn park(&mut self, now_ms: u64, delta: i64, token: T, since_ms: u64, effects: &mut Vec<Effect<T>>) {
         let Some(side) = Side::spent_by(delta).filter(|s| self.bounds.guards(*s)) else {
-            self.apply(delta);
-            effects.push(Effect::Admit(token));
+            effects.push(Effect::Retry(token));
             return;
         };
-        if self.waiting.is_empty() && self.share(side) >= delta.unsigned_abs() {
-            self.apply(delta);
-            effects.push(Effect::Admit(token));
-            return;
-        }
-        if self.waiting.len() >= WAITING_MAX {
+        // A lone shard has no one to borrow from; a full queue takes no more; a change
+        // that waited its time already is refused.
+        let expired = now_ms >= since_ms.saturating_add(self.tuning.borrow_wait_ms);
+        if self.shards <= 1 || self.waiting.len() >= WAITING_MAX || expired {
             effects.push(Effect::Refuse { token, headroom: self.share(side) });
             return;
         }
-        self.waiting.push_back((token, delta, now_ms));
+        self.waiting.push_back((token, delta, since_ms));
+        self.retry_covered(effects);
         self.ask(now_ms, side, effects);
     }
 
@@ -403,22 +468,31 @@ impl<T> Ledger<T> {
         let lacking = self.waiting_on(side).saturating_sub(self.share(side));
         if due && lacking > 0 {
             self.asked_at_ms[side.slot()] = Some(now_ms);
-            effects.push(Effect::Broadcast(Message::Borrow { from: self.index, side, amount: lacking }));
+            let message = Message::Borrow { from: self.index, side, amount: lacking };
+            for to in (0..self.shards).filter(|to| *to != self.index) {
+                effects.push(Effect::Send { to, message });
+            }
         }
     }
 
-    /// Admits waiting changes in arrival order while the shares cover them.
-    fn admit_waiting(&mut self, effects: &mut Vec<Effect<T>>) {
-        while let Some((_, delta, _)) = self.waiting.front() {
-            let delta = *delta;
-            let covered = Side::spent_by(delta).is_none_or(|s| self.share(s) >= delta.unsigned_abs());
-            if !covered {
-                break;
+    /// Hands back, in arrival order, the waiting changes the shares now cover (each
+    /// side's queue stops at its first change not covered).
+    fn retry_covered(&mut self, effects: &mut Vec<Effect<T>>) {
+        let mut budget = self.durable.shares;
+        let mut blocked = [false; 2];
+        let mut kept = VecDeque::with_capacity(self.waiting.len());
+        for (token, delta, since) in std::mem::take(&mut self.waiting) {
+            let side = Side::spent_by(delta).expect("only a spending change waits");
+            let amount = delta.unsigned_abs();
+            if !blocked[side.slot()] && budget[side.slot()] >= amount {
+                budget[side.slot()] -= amount;
+                effects.push(Effect::Retry(token));
+            } else {
+                blocked[side.slot()] = true;
+                kept.push_back((token, delta, since));
             }
-            let (token, delta, _) = self.waiting.pop_front().expect("front exists");
-            self.apply(delta);
-            effects.push(Effect::Admit(token));
         }
+        self.waiting = kept;
     }
 
     fn next_seq(&self, to: u16) -> u64 {
@@ -444,7 +518,7 @@ impl<T> Ledger<T> {
     fn receive(&mut self, now_ms: u64, message: Message, effects: &mut Vec<Effect<T>>) {
         match message {
             Message::Borrow { from, side, amount } => {
-                if from == self.index || !self.bounds.guards(side) {
+                if from == self.index || from >= self.shards || !self.bounds.guards(side) {
                     return;
                 }
                 // A recipient remembers the transfers from the lowest one it has not
@@ -474,7 +548,7 @@ impl<T> Ledger<T> {
                 effects.push(Effect::Send { to: from, message: self.grant(from, seq, &o) });
             }
             Message::Grant { from, seq, side, amount, acked_below } => {
-                if from == self.index {
+                if from == self.index || from >= self.shards {
                     return;
                 }
                 let credits = self.durable.credits.entry(from).or_default();
@@ -491,7 +565,7 @@ impl<T> Ledger<T> {
                     credits.seen.insert(seq);
                     let share = &mut self.durable.shares[side.slot()];
                     *share = share.saturating_add(amount);
-                    self.admit_waiting(effects);
+                    self.retry_covered(effects);
                 }
                 // A repeated grant is acknowledged again: the first ack may be lost.
                 effects.push(Effect::Persist);
@@ -508,13 +582,15 @@ impl<T> Ledger<T> {
 
     fn tick(&mut self, now_ms: u64, effects: &mut Vec<Effect<T>>) {
         let wait = self.tuning.borrow_wait_ms;
-        while self.waiting.front().is_some_and(|(_, _, at)| now_ms >= at + wait) {
-            let (token, delta, _) = self.waiting.pop_front().expect("front exists");
+        let (expired, kept): (VecDeque<_>, VecDeque<_>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|(_, _, at)| now_ms >= at + wait);
+        self.waiting = kept;
+        for (token, delta, _) in expired {
             let side = Side::spent_by(delta).expect("only a spending change waits");
             effects.push(Effect::Refuse { token, headroom: self.share(side) });
         }
         // A change refused at the front may have held back smaller ones behind it.
-        self.admit_waiting(effects);
+        self.retry_covered(effects);
         for side in Side::ALL {
             if self.bounds.guards(side) {
                 self.ask(now_ms, side, effects);
@@ -542,7 +618,11 @@ mod tests {
     const MIN0: Bounds = Bounds { min: Some(0), max: None };
 
     fn ledger(index: u16, bounds: Bounds, share: [u64; 2]) -> Ledger<u32> {
-        Ledger::new(index, bounds, T, Durable { shares: share, ..Default::default() })
+        Ledger::new(index, 3, bounds, T, Durable { shares: share, ..Default::default() })
+    }
+
+    fn borrow(from: u16, amount: u64) -> Message {
+        Message::Borrow { from, side: Side::Down, amount }
     }
 
     #[test]
@@ -558,49 +638,81 @@ mod tests {
         assert_eq!(inverted.initial_shares(5, 1), Err(BoundsError::Inverted { min: 5, max: 4 }));
         let wide = Bounds { min: Some(i64::MIN), max: Some(i64::MAX) };
         assert_eq!(wide.initial_shares(0, 1).unwrap(), vec![[1 << 63, (1 << 63) - 1]]);
+        let quota = Bounds { min: None, max: Some(10) };
+        assert_eq!(Durable::initial(quota, 1, 4).unwrap().shares, [0, 3]);
+        assert_eq!(Durable::initial(quota, 3, 4).unwrap().shares, [0, 2]);
+        let d = Durable::initial(quota, 0, 4).unwrap();
+        assert_eq!(Durable::from_bytes(&d.to_bytes()), Ok(d));
     }
 
     #[test]
-    fn a_covered_change_is_admitted_and_moves_headroom_to_the_other_side() {
+    fn a_covered_change_is_spent_and_moves_headroom_to_the_other_side() {
         let mut l = ledger(0, Bounds { min: Some(0), max: Some(10) }, [5, 5]);
-        assert_eq!(l.step(0, Input::Change { delta: -3, token: 1 }), vec![Effect::Admit(1)]);
+        assert_eq!(l.spend(-3), Ok(()));
         assert_eq!((l.share(Side::Down), l.share(Side::Up)), (2, 8));
-        assert_eq!(l.step(0, Input::Change { delta: 8, token: 2 }), vec![Effect::Admit(2)]);
+        assert_eq!(l.spend(8), Ok(()));
         assert_eq!((l.share(Side::Down), l.share(Side::Up)), (10, 0));
+        assert_eq!(l.spend(1), Err(0));
         // An unguarded side is never spent.
         let mut free = ledger(0, MIN0, [0, 0]);
-        assert_eq!(free.step(0, Input::Change { delta: 7, token: 3 }), vec![Effect::Admit(3)]);
+        assert_eq!(free.spend(7), Ok(()));
         assert_eq!(free.share(Side::Down), 7);
     }
 
     #[test]
     fn a_short_change_waits_asks_and_is_refused_whole_after_the_wait() {
         let mut l = ledger(0, MIN0, [2, 0]);
-        let e = l.step(0, Input::Change { delta: -5, token: 1 });
-        assert_eq!(e, vec![Effect::Broadcast(Message::Borrow { from: 0, side: Side::Down, amount: 3 })]);
-        // A change behind it waits too, even one the share could cover: order is kept.
-        assert_eq!(l.step(1, Input::Change { delta: -1, token: 2 }), vec![]);
+        assert_eq!(l.spend(-5), Err(2));
+        let e = l.step(0, Input::Park { delta: -5, token: 1, since_ms: 0 });
+        let asks = [1, 2].map(|to| Effect::Send { to, message: borrow(0, 3) });
+        assert_eq!(e, asks.to_vec());
+        // A smaller change the share covers passes meanwhile; a second short one
+        // waits behind the first, and is handed back once the first is refused and a
+        // grant covers it.
+        assert_eq!(l.spend(-1), Ok(()));
+        assert_eq!(l.step(1, Input::Park { delta: -2, token: 2, since_ms: 1 }), vec![]);
         assert_eq!(l.waiting(), 2);
         let e = l.step(100, Input::Tick);
-        assert_eq!(e[0], Effect::Refuse { token: 1, headroom: 2 });
-        assert_eq!(e[1], Effect::Admit(2));
-        assert_eq!(l.share(Side::Down), 1);
+        assert_eq!(e[0], Effect::Refuse { token: 1, headroom: 1 });
+        assert_eq!(l.waiting(), 1);
+        let grant = Message::Grant { from: 2, seq: 0, side: Side::Down, amount: 1, acked_below: 0 };
+        assert_eq!(l.step(101, Input::Receive(grant))[0], Effect::Retry(2));
+        assert_eq!(l.spend(-2), Ok(()));
+        assert_eq!(l.share(Side::Down), 0);
+        // A change that already waited its time is refused at once when parked again.
+        assert_eq!(
+            l.step(300, Input::Park { delta: -4, token: 3, since_ms: 150 }),
+            vec![Effect::Refuse { token: 3, headroom: 0 }]
+        );
+    }
+
+    #[test]
+    fn a_lone_shard_refuses_at_once() {
+        let mut l: Ledger<u32> = Ledger::new(0, 1, MIN0, T, Durable { shares: [1, 0], ..Default::default() });
+        assert_eq!(l.spend(-2), Err(1));
+        assert_eq!(
+            l.step(0, Input::Park { delta: -2, token: 9, since_ms: 0 }),
+            vec![Effect::Refuse { token: 9, headroom: 1 }]
+        );
+        assert!(l.settled());
     }
 
     #[test]
     fn a_grant_is_persisted_before_it_is_sent_and_credited_once() {
         let mut donor = ledger(1, MIN0, [10, 0]);
         let mut short = ledger(0, MIN0, [0, 0]);
-        let ask = short.step(0, Input::Change { delta: -4, token: 7 });
-        let Effect::Broadcast(borrow) = ask[0] else { panic!("{ask:?}") };
-        let e = donor.step(1, Input::Receive(borrow));
+        assert_eq!(short.spend(-4), Err(0));
+        let ask = short.step(0, Input::Park { delta: -4, token: 7, since_ms: 0 });
+        let Effect::Send { to: 1, message: asked } = ask[0] else { panic!("{ask:?}") };
+        let e = donor.step(1, Input::Receive(asked));
         assert_eq!(e[0], Effect::Persist);
         let Effect::Send { to: 0, message: grant } = e[1] else { panic!("{e:?}") };
         assert_eq!(grant, Message::Grant { from: 1, seq: 0, side: Side::Down, amount: 4, acked_below: 0 });
         assert_eq!((donor.share(Side::Down), donor.in_flight(Side::Down)), (6, 4));
         let e = short.step(2, Input::Receive(grant));
-        assert_eq!(e[0], Effect::Admit(7));
+        assert_eq!(e[0], Effect::Retry(7));
         assert_eq!(e[1], Effect::Persist);
+        assert_eq!(short.spend(-4), Ok(()));
         // The same grant again (a resend whose ack was lost): acknowledged, not credited.
         let again = short.step(3, Input::Receive(grant));
         assert_eq!(
@@ -611,7 +723,7 @@ mod tests {
         donor.step(4, Input::Receive(Message::Ack { from: 0, seq: 0 }));
         assert_eq!(donor.in_flight(Side::Down), 0);
         // The donor's next grant says transfer 0 is settled: the recipient forgets it.
-        let e = donor.step(5, Input::Receive(Message::Borrow { from: 0, side: Side::Down, amount: 1 }));
+        let e = donor.step(5, Input::Receive(borrow(0, 1)));
         let Effect::Send { message: next, .. } = e[1] else { panic!("{e:?}") };
         assert_eq!(next, Message::Grant { from: 1, seq: 1, side: Side::Down, amount: 1, acked_below: 1 });
         short.step(6, Input::Receive(next));
@@ -624,27 +736,28 @@ mod tests {
     #[test]
     fn a_donor_keeps_half_of_what_it_does_not_need_itself() {
         let mut donor = ledger(1, MIN0, [9, 0]);
-        let e = donor.step(0, Input::Receive(Message::Borrow { from: 0, side: Side::Down, amount: 100 }));
+        let e = donor.step(0, Input::Receive(borrow(0, 100)));
         assert!(matches!(e[1], Effect::Send { message: Message::Grant { amount: 5, .. }, .. }));
         assert_eq!(donor.share(Side::Down), 4);
         // A donor with changes of its own waiting grants nothing beyond them.
         let mut busy = ledger(2, MIN0, [3, 0]);
-        busy.step(0, Input::Change { delta: -5, token: 1 });
-        assert_eq!(
-            busy.step(1, Input::Receive(Message::Borrow { from: 0, side: Side::Down, amount: 2 })),
-            vec![]
-        );
+        busy.step(0, Input::Park { delta: -5, token: 1, since_ms: 0 });
+        assert_eq!(busy.step(1, Input::Receive(borrow(0, 2))), vec![]);
+        // Nor does anyone answer a shard that is not of this counter.
+        assert_eq!(donor.step(2, Input::Receive(borrow(7, 1))), vec![]);
     }
 
     #[test]
     fn unacknowledged_grants_are_resent_until_acknowledged() {
         let mut donor = ledger(1, MIN0, [8, 0]);
-        donor.step(0, Input::Receive(Message::Borrow { from: 0, side: Side::Down, amount: 2 }));
+        donor.step(0, Input::Receive(borrow(0, 2)));
+        assert!(!donor.settled());
         let resent = donor.step(25, Input::Tick);
         assert_eq!(resent.len(), 1, "{resent:?}");
         assert_eq!(donor.step(30, Input::Tick), vec![], "resent again before resend_ms");
         donor.step(31, Input::Receive(Message::Ack { from: 0, seq: 0 }));
         assert_eq!(donor.step(60, Input::Tick), vec![]);
+        assert!(donor.settled());
     }
 
     /// Messages a delivery step of the model run delivers, at most.
@@ -673,7 +786,7 @@ mod tests {
                 let value = if i == 0 { start } else { 0 };
                 let durable = Durable { shares: *sh, ..Default::default() };
                 ModelShard {
-                    ledger: Ledger::new(i as u16, bounds, T, durable.clone()),
+                    ledger: Ledger::new(i as u16, shards, bounds, T, durable.clone()),
                     value,
                     persisted: (durable, value),
                 }
@@ -683,7 +796,7 @@ mod tests {
         let mut now = 0;
         let mut token = 0;
         let (mut admitted, mut refused) = (0u64, 0u64);
-        let mut pending: BTreeMap<u64, (usize, i64)> = BTreeMap::new();
+        let mut pending: BTreeMap<u64, (usize, i64, u64)> = BTreeMap::new();
         let total = |s: &[ModelShard]| s.iter().map(|m| m.value).sum::<i64>();
         for step in 0..steps + 2_000 {
             let draining = step >= steps;
@@ -693,8 +806,12 @@ mod tests {
                 0..=2 if !draining => {
                     token += 1;
                     let delta = rng.random_range(-6..=6);
-                    pending.insert(token, (at, delta));
-                    Input::Change { delta, token }
+                    pending.insert(token, (at, delta, now));
+                    let effects = vec![Effect::Retry(token)];
+                    carry_out(&mut s, at, now, effects, &mut net, &mut pending, &mut admitted, &mut refused);
+                    let v = total(&s);
+                    assert!(v >= 0 && v <= cap, "seed {seed}: total {v} outside 0..={cap}");
+                    continue;
                 }
                 3..=8 if !net.is_empty() => {
                     // The network is as fast as the shards: a step of 0–3 ms delivers
@@ -713,7 +830,16 @@ mod tests {
                         }
                         let to = usize::from(to);
                         let effects = s[to].ledger.step(now, Input::Receive(m));
-                        carry_out(&mut s, to, effects, &mut net, &mut pending, &mut admitted, &mut refused);
+                        carry_out(
+                            &mut s,
+                            to,
+                            now,
+                            effects,
+                            &mut net,
+                            &mut pending,
+                            &mut admitted,
+                            &mut refused,
+                        );
                         let v = total(&s);
                         assert!(v >= 0 && v <= cap, "seed {seed}: total {v} outside 0..={cap}");
                     }
@@ -723,15 +849,15 @@ mod tests {
                     // A crash: back to what was persisted; waiting changes are lost
                     // unanswered (their callers retry).
                     let (durable, value) = s[at].persisted.clone();
-                    s[at].ledger = Ledger::new(at as u16, bounds, T, durable);
+                    s[at].ledger = Ledger::new(at as u16, shards, bounds, T, durable);
                     s[at].value = value;
-                    pending.retain(|_, (shard, _)| *shard != at);
+                    pending.retain(|_, (shard, _, _)| *shard != at);
                     continue;
                 }
                 _ => Input::Tick,
             };
             let effects = s[at].ledger.step(now, input);
-            carry_out(&mut s, at, effects, &mut net, &mut pending, &mut admitted, &mut refused);
+            carry_out(&mut s, at, now, effects, &mut net, &mut pending, &mut admitted, &mut refused);
             assert!(total(&s) >= 0 && total(&s) <= cap, "seed {seed}: total {} outside 0..={cap}", total(&s));
         }
         // Drained: no transfer left in flight and no message on the wire, so the
@@ -745,12 +871,12 @@ mod tests {
             now += T.resend_ms;
             for at in 0..s.len() {
                 let effects = s[at].ledger.step(now, Input::Tick);
-                carry_out(&mut s, at, effects, &mut net, &mut pending, &mut admitted, &mut refused);
+                carry_out(&mut s, at, now, effects, &mut net, &mut pending, &mut admitted, &mut refused);
             }
             while let Some((to, m)) = net.pop() {
                 let to = usize::from(to);
                 let effects = s[to].ledger.step(now, Input::Receive(m));
-                carry_out(&mut s, to, effects, &mut net, &mut pending, &mut admitted, &mut refused);
+                carry_out(&mut s, to, now, effects, &mut net, &mut pending, &mut admitted, &mut refused);
             }
         }
         let v = total(&s);
@@ -762,22 +888,32 @@ mod tests {
         (admitted, refused)
     }
 
+    /// The shell of the model run: what a shard machine does with the ledger's
+    /// effects. A change handed back is spent if its share covers it, else parked
+    /// again with its first `since_ms`.
     #[allow(clippy::too_many_arguments)]
     fn carry_out(
         s: &mut [ModelShard],
         at: usize,
+        now: u64,
         effects: Vec<Effect<u64>>,
         net: &mut Vec<(u16, Message)>,
-        pending: &mut BTreeMap<u64, (usize, i64)>,
+        pending: &mut BTreeMap<u64, (usize, i64, u64)>,
         admitted: &mut u64,
         refused: &mut u64,
     ) {
-        for e in effects {
+        let mut queue: VecDeque<Effect<u64>> = effects.into();
+        while let Some(e) = queue.pop_front() {
             match e {
-                Effect::Admit(token) => {
-                    let (_, delta) = pending.remove(&token).expect("an admitted change was pending");
-                    s[at].value += delta;
-                    *admitted += 1;
+                Effect::Retry(token) => {
+                    let (_, delta, since_ms) = pending[&token];
+                    if s[at].ledger.spend(delta).is_ok() {
+                        pending.remove(&token);
+                        s[at].value += delta;
+                        *admitted += 1;
+                    } else {
+                        queue.extend(s[at].ledger.step(now, Input::Park { delta, token, since_ms }));
+                    }
                 }
                 Effect::Refuse { token, .. } => {
                     pending.remove(&token);
@@ -787,13 +923,6 @@ mod tests {
                 // batch.
                 Effect::Persist => s[at].persisted = (s[at].ledger.durable().clone(), s[at].value),
                 Effect::Send { to, message } => net.push((to, message)),
-                Effect::Broadcast(message) => {
-                    for to in 0..s.len() as u16 {
-                        if usize::from(to) != at {
-                            net.push((to, message));
-                        }
-                    }
-                }
             }
         }
     }

@@ -596,7 +596,7 @@ mod tests {
     }
 
     fn image(value: i64) -> ShardImage {
-        ShardImage { value, sketch: None, frequency: None, windows: None }
+        ShardImage { value, sketch: None, frequency: None, windows: None, escrow: None }
     }
 
     fn records(keys: &[&str]) -> Vec<(String, DedupRecord)> {

@@ -103,6 +103,9 @@ impl CounterMeta {
     /// A new counter with `spec` (validated).
     pub fn create(spec: CounterSpec, now_ms: u64) -> Result<Self, MetaError> {
         spec.validate()?;
+        if spec.min.is_some_and(|m| m > 0) || spec.max.is_some_and(|m| m < 0) {
+            return Err(SpecError::BoundsExcludeZero { min: spec.min, max: spec.max }.into());
+        }
         Ok(Self {
             spec,
             layout: Layout {
@@ -125,7 +128,7 @@ impl CounterMeta {
     /// Applies `patch`. A changed shard count starts a resharding; everything else
     /// takes effect at once. Returns whether anything changed.
     pub fn update(&mut self, patch: &SpecPatch) -> Result<bool, MetaError> {
-        let next = self.spec.patched(patch)?;
+        let next = self.spec.updated(patch)?;
         if next == self.spec {
             return Ok(false);
         }

@@ -46,6 +46,9 @@ pub enum Bug {
     /// Engine: a sealed generation's sketch is merged into the store beside a live
     /// shard actor, whose next commit writes its own sketch back over it.
     SketchMergeBesideLive,
+    /// Escrow: a shard short of headroom spends what it has and admits the increment
+    /// anyway, as if its share covered it.
+    EscrowOverspend,
     /// Replication: a replicated store answers a shard commit as soon as it is sent
     /// to its range group, before a quorum holds it durably.
     AckBeforeQuorumDurable,
@@ -77,13 +80,14 @@ impl Bug {
     /// two hand-off bugs live in `handoff_machine`; tier 1 runs that machine too, but
     /// cannot observe a forgotten seal (its metadata is never stale, so the layout
     /// refuses the sealed shard's writes anyway).
-    pub const ENGINE: [Bug; 6] = [
+    pub const ENGINE: [Bug; 7] = [
         Bug::EngineAckBeforeFlush,
         Bug::SealForgottenOnRestart,
         Bug::ReadIgnoresSeal,
         Bug::HandoffDeletesEarly,
         Bug::HandoffForgetsSeal,
         Bug::SketchMergeBesideLive,
+        Bug::EscrowOverspend,
     ];
 
     /// The bugs planted in shard replication (`tally-replica`, and the identity a
@@ -107,6 +111,7 @@ impl Bug {
             Bug::HandoffDeletesEarly => "handoff-deletes-early",
             Bug::HandoffForgetsSeal => "handoff-forgets-seal",
             Bug::SketchMergeBesideLive => "sketch-merge-beside-live",
+            Bug::EscrowOverspend => "escrow-overspend",
             Bug::AckBeforeQuorumDurable => "ack-before-quorum-durable",
             Bug::TwoLeadersAck => "two-leaders-ack",
             Bug::CatchUpSkipped => "catch-up-skipped",

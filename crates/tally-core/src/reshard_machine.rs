@@ -207,7 +207,7 @@ mod tests {
             s.insert_hash(member_hash(m));
             s.to_bytes()
         });
-        ShardImage { value, sketch, frequency: None, windows: None }
+        ShardImage { value, sketch, frequency: None, windows: None, escrow: None }
     }
 
     #[test]
@@ -272,7 +272,7 @@ mod tests {
         let with = |value, item: &str, weight| {
             let mut f = FrequencySketch::new(&spec).unwrap();
             f.add(item, weight);
-            ShardImage { value, sketch: None, frequency: Some(f.to_bytes()), windows: None }
+            ShardImage { value, sketch: None, frequency: Some(f.to_bytes()), windows: None, escrow: None }
         };
         let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
         m.step(ReshardInput::Sealed { index: 0, image: with(3, "x", 3) }).unwrap();
@@ -288,7 +288,8 @@ mod tests {
             vec![ReshardEffect::Complete { generation: 0, sealed_sum: 7 }]
         );
         let mut m = ReshardMachine::new(name(), &layout(0, 1, Some(2))).unwrap();
-        let bad = ShardImage { value: 1, sketch: None, frequency: Some(vec![9, 9]), windows: None };
+        let bad =
+            ShardImage { value: 1, sketch: None, frequency: Some(vec![9, 9]), windows: None, escrow: None };
         assert!(matches!(
             m.step(ReshardInput::Sealed { index: 0, image: bad }),
             Err(ReshardError::Frequency(_))
@@ -299,7 +300,13 @@ mod tests {
     fn a_merge_before_every_seal_is_ignored_and_a_bad_sketch_is_an_error() {
         let mut m = ReshardMachine::new(name(), &layout(0, 2, Some(1))).unwrap();
         assert_eq!(m.step(ReshardInput::Merged).unwrap(), vec![]);
-        let bad = ShardImage { value: 1, sketch: Some(vec![1, 2, 3]), frequency: None, windows: None };
+        let bad = ShardImage {
+            value: 1,
+            sketch: Some(vec![1, 2, 3]),
+            frequency: None,
+            windows: None,
+            escrow: None,
+        };
         assert!(m.step(ReshardInput::Sealed { index: 0, image: bad }).is_err());
         assert_eq!(m.step(ReshardInput::Outstanding).unwrap().len(), 2, "the bad answer was not taken");
     }

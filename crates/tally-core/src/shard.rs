@@ -118,6 +118,12 @@ pub enum Outcome {
     /// A sequenced increment from a writer with no mark in a shard that keeps
     /// [`crate::dedup::WRITERS_PER_SHARD_MAX`] marks already: refused, nothing counted.
     TooManyWriters,
+    /// Counting it would take a bounded counter past its bound, as far as this shard
+    /// could tell within its wait for headroom: refused, nothing counted.
+    BoundExceeded {
+        /// The headroom on the increment's side this shard held when it gave up.
+        headroom: u64,
+    },
 }
 
 /// The persisted state of one shard.
@@ -134,6 +140,10 @@ pub struct ShardImage {
     /// The shard's window buckets, encoded by [`crate::window::WindowState::to_bytes`];
     /// `None` for counters without `windows`.
     pub windows: Option<Vec<u8>>,
+    /// The shard's escrow ledger (its shares of a bounded counter's headroom and its
+    /// transfers), encoded by [`crate::escrow::Durable::to_bytes`]; `None` for
+    /// counters without bounds, and for a bounded counter's shard that never wrote.
+    pub escrow: Option<Vec<u8>>,
 }
 
 impl ShardImage {
@@ -231,12 +241,19 @@ impl Decision {
 /// store (current generation first, then sealed generations). Records created earlier
 /// in the same batch take precedence, so a batch holding one event id twice counts it
 /// once. `state` is updated in place to the post-batch state.
+///
+/// `spend` is asked for every fresh single increment that would be counted: a bounded
+/// counter's escrow ([`crate::escrow::Ledger::spend`]) answers the headroom it holds
+/// when it cannot cover the delta, and the increment is then
+/// [`Outcome::BoundExceeded`], counted nowhere. (Drained sums are never asked: they
+/// were acknowledged already, and a bounded counter is `sync`, so it has none.)
 pub fn decide(
     state: &mut ShardState,
     batch: &[Submission],
     prior: &BTreeMap<String, DedupRecord>,
     now_ms: u64,
     window_ms: u64,
+    spend: &mut dyn FnMut(i64) -> Result<(), u64>,
 ) -> Decision {
     let before = state.value;
     let mut d = Decision { value: state.value, ..Decision::default() };
@@ -312,9 +329,10 @@ pub fn decide(
                         Outcome::Duplicate
                     }
                     Verdict::Conflict { recorded_delta } => Outcome::Conflict { recorded_delta },
-                    Verdict::Fresh => match check_direct(d.value, *delta) {
+                    Verdict::Fresh => match check_direct(d.value, *delta).map(|next| (next, spend(*delta))) {
                         Err(o) => Outcome::Overflow(o),
-                        Ok(next) => {
+                        Ok((_, Err(headroom))) => Outcome::BoundExceeded { headroom },
+                        Ok((next, Ok(()))) => {
                             d.value = next;
                             d.applied_increments += 1;
                             d.change_abs = d.change_abs.saturating_add(delta.unsigned_abs());
@@ -381,7 +399,7 @@ mod tests {
             single(-5, None),
             single(7, Some("e-1")),
         ];
-        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W);
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W, &mut |_| Ok(()));
         assert_eq!(d.value, 302);
         assert_eq!(s.value, 302);
         assert_eq!(d.outcomes, vec![Outcome::Applied; 3]);
@@ -393,7 +411,7 @@ mod tests {
     fn an_event_id_counts_once_per_batch_and_across_batches() {
         let mut s = ShardState::default();
         let batch = [single(1, Some("e")), single(1, Some("e")), single(2, Some("e"))];
-        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W);
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W, &mut |_| Ok(()));
         assert_eq!(d.value, 1);
         assert_eq!(
             d.outcomes,
@@ -401,11 +419,11 @@ mod tests {
         );
         assert_eq!(d.duplicates, 1);
         let prior: BTreeMap<_, _> = d.dedup_put.into_iter().collect();
-        let d2 = decide(&mut s, &[single(1, Some("e"))], &prior, 20, W);
+        let d2 = decide(&mut s, &[single(1, Some("e"))], &prior, 20, W, &mut |_| Ok(()));
         assert_eq!((d2.value, d2.outcomes[0]), (1, Outcome::Duplicate));
         assert!(!d2.writes(1), "a pure duplicate writes nothing");
         // After the window the same id counts again.
-        let d3 = decide(&mut s, &[single(1, Some("e"))], &prior, 10 + W, W);
+        let d3 = decide(&mut s, &[single(1, Some("e"))], &prior, 10 + W, W, &mut |_| Ok(()));
         assert_eq!((d3.value, d3.outcomes[0]), (2, Outcome::Applied));
     }
 
@@ -418,10 +436,10 @@ mod tests {
             members: vec![],
             drain_id: Some(format!("{DRAIN_ID_PREFIX}n1:7")),
         };
-        let d = decide(&mut s, &[drain(30), drain(30)], &BTreeMap::new(), 10, W);
+        let d = decide(&mut s, &[drain(30), drain(30)], &BTreeMap::new(), 10, W, &mut |_| Ok(()));
         assert_eq!((d.value, d.outcomes.clone()), (30, vec![Outcome::Applied, Outcome::Duplicate]));
         let prior: BTreeMap<_, _> = d.dedup_put.into_iter().collect();
-        let d2 = decide(&mut s, &[drain(30)], &prior, 20, W);
+        let d2 = decide(&mut s, &[drain(30)], &prior, 20, W, &mut |_| Ok(()));
         assert_eq!((d2.value, d2.outcomes[0]), (30, Outcome::Duplicate));
         assert_eq!(window_for("~drain:x", W), DRAIN_DEDUP_WINDOW_MS);
         assert_eq!(window_for("e-1", W), W);
@@ -436,7 +454,14 @@ mod tests {
             writer_marks: 0,
             windows: None,
         };
-        let d = decide(&mut s, &[single(1, Some("e")), single(-1, None)], &BTreeMap::new(), 0, W);
+        let d = decide(
+            &mut s,
+            &[single(1, Some("e")), single(-1, None)],
+            &BTreeMap::new(),
+            0,
+            W,
+            &mut |_| Ok(()),
+        );
         assert!(matches!(d.outcomes[0], Outcome::Overflow(_)));
         assert_eq!(d.outcomes[1], Outcome::Applied);
         assert!(d.dedup_put.is_empty(), "a refused increment must stay retryable");
@@ -474,7 +499,7 @@ mod tests {
                 drain_id: None,
             },
         ];
-        let d = decide(&mut s, &batch, &BTreeMap::new(), 0, W);
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 0, W, &mut |_| Ok(()));
         assert!(d.sketch_changed);
         assert_eq!(s.sketch.as_ref().unwrap().estimate(), 2);
     }
@@ -535,7 +560,7 @@ mod tests {
             sequenced(5, "v", 10),
             sequenced(1, "w", 1),
         ];
-        let d = decide(&mut s, &batch, &BTreeMap::new(), 7, W);
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 7, W, &mut |_| Ok(()));
         assert_eq!(
             d.outcomes,
             vec![
@@ -559,12 +584,12 @@ mod tests {
         assert_eq!(s.writer_marks, 2);
         // The next batch finds w's mark in the store: 3 is next, 2 is a retry.
         let prior = BTreeMap::from([("~seq:w".to_owned(), DedupRecord { delta: 2, applied_at_ms: 7 })]);
-        let d = decide(&mut s, &[sequenced(1, "w", 2), sequenced(1, "w", 3)], &prior, 8, W);
+        let d = decide(&mut s, &[sequenced(1, "w", 2), sequenced(1, "w", 3)], &prior, 8, W, &mut |_| Ok(()));
         assert_eq!(d.outcomes, vec![Outcome::Duplicate, Outcome::Applied]);
         assert_eq!(d.dedup_put, vec![("~seq:w".to_owned(), DedupRecord { delta: 3, applied_at_ms: 8 })]);
         assert_eq!((d.value, s.writer_marks), (8, 2), "a stored mark is not a new writer");
         // A refused or duplicate sequence writes nothing.
-        let d = decide(&mut s, &[sequenced(1, "w", 9), sequenced(1, "w", 1)], &prior, 9, W);
+        let d = decide(&mut s, &[sequenced(1, "w", 9), sequenced(1, "w", 1)], &prior, 9, W, &mut |_| Ok(()));
         assert_eq!(d.outcomes, vec![Outcome::OutOfOrder { expected: 3 }, Outcome::Duplicate]);
         assert!(!d.writes(8));
     }
@@ -573,11 +598,12 @@ mod tests {
     fn a_shard_full_of_writers_refuses_new_ones_only() {
         let mut s = ShardState { writer_marks: crate::dedup::WRITERS_PER_SHARD_MAX, ..ShardState::default() };
         let prior = BTreeMap::from([("~seq:old".to_owned(), DedupRecord { delta: 4, applied_at_ms: 1 })]);
-        let d = decide(&mut s, &[sequenced(1, "new", 1), sequenced(1, "old", 5)], &prior, 2, W);
+        let d =
+            decide(&mut s, &[sequenced(1, "new", 1), sequenced(1, "old", 5)], &prior, 2, W, &mut |_| Ok(()));
         assert_eq!(d.outcomes, vec![Outcome::TooManyWriters, Outcome::Applied]);
         assert_eq!((d.value, s.writer_marks), (1, crate::dedup::WRITERS_PER_SHARD_MAX));
         // An expired mark still in the store is overwritten, not counted again.
-        let d = decide(&mut s, &[sequenced(1, "old", 99)], &prior, 2 + W, W);
+        let d = decide(&mut s, &[sequenced(1, "old", 99)], &prior, 2 + W, W, &mut |_| Ok(()));
         assert_eq!(d.outcomes, vec![Outcome::Applied]);
         assert_eq!(s.writer_marks, crate::dedup::WRITERS_PER_SHARD_MAX);
     }
@@ -593,6 +619,7 @@ mod tests {
             &BTreeMap::new(),
             1,
             W,
+            &mut |_| Ok(()),
         );
         assert_eq!(d.outcomes, vec![Outcome::Applied, Outcome::Duplicate, Outcome::Applied]);
         assert_eq!(d.dedup_put.len(), 2);

@@ -21,14 +21,19 @@
 //! event id.
 
 use crate::dedup::{is_mark_id, DedupRecord};
+use crate::escrow::{self, Bounds, Durable, Ledger, Tuning};
 use crate::frequency::{FrequencySketch, FrequencySpec};
 use crate::shard::{
-    decide, ShardImage, ShardReply, ShardState, ShardWrite, Submission, COMMIT_SUBMISSIONS_MAX,
+    decide, Outcome, ShardImage, ShardReply, ShardState, ShardWrite, Submission, COMMIT_SUBMISSIONS_MAX,
 };
 use crate::sketch::DistinctSketch;
 use crate::spec::Durability;
 use crate::window::{state_for, WindowSet, WindowState};
 use std::collections::{BTreeMap, VecDeque};
+
+/// How often a shell sends [`Input::EscrowTick`] to a shard whose escrow is not
+/// settled, in milliseconds.
+pub const ESCROW_TICK_MS: u64 = 20;
 
 /// What the machine needs of its counter's metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +48,21 @@ pub struct ShardParams {
     pub frequency: Option<FrequencySpec>,
     /// The sliding windows whose buckets the shard keeps.
     pub windows: WindowSet,
+    /// The counter's bounds: with either, the shard keeps an escrow ledger
+    /// ([`crate::escrow`]) and spends its share for every increment it counts.
+    pub bounds: Bounds,
+    /// This shard's index in its generation.
+    pub shard: u16,
+    /// How many shards its generation has.
+    pub shards: u16,
 }
+
+/// A message between two shards of one bounded counter, for shard `.0`.
+pub type EscrowSend = (u16, escrow::Message);
+
+/// A submission waiting in a queue: with the time it first found its shard's escrow
+/// share short, if it did.
+pub type Queued<R> = (Submission, R, Option<u64>);
 
 /// One thing that happened to a shard.
 #[derive(Debug)]
@@ -91,6 +110,12 @@ pub enum Input<R> {
         /// Their ids.
         expired: Vec<String>,
     },
+    /// A message from another shard of the same bounded counter.
+    Escrow(escrow::Message),
+    /// Time passed: submissions waiting for headroom may expire, escrow grants be
+    /// resent, borrow requests repeated. A shell sends it every
+    /// [`ESCROW_TICK_MS`] while [`ShardMachine::escrow_settled`] is false.
+    EscrowTick,
     /// The counter's metadata changed. `sealed` is true once the shard's generation is
     /// no longer the current one.
     MetaChanged {
@@ -122,6 +147,9 @@ pub enum Effect<R> {
         write: ShardWrite,
         /// Answers that wait for durability.
         durable: Vec<(R, ShardReply)>,
+        /// Escrow messages that wait for durability too: the ledger state they come
+        /// from is in this write.
+        sends: Vec<EscrowSend>,
         /// Absolute change of the value (the rollup counts it before the write).
         change_abs: u64,
         /// Submissions the write decides (0 for a merge or a sweep).
@@ -137,6 +165,15 @@ pub enum Effect<R> {
     /// Answer after the next flush that starts from now (answers of a `sync` batch
     /// that wrote nothing: the records they matched may not be durable yet).
     ReplyAfterFlush(Vec<(R, ShardReply)>),
+    /// Send escrow messages to other shards of the counter: now, or (`after_flush`)
+    /// after the next flush that starts from now, because the ledger state they come
+    /// from is written but may not be durable yet.
+    Escrow {
+        /// The messages, each for shard `.0`.
+        sends: Vec<EscrowSend>,
+        /// Whether they wait for a flush.
+        after_flush: bool,
+    },
     /// Read the shard from the store and answer with [`Input::Reloaded`]: a write
     /// failed, so what the machine decided is not what the store holds.
     Reload,
@@ -156,13 +193,15 @@ enum Phase<R> {
     /// Nothing.
     Idle,
     /// The records of this batch.
-    LookingUp(Vec<(Submission, R)>),
+    LookingUp(Vec<Queued<R>>),
     /// The write of a batch, whose other answers go out once it is applied.
     Writing(Vec<(R, ShardReply)>),
     /// The write of a merge.
     Merging,
     /// The write of a sweep, removing this many writer marks.
     Sweeping(u64),
+    /// The write of the escrow ledger alone.
+    Persisting,
     /// The image, after a failed write.
     Reloading,
 }
@@ -194,7 +233,17 @@ pub struct ShardMachine<R> {
     /// A window carry waiting for the machine to be idle (the first one asked for).
     windows_waiting: Option<WindowState>,
     /// Submissions not yet taken into a batch.
-    pending: VecDeque<(Submission, R)>,
+    pending: VecDeque<Queued<R>>,
+    /// The escrow ledger of a bounded counter's shard: submissions short of headroom
+    /// wait in it.
+    escrow: Option<Ledger<Queued<R>>>,
+    /// The ledger changed since the last write started: the next write carries it.
+    escrow_dirty: bool,
+    /// Escrow messages that wait for the next write to start (it carries the ledger
+    /// state they come from).
+    outbox: Vec<EscrowSend>,
+    /// Escrow messages that wait for the write in flight to be applied.
+    outbox_applied: Vec<EscrowSend>,
     commit_scheduled: bool,
     phase: Phase<R>,
     /// A failed write could not be undone: nothing more is decided.
@@ -209,6 +258,7 @@ impl<R> ShardMachine<R> {
         let frequency = frequency_of(&params, &image);
         let windows = windows_of(&params, &image);
         let windows_bytes = encoded_windows(&params, &windows, image.windows);
+        let escrow = ledger_of(&params, image.escrow.as_deref());
         Self {
             params,
             state: ShardState { value: image.value, sketch, frequency, windows, writer_marks: 0 },
@@ -221,6 +271,10 @@ impl<R> ShardMachine<R> {
             carry_waiting: None,
             windows_waiting: None,
             pending: VecDeque::new(),
+            escrow,
+            escrow_dirty: false,
+            outbox: Vec::new(),
+            outbox_applied: Vec::new(),
             commit_scheduled: false,
             phase: Phase::Idle,
             broken: false,
@@ -251,7 +305,19 @@ impl<R> ShardMachine<R> {
             sketch: self.sketch_bytes.clone(),
             frequency: self.frequency_bytes.clone(),
             windows: self.windows_bytes.clone(),
+            escrow: self.escrow.as_ref().map(|l| l.durable().to_bytes()),
         }
+    }
+
+    /// The escrow ledger, for a bounded counter's shard.
+    pub fn escrow(&self) -> Option<&Ledger<Queued<R>>> {
+        self.escrow.as_ref()
+    }
+
+    /// Whether the escrow needs no [`Input::EscrowTick`]: nothing waits for headroom,
+    /// no transfer is unacknowledged, no escrow message waits to be sent.
+    pub fn escrow_settled(&self) -> bool {
+        self.escrow.as_ref().is_none_or(Ledger::settled) && !self.escrow_dirty
     }
 
     /// The shard's window buckets as decided (`None` for a counter without windows,
@@ -267,7 +333,10 @@ impl<R> ShardMachine<R> {
 
     /// Whether nothing is queued or in flight: the shard may stop.
     pub fn quiet(&self) -> bool {
-        self.pending.is_empty() && matches!(self.phase, Phase::Idle) && !self.seal_waiting
+        self.pending.is_empty()
+            && matches!(self.phase, Phase::Idle)
+            && !self.seal_waiting
+            && self.escrow_settled()
     }
 
     /// Whether this copy stopped deciding (see [`Effect::Stop`]).
@@ -287,14 +356,14 @@ impl<R> ShardMachine<R> {
                 if self.sealed {
                     out.push(Effect::Reply { to: reply, reply: ShardReply::Sealed });
                 } else {
-                    self.pending.push_back((sub, reply));
+                    self.pending.push_back((sub, reply, None));
                 }
             }
             Input::CommitDue { writable } => {
                 self.commit_scheduled = false;
                 if matches!(self.phase, Phase::Idle) && !self.pending.is_empty() {
                     let take = self.pending.len().min(COMMIT_SUBMISSIONS_MAX);
-                    let batch: Vec<(Submission, R)> = self.pending.drain(..take).collect();
+                    let batch: Vec<Queued<R>> = self.pending.drain(..take).collect();
                     if writable {
                         let ids = record_ids(&batch);
                         if ids.is_empty() {
@@ -313,20 +382,32 @@ impl<R> ShardMachine<R> {
                     }
                 }
             }
-            Input::Applied { ok } => match std::mem::replace(&mut self.phase, Phase::Idle) {
-                Phase::Writing(replies) if ok => {
-                    out.extend(replies.into_iter().map(|(to, reply)| Effect::Reply { to, reply }));
+            Input::Applied { ok } => {
+                let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+                let written = matches!(
+                    phase,
+                    Phase::Writing(_) | Phase::Merging | Phase::Sweeping(_) | Phase::Persisting
+                );
+                if written && ok && !self.outbox_applied.is_empty() {
+                    let sends = std::mem::take(&mut self.outbox_applied);
+                    out.push(Effect::Escrow { sends, after_flush: true });
                 }
-                Phase::Merging if ok => out.push(Effect::Merged),
-                Phase::Sweeping(marks) if ok => {
-                    self.state.writer_marks = self.state.writer_marks.saturating_sub(marks);
+                match phase {
+                    Phase::Writing(replies) if ok => {
+                        out.extend(replies.into_iter().map(|(to, reply)| Effect::Reply { to, reply }));
+                    }
+                    Phase::Merging if ok => out.push(Effect::Merged),
+                    Phase::Sweeping(marks) if ok => {
+                        self.state.writer_marks = self.state.writer_marks.saturating_sub(marks);
+                    }
+                    Phase::Persisting if ok => {}
+                    Phase::Writing(_) | Phase::Merging | Phase::Sweeping(_) | Phase::Persisting => {
+                        self.phase = Phase::Reloading;
+                        out.push(Effect::Reload);
+                    }
+                    other => self.phase = other,
                 }
-                Phase::Writing(_) | Phase::Merging | Phase::Sweeping(_) => {
-                    self.phase = Phase::Reloading;
-                    out.push(Effect::Reload);
-                }
-                other => self.phase = other,
-            },
+            }
             Input::Reloaded(image) => {
                 if matches!(self.phase, Phase::Reloading) {
                     self.phase = Phase::Idle;
@@ -343,10 +424,17 @@ impl<R> ShardMachine<R> {
                                 ShardState { value: image.value, sketch, frequency, windows, writer_marks };
                             self.sketch_bytes = image.sketch;
                             self.frequency_bytes = image.frequency;
+                            // The ledger goes back to what is stored; messages from
+                            // the state that was not are never sent. Submissions that
+                            // waited in it wait again.
+                            self.reload_escrow(image.escrow.as_deref());
                         }
                         None => {
                             self.broken = true;
                             self.pending.clear();
+                            self.escrow = None;
+                            self.outbox.clear();
+                            self.outbox_applied.clear();
                             self.merge_waiting = None;
                             self.carry_waiting = None;
                             self.windows_waiting = None;
@@ -376,7 +464,26 @@ impl<R> ShardMachine<R> {
                     let write =
                         ShardWrite { image: self.image(), dedup_put: Vec::new(), dedup_remove: expired };
                     self.phase = Phase::Sweeping(marks);
-                    out.push(Effect::Write { write, durable: Vec::new(), change_abs: 0, submissions: 0 });
+                    let sends = self.escrow_written();
+                    out.push(Effect::Write {
+                        write,
+                        durable: Vec::new(),
+                        sends,
+                        change_abs: 0,
+                        submissions: 0,
+                    });
+                }
+            }
+            Input::Escrow(message) => {
+                if let Some(ledger) = self.escrow.as_mut() {
+                    let effects = ledger.step(now_ms, escrow::Input::Receive(message));
+                    self.escrow_effects(effects, &mut out);
+                }
+            }
+            Input::EscrowTick => {
+                if let Some(ledger) = self.escrow.as_mut() {
+                    let effects = ledger.step(now_ms, escrow::Input::Tick);
+                    self.escrow_effects(effects, &mut out);
                 }
             }
             Input::MetaChanged { params, sealed } => {
@@ -421,6 +528,15 @@ impl<R> ShardMachine<R> {
                 self.commit_scheduled = true;
                 out.push(Effect::ScheduleCommit);
             }
+            return;
+        }
+        if self.escrow_dirty {
+            // A transfer granted or credited, or acknowledged: the ledger is written
+            // before any message that follows from it goes out.
+            self.phase = Phase::Persisting;
+            let sends = self.escrow_written();
+            let write = ShardWrite { image: self.image(), ..ShardWrite::default() };
+            out.push(Effect::Write { write, durable: Vec::new(), sends, change_abs: 0, submissions: 0 });
             return;
         }
         let (distinct, frequency) = (self.merge_waiting.take(), self.carry_waiting.take());
@@ -468,6 +584,7 @@ impl<R> ShardMachine<R> {
                 out.push(Effect::Write {
                     write: ShardWrite { image: self.image(), ..ShardWrite::default() },
                     durable: Vec::new(),
+                    sends: self.escrow_written(),
                     change_abs: 0,
                     submissions: 0,
                 });
@@ -485,13 +602,21 @@ impl<R> ShardMachine<R> {
     fn decide(
         &mut self,
         now_ms: u64,
-        batch: Vec<(Submission, R)>,
+        batch: Vec<Queued<R>>,
         prior: &BTreeMap<String, DedupRecord>,
         out: &mut Vec<Effect<R>>,
     ) {
-        let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
+        let subs: Vec<Submission> = batch.iter().map(|(s, _, _)| s.clone()).collect();
         let before = self.state.value;
-        let d = decide(&mut self.state, &subs, prior, now_ms, self.params.dedup_window_ms);
+        let d = match self.escrow.as_mut() {
+            Some(ledger) => {
+                let mut spend = |delta: i64| ledger.spend(delta);
+                decide(&mut self.state, &subs, prior, now_ms, self.params.dedup_window_ms, &mut spend)
+            }
+            None => {
+                decide(&mut self.state, &subs, prior, now_ms, self.params.dedup_window_ms, &mut |_| Ok(()))
+            }
+        };
         let writes = d.writes(before);
         // Buffered sums were acknowledged already, so they are answered once the write
         // is applied. `sync` single increments wait for the flush: a duplicate's too,
@@ -499,8 +624,13 @@ impl<R> ShardMachine<R> {
         let sync = self.params.durability == Durability::Sync;
         #[cfg(feature = "planted-bugs")]
         let sync = sync && !crate::planted::active(crate::planted::Bug::AckBeforeFlush);
-        let (mut now, mut durable) = (Vec::new(), Vec::new());
-        for ((sub, reply), outcome) in batch.into_iter().zip(d.outcomes) {
+        let (mut now, mut durable, mut short) = (Vec::new(), Vec::new(), Vec::new());
+        for ((sub, reply, since), outcome) in batch.into_iter().zip(d.outcomes) {
+            if let Outcome::BoundExceeded { .. } = outcome {
+                // Short of headroom: nothing was counted; it waits for grants.
+                short.push((sub, reply, since));
+                continue;
+            }
             let done = ShardReply::Done { outcome, value: d.value };
             if sync && matches!(sub, Submission::Single { .. }) {
                 durable.push((reply, done));
@@ -508,6 +638,7 @@ impl<R> ShardMachine<R> {
                 now.push((reply, done));
             }
         }
+        self.park(now_ms, short, out);
         if !writes {
             out.extend(now.into_iter().map(|(to, reply)| Effect::Reply { to, reply }));
             if !durable.is_empty() {
@@ -524,10 +655,107 @@ impl<R> ShardMachine<R> {
         if d.windows_changed {
             self.windows_bytes = self.state.windows.as_ref().map(WindowState::to_bytes);
         }
+        let sends = self.escrow_written();
         let write = ShardWrite { image: self.image(), dedup_put: d.dedup_put, dedup_remove: Vec::new() };
         self.phase = Phase::Writing(now);
-        out.push(Effect::Write { write, durable, change_abs: d.change_abs, submissions: subs.len() });
+        out.push(Effect::Write { write, durable, sends, change_abs: d.change_abs, submissions: subs.len() });
     }
+
+    /// Parks submissions short of headroom in the ledger, each since it first was.
+    fn park(&mut self, now_ms: u64, short: Vec<Queued<R>>, out: &mut Vec<Effect<R>>) {
+        let Some(ledger) = self.escrow.as_mut() else {
+            debug_assert!(short.is_empty(), "only an escrow refuses for headroom");
+            return;
+        };
+        let mut effects = Vec::new();
+        for (sub, reply, since) in short {
+            let Submission::Single { delta, .. } = sub else {
+                unreachable!("a drained sum is never refused for headroom")
+            };
+            let since_ms = since.unwrap_or(now_ms);
+            let token = (sub, reply, Some(since_ms));
+            effects.extend(ledger.step(now_ms, escrow::Input::Park { delta, token, since_ms }));
+        }
+        self.escrow_effects(effects, out);
+    }
+
+    /// Carries out what the ledger asks: submissions it hands back are decided again
+    /// first, refused ones are answered, and messages wait for the ledger state they
+    /// come from to be durable.
+    fn escrow_effects(&mut self, effects: Vec<escrow::Effect<Queued<R>>>, out: &mut Vec<Effect<R>>) {
+        let mut retry = Vec::new();
+        let mut now = Vec::new();
+        let mut after_flush = Vec::new();
+        for e in effects {
+            match e {
+                escrow::Effect::Retry(queued) => retry.push(queued),
+                escrow::Effect::Refuse { token: (_, to, _), headroom } => {
+                    let outcome = Outcome::BoundExceeded { headroom };
+                    out.push(Effect::Reply {
+                        to,
+                        reply: ShardReply::Done { outcome, value: self.state.value },
+                    });
+                }
+                escrow::Effect::Persist => self.escrow_dirty = true,
+                escrow::Effect::Send { to, message } => {
+                    if matches!(message, escrow::Message::Borrow { .. }) {
+                        // A request carries no state of this shard's.
+                        now.push((to, message));
+                    } else if self.escrow_dirty {
+                        self.outbox.push((to, message));
+                    } else if !matches!(self.phase, Phase::Idle) {
+                        self.outbox_applied.push((to, message));
+                    } else {
+                        after_flush.push((to, message));
+                    }
+                }
+            }
+        }
+        for queued in retry.into_iter().rev() {
+            self.pending.push_front(queued);
+        }
+        if !now.is_empty() {
+            out.push(Effect::Escrow { sends: now, after_flush: false });
+        }
+        if !after_flush.is_empty() {
+            out.push(Effect::Escrow { sends: after_flush, after_flush: true });
+        }
+    }
+
+    /// The messages the write being started carries: the ledger is in it.
+    fn escrow_written(&mut self) -> Vec<EscrowSend> {
+        self.escrow_dirty = false;
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Takes the ledger back to `stored` after a failed write: what was not written
+    /// is forgotten, messages from it are dropped, and the submissions that waited in
+    /// the forgotten ledger are decided again.
+    fn reload_escrow(&mut self, stored: Option<&[u8]>) {
+        let Some(old) = self.escrow.take() else { return };
+        self.escrow = ledger_of(&self.params, stored);
+        self.escrow_dirty = false;
+        self.outbox.clear();
+        self.outbox_applied.clear();
+        for queued in old.into_waiting().into_iter().rev() {
+            self.pending.push_front(queued);
+        }
+    }
+}
+
+/// The escrow ledger a bounded counter's shard starts from: the stored one, or its
+/// initial share of the headroom when it never wrote one. Stored bytes that do not
+/// decode give no headroom at all: the shard refuses what it cannot prove it may
+/// admit. `None` for a counter without bounds.
+fn ledger_of<R>(params: &ShardParams, stored: Option<&[u8]>) -> Option<Ledger<Queued<R>>> {
+    if !params.bounds.any() {
+        return None;
+    }
+    let durable = match stored {
+        Some(bytes) => Durable::from_bytes(bytes).unwrap_or_default(),
+        None => Durable::initial(params.bounds, params.shard, params.shards).unwrap_or_default(),
+    };
+    Some(Ledger::new(params.shard, params.shards, params.bounds, Tuning::default(), durable))
 }
 
 /// The frequency sketch a shard starts from: the stored one, or an empty one when the
@@ -575,10 +803,10 @@ fn encoded_windows(
 }
 
 /// The dedup ids of a batch (event ids and drain ids), each once, in order.
-fn record_ids<R>(batch: &[(Submission, R)]) -> Vec<String> {
+fn record_ids<R>(batch: &[Queued<R>]) -> Vec<String> {
     let mut seen = std::collections::BTreeSet::new();
     let mut ids = Vec::new();
-    for id in batch.iter().filter_map(|(sub, _)| sub.record_id()) {
+    for id in batch.iter().filter_map(|(sub, _, _)| sub.record_id()) {
         if seen.insert(id) {
             ids.push(id.to_owned());
         }
@@ -601,13 +829,16 @@ mod tests {
             distinct: false,
             frequency: None,
             windows: crate::window::WindowSet::NONE,
+            bounds: Bounds::default(),
+            shard: 0,
+            shards: 1,
         }
     }
 
     fn machine(durability: Durability, value: i64) -> ShardMachine<u32> {
         ShardMachine::new(
             params(durability),
-            ShardImage { value, sketch: None, frequency: None, windows: None },
+            ShardImage { value, sketch: None, frequency: None, windows: None, escrow: None },
             None,
             false,
         )
@@ -637,10 +868,13 @@ mod tests {
         assert_eq!(m.step(NOW, Input::Submit { sub: single(2, None), reply: 2 }), vec![]);
         let effects = m.step(NOW, Input::CommitDue { writable: true });
         let write = ShardWrite {
-            image: ShardImage { value: 13, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value: 13, sketch: None, frequency: None, windows: None, escrow: None },
             ..ShardWrite::default()
         };
-        assert_eq!(effects, vec![Effect::Write { write, durable: vec![], change_abs: 3, submissions: 2 }]);
+        assert_eq!(
+            effects,
+            vec![Effect::Write { write, durable: vec![], sends: vec![], change_abs: 3, submissions: 2 }]
+        );
         // Batched answers go out once applied.
         assert_eq!(
             m.step(NOW, Input::Applied { ok: true }),
@@ -668,7 +902,7 @@ mod tests {
         let prior = BTreeMap::from([("e2".to_owned(), record(7))]);
         let effects = m.step(NOW, Input::Priors(Some(prior)));
         let write = ShardWrite {
-            image: ShardImage { value: 9, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value: 9, sketch: None, frequency: None, windows: None, escrow: None },
             dedup_put: vec![("e1".into(), record(5)), ("~drain:a".into(), record(4))],
             dedup_remove: vec![],
         };
@@ -681,6 +915,7 @@ mod tests {
                     (2, done(Outcome::Duplicate, 9)),
                     (3, done(Outcome::Duplicate, 9)),
                 ],
+                sends: vec![],
                 change_abs: 9,
                 submissions: 4,
             }]
@@ -721,12 +956,12 @@ mod tests {
             vec![Effect::Reply { to: 1, reply: done(Outcome::Applied, 1) }, Effect::ScheduleCommit]
         );
         let write = ShardWrite {
-            image: ShardImage { value: 3, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value: 3, sketch: None, frequency: None, windows: None, escrow: None },
             ..ShardWrite::default()
         };
         assert_eq!(
             m.step(NOW, Input::CommitDue { writable: true }),
-            vec![Effect::Write { write, durable: vec![], change_abs: 2, submissions: 1 }]
+            vec![Effect::Write { write, durable: vec![], sends: vec![], change_abs: 2, submissions: 1 }]
         );
     }
 
@@ -741,7 +976,7 @@ mod tests {
         let effects = m.step(
             NOW,
             Input::Reloaded(Some((
-                ShardImage { value: 10, sketch: None, frequency: None, windows: None },
+                ShardImage { value: 10, sketch: None, frequency: None, windows: None, escrow: None },
                 None,
             ))),
         );
@@ -788,7 +1023,13 @@ mod tests {
             m.step(NOW, Input::Applied { ok: true }),
             vec![
                 Effect::Reply { to: 1, reply: done(Outcome::Applied, 5) },
-                Effect::Sealed(ShardImage { value: 5, sketch: None, frequency: None, windows: None }),
+                Effect::Sealed(ShardImage {
+                    value: 5,
+                    sketch: None,
+                    frequency: None,
+                    windows: None,
+                    escrow: None
+                }),
             ]
         );
         assert!(m.sealed() && m.quiet());
@@ -807,7 +1048,7 @@ mod tests {
         let p = ShardParams { distinct: true, ..params(Durability::Sync) };
         let mut m: ShardMachine<u32> = ShardMachine::new(
             p,
-            ShardImage { value: 7, sketch: None, frequency: None, windows: None },
+            ShardImage { value: 7, sketch: None, frequency: None, windows: None, escrow: None },
             None,
             false,
         );
@@ -817,13 +1058,19 @@ mod tests {
             NOW,
             Input::MergeSketch { distinct: Some(incoming.clone()), frequency: None, windows: None },
         );
-        let image =
-            ShardImage { value: 7, sketch: Some(incoming.to_bytes()), frequency: None, windows: None };
+        let image = ShardImage {
+            value: 7,
+            sketch: Some(incoming.to_bytes()),
+            frequency: None,
+            windows: None,
+            escrow: None,
+        };
         assert_eq!(
             effects,
             vec![Effect::Write {
                 write: ShardWrite { image, ..ShardWrite::default() },
                 durable: vec![],
+                sends: vec![],
                 change_abs: 0,
                 submissions: 0
             }]
@@ -841,11 +1088,14 @@ mod tests {
         let mut m = machine(Durability::Batched, 2);
         let effects = m.step(NOW, Input::Sweep { expired: vec!["old".into()] });
         let write = ShardWrite {
-            image: ShardImage { value: 2, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value: 2, sketch: None, frequency: None, windows: None, escrow: None },
             dedup_put: vec![],
             dedup_remove: vec!["old".into()],
         };
-        assert_eq!(effects, vec![Effect::Write { write, durable: vec![], change_abs: 0, submissions: 0 }]);
+        assert_eq!(
+            effects,
+            vec![Effect::Write { write, durable: vec![], sends: vec![], change_abs: 0, submissions: 0 }]
+        );
         assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![]);
         assert!(m.quiet());
     }
@@ -873,7 +1123,7 @@ mod tests {
         let p = ShardParams { distinct: true, ..params(Durability::Batched) };
         let mut m: ShardMachine<u32> = ShardMachine::new(
             p,
-            ShardImage { value: 1, sketch: None, frequency: None, windows: None },
+            ShardImage { value: 1, sketch: None, frequency: None, windows: None, escrow: None },
             None,
             false,
         );
@@ -884,7 +1134,7 @@ mod tests {
         m.step(
             NOW,
             Input::Reloaded(Some((
-                ShardImage { value: 1, sketch: None, frequency: None, windows: None },
+                ShardImage { value: 1, sketch: None, frequency: None, windows: None, escrow: None },
                 None,
             ))),
         );
@@ -894,7 +1144,7 @@ mod tests {
         m.step(
             NOW,
             Input::Reloaded(Some((
-                ShardImage { value: 1, sketch: None, frequency: None, windows: None },
+                ShardImage { value: 1, sketch: None, frequency: None, windows: None, escrow: None },
                 None,
             ))),
         );
@@ -907,7 +1157,8 @@ mod tests {
         let p = ShardParams { distinct: true, ..params(Durability::Batched) };
         let mut x = DistinctSketch::new();
         x.insert_hash(crate::sketch::member_hash("x"));
-        let image = ShardImage { value: 0, sketch: Some(x.to_bytes()), frequency: None, windows: None };
+        let image =
+            ShardImage { value: 0, sketch: Some(x.to_bytes()), frequency: None, windows: None, escrow: None };
         let mut m: ShardMachine<u32> = ShardMachine::new(p, image, Some(x.clone()), false);
         m.step(NOW, Input::MetaChanged { params: p, sealed: false });
         assert!(!m.sealed());
@@ -1016,6 +1267,9 @@ mod window_tests {
             distinct: true,
             frequency: None,
             windows: WindowSet::parse(&["1m", "1h"]).unwrap(),
+            bounds: Bounds::default(),
+            shard: 0,
+            shards: 1,
         }
     }
 
@@ -1093,5 +1347,142 @@ mod window_tests {
         assert_eq!(next.windows().unwrap().read(hour, 6 * MIN).unwrap().total, 4);
         let stored = next.image().decode_windows().unwrap().unwrap();
         assert_eq!(stored.read(hour, 6 * MIN).unwrap().total, 4);
+    }
+}
+
+#[cfg(test)]
+mod escrow_tests {
+    use super::*;
+    use crate::escrow::{Message, Side};
+    use crate::shard::Outcome;
+
+    const NOW: u64 = 1_000;
+
+    /// Shard `shard` of 3 of a `sync` counter with `min = 0`, holding `value` and a
+    /// share of `share`.
+    fn bounded(shard: u16, value: i64, share: u64) -> ShardMachine<u32> {
+        let params = ShardParams {
+            durability: Durability::Sync,
+            dedup_window_ms: 60_000,
+            distinct: false,
+            frequency: None,
+            windows: crate::window::WindowSet::NONE,
+            bounds: Bounds { min: Some(0), max: None },
+            shard,
+            shards: 3,
+        };
+        let ledger = Durable::with_shares([share, 0]);
+        let image = ShardImage { value, escrow: Some(ledger.to_bytes()), ..ShardImage::default() };
+        ShardMachine::new(params, image, None, false)
+    }
+
+    fn single(delta: i64) -> Submission {
+        Submission::Single { delta, event_id: None, member: None, item: None, seq: None }
+    }
+
+    /// Submits and commits; returns the effects of the commit.
+    fn commit(m: &mut ShardMachine<u32>, now: u64, subs: &[(i64, u32)]) -> Vec<Effect<u32>> {
+        for (delta, reply) in subs {
+            m.step(now, Input::Submit { sub: single(*delta), reply: *reply });
+        }
+        m.step(now, Input::CommitDue { writable: true })
+    }
+
+    fn escrow_of(write: &ShardWrite) -> Durable {
+        Durable::from_bytes(write.image.escrow.as_deref().expect("a bounded shard writes its ledger"))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_covered_decrement_spends_the_share_in_the_same_write() {
+        let mut m = bounded(0, 10, 4);
+        let e = commit(&mut m, NOW, &[(-3, 1), (5, 2)]);
+        let [Effect::Write { write, durable, sends, .. }] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!(write.image.value, 12);
+        assert_eq!(escrow_of(write).shares, [6, 0], "4 − 3 spent, then 5 earned");
+        assert_eq!(durable.len(), 2);
+        assert!(sends.is_empty());
+    }
+
+    #[test]
+    fn a_short_decrement_waits_asks_the_others_and_is_refused_after_the_wait() {
+        let mut m = bounded(0, 10, 2);
+        let e = commit(&mut m, NOW, &[(-5, 1)]);
+        let borrow = Message::Borrow { from: 0, side: Side::Down, amount: 3 };
+        assert_eq!(e, vec![Effect::Escrow { sends: vec![(1, borrow), (2, borrow)], after_flush: false }]);
+        assert!(!m.escrow_settled() && !m.quiet());
+        assert_eq!(m.value(), 10, "nothing counted");
+        let wait = Tuning::default().borrow_wait_ms;
+        let e = m.step(NOW + wait, Input::EscrowTick);
+        let refused = ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 2 }, value: 10 };
+        assert_eq!(e, vec![Effect::Reply { to: 1, reply: refused }]);
+        assert!(m.escrow_settled() && m.quiet());
+    }
+
+    #[test]
+    fn a_grant_admits_the_waiting_decrement_and_its_ack_waits_for_the_write() {
+        let mut m = bounded(0, 10, 2);
+        commit(&mut m, NOW, &[(-5, 1)]);
+        let grant = Message::Grant { from: 2, seq: 0, side: Side::Down, amount: 3, acked_below: 0 };
+        let e = m.step(NOW + 5, Input::Escrow(grant));
+        assert_eq!(e, vec![Effect::ScheduleCommit], "the decrement is decided again; the ack waits");
+        let e = m.step(NOW + 5, Input::CommitDue { writable: true });
+        let [Effect::Write { write, durable, sends, .. }] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!(write.image.value, 5);
+        assert_eq!(escrow_of(write).shares, [0, 0]);
+        assert_eq!(durable.len(), 1);
+        assert_eq!(sends, &vec![(2, Message::Ack { from: 0, seq: 0 })], "sent after this write's flush");
+    }
+
+    #[test]
+    fn a_donor_writes_its_debit_before_the_grant_goes_out() {
+        let mut donor = bounded(1, 0, 10);
+        let e = donor.step(NOW, Input::Escrow(Message::Borrow { from: 0, side: Side::Down, amount: 4 }));
+        let [Effect::Write { write, sends, .. }] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!(escrow_of(write).shares, [6, 0]);
+        assert!(matches!(sends.as_slice(), [(0, Message::Grant { amount: 4, .. })]), "{sends:?}");
+        // A borrow arriving while that write is in flight is granted from the ledger
+        // in memory; its grant waits for the next write, which carries it.
+        let e = donor.step(NOW, Input::Escrow(Message::Borrow { from: 2, side: Side::Down, amount: 2 }));
+        assert_eq!(e, vec![]);
+        let e = donor.step(NOW, Input::Applied { ok: true });
+        let [Effect::Write { write, sends, .. }] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!(escrow_of(write).shares, [4, 0]);
+        assert!(matches!(sends.as_slice(), [(2, Message::Grant { amount: 2, .. })]), "{sends:?}");
+    }
+
+    #[test]
+    fn a_failed_write_forgets_the_ledger_it_carried_and_its_messages() {
+        let mut donor = bounded(1, 0, 10);
+        donor.step(NOW, Input::Escrow(Message::Borrow { from: 0, side: Side::Down, amount: 4 }));
+        assert_eq!(donor.step(NOW, Input::Applied { ok: false }), vec![Effect::Reload]);
+        let stored = bounded(1, 0, 10).image();
+        let e = donor.step(NOW, Input::Reloaded(Some((stored, None))));
+        assert_eq!(e, vec![]);
+        assert_eq!(donor.escrow().unwrap().share(Side::Down), 10, "the debit was never durable");
+        assert!(donor.escrow_settled());
+    }
+
+    #[test]
+    fn a_lone_shard_refuses_at_once() {
+        let mut m = bounded(0, 1, 1);
+        m.params.shards = 1;
+        m.escrow = ledger_of(&m.params, Some(&Durable::with_shares([1, 0]).to_bytes()));
+        let e = commit(&mut m, NOW, &[(-2, 7)]);
+        let refused = ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 1 }, value: 1 };
+        assert_eq!(e, vec![Effect::Reply { to: 7, reply: refused }]);
+    }
+
+    #[test]
+    fn a_shard_that_never_wrote_starts_from_its_part_of_the_headroom() {
+        let params = ShardParams {
+            bounds: Bounds { min: None, max: Some(10) },
+            shard: 2,
+            shards: 4,
+            ..bounded(0, 0, 0).params
+        };
+        let m: ShardMachine<u32> = ShardMachine::new(params, ShardImage::default(), None, false);
+        assert_eq!(m.escrow().unwrap().share(Side::Up), 2);
+        assert!(m.image().escrow.is_some());
     }
 }

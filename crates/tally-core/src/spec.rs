@@ -115,6 +115,11 @@ pub struct CounterSpec {
     /// Sliding windows whose totals (and, with `distinct`, members) each shard keeps
     /// in time buckets ([`crate::window`]); empty for none.
     pub windows: WindowSet,
+    /// The lowest value the counter may take: an increment that would take it lower
+    /// is refused ([`crate::escrow`]). Set when the counter is created, never changed.
+    pub min: Option<i64>,
+    /// The highest value the counter may take, likewise.
+    pub max: Option<i64>,
 }
 
 impl Default for CounterSpec {
@@ -129,6 +134,8 @@ impl Default for CounterSpec {
             dedup_window_s: DEDUP_WINDOW_S_DEFAULT,
             frequency: None,
             windows: WindowSet::NONE,
+            min: None,
+            max: None,
         }
     }
 }
@@ -158,6 +165,10 @@ pub struct SpecPatch {
     /// New set of windows: windows kept keep their buckets, new ones start empty,
     /// dropped ones are forgotten.
     pub windows: Option<WindowSet>,
+    /// The lower bound, on create only (an update may name the current one).
+    pub min: Option<i64>,
+    /// The upper bound, on create only (an update may name the current one).
+    pub max: Option<i64>,
 }
 
 /// The bounds of a counter whose shard count follows contention (`shards: "auto"`).
@@ -292,6 +303,49 @@ pub enum SpecError {
         /// The current δ, formatted.
         delta: String,
     },
+    /// `min` above `max`.
+    #[error("min {min} is above max {max}")]
+    BoundsInverted {
+        /// The lower bound.
+        min: i64,
+        /// The upper bound.
+        max: i64,
+    },
+    /// A bounded counter must answer an increment only once a shard admitted it.
+    #[error(
+        "a counter with min or max must have durability \"sync\": a batched increment is acknowledged \
+         before any shard could refuse it"
+    )]
+    BoundedNeedsSync,
+    /// A new counter starts at 0, which must lie within its bounds.
+    #[error(
+        "a new counter starts at 0, outside min {min:?} and max {max:?}; add an offset to the bounds instead"
+    )]
+    BoundsExcludeZero {
+        /// The lower bound.
+        min: Option<i64>,
+        /// The upper bound.
+        max: Option<i64>,
+    },
+    /// `shards: "auto"` on a counter with bounds.
+    #[error(
+        "a counter with min or max keeps the shard count it was created with; give a number, not \"auto\""
+    )]
+    BoundedAuto,
+    /// Bounds are set when a counter is created and never change; neither does a
+    /// bounded counter's shard count (its shards' headroom shares are per shard).
+    #[error(
+        "min and max are set when a counter is created and never change, nor does the shard count of a \
+         counter that has them (now min {min:?}, max {max:?}, {shards} shards); create a new counter"
+    )]
+    BoundsFixed {
+        /// The current lower bound.
+        min: Option<i64>,
+        /// The current upper bound.
+        max: Option<i64>,
+        /// The current shard count.
+        shards: u16,
+    },
 }
 
 fn range(field: &'static str, got: u64, min: u64, max: u64) -> Result<(), SpecError> {
@@ -313,7 +367,25 @@ impl CounterSpec {
         if let Some(f) = &self.frequency {
             f.validate()?;
         }
+        if let (Some(min), Some(max)) = (self.min, self.max) {
+            if min > max {
+                return Err(SpecError::BoundsInverted { min, max });
+            }
+        }
+        if self.bounded() && self.durability != Durability::Sync {
+            return Err(SpecError::BoundedNeedsSync);
+        }
         Ok(())
+    }
+
+    /// Whether the counter has a `min` or a `max`.
+    pub fn bounded(&self) -> bool {
+        self.min.is_some() || self.max.is_some()
+    }
+
+    /// The counter's bounds, as the escrow keeps them.
+    pub fn bounds(&self) -> crate::escrow::Bounds {
+        crate::escrow::Bounds { min: self.min, max: self.max }
     }
 
     /// This spec with `patch` applied, validated.
@@ -336,8 +408,22 @@ impl CounterSpec {
             dedup_window_s: patch.dedup_window_s.unwrap_or(self.dedup_window_s),
             frequency: patch.frequency.or(self.frequency),
             windows: patch.windows.unwrap_or(self.windows),
+            min: patch.min.or(self.min),
+            max: patch.max.or(self.max),
         };
         next.validate()?;
+        Ok(next)
+    }
+
+    /// This spec with `patch` applied to a live counter: as [`CounterSpec::patched`],
+    /// and bounds (and a bounded counter's shard count) stay as they are.
+    pub fn updated(&self, patch: &SpecPatch) -> Result<Self, SpecError> {
+        let next = self.patched(patch)?;
+        let moved =
+            (next.min, next.max) != (self.min, self.max) || (self.bounded() && next.shards != self.shards);
+        if moved {
+            return Err(SpecError::BoundsFixed { min: self.min, max: self.max, shards: self.shards });
+        }
         Ok(next)
     }
 
@@ -459,6 +545,41 @@ mod tests {
         assert!(serde_json::from_str::<SpecPatch>(r#"{"windows": ["1y"]}"#).is_err());
         let e: SpecError = WindowSet::parse(&["1m", "1m"]).unwrap_err().into();
         assert!(e.to_string().contains("named twice"), "{e}");
+    }
+
+    #[test]
+    fn bounds_are_checked_and_fixed_once_the_counter_exists() {
+        let sync = Some(Durability::Sync);
+        let p = SpecPatch { min: Some(0), durability: sync, ..Default::default() };
+        let s = CounterSpec::default().patched(&p).unwrap();
+        assert_eq!((s.min, s.max, s.bounded()), (Some(0), None, true));
+        let batched = SpecPatch { min: Some(0), ..Default::default() };
+        assert_eq!(CounterSpec::default().patched(&batched), Err(SpecError::BoundedNeedsSync));
+        let inverted = SpecPatch { min: Some(5), max: Some(4), durability: sync, ..Default::default() };
+        assert_eq!(
+            CounterSpec::default().patched(&inverted),
+            Err(SpecError::BoundsInverted { min: 5, max: 4 })
+        );
+        // An update keeps them: naming the same is fine, another or a new one is not.
+        assert_eq!(s.updated(&p).unwrap(), s);
+        let fixed = SpecError::BoundsFixed { min: Some(0), max: None, shards: 8 };
+        for bad in [
+            SpecPatch { min: Some(-1), ..Default::default() },
+            SpecPatch { max: Some(10), ..Default::default() },
+            SpecPatch { shards: Some(16), ..Default::default() },
+            SpecPatch { durability: Some(Durability::Batched), ..Default::default() },
+        ] {
+            let got = s.updated(&bad);
+            assert!(got == Err(fixed.clone()) || got == Err(SpecError::BoundedNeedsSync), "{bad:?}: {got:?}");
+        }
+        let unbounded = CounterSpec::default();
+        assert!(unbounded.updated(&SpecPatch { max: Some(3), ..Default::default() }).is_err());
+        assert_eq!(
+            unbounded.updated(&SpecPatch { shards: Some(3), ..Default::default() }).unwrap().shards,
+            3
+        );
+        let json: SpecPatch = serde_json::from_str(r#"{"min": 0, "max": 1000}"#).unwrap();
+        assert_eq!((json.min, json.max), (Some(0), Some(1000)));
     }
 
     #[test]

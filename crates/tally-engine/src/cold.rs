@@ -54,7 +54,11 @@ impl Ctx {
         sub: &Submission,
     ) -> Option<ractor::concurrency::OneshotReceiver<ShardReply>> {
         let slot = &rt.slots[usize::from(index)];
-        if !slot.cold.load(SeqCst) || self.remote(id).is_some() || self.directory.contains_key(id) {
+        // A bounded counter is `sync`, so it drains nothing; its shards run in actors,
+        // which hold waiting increments and take escrow messages.
+        let bounded = rt.meta.spec.bounded();
+        if bounded || !slot.cold.load(SeqCst) || self.remote(id).is_some() || self.directory.contains_key(id)
+        {
             return None;
         }
         let lock = Arc::new(tokio::sync::Mutex::new(()));

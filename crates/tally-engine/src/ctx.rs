@@ -30,6 +30,7 @@ use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX,
 use tally_core::router::{route_with_member, RouteKey};
 use tally_core::shard::ShardReply;
 use tally_core::shard::{Outcome, Submission};
+use tally_core::shard_machine::EscrowSend;
 use tally_core::sketch::member_hash;
 use tally_core::spec::{Durability, RouterPolicy};
 use tally_core::{CounterName, ShardId};
@@ -524,6 +525,10 @@ impl Ctx {
                 writer: inc.writer.clone().unwrap_or_default(),
                 max: tally_core::dedup::WRITERS_PER_SHARD_MAX,
             }),
+            Outcome::BoundExceeded { headroom } => {
+                self.stats.bound_refusals.inc();
+                Err(TallyError::bound_exceeded(&rt.name, &rt.meta.spec, inc.delta, headroom))
+            }
         }
     }
 
@@ -799,6 +804,57 @@ impl Ctx {
         self.flusher.commit(id.clone(), write, None).await?;
         self.flusher.flush().await?;
         Ok(())
+    }
+
+    /// Sends escrow messages from shard `from` to other shards of its counter and
+    /// generation, wherever they live, without waiting for them: the escrow is built
+    /// for lost messages (a grant is resent until acknowledged, a request repeated).
+    pub(crate) fn send_escrow(
+        self: &Arc<Self>,
+        from: &ShardId,
+        meta: &Arc<CounterMeta>,
+        sends: Vec<EscrowSend>,
+    ) {
+        for (to, message) in sends {
+            let id = ShardId::new(from.counter.clone(), from.generation, to);
+            self.stats.escrow_messages.inc();
+            if matches!(message, tally_core::escrow::Message::Grant { .. }) {
+                self.stats.escrow_grants_sent.inc();
+            }
+            let (ctx, meta) = (self.clone(), meta.clone());
+            tokio::spawn(async move {
+                if let Err(e) = ctx.deliver_escrow(&id, &meta, message).await {
+                    tracing::debug!(shard = %id, error = %e, "escrow message not delivered");
+                }
+            });
+        }
+    }
+
+    async fn deliver_escrow(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+        message: tally_core::escrow::Message,
+    ) -> Result<(), TallyError> {
+        if let Some((placement, node)) = self.remote(id) {
+            let request = ShardRequest::Escrow { id: id.clone(), meta_version: meta.version, message };
+            return match placement.call(&node, request).await? {
+                ShardResponse::Done => Ok(()),
+                other => Err(unexpected(&node, id, other)),
+            };
+        }
+        self.escrow_local(id, meta, message).await
+    }
+
+    /// Hands an escrow message to the local actor of shard `id`.
+    pub(crate) async fn escrow_local(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+        message: tally_core::escrow::Message,
+    ) -> Result<(), TallyError> {
+        let actor = self.shard(id, meta).await?;
+        actor.send_message(ShardMsg::Escrow(message)).map_err(|e| unavailable(id, &e.to_string()))
     }
 
     /// Sends a submission to its shard and waits for the answer.

@@ -140,6 +140,24 @@ pub enum TallyError {
         /// The bound.
         max: u64,
     },
+    /// The increment would take a bounded counter past its bound, as far as the shard
+    /// it reached could tell within its wait for headroom: nothing was counted.
+    #[error(
+        "counter {counter:?} refused {delta}: it would cross the counter's {bound} ({limit}); \
+         the shard it reached held {headroom} of headroom on that side"
+    )]
+    BoundExceeded {
+        /// The counter.
+        counter: String,
+        /// The increment's delta.
+        delta: i64,
+        /// `"min"` or `"max"`.
+        bound: &'static str,
+        /// The bound's value.
+        limit: i64,
+        /// The headroom the shard held when it gave up.
+        headroom: u64,
+    },
     /// A top-k read asked for no items or more than the summary keeps.
     #[error("k must be between 1 and {max} (got {got})")]
     TopK {
@@ -176,6 +194,20 @@ pub enum TallyError {
 }
 
 impl TallyError {
+    /// A shard of `counter` (with `spec`) refused `delta` holding `headroom`.
+    pub(crate) fn bound_exceeded(
+        counter: &impl ToString,
+        spec: &tally_core::spec::CounterSpec,
+        delta: i64,
+        headroom: u64,
+    ) -> Self {
+        let (bound, limit) = match delta < 0 {
+            true => ("min", spec.min.unwrap_or(i64::MIN)),
+            false => ("max", spec.max.unwrap_or(i64::MAX)),
+        };
+        Self::BoundExceeded { counter: counter.to_string(), delta, bound, limit, headroom }
+    }
+
     /// The stable machine-readable code of this error.
     pub fn code(&self) -> &'static str {
         match self {
@@ -203,6 +235,7 @@ impl TallyError {
             Self::InvalidSequence(_) => "invalid_sequence",
             Self::OutOfOrderSequence { .. } => "out_of_order_sequence",
             Self::TooManyWriters { .. } => "too_many_writers",
+            Self::BoundExceeded { .. } => "bound_exceeded",
             Self::Window(e) => e.code(),
         }
     }
@@ -214,7 +247,7 @@ impl TallyError {
             Self::FrequencyOff(_) | Self::AutoProposalStale { .. } => 409,
             Self::AutoShardsUnsupported | Self::AutoCountersFull { .. } => 422,
             Self::InvalidSequence(_) | Self::Window(_) => 400,
-            Self::OutOfOrderSequence { .. } => 409,
+            Self::OutOfOrderSequence { .. } | Self::BoundExceeded { .. } => 409,
             Self::TooManyWriters { .. } => 429,
             Self::NegativeWeight { .. } => 422,
             Self::NotFound(_) => 404,

@@ -35,6 +35,10 @@ pub(crate) enum ShardMsg {
     MetaChanged(Arc<CounterMeta>),
     /// Periodic housekeeping.
     Tick,
+    /// A message from another shard of the same bounded counter.
+    Escrow(tally_core::escrow::Message),
+    /// The escrow's timers (sent to itself while its escrow is not settled).
+    EscrowTick,
 }
 
 impl ractor::Message for ShardMsg {}

@@ -80,6 +80,17 @@ pub enum ShardRequest {
         /// The placement epoch of the change.
         epoch: u64,
     },
+    /// An escrow message from another shard of the same bounded counter and
+    /// generation (`tally_core::escrow`); answered once handed to the shard, not
+    /// once it acted on it.
+    Escrow {
+        /// The recipient shard.
+        id: ShardId,
+        /// The sender's metadata version.
+        meta_version: u64,
+        /// The message.
+        message: tally_core::escrow::Message,
+    },
 }
 
 impl ShardRequest {
@@ -93,7 +104,8 @@ impl ShardRequest {
             | ShardRequest::Delete { id }
             | ShardRequest::MergeSketch { id, .. }
             | ShardRequest::HandOff { id, .. }
-            | ShardRequest::Adopt { id, .. } => id,
+            | ShardRequest::Adopt { id, .. }
+            | ShardRequest::Escrow { id, .. } => id,
         }
     }
 }

@@ -214,6 +214,9 @@ pub(crate) async fn reconcile(
             ShardReply::Done { outcome: Outcome::OutOfOrder { .. } | Outcome::TooManyWriters, .. } => {
                 return Err(TallyError::InvalidSequence("a correction carries no sequence"))
             }
+            ShardReply::Done { outcome: Outcome::BoundExceeded { headroom }, .. } => {
+                return Err(TallyError::bound_exceeded(name, &rt.meta.spec, delta, headroom));
+            }
             ShardReply::Sealed => {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 rt = ctx.refresh(&rt).await?;

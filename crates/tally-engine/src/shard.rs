@@ -28,7 +28,7 @@ use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
 use tally_core::shard::window_for;
 use tally_core::shard::Submission;
-use tally_core::shard_machine::{Effect, Input, ShardMachine, ShardParams};
+use tally_core::shard_machine::{Effect, EscrowSend, Input, ShardMachine, ShardParams, ESCROW_TICK_MS};
 use tally_core::sketch::DistinctSketch;
 use tally_core::window::WindowState;
 use tally_core::ShardId;
@@ -63,6 +63,8 @@ pub(crate) struct ShardActorState {
     last_sweep_ms: u64,
     sweep_after: Option<String>,
     ticker: Option<tokio::task::JoinHandle<()>>,
+    /// An escrow tick is on its way (see [`ShardMachine::escrow_settled`]).
+    escrow_tick_due: bool,
 }
 
 fn corrupt_sketch(id: &ShardId, e: impl std::fmt::Display) -> StoreError {
@@ -72,13 +74,21 @@ fn corrupt_sketch(id: &ShardId, e: impl std::fmt::Display) -> StoreError {
     }
 }
 
-fn params(meta: &CounterMeta) -> ShardParams {
+fn params(meta: &CounterMeta, id: &ShardId) -> ShardParams {
+    let layout = &meta.layout;
+    let shards = match layout.sealed.iter().find(|g| g.generation == id.generation) {
+        Some(sealed) => sealed.shards,
+        None => layout.shards,
+    };
     ShardParams {
         durability: meta.spec.durability,
         dedup_window_ms: meta.spec.dedup_window_ms(),
         distinct: meta.spec.distinct,
         frequency: meta.spec.frequency,
         windows: meta.spec.windows,
+        bounds: meta.spec.bounds(),
+        shard: id.index,
+        shards,
     }
 }
 
@@ -126,7 +136,7 @@ impl Actor for ShardActor {
         let now = ctx.now_ms();
         let first_sweep_ms = now.saturating_sub(ctx.config.dedup_sweep_ms);
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
-        let mut machine = ShardMachine::new(params(&meta), image, sketch, sealed);
+        let mut machine = ShardMachine::new(params(&meta, &id), image, sketch, sealed);
         machine.set_writer_marks(count_marks(&ctx, &id)?);
         Ok(ShardActorState {
             machine,
@@ -142,6 +152,7 @@ impl Actor for ShardActor {
             last_sweep_ms: first_sweep_ms,
             sweep_after: None,
             ticker: Some(ticker),
+            escrow_tick_due: false,
         })
     }
 
@@ -223,14 +234,26 @@ impl Actor for ShardActor {
                 }
                 let sealed = state.id.generation < meta.layout.generation;
                 state.meta = meta;
-                Input::MetaChanged { params: params(&state.meta), sealed }
+                Input::MetaChanged { params: params(&state.meta, &state.id), sealed }
             }
             ShardMsg::Tick => match state.tick(&myself).await {
                 Some(input) => input,
                 None => return Ok(()),
             },
+            ShardMsg::Escrow(message) => {
+                state.last_active_ms = state.ctx.now_ms();
+                Input::Escrow(message)
+            }
+            ShardMsg::EscrowTick => {
+                state.escrow_tick_due = false;
+                Input::EscrowTick
+            }
         };
         state.run(&myself, input).await;
+        if !state.machine.escrow_settled() && !state.escrow_tick_due {
+            state.escrow_tick_due = true;
+            myself.send_after(Duration::from_millis(ESCROW_TICK_MS), || ShardMsg::EscrowTick);
+        }
         Ok(())
     }
 }
@@ -256,7 +279,7 @@ impl ShardActorState {
         if let Some(meta) = newest.filter(|m| m.version > self.meta.version) {
             let sealed = self.id.generation < meta.layout.generation;
             self.meta = meta;
-            let input = Input::MetaChanged { params: params(&self.meta), sealed };
+            let input = Input::MetaChanged { params: params(&self.meta, &self.id), sealed };
             self.run(myself, input).await;
         }
         self.id.generation <= self.meta.layout.generation
@@ -276,10 +299,20 @@ impl ShardActorState {
                     Input::CommitDue { writable: !self.ctx.flusher.poisoned() }
                 }
                 Effect::LookUpPriors { ids } => Input::Priors(self.priors(&ids).await),
-                Effect::Write { write, durable, change_abs, submissions } => {
-                    let ok =
-                        write_through(&self.ctx, &self.id, write, durable, change_abs, submissions).await;
+                Effect::Write { write, durable, sends, change_abs, submissions } => {
+                    let waiter = self.after_flush(durable, sends);
+                    let ok = write_through(&self.ctx, &self.id, write, waiter, change_abs, submissions).await;
                     Input::Applied { ok }
+                }
+                Effect::Escrow { sends, after_flush: false } => {
+                    self.ctx.send_escrow(&self.id, &self.meta, sends);
+                    continue;
+                }
+                Effect::Escrow { sends, after_flush: true } => {
+                    if let Some(waiter) = self.after_flush(Vec::new(), sends) {
+                        self.ctx.flusher.after_flush(waiter);
+                    }
+                    continue;
                 }
                 Effect::Reply { to, reply } => {
                     let _ = to.send(reply);
@@ -324,6 +357,26 @@ impl ShardActorState {
             };
             effects.extend(self.machine.step(self.ctx.now_ms(), next));
         }
+    }
+
+    /// What waits for the flush after a write: `sync` answers, and escrow messages
+    /// whose ledger state the write carries. Dropped if the flush fails.
+    fn after_flush(
+        &self,
+        durable: Vec<(RpcReplyPort<ShardReply>, ShardReply)>,
+        sends: Vec<EscrowSend>,
+    ) -> Option<Waiter> {
+        if sends.is_empty() {
+            return (!durable.is_empty()).then(|| answers_after(durable));
+        }
+        let (ctx, id, meta) = (self.ctx.clone(), self.id.clone(), self.meta.clone());
+        let answers = answers_after(durable);
+        Some(Box::new(move |r: Result<(), StoreError>| {
+            if r.is_ok() {
+                ctx.send_escrow(&id, &meta, sends);
+            }
+            answers(r);
+        }))
     }
 
     /// Makes the seal and the sealed value durable, and answers that value: it goes
@@ -440,7 +493,7 @@ async fn write_through(
     ctx: &Ctx,
     id: &ShardId,
     write: tally_store::ShardWrite,
-    durable: Vec<(RpcReplyPort<ShardReply>, ShardReply)>,
+    waiter: Option<Waiter>,
     change_abs: u64,
     submissions: usize,
 ) -> bool {
@@ -451,14 +504,10 @@ async fn write_through(
             rt.changed.fetch_add(change_abs, Relaxed);
         }
     }
-    let (durable, early) =
-        if bug!(EngineAckBeforeFlush) { (Vec::new(), durable) } else { (durable, Vec::new()) };
-    let waiter = (!durable.is_empty()).then(|| answers_after(durable));
+    let (waiter, early) = if bug!(EngineAckBeforeFlush) { (None, waiter) } else { (waiter, None) };
     let result = ctx.flusher.commit(id.clone(), write, waiter).await;
-    if result.is_ok() {
-        for (reply, done) in early {
-            let _ = reply.send(done);
-        }
+    if let (Ok(()), Some(early)) = (&result, early) {
+        early(Ok(()));
     }
     if let Err(e) = &result {
         tracing::error!(shard = %id, error = %e, "shard commit failed");
@@ -481,7 +530,7 @@ pub(crate) async fn run_cold(
     reply: RpcReplyPort<ShardReply>,
 ) {
     let mut machine: ShardMachine<RpcReplyPort<ShardReply>> =
-        ShardMachine::new(params(meta), ShardImage::default(), None, false);
+        ShardMachine::new(params(meta, id), ShardImage::default(), None, false);
     let mut effects: VecDeque<_> = machine.step(ctx.now_ms(), Input::Submit { sub, reply }).into();
     while let Some(effect) = effects.pop_front() {
         let next = match effect {
@@ -505,8 +554,12 @@ pub(crate) async fn run_cold(
                 }
                 Input::Priors(found)
             }
-            Effect::Write { write, durable, change_abs, submissions } => {
-                Input::Applied { ok: write_through(ctx, id, write, durable, change_abs, submissions).await }
+            Effect::Write { write, durable, sends, change_abs, submissions } => {
+                // A cold shard is never a bounded counter's (`cold.rs`): it has no
+                // escrow messages to send.
+                debug_assert!(sends.is_empty());
+                let waiter = (!durable.is_empty()).then(|| answers_after(durable));
+                Input::Applied { ok: write_through(ctx, id, write, waiter, change_abs, submissions).await }
             }
             Effect::Reply { to, reply } => {
                 let _ = to.send(reply);
@@ -517,9 +570,10 @@ pub(crate) async fn run_cold(
                 continue;
             }
             Effect::Reload => Input::Reloaded(load(ctx, id).ok()),
-            // Neither a seal nor a merge is ever asked of this machine; a stop drops it,
-            // and its answer with it (the caller resends to an actor).
-            Effect::Sealed(_) | Effect::Merged | Effect::Stop => continue,
+            // Neither a seal nor a merge is ever asked of this machine, nor has it an
+            // escrow; a stop drops it, and its answer with it (the caller resends to an
+            // actor).
+            Effect::Sealed(_) | Effect::Merged | Effect::Stop | Effect::Escrow { .. } => continue,
         };
         effects.extend(machine.step(ctx.now_ms(), next));
     }

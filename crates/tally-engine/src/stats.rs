@@ -94,6 +94,13 @@ pub struct Stats {
     pub dedup_hits: Count,
     /// Increments refused for a conflicting event id.
     pub conflicts: Count,
+    /// Increments refused because they would cross their counter's bound.
+    pub bound_refusals: Count,
+    /// Headroom transfers (escrow grants) this node's shards sent, counting resends.
+    pub escrow_grants_sent: Count,
+    /// Escrow messages (borrow requests, grants, acknowledgements) this node's shards
+    /// sent to shards on other nodes or could not deliver.
+    pub escrow_messages: Count,
     /// Shard commits written to the store.
     pub commits: Count,
     /// Submissions per shard commit.

@@ -189,6 +189,12 @@ impl Tally {
             return self.put_fixed(name, patch).await;
         }
         if next_auto.is_some() {
+            let bounded = patch.min.is_some()
+                || patch.max.is_some()
+                || self.ctx.catalog.get(name.as_str())?.is_some_and(|m| m.spec.bounded());
+            if bounded {
+                return Err(TallyError::InvalidSpec(tally_core::spec::SpecError::BoundedAuto));
+            }
             crate::autoshard::admit(&self.ctx, &name)?;
         }
         let mut patch = patch;
@@ -629,6 +635,11 @@ impl Tally {
                 ctx.merge_sketch_local(&id, sketch, frequency, windows).await?;
                 Ok(ShardResponse::Done)
             }
+            ShardRequest::Escrow { id, meta_version, message } => {
+                let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+                ctx.escrow_local(&id, &rt.meta, message).await?;
+                Ok(ShardResponse::Done)
+            }
         }
     }
 
@@ -706,7 +717,9 @@ pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 /// anything else is written. A store that an engine opened before holds data, so its
 /// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
-    use tally_core::format::{encode_version, judge_store, v1, v2, v3, STORE_FORMAT, STORE_FORMATS_READABLE};
+    use tally_core::format::{
+        encode_version, judge_store, v1, v2, v3, v4, STORE_FORMAT, STORE_FORMATS_READABLE,
+    };
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
     let verdict = judge_store("engine store", marker.as_deref(), holds_data, STORE_FORMATS_READABLE)
@@ -722,7 +735,9 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     }
     // Format 1's images and catalog entries lack format 2's fields; the sketches in
     // the images of formats 1 and 2 are in format 2's encoding; the images and
-    // catalog entries of formats 2 and 3 lack format 4's windows.
+    // catalog entries of formats 2 and 3 lack format 4's windows; those of format 4
+    // lack format 5's bounds and escrow ledger. Each rewrite goes straight to today's
+    // records.
     let plan = match verdict.found {
         1 => tally_store::Upgrade {
             shard_image: Some(&v2::upgrade_shard_image_from_v1),
@@ -734,11 +749,16 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
             meta: vec![(crate::catalog::COUNTER_PREFIX, &v3::upgrade_counter_meta)],
             marker: (STORE_FORMAT_KEY, &current),
         },
+        3 => tally_store::Upgrade {
+            shard_image: Some(&v3::upgrade_shard_image),
+            meta: vec![(crate::catalog::COUNTER_PREFIX, &v3::upgrade_counter_meta)],
+            marker: (STORE_FORMAT_KEY, &current),
+        },
         found => {
-            assert_eq!(found, 3, "readable formats are 1..={STORE_FORMAT}");
+            assert_eq!(found, 4, "readable formats are 1..={STORE_FORMAT}");
             tally_store::Upgrade {
-                shard_image: Some(&v3::upgrade_shard_image),
-                meta: vec![(crate::catalog::COUNTER_PREFIX, &v3::upgrade_counter_meta)],
+                shard_image: Some(&v4::upgrade_shard_image),
+                meta: vec![(crate::catalog::COUNTER_PREFIX, &v4::upgrade_counter_meta)],
                 marker: (STORE_FORMAT_KEY, &current),
             }
         }

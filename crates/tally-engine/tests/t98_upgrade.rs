@@ -8,15 +8,27 @@
 //! every event id it acknowledged, and mark the store with its format.
 //!
 //! The fixture was made on that release, in `crates/tally-engine`, with
-//! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-1 cargo test -p tally-engine --test t98_upgrade -- --ignored`
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-1 cargo test -p tally-engine --test t98_upgrade -- --ignored --exact write_fixture`
 //! and `tar czf store-format-1.tar.gz store-format-1` in `tests/fixtures`; re-running
 //! it on a later release writes that release's format instead (the story is the same,
 //! so the checks below hold for both).
+//!
+//! `tests/fixtures/store-format-4.tar.gz` holds one written by the last release of
+//! format 4 (windows, before bounds) by [`story_format_4`]: a `sync` counter with event
+//! ids, a distinct counter with two windows, a counter with frequencies, and a
+//! windowed counter resharded from 2 to 4 shards. This release must open it, read every
+//! total, distinct estimate, window and frequency the story implies, answer
+//! `duplicate` for every event id it acknowledged, and mark the store with its format.
+//! Made on that release the same way, with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-4 cargo test -p tally-engine --test t98_upgrade -- --ignored --exact write_fixture_format_4`
+//! and `tar czf store-format-4.tar.gz store-format-4`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tally_core::format::{encode_version, STORE_FORMAT};
+use tally_core::frequency::FrequencySpec;
 use tally_core::sketch::{member_hash, DistinctSketch};
+use tally_core::window::WindowSet;
 use tally_engine::{
     Consistency, Durability, Increment, ManualClock, MemStore, SledStore, SpecPatch, Store, SystemClock,
     Tally, TallyConfig, STORE_FORMAT_KEY,
@@ -47,8 +59,29 @@ fn credit_event(i: i64) -> String {
     format!("credit-{i}")
 }
 
-fn fixture_archive() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-format-1.tar.gz")
+/// The format-4 fixture's distinct counter with windows.
+const HITS: &str = "hits";
+/// The format-4 fixture's counter with frequencies.
+const WORDS: &str = "words";
+
+const HIT_MEMBERS: u32 = 300;
+/// Members seen twice: the second visit changes the totals, not the estimates.
+const HIT_REPEATS: u32 = 50;
+/// Items `word-0..` of the frequency counter; item `i` weighs `i + 1`.
+const WORD_ITEMS: u64 = 10;
+const FORMAT_4_CREDIT_EVENTS: i64 = 100;
+const FORMAT_4_LIKES_PER_HALF: i64 = 100;
+
+fn hit_windows() -> WindowSet {
+    WindowSet::parse(&["1m", "1h"]).unwrap()
+}
+
+fn like_windows() -> WindowSet {
+    WindowSet::parse(&["1h"]).unwrap()
+}
+
+fn word_frequency() -> FrequencySpec {
+    FrequencySpec { epsilon: 0.01, delta: 0.01 }
 }
 
 fn config() -> TallyConfig {
@@ -86,22 +119,71 @@ async fn story(tally: &Tally) {
     tally.settle().await;
 }
 
-fn expected_visitors_estimate() -> u64 {
+/// What the release of format 4 did to its store.
+async fn story_format_4(tally: &Tally) {
+    tally.put_counter(CREDITS, spec(8, Durability::Sync)).await.unwrap();
+    for i in 0..FORMAT_4_CREDIT_EVENTS {
+        let o = tally.incr(CREDITS, Increment::new(credit_delta(i)).event_id(credit_event(i))).await.unwrap();
+        assert!(o.applied);
+    }
+    let hits = SpecPatch { distinct: Some(true), windows: Some(hit_windows()), ..spec(2, Durability::Sync) };
+    tally.put_counter(HITS, hits).await.unwrap();
+    for m in (0..HIT_MEMBERS).chain(0..HIT_REPEATS) {
+        tally.incr(HITS, Increment::new(1).member(format!("user-{m}"))).await.unwrap();
+    }
+    let words = SpecPatch { frequency: Some(word_frequency()), ..spec(2, Durability::Sync) };
+    tally.put_counter(WORDS, words).await.unwrap();
+    for i in 0..WORD_ITEMS {
+        let weight = i64::try_from(i + 1).unwrap();
+        tally.incr(WORDS, Increment::new(weight).item(format!("word-{i}"))).await.unwrap();
+    }
+    let likes = SpecPatch { windows: Some(like_windows()), ..spec(2, Durability::Sync) };
+    tally.put_counter(LIKES, likes).await.unwrap();
+    for _ in 0..FORMAT_4_LIKES_PER_HALF {
+        tally.incr(LIKES, Increment::new(1)).await.unwrap();
+    }
+    tally.put_counter(LIKES, SpecPatch { shards: Some(4), ..SpecPatch::default() }).await.unwrap();
+    for _ in 0..FORMAT_4_LIKES_PER_HALF {
+        tally.incr(LIKES, Increment::new(1)).await.unwrap();
+    }
+    tally.settle().await;
+}
+
+fn sketch_estimate(members: u32) -> u64 {
     let mut sketch = DistinctSketch::new();
-    for m in 0..VISITOR_MEMBERS {
+    for m in 0..members {
         sketch.insert_hash(member_hash(&format!("user-{m}")));
     }
     sketch.estimate()
 }
 
-/// Writes the fixture with this build (see the module docs).
+fn expected_visitors_estimate() -> u64 {
+    sketch_estimate(VISITOR_MEMBERS)
+}
+
+/// Opens a new store, in this build's format, in the directory named by
+/// `TALLY_WRITE_FIXTURE`.
+async fn new_fixture() -> Tally {
+    let dir = PathBuf::from(std::env::var("TALLY_WRITE_FIXTURE").expect("TALLY_WRITE_FIXTURE=DIR"));
+    assert!(!dir.exists(), "{} exists: remove it first", dir.display());
+    Tally::open(&dir, config()).await.unwrap()
+}
+
+/// Writes the first format's fixture with this build (see the module docs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
 async fn write_fixture() {
-    let dir = PathBuf::from(std::env::var("TALLY_WRITE_FIXTURE").expect("TALLY_WRITE_FIXTURE=DIR"));
-    assert!(!dir.exists(), "{} exists: remove it first", dir.display());
-    let tally = Tally::open(&dir, config()).await.unwrap();
+    let tally = new_fixture().await;
     story(&tally).await;
+    tally.shutdown().await.unwrap();
+}
+
+/// Writes the format-4 fixture with this build (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture_format_4() {
+    let tally = new_fixture().await;
+    story_format_4(&tally).await;
     tally.shutdown().await.unwrap();
 }
 
@@ -120,19 +202,20 @@ async fn reopen(dir: &Path) -> Tally {
     }
 }
 
-/// The fixture unpacked in a fresh directory (opening a store writes to it): the
-/// returned path is the database's directory.
-fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
+/// The fixture `name` unpacked in a fresh directory (opening a store writes to it):
+/// the returned path is the database's directory.
+fn fixture_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
     let to = tempfile::tempdir().unwrap();
+    let archive = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/{name}.tar.gz"));
     let status = std::process::Command::new("tar")
         .arg("xzf")
-        .arg(fixture_archive())
+        .arg(archive)
         .arg("-C")
         .arg(to.path())
         .status()
         .expect("running tar");
     assert!(status.success(), "tar failed: {status}");
-    let db = to.path().join("store-format-1");
+    let db = to.path().join(name);
     (to, db)
 }
 
@@ -148,7 +231,7 @@ fn written_at_ms(dir: &Path) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_of_the_first_format_reads_the_same() {
-    let (_keep, dir) = fixture_copy();
+    let (_keep, dir) = fixture_copy("store-format-1");
     // A minute after the fixture was written, well within its counters' dedup window.
     let clock = ManualClock::new(written_at_ms(&dir) + 60_000);
     let store = SledStore::open_path(&dir).unwrap();
@@ -182,6 +265,94 @@ async fn a_store_of_the_first_format_reads_the_same() {
     drop(tally);
     let tally = reopen(&dir).await;
     assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits + 5);
+    tally.shutdown().await.unwrap();
+    drop(tally);
+    let store = open_store_when_free(&dir).await;
+    let marker = Store::meta_get(&store, STORE_FORMAT_KEY).unwrap();
+    assert_eq!(marker.as_deref(), Some(&encode_version(STORE_FORMAT)[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_format_4_reads_the_same_with_its_windows_and_no_bounds() {
+    let (_keep, dir) = fixture_copy("store-format-4");
+    let written_at = written_at_ms(&dir);
+    {
+        let store = SledStore::open_path(&dir).unwrap();
+        let marker = Store::meta_get(&store, STORE_FORMAT_KEY).unwrap();
+        assert_eq!(marker.as_deref(), Some(&encode_version(4)[..]), "the fixture is of format 4");
+    }
+    // A minute after the fixture was written, well within its counters' dedup window
+    // and its hour windows, just past its minute window.
+    let clock = ManualClock::new(written_at + 60_000);
+    let store = open_store_when_free(&dir).await;
+    let tally = Tally::open_with(Arc::new(store), Arc::new(clock), config()).await.unwrap();
+
+    let credits: i128 = (0..FORMAT_4_CREDIT_EVENTS).map(|i| i128::from(credit_delta(i))).sum();
+    let words: i128 = (1..=i128::from(WORD_ITEMS)).sum();
+    let cases = [
+        (CREDITS, credits),
+        (HITS, i128::from(HIT_MEMBERS + HIT_REPEATS)),
+        (WORDS, words),
+        (LIKES, 2 * i128::from(FORMAT_4_LIKES_PER_HALF)),
+    ];
+    for (name, want) in cases {
+        let read = tally.read(name, Consistency::Fresh).await.unwrap();
+        assert!(read.complete, "{name}: {read:?}");
+        assert_eq!(read.value, want, "{name}");
+        let spec = tally.counter(name).await.unwrap().spec;
+        assert_eq!((spec.min, spec.max), (None, None), "{name}: an upgraded counter has no bounds");
+    }
+
+    // Specs keep their windows and frequencies; the resharding is done.
+    assert_eq!(tally.counter(HITS).await.unwrap().spec.windows, hit_windows());
+    assert_eq!(tally.counter(WORDS).await.unwrap().spec.frequency, Some(word_frequency()));
+    let likes = tally.counter(LIKES).await.unwrap();
+    assert_eq!((likes.layout_shards, likes.spec.windows), (4, like_windows()));
+
+    // Shard images keep their sketches and window buckets.
+    let estimate = sketch_estimate(HIT_MEMBERS);
+    assert_eq!(tally.distinct(HITS).await.unwrap().estimate, estimate);
+    let hour = tally.window(HITS, "1h").await.unwrap();
+    assert!(hour.complete, "{hour:?}");
+    assert_eq!((hour.value, hour.estimate), (i128::from(HIT_MEMBERS + HIT_REPEATS), Some(estimate)));
+    assert!(hour.start_ms < written_at.saturating_sub(30_000), "{hour:?}");
+    let minute = tally.window(HITS, "1m").await.unwrap();
+    assert_eq!(minute.value, 0, "a minute on, the story has left the minute window: {minute:?}");
+    let likes_hour = tally.window(LIKES, "1h").await.unwrap();
+    assert_eq!(likes_hour.value, 2 * i128::from(FORMAT_4_LIKES_PER_HALF), "carried once: {likes_hour:?}");
+    for i in 0..WORD_ITEMS {
+        let read = tally.frequency(WORDS, &format!("word-{i}")).await.unwrap();
+        assert!(read.complete, "{read:?}");
+        let weight = i + 1;
+        assert_eq!(read.lower_bound, weight, "word-{i}");
+        assert!(read.estimate >= weight && read.estimate <= weight + read.error_bound, "word-{i}: {read:?}");
+    }
+    let top = tally.top(WORDS, 3).await.unwrap();
+    let items: Vec<&str> = top.items.iter().map(|e| e.item.as_str()).collect();
+    assert_eq!(items, ["word-9", "word-8", "word-7"]);
+
+    // Every acknowledged event id is still known: a retry is a duplicate, counted once.
+    for i in 0..FORMAT_4_CREDIT_EVENTS {
+        let o = tally.incr(CREDITS, Increment::new(credit_delta(i)).event_id(credit_event(i))).await.unwrap();
+        assert!(!o.applied, "event {} counted twice", credit_event(i));
+    }
+    assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits);
+
+    // It keeps working as a store of this release: new members join the upgraded
+    // sketch and window, and the store says which format it is.
+    tally.incr(HITS, Increment::new(1).member("user-new")).await.unwrap();
+    assert_eq!(tally.window(HITS, "1m").await.unwrap().value, 1);
+    let hour = tally.window(HITS, "1h").await.unwrap();
+    assert_eq!(hour.value, i128::from(HIT_MEMBERS + HIT_REPEATS) + 1);
+    tally.incr(CREDITS, Increment::new(5).event_id("after-upgrade")).await.unwrap();
+    tally.shutdown().await.unwrap();
+    drop(tally);
+    let tally = reopen(&dir).await;
+    assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits + 5);
+    assert_eq!(
+        tally.read(HITS, Consistency::Fresh).await.unwrap().value,
+        i128::from(HIT_MEMBERS + HIT_REPEATS) + 1
+    );
     tally.shutdown().await.unwrap();
     drop(tally);
     let store = open_store_when_free(&dir).await;

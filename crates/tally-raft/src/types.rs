@@ -309,8 +309,10 @@ pub enum Rejection {
         /// The accepted words.
         expected: Vec<String>,
     },
-    /// A frequency option out of its bounds, or a change of a fixed one
-    /// (`SpecError::Frequency`, `SpecError::FrequencyFixed`), with core's message.
+    /// A frequency option out of its bounds, a change of a fixed one, or bounds that
+    /// are inverted, exclude the new counter's 0, lack `sync`, or would change
+    /// (`SpecError::Frequency`, `FrequencyFixed`, `BoundsInverted`, `BoundsExcludeZero`,
+    /// `BoundedNeedsSync`, `BoundsFixed`), with core's message.
     #[error("{message}")]
     Frequency {
         /// tally-core's message.
@@ -350,9 +352,15 @@ impl From<MetaError> for Rejection {
                 found,
                 expected: expected.iter().map(|w| (*w).to_owned()).collect(),
             },
-            MetaError::Spec(e @ (SpecError::Frequency(_) | SpecError::FrequencyFixed { .. })) => {
-                Rejection::Frequency { message: e.to_string() }
-            }
+            MetaError::Spec(
+                e @ (SpecError::Frequency(_)
+                | SpecError::FrequencyFixed { .. }
+                | SpecError::BoundsInverted { .. }
+                | SpecError::BoundedNeedsSync
+                | SpecError::BoundsExcludeZero { .. }
+                | SpecError::BoundsFixed { .. }
+                | SpecError::BoundedAuto),
+            ) => Rejection::Frequency { message: e.to_string() },
             // Auto bounds are resolved by the engine before any command is proposed,
             // and a window set is checked when it is built, so no metadata command
             // raises these; should one, its message travels in the variant that

@@ -1,8 +1,9 @@
-//! Upgrading a raft database of format 1 or 2 to today's format, in place.
+//! Upgrading a raft database of format 1, 2 or 3 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
 //! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
-//! format 2 (`tally_core::format::v3`: format 3 added windows). An upgrade decodes each
+//! format 2 (`tally_core::format::v3`: format 3 added windows), format 3's those of
+//! format 3 (`tally_core::format::v4`: format 4 added bounds). An upgrade decodes each
 //! with the frozen types, converts it and writes it back, together with the new
 //! format marker, in one sled transaction: a crash leaves the database either all
 //! of the old format or all today's.
@@ -12,13 +13,16 @@ use crate::state::MetaState;
 use crate::state_machine::{KEY_SNAPSHOT, PREFIX_COUNTER, SM_TREE, SNAPSHOT_TREE};
 use crate::store_id::StoreId;
 use crate::types::{NodeId, Request, StoreRecord, TypeConfig};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Cursor;
 use tally_core::codec::{decode, encode, DecodeError};
-use tally_core::format::v1::{upgrade_counter_meta, CounterMetaV1, MetaCommandV1};
+use tally_core::format::v1::{CounterMetaV1, MetaCommandV1};
 use tally_core::format::v3::{CounterMetaV3, MetaCommandV3};
-use tally_core::format::Rewrite;
+use tally_core::format::v4::{CounterMetaV4, MetaCommandV4};
+use tally_core::format::{v1, v3, v4, Rewrite};
+use tally_core::meta::{CounterMeta, MetaCommand};
 use tally_core::name::CounterName;
 
 openraft::declare_raft_types!(
@@ -41,7 +45,17 @@ openraft::declare_raft_types!(
         SnapshotData = Cursor<Vec<u8>>,
 );
 
-/// [`Request`] as formats 1 and 2 stored it: only the counter command's layout
+openraft::declare_raft_types!(
+    /// The type configuration of format 3's log: only its entries' payload differs.
+    TypeConfigV3:
+        D = RequestOld<MetaCommandV4>,
+        R = crate::types::Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+/// [`Request`] as formats 1, 2 and 3 stored it: only the counter command's layout
 /// (`C`) differs between them and today.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 enum RequestOld<C> {
@@ -54,7 +68,7 @@ enum RequestOld<C> {
     AcceptLoss { node: NodeId, store: StoreId },
 }
 
-impl<C: Into<tally_core::meta::MetaCommand>> From<RequestOld<C>> for Request {
+impl<C: Into<MetaCommand>> From<RequestOld<C>> for Request {
     fn from(v: RequestOld<C>) -> Self {
         match v {
             RequestOld::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
@@ -70,10 +84,11 @@ impl<C: Into<tally_core::meta::MetaCommand>> From<RequestOld<C>> for Request {
     }
 }
 
-/// [`MetaState`] as format 2 stored it (inside snapshots).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct MetaStateV2 {
-    counters: BTreeMap<CounterName, CounterMetaV3>,
+/// [`MetaState`] as formats 1, 2 and 3 stored it (inside snapshots): only the
+/// counters' layout (`M`) differs between them and today.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MetaStateOld<M> {
+    counters: BTreeMap<CounterName, M>,
     tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
     members: Vec<String>,
     placement_epoch: u64,
@@ -83,52 +98,8 @@ struct MetaStateV2 {
     applied_requests: u64,
 }
 
-impl From<MetaStateV2> for MetaState {
-    fn from(v: MetaStateV2) -> Self {
-        MetaState {
-            counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
-            tombstones: v.tombstones,
-            members: v.members,
-            placement_epoch: v.placement_epoch,
-            previous: v.previous,
-            handoff: v.handoff,
-            stores: v.stores,
-            applied_requests: v.applied_requests,
-        }
-    }
-}
-
-fn upgrade_entry_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    let old: openraft::Entry<TypeConfigV2> = decode("format-2 raft log entry", bytes)?;
-    let payload = match old.payload {
-        openraft::EntryPayload::Blank => openraft::EntryPayload::Blank,
-        openraft::EntryPayload::Normal(r) => openraft::EntryPayload::Normal(Request::from(r)),
-        openraft::EntryPayload::Membership(m) => openraft::EntryPayload::Membership(m),
-    };
-    Ok(encode(&openraft::Entry::<TypeConfig> { log_id: old.log_id, payload }))
-}
-
-fn upgrade_snapshot_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    let old: StoredSnapshot = decode("format-2 snapshot", bytes)?;
-    let state: MetaStateV2 = decode("format-2 snapshot state", &old.data)?;
-    Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&MetaState::from(state)) }))
-}
-
-/// [`MetaState`] as format 1 stored it (inside snapshots).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct MetaStateV1 {
-    counters: BTreeMap<CounterName, CounterMetaV1>,
-    tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
-    members: Vec<String>,
-    placement_epoch: u64,
-    previous: Vec<String>,
-    handoff: Vec<String>,
-    stores: BTreeMap<NodeId, StoreRecord>,
-    applied_requests: u64,
-}
-
-impl From<MetaStateV1> for MetaState {
-    fn from(v: MetaStateV1) -> Self {
+impl<M: Into<CounterMeta>> From<MetaStateOld<M>> for MetaState {
+    fn from(v: MetaStateOld<M>) -> Self {
         MetaState {
             counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
             tombstones: v.tombstones,
@@ -149,8 +120,15 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
-fn upgrade_entry(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    let old: openraft::Entry<TypeConfigV1> = decode("format-1 raft log entry", bytes)?;
+/// A log entry of an older format whose payload is `RequestOld<C>` (type
+/// configuration `T`), as today's bytes.
+fn upgrade_entry<T, C>(what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, DecodeError>
+where
+    T: openraft::RaftTypeConfig<D = RequestOld<C>, NodeId = NodeId, Node = openraft::BasicNode>,
+    openraft::Entry<T>: DeserializeOwned,
+    C: Into<MetaCommand>,
+{
+    let old: openraft::Entry<T> = decode(what, bytes)?;
     let payload = match old.payload {
         openraft::EntryPayload::Blank => openraft::EntryPayload::Blank,
         openraft::EntryPayload::Normal(r) => openraft::EntryPayload::Normal(Request::from(r)),
@@ -159,10 +137,39 @@ fn upgrade_entry(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     Ok(encode(&openraft::Entry::<TypeConfig> { log_id: old.log_id, payload }))
 }
 
-fn upgrade_snapshot(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    let old: StoredSnapshot = decode("format-1 snapshot", bytes)?;
-    let state: MetaStateV1 = decode("format-1 snapshot state", &old.data)?;
+/// A stored snapshot of an older format whose counters are `M`s, as today's bytes;
+/// `what` names the snapshot and its state in errors.
+fn upgrade_snapshot<M>(what: (&'static str, &'static str), bytes: &[u8]) -> Result<Vec<u8>, DecodeError>
+where
+    M: DeserializeOwned + Into<CounterMeta>,
+{
+    let old: StoredSnapshot = decode(what.0, bytes)?;
+    let state: MetaStateOld<M> = decode(what.1, &old.data)?;
     Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&MetaState::from(state)) }))
+}
+
+fn upgrade_entry_v1(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfigV1, MetaCommandV1>("format-1 raft log entry", bytes)
+}
+
+fn upgrade_snapshot_v1(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<CounterMetaV1>(("format-1 snapshot", "format-1 snapshot state"), bytes)
+}
+
+fn upgrade_entry_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfigV2, MetaCommandV3>("format-2 raft log entry", bytes)
+}
+
+fn upgrade_snapshot_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<CounterMetaV3>(("format-2 snapshot", "format-2 snapshot state"), bytes)
+}
+
+fn upgrade_entry_v3(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfigV3, MetaCommandV4>("format-3 raft log entry", bytes)
+}
+
+fn upgrade_snapshot_v3(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<CounterMetaV4>(("format-3 snapshot", "format-3 snapshot state"), bytes)
 }
 
 /// Why an upgrade failed; nothing was changed.
@@ -171,7 +178,7 @@ pub enum UpgradeError {
     /// sled failed.
     #[error("upgrading the raft store: {0}")]
     Sled(#[from] sled::Error),
-    /// A record is not of format 1.
+    /// A record is not of the format the database is marked with.
     #[error("upgrading the raft store: {key} in {tree}: {source}")]
     Corrupt {
         /// The tree.
@@ -217,8 +224,11 @@ pub(crate) fn from_v1(
     marker_key: &[u8],
     marker: &[u8],
 ) -> Result<u64, UpgradeError> {
-    let rewrites =
-        Rewrites { entry: &upgrade_entry, counter: &upgrade_counter_meta, snapshot: &upgrade_snapshot };
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v1,
+        counter: &v1::upgrade_counter_meta,
+        snapshot: &upgrade_snapshot_v1,
+    };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 
@@ -231,8 +241,23 @@ pub(crate) fn from_v2(
 ) -> Result<u64, UpgradeError> {
     let rewrites = Rewrites {
         entry: &upgrade_entry_v2,
-        counter: &tally_core::format::v3::upgrade_counter_meta,
+        counter: &v3::upgrade_counter_meta,
         snapshot: &upgrade_snapshot_v2,
+    };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites every format-3 record of `db` in today's format, as [`from_v1`] does.
+pub(crate) fn from_v3(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v3,
+        counter: &v4::upgrade_counter_meta,
+        snapshot: &upgrade_snapshot_v3,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
@@ -283,7 +308,9 @@ fn from_old(
 mod tests {
     use super::*;
     use tally_core::format::v3::{CounterSpecV3, SpecPatchV3};
-    use tally_core::meta::{CounterMeta, Layout, MetaCommand};
+    use tally_core::format::v4::{CounterSpecV4, SpecPatchV4};
+    use tally_core::frequency::FrequencySpec;
+    use tally_core::meta::Layout;
     use tally_core::spec::{Durability, RouterPolicy};
     use tally_core::window::WindowSet;
 
@@ -300,39 +327,71 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_format_two_database_upgrades_with_no_windows() {
+    fn spec_v4() -> CounterSpecV4 {
+        CounterSpecV4 {
+            shards: 6,
+            durability: Durability::Sync,
+            flush_ms: 20,
+            rollup_ms: 0,
+            router: RouterPolicy::Event,
+            distinct: true,
+            dedup_window_s: 60,
+            frequency: Some(FrequencySpec { epsilon: 0.01, delta: 0.001 }),
+            windows: WindowSet::parse(&["1m", "1h"]).unwrap(),
+        }
+    }
+
+    fn layout() -> Layout {
+        Layout { generation: 1, shards: 6, base: 2, sealed: vec![], resharding: None }
+    }
+
+    fn name() -> CounterName {
+        CounterName::new("c").unwrap()
+    }
+
+    fn state_of<M>(meta: M) -> MetaStateOld<M> {
+        MetaStateOld {
+            counters: [(name(), meta)].into(),
+            tombstones: BTreeMap::new(),
+            members: vec!["node1".into()],
+            placement_epoch: 1,
+            previous: vec![],
+            handoff: vec![],
+            stores: BTreeMap::new(),
+            applied_requests: 5,
+        }
+    }
+
+    /// A database of an older format holding one log entry (a counter put with
+    /// `cmd`), the counter's record `meta` and a snapshot of it.
+    fn old_database<T, C, M>(cmd: C, meta: M) -> sled::Db
+    where
+        T: openraft::RaftTypeConfig<D = RequestOld<C>, NodeId = NodeId, Node = openraft::BasicNode>,
+        openraft::Entry<T>: Serialize,
+        M: Serialize,
+    {
         let db = sled::Config::new().temporary(true).open().unwrap();
-        let name = CounterName::new("c").unwrap();
-        let layout = Layout { generation: 1, shards: 6, base: 2, sealed: vec![], resharding: None };
-        let meta = CounterMetaV3 { spec: spec_v3(), layout: layout.clone(), created_at_ms: 3, version: 4 };
-        let put = MetaCommandV3::Put(SpecPatchV3 { distinct: Some(true), ..Default::default() });
-        let entry = openraft::Entry::<TypeConfigV2> {
+        let entry = openraft::Entry::<T> {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 7),
-            payload: openraft::EntryPayload::Normal(RequestOld::Counter {
-                name: name.clone(),
-                cmd: put,
-                now_ms: 9,
-            }),
+            payload: openraft::EntryPayload::Normal(RequestOld::Counter { name: name(), cmd, now_ms: 9 }),
         };
-        let log = db.open_tree(LOG_TREE).unwrap();
-        log.insert(7u64.to_be_bytes(), encode(&entry)).unwrap();
-        let sm = db.open_tree(SM_TREE).unwrap();
-        sm.insert([PREFIX_COUNTER, b"c"].concat(), encode(&meta)).unwrap();
-        let state = MetaStateV2 { counters: [(name.clone(), meta)].into(), ..Default::default() };
+        db.open_tree(LOG_TREE).unwrap().insert(7u64.to_be_bytes(), encode(&entry)).unwrap();
+        db.open_tree(SM_TREE).unwrap().insert([PREFIX_COUNTER, b"c"].concat(), encode(&meta)).unwrap();
         let snapshot = StoredSnapshot {
             meta: openraft::SnapshotMeta {
                 last_log_id: None,
                 last_membership: openraft::StoredMembership::default(),
                 snapshot_id: "s".into(),
             },
-            data: encode(&state),
+            data: encode(&state_of(meta)),
         };
         db.open_tree(SNAPSHOT_TREE).unwrap().insert(KEY_SNAPSHOT, encode(&snapshot)).unwrap();
-        let marker_tree = db.open_tree("identity").unwrap();
-        assert_eq!(from_v2(&db, &marker_tree, b"format", b"3").unwrap(), 3);
-        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"3"[..]));
+        db
+    }
 
+    /// The upgraded database's entry's spec patch, counter record and snapshot state.
+    fn read_back(db: &sled::Db) -> (tally_core::spec::SpecPatch, CounterMeta, MetaState) {
+        let log = db.open_tree(LOG_TREE).unwrap();
         let up: openraft::Entry<TypeConfig> =
             decode("entry", &log.get(7u64.to_be_bytes()).unwrap().unwrap()).unwrap();
         let openraft::EntryPayload::Normal(Request::Counter { cmd: MetaCommand::Put(p), now_ms: 9, .. }) =
@@ -340,16 +399,61 @@ mod tests {
         else {
             panic!("a counter put stays one")
         };
-        assert_eq!((p.distinct, p.windows), (Some(true), None));
-        let up: CounterMeta =
+        let sm = db.open_tree(SM_TREE).unwrap();
+        let meta: CounterMeta =
             decode("meta", &sm.get([PREFIX_COUNTER, b"c"].concat()).unwrap().unwrap()).unwrap();
-        assert_eq!((up.spec.shards, up.spec.windows, up.layout), (6, WindowSet::NONE, layout));
         let snap: StoredSnapshot =
             decode("snapshot", &db.open_tree(SNAPSHOT_TREE).unwrap().get(KEY_SNAPSHOT).unwrap().unwrap())
                 .unwrap();
         let state: MetaState = decode("state", &snap.data).unwrap();
-        assert_eq!(state.counters[&name].spec.windows, WindowSet::NONE);
+        (p, meta, state)
+    }
+
+    #[test]
+    fn a_format_two_database_upgrades_with_no_windows() {
+        let meta = CounterMetaV3 { spec: spec_v3(), layout: layout(), created_at_ms: 3, version: 4 };
+        let put = MetaCommandV3::Put(SpecPatchV3 { distinct: Some(true), ..Default::default() });
+        let db = old_database::<TypeConfigV2, _, _>(put, meta);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v2(&db, &marker_tree, b"format", b"4").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"4"[..]));
+
+        let (p, up, state) = read_back(&db);
+        assert_eq!((p.distinct, p.windows, p.min, p.max), (Some(true), None, None, None));
+        assert_eq!(
+            (up.spec.shards, up.spec.windows, up.spec.min, &up.layout),
+            (6, WindowSet::NONE, None, &layout())
+        );
+        assert_eq!(state.counters[&name()], up);
+        assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
         // Today's records are not format 2's: a second upgrade refuses them, changing nothing.
-        assert!(from_v2(&db, &marker_tree, b"format", b"3").is_err());
+        assert!(from_v2(&db, &marker_tree, b"format", b"4").is_err());
+    }
+
+    #[test]
+    fn a_format_three_database_upgrades_with_its_windows_and_no_bounds() {
+        let meta = CounterMetaV4 { spec: spec_v4(), layout: layout(), created_at_ms: 3, version: 4 };
+        let windows = Some(WindowSet::parse(&["1d"]).unwrap());
+        let put = MetaCommandV4::Put(SpecPatchV4 { distinct: Some(true), windows, ..Default::default() });
+        let db = old_database::<TypeConfigV3, _, _>(put, meta);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v3(&db, &marker_tree, b"format", b"4").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"4"[..]));
+
+        let (p, up, state) = read_back(&db);
+        assert_eq!((p.distinct, p.windows, p.min, p.max), (Some(true), windows, None, None));
+        let want = spec_v4();
+        assert_eq!((up.spec.windows, up.spec.frequency), (want.windows, want.frequency));
+        assert_eq!((up.spec.shards, up.spec.min, up.spec.max, &up.layout), (6, None, None, &layout()));
+        assert_eq!((up.created_at_ms, up.version), (3, 4));
+        assert_eq!(state.counters[&name()], up);
+        assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
+        // Today's records are not format 3's, nor format 2's format 3's.
+        assert!(from_v3(&db, &marker_tree, b"format", b"4").is_err());
+        let meta = CounterMetaV3 { spec: spec_v3(), layout: layout(), created_at_ms: 3, version: 4 };
+        let db = old_database::<TypeConfigV2, _, _>(MetaCommandV3::Ensure, meta);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert!(from_v3(&db, &marker_tree, b"format", b"4").is_err());
+        assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
     }
 }

@@ -7,15 +7,25 @@
 //! it. This release must start on it, apply nothing twice, and hold the same state.
 //!
 //! Made on a release of that format, in `crates/tally-raft`, with
-//! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-1 cargo test -p tally-raft --test t30_upgrade -- --ignored`
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-1 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture`
 //! and `tar czf raft-format-1.tar.gz raft-format-1` in `tests/fixtures`.
+//!
+//! `tests/fixtures/raft-format-3.tar.gz` is the same story written in raft store
+//! format 3 (the last before bounds), with a counter that keeps frequencies and
+//! windows created and its windows changed before the resharding left in progress, so
+//! windowed specs sit in the snapshot, the state machine and the log. Made on that
+//! release the same way, with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-3 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_windows`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use tally_core::format::{encode_version, RAFT_STORE_FORMAT};
+use tally_core::frequency::FrequencySpec;
 use tally_core::meta::MetaCommand;
 use tally_core::name::CounterName;
-use tally_core::spec::{Durability, RouterPolicy, SpecPatch};
+use tally_core::spec::{CounterSpec, Durability, RouterPolicy, SpecPatch};
+use tally_core::window::WindowSet;
 use tally_raft::{MetaRaft, MetaRaftConfig, RaftStorage, Request};
 use tokio::net::TcpListener;
 
@@ -38,6 +48,23 @@ fn full_patch() -> SpecPatch {
     }
 }
 
+/// The windowed counter's creation (raft store format 3 on).
+fn windowed_patch() -> SpecPatch {
+    SpecPatch {
+        shards: Some(4),
+        durability: Some(Durability::Sync),
+        distinct: Some(true),
+        frequency: Some(FrequencySpec { epsilon: 0.01, delta: 0.001 }),
+        windows: Some(WindowSet::parse(&["1m", "1h"]).unwrap()),
+        ..SpecPatch::default()
+    }
+}
+
+/// The windowed counter's change of windows.
+fn rewindowed_patch() -> SpecPatch {
+    SpecPatch { windows: Some(WindowSet::parse(&["1h", "1d"]).unwrap()), ..SpecPatch::default() }
+}
+
 /// Starts the one-node group of `dir`, on a fresh port, and waits for it to lead.
 async fn one_node(dir: &Path) -> MetaRaft {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -57,8 +84,9 @@ async fn one_node(dir: &Path) -> MetaRaft {
     node
 }
 
-/// What the fixture's release wrote.
-async fn story(node: &MetaRaft) {
+/// What the fixture's release wrote; `windowed`: the requests only a release with
+/// windows could write, too.
+async fn story(node: &MetaRaft, windowed: bool) {
     node.write(counter("full", MetaCommand::Put(full_patch()))).await.unwrap();
     node.write(counter("plain", MetaCommand::Ensure)).await.unwrap();
     for i in 0..12 {
@@ -73,6 +101,10 @@ async fn story(node: &MetaRaft) {
     node.write(counter("gone", MetaCommand::Delete)).await.unwrap();
     let set = Request::SetMembers { from_epoch: 0, previous: vec![], members: vec!["node1".into()] };
     node.write(set).await.unwrap();
+    if windowed {
+        node.write(counter("windowed", MetaCommand::Put(windowed_patch()))).await.unwrap();
+        node.write(counter("windowed", MetaCommand::Put(rewindowed_patch()))).await.unwrap();
+    }
     // Last, so it sits in the log after the snapshot: a resharding left in progress.
     node.write(counter("moving", MetaCommand::Put(SpecPatch { shards: Some(2), ..Default::default() })))
         .await
@@ -82,32 +114,67 @@ async fn story(node: &MetaRaft) {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
-async fn write_fixture() {
+/// Writes a fixture with this build, in its raft store format.
+async fn write(windowed: bool) {
     let dir = PathBuf::from(std::env::var("TALLY_WRITE_FIXTURE").expect("TALLY_WRITE_FIXTURE=DIR"));
     assert!(!dir.exists(), "{} exists: remove it first", dir.display());
     let node = one_node(&dir).await;
-    story(&node).await;
+    story(&node, windowed).await;
     node.shutdown().await;
 }
 
+/// Writes the first format's fixture (see the module docs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_raft_database_of_the_first_format_holds_the_same_state() {
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture() {
+    write(false).await;
+}
+
+/// Writes the format-3 fixture (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture_with_windows() {
+    write(true).await;
+}
+
+/// The fixture `name` unpacked in a fresh directory (starting a node writes to it):
+/// the returned path is the database's directory.
+fn fixture_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
     let unpacked = tempfile::tempdir().unwrap();
-    let archive = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/raft-format-1.tar.gz");
+    let archive = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/{name}.tar.gz"));
     let status =
         std::process::Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(unpacked.path()).status();
     assert!(status.expect("running tar").success());
-    let dir = unpacked.path().join("raft-format-1");
+    let dir = unpacked.path().join(name);
+    (unpacked, dir)
+}
 
-    let node = one_node(&dir).await;
+/// The raft database's format marker, read once the node that had it open has let
+/// go of it (sled locks the directory).
+async fn format_marker(dir: &Path) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let db = loop {
+        match sled::open(dir) {
+            Ok(db) => break db,
+            Err(e) if e.to_string().contains("lock") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("opening {}: {e}", dir.display()),
+        }
+    };
+    let marker = db.open_tree("raft_identity").unwrap().get(b"format").unwrap();
+    marker.map(|m| m.to_vec())
+}
+
+/// Checks the state the story leaves (every format's fixture holds it); returns how
+/// many requests were applied.
+fn check_story(node: &MetaRaft) -> u64 {
     let state = node.state();
     let full = &state.counters["full"];
-    let want = tally_core::spec::CounterSpec::default().patched(&full_patch()).unwrap();
+    let want = CounterSpec::default().patched(&full_patch()).unwrap();
     assert_eq!(full.spec, want);
     assert_eq!(full.created_at_ms, NOW_MS);
-    assert_eq!(state.counters["plain"].spec, tally_core::spec::CounterSpec::default());
+    assert_eq!(state.counters["plain"].spec, CounterSpec::default());
     assert_eq!((0..12).filter(|i| state.counters.contains_key(format!("many:{i}").as_str())).count(), 12);
     let r = &state.counters["r"];
     assert_eq!((r.layout.generation, r.layout.shards, r.layout.base, r.layout.resharding), (1, 4, 7, None));
@@ -116,11 +183,48 @@ async fn a_raft_database_of_the_first_format_holds_the_same_state() {
     assert!(!state.counters.contains_key("gone"));
     assert_eq!(state.tombstones.get("gone"), Some(&vec![(0, 8)]));
     assert_eq!(state.members, vec!["node1".to_string()]);
+    state.applied_requests
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_the_first_format_holds_the_same_state() {
+    let (_keep, dir) = fixture_copy("raft-format-1");
+    assert_eq!(format_marker(&dir).await, Some(encode_version(1).to_vec()), "the fixture is of format 1");
+
+    let node = one_node(&dir).await;
     // The story's 22 requests plus the store registration, each applied once.
-    assert_eq!(state.applied_requests, 23);
+    assert_eq!(check_story(&node), 23);
+    assert!(!node.state().counters.contains_key("windowed"));
 
     // It goes on as a database of this release.
     node.write(counter("after", MetaCommand::Ensure)).await.unwrap();
     assert!(node.counter("after").is_some());
     node.shutdown().await;
+    drop(node);
+    assert_eq!(format_marker(&dir).await, Some(encode_version(RAFT_STORE_FORMAT).to_vec()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_format_3_holds_the_same_state_with_its_windows_and_no_bounds() {
+    let (_keep, dir) = fixture_copy("raft-format-3");
+    assert_eq!(format_marker(&dir).await, Some(encode_version(3).to_vec()));
+
+    let node = one_node(&dir).await;
+    // The story's 24 requests plus the store registration, each applied once.
+    assert_eq!(check_story(&node), 25);
+    let windowed = node.state().counters["windowed"].clone();
+    let want =
+        CounterSpec::default().patched(&windowed_patch()).unwrap().patched(&rewindowed_patch()).unwrap();
+    assert_eq!(windowed.spec, want);
+    assert_eq!((windowed.spec.windows.len(), windowed.spec.min, windowed.spec.max), (2, None, None));
+    assert_eq!(windowed.spec.frequency, Some(FrequencySpec { epsilon: 0.01, delta: 0.001 }));
+    assert_eq!((windowed.created_at_ms, windowed.layout.shards), (NOW_MS, 4));
+
+    // It goes on as a database of this release: the upgraded counter changes as any.
+    let patch = SpecPatch { windows: Some(WindowSet::parse(&["1m"]).unwrap()), ..SpecPatch::default() };
+    node.write(counter("windowed", MetaCommand::Put(patch))).await.unwrap();
+    assert_eq!(node.counter("windowed").unwrap().spec.windows, WindowSet::parse(&["1m"]).unwrap());
+    node.shutdown().await;
+    drop(node);
+    assert_eq!(format_marker(&dir).await, Some(encode_version(RAFT_STORE_FORMAT).to_vec()));
 }

@@ -73,8 +73,9 @@ const IDENTITY_TREE: &str = "replica/identity";
 /// The layout of what the range groups store (log entries, applied shard images,
 /// snapshots), written beside the replica id. 1: the first release with range groups,
 /// whose stores carry no format mark (its shard images had no window buckets).
-/// 2: shard images with window buckets.
-pub const REPLICA_FORMAT: u32 = 2;
+/// 2: shard images with window buckets. 3: shard images with the escrow ledger of a
+/// bounded counter's shard.
+pub const REPLICA_FORMAT: u32 = 3;
 
 /// The tunables of a node's groups; [`GroupsConfig::default`] holds the constants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,9 +283,11 @@ fn fatal<E: std::fmt::Display>(e: E) -> ReplicaError {
     ReplicaError::Raft(e.to_string())
 }
 
-/// Refuses a store this release cannot read: one of a later format, or one of the
-/// first format (a replica id without a format mark), whose shard images predate
-/// window buckets. An empty store is fine: it takes the current format.
+/// Refuses a store this release cannot read: one of a later format, or one of an
+/// earlier format — the first (a replica id without a format mark), whose shard
+/// images predate window buckets, or format 2, whose images predate the escrow
+/// ledger. Stored images are not upgraded in place. An empty store is fine: it takes
+/// the current format.
 fn check_format(identity: &dyn KvTree) -> Result<(), ReplicaError> {
     let found = match (identity.get(KEY_FORMAT)?, identity.get(KEY_REPLICA_ID)?) {
         (None, None) => return Ok(()),

@@ -561,8 +561,8 @@ async fn a_leader_back_from_a_crash_reads_every_committed_image() {
 }
 
 /// A store names the format it was written in: a new one takes the current format,
-/// and one of an unknown format (later, or the first release's unmarked one) is
-/// refused with a message rather than misread.
+/// and one of an unknown format (later, an earlier marked one, or the first release's
+/// unmarked one) is refused with a message rather than misread.
 #[tokio::test(start_paused = true)]
 async fn a_store_of_a_format_this_release_cannot_read_is_refused() {
     let open = |kv: MemKv| async move {
@@ -586,6 +586,12 @@ async fn a_store_of_a_format_this_release_cannot_read_is_refused() {
     let later = open(kv.clone()).await.err().expect("a later format is refused");
     assert!(matches!(later, ReplicaError::Format { found, .. } if found == REPLICA_FORMAT + 1), "{later}");
     assert!(later.to_string().contains("later release"), "{later}");
+
+    // Format 2: shard images without the escrow ledger.
+    identity.apply(vec![(b"format".to_vec(), Some(2u32.to_be_bytes().to_vec()))]).unwrap();
+    let earlier = open(kv.clone()).await.err().expect("an earlier format is refused");
+    assert!(matches!(earlier, ReplicaError::Format { found: 2, .. }), "{earlier}");
+    assert!(earlier.to_string().contains("earlier release"), "{earlier}");
 
     identity.apply(vec![(b"format".to_vec(), None)]).unwrap();
     let first = open(kv).await.err().expect("an unmarked store with a replica id is refused");

@@ -343,6 +343,21 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         "Increments refused because their event id was used with another delta.",
         &[(&[], s.conflicts.get())],
     );
+    w.counter(
+        "tally_bound_refusals_total",
+        "Increments refused because they would take a bounded counter past its min or max.",
+        &[(&[], s.bound_refusals.get())],
+    );
+    w.counter(
+        "tally_escrow_grants_total",
+        "Headroom transfers between shards of bounded counters sent by this node (resends included).",
+        &[(&[], s.escrow_grants_sent.get())],
+    );
+    w.counter(
+        "tally_escrow_messages_total",
+        "Escrow messages (borrow requests, grants, acknowledgements) sent by this node's shards.",
+        &[(&[], s.escrow_messages.get())],
+    );
     w.counter("tally_shard_commits_total", "Shard commits written to the store.", &[(&[], s.commits.get())]);
     w.histogram(
         "tally_commit_batch_submissions",

@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         value += take as i64;
         n += take;
         let write = ShardWrite {
-            image: ShardImage { value, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value, sketch: None, frequency: None, windows: None, escrow: None },
             dedup_put,
             dedup_remove: Vec::new(),
         };

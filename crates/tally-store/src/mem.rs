@@ -436,7 +436,7 @@ mod tests {
 
     fn write(value: i64) -> ShardWrite {
         ShardWrite {
-            image: ShardImage { value, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value, sketch: None, frequency: None, windows: None, escrow: None },
             ..ShardWrite::default()
         }
     }

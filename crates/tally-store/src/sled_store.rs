@@ -741,7 +741,13 @@ mod tests {
         }
 
         // A valid image followed by trailing bytes is corrupt too.
-        let mut long = codec::encode(&ShardImage { value: 1, sketch: None, frequency: None, windows: None });
+        let mut long = codec::encode(&ShardImage {
+            value: 1,
+            sketch: None,
+            frequency: None,
+            windows: None,
+            escrow: None,
+        });
         long.push(7);
         tree.insert(image_key(&prefix), long).unwrap();
         assert!(matches!(store.load_shard(&id), Err(StoreError::Corrupt { .. })));

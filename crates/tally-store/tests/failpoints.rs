@@ -13,7 +13,7 @@ fn shard() -> ShardId {
 
 fn write(value: i64, event: &str) -> ShardWrite {
     ShardWrite {
-        image: ShardImage { value, sketch: Some(vec![value as u8]), frequency: None },
+        image: ShardImage { value, sketch: Some(vec![value as u8]), frequency: None, escrow: None },
         dedup_put: vec![(event.to_owned(), DedupRecord { delta: value, applied_at_ms: 9 })],
         dedup_remove: vec!["old".to_owned()],
     }

@@ -219,7 +219,7 @@ fn shard_write() -> impl Strategy<Value = ShardWrite> {
         prop::collection::vec(0..EVENTS.len(), 0..3),
     )
         .prop_map(|(value, sketch, puts, removes)| ShardWrite {
-            image: ShardImage { value, sketch, frequency: None, windows: None },
+            image: ShardImage { value, sketch, frequency: None, windows: None, escrow: None },
             dedup_put: puts
                 .into_iter()
                 .map(|(e, delta, applied_at_ms)| (EVENTS[e].to_owned(), DedupRecord { delta, applied_at_ms }))
@@ -360,7 +360,7 @@ fn dedup_scan_paginates_in_event_id_order() {
         let id = shard_id((0, 0, 0));
         let ids: Vec<String> = (0..25).map(|i| format!("ev-{i:03}")).collect();
         let write = ShardWrite {
-            image: ShardImage { value: 25, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value: 25, sketch: None, frequency: None, windows: None, escrow: None },
             // Inserted out of order on purpose.
             dedup_put: ids.iter().rev().enumerate().map(|(i, e)| (e.clone(), record(i as i64))).collect(),
             dedup_remove: vec![],
@@ -403,6 +403,7 @@ fn shards_whose_keys_share_bytes_stay_apart() {
                     sketch: Some(vec![n as u8]),
                     frequency: None,
                     windows: None,
+                    escrow: None,
                 },
                 dedup_put: vec![(format!("e{n}"), record(n as i64)), ("shared".into(), record(n as i64))],
                 dedup_remove: vec![],
@@ -445,7 +446,7 @@ fn a_commit_removes_before_it_puts() {
             )
             .unwrap();
         let write = ShardWrite {
-            image: ShardImage { value: 3, sketch: None, frequency: None, windows: None },
+            image: ShardImage { value: 3, sketch: None, frequency: None, windows: None, escrow: None },
             dedup_put: vec![("x".into(), record(5)), ("z".into(), record(6)), ("z".into(), record(7))],
             dedup_remove: vec!["x".into(), "y".into(), "never-there".into()],
         };
@@ -465,7 +466,13 @@ fn sled_data_survives_reopen_and_the_store_reports_its_size() {
         let store = SledStore::open_path(dir.path()).unwrap();
         assert!(!store.was_recovered());
         let write = ShardWrite {
-            image: ShardImage { value: -7, sketch: Some(vec![1, 2, 3]), frequency: None, windows: None },
+            image: ShardImage {
+                value: -7,
+                sketch: Some(vec![1, 2, 3]),
+                frequency: None,
+                windows: None,
+                escrow: None,
+            },
             dedup_put: vec![("e".into(), record(3))],
             dedup_remove: vec![],
         };
@@ -478,7 +485,7 @@ fn sled_data_survives_reopen_and_the_store_reports_its_size() {
     assert!(store.was_recovered());
     assert_eq!(
         store.load_shard(&id).unwrap(),
-        ShardImage { value: -7, sketch: Some(vec![1, 2, 3]), frequency: None, windows: None }
+        ShardImage { value: -7, sketch: Some(vec![1, 2, 3]), frequency: None, windows: None, escrow: None }
     );
     assert_eq!(store.dedup_get(&id, "e").unwrap(), Some(record(3)));
     assert_eq!(store.meta_get(b"node").unwrap(), Some(b"n1".to_vec()));
@@ -495,7 +502,13 @@ fn sled_store_is_shareable_across_threads() {
                 let id = ShardId::new(CounterName::new("hot").unwrap(), 0, t);
                 for n in 1..=200i64 {
                     let write = ShardWrite {
-                        image: ShardImage { value: n, sketch: None, frequency: None, windows: None },
+                        image: ShardImage {
+                            value: n,
+                            sketch: None,
+                            frequency: None,
+                            windows: None,
+                            escrow: None,
+                        },
                         dedup_put: vec![(format!("e{n:04}"), record(n))],
                         dedup_remove: vec![],
                     };

@@ -11,13 +11,15 @@
 //! This module only decides; the store and transport layers read and write the markers.
 //! [`v1`] holds format 1's records, frozen, and their upgrade to today's; [`v2`] the
 //! distinct-sketch bytes of format 2 and theirs; [`v3`] the records of formats 2 and 3
-//! that format 4 laid out anew.
+//! that format 4 laid out anew; [`v4`] the records of format 4 that format 5 laid out
+//! anew.
 
 use std::ops::RangeInclusive;
 
 pub mod v1;
 pub mod v2;
 pub mod v3;
+pub mod v4;
 
 /// The format of a store that predates format markers.
 pub const FIRST_FORMAT: u32 = 1;
@@ -26,15 +28,17 @@ pub const FIRST_FORMAT: u32 = 1;
 /// records) written by this release. Format 2 added fields to shard images and
 /// counter specs (see [`v1`]); format 3 packed distinct sketches' registers at 6 bits
 /// in sparse-or-dense segments (see [`v2`]); format 4 added sliding windows to counter
-/// specs and shard images (see [`v3`]).
-pub const STORE_FORMAT: u32 = 4;
+/// specs and shard images (see [`v3`]); format 5 added bounded counters: a `min` and a
+/// `max` in counter specs, and the escrow ledger in shard images (see [`v4`]).
+pub const STORE_FORMAT: u32 = 5;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
 /// The metadata raft store's layout (log, vote, state machine, identity) written by
 /// this release. Format 2 added fields to counter specs (see [`v1`]); format 3 added
-/// sliding windows to them (see [`v3`]).
-pub const RAFT_STORE_FORMAT: u32 = 3;
+/// sliding windows to them (see [`v3`]); format 4 added their bounds, `min` and `max`
+/// (see [`v4`]).
+pub const RAFT_STORE_FORMAT: u32 = 4;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -46,12 +50,16 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// request names what it is for (a shard's owner, a range group's raft message, or
 /// the question whether a node's group of a range is formed). Protocol 5: shard images
 /// (in reads, seals and hand-off pages) carry the shard's window buckets, and counter
-/// specs their windows.
-pub const PEER_PROTOCOL: u32 = 5;
+/// specs their windows. Protocol 6: counter specs carry their bounds, shard images the
+/// shard's escrow ledger, a shard's answer to an increment may be that it would take a
+/// bounded counter past its bound (`BoundExceeded`), and shards of a bounded counter
+/// send each other escrow messages (a request kind of its own).
+pub const PEER_PROTOCOL: u32 = 6;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
-/// and spec patches in entries and snapshots carry sliding windows.
-pub const RAFT_PROTOCOL: u32 = 3;
+/// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
+/// carry bounds (`min`, `max`) too.
+pub const RAFT_PROTOCOL: u32 = 4;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;

@@ -50,6 +50,8 @@ impl From<CounterSpecV1> for CounterSpec {
             dedup_window_s,
             frequency: None,
             windows: crate::window::WindowSet::NONE,
+            min: None,
+            max: None,
         }
     }
 }
@@ -86,6 +88,8 @@ impl From<SpecPatchV1> for SpecPatch {
             dedup_window_s,
             frequency: None,
             windows: None,
+            min: None,
+            max: None,
         }
     }
 }
@@ -159,7 +163,7 @@ pub struct ShardImageV1 {
 
 impl From<ShardImageV1> for ShardImage {
     fn from(v: ShardImageV1) -> Self {
-        ShardImage { value: v.value, sketch: v.sketch, frequency: None, windows: None }
+        ShardImage { value: v.value, sketch: v.sketch, frequency: None, windows: None, escrow: None }
     }
 }
 
@@ -210,6 +214,7 @@ mod tests {
         assert_eq!((up.spec.flush_ms, up.spec.rollup_ms, up.spec.dedup_window_s), (50, 250, 3_600));
         assert_eq!((up.spec.router, up.spec.distinct), (RouterPolicy::RoundRobin, true));
         assert_eq!((up.layout, up.created_at_ms, up.version), (layout, 5, 9));
+        assert_eq!((up.spec.frequency, up.spec.min, up.spec.max), (None, None, None));
 
         let put =
             MetaCommandV1::Put(SpecPatchV1 { shards: Some(3), distinct: Some(false), ..Default::default() });

@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(up.value, 9);
         assert_eq!(DistinctSketch::from_bytes(up.sketch.as_deref().unwrap()), Ok(sketch_of(0..3)));
         let plain = ShardImageV3 { value: -1, sketch: None, frequency: None };
-        let today = ShardImage { value: -1, sketch: None, frequency: None, windows: None };
+        let today = ShardImage { value: -1, sketch: None, frequency: None, windows: None, escrow: None };
         assert_eq!(upgrade_shard_image(&encode(&plain)).unwrap(), encode(&today));
 
         let mut bad = FORMAT_2_SKETCH_OF_THREE.to_vec();

@@ -60,6 +60,8 @@ impl From<CounterSpecV3> for CounterSpec {
             dedup_window_s,
             frequency,
             windows: WindowSet::NONE,
+            min: None,
+            max: None,
         }
     }
 }
@@ -107,6 +109,8 @@ impl From<SpecPatchV3> for SpecPatch {
             dedup_window_s,
             frequency,
             windows: None,
+            min: None,
+            max: None,
         }
     }
 }
@@ -182,7 +186,7 @@ pub struct ShardImageV3 {
 
 impl From<ShardImageV3> for ShardImage {
     fn from(v: ShardImageV3) -> Self {
-        ShardImage { value: v.value, sketch: v.sketch, frequency: v.frequency, windows: None }
+        ShardImage { value: v.value, sketch: v.sketch, frequency: v.frequency, windows: None, escrow: None }
     }
 }
 
@@ -217,7 +221,13 @@ mod tests {
         let up: ShardImage = decode("image", &upgrade_shard_image(&encode(&image)).unwrap()).unwrap();
         assert_eq!(
             up,
-            ShardImage { value: 9, sketch: Some(vec![4]), frequency: Some(vec![5, 6]), windows: None }
+            ShardImage {
+                value: 9,
+                sketch: Some(vec![4]),
+                frequency: Some(vec![5, 6]),
+                windows: None,
+                escrow: None
+            }
         );
 
         let f = FrequencySpec { epsilon: 0.01, delta: 0.001 };
@@ -236,6 +246,7 @@ mod tests {
         let up: CounterMeta = decode("meta", &upgrade_counter_meta(&encode(&meta)).unwrap()).unwrap();
         assert_eq!((up.spec.shards, up.spec.frequency, up.spec.windows), (4, Some(f), WindowSet::NONE));
         assert_eq!((up.spec.router, up.spec.distinct, up.layout), (RouterPolicy::Event, true, layout));
+        assert_eq!((up.spec.min, up.spec.max), (None, None));
 
         let put = MetaCommandV3::Put(SpecPatchV3 { distinct: Some(true), ..Default::default() });
         let MetaCommand::Put(p) = MetaCommand::from(put) else { panic!("a put stays a put") };
@@ -244,7 +255,8 @@ mod tests {
 
     #[test]
     fn todays_records_are_not_format_three() {
-        let today = ShardImage { value: 1, sketch: None, frequency: None, windows: Some(vec![1]) };
+        let today =
+            ShardImage { value: 1, sketch: None, frequency: None, windows: Some(vec![1]), escrow: None };
         assert!(upgrade_shard_image(&encode(&today)).is_err(), "a trailing field is refused");
         assert!(upgrade_counter_meta(&[0xff; 4]).is_err());
     }

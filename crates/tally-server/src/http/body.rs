@@ -419,6 +419,10 @@ pub struct SpecBody {
     pub frequency: Option<FrequencySpec>,
     /// Sliding windows: durations such as `["1m", "1h", "24h"]`; `[]` for none.
     pub windows: Option<Vec<String>>,
+    /// The lowest value the counter may take (set on create only).
+    pub min: Option<i64>,
+    /// The highest value the counter may take (set on create only).
+    pub max: Option<i64>,
 }
 
 /// `shards`: a number, or a word (only `"auto"` is accepted, by the engine's own
@@ -483,6 +487,8 @@ impl SpecBody {
                 .map(tally_core::window::WindowSet::parse)
                 .transpose()
                 .map_err(SpecError::from)?,
+            min: self.min,
+            max: self.max,
         };
         Ok((spec, auto))
     }
