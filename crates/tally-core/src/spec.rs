@@ -383,6 +383,16 @@ impl CounterSpec {
         self.min.is_some() || self.max.is_some()
     }
 
+    /// `total` brought within the counter's bounds. The value of a bounded counter is
+    /// within them at every instant; a total summed from shards read one after another
+    /// can fall outside by headroom that moved between shards while the read went
+    /// round (a shard read late spent what a shard read early had not yet granted),
+    /// and is answered at the bound it crossed.
+    pub fn clamp(&self, total: i128) -> i128 {
+        let total = self.min.map_or(total, |m| total.max(i128::from(m)));
+        self.max.map_or(total, |m| total.min(i128::from(m)))
+    }
+
     /// The counter's bounds, as the escrow keeps them.
     pub fn bounds(&self) -> crate::escrow::Bounds {
         crate::escrow::Bounds { min: self.min, max: self.max }
@@ -578,6 +588,9 @@ mod tests {
             unbounded.updated(&SpecPatch { shards: Some(3), ..Default::default() }).unwrap().shards,
             3
         );
+        let both = CounterSpec { min: Some(0), max: Some(9), ..s };
+        assert_eq!((both.clamp(-3), both.clamp(4), both.clamp(12)), (0, 4, 9));
+        assert_eq!(CounterSpec::default().clamp(-3), -3);
         let json: SpecPatch = serde_json::from_str(r#"{"min": 0, "max": 1000}"#).unwrap();
         assert_eq!((json.min, json.max), (Some(0), Some(1000)));
     }

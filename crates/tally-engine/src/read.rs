@@ -114,6 +114,7 @@ fn missing(images: &[Option<ShardImage>]) -> Vec<u16> {
 fn total(snap: &Snapshot, as_of_ms: u64) -> ValueRead {
     let value =
         snap.meta.layout.base + snap.images.iter().flatten().map(|i| i128::from(i.value)).sum::<i128>();
+    let value = snap.meta.spec.clamp(value);
     let missing_shards = missing(&snap.images);
     ValueRead {
         value,

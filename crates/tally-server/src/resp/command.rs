@@ -338,6 +338,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("DEDUP_WINDOW_S", "dedup_window_s", Integer),
             opt_tok("FREQUENCY", "epsilon delta", Str),
             opt_tok("WINDOWS", "1m,1h,24h", Str),
+            opt_tok("FLOOR", "min", Integer),
+            opt_tok("CEILING", "max", Integer),
         ],
     ),
     cmd(
@@ -620,6 +622,12 @@ fn spec_number(raw: &[u8], field: &str) -> Result<u64, Reply> {
         })
 }
 
+fn spec_signed(raw: &[u8], field: &str) -> Result<i64, Reply> {
+    std::str::from_utf8(raw).ok().filter(|_| integer_shaped(raw)).and_then(|s| s.parse().ok()).ok_or_else(
+        || Reply::err("invalid_spec", format!("{field} must be a 64-bit integer (got '{}')", quote(raw))),
+    )
+}
+
 fn spec_bool(raw: &[u8], field: &str) -> Result<bool, Reply> {
     match raw.to_ascii_lowercase().as_slice() {
         b"true" | b"yes" | b"1" | b"on" => Ok(true),
@@ -774,6 +782,10 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                     b"ROUTER" => spec.router = Some(text(value, "router")?.to_lowercase()),
                     b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
                     b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
+                    // `FLOOR n` / `CEILING n`: the HTTP body's `min` / `max` (the words
+                    // MIN and MAX bound an auto counter's shard count).
+                    b"FLOOR" => spec.min = Some(spec_signed(value, "min")?),
+                    b"CEILING" => spec.max = Some(spec_signed(value, "max")?),
                     // `WINDOWS 1m,1h,24h`: the HTTP body's `windows` list; `""` keeps none.
                     b"WINDOWS" => {
                         let list = text(value, "windows")?;
@@ -1049,6 +1061,13 @@ mod tests {
             panic!("not a create")
         };
         assert_eq!(spec.windows, Some(Vec::new()), "an empty list keeps no windows");
+        let Command::TallyCreate { spec, .. } =
+            parsed(&["tally.create", "c", "FLOOR", "-5", "ceiling", "100"])
+        else {
+            panic!("not a create")
+        };
+        assert_eq!((spec.min, spec.max), (Some(-5), Some(100)));
+        assert!(refused(&["tally.create", "c", "FLOOR", "1.5"]).starts_with("ERR invalid_spec"));
         let Command::TallyCreate { key, spec } = parsed(&[
             "TALLY.CREATE",
             "c",
