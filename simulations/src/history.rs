@@ -20,6 +20,9 @@ pub enum Role {
     Big,
     /// `batched` with event ids, reconciled against an authoritative total.
     Recon,
+    /// `sync` with a `min` or a `max` (tier 2), every increment with an event id: an
+    /// increment that would cross the bound is refused, nothing counted.
+    Bounded,
 }
 
 /// One workload counter.

@@ -58,9 +58,9 @@ struct Args {
     /// Plant a known bug (ack-before-flush, dedup-off, retry-fresh-id, wrapping-add,
     /// dedup-lost-on-reshard, rollup-never-refreshed, reconcile-twice; with --tier
     /// engine: engine-ack-before-flush, seal-forgotten-on-restart, read-ignores-seal,
-    /// handoff-deletes-early, handoff-forgets-seal, sketch-merge-beside-live; with
-    /// --tier engine --replicas 3: ack-before-quorum-durable, two-leaders-ack,
-    /// catch-up-skipped).
+    /// handoff-deletes-early, handoff-forgets-seal, sketch-merge-beside-live,
+    /// escrow-overspend; with --tier engine --replicas 3: ack-before-quorum-durable,
+    /// two-leaders-ack, catch-up-skipped).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,

@@ -721,7 +721,8 @@ impl Sim {
                         return;
                     }
                 },
-                Effect::Write { write, durable, .. } => {
+                Effect::Write { write, durable, sends, .. } => {
+                    debug_assert!(sends.is_empty(), "tier 1 has no bounded counter");
                     store.commit(&shard, &write).expect("a running node's store is open");
                     wrote = true;
                     for (p, reply) in durable {
@@ -742,11 +743,13 @@ impl Sim {
                     continue;
                 }
                 // One batch, all of it taken, from a machine that is not sealed and
-                // whose writes are applied: nothing else can follow.
+                // whose writes are applied: nothing else can follow. Tier 1 has no
+                // bounded counter, so no escrow messages either.
                 Effect::ScheduleCommit
                 | Effect::Reload
                 | Effect::Sealed(_)
                 | Effect::Merged
+                | Effect::Escrow { .. }
                 | Effect::Stop => unreachable!("a one-batch shard machine asked for {effect:?}"),
             };
             effects.extend(machine.step(self.now, next));
@@ -763,12 +766,20 @@ impl Sim {
     fn machine(store: &MemStore, shard: &ShardId, meta: &CounterMeta) -> ShardMachine<Pending> {
         let image = store.load_shard(shard).expect("a running node's store is open");
         let sketch = image_sketch(&image, meta);
+        let layout = &meta.layout;
+        let shards = match layout.sealed.iter().find(|g| g.generation == shard.generation) {
+            Some(sealed) => sealed.shards,
+            None => layout.shards,
+        };
         let params = ShardParams {
             durability: meta.spec.durability,
             dedup_window_ms: meta.spec.dedup_window_ms(),
             distinct: meta.spec.distinct,
             frequency: meta.spec.frequency,
             windows: meta.spec.windows,
+            bounds: meta.spec.bounds(),
+            shard: shard.index,
+            shards,
         };
         ShardMachine::new(params, image, sketch, false)
     }

@@ -77,6 +77,84 @@ pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
     infos
 }
 
+/// Tier 2's bounded counters, drawn from `rng` after [`counter_plans`] (so tier 1,
+/// which has no escrow to enforce them, draws the same as before): `stock:0` with
+/// `min: 0`, supplied early and then mostly drawn down until its supply runs out
+/// ([`draw_engine_op`]), with a one-minute window in half the runs; and `quota:0`
+/// with a small `max`, fed increments until it fills. Both are `sync` with 2–8
+/// shards, so a shard short of headroom borrows from the others; their shard counts
+/// never change (bounds fix them).
+pub(crate) fn bounded_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
+    let plan = |rng: &mut ChaCha8Rng, min: Option<i64>, max: Option<i64>, windowed: bool| SpecPatch {
+        shards: Some(rng.random_range(2..=8u16)),
+        durability: Some(Durability::Sync),
+        rollup_ms: Some(rng.random_range(50..=300u32)),
+        router: Some([RouterPolicy::Event, RouterPolicy::Random][rng.random_range(0..2usize)]),
+        windows: windowed.then(|| WindowSet::parse(&["1m"]).expect("a valid window")),
+        min,
+        max,
+        ..SpecPatch::default()
+    };
+    let windowed = rng.random::<bool>();
+    let stock = plan(rng, Some(0), None, windowed);
+    let quota_max = rng.random_range(QUOTA_MAX_RANGE);
+    let quota = plan(rng, None, Some(quota_max), false);
+    vec![("stock:0".into(), Role::Bounded, stock, 0), ("quota:0".into(), Role::Bounded, quota, 0)]
+}
+
+/// The range `quota:0`'s `max` is drawn from.
+const QUOTA_MAX_RANGE: std::ops::RangeInclusive<i64> = 50..=200;
+/// Largest increment of `quota:0`.
+const QUOTA_STEP_MAX: i64 = 30;
+/// The first part of the chaos phase, in tenths, in which `stock:0` is supplied.
+const SUPPLY_TENTHS: u64 = 1;
+/// Share of operations (percent) that supply `stock:0` while it is supplied.
+const SUPPLY_PERCENT: u32 = 20;
+/// One supply of `stock:0`.
+const SUPPLY_STEP: std::ops::RangeInclusive<i64> = 2..=6;
+/// Share of operations (percent) on `stock:0` after its supply, and on `quota:0`.
+const STOCK_PERCENT: u32 = 12;
+/// See [`STOCK_PERCENT`].
+const QUOTA_PERCENT: u32 = 4;
+/// Of `stock:0`'s operations after its supply, the share (tenths) that restock it
+/// by 1–5; the others take 1–3 out.
+const RESTOCK_TENTHS: u32 = 1;
+
+/// Draws a tier-2 client's next operation at `now_ms` of a chaos phase of
+/// `chaos_ms`: with bounded counters in the plan, 20 % of the operations of the
+/// phase's first tenth supply `stock:0` (+2–6); afterwards 12 % go to `stock:0`
+/// (nine in ten take 1–3 out, one in ten restocks 1–5: the supply runs out during the
+/// run, and the counter then hovers at its bound, its shards borrowing headroom from
+/// each other) and 4 % to `quota:0` (+1–30). The rest is [`draw_op`]'s mix. Every
+/// increment of a bounded counter carries an event id.
+pub(crate) fn draw_engine_op(
+    rng: &mut ChaCha8Rng,
+    counters: &[CounterInfo],
+    now_ms: u64,
+    chaos_ms: u64,
+) -> Draw {
+    let bounded = counters_of(counters, Role::Bounded);
+    let find = |min: bool| bounded.iter().copied().find(|&c| counters[c].spec.min.is_some() == min);
+    let (Some(stock), Some(quota)) = (find(true), find(false)) else { return draw_op(rng, counters) };
+    let roll = rng.random_range(0..100u32);
+    let incr = |counter, delta| Draw::Incr { counter, delta, member: None, with_id: true };
+    if now_ms < chaos_ms * SUPPLY_TENTHS / 10 {
+        if roll < SUPPLY_PERCENT {
+            return incr(stock, rng.random_range(SUPPLY_STEP));
+        }
+    } else if roll < STOCK_PERCENT {
+        let delta = if rng.random_range(0..10) < RESTOCK_TENTHS {
+            rng.random_range(1..=5)
+        } else {
+            -rng.random_range(1..=3)
+        };
+        return incr(stock, delta);
+    } else if roll < STOCK_PERCENT + QUOTA_PERCENT {
+        return incr(quota, rng.random_range(1..=QUOTA_STEP_MAX));
+    }
+    draw_op(rng, counters)
+}
+
 /// The counters of `role`, as indexes into `counters`.
 pub(crate) fn counters_of(counters: &[CounterInfo], role: Role) -> Vec<usize> {
     (0..counters.len()).filter(|&i| counters[i].role == role).collect()

@@ -66,6 +66,11 @@ fn sketch_merge_beside_live_is_caught() {
     caught(Bug::SketchMergeBesideLive);
 }
 
+#[test]
+fn escrow_overspend_is_caught() {
+    caught(Bug::EscrowOverspend);
+}
+
 /// A standard heavy run with three copies of every shard (membership is fixed, so
 /// the transitions are reshardings).
 fn replicated(seed: u64, bug: Option<Bug>) -> SimConfig {
@@ -105,5 +110,5 @@ fn every_replica_bug_has_a_test() {
 
 #[test]
 fn every_engine_bug_has_a_test() {
-    assert_eq!(Bug::ENGINE.len(), 6, "a new engine bug needs its own test above");
+    assert_eq!(Bug::ENGINE.len(), 7, "a new engine bug needs its own test above");
 }

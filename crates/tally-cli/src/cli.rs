@@ -369,6 +369,13 @@ pub struct CreateArgs {
     /// `--windows 1m,1h,24h`; `--windows ""` keeps none.
     #[arg(long, value_name = "W,W", value_delimiter = ',')]
     pub windows: Option<Vec<String>>,
+    /// The lowest value the counter may take (on create, with `--durability sync`): an
+    /// increment that would go lower is refused.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub min: Option<i64>,
+    /// The highest value the counter may take (on create, with `--durability sync`).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max: Option<i64>,
 }
 
 /// `tally incr`.

@@ -236,6 +236,8 @@ async fn create(client: &Client, args: &CreateArgs, out: &mut Output) -> Result<
         dedup_window_s: args.dedup_window_s,
         frequency: args.epsilon.zip(args.delta).map(|(epsilon, delta)| Frequency { epsilon, delta }),
         windows: args.windows.as_ref().map(|w| w.iter().filter(|t| !t.is_empty()).cloned().collect()),
+        min: args.min,
+        max: args.max,
     };
     let answer = client.call(Method::PUT, client.counter_url(&args.name, &[]), Some(&spec)).await?;
     let info: CounterInfo = answer.parse()?;

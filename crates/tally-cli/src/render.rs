@@ -66,6 +66,12 @@ pub fn counter(verb: &str, info: &CounterInfo) -> String {
     if !s.windows.is_empty() {
         pairs.push(("windows", s.windows.join(", ")));
     }
+    if let Some(min) = s.min {
+        pairs.push(("min", min.to_string()));
+    }
+    if let Some(max) = s.max {
+        pairs.push(("max", max.to_string()));
+    }
     if let Some(target) = info.resharding {
         pairs.push(("resharding", format!("{} → {target} shards", info.layout_shards)));
     }
@@ -397,6 +403,8 @@ mod tests {
                 dedup_window_s: 86400,
                 frequency: Some(crate::wire::Frequency { epsilon: 0.001, delta: 0.01 }),
                 windows: vec!["1m".into(), "1h".into()],
+                min: Some(0),
+                max: None,
             },
             generation: 1,
             layout_shards: 8,
@@ -408,5 +416,6 @@ mod tests {
         assert!(text.contains("frequency       epsilon 0.001 delta 0.01\n"), "{text}");
         assert!(text.contains("windows         1m, 1h\n"), "{text}");
         assert!(text.contains("rollup_ms       0 (no rollup)"), "{text}");
+        assert!(text.contains("min             0\n") && !text.contains("max "), "{text}");
     }
 }

@@ -61,6 +61,12 @@ pub struct SpecBody {
     /// Sliding windows to keep (`["1m", "1h"]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub windows: Option<Vec<String>>,
+    /// The lowest value the counter may take (on create).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min: Option<i64>,
+    /// The highest value the counter may take (on create).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<i64>,
 }
 
 /// `shards` of a spec: a count, or the word `auto` (the count follows contention).
@@ -172,6 +178,12 @@ pub struct Spec {
     /// The sliding windows kept.
     #[serde(default)]
     pub windows: Vec<String>,
+    /// The lower bound, if any.
+    #[serde(default)]
+    pub min: Option<i64>,
+    /// The upper bound, if any.
+    #[serde(default)]
+    pub max: Option<i64>,
 }
 
 /// `GET /v1/counters/{name}` (and the answer of a create or update).

@@ -339,6 +339,19 @@ impl<R> ShardMachine<R> {
             && self.escrow_settled()
     }
 
+    /// Whether nothing admitted waits to be written: no submission queued or being
+    /// committed, no seal to answer, no ledger change unwritten. A stopping shard
+    /// commits until this holds; changes parked for headroom are not waited for (a
+    /// borrow may need a shard that is stopping too), their callers hear that the
+    /// shard stopped and retry, and unacknowledged transfers are resent by the next
+    /// copy from the stored ledger.
+    pub fn drained(&self) -> bool {
+        self.pending.is_empty()
+            && matches!(self.phase, Phase::Idle)
+            && !self.seal_waiting
+            && !self.escrow_dirty
+    }
+
     /// Whether this copy stopped deciding (see [`Effect::Stop`]).
     pub fn broken(&self) -> bool {
         self.broken
@@ -1417,6 +1430,22 @@ mod escrow_tests {
         let refused = ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 2 }, value: 10 };
         assert_eq!(e, vec![Effect::Reply { to: 1, reply: refused }]);
         assert!(m.escrow_settled() && m.quiet());
+    }
+
+    #[test]
+    fn a_stopping_shard_is_drained_while_a_change_waits_for_headroom() {
+        // Parked for a borrow that may need a shard stopping too: a shell that
+        // committed until `quiet` would loop for ever; `drained` holds at once.
+        let mut m = bounded(0, 10, 2);
+        commit(&mut m, NOW, &[(-5, 1)]);
+        assert!(!m.quiet() && m.drained());
+        assert_eq!(m.step(NOW, Input::CommitDue { writable: true }), vec![], "nothing to commit");
+        // A ledger change not yet written is: the next commit writes it.
+        let mut donor = bounded(1, 0, 10);
+        donor.step(NOW, Input::Escrow(Message::Borrow { from: 0, side: Side::Down, amount: 4 }));
+        assert!(!donor.drained(), "its grant's write is in flight");
+        donor.step(NOW, Input::Applied { ok: true });
+        assert!(donor.drained() && !donor.quiet(), "the grant waits for its ack, not for a commit");
     }
 
     #[test]

@@ -165,8 +165,9 @@ impl Actor for ShardActor {
             t.abort();
         }
         // Anything still queued was admitted before the drain: commit it. Each round
-        // takes a batch (or drops it, if the store takes no writes), so this ends.
-        while !state.machine.quiet() && !state.machine.broken() {
+        // takes a batch (or drops it, if the store takes no writes), so this ends; it
+        // does not wait for the escrow to settle, which needs other shards.
+        while !state.machine.drained() && !state.machine.broken() {
             let writable = !state.ctx.flusher.poisoned();
             state.run(&myself, Input::CommitDue { writable }).await;
         }

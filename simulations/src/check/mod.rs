@@ -14,11 +14,13 @@
 //! | [`staleness`] | a cached read is never staler than `rollup_ms` plus one refresh while the cluster is healthy |
 //! | [`distinct`] | a distinct estimate (of the whole counter, or of a window) stays within a stated multiple of HyperLogLog's standard error |
 //! | [`window`] | a `sync` counter's window sums exactly what was applied in its buckets (tier 2) |
+//! | [`bounded`] | a bounded counter's value never crosses its bound, and no read reports it beyond (tier 2) |
 
 use crate::history::{Disturbance, History, IncrOp, Role, Status};
 use std::fmt;
 
 pub mod batched;
+pub mod bounded;
 pub mod distinct;
 pub mod exactly_once;
 pub mod reconcile;
@@ -51,6 +53,7 @@ pub fn check_all(h: &History) -> Vec<Violation> {
     staleness::check(h, &mut v);
     distinct::check(h, &mut v);
     window::check(h, &mut v);
+    bounded::check(h, &mut v);
     v
 }
 
@@ -168,7 +171,7 @@ pub fn name(h: &History, counter: usize) -> &str {
 
 /// Whether the counter's reads are checked exactly (`sync` roles).
 pub fn exact(role: Role) -> bool {
-    matches!(role, Role::Sync | Role::Distinct | Role::Big)
+    matches!(role, Role::Sync | Role::Distinct | Role::Big | Role::Bounded)
 }
 
 /// The event ids an increment was sent under.

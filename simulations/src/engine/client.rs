@@ -11,7 +11,7 @@ use crate::history::{
     WindowValue,
 };
 use crate::msg::{Answer, Consistency, ReadValue};
-use crate::workload::{counter_plans, counters_of, draw_op, member_name, Draw};
+use crate::workload::{bounded_plans, counter_plans, counters_of, draw_engine_op, member_name, Draw};
 use rand::Rng;
 use std::future::Future;
 use std::time::Duration;
@@ -28,11 +28,13 @@ pub(crate) const AUTO_COUNTER: &str = "sync:1";
 const AUTO_BOUNDS: tally_engine::AutoPatch =
     tally_engine::AutoPatch { auto: true, min_shards: Some(1), max_shards: Some(8) };
 
-/// Creates the workload's counters through node 1 and records them.
+/// Creates the workload's counters through node 1 and records them: tier 1's, then
+/// the bounded ones.
 pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
     let (plans, tally) = {
         let mut g = lock(w);
-        let plans = counter_plans(&mut g.rng);
+        let mut plans = counter_plans(&mut g.rng);
+        plans.extend(bounded_plans(&mut g.rng));
         (plans, g.nodes[0].tally.clone())
     };
     let tally = tally.ok_or("node1 is not open")?;
@@ -157,7 +159,8 @@ async fn client_loop(w: Shared, c: u16) {
                 return;
             }
             let g = &mut *guard;
-            draw_op(&mut g.rng, &g.history.counters)
+            let now = g.now();
+            draw_engine_op(&mut g.rng, &g.history.counters, now, chaos_ms)
         };
         match draw {
             Draw::Incr { counter, delta, member, with_id } => {
@@ -254,6 +257,9 @@ async fn attempt(w: &Shared, op: usize, event_id: Option<String>) -> Option<Answ
         Ok(_) => Answer::Unavailable,
         Err(TallyError::EventIdConflict { .. }) => Answer::Conflict,
         Err(TallyError::Overflow(_)) => Answer::Overflow,
+        // Past a bounded counter's bound: nothing counted, and not retried (the
+        // settle phase asks once more, as for every refusal, to make it final).
+        Err(TallyError::BoundExceeded { .. }) => Answer::Refused,
         Err(_) => Answer::Unavailable,
     });
     let mut g = lock(w);

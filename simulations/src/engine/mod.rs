@@ -440,11 +440,13 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
         let n = g.rng.random_range(0..nodes);
         out.push((t, Fault::Fsync(n)));
     }
-    // The auto counter is left to its machine (a number would make it fixed).
+    // The auto counter is left to its machine (a number would make it fixed), and a
+    // bounded counter's shard count never changes.
     let reshardable: Vec<usize> = (0..g.history.counters.len())
         .filter(|&i| {
             !g.history.counters[i].name.starts_with("big")
                 && g.history.counters[i].name != client::AUTO_COUNTER
+                && !g.history.counters[i].spec.bounded()
         })
         .collect();
     // Six in ten transitions reshard a counter, the others change the membership
