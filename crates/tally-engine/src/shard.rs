@@ -372,8 +372,12 @@ impl ShardActorState {
         }
         let (ctx, id, meta) = (self.ctx.clone(), self.id.clone(), self.meta.clone());
         let answers = answers_after(durable);
+        // A store that blocks runs its flushes on a thread of its own, outside the
+        // runtime the messages are sent on.
+        let runtime = tokio::runtime::Handle::current();
         Some(Box::new(move |r: Result<(), StoreError>| {
             if r.is_ok() {
+                let _inside = runtime.enter();
                 ctx.send_escrow(&id, &meta, sends);
             }
             answers(r);

@@ -64,6 +64,21 @@ async fn a_floor_of_zero_admits_exactly_the_stock_across_shards() {
     tally.shutdown().await.unwrap();
 }
 
+/// On sled, flushes run on a thread of their own, outside the runtime: escrow
+/// messages that wait for a flush are sent from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_holds_on_a_sled_store_whose_flushes_run_off_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let tally = Tally::open(dir.path(), quick_config()).await.unwrap();
+    tally.put_counter("stock", bounded(4, Some(0), None)).await.unwrap();
+    tally.incr("stock", Increment::new(120).writer("supplier")).await.unwrap();
+    let drain = tokio::time::timeout(std::time::Duration::from_secs(30), drain_to_zero(&tally, "stock", 8));
+    let (taken, refused) = drain.await.expect("the stock is taken within 30 s");
+    assert_eq!(taken, 120, "refused {refused}");
+    assert_eq!(tally.read("stock", Consistency::Fresh).await.unwrap().value, 0);
+    tally.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ceiling_admits_exactly_up_to_it_and_a_large_step_is_refused_whole() {
     let (tally, _) = mem_engine().await;
