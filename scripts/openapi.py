@@ -29,8 +29,10 @@ schemas = {
    "At most 131072 count-min counters per shard (width ⌈e/epsilon⌉ × depth ⌈ln(1/delta)⌉); fixed once set."),
  "CounterSpec": obj({"shards": {"type": "integer", "minimum": 1, "maximum": 1024}, "durability": ref("Durability"),
    "flush_ms": UINT, "rollup_ms": UINT, "router": ref("Router"), "distinct": BOOL, "dedup_window_s": UINT, "frequency": nullable(ref("Frequency")),
-   "windows": ref("Windows")},
-   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency", "windows"]),
+   "windows": ref("Windows"),
+   "min": nullable({**INT, "description": "The lowest value the counter may take (bounded counters, docs/SEMANTICS.md); null for none."}),
+   "max": nullable({**INT, "description": "The highest value the counter may take; null for none."})},
+   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency", "windows", "min", "max"]),
  "Windows": {"type": "array", "items": {"type": "string", "pattern": "^[0-9]+[smhd]$", "maxLength": 16}, "maxItems": 4,
    "description": "Sliding windows the shards keep in 60 buckets each (1/60 of the window wide): each from 1m to 30d, "
    "whole milliseconds per bucket, each once, at most 4; answered shortest first in their shortest form (\"24h\" is \"1d\")."},
@@ -40,7 +42,9 @@ schemas = {
    "description": "A fixed count, or \"auto\": the count follows contention within min_shards..=max_shards (a new auto counter starts at min_shards; defaults 1 and 64)."},
    "min_shards": INT, "max_shards": INT, "durability": ref("Durability"), "flush_ms": INT, "rollup_ms": INT,
    "router": ref("Router"), "distinct": BOOL, "dedup_window_s": INT, "frequency": nullable(ref("Frequency")),
-   "windows": {"type": "array", "items": STR, "description": "Sliding windows such as [\"1m\", \"1h\", \"24h\"] ([] for none); windows kept keep their buckets."}},
+   "windows": {"type": "array", "items": STR, "description": "Sliding windows such as [\"1m\", \"1h\", \"24h\"] ([] for none); windows kept keep their buckets."},
+   "min": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value lower is refused with 409 `bound_exceeded`. Must be ≤ 0; never changes."},
+   "max": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value higher is refused. Must be ≥ 0; never changes."}},
    desc="Fields to set; all optional."),
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
    "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards"))},
@@ -134,7 +138,7 @@ def err(desc): return {"description": desc, **json_body(ref("Error"))}
 def ok(desc, schema): return {"description": desc, **json_body(schema)}
 E400 = err("Malformed request: bad name, JSON, query or field.")
 E404 = err("Unknown counter, node or route.")
-E409 = err("Conflict: a reused event id, a writer sequence out of order, a resharding in progress, or not a cluster.")
+E409 = err("Conflict: a reused event id, a writer sequence out of order, a bound the increment would cross (`bound_exceeded`), a resharding in progress, or not a cluster.")
 E429 = err("The writer is new and its shard keeps marks for the most writers it may (`too_many_writers`); retry later.")
 E413 = err("Body or batch too large.")
 E422 = err("A value out of range.")

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tally_tests::TestCluster;
+use tally_tests::{openapi, TestCluster};
 
 /// Units of inventory.
 const STOCK: i64 = 1_000;
@@ -232,7 +232,9 @@ async fn metric_sum(c: &TestCluster, name: &str) -> anyhow::Result<f64> {
 /// The story on a running three-node cluster `c`.
 async fn inventory(c: Arc<TestCluster>, label: &str) -> anyhow::Result<()> {
     let spec = json!({"shards": SHARDS, "durability": "sync", "min": 0});
-    c.put_counter(1, COUNTER, spec).await?;
+    let (status, created) = c.send(1, "PUT", &format!("/v1/counters/{COUNTER}"), spec).await?;
+    anyhow::ensure!(status == 201 && created["spec"]["min"] == json!(0), "{status} {created}");
+    openapi::check("PUT", "/v1/counters/{name}", status, &created)?;
     for d in 0..DELIVERIES {
         let (status, body) = c
             .incr(
@@ -371,6 +373,7 @@ async fn inventory(c: Arc<TestCluster>, label: &str) -> anyhow::Result<()> {
     // And a new one is refused: nothing is left.
     let (status, body) = c.incr(2, COUNTER, json!({"delta": -1, "event_id": "one-more"})).await?;
     assert_eq!((status, &body["error"]["code"]), (409, &json!("bound_exceeded")), "{body}");
+    openapi::check("POST", "/v1/counters/{name}/increments", status, &body)?;
     for node in 1..=3 {
         assert_eq!(c.value(node, COUNTER).await?, 0, "node{node} after the duplicates");
     }
