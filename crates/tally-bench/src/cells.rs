@@ -1,10 +1,13 @@
-//! The measured cells: hot engine counters, the per-increment sled baseline, and reads.
+//! The measured cells: hot engine counters (plain, bounded and windowed), the
+//! per-increment sled baseline, and reads.
 
 use crate::drive::{drive, Driven, Op};
 use crate::options::Options;
 use crate::timed_store::TimedStore;
 use anyhow::{ensure, Context as _};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use tally_core::window::WindowSet;
 use tally_engine::{
     Consistency, Durability, Increment, SledConfig, SpecPatch, SystemClock, Tally, TallyConfig, TallyError,
 };
@@ -127,6 +130,22 @@ pub async fn hot_cell(
 /// The key prefix of the cells that increment through a resolved handle.
 pub const HANDLE_KIND: &str = "handle";
 
+/// A fresh engine over a [`TimedStore`] in a tempdir (kept until this is dropped).
+struct Timed {
+    tally: Tally,
+    store: Arc<TimedStore>,
+    _dir: tempfile::TempDir,
+}
+
+/// What `Tally::open(dir, TallyConfig::default())` does, with the store's commits and
+/// flushes timed.
+async fn open_timed() -> anyhow::Result<Timed> {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(TimedStore::open(dir.path())?);
+    let tally = Tally::open_with(store.clone(), Arc::new(SystemClock), TallyConfig::default()).await?;
+    Ok(Timed { tally, store, _dir: dir })
+}
+
 /// [`hot_cell`]; `via_handle`: every writer increments through one resolved
 /// [`tally_engine::CounterHandle`] instead of by name (row `handle`).
 pub async fn hot_cell_via(
@@ -137,11 +156,7 @@ pub async fn hot_cell_via(
     via_handle: bool,
 ) -> anyhow::Result<Cell> {
     let kind = if via_handle { HANDLE_KIND } else { durability.as_str() };
-    let dir = tempfile::tempdir()?;
-    // What `Tally::open(dir, TallyConfig::default())` does, with the store's commits and
-    // flushes timed.
-    let store = Arc::new(TimedStore::open(dir.path())?);
-    let tally = Tally::open_with(store.clone(), Arc::new(SystemClock), TallyConfig::default()).await?;
+    let Timed { tally, store, _dir } = open_timed().await?;
     let patch = SpecPatch { shards: Some(shards), durability: Some(durability), ..SpecPatch::default() };
     tally.put_counter(HOT, patch).await?;
     let sample_every = if durability == Durability::Batched { opts.sample_every } else { 1 };
@@ -158,8 +173,18 @@ pub async fn hot_cell_via(
 
     let report = tally.shards(HOT).await?;
     let used = report.shards.iter().filter(|s| s.value != 0).count();
+    cell.details = format!(
+        "{used} of {shards} shards received increments{}",
+        engine_details(&tally, &store, durability)
+    );
+    tally.shutdown().await?;
+    Ok(cell)
+}
+
+/// The engine's and the store's counts after a hot cell, each part after `"; "`.
+fn engine_details(tally: &Tally, store: &TimedStore, durability: Durability) -> String {
     let stats = tally.stats();
-    let mut details = format!("{used} of {shards} shards received increments");
+    let mut details = String::new();
     match durability {
         Durability::Batched => {
             let drains = stats.drain_increments.snapshot();
@@ -198,6 +223,248 @@ pub async fn hot_cell_via(
         t.flush_us.1,
         t.flush_us.2
     );
+    details
+}
+
+/// What a hot counter of a [`spec_cell`] carries besides its shards and durability,
+/// and what its writers add. Each is measured beside the plain counter of the same
+/// shards, durability and writers (`sync/8sh/64w`, `batched/8sh/64w`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// `min: Some(0)`, every shard stocked with one increment of `STOCK ÷ shards`
+    /// (by a writer id that routes to it) before timing; writers add −1, each covered
+    /// by the share of the shard it reaches.
+    Bounded,
+    /// `max: Some(STOCK)`: a new counter starts with the headroom below its bound split
+    /// over its shards; writers add +1.
+    BoundedMax,
+    /// `min: Some(0)` with the whole stock put in by one increment, on a shard that
+    /// none of the writers reaches: every decrement's headroom is borrowed from it.
+    BoundedBorrow,
+    /// Sliding windows [`WINDOWS`]; writers add +1.
+    Windowed,
+}
+
+/// The windows of the [`Variant::Windowed`] cells.
+pub const WINDOWS: [&str; 3] = ["1m", "1h", "24h"];
+/// The window the windowed cells check against the acknowledged increments.
+pub const CHECKED_WINDOW: &str = "1h";
+/// The headroom of the bounded cells: far more than any cell spends (2^40, 12 days of
+/// decrements at a million a second).
+pub const STOCK: i64 = 1 << 40;
+
+impl Variant {
+    /// Every variant, in run order.
+    pub const ALL: [Variant; 4] =
+        [Variant::Bounded, Variant::BoundedMax, Variant::BoundedBorrow, Variant::Windowed];
+
+    /// The durabilities it is measured with (bounds require `sync`).
+    pub fn durabilities(self) -> &'static [Durability] {
+        match self {
+            Variant::Windowed => &[Durability::Sync, Durability::Batched],
+            _ => &[Durability::Sync],
+        }
+    }
+
+    /// The row and key prefix.
+    pub fn kind(self, durability: Durability) -> &'static str {
+        match (self, durability) {
+            (Variant::Bounded, _) => "bounded",
+            (Variant::BoundedMax, _) => "bounded-max",
+            (Variant::BoundedBorrow, _) => "bounded-borrow",
+            (Variant::Windowed, Durability::Sync) => "windowed",
+            (Variant::Windowed, Durability::Batched) => "windowed-batched",
+        }
+    }
+
+    /// What each writer adds.
+    pub fn delta(self) -> i64 {
+        match self {
+            Variant::Bounded | Variant::BoundedBorrow => -1,
+            Variant::BoundedMax | Variant::Windowed => 1,
+        }
+    }
+
+    fn bounded(self) -> bool {
+        self != Variant::Windowed
+    }
+}
+
+/// `tally.incr("hot", Increment::new(delta))` on a bounded counter. A refusal
+/// ([`TallyError::BoundExceeded`]) is not a failure: it is counted in `refused` and
+/// returns `Ok`, so the driver counts it with the acknowledged calls and the cell
+/// takes it off.
+struct BoundedIncr {
+    tally: Tally,
+    delta: i64,
+    refused: AtomicU64,
+}
+
+impl Op for BoundedIncr {
+    async fn call(&self) -> Result<(), String> {
+        match self.tally.incr(HOT, Increment::new(self.delta)).await {
+            Ok(outcome) if outcome.applied => Ok(()),
+            Ok(outcome) => Err(format!("increment not applied: {outcome:?}")),
+            Err(TallyError::BoundExceeded { .. }) => {
+                self.refused.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(err(e)),
+        }
+    }
+}
+
+/// `tally.incr(name, Increment::new(1))`, for the routing probe.
+struct ProbeIncr {
+    tally: Tally,
+    name: &'static str,
+}
+
+impl Op for ProbeIncr {
+    async fn call(&self) -> Result<(), String> {
+        self.tally.incr(self.name, Increment::new(1)).await.map(|_| ()).map_err(err)
+    }
+}
+
+/// A writer id the `writer` router sends to `shard` of `shards`.
+fn writer_for_shard(shard: u16, shards: u16) -> String {
+    (0u64..)
+        .map(|j| format!("stock-{j}"))
+        .find(|w| tally_core::router::shard_of_writer(w, shards) == shard)
+        .expect("some writer id routes to every shard")
+}
+
+/// The shards that increments without a writer id reach from the runtime's worker
+/// threads (each thread keeps to one shard of a counter): 200 ms of `+1`s from at
+/// least eight tasks on a throwaway `sync` counter of `shards` shards.
+async fn writer_shards(tally: &Tally, shards: u16, writers: usize) -> anyhow::Result<Vec<u16>> {
+    const PROBE: &str = "routing-probe";
+    let patch =
+        SpecPatch { shards: Some(shards), durability: Some(Durability::Sync), ..SpecPatch::default() };
+    tally.put_counter(PROBE, patch).await?;
+    let op = Arc::new(ProbeIncr { tally: tally.clone(), name: PROBE });
+    let d = drive(op, writers.max(8), std::time::Duration::from_millis(200), 1).await;
+    ensure!(d.errors == 0, "routing probe: {}", d.first_error.unwrap_or_default());
+    let report = tally.shards(PROBE).await?;
+    Ok(report.shards.iter().filter(|s| s.writes > 0).map(|s| s.index).collect())
+}
+
+/// Increments routed to each shard of the hot counter so far.
+async fn shard_writes(tally: &Tally) -> anyhow::Result<Vec<(u16, u64)>> {
+    Ok(tally.shards(HOT).await?.shards.iter().map(|s| (s.index, s.writes)).collect())
+}
+
+/// The key of a [`spec_cell`].
+pub fn spec_key(variant: Variant, durability: Durability, shards: u16, writers: usize) -> String {
+    hot_key(variant.kind(durability), shards, writers)
+}
+
+/// One hot counter of `variant` hammered by `writers` tasks, as in [`hot_cell`], then
+/// verified: a bounded counter's fresh value must equal its stock plus the
+/// acknowledged deltas (refusals are counted apart, not as acknowledged); a windowed
+/// counter's fresh total and its [`CHECKED_WINDOW`] window must both equal the
+/// acknowledged increments.
+pub async fn spec_cell(
+    variant: Variant,
+    durability: Durability,
+    shards: u16,
+    writers: usize,
+    opts: &Options,
+) -> anyhow::Result<Cell> {
+    let kind = variant.kind(durability);
+    let Timed { tally, store, _dir } = open_timed().await?;
+    let mut patch = SpecPatch { shards: Some(shards), durability: Some(durability), ..SpecPatch::default() };
+    match variant {
+        Variant::Bounded | Variant::BoundedBorrow => patch.min = Some(0),
+        Variant::BoundedMax => patch.max = Some(STOCK),
+        Variant::Windowed => patch.windows = Some(WindowSet::parse(&WINDOWS)?),
+    }
+    tally.put_counter(HOT, patch).await?;
+
+    // The stock, put in before timing (for `min`: `max` starts with its headroom).
+    let mut notes = Vec::new();
+    let stock: i64 = match variant {
+        Variant::Bounded => {
+            let share = STOCK / i64::from(shards);
+            for s in 0..shards {
+                tally.incr(HOT, Increment::new(share).writer(writer_for_shard(s, shards))).await?;
+            }
+            notes.push(format!("stock {} in one increment per shard", share * i64::from(shards)));
+            share * i64::from(shards)
+        }
+        Variant::BoundedBorrow => {
+            let reached = writer_shards(&tally, shards, writers).await?;
+            let stocked = (0..shards).find(|s| !reached.contains(s)).unwrap_or(0);
+            tally.incr(HOT, Increment::new(STOCK).writer(writer_for_shard(stocked, shards))).await?;
+            notes.push(format!(
+                "stock {STOCK} in one increment on shard {stocked} (the writers' threads route to shards {reached:?})"
+            ));
+            STOCK
+        }
+        Variant::BoundedMax => {
+            notes.push(format!("max {STOCK}, its headroom split over the shards at creation"));
+            0
+        }
+        Variant::Windowed => 0,
+    };
+    let writes_before = shard_writes(&tally).await?;
+
+    let sample_every = if durability == Durability::Batched { opts.sample_every } else { 1 };
+    let (d, refused) = if variant.bounded() {
+        let op = Arc::new(BoundedIncr {
+            tally: tally.clone(),
+            delta: variant.delta(),
+            refused: AtomicU64::new(0),
+        });
+        let d = drive(op.clone(), writers, opts.duration(), sample_every).await;
+        (d, op.refused.load(Relaxed))
+    } else {
+        let op = Arc::new(EngineIncr { tally: tally.clone() });
+        (drive(op, writers, opts.duration(), sample_every).await, 0)
+    };
+    let acked = d.acked - refused;
+
+    let read = tally.read(HOT, Consistency::Fresh).await.context("fresh read after the run")?;
+    let expected = i128::from(stock) + i128::from(variant.delta()) * i128::from(acked);
+    let mut cell = Cell::from_driven(hot_key(kind, shards, writers), kind, shards, writers, &d, sample_every);
+    cell.rate = acked as f64 / d.elapsed.as_secs_f64();
+    cell.verification = verify_expected(read.value, expected, acked, &d);
+    if variant == Variant::Windowed && cell.verification == Verification::Verified {
+        let w = tally.window(HOT, CHECKED_WINDOW).await.context("window read after the run")?;
+        cell.verification = if !w.complete {
+            Verification::Failed(format!("{CHECKED_WINDOW} window read incomplete: {:?}", w.missing_shards))
+        } else if w.value != i128::from(acked) {
+            Verification::Failed(format!("{CHECKED_WINDOW} window {} != acknowledged {acked}", w.value))
+        } else {
+            Verification::Verified
+        };
+        notes.push(format!(
+            "{CHECKED_WINDOW} window = fresh total = {acked}; window buckets {} bytes (bound {})",
+            w.window_bytes, w.window_bytes_bound
+        ));
+    }
+
+    let writes_after = shard_writes(&tally).await?;
+    let reached: Vec<u16> = writes_after
+        .iter()
+        .filter(|(i, w)| writes_before.iter().find(|(j, _)| j == i).is_none_or(|(_, b)| w > b))
+        .map(|(i, _)| *i)
+        .collect();
+    let mut details = format!("increments reached shards {reached:?} of {shards}");
+    for n in notes {
+        details += "; ";
+        details += &n;
+    }
+    if variant.bounded() {
+        let stats = tally.stats();
+        details += &format!(
+            "; **{refused} refused** (engine: {} refusals; latency includes them); escrow: {} messages, {} grants",
+            stats.bound_refusals.get(),
+            stats.escrow_messages.get(),
+            stats.escrow_grants_sent.get()
+        );
+    }
+    details += &engine_details(&tally, &store, durability);
     cell.details = details;
     tally.shutdown().await?;
     Ok(cell)
@@ -212,16 +479,23 @@ fn mean(sum: u64, count: u64) -> f64 {
 }
 
 fn verify(total: i128, d: &Driven) -> Verification {
+    verify_expected(total, i128::from(d.acked), d.acked, d)
+}
+
+/// Verified when no call failed and the fresh `total` is `expected`, the value the
+/// `acked` acknowledged calls (and any stock) add up to.
+fn verify_expected(total: i128, expected: i128, acked: u64, d: &Driven) -> Verification {
     if d.errors > 0 {
         return Verification::Failed(format!(
-            "{} calls failed (first: {}); total {total}, acknowledged {}",
+            "{} calls failed (first: {}); total {total}, acknowledged {acked}",
             d.errors,
             d.first_error.as_deref().unwrap_or("?"),
-            d.acked
         ));
     }
-    if total != i128::from(d.acked) {
-        return Verification::Failed(format!("fresh total {total} != acknowledged {}", d.acked));
+    if total != expected {
+        return Verification::Failed(format!(
+            "fresh total {total} != {expected} expected from {acked} acknowledged"
+        ));
     }
     Verification::Verified
 }

@@ -1,11 +1,12 @@
 //! Tally's benchmarks: the embedded engine's hot-counter throughput (`batched` and
-//! `sync`) against a naive per-increment-flush sled counter, read latency, and memory
-//! per idle counter. [`run`] measures every selected cell in one process, side by
+//! `sync`, plain, bounded and windowed) against a naive per-increment-flush sled
+//! counter, read latency, and memory per idle counter. [`run`] measures every selected cell in one process, side by
 //! side, and [`Report::render`] prints a Markdown table; the `tally-bench` binary and
 //! the `engine` bench target are thin wrappers around them.
 //!
 //! Every throughput cell ends with a check: the counter's fresh total must equal the
-//! number of increments its writers saw acknowledged.
+//! number of increments its writers saw acknowledged (for a bounded counter, its
+//! stock less the acknowledged decrements).
 
 pub mod cells;
 pub mod drive;
@@ -33,6 +34,10 @@ pub const HANDLE_SHARDS: u16 = 64;
 pub const SYNC_SHARDS: [u16; 2] = [8, 64];
 /// Writer counts of every throughput row.
 pub const WRITERS: [usize; 4] = [1, 2, 4, 64];
+/// Shard count of the bounded and windowed rows (beside `sync/8sh/…` and `batched/8sh/…`).
+pub const SPEC_SHARDS: u16 = 8;
+/// Writer counts of the bounded and windowed rows.
+pub const SPEC_WRITERS: [usize; 2] = [1, 64];
 /// Shard counts of the fresh-read rows.
 pub const FRESH_READ_SHARDS: [u16; 2] = [8, 64];
 /// Shard count of the cached-read row.
@@ -100,6 +105,21 @@ pub async fn run(opts: &Options, command: String) -> Report {
             .await
             .unwrap_or_else(|e| failed_cell(key, durability.as_str(), shards, writers, e));
         report.cells.push(cell);
+    }
+    for variant in cells::Variant::ALL {
+        for &durability in variant.durabilities() {
+            for writers in SPEC_WRITERS {
+                let key = cells::spec_key(variant, durability, SPEC_SHARDS, writers);
+                if !opts.selects(&key) {
+                    continue;
+                }
+                eprintln!("{key} ...");
+                let cell = cells::spec_cell(variant, durability, SPEC_SHARDS, writers, opts)
+                    .await
+                    .unwrap_or_else(|e| failed_cell(key, variant.kind(durability), SPEC_SHARDS, writers, e));
+                report.cells.push(cell);
+            }
+        }
     }
     for writers in WRITERS {
         let key = cells::hot_key(cells::HANDLE_KIND, HANDLE_SHARDS, writers);

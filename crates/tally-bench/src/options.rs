@@ -12,10 +12,18 @@ USAGE:
 OPTIONS:
     --quick             short run for CI smoke (0.5 s per cell, 20,000 counters)
     --seconds N         seconds per cell (default 3; 0.5 with --quick)
-    --only SUBSTRING    run only cells whose key contains SUBSTRING; keys look like
+    --only SUBSTRING    run only cells whose key contains SUBSTRING (or any of several,
+                        comma-separated: --only sync/8sh,bounded,windowed); keys look like
                         batched/8sh/64w, sync/64sh/1w, handle/64sh/64w, baseline/1sh/4w, cached-read/64sh,
                         fresh-read/8sh, memory, hotpath/... (hotpath selects the hot-path
-                        cells: hotpath/sync/1sh/1w, hotpath/new-counters/64w, ...)
+                        cells: hotpath/sync/1sh/1w, hotpath/new-counters/64w, ...).
+                        Bounded and windowed counters (8 shards, 1 and 64 writers; their
+                        plain references are sync/8sh/... and batched/8sh/...):
+                        bounded/8sh/64w (min 0, every shard stocked, writers add -1),
+                        bounded-max/8sh/64w (max, writers add +1), bounded-borrow/8sh/64w
+                        (min 0, the stock on one shard no writer reaches: every decrement
+                        borrows), windowed/8sh/64w and windowed-batched/8sh/64w (windows
+                        1m,1h,24h, writers add +1)
     --counters N        idle counters for the memory row (default 1,000,000; 20,000 with --quick)
     --sample-every N    time 1 in N calls (random gaps) in the batched rows (default 64)
     -h, --help          this text
@@ -28,7 +36,7 @@ pub struct Options {
     pub quick: bool,
     /// Measuring time per cell, in seconds.
     pub seconds: f64,
-    /// Run only cells whose key contains this.
+    /// Run only cells whose key contains this (or any of its comma-separated parts).
     pub only: Option<String>,
     /// Counters created by the memory row.
     pub counters: usize,
@@ -106,9 +114,10 @@ impl Options {
         Duration::from_secs_f64(self.seconds)
     }
 
-    /// Whether the cell with this key is selected.
+    /// Whether the cell with this key is selected: its key contains `only`, or one of
+    /// `only`'s comma-separated parts.
     pub fn selects(&self, key: &str) -> bool {
-        self.only.as_deref().is_none_or(|s| key.contains(s))
+        self.only.as_deref().is_none_or(|s| s.split(',').any(|part| key.contains(part)))
     }
 }
 
@@ -144,5 +153,10 @@ mod tests {
         assert!(o.selects("sync/64sh/4w"));
         assert!(!o.selects("sync/8sh/4w"));
         assert!(Options::default().selects("anything"));
+        let o = Options { only: Some("sync/8sh,bounded".into()), ..Options::default() };
+        assert!(o.selects("sync/8sh/64w"));
+        assert!(o.selects("bounded-borrow/8sh/1w"));
+        assert!(!o.selects("batched/8sh/64w"));
+        assert!(!o.selects("windowed/8sh/64w"));
     }
 }

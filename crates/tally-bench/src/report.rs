@@ -129,6 +129,7 @@ impl Report {
             }
             let _ = writeln!(o);
             self.render_targets(o);
+            self.render_spec(o);
         }
         if let Some(m) = &self.memory {
             render_memory(o, m);
@@ -270,6 +271,61 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The bounded and windowed rows, each beside the plain counter of the same shards,
+    /// durability and writers from this run.
+    fn render_spec(&self, o: &mut String) {
+        use crate::cells::{spec_key, Variant};
+        let mut lines = Vec::new();
+        for variant in Variant::ALL {
+            for &durability in variant.durabilities() {
+                for writers in crate::SPEC_WRITERS {
+                    let key = spec_key(variant, durability, crate::SPEC_SHARDS, writers);
+                    let Some(c) = self.cells.iter().find(|c| c.key == key) else { continue };
+                    let plain_key = hot_key(durability.as_str(), crate::SPEC_SHARDS, writers);
+                    let line = match (&c.verification, self.cell(&plain_key)) {
+                        (Verification::Verified, Some(p)) if p.rate > 0.0 => format!(
+                            "| `{key}` | {} | {} / {} | `{plain_key}` | {} | {} / {} | **{}×** |",
+                            thousands(c.rate),
+                            us(c.p50_us),
+                            us(c.p99_us),
+                            thousands(p.rate),
+                            us(p.p50_us),
+                            us(p.p99_us),
+                            ratio(c.rate / p.rate)
+                        ),
+                        (Verification::Verified, _) => format!(
+                            "| `{key}` | {} | {} / {} | `{plain_key}` | n/a (not run or not verified) | | |",
+                            thousands(c.rate),
+                            us(c.p50_us),
+                            us(c.p99_us)
+                        ),
+                        (Verification::Failed(_), _) => {
+                            format!("| `{key}` | not verified | | `{plain_key}` | | | |")
+                        }
+                    };
+                    lines.push(line);
+                }
+            }
+        }
+        if lines.is_empty() {
+            return;
+        }
+        let _ = writeln!(o, "## Bounded and windowed increments\n");
+        let _ = writeln!(
+            o,
+            "Each beside the plain counter of the same shards, durability and writers, from this run \
+             (refusals and escrow traffic in the per-cell notes):\n"
+        );
+        let _ = writeln!(o, "| cell | increments/s | p50 / p99 µs | plain cell | plain increments/s | plain p50 / p99 µs | ÷ plain |");
+        let _ = writeln!(o, "|---|---:|---:|---|---:|---:|---:|");
+        for l in lines {
+            let _ = writeln!(o, "{l}");
+        }
+        let _ = writeln!(o);
+    }
+}
+
 fn render_memory(o: &mut String, m: &Result<MemoryReport, String>) {
     let _ = writeln!(o, "## Memory per idle counter\n");
     let m = match m {
@@ -336,6 +392,15 @@ fn render_memory(o: &mut String, m: &Result<MemoryReport, String>) {
          how much of it the allocator keeps once everything is dropped.\n",
         tally_engine::SledConfig::DEFAULT_CACHE_CAPACITY_BYTES >> 20
     );
+}
+
+/// A ratio with two decimals, or three below 0.1 (so that a small one is not 0.01 or 0.00).
+fn ratio(r: f64) -> String {
+    if r < 0.1 {
+        format!("{r:.3}")
+    } else {
+        format!("{r:.2}")
+    }
 }
 
 fn pass(ok: bool) -> &'static str {
@@ -436,6 +501,12 @@ mod tests {
         assert_eq!(thousands(1_234_567.8), "1,234,568");
         assert_eq!(thousands(-1234.0), "-1,234");
         assert_eq!(thousands(f64::NAN), "–");
+    }
+
+    #[test]
+    fn small_ratios_keep_a_third_decimal() {
+        assert_eq!(ratio(1.046), "1.05");
+        assert_eq!(ratio(0.0072), "0.007");
     }
 
     #[test]
