@@ -531,9 +531,12 @@ impl<T> Ledger<T> {
                 }
                 // What waits here first, then at most half of the rest: a donor keeps
                 // headroom for its own writers, and two short shards cannot drain each
-                // other back and forth.
+                // other back and forth. Within that, what was asked or a fair slice
+                // (the rest over the shard count), whichever is more: a borrower that
+                // got only what waited would ask again at once for what arrives next.
                 let spare = self.share(side).saturating_sub(self.waiting_on(side));
-                let amount = amount.min(spare.div_ceil(2));
+                let slice = spare / u64::from(self.shards.max(1));
+                let amount = amount.max(slice).min(spare.div_ceil(2));
                 if amount == 0 {
                     return;
                 }
@@ -723,14 +726,27 @@ mod tests {
         donor.step(4, Input::Receive(Message::Ack { from: 0, seq: 0 }));
         assert_eq!(donor.in_flight(Side::Down), 0);
         // The donor's next grant says transfer 0 is settled: the recipient forgets it.
+        // (Asked for 1, it grants a third of its 6: a fair slice.)
         let e = donor.step(5, Input::Receive(borrow(0, 1)));
         let Effect::Send { message: next, .. } = e[1] else { panic!("{e:?}") };
-        assert_eq!(next, Message::Grant { from: 1, seq: 1, side: Side::Down, amount: 1, acked_below: 1 });
+        assert_eq!(next, Message::Grant { from: 1, seq: 1, side: Side::Down, amount: 2, acked_below: 1 });
         short.step(6, Input::Receive(next));
         assert_eq!(short.durable().credits[&1], Credits { below: 1, seen: BTreeSet::from([1]) });
         // A stale resend of transfer 0 arriving late is not credited either.
         short.step(7, Input::Receive(grant));
-        assert_eq!(short.share(Side::Down), 1);
+        assert_eq!(short.share(Side::Down), 2);
+    }
+
+    #[test]
+    fn a_donor_grants_a_fair_slice_when_less_is_asked() {
+        // 3 shards: a third of the spare, so the borrower's next writers find it there.
+        let mut donor = ledger(1, MIN0, [300, 0]);
+        let e = donor.step(0, Input::Receive(borrow(0, 1)));
+        assert!(matches!(e[1], Effect::Send { message: Message::Grant { amount: 100, .. }, .. }), "{e:?}");
+        // What is asked, when more than a slice, up to half.
+        let e = donor.step(1, Input::Receive(borrow(2, 150)));
+        assert!(matches!(e[1], Effect::Send { message: Message::Grant { amount: 100, .. }, .. }), "{e:?}");
+        assert_eq!(donor.share(Side::Down), 100);
     }
 
     #[test]
