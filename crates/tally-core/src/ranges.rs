@@ -355,16 +355,22 @@ fn assign(layout: RangeLayout, r: usize, members: &[NodeId], previous: &[Vec<Nod
         .collect()
 }
 
-/// Moves one leadership's worth of load from the busiest leader to a node that
-/// leads at least two fewer ranges, along the shortest chain of hand-overs (the
-/// busiest node hands a range to one of its replicas, which hands one of its own to
-/// one of that range's replicas, and so on): the ends change by one, the nodes
-/// between keep their count. Returns false when no such chain exists.
+/// Moves one leadership's worth of load from a busiest leader to a node that leads
+/// at least two fewer ranges, along the shortest chain of hand-overs (the busiest
+/// node hands a range to one of its replicas, which hands one of its own to one of
+/// that range's replicas, and so on): the ends change by one, the nodes between keep
+/// their count. The busiest nodes are tried in name order, since a chain may start
+/// from one and not another. Returns false when no such chain exists.
 fn shift_leadership(slots: &mut [Slot], leads: &mut BTreeMap<NodeId, usize>) -> bool {
-    let Some((busy, &top)) = leads.iter().max_by_key(|(n, l)| (**l, std::cmp::Reverse(*n))) else {
+    let Some(&top) = leads.values().max() else {
         return false;
     };
-    let busy = busy.clone();
+    let busiest: Vec<NodeId> = leads.iter().filter(|(_, l)| **l == top).map(|(n, _)| n.clone()).collect();
+    busiest.into_iter().any(|busy| shift_from(slots, leads, busy, top))
+}
+
+/// [`shift_leadership`] from `busy`, which leads `top` ranges.
+fn shift_from(slots: &mut [Slot], leads: &mut BTreeMap<NodeId, usize>, busy: NodeId, top: usize) -> bool {
     // Breadth-first over nodes; `via[n]` is the range whose leadership reached `n`.
     let mut via: BTreeMap<NodeId, usize> = BTreeMap::new();
     let mut queue = std::collections::VecDeque::from([busy.clone()]);
@@ -782,6 +788,23 @@ mod tests {
             .map(|i| d.replicas(RangeId(i)).iter().map(NodeId::as_str).collect::<Vec<_>>().join(","))
             .collect();
         assert_eq!(got, PINNED_REPLICAS);
+    }
+
+    #[test]
+    fn leaderships_balance_when_the_first_busiest_node_has_no_way_down() {
+        // Found by the property below: two nodes lead two ranges each and one none;
+        // the chain of hand-overs starts from whichever busiest node has one.
+        let mut members: BTreeSet<NodeId> = nodes(2).into_iter().collect();
+        let mut d = Directory::new(members.clone(), Some(1)).unwrap();
+        for (toggle, r) in [(6, None), (8, None), (2, None), (9, None), (11, None), (0, None), (4, Some(2))] {
+            let n = node(toggle + 1);
+            if !members.remove(&n) {
+                members.insert(n);
+            }
+            d = d.rebalance(members.clone(), r).unwrap().0;
+            assert!(spread(&d.leader_load()) <= 1, "{:?}", d.leader_load());
+            assert!(spread(&d.replica_load()) <= 1, "{:?}", d.replica_load());
+        }
     }
 
     const PINNED_REPLICAS: [&str; 4] = ["node2,node3", "node1,node2", "node3,node1", "node3,node2"];
