@@ -333,10 +333,7 @@ impl<R> ShardMachine<R> {
 
     /// Whether nothing is queued or in flight: the shard may stop.
     pub fn quiet(&self) -> bool {
-        self.pending.is_empty()
-            && matches!(self.phase, Phase::Idle)
-            && !self.seal_waiting
-            && self.escrow_settled()
+        self.drained() && self.escrow_settled()
     }
 
     /// Whether nothing admitted waits to be written: no submission queued or being
