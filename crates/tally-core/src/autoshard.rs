@@ -24,6 +24,13 @@
 //!   shard, at least `min_shards` ([`Reason::Quiet`]). Between the two thresholds
 //!   nothing happens: that band is the hysteresis, and because a lowered counter
 //!   carries at most half the up threshold per shard, lowering never makes it hot.
+//! * **Lowering is agreed.** In a cluster every node samples the increments *it*
+//!   routes, so one node's quiet says nothing of the others. Before lowering, the
+//!   machine asks ([`AutoEffect::Confirm`]) for every other node's [`PeerView`]; it
+//!   lowers only if each of them has been quiet for the quiet period too, to the
+//!   count the summed rate needs ([`AutoInput::Views`]); a busy node drops the
+//!   proposal. A raise needs no agreement: what one node routes is a lower bound of
+//!   the counter's load. A single node answers its own question with no views.
 //! * **Interval.** At most one proposal per counter per [`Tuning::change_interval_ms`]
 //!   (a refused one counts). Only a change of the bounds themselves
 //!   ([`Reason::Bounds`], a shard count outside `min_shards..=max_shards`) is proposed
@@ -267,6 +274,31 @@ pub enum AutoInput {
         /// Why, as the metadata said it.
         reason: String,
     },
+    /// The other nodes' views, asked for by [`AutoEffect::Confirm`]: one per node
+    /// that answered (a node that cannot be reached routes nothing this node could
+    /// count, and is left out).
+    Views(Vec<NodeView>),
+}
+
+/// What one node has seen of an auto counter: its answer to another node that is
+/// about to lower the counter's shard count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PeerView {
+    /// The shard count the node's machine last saw.
+    pub shards: u16,
+    /// How long its own samples have been quiet, in milliseconds (0: not quiet).
+    pub quiet_for_ms: u64,
+    /// Increments per second it routed to the counter in its latest sample.
+    pub rate_total: u64,
+}
+
+/// One node's answer to [`AutoEffect::Confirm`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// The node.
+    pub node: String,
+    /// Its view; `None` when it does not follow the counter (yet).
+    pub view: Option<PeerView>,
 }
 
 /// What the engine must do.
@@ -276,6 +308,9 @@ pub enum AutoEffect {
     /// ordinary resharding, unless its layout moved meanwhile; answer
     /// [`AutoInput::Refused`] if that is refused.
     Propose(Change),
+    /// Before proposing `change` (a lowering), ask every other node for its
+    /// [`PeerView`] and answer with [`AutoInput::Views`] (no views on a single node).
+    Confirm(Change),
     /// The proposal completed (count it, log it).
     Changed(Change),
     /// The outstanding proposal was dropped: refused, or the count changed otherwise.
@@ -322,6 +357,8 @@ pub struct AutoShardMachine {
     quiet_since_ms: Option<u64>,
     last_proposal_ms: Option<u64>,
     pending: Option<Change>,
+    /// A lowering waiting for the other nodes' views.
+    confirming: Option<Change>,
     last_change: Option<Change>,
     last_dropped: Option<DroppedChange>,
     figures: Option<Figures>,
@@ -338,6 +375,7 @@ impl AutoShardMachine {
             quiet_since_ms: None,
             last_proposal_ms: None,
             pending: None,
+            confirming: None,
             last_change: None,
             last_dropped: None,
             figures: None,
@@ -355,12 +393,23 @@ impl AutoShardMachine {
         }
     }
 
+    /// What this node has seen, for another node about to lower the count.
+    pub fn view(&self, now_ms: u64) -> PeerView {
+        PeerView {
+            shards: self.shards,
+            quiet_for_ms: self.quiet_since_ms.map_or(0, |since| now_ms.saturating_sub(since)),
+            rate_total: self.figures.map_or(0, |f| f.rate_total),
+        }
+    }
+
     /// Takes one input at `now_ms`; returns what to do.
     pub fn step(&mut self, now_ms: u64, input: AutoInput) -> Vec<AutoEffect> {
         let effects = match input {
             AutoInput::Sample(s) => self.sample(now_ms, s),
+            AutoInput::Views(views) => self.views(now_ms, views),
             AutoInput::Bounds(b) => {
                 self.bounds = b;
+                self.confirming = None;
                 self.forget_streaks();
                 match self.pending {
                     Some(_) => Vec::new(),
@@ -381,6 +430,15 @@ impl AutoShardMachine {
 
     fn check(&self) {
         assert!(self.bounds.min_shards <= self.bounds.max_shards, "auto bounds inverted: {:?}", self.bounds);
+        assert!(
+            self.pending.is_none() || self.confirming.is_none(),
+            "a proposal is either confirmed or outstanding: {:?} {:?}",
+            self.pending,
+            self.confirming
+        );
+        if let Some(c) = &self.confirming {
+            assert!(c.to < c.from && c.reason == Reason::Quiet, "only a lowering is confirmed: {c:?}");
+        }
         if let Some(p) = &self.pending {
             assert!(p.from != p.to, "a proposal changes the count: {p:?}");
             assert!(
@@ -424,6 +482,45 @@ impl AutoShardMachine {
         rate_total.div_ceil((self.tuning.rate_up_per_shard / 2).max(1))
     }
 
+    /// The count a quiet counter at `rate_total` is lowered to.
+    fn lowered(&self, rate_total: u64) -> u16 {
+        self.needed(rate_total).clamp(self.bounds.min_shards.into(), u64::from(self.shards) - 1) as u16
+    }
+
+    /// The other nodes answered the confirmation of a lowering.
+    fn views(&mut self, now_ms: u64, views: Vec<NodeView>) -> Vec<AutoEffect> {
+        let Some(asked) = self.confirming.take() else { return Vec::new() };
+        let busy = views.iter().find_map(|v| match v.view {
+            None => Some(format!("node {} does not follow the counter yet", v.node)),
+            Some(p) if p.shards != asked.from => Some(format!("node {} sees {} shards", v.node, p.shards)),
+            Some(p) if p.quiet_for_ms < self.tuning.quiet_ms => {
+                Some(format!("node {} is not quiet ({} increments/s)", v.node, p.rate_total))
+            }
+            Some(_) => None,
+        });
+        if let Some(reason) = busy {
+            self.last_dropped = Some(DroppedChange { change: asked, reason: reason.clone() });
+            return vec![AutoEffect::Dropped { change: asked, reason }];
+        }
+        // Every node is quiet: lower to what their summed rate needs, if that is less.
+        let rate_total = views
+            .iter()
+            .filter_map(|v| v.view)
+            .fold(asked.figures.rate_total, |sum, p| sum.saturating_add(p.rate_total));
+        if self.needed(rate_total) >= u64::from(asked.from) {
+            let reason = format!("the nodes together route {rate_total} increments/s");
+            self.last_dropped = Some(DroppedChange { change: asked, reason: reason.clone() });
+            return vec![AutoEffect::Dropped { change: asked, reason }];
+        }
+        let figures = Figures {
+            rate_total,
+            rate_per_shard: rate_total / u64::from(asked.from.max(1)),
+            ..asked.figures
+        };
+        let to = self.lowered(rate_total);
+        self.propose(now_ms, to, Reason::Quiet, figures)
+    }
+
     fn sample(&mut self, now_ms: u64, s: Sample) -> Vec<AutoEffect> {
         let mut effects = Vec::new();
         if let Some(p) = self.pending {
@@ -443,6 +540,13 @@ impl AutoShardMachine {
             self.shards = s.shards;
             // The sample covers the old layout: start measuring afresh.
             return effects;
+        }
+        if let Some(c) = self.confirming {
+            if !s.resharding && s.shards == c.from {
+                // Still asking the other nodes: this sample decides nothing.
+                return effects;
+            }
+            self.confirming = None;
         }
         if s.resharding || s.shards != self.shards {
             // Someone else is changing (or changed) the layout: follow it.
@@ -490,11 +594,20 @@ impl AutoShardMachine {
                     && self.shards > self.bounds.min_shards
                     && self.interval_passed(now_ms)
                 {
-                    let to = self
-                        .needed(f.rate_total)
-                        .clamp(self.bounds.min_shards.into(), u64::from(self.shards) - 1)
-                        as u16;
-                    return self.propose(now_ms, to, Reason::Quiet, f);
+                    let to = self.lowered(f.rate_total);
+                    let change = Change {
+                        from: self.shards,
+                        to,
+                        reason: Reason::Quiet,
+                        proposed_at_ms: now_ms,
+                        completed_at_ms: None,
+                        figures: f,
+                    };
+                    // Asking counts as a proposal for the interval; the quiet streak
+                    // goes on, so a lowering the others refuse is asked again later.
+                    self.confirming = Some(change);
+                    self.last_proposal_ms = Some(now_ms);
+                    return vec![AutoEffect::Confirm(change)];
                 }
             }
             None => self.forget_streaks(),
@@ -529,6 +642,16 @@ mod tests {
         })
     }
 
+    /// One step of a machine that is the only node: a confirmation is answered at
+    /// once with no views.
+    fn alone(m: &mut AutoShardMachine, now_ms: u64, input: AutoInput) -> Vec<AutoEffect> {
+        let effects = m.step(now_ms, input);
+        match effects.as_slice() {
+            [AutoEffect::Confirm(_)] => m.step(now_ms, AutoInput::Views(Vec::new())),
+            _ => effects,
+        }
+    }
+
     fn proposal(effects: &[AutoEffect]) -> Option<(u16, u16, Reason)> {
         match effects {
             [AutoEffect::Propose(c)] => Some((c.from, c.to, c.reason)),
@@ -557,8 +680,8 @@ mod tests {
     fn a_queue_raises_after_the_hot_streak_and_doubles() {
         let mut m = AutoShardMachine::new(T, B, 1);
         // One hot sample is not enough (hysteresis in time).
-        assert_eq!(proposal(&m.step(0, even(1, 10, 8))), None);
-        let e = m.step(100, even(1, 10, 8));
+        assert_eq!(proposal(&alone(&mut m, 0, even(1, 10, 8))), None);
+        let e = alone(&mut m, 100, even(1, 10, 8));
         assert_eq!(proposal(&e), Some((1, 2, Reason::QueueDepth)));
         let AutoEffect::Propose(c) = &e[0] else { unreachable!() };
         assert_eq!(c.proposed_at_ms, 100);
@@ -573,17 +696,17 @@ mod tests {
             hottest_writes: 10,
             queue_depth_max: 50,
         };
-        assert_eq!(proposal(&m.step(200, AutoInput::Sample(busy))), None);
+        assert_eq!(proposal(&alone(&mut m, 200, AutoInput::Sample(busy))), None);
         assert_eq!(m.status().pending.map(|c| c.to), Some(2));
     }
 
     #[test]
     fn a_hot_streak_is_broken_by_one_calm_sample() {
         let mut m = AutoShardMachine::new(T, B, 1);
-        assert_eq!(proposal(&m.step(0, even(1, 10, 8))), None);
-        assert_eq!(proposal(&m.step(100, even(1, 10, 4))), None);
-        assert_eq!(proposal(&m.step(200, even(1, 10, 8))), None);
-        assert_eq!(proposal(&m.step(300, even(1, 10, 8))), Some((1, 2, Reason::QueueDepth)));
+        assert_eq!(proposal(&alone(&mut m, 0, even(1, 10, 8))), None);
+        assert_eq!(proposal(&alone(&mut m, 100, even(1, 10, 4))), None);
+        assert_eq!(proposal(&alone(&mut m, 200, even(1, 10, 8))), None);
+        assert_eq!(proposal(&alone(&mut m, 300, even(1, 10, 8))), Some((1, 2, Reason::QueueDepth)));
     }
 
     #[test]
@@ -591,8 +714,8 @@ mod tests {
         let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 16 }, 2);
         // 1,000 increments in 100 ms = 10,000/s over 2 shards: 5,000/s each. Needed at
         // 500/s per shard: 20 shards, clamped to 16.
-        m.step(0, even(2, 1_000, 0));
-        assert_eq!(proposal(&m.step(100, even(2, 1_000, 0))), Some((2, 16, Reason::WriteRate)));
+        alone(&mut m, 0, even(2, 1_000, 0));
+        assert_eq!(proposal(&alone(&mut m, 100, even(2, 1_000, 0))), Some((2, 16, Reason::WriteRate)));
     }
 
     #[test]
@@ -607,8 +730,8 @@ mod tests {
             hottest_writes: 110,
             queue_depth_max: 1,
         });
-        m.step(0, skewed.clone());
-        assert_eq!(proposal(&m.step(100, skewed)), Some((4, 8, Reason::HotShard)));
+        alone(&mut m, 0, skewed.clone());
+        assert_eq!(proposal(&alone(&mut m, 100, skewed)), Some((4, 8, Reason::HotShard)));
         let f = m.status().pending.unwrap().figures;
         assert_eq!((f.rate_per_shard, f.rate_hottest), (300, 1_100));
         assert!((f.skew - 110.0 * 4.0 / 120.0).abs() < 1e-9);
@@ -617,12 +740,12 @@ mod tests {
     #[test]
     fn completion_is_seen_in_a_sample_and_recorded() {
         let mut m = AutoShardMachine::new(T, B, 1);
-        m.step(0, even(1, 0, 9));
-        m.step(100, even(1, 0, 9));
+        alone(&mut m, 0, even(1, 0, 9));
+        alone(&mut m, 100, even(1, 0, 9));
         // The resharding is under way: wait.
         let busy = AutoInput::Sample(Sample { shards: 1, resharding: true, ..Default::default() });
-        assert_eq!(m.step(200, busy), vec![]);
-        let e = m.step(300, even(2, 0, 9));
+        assert_eq!(alone(&mut m, 200, busy), vec![]);
+        let e = alone(&mut m, 300, even(2, 0, 9));
         let [AutoEffect::Changed(c)] = e.as_slice() else { panic!("{e:?}") };
         assert_eq!(
             (c.from, c.to, c.reason, c.proposed_at_ms, c.completed_at_ms),
@@ -635,26 +758,26 @@ mod tests {
     #[test]
     fn at_most_one_proposal_per_interval() {
         let mut m = AutoShardMachine::new(T, B, 1);
-        m.step(0, even(1, 0, 9));
-        assert!(proposal(&m.step(100, even(1, 0, 9))).is_some());
-        m.step(200, even(2, 0, 9)); // completed at 2
+        alone(&mut m, 0, even(1, 0, 9));
+        assert!(proposal(&alone(&mut m, 100, even(1, 0, 9))).is_some());
+        alone(&mut m, 200, even(2, 0, 9)); // completed at 2
                                     // Hot again at once: the streak builds, but the interval (1,000 ms from the
                                     // proposal at 100) holds it back until 1,100.
         for t in [300, 400, 500, 1_000, 1_099] {
-            assert_eq!(proposal(&m.step(t, even(2, 0, 9))), None, "at {t}");
+            assert_eq!(proposal(&alone(&mut m, t, even(2, 0, 9))), None, "at {t}");
         }
-        assert_eq!(proposal(&m.step(1_100, even(2, 0, 9))), Some((2, 4, Reason::QueueDepth)));
+        assert_eq!(proposal(&alone(&mut m, 1_100, even(2, 0, 9))), Some((2, 4, Reason::QueueDepth)));
     }
 
     #[test]
     fn never_beyond_max_and_never_below_min() {
         let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 4 }, 4);
         for t in 0..30 {
-            assert_eq!(proposal(&m.step(t * 100, even(4, 0, 100))), None, "at max already");
+            assert_eq!(proposal(&alone(&mut m, t * 100, even(4, 0, 100))), None, "at max already");
         }
         let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 4 }, 2);
         for t in 0..100 {
-            assert_eq!(proposal(&m.step(t * 100, even(2, 0, 0))), None, "at min already");
+            assert_eq!(proposal(&alone(&mut m, t * 100, even(2, 0, 0))), None, "at min already");
         }
     }
 
@@ -664,9 +787,9 @@ mod tests {
         // 20 increments per 100 ms = 200/s: below the quiet threshold (250/s per
         // shard), and needs 1 shard at 500/s: the minimum, 2, decides.
         for t in (0..3_000).step_by(100) {
-            assert_eq!(proposal(&m.step(t, even(32, 20, 1))), None, "at {t}");
+            assert_eq!(proposal(&alone(&mut m, t, even(32, 20, 1))), None, "at {t}");
         }
-        assert_eq!(proposal(&m.step(3_000, even(32, 20, 1))), Some((32, 2, Reason::Quiet)));
+        assert_eq!(proposal(&alone(&mut m, 3_000, even(32, 20, 1))), Some((32, 2, Reason::Quiet)));
     }
 
     #[test]
@@ -674,9 +797,9 @@ mod tests {
         let mut m = AutoShardMachine::new(T, B, 64);
         // 6,000/s over 64 shards = 93/s each (quiet), but it needs 12 shards at 500/s.
         for t in (0..3_000).step_by(100) {
-            m.step(t, even(64, 600, 0));
+            alone(&mut m, t, even(64, 600, 0));
         }
-        assert_eq!(proposal(&m.step(3_000, even(64, 600, 0))), Some((64, 12, Reason::Quiet)));
+        assert_eq!(proposal(&alone(&mut m, 3_000, even(64, 600, 0))), Some((64, 12, Reason::Quiet)));
     }
 
     #[test]
@@ -684,13 +807,13 @@ mod tests {
         let mut m = AutoShardMachine::new(T, B, 8);
         // 500/s per shard: neither hot (1,000) nor quiet (250).
         for t in (0..10_000).step_by(100) {
-            assert_eq!(proposal(&m.step(t, even(8, 400, 1))), None);
+            assert_eq!(proposal(&alone(&mut m, t, even(8, 400, 1))), None);
         }
         // Quiet from 10,000: the period counts from there, not from 0.
         for t in (10_000..13_000).step_by(100) {
-            assert_eq!(proposal(&m.step(t, even(8, 0, 0))), None, "at {t}");
+            assert_eq!(proposal(&alone(&mut m, t, even(8, 0, 0))), None, "at {t}");
         }
-        assert_eq!(proposal(&m.step(13_000, even(8, 0, 0))), Some((8, 1, Reason::Quiet)));
+        assert_eq!(proposal(&alone(&mut m, 13_000, even(8, 0, 0))), Some((8, 1, Reason::Quiet)));
     }
 
     #[test]
@@ -698,7 +821,7 @@ mod tests {
         // The target of a lowering carries at most half the hot rate per shard.
         let mut m = AutoShardMachine::new(T, B, 64);
         for t in (0..=3_000).step_by(100) {
-            m.step(t, even(64, 1_500, 0));
+            alone(&mut m, t, even(64, 1_500, 0));
         }
         let to = m.status().pending.expect("lowered").to;
         assert_eq!(to, 30);
@@ -709,17 +832,17 @@ mod tests {
     #[test]
     fn a_refused_proposal_is_dropped_and_waits_for_the_interval() {
         let mut m = AutoShardMachine::new(T, B, 1);
-        m.step(0, even(1, 0, 9));
-        m.step(100, even(1, 0, 9));
-        let e = m.step(150, AutoInput::Refused { reason: "resharding".into() });
+        alone(&mut m, 0, even(1, 0, 9));
+        alone(&mut m, 100, even(1, 0, 9));
+        let e = alone(&mut m, 150, AutoInput::Refused { reason: "resharding".into() });
         let [AutoEffect::Dropped { change, reason }] = e.as_slice() else { panic!("{e:?}") };
         assert_eq!((change.to, reason.as_str()), (2, "resharding"));
         assert_eq!(m.status().pending, None);
         assert_eq!(m.status().last_dropped.map(|d| d.change.to), Some(2));
         for t in (200..1_100).step_by(100) {
-            assert_eq!(proposal(&m.step(t, even(1, 0, 9))), None, "at {t}");
+            assert_eq!(proposal(&alone(&mut m, t, even(1, 0, 9))), None, "at {t}");
         }
-        assert_eq!(proposal(&m.step(1_100, even(1, 0, 9))), Some((1, 2, Reason::QueueDepth)));
+        assert_eq!(proposal(&alone(&mut m, 1_100, even(1, 0, 9))), Some((1, 2, Reason::QueueDepth)));
         // A refusal with nothing outstanding does nothing.
         let mut idle = AutoShardMachine::new(T, B, 1);
         assert_eq!(idle.step(0, AutoInput::Refused { reason: "x".into() }), vec![]);
@@ -728,42 +851,42 @@ mod tests {
     #[test]
     fn someone_elses_change_is_followed() {
         let mut m = AutoShardMachine::new(T, B, 4);
-        m.step(0, even(4, 0, 9));
+        alone(&mut m, 0, even(4, 0, 9));
         // A resharding by hand starts and ends at 16: the streak starts again.
         assert_eq!(
-            m.step(100, AutoInput::Sample(Sample { shards: 4, resharding: true, ..Default::default() })),
+            alone(&mut m, 100, AutoInput::Sample(Sample { shards: 4, resharding: true, ..Default::default() })),
             vec![]
         );
-        assert_eq!(proposal(&m.step(200, even(16, 0, 9))), None);
-        assert_eq!(proposal(&m.step(300, even(16, 0, 9))), None);
-        assert_eq!(proposal(&m.step(400, even(16, 0, 9))), Some((16, 32, Reason::QueueDepth)));
+        assert_eq!(proposal(&alone(&mut m, 200, even(16, 0, 9))), None);
+        assert_eq!(proposal(&alone(&mut m, 300, even(16, 0, 9))), None);
+        assert_eq!(proposal(&alone(&mut m, 400, even(16, 0, 9))), Some((16, 32, Reason::QueueDepth)));
         // A proposal overtaken by another change is dropped and the count followed.
-        let e = m.step(500, even(8, 0, 0));
+        let e = alone(&mut m, 500, even(8, 0, 0));
         assert!(matches!(e.as_slice(), [AutoEffect::Dropped { change, .. }] if change.to == 32), "{e:?}");
-        assert_eq!(proposal(&m.step(600, even(8, 0, 9))), None);
+        assert_eq!(proposal(&alone(&mut m, 600, even(8, 0, 9))), None);
     }
 
     #[test]
     fn new_bounds_clamp_at_once_even_within_the_interval() {
         let mut m = AutoShardMachine::new(T, B, 1);
-        m.step(0, even(1, 0, 9));
-        m.step(100, even(1, 0, 9));
-        m.step(200, even(2, 0, 0));
-        let e = m.step(300, AutoInput::Bounds(AutoShards { min_shards: 8, max_shards: 16 }));
+        alone(&mut m, 0, even(1, 0, 9));
+        alone(&mut m, 100, even(1, 0, 9));
+        alone(&mut m, 200, even(2, 0, 0));
+        let e = alone(&mut m, 300, AutoInput::Bounds(AutoShards { min_shards: 8, max_shards: 16 }));
         assert_eq!(proposal(&e), Some((2, 8, Reason::Bounds)));
-        m.step(400, even(8, 0, 0));
+        alone(&mut m, 400, even(8, 0, 0));
         assert_eq!(m.status().last_change.map(|c| (c.to, c.reason)), Some((8, Reason::Bounds)));
-        let e = m.step(500, AutoInput::Bounds(AutoShards { min_shards: 1, max_shards: 4 }));
+        let e = alone(&mut m, 500, AutoInput::Bounds(AutoShards { min_shards: 1, max_shards: 4 }));
         assert_eq!(proposal(&e), Some((8, 4, Reason::Bounds)));
         // Bounds that already hold the count change nothing.
         let mut m = AutoShardMachine::new(T, B, 4);
-        assert_eq!(m.step(0, AutoInput::Bounds(AutoShards { min_shards: 2, max_shards: 8 })), vec![]);
+        assert_eq!(alone(&mut m, 0, AutoInput::Bounds(AutoShards { min_shards: 2, max_shards: 8 })), vec![]);
         // A count found outside the bounds in a sample is clamped too.
         let mut m = AutoShardMachine::new(T, AutoShards { min_shards: 2, max_shards: 8 }, 2);
-        m.step(0, even(2, 0, 0));
-        m.step(100, AutoInput::Sample(Sample { shards: 2, resharding: true, ..Default::default() }));
-        m.step(200, even(32, 0, 0));
-        assert_eq!(proposal(&m.step(300, even(32, 0, 0))), Some((32, 8, Reason::Bounds)));
+        alone(&mut m, 0, even(2, 0, 0));
+        alone(&mut m, 100, AutoInput::Sample(Sample { shards: 2, resharding: true, ..Default::default() }));
+        alone(&mut m, 200, even(32, 0, 0));
+        assert_eq!(proposal(&alone(&mut m, 300, even(32, 0, 0))), Some((32, 8, Reason::Bounds)));
     }
 
     #[test]
@@ -776,7 +899,7 @@ mod tests {
             ..Default::default()
         });
         for t in 0..10 {
-            assert_eq!(m.step(t * 1_000, empty.clone()), vec![]);
+            assert_eq!(alone(&mut m, t * 1_000, empty.clone()), vec![]);
         }
         assert_eq!(m.status().figures, None);
     }
@@ -795,11 +918,11 @@ mod tests {
                     shards = to;
                 }
                 let depth = writers.div_ceil(u32::from(shards));
-                for e in m.step(*now, even(shards, u64::from(writers), depth)) {
+                for e in alone(m, *now, even(shards, u64::from(writers), depth)) {
                     match e {
                         AutoEffect::Propose(c) => pending = Some(c.to),
                         AutoEffect::Changed(c) => changes.push((c.from, c.to, c.reason)),
-                        AutoEffect::Dropped { .. } => panic!("nothing refuses here"),
+                        AutoEffect::Dropped { .. } | AutoEffect::Confirm(_) => panic!("nothing refuses here"),
                     }
                 }
                 *now += 100;
@@ -818,5 +941,85 @@ mod tests {
                 (16, 1, Reason::Quiet),
             ]
         );
+    }
+
+    fn view(node: &str, shards: u16, quiet_for_ms: u64, rate_total: u64) -> NodeView {
+        NodeView { node: node.into(), view: Some(PeerView { shards, quiet_for_ms, rate_total }) }
+    }
+
+    /// Drives `m` quiet at 8 shards until it asks to lower; returns the question.
+    fn asks_to_lower(m: &mut AutoShardMachine) -> Change {
+        for t in (0..3_000).step_by(100) {
+            assert_eq!(m.step(t, even(8, 0, 0)), vec![], "at {t}");
+        }
+        let e = m.step(3_000, even(8, 0, 0));
+        let [AutoEffect::Confirm(c)] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!((c.from, c.to, c.reason), (8, 1, Reason::Quiet));
+        *c
+    }
+
+    #[test]
+    fn a_lowering_waits_for_every_other_node_to_be_quiet_too() {
+        let mut m = AutoShardMachine::new(T, B, 8);
+        asks_to_lower(&mut m);
+        assert_eq!(m.status().pending, None, "asking is not proposing");
+        // While the others are asked, samples decide nothing.
+        assert_eq!(m.step(3_050, even(8, 0, 0)), vec![]);
+        // One node is busy: nothing is proposed, and the drop says who.
+        let e = m.step(3_100, AutoInput::Views(vec![view("n2", 8, 5_000, 0), view("n3", 8, 0, 3_000)]));
+        let [AutoEffect::Dropped { change, reason }] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!((change.to, reason.as_str()), (1, "node n3 is not quiet (3000 increments/s)"));
+        // Asked again only after the interval; the quiet streak went on meanwhile.
+        for t in (3_200..4_000).step_by(100) {
+            assert_eq!(m.step(t, even(8, 0, 0)), vec![], "at {t}");
+        }
+        assert!(matches!(m.step(4_000, even(8, 0, 0)).as_slice(), [AutoEffect::Confirm(_)]));
+        // Now every node is quiet: the count their summed rate needs (1,200/s at
+        // 500/s per shard: 3) is proposed.
+        let e = m.step(4_100, AutoInput::Views(vec![view("n2", 8, 5_000, 700), view("n3", 8, 3_000, 500)]));
+        assert_eq!(proposal(&e), Some((8, 3, Reason::Quiet)));
+        assert_eq!(m.status().pending.map(|c| c.figures.rate_total), Some(1_200));
+    }
+
+    #[test]
+    fn a_node_that_does_not_follow_or_sees_another_count_holds_a_lowering_back() {
+        let mut m = AutoShardMachine::new(T, B, 8);
+        asks_to_lower(&mut m);
+        let e = m.step(3_100, AutoInput::Views(vec![NodeView { node: "n2".into(), view: None }]));
+        assert!(matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("n2")), "{e:?}");
+        let mut m = AutoShardMachine::new(T, B, 8);
+        asks_to_lower(&mut m);
+        let e = m.step(3_100, AutoInput::Views(vec![view("n2", 16, 9_000, 0)]));
+        assert!(matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("16")), "{e:?}");
+        // Quiet nodes whose rates add up to what 8 shards need lower nothing.
+        let mut m = AutoShardMachine::new(T, B, 8);
+        asks_to_lower(&mut m);
+        let e = m.step(3_100, AutoInput::Views(vec![view("n2", 8, 9_000, 1_900), view("n3", 8, 9_000, 1_900)]));
+        assert!(matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("3800")), "{e:?}");
+    }
+
+    #[test]
+    fn a_question_is_forgotten_when_the_layout_or_the_bounds_change() {
+        let mut m = AutoShardMachine::new(T, B, 8);
+        asks_to_lower(&mut m);
+        // Someone else reshards meanwhile: the answers that come later change nothing.
+        assert_eq!(m.step(3_100, AutoInput::Sample(Sample { shards: 8, resharding: true, ..Default::default() })), vec![]);
+        assert_eq!(m.step(3_200, AutoInput::Views(Vec::new())), vec![]);
+        assert_eq!(m.status().pending, None);
+        let mut m = AutoShardMachine::new(T, B, 8);
+        asks_to_lower(&mut m);
+        assert_eq!(m.step(3_100, AutoInput::Bounds(AutoShards { min_shards: 2, max_shards: 8 })), vec![]);
+        assert_eq!(m.step(3_200, AutoInput::Views(Vec::new())), vec![]);
+    }
+
+    #[test]
+    fn a_view_reports_the_quiet_streak_and_the_latest_rate() {
+        let mut m = AutoShardMachine::new(T, B, 8);
+        assert_eq!(m.view(0), PeerView { shards: 8, quiet_for_ms: 0, rate_total: 0 });
+        m.step(0, even(8, 400, 1));
+        assert_eq!(m.view(50), PeerView { shards: 8, quiet_for_ms: 0, rate_total: 4_000 });
+        m.step(100, even(8, 10, 0));
+        m.step(200, even(8, 10, 0));
+        assert_eq!(m.view(900), PeerView { shards: 8, quiet_for_ms: 800, rate_total: 100 });
     }
 }
