@@ -3,8 +3,10 @@
 //! writers get it resharded up within 10 s; once they stop it is resharded back down
 //! after the quiet period. The total is exact after each phase (every increment
 //! carries an event id and is retried with it until its outcome is known), and
-//! `GET /shards` and `/metrics` show each change and its reason. Also: a cluster
-//! refuses "auto" with a clear error rather than half-supporting it.
+//! `GET /shards` and `/metrics` show each change and its reason. The same story runs
+//! on a three-node cluster, the writers spread over the nodes: each node samples only
+//! what it routes, any of them may raise the count, and a lowering waits until every
+//! node has been quiet for the quiet period.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -45,34 +47,50 @@ async fn wait_for(c: &TestCluster, within: Duration, pred: impl Fn(u64) -> bool)
     }
 }
 
-/// Pauses every writer, then the fresh total must equal the acknowledged sum.
+/// Pauses every writer, then the fresh total on every node must equal the
+/// acknowledged sum.
 async fn check_exact(c: &TestCluster, load: &Load, resume: usize) -> Result<i64> {
     load.active.store(0, SeqCst);
     while load.idle.load(SeqCst) < WRITERS {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let value = c.value(1, NAME).await?;
-    assert_eq!(value, load.acked.load(SeqCst), "a read after a drain is the acknowledged sum");
+    for i in 1..=c.len() {
+        assert_eq!(c.value(i, NAME).await?, load.acked.load(SeqCst), "node {i}: a read after a drain");
+    }
     load.active.store(resume, SeqCst);
     Ok(value)
 }
 
-/// The machine's report, once it has seen its last change complete.
-async fn seen_change(c: &TestCluster) -> Result<Value> {
+/// The report of the node whose machine made the last change, once it has seen it
+/// complete (in a cluster, the node that proposed it).
+async fn seen_change(c: &TestCluster, to: u64) -> Result<Value> {
     let start = Instant::now();
     loop {
-        let report = c.get(1, &format!("/v1/counters/{NAME}/shards")).await?;
-        openapi::check("GET", "/v1/counters/{name}/shards", 200, &report)?;
-        let auto = &report["auto"];
-        let shards = report["shards"].as_array().map_or(0, Vec::len) as u64;
-        if auto["pending"].is_null() && auto["last_change"]["to"].as_u64() == Some(shards) {
-            return Ok(report);
+        for i in 1..=c.len() {
+            let report = c.get(i, &format!("/v1/counters/{NAME}/shards")).await?;
+            openapi::check("GET", "/v1/counters/{name}/shards", 200, &report)?;
+            let auto = &report["auto"];
+            let shards = report["shards"].as_array().map_or(0, Vec::len) as u64;
+            if auto["pending"].is_null() && auto["last_change"]["to"].as_u64() == Some(shards) && shards == to {
+                return Ok(report);
+            }
         }
         if start.elapsed() > Duration::from_secs(5) {
-            bail!("the change was never seen complete: {report}");
+            bail!("no node saw the change to {to} shards complete");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A metric summed over every node.
+async fn metric(c: &TestCluster, series: &str) -> Result<u64> {
+    let mut sum = 0;
+    for i in 1..=c.len() {
+        let metrics = reqwest::get(format!("{}/metrics", c.node(i).url())).await?.text().await?;
+        sum += sample(&metrics, series);
+    }
+    Ok(sum)
 }
 
 fn sample(metrics: &str, series: &str) -> u64 {
@@ -81,7 +99,17 @@ fn sample(metrics: &str, series: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
-    let c = Arc::new(TestCluster::start_configured(1, &[], TIMERS).await?);
+    up_and_down(1).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_three_nodes_any_node_raises_and_all_agree_to_lower() -> Result<()> {
+    up_and_down(3).await
+}
+
+/// The whole story on a cluster of `nodes`; writer `w` sends to node `w % nodes + 1`.
+async fn up_and_down(nodes: usize) -> Result<()> {
+    let c = Arc::new(TestCluster::start_configured(nodes, &[], TIMERS).await?);
     let (status, body) = c
         .send(
             1,
@@ -121,7 +149,7 @@ async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
                     idle = false;
                 }
                 let inc = json!({"delta": 1, "event_id": format!("{w}-{i}"), "writer": format!("w{w}")});
-                match c.incr(1, NAME, inc).await {
+                match c.incr(w % nodes + 1, NAME, inc).await {
                     Ok((200, body)) if body["applied"] == true => {
                         load.acked.fetch_add(1, SeqCst);
                         i += 1;
@@ -143,8 +171,8 @@ async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
     // 64 writers: resharded up within 10 s.
     let up = wait_for(&c, Duration::from_secs(10), |s| s > 1).await?;
     let first = layout(&c).await?.0;
-    eprintln!("t12: 64 writers: 1 -> {first} shards after {:.1} s", up.as_secs_f64());
-    let report = seen_change(&c).await?;
+    eprintln!("t12: {nodes} node(s), 64 writers: 1 -> {first} shards after {:.1} s", up.as_secs_f64());
+    let report = seen_change(&c, first).await?;
     let change = &report["auto"]["last_change"];
     assert_eq!(
         (change["from"].as_u64(), change["reason"].as_str()),
@@ -159,13 +187,13 @@ async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
     }
     let total = check_exact(&c, &load, 0).await?;
     let peak = layout(&c).await?.0;
-    eprintln!("t12: peak {peak} shards; {total} increments acknowledged");
+    eprintln!("t12: {nodes} node(s): peak {peak} shards; {total} increments acknowledged");
     assert!((4..=64).contains(&peak), "{peak}");
 
     // Quiet: back down to min_shards after the quiet period.
     let down = wait_for(&c, Duration::from_secs(15), |s| s == 1).await?;
-    eprintln!("t12: quiet: {peak} -> 1 shards after {:.1} s", down.as_secs_f64());
-    let report = seen_change(&c).await?;
+    eprintln!("t12: {nodes} node(s): quiet: {peak} -> 1 shards after {:.1} s", down.as_secs_f64());
+    let report = seen_change(&c, 1).await?;
     let change = &report["auto"]["last_change"];
     // A raise proposed before the writers paused may complete after `peak` was read.
     let from = change["from"].as_u64().unwrap_or(0);
@@ -175,26 +203,27 @@ async fn sixty_four_writers_reshard_up_and_quiet_reshards_down() -> Result<()> {
     for w in writers {
         w.await?;
     }
-    assert_eq!(c.value(1, NAME).await?, load.acked.load(SeqCst));
+    for i in 1..=nodes {
+        assert_eq!(c.value(i, NAME).await?, load.acked.load(SeqCst), "node {i}");
+    }
 
-    // The metrics count the changes by direction and reason.
-    let metrics = reqwest::get(format!("{}/metrics", c.node(1).url())).await?.text().await?;
-    assert!(
-        sample(&metrics, r#"tally_auto_reshards_total{direction="up",reason="queue_depth"}"#) >= 1,
-        "{metrics}"
-    );
-    assert_eq!(sample(&metrics, r#"tally_auto_reshards_total{direction="down",reason="quiet"}"#), 1);
-    assert_eq!(sample(&metrics, "tally_auto_counters"), 1);
+    // The metrics count the changes by direction and reason (each on the node that
+    // made it); every node follows the counter.
+    assert!(metric(&c, r#"tally_auto_reshards_total{direction="up",reason="queue_depth"}"#).await? >= 1);
+    assert_eq!(metric(&c, r#"tally_auto_reshards_total{direction="down",reason="quiet"}"#).await?, 1);
+    assert_eq!(metric(&c, "tally_auto_counters").await?, nodes as u64);
 
-    // Fixed again by a number.
+    // Fixed again by a number, as every node sees.
     c.put_counter(1, NAME, json!({"shards": 2})).await?;
-    let info = c.get(1, &format!("/v1/counters/{NAME}")).await?;
-    assert!(info["auto"].is_null(), "{info}");
+    for i in 1..=nodes {
+        let info = c.get(i, &format!("/v1/counters/{NAME}")).await?;
+        assert!(info["auto"].is_null(), "node {i}: {info}");
+    }
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_bounds_are_422_and_a_cluster_refuses_auto() -> Result<()> {
+async fn bad_bounds_are_422() -> Result<()> {
     let c = TestCluster::start(1).await?;
     for body in [
         json!({"shards": "auto", "min_shards": 0}),
@@ -212,14 +241,78 @@ async fn bad_bounds_are_422_and_a_cluster_refuses_auto() -> Result<()> {
         );
         openapi::check("PUT", "/v1/counters/{name}", status, &answer)?;
     }
-    drop(c);
-    let cluster = TestCluster::start(3).await?;
-    let (status, answer) = cluster.send(1, "PUT", "/v1/counters/auto", json!({"shards": "auto"})).await?;
-    assert_eq!(
-        (status, answer["error"]["code"].as_str()),
-        (422, Some("auto_shards_unsupported")),
-        "{answer}"
-    );
-    openapi::check("PUT", "/v1/counters/{name}", status, &answer)?;
+    Ok(())
+}
+
+/// Writers on one node of three keep the count up: the two idle nodes are quiet and
+/// ask to lower it, the busy one refuses every time; once it stops too, the count
+/// comes down. The total is exact on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_busy_node_holds_a_lowering_back() -> Result<()> {
+    const NAME: &str = "auto:one-node";
+    // A low threshold, so that what 8 writers send through one node is far from quiet.
+    let config = format!("{TIMERS}auto_rate_up_per_shard = 40\n");
+    let c = Arc::new(TestCluster::start_configured(3, &[], &config).await?);
+    c.put_counter(1, NAME, json!({"shards": "auto", "min_shards": 1, "max_shards": 8, "durability": "sync"}))
+        .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicI64::new(0));
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (c, stop, acked) = (c.clone(), stop.clone(), acked.clone());
+        writers.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(SeqCst) {
+                let inc = json!({"delta": 1, "event_id": format!("{w}-{i}")});
+                match c.incr(3, NAME, inc).await {
+                    Ok((200, body)) if body["applied"] == true => {
+                        acked.fetch_add(1, SeqCst);
+                        i += 1;
+                    }
+                    Ok((503, _)) | Err(_) => continue,
+                    Ok((status, body)) => panic!("increment {w}-{i}: {status} {body}"),
+                }
+            }
+        }));
+    }
+    let shards = |c: Arc<TestCluster>| async move {
+        let info = c.get(1, &format!("/v1/counters/{NAME}")).await?;
+        anyhow::Ok((info["layout_shards"].as_u64().unwrap_or(0), !info["resharding"].is_null()))
+    };
+    let start = Instant::now();
+    while shards(c.clone()).await? != (8, false) {
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("not raised to 8 shards within 10 s: {:?}", shards(c.clone()).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Three quiet periods with node 3 busy: never lowered.
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(6) {
+        assert_eq!(shards(c.clone()).await?.0, 8, "lowered while node 3 was busy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut refused = Vec::new();
+    for i in 1..=2 {
+        let report = c.get(i, &format!("/v1/counters/{NAME}/shards")).await?;
+        refused.push(report["auto"]["last_dropped"]["reason"].as_str().unwrap_or_default().to_string());
+    }
+    eprintln!("t12: the idle nodes' last lowering was refused: {refused:?}");
+    assert!(refused.iter().any(|r| r.contains("is not quiet")), "{refused:?}");
+    stop.store(true, SeqCst);
+    for w in writers {
+        w.await?;
+    }
+    let start = Instant::now();
+    while shards(c.clone()).await? != (1, false) {
+        if start.elapsed() > Duration::from_secs(15) {
+            bail!("not lowered within 15 s of going quiet: {:?}", shards(c.clone()).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("t12: lowered to 1 shard {:.1} s after the last writer stopped", start.elapsed().as_secs_f64());
+    for i in 1..=3 {
+        assert_eq!(c.value(i, NAME).await?, acked.load(SeqCst), "node {i}");
+    }
     Ok(())
 }

@@ -28,6 +28,7 @@ use std::time::Duration;
 use tally_core::codec;
 use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect, MetaError};
 use tally_core::ring::Ring;
+use tally_core::spec::AutoShards;
 use tally_core::{CounterName, NodeId, ShardId};
 use tally_engine::{
     Catalog, EngineParts, Generations, Placement, ShardRequest, ShardResponse, SledConfig, SledStore,
@@ -119,12 +120,27 @@ fn rejection(e: Rejection) -> TallyError {
         Rejection::Resharding { target } => MetaError::Resharding { target }.into(),
         Rejection::TooManyGenerations { count } => MetaError::TooManyGenerations { count }.into(),
         Rejection::StaleGeneration { current, got } => MetaError::StaleGeneration { current, got }.into(),
+        Rejection::AutoStale { version, found } => {
+            TallyError::AutoProposalStale { counter: String::new(), version, found }
+        }
         other => TallyError::Unavailable { shard: "metadata".into(), reason: other.to_string() },
     }
 }
 
 fn raft_error(e: tally_raft::RaftError) -> TallyError {
     TallyError::Unavailable { shard: "metadata".into(), reason: e.to_string() }
+}
+
+impl RaftCatalog {
+    /// Replicates a counter request and returns what applying it answered.
+    async fn write_counter(&self, req: Request) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
+        let response = self.raft.write(req).await.map_err(raft_error)?;
+        match response.into_counter_result() {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(e)) => Err(rejection(e)),
+            None => Err(TallyError::Unavailable { shard: "metadata".into(), reason: "unexpected answer".into() }),
+        }
+    }
 }
 
 impl Catalog for RaftCatalog {
@@ -145,16 +161,47 @@ impl Catalog for RaftCatalog {
         Box::pin(async move {
             // Refuse a bad command here, with the exact error, before replicating it.
             apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
-            let req = Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms };
-            let response = self.raft.write(req).await.map_err(raft_error)?;
-            match response.into_counter_result() {
-                Some(Ok(r)) => Ok(r),
-                Some(Err(e)) => Err(rejection(e)),
-                None => Err(TallyError::Unavailable {
-                    shard: "metadata".into(),
-                    reason: "unexpected answer".into(),
-                }),
-            }
+            self.write_counter(Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms }).await
+        })
+    }
+
+    fn auto_shards(&self, name: &str) -> Result<Option<AutoShards>, TallyError> {
+        Ok(self.raft.auto_shards(name))
+    }
+
+    fn auto_counters(&self) -> Result<Vec<(CounterName, AutoShards)>, TallyError> {
+        Ok(self.raft.auto_counters())
+    }
+
+    fn apply_auto<'a>(
+        &'a self,
+        name: &'a CounterName,
+        cmd: &'a MetaCommand,
+        auto: Option<AutoShards>,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
+            let req = Request::CounterAuto { name: name.clone(), cmd: cmd.clone(), auto, now_ms };
+            self.write_counter(req).await
+        })
+    }
+
+    fn auto_reshard<'a>(
+        &'a self,
+        name: &'a CounterName,
+        version: u64,
+        shards: u16,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
+        Box::pin(async move {
+            let req = Request::AutoReshard { name: name.clone(), version, shards, now_ms };
+            self.write_counter(req).await.map_err(|e| match e {
+                TallyError::AutoProposalStale { found, .. } => {
+                    TallyError::AutoProposalStale { counter: name.to_string(), version, found }
+                }
+                other => other,
+            })
         })
     }
 
@@ -234,6 +281,8 @@ pub struct RingPlacement {
     replication: Option<Arc<Replication>>,
     /// The local engine, for a request whose range's new leader is this node.
     engine: OnceLock<Tally>,
+    /// Every other node of the config (each may route increments).
+    peers: Vec<NodeId>,
 }
 
 impl RingPlacement {
@@ -285,6 +334,10 @@ impl Placement for RingPlacement {
 
     fn epoch(&self) -> u64 {
         self.view().epoch
+    }
+
+    fn peers(&self) -> Vec<NodeId> {
+        self.peers.clone()
     }
 
     fn call<'a>(
@@ -476,6 +529,7 @@ impl ClusterNode {
             call_timeout: Duration::from_millis(config.engine.call_timeout_ms),
             replication: replication.clone(),
             engine: OnceLock::new(),
+            peers: config.members.iter().filter(|m| m.id != me.id).map(|m| NodeId::new(&m.id)).collect(),
         });
         let mut engine_cfg = config.engine.clone();
         engine_cfg.node_id = NodeId::new(&me.id);

@@ -9,11 +9,18 @@
 //! for its answer (`Slot::in_flight_peak`). Nothing is read from the store or the
 //! network to sample, except the counter's metadata from the local catalog.
 //!
-//! One proposer: this task is the only one that proposes an auto change, once per
-//! engine, and its proposal is applied only if the counter's metadata is still the
-//! version it sampled ([`Catalog::auto_reshard`]): a proposal crossing a `PATCH` by
-//! hand is refused, never undoes it.
+//! One proposer per engine: this task is the only one that proposes an auto change
+//! on this node, and its proposal is applied only if the counter's metadata is still
+//! the version it sampled ([`Catalog::auto_reshard`]): a proposal crossing a `PATCH`
+//! by hand, or another node's proposal, is refused, never undoes it.
 //!
+//! In a cluster every node follows every auto counter the (replicated) catalog
+//! lists, each sampling the increments it routes. Any node may raise a counter; a
+//! lowering is first confirmed by asking every other node for its view
+//! ([`ShardRequest::AutoView`], answered by [`view`]): see
+//! [`tally_core::autoshard`].
+//!
+//! [`ShardRequest::AutoView`]: crate::placement::ShardRequest::AutoView
 //! [`Catalog::auto_reshard`]: crate::catalog::Catalog::auto_reshard
 
 use crate::auto_book::Tracked;
@@ -22,7 +29,8 @@ use crate::error::TallyError;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::autoshard::{AutoEffect, AutoInput, AutoShardMachine, AutoStatus, Sample};
+use crate::placement::{ShardRequest, ShardResponse};
+use tally_core::autoshard::{AutoEffect, AutoInput, AutoShardMachine, AutoStatus, NodeView, PeerView, Sample};
 use tally_core::meta::CounterMeta;
 use tally_core::spec::AutoShards;
 use tally_core::CounterName;
@@ -99,6 +107,13 @@ pub(crate) fn forget(ctx: &Ctx, name: &CounterName) {
     ctx.auto.0.lock().remove(name);
 }
 
+/// What this node has seen of `name`, for a node about to lower it (`None`: not
+/// followed here).
+pub(crate) fn view(ctx: &Ctx, name: &str) -> Option<PeerView> {
+    let now = ctx.now_ms();
+    ctx.auto.0.lock().get(name).map(|t| t.machine.view(now))
+}
+
 /// The machine's view of `name`, if it is an auto counter followed here.
 pub(crate) fn status(ctx: &Ctx, name: &str) -> Option<AutoStatus> {
     ctx.auto.0.lock().get(name).map(|t| t.machine.status())
@@ -108,8 +123,72 @@ fn step(ctx: &Ctx, name: &CounterName, now_ms: u64, input: AutoInput) -> Vec<Aut
     ctx.auto.0.lock().get_mut(name).map(|t| t.machine.step(now_ms, input)).unwrap_or_default()
 }
 
+/// Follows what the catalog lists now: a counter made auto, or given new bounds, on
+/// another node (a replicated catalog), and stops following those no longer listed.
+async fn refresh(ctx: &Arc<Ctx>) {
+    let listed = match ctx.catalog.auto_counters() {
+        Ok(listed) => listed,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the auto counters");
+            return;
+        }
+    };
+    let now = ctx.now_ms();
+    let mut changed = Vec::new();
+    {
+        let book = ctx.auto.0.lock();
+        let stale: Vec<CounterName> =
+            book.keys().filter(|n| !listed.iter().any(|(l, _)| l == *n)).cloned().collect();
+        drop(book);
+        for name in stale {
+            forget(ctx, &name);
+        }
+    }
+    for (name, bounds) in listed {
+        let known = ctx.auto.0.lock().get(&name).map(|t| t.machine.status().bounds);
+        match known {
+            Some(b) if b == bounds => {}
+            Some(_) => changed.push((name, bounds)),
+            None => {
+                if ctx.auto.0.lock().len() >= AUTO_COUNTERS_MAX {
+                    continue;
+                }
+                if let Ok(Some(meta)) = ctx.catalog.get(name.as_str()) {
+                    follow(ctx, &name, bounds, &meta, now);
+                }
+            }
+        }
+    }
+    for (name, bounds) in changed {
+        let Ok(Some(meta)) = ctx.catalog.get(name.as_str()) else { continue };
+        let effects = step(ctx, &name, now, AutoInput::Bounds(bounds));
+        execute(ctx, &name, meta.version, effects).await;
+    }
+}
+
+/// Asks every other node what it has seen of `name`; those that do not answer are
+/// left out (a node that cannot be reached routes nothing this one could count).
+async fn ask_peers(ctx: &Ctx, name: &CounterName) -> Vec<NodeView> {
+    let Some(placement) = ctx.placement.clone() else { return Vec::new() };
+    let asks = placement.peers().into_iter().map(|node| {
+        let placement = placement.clone();
+        let request = ShardRequest::AutoView { counter: name.clone() };
+        async move {
+            match placement.call(&node, request).await {
+                Ok(ShardResponse::AutoView(view)) => Some(NodeView { node: node.to_string(), view }),
+                other => {
+                    tracing::debug!(counter = %name, %node, answer = ?other, "no auto view from a node");
+                    None
+                }
+            }
+        }
+    });
+    futures::future::join_all(asks).await.into_iter().flatten().collect()
+}
+
 /// One sample of every followed counter, each fed to its machine.
 async fn sample_all(ctx: &Arc<Ctx>) {
+    refresh(ctx).await;
     let names: Vec<CounterName> = ctx.auto.0.lock().keys().cloned().collect();
     for name in names {
         let meta = match ctx.catalog.get(name.as_str()) {
@@ -186,6 +265,12 @@ async fn execute(ctx: &Arc<Ctx>, name: &CounterName, version: u64, effects: Vec<
                     let now = ctx.now_ms();
                     effects.extend(step(ctx, name, now, AutoInput::Refused { reason: e.to_string() }));
                 }
+            }
+            AutoEffect::Confirm(change) => {
+                tracing::debug!(counter = %name, from = change.from, to = change.to, "asking the other nodes before lowering");
+                let views = ask_peers(ctx, name).await;
+                let now = ctx.now_ms();
+                effects.extend(step(ctx, name, now, AutoInput::Views(views)));
             }
             AutoEffect::Changed(change) => {
                 ctx.stats.auto_changes.record(change.is_up(), change.reason);

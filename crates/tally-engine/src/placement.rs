@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tally_core::dedup::DedupRecord;
 use tally_core::shard::ShardReply;
 use tally_core::shard::Submission;
-use tally_core::{NodeId, ShardId};
+use tally_core::{CounterName, NodeId, ShardId};
 use tally_store::ShardImage;
 
 /// A request to the engine that owns a shard.
@@ -91,12 +91,19 @@ pub enum ShardRequest {
         /// The message.
         message: tally_core::escrow::Message,
     },
+    /// To a node, not a shard: what it has seen of an auto counter
+    /// ([`tally_core::autoshard::PeerView`]), asked by a node about to lower the
+    /// counter's shard count.
+    AutoView {
+        /// The counter.
+        counter: CounterName,
+    },
 }
 
 impl ShardRequest {
-    /// The shard the request is about.
-    pub fn shard(&self) -> &ShardId {
-        match self {
+    /// The shard the request is about (`None`: it is for the node itself).
+    pub fn shard(&self) -> Option<&ShardId> {
+        let id = match self {
             ShardRequest::Submit { id, .. }
             | ShardRequest::Read { id }
             | ShardRequest::Seal { id, .. }
@@ -106,7 +113,9 @@ impl ShardRequest {
             | ShardRequest::HandOff { id, .. }
             | ShardRequest::Adopt { id, .. }
             | ShardRequest::Escrow { id, .. } => id,
-        }
+            ShardRequest::AutoView { .. } => return None,
+        };
+        Some(id)
     }
 }
 
@@ -139,6 +148,8 @@ pub enum ShardResponse {
         /// Whether the shard is sealed: its new owner must keep it sealed.
         sealed: bool,
     },
+    /// What the node has seen of an auto counter (`None`: it does not follow it).
+    AutoView(Option<tally_core::autoshard::PeerView>),
     /// The owner could not serve the request; retrying may succeed.
     Failed {
         /// The engine's error code.
@@ -171,6 +182,10 @@ pub trait Placement: Send + Sync + 'static {
     /// owner is the only copy always may.
     fn confirm_local<'a>(&'a self, _id: &'a ShardId) -> BoxFuture<'a, Result<(), TallyError>> {
         Box::pin(async { Ok(()) })
+    }
+    /// Every other node that may route increments (for questions put to all of them).
+    fn peers(&self) -> Vec<NodeId> {
+        Vec::new()
     }
     /// Carries `request` to `node` and returns its answer (with a timeout).
     fn call<'a>(

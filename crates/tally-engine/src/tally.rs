@@ -595,9 +595,11 @@ impl Tally {
         // is for its owner, and a sender with an older view of the membership learns
         // it here and retries.
         let for_owner = !matches!(request, ShardRequest::HandOff { .. } | ShardRequest::Adopt { .. });
-        if let Some((_, owner)) = ctx.remote(request.shard()).filter(|_| for_owner) {
-            let reason = format!("{owner} owns it now (this node has applied a newer membership)");
-            return Err(crate::error::unavailable(request.shard(), &reason));
+        if let Some(id) = request.shard().filter(|_| for_owner) {
+            if let Some((_, owner)) = ctx.remote(id) {
+                let reason = format!("{owner} owns it now (this node has applied a newer membership)");
+                return Err(crate::error::unavailable(id, &reason));
+            }
         }
         match request {
             ShardRequest::HandOff { id, epoch, after } => {
@@ -639,6 +641,9 @@ impl Tally {
                 let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
                 ctx.escrow_local(&id, &rt.meta, message).await?;
                 Ok(ShardResponse::Done)
+            }
+            ShardRequest::AutoView { counter } => {
+                Ok(ShardResponse::AutoView(crate::autoshard::view(ctx, counter.as_str())))
             }
         }
     }

@@ -699,6 +699,16 @@ impl MetaRaft {
         self.shared.read().state.tombstones.clone()
     }
 
+    /// The auto bounds of `name`, if its shard count follows contention.
+    pub fn auto_shards(&self, name: &str) -> Option<tally_core::spec::AutoShards> {
+        self.shared.read().state.auto.get(name).copied()
+    }
+
+    /// Every counter whose shard count follows contention, with its bounds.
+    pub fn auto_counters(&self) -> Vec<(CounterName, tally_core::spec::AutoShards)> {
+        self.shared.read().state.auto.iter().map(|(n, b)| (n.clone(), *b)).collect()
+    }
+
     /// Counters with a resharding in progress, which the data plane must complete
     /// (seal the old generation, then write `CompleteReshard`).
     pub fn pending_reshards(&self) -> Vec<CounterName> {

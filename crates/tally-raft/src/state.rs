@@ -12,8 +12,10 @@ use crate::types::{
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tally_core::meta::{apply_command, CounterMeta, MetaEffect};
+use tally_core::meta::MetaCommand;
 use tally_core::name::CounterName;
 use tally_core::ring::RING_NODES_MAX;
+use tally_core::spec::{AutoShards, SpecPatch};
 
 /// Longest accepted data-plane node id, in bytes.
 pub const NODE_ID_LEN_MAX: usize = 255;
@@ -39,6 +41,8 @@ pub struct MetaState {
     /// How many [`Request`]s were applied in total. Not used by any transition; it
     /// lets tests prove that no entry is applied twice (across restarts too).
     pub applied_requests: u64,
+    /// The bounds of every counter whose shard count follows contention.
+    pub auto: BTreeMap<CounterName, AutoShards>,
 }
 
 /// One item of the state, as persisted under its own key.
@@ -52,6 +56,8 @@ pub(crate) enum Touched {
     Members,
     /// The store records.
     Stores,
+    /// A counter's auto bounds.
+    Auto(CounterName),
 }
 
 impl MetaState {
@@ -60,31 +66,16 @@ impl MetaState {
     pub(crate) fn apply(&mut self, req: &Request) -> (Response, Vec<Touched>, Vec<MetaChange>) {
         self.applied_requests += 1;
         match req {
-            Request::Counter { name, cmd, now_ms } => {
-                let current = self.counters.get(name).cloned();
-                match apply_command(current, cmd, *now_ms) {
-                    Err(e) => (Response::Counter(Err(Rejection::from(e))), vec![], vec![]),
-                    Ok((next, effect)) => {
-                        let mut touched = vec![];
-                        if !matches!(effect, MetaEffect::Unchanged | MetaEffect::Missing) {
-                            touched.push(Touched::Counter(name.clone()));
-                            match &next {
-                                Some(meta) => self.counters.insert(name.clone(), meta.clone()),
-                                None => self.counters.remove(name),
-                            };
-                        }
-                        if let MetaEffect::Deleted(generations) = &effect {
-                            let tomb = self.tombstones.entry(name.clone()).or_default();
-                            tomb.extend(generations.iter().copied());
-                            tomb.sort_unstable();
-                            tomb.dedup();
-                            touched.push(Touched::Tombstone(name.clone()));
-                        }
-                        let changes =
-                            if touched.is_empty() { vec![] } else { vec![MetaChange::Counter(name.clone())] };
-                        (Response::Counter(Ok((next, Effect::from(effect)))), touched, changes)
-                    }
+            Request::Counter { name, cmd, now_ms } => self.counter(name, cmd, None, *now_ms),
+            Request::CounterAuto { name, cmd, auto, now_ms } => self.counter(name, cmd, Some(*auto), *now_ms),
+            Request::AutoReshard { name, version, shards, now_ms } => {
+                let found = self.counters.get(name).map(|m| m.version).filter(|_| self.auto.contains_key(name));
+                if found != Some(*version) {
+                    let refused = Rejection::AutoStale { version: *version, found };
+                    return (Response::Counter(Err(refused)), vec![], vec![]);
                 }
+                let cmd = MetaCommand::Put(SpecPatch { shards: Some(*shards), ..Default::default() });
+                self.counter(name, &cmd, None, *now_ms)
             }
             Request::ClearTombstone { name } => {
                 let existed = self.tombstones.remove(name).is_some();
@@ -140,6 +131,51 @@ impl MetaState {
                 Some(_) => self.set_store(*node, StoreRecord { store: *store, data_lost: false }),
             },
         }
+    }
+
+    /// Applies `cmd` to counter `name` and, when `auto` is given, sets its auto
+    /// bounds (`Some(None)`: fixed) in the same change. A deleted counter loses them.
+    fn counter(
+        &mut self,
+        name: &CounterName,
+        cmd: &MetaCommand,
+        auto: Option<Option<AutoShards>>,
+        now_ms: u64,
+    ) -> (Response, Vec<Touched>, Vec<MetaChange>) {
+        let current = self.counters.get(name).cloned();
+        let (next, effect) = match apply_command(current, cmd, now_ms) {
+            Err(e) => return (Response::Counter(Err(Rejection::from(e))), vec![], vec![]),
+            Ok(r) => r,
+        };
+        let mut touched = vec![];
+        if !matches!(effect, MetaEffect::Unchanged | MetaEffect::Missing) {
+            touched.push(Touched::Counter(name.clone()));
+            match &next {
+                Some(meta) => self.counters.insert(name.clone(), meta.clone()),
+                None => self.counters.remove(name),
+            };
+        }
+        if let MetaEffect::Deleted(generations) = &effect {
+            let tomb = self.tombstones.entry(name.clone()).or_default();
+            tomb.extend(generations.iter().copied());
+            tomb.sort_unstable();
+            tomb.dedup();
+            touched.push(Touched::Tombstone(name.clone()));
+        }
+        let bounds = match (&next, auto) {
+            (None, _) => None,
+            (Some(_), Some(set)) => set,
+            (Some(_), None) => self.auto.get(name).copied(),
+        };
+        if bounds != self.auto.get(name).copied() {
+            match bounds {
+                Some(b) => self.auto.insert(name.clone(), b),
+                None => self.auto.remove(name),
+            };
+            touched.push(Touched::Auto(name.clone()));
+        }
+        let changes = if touched.is_empty() { vec![] } else { vec![MetaChange::Counter(name.clone())] };
+        (Response::Counter(Ok((next, Effect::from(effect)))), touched, changes)
     }
 
     fn set_store(&mut self, node: NodeId, record: StoreRecord) -> (Response, Vec<Touched>, Vec<MetaChange>) {

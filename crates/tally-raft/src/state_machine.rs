@@ -8,6 +8,7 @@
 //!   `apply_batch`. A restart therefore never re-applies an entry whose effect is
 //!   already stored, nor loses an effect whose entry counts as applied.
 //!   * `c/<name>` → `CounterMeta`, `t/<name>` → tombstone generations,
+//!     `a/<name>` → the auto bounds of a counter whose shard count follows contention,
 //!   * `members` → `(members, placement_epoch, previous, handoff)`, `requests` → applied-request count,
 //!   * `stores` → every raft node's store record (raft id → incarnation, data lost),
 //!   * `applied` → `Option<LogId>`, `membership` → `StoredMembership`.
@@ -60,6 +61,7 @@ const KEY_REQUESTS: &[u8] = b"requests";
 const KEY_STORES: &[u8] = b"stores";
 pub(crate) const PREFIX_COUNTER: &[u8] = b"c/";
 const PREFIX_TOMBSTONE: &[u8] = b"t/";
+const PREFIX_AUTO: &[u8] = b"a/";
 pub(crate) const KEY_SNAPSHOT: &[u8] = b"current";
 const KEY_SNAPSHOT_SEQ: &[u8] = b"seq";
 
@@ -169,6 +171,9 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
                 let generations: Vec<(u32, u16)> = decode("tombstone", &value)?;
                 applied.state.tombstones.insert(name_at(PREFIX_TOMBSTONE)?, generations);
             }
+            k if k.starts_with(PREFIX_AUTO) => {
+                applied.state.auto.insert(name_at(PREFIX_AUTO)?, decode("auto shard bounds", &value)?);
+            }
             other => {
                 tracing::warn!(key = ?String::from_utf8_lossy(other), "unknown key in raft state machine")
             }
@@ -193,6 +198,10 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
             batch.insert(KEY_MEMBERS, tally_core::codec::encode(&members))
         }
         Touched::Stores => batch.insert(KEY_STORES, tally_core::codec::encode(&state.stores)),
+        Touched::Auto(name) => match state.auto.get(name) {
+            Some(b) => batch.insert(prefixed(PREFIX_AUTO, name), tally_core::codec::encode(b)),
+            None => batch.remove(prefixed(PREFIX_AUTO, name)),
+        },
     }
 }
 
@@ -204,6 +213,9 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) {
     }
     for name in s.tombstones.keys() {
         stage(batch, s, &Touched::Tombstone(name.clone()));
+    }
+    for name in s.auto.keys() {
+        stage(batch, s, &Touched::Auto(name.clone()));
     }
     stage(batch, s, &Touched::Members);
     stage(batch, s, &Touched::Stores);

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::io::Cursor;
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError, SealedGeneration};
 use tally_core::name::CounterName;
-use tally_core::spec::SpecError;
+use tally_core::spec::{AutoShards, SpecError};
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of Tally's metadata group: `u64` node ids,
@@ -113,6 +113,31 @@ pub enum Request {
         /// The incarnation whose loss is accepted (an accept for an older one is
         /// refused, so it never clears a newer loss).
         store: StoreId,
+    },
+    /// [`Request::Counter`], also setting whether the counter's shard count follows
+    /// contention: its auto bounds, or `None` to make it fixed. Both in one change.
+    CounterAuto {
+        /// The counter.
+        name: CounterName,
+        /// What to do to it.
+        cmd: MetaCommand,
+        /// Its auto bounds after the change (`None`: fixed).
+        auto: Option<AutoShards>,
+        /// The proposer's clock, in milliseconds since the Unix epoch.
+        now_ms: u64,
+    },
+    /// Reshard an auto counter to `shards`, only if it is still auto and its metadata
+    /// still at `version` ([`Rejection::AutoStale`] otherwise): a node's decision made
+    /// from a stale look, or crossing another's, never undoes a change.
+    AutoReshard {
+        /// The counter.
+        name: CounterName,
+        /// The metadata version the decision was made from.
+        version: u64,
+        /// The new shard count.
+        shards: u16,
+        /// The proposer's clock, in milliseconds since the Unix epoch.
+        now_ms: u64,
     },
 }
 
@@ -338,6 +363,15 @@ pub enum Rejection {
         current: u32,
         /// The generation named.
         got: u32,
+    },
+    /// An auto resharding decided from metadata `version`, found at `found` (or not
+    /// auto, or gone).
+    #[error("auto resharding decided at version {version} is stale (now {found:?})")]
+    AutoStale {
+        /// The version the decision was made from.
+        version: u64,
+        /// The counter's version now, if it exists and is auto.
+        found: Option<u64>,
     },
 }
 

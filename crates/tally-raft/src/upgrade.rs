@@ -1,9 +1,11 @@
-//! Upgrading a raft database of format 1, 2 or 3 to today's format, in place.
+//! Upgrading a raft database of format 1, 2, 3 or 4 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
 //! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
 //! format 2 (`tally_core::format::v3`: format 3 added windows), format 3's those of
-//! format 3 (`tally_core::format::v4`: format 4 added bounds). An upgrade decodes each
+//! format 3 (`tally_core::format::v4`: format 4 added bounds). Format 4's records are
+//! today's except its snapshot, whose state has no auto bounds (format 5 added
+//! them, and two requests its entries may now hold). An upgrade decodes each
 //! with the frozen types, converts it and writes it back, together with the new
 //! format marker, in one sled transaction: a crash leaves the database either all
 //! of the old format or all today's.
@@ -84,8 +86,8 @@ impl<C: Into<MetaCommand>> From<RequestOld<C>> for Request {
     }
 }
 
-/// [`MetaState`] as formats 1, 2 and 3 stored it (inside snapshots): only the
-/// counters' layout (`M`) differs between them and today.
+/// [`MetaState`] as formats 1 to 4 stored it (inside snapshots): the counters'
+/// layout (`M`) differs between them, and none kept auto bounds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct MetaStateOld<M> {
     counters: BTreeMap<CounterName, M>,
@@ -109,6 +111,7 @@ impl<M: Into<CounterMeta>> From<MetaStateOld<M>> for MetaState {
             handoff: v.handoff,
             stores: v.stores,
             applied_requests: v.applied_requests,
+            auto: BTreeMap::new(),
         }
     }
 }
@@ -170,6 +173,16 @@ fn upgrade_entry_v3(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
 
 fn upgrade_snapshot_v3(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     upgrade_snapshot::<CounterMetaV4>(("format-3 snapshot", "format-3 snapshot state"), bytes)
+}
+
+/// Format 4's entries and counter records are today's: its requests are a prefix of
+/// today's, its counters of today's layout.
+fn unchanged(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    Ok(bytes.to_vec())
+}
+
+fn upgrade_snapshot_v4(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<CounterMeta>(("format-4 snapshot", "format-4 snapshot state"), bytes)
 }
 
 /// Why an upgrade failed; nothing was changed.
@@ -259,6 +272,17 @@ pub(crate) fn from_v3(
         counter: &v4::upgrade_counter_meta,
         snapshot: &upgrade_snapshot_v3,
     };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites the snapshot of a format-4 `db` in today's format, as [`from_v1`] does.
+pub(crate) fn from_v4(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites { entry: &unchanged, counter: &unchanged, snapshot: &upgrade_snapshot_v4 };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 

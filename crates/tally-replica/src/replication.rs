@@ -233,7 +233,8 @@ impl Replication {
             Ok(ShardResponse::Failed { code, .. }) => code == "shard_unavailable",
             Ok(_) => false,
         };
-        let id = request.shard().clone();
+        // A question for the node itself goes straight to it.
+        let Some(id) = request.shard().cloned() else { return send(node.clone(), request).await };
         let range = self.range_of(&id);
         let sent_to = self.leadership_of(range, node);
         let first = send(node.clone(), request.clone()).await;

@@ -109,7 +109,6 @@ impl Service for ClusterService {
         patch: SpecPatch,
         auto: AutoPatch,
     ) -> Result<PutOutcome, TallyError> {
-        // The replicated catalog keeps no auto bounds yet: it refuses "auto".
         self.node.tally().put_counter_auto(name, patch, auto).await
     }
 

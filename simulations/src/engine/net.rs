@@ -239,6 +239,11 @@ impl Placement for SimPlacement {
         node_name(self.me)
     }
 
+    fn peers(&self) -> Vec<NodeId> {
+        let nodes = lock(&self.world).nodes.len() as u8;
+        (0..nodes).filter(|&n| n != self.me).map(node_name).collect()
+    }
+
     fn call<'a>(
         &'a self,
         node: &'a NodeId,

@@ -37,8 +37,9 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// The metadata raft store's layout (log, vote, state machine, identity) written by
 /// this release. Format 2 added fields to counter specs (see [`v1`]); format 3 added
 /// sliding windows to them (see [`v3`]); format 4 added their bounds, `min` and `max`
-/// (see [`v4`]).
-pub const RAFT_STORE_FORMAT: u32 = 4;
+/// (see [`v4`]); format 5 added the auto bounds of counters whose shard count follows
+/// contention (kept in the state and its snapshots, and set by two new requests).
+pub const RAFT_STORE_FORMAT: u32 = 5;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -53,13 +54,16 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// specs their windows. Protocol 6: counter specs carry their bounds, shard images the
 /// shard's escrow ledger, a shard's answer to an increment may be that it would take a
 /// bounded counter past its bound (`BoundExceeded`), and shards of a bounded counter
-/// send each other escrow messages (a request kind of its own).
-pub const PEER_PROTOCOL: u32 = 6;
+/// send each other escrow messages (a request kind of its own). Protocol 7: a node may
+/// ask another what it has seen of an auto counter (a request for the node, not a
+/// shard).
+pub const PEER_PROTOCOL: u32 = 7;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
-/// carry bounds (`min`, `max`) too.
-pub const RAFT_PROTOCOL: u32 = 4;
+/// carry bounds (`min`, `max`) too. Protocol 5: snapshots carry counters' auto bounds,
+/// and entries may set them or reshard an auto counter.
+pub const RAFT_PROTOCOL: u32 = 5;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;
