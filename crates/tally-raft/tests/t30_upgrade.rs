@@ -16,6 +16,11 @@
 //! windowed specs sit in the snapshot, the state machine and the log. Made on that
 //! release the same way, with
 //! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-3 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_windows`.
+//!
+//! `tests/fixtures/raft-format-4.tar.gz` is the story of format 3 written in raft
+//! store format 4 (the last before auto bounds), with a bounded counter created too;
+//! its snapshot's state has no auto bounds. Made on that release with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-4 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_bounds`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -84,9 +89,20 @@ async fn one_node(dir: &Path) -> MetaRaft {
     node
 }
 
+/// A bounded counter's creation (raft store format 4 on).
+fn bounded_patch() -> SpecPatch {
+    SpecPatch {
+        shards: Some(4),
+        durability: Some(Durability::Sync),
+        min: Some(0),
+        max: Some(1_000),
+        ..SpecPatch::default()
+    }
+}
+
 /// What the fixture's release wrote; `windowed`: the requests only a release with
-/// windows could write, too.
-async fn story(node: &MetaRaft, windowed: bool) {
+/// windows could write, too; `bounded`: those only a release with bounds could.
+async fn story(node: &MetaRaft, windowed: bool, bounded: bool) {
     node.write(counter("full", MetaCommand::Put(full_patch()))).await.unwrap();
     node.write(counter("plain", MetaCommand::Ensure)).await.unwrap();
     for i in 0..12 {
@@ -105,6 +121,9 @@ async fn story(node: &MetaRaft, windowed: bool) {
         node.write(counter("windowed", MetaCommand::Put(windowed_patch()))).await.unwrap();
         node.write(counter("windowed", MetaCommand::Put(rewindowed_patch()))).await.unwrap();
     }
+    if bounded {
+        node.write(counter("bounded", MetaCommand::Put(bounded_patch()))).await.unwrap();
+    }
     // Last, so it sits in the log after the snapshot: a resharding left in progress.
     node.write(counter("moving", MetaCommand::Put(SpecPatch { shards: Some(2), ..Default::default() })))
         .await
@@ -115,11 +134,11 @@ async fn story(node: &MetaRaft, windowed: bool) {
 }
 
 /// Writes a fixture with this build, in its raft store format.
-async fn write(windowed: bool) {
+async fn write(windowed: bool, bounded: bool) {
     let dir = PathBuf::from(std::env::var("TALLY_WRITE_FIXTURE").expect("TALLY_WRITE_FIXTURE=DIR"));
     assert!(!dir.exists(), "{} exists: remove it first", dir.display());
     let node = one_node(&dir).await;
-    story(&node, windowed).await;
+    story(&node, windowed, bounded).await;
     node.shutdown().await;
 }
 
@@ -127,14 +146,21 @@ async fn write(windowed: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
 async fn write_fixture() {
-    write(false).await;
+    write(false, false).await;
 }
 
 /// Writes the format-3 fixture (see the module docs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
 async fn write_fixture_with_windows() {
-    write(true).await;
+    write(true, false).await;
+}
+
+/// Writes the format-4 fixture (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture_with_bounds() {
+    write(true, true).await;
 }
 
 /// The fixture `name` unpacked in a fresh directory (starting a node writes to it):
@@ -227,4 +253,38 @@ async fn a_raft_database_of_format_3_holds_the_same_state_with_its_windows_and_n
     node.shutdown().await;
     drop(node);
     assert_eq!(format_marker(&dir).await, Some(encode_version(RAFT_STORE_FORMAT).to_vec()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_format_4_holds_the_same_state_with_its_bounds_and_takes_auto_bounds() {
+    let (_keep, dir) = fixture_copy("raft-format-4");
+    assert_eq!(format_marker(&dir).await, Some(encode_version(4).to_vec()));
+
+    let node = one_node(&dir).await;
+    // The story's 25 requests plus the store registration, each applied once.
+    assert_eq!(check_story(&node), 26);
+    let bounded = node.state().counters["bounded"].clone();
+    assert_eq!(bounded.spec, CounterSpec::default().patched(&bounded_patch()).unwrap());
+    assert_eq!((bounded.spec.min, bounded.spec.max, bounded.layout.shards), (Some(0), Some(1_000), 4));
+    assert!(node.auto_counters().is_empty());
+
+    // It goes on as a database of this release: a counter becomes auto, and the
+    // bounds survive a restart (and the snapshots taken meanwhile).
+    let bounds = tally_core::spec::AutoShards { min_shards: 2, max_shards: 16 };
+    let name = CounterName::new("auto").unwrap();
+    let put = MetaCommand::Put(SpecPatch { shards: Some(2), ..SpecPatch::default() });
+    node.write(Request::CounterAuto { name: name.clone(), cmd: put, auto: Some(bounds), now_ms: NOW_MS })
+        .await
+        .unwrap();
+    for i in 0..10 {
+        node.write(counter(&format!("after:{i}"), MetaCommand::Ensure)).await.unwrap();
+    }
+    node.shutdown().await;
+    drop(node);
+    assert_eq!(format_marker(&dir).await, Some(encode_version(RAFT_STORE_FORMAT).to_vec()));
+    let node = one_node(&dir).await;
+    assert_eq!(node.auto_counters(), vec![(name, bounds)]);
+    // Nothing applied twice across the restart.
+    assert_eq!(check_story(&node), 26 + 11);
+    node.shutdown().await;
 }
