@@ -402,6 +402,46 @@ mod tests {
         assert_eq!(s.stores[&3], accepted);
     }
 
+    #[test]
+    fn auto_bounds_are_set_with_a_command_kept_until_fixed_or_deleted_and_guard_auto_reshards() {
+        let bounds = AutoShards { min_shards: 1, max_shards: 8 };
+        let put = |shards| MetaCommand::Put(SpecPatch { shards: Some(shards), ..Default::default() });
+        let auto = |cmd, auto| Request::CounterAuto { name: name("a"), cmd, auto, now_ms: 1 };
+        let reshard = |version, shards| Request::AutoReshard { name: name("a"), version, shards, now_ms: 2 };
+        let mut s = MetaState::default();
+        // A stale or non-auto proposal is refused and changes nothing.
+        let (r, touched, _) = s.apply(&reshard(0, 2));
+        assert_eq!(r, Response::Counter(Err(Rejection::AutoStale { version: 0, found: None })));
+        assert!(touched.is_empty());
+        let (_, touched, changes) = s.apply(&auto(put(1), Some(bounds)));
+        assert_eq!(touched, vec![Touched::Counter(name("a")), Touched::Auto(name("a"))]);
+        assert_eq!(changes, vec![MetaChange::Counter(name("a"))]);
+        assert_eq!(s.auto.get("a"), Some(&bounds));
+        let version = s.counters["a"].version;
+        // Other commands leave the bounds; a proposal from the current version reshards.
+        s.apply(&counter("a", MetaCommand::Ensure, 3));
+        let (r, _, _) = s.apply(&reshard(version, 4));
+        assert!(matches!(r, Response::Counter(Ok((Some(ref m), _))) if m.layout.resharding == Some(4)), "{r:?}");
+        assert_eq!(
+            s.apply(&reshard(version, 8)).0,
+            Response::Counter(Err(Rejection::AutoStale { version, found: Some(version + 1) }))
+        );
+        // New bounds alone are a change of their own.
+        let wider = AutoShards { min_shards: 1, max_shards: 64 };
+        let (_, touched, changes) = s.apply(&auto(MetaCommand::Ensure, Some(wider)));
+        assert_eq!((touched, changes.len()), (vec![Touched::Auto(name("a"))], 1));
+        // Fixed again: the bounds go, and a proposal is refused.
+        s.apply(&counter("a", MetaCommand::CompleteReshard { generation: 0, sealed_sum: 0 }, 4));
+        s.apply(&auto(put(2), None));
+        assert!(s.auto.is_empty());
+        let v = s.counters["a"].version;
+        assert!(matches!(s.apply(&reshard(v, 4)).0, Response::Counter(Err(Rejection::AutoStale { found: None, .. }))));
+        // A deleted counter loses them.
+        s.apply(&auto(MetaCommand::Ensure, Some(bounds)));
+        let (_, touched, _) = s.apply(&counter("a", MetaCommand::Delete, 5));
+        assert!(touched.contains(&Touched::Auto(name("a"))) && s.auto.is_empty(), "{touched:?}");
+    }
+
     fn any_request() -> impl Strategy<Value = Request> {
         let names = prop::sample::select(vec!["a", "b", "c"]);
         let nodes = prop::sample::select(vec!["n1", "n2", "n3", ""]);
@@ -418,7 +458,7 @@ mod tests {
                 }
             ),
             (names.clone(), 0u64..1_000_000).prop_map(|(n, t)| counter(n, MetaCommand::Delete, t)),
-            names.prop_map(|n| Request::ClearTombstone { name: name(n) }),
+            names.clone().prop_map(|n| Request::ClearTombstone { name: name(n) }),
             (0u64..3, nodes.clone(), nodes.clone()).prop_map(|(e, a, b)| set(e, &[a], &[a, b])),
             (nodes, 0u64..3).prop_map(|(n, epoch)| Request::HandoffDone { node: n.into(), epoch }),
             (1u64..4, 0u128..3)
@@ -427,6 +467,17 @@ mod tests {
                 .prop_map(|(node, s)| Request::ReplaceStore { node, store: crate::store_id::StoreId(s) }),
             (1u64..4, 0u128..3)
                 .prop_map(|(node, s)| Request::AcceptLoss { node, store: crate::store_id::StoreId(s) }),
+            (names.clone(), 1u16..5, prop::option::of((1u16..4, 4u16..9)), 0u64..1_000_000).prop_map(
+                |(n, shards, auto, now_ms)| Request::CounterAuto {
+                    name: name(n),
+                    cmd: MetaCommand::Put(SpecPatch { shards: Some(shards), ..Default::default() }),
+                    auto: auto.map(|(min_shards, max_shards)| AutoShards { min_shards, max_shards }),
+                    now_ms,
+                }
+            ),
+            (names, 0u64..6, 1u16..9, 0u64..1_000_000).prop_map(|(n, version, shards, now_ms)| {
+                Request::AutoReshard { name: name(n), version, shards, now_ms }
+            }),
         ]
     }
 
