@@ -72,7 +72,8 @@ async fn seen_change(c: &TestCluster, to: u64) -> Result<Value> {
             openapi::check("GET", "/v1/counters/{name}/shards", 200, &report)?;
             let auto = &report["auto"];
             let shards = report["shards"].as_array().map_or(0, Vec::len) as u64;
-            if auto["pending"].is_null() && auto["last_change"]["to"].as_u64() == Some(shards) && shards == to {
+            if auto["pending"].is_null() && auto["last_change"]["to"].as_u64() == Some(shards) && shards == to
+            {
                 return Ok(report);
             }
         }

@@ -138,7 +138,9 @@ impl RaftCatalog {
         match response.into_counter_result() {
             Some(Ok(r)) => Ok(r),
             Some(Err(e)) => Err(rejection(e)),
-            None => Err(TallyError::Unavailable { shard: "metadata".into(), reason: "unexpected answer".into() }),
+            None => {
+                Err(TallyError::Unavailable { shard: "metadata".into(), reason: "unexpected answer".into() })
+            }
         }
     }
 }

@@ -761,8 +761,8 @@ mod tests {
         alone(&mut m, 0, even(1, 0, 9));
         assert!(proposal(&alone(&mut m, 100, even(1, 0, 9))).is_some());
         alone(&mut m, 200, even(2, 0, 9)); // completed at 2
-                                    // Hot again at once: the streak builds, but the interval (1,000 ms from the
-                                    // proposal at 100) holds it back until 1,100.
+                                           // Hot again at once: the streak builds, but the interval (1,000 ms from the
+                                           // proposal at 100) holds it back until 1,100.
         for t in [300, 400, 500, 1_000, 1_099] {
             assert_eq!(proposal(&alone(&mut m, t, even(2, 0, 9))), None, "at {t}");
         }
@@ -854,7 +854,11 @@ mod tests {
         alone(&mut m, 0, even(4, 0, 9));
         // A resharding by hand starts and ends at 16: the streak starts again.
         assert_eq!(
-            alone(&mut m, 100, AutoInput::Sample(Sample { shards: 4, resharding: true, ..Default::default() })),
+            alone(
+                &mut m,
+                100,
+                AutoInput::Sample(Sample { shards: 4, resharding: true, ..Default::default() })
+            ),
             vec![]
         );
         assert_eq!(proposal(&alone(&mut m, 200, even(16, 0, 9))), None);
@@ -986,16 +990,26 @@ mod tests {
         let mut m = AutoShardMachine::new(T, B, 8);
         asks_to_lower(&mut m);
         let e = m.step(3_100, AutoInput::Views(vec![NodeView { node: "n2".into(), view: None }]));
-        assert!(matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("n2")), "{e:?}");
+        assert!(
+            matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("n2")),
+            "{e:?}"
+        );
         let mut m = AutoShardMachine::new(T, B, 8);
         asks_to_lower(&mut m);
         let e = m.step(3_100, AutoInput::Views(vec![view("n2", 16, 9_000, 0)]));
-        assert!(matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("16")), "{e:?}");
+        assert!(
+            matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("16")),
+            "{e:?}"
+        );
         // Quiet nodes whose rates add up to what 8 shards need lower nothing.
         let mut m = AutoShardMachine::new(T, B, 8);
         asks_to_lower(&mut m);
-        let e = m.step(3_100, AutoInput::Views(vec![view("n2", 8, 9_000, 1_900), view("n3", 8, 9_000, 1_900)]));
-        assert!(matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("3800")), "{e:?}");
+        let e =
+            m.step(3_100, AutoInput::Views(vec![view("n2", 8, 9_000, 1_900), view("n3", 8, 9_000, 1_900)]));
+        assert!(
+            matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("3800")),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -1003,7 +1017,10 @@ mod tests {
         let mut m = AutoShardMachine::new(T, B, 8);
         asks_to_lower(&mut m);
         // Someone else reshards meanwhile: the answers that come later change nothing.
-        assert_eq!(m.step(3_100, AutoInput::Sample(Sample { shards: 8, resharding: true, ..Default::default() })), vec![]);
+        assert_eq!(
+            m.step(3_100, AutoInput::Sample(Sample { shards: 8, resharding: true, ..Default::default() })),
+            vec![]
+        );
         assert_eq!(m.step(3_200, AutoInput::Views(Vec::new())), vec![]);
         assert_eq!(m.status().pending, None);
         let mut m = AutoShardMachine::new(T, B, 8);

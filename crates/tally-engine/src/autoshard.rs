@@ -26,11 +26,13 @@
 use crate::auto_book::Tracked;
 use crate::ctx::Ctx;
 use crate::error::TallyError;
+use crate::placement::{ShardRequest, ShardResponse};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
-use crate::placement::{ShardRequest, ShardResponse};
-use tally_core::autoshard::{AutoEffect, AutoInput, AutoShardMachine, AutoStatus, NodeView, PeerView, Sample};
+use tally_core::autoshard::{
+    AutoEffect, AutoInput, AutoShardMachine, AutoStatus, NodeView, PeerView, Sample,
+};
 use tally_core::meta::CounterMeta;
 use tally_core::spec::AutoShards;
 use tally_core::CounterName;

@@ -11,8 +11,8 @@ use crate::types::{
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use tally_core::meta::{apply_command, CounterMeta, MetaEffect};
 use tally_core::meta::MetaCommand;
+use tally_core::meta::{apply_command, CounterMeta, MetaEffect};
 use tally_core::name::CounterName;
 use tally_core::ring::RING_NODES_MAX;
 use tally_core::spec::{AutoShards, SpecPatch};
@@ -69,7 +69,8 @@ impl MetaState {
             Request::Counter { name, cmd, now_ms } => self.counter(name, cmd, None, *now_ms),
             Request::CounterAuto { name, cmd, auto, now_ms } => self.counter(name, cmd, Some(*auto), *now_ms),
             Request::AutoReshard { name, version, shards, now_ms } => {
-                let found = self.counters.get(name).map(|m| m.version).filter(|_| self.auto.contains_key(name));
+                let found =
+                    self.counters.get(name).map(|m| m.version).filter(|_| self.auto.contains_key(name));
                 if found != Some(*version) {
                     let refused = Rejection::AutoStale { version: *version, found };
                     return (Response::Counter(Err(refused)), vec![], vec![]);
@@ -421,7 +422,10 @@ mod tests {
         // Other commands leave the bounds; a proposal from the current version reshards.
         s.apply(&counter("a", MetaCommand::Ensure, 3));
         let (r, _, _) = s.apply(&reshard(version, 4));
-        assert!(matches!(r, Response::Counter(Ok((Some(ref m), _))) if m.layout.resharding == Some(4)), "{r:?}");
+        assert!(
+            matches!(r, Response::Counter(Ok((Some(ref m), _))) if m.layout.resharding == Some(4)),
+            "{r:?}"
+        );
         assert_eq!(
             s.apply(&reshard(version, 8)).0,
             Response::Counter(Err(Rejection::AutoStale { version, found: Some(version + 1) }))
@@ -435,7 +439,10 @@ mod tests {
         s.apply(&auto(put(2), None));
         assert!(s.auto.is_empty());
         let v = s.counters["a"].version;
-        assert!(matches!(s.apply(&reshard(v, 4)).0, Response::Counter(Err(Rejection::AutoStale { found: None, .. }))));
+        assert!(matches!(
+            s.apply(&reshard(v, 4)).0,
+            Response::Counter(Err(Rejection::AutoStale { found: None, .. }))
+        ));
         // A deleted counter loses them.
         s.apply(&auto(MetaCommand::Ensure, Some(bounds)));
         let (_, touched, _) = s.apply(&counter("a", MetaCommand::Delete, 5));
