@@ -281,8 +281,8 @@ pub enum AutoInput {
 }
 
 /// What one node has seen of an auto counter: its answer to another node that is
-/// about to lower the counter's shard count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// about to lower the counter's shard count (or reporting the last change).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct PeerView {
     /// The shard count the node's machine last saw.
     pub shards: u16,
@@ -290,10 +290,12 @@ pub struct PeerView {
     pub quiet_for_ms: u64,
     /// Increments per second it routed to the counter in its latest sample.
     pub rate_total: u64,
+    /// The last change it decided and saw complete.
+    pub last_change: Option<Change>,
 }
 
 /// One node's answer to [`AutoEffect::Confirm`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeView {
     /// The node.
     pub node: String,
@@ -399,6 +401,7 @@ impl AutoShardMachine {
             shards: self.shards,
             quiet_for_ms: self.quiet_since_ms.map_or(0, |since| now_ms.saturating_sub(since)),
             rate_total: self.figures.map_or(0, |f| f.rate_total),
+            last_change: self.last_change,
         }
     }
 
@@ -948,7 +951,10 @@ mod tests {
     }
 
     fn view(node: &str, shards: u16, quiet_for_ms: u64, rate_total: u64) -> NodeView {
-        NodeView { node: node.into(), view: Some(PeerView { shards, quiet_for_ms, rate_total }) }
+        NodeView {
+            node: node.into(),
+            view: Some(PeerView { shards, quiet_for_ms, rate_total, last_change: None }),
+        }
     }
 
     /// Drives `m` quiet at 8 shards until it asks to lower; returns the question.
@@ -1032,11 +1038,23 @@ mod tests {
     #[test]
     fn a_view_reports_the_quiet_streak_and_the_latest_rate() {
         let mut m = AutoShardMachine::new(T, B, 8);
-        assert_eq!(m.view(0), PeerView { shards: 8, quiet_for_ms: 0, rate_total: 0 });
+        let at = |shards, quiet_for_ms, rate_total| PeerView {
+            shards,
+            quiet_for_ms,
+            rate_total,
+            last_change: None,
+        };
+        assert_eq!(m.view(0), at(8, 0, 0));
         m.step(0, even(8, 400, 1));
-        assert_eq!(m.view(50), PeerView { shards: 8, quiet_for_ms: 0, rate_total: 4_000 });
+        assert_eq!(m.view(50), at(8, 0, 4_000));
         m.step(100, even(8, 10, 0));
         m.step(200, even(8, 10, 0));
-        assert_eq!(m.view(900), PeerView { shards: 8, quiet_for_ms: 800, rate_total: 100 });
+        assert_eq!(m.view(900), at(8, 800, 100));
+        // A completed change of its own travels with the view.
+        let mut m = AutoShardMachine::new(T, B, 1);
+        m.step(0, even(1, 0, 9));
+        m.step(100, even(1, 0, 9));
+        m.step(200, even(2, 0, 0));
+        assert_eq!(m.view(300).last_change.map(|c| (c.to, c.completed_at_ms)), Some((2, Some(200))));
     }
 }

@@ -31,7 +31,7 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::autoshard::{
-    AutoEffect, AutoInput, AutoShardMachine, AutoStatus, NodeView, PeerView, Sample,
+    AutoEffect, AutoInput, AutoShardMachine, AutoStatus, Change, NodeView, PeerView, Sample,
 };
 use tally_core::meta::CounterMeta;
 use tally_core::spec::AutoShards;
@@ -116,9 +116,19 @@ pub(crate) fn view(ctx: &Ctx, name: &str) -> Option<PeerView> {
     ctx.auto.0.lock().get(name).map(|t| t.machine.view(now))
 }
 
-/// The machine's view of `name`, if it is an auto counter followed here.
-pub(crate) fn status(ctx: &Ctx, name: &str) -> Option<AutoStatus> {
-    ctx.auto.0.lock().get(name).map(|t| t.machine.status())
+/// The machine's view of `name`, if it is an auto counter followed here; in a
+/// cluster its last change is the newest any node that answers decided (each node's
+/// machine records only its own).
+pub(crate) async fn status(ctx: &Ctx, name: &CounterName) -> Option<AutoStatus> {
+    let mut status = ctx.auto.0.lock().get(name).map(|t| t.machine.status())?;
+    for view in ask_peers(ctx, name).await.into_iter().filter_map(|v| v.view) {
+        let newest = |c: &Change| c.completed_at_ms.unwrap_or(0);
+        if view.last_change.is_some_and(|c| status.last_change.is_none_or(|mine| newest(&c) > newest(&mine)))
+        {
+            status.last_change = view.last_change;
+        }
+    }
+    Some(status)
 }
 
 fn step(ctx: &Ctx, name: &CounterName, now_ms: u64, input: AutoInput) -> Vec<AutoEffect> {

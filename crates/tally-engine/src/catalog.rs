@@ -113,7 +113,9 @@ pub trait Catalog: Send + Sync + 'static {
     fn auto_shards(&self, _name: &str) -> Result<Option<AutoShards>, TallyError> {
         Ok(None)
     }
-    /// Every counter whose shard count follows contention, with its bounds.
+    /// Every counter whose shard count follows contention, with its bounds. The
+    /// engine lists them at every auto sample and follows exactly these (so a
+    /// catalog that keeps auto bounds must list every one of them here).
     fn auto_counters(&self) -> Result<Vec<(CounterName, AutoShards)>, TallyError> {
         Ok(Vec::new())
     }

@@ -384,7 +384,7 @@ pub(crate) async fn shards(
         base: meta.layout.base,
         skew: skew(shards.iter().map(|s| s.writes)),
         shards,
-        auto: crate::autoshard::status(ctx, rt.name.as_str()),
+        auto: crate::autoshard::status(ctx, &rt.name).await,
     })
 }
 
