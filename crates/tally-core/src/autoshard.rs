@@ -395,6 +395,11 @@ impl AutoShardMachine {
         }
     }
 
+    /// The bounds it keeps the count within.
+    pub fn bounds(&self) -> AutoShards {
+        self.bounds
+    }
+
     /// What this node has seen, for another node about to lower the count.
     pub fn view(&self, now_ms: u64) -> PeerView {
         PeerView {

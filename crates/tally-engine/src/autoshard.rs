@@ -138,43 +138,35 @@ fn step(ctx: &Ctx, name: &CounterName, now_ms: u64, input: AutoInput) -> Vec<Aut
 /// Follows what the catalog lists now: a counter made auto, or given new bounds, on
 /// another node (a replicated catalog), and stops following those no longer listed.
 async fn refresh(ctx: &Arc<Ctx>) {
-    let listed = match ctx.catalog.auto_counters() {
-        Ok(listed) => listed,
+    let listed: std::collections::HashMap<CounterName, AutoShards> = match ctx.catalog.auto_counters() {
+        Ok(listed) => listed.into_iter().collect(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list the auto counters");
             return;
         }
     };
     let now = ctx.now_ms();
-    let mut changed = Vec::new();
-    {
+    let (stale, known): (Vec<_>, Vec<_>) = {
         let book = ctx.auto.0.lock();
-        let stale: Vec<CounterName> =
-            book.keys().filter(|n| !listed.iter().any(|(l, _)| l == *n)).cloned().collect();
-        drop(book);
-        for name in stale {
-            forget(ctx, &name);
-        }
+        book.iter()
+            .map(|(name, t)| (name.clone(), t.machine.bounds()))
+            .partition(|(name, _)| !listed.contains_key(name))
+    };
+    for (name, _) in stale {
+        forget(ctx, &name);
     }
+    let known: std::collections::HashMap<CounterName, AutoShards> = known.into_iter().collect();
     for (name, bounds) in listed {
-        let known = ctx.auto.0.lock().get(&name).map(|t| t.machine.status().bounds);
-        match known {
-            Some(b) if b == bounds => {}
-            Some(_) => changed.push((name, bounds)),
-            None => {
-                if ctx.auto.0.lock().len() >= AUTO_COUNTERS_MAX {
-                    continue;
-                }
-                if let Ok(Some(meta)) = ctx.catalog.get(name.as_str()) {
-                    follow(ctx, &name, bounds, &meta, now);
-                }
-            }
+        if known.get(&name) == Some(&bounds) {
+            continue;
         }
-    }
-    for (name, bounds) in changed {
         let Ok(Some(meta)) = ctx.catalog.get(name.as_str()) else { continue };
-        let effects = step(ctx, &name, now, AutoInput::Bounds(bounds));
-        execute(ctx, &name, meta.version, effects).await;
+        if known.contains_key(&name) {
+            let effects = step(ctx, &name, now, AutoInput::Bounds(bounds));
+            execute(ctx, &name, meta.version, effects).await;
+        } else if ctx.auto.0.lock().len() < AUTO_COUNTERS_MAX {
+            follow(ctx, &name, bounds, &meta, now);
+        }
     }
 }
 
