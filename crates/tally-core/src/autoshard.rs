@@ -32,7 +32,8 @@
 //!   proposal. A raise needs no agreement: what one node routes is a lower bound of
 //!   the counter's load. A single node answers its own question with no views.
 //! * **Interval.** At most one proposal per counter per [`Tuning::change_interval_ms`]
-//!   (a refused one counts). Only a change of the bounds themselves
+//!   (a refused one counts, and so does a change seen made by someone else: another
+//!   node or a hand). Only a change of the bounds themselves
 //!   ([`Reason::Bounds`], a shard count outside `min_shards..=max_shards`) is proposed
 //!   at once: the operator asked for it.
 //! * **One at a time.** While a proposal is outstanding, or any resharding is in
@@ -557,8 +558,11 @@ impl AutoShardMachine {
             self.confirming = None;
         }
         if s.resharding || s.shards != self.shards {
-            // Someone else is changing (or changed) the layout: follow it.
+            // Someone else is changing (or changed) the layout: follow it. Their change
+            // counts for the interval (another node's machine, or a hand), so the
+            // counter changes at most once per interval whoever decides.
             self.shards = s.shards;
+            self.last_proposal_ms = Some(now_ms);
             self.forget_streaks();
             return effects;
         }
@@ -869,13 +873,15 @@ mod tests {
             ),
             vec![]
         );
-        assert_eq!(proposal(&alone(&mut m, 200, even(16, 0, 9))), None);
-        assert_eq!(proposal(&alone(&mut m, 300, even(16, 0, 9))), None);
-        assert_eq!(proposal(&alone(&mut m, 400, even(16, 0, 9))), Some((16, 32, Reason::QueueDepth)));
+        // The change counts for the interval: hot at once, it waits until 1,200.
+        for t in (200..1_200).step_by(100) {
+            assert_eq!(proposal(&alone(&mut m, t, even(16, 0, 9))), None, "at {t}");
+        }
+        assert_eq!(proposal(&alone(&mut m, 1_200, even(16, 0, 9))), Some((16, 32, Reason::QueueDepth)));
         // A proposal overtaken by another change is dropped and the count followed.
-        let e = alone(&mut m, 500, even(8, 0, 0));
+        let e = alone(&mut m, 1_300, even(8, 0, 0));
         assert!(matches!(e.as_slice(), [AutoEffect::Dropped { change, .. }] if change.to == 32), "{e:?}");
-        assert_eq!(proposal(&alone(&mut m, 600, even(8, 0, 9))), None);
+        assert_eq!(proposal(&alone(&mut m, 1_400, even(8, 0, 9))), None);
     }
 
     #[test]
