@@ -29,8 +29,12 @@
 //!   machine asks ([`AutoEffect::Confirm`]) for every other node's [`PeerView`]; it
 //!   lowers only if each of them has been quiet for the quiet period too, to the
 //!   count the summed rate needs ([`AutoInput::Views`]); a busy node drops the
-//!   proposal. A raise needs no agreement: what one node routes is a lower bound of
-//!   the counter's load. A single node answers its own question with no views.
+//!   proposal. A single node answers its own question with no views.
+//! * **A raise by the summed rate.** What one node routes is a lower bound of the
+//!   counter's load, so a node whose own sample is hot raises at once. A node whose
+//!   mean rate per shard would be hot if every one of the [`Sample::nodes`] routed as
+//!   much (load spread over the nodes) asks the others after the same streak, and
+//!   raises if their summed rate is hot ([`Reason::WriteRate`]).
 //! * **Interval.** At most one proposal per counter per [`Tuning::change_interval_ms`]
 //!   (a refused one counts, and so does a change seen made by someone else: another
 //!   node or a hand). Only a change of the bounds themselves
@@ -172,6 +176,9 @@ pub struct Sample {
     pub hottest_writes: u64,
     /// The most increments that waited at one shard at once.
     pub queue_depth_max: u32,
+    /// How many nodes route increments to the counter, this one included (1 on a
+    /// single node; 0 is taken as 1).
+    pub nodes: u16,
 }
 
 /// A sample's contention figures, as reported.
@@ -357,6 +364,8 @@ pub struct AutoShardMachine {
     /// The shard count last seen.
     shards: u16,
     hot_streak: u32,
+    /// Samples in a row that would be hot if every node routed as much as this one.
+    warm_streak: u32,
     quiet_since_ms: Option<u64>,
     last_proposal_ms: Option<u64>,
     pending: Option<Change>,
@@ -375,6 +384,7 @@ impl AutoShardMachine {
             bounds,
             shards,
             hot_streak: 0,
+            warm_streak: 0,
             quiet_since_ms: None,
             last_proposal_ms: None,
             pending: None,
@@ -446,7 +456,11 @@ impl AutoShardMachine {
             self.confirming
         );
         if let Some(c) = &self.confirming {
-            assert!(c.to < c.from && c.reason == Reason::Quiet, "only a lowering is confirmed: {c:?}");
+            assert!(
+                (c.to < c.from && c.reason == Reason::Quiet)
+                    || (c.to > c.from && c.reason == Reason::WriteRate),
+                "a lowering, or a raise by the summed rate, is confirmed: {c:?}"
+            );
         }
         if let Some(p) = &self.pending {
             assert!(p.from != p.to, "a proposal changes the count: {p:?}");
@@ -461,6 +475,7 @@ impl AutoShardMachine {
 
     fn forget_streaks(&mut self) {
         self.hot_streak = 0;
+        self.warm_streak = 0;
         self.quiet_since_ms = None;
     }
 
@@ -491,6 +506,41 @@ impl AutoShardMachine {
         rate_total.div_ceil((self.tuning.rate_up_per_shard / 2).max(1))
     }
 
+    /// Asks the other nodes before a change decided from this node's view alone
+    /// (`to` is provisional: the answer decides it). Asking counts as a proposal for
+    /// the interval.
+    fn confirm(&mut self, now_ms: u64, to: u16, reason: Reason, figures: Figures) -> Vec<AutoEffect> {
+        let change =
+            Change { from: self.shards, to, reason, proposed_at_ms: now_ms, completed_at_ms: None, figures };
+        self.confirming = Some(change);
+        self.last_proposal_ms = Some(now_ms);
+        vec![AutoEffect::Confirm(change)]
+    }
+
+    /// The answers to a raise asked from this node's view: raise if the rates of
+    /// every node that answered add up to a hot one.
+    fn raise_if_hot_together(&mut self, now_ms: u64, asked: Change, views: &[NodeView]) -> Vec<AutoEffect> {
+        let drop = |m: &mut Self, reason: String| {
+            m.last_dropped = Some(DroppedChange { change: asked, reason: reason.clone() });
+            vec![AutoEffect::Dropped { change: asked, reason }]
+        };
+        if let Some(v) = views.iter().find(|v| v.view.is_some_and(|p| p.shards != asked.from)) {
+            return drop(self, format!("node {} sees another shard count", v.node));
+        }
+        let rate_total = views
+            .iter()
+            .filter_map(|v| v.view)
+            .fold(asked.figures.rate_total, |sum, p| sum.saturating_add(p.rate_total));
+        let rate_per_shard = rate_total / u64::from(asked.from.max(1));
+        if rate_per_shard < self.tuning.rate_up_per_shard {
+            return drop(self, format!("the nodes together route {rate_total} increments/s: not hot"));
+        }
+        let figures = Figures { rate_total, rate_per_shard, ..asked.figures };
+        let doubled = u64::from(asked.from) * u64::from(UP_FACTOR);
+        let to = doubled.max(self.needed(rate_total)).min(self.bounds.max_shards.into()) as u16;
+        self.propose(now_ms, to, Reason::WriteRate, figures)
+    }
+
     /// The count a quiet counter at `rate_total` is lowered to.
     fn lowered(&self, rate_total: u64) -> u16 {
         self.needed(rate_total).clamp(self.bounds.min_shards.into(), u64::from(self.shards) - 1) as u16
@@ -499,6 +549,9 @@ impl AutoShardMachine {
     /// The other nodes answered the confirmation of a lowering.
     fn views(&mut self, now_ms: u64, views: Vec<NodeView>) -> Vec<AutoEffect> {
         let Some(asked) = self.confirming.take() else { return Vec::new() };
+        if asked.to > asked.from {
+            return self.raise_if_hot_together(now_ms, asked, &views);
+        }
         let busy = views.iter().find_map(|v| match v.view {
             None => Some(format!("node {} does not follow the counter yet", v.node)),
             Some(p) if p.shards != asked.from => Some(format!("node {} sees {} shards", v.node, p.shards)),
@@ -585,6 +638,24 @@ impl AutoShardMachine {
         } else {
             None
         };
+        // Hot only if the other nodes route as much: worth asking them.
+        let nodes = u64::from(s.nodes.max(1));
+        let warm =
+            hot.is_none() && nodes > 1 && f.rate_per_shard.saturating_mul(nodes) >= t.rate_up_per_shard;
+        if warm {
+            self.quiet_since_ms = None;
+            self.hot_streak = 0;
+            self.warm_streak = self.warm_streak.saturating_add(1);
+            if self.warm_streak >= t.hot_samples
+                && self.shards < self.bounds.max_shards
+                && self.interval_passed(now_ms)
+            {
+                self.warm_streak = 0;
+                return self.confirm(now_ms, self.shards.saturating_add(1), Reason::WriteRate, f);
+            }
+            return effects;
+        }
+        self.warm_streak = 0;
         let quiet = f.rate_per_shard < t.rate_down_per_shard() && s.queue_depth_max <= t.queue_down();
         match hot {
             Some(reason) => {
@@ -606,20 +677,9 @@ impl AutoShardMachine {
                     && self.shards > self.bounds.min_shards
                     && self.interval_passed(now_ms)
                 {
-                    let to = self.lowered(f.rate_total);
-                    let change = Change {
-                        from: self.shards,
-                        to,
-                        reason: Reason::Quiet,
-                        proposed_at_ms: now_ms,
-                        completed_at_ms: None,
-                        figures: f,
-                    };
-                    // Asking counts as a proposal for the interval; the quiet streak
-                    // goes on, so a lowering the others refuse is asked again later.
-                    self.confirming = Some(change);
-                    self.last_proposal_ms = Some(now_ms);
-                    return vec![AutoEffect::Confirm(change)];
+                    // The quiet streak goes on, so a lowering the others refuse is
+                    // asked again after the interval.
+                    return self.confirm(now_ms, self.lowered(f.rate_total), Reason::Quiet, f);
                 }
             }
             None => self.forget_streaks(),
@@ -651,6 +711,7 @@ mod tests {
             writes,
             hottest_writes: writes / u64::from(shards),
             queue_depth_max: queue,
+            nodes: 1,
         })
     }
 
@@ -707,6 +768,7 @@ mod tests {
             writes: 10,
             hottest_writes: 10,
             queue_depth_max: 50,
+            nodes: 1,
         };
         assert_eq!(proposal(&alone(&mut m, 200, AutoInput::Sample(busy))), None);
         assert_eq!(m.status().pending.map(|c| c.to), Some(2));
@@ -741,6 +803,7 @@ mod tests {
             writes: 120,
             hottest_writes: 110,
             queue_depth_max: 1,
+            nodes: 1,
         });
         alone(&mut m, 0, skewed.clone());
         assert_eq!(proposal(&alone(&mut m, 100, skewed)), Some((4, 8, Reason::HotShard)));
@@ -1067,5 +1130,58 @@ mod tests {
         m.step(100, even(1, 0, 9));
         m.step(200, even(2, 0, 0));
         assert_eq!(m.view(300).last_change.map(|c| (c.to, c.completed_at_ms)), Some((2, Some(200))));
+    }
+
+    /// A 100 ms sample on one node of `nodes`, with `writes` spread evenly.
+    fn on_one_of(nodes: u16, shards: u16, writes: u64) -> AutoInput {
+        AutoInput::Sample(Sample {
+            shards,
+            resharding: false,
+            elapsed_ms: 100,
+            writes,
+            hottest_writes: writes / u64::from(shards),
+            queue_depth_max: 0,
+            nodes,
+        })
+    }
+
+    #[test]
+    fn a_node_that_sees_a_share_of_a_hot_rate_asks_the_others_and_raises_on_their_sum() {
+        let mut m = AutoShardMachine::new(T, B, 2);
+        // 700/s per shard here, 1,000 is hot: hot only if the other two route as much.
+        assert_eq!(m.step(0, on_one_of(3, 2, 140)), vec![]);
+        let e = m.step(100, on_one_of(3, 2, 140));
+        let [AutoEffect::Confirm(c)] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!((c.from, c.reason), (2, Reason::WriteRate));
+        // Together 1,400 + 1,200 + 1,000 = 3,600/s, 1,800 per shard: raised to what
+        // that needs at 500/s per shard.
+        let e = m.step(150, AutoInput::Views(vec![view("n2", 2, 0, 1_200), view("n3", 2, 0, 1_000)]));
+        assert_eq!(proposal(&e), Some((2, 8, Reason::WriteRate)));
+        assert_eq!(m.status().pending.map(|c| c.figures.rate_total), Some(3_600));
+    }
+
+    #[test]
+    fn a_share_that_is_not_hot_together_raises_nothing_and_is_asked_again_after_the_interval() {
+        let mut m = AutoShardMachine::new(T, B, 2);
+        m.step(0, on_one_of(3, 2, 140));
+        assert!(matches!(m.step(100, on_one_of(3, 2, 140)).as_slice(), [AutoEffect::Confirm(_)]));
+        let e = m.step(150, AutoInput::Views(vec![view("n2", 2, 0, 100), view("n3", 2, 0, 0)]));
+        let [AutoEffect::Dropped { reason, .. }] = e.as_slice() else { panic!("{e:?}") };
+        assert_eq!(reason, "the nodes together route 1500 increments/s: not hot");
+        for t in (200..1_100).step_by(100) {
+            assert_eq!(m.step(t, on_one_of(3, 2, 140)), vec![], "at {t}");
+        }
+        assert!(matches!(m.step(1_100, on_one_of(3, 2, 140)).as_slice(), [AutoEffect::Confirm(_)]));
+        // A node that sees another count holds it back too.
+        let e = m.step(1_150, AutoInput::Views(vec![view("n2", 4, 0, 5_000)]));
+        assert!(
+            matches!(e.as_slice(), [AutoEffect::Dropped { reason, .. }] if reason.contains("n2")),
+            "{e:?}"
+        );
+        // On a single node the same rate is just calm: nothing is asked.
+        let mut alone = AutoShardMachine::new(T, B, 2);
+        for t in (0..2_000).step_by(100) {
+            assert_eq!(alone.step(t, on_one_of(1, 2, 140)), vec![], "at {t}");
+        }
     }
 }

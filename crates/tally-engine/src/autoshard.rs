@@ -15,8 +15,9 @@
 //! by hand, or another node's proposal, is refused, never undoes it.
 //!
 //! In a cluster every node follows every auto counter the (replicated) catalog
-//! lists, each sampling the increments it routes. Any node may raise a counter; a
-//! lowering is first confirmed by asking every other node for its view
+//! lists, each sampling the increments it routes. A node whose own view is hot
+//! raises a counter; a lowering, and a raise that only the nodes' summed rates would
+//! justify, are first confirmed by asking every other node for its view
 //! ([`ShardRequest::AutoView`], answered by [`view`]): see
 //! [`tally_core::autoshard`].
 //!
@@ -193,6 +194,8 @@ async fn ask_peers(ctx: &Ctx, name: &CounterName) -> Vec<NodeView> {
 /// One sample of every followed counter, each fed to its machine.
 async fn sample_all(ctx: &Arc<Ctx>) {
     refresh(ctx).await;
+    let nodes = ctx.placement.as_ref().map_or(1, |p| p.peers().len() + 1);
+    let nodes = u16::try_from(nodes).unwrap_or(u16::MAX);
     let names: Vec<CounterName> = ctx.auto.0.lock().keys().cloned().collect();
     for name in names {
         let meta = match ctx.catalog.get(name.as_str()) {
@@ -207,7 +210,8 @@ async fn sample_all(ctx: &Arc<Ctx>) {
             }
         };
         let now = ctx.now_ms();
-        let Some(sample) = take_sample(ctx, &name, &meta, now) else { continue };
+        let Some(mut sample) = take_sample(ctx, &name, &meta, now) else { continue };
+        sample.nodes = nodes;
         let effects = step(ctx, &name, now, AutoInput::Sample(sample));
         execute(ctx, &name, meta.version, effects).await;
     }
