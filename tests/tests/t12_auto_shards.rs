@@ -324,3 +324,107 @@ async fn one_busy_node_holds_a_lowering_back() -> Result<()> {
     }
     Ok(())
 }
+
+/// Load spread over three nodes that is hot only in sum: each node routes a paced
+/// 120 increments/s to a `batched` counter (nothing queues at its shard), below the
+/// 200/s threshold, so no node is hot on its own. Sent through one node only, the
+/// nodes ask each other and find the sum is not hot: no change. Spread over all three
+/// (360/s together), they raise it (reason `write_rate`). The total is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_spread_over_three_nodes_raises_on_the_summed_rate() -> Result<()> {
+    const NAME: &str = "auto:spread";
+    const PER_NODE_PER_S: u64 = 120;
+    let config = format!("{TIMERS}auto_rate_up_per_shard = 200\n");
+    let c = Arc::new(TestCluster::start_configured(3, &[], &config).await?);
+    let spec =
+        json!({"shards": "auto", "min_shards": 1, "max_shards": 8, "durability": "batched", "flush_ms": 20});
+    c.put_counter(1, NAME, spec).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicI64::new(0));
+    // One paced writer per node; `through` says which nodes it may send to now.
+    let through = Arc::new(AtomicUsize::new(1));
+    let mut writers = Vec::new();
+    for node in 1..=3usize {
+        let (c, stop, acked, through) = (c.clone(), stop.clone(), acked.clone(), through.clone());
+        writers.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / PER_NODE_PER_S));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut i = 0u64;
+            while !stop.load(SeqCst) {
+                tick.tick().await;
+                if node > through.load(SeqCst) {
+                    continue;
+                }
+                let inc = json!({"delta": 1, "event_id": format!("{node}-{i}")});
+                loop {
+                    match c.incr(node, NAME, inc.clone()).await {
+                        Ok((200, body)) if body["applied"] == true => break,
+                        Ok((503, _)) | Err(_) => continue,
+                        Ok((status, body)) => panic!("increment {node}-{i}: {status} {body}"),
+                    }
+                }
+                acked.fetch_add(1, SeqCst);
+                i += 1;
+            }
+        }));
+    }
+    let layout = |c: Arc<TestCluster>| async move {
+        let info = c.get(1, &format!("/v1/counters/{NAME}")).await?;
+        anyhow::Ok((info["layout_shards"].as_u64().unwrap_or(0), !info["resharding"].is_null()))
+    };
+    // Through node 1 alone: asked, not hot together, never raised.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        assert_eq!(layout(c.clone()).await?, (1, false), "raised with one node's 120/s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = c.get(1, &format!("/v1/counters/{NAME}/shards")).await?;
+    let dropped = report["auto"]["last_dropped"]["reason"].as_str().unwrap_or_default().to_string();
+    eprintln!("t12: one node at {PER_NODE_PER_S}/s: {dropped:?}");
+    assert!(dropped.contains("not hot"), "{report}");
+    // Through all three: raised within 10 s.
+    through.store(3, SeqCst);
+    let start = Instant::now();
+    loop {
+        let (shards, resharding) = layout(c.clone()).await?;
+        if shards > 1 && !resharding {
+            eprintln!(
+                "t12: three nodes at {PER_NODE_PER_S}/s each: 1 -> {shards} shards after {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("not raised within 10 s of spreading the load");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = seen_change_of(&c, NAME).await?;
+    assert_eq!(report["auto"]["last_change"]["reason"], "write_rate", "{report}");
+    stop.store(true, SeqCst);
+    for w in writers {
+        w.await?;
+    }
+    // A batched sum reaches its shard within flush_ms.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 1..=3 {
+        assert_eq!(c.value(i, NAME).await?, acked.load(SeqCst), "node {i}");
+    }
+    Ok(())
+}
+
+/// Node 1's report of `name` once its last change shows complete.
+async fn seen_change_of(c: &TestCluster, name: &str) -> Result<Value> {
+    let start = Instant::now();
+    loop {
+        let report = c.get(1, &format!("/v1/counters/{name}/shards")).await?;
+        let shards = report["shards"].as_array().map_or(0, Vec::len) as u64;
+        if report["auto"]["last_change"]["to"].as_u64() == Some(shards) {
+            return Ok(report);
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            bail!("the change was never seen complete: {report}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
