@@ -115,13 +115,14 @@ pub struct RaftCatalog {
     raft: Arc<MetaRaft>,
 }
 
-fn rejection(e: Rejection) -> TallyError {
+/// `e` as the engine's error; `name` is the counter the request was for.
+fn rejection(e: Rejection, name: &CounterName) -> TallyError {
     match e {
         Rejection::Resharding { target } => MetaError::Resharding { target }.into(),
         Rejection::TooManyGenerations { count } => MetaError::TooManyGenerations { count }.into(),
         Rejection::StaleGeneration { current, got } => MetaError::StaleGeneration { current, got }.into(),
         Rejection::AutoStale { version, found } => {
-            TallyError::AutoProposalStale { counter: String::new(), version, found }
+            TallyError::AutoProposalStale { counter: name.to_string(), version, found }
         }
         other => TallyError::Unavailable { shard: "metadata".into(), reason: other.to_string() },
     }
@@ -132,12 +133,16 @@ fn raft_error(e: tally_raft::RaftError) -> TallyError {
 }
 
 impl RaftCatalog {
-    /// Replicates a counter request and returns what applying it answered.
-    async fn write_counter(&self, req: Request) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
+    /// Replicates a request about counter `name` and returns what applying it answered.
+    async fn write_counter(
+        &self,
+        name: &CounterName,
+        req: Request,
+    ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
         let response = self.raft.write(req).await.map_err(raft_error)?;
         match response.into_counter_result() {
             Some(Ok(r)) => Ok(r),
-            Some(Err(e)) => Err(rejection(e)),
+            Some(Err(e)) => Err(rejection(e, name)),
             None => {
                 Err(TallyError::Unavailable { shard: "metadata".into(), reason: "unexpected answer".into() })
             }
@@ -163,7 +168,7 @@ impl Catalog for RaftCatalog {
         Box::pin(async move {
             // Refuse a bad command here, with the exact error, before replicating it.
             apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
-            self.write_counter(Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms }).await
+            self.write_counter(name, Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms }).await
         })
     }
 
@@ -185,7 +190,7 @@ impl Catalog for RaftCatalog {
         Box::pin(async move {
             apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
             let req = Request::CounterAuto { name: name.clone(), cmd: cmd.clone(), auto, now_ms };
-            self.write_counter(req).await
+            self.write_counter(name, req).await
         })
     }
 
@@ -198,12 +203,7 @@ impl Catalog for RaftCatalog {
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(async move {
             let req = Request::AutoReshard { name: name.clone(), version, shards, now_ms };
-            self.write_counter(req).await.map_err(|e| match e {
-                TallyError::AutoProposalStale { found, .. } => {
-                    TallyError::AutoProposalStale { counter: name.to_string(), version, found }
-                }
-                other => other,
-            })
+            self.write_counter(name, req).await
         })
     }
 

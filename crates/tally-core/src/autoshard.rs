@@ -436,10 +436,7 @@ impl AutoShardMachine {
                 }
             }
             AutoInput::Refused { reason } => match self.pending.take() {
-                Some(change) => {
-                    self.last_dropped = Some(DroppedChange { change, reason: reason.clone() });
-                    vec![AutoEffect::Dropped { change, reason }]
-                }
+                Some(change) => self.dropped(change, reason),
                 None => Vec::new(),
             },
         };
@@ -483,9 +480,19 @@ impl AutoShardMachine {
         self.last_proposal_ms.is_none_or(|t| now_ms.saturating_sub(t) >= self.tuning.change_interval_ms)
     }
 
+    /// A change from the count seen now to `to`, decided at `now_ms`.
+    fn change(&self, now_ms: u64, to: u16, reason: Reason, figures: Figures) -> Change {
+        Change { from: self.shards, to, reason, proposed_at_ms: now_ms, completed_at_ms: None, figures }
+    }
+
+    /// `change` did not happen: remember why and say so.
+    fn dropped(&mut self, change: Change, reason: String) -> Vec<AutoEffect> {
+        self.last_dropped = Some(DroppedChange { change, reason: reason.clone() });
+        vec![AutoEffect::Dropped { change, reason }]
+    }
+
     fn propose(&mut self, now_ms: u64, to: u16, reason: Reason, figures: Figures) -> Vec<AutoEffect> {
-        let change =
-            Change { from: self.shards, to, reason, proposed_at_ms: now_ms, completed_at_ms: None, figures };
+        let change = self.change(now_ms, to, reason, figures);
         self.pending = Some(change);
         self.last_proposal_ms = Some(now_ms);
         self.forget_streaks();
@@ -510,8 +517,7 @@ impl AutoShardMachine {
     /// (`to` is provisional: the answer decides it). Asking counts as a proposal for
     /// the interval.
     fn confirm(&mut self, now_ms: u64, to: u16, reason: Reason, figures: Figures) -> Vec<AutoEffect> {
-        let change =
-            Change { from: self.shards, to, reason, proposed_at_ms: now_ms, completed_at_ms: None, figures };
+        let change = self.change(now_ms, to, reason, figures);
         self.confirming = Some(change);
         self.last_proposal_ms = Some(now_ms);
         vec![AutoEffect::Confirm(change)]
@@ -520,25 +526,23 @@ impl AutoShardMachine {
     /// The answers to a raise asked from this node's view: raise if the rates of
     /// every node that answered add up to a hot one.
     fn raise_if_hot_together(&mut self, now_ms: u64, asked: Change, views: &[NodeView]) -> Vec<AutoEffect> {
-        let drop = |m: &mut Self, reason: String| {
-            m.last_dropped = Some(DroppedChange { change: asked, reason: reason.clone() });
-            vec![AutoEffect::Dropped { change: asked, reason }]
-        };
         if let Some(v) = views.iter().find(|v| v.view.is_some_and(|p| p.shards != asked.from)) {
-            return drop(self, format!("node {} sees another shard count", v.node));
+            return self.dropped(asked, format!("node {} sees another shard count", v.node));
         }
-        let rate_total = views
-            .iter()
-            .filter_map(|v| v.view)
-            .fold(asked.figures.rate_total, |sum, p| sum.saturating_add(p.rate_total));
-        let rate_per_shard = rate_total / u64::from(asked.from.max(1));
-        if rate_per_shard < self.tuning.rate_up_per_shard {
-            return drop(self, format!("the nodes together route {rate_total} increments/s: not hot"));
+        let figures = summed(&asked, views);
+        if figures.rate_per_shard < self.tuning.rate_up_per_shard {
+            let reason = format!("the nodes together route {} increments/s: not hot", figures.rate_total);
+            return self.dropped(asked, reason);
         }
-        let figures = Figures { rate_total, rate_per_shard, ..asked.figures };
-        let doubled = u64::from(asked.from) * u64::from(UP_FACTOR);
-        let to = doubled.max(self.needed(rate_total)).min(self.bounds.max_shards.into()) as u16;
+        let to = self.raised(figures.rate_total);
         self.propose(now_ms, to, Reason::WriteRate, figures)
+    }
+
+    /// The count a hot counter at `rate_total` is raised to: at least doubled, and
+    /// what the rate needs, at most `max_shards`.
+    fn raised(&self, rate_total: u64) -> u16 {
+        let doubled = u64::from(self.shards) * u64::from(UP_FACTOR);
+        doubled.max(self.needed(rate_total)).min(self.bounds.max_shards.into()) as u16
     }
 
     /// The count a quiet counter at `rate_total` is lowered to.
@@ -546,7 +550,7 @@ impl AutoShardMachine {
         self.needed(rate_total).clamp(self.bounds.min_shards.into(), u64::from(self.shards) - 1) as u16
     }
 
-    /// The other nodes answered the confirmation of a lowering.
+    /// The other nodes answered the confirmation of a lowering or of a raise.
     fn views(&mut self, now_ms: u64, views: Vec<NodeView>) -> Vec<AutoEffect> {
         let Some(asked) = self.confirming.take() else { return Vec::new() };
         if asked.to > asked.from {
@@ -561,25 +565,15 @@ impl AutoShardMachine {
             Some(_) => None,
         });
         if let Some(reason) = busy {
-            self.last_dropped = Some(DroppedChange { change: asked, reason: reason.clone() });
-            return vec![AutoEffect::Dropped { change: asked, reason }];
+            return self.dropped(asked, reason);
         }
         // Every node is quiet: lower to what their summed rate needs, if that is less.
-        let rate_total = views
-            .iter()
-            .filter_map(|v| v.view)
-            .fold(asked.figures.rate_total, |sum, p| sum.saturating_add(p.rate_total));
-        if self.needed(rate_total) >= u64::from(asked.from) {
-            let reason = format!("the nodes together route {rate_total} increments/s");
-            self.last_dropped = Some(DroppedChange { change: asked, reason: reason.clone() });
-            return vec![AutoEffect::Dropped { change: asked, reason }];
+        let figures = summed(&asked, &views);
+        if self.needed(figures.rate_total) >= u64::from(asked.from) {
+            return self
+                .dropped(asked, format!("the nodes together route {} increments/s", figures.rate_total));
         }
-        let figures = Figures {
-            rate_total,
-            rate_per_shard: rate_total / u64::from(asked.from.max(1)),
-            ..asked.figures
-        };
-        let to = self.lowered(rate_total);
+        let to = self.lowered(figures.rate_total);
         self.propose(now_ms, to, Reason::Quiet, figures)
     }
 
@@ -596,8 +590,7 @@ impl AutoShardMachine {
                 effects.push(AutoEffect::Changed(done));
             } else {
                 let reason = format!("the counter has {} shards, not the {} proposed", s.shards, p.to);
-                self.last_dropped = Some(DroppedChange { change: p, reason: reason.clone() });
-                effects.push(AutoEffect::Dropped { change: p, reason });
+                effects.extend(self.dropped(p, reason));
             }
             self.shards = s.shards;
             // The sample covers the old layout: start measuring afresh.
@@ -665,8 +658,7 @@ impl AutoShardMachine {
                     && self.shards < self.bounds.max_shards
                     && self.interval_passed(now_ms)
                 {
-                    let doubled = u64::from(self.shards) * u64::from(UP_FACTOR);
-                    let to = doubled.max(self.needed(f.rate_total)).min(self.bounds.max_shards.into()) as u16;
+                    let to = self.raised(f.rate_total);
                     return self.propose(now_ms, to, reason, f);
                 }
             }
@@ -686,6 +678,15 @@ impl AutoShardMachine {
         }
         effects
     }
+}
+
+/// The figures of `asked` with the rates of every node that answered added in.
+fn summed(asked: &Change, views: &[NodeView]) -> Figures {
+    let rate_total = views
+        .iter()
+        .filter_map(|v| v.view)
+        .fold(asked.figures.rate_total, |sum, p| sum.saturating_add(p.rate_total));
+    Figures { rate_total, rate_per_shard: rate_total / u64::from(asked.from.max(1)), ..asked.figures }
 }
 
 #[cfg(test)]
