@@ -3,7 +3,7 @@
 //! event ids are remembered.
 
 use crate::frequency::{FrequencyError, FrequencySpec};
-use crate::window::{WindowError, WindowSet};
+use crate::window::{Window, WindowError, WindowSet};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -120,6 +120,54 @@ pub struct CounterSpec {
     pub min: Option<i64>,
     /// The highest value the counter may take, likewise.
     pub max: Option<i64>,
+    /// The most one of the counter's sliding windows may hold: a rate limit that
+    /// holds across shards and nodes ([`crate::escrow`] spends it per window). Set
+    /// when the counter is created, never changed.
+    pub limit: Option<WindowLimit>,
+}
+
+/// A cap on one sliding window: at most `max` counted in any span the window
+/// covers. Written `{"window": "1m", "max": 100}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "WindowLimitText", into = "WindowLimitText")]
+pub struct WindowLimit {
+    /// The window it caps; one the counter keeps.
+    pub window: Window,
+    /// The most the window may hold, `1 ..= LIMIT_MAX`.
+    pub max: u64,
+}
+
+/// Largest `limit.max`: a window total must fit the signed values shards keep.
+pub const LIMIT_MAX: u64 = i64::MAX as u64;
+
+/// How a [`WindowLimit`] is written: the window as its duration text.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WindowLimitText {
+    window: String,
+    max: u64,
+}
+
+impl TryFrom<WindowLimitText> for WindowLimit {
+    type Error = SpecError;
+    fn try_from(t: WindowLimitText) -> Result<Self, SpecError> {
+        WindowLimit::parse(&t.window, t.max)
+    }
+}
+
+impl WindowLimit {
+    /// A limit of `max` per `window` (a duration such as `"1m"`), checked.
+    pub fn parse(window: &str, max: u64) -> Result<Self, SpecError> {
+        let limit = WindowLimit { window: Window::parse(window)?, max };
+        range("limit.max", limit.max, 1, LIMIT_MAX)?;
+        Ok(limit)
+    }
+}
+
+impl From<WindowLimit> for WindowLimitText {
+    fn from(l: WindowLimit) -> Self {
+        WindowLimitText { window: l.window.to_string(), max: l.max }
+    }
 }
 
 impl Default for CounterSpec {
@@ -136,6 +184,7 @@ impl Default for CounterSpec {
             windows: WindowSet::NONE,
             min: None,
             max: None,
+            limit: None,
         }
     }
 }
@@ -169,6 +218,8 @@ pub struct SpecPatch {
     pub min: Option<i64>,
     /// The upper bound, on create only (an update may name the current one).
     pub max: Option<i64>,
+    /// The window limit, on create only (an update may name the current one).
+    pub limit: Option<WindowLimit>,
 }
 
 /// The bounds of a counter whose shard count follows contention (`shards: "auto"`).
@@ -313,7 +364,7 @@ pub enum SpecError {
     },
     /// A bounded counter must answer an increment only once a shard admitted it.
     #[error(
-        "a counter with min or max must have durability \"sync\": a batched increment is acknowledged \
+        "a counter with min, max or limit must have durability \"sync\": a batched increment is acknowledged \
          before any shard could refuse it"
     )]
     BoundedNeedsSync,
@@ -329,7 +380,7 @@ pub enum SpecError {
     },
     /// `shards: "auto"` on a counter with bounds.
     #[error(
-        "a counter with min or max keeps the shard count it was created with; give a number, not \"auto\""
+        "a counter with min, max or limit keeps the shard count it was created with; give a number, not \"auto\""
     )]
     BoundedAuto,
     /// Bounds are set when a counter is created and never change; neither does a
@@ -345,6 +396,26 @@ pub enum SpecError {
         max: Option<i64>,
         /// The current shard count.
         shards: u16,
+    },
+    /// `limit` names a window the counter does not keep.
+    #[error("limit.window {window} is not one of the counter's windows {kept:?}")]
+    LimitWindowNotKept {
+        /// The limit's window.
+        window: String,
+        /// The windows the counter keeps.
+        kept: Vec<String>,
+    },
+    /// `limit` together with `min` or `max`.
+    #[error("a counter has either min and max (bounds on its value) or a limit (a cap on one window), not both")]
+    LimitWithBounds,
+    /// A window limit is set when a counter is created and never changes.
+    #[error(
+        "limit is set when a counter is created and never changes (now {now}), nor does the shard count of \
+         a counter that has one; create a new counter"
+    )]
+    LimitFixed {
+        /// The current limit, as `max per window`, or `none`.
+        now: String,
     },
 }
 
@@ -372,15 +443,25 @@ impl CounterSpec {
                 return Err(SpecError::BoundsInverted { min, max });
             }
         }
+        if let Some(limit) = &self.limit {
+            if self.min.is_some() || self.max.is_some() {
+                return Err(SpecError::LimitWithBounds);
+            }
+            if !self.windows.windows().contains(&limit.window) {
+                let window = limit.window.to_string();
+                return Err(SpecError::LimitWindowNotKept { window, kept: self.windows.texts() });
+            }
+        }
         if self.bounded() && self.durability != Durability::Sync {
             return Err(SpecError::BoundedNeedsSync);
         }
         Ok(())
     }
 
-    /// Whether the counter has a `min` or a `max`.
+    /// Whether the counter keeps an escrow: it has a `min`, a `max` or a `limit`.
+    /// Such a counter is `sync` and keeps the shard count it was created with.
     pub fn bounded(&self) -> bool {
-        self.min.is_some() || self.max.is_some()
+        self.min.is_some() || self.max.is_some() || self.limit.is_some()
     }
 
     /// `total` brought within the counter's bounds. The value of a bounded counter is
@@ -393,9 +474,13 @@ impl CounterSpec {
         self.max.map_or(total, |m| total.min(i128::from(m)))
     }
 
-    /// The counter's bounds, as the escrow keeps them.
+    /// The counter's bounds, as the escrow keeps them: a window limit is an upper
+    /// bound on its window's total, which the shards' expiring buckets give back.
     pub fn bounds(&self) -> crate::escrow::Bounds {
-        crate::escrow::Bounds { min: self.min, max: self.max }
+        match self.limit {
+            Some(l) => crate::escrow::Bounds { min: None, max: Some(l.max as i64) },
+            None => crate::escrow::Bounds { min: self.min, max: self.max },
+        }
     }
 
     /// This spec with `patch` applied, validated.
@@ -420,6 +505,7 @@ impl CounterSpec {
             windows: patch.windows.unwrap_or(self.windows),
             min: patch.min.or(self.min),
             max: patch.max.or(self.max),
+            limit: patch.limit.or(self.limit),
         };
         next.validate()?;
         Ok(next)
@@ -429,6 +515,10 @@ impl CounterSpec {
     /// and bounds (and a bounded counter's shard count) stay as they are.
     pub fn updated(&self, patch: &SpecPatch) -> Result<Self, SpecError> {
         let next = self.patched(patch)?;
+        if next.limit != self.limit || (self.limit.is_some() && next.shards != self.shards) {
+            let now = self.limit.map_or_else(|| "none".to_owned(), |l| format!("{} per {}", l.max, l.window));
+            return Err(SpecError::LimitFixed { now });
+        }
         let moved =
             (next.min, next.max) != (self.min, self.max) || (self.bounded() && next.shards != self.shards);
         if moved {

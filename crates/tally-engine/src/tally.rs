@@ -191,6 +191,7 @@ impl Tally {
         if next_auto.is_some() {
             let bounded = patch.min.is_some()
                 || patch.max.is_some()
+                || patch.limit.is_some()
                 || self.ctx.catalog.get(name.as_str())?.is_some_and(|m| m.spec.bounded());
             if bounded {
                 return Err(TallyError::InvalidSpec(tally_core::spec::SpecError::BoundedAuto));

@@ -337,7 +337,9 @@ pub enum Rejection {
     /// A frequency option out of its bounds, a change of a fixed one, or bounds that
     /// are inverted, exclude the new counter's 0, lack `sync`, or would change
     /// (`SpecError::Frequency`, `FrequencyFixed`, `BoundsInverted`, `BoundsExcludeZero`,
-    /// `BoundedNeedsSync`, `BoundsFixed`), with core's message.
+    /// `BoundedNeedsSync`, `BoundsFixed`), or a window limit that names a window not
+    /// kept, comes with bounds, or would change (`LimitWindowNotKept`,
+    /// `LimitWithBounds`, `LimitFixed`), with core's message.
     #[error("{message}")]
     Frequency {
         /// tally-core's message.
@@ -393,7 +395,10 @@ impl From<MetaError> for Rejection {
                 | SpecError::BoundedNeedsSync
                 | SpecError::BoundsExcludeZero { .. }
                 | SpecError::BoundsFixed { .. }
-                | SpecError::BoundedAuto),
+                | SpecError::BoundedAuto
+                | SpecError::LimitWindowNotKept { .. }
+                | SpecError::LimitWithBounds
+                | SpecError::LimitFixed { .. }),
             ) => Rejection::Frequency { message: e.to_string() },
             // Auto bounds are resolved by the engine before any command is proposed,
             // and a window set is checked when it is built, so no metadata command

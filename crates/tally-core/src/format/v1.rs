@@ -52,6 +52,7 @@ impl From<CounterSpecV1> for CounterSpec {
             windows: crate::window::WindowSet::NONE,
             min: None,
             max: None,
+            limit: None,
         }
     }
 }
@@ -90,6 +91,7 @@ impl From<SpecPatchV1> for SpecPatch {
             windows: None,
             min: None,
             max: None,
+            limit: None,
         }
     }
 }

@@ -62,6 +62,7 @@ impl From<CounterSpecV3> for CounterSpec {
             windows: WindowSet::NONE,
             min: None,
             max: None,
+            limit: None,
         }
     }
 }
@@ -111,6 +112,7 @@ impl From<SpecPatchV3> for SpecPatch {
             windows: None,
             min: None,
             max: None,
+            limit: None,
         }
     }
 }

@@ -65,6 +65,7 @@ impl From<CounterSpecV4> for CounterSpec {
             windows,
             min: None,
             max: None,
+            limit: None,
         }
     }
 }
@@ -117,6 +118,7 @@ impl From<SpecPatchV4> for SpecPatch {
             windows,
             min: None,
             max: None,
+            limit: None,
         }
     }
 }

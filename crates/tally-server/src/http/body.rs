@@ -423,6 +423,19 @@ pub struct SpecBody {
     pub min: Option<i64>,
     /// The highest value the counter may take (set on create only).
     pub max: Option<i64>,
+    /// The most one window may hold, `{"window": "1m", "max": 100}` (set on create
+    /// only).
+    pub limit: Option<LimitBody>,
+}
+
+/// `limit`: a window the counter keeps and the most it may hold.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitBody {
+    /// A duration such as `"1m"`, one of the counter's `windows`.
+    pub window: String,
+    /// The most the window may hold, at least 1.
+    pub max: u64,
 }
 
 /// `shards`: a number, or a word (only `"auto"` is accepted, by the engine's own
@@ -489,6 +502,7 @@ impl SpecBody {
                 .map_err(SpecError::from)?,
             min: self.min,
             max: self.max,
+            limit: self.limit.map(|l| WindowLimit::parse(&l.window, l.max)).transpose()?,
         };
         Ok((spec, auto))
     }
