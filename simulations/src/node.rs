@@ -766,21 +766,7 @@ impl Sim {
     fn machine(store: &MemStore, shard: &ShardId, meta: &CounterMeta) -> ShardMachine<Pending> {
         let image = store.load_shard(shard).expect("a running node's store is open");
         let sketch = image_sketch(&image, meta);
-        let layout = &meta.layout;
-        let shards = match layout.sealed.iter().find(|g| g.generation == shard.generation) {
-            Some(sealed) => sealed.shards,
-            None => layout.shards,
-        };
-        let params = ShardParams {
-            durability: meta.spec.durability,
-            dedup_window_ms: meta.spec.dedup_window_ms(),
-            distinct: meta.spec.distinct,
-            frequency: meta.spec.frequency,
-            windows: meta.spec.windows,
-            bounds: meta.spec.bounds(),
-            shard: shard.index,
-            shards,
-        };
+        let params = ShardParams::of(meta, shard);
         ShardMachine::new(params, image, sketch, false)
     }
 

@@ -127,6 +127,9 @@ pub fn window(name: &str, w: &WindowRead) -> String {
         ("span_ms", format!("{}..{}", w.start_ms, w.end_ms)),
         ("granularity", format!("{} ms buckets", w.bucket_ms)),
     ];
+    if let (Some(limit), Some(remaining)) = (w.limit, w.remaining) {
+        pairs.push(("limit", format!("{limit} per {} ({remaining} left)", w.window)));
+    }
     if let (Some(estimate), Some(error)) = (w.estimate, w.relative_error) {
         pairs.push(("distinct", format!("~{estimate} (±{:.2}%)", error * 100.0)));
     }

@@ -304,8 +304,14 @@ pub struct WindowRead {
     pub start_ms: u64,
     /// The end of the span: the reading node's clock.
     pub end_ms: u64,
-    /// The sum of the deltas in the span.
+    /// The sum of the deltas in the span (at most the limit, for the window it caps).
     pub value: i128,
+    /// The most this window may hold, when the counter's limit caps it.
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// What the limit leaves to spend in this span.
+    #[serde(default)]
+    pub remaining: Option<u64>,
     /// The estimated distinct members in the span, for a counter with `distinct`.
     #[serde(default)]
     pub estimate: Option<u64>,

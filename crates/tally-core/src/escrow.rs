@@ -51,6 +51,24 @@
 //! and it writes the ledger ([`Ledger::durable`]) in the same atomic batch as the
 //! shard's value, so a crash reverts both together.
 //!
+//! # Window limits
+//!
+//! A counter with a `limit` of `M` per window keeps the same ledger with `max = M`,
+//! but what it bounds is the window's total, not the counter's value: each shard
+//! keeps its own increments in time buckets ([`crate::window`]), and when a bucket
+//! leaves the window at that shard, what it held is headroom again — for that shard
+//! ([`Input::Release`]), since it was spent from that shard's share. So per shard
+//! `share + what its kept buckets hold` only changes by transfers, and
+//!
+//! ```text
+//!   Σ shares + Σ in-flight transfers + Σ kept buckets  =  M
+//! ```
+//!
+//! which bounds any read of the window, each shard's span being within its kept
+//! buckets. An increment that lands in no bucket (stamped a window behind the
+//! shard's newest bucket) is released at once. Increments are positive: a negative
+//! one would give headroom back that its bucket takes away again when it expires.
+//!
 //! # What is not carried
 //!
 //! Bounds are set when a counter is created and its shard count never changes
@@ -259,6 +277,15 @@ pub enum Input<T> {
     },
     /// A message from another shard.
     Receive(Message),
+    /// `amount` of headroom on `side` came back to this shard without a change it
+    /// applied: under a window limit, buckets of its own increments left the window
+    /// (see *Window limits* above).
+    Release {
+        /// Which share grows.
+        side: Side,
+        /// By how much.
+        amount: u64,
+    },
     /// Time passed: waiting changes may expire, grants be resent, requests repeated.
     Tick,
 }
@@ -413,6 +440,13 @@ impl<T> Ledger<T> {
         match input {
             Input::Park { delta, token, since_ms } => self.park(now_ms, delta, token, since_ms, &mut effects),
             Input::Receive(message) => self.receive(now_ms, message, &mut effects),
+            Input::Release { side, amount } => {
+                if self.bounds.guards(side) && amount > 0 {
+                    let share = &mut self.durable.shares[side.slot()];
+                    *share = share.saturating_add(amount);
+                    self.retry_covered(&mut effects);
+                }
+            }
             Input::Tick => self.tick(now_ms, &mut effects),
         }
         effects

@@ -28,7 +28,7 @@ use crate::shard::{
 };
 use crate::sketch::DistinctSketch;
 use crate::spec::Durability;
-use crate::window::{state_for, WindowSet, WindowState};
+use crate::window::{state_for, Window, WindowSet, WindowState};
 use std::collections::{BTreeMap, VecDeque};
 
 /// How often a shell sends [`Input::EscrowTick`] to a shard whose escrow is not
@@ -51,10 +51,37 @@ pub struct ShardParams {
     /// The counter's bounds: with either, the shard keeps an escrow ledger
     /// ([`crate::escrow`]) and spends its share for every increment it counts.
     pub bounds: Bounds,
+    /// The window a window limit caps: the ledger's upper bound is on that window's
+    /// total, and buckets leaving it give their headroom back ([`crate::escrow`]'s
+    /// *Window limits*). `None` when `bounds` bound the value.
+    pub limit: Option<Window>,
     /// This shard's index in its generation.
     pub shard: u16,
     /// How many shards its generation has.
     pub shards: u16,
+}
+
+impl ShardParams {
+    /// The parameters of shard `id` of the counter `meta` describes (a sealed
+    /// generation's shard keeps that generation's shard count).
+    pub fn of(meta: &crate::meta::CounterMeta, id: &crate::ids::ShardId) -> Self {
+        let layout = &meta.layout;
+        let shards = match layout.sealed.iter().find(|g| g.generation == id.generation) {
+            Some(sealed) => sealed.shards,
+            None => layout.shards,
+        };
+        ShardParams {
+            durability: meta.spec.durability,
+            dedup_window_ms: meta.spec.dedup_window_ms(),
+            distinct: meta.spec.distinct,
+            frequency: meta.spec.frequency,
+            windows: meta.spec.windows,
+            bounds: meta.spec.bounds(),
+            limit: meta.spec.limit.map(|l| l.window),
+            shard: id.index,
+            shards,
+        }
+    }
 }
 
 /// A message between two shards of one bounded counter, for shard `.0`.
@@ -485,12 +512,15 @@ impl<R> ShardMachine<R> {
                 }
             }
             Input::Escrow(message) => {
+                // A donor gives from what its expired buckets gave back too.
+                self.release_expired(now_ms, &mut out);
                 if let Some(ledger) = self.escrow.as_mut() {
                     let effects = ledger.step(now_ms, escrow::Input::Receive(message));
                     self.escrow_effects(effects, &mut out);
                 }
             }
             Input::EscrowTick => {
+                self.release_expired(now_ms, &mut out);
                 if let Some(ledger) = self.escrow.as_mut() {
                     let effects = ledger.step(now_ms, escrow::Input::Tick);
                     self.escrow_effects(effects, &mut out);
@@ -616,17 +646,32 @@ impl<R> ShardMachine<R> {
         prior: &BTreeMap<String, DedupRecord>,
         out: &mut Vec<Effect<R>>,
     ) {
+        self.release_expired(now_ms, out);
         let subs: Vec<Submission> = batch.iter().map(|(s, _, _)| s.clone()).collect();
         let before = self.state.value;
+        let held = self.limit_held();
+        let limit = self.params.limit;
         let d = match self.escrow.as_mut() {
             Some(ledger) => {
-                let mut spend = |delta: i64| ledger.spend(delta);
+                // Under a window limit only additions spend (and come back as their
+                // buckets expire); anything else is refused before the ledger sees it.
+                let mut spend = |delta: i64| match limit {
+                    Some(_) if delta <= 0 => Err(ledger.share(escrow::Side::Up)),
+                    _ => ledger.spend(delta),
+                };
                 decide(&mut self.state, &subs, prior, now_ms, self.params.dedup_window_ms, &mut spend)
             }
             None => {
                 decide(&mut self.state, &subs, prior, now_ms, self.params.dedup_window_ms, &mut |_| Ok(()))
             }
         };
+        if let (Some(held_before), Some(held_after)) = (held, self.limit_held()) {
+            // What was counted and is in no bucket kept — buckets that left the window
+            // as new ones began, or an increment stamped behind every kept bucket — is
+            // headroom again.
+            let counted = i128::from(self.state.value) - i128::from(before);
+            self.release(now_ms, counted - (held_after - held_before), out);
+        }
         let writes = d.writes(before);
         // Buffered sums were acknowledged already, so they are answered once the write
         // is applied. `sync` single increments wait for the flush: a duplicate's too,
@@ -671,6 +716,37 @@ impl<R> ShardMachine<R> {
         out.push(Effect::Write { write, durable, sends, change_abs: d.change_abs, submissions: subs.len() });
     }
 
+    /// What the kept buckets of a window limit's window hold (`None` without a limit,
+    /// or without window state: bytes that did not decode).
+    fn limit_held(&self) -> Option<i128> {
+        Some(self.state.windows.as_ref()?.held(self.params.limit?))
+    }
+
+    /// Under a window limit, drops the buckets that left their windows at `now_ms`
+    /// and gives what the limit's held back to the ledger.
+    fn release_expired(&mut self, now_ms: u64, out: &mut Vec<Effect<R>>) {
+        let Some(before) = self.limit_held() else { return };
+        let Some(w) = self.state.windows.as_mut() else { return };
+        if w.expire(now_ms) {
+            self.windows_bytes = Some(w.to_bytes());
+            let after = self.limit_held().unwrap_or(before);
+            self.release(now_ms, before - after, out);
+        }
+    }
+
+    /// Gives `amount` of a window limit's headroom back to the ledger. Only positive
+    /// increments are counted under a limit, so a bucket never holds less than 0 and
+    /// nothing leaves the window negative.
+    fn release(&mut self, now_ms: u64, amount: i128, out: &mut Vec<Effect<R>>) {
+        assert!(amount >= 0, "window limit: buckets that left the window held {amount}");
+        let Some(ledger) = self.escrow.as_mut() else { return };
+        if amount > 0 {
+            let amount = u64::try_from(amount).unwrap_or(u64::MAX);
+            let effects = ledger.step(now_ms, escrow::Input::Release { side: escrow::Side::Up, amount });
+            self.escrow_effects(effects, out);
+        }
+    }
+
     /// Parks submissions short of headroom in the ledger, each since it first was.
     fn park(&mut self, now_ms: u64, short: Vec<Queued<R>>, out: &mut Vec<Effect<R>>) {
         let Some(ledger) = self.escrow.as_mut() else {
@@ -682,6 +758,13 @@ impl<R> ShardMachine<R> {
             let Submission::Single { delta, .. } = sub else {
                 unreachable!("a drained sum is never refused for headroom")
             };
+            if self.params.limit.is_some() && delta <= 0 {
+                // Not an addition: no headroom could ever cover it.
+                let outcome = Outcome::BoundExceeded { headroom: ledger.share(escrow::Side::Up) };
+                let reply_now = ShardReply::Done { outcome, value: self.state.value };
+                out.push(Effect::Reply { to: reply, reply: reply_now });
+                continue;
+            }
             let since_ms = since.unwrap_or(now_ms);
             let token = (sub, reply, Some(since_ms));
             effects.extend(ledger.step(now_ms, escrow::Input::Park { delta, token, since_ms }));
@@ -840,6 +923,7 @@ mod tests {
             frequency: None,
             windows: crate::window::WindowSet::NONE,
             bounds: Bounds::default(),
+            limit: None,
             shard: 0,
             shards: 1,
         }
@@ -1278,6 +1362,7 @@ mod window_tests {
             frequency: None,
             windows: WindowSet::parse(&["1m", "1h"]).unwrap(),
             bounds: Bounds::default(),
+            limit: None,
             shard: 0,
             shards: 1,
         }
@@ -1378,6 +1463,7 @@ mod escrow_tests {
             frequency: None,
             windows: crate::window::WindowSet::NONE,
             bounds: Bounds { min: Some(0), max: None },
+            limit: None,
             shard,
             shards: 3,
         };
@@ -1510,5 +1596,90 @@ mod escrow_tests {
         let m: ShardMachine<u32> = ShardMachine::new(params, ShardImage::default(), None, false);
         assert_eq!(m.escrow().unwrap().share(Side::Up), 2);
         assert!(m.image().escrow.is_some());
+    }
+
+    /// Shard `shard` of 3 of a counter limited to 15 per minute (one-second buckets),
+    /// holding a share of `share` of the limit and nothing counted.
+    fn limited(shard: u16, share: u64) -> ShardMachine<u32> {
+        let windows = crate::window::WindowSet::parse(&["1m"]).unwrap();
+        let params = ShardParams {
+            durability: Durability::Sync,
+            dedup_window_ms: 60_000,
+            distinct: false,
+            frequency: None,
+            windows,
+            bounds: Bounds { min: None, max: Some(15) },
+            limit: Some(windows.windows()[0]),
+            shard,
+            shards: 3,
+        };
+        let image = ShardImage { escrow: Some(Durable::with_shares([0, share]).to_bytes()), ..ShardImage::default() };
+        ShardMachine::new(params, image, None, false)
+    }
+
+    /// What a write's window buckets hold for the minute window.
+    fn held_of(write: &ShardWrite) -> i128 {
+        let bytes = write.image.windows.as_deref().expect("a limited shard writes its buckets");
+        let state = WindowState::from_bytes(bytes).unwrap();
+        state.held(crate::window::Window::parse("1m").unwrap())
+    }
+
+    fn write_of(e: &[Effect<u32>]) -> &ShardWrite {
+        e.iter()
+            .find_map(|e| match e {
+                Effect::Write { write, .. } => Some(write),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no write in {e:?}"))
+    }
+
+    #[test]
+    fn a_window_limit_spends_the_share_and_gets_it_back_as_buckets_expire() {
+        let mut m = limited(0, 5);
+        let e = commit(&mut m, 1_000, &[(5, 1)]);
+        let w = write_of(&e);
+        assert_eq!((escrow_of(w).shares, held_of(w)), ([0, 0], 5), "spent: share + kept buckets = 5");
+        m.step(1_000, Input::Applied { ok: true });
+        // Still in the window: the next one waits and asks the others.
+        let e = commit(&mut m, 60_900, &[(1, 2)]);
+        let borrow = Message::Borrow { from: 0, side: Side::Up, amount: 1 };
+        assert_eq!(e, vec![Effect::Escrow { sends: vec![(1, borrow), (2, borrow)], after_flush: false }]);
+        // The second bucket 1 leaves the window, its 5 are headroom again: the
+        // waiting increment is decided, and both shares and buckets are written.
+        let e = m.step(61_000, Input::EscrowTick);
+        assert!(e.contains(&Effect::ScheduleCommit), "{e:?}");
+        let e = m.step(61_000, Input::CommitDue { writable: true });
+        let w = write_of(&e);
+        assert_eq!((w.image.value, escrow_of(w).shares, held_of(w)), (6, [0, 4], 1));
+    }
+
+    #[test]
+    fn a_window_limit_refuses_what_is_not_an_addition_at_once() {
+        let mut m = limited(0, 5);
+        let e = commit(&mut m, 1_000, &[(-2, 1)]);
+        let refused = ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 5 }, value: 0 };
+        assert_eq!(e, vec![Effect::Reply { to: 1, reply: refused }]);
+        assert!(m.escrow_settled(), "nothing waits");
+    }
+
+    #[test]
+    fn an_increment_stamped_behind_every_kept_bucket_gives_its_headroom_back_at_once() {
+        let mut m = limited(0, 5);
+        commit(&mut m, 200_000, &[(2, 1)]);
+        m.step(200_000, Input::Applied { ok: true });
+        // The clock went back more than a window: counted, in no bucket.
+        let e = commit(&mut m, 100_000, &[(3, 2)]);
+        let w = write_of(&e);
+        assert_eq!((w.image.value, escrow_of(w).shares, held_of(w)), (5, [0, 3], 2));
+    }
+
+    #[test]
+    fn a_donor_grants_from_what_its_expired_buckets_gave_back() {
+        let mut m = limited(1, 4);
+        commit(&mut m, 1_000, &[(4, 1)]);
+        m.step(1_000, Input::Applied { ok: true });
+        let e = m.step(70_000, Input::Escrow(Message::Borrow { from: 0, side: Side::Up, amount: 2 }));
+        let w = write_of(&e);
+        assert_eq!((escrow_of(w).shares[1], held_of(w)), (2, 0), "4 came back, 2 went out");
     }
 }

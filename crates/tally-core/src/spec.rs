@@ -690,4 +690,43 @@ mod tests {
         let r: Result<SpecPatch, _> = serde_json::from_str(r#"{"shardz": 3}"#);
         assert!(r.is_err());
     }
+
+    #[test]
+    fn a_window_limit_caps_a_kept_window_of_a_sync_counter_and_never_changes() {
+        let minute = WindowSet::parse(&["1m", "1h"]).unwrap();
+        let limit = WindowLimit::parse("1m", 100).unwrap();
+        let p = SpecPatch {
+            windows: Some(minute),
+            limit: Some(limit),
+            durability: Some(Durability::Sync),
+            ..Default::default()
+        };
+        let s = CounterSpec::default().patched(&p).unwrap();
+        assert!(s.bounded());
+        assert_eq!(s.bounds(), crate::escrow::Bounds { min: None, max: Some(100) });
+        // Written and read as text.
+        let json = serde_json::to_string(&s.limit).unwrap();
+        assert_eq!(json, r#"{"window":"1m","max":100}"#);
+        let back: SpecPatch = serde_json::from_str(&format!(r#"{{"limit": {json}}}"#)).unwrap();
+        assert_eq!(back.limit, Some(limit));
+        assert!(serde_json::from_str::<SpecPatch>(r#"{"limit": {"window": "1m", "max": 0}}"#).is_err());
+        assert!(matches!(WindowLimit::parse("1y", 5), Err(SpecError::Window(_))));
+        // The window must be kept, and kept on.
+        let unkept = SpecPatch { windows: Some(WindowSet::parse(&["1h"]).unwrap()), ..p };
+        let e = CounterSpec::default().patched(&unkept).unwrap_err();
+        assert!(matches!(e, SpecError::LimitWindowNotKept { .. }), "{e:?}");
+        assert!(matches!(s.updated(&unkept), Err(SpecError::LimitWindowNotKept { .. })));
+        // Sync, without min and max, set once.
+        let batched = SpecPatch { durability: Some(Durability::Batched), ..p };
+        assert_eq!(CounterSpec::default().patched(&batched), Err(SpecError::BoundedNeedsSync));
+        let both = SpecPatch { max: Some(10), ..p };
+        assert_eq!(CounterSpec::default().patched(&both), Err(SpecError::LimitWithBounds));
+        let other = SpecPatch { limit: Some(WindowLimit::parse("1h", 100).unwrap()), ..Default::default() };
+        assert!(matches!(s.updated(&other), Err(SpecError::LimitFixed { .. })));
+        let reshard = SpecPatch { shards: Some(4), ..Default::default() };
+        assert!(matches!(s.updated(&reshard), Err(SpecError::LimitFixed { .. })));
+        let plain = CounterSpec::default();
+        assert!(matches!(plain.updated(&SpecPatch { limit: Some(limit), ..p }), Err(SpecError::LimitFixed { .. })));
+        assert_eq!(s.updated(&SpecPatch { limit: Some(limit), ..Default::default() }), Ok(s), "naming it is fine");
+    }
 }

@@ -471,6 +471,13 @@ impl WindowState {
         dropped > 0
     }
 
+    /// What every bucket kept for `window` holds, in the window or not yet dropped
+    /// (0 for a window not kept): what a window limit counts as spent at this shard.
+    pub fn held(&self, window: Window) -> i128 {
+        let kept = self.windows.iter().find(|b| b.window == window);
+        kept.map_or(0, |w| w.buckets.values().map(|b| i128::from(b.total)).sum())
+    }
+
     /// This shard's read of `window` at `now_ms`; `None` if it keeps no such window.
     pub fn read(&self, window: Window, now_ms: u64) -> Option<WindowRead> {
         let w = self.windows.iter().find(|b| b.window == window)?;

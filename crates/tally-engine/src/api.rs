@@ -136,8 +136,15 @@ pub struct WindowRead {
     pub start_ms: u64,
     /// The reading node's clock when the read was taken: the end of the window.
     pub end_ms: u64,
-    /// The sum of the deltas in the span.
+    /// The sum of the deltas in the span; for the window a `limit` caps, at most
+    /// its `max` (shards read one after another may together show more, by headroom
+    /// that expired at one and was spent at another while the read went round).
     pub value: i128,
+    /// The most this window may hold, when the counter's `limit` caps it.
+    pub limit: Option<u64>,
+    /// What the limit leaves to spend in this span (`limit − value`), when it caps
+    /// this window.
+    pub remaining: Option<u64>,
     /// The estimated distinct members in the span, for a counter with `distinct`.
     pub estimate: Option<u64>,
     /// The sketch's standard relative error, for a counter with `distinct`.

@@ -439,6 +439,9 @@ impl Ctx {
         if item.is_some() && inc.delta < 0 {
             return Err(TallyError::NegativeWeight { counter: name.to_owned(), delta: inc.delta });
         }
+        if rt.meta.spec.limit.is_some() && inc.delta < 0 {
+            return Err(TallyError::LimitNegative { counter: name.to_owned(), delta: inc.delta });
+        }
         // One routing decision per increment, reused by whichever path takes it.
         let record_id = inc.record_id();
         let key = route_key(&rt, &inc, record_id.as_deref());

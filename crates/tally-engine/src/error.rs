@@ -109,6 +109,15 @@ pub enum TallyError {
         /// The delta refused.
         delta: i64,
     },
+    /// An increment of zero or less to a counter with a window limit: its buckets
+    /// give back what they hold when they expire, which only additions keep exact.
+    #[error("counter {counter:?} has a window limit: an increment must have a positive delta (got {delta})")]
+    LimitNegative {
+        /// The counter.
+        counter: String,
+        /// The delta refused.
+        delta: i64,
+    },
     /// A frequency read of a counter without the `frequency` option.
     #[error("counter {0:?} keeps no frequencies; create it with \"frequency\": {{\"epsilon\": ..., \"delta\": ...}}")]
     FrequencyOff(String),
@@ -151,8 +160,8 @@ pub enum TallyError {
         counter: String,
         /// The increment's delta.
         delta: i64,
-        /// `"min"` or `"max"`.
-        bound: &'static str,
+        /// `"min"`, `"max"`, or `"limit per <window>"`.
+        bound: String,
         /// The bound's value.
         limit: i64,
         /// The headroom the shard held when it gave up.
@@ -201,9 +210,10 @@ impl TallyError {
         delta: i64,
         headroom: u64,
     ) -> Self {
-        let (bound, limit) = match delta < 0 {
-            true => ("min", spec.min.unwrap_or(i64::MIN)),
-            false => ("max", spec.max.unwrap_or(i64::MAX)),
+        let (bound, limit) = match (spec.limit, delta < 0) {
+            (Some(l), _) => (format!("limit per {}", l.window), l.max as i64),
+            (None, true) => ("min".to_owned(), spec.min.unwrap_or(i64::MIN)),
+            (None, false) => ("max".to_owned(), spec.max.unwrap_or(i64::MAX)),
         };
         Self::BoundExceeded { counter: counter.to_string(), delta, bound, limit, headroom }
     }
@@ -227,6 +237,7 @@ impl TallyError {
             Self::DriftOutOfRange { .. } => "drift_out_of_range",
             Self::InvalidListing(_) => "invalid_listing",
             Self::NegativeWeight { .. } => "negative_frequency_weight",
+            Self::LimitNegative { .. } => "invalid_delta",
             Self::FrequencyOff(_) => "frequency_off",
             Self::TopK { .. } => "invalid_k",
             Self::AutoShardsUnsupported => "auto_shards_unsupported",
@@ -249,7 +260,7 @@ impl TallyError {
             Self::InvalidSequence(_) | Self::Window(_) => 400,
             Self::OutOfOrderSequence { .. } | Self::BoundExceeded { .. } => 409,
             Self::TooManyWriters { .. } => 429,
-            Self::NegativeWeight { .. } => 422,
+            Self::NegativeWeight { .. } | Self::LimitNegative { .. } => 422,
             Self::NotFound(_) => 404,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,

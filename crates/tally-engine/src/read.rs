@@ -261,13 +261,17 @@ pub(crate) async fn window(
     let s = merged.span;
     let bound = WindowState::bound_bytes(meta.spec.windows.len(), distinct) as u64;
     let missing_shards = missing(&images);
+    let limit = meta.spec.limit.filter(|l| l.window == window).map(|l| l.max);
+    let value = limit.map_or(merged.total, |max| merged.total.min(i128::from(max)));
     Ok(WindowRead {
         window: window.to_string(),
         window_ms: window.ms(),
         bucket_ms: s.bucket_ms,
         start_ms: s.start_ms,
         end_ms: s.end_ms,
-        value: merged.total,
+        value,
+        limit,
+        remaining: limit.map(|max| u64::try_from(i128::from(max) - value.max(0)).unwrap_or(0)),
         estimate: merged.sketch.as_ref().map(DistinctSketch::estimate),
         relative_error: distinct.then(DistinctSketch::relative_error),
         window_bytes,

@@ -74,24 +74,6 @@ fn corrupt_sketch(id: &ShardId, e: impl std::fmt::Display) -> StoreError {
     }
 }
 
-fn params(meta: &CounterMeta, id: &ShardId) -> ShardParams {
-    let layout = &meta.layout;
-    let shards = match layout.sealed.iter().find(|g| g.generation == id.generation) {
-        Some(sealed) => sealed.shards,
-        None => layout.shards,
-    };
-    ShardParams {
-        durability: meta.spec.durability,
-        dedup_window_ms: meta.spec.dedup_window_ms(),
-        distinct: meta.spec.distinct,
-        frequency: meta.spec.frequency,
-        windows: meta.spec.windows,
-        bounds: meta.spec.bounds(),
-        shard: id.index,
-        shards,
-    }
-}
-
 /// The shard as the store holds it, its sketch decoded.
 fn load(ctx: &Ctx, id: &ShardId) -> Result<(ShardImage, Option<DistinctSketch>), StoreError> {
     let image = ctx.store.open_shard(id)?;
@@ -136,7 +118,7 @@ impl Actor for ShardActor {
         let now = ctx.now_ms();
         let first_sweep_ms = now.saturating_sub(ctx.config.dedup_sweep_ms);
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
-        let mut machine = ShardMachine::new(params(&meta, &id), image, sketch, sealed);
+        let mut machine = ShardMachine::new(ShardParams::of(&meta, &id), image, sketch, sealed);
         machine.set_writer_marks(count_marks(&ctx, &id)?);
         Ok(ShardActorState {
             machine,
@@ -235,7 +217,7 @@ impl Actor for ShardActor {
                 }
                 let sealed = state.id.generation < meta.layout.generation;
                 state.meta = meta;
-                Input::MetaChanged { params: params(&state.meta, &state.id), sealed }
+                Input::MetaChanged { params: ShardParams::of(&state.meta, &state.id), sealed }
             }
             ShardMsg::Tick => match state.tick(&myself).await {
                 Some(input) => input,
@@ -280,7 +262,7 @@ impl ShardActorState {
         if let Some(meta) = newest.filter(|m| m.version > self.meta.version) {
             let sealed = self.id.generation < meta.layout.generation;
             self.meta = meta;
-            let input = Input::MetaChanged { params: params(&self.meta, &self.id), sealed };
+            let input = Input::MetaChanged { params: ShardParams::of(&self.meta, &self.id), sealed };
             self.run(myself, input).await;
         }
         self.id.generation <= self.meta.layout.generation
@@ -535,7 +517,7 @@ pub(crate) async fn run_cold(
     reply: RpcReplyPort<ShardReply>,
 ) {
     let mut machine: ShardMachine<RpcReplyPort<ShardReply>> =
-        ShardMachine::new(params(meta, id), ShardImage::default(), None, false);
+        ShardMachine::new(ShardParams::of(meta, id), ShardImage::default(), None, false);
     let mut effects: VecDeque<_> = machine.step(ctx.now_ms(), Input::Submit { sub, reply }).into();
     while let Some(effect) = effects.pop_front() {
         let next = match effect {

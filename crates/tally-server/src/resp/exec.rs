@@ -191,6 +191,10 @@ pub fn window_reply(read: &tally_engine::WindowRead) -> Reply {
         ("end_ms", Reply::Big(read.end_ms.into())),
         ("value", Reply::Big(read.value)),
     ];
+    if let (Some(limit), Some(remaining)) = (read.limit, read.remaining) {
+        fields.push(("limit", Reply::Big(limit.into())));
+        fields.push(("remaining", Reply::Big(remaining.into())));
+    }
     if let (Some(estimate), Some(error)) = (read.estimate, read.relative_error) {
         fields.push(("estimate", Reply::Big(estimate.into())));
         fields.push(("relative_error", Reply::Double(error)));
