@@ -44,10 +44,17 @@ impl Clock for PausedClock {
 /// An engine over an in-memory store and a [`PausedClock`]; call it on a runtime
 /// whose time is paused (`#[tokio::test(start_paused = true)]`).
 pub async fn paused_engine(start_ms: u64) -> (Tally, MemStore) {
+    let (tally, store, _) = paused_engine_clock(start_ms).await;
+    (tally, store)
+}
+
+/// [`paused_engine`], with the engine's clock.
+pub async fn paused_engine_clock(start_ms: u64) -> (Tally, MemStore, PausedClock) {
     let store = MemStore::new();
     let clock = PausedClock { start: tokio::time::Instant::now(), start_ms };
-    let tally = Tally::open_with(Arc::new(store.clone()), Arc::new(clock), quick_config()).await.unwrap();
-    (tally, store)
+    let c: Arc<dyn Clock> = Arc::new(clock.clone());
+    let tally = Tally::open_with(Arc::new(store.clone()), c, quick_config()).await.unwrap();
+    (tally, store, clock)
 }
 
 /// Reopens an engine over `store` after a crash or shutdown.
