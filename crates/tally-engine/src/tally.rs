@@ -724,7 +724,7 @@ pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 /// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     use tally_core::format::{
-        encode_version, judge_store, v1, v2, v3, v4, STORE_FORMAT, STORE_FORMATS_READABLE,
+        encode_version, judge_store, v1, v2, v3, v4, v5, STORE_FORMAT, STORE_FORMATS_READABLE,
     };
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
@@ -742,8 +742,9 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     // Format 1's images and catalog entries lack format 2's fields; the sketches in
     // the images of formats 1 and 2 are in format 2's encoding; the images and
     // catalog entries of formats 2 and 3 lack format 4's windows; those of format 4
-    // lack format 5's bounds and escrow ledger. Each rewrite goes straight to today's
-    // records.
+    // lack format 5's bounds and escrow ledger; format 5's catalog entries lack format
+    // 6's window limit (its shard images are today's). Each rewrite goes straight to
+    // today's records.
     let plan = match verdict.found {
         1 => tally_store::Upgrade {
             shard_image: Some(&v2::upgrade_shard_image_from_v1),
@@ -760,11 +761,16 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
             meta: vec![(crate::catalog::COUNTER_PREFIX, &v3::upgrade_counter_meta)],
             marker: (STORE_FORMAT_KEY, &current),
         },
+        4 => tally_store::Upgrade {
+            shard_image: Some(&v4::upgrade_shard_image),
+            meta: vec![(crate::catalog::COUNTER_PREFIX, &v4::upgrade_counter_meta)],
+            marker: (STORE_FORMAT_KEY, &current),
+        },
         found => {
-            assert_eq!(found, 4, "readable formats are 1..={STORE_FORMAT}");
+            assert_eq!(found, 5, "readable formats are 1..={STORE_FORMAT}");
             tally_store::Upgrade {
-                shard_image: Some(&v4::upgrade_shard_image),
-                meta: vec![(crate::catalog::COUNTER_PREFIX, &v4::upgrade_counter_meta)],
+                shard_image: None,
+                meta: vec![(crate::catalog::COUNTER_PREFIX, &v5::upgrade_counter_meta)],
                 marker: (STORE_FORMAT_KEY, &current),
             }
         }

@@ -22,6 +22,19 @@
 //! Made on that release the same way, with
 //! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-4 cargo test -p tally-engine --test t98_upgrade -- --ignored --exact write_fixture_format_4`
 //! and `tar czf store-format-4.tar.gz store-format-4`.
+//!
+//! `tests/fixtures/store-format-5.tar.gz` holds one written by the last release of
+//! format 5 (bounds and auto counters, before window limits; commit bef1a93) by
+//! [`story_format_5`]: format 4's story, then a bounded counter (between 0 and 1000,
+//! on 4 shards) stocked on one shard and partly taken with event ids, so its shards'
+//! images hold escrow ledgers, and an auto counter. This release must read all of
+//! format 4's story as above, the stock's value, bounds and event ids, the auto
+//! counter's bounds, no window limit anywhere, and take from the stock exactly what
+//! was left. Made on that release the same way, with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-5 cargo test -p tally-engine --test t98_upgrade -- --ignored --exact write_fixture_format_5`
+//! and `tar czf store-format-5.tar.gz store-format-5`; that release's writers had no
+//! bounded or auto counter, so [`story_format_5`] and [`write_fixture_format_5`] were
+//! added to it there, as they read here.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,8 +43,8 @@ use tally_core::frequency::FrequencySpec;
 use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_core::window::WindowSet;
 use tally_engine::{
-    Consistency, Durability, Increment, ManualClock, MemStore, SledStore, SpecPatch, Store, SystemClock,
-    Tally, TallyConfig, STORE_FORMAT_KEY,
+    AutoPatch, AutoShards, Consistency, Durability, Increment, ManualClock, MemStore, SledStore, SpecPatch,
+    Store, SystemClock, Tally, TallyConfig, TallyError, STORE_FORMAT_KEY,
 };
 
 /// The sync counter whose event ids must stay known.
@@ -71,6 +84,27 @@ const HIT_REPEATS: u32 = 50;
 const WORD_ITEMS: u64 = 10;
 const FORMAT_4_CREDIT_EVENTS: i64 = 100;
 const FORMAT_4_LIKES_PER_HALF: i64 = 100;
+
+/// The format-5 fixture's bounded counter: a stock between 0 and 1000.
+const STOCK: &str = "stock";
+/// The format-5 fixture's auto counter.
+const BUSY: &str = "busy";
+
+const STOCK_MIN: i64 = 0;
+const STOCK_MAX: i64 = 1_000;
+/// What the supplier adds to the stock, on one shard.
+const STOCK_SUPPLIED: i64 = 100;
+/// Single units taken from the stock, each with an event id, by three writers.
+const STOCK_TAKEN: i64 = 30;
+const BUSY_INCREMENTS: i64 = 50;
+
+fn stock_event(i: i64) -> String {
+    format!("take-{i}")
+}
+
+fn busy_bounds() -> AutoShards {
+    AutoShards { min_shards: 2, max_shards: 8 }
+}
 
 fn hit_windows() -> WindowSet {
     WindowSet::parse(&["1m", "1h"]).unwrap()
@@ -149,6 +183,48 @@ async fn story_format_4(tally: &Tally) {
     tally.settle().await;
 }
 
+/// What the release of format 5 did to its store: format 4's story, then a bounded
+/// counter whose shards' escrow ledgers hold its headroom, and an auto counter.
+async fn story_format_5(tally: &Tally) {
+    story_format_4(tally).await;
+    let stock = SpecPatch {
+        min: Some(STOCK_MIN),
+        max: Some(STOCK_MAX),
+        rollup_ms: Some(0),
+        ..spec(4, Durability::Sync)
+    };
+    tally.put_counter(STOCK, stock).await.unwrap();
+    tally.incr(STOCK, Increment::new(STOCK_SUPPLIED).writer("supplier")).await.unwrap();
+    let mut taken = 0;
+    for i in 0.. {
+        if taken == STOCK_TAKEN {
+            break;
+        }
+        assert!(i < 100 * STOCK_TAKEN, "the stock is not taken");
+        // Borrowing may refuse a step while the headroom is on another shard; a
+        // refused step is retried with the same event id.
+        let take = Increment::new(-1).event_id(stock_event(taken)).writer(format!("w{}", i % 3));
+        match tally.incr(STOCK, take).await {
+            Ok(o) => {
+                assert!(o.applied);
+                taken += 1;
+            }
+            Err(e) => assert_eq!(e.code(), "bound_exceeded", "{e}"),
+        }
+    }
+    let auto = AutoPatch {
+        auto: true,
+        min_shards: Some(busy_bounds().min_shards),
+        max_shards: Some(busy_bounds().max_shards),
+    };
+    let busy = SpecPatch { durability: Some(Durability::Sync), ..SpecPatch::default() };
+    tally.put_counter_auto(BUSY, busy, auto).await.unwrap();
+    for i in 0..BUSY_INCREMENTS {
+        tally.incr(BUSY, Increment::new(1).writer(format!("w{}", i % 4))).await.unwrap();
+    }
+    tally.settle().await;
+}
+
 fn sketch_estimate(members: u32) -> u64 {
     let mut sketch = DistinctSketch::new();
     for m in 0..members {
@@ -184,6 +260,15 @@ async fn write_fixture() {
 async fn write_fixture_format_4() {
     let tally = new_fixture().await;
     story_format_4(&tally).await;
+    tally.shutdown().await.unwrap();
+}
+
+/// Writes the format-5 fixture with this build (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture_format_5() {
+    let tally = new_fixture().await;
+    story_format_5(&tally).await;
     tally.shutdown().await.unwrap();
 }
 
@@ -272,21 +357,29 @@ async fn a_store_of_the_first_format_reads_the_same() {
     assert_eq!(marker.as_deref(), Some(&encode_version(STORE_FORMAT)[..]));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_of_format_4_reads_the_same_with_its_windows_and_no_bounds() {
-    let (_keep, dir) = fixture_copy("store-format-4");
+/// Opens the fixture `name` of format `format` with this release, a minute after it
+/// was written (well within its counters' dedup window and its hour windows, just
+/// past its minute window); returns the engine, the fixture's directory (kept while
+/// the first value lives) and when it was written.
+async fn open_fixture(name: &str, format: u32) -> (Tally, (tempfile::TempDir, PathBuf), u64) {
+    let (keep, dir) = fixture_copy(name);
     let written_at = written_at_ms(&dir);
     {
         let store = SledStore::open_path(&dir).unwrap();
         let marker = Store::meta_get(&store, STORE_FORMAT_KEY).unwrap();
-        assert_eq!(marker.as_deref(), Some(&encode_version(4)[..]), "the fixture is of format 4");
+        assert_eq!(marker.as_deref(), Some(&encode_version(format)[..]), "the fixture is of format {format}");
     }
-    // A minute after the fixture was written, well within its counters' dedup window
-    // and its hour windows, just past its minute window.
     let clock = ManualClock::new(written_at + 60_000);
     let store = open_store_when_free(&dir).await;
     let tally = Tally::open_with(Arc::new(store), Arc::new(clock), config()).await.unwrap();
+    (tally, (keep, dir), written_at)
+}
 
+/// Checks that `tally` reads what [`story_format_4`] wrote at `written_at` (a minute
+/// ago by its clock): every total, spec, distinct estimate, window and frequency,
+/// and every acknowledged event id, which a retry finds a duplicate. Returns the
+/// credits' total.
+async fn check_story_format_4(tally: &Tally, written_at: u64) -> i128 {
     let credits: i128 = (0..FORMAT_4_CREDIT_EVENTS).map(|i| i128::from(credit_delta(i))).sum();
     let words: i128 = (1..=i128::from(WORD_ITEMS)).sum();
     let cases = [
@@ -301,6 +394,7 @@ async fn a_store_of_format_4_reads_the_same_with_its_windows_and_no_bounds() {
         assert_eq!(read.value, want, "{name}");
         let spec = tally.counter(name).await.unwrap().spec;
         assert_eq!((spec.min, spec.max), (None, None), "{name}: an upgraded counter has no bounds");
+        assert_eq!(spec.limit, None, "{name}: an upgraded counter has no window limit");
     }
 
     // Specs keep their windows and frequencies; the resharding is done.
@@ -337,9 +431,13 @@ async fn a_store_of_format_4_reads_the_same_with_its_windows_and_no_bounds() {
         assert!(!o.applied, "event {} counted twice", credit_event(i));
     }
     assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits);
+    credits
+}
 
-    // It keeps working as a store of this release: new members join the upgraded
-    // sketch and window, and the store says which format it is.
+/// Goes on with the upgraded store of [`story_format_4`] (whose credits' total is
+/// `credits`) as a store of this release: new members join the upgraded sketch and
+/// window, and an increment survives a restart. Returns the engine reopened on `dir`.
+async fn go_on_after_story_format_4(tally: Tally, dir: &Path, credits: i128) -> Tally {
     tally.incr(HITS, Increment::new(1).member("user-new")).await.unwrap();
     assert_eq!(tally.window(HITS, "1m").await.unwrap().value, 1);
     let hour = tally.window(HITS, "1h").await.unwrap();
@@ -347,17 +445,105 @@ async fn a_store_of_format_4_reads_the_same_with_its_windows_and_no_bounds() {
     tally.incr(CREDITS, Increment::new(5).event_id("after-upgrade")).await.unwrap();
     tally.shutdown().await.unwrap();
     drop(tally);
-    let tally = reopen(&dir).await;
+    let tally = reopen(dir).await;
     assert_eq!(tally.read(CREDITS, Consistency::Fresh).await.unwrap().value, credits + 5);
     assert_eq!(
         tally.read(HITS, Consistency::Fresh).await.unwrap().value,
         i128::from(HIT_MEMBERS + HIT_REPEATS) + 1
     );
+    tally
+}
+
+/// Shuts `tally` down and checks that its store, at `dir`, says it is of this
+/// release's format.
+async fn shut_down_in_this_format(tally: Tally, dir: &Path) {
     tally.shutdown().await.unwrap();
     drop(tally);
-    let store = open_store_when_free(&dir).await;
+    let store = open_store_when_free(dir).await;
     let marker = Store::meta_get(&store, STORE_FORMAT_KEY).unwrap();
     assert_eq!(marker.as_deref(), Some(&encode_version(STORE_FORMAT)[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_format_4_reads_the_same_with_its_windows_and_no_bounds() {
+    let (tally, (_keep, dir), written_at) = open_fixture("store-format-4", 4).await;
+    let credits = check_story_format_4(&tally, written_at).await;
+    let tally = go_on_after_story_format_4(tally, &dir, credits).await;
+    shut_down_in_this_format(tally, &dir).await;
+}
+
+/// The bound an increment was refused at; panics unless it was refused at one.
+fn refused_at<T: std::fmt::Debug>(result: Result<T, TallyError>) -> String {
+    match result {
+        Err(TallyError::BoundExceeded { bound, .. }) => bound.to_string(),
+        other => panic!("not refused at a bound: {other:?}"),
+    }
+}
+
+/// `tally`'s stock keeps its bounds, and its shards' escrow ledgers the headroom
+/// [`story_format_5`] left: exactly what remains can be taken, nothing past either
+/// bound.
+async fn check_stock_takes_exactly_what_remains(tally: &Tally) {
+    let remaining = STOCK_SUPPLIED - STOCK_TAKEN;
+    let mut taken = 0;
+    for i in 0..100 * remaining {
+        match tally.incr(STOCK, Increment::new(-1).writer(format!("w{}", i % 3))).await {
+            Ok(o) => {
+                assert!(o.applied);
+                taken += 1;
+            }
+            Err(TallyError::BoundExceeded { bound, .. }) => {
+                assert_eq!(bound, "min");
+                let value = tally.read(STOCK, Consistency::Fresh).await.unwrap().value;
+                assert!(value >= 0, "a read below the floor: {value}");
+                if value == 0 {
+                    break;
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(taken, remaining, "the ledgers hold exactly the stock that was left");
+    assert_eq!(tally.read(STOCK, Consistency::Fresh).await.unwrap().value, 0);
+    assert_eq!(refused_at(tally.incr(STOCK, Increment::new(-1)).await), "min");
+    assert_eq!(refused_at(tally.incr(STOCK, Increment::new(STOCK_MAX + 1)).await), "max");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_format_5_reads_the_same_with_its_bounds_and_auto_bounds_and_no_limits() {
+    let (tally, (_keep, dir), written_at) = open_fixture("store-format-5", 5).await;
+    let credits = check_story_format_4(&tally, written_at).await;
+
+    // The bounded counter: its value, its bounds, and its event ids.
+    let remaining = i128::from(STOCK_SUPPLIED - STOCK_TAKEN);
+    let read = tally.read(STOCK, Consistency::Fresh).await.unwrap();
+    assert!(read.complete, "{read:?}");
+    assert_eq!(read.value, remaining);
+    let stock = tally.counter(STOCK).await.unwrap();
+    assert_eq!((stock.spec.min, stock.spec.max, stock.spec.limit), (Some(STOCK_MIN), Some(STOCK_MAX), None));
+    assert_eq!((stock.layout_shards, stock.spec.durability, stock.auto), (4, Durability::Sync, None));
+    for i in 0..STOCK_TAKEN {
+        let o = tally.incr(STOCK, Increment::new(-1).event_id(stock_event(i))).await.unwrap();
+        assert!(!o.applied, "event {} counted twice", stock_event(i));
+    }
+    assert_eq!(tally.read(STOCK, Consistency::Fresh).await.unwrap().value, remaining);
+
+    // The auto counter: its value, its bounds, its shard count.
+    let busy = tally.counter(BUSY).await.unwrap();
+    assert_eq!((busy.auto, busy.layout_shards, busy.spec.limit), (Some(busy_bounds()), 2, None));
+    assert_eq!(tally.read(BUSY, Consistency::Fresh).await.unwrap().value, i128::from(BUSY_INCREMENTS));
+
+    // It keeps working as a store of this release, across a restart: nothing is
+    // counted twice, and the stock's ledgers hold exactly the headroom that was left
+    // (taken after the restart, on the system's clock: a shard that borrows headroom
+    // waits for time to pass, which the fixture's clock never does).
+    tally.incr(BUSY, Increment::new(1)).await.unwrap();
+    let tally = go_on_after_story_format_4(tally, &dir, credits).await;
+    assert_eq!(tally.read(STOCK, Consistency::Fresh).await.unwrap().value, remaining);
+    assert_eq!(tally.read(BUSY, Consistency::Fresh).await.unwrap().value, i128::from(BUSY_INCREMENTS) + 1);
+    assert_eq!(tally.counter(BUSY).await.unwrap().auto, Some(busy_bounds()));
+    check_stock_takes_exactly_what_remains(&tally).await;
+    shut_down_in_this_format(tally, &dir).await;
 }
 
 async fn open_store_when_free(dir: &Path) -> SledStore {

@@ -71,9 +71,10 @@ impl Identity {
                 1 => crate::upgrade::from_v1(db, &tree, KEY_FORMAT, &current)?,
                 2 => crate::upgrade::from_v2(db, &tree, KEY_FORMAT, &current)?,
                 3 => crate::upgrade::from_v3(db, &tree, KEY_FORMAT, &current)?,
+                4 => crate::upgrade::from_v4(db, &tree, KEY_FORMAT, &current)?,
                 found => {
-                    assert_eq!(found, 4, "readable formats are 1..={RAFT_STORE_FORMAT}");
-                    crate::upgrade::from_v4(db, &tree, KEY_FORMAT, &current)?
+                    assert_eq!(found, 5, "readable formats are 1..={RAFT_STORE_FORMAT}");
+                    crate::upgrade::from_v5(db, &tree, KEY_FORMAT, &current)?
                 }
             };
             tracing::info!(

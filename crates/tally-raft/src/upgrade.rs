@@ -1,14 +1,15 @@
-//! Upgrading a raft database of format 1, 2, 3 or 4 to today's format, in place.
+//! Upgrading a raft database of format 1 to 5 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
 //! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
 //! format 2 (`tally_core::format::v3`: format 3 added windows), format 3's those of
-//! format 3 (`tally_core::format::v4`: format 4 added bounds). Format 4's records are
-//! today's except its snapshot, whose state has no auto bounds (format 5 added
-//! them, and two requests its entries may now hold). An upgrade decodes each
-//! with the frozen types, converts it and writes it back, together with the new
-//! format marker, in one sled transaction: a crash leaves the database either all
-//! of the old format or all today's.
+//! format 3 (`tally_core::format::v4`: format 4 added bounds), and formats 4 and 5
+//! those of format 5 (`tally_core::format::v5`: format 6 added window limits).
+//! Format 4's snapshot state has no auto bounds either (format 5 added them, and two
+//! requests its entries may hold, [`RequestV5`]). An upgrade decodes each with the
+//! frozen types, converts it and writes it back, together with the new format
+//! marker, in one sled transaction: a crash leaves the database either all of the
+//! old format or all today's.
 
 use crate::log_store::LOG_TREE;
 use crate::state::MetaState;
@@ -23,9 +24,11 @@ use tally_core::codec::{decode, encode, DecodeError};
 use tally_core::format::v1::{CounterMetaV1, MetaCommandV1};
 use tally_core::format::v3::{CounterMetaV3, MetaCommandV3};
 use tally_core::format::v4::{CounterMetaV4, MetaCommandV4};
-use tally_core::format::{v1, v3, v4, Rewrite};
+use tally_core::format::v5::{CounterMetaV5, MetaCommandV5};
+use tally_core::format::{v1, v3, v4, v5, Rewrite};
 use tally_core::meta::{CounterMeta, MetaCommand};
 use tally_core::name::CounterName;
+use tally_core::spec::AutoShards;
 
 openraft::declare_raft_types!(
     /// The type configuration of format 1's log: only its entries' payload differs.
@@ -57,8 +60,28 @@ openraft::declare_raft_types!(
         SnapshotData = Cursor<Vec<u8>>,
 );
 
-/// [`Request`] as formats 1, 2 and 3 stored it: only the counter command's layout
-/// (`C`) differs between them and today.
+openraft::declare_raft_types!(
+    /// The type configuration of format 4's log: only its entries' payload differs.
+    TypeConfigV4:
+        D = RequestOld<MetaCommandV5>,
+        R = crate::types::Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+openraft::declare_raft_types!(
+    /// The type configuration of format 5's log: only its entries' payload differs.
+    TypeConfigV5:
+        D = RequestV5,
+        R = crate::types::Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+/// [`Request`] as formats 1 to 4 stored it: only the counter command's layout (`C`)
+/// differs between them, and none had the auto requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 enum RequestOld<C> {
     Counter { name: CounterName, cmd: C, now_ms: u64 },
@@ -82,6 +105,43 @@ impl<C: Into<MetaCommand>> From<RequestOld<C>> for Request {
             RequestOld::RegisterStore { node, store } => Request::RegisterStore { node, store },
             RequestOld::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
             RequestOld::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
+        }
+    }
+}
+
+/// [`Request`] as format 5 stored it: today's requests, with format 5's counter
+/// commands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum RequestV5 {
+    Counter { name: CounterName, cmd: MetaCommandV5, now_ms: u64 },
+    ClearTombstone { name: CounterName },
+    SetMembers { from_epoch: u64, previous: Vec<String>, members: Vec<String> },
+    HandoffDone { node: String, epoch: u64 },
+    RegisterStore { node: NodeId, store: StoreId },
+    ReplaceStore { node: NodeId, store: StoreId },
+    AcceptLoss { node: NodeId, store: StoreId },
+    CounterAuto { name: CounterName, cmd: MetaCommandV5, auto: Option<AutoShards>, now_ms: u64 },
+    AutoReshard { name: CounterName, version: u64, shards: u16, now_ms: u64 },
+}
+
+impl From<RequestV5> for Request {
+    fn from(v: RequestV5) -> Self {
+        match v {
+            RequestV5::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
+            RequestV5::ClearTombstone { name } => Request::ClearTombstone { name },
+            RequestV5::SetMembers { from_epoch, previous, members } => {
+                Request::SetMembers { from_epoch, previous, members }
+            }
+            RequestV5::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
+            RequestV5::RegisterStore { node, store } => Request::RegisterStore { node, store },
+            RequestV5::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
+            RequestV5::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
+            RequestV5::CounterAuto { name, cmd, auto, now_ms } => {
+                Request::CounterAuto { name, cmd: cmd.into(), auto, now_ms }
+            }
+            RequestV5::AutoReshard { name, version, shards, now_ms } => {
+                Request::AutoReshard { name, version, shards, now_ms }
+            }
         }
     }
 }
@@ -116,6 +176,37 @@ impl<M: Into<CounterMeta>> From<MetaStateOld<M>> for MetaState {
     }
 }
 
+/// [`MetaState`] as format 5 stored it (inside snapshots): today's, with format 5's
+/// counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MetaStateV5 {
+    counters: BTreeMap<CounterName, CounterMetaV5>,
+    tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
+    members: Vec<String>,
+    placement_epoch: u64,
+    previous: Vec<String>,
+    handoff: Vec<String>,
+    stores: BTreeMap<NodeId, StoreRecord>,
+    applied_requests: u64,
+    auto: BTreeMap<CounterName, AutoShards>,
+}
+
+impl From<MetaStateV5> for MetaState {
+    fn from(v: MetaStateV5) -> Self {
+        MetaState {
+            counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
+            tombstones: v.tombstones,
+            members: v.members,
+            placement_epoch: v.placement_epoch,
+            previous: v.previous,
+            handoff: v.handoff,
+            stores: v.stores,
+            applied_requests: v.applied_requests,
+            auto: v.auto,
+        }
+    }
+}
+
 /// A stored snapshot's shape (see `state_machine.rs`), with its state still encoded.
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
@@ -123,66 +214,72 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
-/// A log entry of an older format whose payload is `RequestOld<C>` (type
-/// configuration `T`), as today's bytes.
-fn upgrade_entry<T, C>(what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, DecodeError>
+/// A log entry of an older format (type configuration `T`, whose payload converts
+/// to today's request), as today's bytes.
+fn upgrade_entry<T>(what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, DecodeError>
 where
-    T: openraft::RaftTypeConfig<D = RequestOld<C>, NodeId = NodeId, Node = openraft::BasicNode>,
+    T: openraft::RaftTypeConfig<NodeId = NodeId, Node = openraft::BasicNode>,
+    T::D: Into<Request>,
     openraft::Entry<T>: DeserializeOwned,
-    C: Into<MetaCommand>,
 {
     let old: openraft::Entry<T> = decode(what, bytes)?;
     let payload = match old.payload {
         openraft::EntryPayload::Blank => openraft::EntryPayload::Blank,
-        openraft::EntryPayload::Normal(r) => openraft::EntryPayload::Normal(Request::from(r)),
+        openraft::EntryPayload::Normal(r) => openraft::EntryPayload::Normal(r.into()),
         openraft::EntryPayload::Membership(m) => openraft::EntryPayload::Membership(m),
     };
     Ok(encode(&openraft::Entry::<TypeConfig> { log_id: old.log_id, payload }))
 }
 
-/// A stored snapshot of an older format whose counters are `M`s, as today's bytes;
+/// A stored snapshot of an older format whose state is an `S`, as today's bytes;
 /// `what` names the snapshot and its state in errors.
-fn upgrade_snapshot<M>(what: (&'static str, &'static str), bytes: &[u8]) -> Result<Vec<u8>, DecodeError>
+fn upgrade_snapshot<S>(what: (&'static str, &'static str), bytes: &[u8]) -> Result<Vec<u8>, DecodeError>
 where
-    M: DeserializeOwned + Into<CounterMeta>,
+    S: DeserializeOwned + Into<MetaState>,
 {
     let old: StoredSnapshot = decode(what.0, bytes)?;
-    let state: MetaStateOld<M> = decode(what.1, &old.data)?;
-    Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&MetaState::from(state)) }))
+    let state: S = decode(what.1, &old.data)?;
+    Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&state.into()) }))
 }
 
 fn upgrade_entry_v1(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_entry::<TypeConfigV1, MetaCommandV1>("format-1 raft log entry", bytes)
+    upgrade_entry::<TypeConfigV1>("format-1 raft log entry", bytes)
 }
 
 fn upgrade_snapshot_v1(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_snapshot::<CounterMetaV1>(("format-1 snapshot", "format-1 snapshot state"), bytes)
+    upgrade_snapshot::<MetaStateOld<CounterMetaV1>>(("format-1 snapshot", "format-1 snapshot state"), bytes)
 }
 
 fn upgrade_entry_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_entry::<TypeConfigV2, MetaCommandV3>("format-2 raft log entry", bytes)
+    upgrade_entry::<TypeConfigV2>("format-2 raft log entry", bytes)
 }
 
 fn upgrade_snapshot_v2(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_snapshot::<CounterMetaV3>(("format-2 snapshot", "format-2 snapshot state"), bytes)
+    upgrade_snapshot::<MetaStateOld<CounterMetaV3>>(("format-2 snapshot", "format-2 snapshot state"), bytes)
 }
 
 fn upgrade_entry_v3(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_entry::<TypeConfigV3, MetaCommandV4>("format-3 raft log entry", bytes)
+    upgrade_entry::<TypeConfigV3>("format-3 raft log entry", bytes)
 }
 
 fn upgrade_snapshot_v3(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_snapshot::<CounterMetaV4>(("format-3 snapshot", "format-3 snapshot state"), bytes)
+    upgrade_snapshot::<MetaStateOld<CounterMetaV4>>(("format-3 snapshot", "format-3 snapshot state"), bytes)
 }
 
-/// Format 4's entries and counter records are today's: its requests are a prefix of
-/// today's, its counters of today's layout.
-fn unchanged(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    Ok(bytes.to_vec())
+fn upgrade_entry_v4(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfigV4>("format-4 raft log entry", bytes)
 }
 
 fn upgrade_snapshot_v4(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_snapshot::<CounterMeta>(("format-4 snapshot", "format-4 snapshot state"), bytes)
+    upgrade_snapshot::<MetaStateOld<CounterMetaV5>>(("format-4 snapshot", "format-4 snapshot state"), bytes)
+}
+
+fn upgrade_entry_v5(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfigV5>("format-5 raft log entry", bytes)
+}
+
+fn upgrade_snapshot_v5(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<MetaStateV5>(("format-5 snapshot", "format-5 snapshot state"), bytes)
 }
 
 /// Why an upgrade failed; nothing was changed.
@@ -275,14 +372,33 @@ pub(crate) fn from_v3(
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 
-/// Rewrites the snapshot of a format-4 `db` in today's format, as [`from_v1`] does.
+/// Rewrites every format-4 record of `db` in today's format, as [`from_v1`] does.
 pub(crate) fn from_v4(
     db: &sled::Db,
     marker_tree: &sled::Tree,
     marker_key: &[u8],
     marker: &[u8],
 ) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites { entry: &unchanged, counter: &unchanged, snapshot: &upgrade_snapshot_v4 };
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v4,
+        counter: &v5::upgrade_counter_meta,
+        snapshot: &upgrade_snapshot_v4,
+    };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites every format-5 record of `db` in today's format, as [`from_v1`] does.
+pub(crate) fn from_v5(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v5,
+        counter: &v5::upgrade_counter_meta,
+        snapshot: &upgrade_snapshot_v5,
+    };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 
@@ -333,6 +449,7 @@ mod tests {
     use super::*;
     use tally_core::format::v3::{CounterSpecV3, SpecPatchV3};
     use tally_core::format::v4::{CounterSpecV4, SpecPatchV4};
+    use tally_core::format::v5::{CounterSpecV5, SpecPatchV5};
     use tally_core::frequency::FrequencySpec;
     use tally_core::meta::Layout;
     use tally_core::spec::{Durability, RouterPolicy};
@@ -386,43 +503,52 @@ mod tests {
         }
     }
 
-    /// A database of an older format holding one log entry (a counter put with
-    /// `cmd`), the counter's record `meta` and a snapshot of it.
-    fn old_database<T, C, M>(cmd: C, meta: M) -> sled::Db
+    /// A database of an older format (type configuration `T`) holding one log entry
+    /// (`request`), a counter's record `meta` and a snapshot of `state`.
+    fn database_of<T, M, S>(request: T::D, meta: &M, state: &S) -> sled::Db
     where
-        T: openraft::RaftTypeConfig<D = RequestOld<C>, NodeId = NodeId, Node = openraft::BasicNode>,
+        T: openraft::RaftTypeConfig<NodeId = NodeId, Node = openraft::BasicNode>,
         openraft::Entry<T>: Serialize,
         M: Serialize,
+        S: Serialize,
     {
         let db = sled::Config::new().temporary(true).open().unwrap();
         let entry = openraft::Entry::<T> {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 7),
-            payload: openraft::EntryPayload::Normal(RequestOld::Counter { name: name(), cmd, now_ms: 9 }),
+            payload: openraft::EntryPayload::Normal(request),
         };
         db.open_tree(LOG_TREE).unwrap().insert(7u64.to_be_bytes(), encode(&entry)).unwrap();
-        db.open_tree(SM_TREE).unwrap().insert([PREFIX_COUNTER, b"c"].concat(), encode(&meta)).unwrap();
+        db.open_tree(SM_TREE).unwrap().insert([PREFIX_COUNTER, b"c"].concat(), encode(meta)).unwrap();
         let snapshot = StoredSnapshot {
             meta: openraft::SnapshotMeta {
                 last_log_id: None,
                 last_membership: openraft::StoredMembership::default(),
                 snapshot_id: "s".into(),
             },
-            data: encode(&state_of(meta)),
+            data: encode(state),
         };
         db.open_tree(SNAPSHOT_TREE).unwrap().insert(KEY_SNAPSHOT, encode(&snapshot)).unwrap();
         db
     }
 
-    /// The upgraded database's entry's spec patch, counter record and snapshot state.
-    fn read_back(db: &sled::Db) -> (tally_core::spec::SpecPatch, CounterMeta, MetaState) {
+    /// A database of a format before 5 holding one log entry (a counter put with
+    /// `cmd`), the counter's record `meta` and a snapshot of it.
+    fn old_database<T, C, M>(cmd: C, meta: M) -> sled::Db
+    where
+        T: openraft::RaftTypeConfig<D = RequestOld<C>, NodeId = NodeId, Node = openraft::BasicNode>,
+        openraft::Entry<T>: Serialize,
+        M: Serialize + Clone,
+    {
+        let request = RequestOld::Counter { name: name(), cmd, now_ms: 9 };
+        database_of::<T, _, _>(request, &meta, &state_of(meta.clone()))
+    }
+
+    /// The upgraded database's log entry, counter record and snapshot state.
+    fn read_all(db: &sled::Db) -> (Request, CounterMeta, MetaState) {
         let log = db.open_tree(LOG_TREE).unwrap();
         let up: openraft::Entry<TypeConfig> =
             decode("entry", &log.get(7u64.to_be_bytes()).unwrap().unwrap()).unwrap();
-        let openraft::EntryPayload::Normal(Request::Counter { cmd: MetaCommand::Put(p), now_ms: 9, .. }) =
-            up.payload
-        else {
-            panic!("a counter put stays one")
-        };
+        let openraft::EntryPayload::Normal(request) = up.payload else { panic!("a request stays one") };
         let sm = db.open_tree(SM_TREE).unwrap();
         let meta: CounterMeta =
             decode("meta", &sm.get([PREFIX_COUNTER, b"c"].concat()).unwrap().unwrap()).unwrap();
@@ -430,6 +556,15 @@ mod tests {
             decode("snapshot", &db.open_tree(SNAPSHOT_TREE).unwrap().get(KEY_SNAPSHOT).unwrap().unwrap())
                 .unwrap();
         let state: MetaState = decode("state", &snap.data).unwrap();
+        (request, meta, state)
+    }
+
+    /// The upgraded database's entry's spec patch, counter record and snapshot state.
+    fn read_back(db: &sled::Db) -> (tally_core::spec::SpecPatch, CounterMeta, MetaState) {
+        let (request, meta, state) = read_all(db);
+        let Request::Counter { cmd: MetaCommand::Put(p), now_ms: 9, .. } = request else {
+            panic!("a counter put stays one")
+        };
         (p, meta, state)
     }
 
@@ -478,6 +613,89 @@ mod tests {
         let db = old_database::<TypeConfigV2, _, _>(MetaCommandV3::Ensure, meta);
         let marker_tree = db.open_tree("identity").unwrap();
         assert!(from_v3(&db, &marker_tree, b"format", b"4").is_err());
+        assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
+    }
+
+    fn spec_v5() -> CounterSpecV5 {
+        CounterSpecV5 {
+            shards: 6,
+            durability: Durability::Sync,
+            flush_ms: 20,
+            rollup_ms: 0,
+            router: RouterPolicy::Event,
+            distinct: false,
+            dedup_window_s: 60,
+            frequency: None,
+            windows: WindowSet::parse(&["1m"]).unwrap(),
+            min: Some(0),
+            max: Some(100),
+        }
+    }
+
+    #[test]
+    fn a_format_four_database_upgrades_with_its_bounds_and_no_limit() {
+        let meta = CounterMetaV5 { spec: spec_v5(), layout: layout(), created_at_ms: 3, version: 4 };
+        let put = MetaCommandV5::Put(SpecPatchV5 { min: Some(-1), max: Some(1), ..Default::default() });
+        let db = old_database::<TypeConfigV4, _, _>(put, meta);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v4(&db, &marker_tree, b"format", b"6").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"6"[..]));
+
+        let (p, up, state) = read_back(&db);
+        assert_eq!((p.min, p.max, p.limit), (Some(-1), Some(1), None));
+        assert_eq!((up.spec.min, up.spec.max, up.spec.limit), (Some(0), Some(100), None));
+        assert_eq!((up.spec.windows, &up.layout, up.version), (spec_v5().windows, &layout(), 4));
+        assert_eq!(state.counters[&name()], up);
+        assert!(state.auto.is_empty());
+        assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
+        // Today's records are not format 4's, nor format 3's.
+        assert!(from_v4(&db, &marker_tree, b"format", b"6").is_err());
+        let meta = CounterMetaV4 { spec: spec_v4(), layout: layout(), created_at_ms: 3, version: 4 };
+        let db = old_database::<TypeConfigV3, _, _>(MetaCommandV4::Put(SpecPatchV4::default()), meta);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert!(from_v4(&db, &marker_tree, b"format", b"6").is_err());
+        assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
+    }
+
+    #[test]
+    fn a_format_five_database_upgrades_with_its_auto_bounds_and_no_limit() {
+        let bounds = AutoShards { min_shards: 2, max_shards: 8 };
+        let meta = CounterMetaV5 { spec: spec_v5(), layout: layout(), created_at_ms: 3, version: 4 };
+        let state = MetaStateV5 {
+            counters: [(name(), meta.clone())].into(),
+            tombstones: BTreeMap::new(),
+            members: vec!["node1".into()],
+            placement_epoch: 1,
+            previous: vec![],
+            handoff: vec![],
+            stores: BTreeMap::new(),
+            applied_requests: 5,
+            auto: [(name(), bounds)].into(),
+        };
+        let windows = Some(WindowSet::parse(&["1h"]).unwrap());
+        let cmd = MetaCommandV5::Put(SpecPatchV5 { shards: Some(2), windows, ..Default::default() });
+        let request = RequestV5::CounterAuto { name: name(), cmd, auto: Some(bounds), now_ms: 9 };
+        let db = database_of::<TypeConfigV5, _, _>(request, &meta, &state);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v5(&db, &marker_tree, b"format", b"6").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"6"[..]));
+
+        let (request, up, state) = read_all(&db);
+        let Request::CounterAuto { cmd: MetaCommand::Put(p), auto: Some(b), now_ms: 9, .. } = request else {
+            panic!("an auto counter put stays one: {request:?}")
+        };
+        assert_eq!((p.shards, p.windows, p.limit, b), (Some(2), windows, None, bounds));
+        assert_eq!((up.spec.min, up.spec.max, up.spec.limit), (Some(0), Some(100), None));
+        assert_eq!((&up.layout, up.created_at_ms, up.version), (&layout(), 3, 4));
+        assert_eq!(state.counters[&name()], up);
+        assert_eq!(state.auto, BTreeMap::from([(name(), bounds)]), "auto bounds kept");
+        assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
+        // Today's records are not format 5's, nor format 4's (its snapshot has no auto
+        // bounds).
+        assert!(from_v5(&db, &marker_tree, b"format", b"6").is_err());
+        let db = old_database::<TypeConfigV4, _, _>(MetaCommandV5::Ensure, meta);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert!(from_v5(&db, &marker_tree, b"format", b"6").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
     }
 }

@@ -21,6 +21,16 @@
 //! store format 4 (the last before auto bounds), with a bounded counter created too;
 //! its snapshot's state has no auto bounds. Made on that release with
 //! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-4 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_bounds`.
+//!
+//! `tests/fixtures/raft-format-5.tar.gz` is the story of format 4 written in raft
+//! store format 5 (the last before window limits), with auto counters too: one
+//! created, raised and the raise completed before the last snapshot, and after it, in
+//! the log only, its bounds changed, a second one created with its spec and a raise
+//! of it left in progress, and a second bounded counter created. Made on that release
+//! (commit bef1a93) with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-5 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_auto`;
+//! that release's writer had no auto requests, so the story's `auto` part and
+//! [`write_fixture_with_auto`] were added to it there, as they read here.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +39,7 @@ use tally_core::format::{encode_version, RAFT_STORE_FORMAT};
 use tally_core::frequency::FrequencySpec;
 use tally_core::meta::MetaCommand;
 use tally_core::name::CounterName;
-use tally_core::spec::{CounterSpec, Durability, RouterPolicy, SpecPatch};
+use tally_core::spec::{AutoShards, CounterSpec, Durability, RouterPolicy, SpecPatch};
 use tally_core::window::WindowSet;
 use tally_raft::{MetaRaft, MetaRaftConfig, RaftStorage, Request};
 use tokio::net::TcpListener;
@@ -100,9 +110,36 @@ fn bounded_patch() -> SpecPatch {
     }
 }
 
+/// The auto counter's bounds (raft store format 5 on).
+fn auto_bounds() -> AutoShards {
+    AutoShards { min_shards: 2, max_shards: 16 }
+}
+
+/// The auto counter's bounds after the change the story ends with.
+fn auto_bounds_changed() -> AutoShards {
+    AutoShards { min_shards: 2, max_shards: 8 }
+}
+
+/// The late auto counter's creation (raft store format 5 on).
+fn auto_late_patch() -> SpecPatch {
+    SpecPatch { shards: Some(2), distinct: Some(true), ..SpecPatch::default() }
+}
+
+/// The late bounded counter's creation.
+fn bounded_late_patch() -> SpecPatch {
+    SpecPatch {
+        shards: Some(2),
+        durability: Some(Durability::Sync),
+        min: Some(-5),
+        max: Some(5),
+        ..SpecPatch::default()
+    }
+}
+
 /// What the fixture's release wrote; `windowed`: the requests only a release with
-/// windows could write, too; `bounded`: those only a release with bounds could.
-async fn story(node: &MetaRaft, windowed: bool, bounded: bool) {
+/// windows could write, too; `bounded`: those only a release with bounds could;
+/// `auto`: those only a release with auto bounds could.
+async fn story(node: &MetaRaft, windowed: bool, bounded: bool, auto: bool) {
     node.write(counter("full", MetaCommand::Put(full_patch()))).await.unwrap();
     node.write(counter("plain", MetaCommand::Ensure)).await.unwrap();
     for i in 0..12 {
@@ -124,6 +161,19 @@ async fn story(node: &MetaRaft, windowed: bool, bounded: bool) {
     if bounded {
         node.write(counter("bounded", MetaCommand::Put(bounded_patch()))).await.unwrap();
     }
+    if auto {
+        // An auto counter created at 2 shards, raised to 4 and the raise completed.
+        let name = CounterName::new("auto").unwrap();
+        let put = MetaCommand::Put(SpecPatch { shards: Some(2), ..SpecPatch::default() });
+        let create =
+            Request::CounterAuto { name: name.clone(), cmd: put, auto: Some(auto_bounds()), now_ms: NOW_MS };
+        node.write(create).await.unwrap();
+        let version = node.counter("auto").expect("the auto counter exists").version;
+        node.write(Request::AutoReshard { name, version, shards: 4, now_ms: NOW_MS }).await.unwrap();
+        node.write(counter("auto", MetaCommand::CompleteReshard { generation: 0, sealed_sum: 5 }))
+            .await
+            .unwrap();
+    }
     // Last, so it sits in the log after the snapshot: a resharding left in progress.
     node.write(counter("moving", MetaCommand::Put(SpecPatch { shards: Some(2), ..Default::default() })))
         .await
@@ -131,14 +181,32 @@ async fn story(node: &MetaRaft, windowed: bool, bounded: bool) {
     node.write(counter("moving", MetaCommand::Put(SpecPatch { shards: Some(3), ..Default::default() })))
         .await
         .unwrap();
+    if auto {
+        // After the last snapshot, in the log only: new bounds for the auto counter, an
+        // auto counter created with a spec and a raise of it left in progress, and a
+        // bounded counter created.
+        let name = CounterName::new("auto").unwrap();
+        let bounds = Some(auto_bounds_changed());
+        node.write(Request::CounterAuto { name, cmd: MetaCommand::Ensure, auto: bounds, now_ms: NOW_MS })
+            .await
+            .unwrap();
+        let name = CounterName::new("auto-late").unwrap();
+        let put = MetaCommand::Put(auto_late_patch());
+        let create =
+            Request::CounterAuto { name: name.clone(), cmd: put, auto: Some(auto_bounds()), now_ms: NOW_MS };
+        node.write(create).await.unwrap();
+        let version = node.counter("auto-late").expect("the auto counter exists").version;
+        node.write(Request::AutoReshard { name, version, shards: 3, now_ms: NOW_MS }).await.unwrap();
+        node.write(counter("bounded-late", MetaCommand::Put(bounded_late_patch()))).await.unwrap();
+    }
 }
 
 /// Writes a fixture with this build, in its raft store format.
-async fn write(windowed: bool, bounded: bool) {
+async fn write(windowed: bool, bounded: bool, auto: bool) {
     let dir = PathBuf::from(std::env::var("TALLY_WRITE_FIXTURE").expect("TALLY_WRITE_FIXTURE=DIR"));
     assert!(!dir.exists(), "{} exists: remove it first", dir.display());
     let node = one_node(&dir).await;
-    story(&node, windowed, bounded).await;
+    story(&node, windowed, bounded, auto).await;
     node.shutdown().await;
 }
 
@@ -146,21 +214,28 @@ async fn write(windowed: bool, bounded: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
 async fn write_fixture() {
-    write(false, false).await;
+    write(false, false, false).await;
 }
 
 /// Writes the format-3 fixture (see the module docs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
 async fn write_fixture_with_windows() {
-    write(true, false).await;
+    write(true, false, false).await;
 }
 
 /// Writes the format-4 fixture (see the module docs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
 async fn write_fixture_with_bounds() {
-    write(true, true).await;
+    write(true, true, false).await;
+}
+
+/// Writes the format-5 fixture (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the committed fixture; run by hand with TALLY_WRITE_FIXTURE"]
+async fn write_fixture_with_auto() {
+    write(true, true, true).await;
 }
 
 /// The fixture `name` unpacked in a fresh directory (starting a node writes to it):
@@ -270,7 +345,7 @@ async fn a_raft_database_of_format_4_holds_the_same_state_with_its_bounds_and_ta
 
     // It goes on as a database of this release: a counter becomes auto, and the
     // bounds survive a restart (and the snapshots taken meanwhile).
-    let bounds = tally_core::spec::AutoShards { min_shards: 2, max_shards: 16 };
+    let bounds = AutoShards { min_shards: 2, max_shards: 16 };
     let name = CounterName::new("auto").unwrap();
     let put = MetaCommand::Put(SpecPatch { shards: Some(2), ..SpecPatch::default() });
     node.write(Request::CounterAuto { name: name.clone(), cmd: put, auto: Some(bounds), now_ms: NOW_MS })
@@ -286,5 +361,77 @@ async fn a_raft_database_of_format_4_holds_the_same_state_with_its_bounds_and_ta
     assert_eq!(node.auto_counters(), vec![(name, bounds)]);
     // Nothing applied twice across the restart.
     assert_eq!(check_story(&node), 26 + 11);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_format_5_holds_the_same_state_with_its_bounds_and_auto_bounds_and_no_limits() {
+    let (_keep, dir) = fixture_copy("raft-format-5");
+    assert_eq!(format_marker(&dir).await, Some(encode_version(5).to_vec()), "the fixture is of format 5");
+
+    let node = one_node(&dir).await;
+    // The story's 32 requests plus the store registration, each applied once.
+    assert_eq!(check_story(&node), 33);
+    let state = node.state();
+    for (name, meta) in &state.counters {
+        assert_eq!(meta.spec.limit, None, "{name}: an upgraded counter has no window limit");
+    }
+    let windowed = &state.counters["windowed"];
+    let want =
+        CounterSpec::default().patched(&windowed_patch()).unwrap().patched(&rewindowed_patch()).unwrap();
+    assert_eq!(windowed.spec, want);
+    let bounded = &state.counters["bounded"];
+    assert_eq!(bounded.spec, CounterSpec::default().patched(&bounded_patch()).unwrap());
+    assert_eq!((bounded.spec.min, bounded.spec.max, bounded.layout.shards), (Some(0), Some(1_000), 4));
+    let late = &state.counters["bounded-late"];
+    assert_eq!(late.spec, CounterSpec::default().patched(&bounded_late_patch()).unwrap());
+    assert_eq!((late.spec.min, late.spec.max), (Some(-5), Some(5)));
+    // The auto counters: bounds, raises done and in progress, as written.
+    let auto = &state.counters["auto"];
+    assert_eq!((auto.spec.shards, auto.layout.generation, auto.layout.shards), (4, 1, 4));
+    assert_eq!((auto.layout.base, auto.layout.resharding), (5, None));
+    let auto_late = &state.counters["auto-late"];
+    assert_eq!(
+        auto_late.spec,
+        CounterSpec::default()
+            .patched(&auto_late_patch())
+            .unwrap()
+            .patched(&SpecPatch { shards: Some(3), ..SpecPatch::default() })
+            .unwrap()
+    );
+    assert_eq!((auto_late.layout.shards, auto_late.layout.resharding), (2, Some(3)));
+    let auto_name = CounterName::new("auto").unwrap();
+    let auto_late_name = CounterName::new("auto-late").unwrap();
+    let autos = vec![(auto_name.clone(), auto_bounds_changed()), (auto_late_name.clone(), auto_bounds())];
+    assert_eq!(node.auto_counters(), autos);
+
+    // It goes on as a database of this release: a counter with a window limit is
+    // created, an upgraded auto counter is raised, and all of it survives a restart
+    // (and the snapshots taken meanwhile).
+    let limit = tally_core::spec::WindowLimit::parse("1m", 100).unwrap();
+    let limited = SpecPatch {
+        shards: Some(2),
+        durability: Some(Durability::Sync),
+        windows: Some(WindowSet::parse(&["1m", "1h"]).unwrap()),
+        limit: Some(limit),
+        ..SpecPatch::default()
+    };
+    node.write(counter("limited", MetaCommand::Put(limited))).await.unwrap();
+    let version = auto.version;
+    let raise = Request::AutoReshard { name: auto_name, version, shards: 8, now_ms: NOW_MS };
+    node.write(raise).await.unwrap();
+    for i in 0..10 {
+        node.write(counter(&format!("after:{i}"), MetaCommand::Ensure)).await.unwrap();
+    }
+    node.shutdown().await;
+    drop(node);
+    assert_eq!(format_marker(&dir).await, Some(encode_version(RAFT_STORE_FORMAT).to_vec()));
+    let node = one_node(&dir).await;
+    // Nothing applied twice across the restart.
+    assert_eq!(check_story(&node), 33 + 12);
+    assert_eq!(node.counter("limited").unwrap().spec.limit, Some(limit));
+    assert_eq!(node.counter("auto").unwrap().layout.resharding, Some(8));
+    assert_eq!(node.counter("bounded").unwrap().spec.max, Some(1_000));
+    assert_eq!(node.auto_counters(), autos);
     node.shutdown().await;
 }

@@ -12,7 +12,7 @@
 //! [`v1`] holds format 1's records, frozen, and their upgrade to today's; [`v2`] the
 //! distinct-sketch bytes of format 2 and theirs; [`v3`] the records of formats 2 and 3
 //! that format 4 laid out anew; [`v4`] the records of format 4 that format 5 laid out
-//! anew.
+//! anew; [`v5`] the records of format 5 that format 6 laid out anew.
 
 use std::ops::RangeInclusive;
 
@@ -20,6 +20,7 @@ pub mod v1;
 pub mod v2;
 pub mod v3;
 pub mod v4;
+pub mod v5;
 
 /// The format of a store that predates format markers.
 pub const FIRST_FORMAT: u32 = 1;
@@ -29,8 +30,9 @@ pub const FIRST_FORMAT: u32 = 1;
 /// counter specs (see [`v1`]); format 3 packed distinct sketches' registers at 6 bits
 /// in sparse-or-dense segments (see [`v2`]); format 4 added sliding windows to counter
 /// specs and shard images (see [`v3`]); format 5 added bounded counters: a `min` and a
-/// `max` in counter specs, and the escrow ledger in shard images (see [`v4`]).
-pub const STORE_FORMAT: u32 = 5;
+/// `max` in counter specs, and the escrow ledger in shard images (see [`v4`]); format 6
+/// added window limits: a `limit` in counter specs (see [`v5`]).
+pub const STORE_FORMAT: u32 = 6;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
@@ -38,8 +40,10 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// this release. Format 2 added fields to counter specs (see [`v1`]); format 3 added
 /// sliding windows to them (see [`v3`]); format 4 added their bounds, `min` and `max`
 /// (see [`v4`]); format 5 added the auto bounds of counters whose shard count follows
-/// contention (kept in the state and its snapshots, and set by two new requests).
-pub const RAFT_STORE_FORMAT: u32 = 5;
+/// contention (kept in the state and its snapshots, and set by two new requests);
+/// format 6 added window limits, a `limit` in counter specs and spec patches (see
+/// [`v5`]).
+pub const RAFT_STORE_FORMAT: u32 = 6;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -56,14 +60,15 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// bounded counter past its bound (`BoundExceeded`), and shards of a bounded counter
 /// send each other escrow messages (a request kind of its own). Protocol 7: a node may
 /// ask another what it has seen of an auto counter (a request for the node, not a
-/// shard).
-pub const PEER_PROTOCOL: u32 = 7;
+/// shard). Protocol 8: counter specs carry their window limit (`limit`).
+pub const PEER_PROTOCOL: u32 = 8;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
 /// carry bounds (`min`, `max`) too. Protocol 5: snapshots carry counters' auto bounds,
-/// and entries may set them or reshard an auto counter.
-pub const RAFT_PROTOCOL: u32 = 5;
+/// and entries may set them or reshard an auto counter. Protocol 6: counter specs and
+/// spec patches carry a window limit (`limit`).
+pub const RAFT_PROTOCOL: u32 = 6;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;
