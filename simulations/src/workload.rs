@@ -5,7 +5,7 @@ use crate::history::{CounterInfo, Role};
 use crate::msg::Consistency;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use tally_core::spec::{Durability, RouterPolicy, SpecPatch};
+use tally_core::spec::{CounterSpec, Durability, RouterPolicy, SpecPatch, WindowLimit};
 use tally_core::window::WindowSet;
 
 /// Distinct members the workload draws from.
@@ -83,7 +83,10 @@ pub(crate) fn counter_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
 /// ([`draw_engine_op`]), with a one-minute window in half the runs; and `quota:0`
 /// with a small `max`, fed increments until it fills. Both are `sync` with 2–8
 /// shards, so a shard short of headroom borrows from the others; their shard counts
-/// never change (bounds fix them).
+/// never change (bounds fix them). Then `rate:0`, limited to a small `max` per
+/// minute (a rate limiter), fed like `quota:0`; a run is shorter than its window, so
+/// what the simulation puts to the test is the limit's spending and borrowing under
+/// faults, not its buckets' expiry.
 pub(crate) fn bounded_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
     let plan = |rng: &mut ChaCha8Rng, min: Option<i64>, max: Option<i64>, windowed: bool| SpecPatch {
         shards: Some(rng.random_range(2..=8u16)),
@@ -99,8 +102,22 @@ pub(crate) fn bounded_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
     let stock = plan(rng, Some(0), None, windowed);
     let quota_max = rng.random_range(QUOTA_MAX_RANGE);
     let quota = plan(rng, None, Some(quota_max), false);
-    vec![("stock:0".into(), Role::Bounded, stock, 0), ("quota:0".into(), Role::Bounded, quota, 0)]
+    let rate_max = rng.random_range(RATE_MAX_RANGE);
+    let limit = WindowLimit::parse("1m", rate_max).expect("a valid limit");
+    let rate = SpecPatch { limit: Some(limit), ..plan(rng, None, None, true) };
+    vec![
+        ("stock:0".into(), Role::Bounded, stock, 0),
+        ("quota:0".into(), Role::Bounded, quota, 0),
+        ("rate:0".into(), Role::Bounded, rate, 0),
+    ]
 }
+
+/// The range `rate:0`'s limit per minute is drawn from.
+const RATE_MAX_RANGE: std::ops::RangeInclusive<u64> = 40..=150;
+/// Largest increment of `rate:0`.
+const RATE_STEP_MAX: i64 = 10;
+/// Share of operations (percent) on `rate:0`.
+const RATE_PERCENT: u32 = 4;
 
 /// The range `quota:0`'s `max` is drawn from.
 const QUOTA_MAX_RANGE: std::ops::RangeInclusive<i64> = 50..=200;
@@ -125,7 +142,7 @@ const RESTOCK_TENTHS: u32 = 1;
 /// phase's first tenth supply `stock:0` (+2–6); afterwards 12 % go to `stock:0`
 /// (nine in ten take 1–3 out, one in ten restocks 1–5: the supply runs out during the
 /// run, and the counter then hovers at its bound, its shards borrowing headroom from
-/// each other) and 4 % to `quota:0` (+1–30). The rest is [`draw_op`]'s mix. Every
+/// each other), 4 % to `quota:0` (+1–30) and 4 % to `rate:0` (+1–10). The rest is [`draw_op`]'s mix. Every
 /// increment of a bounded counter carries an event id.
 pub(crate) fn draw_engine_op(
     rng: &mut ChaCha8Rng,
@@ -134,8 +151,12 @@ pub(crate) fn draw_engine_op(
     chaos_ms: u64,
 ) -> Draw {
     let bounded = counters_of(counters, Role::Bounded);
-    let find = |min: bool| bounded.iter().copied().find(|&c| counters[c].spec.min.is_some() == min);
-    let (Some(stock), Some(quota)) = (find(true), find(false)) else { return draw_op(rng, counters) };
+    let find = |f: fn(&CounterSpec) -> bool| bounded.iter().copied().find(|&c| f(&counters[c].spec));
+    let (Some(stock), Some(quota), Some(rate)) =
+        (find(|s| s.min.is_some()), find(|s| s.max.is_some()), find(|s| s.limit.is_some()))
+    else {
+        return draw_op(rng, counters);
+    };
     let roll = rng.random_range(0..100u32);
     let incr = |counter, delta| Draw::Incr { counter, delta, member: None, with_id: true };
     if now_ms < chaos_ms * SUPPLY_TENTHS / 10 {
@@ -151,6 +172,8 @@ pub(crate) fn draw_engine_op(
         return incr(stock, delta);
     } else if roll < STOCK_PERCENT + QUOTA_PERCENT {
         return incr(quota, rng.random_range(1..=QUOTA_STEP_MAX));
+    } else if roll < STOCK_PERCENT + QUOTA_PERCENT + RATE_PERCENT {
+        return incr(rate, rng.random_range(1..=RATE_STEP_MAX));
     }
     draw_op(rng, counters)
 }

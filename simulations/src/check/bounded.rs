@@ -1,5 +1,5 @@
 //! A bounded counter never goes beyond its bound (`min`, `max`; tier 2's `stock:0`
-//! and `quota:0`).
+//! and `quota:0`), nor a limited one beyond its limit per window (`rate:0`).
 //!
 //! * **Its value** (`bound-crossed`): at no instant do the increments acknowledged
 //!   by then put it past a bound. At an instant `t`, the highest value the counter
@@ -21,15 +21,23 @@
 //!   bounds exactly, and so is the final fresh read taken after healing, when every
 //!   outcome is resolved. An incomplete read is not checked: one shard's value alone
 //!   is not bounded.
+//! * **Its window** (`limit-crossed`): increments invoked at or after `t` and
+//!   acknowledged by `t + window − bucket` were all stamped inside that span, so
+//!   every shard still kept them in its buckets at its end: together they never sum
+//!   above the limit. (Simulated nodes share one clock; with skewed clocks the span
+//!   would stretch by the skew.)
 
 use super::{bounds, name, Violation};
 use crate::history::{History, Role, Status};
 use crate::msg::Consistency;
+use tally_core::spec::WindowLimit;
 
 /// The name of a breach of the counter's value.
 pub const CROSSED: &str = "bound-crossed";
 /// The name of a read beyond a bound.
 pub const READ: &str = "read-beyond-bound";
+/// The name of a window holding more than its limit.
+pub const LIMIT: &str = "limit-crossed";
 
 /// Runs the check.
 pub fn check(h: &History, out: &mut Vec<Violation>) {
@@ -40,6 +48,39 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
         let (min, max) = (info.spec.min.map(i128::from), info.spec.max.map(i128::from));
         crossed(h, c, min, max, out);
         reads(h, c, min, max, out);
+        if let Some(limit) = info.spec.limit {
+            limit_crossed(h, c, limit, out);
+        }
+    }
+}
+
+fn limit_crossed(h: &History, c: usize, limit: WindowLimit, out: &mut Vec<Violation>) {
+    let span = limit.window.ms() - limit.window.bucket_ms();
+    let mut acked: Vec<(u64, u64, i128)> = h
+        .incrs
+        .iter()
+        .filter(|o| o.counter == c)
+        .filter_map(|o| match o.status() {
+            Status::Applied { ack_ms } => Some((o.invoked_ms, ack_ms, i128::from(o.delta))),
+            _ => None,
+        })
+        .collect();
+    acked.sort_unstable();
+    for (i, &(from, _, _)) in acked.iter().enumerate() {
+        let inside = acked[i..].iter().filter(|(_, ack, _)| *ack <= from.saturating_add(span));
+        let (count, sum) = inside.fold((0, 0i128), |(n, s), (_, _, d)| (n + 1, s + d));
+        if sum > i128::from(limit.max) {
+            out.push(Violation {
+                invariant: LIMIT,
+                detail: format!(
+                    "{}: {count} increments invoked from {from} ms and acknowledged within {span} ms sum to {sum}, above its limit of {} per {}",
+                    name(h, c),
+                    limit.max,
+                    limit.window
+                ),
+            });
+            return;
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 //! | [`staleness`] | a cached read is never staler than `rollup_ms` plus one refresh while the cluster is healthy |
 //! | [`distinct`] | a distinct estimate (of the whole counter, or of a window) stays within a stated multiple of HyperLogLog's standard error |
 //! | [`window`] | a `sync` counter's window sums exactly what was applied in its buckets (tier 2) |
-//! | [`bounded`] | a bounded counter's value never crosses its bound, and no read reports it beyond (tier 2) |
+//! | [`bounded`] | a bounded counter's value never crosses its bound, no read reports it beyond, and no window holds more than its limit (tier 2) |
 
 use crate::history::{Disturbance, History, IncrOp, Role, Status};
 use std::fmt;
