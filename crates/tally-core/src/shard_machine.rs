@@ -1613,7 +1613,8 @@ mod escrow_tests {
             shard,
             shards: 3,
         };
-        let image = ShardImage { escrow: Some(Durable::with_shares([0, share]).to_bytes()), ..ShardImage::default() };
+        let image =
+            ShardImage { escrow: Some(Durable::with_shares([0, share]).to_bytes()), ..ShardImage::default() };
         ShardMachine::new(params, image, None, false)
     }
 

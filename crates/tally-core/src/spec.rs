@@ -406,7 +406,9 @@ pub enum SpecError {
         kept: Vec<String>,
     },
     /// `limit` together with `min` or `max`.
-    #[error("a counter has either min and max (bounds on its value) or a limit (a cap on one window), not both")]
+    #[error(
+        "a counter has either min and max (bounds on its value) or a limit (a cap on one window), not both"
+    )]
     LimitWithBounds,
     /// A window limit is set when a counter is created and never changes.
     #[error(
@@ -726,7 +728,14 @@ mod tests {
         let reshard = SpecPatch { shards: Some(4), ..Default::default() };
         assert!(matches!(s.updated(&reshard), Err(SpecError::LimitFixed { .. })));
         let plain = CounterSpec::default();
-        assert!(matches!(plain.updated(&SpecPatch { limit: Some(limit), ..p }), Err(SpecError::LimitFixed { .. })));
-        assert_eq!(s.updated(&SpecPatch { limit: Some(limit), ..Default::default() }), Ok(s), "naming it is fine");
+        assert!(matches!(
+            plain.updated(&SpecPatch { limit: Some(limit), ..p }),
+            Err(SpecError::LimitFixed { .. })
+        ));
+        assert_eq!(
+            s.updated(&SpecPatch { limit: Some(limit), ..Default::default() }),
+            Ok(s),
+            "naming it is fine"
+        );
     }
 }
