@@ -31,8 +31,13 @@ schemas = {
    "flush_ms": UINT, "rollup_ms": UINT, "router": ref("Router"), "distinct": BOOL, "dedup_window_s": UINT, "frequency": nullable(ref("Frequency")),
    "windows": ref("Windows"),
    "min": nullable({**INT, "description": "The lowest value the counter may take (bounded counters, docs/SEMANTICS.md); null for none."}),
-   "max": nullable({**INT, "description": "The highest value the counter may take; null for none."})},
-   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency", "windows", "min", "max"]),
+   "max": nullable({**INT, "description": "The highest value the counter may take; null for none."}),
+   "limit": nullable(ref("WindowLimit"))},
+   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency", "windows", "min", "max", "limit"]),
+ "WindowLimit": obj({"window": {"type": "string", "pattern": "^[0-9]+[smhd]$", "maxLength": 16},
+   "max": {"type": "integer", "minimum": 1, "maximum": 9223372036854775807}}, ["window", "max"],
+   desc="A rate limit: at most `max` counted in any span of `window` (one of the counter's windows), across every shard and node. "
+   "Set on create with `durability: sync`, without min and max; only positive increments; never changes (docs/SEMANTICS.md, \"Window limits\")."),
  "Windows": {"type": "array", "items": {"type": "string", "pattern": "^[0-9]+[smhd]$", "maxLength": 16}, "maxItems": 4,
    "description": "Sliding windows the shards keep in 60 buckets each (1/60 of the window wide): each from 1m to 30d, "
    "whole milliseconds per bucket, each once, at most 4; answered shortest first in their shortest form (\"24h\" is \"1d\")."},
@@ -44,7 +49,8 @@ schemas = {
    "router": ref("Router"), "distinct": BOOL, "dedup_window_s": INT, "frequency": nullable(ref("Frequency")),
    "windows": {"type": "array", "items": STR, "description": "Sliding windows such as [\"1m\", \"1h\", \"24h\"] ([] for none); windows kept keep their buckets."},
    "min": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value lower is refused with 409 `bound_exceeded`. Must be ≤ 0; never changes."},
-   "max": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value higher is refused. Must be ≥ 0; never changes."}},
+   "max": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value higher is refused. Must be ≥ 0; never changes."},
+   "limit": ref("WindowLimit")},
    desc="Fields to set; all optional."),
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
    "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards"))},
@@ -62,14 +68,15 @@ schemas = {
    "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
    ["estimate", "relative_error", "sketch_bytes", "counter_bytes", "complete", "missing_shards"]),
  "WindowRead": obj({"window": STR, "window_ms": UINT, "bucket_ms": UINT, "start_ms": UINT, "end_ms": UINT, "value": INT,
-   "estimate": nullable(UINT), "relative_error": nullable(NUM), "window_bytes": UINT, "window_bytes_bound": UINT,
+   "limit": nullable(UINT), "remaining": nullable(UINT), "estimate": nullable(UINT), "relative_error": nullable(NUM), "window_bytes": UINT, "window_bytes_bound": UINT,
    "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
-   ["window", "window_ms", "bucket_ms", "start_ms", "end_ms", "value", "estimate", "relative_error", "window_bytes", "window_bytes_bound",
+   ["window", "window_ms", "bucket_ms", "start_ms", "end_ms", "value", "limit", "remaining", "estimate", "relative_error", "window_bytes", "window_bytes_bound",
     "complete", "missing_shards"],
    desc="A sliding window, merged over every shard at the answering node's clock: `value` is the exact sum of the increments the shards stamped "
    "in [start_ms, end_ms], which is the nominal window [end_ms - window_ms, end_ms] less its oldest bucket's part (less than `bucket_ms`); "
    "`estimate` the distinct members of that span (counters with `distinct`). `window_bytes` is what the counter's buckets hold in memory "
-   "over every shard that answered, never above `window_bytes_bound`. See docs/SEMANTICS.md (clock skew moves each edge by the skew)."),
+   "over every shard that answered, never above `window_bytes_bound`. For the window a counter's `limit` caps, `limit` is its max, `value` "
+   "at most that, and `remaining` what is left to spend; null otherwise. See docs/SEMANTICS.md (clock skew moves each edge by the skew)."),
  "FrequencyRead": obj({"item": STR, "estimate": UINT, "lower_bound": UINT, "error_bound": UINT, "confidence": NUM, "epsilon": NUM,
    "total": UINT, "complete": BOOL, "missing_shards": {"type": "array", "items": UINT}},
    ["item", "estimate", "lower_bound", "error_bound", "confidence", "epsilon", "total", "complete", "missing_shards"],
