@@ -376,6 +376,10 @@ pub struct CreateArgs {
     /// The highest value the counter may take (on create, with `--durability sync`).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub max: Option<i64>,
+    /// A rate limit: at most MAX in any span of WINDOW, one of `--windows` (on
+    /// create, with `--durability sync`): `--limit 100/1m`.
+    #[arg(long, value_name = "MAX/WINDOW")]
+    pub limit: Option<crate::wire::Limit>,
 }
 
 /// `tally incr`.

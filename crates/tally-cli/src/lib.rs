@@ -238,6 +238,7 @@ async fn create(client: &Client, args: &CreateArgs, out: &mut Output) -> Result<
         windows: args.windows.as_ref().map(|w| w.iter().filter(|t| !t.is_empty()).cloned().collect()),
         min: args.min,
         max: args.max,
+        limit: args.limit.clone(),
     };
     let answer = client.call(Method::PUT, client.counter_url(&args.name, &[]), Some(&spec)).await?;
     let info: CounterInfo = answer.parse()?;

@@ -72,6 +72,9 @@ pub fn counter(verb: &str, info: &CounterInfo) -> String {
     if let Some(max) = s.max {
         pairs.push(("max", max.to_string()));
     }
+    if let Some(l) = &s.limit {
+        pairs.push(("limit", format!("{} per {}", l.max, l.window)));
+    }
     if let Some(target) = info.resharding {
         pairs.push(("resharding", format!("{} → {target} shards", info.layout_shards)));
     }
@@ -408,6 +411,7 @@ mod tests {
                 windows: vec!["1m".into(), "1h".into()],
                 min: Some(0),
                 max: None,
+                limit: Some(crate::wire::Limit { window: "1m".into(), max: 100 }),
             },
             generation: 1,
             layout_shards: 8,
@@ -420,5 +424,10 @@ mod tests {
         assert!(text.contains("windows         1m, 1h\n"), "{text}");
         assert!(text.contains("rollup_ms       0 (no rollup)"), "{text}");
         assert!(text.contains("min             0\n") && !text.contains("max "), "{text}");
+        assert!(text.contains("limit           100 per 1m\n"), "{text}");
+        assert_eq!("100/1m".parse(), Ok(crate::wire::Limit { window: "1m".into(), max: 100 }));
+        assert!(
+            "100".parse::<crate::wire::Limit>().is_err() && "x/1m".parse::<crate::wire::Limit>().is_err()
+        );
     }
 }

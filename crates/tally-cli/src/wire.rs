@@ -67,6 +67,29 @@ pub struct SpecBody {
     /// The highest value the counter may take (on create).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max: Option<i64>,
+    /// At most `max` per one of the windows kept: a rate limit (on create).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Limit>,
+}
+
+/// A window limit: at most `max` in any span of `window`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limit {
+    /// One of the counter's windows (`"1m"`).
+    pub window: String,
+    /// The most the window may hold.
+    pub max: u64,
+}
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+    /// `MAX/WINDOW`, as `100/1m`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (max, window) =
+            s.split_once('/').ok_or_else(|| format!("{s:?} is not MAX/WINDOW, such as 100/1m"))?;
+        let max = max.trim().parse().map_err(|_| format!("{max:?} is not a whole number"))?;
+        Ok(Limit { window: window.trim().to_owned(), max })
+    }
 }
 
 /// `shards` of a spec: a count, or the word `auto` (the count follows contention).
@@ -184,6 +207,9 @@ pub struct Spec {
     /// The upper bound, if any.
     #[serde(default)]
     pub max: Option<i64>,
+    /// The window limit, if any.
+    #[serde(default)]
+    pub limit: Option<Limit>,
 }
 
 /// `GET /v1/counters/{name}` (and the answer of a create or update).

@@ -792,6 +792,14 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                         let parts = list.split(',').map(str::trim).filter(|w| !w.is_empty());
                         spec.windows = Some(parts.map(str::to_owned).collect());
                     }
+                    // `LIMIT max window`: the HTTP body's `limit` object (a rate limit).
+                    b"LIMIT" => {
+                        let window = a.get(i + 2).ok_or_else(syntax_error)?;
+                        let window = text(window, "limit.window")?;
+                        let max = spec_number(value, "limit.max")?;
+                        spec.limit = Some(crate::http::body::LimitBody { window, max });
+                        i += 1;
+                    }
                     // `FREQUENCY epsilon delta`: the HTTP body's `frequency` object.
                     b"FREQUENCY" => {
                         let delta = a.get(i + 2).ok_or_else(syntax_error)?;
@@ -1061,6 +1069,17 @@ mod tests {
             panic!("not a create")
         };
         assert_eq!(spec.windows, Some(Vec::new()), "an empty list keeps no windows");
+        let Command::TallyCreate { spec, .. } =
+            parsed(&["tally.create", "c", "WINDOWS", "1m", "LIMIT", "100", "1m", "durability", "sync"])
+        else {
+            panic!("not a create")
+        };
+        let limit = crate::http::body::LimitBody { window: "1m".into(), max: 100 };
+        assert_eq!((spec.limit, spec.durability.as_deref()), (Some(limit), Some("sync")));
+        assert!(
+            refused(&["tally.create", "c", "LIMIT", "100"]).contains("syntax"),
+            "a limit names its window"
+        );
         let Command::TallyCreate { spec, .. } =
             parsed(&["tally.create", "c", "FLOOR", "-5", "ceiling", "100"])
         else {
