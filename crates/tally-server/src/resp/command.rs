@@ -340,6 +340,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("WINDOWS", "1m,1h,24h", Str),
             opt_tok("FLOOR", "min", Integer),
             opt_tok("CEILING", "max", Integer),
+            opt_tok("LIMIT", "max window", Str),
         ],
     ),
     cmd(
