@@ -243,6 +243,9 @@ pub enum Variant {
     BoundedBorrow,
     /// Sliding windows [`WINDOWS`]; writers add +1.
     Windowed,
+    /// A window limit of `STOCK` per minute on the `1m` window of [`WINDOWS`] (a
+    /// rate limiter that never refuses here); writers add +1.
+    Limited,
 }
 
 /// The windows of the [`Variant::Windowed`] cells.
@@ -255,8 +258,8 @@ pub const STOCK: i64 = 1 << 40;
 
 impl Variant {
     /// Every variant, in run order.
-    pub const ALL: [Variant; 4] =
-        [Variant::Bounded, Variant::BoundedMax, Variant::BoundedBorrow, Variant::Windowed];
+    pub const ALL: [Variant; 5] =
+        [Variant::Bounded, Variant::BoundedMax, Variant::BoundedBorrow, Variant::Windowed, Variant::Limited];
 
     /// The durabilities it is measured with (bounds require `sync`).
     pub fn durabilities(self) -> &'static [Durability] {
@@ -274,6 +277,7 @@ impl Variant {
             (Variant::BoundedBorrow, _) => "bounded-borrow",
             (Variant::Windowed, Durability::Sync) => "windowed",
             (Variant::Windowed, Durability::Batched) => "windowed-batched",
+            (Variant::Limited, _) => "limited",
         }
     }
 
@@ -281,7 +285,7 @@ impl Variant {
     pub fn delta(self) -> i64 {
         match self {
             Variant::Bounded | Variant::BoundedBorrow => -1,
-            Variant::BoundedMax | Variant::Windowed => 1,
+            Variant::BoundedMax | Variant::Windowed | Variant::Limited => 1,
         }
     }
 
@@ -378,6 +382,10 @@ pub async fn spec_cell(
         Variant::Bounded | Variant::BoundedBorrow => patch.min = Some(0),
         Variant::BoundedMax => patch.max = Some(STOCK),
         Variant::Windowed => patch.windows = Some(WindowSet::parse(&WINDOWS)?),
+        Variant::Limited => {
+            patch.windows = Some(WindowSet::parse(&WINDOWS)?);
+            patch.limit = Some(tally_core::spec::WindowLimit::parse(WINDOWS[0], STOCK as u64)?);
+        }
     }
     tally.put_counter(HOT, patch).await?;
 
@@ -403,6 +411,10 @@ pub async fn spec_cell(
         }
         Variant::BoundedMax => {
             notes.push(format!("max {STOCK}, its headroom split over the shards at creation"));
+            0
+        }
+        Variant::Limited => {
+            notes.push(format!("limit {STOCK} per {}, split over the shards at creation", WINDOWS[0]));
             0
         }
         Variant::Windowed => 0,

@@ -23,7 +23,8 @@ OPTIONS:
                         bounded-max/8sh/64w (max, writers add +1), bounded-borrow/8sh/64w
                         (min 0, the stock on one shard no writer reaches: every decrement
                         borrows), windowed/8sh/64w and windowed-batched/8sh/64w (windows
-                        1m,1h,24h, writers add +1)
+                        1m,1h,24h, writers add +1), limited/8sh/64w (the same windows
+                        and a limit of 2^40 per 1m, writers add +1)
     --counters N        idle counters for the memory row (default 1,000,000; 20,000 with --quick)
     --sample-every N    time 1 in N calls (random gaps) in the batched rows (default 64)
     -h, --help          this text
