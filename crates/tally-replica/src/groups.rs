@@ -468,21 +468,25 @@ impl RangeGroups {
     }
 
     /// A leader's read index: confirms with a quorum that this replica leads, then
-    /// waits until it applied every entry of its log. openraft's own read index is
-    /// the leader's commit position, which a leader restored at start-up (a replica
-    /// that led before a crash resumes its term at once, if its vote was committed)
-    /// has not learnt yet; every committed entry is in the leader's log, so waiting
-    /// for all of it covers them.
+    /// waits until it applied every entry its log held when the read began.
+    /// openraft's own read index is the leader's commit position, which a leader
+    /// restored at start-up (a replica that led before a crash resumes its term at
+    /// once, if its vote was committed) has not learnt yet; every entry committed
+    /// before the read is in the leader's log by then, so waiting for that prefix
+    /// covers them. Entries appended after the read began are not waited for: under a
+    /// steady stream of writes the log never stops growing, and a read that waited
+    /// for all of it would wait for the stream to pause.
     async fn linearize(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
         let ms = self.config.read_timeout_ms;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+        let held = g.raft.metrics().borrow().last_log_index;
         let at = self.read_index(range, g).await?;
         loop {
             let m = g.raft.metrics().borrow().clone();
             if m.current_leader != Some(self.id) {
                 return Err(ReplicaError::NotLeader { range, leader: m.current_leader, leader_node: None });
             }
-            if m.last_applied.map(|l| l.index) >= m.last_log_index {
+            if m.last_applied.map(|l| l.index) >= held {
                 return Ok(at);
             }
             if tokio::time::Instant::now() >= deadline {

@@ -597,3 +597,57 @@ async fn a_store_of_a_format_this_release_cannot_read_is_refused() {
     let first = open(kv).await.err().expect("an unmarked store with a replica id is refused");
     assert!(matches!(first, ReplicaError::Format { found: 1, .. }), "{first}");
 }
+
+/// A fresh read on a leader that never stops writing waits for what was committed
+/// before it began, not for a quiet moment: entries appended after the read began
+/// (still replicating) hold it up by a commit round at most, and it sees every write
+/// acknowledged before it.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_read_under_a_write_stream_waits_only_for_what_came_before_it() {
+    let c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let (l, _) = c.wait_leader(range, &[]).await;
+    let leader = c.node(l).clone();
+    let shards = shards_in(range);
+    // Per shard, the highest sequence acknowledged so far.
+    let acked: Arc<parking_lot::Mutex<BTreeMap<ShardId, u64>>> = Default::default();
+    let stream_for = Duration::from_millis(3_000);
+    let writers = shards.iter().cloned().map(|shard| {
+        let (leader, acked) = (leader.clone(), acked.clone());
+        async move {
+            let start = Instant::now();
+            let mut seq = 0;
+            while start.elapsed() < stream_for {
+                seq += 1;
+                leader.write(range, vec![entry(&shard, seq, seq as i64)]).await.unwrap();
+                acked.lock().insert(shard.clone(), seq);
+            }
+        }
+    });
+    let reads = async {
+        let mut slowest = Duration::ZERO;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..20 {
+            let before = acked.lock().clone();
+            let started = Instant::now();
+            for s in &shards {
+                let read = leader.read_fresh(range, s).await.expect("a fresh read under writes");
+                let seen = read.shard.map_or(0, |s| s.seq);
+                assert!(
+                    seen >= before.get(s).copied().unwrap_or(0),
+                    "{s}: read {seen}, acknowledged {before:?}"
+                );
+            }
+            slowest = slowest.max(started.elapsed());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        slowest
+    };
+    let (slowest, _) = tokio::join!(reads, futures::future::join_all(writers));
+    println!("slowest read of {} shards under a write stream: {slowest:?}", shards.len());
+    // Each shard's read: a heartbeat round and, at worst, the commit round of the
+    // entries appended before it — a few link latencies and polls, nowhere near the
+    // stream's length.
+    let bound = Duration::from_millis(shards.len() as u64 * (HEARTBEAT_MS / 2));
+    assert!(slowest <= bound, "a read of {} shards took {slowest:?} (bound {bound:?})", shards.len());
+}
