@@ -479,8 +479,15 @@ impl RangeGroups {
     async fn linearize(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
         let ms = self.config.read_timeout_ms;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
-        let held = g.raft.metrics().borrow().last_log_index;
+        // The log as the read began, if this replica led then; otherwise as it stands
+        // once the read index confirmed it leads (it then holds every committed entry).
+        let leading = |m: &GroupMetrics| (m.current_leader == Some(self.id)).then_some(m.last_log_index);
+        let began = leading(&g.raft.metrics().borrow());
         let at = self.read_index(range, g).await?;
+        let held = match began {
+            Some(held) => held,
+            None => g.raft.metrics().borrow().last_log_index,
+        };
         loop {
             let m = g.raft.metrics().borrow().clone();
             if m.current_leader != Some(self.id) {
