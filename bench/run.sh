@@ -12,7 +12,8 @@
 # Environment: BENCH_DURATION_S, BENCH_WRITERS ("1 8 64 256"), BENCH_TMPDIR (default
 # /var/tmp; data directories must be on a real disk, fsync on tmpfs is free),
 # BENCH_KEEP_TMP=1 keeps data directories and server logs, BENCH_NO_BUILD=1 skips
-# `cargo build`, CARGO_TARGET_DIR picks the build directory.
+# `cargo build`, CARGO_TARGET_DIR picks the build directory, BENCH_RANGES_PER_NODE
+# sets the clusters' `ranges_per_node` (range groups per node with replicas > 1).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

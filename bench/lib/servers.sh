@@ -110,7 +110,9 @@ start_tally_single() {
 # $TMP_ROOT. REPLICAS (default 1, one copy of every shard) goes into every node's
 # [cluster] section as `replicas`; with more, each shard lives in a range group
 # replicated by raft, and /healthz answers 200 only once every range group of the
-# node has a leader. Sets TALLY_URLS (space-separated) and TALLY_PIDS.
+# node has a leader. BENCH_RANGES_PER_NODE, if set, goes in as `ranges_per_node`
+# (how many range groups the ring is cut into per node; 4 by default). Sets
+# TALLY_URLS (space-separated) and TALLY_PIDS.
 start_tally_cluster() {
   local replicas=${1:-1} dir ports n i old new
   dir=$(mktemp -d "$TMP_ROOT/tally3r$replicas.XXXX") # new each time, as in start_tally_single
@@ -130,6 +132,8 @@ start_tally_cluster() {
   done
   # The same line in every node's [cluster] section: it is part of the fingerprint.
   ((replicas == 1)) || subst+=(-e "/^\\[cluster\\]\$/a replicas = $replicas")
+  local per_node=${BENCH_RANGES_PER_NODE:-}
+  [[ -z $per_node ]] || subst+=(-e "/^\\[cluster\\]\$/a ranges_per_node = $per_node")
   for n in 1 2 3; do
     sed "${subst[@]}" -e "s|^data_dir = .*|data_dir = \"$dir/node$n\"|" \
       "$REPO/cluster-config/local3/node$n.toml" >"$dir/node$n.toml"
@@ -151,7 +155,7 @@ start_tally_cluster() {
   for url in $TALLY_URLS; do
     wait_until 60 "the cluster view of $url" tally_cluster_ready "$url"
   done
-  log "tallyd 3-node cluster, replicas = $replicas, on $TALLY_URLS (pids $TALLY_PIDS)"
+  log "tallyd 3-node cluster, replicas = $replicas${per_node:+, ranges_per_node = $per_node}, on $TALLY_URLS (pids $TALLY_PIDS)"
 }
 
 tally_cluster_ready() {

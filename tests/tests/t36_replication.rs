@@ -6,9 +6,14 @@ use tally_tests::TestCluster;
 /// What every node of a replicated cluster adds to its config.
 const REPLICATED: &str = "cluster.replicas = 3\n";
 
+/// The same with the ring cut into one range group per node (`ranges_per_node = 1`:
+/// 4 ranges on 3 nodes, where the default cuts 16).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_counts_and_reads_a_replicated_counter() -> anyhow::Result<()> {
-    let c = TestCluster::start_configured(3, &[], REPLICATED).await?;
+    let config = format!("{REPLICATED}cluster.ranges_per_node = 1\n");
+    let c = TestCluster::start_configured(3, &[], &config).await?;
+    let ranges = c.get(1, "/v1/cluster").await?["ranges"].as_array().map_or(0, Vec::len);
+    assert_eq!(ranges, 4, "one range per node, rounded up to a power of two");
     c.put_counter(1, "likes", json!({"shards": 8, "durability": "sync"})).await?;
     for i in 0..60 {
         let (status, body) =

@@ -91,6 +91,9 @@ pub struct ClusterNodeConfig {
     /// each shard in a range group of `min(replicas, members)` nodes (see
     /// [`replication`]; the membership is then fixed).
     pub replicas: u8,
+    /// With `replicas` > 1, ranges per member
+    /// ([`tally_core::ranges::RangeLayout::for_members_at`]); the same on every node.
+    pub ranges_per_node: u32,
 }
 
 /// Why a node could not start.
@@ -610,7 +613,9 @@ impl ClusterNode {
         transport: &Transport,
     ) -> Result<Arc<Replication>, ClusterError> {
         let members = initial_members(config).into_iter().map(NodeId::new);
-        let directory = tally_core::ranges::Directory::new(members, Some(config.replicas))
+        let members: Vec<NodeId> = members.collect();
+        let layout = tally_core::ranges::RangeLayout::for_members_at(members.len(), config.ranges_per_node);
+        let directory = tally_core::ranges::Directory::with_layout(layout, members, Some(config.replicas))
             .map_err(|e| ClusterError::Config(format!("replicas: {e}")))?;
         let replica = |e: tally_replica::ReplicaError| ClusterError::Config(format!("range groups: {e}"));
         let kv = tally_replica::SledKv::open(&config.data_dir.join("replica"))

@@ -47,10 +47,18 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-/// Ranges per member when a directory is created: a few per node, so that each
-/// node leads several groups (a failover spreads their leaderships over the
-/// survivors) while heartbeats and elections stay O(nodes).
+/// Ranges per member when a directory is created, unless the cluster says
+/// otherwise: a few per node, so that each node leads several groups (a failover
+/// spreads their leaderships over the survivors) while heartbeats and elections
+/// stay O(nodes). Fewer ranges make fuller raft entries (a commit cycle writes one
+/// entry per range it touches), more spread the leaderships finer.
 pub const RANGES_PER_NODE: u32 = 4;
+
+/// Most ranges per member a cluster may ask for.
+pub const RANGES_PER_NODE_MAX: u32 = 16;
+
+/// Fewest ranges a layout computed for members has.
+pub const RANGES_MIN: u32 = 4;
 
 /// Most ranges a layout may have (a power of two). Bounds the groups each node
 /// runs (at most `RANGES_MAX * REPLICAS_MAX / members` on average) against a
@@ -136,7 +144,14 @@ impl RangeLayout {
     /// The layout a directory of `members` members starts with: [`RANGES_PER_NODE`]
     /// per member, rounded up to a power of two, at most [`RANGES_MAX`].
     pub fn for_members(members: usize) -> Self {
-        let wanted = u32::try_from(members.max(1)).unwrap_or(u32::MAX).saturating_mul(RANGES_PER_NODE);
+        Self::for_members_at(members, RANGES_PER_NODE)
+    }
+
+    /// The layout of `members` members at `per_node` ranges each (at least one),
+    /// rounded up to a power of two, at least 4 and at most [`RANGES_MAX`].
+    pub fn for_members_at(members: usize, per_node: u32) -> Self {
+        let members = u32::try_from(members.max(1)).unwrap_or(u32::MAX);
+        let wanted = members.saturating_mul(per_node.max(1)).max(RANGES_MIN);
         let count = wanted.checked_next_power_of_two().unwrap_or(RANGES_MAX).min(RANGES_MAX);
         Self { count }
     }
@@ -641,6 +656,12 @@ mod tests {
         assert_eq!(RangeLayout::for_members(5).count(), 32);
         assert_eq!(RangeLayout::for_members(RING_NODES_MAX).count(), RANGES_MAX);
         assert_eq!(RangeLayout::for_members(usize::MAX).count(), RANGES_MAX);
+        assert_eq!(RangeLayout::for_members_at(3, 1).count(), 4);
+        assert_eq!(RangeLayout::for_members_at(5, 1).count(), 8);
+        assert_eq!(RangeLayout::for_members_at(3, 2).count(), 8);
+        assert_eq!(RangeLayout::for_members_at(3, 0).count(), 4);
+        assert_eq!(RangeLayout::for_members_at(3, RANGES_PER_NODE), RangeLayout::for_members(3));
+        assert_eq!(RangeLayout::for_members_at(RING_NODES_MAX, RANGES_PER_NODE_MAX).count(), RANGES_MAX);
         for bad in [0, 3, 12, RANGES_MAX * 2] {
             assert_eq!(
                 RangeLayout::try_new(bad),

@@ -68,6 +68,8 @@ const POLL_MS: u64 = 10;
 
 const KEY_REPLICA_ID: &[u8] = b"replica_id";
 const KEY_FORMAT: &[u8] = b"format";
+/// The number of ranges the store's data is cut into.
+const KEY_RANGES: &[u8] = b"ranges";
 const IDENTITY_TREE: &str = "replica/identity";
 
 /// The layout of what the range groups store (log entries, applied shard images,
@@ -162,6 +164,17 @@ pub enum ReplicaError {
         stored: ReplicaId,
         /// The id asked for.
         asked: ReplicaId,
+    },
+    /// The store's data is cut into other ranges than this node's config asks for.
+    #[error(
+        "the range data here is cut into {stored} ranges and the config asks for {configured}: \
+         cluster.ranges_per_node must stay what the cluster first started with"
+    )]
+    Layout {
+        /// Ranges of the stored data.
+        stored: u32,
+        /// Ranges of the layout asked for.
+        configured: u32,
     },
     /// The store was written in a layout this release cannot read.
     #[error("range data in format {found}, this release reads format {known}: {reason}")]
@@ -335,11 +348,31 @@ impl RangeGroups {
                 identity.apply(vec![
                     (KEY_FORMAT.to_vec(), Some(REPLICA_FORMAT.to_be_bytes().to_vec())),
                     (KEY_REPLICA_ID.to_vec(), Some(fresh_id.to_be_bytes().to_vec())),
+                    (KEY_RANGES.to_vec(), Some(layout.count().to_be_bytes().to_vec())),
                 ])?;
                 kv.flush().await?;
                 fresh_id
             }
         };
+        match identity.get(KEY_RANGES)? {
+            Some(bytes) => {
+                let stored = u32::from_be_bytes(
+                    bytes
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| ReplicaError::Storage("corrupt range count".into()))?,
+                );
+                if stored != layout.count() {
+                    return Err(ReplicaError::Layout { stored, configured: layout.count() });
+                }
+            }
+            // Written before stores named their layout, which was always the default
+            // one: recorded now.
+            None => {
+                identity.apply(vec![(KEY_RANGES.to_vec(), Some(layout.count().to_be_bytes().to_vec()))])?;
+                kv.flush().await?;
+            }
+        }
         let node = ReplicaNode { node: node.to_owned() };
         Ok(Arc::new(Self {
             id,

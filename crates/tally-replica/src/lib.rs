@@ -52,10 +52,10 @@
 //!
 //! # Boundary of this version
 //!
-//! The simulator does not run range groups yet (openraft's timers and RNG are not
-//! the simulator's), and a cluster's range directory is computed from its initial
-//! members rather than kept in the metadata group, so the members are fixed while
-//! shards are replicated (ARCHITECTURE.md, "Shard replication").
+//! A cluster's range directory is computed from its initial members rather than
+//! kept in the metadata group, so the members are fixed while shards are replicated
+//! (ARCHITECTURE.md, "Shard replication"). The simulator runs these groups as they
+//! are, over its simulated links and with openraft's generator seeded per run.
 
 #![forbid(unsafe_code)]
 

@@ -598,6 +598,37 @@ async fn a_store_of_a_format_this_release_cannot_read_is_refused() {
     assert!(matches!(first, ReplicaError::Format { found: 1, .. }), "{first}");
 }
 
+/// A store names the number of ranges its data is cut into: opened with another
+/// layout it is refused, so a node whose config changed `ranges_per_node` cannot
+/// serve shards from groups cut another way. A store written before the mark takes
+/// the layout it is opened with.
+#[tokio::test(start_paused = true)]
+async fn a_store_cut_into_other_ranges_is_refused() {
+    let open = |kv: MemKv, count: u32| async move {
+        RangeGroups::open(
+            "node0",
+            7,
+            Arc::new(kv),
+            Arc::new(MemRouter::default()),
+            RangeLayout::try_new(count).unwrap(),
+            GroupsConfig::default(),
+        )
+        .await
+    };
+    let kv = MemKv::default();
+    open(kv.clone(), 16).await.unwrap();
+    let identity = kv.tree("replica/identity").unwrap();
+    assert_eq!(identity.get(b"ranges").unwrap(), Some(16u32.to_be_bytes().to_vec()));
+    open(kv.clone(), 16).await.expect("the same layout opens again");
+    let other = open(kv.clone(), 4).await.err().expect("another layout is refused");
+    assert!(matches!(other, ReplicaError::Layout { stored: 16, configured: 4 }), "{other}");
+    assert!(other.to_string().contains("ranges_per_node"), "{other}");
+
+    identity.apply(vec![(b"ranges".to_vec(), None)]).unwrap();
+    open(kv.clone(), 16).await.expect("an unmarked store takes the layout it is opened with");
+    assert_eq!(identity.get(b"ranges").unwrap(), Some(16u32.to_be_bytes().to_vec()));
+}
+
 /// A fresh read on a leader that never stops writing waits for what was committed
 /// before it began, not for a quiet moment: entries appended after the read began
 /// (still replicating) hold it up by a commit round at most, and it sees every write

@@ -60,6 +60,7 @@ pub fn cluster_node_config(config: &Config) -> Result<ClusterNodeConfig, tally_t
         engine: config.tally_config(),
         tls,
         replicas: c.replicas,
+        ranges_per_node: c.ranges_per_node,
     })
 }
 

@@ -282,6 +282,14 @@ pub struct ClusterConfig {
     /// then fixed by this list (no membership changes).
     #[serde(default = "default_replicas")]
     pub replicas: u8,
+    /// With `replicas` > 1: ranges the ring is cut into per node (1–16, rounded up
+    /// to a power of two, at least 4 in all). Each range is one raft group, and a
+    /// commit cycle writes one entry per range it touches: fewer ranges carry more
+    /// increments per entry (more `sync` throughput), more spread the leaderships
+    /// finer. Fixed when the cluster first starts: a node refuses range data cut
+    /// another way.
+    #[serde(default = "default_ranges_per_node")]
+    pub ranges_per_node: u32,
     /// Every node of the cluster, with its stable identities and addresses.
     pub nodes: Vec<NodeEntry>,
 }
@@ -526,6 +534,9 @@ fn default_cluster_name() -> String {
 }
 fn default_replicas() -> u8 {
     1
+}
+fn default_ranges_per_node() -> u32 {
+    tally_core::ranges::RANGES_PER_NODE
 }
 
 fn default_vnodes_per_node() -> u32 {
@@ -799,7 +810,14 @@ struct Canonical<'a> {
     /// Left out when 1, so clusters of one copy kept their fingerprints.
     #[serde(skip_serializing_if = "is_one")]
     replicas: u8,
+    /// Left out at the default, so clusters that never set it kept their fingerprints.
+    #[serde(skip_serializing_if = "is_default_ranges_per_node")]
+    ranges_per_node: u32,
     nodes: &'a [NodeEntry],
+}
+
+fn is_default_ranges_per_node(n: &u32) -> bool {
+    *n == tally_core::ranges::RANGES_PER_NODE
 }
 
 fn is_one(n: &u8) -> bool {
@@ -822,6 +840,7 @@ impl ClusterConfig {
             raft_election_timeout_min_ms: self.raft_election_timeout_min_ms,
             raft_election_timeout_max_ms: self.raft_election_timeout_max_ms,
             replicas: self.replicas,
+            ranges_per_node: self.ranges_per_node,
             nodes: &self.nodes,
         };
         tally_core::hash::hash64(FINGERPRINT_SEED, &tally_core::codec::encode(&canonical))
@@ -843,6 +862,8 @@ impl ClusterConfig {
         let vnodes_max = tally_core::ring::VNODES_PER_NODE_MAX;
         range("cluster.vnodes_per_node", self.vnodes_per_node.into(), 1, vnodes_max.into())?;
         range("cluster.replicas", self.replicas.into(), 1, tally_core::ranges::REPLICAS_MAX.into())?;
+        let per_node_max = tally_core::ranges::RANGES_PER_NODE_MAX;
+        range("cluster.ranges_per_node", self.ranges_per_node.into(), 1, per_node_max.into())?;
         interval("cluster.heartbeat_ms", self.heartbeat_ms)?;
         range(
             "cluster.heartbeat_misses_max",
@@ -1069,6 +1090,8 @@ mod tests {
             ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 0)),
             ("cluster.replicas", Box::new(|c| c.cluster.replicas = 0)),
             ("cluster.replicas", Box::new(|c| c.cluster.replicas = 6)),
+            ("cluster.ranges_per_node", Box::new(|c| c.cluster.ranges_per_node = 0)),
+            ("cluster.ranges_per_node", Box::new(|c| c.cluster.ranges_per_node = 17)),
             ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 5000)),
             ("cluster.heartbeat_ms", Box::new(|c| c.cluster.heartbeat_ms = 0)),
             ("cluster.heartbeat_misses_max", Box::new(|c| c.cluster.heartbeat_misses_max = 0)),
@@ -1151,6 +1174,7 @@ mod tests {
             Box::new(|c| c.name = "other".into()),
             Box::new(|c| c.vnodes_per_node += 1),
             Box::new(|c| c.replicas = 3),
+            Box::new(|c| c.ranges_per_node = 1),
             Box::new(|c| c.heartbeat_ms += 1),
             Box::new(|c| c.heartbeat_misses_max += 1),
             Box::new(|c| c.raft_heartbeat_ms += 1),
