@@ -296,6 +296,12 @@ fn fatal<E: std::fmt::Display>(e: E) -> ReplicaError {
     ReplicaError::Raft(e.to_string())
 }
 
+/// A stored big-endian `u32`, or why not.
+fn be_u32(bytes: &[u8], what: &str) -> Result<u32, ReplicaError> {
+    let bytes = bytes.try_into().map_err(|_| ReplicaError::Storage(format!("corrupt {what}")))?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
 /// Refuses a store this release cannot read: one of a later format, or one of an
 /// earlier format — the first (a replica id without a format mark), whose shard
 /// images predate window buckets, or format 2, whose images predate the escrow
@@ -305,12 +311,7 @@ fn check_format(identity: &dyn KvTree) -> Result<(), ReplicaError> {
     let found = match (identity.get(KEY_FORMAT)?, identity.get(KEY_REPLICA_ID)?) {
         (None, None) => return Ok(()),
         (None, Some(_)) => 1,
-        (Some(bytes), _) => u32::from_be_bytes(
-            bytes
-                .as_slice()
-                .try_into()
-                .map_err(|_| ReplicaError::Storage("corrupt range data format".into()))?,
-        ),
+        (Some(bytes), _) => be_u32(&bytes, "range data format")?,
     };
     let reason = match found {
         REPLICA_FORMAT => return Ok(()),
@@ -356,12 +357,7 @@ impl RangeGroups {
         };
         match identity.get(KEY_RANGES)? {
             Some(bytes) => {
-                let stored = u32::from_be_bytes(
-                    bytes
-                        .as_slice()
-                        .try_into()
-                        .map_err(|_| ReplicaError::Storage("corrupt range count".into()))?,
-                );
+                let stored = be_u32(&bytes, "range count")?;
                 if stored != layout.count() {
                     return Err(ReplicaError::Layout { stored, configured: layout.count() });
                 }
@@ -517,10 +513,7 @@ impl RangeGroups {
         let leading = |m: &GroupMetrics| (m.current_leader == Some(self.id)).then_some(m.last_log_index);
         let began = leading(&g.raft.metrics().borrow());
         let at = self.read_index(range, g).await?;
-        let held = match began {
-            Some(held) => held,
-            None => g.raft.metrics().borrow().last_log_index,
-        };
+        let held = began.unwrap_or_else(|| g.raft.metrics().borrow().last_log_index);
         loop {
             let m = g.raft.metrics().borrow().clone();
             if m.current_leader != Some(self.id) {
