@@ -100,9 +100,12 @@ fn lost_disks_are_replaced() {
 /// serve waited for a leader on another node while the same node was elected again
 /// in a later term; its unit test is
 /// `replication::tests::the_same_node_elected_again_is_a_new_leadership`), all with
-/// heavy faults; and 519 with light ones (a cached total 2.3 s stale: a refresh
+/// heavy faults; and with light ones 519 (a cached total 2.3 s stale: a refresh
 /// read whose request and resend a healthy leader both lost waited `LEADER_WAIT_MS`
-/// for a new leadership instead of asking the same one again).
+/// for a new leadership instead of asking the same one again) and 842 (cached totals
+/// 131 and 181 ms old: a leader's read index waited until it had applied its whole
+/// log, which a steady stream of writes kept growing; its unit test is
+/// `groups::a_fresh_read_under_a_write_stream_waits_only_for_what_came_before_it`).
 #[test]
 fn replicated_found_seeds_violate_nothing() {
     let found = [
@@ -111,6 +114,7 @@ fn replicated_found_seeds_violate_nothing() {
         (3517, FaultLevel::Heavy),
         (4956, FaultLevel::Heavy),
         (519, FaultLevel::Light),
+        (842, FaultLevel::Light),
     ];
     for (seed, faults) in found {
         let r = run(SimConfig::standard(seed, NODES, faults).on(Tier::Engine).replicated(REPLICAS));
