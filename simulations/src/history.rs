@@ -230,11 +230,14 @@ pub enum FaultKind {
     /// A range's leader stopped for longer than an election takes (replicated runs):
     /// its lease expires while it cannot notice, and it resumes as a deposed leader.
     LeaderPaused,
+    /// A range group's voters sit on other nodes than at the start, after
+    /// membership changes (replicated runs, counted at the end).
+    RangeMoved,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -250,6 +253,7 @@ impl FaultKind {
         FaultKind::ReplicaReplaced,
         FaultKind::LeaderIsolated,
         FaultKind::LeaderPaused,
+        FaultKind::RangeMoved,
     ];
 
     /// A short name for tables.
@@ -270,6 +274,7 @@ impl FaultKind {
             FaultKind::ReplicaReplaced => "replica replaced",
             FaultKind::LeaderIsolated => "leader isolated",
             FaultKind::LeaderPaused => "leader paused",
+            FaultKind::RangeMoved => "range moved",
         }
     }
 }

@@ -1,7 +1,9 @@
 //! t50: membership changes while increments stream in. A fourth node joins the
-//! placement ring, then one of the original nodes leaves it and is killed. Shards
-//! move with their values and dedup records: every acknowledged increment is counted
-//! exactly once on every node, and every event id stays a duplicate after the moves.
+//! placement ring, then one of the original nodes leaves it and is killed. With one
+//! copy, shards move with their values and dedup records; with three, the range
+//! groups add the newcomer's replicas and replace the leaver's. Either way every
+//! acknowledged increment is counted exactly once on every node, and every event id
+//! stays a duplicate after the moves.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -176,9 +178,91 @@ async fn owners(c: &TestCluster, i: usize, name: &str) -> Result<Vec<String>> {
     Ok(nodes)
 }
 
+/// Whether every range's group, as its leader reports it in node `i`'s
+/// `/v1/cluster`, has exactly `replicas` voters, no learner and no directory node
+/// without a replica; answers the voters' nodes of every range, or why not.
+fn ranges_converged(views: &[Value], replicas: usize) -> std::result::Result<Vec<Vec<String>>, String> {
+    let count = views.first().and_then(|v| v["ranges"].as_array()).map_or(0, Vec::len);
+    if count == 0 {
+        return Err("no range reported".into());
+    }
+    let mut out = Vec::new();
+    for r in 0..count {
+        let led = views.iter().map(|v| &v["ranges"][r]).find(|range| {
+            range["replicated_here"] == json!(true)
+                && range["leader_last_log"].is_u64()
+                && range["replicas"].as_array().is_some()
+        });
+        let Some(range) = led else { return Err(format!("range {r}: no leader reports it")) };
+        let roles: Vec<(String, String)> = range["replicas"]
+            .as_array()
+            .expect("replicas")
+            .iter()
+            .map(|x| {
+                (x["node"].as_str().unwrap_or("").to_string(), x["role"].as_str().unwrap_or("").to_string())
+            })
+            .collect();
+        let voters: Vec<String> =
+            roles.iter().filter(|(_, role)| role == "voter").map(|(n, _)| n.clone()).collect();
+        let settled = range["joint"] == json!(false)
+            && range["excluded"].as_array().is_some_and(|e| e.is_empty())
+            && voters.len() == replicas
+            && roles.len() == replicas;
+        if !settled {
+            return Err(format!("range {r}: {range}"));
+        }
+        out.push(voters);
+    }
+    Ok(out)
+}
+
+/// Waits until every range's group has settled on the directory of the current
+/// members (see [`ranges_converged`]), as the nodes of `nodes` report them;
+/// answers every range's voters.
+async fn wait_ranges(c: &TestCluster, nodes: &[usize], replicas: usize) -> Result<Vec<Vec<String>>> {
+    let deadline = Instant::now() + Duration::from_millis(SETTLE_WAIT_MS);
+    loop {
+        let mut views = Vec::new();
+        for &i in nodes {
+            views.push(c.get(i, "/v1/cluster").await.unwrap_or(Value::Null));
+        }
+        match ranges_converged(&views, replicas) {
+            Ok(voters) => return Ok(voters),
+            Err(why) if Instant::now() > deadline => bail!("the range groups did not settle: {why}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// How shards are kept in the cluster under test.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Copies {
+    /// One copy per shard, on its ring owner: shards are handed off.
+    One,
+    /// Three copies in range groups (`cluster.replicas = 3`): the groups' voters
+    /// follow the directory of the current members.
+    Three,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adding_then_removing_a_node_loses_and_doubles_nothing() -> Result<()> {
-    let c = Arc::new(TestCluster::start_with_spares(4, &[4]).await?);
+    join_then_leave(Copies::One).await
+}
+
+/// The same changes with three copies of every shard: node4's replicas are added
+/// as learners and promoted once caught up; node2's replicas are replaced, so it
+/// can be killed without any range losing a quorum or anything acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_ranges_follow_a_join_and_a_leave_and_lose_nothing() -> Result<()> {
+    join_then_leave(Copies::Three).await
+}
+
+async fn join_then_leave(copies: Copies) -> Result<()> {
+    let extra = match copies {
+        Copies::One => "",
+        Copies::Three => "cluster.replicas = 3\n",
+    };
+    let c = Arc::new(TestCluster::start_configured(4, &[4], extra).await?);
     c.put_counter(1, "credits", json!({"shards": 24, "durability": "sync"})).await?;
     c.put_counter(2, "views", json!({"shards": 24, "durability": "batched", "flush_ms": 50})).await?;
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -192,6 +276,10 @@ async fn adding_then_removing_a_node_loses_and_doubles_nothing() -> Result<()> {
     })
     .await?;
     assert!(!owners(&c, 1, "credits").await?.contains(&"node4".to_string()));
+    if copies == Copies::Three {
+        let voters = wait_ranges(&c, &[1, 2, 3], 3).await?;
+        assert!(voters.iter().flatten().all(|n| n != "node4"), "{voters:?}");
+    }
 
     // node4 joins while writes go on through every node.
     write_while(&c, vec![1, 2, 3, 4], "b", &ledger, async {
@@ -211,7 +299,16 @@ async fn adding_then_removing_a_node_loses_and_doubles_nothing() -> Result<()> {
         let l = ledger.lock().unwrap();
         assert!(l.sync_acked.len() > 50, "writers made little progress: {}", l.sync_acked.len());
     }
-    assert!(owners(&c, 3, "credits").await?.contains(&"node4".to_string()), "node4 took shards over");
+    match copies {
+        Copies::One => {
+            assert!(owners(&c, 3, "credits").await?.contains(&"node4".to_string()), "node4 took shards over")
+        }
+        Copies::Three => {
+            let voters = wait_ranges(&c, &[1, 2, 3, 4], 3).await?;
+            let on4 = voters.iter().filter(|v| v.iter().any(|n| n == "node4")).count();
+            assert!(on4 >= voters.len() / 2, "node4 replicates {on4} of {} ranges: {voters:?}", voters.len());
+        }
+    }
     let snapshot = std::mem::take(&mut *ledger.lock().unwrap());
     check_totals(&c, &[1, 2, 3, 4], &snapshot).await?;
     check_duplicates(&c, &[1, 2, 3, 4], &snapshot).await?;
@@ -225,6 +322,10 @@ async fn adding_then_removing_a_node_loses_and_doubles_nothing() -> Result<()> {
             bail!("remove node2: {status} {view}");
         }
         wait_settled(&c, &[1, 3, 4], 2).await?;
+        if copies == Copies::Three {
+            let voters = wait_ranges(&c, &[1, 2, 3, 4], 3).await?;
+            assert!(voters.iter().flatten().all(|n| n != "node2"), "{voters:?}");
+        }
         Ok(())
     })
     .await?;
@@ -232,6 +333,12 @@ async fn adding_then_removing_a_node_loses_and_doubles_nothing() -> Result<()> {
     let ledger = std::mem::take(&mut *ledger.lock().unwrap());
     let holders = owners(&c, 1, "credits").await?;
     assert!(!holders.contains(&"node2".to_string()), "{holders:?}");
+    for node in [1, 3, 4] {
+        for name in ["credits", "views"] {
+            let read = c.fresh(node, name).await?;
+            assert_eq!(read["complete"], json!(true), "node{node} {name}: {read}");
+        }
+    }
     check_totals(&c, &[1, 3, 4], &ledger).await?;
     check_duplicates(&c, &[1, 3, 4], &ledger).await?;
     Ok(())

@@ -329,6 +329,11 @@ impl Placement for RingPlacement {
     }
 
     fn previous_owner(&self, id: &ShardId) -> Option<(NodeId, u64)> {
+        // Replicated shards never change hands by a hand-off: their range groups
+        // move replicas.
+        if self.replication.is_some() {
+            return None;
+        }
         let view = self.view();
         let previous = view.previous.as_ref()?;
         if view.ring.owner(id)? != &self.me {
@@ -468,9 +473,6 @@ pub enum MembershipError {
     /// The metadata group could not be reached.
     #[error("metadata group unavailable: {0}")]
     Unavailable(String),
-    /// Shards are replicated: the members are fixed by the config.
-    #[error("the members are fixed while shards are replicated (cluster.replicas > 1)")]
-    Replicated,
 }
 
 /// Attempts at a membership change that keeps meeting concurrent changes.
@@ -732,6 +734,11 @@ impl ClusterNode {
         let view = PlacementView::new(&self.config, &membership);
         let epoch = view.epoch;
         let waits_for_me = view.handoff.iter().any(|n| *n == self.config.node_id);
+        if let Some(r) = &self.replication {
+            if let Err(e) = r.set_members(view.members.iter().map(NodeId::new)) {
+                tracing::error!(members = ?view.members, error = %e, "cannot place range replicas on these members");
+            }
+        }
         {
             let mut current = self.placement.view.write();
             if view.epoch >= current.epoch {
@@ -761,7 +768,13 @@ impl ClusterNode {
             if m.placement_epoch != epoch || !m.handoff.contains(&me) {
                 return;
             }
-            match self.tally.hand_off_foreign(epoch).await {
+            // Replicated shards stay where their range groups hold them; the groups
+            // follow the new directory by themselves.
+            let pass = match self.replication {
+                Some(_) => Ok(tally_engine::HandoffReport::default()),
+                None => self.tally.hand_off_foreign(epoch).await,
+            };
+            match pass {
                 Ok(report) if report.failed == 0 => {
                     let done = Request::HandoffDone { node: me.clone(), epoch };
                     match self.raft.write(done).await {
@@ -801,9 +814,6 @@ impl ClusterNode {
         &self,
         change: impl Fn(&mut Vec<String>),
     ) -> Result<MembersView, MembershipError> {
-        if self.replication.is_some() {
-            return Err(MembershipError::Replicated);
-        }
         let mut last = None;
         for _ in 0..MEMBERSHIP_ATTEMPTS_MAX {
             let current = self.raft.membership();

@@ -284,6 +284,11 @@ pub struct RangeGroups {
     opening: tokio::sync::Mutex<()>,
 }
 
+/// Where a range's trees live in the node's store.
+fn range_prefix(range: RangeId) -> String {
+    format!("replica/{}/", range.0)
+}
+
 fn leader_of(range: RangeId, f: &ForwardToLeader<ReplicaId, ReplicaNode>) -> ReplicaError {
     ReplicaError::NotLeader {
         range,
@@ -424,7 +429,7 @@ impl RangeGroups {
                 return Err(ReplicaError::TooManyGroups(groups.len()));
             }
         }
-        let prefix = format!("replica/{}/", range.0);
+        let prefix = range_prefix(range);
         let log = LogStore::open(self.kv.clone(), &prefix)?;
         let sm = StateMachine::open(range, self.kv.clone(), &prefix).map_err(fatal)?;
         let shared = sm.shared();
@@ -598,9 +603,26 @@ impl RangeGroups {
     /// Whether `range`'s group here holds a membership (it was initialized, or a
     /// leader added this replica): a group that does not waits to be added.
     pub fn formed(&self, range: RangeId) -> bool {
+        match self.group(range) {
+            Ok(g) => {
+                let metrics = g.raft.metrics().borrow().clone();
+                metrics.membership_config.membership().voter_ids().next().is_some()
+            }
+            // A group not open here (a range this node left) counts as formed if
+            // its store shows it ever took part, so no one forms it anew.
+            Err(_) => LogStore::took_part(self.kv.as_ref(), &range_prefix(range)).unwrap_or(true),
+        }
+    }
+
+    /// Whether this node's replica of `range` is open and a voter or learner of
+    /// its group, as its own membership knows it (not one that was removed, nor
+    /// a new one no leader has added yet).
+    pub fn is_replica(&self, range: RangeId) -> bool {
         self.group(range).is_ok_and(|g| {
             let metrics = g.raft.metrics().borrow().clone();
-            metrics.membership_config.membership().voter_ids().next().is_some()
+            let m = metrics.membership_config.membership();
+            let member = m.voter_ids().chain(m.learner_ids()).any(|id| id == self.id);
+            member
         })
     }
 
@@ -784,6 +806,31 @@ impl RangeGroups {
             voters.remove(r);
         }
         self.change_voters(range, voters).await
+    }
+
+    /// On the leader: makes `voters` the voters of `range` by joint consensus,
+    /// removing the others. Refused with [`ReplicaError::NotCaughtUp`] while one
+    /// that is not a voter yet lacks entries the leader applied.
+    pub async fn set_voters(&self, range: RangeId, voters: BTreeSet<ReplicaId>) -> Result<(), ReplicaError> {
+        let current = self.members(range)?.voters;
+        for id in voters.difference(&current) {
+            self.caught_up(range, *id)?;
+        }
+        self.change_voters(range, voters).await
+    }
+
+    /// On the leader: removes the learners `learners` from `range`'s group.
+    pub async fn remove_learners(
+        &self,
+        range: RangeId,
+        learners: BTreeSet<ReplicaId>,
+    ) -> Result<(), ReplicaError> {
+        let g = self.group(range)?;
+        match g.raft.change_membership(openraft::ChangeMembers::RemoveNodes(learners), false).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(leader_of(range, &f)),
+            Err(e) => Err(fatal(e)),
+        }
     }
 
     /// On the leader: removes `replica` from `range`'s voters and learners.

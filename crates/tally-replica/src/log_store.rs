@@ -70,6 +70,12 @@ impl LogStore {
         Ok(Self { kv, log, meta })
     }
 
+    /// Whether the group whose trees are under `prefix` ever voted or was told of
+    /// a leader (a stored vote): it took part in a group, so none may be formed anew.
+    pub fn took_part(kv: &dyn KvStore, prefix: &str) -> Result<bool, KvError> {
+        Ok(kv.tree(&format!("{prefix}vote"))?.get(KEY_VOTE)?.is_some())
+    }
+
     fn get_value<T: serde::de::DeserializeOwned>(
         &self,
         key: &[u8],

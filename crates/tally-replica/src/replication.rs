@@ -3,18 +3,27 @@
 //! the very same code over its simulated links.
 //!
 //! * **Directory.** The ring's circle is cut into ranges, each replicated on
-//!   `min(R, members)` nodes ([`tally_core::ranges::Directory`]); every node
-//!   computes the same directory from the initial members.
+//!   `min(R, members)` nodes ([`tally_core::ranges::Directory`]). Every node
+//!   computes the same directory: the initial members' one, rebalanced onto the
+//!   current members ([`Replication::set_members`]), a pure function of the two
+//!   member sets.
 //! * **Replica ids.** A replica's raft id belongs to its node's store incarnation
 //!   ([`Peers::replica_of`]): a node that comes back with an empty disk is a new
 //!   replica, which the range's leader adds as a learner and promotes, replacing
 //!   the old id, only once it holds everything the leader applied
 //!   ([`Replication::tend`]).
-//! * **Forming.** A range's group is initialized once, by its preferred leader,
-//!   when every replica's store is known and every other replica answers that its
+//! * **Forming.** A range's group is initialized once, by its preferred leader in
+//!   the initial members' directory, when every replica's store is known and every
+//!   other replica, of that directory and of the current one, answers that its
 //!   group holds nothing yet ([`Peers::formed`]); a node whose peers already formed
 //!   the group waits to be added instead, so an emptied node never starts a rival
 //!   group.
+//! * **Membership.** The leader of each range makes its group's voters the
+//!   directory's replicas: it adds the new ones as learners, and once every one of
+//!   them holds everything it applied, replaces the voters in one joint change
+//!   ([`Replication::tend`]). A node the directory gives a range opens its group
+//!   empty and waits to be added; one it takes a range from is removed by that
+//!   change, and keeps its copy's data on disk.
 //! * **Routing.** A shard's requests go to its range's leader
 //!   ([`Replication::owner`]); a node that is not the leader refuses to serve the
 //!   shard's state ([`Replication::confirm`]); a request its leader did not serve
@@ -29,7 +38,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::ranges::{Directory, RangeId};
+use tally_core::ranges::{Directory, RangeError, RangeId};
 use tally_core::{NodeId, ShardId};
 use tally_engine::{RangeReport, ReplicaReport, ReplicaRole, ShardRequest, ShardResponse, Tally, TallyError};
 
@@ -67,8 +76,13 @@ pub trait Peers: Send + Sync + 'static {
 pub struct Replication {
     me: NodeId,
     groups: Arc<RangeGroups>,
-    directory: Directory,
+    /// The initial members' directory: who forms each range's group.
+    initial: Directory,
+    /// The current members' directory ([`Replication::set_members`]).
+    directory: parking_lot::RwLock<Arc<Directory>>,
     peers: Arc<dyn Peers>,
+    /// Ranges whose leader changes are being counted.
+    watched: parking_lot::Mutex<std::collections::BTreeSet<RangeId>>,
     /// The replica that last served each range this node does not replicate (its
     /// leader, as far as this node learnt): where the range's requests go first.
     hints: parking_lot::Mutex<HashMap<RangeId, NodeId>>,
@@ -109,13 +123,16 @@ pub fn repeatable(request: &ShardRequest) -> bool {
 }
 
 impl Replication {
-    /// Node `me`'s replication over `groups`, cut by `directory`.
+    /// Node `me`'s replication over `groups`, cut by `directory`, the initial
+    /// members' directory (the current one until [`Replication::set_members`]).
     pub fn new(me: NodeId, groups: Arc<RangeGroups>, directory: Directory, peers: Arc<dyn Peers>) -> Self {
         Self {
             me,
             groups,
-            directory,
+            directory: parking_lot::RwLock::new(Arc::new(directory.clone())),
+            initial: directory,
             peers,
+            watched: Default::default(),
             hints: parking_lot::Mutex::new(HashMap::new()),
             failovers: AtomicU64::new(0),
         }
@@ -126,14 +143,29 @@ impl Replication {
         &self.groups
     }
 
-    /// The directory of ranges.
-    pub fn directory(&self) -> &Directory {
-        &self.directory
+    /// The directory of ranges of the current members.
+    pub fn directory(&self) -> Arc<Directory> {
+        self.directory.read().clone()
     }
 
-    /// The range of shard `id`.
+    /// Makes `members` the current members: the directory becomes the initial
+    /// one rebalanced onto them (every node computes the same one from the same
+    /// members, whatever changes it saw on the way). Answers whether it changed.
+    /// The groups follow on the next passes of [`Replication::tend`].
+    pub fn set_members(&self, members: impl IntoIterator<Item = NodeId>) -> Result<bool, RangeError> {
+        let (next, _) = self.initial.rebalance(members, None)?;
+        let mut current = self.directory.write();
+        if **current == next {
+            return Ok(false);
+        }
+        tracing::info!(members = ?next.members(), "range directory follows a membership change");
+        *current = Arc::new(next);
+        Ok(true)
+    }
+
+    /// The range of shard `id` (ranges never move on the circle).
     pub fn range_of(&self, id: &ShardId) -> RangeId {
-        self.directory.range_of_shard(id)
+        self.initial.range_of_shard(id)
     }
 
     /// The leadership of `id`'s range, as this node knows it.
@@ -149,9 +181,10 @@ impl Replication {
         Leadership { node: node.clone(), term }
     }
 
-    /// Whether this node runs a replica of `range`.
+    /// Whether this node runs a replica of `range` that its group counts (its
+    /// group's view of the leader is then current).
     fn runs(&self, range: RangeId) -> bool {
-        self.groups.leader(range).is_ok()
+        self.groups.is_replica(range)
     }
 
     /// The node that should serve `id` now: the range's leader (on a node that
@@ -164,7 +197,7 @@ impl Replication {
             false => self.hints.lock().get(&range).cloned(),
         };
         known.unwrap_or_else(|| {
-            self.directory.preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone())
+            self.directory().preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone())
         })
     }
 
@@ -248,7 +281,8 @@ impl Replication {
             // This node does not know the range's leader: its other replicas are
             // asked in turn, and the one that serves is remembered.
             let mut last = first;
-            for replica in self.directory.replicas(range).iter().filter(|r| *r != node && **r != self.me) {
+            let directory = self.directory();
+            for replica in directory.replicas(range).iter().filter(|r| *r != node && **r != self.me) {
                 last = send(replica.clone(), request.clone()).await;
                 if !not_served(&last) {
                     self.hints.lock().insert(range, replica.clone());
@@ -305,10 +339,11 @@ impl Replication {
         last
     }
 
-    /// Whether every group this node runs knows a leader (once true at start, the
-    /// node's shards can be served).
+    /// Whether every group this node runs as a replica knows a leader (once true
+    /// at start, the node's shards can be served).
     pub fn every_group_has_a_leader(&self) -> bool {
-        self.groups.ranges().into_iter().all(|r| self.groups.leader(r).is_ok_and(|l| l.is_some()))
+        let mut counted = self.groups.ranges().into_iter().filter(|r| self.groups.is_replica(*r));
+        counted.all(|r| self.groups.leader(r).is_ok_and(|l| l.is_some()))
     }
 
     /// Answers a peer's question whether this node's group of `range` is formed.
@@ -316,25 +351,34 @@ impl Replication {
         self.groups.formed(range)
     }
 
-    /// The replica id each node of `range` runs now; `None` while one is not known.
-    fn current_replicas(&self, range: RangeId) -> Option<BTreeMap<ReplicaId, ReplicaNode>> {
+    /// The replica id each node of `range` in `directory` runs now; `None` while
+    /// one is not known.
+    fn current_replicas(
+        &self,
+        directory: &Directory,
+        range: RangeId,
+    ) -> Option<BTreeMap<ReplicaId, ReplicaNode>> {
         let mut out = BTreeMap::new();
-        for node in self.directory.replicas(range) {
+        for node in directory.replicas(range) {
             let id = self.peers.replica_of(node)?;
             out.insert(id, ReplicaNode { node: node.as_str().to_owned() });
         }
         Some(out)
     }
 
-    /// Forms `range`'s group if this node is its preferred leader and nobody formed
-    /// it yet.
+    /// Forms `range`'s group if this node is its preferred leader in the initial
+    /// directory and nobody formed it yet: no replica of the initial directory
+    /// nor of the current one holds it.
     async fn form(&self, range: RangeId) -> Result<(), ReplicaError> {
-        if self.groups.formed(range) || self.directory.preferred_leader(range) != Some(&self.me) {
+        if self.groups.formed(range) || self.initial.preferred_leader(range) != Some(&self.me) {
             return Ok(());
         }
-        let Some(replicas) = self.current_replicas(range) else { return Ok(()) };
-        for node in replicas.values().filter(|n| n.node != self.me.as_str()) {
-            match self.peers.formed(&NodeId::new(&node.node), range).await {
+        let Some(replicas) = self.current_replicas(&self.initial, range) else { return Ok(()) };
+        let current = self.directory();
+        let asked: std::collections::BTreeSet<&NodeId> =
+            self.initial.replicas(range).iter().chain(current.replicas(range)).collect();
+        for node in asked.into_iter().filter(|n| **n != self.me) {
+            match self.peers.formed(node, range).await {
                 Some(false) => {}
                 // Formed elsewhere: this node waits to be added. Unanswered: ask
                 // again on the next pass.
@@ -347,49 +391,81 @@ impl Replication {
         Ok(())
     }
 
-    /// On the leader of `range`: a node whose store changed (an empty disk) runs
-    /// a new replica; it is added as a learner, and once caught up promoted in
-    /// place of the node's old replica, by joint consensus.
-    async fn replace(&self, range: RangeId) -> Result<(), ReplicaError> {
+    /// On the leader of `range`: makes the group's voters the directory's
+    /// replicas, each as the replica its node runs now. A replica the group lacks
+    /// (a node the directory gave the range, or one back with an empty disk, whose
+    /// store is a new replica) is added as a learner; once every such learner
+    /// holds everything the leader applied, one joint change makes the wanted
+    /// replicas the voters and removes the others (a node that left the range, an
+    /// incarnation that was replaced). Until then the voters stay as they are.
+    async fn reconfigure(&self, range: RangeId) -> Result<(), ReplicaError> {
         if !self.groups.leads(range) {
             return Ok(());
         }
-        let Some(wanted) = self.current_replicas(range) else { return Ok(()) };
+        let directory = self.directory();
+        let Some(wanted) = self.current_replicas(&directory, range) else { return Ok(()) };
         let members = self.groups.members(range)?;
         if members.joint {
             return Ok(());
         }
-        let held = self.groups.replica_nodes(range)?;
-        for (id, node) in wanted {
-            if members.voters.contains(&id) {
-                continue;
+        let mut learners_added = false;
+        for (id, node) in &wanted {
+            if !members.voters.contains(id) && !members.learners.contains(id) {
+                tracing::info!(%range, replica = id, node = %node.node, "adding a replica as a learner");
+                self.groups.add_learner(range, *id, node.clone()).await?;
+                learners_added = true;
             }
-            if !members.learners.contains(&id) {
-                tracing::info!(%range, replica = id, node = %node.node, "adding a new replica as a learner");
-                self.groups.add_learner(range, id, node).await?;
-                continue;
-            }
-            self.groups.wait_caught_up(range, id, Duration::from_millis(CATCH_UP_WAIT_MS)).await?;
-            let old: Vec<ReplicaId> =
-                held.iter().filter(|(r, n)| **r != id && n.node == node.node).map(|(r, _)| *r).collect();
-            tracing::info!(%range, replica = id, node = %node.node, replaced = ?old, "promoting a caught-up replica");
-            self.groups.promote(range, id, &old).await?;
         }
-        Ok(())
+        let voters: std::collections::BTreeSet<ReplicaId> = wanted.keys().copied().collect();
+        if learners_added {
+            return Ok(());
+        }
+        if voters == members.voters {
+            // A learner the directory no longer wants (it changed again before the
+            // learner was promoted) is dropped.
+            let stray: std::collections::BTreeSet<ReplicaId> =
+                members.learners.iter().filter(|id| !wanted.contains_key(id)).copied().collect();
+            if !stray.is_empty() {
+                tracing::info!(%range, learners = ?stray, "removing learners the directory no longer wants");
+                self.groups.remove_learners(range, stray).await?;
+            }
+            return Ok(());
+        }
+        for id in voters.difference(&members.voters) {
+            self.groups.wait_caught_up(range, *id, Duration::from_millis(CATCH_UP_WAIT_MS)).await?;
+        }
+        let held = self.groups.replica_nodes(range)?;
+        let name =
+            |id: &ReplicaId| held.get(id).map_or_else(|| id.to_string(), |n| format!("{}@{id}", n.node));
+        tracing::info!(
+            %range,
+            voters = ?voters.iter().map(name).collect::<Vec<_>>(),
+            removed = ?members.voters.difference(&voters).map(name).collect::<Vec<_>>(),
+            "making the caught-up replicas the voters"
+        );
+        self.groups.set_voters(range, voters).await
     }
 
-    /// One pass over this node's ranges: forms what needs forming, replaces what
-    /// needs replacing. Failures are retried on the next pass.
+    /// One pass over this node's ranges: opens the groups of ranges the directory
+    /// gave this node, forms what needs forming, and on each range it leads makes
+    /// the voters the directory's replicas. Failures are retried on the next pass.
     pub async fn tend(&self) {
+        let open = self.groups.ranges();
+        for range in self.directory().ranges_of(&self.me).into_iter().filter(|r| !open.contains(r)) {
+            match self.groups.open_range(range).await {
+                Ok(()) => tracing::info!(%range, "opened a range the directory gives this node"),
+                Err(e) => tracing::warn!(%range, error = %e, "cannot open a range group yet"),
+            }
+        }
         // Ranges are tended side by side: one whose peer is slow to answer holds up
         // no other.
         let passes = self.groups.ranges().into_iter().map(|range| async move {
             if let Err(e) = self.form(range).await {
                 tracing::warn!(%range, error = %e, "cannot form a range group yet");
             }
-            match self.replace(range).await {
+            match self.reconfigure(range).await {
                 Ok(()) | Err(ReplicaError::NotCaughtUp { .. }) | Err(ReplicaError::NotLeader { .. }) => {}
-                Err(e) => tracing::warn!(%range, error = %e, "cannot replace a replica yet"),
+                Err(e) => tracing::warn!(%range, error = %e, "cannot change a range's voters yet"),
             }
         });
         futures::future::join_all(passes).await;
@@ -398,30 +474,37 @@ impl Replication {
     /// Tends the groups every [`TEND_EVERY_MS`], and counts the leader changes of
     /// every group this node runs, until the task is dropped.
     pub async fn run(self: Arc<Self>) {
-        let tending = async {
-            loop {
-                self.tend().await;
-                tokio::time::sleep(Duration::from_millis(TEND_EVERY_MS)).await;
+        let mut watching = futures::stream::FuturesUnordered::new();
+        loop {
+            self.tend().await;
+            for range in self.groups.ranges() {
+                if self.watched.lock().insert(range) {
+                    watching.push(self.watch_leader(range));
+                }
             }
-        };
-        futures::future::join(tending, self.watch_leaders()).await;
+            let pause = tokio::time::sleep(Duration::from_millis(TEND_EVERY_MS));
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    _ = &mut pause => break,
+                    Some(()) = futures::StreamExt::next(&mut watching) => {}
+                }
+            }
+        }
     }
 
-    /// Counts, in [`Replication::failovers`], every change of leader of the groups
-    /// this node runs, as each group's metrics report it; ends when they stop.
-    async fn watch_leaders(&self) {
-        let watches = self.groups.ranges().into_iter().filter_map(|r| self.groups.watch(r).ok());
-        let watching = watches.map(|mut watch| async move {
-            let mut last = watch.borrow().current_leader;
-            while watch.changed().await.is_ok() {
-                let now = watch.borrow().current_leader;
-                if is_failover(last, now) {
-                    self.failovers.fetch_add(1, Ordering::Relaxed);
-                }
-                last = now.or(last);
+    /// Counts, in [`Replication::failovers`], every change of leader of `range`'s
+    /// group, as its metrics report it; ends when the group stops.
+    async fn watch_leader(&self, range: RangeId) {
+        let Ok(mut watch) = self.groups.watch(range) else { return };
+        let mut last = watch.borrow().current_leader;
+        while watch.changed().await.is_ok() {
+            let now = watch.borrow().current_leader;
+            if is_failover(last, now) {
+                self.failovers.fetch_add(1, Ordering::Relaxed);
             }
-        });
-        futures::future::join_all(watching).await;
+            last = now.or(last);
+        }
     }
 
     /// Leader changes this node observed in the groups it runs since it started
@@ -436,7 +519,7 @@ impl Replication {
     /// range last.
     pub fn range_report(&self, range: RangeId) -> RangeReport {
         let directory: Vec<String> =
-            self.directory.replicas(range).iter().map(|n| n.as_str().to_owned()).collect();
+            self.directory().replicas(range).iter().map(|n| n.as_str().to_owned()).collect();
         let Ok(status) = self.groups.status(range) else {
             return RangeReport {
                 range: range.0,
@@ -499,7 +582,7 @@ impl Replication {
 
     /// Every range of the directory, as [`Replication::range_report`] tells it.
     pub fn range_reports(&self) -> Vec<RangeReport> {
-        (0..self.directory.layout().count()).map(|r| self.range_report(RangeId(r))).collect()
+        (0..self.initial.layout().count()).map(|r| self.range_report(RangeId(r))).collect()
     }
 
     /// This node's replication figures, for its metrics.

@@ -236,9 +236,6 @@ impl Service for ClusterService {
             Err(e @ MembershipError::Unavailable(_)) => {
                 Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable", e.to_string()))
             }
-            Err(e @ MembershipError::Replicated) => {
-                Err(ApiError::new(StatusCode::CONFLICT, "members_fixed", e.to_string()))
-            }
         }
     }
 

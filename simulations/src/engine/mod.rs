@@ -167,7 +167,7 @@ fn every_replica_in_place(g: &World) -> bool {
     if g.nodes.iter().any(|n| !n.up || n.replication.is_none()) {
         return false;
     }
-    let directory = replica::directory(g.cfg.nodes, g.cfg.replicas);
+    let directory = replica::current_directory(g);
     let wanted = |range| -> BTreeSet<u64> {
         directory
             .replicas(range)
@@ -188,9 +188,25 @@ fn every_replica_in_place(g: &World) -> bool {
 }
 
 /// Counts, at the end of a replicated run, the replicas of emptied disks that are
-/// voters of their ranges now (each promoted in place of the node's old replica).
-fn count_replacements(w: &Shared) {
+/// voters of their ranges now (each promoted in place of the node's old replica),
+/// and the ranges whose voters sit on other nodes than at the start.
+fn count_replica_changes(w: &Shared) {
     let mut g = lock(w);
+    let initial = replica::directory(g.cfg.nodes, g.cfg.replicas);
+    let mut moved = 0;
+    for range in initial.layout().ranges() {
+        let leader = g.nodes.iter().filter_map(|n| n.replication.as_ref()).find(|r| r.groups().leads(range));
+        let Some(held) = leader.and_then(|r| r.groups().replica_nodes(range).ok()) else { continue };
+        let Ok(members) = leader.expect("a leader").groups().members(range) else { continue };
+        let nodes: BTreeSet<&str> =
+            members.voters.iter().filter_map(|id| held.get(id)).map(|n| n.node.as_str()).collect();
+        if nodes != initial.replicas(range).iter().map(|n| n.as_str()).collect() {
+            moved += 1;
+        }
+    }
+    for _ in 0..moved {
+        g.count(FaultKind::RangeMoved);
+    }
     let mut replaced = 0;
     for (i, node) in g.nodes.iter().enumerate() {
         let (Some(r), true) = (&node.replication, node.disk > 0) else { continue };
@@ -453,8 +469,7 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
     // (which members, drawn when it happens: it depends on the changes before it).
     for _ in 0..g.cfg.transitions {
         let t = g.rng.random_range(span / 10..span * 8 / 10);
-        // Membership is fixed while shards are replicated (as in the cluster).
-        if g.rng.random_range(0..10) < 6 || nodes <= NODES_MIN || g.cfg.replicas > 1 {
+        if g.rng.random_range(0..10) < 6 || nodes <= NODES_MIN {
             let c = reshardable[g.rng.random_range(0..reshardable.len())];
             let target = g.rng.random_range(1..=8u16);
             out.push((t, Fault::Reshard(c, target)));
@@ -652,7 +667,15 @@ fn begin_membership(w: &Shared) -> Option<u64> {
     };
     g.note("membership", &next);
     let epoch = next.epoch;
+    let members: Vec<tally_core::NodeId> = next.members.iter().map(|m| world::node_name(*m)).collect();
     g.placements.push(next);
+    // The cluster layer of every node that is up applies the change to its range
+    // directory; one that is down applies the latest when it starts.
+    for node in g.nodes.iter().filter(|n| n.up) {
+        if let Some(r) = &node.replication {
+            r.set_members(members.iter().cloned()).expect("the run's members make a directory");
+        }
+    }
     Some(epoch)
 }
 
@@ -671,7 +694,13 @@ async fn hand_off(w: Shared, epoch: u64) {
         };
         for p in pending {
             let Some(tally) = lock(&w).nodes[usize::from(p)].tally.clone() else { continue };
-            let report = tally.hand_off_foreign(epoch).await;
+            // Replicated shards stay in their range groups, which follow the
+            // directory by themselves: nothing is handed off.
+            let replicated = lock(&w).cfg.replicas > 1;
+            let report = match replicated {
+                true => Ok(tally_engine::HandoffReport::default()),
+                false => tally.hand_off_foreign(epoch).await,
+            };
             let mut g = lock(&w);
             g.note("hand-off", (p, epoch, format!("{report:?}")));
             let Ok(report) = report else { continue };
@@ -865,7 +894,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         for t in tallies {
             t.abort();
         }
-        count_replacements(&world);
+        count_replica_changes(&world);
         let tending: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.tending.take()).collect();
         for t in tending {
             t.abort();

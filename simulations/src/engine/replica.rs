@@ -10,7 +10,7 @@
 //! record of each node's store.
 
 use super::net::{cross, node_index, wait_unpaused};
-use super::world::{lock, node_name, Shared};
+use super::world::{lock, node_name, Shared, World};
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +34,16 @@ pub(crate) fn replica_id(n: u8, disk: u32) -> ReplicaId {
 /// The directory of a run: every node an initial member, `replicas` copies.
 pub(crate) fn directory(nodes: u8, replicas: u8) -> Directory {
     Directory::new((0..nodes).map(node_name), Some(replicas)).expect("a valid directory of the run")
+}
+
+/// The directory of the run's latest placement: the initial one rebalanced onto
+/// its members, as every node's [`Replication::set_members`] computes it.
+pub(crate) fn current_directory(g: &World) -> Directory {
+    let members = g.placements.last().expect("the initial placement").members.iter().map(|m| node_name(*m));
+    let (current, _) = directory(g.cfg.nodes, g.cfg.replicas)
+        .rebalance(members, None)
+        .expect("a valid directory of the run");
+    current
 }
 
 /// Range messages of one incarnation of node `me`, over the run's links.
@@ -177,6 +187,11 @@ pub(crate) async fn open(
     }
     let peers = Arc::new(SimPeers { world: w.clone(), me: n, incarnation });
     let replication = Arc::new(Replication::new(name, groups, directory, peers));
+    let members: Vec<_> = {
+        let g = lock(w);
+        g.placements.last().expect("the initial placement").members.iter().map(|m| node_name(*m)).collect()
+    };
+    replication.set_members(members).map_err(|e| e.to_string())?;
     let tending = tokio::spawn(replication.clone().run());
     Ok((replication, tending))
 }
