@@ -52,10 +52,12 @@
 //!
 //! # Boundary of this version
 //!
-//! A cluster's range directory is computed from its initial members rather than
-//! kept in the metadata group, so the members are fixed while shards are replicated
-//! (ARCHITECTURE.md, "Shard replication"). The simulator runs these groups as they
-//! are, over its simulated links and with openraft's generator seeded per run.
+//! A cluster's range directory is not stored: every node computes it from the
+//! initial members' directory and the current members the metadata group holds
+//! ([`Replication::set_members`]), and the ranges' leaders move the groups'
+//! voters to it (ARCHITECTURE.md, "Shard replication"). The number of copies is one
+//! setting of the cluster, not of each counter. The simulator runs these groups as
+//! they are, over its simulated links and with openraft's generator seeded per run.
 
 #![forbid(unsafe_code)]
 

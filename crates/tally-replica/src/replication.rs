@@ -57,6 +57,8 @@ pub const CALL_LEADERSHIPS_MAX: usize = 5;
 pub const SAME_LEADER_RESEND_MS: u64 = 2 * crate::groups::HEARTBEAT_MS;
 /// Pause between passes that form groups and replace replicas.
 pub const TEND_EVERY_MS: u64 = 500;
+/// Longest a range's part of one tending pass may take.
+pub const TEND_PASS_MAX_MS: u64 = CATCH_UP_WAIT_MS + 1_000;
 /// How long a learner may take to catch up before its promotion is tried again
 /// on the next pass.
 pub const CATCH_UP_WAIT_MS: u64 = 2_000;
@@ -181,10 +183,12 @@ impl Replication {
         Leadership { node: node.clone(), term }
     }
 
-    /// Whether this node runs a replica of `range` that its group counts (its
-    /// group's view of the leader is then current).
+    /// Whether this node runs a replica of `range` that both its group and the
+    /// directory count: its group's view of the leader is then current. A
+    /// replica of a range this node left is not (its group may never learn that
+    /// it was removed, and waits for a leader that never talks to it again).
     fn runs(&self, range: RangeId) -> bool {
-        self.groups.is_replica(range)
+        self.groups.is_replica(range) && self.directory().replicas(range).contains(&self.me)
     }
 
     /// The node that should serve `id` now: the range's leader (on a node that
@@ -192,9 +196,14 @@ impl Replication {
     /// served the range last), or while none is known its preferred leader.
     pub fn owner(&self, id: &ShardId) -> NodeId {
         let range = self.range_of(id);
-        let known = match self.runs(range) {
-            true => self.groups.leader_node(range).map(NodeId::new),
-            false => self.hints.lock().get(&range).cloned(),
+        let known = if self.groups.leads(range) {
+            // A leader the directory moved out of the range serves it until its
+            // group replaces it.
+            Some(self.me.clone())
+        } else if self.runs(range) {
+            self.groups.leader_node(range).map(NodeId::new)
+        } else {
+            self.hints.lock().get(&range).cloned()
         };
         known.unwrap_or_else(|| {
             self.directory().preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone())
@@ -339,10 +348,12 @@ impl Replication {
         last
     }
 
-    /// Whether every group this node runs as a replica knows a leader (once true
-    /// at start, the node's shards can be served).
+    /// Whether every group of a range the directory gives this node knows a
+    /// leader (once true at start, the node's shards can be served). A group it
+    /// left is not waited for.
     pub fn every_group_has_a_leader(&self) -> bool {
-        let mut counted = self.groups.ranges().into_iter().filter(|r| self.groups.is_replica(*r));
+        let directory = self.directory();
+        let mut counted = self.groups.ranges().into_iter().filter(|r| directory.replicas(*r).contains(&self.me));
         counted.all(|r| self.groups.leader(r).is_ok_and(|l| l.is_some()))
     }
 
@@ -404,10 +415,9 @@ impl Replication {
         }
         let directory = self.directory();
         let Some(wanted) = self.current_replicas(&directory, range) else { return Ok(()) };
+        // A joint configuration is a change left half way (its proposer stopped
+        // waiting for it, or lost its leadership): the change below finishes it.
         let members = self.groups.members(range)?;
-        if members.joint {
-            return Ok(());
-        }
         let mut learners_added = false;
         for (id, node) in &wanted {
             if !members.voters.contains(id) && !members.learners.contains(id) {
@@ -420,7 +430,7 @@ impl Replication {
         if learners_added {
             return Ok(());
         }
-        if voters == members.voters {
+        if voters == members.voters && !members.joint {
             // A learner the directory no longer wants (it changed again before the
             // learner was promoted) is dropped.
             let stray: std::collections::BTreeSet<ReplicaId> =
@@ -458,14 +468,21 @@ impl Replication {
             }
         }
         // Ranges are tended side by side: one whose peer is slow to answer holds up
-        // no other.
+        // no other, and none holds up the next pass for longer than
+        // `TEND_PASS_MAX_MS` (a membership change whose commit waits for a quorum
+        // goes on inside its group; the next pass finds it done, or joint).
         let passes = self.groups.ranges().into_iter().map(|range| async move {
-            if let Err(e) = self.form(range).await {
-                tracing::warn!(%range, error = %e, "cannot form a range group yet");
-            }
-            match self.reconfigure(range).await {
-                Ok(()) | Err(ReplicaError::NotCaughtUp { .. }) | Err(ReplicaError::NotLeader { .. }) => {}
-                Err(e) => tracing::warn!(%range, error = %e, "cannot change a range's voters yet"),
+            let pass = async {
+                if let Err(e) = self.form(range).await {
+                    tracing::warn!(%range, error = %e, "cannot form a range group yet");
+                }
+                match self.reconfigure(range).await {
+                    Ok(()) | Err(ReplicaError::NotCaughtUp { .. }) | Err(ReplicaError::NotLeader { .. }) => {}
+                    Err(e) => tracing::warn!(%range, error = %e, "cannot change a range's voters yet"),
+                }
+            };
+            if tokio::time::timeout(Duration::from_millis(TEND_PASS_MAX_MS), pass).await.is_err() {
+                tracing::info!(%range, "a range's tending pass timed out; it goes on next pass");
             }
         });
         futures::future::join_all(passes).await;

@@ -894,6 +894,22 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         for t in tallies {
             t.abort();
         }
+        if std::env::var_os("TALLY_SIM_RANGES").is_some() {
+            let g = lock(&world);
+            for (i, n) in g.nodes.iter().enumerate() {
+                let Some(r) = &n.replication else { continue };
+                for range in r.groups().ranges() {
+                    eprintln!(
+                        "RANGES node{} {range} replica={} leader={:?} members={:?} dir={:?}",
+                        i + 1,
+                        r.groups().is_replica(range),
+                        r.groups().leadership(range),
+                        r.groups().members(range).map(|m| (m.voters, m.learners, m.joint)),
+                        r.directory().replicas(range)
+                    );
+                }
+            }
+        }
         count_replica_changes(&world);
         let tending: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.tending.take()).collect();
         for t in tending {
