@@ -279,6 +279,9 @@ pub struct RangeGroups {
     config: GroupsConfig,
     layout: RangeLayout,
     groups: RwLock<BTreeMap<RangeId, Group>>,
+    /// The node of every replica id this node saw leading a group: names a leader
+    /// that its group's membership no longer lists.
+    seen: RwLock<BTreeMap<ReplicaId, String>>,
     /// Held while a group is being opened, so two opens of one range never start
     /// two rafts over the same trees.
     opening: tokio::sync::Mutex<()>,
@@ -383,6 +386,7 @@ impl RangeGroups {
             config,
             layout,
             groups: RwLock::new(BTreeMap::new()),
+            seen: RwLock::new(BTreeMap::new()),
             opening: tokio::sync::Mutex::new(()),
         }))
     }
@@ -590,7 +594,17 @@ impl RangeGroups {
         let metrics = g.raft.metrics();
         let metrics = metrics.borrow();
         let leader = metrics.current_leader?;
-        let node = metrics.membership_config.membership().get_node(&leader)?.node.clone();
+        // A leader its group's membership no longer lists (removed, and not yet
+        // stepped down) still leads: it is named from this node's own record, or
+        // from the nodes seen in earlier memberships.
+        let node = match metrics.membership_config.membership().get_node(&leader) {
+            Some(n) => {
+                self.seen.write().insert(leader, n.node.clone());
+                n.node.clone()
+            }
+            None if leader == self.id => self.node.node.clone(),
+            None => self.seen.read().get(&leader)?.clone(),
+        };
         Some((node, metrics.current_term))
     }
 
@@ -850,6 +864,31 @@ impl RangeGroups {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(leader_of(range, &f)),
             Err(e) => Err(fatal(e)),
         }
+    }
+
+    /// Stops `range`'s group on this node, its state left in the store (it can be
+    /// opened again). Used once this replica is out of the group.
+    pub async fn close_range(&self, range: RangeId) -> Result<(), ReplicaError> {
+        let _opening = self.opening.lock().await;
+        let Some(g) = self.groups.write().remove(&range) else { return Ok(()) };
+        // The followers hear of the last commit before the leader goes.
+        let _ = g.raft.trigger().heartbeat().await;
+        g.raft.shutdown().await.map_err(fatal)
+    }
+
+    /// Whether `range`'s group here knows a uniform membership (no change under
+    /// way) that does not list this replica, committed as far as it knows.
+    pub fn removed(&self, range: RangeId) -> bool {
+        self.group(range).is_ok_and(|g| {
+            let metrics = g.raft.metrics().borrow().clone();
+            let config = &metrics.membership_config;
+            let m = config.membership();
+            let listed = m.voter_ids().chain(m.learner_ids()).any(|id| id == self.id);
+            let uniform = m.get_joint_config().len() == 1;
+            let voters = m.voter_ids().next().is_some();
+            let applied = metrics.last_applied.as_ref().map(|l| l.index) >= config.log_id().as_ref().map(|l| l.index);
+            voters && uniform && !listed && applied
+        })
     }
 
     /// Stops every group (their state stays in the store).

@@ -196,17 +196,25 @@ impl Replication {
     /// served the range last), or while none is known its preferred leader.
     pub fn owner(&self, id: &ShardId) -> NodeId {
         let range = self.range_of(id);
+        let runs = self.runs(range);
         let known = if self.groups.leads(range) {
             // A leader the directory moved out of the range serves it until its
             // group replaces it.
             Some(self.me.clone())
-        } else if self.runs(range) {
+        } else if runs {
             self.groups.leader_node(range).map(NodeId::new)
         } else {
             self.hints.lock().get(&range).cloned()
         };
         known.unwrap_or_else(|| {
-            self.directory().preferred_leader(range).cloned().unwrap_or_else(|| self.me.clone())
+            // No leader known: the preferred one — unless that is this node and its
+            // replica is not in the group yet (a range the directory just gave it),
+            // when another replica knows better.
+            let directory = self.directory();
+            match directory.preferred_leader(range) {
+                Some(p) if *p != self.me || runs => p.clone(),
+                _ => directory.replicas(range).iter().find(|n| **n != self.me).unwrap_or(&self.me).clone(),
+            }
         })
     }
 
@@ -229,6 +237,7 @@ impl Replication {
                 return Some(l);
             }
             if tokio::time::Instant::now() >= deadline {
+                tracing::debug!(shard = %id, range = %self.range_of(id), leadership = ?self.leadership(id), runs = self.runs(self.range_of(id)), "no acceptable leader in time");
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(LEADER_POLL_MS)).await;
@@ -245,6 +254,12 @@ impl Replication {
             // Planted: a node that believes it leads serves without asking a quorum.
             return Ok(());
         }
+        // A node the directory moved out of the range serves it only while it still
+        // leads: once it stepped down it may never hear of the next leader.
+        if !self.groups.leads(range) && !self.directory().replicas(range).contains(&self.me) {
+            return Err(unavailable(id, format!("this node no longer replicates its range {range}")));
+        }
+        tracing::debug!(node = %self.me, shard = %id, %range, leads = self.groups.leads(range), replica = self.groups.is_replica(range), owner = %self.owner(id), "confirming");
         let leader = self.next_leader(id).await.map(|l| l.node);
         match leader {
             Some(l) if l == self.me => {}
@@ -460,8 +475,20 @@ impl Replication {
     /// gave this node, forms what needs forming, and on each range it leads makes
     /// the voters the directory's replicas. Failures are retried on the next pass.
     pub async fn tend(&self) {
+        let directory = self.directory();
+        // A replica its group removed steps aside: a leader that removed itself
+        // still leads (openraft keeps a leader outside its membership leading), and
+        // its followers elect one of the voters only once it stops.
+        for range in self.groups.ranges() {
+            if self.groups.removed(range) && !directory.replicas(range).contains(&self.me) {
+                match self.groups.close_range(range).await {
+                    Ok(()) => tracing::info!(%range, "closed the group of a range this node left"),
+                    Err(e) => tracing::warn!(%range, error = %e, "cannot close a range group"),
+                }
+            }
+        }
         let open = self.groups.ranges();
-        for range in self.directory().ranges_of(&self.me).into_iter().filter(|r| !open.contains(r)) {
+        for range in directory.ranges_of(&self.me).into_iter().filter(|r| !open.contains(r)) {
             match self.groups.open_range(range).await {
                 Ok(()) => tracing::info!(%range, "opened a range the directory gives this node"),
                 Err(e) => tracing::warn!(%range, error = %e, "cannot open a range group yet"),
@@ -513,7 +540,10 @@ impl Replication {
     /// Counts, in [`Replication::failovers`], every change of leader of `range`'s
     /// group, as its metrics report it; ends when the group stops.
     async fn watch_leader(&self, range: RangeId) {
-        let Ok(mut watch) = self.groups.watch(range) else { return };
+        let Ok(mut watch) = self.groups.watch(range) else {
+            self.watched.lock().remove(&range);
+            return;
+        };
         let mut last = watch.borrow().current_leader;
         while watch.changed().await.is_ok() {
             let now = watch.borrow().current_leader;
@@ -522,6 +552,9 @@ impl Replication {
             }
             last = now.or(last);
         }
+        // The group stopped (closed, or the node shuts down): watched again if it
+        // opens again.
+        self.watched.lock().remove(&range);
     }
 
     /// Leader changes this node observed in the groups it runs since it started
