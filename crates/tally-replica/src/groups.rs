@@ -877,18 +877,21 @@ impl RangeGroups {
     }
 
     /// Whether `range`'s group here knows a uniform membership (no change under
-    /// way) that does not list this replica, committed as far as it knows.
-    pub fn removed(&self, range: RangeId) -> bool {
-        self.group(range).is_ok_and(|g| {
-            let metrics = g.raft.metrics().borrow().clone();
-            let config = &metrics.membership_config;
-            let m = config.membership();
-            let listed = m.voter_ids().chain(m.learner_ids()).any(|id| id == self.id);
-            let uniform = m.get_joint_config().len() == 1;
-            let voters = m.voter_ids().next().is_some();
-            let applied = metrics.last_applied.as_ref().map(|l| l.index) >= config.log_id().as_ref().map(|l| l.index);
-            voters && uniform && !listed && applied
-        })
+    /// way) that does not list this replica: `Some(true)` once it applied that
+    /// membership, `Some(false)` while it did not (its commit may still be under
+    /// way, or this replica was cut off before it heard of it), `None` while the
+    /// group lists this replica.
+    pub fn removed(&self, range: RangeId) -> Option<bool> {
+        let g = self.group(range).ok()?;
+        let metrics = g.raft.metrics().borrow().clone();
+        let config = &metrics.membership_config;
+        let m = config.membership();
+        let listed = m.voter_ids().chain(m.learner_ids()).any(|id| id == self.id);
+        let uniform = m.get_joint_config().len() == 1;
+        let voters = m.voter_ids().next().is_some();
+        let applied =
+            metrics.last_applied.as_ref().map(|l| l.index) >= config.log_id().as_ref().map(|l| l.index);
+        (voters && uniform && !listed).then_some(applied)
     }
 
     /// Stops every group (their state stays in the store).

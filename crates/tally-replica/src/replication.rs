@@ -83,6 +83,9 @@ pub struct Replication {
     /// The current members' directory ([`Replication::set_members`]).
     directory: parking_lot::RwLock<Arc<Directory>>,
     peers: Arc<dyn Peers>,
+    /// Ranges whose group removed this node's replica without its having applied
+    /// the removal, as the last pass saw them.
+    leaving: parking_lot::Mutex<std::collections::BTreeSet<RangeId>>,
     /// Ranges whose leader changes are being counted.
     watched: parking_lot::Mutex<std::collections::BTreeSet<RangeId>>,
     /// The replica that last served each range this node does not replicate (its
@@ -135,6 +138,7 @@ impl Replication {
             initial: directory,
             peers,
             watched: Default::default(),
+            leaving: Default::default(),
             hints: parking_lot::Mutex::new(HashMap::new()),
             failovers: AtomicU64::new(0),
         }
@@ -237,7 +241,7 @@ impl Replication {
                 return Some(l);
             }
             if tokio::time::Instant::now() >= deadline {
-                tracing::debug!(shard = %id, range = %self.range_of(id), leadership = ?self.leadership(id), runs = self.runs(self.range_of(id)), "no acceptable leader in time");
+                tracing::debug!(shard = %id, range = %self.range_of(id), "no acceptable leader in time");
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(LEADER_POLL_MS)).await;
@@ -259,7 +263,6 @@ impl Replication {
         if !self.groups.leads(range) && !self.directory().replicas(range).contains(&self.me) {
             return Err(unavailable(id, format!("this node no longer replicates its range {range}")));
         }
-        tracing::debug!(node = %self.me, shard = %id, %range, leads = self.groups.leads(range), replica = self.groups.is_replica(range), owner = %self.owner(id), "confirming");
         let leader = self.next_leader(id).await.map(|l| l.node);
         match leader {
             Some(l) if l == self.me => {}
@@ -368,7 +371,8 @@ impl Replication {
     /// left is not waited for.
     pub fn every_group_has_a_leader(&self) -> bool {
         let directory = self.directory();
-        let mut counted = self.groups.ranges().into_iter().filter(|r| directory.replicas(*r).contains(&self.me));
+        let mut counted =
+            self.groups.ranges().into_iter().filter(|r| directory.replicas(*r).contains(&self.me));
         counted.all(|r| self.groups.leader(r).is_ok_and(|l| l.is_some()))
     }
 
@@ -480,7 +484,21 @@ impl Replication {
         // still leads (openraft keeps a leader outside its membership leading), and
         // its followers elect one of the voters only once it stops.
         for range in self.groups.ranges() {
-            if self.groups.removed(range) && !directory.replicas(range).contains(&self.me) {
+            if directory.replicas(range).contains(&self.me) {
+                continue;
+            }
+            // Closed once the removal is applied here, or on the next pass if it
+            // never is (a deposed leader no one talks to any more).
+            let close = match self.groups.removed(range) {
+                Some(true) => true,
+                Some(false) => !self.leaving.lock().insert(range),
+                None => {
+                    self.leaving.lock().remove(&range);
+                    false
+                }
+            };
+            if close {
+                self.leaving.lock().remove(&range);
                 match self.groups.close_range(range).await {
                     Ok(()) => tracing::info!(%range, "closed the group of a range this node left"),
                     Err(e) => tracing::warn!(%range, error = %e, "cannot close a range group"),
