@@ -173,8 +173,8 @@ pub struct SimConfig {
     /// Which simulation runs.
     pub tier: Tier,
     /// Copies of every shard (tier 2): above 1, shards live in range groups
-    /// (`tally-replica`) of this many nodes, membership is fixed, and some crashes
-    /// lose the node's disk.
+    /// (`tally-replica`) of this many nodes whose voters follow membership changes,
+    /// and some crashes lose the node's disk.
     pub replicas: u8,
 }
 

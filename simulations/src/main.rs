@@ -46,7 +46,8 @@ struct Args {
     #[arg(long)]
     transitions: Option<u32>,
     /// Copies of every shard (tier 2 only; 1–5): above 1, shards live in range
-    /// groups, membership is fixed and some crashes lose the node's disk.
+    /// groups whose voters follow membership changes, and some crashes lose the
+    /// node's disk.
     #[arg(long, default_value_t = 1)]
     replicas: u8,
     /// With --reproduce: print the history of this counter (e.g. sync:0).

@@ -89,6 +89,27 @@ fn lost_disks_are_replaced() {
     assert!(isolated > 0 && paused > 0, "leaders isolated {isolated}, paused {paused} in {runs} runs");
 }
 
+/// Standard runs searched for a range whose voters moved with a membership change.
+const MOVE_SEEDS_MAX: u64 = 12;
+
+/// Nodes leave and join the ring in replicated runs too: the range groups' voters
+/// move to the new directory while clients write and faults go on, breaking nothing.
+#[test]
+fn ranges_move_with_membership_changes() {
+    let (mut moved, mut runs) = (0, 0);
+    for seed in 0..MOVE_SEEDS_MAX {
+        let r =
+            run(SimConfig::standard(seed, NODES, FaultLevel::Heavy).on(Tier::Engine).replicated(REPLICAS));
+        assert!(violations(&r).is_empty(), "{}: {:?}", r.config.reproduce_command(), violations(&r));
+        moved += r.faults.get(&FaultKind::RangeMoved).copied().unwrap_or(0);
+        runs += 1;
+        if moved > 0 {
+            break;
+        }
+    }
+    assert!(moved > 0, "no range moved in {runs} runs");
+}
+
 /// Seeds that long runs found violating, each failing before its fix on the schedule
 /// of its day (faults aimed at leaders, drawn since, change every replicated run): 24
 /// (a seal by a writer that missed a commit counted its older image), 22 (a leader

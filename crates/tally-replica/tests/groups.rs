@@ -4,7 +4,7 @@
 
 use openraft::raft::VoteRequest;
 use openraft::Vote;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tally_core::dedup::DedupRecord;
@@ -64,6 +64,12 @@ struct Cluster {
 
 impl Cluster {
     async fn start(n: usize, config: GroupsConfig) -> Self {
+        Self::start_among(n, n, config).await
+    }
+
+    /// `n` nodes, of which the first `voters` are every range's first voters (the
+    /// others run empty groups, waiting to be added).
+    async fn start_among(n: usize, voters: usize, config: GroupsConfig) -> Self {
         let mut c = Self {
             router: MemRouter::new(),
             config,
@@ -77,9 +83,9 @@ impl Cluster {
             c.start_node(i).await;
         }
         let members: Vec<(ReplicaId, ReplicaNode)> =
-            (0..n).map(|i| (c.id(i), c.node(i).node().clone())).collect();
+            (0..voters).map(|i| (c.id(i), c.node(i).node().clone())).collect();
         for (k, range) in RANGES.iter().enumerate() {
-            c.node(k % n).initialize(*range, &members).await.unwrap();
+            c.node(k % voters).initialize(*range, &members).await.unwrap();
         }
         for range in RANGES {
             c.wait_leader(range, &[]).await;
@@ -681,4 +687,39 @@ async fn a_fresh_read_under_a_write_stream_waits_only_for_what_came_before_it() 
     // stream's length.
     let bound = Duration::from_millis(shards.len() as u64 * (HEARTBEAT_MS / 2));
     assert!(slowest <= bound, "a read of {} shards took {slowest:?} (bound {bound:?})", shards.len());
+}
+
+/// A range's voters move to another node, as when a node joins and another leaves:
+/// the newcomer may vote only once it caught up as a learner; the change keeps
+/// every committed image; once the removed node is gone the new voters elect a
+/// leader among themselves and take writes.
+#[tokio::test(start_paused = true)]
+async fn voters_move_to_a_caught_up_node_and_keep_every_committed_image() {
+    let mut c = Cluster::start_among(4, 3, GroupsConfig::default()).await;
+    let want = write_rounds(&c, 5, 1).await;
+    let moved: BTreeSet<ReplicaId> = [1, 2, 3].into_iter().map(|i| c.id(i)).collect();
+    for range in RANGES {
+        let (l, _) = c.wait_leader(range, &[]).await;
+        let early = c.node(l).set_voters(range, moved.clone()).await;
+        assert!(matches!(early, Err(ReplicaError::NotCaughtUp { .. })), "{range}: {early:?}");
+        c.node(l).add_learner(range, c.id(3), c.node(3).node().clone()).await.unwrap();
+        c.node(l).wait_caught_up(range, c.id(3), SETTLE).await.unwrap();
+        c.node(l).set_voters(range, moved.clone()).await.unwrap();
+        assert_eq!(c.node(l).members(range).unwrap().voters, moved, "{range}");
+    }
+    for range in RANGES {
+        assert!(c.node(3).is_replica(range), "{range}");
+        // A leader that removed itself learns it (a follower it removed may not:
+        // nothing is sent to it any more).
+        if c.node(0).leads(range) {
+            assert_eq!(c.node(0).removed(range), Some(true), "{range}");
+        }
+    }
+    c.kill(0).await;
+    for range in RANGES {
+        c.wait_leader(range, &[0]).await;
+    }
+    assert_holds(&c, &want).await;
+    let more = write_rounds(&c, 2, 10).await;
+    assert_holds(&c, &more).await;
 }

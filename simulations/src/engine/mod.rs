@@ -160,10 +160,11 @@ const LEADER_FAULT_MS: (u64, u64) = (1_000, 2_500);
 const LEADER_FAULTS_PER_S_LIGHT: (f64, f64) = (0.0, 0.15);
 const LEADER_FAULTS_PER_S_HEAVY: (f64, f64) = (0.1, 0.5);
 
-/// Whether every node is up and every range group's leader has the replicas of the
-/// nodes' current disks as its voters, nothing else: a disk may be lost then
+/// Whether every node is up and every range group that node `n` takes part in (by
+/// the directory, or as its leader's voter or learner) has the replicas of the
+/// nodes' current disks as its voters, nothing else: `n`'s disk may be lost then
 /// without losing more than one copy of anything.
-fn every_replica_in_place(g: &World) -> bool {
+fn every_replica_in_place(g: &World, n: u8) -> bool {
     if g.nodes.iter().any(|n| !n.up || n.replication.is_none()) {
         return false;
     }
@@ -176,12 +177,15 @@ fn every_replica_in_place(g: &World) -> bool {
             .map(|m| replica::replica_id(m, g.nodes[usize::from(m)].disk))
             .collect()
     };
+    let mine = replica::replica_id(n, g.nodes[usize::from(n)].disk);
     for range in directory.layout().ranges() {
         let leader = g.nodes.iter().filter_map(|n| n.replication.as_ref()).find(|r| r.groups().leads(range));
         let Some(leader) = leader else { return false };
-        match leader.groups().members(range) {
-            Ok(m) if !m.joint && m.learners.is_empty() && m.voters == wanted(range) => {}
-            _ => return false,
+        let Ok(m) = leader.groups().members(range) else { return false };
+        let wanted = wanted(range);
+        let involved = wanted.contains(&mine) || m.voters.contains(&mine) || m.learners.contains(&mine);
+        if involved && (m.joint || !m.learners.is_empty() || m.voters != wanted) {
+            return false;
         }
     }
     true
@@ -553,7 +557,7 @@ fn inject(w: &Shared, fault: Fault) {
             }
             let disk_lost = {
                 let mut g = lock(w);
-                g.cfg.replicas > 1 && g.rng.random::<f64>() < DISK_LOSS_SHARE && every_replica_in_place(&g)
+                g.cfg.replicas > 1 && g.rng.random::<f64>() < DISK_LOSS_SHARE && every_replica_in_place(&g, n)
             };
             crash_losing(w, n, disk_lost);
             let w = w.clone();
