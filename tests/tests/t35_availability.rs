@@ -243,7 +243,8 @@ async fn three_copies_a_node_back_with_an_empty_disk_loses_nothing() -> anyhow::
     }
     // The emptied node runs new replicas, which the leaders promoted in place of its
     // old ones once they had caught up.
-    let promoted: usize = (1..=3).map(|n| c.log(n).matches("making the caught-up replicas the voters").count()).sum();
+    let promoted: usize =
+        (1..=3).map(|n| c.log(n).matches("making the caught-up replicas the voters").count()).sum();
     println!("  replicas of the emptied node promoted after catching up: {promoted}");
     assert!(promoted > 0, "no replica of the emptied node was promoted");
     Ok(())

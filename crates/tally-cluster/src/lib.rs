@@ -637,6 +637,7 @@ impl ClusterNode {
         for range in &mine {
             groups.open_range(*range).await.map_err(replica)?;
         }
+        groups.open_stored().await.map_err(replica)?;
         tracing::info!(
             ranges = directory.layout().count(),
             replicated_here = mine.len(),

@@ -443,6 +443,18 @@ impl RangeGroups {
         Ok(())
     }
 
+    /// Opens the group of every range whose store shows it took part in one (a
+    /// stored vote): a restarted node runs what its store says it is a replica
+    /// of, whatever the directory says, since a group may count on its vote.
+    pub async fn open_stored(&self) -> Result<(), ReplicaError> {
+        for range in self.layout.ranges() {
+            if LogStore::took_part(self.kv.as_ref(), &range_prefix(range))? {
+                self.open_range(range).await?;
+            }
+        }
+        Ok(())
+    }
+
     fn group(&self, range: RangeId) -> Result<Group, ReplicaError> {
         self.groups.read().get(&range).cloned().ok_or(ReplicaError::NoSuchRange(range))
     }

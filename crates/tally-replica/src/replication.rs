@@ -57,6 +57,10 @@ pub const CALL_LEADERSHIPS_MAX: usize = 5;
 pub const SAME_LEADER_RESEND_MS: u64 = 2 * crate::groups::HEARTBEAT_MS;
 /// Pause between passes that form groups and replace replicas.
 pub const TEND_EVERY_MS: u64 = 500;
+/// How long a leader outside its group's membership stays closed after it stepped
+/// aside: longer than the voters take to elect another (election timeouts are at
+/// most 900 ms, and a vote takes a round trip).
+pub const STEP_ASIDE_MS: u64 = 2_000;
 /// Longest a range's part of one tending pass may take.
 pub const TEND_PASS_MAX_MS: u64 = CATCH_UP_WAIT_MS + 1_000;
 /// How long a learner may take to catch up before its promotion is tried again
@@ -86,6 +90,9 @@ pub struct Replication {
     /// Ranges whose group removed this node's replica without its having applied
     /// the removal, as the last pass saw them.
     leaving: parking_lot::Mutex<std::collections::BTreeSet<RangeId>>,
+    /// Ranges whose group this node closed although the directory wants it, and
+    /// until when it stays closed.
+    aside: parking_lot::Mutex<BTreeMap<RangeId, tokio::time::Instant>>,
     /// Ranges whose leader changes are being counted.
     watched: parking_lot::Mutex<std::collections::BTreeSet<RangeId>>,
     /// The replica that last served each range this node does not replicate (its
@@ -139,6 +146,7 @@ impl Replication {
             peers,
             watched: Default::default(),
             leaving: Default::default(),
+            aside: Default::default(),
             hints: parking_lot::Mutex::new(HashMap::new()),
             failovers: AtomicU64::new(0),
         }
@@ -484,21 +492,33 @@ impl Replication {
         // still leads (openraft keeps a leader outside its membership leading), and
         // its followers elect one of the voters only once it stops.
         for range in self.groups.ranges() {
-            if directory.replicas(range).contains(&self.me) {
-                continue;
-            }
-            // Closed once the removal is applied here, or on the next pass if it
-            // never is (a deposed leader no one talks to any more).
+            let wanted = directory.replicas(range).contains(&self.me);
+            // Closed once the removal is applied here (it is committed), or, for a
+            // leader, on the next pass if it never is (a deposed leader no one talks
+            // to any more). A follower that saw a removal not yet committed keeps its
+            // group: a new leader may still count on its vote. A leader outside its
+            // membership that the directory wants back steps aside too: it cannot
+            // add itself, and its followers elect only once it stops; the next
+            // leader adds it again.
+            let leads = self.groups.leads(range);
             let close = match self.groups.removed(range) {
+                Some(_) if wanted => leads,
                 Some(true) => true,
-                Some(false) => !self.leaving.lock().insert(range),
-                None => {
-                    self.leaving.lock().remove(&range);
-                    false
-                }
+                Some(false) => leads && !self.leaving.lock().insert(range),
+                None => false,
             };
+            if !close && self.groups.removed(range).is_none() {
+                self.leaving.lock().remove(&range);
+            }
             if close {
                 self.leaving.lock().remove(&range);
+                if wanted {
+                    // Reopened only once the voters had time to elect another
+                    // leader: reopened at once, it would resume as the leader its
+                    // store says it is.
+                    let until = tokio::time::Instant::now() + Duration::from_millis(STEP_ASIDE_MS);
+                    self.aside.lock().insert(range, until);
+                }
                 match self.groups.close_range(range).await {
                     Ok(()) => tracing::info!(%range, "closed the group of a range this node left"),
                     Err(e) => tracing::warn!(%range, error = %e, "cannot close a range group"),
@@ -506,7 +526,12 @@ impl Replication {
             }
         }
         let open = self.groups.ranges();
-        for range in directory.ranges_of(&self.me).into_iter().filter(|r| !open.contains(r)) {
+        let now = tokio::time::Instant::now();
+        self.aside.lock().retain(|_, until| *until > now);
+        let aside: Vec<RangeId> = self.aside.lock().keys().copied().collect();
+        let closed =
+            directory.ranges_of(&self.me).into_iter().filter(|r| !open.contains(r) && !aside.contains(r));
+        for range in closed {
             match self.groups.open_range(range).await {
                 Ok(()) => tracing::info!(%range, "opened a range the directory gives this node"),
                 Err(e) => tracing::warn!(%range, error = %e, "cannot open a range group yet"),

@@ -185,6 +185,7 @@ pub(crate) async fn open(
     for range in directory.ranges_of(&name) {
         groups.open_range(range).await.map_err(|e| e.to_string())?;
     }
+    groups.open_stored().await.map_err(|e| e.to_string())?;
     let peers = Arc::new(SimPeers { world: w.clone(), me: n, incarnation });
     let replication = Arc::new(Replication::new(name, groups, directory, peers));
     let members: Vec<_> = {
