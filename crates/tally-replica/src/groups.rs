@@ -611,7 +611,9 @@ impl RangeGroups {
         // from the nodes seen in earlier memberships.
         let node = match metrics.membership_config.membership().get_node(&leader) {
             Some(n) => {
-                self.seen.write().insert(leader, n.node.clone());
+                if self.seen.read().get(&leader) != Some(&n.node) {
+                    self.seen.write().insert(leader, n.node.clone());
+                }
                 n.node.clone()
             }
             None if leader == self.id => self.node.node.clone(),
@@ -644,12 +646,12 @@ impl RangeGroups {
     /// its group, as its own membership knows it (not one that was removed, nor
     /// a new one no leader has added yet).
     pub fn is_replica(&self, range: RangeId) -> bool {
-        self.group(range).is_ok_and(|g| {
-            let metrics = g.raft.metrics().borrow().clone();
-            let m = metrics.membership_config.membership();
-            let member = m.voter_ids().chain(m.learner_ids()).any(|id| id == self.id);
-            member
-        })
+        let Ok(g) = self.group(range) else { return false };
+        let metrics = g.raft.metrics();
+        let metrics = metrics.borrow();
+        let m = metrics.membership_config.membership();
+        let listed = m.voter_ids().chain(m.learner_ids()).any(|id| id == self.id);
+        listed
     }
 
     /// Every replica of `range` (voters and learners) with its node.
