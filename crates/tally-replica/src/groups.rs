@@ -827,13 +827,12 @@ impl RangeGroups {
         replica: ReplicaId,
         remove: &[ReplicaId],
     ) -> Result<(), ReplicaError> {
-        self.caught_up(range, replica)?;
         let mut voters = self.members(range)?.voters;
         voters.insert(replica);
         for r in remove {
             voters.remove(r);
         }
-        self.change_voters(range, voters).await
+        self.set_voters(range, voters).await
     }
 
     /// On the leader: makes `voters` the voters of `range` by joint consensus,

@@ -501,13 +501,14 @@ impl Replication {
             // add itself, and its followers elect only once it stops; the next
             // leader adds it again.
             let leads = self.groups.leads(range);
-            let close = match self.groups.removed(range) {
+            let removed = self.groups.removed(range);
+            let close = match removed {
                 Some(_) if wanted => leads,
                 Some(true) => true,
                 Some(false) => leads && !self.leaving.lock().insert(range),
                 None => false,
             };
-            if !close && self.groups.removed(range).is_none() {
+            if removed.is_none() {
                 self.leaving.lock().remove(&range);
             }
             if close {
