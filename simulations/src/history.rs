@@ -233,11 +233,14 @@ pub enum FaultKind {
     /// A range group's voters sit on other nodes than at the start, after
     /// membership changes (replicated runs, counted at the end).
     RangeMoved,
+    /// A range's leader left its group in a membership change and closed it; the
+    /// remaining voters elect another once its lease runs out (replicated runs).
+    LeaderHandedOver,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -254,6 +257,7 @@ impl FaultKind {
         FaultKind::LeaderIsolated,
         FaultKind::LeaderPaused,
         FaultKind::RangeMoved,
+        FaultKind::LeaderHandedOver,
     ];
 
     /// A short name for tables.
@@ -275,6 +279,7 @@ impl FaultKind {
             FaultKind::LeaderIsolated => "leader isolated",
             FaultKind::LeaderPaused => "leader paused",
             FaultKind::RangeMoved => "range moved",
+            FaultKind::LeaderHandedOver => "leader handed over",
         }
     }
 }
@@ -325,7 +330,9 @@ pub struct History {
     /// lost or cut, until the caller's timeout and one more tick): a rollup refresh
     /// may fail then, so the staleness bound is not checked across them. In tier 1,
     /// where remote reads cannot be lost, the membership hand-offs: a shard not yet
-    /// adopted by its new owner answers no read until it is.
+    /// adopted by its new owner answers no read until it is. With range groups, a
+    /// leader that left its range in a membership change: the range has no leader
+    /// until the remaining voters elect one, up to a failover later.
     pub unanswered_calls: Vec<Disturbance>,
     /// How long after a disturbance ends the cluster may still not serve normally:
     /// 0 with one copy of every shard; with range groups, a failover (a range whose

@@ -100,6 +100,10 @@ pub struct Replication {
     hints: parking_lot::Mutex<HashMap<RangeId, NodeId>>,
     /// Leader changes this node observed in the groups it runs.
     failovers: AtomicU64,
+    /// Groups this node led and closed because it left them ([`Replication::hand_overs`]).
+    hand_overs: AtomicU64,
+    /// When it last did.
+    last_hand_over: parking_lot::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A range's leader as a node knows it: the leader's node and the term it leads in.
@@ -149,6 +153,8 @@ impl Replication {
             aside: Default::default(),
             hints: parking_lot::Mutex::new(HashMap::new()),
             failovers: AtomicU64::new(0),
+            hand_overs: AtomicU64::new(0),
+            last_hand_over: parking_lot::Mutex::new(None),
         }
     }
 
@@ -513,6 +519,10 @@ impl Replication {
             }
             if close {
                 self.leaving.lock().remove(&range);
+                if leads {
+                    self.hand_overs.fetch_add(1, Ordering::Relaxed);
+                    *self.last_hand_over.lock() = Some(tokio::time::Instant::now());
+                }
                 if wanted {
                     // Reopened only once the voters had time to elect another
                     // leader: reopened at once, it would resume as the leader its
@@ -607,6 +617,21 @@ impl Replication {
         self.failovers.load(Ordering::Relaxed)
     }
 
+    /// Groups this node led and closed since it started because it left them (the
+    /// directory moved the range elsewhere, or the group removed this replica).
+    /// Each is a hand-over by election: openraft 0.9 has no leadership transfer,
+    /// and the remaining voters refuse to elect anyone while the lease of the
+    /// leader they heard last runs, so the range is without a leader for up to a
+    /// failover ([`crate::groups::FAILOVER_BOUND_MS`]).
+    pub fn hand_overs(&self) -> u64 {
+        self.hand_overs.load(Ordering::Relaxed)
+    }
+
+    /// When this node last closed a group it led ([`Replication::hand_overs`]).
+    pub fn last_hand_over(&self) -> Option<tokio::time::Instant> {
+        *self.last_hand_over.lock()
+    }
+
     /// `range`'s group as this node knows it: the group's membership, leader and
     /// term where this node runs a replica (with every replica's progress where it
     /// leads); elsewhere the directory's replicas and the replica that served the
@@ -681,7 +706,11 @@ impl Replication {
 
     /// This node's replication figures, for its metrics.
     pub fn figures(&self) -> ReplicationFigures {
-        let mut f = ReplicationFigures { failovers: self.failovers(), ..Default::default() };
+        let mut f = ReplicationFigures {
+            failovers: self.failovers(),
+            hand_overs: self.hand_overs(),
+            ..Default::default()
+        };
         for range in self.groups.ranges() {
             let Ok(status) = self.groups.status(range) else { continue };
             f.ranges_replicated += 1;
@@ -714,6 +743,8 @@ pub struct ReplicationFigures {
     pub lag_entries_max: u64,
     /// Leader changes observed ([`Replication::failovers`]).
     pub failovers: u64,
+    /// Groups led and closed on leaving them ([`Replication::hand_overs`]).
+    pub hand_overs: u64,
     /// Snapshots its replicas installed (catch-up by snapshot).
     pub snapshots_installed: u64,
     /// Encoded bytes of those snapshots.

@@ -540,6 +540,12 @@ pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFig
         &[(&[], f.failovers)],
     );
     w.counter(
+        "tally_replica_hand_overs_total",
+        "Range groups this node led and closed since it started because it left them; each \
+         range then elects another leader (up to a failover without one).",
+        &[(&[], f.hand_overs)],
+    );
+    w.counter(
         "tally_replica_snapshots_installed_total",
         "Snapshots this node's replicas installed to catch up since it started.",
         &[(&[], f.snapshots_installed)],

@@ -726,6 +726,44 @@ async fn hand_off(w: Shared, epoch: u64) {
     }
 }
 
+/// How often the run looks for range leaders that left their range.
+const HAND_OVER_POLL_MS: u64 = 10;
+
+/// Records every range leader that left its range (closed the group it led, in a
+/// membership change) as a period in which reads of that range go unanswered: the
+/// remaining voters elect another leader only once the lease of the one that left
+/// runs out, so the range is without a leader for up to a failover. Runs until the
+/// run ends.
+async fn watch_hand_overs(w: Shared) {
+    // Per node: the incarnation watched and the hand-overs it had made.
+    let mut seen: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
+    loop {
+        sleep_ms(HAND_OVER_POLL_MS).await;
+        let mut g = lock(&w);
+        let start = g.start;
+        for n in 0..g.cfg.nodes {
+            let node = &g.nodes[usize::from(n)];
+            let (Some(r), incarnation) = (node.replication.clone(), node.incarnation) else { continue };
+            let count = r.hand_overs();
+            let before = match seen.insert(n, (incarnation, count)) {
+                Some((i, c)) if i == incarnation => c,
+                _ => 0,
+            };
+            if count <= before {
+                continue;
+            }
+            let at =
+                r.last_hand_over().map_or_else(|| g.now(), |t| t.duration_since(start).as_millis() as u64);
+            g.note("hand-over", (n, count));
+            for _ in before..count {
+                g.count(FaultKind::LeaderHandedOver);
+            }
+            let to_ms = at + tally_replica::LEADER_WAIT_MS;
+            g.history.unanswered_calls.push(crate::history::Disturbance { from_ms: at, to_ms });
+        }
+    }
+}
+
 async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
@@ -778,6 +816,9 @@ async fn drive(w: Shared) -> Result<(), String> {
     let faults = schedule(&mut lock(&w));
     let chaos_ms = lock(&w).cfg.chaos_ms;
     let clients = client::start(&w);
+    if lock(&w).cfg.replicas > 1 {
+        tokio::spawn(watch_hand_overs(w.clone()));
+    }
     let start = lock(&w).start;
     for (t, fault) in faults {
         let now = now_ms(start);
