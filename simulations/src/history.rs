@@ -236,11 +236,14 @@ pub enum FaultKind {
     /// A range's leader left its group in a membership change and closed it; the
     /// remaining voters elect another once its lease runs out (replicated runs).
     LeaderHandedOver,
+    /// A node deleted its copy of a range its group had removed it from
+    /// (replicated runs).
+    CopyForgotten,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 17] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -258,6 +261,7 @@ impl FaultKind {
         FaultKind::LeaderPaused,
         FaultKind::RangeMoved,
         FaultKind::LeaderHandedOver,
+        FaultKind::CopyForgotten,
     ];
 
     /// A short name for tables.
@@ -280,6 +284,7 @@ impl FaultKind {
             FaultKind::LeaderPaused => "leader paused",
             FaultKind::RangeMoved => "range moved",
             FaultKind::LeaderHandedOver => "leader handed over",
+            FaultKind::CopyForgotten => "copy forgotten",
         }
     }
 }

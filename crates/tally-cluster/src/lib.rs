@@ -400,6 +400,9 @@ impl Handler for ShardHandler {
                 Ok(PeerRequest::Formed(range)) => {
                     return codec::encode(&replication.is_some_and(|r| r.formed(range)));
                 }
+                Ok(PeerRequest::Lists(range, replica)) => {
+                    return codec::encode(&replication.and_then(|r| r.lists(range, replica)));
+                }
                 Err(e) => {
                     tracing::warn!(from = %from, error = %e, "undecodable node request");
                     ShardResponse::Failed { code: "malformed".into(), message: e.to_string() }

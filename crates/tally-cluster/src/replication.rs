@@ -6,7 +6,8 @@
 //!   (`StoreId`, recorded in the metadata group when the node registers): a node
 //!   that comes back with an empty data directory is a new replica.
 //! * **Sessions.** Raft messages of every group and the question whether a peer's
-//!   group of a range is formed travel as [`PeerRequest`]s on the one session per
+//!   group of a range is formed (or, from its leader, whether it still lists a
+//!   replica) travel as [`PeerRequest`]s on the one session per
 //!   node pair.
 
 use crate::Member;
@@ -25,7 +26,8 @@ use tally_transport::Transport;
 /// How long one range message may take on the node-to-node session (a snapshot
 /// chunk of 1 MiB included).
 pub const RANGE_CALL_TIMEOUT_MS: u64 = 10_000;
-/// How long a peer may take to say whether its group of a range is formed.
+/// How long a peer may take to say whether its group of a range is formed, or
+/// whether it lists a replica.
 pub const FORMED_ASK_TIMEOUT_MS: u64 = 1_000;
 
 /// What one node sends another on its node-to-node session.
@@ -37,6 +39,8 @@ pub(crate) enum PeerRequest {
     Range(RangeEnvelope),
     /// Whether the node's group of a range holds a membership already.
     Formed(RangeId),
+    /// Whether the node, as the range's leader, lists a replica in its group.
+    Lists(RangeId, ReplicaId),
 }
 
 /// The raft id of the replicas a node runs on store `store`.
@@ -91,6 +95,15 @@ impl Peers for ClusterPeers {
             let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
             let answer = self.transport.call(node.as_str(), bytes, timeout).await.ok()?;
             codec::decode::<bool>("formed answer", &answer).ok()
+        })
+    }
+
+    fn lists<'a>(&'a self, node: &'a NodeId, range: RangeId, replica: ReplicaId) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(async move {
+            let bytes = codec::encode(&PeerRequest::Lists(range, replica));
+            let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
+            let answer = self.transport.call(node.as_str(), bytes, timeout).await.ok()?;
+            codec::decode::<Option<bool>>("lists answer", &answer).ok().flatten()
         })
     }
 }

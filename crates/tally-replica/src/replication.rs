@@ -76,6 +76,11 @@ pub trait Peers: Send + Sync + 'static {
     /// Whether `node`'s group of `range` holds a membership already; `None` when
     /// the node did not answer.
     fn formed<'a>(&'a self, node: &'a NodeId, range: RangeId) -> BoxFuture<'a, Option<bool>>;
+
+    /// Whether `node`, as `range`'s leader, lists `replica` in the range's group
+    /// ([`Replication::lists`]); `None` when it does not lead the range, a change
+    /// is under way, or it did not answer.
+    fn lists<'a>(&'a self, node: &'a NodeId, range: RangeId, replica: ReplicaId) -> BoxFuture<'a, Option<bool>>;
 }
 
 /// A node's part in shard replication.
@@ -104,6 +109,8 @@ pub struct Replication {
     hand_overs: AtomicU64,
     /// When it last did.
     last_hand_over: parking_lot::Mutex<Option<tokio::time::Instant>>,
+    /// Copies of ranges this node forgot ([`Replication::copies_forgotten`]).
+    forgotten: AtomicU64,
 }
 
 /// A range's leader as a node knows it: the leader's node and the term it leads in.
@@ -155,6 +162,7 @@ impl Replication {
             failovers: AtomicU64::new(0),
             hand_overs: AtomicU64::new(0),
             last_hand_over: parking_lot::Mutex::new(None),
+            forgotten: AtomicU64::new(0),
         }
     }
 
@@ -395,6 +403,38 @@ impl Replication {
         self.groups.formed(range)
     }
 
+    /// Answers a peer's question whether this node, as `range`'s leader, lists
+    /// `replica` in its group: `Some(false)` once it applied a uniform membership
+    /// without it ([`RangeGroups::lists`]).
+    pub fn lists(&self, range: RangeId, replica: ReplicaId) -> Option<bool> {
+        self.groups.lists(range, replica)
+    }
+
+    /// Forgets this node's copy of `range` once the range's leader says its group
+    /// no longer lists this replica: a follower is never told of its removal
+    /// (openraft stops replicating to it at once), so without asking it would keep
+    /// its group open, campaigning in vain, and its copy on disk. Asks the
+    /// directory's replicas of the range (its leader is one of them once the
+    /// voters moved); answers whether it forgot the range.
+    async fn retire(&self, range: RangeId) -> Result<bool, ReplicaError> {
+        let me = self.groups.replica_id();
+        let directory = self.directory();
+        let mut removed = false;
+        for node in directory.replicas(range).iter().filter(|n| **n != self.me) {
+            if self.peers.lists(node, range, me).await == Some(false) {
+                removed = true;
+                break;
+            }
+        }
+        // The directory may have given the range back meanwhile.
+        if !removed || self.directory().replicas(range).contains(&self.me) {
+            return Ok(false);
+        }
+        self.groups.forget_range(range).await?;
+        self.forgotten.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// The replica id each node of `range` in `directory` runs now; `None` while
     /// one is not known.
     fn current_replicas(
@@ -514,6 +554,9 @@ impl Replication {
                 Some(false) => leads && !self.leaving.lock().insert(range),
                 None => false,
             };
+            // A removal this replica applied is committed: its copy is of no use
+            // any more.
+            let forget = removed == Some(true) && !wanted;
             if removed.is_none() {
                 self.leaving.lock().remove(&range);
             }
@@ -530,12 +573,43 @@ impl Replication {
                     let until = tokio::time::Instant::now() + Duration::from_millis(STEP_ASIDE_MS);
                     self.aside.lock().insert(range, until);
                 }
-                match self.groups.close_range(range).await {
+                let closed = match forget {
+                    true => self.groups.forget_range(range).await,
+                    false => self.groups.close_range(range).await,
+                };
+                match closed {
+                    Ok(()) if forget => {
+                        self.forgotten.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(%range, "forgot the copy of a range this node left");
+                    }
                     Ok(()) => tracing::info!(%range, "closed the group of a range this node left"),
                     Err(e) => tracing::warn!(%range, error = %e, "cannot close a range group"),
                 }
             }
         }
+        // Copies of ranges the directory moved elsewhere that this replica does not
+        // know it was removed from: a follower's open group, or a group closed
+        // before its removal was known here (a deposed leader).
+        let open = self.groups.ranges();
+        let stale: Vec<RangeId> = self
+            .initial
+            .layout()
+            .ranges()
+            .filter(|r| !directory.replicas(*r).contains(&self.me))
+            .filter(|r| match open.contains(r) {
+                true => !self.groups.leads(*r) && self.groups.removed(*r).is_none(),
+                false => self.groups.holds(*r),
+            })
+            .collect();
+        let retiring = stale.into_iter().map(|range| async move {
+            let retire = tokio::time::timeout(Duration::from_millis(TEND_PASS_MAX_MS), self.retire(range));
+            match retire.await {
+                Ok(Ok(true)) => tracing::info!(%range, "forgot the copy of a range whose group removed this node"),
+                Ok(Ok(false)) | Err(_) => {}
+                Ok(Err(e)) => tracing::warn!(%range, error = %e, "cannot forget a range's copy yet"),
+            }
+        });
+        futures::future::join_all(retiring).await;
         let open = self.groups.ranges();
         let now = tokio::time::Instant::now();
         self.aside.lock().retain(|_, until| *until > now);
@@ -627,6 +701,13 @@ impl Replication {
         self.hand_overs.load(Ordering::Relaxed)
     }
 
+    /// Copies of ranges this node deleted since it started, each once its group's
+    /// removal of this replica was committed (the directory had moved the range
+    /// elsewhere).
+    pub fn copies_forgotten(&self) -> u64 {
+        self.forgotten.load(Ordering::Relaxed)
+    }
+
     /// When this node last closed a group it led ([`Replication::hand_overs`]).
     pub fn last_hand_over(&self) -> Option<tokio::time::Instant> {
         *self.last_hand_over.lock()
@@ -709,6 +790,7 @@ impl Replication {
         let mut f = ReplicationFigures {
             failovers: self.failovers(),
             hand_overs: self.hand_overs(),
+            copies_forgotten: self.copies_forgotten(),
             ..Default::default()
         };
         for range in self.groups.ranges() {
@@ -745,6 +827,8 @@ pub struct ReplicationFigures {
     pub failovers: u64,
     /// Groups led and closed on leaving them ([`Replication::hand_overs`]).
     pub hand_overs: u64,
+    /// Copies of ranges deleted after their removal ([`Replication::copies_forgotten`]).
+    pub copies_forgotten: u64,
     /// Snapshots its replicas installed (catch-up by snapshot).
     pub snapshots_installed: u64,
     /// Encoded bytes of those snapshots.

@@ -546,6 +546,12 @@ pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFig
         &[(&[], f.hand_overs)],
     );
     w.counter(
+        "tally_replica_copies_forgotten_total",
+        "Copies of ranges this node deleted since it started, each once the range's group had \
+         committed this replica's removal.",
+        &[(&[], f.copies_forgotten)],
+    );
+    w.counter(
         "tally_replica_snapshots_installed_total",
         "Snapshots this node's replicas installed to catch up since it started.",
         &[(&[], f.snapshots_installed)],

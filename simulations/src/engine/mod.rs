@@ -729,14 +729,15 @@ async fn hand_off(w: Shared, epoch: u64) {
 /// How often the run looks for range leaders that left their range.
 const HAND_OVER_POLL_MS: u64 = 10;
 
-/// Records every range leader that left its range (closed the group it led, in a
-/// membership change) as a period in which reads of that range go unanswered: the
+/// Counts the copies of ranges nodes forgot, and records every range leader that
+/// left its range (closed the group it led, in a membership change) as a period in which reads of that range go unanswered: the
 /// remaining voters elect another leader only once the lease of the one that left
 /// runs out, so the range is without a leader for up to a failover. Runs until the
 /// run ends.
 async fn watch_hand_overs(w: Shared) {
-    // Per node: the incarnation watched and the hand-overs it had made.
-    let mut seen: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
+    // Per node: the incarnation watched, the hand-overs it had made and the
+    // copies it had forgotten.
+    let mut seen: BTreeMap<u8, (u64, u64, u64)> = BTreeMap::new();
     loop {
         sleep_ms(HAND_OVER_POLL_MS).await;
         let mut g = lock(&w);
@@ -744,11 +745,14 @@ async fn watch_hand_overs(w: Shared) {
         for n in 0..g.cfg.nodes {
             let node = &g.nodes[usize::from(n)];
             let (Some(r), incarnation) = (node.replication.clone(), node.incarnation) else { continue };
-            let count = r.hand_overs();
-            let before = match seen.insert(n, (incarnation, count)) {
-                Some((i, c)) if i == incarnation => c,
-                _ => 0,
+            let (count, forgotten) = (r.hand_overs(), r.copies_forgotten());
+            let (before, forgotten_before) = match seen.insert(n, (incarnation, count, forgotten)) {
+                Some((i, c, f)) if i == incarnation => (c, f),
+                _ => (0, 0),
             };
+            for _ in forgotten_before..forgotten {
+                g.count(FaultKind::CopyForgotten);
+            }
             if count <= before {
                 continue;
             }

@@ -22,7 +22,8 @@ use tally_replica::{
     ReplicaId, ReplicaNode, Replication,
 };
 
-/// A question to a peer (is your group of this range formed?) left unanswered is
+/// A question to a peer (is your group of this range formed? do you, its leader,
+/// list this replica?) left unanswered is
 /// given up after this, as the cluster's is.
 pub(crate) const FORMED_ASK_TIMEOUT_MS: u64 = 1_000;
 
@@ -123,20 +124,28 @@ pub(crate) struct SimPeers {
 }
 
 impl SimPeers {
-    async fn ask_formed(&self, to: u8, range: RangeId) -> Option<bool> {
+    /// Asks node `to`'s replication `question` over the run's links: `None` when
+    /// this incarnation is gone or `to` is down (the caller's timeout ends a
+    /// message lost on the way).
+    async fn ask<T: std::hash::Hash + std::fmt::Debug>(
+        &self,
+        to: u8,
+        what: &str,
+        question: impl FnOnce(&Replication) -> T,
+    ) -> Option<T> {
         if !lock(&self.world).alive(self.me, self.incarnation) {
             return None;
         }
         cross(&self.world, self.me, to).await;
         wait_unpaused(&self.world, to).await;
-        let formed = {
+        let answer = {
             let w = lock(&self.world);
             let node = &w.nodes[usize::from(to)];
-            node.replication.clone().filter(|_| node.up).map(|r| r.formed(range))
+            node.replication.clone().filter(|_| node.up).map(|r| question(&r))
         }?;
         cross(&self.world, to, self.me).await;
-        lock(&self.world).note("formed", (self.me, to, range.0, formed));
-        Some(formed)
+        lock(&self.world).note(what, (self.me, to, &answer));
+        Some(answer)
     }
 }
 
@@ -151,8 +160,18 @@ impl Peers for SimPeers {
     fn formed<'a>(&'a self, node: &'a NodeId, range: RangeId) -> BoxFuture<'a, Option<bool>> {
         Box::pin(async move {
             let to = node_index(node)?;
-            let ask = self.ask_formed(to, range);
-            tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await.ok().flatten()
+            let ask = self.ask(to, "formed", |r| (range.0, r.formed(range)));
+            let answer = tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await;
+            answer.ok().flatten().map(|(_, formed)| formed)
+        })
+    }
+
+    fn lists<'a>(&'a self, node: &'a NodeId, range: RangeId, replica: ReplicaId) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(async move {
+            let to = node_index(node)?;
+            let ask = self.ask(to, "lists", |r| (range.0, replica, r.lists(range, replica)));
+            let answer = tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await;
+            answer.ok().flatten().and_then(|(_, _, lists)| lists)
         })
     }
 }

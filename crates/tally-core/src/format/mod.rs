@@ -60,8 +60,9 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// bounded counter past its bound (`BoundExceeded`), and shards of a bounded counter
 /// send each other escrow messages (a request kind of its own). Protocol 7: a node may
 /// ask another what it has seen of an auto counter (a request for the node, not a
-/// shard). Protocol 8: counter specs carry their window limit (`limit`).
-pub const PEER_PROTOCOL: u32 = 8;
+/// shard). Protocol 8: counter specs carry their window limit (`limit`). Protocol 9:
+/// a node may ask a range's leader whether its group still lists a replica.
+pub const PEER_PROTOCOL: u32 = 9;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
