@@ -236,9 +236,9 @@ pub enum FaultKind {
     /// A range's leader left its group in a membership change and closed it; the
     /// remaining voters elect another once its lease runs out (replicated runs).
     LeaderHandedOver,
-    /// A node deleted its copy of a range its group had removed it from
+    /// A node closed its group of a range the group had removed it from
     /// (replicated runs).
-    CopyForgotten,
+    GroupRetired,
 }
 
 impl FaultKind {
@@ -261,7 +261,7 @@ impl FaultKind {
         FaultKind::LeaderPaused,
         FaultKind::RangeMoved,
         FaultKind::LeaderHandedOver,
-        FaultKind::CopyForgotten,
+        FaultKind::GroupRetired,
     ];
 
     /// A short name for tables.
@@ -284,7 +284,7 @@ impl FaultKind {
             FaultKind::LeaderPaused => "leader paused",
             FaultKind::RangeMoved => "range moved",
             FaultKind::LeaderHandedOver => "leader handed over",
-            FaultKind::CopyForgotten => "copy forgotten",
+            FaultKind::GroupRetired => "group retired",
         }
     }
 }

@@ -234,6 +234,35 @@ async fn wait_ranges(c: &TestCluster, nodes: &[usize], replicas: usize) -> Resul
     }
 }
 
+/// The sample of an unlabelled metric in Prometheus text.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Waits until the nodes in `nodes` run `copies` range groups between them, no
+/// more: every node the directory moved a range away from closed its group,
+/// followers included (which their group never tells of their removal).
+async fn wait_groups_retired(c: &TestCluster, nodes: &[usize], copies: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_millis(SETTLE_WAIT_MS);
+    loop {
+        let (mut open, mut retired) = (Vec::new(), 0.0);
+        for &i in nodes {
+            let metrics = reqwest::get(format!("{}/metrics", c.node(i).url())).await?.text().await?;
+            open.push(sample(&metrics, "tally_replica_ranges").unwrap_or(f64::NAN));
+            retired += sample(&metrics, "tally_replica_groups_retired_total").unwrap_or(0.0);
+        }
+        if open.iter().sum::<f64>() == copies as f64 {
+            println!("range groups per node {open:?}, groups retired {retired}");
+            assert!(retired > 0.0, "ranges moved, yet no group was retired");
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("range groups per node {open:?}, not {copies} in all");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// How shards are kept in the cluster under test.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Copies {
@@ -325,6 +354,7 @@ async fn join_then_leave(copies: Copies) -> Result<()> {
         if copies == Copies::Three {
             let voters = wait_ranges(&c, &[1, 2, 3, 4], 3).await?;
             assert!(voters.iter().flatten().all(|n| n != "node2"), "{voters:?}");
+            wait_groups_retired(&c, &[1, 2, 3, 4], 3 * voters.len()).await?;
         }
         Ok(())
     })

@@ -98,7 +98,12 @@ impl Peers for ClusterPeers {
         })
     }
 
-    fn lists<'a>(&'a self, node: &'a NodeId, range: RangeId, replica: ReplicaId) -> BoxFuture<'a, Option<bool>> {
+    fn lists<'a>(
+        &'a self,
+        node: &'a NodeId,
+        range: RangeId,
+        replica: ReplicaId,
+    ) -> BoxFuture<'a, Option<bool>> {
         Box::pin(async move {
             let bytes = codec::encode(&PeerRequest::Lists(range, replica));
             let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);

@@ -292,11 +292,6 @@ fn range_prefix(range: RangeId) -> String {
     format!("replica/{}/", range.0)
 }
 
-/// The trees of a range's group, under its prefix: the vote (with the committed
-/// and purged log ids), the log, the applied state and the snapshot. The vote
-/// comes first: wiping a group clears it first (see [`RangeGroups::forget_range`]).
-const RANGE_TREES: [&str; 4] = ["vote", "log", "sm", "snap"];
-
 fn leader_of(range: RangeId, f: &ForwardToLeader<ReplicaId, ReplicaNode>) -> ReplicaError {
     ReplicaError::NotLeader {
         range,
@@ -439,15 +434,6 @@ impl RangeGroups {
             }
         }
         let prefix = range_prefix(range);
-        // A store without a vote never acknowledged an entry nor promised a vote in
-        // this group (a replica stores the vote before it answers either): what
-        // its trees hold is what an unfinished wipe or initialization left, which
-        // no raft may start from (a wipe interrupted by a crash keeps a suffix of
-        // the log). Cleared, it is a new, empty replica.
-        if !LogStore::took_part(self.kv.as_ref(), &prefix)? && !self.holds_nothing(range)? {
-            tracing::info!(%range, "clearing what an unfinished wipe left of a range group");
-            self.wipe(range).await?;
-        }
         let log = LogStore::open(self.kv.clone(), &prefix)?;
         let sm = StateMachine::open(range, self.kv.clone(), &prefix).map_err(fatal)?;
         let shared = sm.shared();
@@ -903,53 +889,10 @@ impl RangeGroups {
         g.raft.shutdown().await.map_err(fatal)
     }
 
-    /// Stops `range`'s group on this node and deletes everything its store holds of
-    /// it: once its group applied a uniform membership without this replica (it was
-    /// removed, and the removal committed), nothing of it is needed, and a replica
-    /// the group adds again later starts empty and catches up. The vote is cleared
-    /// and flushed first, so that from then on the store shows no part in the group
-    /// (it is never reopened at start, [`RangeGroups::open_stored`]), and whatever a
-    /// crash leaves of the rest is cleared when the group opens next.
-    pub async fn forget_range(&self, range: RangeId) -> Result<(), ReplicaError> {
-        self.close_range(range).await?;
-        let _opening = self.opening.lock().await;
-        if self.groups.read().contains_key(&range) {
-            return Err(ReplicaError::Invalid(format!("{range} was opened again while it was being forgotten")));
-        }
-        self.wipe(range).await
-    }
-
-    /// Clears every tree of `range`'s group, the vote first, each step flushed. The
-    /// group must not be running.
-    async fn wipe(&self, range: RangeId) -> Result<(), ReplicaError> {
-        let prefix = range_prefix(range);
-        for name in RANGE_TREES {
-            self.kv.tree(&format!("{prefix}{name}"))?.clear()?;
-            self.kv.flush().await?;
-        }
-        Ok(())
-    }
-
-    /// Whether the store holds nothing of `range`'s group.
-    fn holds_nothing(&self, range: RangeId) -> Result<bool, ReplicaError> {
-        let prefix = range_prefix(range);
-        for name in RANGE_TREES {
-            if !self.kv.tree(&format!("{prefix}{name}"))?.is_empty()? {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Whether `range`'s store holds anything here, its group open or not.
-    pub fn holds(&self, range: RangeId) -> bool {
-        self.groups.read().contains_key(&range) || !self.holds_nothing(range).unwrap_or(false)
-    }
-
     /// On `range`'s leader: whether its group lists `replica` (as a voter or a
     /// learner). `Some(false)` only once the leader applied a uniform membership
-    /// without it, so its removal is committed and no later leader counts on its
-    /// vote; `None` where this node does not lead the range, or a change is under
+    /// without it, so its removal is committed (a later change may still add it
+    /// again); `None` where this node does not lead the range, or a change is under
     /// way.
     pub fn lists(&self, range: RangeId, replica: ReplicaId) -> Option<bool> {
         let g = self.group(range).ok()?;

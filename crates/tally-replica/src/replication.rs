@@ -80,7 +80,12 @@ pub trait Peers: Send + Sync + 'static {
     /// Whether `node`, as `range`'s leader, lists `replica` in the range's group
     /// ([`Replication::lists`]); `None` when it does not lead the range, a change
     /// is under way, or it did not answer.
-    fn lists<'a>(&'a self, node: &'a NodeId, range: RangeId, replica: ReplicaId) -> BoxFuture<'a, Option<bool>>;
+    fn lists<'a>(
+        &'a self,
+        node: &'a NodeId,
+        range: RangeId,
+        replica: ReplicaId,
+    ) -> BoxFuture<'a, Option<bool>>;
 }
 
 /// A node's part in shard replication.
@@ -109,8 +114,8 @@ pub struct Replication {
     hand_overs: AtomicU64,
     /// When it last did.
     last_hand_over: parking_lot::Mutex<Option<tokio::time::Instant>>,
-    /// Copies of ranges this node forgot ([`Replication::copies_forgotten`]).
-    forgotten: AtomicU64,
+    /// Groups this node closed on leaving them ([`Replication::groups_retired`]).
+    retired: AtomicU64,
 }
 
 /// A range's leader as a node knows it: the leader's node and the term it leads in.
@@ -162,7 +167,7 @@ impl Replication {
             failovers: AtomicU64::new(0),
             hand_overs: AtomicU64::new(0),
             last_hand_over: parking_lot::Mutex::new(None),
-            forgotten: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
         }
     }
 
@@ -410,12 +415,16 @@ impl Replication {
         self.groups.lists(range, replica)
     }
 
-    /// Forgets this node's copy of `range` once the range's leader says its group
+    /// Closes this node's group of `range` once the range's leader says the group
     /// no longer lists this replica: a follower is never told of its removal
     /// (openraft stops replicating to it at once), so without asking it would keep
-    /// its group open, campaigning in vain, and its copy on disk. Asks the
-    /// directory's replicas of the range (its leader is one of them once the
-    /// voters moved); answers whether it forgot the range.
+    /// its group open and campaigning in vain. Asks the directory's replicas of the
+    /// range (its leader is one of them once the voters moved); answers whether it
+    /// closed the group. The copy stays in the store, vote and log included: the
+    /// answer may be outdated by the time it arrives (the range moved back, and its
+    /// leader added this replica again), and a voter that dropped its log could
+    /// elect a leader that lacks committed entries. A closed group costs nothing;
+    /// it opens again when the directory gives this node the range, or at start.
     async fn retire(&self, range: RangeId) -> Result<bool, ReplicaError> {
         let me = self.groups.replica_id();
         let directory = self.directory();
@@ -430,8 +439,8 @@ impl Replication {
         if !removed || self.directory().replicas(range).contains(&self.me) {
             return Ok(false);
         }
-        self.groups.forget_range(range).await?;
-        self.forgotten.fetch_add(1, Ordering::Relaxed);
+        self.groups.close_range(range).await?;
+        self.retired.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
 
@@ -554,9 +563,6 @@ impl Replication {
                 Some(false) => leads && !self.leaving.lock().insert(range),
                 None => false,
             };
-            // A removal this replica applied is committed: its copy is of no use
-            // any more.
-            let forget = removed == Some(true) && !wanted;
             if removed.is_none() {
                 self.leaving.lock().remove(&range);
             }
@@ -573,40 +579,32 @@ impl Replication {
                     let until = tokio::time::Instant::now() + Duration::from_millis(STEP_ASIDE_MS);
                     self.aside.lock().insert(range, until);
                 }
-                let closed = match forget {
-                    true => self.groups.forget_range(range).await,
-                    false => self.groups.close_range(range).await,
-                };
-                match closed {
-                    Ok(()) if forget => {
-                        self.forgotten.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(%range, "forgot the copy of a range this node left");
+                match self.groups.close_range(range).await {
+                    Ok(()) => {
+                        self.retired.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(%range, "closed the group of a range this node left");
                     }
-                    Ok(()) => tracing::info!(%range, "closed the group of a range this node left"),
                     Err(e) => tracing::warn!(%range, error = %e, "cannot close a range group"),
                 }
             }
         }
-        // Copies of ranges the directory moved elsewhere that this replica does not
-        // know it was removed from: a follower's open group, or a group closed
-        // before its removal was known here (a deposed leader).
-        let open = self.groups.ranges();
+        // Groups of ranges the directory moved elsewhere that do not know this
+        // replica was removed (a follower is never told).
         let stale: Vec<RangeId> = self
-            .initial
-            .layout()
+            .groups
             .ranges()
+            .into_iter()
             .filter(|r| !directory.replicas(*r).contains(&self.me))
-            .filter(|r| match open.contains(r) {
-                true => !self.groups.leads(*r) && self.groups.removed(*r).is_none(),
-                false => self.groups.holds(*r),
-            })
+            .filter(|r| !self.groups.leads(*r) && self.groups.removed(*r).is_none())
             .collect();
         let retiring = stale.into_iter().map(|range| async move {
             let retire = tokio::time::timeout(Duration::from_millis(TEND_PASS_MAX_MS), self.retire(range));
             match retire.await {
-                Ok(Ok(true)) => tracing::info!(%range, "forgot the copy of a range whose group removed this node"),
+                Ok(Ok(true)) => {
+                    tracing::info!(%range, "closed the group of a range whose leader removed this node")
+                }
                 Ok(Ok(false)) | Err(_) => {}
-                Ok(Err(e)) => tracing::warn!(%range, error = %e, "cannot forget a range's copy yet"),
+                Ok(Err(e)) => tracing::warn!(%range, error = %e, "cannot close a range group"),
             }
         });
         futures::future::join_all(retiring).await;
@@ -701,11 +699,12 @@ impl Replication {
         self.hand_overs.load(Ordering::Relaxed)
     }
 
-    /// Copies of ranges this node deleted since it started, each once its group's
-    /// removal of this replica was committed (the directory had moved the range
-    /// elsewhere).
-    pub fn copies_forgotten(&self) -> u64 {
-        self.forgotten.load(Ordering::Relaxed)
+    /// Range groups this node closed since it started because it left them: the
+    /// directory moved the range elsewhere and the group removed this replica (as
+    /// the group said here, or as its leader answered a follower that was never
+    /// told).
+    pub fn groups_retired(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
     }
 
     /// When this node last closed a group it led ([`Replication::hand_overs`]).
@@ -790,7 +789,7 @@ impl Replication {
         let mut f = ReplicationFigures {
             failovers: self.failovers(),
             hand_overs: self.hand_overs(),
-            copies_forgotten: self.copies_forgotten(),
+            groups_retired: self.groups_retired(),
             ..Default::default()
         };
         for range in self.groups.ranges() {
@@ -827,8 +826,8 @@ pub struct ReplicationFigures {
     pub failovers: u64,
     /// Groups led and closed on leaving them ([`Replication::hand_overs`]).
     pub hand_overs: u64,
-    /// Copies of ranges deleted after their removal ([`Replication::copies_forgotten`]).
-    pub copies_forgotten: u64,
+    /// Groups closed on leaving them ([`Replication::groups_retired`]).
+    pub groups_retired: u64,
     /// Snapshots its replicas installed (catch-up by snapshot).
     pub snapshots_installed: u64,
     /// Encoded bytes of those snapshots.

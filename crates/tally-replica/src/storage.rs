@@ -87,11 +87,6 @@ pub trait KvTree: Send + Sync + 'static {
     fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError>;
     /// The pair with the largest key.
     fn last(&self) -> Result<Option<KvPair>, KvError>;
-    /// Removes every key, one by one in key order and not atomically: after a
-    /// crash the tree may still hold a suffix of its keys.
-    fn clear(&self) -> Result<(), KvError>;
-    /// Whether the tree holds no key.
-    fn is_empty(&self) -> Result<bool, KvError>;
 }
 
 /// Every pair whose key starts with `prefix`.
@@ -201,14 +196,6 @@ impl KvTree for SledTree {
 
     fn last(&self) -> Result<Option<KvPair>, KvError> {
         Ok(self.0.last()?.map(|(k, v)| (k.to_vec(), v.to_vec())))
-    }
-
-    fn clear(&self) -> Result<(), KvError> {
-        Ok(self.0.clear()?)
-    }
-
-    fn is_empty(&self) -> Result<bool, KvError> {
-        Ok(self.0.first()?.is_none())
     }
 }
 
@@ -592,17 +579,6 @@ impl KvTree for MemTree {
 
     fn last(&self) -> Result<Option<KvPair>, KvError> {
         self.with(|t| t.iter().next_back().map(|(k, v)| (k.clone(), v.clone())))
-    }
-
-    fn clear(&self) -> Result<(), KvError> {
-        // As sled's `Tree::clear`: one removal per key, in key order, so a crash
-        // keeps any prefix of them.
-        let keys: Vec<Vec<u8>> = self.with(|t| t.keys().cloned().collect())?;
-        self.write_units(keys.into_iter().map(|k| vec![(k, None)]).collect())
-    }
-
-    fn is_empty(&self) -> Result<bool, KvError> {
-        self.with(|t| t.is_empty())
     }
 }
 

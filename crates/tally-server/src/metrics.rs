@@ -546,10 +546,10 @@ pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFig
         &[(&[], f.hand_overs)],
     );
     w.counter(
-        "tally_replica_copies_forgotten_total",
-        "Copies of ranges this node deleted since it started, each once the range's group had \
-         committed this replica's removal.",
-        &[(&[], f.copies_forgotten)],
+        "tally_replica_groups_retired_total",
+        "Range groups this node closed since it started because the directory moved the range \
+         elsewhere and the group removed this replica.",
+        &[(&[], f.groups_retired)],
     );
     w.counter(
         "tally_replica_snapshots_installed_total",

@@ -729,14 +729,14 @@ async fn hand_off(w: Shared, epoch: u64) {
 /// How often the run looks for range leaders that left their range.
 const HAND_OVER_POLL_MS: u64 = 10;
 
-/// Counts the copies of ranges nodes forgot, and records every range leader that
+/// Counts the range groups nodes retired, and records every range leader that
 /// left its range (closed the group it led, in a membership change) as a period in which reads of that range go unanswered: the
 /// remaining voters elect another leader only once the lease of the one that left
 /// runs out, so the range is without a leader for up to a failover. Runs until the
 /// run ends.
 async fn watch_hand_overs(w: Shared) {
     // Per node: the incarnation watched, the hand-overs it had made and the
-    // copies it had forgotten.
+    // groups it had retired.
     let mut seen: BTreeMap<u8, (u64, u64, u64)> = BTreeMap::new();
     loop {
         sleep_ms(HAND_OVER_POLL_MS).await;
@@ -745,13 +745,13 @@ async fn watch_hand_overs(w: Shared) {
         for n in 0..g.cfg.nodes {
             let node = &g.nodes[usize::from(n)];
             let (Some(r), incarnation) = (node.replication.clone(), node.incarnation) else { continue };
-            let (count, forgotten) = (r.hand_overs(), r.copies_forgotten());
-            let (before, forgotten_before) = match seen.insert(n, (incarnation, count, forgotten)) {
+            let (count, retired) = (r.hand_overs(), r.groups_retired());
+            let (before, retired_before) = match seen.insert(n, (incarnation, count, retired)) {
                 Some((i, c, f)) if i == incarnation => (c, f),
                 _ => (0, 0),
             };
-            for _ in forgotten_before..forgotten {
-                g.count(FaultKind::CopyForgotten);
+            for _ in retired_before..retired {
+                g.count(FaultKind::GroupRetired);
             }
             if count <= before {
                 continue;

@@ -166,7 +166,12 @@ impl Peers for SimPeers {
         })
     }
 
-    fn lists<'a>(&'a self, node: &'a NodeId, range: RangeId, replica: ReplicaId) -> BoxFuture<'a, Option<bool>> {
+    fn lists<'a>(
+        &'a self,
+        node: &'a NodeId,
+        range: RangeId,
+        replica: ReplicaId,
+    ) -> BoxFuture<'a, Option<bool>> {
         Box::pin(async move {
             let to = node_index(node)?;
             let ask = self.ask(to, "lists", |r| (range.0, replica, r.lists(range, replica)));
