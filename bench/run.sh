@@ -294,10 +294,11 @@ phase_writes() {
     # The same three nodes, every shard replicated by its range group: a sync
     # increment is acknowledged once a majority of the group has it on disk.
     start_tally_cluster "$REPLICAS"
-    T3R_URLS=$TALLY_URLS T3R_PIDS=$TALLY_PIDS
+    T3R_URLS=$TALLY_URLS T3R_PIDS=$TALLY_PIDS T3R_RESP_PORT=${TALLY_RESP_PORTS%% *}
     for dur in sync batched; do
       tally_create "${T3R_URLS%% *}" "bench-$dur" --shards "$TALLY_SHARDS" --durability "$dur"
     done
+    tally_create "${T3R_URLS%% *}" resp-sync --shards "$TALLY_SHARDS" --durability sync
   fi
 
   # What the servers cost while idle, all together: the background of every cell.
@@ -328,6 +329,15 @@ phase_writes() {
         done
       done
     done
+    if ((want_t3r)); then
+      # The replicated sync counter through the Redis protocol (redis-benchmark,
+      # every client on node 1, which forwards what other nodes lead): single
+      # TALLY.INCRBY commands with a new event id each, as the HTTP sync cells.
+      local fresh="redis-cli -h 127.0.0.1 -p $T3R_RESP_PORT TALLY.GET resp-sync FRESH | sed -n 2p"
+      resp_cell "Tally 3 nodes, $REPLICAS replicas (RESP)" \
+        "TALLY.INCRBY with event ids, sync counter, $TALLY_SHARDS shards" "$T3R_RESP_PORT" "$T3R_PIDS" \
+        "$fresh" 1 "$w" TALLY.INCRBY resp-sync 1 ID "r$w-__rand_int__-__rand_int__"
+    fi
     if ((want_t1)) && [[ $w == "$SWEEP_WRITERS" ]]; then
       # How a sync counter's shard count changes its rate: each commit cycle (one
       # fsync) carries one store write per shard that has increments waiting.

@@ -106,7 +106,8 @@ def resp_section(raw):
         "## One client for both: redis-benchmark INCR against Redis and Tally's RESP port",
         "",
         "The same load generator (`redis-benchmark … INCR KEY`) against Redis and against a single Tally node's "
-        "Redis-protocol port. Pipelined rows send 16 commands per round trip (`-P 16`). Server CPU µs per "
+        "Redis-protocol port (and, in rows of the 3-node cluster with 3 replicas, against its node 1, which "
+        "forwards what the other nodes lead). Pipelined rows send 16 commands per round trip (`-P 16`). Server CPU µs per "
         "increment = server CPU ÷ increments/s. ÷ Redis everysec and ÷ Redis always compare with the Redis "
         "row of the same writers and pipelining (a durable Tally row, `sync`, is to be read against "
         "`always`). `TALLY.INCRBY` rows carry a new event id per command (`-r`: redis-benchmark puts a random "
@@ -288,6 +289,15 @@ def targets(writes, sketch_rows, raw):
         out.append(line)
     elif t or find(writes, system=REPLICATED):
         out.append("1b. Sync Tally, 3 nodes, 3 replicas, against the PostgreSQL hot row: no PostgreSQL row in this run")
+    # The same counter kind over the Redis protocol (redis-benchmark TALLY.INCRBY with event ids).
+    t = find(raw, section="resp", system=REPLICATED + " (RESP)", writers=64)
+    if t and pg and t.get("incr_per_s") and pg.get("incr_per_s"):
+        r = t["incr_per_s"] / pg["incr_per_s"]
+        out.append(
+            f"   - over RESP (`redis-benchmark` `TALLY.INCRBY` with event ids, every client on node 1): "
+            f"{'PASS' if r >= 10 else 'MISS'} — {num(t['incr_per_s'])} ÷ {num(pg['incr_per_s'])} = **{r:.1f}×**; "
+            f"p99 {us(t['p99_us'])} µs"
+        )
 
     # 2 and 3: per concurrency.
     def per_writers(n, title, redis_kw, tally_kw):

@@ -112,12 +112,14 @@ start_tally_single() {
 # replicated by raft, and /healthz answers 200 only once every range group of the
 # node has a leader. BENCH_RANGES_PER_NODE, if set, goes in as `ranges_per_node`
 # (how many range groups the ring is cut into per node; 4 by default). Sets
-# TALLY_URLS (space-separated) and TALLY_PIDS.
+# TALLY_URLS (space-separated), TALLY_RESP_PORTS (the nodes' Redis-protocol ports,
+# in the same order) and TALLY_PIDS.
 start_tally_cluster() {
   local replicas=${1:-1} dir ports n i old new
   dir=$(mktemp -d "$TMP_ROOT/tally3r$replicas.XXXX") # new each time, as in start_tally_single
   read -r -a ports <<<"$(free_ports 12)"
   TALLY_URLS=""
+  TALLY_RESP_PORTS=""
   TALLY_PIDS=""
   local subst=()
   for n in 1 2 3; do
@@ -129,6 +131,7 @@ start_tally_cluster() {
     done
     subst+=(-e "s/127\\.0\\.0\\.1:638${n}/127.0.0.1:${ports[9 + i]}/") # RESP 638n
     TALLY_URLS+="${TALLY_URLS:+ }http://127.0.0.1:${ports[i]}"
+    TALLY_RESP_PORTS+="${TALLY_RESP_PORTS:+ }${ports[9 + i]}"
   done
   # The same line in every node's [cluster] section: it is part of the fingerprint.
   ((replicas == 1)) || subst+=(-e "/^\\[cluster\\]\$/a replicas = $replicas")
