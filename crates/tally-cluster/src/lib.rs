@@ -403,6 +403,12 @@ impl Handler for ShardHandler {
                 Ok(PeerRequest::Lists(range, replica)) => {
                     return codec::encode(&replication.and_then(|r| r.lists(range, replica)));
                 }
+                Ok(PeerRequest::Campaign(range, departed)) => {
+                    if let Some(r) = replication {
+                        r.campaign(range, departed);
+                    }
+                    return codec::encode(&());
+                }
                 Err(e) => {
                     tracing::warn!(from = %from, error = %e, "undecodable node request");
                     ShardResponse::Failed { code: "malformed".into(), message: e.to_string() }

@@ -41,6 +41,9 @@ pub(crate) enum PeerRequest {
     Formed(RangeId),
     /// Whether the node, as the range's leader, lists a replica in its group.
     Lists(RangeId, ReplicaId),
+    /// Stand for election in a range once the lease of its leader, which is
+    /// leaving it (the replica named), has run out.
+    Campaign(RangeId, ReplicaId),
 }
 
 /// The raft id of the replicas a node runs on store `store`.
@@ -109,6 +112,14 @@ impl Peers for ClusterPeers {
             let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
             let answer = self.transport.call(node.as_str(), bytes, timeout).await.ok()?;
             codec::decode::<Option<bool>>("lists answer", &answer).ok().flatten()
+        })
+    }
+
+    fn campaign<'a>(&'a self, node: &'a NodeId, range: RangeId, departed: ReplicaId) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let bytes = codec::encode(&PeerRequest::Campaign(range, departed));
+            let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
+            let _ = self.transport.call(node.as_str(), bytes, timeout).await;
         })
     }
 }

@@ -889,6 +889,35 @@ impl RangeGroups {
         g.raft.shutdown().await.map_err(fatal)
     }
 
+    /// The tunables of this node's groups.
+    pub fn config(&self) -> GroupsConfig {
+        self.config
+    }
+
+    /// Makes this replica stand for election in `range`'s group now.
+    pub async fn elect(&self, range: RangeId) -> Result<(), ReplicaError> {
+        self.group(range)?.raft.trigger().elect().await.map_err(fatal)
+    }
+
+    /// On `range`'s leader: the voter other than itself that holds the most of
+    /// the log (the lowest replica id among equals), with its node.
+    pub fn successor(&self, range: RangeId) -> Option<(ReplicaId, ReplicaNode)> {
+        let g = self.group(range).ok()?;
+        let metrics = g.raft.metrics();
+        let metrics = metrics.borrow();
+        if metrics.current_leader != Some(self.id) {
+            return None;
+        }
+        let progress = metrics.replication.as_ref()?;
+        let membership = metrics.membership_config.membership();
+        let held = |id: &ReplicaId| progress.get(id).copied().flatten().map(|l| l.index);
+        let best = membership
+            .voter_ids()
+            .filter(|id| *id != self.id)
+            .min_by_key(|id| (std::cmp::Reverse(held(id)), *id))?;
+        Some((best, membership.get_node(&best)?.clone()))
+    }
+
     /// On `range`'s leader: whether its group lists `replica` (as a voter or a
     /// learner). `Some(false)` only once the leader applied a uniform membership
     /// without it, so its removal is committed (a later change may still add it

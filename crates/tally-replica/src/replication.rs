@@ -86,6 +86,11 @@ pub trait Peers: Send + Sync + 'static {
         range: RangeId,
         replica: ReplicaId,
     ) -> BoxFuture<'a, Option<bool>>;
+
+    /// Asks `node` to stand for election in `range` once the lease of `departed`,
+    /// the range's leader that is leaving it, has run out ([`Replication::campaign`]).
+    /// Sent once; an answer is not waited for.
+    fn campaign<'a>(&'a self, node: &'a NodeId, range: RangeId, departed: ReplicaId) -> BoxFuture<'a, ()>;
 }
 
 /// A node's part in shard replication.
@@ -415,6 +420,37 @@ impl Replication {
         self.groups.lists(range, replica)
     }
 
+    /// Answers a leaving leader's request ([`Peers::campaign`]): once the lease of
+    /// `departed` has run out (until then the voters refuse every candidate), this
+    /// replica stands for election in `range`, unless a leader other than the one
+    /// leaving is known by then. It saves the remaining voters' random election
+    /// timeout on a hand-over; openraft 0.9 has no leadership transfer.
+    pub fn campaign(self: &Arc<Self>, range: RangeId, departed: ReplicaId) {
+        let me = self.clone();
+        let config = self.groups.config();
+        let after = Duration::from_millis(config.election_timeout_max_ms + config.heartbeat_ms);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let leaderless = me.groups.leader(range).is_ok_and(|l| l.is_none() || l == Some(departed));
+            if leaderless && me.groups.is_replica(range) {
+                match me.groups.elect(range).await {
+                    Ok(()) => {
+                        tracing::info!(%range, "standing for election: the range's leader handed it over")
+                    }
+                    Err(e) => tracing::warn!(%range, error = %e, "cannot stand for election"),
+                }
+            }
+        });
+    }
+
+    /// On `range`'s leader, as it leaves the range: asks the voter that holds the
+    /// most of the log to stand for election once its lease ran out.
+    fn hand_over(&self, range: RangeId) {
+        let Some((_, node)) = self.groups.successor(range) else { return };
+        let (peers, departed) = (self.peers.clone(), self.groups.replica_id());
+        tokio::spawn(async move { peers.campaign(&NodeId::new(&node.node), range, departed).await });
+    }
+
     /// Closes this node's group of `range` once the range's leader says the group
     /// no longer lists this replica: a follower is never told of its removal
     /// (openraft stops replicating to it at once), so without asking it would keep
@@ -569,6 +605,7 @@ impl Replication {
             if close {
                 self.leaving.lock().remove(&range);
                 if leads {
+                    self.hand_over(range);
                     self.hand_overs.fetch_add(1, Ordering::Relaxed);
                     *self.last_hand_over.lock() = Some(tokio::time::Instant::now());
                 }

@@ -766,3 +766,41 @@ async fn only_the_leader_says_a_removed_follower_is_out_and_the_follower_can_com
         assert_eq!(local.shards.get(&s).map(|x| (x.seq, x.image.value)), wanted, "{s}");
     }
 }
+
+/// A leader that leaves its range can only stop: openraft 0.9 has no leadership
+/// transfer, and the remaining voters refuse every candidate while its lease runs.
+/// The voter that holds the most of the log, told to stand as soon as the lease ran
+/// out, leads within a round of votes after it; left to the election timeouts, the
+/// voters may take up to a timeout longer.
+#[tokio::test(start_paused = true)]
+async fn the_successor_of_a_leaving_leader_stands_as_soon_as_the_lease_runs_out() {
+    let c = Cluster::start_among(4, 3, GroupsConfig::default()).await;
+    write_rounds(&c, 3, 1).await;
+    let config = GroupsConfig::default();
+    let lease = Duration::from_millis(config.election_timeout_max_ms);
+    for (k, range) in RANGES.into_iter().enumerate() {
+        let (l, _) = c.wait_leader(range, &[3]).await;
+        let kept: BTreeSet<ReplicaId> = (0..4).filter(|i| *i != l).map(|i| c.id(i)).collect();
+        c.node(l).add_learner(range, c.id(3), c.node(3).node().clone()).await.unwrap();
+        c.node(l).wait_caught_up(range, c.id(3), SETTLE).await.unwrap();
+        c.node(l).set_voters(range, kept.clone()).await.unwrap();
+        let (successor, node) = c.node(l).successor(range).expect("a leader names a successor");
+        assert!(kept.contains(&successor), "{range}: {successor} is not a voter");
+        let s = (0..4).find(|i| c.id(*i) == successor).unwrap();
+        assert_eq!(node.node, c.node(s).node().node);
+        let stood = k % 2 == 0;
+        let start = Instant::now();
+        c.node(l).close_range(range).await.unwrap();
+        if stood {
+            tokio::time::sleep(lease + Duration::from_millis(config.heartbeat_ms)).await;
+            c.node(s).elect(range).await.unwrap();
+        }
+        let (next, _) = c.wait_leader(range, &[l]).await;
+        let took = start.elapsed();
+        println!("{range}: successor told to stand {stood}, new leader after {took:?}");
+        if stood {
+            assert_eq!(next, s, "{range}");
+            assert!(took <= lease + Duration::from_millis(3 * config.heartbeat_ms), "{range}: {took:?}");
+        }
+    }
+}

@@ -131,7 +131,7 @@ impl SimPeers {
         &self,
         to: u8,
         what: &str,
-        question: impl FnOnce(&Replication) -> T,
+        question: impl FnOnce(&Arc<Replication>) -> T,
     ) -> Option<T> {
         if !lock(&self.world).alive(self.me, self.incarnation) {
             return None;
@@ -163,6 +163,17 @@ impl Peers for SimPeers {
             let ask = self.ask(to, "formed", |r| (range.0, r.formed(range)));
             let answer = tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await;
             answer.ok().flatten().map(|(_, formed)| formed)
+        })
+    }
+
+    fn campaign<'a>(&'a self, node: &'a NodeId, range: RangeId, departed: ReplicaId) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(to) = node_index(node) else { return };
+            let ask = self.ask(to, "campaign", |r| {
+                r.campaign(range, departed);
+                (range.0, departed)
+            });
+            let _ = tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await;
         })
     }
 

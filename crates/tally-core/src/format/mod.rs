@@ -61,7 +61,8 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// send each other escrow messages (a request kind of its own). Protocol 7: a node may
 /// ask another what it has seen of an auto counter (a request for the node, not a
 /// shard). Protocol 8: counter specs carry their window limit (`limit`). Protocol 9:
-/// a node may ask a range's leader whether its group still lists a replica.
+/// a node may ask a range's leader whether its group still lists a replica, and a
+/// leader leaving its range may ask a voter to stand for election.
 pub const PEER_PROTOCOL: u32 = 9;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
