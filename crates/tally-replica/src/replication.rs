@@ -121,6 +121,11 @@ pub struct Replication {
     last_hand_over: parking_lot::Mutex<Option<tokio::time::Instant>>,
     /// Groups this node closed on leaving them ([`Replication::groups_retired`]).
     retired: AtomicU64,
+    /// For each range this node leads and removed itself from: the voter that held
+    /// the most of the log then, which it asks to stand when it leaves
+    /// ([`Replication::campaign`]). Chosen at the change, while the leader still
+    /// knows every voter's progress (a removed leader that stepped down does not).
+    successors: parking_lot::Mutex<HashMap<RangeId, (ReplicaId, ReplicaNode)>>,
 }
 
 /// A range's leader as a node knows it: the leader's node and the term it leads in.
@@ -173,6 +178,7 @@ impl Replication {
             hand_overs: AtomicU64::new(0),
             last_hand_over: parking_lot::Mutex::new(None),
             retired: AtomicU64::new(0),
+            successors: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
@@ -446,7 +452,10 @@ impl Replication {
     /// On `range`'s leader, as it leaves the range: asks the voter that holds the
     /// most of the log to stand for election once its lease ran out.
     fn hand_over(&self, range: RangeId) {
-        let Some((_, node)) = self.groups.successor(range) else { return };
+        let Some((_, node)) = self.successors.lock().remove(&range).or_else(|| self.groups.successor(range))
+        else {
+            return;
+        };
         let (peers, departed) = (self.peers.clone(), self.groups.replica_id());
         tokio::spawn(async move { peers.campaign(&NodeId::new(&node.node), range, departed).await });
     }
@@ -571,7 +580,13 @@ impl Replication {
             removed = ?members.voters.difference(&voters).map(name).collect::<Vec<_>>(),
             "making the caught-up replicas the voters"
         );
-        self.groups.set_voters(range, voters).await
+        self.groups.set_voters(range, voters.clone()).await?;
+        if !voters.contains(&self.groups.replica_id()) {
+            if let Some(successor) = self.groups.successor(range) {
+                self.successors.lock().insert(range, successor);
+            }
+        }
+        Ok(())
     }
 
     /// One pass over this node's ranges: opens the groups of ranges the directory
