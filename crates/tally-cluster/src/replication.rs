@@ -86,6 +86,21 @@ pub(crate) struct ClusterPeers {
     pub(crate) transport: Transport,
 }
 
+impl ClusterPeers {
+    /// Sends `node` a question; its decoded answer, `None` if it did not answer in
+    /// time or answered something undecodable.
+    async fn ask<T: serde::de::DeserializeOwned>(
+        &self,
+        node: &NodeId,
+        request: PeerRequest,
+        what: &'static str,
+    ) -> Option<T> {
+        let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
+        let answer = self.transport.call(node.as_str(), codec::encode(&request), timeout).await.ok()?;
+        codec::decode::<T>(what, &answer).ok()
+    }
+}
+
 impl Peers for ClusterPeers {
     fn replica_of(&self, node: &NodeId) -> Option<ReplicaId> {
         let m = self.members.iter().find(|m| m.id == node.as_str())?;
@@ -93,12 +108,7 @@ impl Peers for ClusterPeers {
     }
 
     fn formed<'a>(&'a self, node: &'a NodeId, range: RangeId) -> BoxFuture<'a, Option<bool>> {
-        Box::pin(async move {
-            let bytes = codec::encode(&PeerRequest::Formed(range));
-            let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
-            let answer = self.transport.call(node.as_str(), bytes, timeout).await.ok()?;
-            codec::decode::<bool>("formed answer", &answer).ok()
-        })
+        Box::pin(self.ask(node, PeerRequest::Formed(range), "formed answer"))
     }
 
     fn lists<'a>(
@@ -108,18 +118,16 @@ impl Peers for ClusterPeers {
         replica: ReplicaId,
     ) -> BoxFuture<'a, Option<bool>> {
         Box::pin(async move {
-            let bytes = codec::encode(&PeerRequest::Lists(range, replica));
-            let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
-            let answer = self.transport.call(node.as_str(), bytes, timeout).await.ok()?;
-            codec::decode::<Option<bool>>("lists answer", &answer).ok().flatten()
+            let answer: Option<Option<bool>> =
+                self.ask(node, PeerRequest::Lists(range, replica), "lists answer").await;
+            answer.flatten()
         })
     }
 
     fn campaign<'a>(&'a self, node: &'a NodeId, range: RangeId, departed: ReplicaId) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let bytes = codec::encode(&PeerRequest::Campaign(range, departed));
-            let timeout = Duration::from_millis(FORMED_ASK_TIMEOUT_MS);
-            let _ = self.transport.call(node.as_str(), bytes, timeout).await;
+            let _: Option<()> =
+                self.ask(node, PeerRequest::Campaign(range, departed), "campaign answer").await;
         })
     }
 }

@@ -125,27 +125,31 @@ pub(crate) struct SimPeers {
 
 impl SimPeers {
     /// Asks node `to`'s replication `question` over the run's links: `None` when
-    /// this incarnation is gone or `to` is down (the caller's timeout ends a
-    /// message lost on the way).
+    /// this incarnation is gone, `to` is down, or no answer came within
+    /// [`FORMED_ASK_TIMEOUT_MS`] (a message lost on the way).
     async fn ask<T: std::hash::Hash + std::fmt::Debug>(
         &self,
-        to: u8,
+        node: &NodeId,
         what: &str,
         question: impl FnOnce(&Arc<Replication>) -> T,
     ) -> Option<T> {
-        if !lock(&self.world).alive(self.me, self.incarnation) {
-            return None;
-        }
-        cross(&self.world, self.me, to).await;
-        wait_unpaused(&self.world, to).await;
-        let answer = {
-            let w = lock(&self.world);
-            let node = &w.nodes[usize::from(to)];
-            node.replication.clone().filter(|_| node.up).map(|r| question(&r))
-        }?;
-        cross(&self.world, to, self.me).await;
-        lock(&self.world).note(what, (self.me, to, &answer));
-        Some(answer)
+        let to = node_index(node)?;
+        let ask = async {
+            if !lock(&self.world).alive(self.me, self.incarnation) {
+                return None;
+            }
+            cross(&self.world, self.me, to).await;
+            wait_unpaused(&self.world, to).await;
+            let answer = {
+                let w = lock(&self.world);
+                let node = &w.nodes[usize::from(to)];
+                node.replication.clone().filter(|_| node.up).map(|r| question(&r))
+            }?;
+            cross(&self.world, to, self.me).await;
+            lock(&self.world).note(what, (self.me, to, &answer));
+            Some(answer)
+        };
+        tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await.ok().flatten()
     }
 }
 
@@ -159,21 +163,8 @@ impl Peers for SimPeers {
 
     fn formed<'a>(&'a self, node: &'a NodeId, range: RangeId) -> BoxFuture<'a, Option<bool>> {
         Box::pin(async move {
-            let to = node_index(node)?;
-            let ask = self.ask(to, "formed", |r| (range.0, r.formed(range)));
-            let answer = tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await;
-            answer.ok().flatten().map(|(_, formed)| formed)
-        })
-    }
-
-    fn campaign<'a>(&'a self, node: &'a NodeId, range: RangeId, departed: ReplicaId) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let Some(to) = node_index(node) else { return };
-            let ask = self.ask(to, "campaign", |r| {
-                r.campaign(range, departed);
-                (range.0, departed)
-            });
-            let _ = tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await;
+            let answer = self.ask(node, "formed", |r| (range.0, r.formed(range))).await;
+            answer.map(|(_, formed)| formed)
         })
     }
 
@@ -184,10 +175,18 @@ impl Peers for SimPeers {
         replica: ReplicaId,
     ) -> BoxFuture<'a, Option<bool>> {
         Box::pin(async move {
-            let to = node_index(node)?;
-            let ask = self.ask(to, "lists", |r| (range.0, replica, r.lists(range, replica)));
-            let answer = tokio::time::timeout(Duration::from_millis(FORMED_ASK_TIMEOUT_MS), ask).await;
-            answer.ok().flatten().and_then(|(_, _, lists)| lists)
+            let answer = self.ask(node, "lists", |r| (range.0, replica, r.lists(range, replica))).await;
+            answer.and_then(|(_, _, lists)| lists)
+        })
+    }
+
+    fn campaign<'a>(&'a self, node: &'a NodeId, range: RangeId, departed: ReplicaId) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let stood = |r: &Arc<Replication>| {
+                r.campaign(range, departed);
+                (range.0, departed)
+            };
+            self.ask(node, "campaign", stood).await;
         })
     }
 }
