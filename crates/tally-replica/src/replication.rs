@@ -119,7 +119,7 @@ pub struct Replication {
     hand_overs: AtomicU64,
     /// When it last did.
     last_hand_over: parking_lot::Mutex<Option<tokio::time::Instant>>,
-    /// Groups this node closed on leaving them ([`Replication::groups_retired`]).
+    /// Groups this node closed once they no longer listed it ([`Replication::groups_retired`]).
     retired: AtomicU64,
     /// For each range this node leads and removed itself from: the voter that held
     /// the most of the log then, which it asks to stand when it leaves
@@ -751,10 +751,10 @@ impl Replication {
         self.hand_overs.load(Ordering::Relaxed)
     }
 
-    /// Range groups this node closed since it started because it left them: the
-    /// directory moved the range elsewhere and the group removed this replica (as
-    /// the group said here, or as its leader answered a follower that was never
-    /// told).
+    /// Range groups this node closed since it started because the group no longer
+    /// listed this replica, as the group said here or as its leader answered a
+    /// follower that was never told (the directory had moved the range elsewhere;
+    /// or, for a leader the directory wants back, it steps aside).
     pub fn groups_retired(&self) -> u64 {
         self.retired.load(Ordering::Relaxed)
     }
@@ -878,7 +878,7 @@ pub struct ReplicationFigures {
     pub failovers: u64,
     /// Groups led and closed on leaving them ([`Replication::hand_overs`]).
     pub hand_overs: u64,
-    /// Groups closed on leaving them ([`Replication::groups_retired`]).
+    /// Groups closed once they no longer listed this replica ([`Replication::groups_retired`]).
     pub groups_retired: u64,
     /// Snapshots its replicas installed (catch-up by snapshot).
     pub snapshots_installed: u64,

@@ -547,8 +547,8 @@ pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFig
     );
     w.counter(
         "tally_replica_groups_retired_total",
-        "Range groups this node closed since it started because the directory moved the range \
-         elsewhere and the group removed this replica.",
+        "Range groups this node closed since it started because the group no longer listed this \
+         replica (the directory moved the range elsewhere, or a leader steps aside).",
         &[(&[], f.groups_retired)],
     );
     w.counter(
