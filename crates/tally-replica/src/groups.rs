@@ -292,6 +292,20 @@ fn range_prefix(range: RangeId) -> String {
     format!("replica/{}/", range.0)
 }
 
+/// Whether a group, as `metrics` show it, knows a uniform membership (no change
+/// under way) that does not list `replica`: `Some(true)` once it applied that
+/// membership, `Some(false)` while it did not, `None` while the group lists the
+/// replica (or knows no membership yet).
+fn removal(metrics: &GroupMetrics, replica: ReplicaId) -> Option<bool> {
+    let config = &metrics.membership_config;
+    let m = config.membership();
+    let listed = m.voter_ids().chain(m.learner_ids()).any(|id| id == replica);
+    let uniform = m.get_joint_config().len() == 1;
+    let voters = m.voter_ids().next().is_some();
+    let applied = metrics.last_applied.as_ref().map(|l| l.index) >= config.log_id().as_ref().map(|l| l.index);
+    (voters && uniform && !listed).then_some(applied)
+}
+
 fn leader_of(range: RangeId, f: &ForwardToLeader<ReplicaId, ReplicaNode>) -> ReplicaError {
     ReplicaError::NotLeader {
         range,
@@ -930,15 +944,11 @@ impl RangeGroups {
         if metrics.current_leader != Some(self.id) {
             return None;
         }
-        let config = &metrics.membership_config;
-        let m = config.membership();
+        let m = metrics.membership_config.membership();
         if m.voter_ids().chain(m.learner_ids()).any(|id| id == replica) {
             return Some(true);
         }
-        let uniform = m.get_joint_config().len() == 1;
-        let applied =
-            metrics.last_applied.as_ref().map(|l| l.index) >= config.log_id().as_ref().map(|l| l.index);
-        (uniform && applied).then_some(false)
+        (removal(&metrics, replica) == Some(true)).then_some(false)
     }
 
     /// Whether `range`'s group here knows a uniform membership (no change under
@@ -948,15 +958,9 @@ impl RangeGroups {
     /// group lists this replica.
     pub fn removed(&self, range: RangeId) -> Option<bool> {
         let g = self.group(range).ok()?;
-        let metrics = g.raft.metrics().borrow().clone();
-        let config = &metrics.membership_config;
-        let m = config.membership();
-        let listed = m.voter_ids().chain(m.learner_ids()).any(|id| id == self.id);
-        let uniform = m.get_joint_config().len() == 1;
-        let voters = m.voter_ids().next().is_some();
-        let applied =
-            metrics.last_applied.as_ref().map(|l| l.index) >= config.log_id().as_ref().map(|l| l.index);
-        (voters && uniform && !listed).then_some(applied)
+        let metrics = g.raft.metrics();
+        let metrics = metrics.borrow();
+        removal(&metrics, self.id)
     }
 
     /// Stops every group (their state stays in the store).
