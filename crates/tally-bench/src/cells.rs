@@ -96,14 +96,15 @@ impl Op for EngineIncr {
     }
 }
 
-/// The same through a resolved handle (`tally.handle("hot")`): no name lookup.
+/// The same through a resolved handle (`tally.handle("hot")`, then `incr_by(1)`):
+/// no name lookup.
 struct HandleIncr {
     handle: tally_engine::CounterHandle,
 }
 
 impl Op for HandleIncr {
     async fn call(&self) -> Result<(), String> {
-        let outcome = self.handle.incr(Increment::new(1)).await.map_err(err)?;
+        let outcome = self.handle.incr_by(1).await.map_err(err)?;
         if outcome.applied {
             Ok(())
         } else {

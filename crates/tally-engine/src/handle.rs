@@ -12,6 +12,8 @@ use crate::api::{IncrOutcome, Increment};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -38,17 +40,32 @@ impl CounterHandle {
     /// Counts one increment, as [`crate::Tally::incr`] does with this counter's name.
     pub async fn incr(&self, inc: Increment) -> Result<IncrOutcome, TallyError> {
         if self.ctx.try_handle_fast(&self.rt, &inc)? {
+            drop(inc);
             // As on the named fast path: a writer that never waits must still give
             // its worker thread back now and then.
             tokio::task::consume_budget().await;
             return Ok(IncrOutcome::APPLIED);
         }
-        self.ctx.incr(self.rt.name.as_str(), inc).await
+        self.general(inc).await
     }
 
-    /// Counts `delta` (no event id, writer or member): `incr(Increment::new(delta))`.
+    /// Counts `delta` (no event id, writer or member): `incr(Increment::new(delta))`,
+    /// the leanest call for a hot loop.
     pub async fn incr_by(&self, delta: i64) -> Result<IncrOutcome, TallyError> {
-        self.incr(Increment::new(delta)).await
+        if self.ctx.try_handle_fast(&self.rt, &Increment::new(delta))? {
+            tokio::task::consume_budget().await;
+            return Ok(IncrOutcome::APPLIED);
+        }
+        self.general(Increment::new(delta)).await
+    }
+
+    /// The general path by name. Boxed, so that the future of a call that takes the
+    /// fast path stays a few words instead of the general path's whole state.
+    fn general(
+        &self,
+        inc: Increment,
+    ) -> Pin<Box<dyn Future<Output = Result<IncrOutcome, TallyError>> + Send + '_>> {
+        Box::pin(self.ctx.incr(self.rt.name.as_str(), inc))
     }
 
     /// Whether the runtime this handle resolved is still the counter's current one on
