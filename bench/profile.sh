@@ -18,7 +18,8 @@
 # Needs perf (Debian linux-perf), redis-benchmark (redis-tools) and wrk; builds
 # `tallyd` and `tally` unless BENCH_NO_BUILD=1. Results: DIR/<workload>.txt (perf
 # report) and DIR/<workload>.rate (the load generator's summary); DIR defaults to
-# bench/results/profile.
+# bench/results/profile. BENCH_PERF_RECORD replaces perf record's flags (default
+# `-F 999 -g`; `-F 499 --call-graph dwarf,16384` for full stacks).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -79,7 +80,8 @@ profile() {
   local name=$1
   shift
   log "$name: $*"
-  perf record -F 999 -g -p "$NODE_PID" -o "$TMP_ROOT/$name.data" -- sleep "$((SECONDS_PER_RUN + 1))" \
+  # shellcheck disable=SC2086 # the flags are words
+  perf record ${BENCH_PERF_RECORD:--F 999 -g} -p "$NODE_PID" -o "$TMP_ROOT/$name.data" -- sleep "$((SECONDS_PER_RUN + 1))" \
     2>"$TMP_ROOT/$name.perf.log" &
   local perf_pid=$!
   sleep 0.5

@@ -100,7 +100,7 @@ fn next_random() -> u64 {
 
 /// What the per-thread fast path did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fast {
+pub(crate) enum Fast {
     /// Buffered and acknowledged.
     Applied,
     /// Routed to `index` of the runtime at `engine_rt`, whose slot refused it: the
@@ -207,6 +207,8 @@ pub(crate) struct Ctx {
     pub(crate) created_undrained: Arc<tokio::sync::Semaphore>,
     /// The auto counters this engine follows (`autoshard.rs`).
     pub(crate) auto: crate::auto_book::AutoBook,
+    /// The rollup's cached totals, read without a message to it (`rollup.rs`).
+    pub(crate) rollup_view: crate::rollup::RollupView,
 }
 
 /// A shard's committed state as a read sees it.
@@ -383,7 +385,7 @@ impl Ctx {
 
     /// What every increment checks before it counts: its fields, and that the engine
     /// takes writes.
-    fn admit(&self, inc: &Increment) -> Result<(), TallyError> {
+    pub(crate) fn admit(&self, inc: &Increment) -> Result<(), TallyError> {
         Self::validate(inc)?;
         if self.closing.load(Relaxed) {
             return Err(TallyError::ShuttingDown);
@@ -403,26 +405,37 @@ impl Ctx {
         name: &str,
         inc: Increment,
     ) -> Result<IncrOutcome, TallyError> {
-        self.incr_rt(name, inc, false).await.map(|(outcome, _)| outcome)
-    }
-
-    /// The write path, answering the runtime the increment went through when `want_rt`
-    /// (a front end that reports the total after the increment reads through it, so
-    /// neither the name nor the spec is looked up again).
-    pub(crate) async fn incr_rt(
-        self: &Arc<Self>,
-        name: &str,
-        inc: Increment,
-        want_rt: bool,
-    ) -> Result<(IncrOutcome, Option<Arc<CounterRuntime>>), TallyError> {
         self.admit(&inc)?;
         let fast = self.try_fast(name, &inc);
         if fast == Fast::Applied {
-            let rt = if want_rt {
-                LAST_RUNTIME.with(|c| c.borrow().as_ref().map(|(_, rt)| rt.clone()))
-            } else {
-                None
-            };
+            tokio::task::consume_budget().await;
+            return Ok(IncrOutcome::APPLIED);
+        }
+        // Boxed: the future of a call that took the fast path stays a few words
+        // instead of the general path's whole state, which callers would move.
+        Box::pin(self.incr_after(name, inc, fast, false)).await.map(|(outcome, _)| outcome)
+    }
+
+    /// The thread's last runtime: the one [`Ctx::try_fast`] counted on when it
+    /// answered [`Fast::Applied`].
+    pub(crate) fn last_runtime() -> Option<Arc<CounterRuntime>> {
+        LAST_RUNTIME.with(|c| c.borrow().as_ref().map(|(_, rt)| rt.clone()))
+    }
+
+    /// The write path once `inc` was admitted and offered to the thread's last
+    /// runtime, which did `fast` with it; it answers the runtime the increment went
+    /// through when `want_rt` (a front end that reports the total after the
+    /// increment reads through it, so neither the name nor the spec is looked up
+    /// again).
+    pub(crate) async fn incr_after(
+        self: &Arc<Self>,
+        name: &str,
+        inc: Increment,
+        fast: Fast,
+        want_rt: bool,
+    ) -> Result<(IncrOutcome, Option<Arc<CounterRuntime>>), TallyError> {
+        if fast == Fast::Applied {
+            let rt = if want_rt { Self::last_runtime() } else { None };
             // The fast path never waits, so a writer looping on it would never give
             // the runtime back to the aggregator and the other actors. Spend tokio's
             // cooperative budget like any other resource: every so often, yield.
@@ -543,7 +556,7 @@ impl Ctx {
     /// The fast path without touching any shared map or reference count: this thread's
     /// last runtime, if it is this counter's current one. False if the increment must
     /// take the general path.
-    fn try_fast(&self, name: &str, inc: &Increment) -> Fast {
+    pub(crate) fn try_fast(&self, name: &str, inc: &Increment) -> Fast {
         LAST_RUNTIME.with(|c| {
             let cached = c.borrow();
             let Some((engine, rt)) = cached.as_ref() else { return Fast::Miss };

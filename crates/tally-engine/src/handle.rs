@@ -12,8 +12,6 @@ use crate::api::{IncrOutcome, Increment};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -46,7 +44,7 @@ impl CounterHandle {
             tokio::task::consume_budget().await;
             return Ok(IncrOutcome::APPLIED);
         }
-        self.general(inc).await
+        self.ctx.incr(self.rt.name.as_str(), inc).await
     }
 
     /// Counts `delta` (no event id, writer or member): `incr(Increment::new(delta))`,
@@ -56,16 +54,7 @@ impl CounterHandle {
             tokio::task::consume_budget().await;
             return Ok(IncrOutcome::APPLIED);
         }
-        self.general(Increment::new(delta)).await
-    }
-
-    /// The general path by name. Boxed, so that the future of a call that takes the
-    /// fast path stays a few words instead of the general path's whole state.
-    fn general(
-        &self,
-        inc: Increment,
-    ) -> Pin<Box<dyn Future<Output = Result<IncrOutcome, TallyError>> + Send + '_>> {
-        Box::pin(self.ctx.incr(self.rt.name.as_str(), inc))
+        self.ctx.incr(self.rt.name.as_str(), Increment::new(delta)).await
     }
 
     /// Whether the runtime this handle resolved is still the counter's current one on

@@ -1,12 +1,16 @@
-//! The rollup: one per node. It caches counter totals so hot reads cost one message
-//! instead of a fan-out over every shard. A cached total is refreshed every
+//! The rollup: one per node. It caches counter totals so hot reads cost a map
+//! lookup instead of a fan-out over every shard. A cached total is refreshed every
 //! `rollup_ms`, or sooner once enough change has accumulated and it is read
 //! ([`tally_core::rollup::refresh_due`]); each answer states its age, counted from a
 //! time taken before the shards were asked.
 //!
-//! The actor never reads shards itself: refresh passes and first reads run in tasks
-//! of their own and send their totals back, so a cached read is one message however
-//! long a pass takes. A pass visits only the counters that are due (a schedule keyed
+//! The actor owns the cache and publishes each total it takes into a [`RollupView`]
+//! that readers consult directly: a cached read is a lookup and a copy, without a
+//! message, and only a counter's first read (not cached yet) goes through the actor.
+//! A reader marks an entry read; the actor collects the marks on its next tick (for
+//! idle eviction and for hurrying a changed counter's refresh). The actor never
+//! reads shards itself: refresh passes and first reads run in tasks of their own
+//! and send their totals back, so a cached read never waits for a pass. A pass visits only the counters that are due (a schedule keyed
 //! by due time), reads them together, sharing waits for durability, and hands each
 //! total back as soon as it is read, so a counter whose shard is slow to answer holds
 //! up only itself; a few passes may run at once. It skips the read of a counter that
@@ -16,9 +20,10 @@ use crate::api::{Consistency, ValueRead};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
+use dashmap::DashMap;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tally_core::meta::CounterMeta;
@@ -61,8 +66,45 @@ pub(crate) struct Fetched {
 /// The rollup actor.
 pub(crate) struct Rollup;
 
+/// A cached total as readers see it ([`RollupView`]).
+pub(crate) struct Published {
+    read: parking_lot::Mutex<ValueRead>,
+    /// Set by the first read since the rollup's last tick, which also queues the
+    /// counter's name in [`RollupView::read`]; cleared when the tick takes it.
+    read_since_tick: AtomicBool,
+}
+
+/// The cached totals, readable without a message to the rollup; only the rollup
+/// writes them.
+#[derive(Default)]
+pub(crate) struct RollupView {
+    totals: DashMap<CounterName, Arc<Published>>,
+    /// Counters read since the last tick, one entry each at most (so at most
+    /// `rollup_tracked_max`, the bound of the cache).
+    read: parking_lot::Mutex<Vec<CounterName>>,
+}
+
+impl RollupView {
+    /// The cached total of `name`, aged to `now`, if the rollup holds one.
+    pub(crate) fn get(&self, name: &CounterName, now: u64) -> Option<ValueRead> {
+        let published = self.totals.get(name)?;
+        let read = aged(&published.read.lock(), now);
+        if !published.read_since_tick.load(Relaxed) && !published.read_since_tick.swap(true, SeqCst) {
+            self.read.lock().push(name.clone());
+        }
+        Some(read)
+    }
+
+    /// Stops answering `name`'s total (the counter was deleted); the rollup forgets
+    /// it on its next message.
+    pub(crate) fn forget(&self, name: &CounterName) {
+        self.totals.remove(name);
+    }
+}
+
 struct Cached {
-    read: ValueRead,
+    /// The total, as published to readers.
+    shared: Arc<Published>,
     rollup_ms: u32,
     last_read_ms: u64,
     /// When the next refresh is due (its key in the schedule).
@@ -124,7 +166,7 @@ impl Actor for Rollup {
                 match state.cache.get_mut(&name) {
                     Some(c) => {
                         c.last_read_ms = now;
-                        let _ = reply.send(Ok(aged(&c.read, now)));
+                        let _ = reply.send(Ok(aged(&c.shared.read.lock(), now)));
                         state.hurry_if_changed(&ctx, &name, now);
                     }
                     // A first read fans out beside the actor: it never waits behind a
@@ -134,8 +176,11 @@ impl Actor for Rollup {
                     }
                 }
             }
-            RollupMsg::Tick => state.refresh_due(&ctx, &myself),
-            RollupMsg::Forget(name) => state.forget(&name),
+            RollupMsg::Tick => {
+                state.take_reads(&ctx);
+                state.refresh_due(&ctx, &myself);
+            }
+            RollupMsg::Forget(name) => state.forget(&ctx, &name),
             RollupMsg::PassDone => state.passes = state.passes.saturating_sub(1),
             RollupMsg::Refreshed(fetched) => {
                 for f in fetched {
@@ -189,18 +234,29 @@ async fn load(
 impl RollupState {
     /// Caches a total read by a pass or a first read, and schedules its refresh.
     fn store(&mut self, ctx: &Ctx, f: Fetched, first: bool) {
+        // A total read before its counter was deleted must not outlive the deletion:
+        // its `Forget` may have come first (a first read answers its caller, then
+        // sends the total here), and a counter created anew under the name would
+        // answer it.
+        let deleted = |f: &Fetched| f.runtime.upgrade().is_some_and(|rt| rt.deleted.load(SeqCst));
+        if deleted(&f) {
+            return;
+        }
         let now = ctx.now_ms();
         let due_ms = f.read.as_of_ms.saturating_add(u64::from(f.rollup_ms));
         let full = self.cache.len() >= ctx.config.rollup_tracked_max;
         match self.cache.get_mut(&f.name) {
             Some(c) => {
-                if f.read.as_of_ms < c.read.as_of_ms {
+                let mut read = c.shared.read.lock();
+                if f.read.as_of_ms < read.as_of_ms {
                     // An older total than the one cached: keep the entry scheduled.
+                    drop(read);
                     self.due.insert((c.due_ms, f.name));
                     return;
                 }
+                *read = f.read;
+                drop(read);
                 self.due.remove(&(c.due_ms, f.name.clone()));
-                c.read = f.read;
                 c.rollup_ms = f.rollup_ms;
                 c.runtime = f.runtime;
                 c.due_ms = due_ms;
@@ -209,22 +265,43 @@ impl RollupState {
             // cache serves further first reads uncached rather than evict a hot entry.
             None if !first || full => return,
             None => {
-                let cached = Cached {
-                    read: f.read,
-                    rollup_ms: f.rollup_ms,
-                    last_read_ms: now,
-                    due_ms,
-                    runtime: f.runtime,
-                };
+                let shared = Arc::new(Published {
+                    read: parking_lot::Mutex::new(f.read),
+                    read_since_tick: AtomicBool::new(false),
+                });
+                ctx.rollup_view.totals.insert(f.name.clone(), shared.clone());
+                if f.runtime.upgrade().is_some_and(|rt| rt.deleted.load(SeqCst)) {
+                    // Deleted meanwhile: the deletion marks the runtime before it
+                    // clears the view, so one of the two sees the other.
+                    ctx.rollup_view.forget(&f.name);
+                    return;
+                }
+                let cached =
+                    Cached { shared, rollup_ms: f.rollup_ms, last_read_ms: now, due_ms, runtime: f.runtime };
                 self.cache.insert(f.name.clone(), cached);
             }
         }
         self.due.insert((due_ms, f.name));
     }
 
-    fn forget(&mut self, name: &CounterName) {
+    fn forget(&mut self, ctx: &Ctx, name: &CounterName) {
         if let Some(c) = self.cache.remove(name) {
+            ctx.rollup_view.forget(name);
             self.due.remove(&(c.due_ms, name.clone()));
+        }
+    }
+
+    /// Takes the counters readers marked read since the last tick: each counts as
+    /// read now (for idle eviction), and one that changed enough is hurried.
+    fn take_reads(&mut self, ctx: &Ctx) {
+        let read = std::mem::take(&mut *ctx.rollup_view.read.lock());
+        let now = ctx.now_ms();
+        for name in read {
+            if let Some(c) = self.cache.get_mut(&name) {
+                c.shared.read_since_tick.store(false, SeqCst);
+                c.last_read_ms = now;
+                self.hurry_if_changed(ctx, &name, now);
+            }
         }
     }
 
@@ -233,7 +310,11 @@ impl RollupState {
     fn hurry_if_changed(&mut self, ctx: &Ctx, name: &CounterName, now: u64) {
         let Some(c) = self.cache.get_mut(name) else { return };
         let changed = ctx.registry.get(name.as_str()).map_or(0, |rt| rt.changed.load(Relaxed));
-        if c.due_ms > now && refresh_due(now, c.read.as_of_ms, c.rollup_ms, c.read.value, changed) {
+        let (as_of_ms, value) = {
+            let read = c.shared.read.lock();
+            (read.as_of_ms, read.value)
+        };
+        if c.due_ms > now && refresh_due(now, as_of_ms, c.rollup_ms, value, changed) {
             self.due.remove(&(c.due_ms, name.clone()));
             c.due_ms = now;
             self.due.insert((now, name.clone()));
@@ -260,14 +341,14 @@ impl RollupState {
             let name = first.1;
             let Some(c) = self.cache.get_mut(&name) else { continue };
             if now.saturating_sub(c.last_read_ms) >= idle_ms {
-                self.cache.remove(&name);
+                self.forget(ctx, &name);
                 continue;
             }
             let rt = ctx.registry.get(name.as_str()).map(|r| r.clone());
             let same =
                 rt.as_ref().is_some_and(|rt| c.runtime.upgrade().is_some_and(|old| Arc::ptr_eq(&old, rt)));
             if ctx.placement.is_none() && same && rt.as_ref().is_some_and(|rt| rt.changed.load(SeqCst) == 0) {
-                c.read.as_of_ms = now;
+                c.shared.read.lock().as_of_ms = now;
                 c.due_ms = now.saturating_add(u64::from(c.rollup_ms));
                 self.due.insert((c.due_ms, name));
                 continue;
@@ -280,7 +361,7 @@ impl RollupState {
                 None => match ctx.catalog.get(name.as_str()) {
                     Ok(Some(m)) => Arc::new(m),
                     _ => {
-                        self.cache.remove(&name);
+                        self.forget(ctx, &name);
                         continue;
                     }
                 },

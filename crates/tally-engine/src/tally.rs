@@ -6,7 +6,7 @@ use crate::catalog::Catalog;
 use crate::catalog::LocalCatalog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::TallyConfig;
-use crate::ctx::Ctx;
+use crate::ctx::{Ctx, Fast};
 use crate::error::TallyError;
 use crate::flusher::Flusher;
 use crate::handle::CounterHandle;
@@ -117,6 +117,7 @@ impl Tally {
             flusher,
             stats,
             registry: Default::default(),
+            rollup_view: Default::default(),
             directory: Default::default(),
             cold: Default::default(),
             dirty: Default::default(),
@@ -260,7 +261,7 @@ impl Tally {
             }
             rt.retired.store(true, SeqCst);
         }
-        let _ = self.actors.rollup.send_message(RollupMsg::Forget(name.clone()));
+        self.forget_cached(name.clone());
         self.ctx.finish_delete(&name).await
     }
 
@@ -340,18 +341,35 @@ impl Tally {
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, ValueRead), TallyError> {
-        let (outcome, rt) = self.ctx.incr_rt(name, inc, true).await?;
-        let started = Instant::now();
-        let rt = match rt {
-            Some(rt) => rt,
-            None => self.ctx.runtime(name, false).await?,
-        };
-        let consistency = match rt.meta.spec.durability {
-            Durability::Sync => Consistency::Fresh,
-            Durability::Batched => Consistency::Cached,
-        };
-        let read = self.read_rt(name, &rt, consistency, started).await?;
-        Ok((outcome, read))
+        self.ctx.admit(&inc)?;
+        let fast = self.ctx.try_fast(name, &inc);
+        if fast == Fast::Applied {
+            // Buffered on the thread's last runtime; a batched counter whose total
+            // the rollup holds answers without waiting for anything.
+            if let Some(rt) = Ctx::last_runtime().filter(|rt| rt.meta.spec.durability == Durability::Batched)
+            {
+                if let Some(read) = self.cached_now(&rt, Instant::now()) {
+                    tokio::task::consume_budget().await;
+                    return Ok((IncrOutcome::APPLIED, read));
+                }
+            }
+        }
+        // Boxed, as in `Ctx::incr`: a call answered above builds a small future.
+        Box::pin(async move {
+            let (outcome, rt) = self.ctx.incr_after(name, inc, fast, true).await?;
+            let started = Instant::now();
+            let rt = match rt {
+                Some(rt) => rt,
+                None => self.ctx.runtime(name, false).await?,
+            };
+            let consistency = match rt.meta.spec.durability {
+                Durability::Sync => Consistency::Fresh,
+                Durability::Batched => Consistency::Cached,
+            };
+            let read = self.read_rt(name, &rt, consistency, started).await?;
+            Ok((outcome, read))
+        })
+        .await
     }
 
     /// A resolved handle on the counter (created with the defaults if unknown, like a
@@ -362,6 +380,25 @@ impl Tally {
         Ok(CounterHandle { ctx: self.ctx.clone(), rt })
     }
 
+    /// Drops a deleted counter's cached total: at once from what readers see, so no
+    /// read after the deletion answers it, then from the rollup.
+    fn forget_cached(&self, name: CounterName) {
+        self.ctx.rollup_view.forget(&name);
+        let _ = self.actors.rollup.send_message(RollupMsg::Forget(name));
+    }
+
+    /// The rollup's cached total of `rt`'s counter, if it has a rollup and the total
+    /// is cached: read without a message or a wait.
+    fn cached_now(&self, rt: &crate::runtime::CounterRuntime, started: Instant) -> Option<ValueRead> {
+        if rt.meta.spec.rollup_ms == 0 {
+            return None;
+        }
+        let read = self.ctx.rollup_view.get(&rt.name, self.ctx.now_ms())?;
+        self.ctx.stats.reads_cached.inc();
+        self.ctx.stats.read_cached_us.record(started.elapsed().as_micros() as u64);
+        Some(read)
+    }
+
     async fn read_rt(
         &self,
         name: &str,
@@ -370,6 +407,10 @@ impl Tally {
         started: Instant,
     ) -> Result<ValueRead, TallyError> {
         let read = if consistency == Consistency::Cached && rt.meta.spec.rollup_ms > 0 {
+            if let Some(read) = self.cached_now(rt, started) {
+                return Ok(read);
+            }
+            // Not cached yet: the rollup reads it (once) and caches it.
             let (tx, rx) = ractor::concurrency::oneshot();
             self.actors
                 .rollup
@@ -682,7 +723,7 @@ impl Tally {
                 if let Some((_, rt)) = self.ctx.registry.remove(name.as_str()) {
                     rt.retired.store(true, SeqCst);
                 }
-                let _ = self.actors.rollup.send_message(RollupMsg::Forget(name));
+                self.forget_cached(name);
             }
         }
         Ok(())

@@ -129,3 +129,21 @@ async fn a_fresh_read_waits_for_drains_already_under_way() {
     }
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_counters_cached_total_is_never_answered_again() {
+    let (tally, _) = mem_engine().await;
+    for round in 0..20 {
+        let name = format!("c{round}");
+        let patch = SpecPatch { rollup_ms: Some(60_000), ..spec(4, Durability::Batched) };
+        tally.put_counter(&name, patch).await.unwrap();
+        tally.incr(&name, Increment::new(5)).await.unwrap();
+        assert_eq!(tally.read(&name, Consistency::Cached).await.unwrap().value, 5, "round {round}");
+        tally.delete_counter(&name).await.unwrap();
+        // Created anew by its first increment: its total starts from zero.
+        tally.incr(&name, Increment::new(1)).await.unwrap();
+        let r = tally.read(&name, Consistency::Cached).await.unwrap();
+        assert_eq!(r.value, 1, "round {round}: the deleted counter's total was answered: {r:?}");
+    }
+    tally.shutdown().await.unwrap();
+}
