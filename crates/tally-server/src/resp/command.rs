@@ -493,8 +493,9 @@ pub enum Command {
     TallyCreate {
         /// The counter.
         key: String,
-        /// The spec fields named, as the HTTP body carries them.
-        spec: SpecBody,
+        /// The spec fields named, as the HTTP body carries them (boxed: the largest
+        /// variant by far, and every command of a pipeline is moved a few times).
+        spec: Box<SpecBody>,
     },
     /// `TALLY.SHARDS key`.
     TallyShards(String),
@@ -812,7 +813,7 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
                 }
                 i += 2;
             }
-            Command::TallyCreate { key: key(&a[0])?, spec }
+            Command::TallyCreate { key: key(&a[0])?, spec: Box::new(spec) }
         }
         "tally.shards" => Command::TallyShards(key(&a[0])?),
         "tally.reconcile" => {
