@@ -8,13 +8,15 @@
 //! that readers consult directly: a cached read is a lookup and a copy, without a
 //! message, and only a counter's first read (not cached yet) goes through the actor.
 //! A reader marks an entry read; the actor collects the marks on its next tick (for
-//! idle eviction and for hurrying a changed counter's refresh). The actor never
-//! reads shards itself: refresh passes and first reads run in tasks of their own
-//! and send their totals back, so a cached read never waits for a pass. A pass visits only the counters that are due (a schedule keyed
-//! by due time), reads them together, sharing waits for durability, and hands each
-//! total back as soon as it is read, so a counter whose shard is slow to answer holds
-//! up only itself; a few passes may run at once. It skips the read of a counter that
-//! nothing can have changed since its total was taken.
+//! idle eviction and for hurrying a changed counter's refresh).
+//!
+//! The actor never reads shards itself: refresh passes and first reads run in tasks
+//! of their own and send their totals back, so no read waits for a pass. A pass
+//! visits only the counters that are due (a schedule keyed by due time), reads
+//! them together, sharing waits for durability, and hands each total back as soon
+//! as it is read, so a counter whose shard is slow to answer holds up only itself;
+//! a few passes may run at once. It skips the read of a counter that nothing can
+//! have changed since its total was taken.
 
 use crate::api::{Consistency, ValueRead};
 use crate::ctx::Ctx;
@@ -193,6 +195,11 @@ impl Actor for Rollup {
     }
 }
 
+/// Whether the runtime a total was read through belongs to a deleted counter.
+fn deleted(runtime: &Weak<CounterRuntime>) -> bool {
+    runtime.upgrade().is_some_and(|rt| rt.deleted.load(SeqCst))
+}
+
 fn aged(read: &ValueRead, now: u64) -> ValueRead {
     ValueRead {
         staleness_ms: now.saturating_sub(read.as_of_ms),
@@ -238,8 +245,7 @@ impl RollupState {
         // its `Forget` may have come first (a first read answers its caller, then
         // sends the total here), and a counter created anew under the name would
         // answer it.
-        let deleted = |f: &Fetched| f.runtime.upgrade().is_some_and(|rt| rt.deleted.load(SeqCst));
-        if deleted(&f) {
+        if deleted(&f.runtime) {
             return;
         }
         let now = ctx.now_ms();
@@ -270,7 +276,7 @@ impl RollupState {
                     read_since_tick: AtomicBool::new(false),
                 });
                 ctx.rollup_view.totals.insert(f.name.clone(), shared.clone());
-                if f.runtime.upgrade().is_some_and(|rt| rt.deleted.load(SeqCst)) {
+                if deleted(&f.runtime) {
                     // Deleted meanwhile: the deletion marks the runtime before it
                     // clears the view, so one of the two sees the other.
                     ctx.rollup_view.forget(&f.name);
