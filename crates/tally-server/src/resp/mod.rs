@@ -457,3 +457,43 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Command `i` of a run: ready at once when even, after `10 × i` ms when odd,
+    /// and never when it is `never`.
+    fn command(i: i64, never: i64) -> Pin<Box<impl Future<Output = Reply>>> {
+        Box::pin(async move {
+            if i == never {
+                std::future::pending::<()>().await;
+            }
+            if i % 2 == 1 {
+                tokio::time::sleep(Duration::from_millis(10 * i as u64)).await;
+            }
+            Reply::Int(i)
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_answers_in_order_and_times_out_only_what_is_still_running() {
+        let started = tokio::time::Instant::now();
+        let replies = join_timed(Duration::from_millis(100), (0..8).map(|i| command(i, 6)).collect()).await;
+        for (i, reply) in replies.iter().enumerate() {
+            if i == 6 {
+                assert!(matches!(reply, Reply::Error(e) if e.starts_with("ERR timeout ")), "{reply:?}");
+            } else {
+                assert_eq!(reply, &Reply::Int(i as i64), "reply {i}");
+            }
+        }
+        // One deadline for the whole run, counted from its start.
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+
+        // A run that finishes before its deadline does not wait for it.
+        let started = tokio::time::Instant::now();
+        let replies = join_timed(Duration::from_millis(100), (0..8).map(|i| command(i, -1)).collect()).await;
+        assert_eq!(replies, (0..8).map(Reply::Int).collect::<Vec<_>>());
+        assert_eq!(started.elapsed(), Duration::from_millis(70), "the slowest command, 7, takes 70 ms");
+    }
+}
