@@ -221,10 +221,18 @@ async fn up_and_down(nodes: usize) -> Result<()> {
     assert_eq!(metric(&c, "tally_auto_counters").await?, nodes as u64);
 
     // Fixed again by a number, as every node sees.
+    // Other nodes apply the committed change shortly after node 1 answers.
     c.put_counter(1, NAME, json!({"shards": 2})).await?;
     for i in 1..=nodes {
-        let info = c.get(i, &format!("/v1/counters/{NAME}")).await?;
-        assert!(info["auto"].is_null(), "node {i}: {info}");
+        let start = Instant::now();
+        loop {
+            let info = c.get(i, &format!("/v1/counters/{NAME}")).await?;
+            if info["auto"].is_null() {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "node {i}: {info}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     Ok(())
 }
