@@ -24,8 +24,8 @@ use tally_core::dedup::DedupRecord;
 use tally_core::drain_book::DrainBook;
 use tally_core::frequency::FrequencySketch;
 use tally_core::handoff_machine::{
-    admit, seal_marker, Admission, AdoptEffect, AdoptInput, Adoption, HandOffPass, PassEffect, PassInput,
-    PullAnswer, PullEffect, PullInput,
+    admit, seal_marker, shard_of_seal_marker, Admission, AdoptEffect, AdoptInput, Adoption, HandOffPass,
+    PassEffect, PassInput, PullAnswer, PullEffect, PullInput, SEAL_MARKER_PREFIX,
 };
 use tally_core::hash::hash64;
 use tally_core::limits::bufferable;
@@ -1060,6 +1060,21 @@ impl Sim {
                     let ids = store.shard_ids(after.as_ref(), limit).expect("a running node's store is open");
                     PassInput::Scanned(
                         ids.into_iter()
+                            .map(|id| {
+                                let owner = Some(self.meta.owner(&id)).filter(|&o| o != n);
+                                (id, owner)
+                            })
+                            .collect(),
+                    )
+                }
+                PassEffect::ScanSeals { after, limit } => {
+                    let after = after.as_ref().map(seal_marker);
+                    let page = store
+                        .meta_scan(SEAL_MARKER_PREFIX, after.as_deref(), limit)
+                        .expect("a running node's store is open");
+                    PassInput::ScannedSeals(
+                        page.iter()
+                            .filter_map(|(key, _)| shard_of_seal_marker(key))
                             .map(|id| {
                                 let owner = Some(self.meta.owner(&id)).filter(|&o| o != n);
                                 (id, owner)

@@ -64,11 +64,14 @@ fn engine_tier_different_seeds_differ() {
 /// adoption still importing when its membership change completed landed over a
 /// write served beside it), 3176 (a previous owner poisoned by a failed flush
 /// handed off a state it then lost; the new owner's interrupted import kept a dedup
-/// record whose value the next import no longer had). (The read on lagging metadata that seed 858 found under
-/// an earlier schedule is kept by the planted bug `read-ignores-seal`.)
+/// record whose value the next import no longer had), 1218 (a shard sealed before
+/// its first write held only a seal marker, which its previous owner's hand-off did
+/// not move: the new owner took writes the sealed sum had not counted, and a window
+/// read missed one). (The read on lagging metadata that seed 858 found under an
+/// earlier schedule is kept by the planted bug `read-ignores-seal`.)
 #[test]
 fn engine_tier_found_seeds_violate_nothing() {
-    for (seed, transitions) in [(102, 4), (57, 16), (3176, 4)] {
+    for (seed, transitions) in [(102, 4), (57, 16), (3176, 4), (1218, 4)] {
         let cfg =
             SimConfig { transitions, ..SimConfig::standard(seed, NODES, FaultLevel::Heavy).on(Tier::Engine) };
         let r = run(cfg);

@@ -5,8 +5,9 @@
 //! A membership change gives some shards a new owner. Nothing moves by itself: the
 //! new owner adopts a shard before it serves it for the first time, by pulling the
 //! previous owner's copy page by page (image, seal, dedup records), and the previous
-//! owner hands off every shard it holds but no longer owns, by asking each new owner
-//! to adopt it and deleting its own copy once the new owner has it durably.
+//! owner hands off every shard it holds but no longer owns (its data, or only the
+//! seal marker of a shard sealed before its first write), by asking each new owner to
+//! adopt it and deleting its own copy once the new owner has it durably.
 //!
 //! Why nothing is lost or counted twice:
 //!
@@ -35,7 +36,7 @@
 use crate::dedup::DedupRecord;
 use crate::shard::{ShardImage, ShardWrite};
 use crate::ShardId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Most dedup records one hand-off page carries; larger shards take several pages.
 pub const HANDOFF_RECORDS_MAX: usize = 4_096;
@@ -66,9 +67,12 @@ enum PlantedBug {
     ForgetsSeal,
 }
 
+/// The prefix of every seal marker's key.
+pub const SEAL_MARKER_PREFIX: &[u8] = b"sealed:";
+
 /// The store key of shard `id`'s seal marker.
 pub fn seal_marker(id: &ShardId) -> Vec<u8> {
-    let mut key = b"sealed:".to_vec();
+    let mut key = SEAL_MARKER_PREFIX.to_vec();
     key.extend_from_slice(id.to_string().as_bytes());
     key
 }
@@ -76,7 +80,7 @@ pub fn seal_marker(id: &ShardId) -> Vec<u8> {
 /// The shard whose seal marker `key` is ([`seal_marker`]'s inverse); `None` for
 /// any other key.
 pub fn shard_of_seal_marker(key: &[u8]) -> Option<ShardId> {
-    let text = std::str::from_utf8(key.strip_prefix(b"sealed:")?).ok()?;
+    let text = std::str::from_utf8(key.strip_prefix(SEAL_MARKER_PREFIX)?).ok()?;
     let (name, rest) = text.rsplit_once("#g")?;
     let (generation, index) = rest.split_once('/')?;
     let name = crate::name::CounterName::new(name).ok()?;
@@ -417,6 +421,9 @@ pub enum PassInput<N> {
     /// A page of the shard ids the store holds (after the last one asked for), each
     /// with its owner if another node owns it.
     Scanned(Vec<(ShardId, Option<N>)>),
+    /// A page of the shards the store holds a seal marker for (after the last one
+    /// asked for), each with its owner if another node owns it.
+    ScannedSeals(Vec<(ShardId, Option<N>)>),
     /// A new owner answered the request to adopt `shard`.
     Adopted {
         /// The shard.
@@ -442,6 +449,15 @@ pub enum PassEffect<N> {
         /// Most ids to read.
         limit: usize,
     },
+    /// Read the next page of seal markers the store holds, in key order
+    /// ([`SEAL_MARKER_PREFIX`]); answer [`PassInput::ScannedSeals`]. A shard sealed
+    /// before it took any write has a marker and nothing else.
+    ScanSeals {
+        /// The shard of the last marker of the previous page.
+        after: Option<ShardId>,
+        /// Most markers to read.
+        limit: usize,
+    },
     /// Ask `owner` to adopt `shard` at `epoch`; answer [`PassInput::Adopted`].
     AskAdopt {
         /// The shard.
@@ -463,6 +479,7 @@ pub enum PassEffect<N> {
 enum PassStage {
     Idle,
     Scanning,
+    ScanningSeals,
     Waiting,
     Finished,
 }
@@ -474,13 +491,22 @@ pub struct HandOffPass<N> {
     epoch: u64,
     stage: PassStage,
     asked: BTreeMap<ShardId, N>,
+    /// Every shard asked for so far: one that has both data and a seal marker is
+    /// asked for once.
+    considered: BTreeSet<ShardId>,
     report: HandoffReport,
 }
 
 impl<N: Clone> HandOffPass<N> {
     /// A pass at `epoch`; its first input is [`PassInput::Start`].
     pub fn new(epoch: u64) -> Self {
-        Self { epoch, stage: PassStage::Idle, asked: BTreeMap::new(), report: HandoffReport::default() }
+        Self {
+            epoch,
+            stage: PassStage::Idle,
+            asked: BTreeMap::new(),
+            considered: BTreeSet::new(),
+            report: HandoffReport::default(),
+        }
     }
 
     /// The placement epoch.
@@ -522,24 +548,31 @@ impl<N: Clone> HandOffPass<N> {
             (PassStage::Scanning, PassInput::Scanned(page)) => {
                 let full = page.len() >= HANDOFF_SCAN_PAGE;
                 let last = page.last().map(|(id, _)| id.clone());
-                let mut effects = Vec::new();
-                for (shard, owner) in page {
-                    let Some(owner) = owner else { continue };
-                    if planted(PlantedBug::DeletesEarly) {
-                        effects.push(PassEffect::Delete(shard.clone()));
-                    }
-                    self.asked.insert(shard.clone(), owner.clone());
-                    effects.push(PassEffect::AskAdopt { shard, owner, epoch: self.epoch });
-                }
+                let mut effects = self.ask(page);
                 if full {
                     effects.push(PassEffect::Scan { after: last, limit: HANDOFF_SCAN_PAGE });
+                } else {
+                    self.stage = PassStage::ScanningSeals;
+                    effects.push(PassEffect::ScanSeals { after: None, limit: HANDOFF_SCAN_PAGE });
+                }
+                effects
+            }
+            (PassStage::ScanningSeals, PassInput::ScannedSeals(page)) => {
+                let full = page.len() >= HANDOFF_SCAN_PAGE;
+                let last = page.last().map(|(id, _)| id.clone());
+                let mut effects = self.ask(page);
+                if full {
+                    effects.push(PassEffect::ScanSeals { after: last, limit: HANDOFF_SCAN_PAGE });
                 } else {
                     self.stage = PassStage::Waiting;
                     effects.extend(self.finish_if_answered());
                 }
                 effects
             }
-            (PassStage::Scanning | PassStage::Waiting, PassInput::Adopted { shard, ok }) => {
+            (
+                PassStage::Scanning | PassStage::ScanningSeals | PassStage::Waiting,
+                PassInput::Adopted { shard, ok },
+            ) => {
                 if self.asked.remove(&shard).is_none() {
                     return Vec::new();
                 }
@@ -555,7 +588,7 @@ impl<N: Clone> HandOffPass<N> {
                 }
                 effects
             }
-            (PassStage::Scanning | PassStage::Waiting, PassInput::GiveUp) => {
+            (PassStage::Scanning | PassStage::ScanningSeals | PassStage::Waiting, PassInput::GiveUp) => {
                 self.report.failed += self.asked.len() as u64;
                 self.asked.clear();
                 self.stage = PassStage::Finished;
@@ -563,6 +596,23 @@ impl<N: Clone> HandOffPass<N> {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// Asks each new owner in `page` to adopt its shard, once per shard.
+    fn ask(&mut self, page: Vec<(ShardId, Option<N>)>) -> Vec<PassEffect<N>> {
+        let mut effects = Vec::new();
+        for (shard, owner) in page {
+            let Some(owner) = owner else { continue };
+            if !self.considered.insert(shard.clone()) {
+                continue;
+            }
+            if planted(PlantedBug::DeletesEarly) {
+                effects.push(PassEffect::Delete(shard.clone()));
+            }
+            self.asked.insert(shard.clone(), owner.clone());
+            effects.push(PassEffect::AskAdopt { shard, owner, epoch: self.epoch });
+        }
+        effects
     }
 
     fn finish_if_answered(&mut self) -> Vec<PassEffect<N>> {
@@ -861,8 +911,10 @@ mod tests {
             vec![
                 PassEffect::AskAdopt { shard: shard(0), owner: "b", epoch: 2 },
                 PassEffect::AskAdopt { shard: shard(2), owner: "c", epoch: 2 },
+                PassEffect::ScanSeals { after: None, limit: HANDOFF_SCAN_PAGE },
             ]
         );
+        assert_eq!(p.step(PassInput::ScannedSeals(vec![])), vec![]);
         assert_eq!(p.asked().count(), 2);
         assert_eq!(p.step(PassInput::Adopted { shard: shard(2), ok: false }), vec![]);
         assert_eq!(p.step(PassInput::Adopted { shard: shard(2), ok: true }), vec![], "answered once");
@@ -885,6 +937,10 @@ mod tests {
         p.step(PassInput::Start { applied: 2, running: vec![] });
         assert_eq!(
             p.step(PassInput::Scanned(vec![(shard(1), None)])),
+            vec![PassEffect::ScanSeals { after: None, limit: HANDOFF_SCAN_PAGE }]
+        );
+        assert_eq!(
+            p.step(PassInput::ScannedSeals(vec![(shard(1), None)])),
             vec![PassEffect::Flush, PassEffect::Report(HandoffReport::default())]
         );
     }
@@ -914,7 +970,50 @@ mod tests {
         );
         assert_eq!(
             p.step(PassInput::Scanned(vec![])),
+            vec![PassEffect::ScanSeals { after: None, limit: HANDOFF_SCAN_PAGE }]
+        );
+        assert_eq!(
+            p.step(PassInput::ScannedSeals(vec![])),
             vec![PassEffect::Flush, PassEffect::Report(HandoffReport { moved: 1, failed: 0 })]
+        );
+    }
+
+    /// A shard sealed before its first write has a seal marker and no data: the pass
+    /// hands it off from the markers, and a shard with both is asked for once.
+    #[test]
+    fn a_shard_known_only_by_its_seal_marker_is_handed_off_too() {
+        let mut p = HandOffPass::new(2);
+        p.step(PassInput::Start { applied: 2, running: vec![] });
+        assert_eq!(
+            p.step(PassInput::Scanned(vec![(shard(0), Some("b"))])),
+            vec![
+                PassEffect::AskAdopt { shard: shard(0), owner: "b", epoch: 2 },
+                PassEffect::ScanSeals { after: None, limit: HANDOFF_SCAN_PAGE },
+            ]
+        );
+        assert_eq!(p.step(PassInput::Adopted { shard: shard(0), ok: false }), vec![]);
+        let mut seals: Vec<(ShardId, Option<&str>)> =
+            (0..HANDOFF_SCAN_PAGE as u16).map(|i| (shard(i), None)).collect();
+        seals[0].1 = Some("b");
+        seals[1].1 = Some("c");
+        assert_eq!(
+            p.step(PassInput::ScannedSeals(seals)),
+            vec![
+                PassEffect::AskAdopt { shard: shard(1), owner: "c", epoch: 2 },
+                PassEffect::ScanSeals {
+                    after: Some(shard(HANDOFF_SCAN_PAGE as u16 - 1)),
+                    limit: HANDOFF_SCAN_PAGE
+                },
+            ]
+        );
+        assert_eq!(p.step(PassInput::ScannedSeals(vec![])), vec![]);
+        assert_eq!(
+            p.step(PassInput::Adopted { shard: shard(1), ok: true }),
+            vec![
+                PassEffect::Delete(shard(1)),
+                PassEffect::Flush,
+                PassEffect::Report(HandoffReport { moved: 1, failed: 1 })
+            ]
         );
     }
 

@@ -14,8 +14,8 @@ use crate::placement::{unexpected, ShardRequest, ShardResponse};
 use std::collections::VecDeque;
 use std::time::Duration;
 use tally_core::handoff_machine::{
-    admit, Admission, AdoptEffect, AdoptInput, Adoption, HandOffPage, HandOffPass, PassEffect, PassInput,
-    PullAnswer, PullEffect, PullInput,
+    admit, shard_of_seal_marker, Admission, AdoptEffect, AdoptInput, Adoption, HandOffPage, HandOffPass,
+    PassEffect, PassInput, PullAnswer, PullEffect, PullInput, SEAL_MARKER_PREFIX,
 };
 use tally_core::{NodeId, ShardId};
 
@@ -211,6 +211,19 @@ pub(crate) async fn hand_off_foreign(ctx: &Ctx, epoch: u64) -> Result<HandoffRep
                 let page = ctx.store.shard_ids(after.as_ref(), limit)?;
                 PassInput::Scanned(
                     page.into_iter()
+                        .map(|id| {
+                            let owner = placement.remote_owner(&id);
+                            (id, owner)
+                        })
+                        .collect(),
+                )
+            }
+            PassEffect::ScanSeals { after, limit } => {
+                let after = after.as_ref().map(seal_key);
+                let page = ctx.store.meta_scan(SEAL_MARKER_PREFIX, after.as_deref(), limit)?;
+                PassInput::ScannedSeals(
+                    page.iter()
+                        .filter_map(|(key, _)| shard_of_seal_marker(key))
                         .map(|id| {
                             let owner = placement.remote_owner(&id);
                             (id, owner)

@@ -265,3 +265,46 @@ async fn writer_marks_move_with_their_shards() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_shard_that_never_took_a_write_moves_with_its_seal() {
+    let c = Cluster::new(1);
+    let closed = Arc::new(AtomicBool::new(false));
+    let a = c.open("a", HookStore::new(MemStore::new()), closed.clone()).await;
+    let b = c.open("b", HookStore::new(MemStore::new()), closed.clone()).await;
+    a.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    // Every write goes to shard 0: shard 1 has nothing stored but what a seal puts.
+    let ids: Vec<String> =
+        (0..).map(|i| format!("e{i}")).filter(|id| shard_of_event(id, 2) == 0).take(10).collect();
+    for id in &ids {
+        assert!(a.incr("c", Increment::new(1).event_id(id.clone())).await.unwrap().applied);
+    }
+    // A resharding seals both shards of generation 0, then waits before it opens
+    // generation 1.
+    closed.store(true, SeqCst);
+    a.put_counter("c", SpecPatch { shards: Some(1), ..Default::default() }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Shard 1 moves to b: its seal goes with it, though it holds no value.
+    c.net.epoch.store(2, SeqCst);
+    let report = a.hand_off_foreign(2).await.unwrap();
+    assert_eq!((report.moved, report.failed), (1, 0), "{report:?}");
+    // The next change: b serves shard 1 without asking a.
+    c.net.epoch.store(3, SeqCst);
+    // A write routed to the sealed shard must not be counted in a generation whose
+    // sum is already taken.
+    let late = tokio::spawn({
+        let b = b.clone();
+        async move { incr_retrying(&b, "c", Increment::new(1).event_id(id_for(1, 2, "late"))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    closed.store(false, SeqCst);
+    assert!(late.await.unwrap().applied);
+    a.settle().await;
+    b.metadata_changed("c").await.unwrap();
+    for t in [&a, &b] {
+        let r = t.read("c", Consistency::Fresh).await.unwrap();
+        assert_eq!((r.value, r.complete), (11, true), "{r:?}");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
