@@ -26,6 +26,11 @@ use tally_server::{resp, router_with_gate, serve, serve_tls, ClusterService, Con
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
+/// Requests, replies and the futures of a pipeline are allocated on one worker and
+/// often freed on another: glibc's malloc contends on its arenas' locks there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit status after a second shutdown signal cut the drain short (128 + SIGINT).
 const FORCED_EXIT_STATUS: i32 = 130;
 

@@ -365,7 +365,12 @@ pub const COMMANDS: &[CommandSpec] = &[
 
 /// The table entry of `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
-    COMMANDS.iter().find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+    position(name).map(|i| &COMMANDS[i])
+}
+
+/// Where the command named `name` (any case) is in [`COMMANDS`].
+fn position(name: &[u8]) -> Option<usize> {
+    COMMANDS.iter().position(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// A `COMMAND` subcommand.
@@ -529,7 +534,7 @@ impl Command {
 }
 
 /// Redis's error for a command it does not know.
-pub fn unknown_command(args: &[Vec<u8>]) -> Reply {
+pub fn unknown_command(args: &[&[u8]]) -> Reply {
     let mut text = format!("ERR unknown command '{}', with args beginning with: ", quote(&args[0]));
     for a in args.iter().skip(1).take(16) {
         text.push_str(&format!("'{}' ", quote(a)));
@@ -638,10 +643,27 @@ fn spec_bool(raw: &[u8], field: &str) -> Result<bool, Reply> {
     }
 }
 
+/// The name command `index` of [`COMMANDS`] is audited and refused under: its
+/// table name, uppercased (`INCRBY`), made once for the whole table.
+fn audit_name(index: usize) -> &'static str {
+    static UPPER: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| COMMANDS.iter().map(|c| c.name.to_ascii_uppercase()).collect());
+    &UPPER[index]
+}
+
 /// Parses `args` (the name first, never empty) into a command, checking the
 /// command exists and its arity.
-pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
-    let Some(spec) = lookup(&args[0]) else { return Err(unknown_command(args)) };
+pub fn parse(args: &[&[u8]]) -> Result<Command, Reply> {
+    parse_named(args).map(|(_, cmd)| cmd)
+}
+
+/// [`parse`], with the command's uppercase name for the audit trail and refusals.
+pub fn parse_named(args: &[&[u8]]) -> Result<(&'static str, Command), Reply> {
+    let Some(index) = position(args[0]) else { return Err(unknown_command(args)) };
+    parse_spec(&COMMANDS[index], args).map(|cmd| (audit_name(index), cmd))
+}
+
+fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Reply> {
     let n = args.len() as i64;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
         return Err(wrong_arity(spec.name));
@@ -651,14 +673,14 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
     Ok(match spec.name {
         "ping" => match a {
             [] => Command::Ping(None),
-            [m] => Command::Ping(Some(m.clone())),
+            [m] => Command::Ping(Some(m.to_vec())),
             _ => return Err(wrong_arity("ping")),
         },
-        "echo" => Command::Echo(a[0].clone()),
+        "echo" => Command::Echo(a[0].to_vec()),
         "hello" => parse_hello(a)?,
         "auth" => match a {
-            [p] => Command::Auth { user: None, password: p.clone() },
-            [u, p] => Command::Auth { user: Some(u.clone()), password: p.clone() },
+            [p] => Command::Auth { user: None, password: p.to_vec() },
+            [u, p] => Command::Auth { user: Some(u.to_vec()), password: p.to_vec() },
             _ => return Err(syntax_error()),
         },
         "select" => {
@@ -845,7 +867,7 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Command, Reply> {
     })
 }
 
-fn parse_hello(a: &[Vec<u8>]) -> Result<Command, Reply> {
+fn parse_hello(a: &[&[u8]]) -> Result<Command, Reply> {
     let mut proto = None;
     let mut auth = None;
     let mut setname = None;
@@ -861,11 +883,11 @@ fn parse_hello(a: &[Vec<u8>]) -> Result<Command, Reply> {
     while i < a.len() {
         match a[i].to_ascii_uppercase().as_slice() {
             b"AUTH" if i + 2 < a.len() => {
-                auth = Some((a[i + 1].clone(), a[i + 2].clone()));
+                auth = Some((a[i + 1].to_vec(), a[i + 2].to_vec()));
                 i += 3;
             }
             b"SETNAME" if i + 1 < a.len() => {
-                setname = Some(a[i + 1].clone());
+                setname = Some(a[i + 1].to_vec());
                 i += 2;
             }
             _ => return Err(Reply::Error(format!("ERR Syntax error in HELLO option '{}'", quote(&a[i])))),
@@ -874,7 +896,7 @@ fn parse_hello(a: &[Vec<u8>]) -> Result<Command, Reply> {
     Ok(Command::Hello { proto, auth, setname })
 }
 
-fn parse_client(a: &[Vec<u8>]) -> Result<Command, Reply> {
+fn parse_client(a: &[&[u8]]) -> Result<Command, Reply> {
     let sub = a[0].to_ascii_uppercase();
     let rest = &a[1..];
     let arity = |name: &str| wrong_arity(&format!("client|{name}"));
@@ -886,7 +908,7 @@ fn parse_client(a: &[Vec<u8>]) -> Result<Command, Reply> {
                         "ERR Client names cannot contain spaces, newlines or special characters.".into(),
                     ));
                 }
-                Command::ClientSetName(name.clone())
+                Command::ClientSetName(name.to_vec())
             }
             _ => return Err(arity("setname")),
         },
@@ -903,7 +925,7 @@ fn parse_client(a: &[Vec<u8>]) -> Result<Command, Reply> {
                         quote(attr.as_bytes())
                     )));
                 }
-                Command::ClientSetInfo { attr, value: value.clone() }
+                Command::ClientSetInfo { attr, value: value.to_vec() }
             }
             _ => return Err(arity("setinfo")),
         },
@@ -967,8 +989,8 @@ pub fn docs_entry(c: &CommandSpec) -> Reply {
 mod tests {
     use super::*;
 
-    fn args(words: &[&str]) -> Vec<Vec<u8>> {
-        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    fn args<'a>(words: &[&'a str]) -> Vec<&'a [u8]> {
+        words.iter().map(|w| w.as_bytes()).collect()
     }
 
     fn parsed(words: &[&str]) -> Command {
@@ -1125,7 +1147,7 @@ mod tests {
 
     #[test]
     fn names_must_be_text_and_connection_commands_parse() {
-        let e = parse(&[b"get".to_vec(), vec![0xff, 0xfe]]).expect_err("not UTF-8");
+        let e = parse(&[b"get".as_slice(), &[0xff, 0xfe]]).expect_err("not UTF-8");
         assert!(matches!(e, Reply::Error(ref t) if t.starts_with("ERR invalid_name")), "{e:?}");
         assert_eq!(
             parsed(&["hello", "3", "setname", "me"]),

@@ -228,18 +228,48 @@ async fn handshake(
     }
 }
 
-/// Takes every complete request off the front of `buf` (at most
-/// [`PIPELINE_COMMANDS_MAX`]), and the protocol error that stopped decoding, if any.
-fn take_batch(buf: &mut Vec<u8>, limits: &WireLimits) -> (Vec<Vec<Vec<u8>>>, Option<wire::ProtocolError>) {
-    let mut batch = Vec::new();
-    let mut used = 0;
+/// The complete requests at the front of a connection's read buffer: where each
+/// one's arguments lie in the buffer, and how many bytes they take.
+#[derive(Debug, Default)]
+struct Batch {
+    /// Every request's arguments, one after another.
+    spans: Vec<wire::Span>,
+    /// Each request's arguments in `spans`.
+    requests: Vec<std::ops::Range<usize>>,
+    /// Bytes of the buffer the requests take.
+    used: usize,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Request `i`'s arguments, read from `buf`, into `args` (emptied first).
+    fn args<'b>(&self, i: usize, buf: &'b [u8], args: &mut Vec<&'b [u8]>) {
+        args.clear();
+        args.extend(self.spans[self.requests[i].clone()].iter().map(|s| &buf[s.clone()]));
+    }
+}
+
+/// Finds every complete request at the front of `buf` (at most
+/// [`PIPELINE_COMMANDS_MAX`]), and the protocol error that stopped decoding, if
+/// any. Nothing is copied: the requests are read from `buf` until they ran, and
+/// then drained from it.
+fn take_batch(buf: &[u8], limits: &WireLimits) -> (Batch, Option<wire::ProtocolError>) {
+    let mut batch = Batch::default();
     let mut fatal = None;
-    while batch.len() < PIPELINE_COMMANDS_MAX {
-        match wire::next_request(&buf[used..], limits) {
-            Ok(Some((args, n))) => {
-                used += n;
-                if !args.is_empty() {
-                    batch.push(args);
+    while batch.requests.len() < PIPELINE_COMMANDS_MAX {
+        let first = batch.spans.len();
+        let at = batch.used;
+        match wire::next_request_spans(&buf[at..], limits, &mut batch.spans) {
+            Ok(Some(n)) => {
+                batch.used += n;
+                for span in &mut batch.spans[first..] {
+                    *span = span.start + at..span.end + at;
+                }
+                if batch.spans.len() > first {
+                    batch.requests.push(first..batch.spans.len());
                 }
             }
             Ok(None) => break,
@@ -249,7 +279,6 @@ fn take_batch(buf: &mut Vec<u8>, limits: &WireLimits) -> (Vec<Vec<Vec<u8>>>, Opt
             }
         }
     }
-    buf.drain(..used);
     (batch, fatal)
 }
 
@@ -316,26 +345,24 @@ async fn join_timed<F: Future<Output = Reply>>(timeout: Duration, running: Vec<P
     out
 }
 
-/// A request's command name, uppercased, for the audit trail and refusals.
-fn command_name(args: &[Vec<u8>]) -> String {
-    args.first().map(|a| String::from_utf8_lossy(a).to_ascii_uppercase()).unwrap_or_default()
-}
-
-/// Runs one batch of requests, appending each reply to `out` in order.
+/// Runs one batch of requests read from `buf`, appending each reply to `out` in
+/// order.
 async fn run_batch<S: Service>(
     svc: &S,
     front: &Front,
     session: &mut Session,
-    batch: Vec<Vec<Vec<u8>>>,
+    (batch, buf): (&Batch, &[u8]),
     out: &mut Vec<u8>,
 ) -> Flow {
-    front.commands.fetch_add(batch.len() as u64, Ordering::Relaxed);
+    front.commands.fetch_add(batch.requests.len() as u64, Ordering::Relaxed);
     let timeout = front.command_timeout;
-    let mut parsed = Vec::with_capacity(batch.len());
-    for args in &batch {
+    let mut parsed = Vec::with_capacity(batch.requests.len());
+    let mut args = Vec::new();
+    for i in 0..batch.requests.len() {
         // Admitted here, in order: an `AUTH` earlier in the pipeline counts only once
         // it ran, so everything after it is decided when its turn comes (below).
-        parsed.push(command::parse(args).map(|cmd| (command_name(args), cmd)));
+        batch.args(i, buf, &mut args);
+        parsed.push(command::parse_named(&args));
     }
     let gate = &front.gate;
     let mut items = parsed.into_iter().peekable();
@@ -431,8 +458,9 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::new();
     loop {
-        let (batch, fatal) = take_batch(&mut buf, &limits);
+        let (batch, fatal) = take_batch(&buf, &limits);
         if batch.is_empty() && fatal.is_none() {
+            buf.drain(..batch.used);
             buf.reserve(READ_CHUNK_BYTES);
             tokio::select! {
                 biased;
@@ -443,7 +471,8 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
                 },
             }
         }
-        let mut flow = run_batch(&svc, front, &mut session, batch, &mut out).await;
+        let mut flow = run_batch(&svc, front, &mut session, (&batch, &buf), &mut out).await;
+        buf.drain(..batch.used);
         if let Some(e) = fatal {
             tracing::debug!(id = session.id, error = %e, "RESP protocol error; closing");
             encode(&Reply::Error(format!("ERR {e}")), session.proto, &mut out);
@@ -474,6 +503,26 @@ mod tests {
             }
             Reply::Int(i)
         })
+    }
+
+    #[test]
+    fn a_batch_reads_each_request_from_the_buffer_in_order() {
+        let limits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+        let buf = b"*2\r\n$4\r\nINCR\r\n$1\r\na\r\n\r\nGET b\r\n*3\r\n$6\r\nINCRBY\r\n$2\r\ncc\r\n$1\r\n5\r\n*1\r\n$4\r\nPI";
+        let (batch, fatal) = take_batch(buf, &limits);
+        assert!(fatal.is_none());
+        assert_eq!(batch.requests.len(), 3, "the blank line is skipped, the partial request waits");
+        assert_eq!(&buf[batch.used..], b"*1\r\n$4\r\nPI");
+        let mut args = Vec::new();
+        let mut all = Vec::new();
+        for i in 0..batch.requests.len() {
+            batch.args(i, buf, &mut args);
+            all.push(args.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect::<Vec<_>>());
+        }
+        assert_eq!(all, [vec!["INCR", "a"], vec!["GET", "b"], vec!["INCRBY", "cc", "5"]]);
+        // Garbage stops the batch; what came before it still runs.
+        let (batch, fatal) = take_batch(b"PING\r\n*x\r\n", &limits);
+        assert_eq!((batch.requests.len(), fatal.map(|e| e.code)), (1, Some(wire::PROTOCOL_ERROR)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -129,12 +129,30 @@ pub fn check_limits(buf: &[u8], limits: &WireLimits) -> Result<(), ProtocolError
 /// or an empty array, which are skipped), and the bytes it took.
 pub type Request = (Vec<Vec<u8>>, usize);
 
+/// Where one argument lies in the buffer a request was read from.
+pub type Span = std::ops::Range<usize>;
+
 /// Takes the next complete request off the front of `buf`: `Ok(None)` if more
-/// bytes are needed.
+/// bytes are needed. The arguments are copied out; the read loop uses
+/// [`next_request_spans`], which copies nothing.
 pub fn next_request(buf: &[u8], limits: &WireLimits) -> Result<Option<Request>, ProtocolError> {
+    let mut spans = Vec::new();
+    Ok(next_request_spans(buf, limits, &mut spans)?
+        .map(|used| (spans.into_iter().map(|s| buf[s].to_vec()).collect(), used)))
+}
+
+/// Takes the next complete request off the front of `buf`, appending where each of
+/// its arguments lies in `buf` to `spans` (nothing for a blank line or an empty
+/// array): `Ok(None)` if more bytes are needed (and `spans` is left as it was),
+/// else how many bytes the request took.
+pub fn next_request_spans(
+    buf: &[u8],
+    limits: &WireLimits,
+    spans: &mut Vec<Span>,
+) -> Result<Option<usize>, ProtocolError> {
     let Some(&first) = buf.first() else { return Ok(None) };
     if first != b'*' {
-        return inline(buf);
+        return inline(buf, spans);
     }
     check_limits(buf, limits)?;
     let decoded =
@@ -148,22 +166,27 @@ pub fn next_request(buf: &[u8], limits: &WireLimits) -> Result<Option<Request>, 
         }
         return Ok(None);
     };
-    let args = match frame {
-        RangeFrame::Array(items) => items
-            .into_iter()
-            .map(|item| match item {
-                RangeFrame::BulkString((start, end)) => Ok(buf[start..end].to_vec()),
-                _ => Err(malformed("expected a bulk string")),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        RangeFrame::Null => Vec::new(),
+    match frame {
+        RangeFrame::Array(items) => {
+            let before = spans.len();
+            for item in items {
+                match item {
+                    RangeFrame::BulkString((start, end)) => spans.push(start..end),
+                    _ => {
+                        spans.truncate(before);
+                        return Err(malformed("expected a bulk string"));
+                    }
+                }
+            }
+        }
+        RangeFrame::Null => {}
         _ => return Err(malformed("expected an array of bulk strings")),
-    };
-    Ok(Some((args, used)))
+    }
+    Ok(Some(used))
 }
 
 /// An inline command: one line of words separated by spaces.
-fn inline(buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
+fn inline(buf: &[u8], spans: &mut Vec<Span>) -> Result<Option<usize>, ProtocolError> {
     let window = &buf[..buf.len().min(INLINE_BYTES_MAX)];
     let Some(nl) = window.iter().position(|&b| b == b'\n') else {
         if window.len() >= INLINE_BYTES_MAX {
@@ -171,10 +194,14 @@ fn inline(buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
         }
         return Ok(None);
     };
-    let line = &window[..nl];
-    let args =
-        line.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty()).map(<[u8]>::to_vec).collect();
-    Ok(Some((args, nl + 1)))
+    let mut at = 0;
+    for word in window[..nl].split(|b| b.is_ascii_whitespace()) {
+        if !word.is_empty() {
+            spans.push(at..at + word.len());
+        }
+        at += word.len() + 1;
+    }
+    Ok(Some(nl + 1))
 }
 
 /// Which protocol replies are encoded in.
@@ -348,6 +375,23 @@ mod tests {
         assert_eq!(third, vec![b"PING".to_vec(), b"hi".to_vec()]);
         assert_eq!(next_request(&rest[used3..], &LIMITS), Ok(None), "a partial frame waits");
         assert_eq!(args(b"\r\n"), Vec::<Vec<u8>>::new());
+    }
+
+    #[test]
+    fn spans_point_into_the_buffer_and_a_partial_request_adds_none() {
+        let buf = b"  incrby\tk  -3 \r\n*2\r\n$3\r\nGET\r\n$2\r\nab\r\n*2\r\n$1";
+        let mut spans = vec![0..0];
+        let used = next_request_spans(buf, &LIMITS, &mut spans).expect("valid").expect("complete");
+        let words: Vec<&[u8]> = spans[1..].iter().map(|s| &buf[s.clone()]).collect();
+        assert_eq!(words, [b"incrby".as_slice(), b"k", b"-3"], "appended after what was there");
+        let rest = &buf[used..];
+        let mut spans = Vec::new();
+        let used = next_request_spans(rest, &LIMITS, &mut spans).expect("valid").expect("complete");
+        let words: Vec<&[u8]> = spans.iter().map(|s| &rest[s.clone()]).collect();
+        assert_eq!(words, [b"GET".as_slice(), b"ab"]);
+        let mut spans = Vec::new();
+        assert_eq!(next_request_spans(&rest[used..], &LIMITS, &mut spans), Ok(None));
+        assert!(spans.is_empty());
     }
 
     #[test]
