@@ -389,6 +389,11 @@ pub enum CommandQuery {
 /// How many items `TOPK.LIST` answers without `K`.
 pub const TOPK_LIST_DEFAULT: u32 = 10;
 
+/// Most bytes a [`Command`] takes: commands are moved from the parser to their run
+/// several times per pipeline, so large fields (a `TALLY.INCRBY`'s increment, a
+/// `TALLY.CREATE`'s spec, `HELLO`'s credentials) are boxed.
+pub const COMMAND_BYTES_MAX: usize = 64;
+
 /// A parsed command.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -401,7 +406,7 @@ pub enum Command {
         /// 2 or 3 (checked when run: Redis answers NOPROTO for others).
         proto: Option<i64>,
         /// Credentials.
-        auth: Option<(Vec<u8>, Vec<u8>)>,
+        auth: Option<Box<(Vec<u8>, Vec<u8>)>>,
         /// The connection's new name.
         setname: Option<Vec<u8>>,
     },
@@ -478,7 +483,7 @@ pub enum Command {
         /// The counter.
         key: String,
         /// The increment.
-        inc: Increment,
+        inc: Box<Increment>,
     },
     /// `TALLY.GET key [FRESH|CACHED]`.
     TallyGet {
@@ -775,7 +780,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                 *slot = Some(text(value, &String::from_utf8_lossy(&a[i]).to_lowercase())?);
                 i += 2;
             }
-            Command::TallyIncrBy { key: key(&a[0])?, inc }
+            Command::TallyIncrBy { key: key(&a[0])?, inc: Box::new(inc) }
         }
         "tally.get" => Command::TallyGet {
             key: key(&a[0])?,
@@ -883,7 +888,7 @@ fn parse_hello(a: &[&[u8]]) -> Result<Command, Reply> {
     while i < a.len() {
         match a[i].to_ascii_uppercase().as_slice() {
             b"AUTH" if i + 2 < a.len() => {
-                auth = Some((a[i + 1].to_vec(), a[i + 2].to_vec()));
+                auth = Some(Box::new((a[i + 1].to_vec(), a[i + 2].to_vec())));
                 i += 3;
             }
             b"SETNAME" if i + 1 < a.len() => {
@@ -1047,18 +1052,25 @@ mod tests {
         assert!(refused(&["client", "kill"]).starts_with("ERR unknown subcommand 'kill'"));
     }
 
+    /// A pipeline moves each command from the parser to its run several times: the
+    /// large fields are boxed so a command stays small.
+    #[test]
+    fn a_command_is_small() {
+        assert!(std::mem::size_of::<Command>() <= COMMAND_BYTES_MAX, "{}", std::mem::size_of::<Command>());
+    }
+
     #[test]
     fn tally_commands_take_their_options_in_any_order_and_case() {
         assert_eq!(
             parsed(&["tally.incrby", "c", "5", "member", "u1", "ID", "e-1", "WRITER", "w"]),
             Command::TallyIncrBy {
                 key: "c".into(),
-                inc: Increment::new(5).event_id("e-1").writer("w").member("u1")
+                inc: Box::new(Increment::new(5).event_id("e-1").writer("w").member("u1"))
             }
         );
         assert_eq!(
             parsed(&["tally.incrby", "c", "5", "seq", "7", "WRITER", "w"]),
-            Command::TallyIncrBy { key: "c".into(), inc: Increment::new(5).sequenced("w", 7) }
+            Command::TallyIncrBy { key: "c".into(), inc: Box::new(Increment::new(5).sequenced("w", 7)) }
         );
         assert_eq!(
             refused(&["tally.incrby", "c", "5", "SEQ", "-1"]),

@@ -288,7 +288,7 @@ pub async fn run_increment<S: Service>(svc: &S, cmd: Command) -> Reply {
             ),
             Err(e) => engine_error(e),
         },
-        Command::TallyIncrBy { key, inc } => match svc.incr(&key, inc).await {
+        Command::TallyIncrBy { key, inc } => match svc.incr(&key, *inc).await {
             Ok(o) if o.applied => Reply::Simple("applied".into()),
             Ok(_) => Reply::Simple("duplicate".into()),
             Err(e) => engine_error(e),
@@ -312,7 +312,7 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
                     return (Reply::Error("NOPROTO unsupported protocol version".into()), Flow::Continue)
                 }
             };
-            match credentials {
+            match credentials.map(|c| *c) {
                 Some((_user, password)) => match auth::authenticate(&front.gate, &password) {
                     Ok(principal) => session.principal = Some(principal),
                     Err(reply) => return (reply, Flow::Continue),
