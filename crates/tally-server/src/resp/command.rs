@@ -540,7 +540,7 @@ impl Command {
 
 /// Redis's error for a command it does not know.
 pub fn unknown_command(args: &[&[u8]]) -> Reply {
-    let mut text = format!("ERR unknown command '{}', with args beginning with: ", quote(&args[0]));
+    let mut text = format!("ERR unknown command '{}', with args beginning with: ", quote(args[0]));
     for a in args.iter().skip(1).take(16) {
         text.push_str(&format!("'{}' ", quote(a)));
     }
@@ -689,7 +689,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
             _ => return Err(syntax_error()),
         },
         "select" => {
-            let s = std::str::from_utf8(&a[0]).unwrap_or("");
+            let s = std::str::from_utf8(a[0]).unwrap_or("");
             Command::Select(
                 s.parse().map_err(|_| Reply::Error("ERR value is not an integer or out of range".into()))?,
             )
@@ -715,16 +715,16 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
         }),
         "info" => Command::Info(a.first().map(|s| String::from_utf8_lossy(s).to_lowercase())),
         "quit" => Command::Quit,
-        "incr" => Command::Incr { key: key(&a[0])?, delta: 1 },
-        "decr" => Command::Incr { key: key(&a[0])?, delta: -1 },
-        "incrby" => Command::Incr { key: key(&a[0])?, delta: delta(&a[1])? },
-        "decrby" => Command::Incr { key: key(&a[0])?, delta: negate(delta(&a[1])?, &a[1])? },
-        "get" => Command::Get(key(&a[0])?),
+        "incr" => Command::Incr { key: key(a[0])?, delta: 1 },
+        "decr" => Command::Incr { key: key(a[0])?, delta: -1 },
+        "incrby" => Command::Incr { key: key(a[0])?, delta: delta(a[1])? },
+        "decrby" => Command::Incr { key: key(a[0])?, delta: negate(delta(a[1])?, a[1])? },
+        "get" => Command::Get(key(a[0])?),
         "mget" => Command::MGet(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "exists" => Command::Exists(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "del" => Command::Del(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "pfadd" => Command::PfAdd {
-            key: key(&a[0])?,
+            key: key(a[0])?,
             members: a[1..].iter().map(|m| text(m, "a member")).collect::<Result<_, _>>()?,
         },
         "pfcount" => match a {
@@ -737,7 +737,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
             }
         },
         "cms.query" => Command::CmsQuery {
-            key: key(&a[0])?,
+            key: key(a[0])?,
             items: a[1..].iter().map(|i| text(i, "an item")).collect::<Result<_, _>>()?,
         },
         "topk.list" => {
@@ -755,10 +755,10 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                     _ => return Err(syntax_error()),
                 }
             }
-            Command::TopkList { key: key(&a[0])?, with_count, k }
+            Command::TopkList { key: key(a[0])?, with_count, k }
         }
         "tally.incrby" => {
-            let mut inc = Increment::new(delta(&a[1])?);
+            let mut inc = Increment::new(delta(a[1])?);
             let mut i = 2;
             while i < a.len() {
                 let value = a.get(i + 1).ok_or_else(syntax_error)?;
@@ -777,13 +777,13 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                     b"ITEM" => &mut inc.item,
                     _ => return Err(syntax_error()),
                 };
-                *slot = Some(text(value, &String::from_utf8_lossy(&a[i]).to_lowercase())?);
+                *slot = Some(text(value, &String::from_utf8_lossy(a[i]).to_lowercase())?);
                 i += 2;
             }
-            Command::TallyIncrBy { key: key(&a[0])?, inc: Box::new(inc) }
+            Command::TallyIncrBy { key: key(a[0])?, inc: Box::new(inc) }
         }
         "tally.get" => Command::TallyGet {
-            key: key(&a[0])?,
+            key: key(a[0])?,
             consistency: match a.get(1).map(|c| c.to_ascii_uppercase()).as_deref() {
                 None | Some(b"CACHED") => Consistency::Cached,
                 Some(b"FRESH") => Consistency::Fresh,
@@ -791,7 +791,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                 Some(_) => return Err(syntax_error()),
             },
         },
-        "tally.window" => Command::TallyWindow { key: key(&a[0])?, window: text(&a[1], "window")? },
+        "tally.window" => Command::TallyWindow { key: key(a[0])?, window: text(a[1], "window")? },
         "tally.create" => {
             let mut spec = SpecBody::default();
             let mut i = 1;
@@ -840,9 +840,9 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                 }
                 i += 2;
             }
-            Command::TallyCreate { key: key(&a[0])?, spec: Box::new(spec) }
+            Command::TallyCreate { key: key(a[0])?, spec: Box::new(spec) }
         }
-        "tally.shards" => Command::TallyShards(key(&a[0])?),
+        "tally.shards" => Command::TallyShards(key(a[0])?),
         "tally.reconcile" => {
             let raw = &a[1];
             let total = std::str::from_utf8(raw).ok().filter(|_| integer_shaped(raw)).map(str::parse::<i128>);
@@ -861,7 +861,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                     ))
                 }
             };
-            Command::TallyReconcile { key: key(&a[0])?, authoritative }
+            Command::TallyReconcile { key: key(a[0])?, authoritative }
         }
         other => {
             // Every name of the table has an arm above; a new entry without one
@@ -895,7 +895,7 @@ fn parse_hello(a: &[&[u8]]) -> Result<Command, Reply> {
                 setname = Some(a[i + 1].to_vec());
                 i += 2;
             }
-            _ => return Err(Reply::Error(format!("ERR Syntax error in HELLO option '{}'", quote(&a[i])))),
+            _ => return Err(Reply::Error(format!("ERR Syntax error in HELLO option '{}'", quote(a[i])))),
         }
     }
     Ok(Command::Hello { proto, auth, setname })
@@ -935,7 +935,7 @@ fn parse_client(a: &[&[u8]]) -> Result<Command, Reply> {
             _ => return Err(arity("setinfo")),
         },
         _ => {
-            return Err(Reply::Error(format!("ERR unknown subcommand '{}'. Try CLIENT HELP.", quote(&a[0]))));
+            return Err(Reply::Error(format!("ERR unknown subcommand '{}'. Try CLIENT HELP.", quote(a[0]))));
         }
     })
 }

@@ -356,17 +356,21 @@ async fn run_batch<S: Service>(
 ) -> Flow {
     front.commands.fetch_add(batch.requests.len() as u64, Ordering::Relaxed);
     let timeout = front.command_timeout;
-    let mut parsed = Vec::with_capacity(batch.requests.len());
-    let mut args = Vec::new();
-    for i in 0..batch.requests.len() {
-        // Admitted here, in order: an `AUTH` earlier in the pipeline counts only once
-        // it ran, so everything after it is decided when its turn comes (below).
-        batch.args(i, buf, &mut args);
-        parsed.push(command::parse_named(&args));
-    }
     let gate = &front.gate;
-    let mut items = parsed.into_iter().peekable();
-    while let Some(item) = items.next() {
+    let mut args = Vec::new();
+    let (mut next, mut held) = (0, None);
+    // Each command is parsed and admitted when its turn comes, in order: an `AUTH`
+    // earlier in the pipeline counts only once it ran.
+    let mut take = |held: &mut Option<_>| {
+        held.take().or_else(|| {
+            (next < batch.requests.len()).then(|| {
+                batch.args(next, buf, &mut args);
+                next += 1;
+                command::parse_named(&args)
+            })
+        })
+    };
+    while let Some(item) = take(&mut held) {
         let (op, cmd) = match item {
             Ok(named) => named,
             Err(reply) => {
@@ -380,23 +384,18 @@ async fn run_batch<S: Service>(
             session.principal = auth::initial(gate);
             session.auth_generation = generation;
         }
-        if let Err(reply) = auth::admit(gate, session.principal.as_deref(), &op, &cmd) {
+        if let Err(reply) = auth::admit(gate, session.principal.as_deref(), op, &cmd) {
             encode(&reply, session.proto, out);
             continue;
         }
         if cmd.is_increment() {
-            let mut run = vec![Ok(cmd)];
-            // Increments that follow run with it; one that is refused keeps its place.
-            while matches!(items.peek(), Some(Ok((_, c))) if c.is_increment()) {
-                if let Some(Ok((op, c))) = items.next() {
-                    run.push(auth::admit(gate, session.principal.as_deref(), &op, &c).map(|()| c));
-                }
-            }
-            let mut running = Vec::with_capacity(run.len());
+            let mut running = Vec::new();
             // A writer's sequenced increments must reach its shard in order: each
             // one starts once the one before it (same counter, same writer) answered.
             let mut last: HashMap<(String, String), tokio::sync::oneshot::Receiver<()>> = HashMap::new();
-            for c in run {
+            let mut admitted = Ok(cmd);
+            loop {
+                let c = admitted;
                 let (after, done) = match c.as_ref().ok().and_then(command::Command::sequenced_writer) {
                     Some(writer) => {
                         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -418,6 +417,17 @@ async fn run_batch<S: Service>(
                     }
                     reply
                 }));
+                // Increments that follow run with it; one that is refused keeps its
+                // place. Anything else waits for the run, and runs next.
+                admitted = match take(&mut held) {
+                    Some(Ok((op, c))) if c.is_increment() => {
+                        auth::admit(gate, session.principal.as_deref(), op, &c).map(|()| c)
+                    }
+                    other => {
+                        held = other;
+                        break;
+                    }
+                };
             }
             let replies = join_timed(timeout, running).await;
             for reply in &replies {
@@ -432,7 +442,7 @@ async fn run_batch<S: Service>(
             Err(_) => (timed(Duration::ZERO, std::future::pending()).await, Flow::Continue),
         };
         if let Some(cmd) = admin {
-            auth::audit_admin(gate, session.principal.as_deref(), &op, &cmd, &reply);
+            auth::audit_admin(gate, session.principal.as_deref(), op, &cmd, &reply);
         }
         encode(&reply, session.proto, out);
         if flow == Flow::Close {

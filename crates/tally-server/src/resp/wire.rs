@@ -380,7 +380,8 @@ mod tests {
     #[test]
     fn spans_point_into_the_buffer_and_a_partial_request_adds_none() {
         let buf = b"  incrby\tk  -3 \r\n*2\r\n$3\r\nGET\r\n$2\r\nab\r\n*2\r\n$1";
-        let mut spans = vec![0..0];
+        let mut spans: Vec<Span> = Vec::new();
+        spans.push(7..9);
         let used = next_request_spans(buf, &LIMITS, &mut spans).expect("valid").expect("complete");
         let words: Vec<&[u8]> = spans[1..].iter().map(|s| &buf[s.clone()]).collect();
         assert_eq!(words, [b"incrby".as_slice(), b"k", b"-3"], "appended after what was there");
