@@ -327,6 +327,19 @@ fn to_resp3(reply: &Reply) -> Frame3 {
 
 /// Appends `reply`, encoded in `proto`, to `out`.
 pub fn encode(reply: &Reply, proto: Proto, out: &mut Vec<u8>) {
+    // An integer is `:n\r\n` in both protocols, and the reply of every increment:
+    // written directly, without building a frame and measuring it first.
+    let int = match reply {
+        Reply::Int(n) => Some(*n),
+        Reply::Big(n) => i64::try_from(*n).ok(),
+        _ => None,
+    };
+    if let Some(n) = int {
+        out.push(b':');
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        return;
+    }
     let start = out.len();
     let written = match proto {
         Proto::Resp2 => {
@@ -445,5 +458,30 @@ mod tests {
         assert_eq!(enc(&Reply::Big(big), Proto::Resp3), "(9223372036854775808\r\n");
         assert_eq!(enc(&Reply::Big(-4), Proto::Resp3), ":-4\r\n");
         assert_eq!(enc(&Reply::Error("ERR a\r\nb".into()), Proto::Resp2), "-ERR a  b\r\n");
+    }
+
+    #[test]
+    fn integers_written_directly_match_the_crates_frames() {
+        for n in [0, 1, -1, 42, -1_000_000, i64::MAX, i64::MIN] {
+            let mut framed = vec![0; Frame2::Integer(n).encode_len(false)];
+            redis_protocol::resp2::encode::encode(&mut framed, &Frame2::Integer(n), false).expect("encodes");
+            let mut framed3 = vec![0; Frame3::Number { data: n, attributes: None }.encode_len(false)];
+            redis_protocol::resp3::encode::complete::encode(
+                &mut framed3,
+                &Frame3::Number { data: n, attributes: None },
+                false,
+            )
+            .expect("encodes");
+            for (reply, proto, want) in [
+                (Reply::Int(n), Proto::Resp2, &framed),
+                (Reply::Big(i128::from(n)), Proto::Resp2, &framed),
+                (Reply::Int(n), Proto::Resp3, &framed3),
+                (Reply::Big(i128::from(n)), Proto::Resp3, &framed3),
+            ] {
+                let mut out = b"+OK\r\n".to_vec();
+                encode(&reply, proto, &mut out);
+                assert_eq!(&out[5..], want.as_slice(), "{reply:?} in {proto:?}");
+            }
+        }
     }
 }
