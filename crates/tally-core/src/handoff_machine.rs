@@ -545,30 +545,8 @@ impl<N: Clone> HandOffPass<N> {
                 effects.push(PassEffect::Scan { after: None, limit: HANDOFF_SCAN_PAGE });
                 effects
             }
-            (PassStage::Scanning, PassInput::Scanned(page)) => {
-                let full = page.len() >= HANDOFF_SCAN_PAGE;
-                let last = page.last().map(|(id, _)| id.clone());
-                let mut effects = self.ask(page);
-                if full {
-                    effects.push(PassEffect::Scan { after: last, limit: HANDOFF_SCAN_PAGE });
-                } else {
-                    self.stage = PassStage::ScanningSeals;
-                    effects.push(PassEffect::ScanSeals { after: None, limit: HANDOFF_SCAN_PAGE });
-                }
-                effects
-            }
-            (PassStage::ScanningSeals, PassInput::ScannedSeals(page)) => {
-                let full = page.len() >= HANDOFF_SCAN_PAGE;
-                let last = page.last().map(|(id, _)| id.clone());
-                let mut effects = self.ask(page);
-                if full {
-                    effects.push(PassEffect::ScanSeals { after: last, limit: HANDOFF_SCAN_PAGE });
-                } else {
-                    self.stage = PassStage::Waiting;
-                    effects.extend(self.finish_if_answered());
-                }
-                effects
-            }
+            (PassStage::Scanning, PassInput::Scanned(page)) => self.scanned(page, false),
+            (PassStage::ScanningSeals, PassInput::ScannedSeals(page)) => self.scanned(page, true),
             (
                 PassStage::Scanning | PassStage::ScanningSeals | PassStage::Waiting,
                 PassInput::Adopted { shard, ok },
@@ -596,6 +574,28 @@ impl<N: Clone> HandOffPass<N> {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// A page of shard ids (`seals`: of seal markers) read: asks for the foreign ones,
+    /// then reads on, turns to the seal markers, or waits for the answers.
+    fn scanned(&mut self, page: Vec<(ShardId, Option<N>)>, seals: bool) -> Vec<PassEffect<N>> {
+        let full = page.len() >= HANDOFF_SCAN_PAGE;
+        let last = page.last().map(|(id, _)| id.clone());
+        let mut effects = self.ask(page);
+        let limit = HANDOFF_SCAN_PAGE;
+        match (full, seals) {
+            (true, false) => effects.push(PassEffect::Scan { after: last, limit }),
+            (false, false) => {
+                self.stage = PassStage::ScanningSeals;
+                effects.push(PassEffect::ScanSeals { after: None, limit });
+            }
+            (true, true) => effects.push(PassEffect::ScanSeals { after: last, limit }),
+            (false, true) => {
+                self.stage = PassStage::Waiting;
+                effects.extend(self.finish_if_answered());
+            }
+        }
+        effects
     }
 
     /// Asks each new owner in `page` to adopt its shard, once per shard.
