@@ -50,6 +50,8 @@ impl CounterHandle {
     /// Counts `delta` (no event id, writer or member): `incr(Increment::new(delta))`,
     /// the leanest call for a hot loop.
     pub async fn incr_by(&self, delta: i64) -> Result<IncrOutcome, TallyError> {
+        // A temporary, built again below if needed (it allocates nothing): it is
+        // never held across the yield, so the fast call's future stays small.
         if self.ctx.try_handle_fast(&self.rt, &Increment::new(delta))? {
             tokio::task::consume_budget().await;
             return Ok(IncrOutcome::APPLIED);

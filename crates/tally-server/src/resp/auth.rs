@@ -52,23 +52,7 @@ enum Need<'a> {
     /// Needs an authenticated connection and nothing more.
     Authenticated,
     /// Needs `scope` on every counter named.
-    Counters(Scope, Keys<'a>),
-}
-
-/// The counters a command names, borrowed from it.
-enum Keys<'a> {
-    One(&'a str),
-    Many(&'a [String]),
-}
-
-impl<'a> Keys<'a> {
-    fn iter(&self) -> impl Iterator<Item = &'a str> + '_ {
-        let (one, many) = match self {
-            Keys::One(key) => (Some(*key), &[][..]),
-            Keys::Many(keys) => (None, *keys),
-        };
-        one.into_iter().chain(many.iter().map(String::as_str))
-    }
+    Counters(Scope, &'a [String]),
 }
 
 fn need(cmd: &Command) -> Need<'_> {
@@ -87,7 +71,7 @@ fn need(cmd: &Command) -> Need<'_> {
         | C::Command(_)
         | C::Info(_) => Need::Authenticated,
         C::Incr { key, .. } | C::TallyIncrBy { key, .. } | C::PfAdd { key, .. } => {
-            Need::Counters(Scope::Write, Keys::One(key))
+            Need::Counters(Scope::Write, std::slice::from_ref(key))
         }
         C::Get(key)
         | C::PfCount(key)
@@ -95,11 +79,11 @@ fn need(cmd: &Command) -> Need<'_> {
         | C::TopkList { key, .. }
         | C::TallyGet { key, .. }
         | C::TallyWindow { key, .. }
-        | C::TallyShards(key) => Need::Counters(Scope::Read, Keys::One(key)),
-        C::MGet(keys) | C::Exists(keys) => Need::Counters(Scope::Read, Keys::Many(keys)),
-        C::Del(keys) => Need::Counters(Scope::Admin, Keys::Many(keys)),
+        | C::TallyShards(key) => Need::Counters(Scope::Read, std::slice::from_ref(key)),
+        C::MGet(keys) | C::Exists(keys) => Need::Counters(Scope::Read, keys),
+        C::Del(keys) => Need::Counters(Scope::Admin, keys),
         C::TallyCreate { key, .. } | C::TallyReconcile { key, .. } => {
-            Need::Counters(Scope::Admin, Keys::One(key))
+            Need::Counters(Scope::Admin, std::slice::from_ref(key))
         }
     }
 }
@@ -125,7 +109,7 @@ pub fn admit(gate: &Gate, principal: Option<&Principal>, op: &str, cmd: &Command
         return Err(Reply::Error(NOAUTH.into()));
     };
     if let Need::Counters(scope, keys) = need {
-        for key in keys.iter() {
+        for key in keys {
             let attempt = Attempt { transport: "resp", op, counter: Some(key), node: None };
             if let Err(e) = gate.authorize(principal, scope, Resource::Counter(key), &attempt) {
                 return Err(no_permission(&e, op));

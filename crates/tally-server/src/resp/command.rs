@@ -657,12 +657,8 @@ fn audit_name(index: usize) -> &'static str {
 }
 
 /// Parses `args` (the name first, never empty) into a command, checking the
-/// command exists and its arity.
-pub fn parse(args: &[&[u8]]) -> Result<Command, Reply> {
-    parse_named(args).map(|(_, cmd)| cmd)
-}
-
-/// [`parse`], with the command's uppercase name for the audit trail and refusals.
+/// command exists and its arity; with the command's uppercase name for the audit
+/// trail and refusals.
 pub fn parse_named(args: &[&[u8]]) -> Result<(&'static str, Command), Reply> {
     let Some(index) = position(args[0]) else { return Err(unknown_command(args)) };
     parse_spec(&COMMANDS[index], args).map(|cmd| (audit_name(index), cmd))
@@ -993,6 +989,10 @@ pub fn docs_entry(c: &CommandSpec) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(args: &[&[u8]]) -> Result<Command, Reply> {
+        parse_named(args).map(|(_, cmd)| cmd)
+    }
 
     fn args<'a>(words: &[&'a str]) -> Vec<&'a [u8]> {
         words.iter().map(|w| w.as_bytes()).collect()

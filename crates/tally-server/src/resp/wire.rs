@@ -125,21 +125,8 @@ pub fn check_limits(buf: &[u8], limits: &WireLimits) -> Result<(), ProtocolError
     Ok(())
 }
 
-/// One request: its arguments (the command's name first; empty for a blank line
-/// or an empty array, which are skipped), and the bytes it took.
-pub type Request = (Vec<Vec<u8>>, usize);
-
 /// Where one argument lies in the buffer a request was read from.
 pub type Span = std::ops::Range<usize>;
-
-/// Takes the next complete request off the front of `buf`: `Ok(None)` if more
-/// bytes are needed. The arguments are copied out; the read loop uses
-/// [`next_request_spans`], which copies nothing.
-pub fn next_request(buf: &[u8], limits: &WireLimits) -> Result<Option<Request>, ProtocolError> {
-    let mut spans = Vec::new();
-    Ok(next_request_spans(buf, limits, &mut spans)?
-        .map(|used| (spans.into_iter().map(|s| buf[s].to_vec()).collect(), used)))
-}
 
 /// Takes the next complete request off the front of `buf`, appending where each of
 /// its arguments lies in `buf` to `spans` (nothing for a blank line or an empty
@@ -370,6 +357,14 @@ mod tests {
     use super::*;
 
     const LIMITS: WireLimits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+
+    /// The next request's arguments, copied out, and the bytes it took.
+    #[allow(clippy::type_complexity)]
+    fn next_request(buf: &[u8], limits: &WireLimits) -> Result<Option<(Vec<Vec<u8>>, usize)>, ProtocolError> {
+        let mut spans = Vec::new();
+        Ok(next_request_spans(buf, limits, &mut spans)?
+            .map(|used| (spans.into_iter().map(|s| buf[s].to_vec()).collect(), used)))
+    }
 
     fn args(buf: &[u8]) -> Vec<Vec<u8>> {
         next_request(buf, &LIMITS).expect("valid").expect("complete").0
