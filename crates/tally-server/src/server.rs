@@ -25,6 +25,7 @@ use crate::config::HttpConfig;
 use axum::Router;
 use std::future::Future;
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -193,9 +194,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> hyper::rt::Read for TokioIo<S> {
         cx: &mut Context<'_>,
         mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        let mut chunk = [0u8; READ_CHUNK_BYTES];
+        // Left uninitialized: the socket fills what it reads, and only that is copied
+        // (zeroing 8 KiB per read showed as `memset` in the request path's profile).
+        let mut chunk = [const { MaybeUninit::<u8>::uninit() }; READ_CHUNK_BYTES];
         let n = buf.remaining().min(READ_CHUNK_BYTES);
-        let mut read = ReadBuf::new(&mut chunk[..n]);
+        let mut read = ReadBuf::uninit(&mut chunk[..n]);
         match Pin::new(&mut self.get_mut().0).poll_read(cx, &mut read) {
             Poll::Ready(Ok(())) => {
                 buf.put_slice(read.filled());
