@@ -18,6 +18,8 @@
 //!   [`Service`]: `redis-cli`, `redis-benchmark` and Redis client libraries.
 //! * [`server`] — [`serve`]: the accept loop with header-read timeout, connection
 //!   limit and graceful shutdown.
+//! * [`repoll`] — [`repoll::Repoll`]: a connection that wakes its own task while it
+//!   runs is polled again at once instead of being rescheduled as a yield.
 //! * [`metrics`] — Prometheus text written by hand from the engine's statistics.
 //! * [`sources`] — sources of truth (PostgreSQL, an event log) reconciled on a
 //!   schedule, and the record of every run.
@@ -37,6 +39,7 @@ pub mod cluster;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod repoll;
 pub mod resp;
 pub mod server;
 pub mod service;

@@ -22,6 +22,7 @@
 //! would supply ([`TokioIo`] and [`TokioTimer`]) live here.
 
 use crate::config::HttpConfig;
+use crate::repoll::Repoll;
 use axum::Router;
 use std::future::Future;
 use std::io;
@@ -159,12 +160,13 @@ async fn drive<S>(
     let service = hyper::service::service_fn(move |req: axum::http::Request<hyper::body::Incoming>| {
         tower::ServiceExt::oneshot(app.clone(), req)
     });
-    let conn = builder.serve_connection(TokioIo(stream), service);
-    tokio::pin!(conn);
+    // Repolled: hyper wakes the connection's own task on every request with a body
+    // (see `repoll`), which the scheduler would otherwise treat as a yield.
+    let mut conn = Repoll::new(builder.serve_connection(TokioIo(stream), service));
     let mut draining = false;
     loop {
         tokio::select! {
-            result = conn.as_mut() => {
+            result = &mut conn => {
                 if let Err(e) = result {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
@@ -175,7 +177,7 @@ async fn drive<S>(
                 // connection closes at once. A dropped sender means drain too.
                 let _ = changed;
                 draining = true;
-                conn.as_mut().graceful_shutdown();
+                conn.inner().graceful_shutdown();
             }
         }
     }
