@@ -16,10 +16,11 @@
 //! before the wake goes to the scheduler after all (so a future that keeps waking
 //! itself still yields). A wake at any other time goes straight to the task's waker.
 
+use futures::task::AtomicWaker;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 /// Most polls in a row a future that woke itself gets before it yields.
@@ -35,8 +36,8 @@ const WOKEN: u8 = 2;
 /// What the wrapper's waker shares with the wrapper.
 struct Shared {
     state: AtomicU8,
-    /// The waker of the task that polls the wrapper, as of its last poll.
-    task: Mutex<Option<Waker>>,
+    /// The waker of the task that polls the wrapper, registered on every poll.
+    task: AtomicWaker,
 }
 
 impl Wake for Shared {
@@ -47,14 +48,8 @@ impl Wake for Shared {
     fn wake_by_ref(self: &Arc<Self>) {
         // Mark a poll under way; otherwise wake the task.
         match self.state.compare_exchange(POLLING, WOKEN, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {}
-            Err(WOKEN) => {}
-            Err(_) => {
-                let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                if let Some(w) = task {
-                    w.wake();
-                }
-            }
+            Ok(_) | Err(WOKEN) => {}
+            Err(_) => self.task.wake(),
         }
     }
 }
@@ -69,7 +64,7 @@ pub struct Repoll<F> {
 impl<F: Future> Repoll<F> {
     /// Wraps `inner`.
     pub fn new(inner: F) -> Self {
-        let shared = Arc::new(Shared { state: AtomicU8::new(IDLE), task: Mutex::new(None) });
+        let shared = Arc::new(Shared { state: AtomicU8::new(IDLE), task: AtomicWaker::new() });
         let waker = Waker::from(shared.clone());
         Self { inner: Box::pin(inner), shared, waker }
     }
@@ -85,12 +80,7 @@ impl<F: Future> Future for Repoll<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        {
-            let mut task = this.shared.task.lock().unwrap_or_else(|e| e.into_inner());
-            if !task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *task = Some(cx.waker().clone());
-            }
-        }
+        this.shared.task.register(cx.waker());
         let mut inner_cx = Context::from_waker(&this.waker);
         for _ in 0..REPOLLS_MAX {
             this.shared.state.store(POLLING, Ordering::Release);
