@@ -14,9 +14,9 @@
 //! future is being polled only marks it; when the poll returns `Pending` with the
 //! mark set, the future is polled again, at most [`REPOLLS_MAX`] times in a row
 //! before the wake goes to the scheduler after all (so a future that keeps waking
-//! itself still yields), and not at all once the task has spent its cooperative
-//! budget (the wake is then Tokio telling the task to yield). A wake at any other
-//! time goes straight to the task's waker.
+//! itself still yields). A wake at any other time goes straight to the task's waker.
+//! Tokio's own request to yield, when a task has spent its cooperative budget, is
+//! deferred until the task's poll returns, so it too reaches the task.
 
 use futures::task::AtomicWaker;
 use std::future::Future;
@@ -95,13 +95,8 @@ impl<F: Future> Future for Repoll<F> {
             {
                 return Poll::Pending;
             }
-            // Woken during the poll. With the task's budget spent, the wake was Tokio's
-            // own way of making it yield: do so now.
-            if !tokio::task::coop::has_budget_remaining() {
-                break;
-            }
         }
-        // Woken on every poll, or out of budget: yield, and come back.
+        // Woken on every poll: yield, and come back.
         this.shared.state.store(IDLE, Ordering::Release);
         cx.waker().wake_by_ref();
         Poll::Pending
@@ -163,32 +158,6 @@ mod tests {
         assert!(out.is_pending());
         assert_eq!(f.inner.polls, REPOLLS_MAX);
         assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the task is woken to come back");
-    }
-
-    /// Spends the task's cooperative budget on every poll, then is pending.
-    struct Spender {
-        polls: u32,
-    }
-
-    impl Future for Spender {
-        type Output = ();
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            self.polls += 1;
-            loop {
-                let spend = std::pin::pin!(tokio::task::consume_budget());
-                if spend.poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn a_future_out_of_budget_yields_at_once() {
-        let mut f = Repoll::new(Spender { polls: 0 });
-        let out = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await;
-        assert!(out.is_pending());
-        assert_eq!(f.inner.polls, 1, "a wake to yield is not a reason to poll again");
     }
 
     /// Pending until `ready` is set; keeps the waker it was polled with.
