@@ -105,6 +105,21 @@ impl Ctx {
         self.store.open_shard(id).is_ok_and(|image| image == tally_core::shard::ShardImage::default())
     }
 
+    /// Whether shard `id` holds nothing, known without reading it: its slot in `rt`,
+    /// the counter's runtime for `id`'s generation, is still cold (this node created
+    /// the counter with nothing in any shard, and neither a write nor an actor start
+    /// has touched the shard since: both clear the slot before they begin), and no
+    /// other node writes it (an embedded engine's own store; see
+    /// [`Ctx::holds_nothing`]). A rollup pass over many counters created by one
+    /// increment each reads one shard of each instead of all of them.
+    pub(crate) fn known_empty(&self, rt: &CounterRuntime, id: &ShardId) -> bool {
+        self.placement.is_none()
+            && !self.store.waits()
+            && rt.meta.layout.generation == id.generation
+            && rt.slots.get(usize::from(id.index)).is_some_and(|slot| slot.cold.load(SeqCst))
+            && self.lost.check(id).is_ok()
+    }
+
     /// What a cold write applies for `sub`. A store that does not replicate answers
     /// every commit for certain (applied, or failed and not applied), and a cold write
     /// is answered before [`Ctx::write_cold`] returns, so its sum is resent only if it

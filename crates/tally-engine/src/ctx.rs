@@ -324,6 +324,11 @@ impl Ctx {
                 let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now);
                 if created {
                     rt.open_empty_slots();
+                    // Every increment it takes lands here first, and no other node
+                    // takes any: its total is in these slots until one leaves them.
+                    if self.placement.is_none() {
+                        rt.pristine.store(true, SeqCst);
+                    }
                 }
                 e.insert(Arc::new(rt)).clone()
             }
@@ -958,6 +963,7 @@ impl Ctx {
     /// not be reached): it is still counted, but not yet in any shard.
     pub(crate) async fn drain(self: &Arc<Self>, rt: &Arc<CounterRuntime>) -> bool {
         rt.drains_in_flight.fetch_add(1, SeqCst);
+        rt.touch();
         let drained = rt.drain();
         let delivered = drained.is_empty() || self.deliver(rt, drained).await;
         // Its first drain has been tried: the place goes. (A sum that could not be

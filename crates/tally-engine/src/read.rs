@@ -19,10 +19,16 @@ use tally_store::ShardImage;
 /// Every current shard's committed state as applied (not yet made durable), fetched
 /// concurrently (remote shards from their owners, which answer durable values);
 /// `None` where a shard could not be reached.
+/// A shard this node knows to hold nothing ([`Ctx::known_empty`]) is not read.
 async fn reads_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardRead>> {
+    let rt = ctx.registry.get(name.as_str()).map(|r| r.clone());
     let reads = (0..meta.layout.shards).map(|index| {
         let id = ShardId::new(name.clone(), meta.layout.generation, index);
+        let empty = rt.as_ref().is_some_and(|rt| ctx.known_empty(rt, &id));
         async move {
+            if empty {
+                return Some(ShardRead { image: ShardImage::default(), sealed: false });
+            }
             match ctx.read_shard(&id).await {
                 Ok(read) => Some(read),
                 Err(e) => {
@@ -152,22 +158,38 @@ pub(crate) async fn sum_each(
 ) {
     use futures::{FutureExt, StreamExt};
     let as_of_ms = ctx.now_ms();
-    // Collected first: a stream over the mapping iterator itself is not `Send` for
-    // every lifetime, as `tokio::spawn` needs.
-    let reads: Vec<_> = counters
-        .iter()
-        .enumerate()
-        .map(|(i, (name, meta))| numbered(i, snapshot_applied(ctx, meta, name)))
-        .collect();
-    let mut reads = futures::stream::iter(reads).buffer_unordered(SUM_MANY_CONCURRENT_MAX);
-    while let Some(first) = reads.next().await {
-        let mut done = vec![first];
-        while let Some(Some(more)) = reads.next().now_or_never() {
-            done.push(more);
+    // Each read is made when a place among the running ones frees up, so a pass holds
+    // at most `SUM_MANY_CONCURRENT_MAX` of them, not one per counter. (A stream
+    // mapping the counters to reads is not `Send` for every lifetime, as
+    // `tokio::spawn` needs; a loop that pushes them is.)
+    let mut next = counters.iter().enumerate();
+    let mut reads = futures::stream::FuturesUnordered::new();
+    let mut done = Vec::new();
+    loop {
+        // Every read that completes without waiting joins `done`, places refilled
+        // as they free up; then one wait for durability serves them all.
+        loop {
+            while reads.len() < SUM_MANY_CONCURRENT_MAX {
+                let Some((i, (name, meta))) = next.next() else { break };
+                reads.push(numbered(i, snapshot_applied(ctx, meta, name)));
+            }
+            match reads.next().now_or_never() {
+                Some(Some(read)) => done.push(read),
+                _ => break,
+            }
         }
+        if done.is_empty() {
+            match reads.next().await {
+                Some(read) => done.push(read),
+                None => break,
+            }
+            continue;
+        }
+        let batch = std::mem::take(&mut done);
         let durable = ctx.flusher.make_durable().await;
         emit(
-            done.into_iter()
+            batch
+                .into_iter()
                 .map(|(i, mut snap)| {
                     if let Err(e) = &durable {
                         tracing::warn!(counter = %counters[i].0, error = %e, "cannot make the values read durable");

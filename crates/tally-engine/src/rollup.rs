@@ -211,6 +211,8 @@ fn aged(read: &ValueRead, now: u64) -> ValueRead {
 /// Reads a counter's total for a first cached read — fresh, this node's buffered
 /// increments delivered first, so the `INCR` that created a counter answers a total
 /// that includes it — answers the caller, then hands the total to the rollup to cache.
+/// A counter this node created and still holds whole in its slots
+/// ([`CounterRuntime::pristine_total`]) is summed from them instead.
 async fn load(
     ctx: Arc<Ctx>,
     rollup: ActorRef<RollupMsg>,
@@ -225,7 +227,13 @@ async fn load(
         }
     };
     rt.changed.store(0, SeqCst);
-    match crate::read::fresh(&ctx, &rt).await {
+    // A counter this node just created, whose increments are all still in its
+    // slots, has its exact total there: no drain, no store read, no flush to wait for.
+    let read = match rt.pristine_total(ctx.now_ms()) {
+        Some(read) => Ok(read),
+        None => crate::read::fresh(&ctx, &rt).await,
+    };
+    match read {
         Ok(read) => {
             let _ = reply.send(Ok(aged(&read, ctx.now_ms())));
             let fetched =

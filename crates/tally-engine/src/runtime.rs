@@ -106,6 +106,14 @@ pub(crate) struct CounterRuntime {
     /// fresh read delivers them too. Dropped once it (and its own predecessors) are
     /// quiet.
     pub(crate) predecessor: Mutex<Option<Arc<CounterRuntime>>>,
+    /// Every increment the counter has taken since this node created it is still in
+    /// these slots: nothing was in any shard at creation, no other node takes its
+    /// increments (no placement), and since then no sum has left a slot and no write
+    /// has reached one of its shards. While set, the slots' sum is the counter's
+    /// exact total ([`CounterRuntime::pristine_total`]). Cleared before anything
+    /// leaves a slot (`Ctx::drain`) and before any shard write of the counter is
+    /// applied (`shard::write_through`), so before either is acknowledged.
+    pub(crate) pristine: AtomicBool,
 }
 
 impl CounterRuntime {
@@ -126,7 +134,34 @@ impl CounterRuntime {
             drains_in_flight: AtomicU64::new(0),
             drains_settled: tokio::sync::Notify::new(),
             predecessor: Mutex::new(None),
+            pristine: AtomicBool::new(false),
         }
+    }
+
+    /// The counter's exact total while the runtime is [`pristine`](Self::pristine),
+    /// read from its slots without a message or a store read; `None` once it is not.
+    ///
+    /// A drain clears the flag before it takes a sum and a shard write before it is
+    /// applied, all `SeqCst`: if the flag still reads set after the slots were
+    /// summed, no sum had left them while they were read, and every increment
+    /// acknowledged before the read began was in them. Increments added while they
+    /// were read may or may not be counted, as in any read they are concurrent with.
+    pub(crate) fn pristine_total(&self, as_of_ms: u64) -> Option<crate::api::ValueRead> {
+        if !self.pristine.load(SeqCst) {
+            return None;
+        }
+        let buffered: i128 = self.slots.iter().map(|s| i128::from(s.sum.load(SeqCst))).sum();
+        if !self.pristine.load(SeqCst) {
+            return None;
+        }
+        Some(crate::api::ValueRead {
+            value: self.meta.spec.clamp(self.meta.layout.base + buffered),
+            consistency: crate::api::Consistency::Fresh,
+            as_of_ms,
+            staleness_ms: 0,
+            complete: true,
+            missing_shards: Vec::new(),
+        })
     }
 
     /// Opens every slot of a counter known to hold nothing (just created): a value
@@ -136,6 +171,16 @@ impl CounterRuntime {
         for slot in self.slots.iter() {
             slot.open.store(open, SeqCst);
             slot.cold.store(true, SeqCst);
+        }
+    }
+
+    /// Stops answering totals from the slots: a sum is about to leave one, or a
+    /// write to reach a shard ([`CounterRuntime::pristine`]).
+    pub(crate) fn touch(&self) {
+        // A `SeqCst` load: one that finds the flag already clear is ordered after
+        // the store that cleared it, and so before what this caller does next.
+        if self.pristine.load(SeqCst) {
+            self.pristine.store(false, SeqCst);
         }
     }
 

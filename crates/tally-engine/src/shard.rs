@@ -485,9 +485,11 @@ async fn write_through(
     submissions: usize,
 ) -> bool {
     // Counted before the write is applied, so a rollup that finds no change knows no
-    // write is on its way either.
-    if change_abs > 0 {
-        if let Some(rt) = ctx.registry.get(id.counter.as_str()) {
+    // write is on its way either; and from now on the counter's slots no longer hold
+    // its whole total.
+    if let Some(rt) = ctx.registry.get(id.counter.as_str()) {
+        rt.touch();
+        if change_abs > 0 {
             rt.changed.fetch_add(change_abs, Relaxed);
         }
     }

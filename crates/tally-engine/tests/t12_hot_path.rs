@@ -427,3 +427,93 @@ async fn more_new_counters_than_wait_for_a_drain_or_a_write_all_count_and_surviv
     }
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_counters_first_cached_total_is_summed_from_memory() {
+    let (tally, store) = engine_on_hooks().await;
+    let loads = store.loads.load(SeqCst);
+    // The increment that creates the counter answers its total from the slots: no
+    // drain, no shard write and no shard read on the way.
+    let (_, first) = tally.incr_total("mem:1", Increment::new(5)).await.unwrap();
+    assert_eq!(first.consistency, Consistency::Cached);
+    assert_eq!(first.value, 5);
+    assert!(first.complete);
+    assert_eq!(tally.stats().cold_writes.get(), 0, "the first read drained the counter");
+    assert_eq!(store.loads.load(SeqCst), loads, "the first read read a shard");
+    // Concurrent first increments of one new counter: each answer counts at least
+    // its own increment and never more than were acknowledged.
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let t = tally.clone();
+            tokio::spawn(async move { t.incr_total("mem:2", Increment::new(1)).await.unwrap().1.value })
+        })
+        .collect();
+    for t in tasks {
+        let value = t.await.unwrap();
+        assert!((0..=32).contains(&value), "{value}");
+    }
+    assert_eq!(tally.read("mem:2", Consistency::Fresh).await.unwrap().value, 32);
+    assert_eq!(tally.read("mem:1", Consistency::Fresh).await.unwrap().value, 5);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_counters_first_cached_total_counts_what_already_left_its_slots() {
+    let (tally, _) = common::mem_engine().await;
+    // Created by a direct write (an event id): its slots never held it.
+    tally.incr("direct:1", Increment::new(7).event_id("e1")).await.unwrap();
+    assert_eq!(tally.read("direct:1", Consistency::Cached).await.unwrap().value, 7);
+    // Created from the slots, then written directly.
+    tally.incr("mixed:1", Increment::new(1)).await.unwrap();
+    tally.incr("mixed:1", Increment::new(10).event_id("e2")).await.unwrap();
+    assert_eq!(tally.read("mixed:1", Consistency::Cached).await.unwrap().value, 11);
+    // Created from the slots, then drained (a fresh read delivers them; it does not
+    // cache), then read cached for the first time.
+    tally.incr("drained:1", Increment::new(3)).await.unwrap();
+    assert_eq!(tally.read("drained:1", Consistency::Fresh).await.unwrap().value, 3);
+    assert_eq!(tally.read("drained:1", Consistency::Cached).await.unwrap().value, 3);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_a_new_counter_skips_the_shards_nothing_was_written_to() {
+    let (tally, store) = engine_on_hooks().await;
+    tally.put_counter("sparse:1", spec(8, Durability::Batched)).await.unwrap();
+    tally.incr("sparse:2", Increment::new(1)).await.unwrap();
+    let loads = store.loads.load(SeqCst);
+    // One drained sum: one shard written, the seven others known empty.
+    assert_eq!(tally.read("sparse:2", Consistency::Fresh).await.unwrap().value, 1);
+    assert_eq!(store.loads.load(SeqCst) - loads, 1, "shards read beyond the one written");
+    // Direct writes start actors on other shards; every one written is read again.
+    for e in 0..16 {
+        tally.incr("sparse:2", Increment::new(1).event_id(format!("e{e}"))).await.unwrap();
+    }
+    let read = tally.read("sparse:2", Consistency::Fresh).await.unwrap();
+    assert_eq!(read.value, 17);
+    assert!(read.complete);
+    // A counter created by `put_counter` is not known empty: it is read whole.
+    tally.incr("sparse:1", Increment::new(2)).await.unwrap();
+    let loads = store.loads.load(SeqCst);
+    assert_eq!(tally.read("sparse:1", Consistency::Fresh).await.unwrap().value, 2);
+    assert!(store.loads.load(SeqCst) - loads >= 8);
+    tally.shutdown().await.unwrap();
+    let tally = common::reopen(&store.inner).await;
+    assert_eq!(tally.read("sparse:2", Consistency::Fresh).await.unwrap().value, 17);
+    assert_eq!(tally.read("sparse:1", Consistency::Fresh).await.unwrap().value, 2);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_counters_first_cached_total_counts_a_sum_on_its_way_to_a_shard() {
+    let (tally, store) = engine_on_hooks().await;
+    // The creation's write is slow, and a counter's first drained sum is written only
+    // after it: the sum waits between the slots and its shard meanwhile.
+    store.meta_batch_stall_ms.store(300, SeqCst);
+    tally.incr("between:1", Increment::new(3)).await.unwrap();
+    let t = tally.clone();
+    let drain = tokio::spawn(async move { t.read("between:1", Consistency::Fresh).await.unwrap().value });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(tally.read("between:1", Consistency::Cached).await.unwrap().value, 3);
+    assert_eq!(drain.await.unwrap(), 3);
+    tally.shutdown().await.unwrap();
+}
