@@ -511,6 +511,15 @@ section_resp() {
         "redis-cli -h 127.0.0.1 -p $always_port GET bench:resp" "$pipe" "$w" INCR bench:resp
     done
   done
+  # First increments to new counters (a new key per command, created with the default
+  # spec) beside the INCR cells of an existing counter above: the same client and
+  # writers. Verified by the node's count of delivered increments, read once every
+  # buffered first increment has been drained (within `flush_ms`, 200 ms).
+  local delivered="sleep 2; curl -fsS ${TALLY_URLS%% *}/metrics | awk '/^tally_increments_total/ {s += \$2} END {print s}'"
+  for w in $WRITERS; do
+    resp_cell "Tally 1 node (RESP)" "INCR, a new counter per command" "$TALLY_RESP_PORT" "$TALLY_PIDS" \
+      "$delivered" 1 "$w" INCR "new$w:__rand_int__"
+  done
   stop_pid "$everysec_pid" TERM 60
   stop_pid "$always_pid" TERM 60
 

@@ -132,6 +132,27 @@ def resp_section(raw):
             f"| {us(r.get('p50_us'))} | {us(r.get('p99_us'))} | {num(cpu)} | {per} | {verified_text(r)} |"
         )
     out.append("")
+    # First increments to new counters ÷ increments to an existing batched counter.
+    for r in [r for r in rows if r.get("config") == "INCR, a new counter per command"]:
+        base = next(
+            (
+                b
+                for b in rows
+                if b.get("system") == r.get("system")
+                and b.get("config", "").startswith("INCR, batched counter")
+                and b.get("requests") == "single"
+                and b.get("writers") == r.get("writers")
+            ),
+            None,
+        )
+        if base and base.get("incr_per_s") and r.get("incr_per_s"):
+            q = r["incr_per_s"] / base["incr_per_s"]
+            out.append(
+                f"* new counters ÷ an existing counter, {plural(r['writers'], 'writer')}: {num(r['incr_per_s'])} ÷ "
+                f"{num(base['incr_per_s'])} = **{q:.2f}×** — target ≥ 0.5×: {'PASS' if q >= 0.5 else 'MISS'}"
+            )
+    if out[-1] != "":
+        out.append("")
     return out
 
 

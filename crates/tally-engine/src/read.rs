@@ -209,6 +209,109 @@ async fn numbered<T>(i: usize, f: impl Future<Output = T>) -> (usize, T) {
 /// Most counters whose shards [`sum_each`] reads at once.
 pub const SUM_MANY_CONCURRENT_MAX: usize = 64;
 
+/// Fresh reads of one counter waiting for a round of their own
+/// ([`fresh_shared`]).
+#[derive(Default)]
+pub(crate) struct FreshRounds {
+    /// A round is under way (or about to start for the readers waiting).
+    running: bool,
+    /// Readers that asked while a round was under way: the next round, which begins
+    /// after they asked, answers them all.
+    waiting: Vec<tokio::sync::oneshot::Sender<Result<ValueRead, TallyError>>>,
+}
+
+/// A fresh read ([`fresh`]) shared with the other fresh reads of the counter that
+/// ask at the same time. A reader that finds no round under way reads at once. One
+/// that asks while a round is under way cannot take that round's answer (it began
+/// before the reader asked, so it may miss what was acknowledged just before), and
+/// waits for the next round instead, which begins once that one ends and answers
+/// every reader that asked meanwhile. So a total includes every increment
+/// acknowledged before its reader asked, as a read of its own would, and many
+/// concurrent readers (every `INCR` of a `sync` counter reads its total) cost a
+/// round or two of shard reads instead of one each.
+pub(crate) async fn fresh_shared(ctx: &Arc<Ctx>, rt: &Arc<CounterRuntime>) -> Result<ValueRead, TallyError> {
+    let waiting = {
+        let mut rounds = rt.fresh_rounds.lock();
+        if rounds.running {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            rounds.waiting.push(tx);
+            Some(rx)
+        } else {
+            rounds.running = true;
+            None
+        }
+    };
+    if let Some(rx) = waiting {
+        return rx.await.unwrap_or(Err(TallyError::ShuttingDown));
+    }
+    // This reader's own round; the next one, if readers asked meanwhile, runs in a
+    // task of its own, also when this reader stops waiting (the guard).
+    let _next = NextRound { ctx, rt };
+    fresh(ctx, rt).await
+}
+
+/// Starts the next round for the readers who asked during the one that ends (see
+/// [`fresh_shared`]) when dropped, or marks that no round runs.
+struct NextRound<'a> {
+    ctx: &'a Arc<Ctx>,
+    rt: &'a Arc<CounterRuntime>,
+}
+
+impl Drop for NextRound<'_> {
+    fn drop(&mut self) {
+        let mut rounds = self.rt.fresh_rounds.lock();
+        if rounds.waiting.is_empty() {
+            rounds.running = false;
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                drop(rounds);
+                handle.spawn(fresh_rounds(self.ctx.clone(), self.rt.clone()));
+            }
+            // The engine's runtime is gone: nobody will read; the waiting readers
+            // hear that it shut down.
+            Err(_) => {
+                rounds.waiting.clear();
+                rounds.running = false;
+            }
+        }
+    }
+}
+
+/// Rounds of fresh reads, each for the readers who asked before it began, until
+/// none is waiting.
+async fn fresh_rounds(ctx: Arc<Ctx>, rt: Arc<CounterRuntime>) {
+    /// Ends the rounds if their task is dropped midway (the engine's runtime shutting
+    /// down): the readers still waiting hear that it shut down.
+    struct Abandoned<'a>(&'a CounterRuntime, bool);
+    impl Drop for Abandoned<'_> {
+        fn drop(&mut self) {
+            if self.1 {
+                let mut rounds = self.0.fresh_rounds.lock();
+                rounds.waiting.clear();
+                rounds.running = false;
+            }
+        }
+    }
+    let mut abandoned = Abandoned(&rt, true);
+    loop {
+        let waiting = {
+            let mut rounds = rt.fresh_rounds.lock();
+            if rounds.waiting.is_empty() {
+                rounds.running = false;
+                abandoned.1 = false;
+                return;
+            }
+            std::mem::take(&mut rounds.waiting)
+        };
+        let read = fresh(&ctx, &rt).await;
+        for reader in waiting {
+            let _ = reader.send(read.clone());
+        }
+    }
+}
+
 /// A fresh read: first this node's buffered increments for the counter (its current
 /// runtime's and those of runtimes it replaced) are delivered, then every shard is
 /// summed. The read says `complete: false` if a shard did not answer, or if a sum

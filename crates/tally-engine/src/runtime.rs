@@ -114,6 +114,9 @@ pub(crate) struct CounterRuntime {
     /// leaves a slot (`Ctx::drain`) and before any shard write of the counter is
     /// applied (`shard::write_through`), so before either is acknowledged.
     pub(crate) pristine: AtomicBool,
+    /// Fresh reads of the counter waiting for the next shared round
+    /// ([`crate::read::fresh_shared`]).
+    pub(crate) fresh_rounds: Mutex<crate::read::FreshRounds>,
 }
 
 impl CounterRuntime {
@@ -135,6 +138,7 @@ impl CounterRuntime {
             drains_settled: tokio::sync::Notify::new(),
             predecessor: Mutex::new(None),
             pristine: AtomicBool::new(false),
+            fresh_rounds: Mutex::new(crate::read::FreshRounds::default()),
         }
     }
 

@@ -429,7 +429,7 @@ impl Tally {
             self.ctx.stats.read_cached_us.record(started.elapsed().as_micros() as u64);
             r
         } else {
-            let r = crate::read::fresh(&self.ctx, rt).await?;
+            let r = crate::read::fresh_shared(&self.ctx, rt).await?;
             self.ctx.stats.reads_fresh.inc();
             self.ctx.stats.read_fresh_us.record(started.elapsed().as_micros() as u64);
             r

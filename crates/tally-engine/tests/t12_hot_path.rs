@@ -517,3 +517,65 @@ async fn a_new_counters_first_cached_total_counts_a_sum_on_its_way_to_a_shard() 
     assert_eq!(drain.await.unwrap(), 3);
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_fresh_reads_share_rounds_and_each_counts_what_came_before_it() {
+    let (tally, store) = engine_on_hooks().await;
+    const SHARDS: u16 = 8;
+    const WRITERS: usize = 64;
+    const EACH: i128 = 10;
+    tally.put_counter("shared:1", spec(SHARDS, Durability::Sync)).await.unwrap();
+    let loads = store.loads.load(SeqCst);
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|_| {
+            let t = tally.clone();
+            tokio::spawn(async move {
+                // Each answer includes this writer's increments so far (each was
+                // durable before its read was asked for), and every answer is newer.
+                let mut last = 0;
+                for _ in 0..EACH {
+                    let (_, read) = t.incr_total("shared:1", Increment::new(1)).await.unwrap();
+                    assert!(read.complete);
+                    assert!(read.value > last, "{} after {last}", read.value);
+                    last = read.value;
+                }
+                last
+            })
+        })
+        .collect();
+    for t in tasks {
+        let last = t.await.unwrap();
+        assert!((EACH..=WRITERS as i128 * EACH).contains(&last), "{last}");
+    }
+    assert_eq!(tally.read("shared:1", Consistency::Fresh).await.unwrap().value, WRITERS as i128 * EACH);
+    // A read of its own per increment would have loaded every shard each time.
+    let read_loads = store.loads.load(SeqCst) - loads;
+    let alone = WRITERS as u64 * EACH as u64 * u64::from(SHARDS);
+    assert!(read_loads * 2 < alone, "{read_loads} shard loads, {alone} without sharing");
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_reader_that_stops_waiting_leaves_the_next_round_to_run() {
+    let (tally, store) = engine_on_hooks().await;
+    tally.put_counter("shared:2", spec(4, Durability::Batched)).await.unwrap();
+    tally.incr("shared:2", Increment::new(1)).await.unwrap();
+    // The read delivers the buffered increment and waits for its flush, which stalls.
+    store.flush_stall_ms.store(300, SeqCst);
+    let mut first = Box::pin(tally.read("shared:2", Consistency::Fresh));
+    assert!(futures::poll!(&mut first).is_pending());
+    let t = tally.clone();
+    let second = tokio::spawn(async move { t.read("shared:2", Consistency::Fresh).await });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The first reader gives up; the one that asked during its round still gets one.
+    drop(first);
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), second)
+        .await
+        .expect("the waiting reader was left without a round")
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.value, 1);
+    assert!(read.complete);
+    store.flush_stall_ms.store(0, SeqCst);
+    tally.shutdown().await.unwrap();
+}
