@@ -209,6 +209,9 @@ async fn numbered<T>(i: usize, f: impl Future<Output = T>) -> (usize, T) {
 /// Most counters whose shards [`sum_each`] reads at once.
 pub const SUM_MANY_CONCURRENT_MAX: usize = 64;
 
+/// Where a reader waiting for a shared round is answered.
+type Reader = tokio::sync::oneshot::Sender<Result<ValueRead, TallyError>>;
+
 /// Fresh reads of one counter waiting for a round of their own
 /// ([`fresh_shared`]).
 #[derive(Default)]
@@ -217,7 +220,7 @@ pub(crate) struct FreshRounds {
     running: bool,
     /// Readers that asked while a round was under way: the next round, which begins
     /// after they asked, answers them all.
-    waiting: Vec<tokio::sync::oneshot::Sender<Result<ValueRead, TallyError>>>,
+    waiting: Vec<Reader>,
 }
 
 /// A fresh read ([`fresh`]) shared with the other fresh reads of the counter that
@@ -244,71 +247,45 @@ pub(crate) async fn fresh_shared(ctx: &Arc<Ctx>, rt: &Arc<CounterRuntime>) -> Re
     if let Some(rx) = waiting {
         return rx.await.unwrap_or(Err(TallyError::ShuttingDown));
     }
-    // This reader's own round; the next one, if readers asked meanwhile, runs in a
-    // task of its own, also when this reader stops waiting (the guard).
-    let _next = NextRound { ctx, rt };
+    // This reader's own round; the guard starts the next one, for the readers who
+    // asked meanwhile, also when this reader stops waiting.
+    let _next = NextRound { ctx: ctx.clone(), rt: rt.clone() };
     fresh(ctx, rt).await
 }
 
-/// Starts the next round for the readers who asked during the one that ends (see
-/// [`fresh_shared`]) when dropped, or marks that no round runs.
-struct NextRound<'a> {
-    ctx: &'a Arc<Ctx>,
-    rt: &'a Arc<CounterRuntime>,
+/// Ends a round of [`fresh_shared`] when dropped, however the round ends: starts the
+/// next one in a task of its own for the readers who asked during this one, or
+/// marks that no round runs.
+struct NextRound {
+    ctx: Arc<Ctx>,
+    rt: Arc<CounterRuntime>,
 }
 
-impl Drop for NextRound<'_> {
+impl Drop for NextRound {
     fn drop(&mut self) {
         let mut rounds = self.rt.fresh_rounds.lock();
         if rounds.waiting.is_empty() {
             rounds.running = false;
             return;
         }
+        let waiting = std::mem::take(&mut rounds.waiting);
+        drop(rounds);
+        let next = NextRound { ctx: self.ctx.clone(), rt: self.rt.clone() };
         match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                drop(rounds);
-                handle.spawn(fresh_rounds(self.ctx.clone(), self.rt.clone()));
-            }
-            // The engine's runtime is gone: nobody will read; the waiting readers
-            // hear that it shut down.
-            Err(_) => {
-                rounds.waiting.clear();
-                rounds.running = false;
-            }
+            Ok(handle) => drop(handle.spawn(waited_round(next, waiting))),
+            // The engine's runtime is gone: the waiting readers hear that it shut
+            // down (their senders drop), and `next` marks that no round runs.
+            Err(_) => drop((next, waiting)),
         }
     }
 }
 
-/// Rounds of fresh reads, each for the readers who asked before it began, until
-/// none is waiting.
-async fn fresh_rounds(ctx: Arc<Ctx>, rt: Arc<CounterRuntime>) {
-    /// Ends the rounds if their task is dropped midway (the engine's runtime shutting
-    /// down): the readers still waiting hear that it shut down.
-    struct Abandoned<'a>(&'a CounterRuntime, bool);
-    impl Drop for Abandoned<'_> {
-        fn drop(&mut self) {
-            if self.1 {
-                let mut rounds = self.0.fresh_rounds.lock();
-                rounds.waiting.clear();
-                rounds.running = false;
-            }
-        }
-    }
-    let mut abandoned = Abandoned(&rt, true);
-    loop {
-        let waiting = {
-            let mut rounds = rt.fresh_rounds.lock();
-            if rounds.waiting.is_empty() {
-                rounds.running = false;
-                abandoned.1 = false;
-                return;
-            }
-            std::mem::take(&mut rounds.waiting)
-        };
-        let read = fresh(&ctx, &rt).await;
-        for reader in waiting {
-            let _ = reader.send(read.clone());
-        }
+/// A round for readers who asked before it began; `next` (part of the task from
+/// its creation, so also if the task never runs) ends it.
+async fn waited_round(next: NextRound, waiting: Vec<Reader>) {
+    let read = fresh(&next.ctx, &next.rt).await;
+    for reader in waiting {
+        let _ = reader.send(read.clone());
     }
 }
 
