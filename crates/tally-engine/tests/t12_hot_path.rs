@@ -525,6 +525,11 @@ async fn concurrent_fresh_reads_share_rounds_and_each_counts_what_came_before_it
     const WRITERS: usize = 64;
     const EACH: i128 = 10;
     tally.put_counter("shared:1", spec(SHARDS, Durability::Sync)).await.unwrap();
+    // A shard load takes a millisecond, as a read from a busy disk may: a round then
+    // lasts long enough for the writers acknowledged during it to share the next one,
+    // however the two cores are shared with other work.
+    *store.on_load.lock().unwrap() =
+        Some(Box::new(|| std::thread::sleep(std::time::Duration::from_millis(1))));
     let loads = store.loads.load(SeqCst);
     let tasks: Vec<_> = (0..WRITERS)
         .map(|_| {
