@@ -37,6 +37,16 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     Ok(value)
 }
 
+/// Decodes a `T` at the start of `bytes`; returns it and how many bytes it took (the
+/// rest is the caller's: a record followed by another one).
+pub fn decode_prefix<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<(T, usize), DecodeError> {
+    bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|e| DecodeError { what, reason: e.to_string() })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,10 +55,11 @@ mod tests {
     fn round_trips_and_refuses_garbage() {
         let v: (u32, String, i64) = (7, "likes".into(), -3);
         let bytes = encode(&v);
-        assert_eq!(decode::<(u32, String, i64)>("tuple", &bytes), Ok(v));
+        assert_eq!(decode::<(u32, String, i64)>("tuple", &bytes), Ok(v.clone()));
         assert!(decode::<(u32, String, i64)>("tuple", &bytes[..bytes.len() - 1]).is_err());
         let mut long = bytes.clone();
         long.push(0);
         assert!(decode::<(u32, String, i64)>("tuple", &long).is_err());
+        assert_eq!(decode_prefix::<(u32, String, i64)>("tuple", &long), Ok((v, bytes.len())));
     }
 }

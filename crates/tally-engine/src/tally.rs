@@ -786,7 +786,8 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     // the images of formats 1 and 2 are in format 2's encoding; the images and
     // catalog entries of formats 2 and 3 lack format 4's windows; those of format 4
     // lack format 5's bounds and escrow ledger; format 5's catalog entries lack format
-    // 6's window limit (its shard images are today's). Each rewrite goes straight to
+    // 6's window limit (its shard images are today's); format 6's records are today's
+    // (format 7 only lets an image carry records). Each rewrite goes straight to
     // today's records.
     let plan = match verdict.found {
         1 => tally_store::Upgrade {
@@ -809,13 +810,14 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
             meta: vec![(crate::catalog::COUNTER_PREFIX, &v4::upgrade_counter_meta)],
             marker: (STORE_FORMAT_KEY, &current),
         },
+        5 => tally_store::Upgrade {
+            shard_image: None,
+            meta: vec![(crate::catalog::COUNTER_PREFIX, &v5::upgrade_counter_meta)],
+            marker: (STORE_FORMAT_KEY, &current),
+        },
         found => {
-            assert_eq!(found, 5, "readable formats are 1..={STORE_FORMAT}");
-            tally_store::Upgrade {
-                shard_image: None,
-                meta: vec![(crate::catalog::COUNTER_PREFIX, &v5::upgrade_counter_meta)],
-                marker: (STORE_FORMAT_KEY, &current),
-            }
+            assert_eq!(found, 6, "readable formats are 1..={STORE_FORMAT}");
+            tally_store::Upgrade { shard_image: None, meta: Vec::new(), marker: (STORE_FORMAT_KEY, &current) }
         }
     };
     let rewritten = store.upgrade(&plan)?;

@@ -123,6 +123,18 @@ async fn sigkill_mid_stream_loses_no_acknowledged_sync_increment() {
             assert!(o.duplicate, "round {round}: acknowledged {id} was not remembered");
         }
         assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, value);
+        // Retried, every increment the child tried counts once: an unacknowledged one
+        // that reached the disk answers duplicate, one that did not is applied now.
+        let tried: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("TRY ")).collect();
+        let mut applied_now = 0;
+        for id in &tried {
+            if !tally.incr("c", Increment::new(1).event_id(*id)).await.unwrap().duplicate {
+                applied_now += 1;
+            }
+        }
+        let after = tally.read("c", Consistency::Fresh).await.unwrap().value;
+        assert_eq!(after, value + applied_now, "round {round}");
+        assert_eq!(after, tried.len() as i128, "round {round}: every tried increment counts once");
         tally.shutdown().await.unwrap();
     }
 }

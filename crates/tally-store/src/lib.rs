@@ -30,7 +30,7 @@ mod sled_store;
 
 pub use error::StoreError;
 pub use mem::{MemStats, MemStore};
-pub use sled_store::{SledConfig, SledStore, SHARD_TREES};
+pub use sled_store::{SledConfig, SledStore, IMAGE_CARRIED_RECORDS_MAX, SHARD_TREES};
 
 use tally_core::ids::ShardId;
 
@@ -38,7 +38,9 @@ pub use tally_core::format::Rewrite;
 
 /// What [`Store::upgrade`] rewrites.
 pub struct Upgrade<'a> {
-    /// The rewrite of every shard image, if their layout changed.
+    /// The rewrite of every shard image's stored value, if their layout changed: the
+    /// encoded image, which from store format 7 on may be followed by the records it
+    /// carries (see [`IMAGE_CARRIED_RECORDS_MAX`]).
     pub shard_image: Option<Rewrite<'a>>,
     /// The rewrite of every metadata entry whose key starts with the prefix.
     pub meta: Vec<(&'a [u8], Rewrite<'a>)>,

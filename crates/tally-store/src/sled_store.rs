@@ -5,9 +5,14 @@
 //! * Shard data is striped over [`SHARD_TREES`] trees named `shards-00` … `shards-15`.
 //!   A shard lives in exactly one of them, chosen by hashing its key prefix, and
 //!   *everything* of the shard (its image and all its dedup records) lives in that one
-//!   tree, so a commit is a single [`sled::Tree::apply_batch`], which sled makes atomic
-//!   across crashes. (Atomicity across trees would need a sled transaction, whose
-//!   closure may re-run.)
+//!   tree.
+//! * A shard write is atomic across crashes without a sled batch (see
+//!   [`IMAGE_CARRIED_RECORDS_MAX`]): its removals, then its image, then its new dedup
+//!   records are plain inserts, in that order, and the image's value carries the
+//!   records written after it. sled recovers a prefix of its writes, so after a crash
+//!   only the records of a shard's last image can be missing, and the shard's writer
+//!   puts them back when it opens the shard ([`Store::open_shard`]). A write with more
+//!   records than an image carries is one atomic [`sled::Tree::apply_batch`] instead.
 //! * A shard's keys all start with its *prefix*:
 //!   `u16 BE name length ‖ name bytes ‖ u32 BE generation ‖ u16 BE index`.
 //!   The image key is `prefix ‖ 0x00`; a dedup record's key is
@@ -17,7 +22,9 @@
 //!   prefix scan of one shard sees that shard only.
 //! * Metadata lives in its own tree, `meta`, under the caller's raw keys and values.
 //!
-//! Images and dedup records are encoded with [`tally_core::codec`].
+//! Images and dedup records are encoded with [`tally_core::codec`]. An image's value is
+//! the encoded image, followed — when its write put dedup records the ordered way — by
+//! the encoded list of those records (`Vec<(event id, DedupRecord)>`).
 
 use crate::{DedupRecord, ShardImage, ShardWrite, Store, StoreError, Upgrade};
 use sled::Transactional as _;
@@ -38,6 +45,19 @@ use tally_core::ids::ShardId;
 /// of trees (each with its own root page and iterator state) small. Changing it moves
 /// every shard to another tree: it is part of the on-disk format.
 pub const SHARD_TREES: usize = 16;
+
+/// Most dedup records a shard write puts the ordered way: removals, then the image
+/// carrying the records, then the records, each a plain insert. A write with more (a
+/// hand-off page of records) is one atomic batch, whose image carries nothing.
+///
+/// Why not always a batch: a sled `Batch` or transaction rolls the log buffer before
+/// and after its manifest (`pin_log`), two log-buffer writes of its own, each a
+/// `pwrite` and `sync_file_range` on sled's I/O threads, and it takes sled's global
+/// write lock, which stops every read meanwhile. Plain inserts share the log buffer
+/// that the cycle's one flush writes. Measured with `redis-benchmark -c 64` sending
+/// `TALLY.INCRBY` with a new event id each to a 64-shard `sync` counter, the batch cost
+/// a third of the throughput (bench/README.md).
+pub const IMAGE_CARRIED_RECORDS_MAX: usize = 64;
 
 /// Name of the tree that holds metadata entries.
 const META_TREE: &str = "meta";
@@ -299,7 +319,54 @@ fn dedup_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 fn decode_image(id: &ShardId, bytes: &[u8]) -> Result<ShardImage, StoreError> {
-    codec::decode("shard image", bytes).map_err(|e| StoreError::corrupt(format!("shard {id} image"), e))
+    decode_stored_image(id, bytes).map(|(image, _)| image)
+}
+
+/// The records an image's write put after it (see [`IMAGE_CARRIED_RECORDS_MAX`]).
+type Carried = Vec<(String, DedupRecord)>;
+
+/// An image's value: the image, then the records its write puts after it, if any (an
+/// image that carries none is stored as the image alone).
+fn encode_stored_image(image: &ShardImage, carried: &[(String, DedupRecord)]) -> Vec<u8> {
+    let mut bytes = codec::encode(image);
+    if !carried.is_empty() {
+        bytes.extend_from_slice(&codec::encode(&carried));
+    }
+    bytes
+}
+
+/// The image in an image's value and the records it carries.
+fn decode_stored_image(id: &ShardId, bytes: &[u8]) -> Result<(ShardImage, Carried), StoreError> {
+    let corrupt = |e| StoreError::corrupt(format!("shard {id} image"), e);
+    let (image, used) = codec::decode_prefix("shard image", bytes).map_err(corrupt)?;
+    let carried = match &bytes[used..] {
+        [] => Vec::new(),
+        rest => codec::decode("records carried by a shard image", rest).map_err(corrupt)?,
+    };
+    Ok((image, carried))
+}
+
+/// Whether `write` goes the ordered way (plain inserts, its image carrying its
+/// records) rather than as one atomic batch.
+fn goes_ordered(write: &ShardWrite) -> bool {
+    write.dedup_put.len() <= IMAGE_CARRIED_RECORDS_MAX
+}
+
+/// Applies `write` as plain inserts, each atomic on its own: the removals (records
+/// past their window: a crash that keeps some of them and loses the rest changes no
+/// verdict), the image carrying the new records, then the records. sled recovers a
+/// prefix of its writes, so a crash leaves either the old image, or the new one with
+/// some of its records, which [`SledStore::open_shard`] puts back.
+fn write_ordered(tree: &sled::Tree, prefix: &[u8], write: &ShardWrite) -> Result<(), StoreError> {
+    let err = |e| StoreError::sled("commit", e);
+    for event_id in &write.dedup_remove {
+        tree.remove(dedup_key(prefix, event_id)).map_err(err)?;
+    }
+    tree.insert(image_key(prefix), encode_stored_image(&write.image, &write.dedup_put)).map_err(err)?;
+    for (event_id, record) in &write.dedup_put {
+        tree.insert(dedup_key(prefix, event_id), codec::encode(record)).map_err(err)?;
+    }
+    Ok(())
 }
 
 fn decode_record(id: &ShardId, event_id: &str, bytes: &[u8]) -> Result<DedupRecord, StoreError> {
@@ -352,6 +419,33 @@ impl Store for SledStore {
             Ok(None) => Ok(ShardImage::default()),
             Err(e) => Err(StoreError::sled("load_shard", e)),
         }
+    }
+
+    /// The image, after putting back any record it carries that a crash lost: only
+    /// the shard's writer opens it, so nothing else writes the shard meanwhile, and its
+    /// dedup lookups all come after.
+    fn open_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError> {
+        fail::fail_point!("store::load", |_| Err(StoreError::Injected("store::load")));
+        let prefix = shard_prefix(id);
+        let tree = self.tree_for(&prefix);
+        let bytes = match tree.get(image_key(&prefix)) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(ShardImage::default()),
+            Err(e) => return Err(StoreError::sled("open_shard", e)),
+        };
+        let (image, carried) = decode_stored_image(id, &bytes)?;
+        let mut restored = 0usize;
+        for (event_id, record) in &carried {
+            if self.dedup_get(id, event_id)?.as_ref() != Some(record) {
+                tree.insert(dedup_key(&prefix, event_id), codec::encode(record))
+                    .map_err(|e| StoreError::sled("open_shard", e))?;
+                restored += 1;
+            }
+        }
+        if restored > 0 {
+            tracing::info!(shard = %id, restored, "put back dedup records its image carries");
+        }
+        Ok(image)
     }
 
     fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
@@ -432,15 +526,18 @@ impl Store for SledStore {
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {
         fail::fail_point!("store::commit", |_| Err(StoreError::Injected("store::commit")));
         let prefix = shard_prefix(id);
+        if goes_ordered(write) {
+            return write_ordered(self.tree_for(&prefix), &prefix, write);
+        }
         let mut staged = Staged::new();
         stage_write(&mut staged, &prefix, write);
         apply_staged(self.tree_for(&prefix), staged)
     }
 
     /// A shard's write is atomic on its own; writes of several shards need not be
-    /// atomic together, but may be. So a write of one key (a shard image, the common
-    /// case) is a plain insert, which sled appends to its current log buffer, and the
-    /// writes of several keys (images with dedup or drain records) share one atomic
+    /// atomic together, but may be. So a write goes the ordered way (plain inserts,
+    /// which sled appends to its current log buffer; see [`IMAGE_CARRIED_RECORDS_MAX`]),
+    /// and only writes with more records than an image carries share one atomic
     /// transaction over the trees they touch. Every atomic group costs sled two
     /// log-buffer writes of its own, each a synchronous `sync_file_range` (see
     /// [`apply_staged`]): one `Batch` per tree cost up to 2 × [`SHARD_TREES`] disk
@@ -458,11 +555,11 @@ impl Store for SledStore {
         for (id, write) in writes {
             let prefix = shard_prefix(id);
             let tree = tree_index(&prefix);
-            let mut staged = Staged::new();
-            stage_write(&mut staged, &prefix, write);
-            if staged.len() == 1 && !in_group.contains(&prefix) {
-                outcome.push(Some(apply_staged(&self.shards[tree], staged)));
+            if goes_ordered(write) && !in_group.contains(&prefix) {
+                outcome.push(Some(write_ordered(&self.shards[tree], &prefix, write)));
             } else {
+                let mut staged = Staged::new();
+                stage_write(&mut staged, &prefix, write);
                 grouped[tree].extend(staged);
                 in_group.insert(prefix);
                 outcome.push(None);
@@ -600,10 +697,11 @@ mod tests {
         store.meta_put(b"c/x", b"old").unwrap();
         store.meta_put(b"other", b"kept").unwrap();
         // A rewrite that doubles the value of every image and marks metadata.
+        // An image's value may carry records after the image (`a`'s and `b`'s do).
         let images = |bytes: &[u8]| {
-            let mut image: ShardImage = codec::decode("image", bytes)?;
+            let (mut image, used): (ShardImage, usize) = codec::decode_prefix("image", bytes)?;
             image.value *= 2;
-            Ok(codec::encode(&image))
+            Ok([codec::encode(&image), bytes[used..].to_vec()].concat())
         };
         let meta = |bytes: &[u8]| Ok([bytes, b"+new"].concat());
         let plan =
@@ -631,6 +729,75 @@ mod tests {
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert_eq!(store.load_shard(&a).unwrap().value, 14);
         assert_eq!(store.meta_get(b"format").unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// What a crash can leave of an ordered write: its image, and not all the records
+    /// written after it.
+    #[test]
+    fn the_shards_writer_puts_back_the_records_its_image_carries() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = shard("likes", 0, 3);
+        let (r1, r2) =
+            (DedupRecord { delta: 1, applied_at_ms: 5 }, DedupRecord { delta: 2, applied_at_ms: 6 });
+        {
+            let store = SledStore::open_path(dir.path()).unwrap();
+            let first = ShardWrite {
+                image: ShardImage { value: 1, ..ShardImage::default() },
+                dedup_put: vec![("e1".into(), r1)],
+                ..Default::default()
+            };
+            let second = ShardWrite {
+                image: ShardImage { value: 3, ..ShardImage::default() },
+                dedup_put: vec![("e2".into(), r2)],
+                ..Default::default()
+            };
+            assert!(store
+                .commit_many(&[(id.clone(), first), (id.clone(), second)])
+                .iter()
+                .all(Result::is_ok));
+            // The crash: the last image reached the disk, its record did not.
+            let prefix = shard_prefix(&id);
+            store.tree_for(&prefix).remove(dedup_key(&prefix, "e2")).unwrap();
+            store.flush().unwrap();
+        }
+        let store = SledStore::open_path(dir.path()).unwrap();
+        // A reader sees the image and writes nothing.
+        assert_eq!(store.load_shard(&id).unwrap().value, 3);
+        assert_eq!(store.dedup_get(&id, "e2").unwrap(), None);
+        // The writer's open puts the record back before its first lookup.
+        assert_eq!(store.open_shard(&id).unwrap().value, 3);
+        assert_eq!(store.dedup_get(&id, "e2").unwrap(), Some(r2));
+        assert_eq!(store.dedup_get(&id, "e1").unwrap(), Some(r1));
+        // Records are records, not images; and an image written alone carries nothing.
+        assert_eq!(store.shard_ids(None, 10).unwrap(), vec![id.clone()]);
+        store
+            .commit(
+                &id,
+                &ShardWrite { image: ShardImage { value: 4, ..ShardImage::default() }, ..Default::default() },
+            )
+            .unwrap();
+        let prefix = shard_prefix(&id);
+        let stored = store.tree_for(&prefix).get(image_key(&prefix)).unwrap().unwrap();
+        assert_eq!(&stored[..], &codec::encode(&ShardImage { value: 4, ..ShardImage::default() })[..]);
+    }
+
+    #[test]
+    fn a_write_with_more_records_than_an_image_carries_is_one_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open_path(dir.path()).unwrap();
+        let id = shard("likes", 0, 1);
+        let record = DedupRecord { delta: 1, applied_at_ms: 5 };
+        let dedup_put: Vec<(String, DedupRecord)> =
+            (0..=IMAGE_CARRIED_RECORDS_MAX).map(|i| (format!("e{i}"), record)).collect();
+        let image = ShardImage { value: 7, ..ShardImage::default() };
+        store.commit_many(&[(
+            id.clone(),
+            ShardWrite { image: image.clone(), dedup_put, ..Default::default() },
+        )]);
+        let prefix = shard_prefix(&id);
+        let stored = store.tree_for(&prefix).get(image_key(&prefix)).unwrap().unwrap();
+        assert_eq!(&stored[..], &codec::encode(&image)[..], "the image carries nothing");
+        assert_eq!(store.dedup_scan(&id, None, 1000).unwrap().len(), IMAGE_CARRIED_RECORDS_MAX + 1);
     }
 
     #[test]

@@ -31,8 +31,13 @@ pub const FIRST_FORMAT: u32 = 1;
 /// in sparse-or-dense segments (see [`v2`]); format 4 added sliding windows to counter
 /// specs and shard images (see [`v3`]); format 5 added bounded counters: a `min` and a
 /// `max` in counter specs, and the escrow ledger in shard images (see [`v4`]); format 6
-/// added window limits: a `limit` in counter specs (see [`v5`]).
-pub const STORE_FORMAT: u32 = 6;
+/// added window limits: a `limit` in counter specs (see [`v5`]); format 7 lets a shard
+/// image's value carry, after the image, the dedup records its write put after it, so
+/// a shard write needs no atomic batch (its records are restored from the image when
+/// a crash lost them). Format 6's values are format 7's values that carry nothing, so
+/// its upgrade only writes the marker; a release that reads at most format 6 refuses
+/// a format 7 store instead of reading carried records as corruption.
+pub const STORE_FORMAT: u32 = 7;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
