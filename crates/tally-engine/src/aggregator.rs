@@ -163,13 +163,18 @@ impl AggregatorState {
         }
     }
 
+    /// Takes the runtimes due now out of `pending`, in place: a tick with thousands
+    /// of new counters pending allocated two lists of all of them.
     fn take_due(&mut self, now: u64, all: bool) -> Vec<Arc<CounterRuntime>> {
-        let (due, keep): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.pending).into_iter().partition(|(rt, due)| {
-                all || *due <= now || rt.flush_requested.load(SeqCst) || rt.retired.load(SeqCst)
-            });
-        self.pending = keep;
-        due.into_iter().map(|(rt, _)| rt).collect()
+        let mut due = Vec::new();
+        self.pending.retain(|(rt, at)| {
+            let take = all || *at <= now || rt.flush_requested.load(SeqCst) || rt.retired.load(SeqCst);
+            if take {
+                due.push(rt.clone());
+            }
+            !take
+        });
+        due
     }
 }
 

@@ -213,8 +213,8 @@ impl LocalCatalog {
         self.deferred.lock().unwritten.get(name).cloned()
     }
 
-    /// Writes every unwritten creation in one store batch (no flush: they are
-    /// `batched`). The caller holds the write lock.
+    /// Writes every unwritten creation (no flush: they are `batched`). The caller
+    /// holds the write lock.
     async fn write_unwritten(&self, _guard: &tokio::sync::MutexGuard<'_, ()>) -> Result<(), TallyError> {
         let (puts, names, last) = {
             let d = self.deferred.lock();
@@ -229,7 +229,7 @@ impl LocalCatalog {
             let names: Vec<_> = d.unwritten.keys().cloned().collect();
             (puts, names, d.last_ticket)
         };
-        self.meta_batch_off_worker(puts).await?;
+        self.put_entries_off_worker(puts).await?;
         let mut d = self.deferred.lock();
         for n in &names {
             d.unwritten.remove(n);
@@ -241,16 +241,20 @@ impl LocalCatalog {
         Ok(())
     }
 
-    /// One store batch of puts, from a blocking thread when the store blocks (sled
-    /// holds a write back while a flush's fsync runs).
-    async fn meta_batch_off_worker(&self, puts: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), TallyError> {
+    /// New counters' entries, each written on its own (`Store::meta_put_each`: they
+    /// stand alone, and sled recovers a prefix of its writes, so an entry is on disk
+    /// whenever shard data written after it is), from a blocking thread when the
+    /// store blocks (sled holds a write back while a flush's fsync runs). A failure
+    /// may leave some of them written: each is a counter with its default spec,
+    /// which any later increment would have created the same way.
+    async fn put_entries_off_worker(&self, puts: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), TallyError> {
         if self.store.blocks() {
             let store = self.store.clone();
-            tokio::task::spawn_blocking(move || store.meta_batch(&puts, &[]))
+            tokio::task::spawn_blocking(move || store.meta_put_each(&puts))
                 .await
                 .unwrap_or(Err(tally_store::StoreError::Closed))
         } else {
-            self.store.meta_batch(&puts, &[])
+            self.store.meta_put_each(&puts)
         }
         .map_err(TallyError::from)
     }
@@ -583,7 +587,7 @@ impl LocalCatalog {
         // A new counter never has a resharding marker, so nothing is deleted. sled
         // holds a write back while a flush's fsync runs, so a store that blocks is
         // written from a blocking thread, never from an async worker.
-        let written = self.meta_batch_off_worker(puts).await;
+        let written = self.put_entries_off_worker(puts).await;
         drop(guard);
         let settled = match written {
             // A counter created with a `batched` spec by its first increment needs no

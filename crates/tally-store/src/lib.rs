@@ -114,6 +114,14 @@ pub trait Store: Send + Sync + 'static {
     /// Durable after the next flush.
     fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError>;
 
+    /// Writes `puts` in order, each entry atomic on its own: a crash keeps a prefix of
+    /// them, and a failure may leave the ones before it written. For entries that
+    /// stand alone, such as the catalog entries of new counters. Durable after the
+    /// next flush. By default one atomic batch, which promises more.
+    fn meta_put_each(&self, puts: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        self.meta_batch(puts, &[])
+    }
+
     /// Up to `limit` metadata entries whose keys start with `prefix`, in key order,
     /// starting after `after` (exclusive) when given.
     // The signature is part of the fixed trait; a type alias would only hide the shape.

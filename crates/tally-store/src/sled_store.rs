@@ -615,6 +615,18 @@ impl Store for SledStore {
         self.meta.apply_batch(batch).map_err(|e| StoreError::sled("meta_batch", e))
     }
 
+    /// Plain inserts: a `sled::Batch` would roll the log buffer twice and take sled's
+    /// global write lock (see [`IMAGE_CARRIED_RECORDS_MAX`]).
+    fn meta_put_each(&self, puts: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        fail::fail_point!("store::meta_put_each", |_| Err(StoreError::Injected("store::meta_put_each")));
+        for (key, value) in puts {
+            self.meta
+                .insert(key.as_slice(), value.as_slice())
+                .map_err(|e| StoreError::sled("meta_put_each", e))?;
+        }
+        Ok(())
+    }
+
     fn meta_scan(
         &self,
         prefix: &[u8],

@@ -66,6 +66,7 @@ fn every_io_call_has_a_failpoint() {
         ("store::meta_get", Box::new(|s| s.meta_get(b"k").map(drop))),
         ("store::meta_put", Box::new(|s| s.meta_put(b"k", b"v"))),
         ("store::meta_delete", Box::new(|s| s.meta_delete(b"k"))),
+        ("store::meta_put_each", Box::new(|s| s.meta_put_each(&[(b"k".to_vec(), b"v".to_vec())]))),
         ("store::meta_scan", Box::new(|s| s.meta_scan(b"", None, 1).map(drop))),
     ];
     for (name, call) in calls {

@@ -41,6 +41,8 @@ enum Op {
     MetaDelete(usize),
     /// Puts and deletes of several keys at once (deletes first).
     MetaBatch(Vec<(usize, Vec<u8>)>, Vec<usize>),
+    /// Puts of several keys, each on its own, in order.
+    MetaPutEach(Vec<(usize, Vec<u8>)>),
     Flush,
     /// Close and reopen the store (sled: drop and open again; mem: flush then crash).
     Reopen,
@@ -90,6 +92,11 @@ impl Model {
                     self.meta.insert(META_KEYS[*k].to_vec(), v.clone());
                 }
             }
+            Op::MetaPutEach(puts) => {
+                for (k, v) in puts {
+                    self.meta.insert(META_KEYS[*k].to_vec(), v.clone());
+                }
+            }
             Op::Flush | Op::Reopen | Op::Crash(_) => return false,
         }
         true
@@ -112,6 +119,11 @@ fn do_mutation(store: &dyn Store, op: &Op) -> Result<(), StoreError> {
             let puts: Vec<_> = puts.iter().map(|(k, v)| (META_KEYS[*k].to_vec(), v.clone())).collect();
             let deletes: Vec<_> = deletes.iter().map(|k| META_KEYS[*k].to_vec()).collect();
             store.meta_batch(&puts, &deletes)
+        }
+        Op::MetaPutEach(puts) => {
+            let puts: Vec<(Vec<u8>, Vec<u8>)> =
+                puts.iter().map(|(k, v)| (META_KEYS[*k].to_vec(), v.clone())).collect();
+            store.meta_put_each(&puts)
         }
         Op::Flush => store.flush(),
         Op::Reopen | Op::Crash(_) => unreachable!("handled by the caller"),
@@ -239,6 +251,8 @@ fn mutation() -> impl Strategy<Value = Op> {
             prop::collection::vec(0..META_KEYS.len(), 0..3)
         )
             .prop_map(|(puts, deletes)| Op::MetaBatch(puts, deletes)),
+        1 => prop::collection::vec((0..META_KEYS.len(), prop::collection::vec(any::<u8>(), 0..6)), 0..4)
+            .prop_map(Op::MetaPutEach),
     ]
 }
 
