@@ -693,6 +693,22 @@ mod tests {
         ShardId::new(CounterName::new(name).unwrap(), generation, index)
     }
 
+    /// Opens the store at `path` again once sled's background threads of the dropped
+    /// handle have let go of its lock (they can outlive the drop by a moment on a busy
+    /// machine).
+    fn reopen(path: &Path) -> SledStore {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match SledStore::open_path(path) {
+                Ok(store) => return store,
+                Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => panic!("reopening {}: {e}", path.display()),
+            }
+        }
+    }
+
     #[test]
     fn an_upgrade_rewrites_every_named_record_at_once_or_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -772,7 +788,7 @@ mod tests {
             store.tree_for(&prefix).remove(dedup_key(&prefix, "e2")).unwrap();
             store.flush().unwrap();
         }
-        let store = SledStore::open_path(dir.path()).unwrap();
+        let store = reopen(dir.path());
         // A reader sees the image and writes nothing.
         assert_eq!(store.load_shard(&id).unwrap().value, 3);
         assert_eq!(store.dedup_get(&id, "e2").unwrap(), None);
@@ -883,7 +899,7 @@ mod tests {
             assert!(store.commit_many(&writes).iter().all(Result::is_ok));
             store.flush().unwrap();
         }
-        let store = SledStore::open_path(dir.path()).unwrap();
+        let store = reopen(dir.path());
         for id in &ids {
             assert_eq!(store.load_shard(id).unwrap().value, i64::from(id.index) + 1, "{id}");
             assert!(store.dedup_get(id, "e").unwrap().is_some(), "{id}");
