@@ -161,6 +161,22 @@ impl SledStore {
         Self::open(&SledConfig::new(path.as_ref()))
     }
 
+    /// Opens the database at `path` as [`SledStore::open_path`] does, retrying for up
+    /// to `wait` while another handle's lock on it is still held: sled's background
+    /// threads can keep a dropped handle's lock for a moment on a busy machine, so a
+    /// store closed and opened again in one process may find it taken.
+    pub fn open_path_waiting(path: impl AsRef<Path>, wait: std::time::Duration) -> Result<Self, StoreError> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match Self::open_path(path.as_ref()) {
+                Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                opened => return opened,
+            }
+        }
+    }
+
     /// The directory the database lives in.
     pub fn path(&self) -> &Path {
         &self.path
@@ -693,20 +709,9 @@ mod tests {
         ShardId::new(CounterName::new(name).unwrap(), generation, index)
     }
 
-    /// Opens the store at `path` again once sled's background threads of the dropped
-    /// handle have let go of its lock (they can outlive the drop by a moment on a busy
-    /// machine).
+    /// Opens the store at `path` again once the dropped handle has let go of it.
     fn reopen(path: &Path) -> SledStore {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            match SledStore::open_path(path) {
-                Ok(store) => return store,
-                Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => panic!("reopening {}: {e}", path.display()),
-            }
-        }
+        SledStore::open_path_waiting(path, std::time::Duration::from_secs(10)).unwrap()
     }
 
     #[test]

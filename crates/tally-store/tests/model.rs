@@ -273,19 +273,9 @@ fn crash_op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Opens the store at `path` once sled's background threads of the previous handle
-/// have let go of its lock (they can outlive the drop by a moment on a busy machine).
+/// Opens the store at `path` once the previous handle has let go of it.
 fn reopen(path: &std::path::Path) -> SledStore {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match SledStore::open_path(path) {
-            Ok(store) => return store,
-            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(e) => panic!("reopening {}: {e}", path.display()),
-        }
-    }
+    SledStore::open_path_waiting(path, std::time::Duration::from_secs(10)).unwrap()
 }
 
 proptest! {
