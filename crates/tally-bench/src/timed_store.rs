@@ -68,6 +68,10 @@ impl Store for TimedStore {
         self.inner.load_shard(id)
     }
 
+    fn open_shard(&self, id: &ShardId) -> Result<ShardImage, StoreError> {
+        self.inner.open_shard(id)
+    }
+
     fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
         self.inner.dedup_get(id, event_id)
     }
@@ -124,6 +128,10 @@ impl Store for TimedStore {
 
     fn meta_batch(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), StoreError> {
         self.inner.meta_batch(puts, deletes)
+    }
+
+    fn meta_put_each(&self, puts: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        self.inner.meta_put_each(puts)
     }
 
     fn meta_scan(
