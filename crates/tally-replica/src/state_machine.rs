@@ -9,17 +9,13 @@
 //!
 //! A shard key is the counter name, `0xff` (never in a name), the generation and
 //! the index big-endian. Every `apply` call writes the shards it changed, then the
-//! apply position, so a restart never loses an entry whose position is stored. It
-//! writes one key at a time, in order ([`KvTree::write_in_order`], which spares sled
-//! a batch's two log writes and its global write lock): for each shard an entry
-//! changes, the records it removes and puts first, then its image; the position
-//! last. A crash keeps a prefix. So an image on disk has every record written before
-//! it, its own included, and what a crash cut off is at worst some records of an
-//! entry whose image is not stored yet: re-applying that entry (openraft re-applies
-//! every committed entry after the stored position) finds its image newer and
-//! writes all of it again, and re-applying one whose image is stored changes
-//! nothing (the apply rule below). Until then those records are ahead of their
-//! image, for an entry that is committed and applies at the next start. It is not
+//! apply position, so a restart never loses an entry whose position is stored. An
+//! `apply` that changes dedup records writes everything in ONE atomic batch (an
+//! image and its records are stored together or not at all). One that changes only
+//! images writes them one key at a time, in order, the position last
+//! ([`KvTree::write_in_order`], which spares sled a batch's two log writes): a crash
+//! keeps a prefix, at worst some newer images with an older position, and
+//! re-applying those entries changes nothing (the apply rule below). It is not
 //! flushed: the log is, and openraft re-applies from it what a crash took back.
 //!
 //! # The apply rule
@@ -271,10 +267,13 @@ fn dedup_key(shard: &ShardId, id: &str) -> Vec<u8> {
     key
 }
 
-/// The writes that store `entry` (already judged newer), in the order of the
-/// module docs: its dedup changes, then its image; `held` is the shard's records
-/// before it, removed first when the entry clears them.
-fn stage(batch: &mut Vec<KvWrite>, entry: &ShardEntry, held: Option<&BTreeMap<String, DedupRecord>>) {
+/// The writes that store `entry` (already judged newer); `held` is the shard's
+/// records before it, removed first when the entry clears them. True if they
+/// change dedup records, so must be atomic with the image.
+fn stage(batch: &mut Vec<KvWrite>, entry: &ShardEntry, held: Option<&BTreeMap<String, DedupRecord>>) -> bool {
+    let stored = StoredShard { seq: entry.seq, image: entry.write.image.clone(), sealed: entry.sealed };
+    batch.push((shard_key(PREFIX_SHARD, &entry.shard), Some(tally_core::codec::encode(&stored))));
+    let before = batch.len();
     if entry.clear {
         for id in held.into_iter().flat_map(|h| h.keys()) {
             batch.push((dedup_key(&entry.shard, id), None));
@@ -286,8 +285,7 @@ fn stage(batch: &mut Vec<KvWrite>, entry: &ShardEntry, held: Option<&BTreeMap<St
     for (id, r) in &entry.write.dedup_put {
         batch.push((dedup_key(&entry.shard, id), Some(tally_core::codec::encode(r))));
     }
-    let stored = StoredShard { seq: entry.seq, image: entry.write.image.clone(), sealed: entry.sealed };
-    batch.push((shard_key(PREFIX_SHARD, &entry.shard), Some(tally_core::codec::encode(&stored))));
+    batch.len() > before
 }
 
 /// The apply position: the membership (only if `membership` changed), then the
@@ -324,8 +322,15 @@ impl StateMachine {
         self.kv.flush().await.map_err(|e| write_err(subject, e))
     }
 
-    /// Applies one entry's batch to `state`, staging its writes.
-    fn apply_batch(&self, state: &mut RangeState, batch: &Batch, writes: &mut Vec<KvWrite>) -> BatchReport {
+    /// Applies one entry's batch to `state`, staging its writes; sets `atomic` if
+    /// they change dedup records.
+    fn apply_batch(
+        &self,
+        state: &mut RangeState,
+        batch: &Batch,
+        writes: &mut Vec<KvWrite>,
+        atomic: &mut bool,
+    ) -> BatchReport {
         let mut report = BatchReport::default();
         let positions = 0..u32::try_from(batch.images.len()).unwrap_or(u32::MAX);
         if batch.range != self.range {
@@ -338,7 +343,7 @@ impl StateMachine {
             // the records held until now.
             let newer = newer(state.shards.get(&image.shard).map(|s| s.seq), image.seq);
             if newer {
-                stage(writes, image, state.dedup.get(&image.shard));
+                *atomic |= stage(writes, image, state.dedup.get(&image.shard));
             }
             if newer && state.apply(image) {
                 report.applied += 1;
@@ -384,7 +389,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
     {
         let mut replies = Vec::new();
         let mut writes = Vec::new();
-        let mut membership = false;
+        let (mut atomic, mut membership) = (false, false);
         // Changed in place under the lock (no await while it is held); if the batch
         // cannot be stored, the state is reloaded so memory never keeps an effect
         // that was not stored.
@@ -399,7 +404,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                     replies.push(BatchReport::default());
                 }
                 EntryPayload::Normal(batch) => {
-                    let report = self.apply_batch(&mut guard.state, &batch, &mut writes);
+                    let report = self.apply_batch(&mut guard.state, &batch, &mut writes, &mut atomic);
                     replies.push(report);
                 }
             }
@@ -408,7 +413,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             return Ok(replies);
         }
         stage_position(&mut writes, &guard, membership);
-        let stored = self.tree.write_in_order(writes);
+        let stored = if atomic { self.tree.apply(writes) } else { self.tree.write_in_order(writes) };
         if let Err(e) = stored {
             let subject = guard.last_applied.map_or(ErrorSubject::StateMachine, ErrorSubject::Apply);
             if let Ok(stored) = load(&*self.tree) {
@@ -584,7 +589,7 @@ mod tests {
 
     /// An apply cut short by a crash at any point, then replayed from its entries
     /// (what openraft does after a restart), ends in the state of one that was not:
-    /// for images alone and with dedup records put and removed.
+    /// for images alone (written key by key) and with dedup records (one batch).
     #[test]
     fn a_crash_at_any_point_of_an_apply_then_a_replay_ends_in_the_same_state() {
         let range = RangeId(4);
