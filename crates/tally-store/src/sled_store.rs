@@ -351,7 +351,8 @@ fn encode_stored_image(image: &ShardImage, carried: &[(String, DedupRecord)]) ->
     bytes
 }
 
-/// The image in an image's value and the records it carries.
+/// The image in an image's value and the records it carries (both checked: bytes
+/// that are neither are corruption, whoever reads them).
 fn decode_stored_image(id: &ShardId, bytes: &[u8]) -> Result<(ShardImage, Carried), StoreError> {
     let corrupt = |e| StoreError::corrupt(format!("shard {id} image"), e);
     let (image, used) = codec::decode_prefix("shard image", bytes).map_err(corrupt)?;
@@ -451,10 +452,12 @@ impl Store for SledStore {
         };
         let (image, carried) = decode_stored_image(id, &bytes)?;
         let mut restored = 0usize;
+        let err = |e| StoreError::sled("open_shard", e);
         for (event_id, record) in &carried {
-            if self.dedup_get(id, event_id)?.as_ref() != Some(record) {
-                tree.insert(dedup_key(&prefix, event_id), codec::encode(record))
-                    .map_err(|e| StoreError::sled("open_shard", e))?;
+            let key = dedup_key(&prefix, event_id);
+            let held = tree.get(&key).map_err(err)?.map(|b| decode_record(id, event_id, &b)).transpose()?;
+            if held.as_ref() != Some(record) {
+                tree.insert(key, codec::encode(record)).map_err(err)?;
                 restored += 1;
             }
         }
