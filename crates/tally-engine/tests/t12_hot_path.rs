@@ -584,31 +584,3 @@ async fn a_fresh_reader_that_stops_waiting_leaves_the_next_round_to_run() {
     store.flush_stall_ms.store(0, SeqCst);
     tally.shutdown().await.unwrap();
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_counters_spec_and_a_deletion_outlive_a_restart() {
-    // After a restart a counter created with its own spec keeps it (an increment
-    // does not create a default counter over it), and a deleted counter's name
-    // starts again from nothing.
-    let (tally, store) = common::mem_engine().await;
-    for i in 0..50 {
-        tally.put_counter(&format!("kept:{i}"), spec(4, Durability::Sync)).await.unwrap();
-        tally.incr(&format!("kept:{i}"), Increment::new(i + 1)).await.unwrap();
-    }
-    tally.incr("gone", Increment::new(7)).await.unwrap();
-    tally.settle().await;
-    tally.delete_counter("gone").await.unwrap();
-    tally.shutdown().await.unwrap();
-
-    let tally = common::reopen(&store).await;
-    for i in 0..50 {
-        let name = format!("kept:{i}");
-        let info = tally.counter(&name).await.unwrap();
-        assert_eq!((info.spec.shards, info.spec.durability), (4, Durability::Sync), "{name}");
-        tally.incr(&name, Increment::new(1)).await.unwrap();
-        assert_eq!(tally.read(&name, Consistency::Fresh).await.unwrap().value, i128::from(i) + 2);
-    }
-    tally.incr("gone", Increment::new(2)).await.unwrap();
-    assert_eq!(tally.read("gone", Consistency::Fresh).await.unwrap().value, 2);
-    tally.shutdown().await.unwrap();
-}
