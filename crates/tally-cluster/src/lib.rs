@@ -381,8 +381,11 @@ impl Handler for ShardHandler {
         let replication = self.replication.get().cloned();
         let from = from.to_string();
         async move {
-            let starting =
-                || ShardResponse::Failed { code: "starting".into(), message: "node is starting".into() };
+            let starting = || ShardResponse::Failed {
+                code: "starting".into(),
+                message: "node is starting".into(),
+                owner: None,
+            };
             let response = match codec::decode::<PeerRequest>("node request", &request) {
                 Ok(PeerRequest::Shard(req)) => match engine {
                     Some(engine) => engine.serve_shard_request(req).await,
@@ -411,7 +414,7 @@ impl Handler for ShardHandler {
                 }
                 Err(e) => {
                     tracing::warn!(from = %from, error = %e, "undecodable node request");
-                    ShardResponse::Failed { code: "malformed".into(), message: e.to_string() }
+                    ShardResponse::Failed { code: "malformed".into(), message: e.to_string(), owner: None }
                 }
             };
             codec::encode(&response)

@@ -156,6 +156,9 @@ pub enum ShardResponse {
         code: String,
         /// Its message.
         message: String,
+        /// The node that owns the shard as the answering node knows it, when that
+        /// is another node: where the request may go next.
+        owner: Option<NodeId>,
     },
 }
 
@@ -197,13 +200,13 @@ pub trait Placement: Send + Sync + 'static {
 
 /// An answer to a request that failed on the owner.
 pub(crate) fn failed(e: &TallyError) -> ShardResponse {
-    ShardResponse::Failed { code: e.code().to_string(), message: e.to_string() }
+    ShardResponse::Failed { code: e.code().to_string(), message: e.to_string(), owner: None }
 }
 
 /// Turns an unexpected or failed answer into an error.
 pub(crate) fn unexpected(node: &NodeId, id: &ShardId, r: ShardResponse) -> TallyError {
     let reason = match r {
-        ShardResponse::Failed { code, message } => format!("node {node} failed ({code}): {message}"),
+        ShardResponse::Failed { code, message, .. } => format!("node {node} failed ({code}): {message}"),
         other => format!("node {node} answered {other:?}"),
     };
     TallyError::Unavailable { shard: id.to_string(), reason }

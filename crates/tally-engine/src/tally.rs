@@ -627,6 +627,21 @@ impl Tally {
     /// Serves a request another node sent to this node's shards (the cluster layer
     /// carries it here). Errors travel back as [`ShardResponse::Failed`].
     pub async fn serve_shard_request(&self, request: ShardRequest) -> ShardResponse {
+        // Hand-offs go between a shard's previous and new owners; every other request
+        // is for its owner, and a sender with an older view learns the owner here
+        // (as data, so that it can go there next) and retries.
+        let for_owner = !matches!(request, ShardRequest::HandOff { .. } | ShardRequest::Adopt { .. });
+        if let Some(id) = request.shard().filter(|_| for_owner) {
+            if let Some((_, owner)) = self.ctx.remote(id) {
+                let reason = format!("{owner} owns it now (this node has applied a newer membership)");
+                let e = crate::error::unavailable(id, &reason);
+                return ShardResponse::Failed {
+                    code: e.code().to_string(),
+                    message: e.to_string(),
+                    owner: Some(owner),
+                };
+            }
+        }
         match self.serve(request).await {
             Ok(r) => r,
             Err(e) => crate::placement::failed(&e),
@@ -635,16 +650,6 @@ impl Tally {
 
     async fn serve(&self, request: ShardRequest) -> Result<ShardResponse, TallyError> {
         let ctx = &self.ctx;
-        // Hand-offs go between a shard's previous and new owners; every other request
-        // is for its owner, and a sender with an older view of the membership learns
-        // it here and retries.
-        let for_owner = !matches!(request, ShardRequest::HandOff { .. } | ShardRequest::Adopt { .. });
-        if let Some(id) = request.shard().filter(|_| for_owner) {
-            if let Some((_, owner)) = ctx.remote(id) {
-                let reason = format!("{owner} owns it now (this node has applied a newer membership)");
-                return Err(crate::error::unavailable(id, &reason));
-            }
-        }
         match request {
             ShardRequest::HandOff { id, epoch, after } => {
                 let handed = ctx.hand_off(&id, epoch, after.as_deref()).await?;

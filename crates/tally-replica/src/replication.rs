@@ -33,7 +33,7 @@
 use crate::groups::{RangeGroups, ReplicaError, FAILOVER_BOUND_MS};
 use crate::types::{ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -344,17 +344,30 @@ impl Replication {
         }
         if !self.runs(range) {
             // This node does not know the range's leader: its other replicas are
-            // asked in turn, and the one that serves is remembered.
-            let mut last = first;
+            // asked in turn, each node at most once, and first any node an answer
+            // names as the owner (a leader the directory moved out of the range
+            // serves it until its group replaces it, and only its group knows
+            // it). The one that serves is remembered.
             let directory = self.directory();
-            for replica in directory.replicas(range).iter().filter(|r| *r != node && **r != self.me) {
-                last = send(replica.clone(), request.clone()).await;
+            let mut asked = vec![node.clone()];
+            let mut next: VecDeque<NodeId> =
+                directory.replicas(range).iter().filter(|r| *r != node && **r != self.me).cloned().collect();
+            let mut last = first;
+            loop {
+                if let Ok(ShardResponse::Failed { owner: Some(owner), .. }) = &last {
+                    if *owner != self.me && !asked.contains(owner) {
+                        next.retain(|n| n != owner);
+                        next.push_front(owner.clone());
+                    }
+                }
+                let Some(to) = next.pop_front() else { return last };
+                asked.push(to.clone());
+                last = send(to.clone(), request.clone()).await;
                 if !not_served(&last) {
-                    self.hints.lock().insert(range, replica.clone());
+                    self.hints.lock().insert(range, to);
                     return last;
                 }
             }
-            return last;
         }
         // The leader did not serve it: it lost the request or its answer, or it no
         // longer leads. A new leadership is asked as soon as this node knows it (even
@@ -375,7 +388,7 @@ impl Replication {
             if next.node == self.me {
                 return match local {
                     Some(engine) => match engine.serve_shard_request(request).await {
-                        ShardResponse::Failed { code, message } if code == "shard_unavailable" => {
+                        ShardResponse::Failed { code, message, .. } if code == "shard_unavailable" => {
                             Err(TallyError::Unavailable { shard: id.to_string(), reason: message })
                         }
                         other => Ok(other),
@@ -967,6 +980,79 @@ mod tests {
         // Not a leader: no progress known, no lag.
         let s = GroupStatus { matched: None, last_log_index: Some(40), ..leader_status(None, &[]) };
         assert_eq!(voter_lag(&s), 0);
+    }
+
+    /// Peers that never answer: enough for a node that only routes.
+    struct Silent;
+
+    impl Peers for Silent {
+        fn replica_of(&self, _: &NodeId) -> Option<ReplicaId> {
+            None
+        }
+        fn formed<'a>(&'a self, _: &'a NodeId, _: RangeId) -> BoxFuture<'a, Option<bool>> {
+            Box::pin(async { None })
+        }
+        fn lists<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, Option<bool>> {
+            Box::pin(async { None })
+        }
+        fn campaign<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    /// A leader the directory moved out of its range serves it until its group
+    /// replaces it, and only the group's replicas know it: a node that does not
+    /// replicate the range asks the replicas, and then the leader they name.
+    #[tokio::test]
+    async fn a_node_outside_a_range_follows_the_owner_its_replicas_name() {
+        let members: Vec<NodeId> = (1..=5).map(|i| NodeId::new(format!("node{i}"))).collect();
+        let before = Directory::new(members.clone(), Some(3)).unwrap();
+        // A range whose replicas lose a node to a membership change: it led the
+        // range and leads it still, outside the directory's replicas.
+        let range = before.layout().ranges().next().unwrap();
+        let leader = before.replicas(range)[0].clone();
+        let rest: Vec<NodeId> = members.iter().filter(|m| **m != leader).cloned().collect();
+        let (after, _) = before.rebalance(rest, None).unwrap();
+        let me =
+            members.iter().find(|m| **m != leader && !after.replicas(range).contains(m)).unwrap().clone();
+        let groups = RangeGroups::open(
+            me.as_str(),
+            1,
+            Arc::new(crate::MemKv::new()),
+            Arc::new(crate::MemRouter::new()),
+            before.layout(),
+            crate::GroupsConfig::default(),
+        )
+        .await
+        .unwrap();
+        let replication = Replication::new(me.clone(), groups, before, Arc::new(Silent));
+        assert!(replication.set_members(after.members().iter().cloned()).unwrap());
+        assert!(!replication.runs(range));
+        let id = (0..)
+            .map(|i| ShardId::new(tally_core::CounterName::new(format!("c{i}")).unwrap(), 0, 0))
+            .find(|id| replication.range_of(id) == range)
+            .unwrap();
+        let asked = parking_lot::Mutex::new(Vec::new());
+        let first = replication.owner(&id);
+        let answer = replication
+            .call(&first, ShardRequest::Read { id: id.clone() }, None, |to: NodeId, _| {
+                asked.lock().push(to.clone());
+                let answer = if to == leader {
+                    ShardResponse::Done
+                } else {
+                    ShardResponse::Failed {
+                        code: "shard_unavailable".into(),
+                        message: format!("{leader} owns it now"),
+                        owner: Some(leader.clone()),
+                    }
+                };
+                async move { Ok(answer) }
+            })
+            .await;
+        assert_eq!(answer.unwrap(), ShardResponse::Done, "asked {:?}", asked.lock());
+        assert_eq!(asked.lock().as_slice(), [first, leader.clone()], "the named owner goes next");
+        // The node that served is remembered: the range's requests go there first.
+        assert_eq!(replication.owner(&id), leader);
     }
 
     #[test]

@@ -67,8 +67,10 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// ask another what it has seen of an auto counter (a request for the node, not a
 /// shard). Protocol 8: counter specs carry their window limit (`limit`). Protocol 9:
 /// a node may ask a range's leader whether its group still lists a replica, and a
-/// leader leaving its range may ask a voter to stand for election.
-pub const PEER_PROTOCOL: u32 = 9;
+/// leader leaving its range may ask a voter to stand for election. Protocol 10: a
+/// shard's failed answer names the shard's owner when the answering node knows it
+/// is another node.
+pub const PEER_PROTOCOL: u32 = 10;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
