@@ -135,7 +135,10 @@ fn ranges_move_with_membership_changes() {
 /// was refused for 3.5 s by every replica it asked: they named as the owner a
 /// leader the directory had moved out of the range, which still led its group
 /// and which that node never asked; its unit test is
-/// `replication::tests::a_node_outside_a_range_follows_the_owner_its_replicas_name`).
+/// `replication::tests::a_node_outside_a_range_follows_the_owner_its_replicas_name`)
+/// and 3417 (a cached total 338 ms stale after a range's leader removed itself: its
+/// hand-over was counted, and its successor asked to stand, only when a later pass
+/// closed the group, and the run ended before that pass).
 #[test]
 fn replicated_found_seeds_violate_nothing() {
     let found = [
@@ -146,6 +149,7 @@ fn replicated_found_seeds_violate_nothing() {
         (83, FaultLevel::Heavy),
         (705, FaultLevel::Heavy),
         (3518, FaultLevel::Heavy),
+        (3417, FaultLevel::Heavy),
         (519, FaultLevel::Light),
         (842, FaultLevel::Light),
     ];

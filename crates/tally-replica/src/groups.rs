@@ -913,9 +913,13 @@ impl RangeGroups {
         self.group(range)?.raft.trigger().elect().await.map_err(fatal)
     }
 
-    /// On `range`'s leader: the voter other than itself that holds the most of
-    /// the log (the lowest replica id among equals), with its node.
-    pub fn successor(&self, range: RangeId) -> Option<(ReplicaId, ReplicaNode)> {
+    /// On `range`'s leader: the replica of `voters` other than itself that holds
+    /// the most of the log (the lowest replica id among equals), with its node.
+    pub fn successor(
+        &self,
+        range: RangeId,
+        voters: &BTreeSet<ReplicaId>,
+    ) -> Option<(ReplicaId, ReplicaNode)> {
         let g = self.group(range).ok()?;
         let metrics = g.raft.metrics();
         let metrics = metrics.borrow();
@@ -925,9 +929,10 @@ impl RangeGroups {
         let progress = metrics.replication.as_ref()?;
         let membership = metrics.membership_config.membership();
         let held = |id: &ReplicaId| progress.get(id).copied().flatten().map(|l| l.index);
-        let best = membership
-            .voter_ids()
-            .filter(|id| *id != self.id)
+        let best = voters
+            .iter()
+            .copied()
+            .filter(|id| *id != self.id && membership.get_node(id).is_some())
             .min_by_key(|id| (std::cmp::Reverse(held(id)), *id))?;
         Some((best, membership.get_node(&best)?.clone()))
     }

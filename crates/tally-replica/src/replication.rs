@@ -115,17 +115,16 @@ pub struct Replication {
     hints: parking_lot::Mutex<HashMap<RangeId, NodeId>>,
     /// Leader changes this node observed in the groups it runs.
     failovers: AtomicU64,
-    /// Groups this node led and closed because it left them ([`Replication::hand_overs`]).
+    /// Ranges this node led and left ([`Replication::hand_overs`]).
     hand_overs: AtomicU64,
     /// When it last did.
     last_hand_over: parking_lot::Mutex<Option<tokio::time::Instant>>,
     /// Groups this node closed once they no longer listed it ([`Replication::groups_retired`]).
     retired: AtomicU64,
-    /// For each range this node leads and removed itself from: the voter that held
-    /// the most of the log then, which it asks to stand when it leaves
-    /// ([`Replication::campaign`]). Chosen at the change, while the leader still
-    /// knows every voter's progress (a removed leader that stepped down does not).
-    successors: parking_lot::Mutex<HashMap<RangeId, (ReplicaId, ReplicaNode)>>,
+    /// Ranges this node led and handed over when the change removing it committed
+    /// ([`Replication::hand_overs`]), until it closes their groups: closing one of
+    /// them is not another hand-over.
+    handed_over: parking_lot::Mutex<std::collections::BTreeSet<RangeId>>,
 }
 
 /// A range's leader as a node knows it: the leader's node and the term it leads in.
@@ -178,7 +177,7 @@ impl Replication {
             hand_overs: AtomicU64::new(0),
             last_hand_over: parking_lot::Mutex::new(None),
             retired: AtomicU64::new(0),
-            successors: parking_lot::Mutex::new(HashMap::new()),
+            handed_over: Default::default(),
         }
     }
 
@@ -462,13 +461,13 @@ impl Replication {
         });
     }
 
-    /// On `range`'s leader, as it leaves the range: asks the voter that holds the
-    /// most of the log to stand for election once its lease ran out.
-    fn hand_over(&self, range: RangeId) {
-        let Some((_, node)) = self.successors.lock().remove(&range).or_else(|| self.groups.successor(range))
-        else {
-            return;
-        };
+    /// As this node leaves `range`, which it led: counts the hand-over, and asks
+    /// `successor` (the voter that holds the most of the log) to stand for
+    /// election once its lease ran out.
+    fn hand_over(&self, range: RangeId, successor: Option<(ReplicaId, ReplicaNode)>) {
+        self.hand_overs.fetch_add(1, Ordering::Relaxed);
+        *self.last_hand_over.lock() = Some(tokio::time::Instant::now());
+        let Some((_, node)) = successor else { return };
         let (peers, departed) = (self.peers.clone(), self.groups.replica_id());
         tokio::spawn(async move { peers.campaign(&NodeId::new(&node.node), range, departed).await });
     }
@@ -593,11 +592,18 @@ impl Replication {
             removed = ?members.voters.difference(&voters).map(name).collect::<Vec<_>>(),
             "making the caught-up replicas the voters"
         );
+        let leaving = !voters.contains(&self.groups.replica_id());
+        // Chosen before the change, while this node leads and knows every replica's
+        // progress.
+        let successor = if leaving { self.groups.successor(range, &voters) } else { None };
         self.groups.set_voters(range, voters.clone()).await?;
-        if !voters.contains(&self.groups.replica_id()) {
-            if let Some(successor) = self.groups.successor(range) {
-                self.successors.lock().insert(range, successor);
-            }
+        if leaving {
+            // The membership without this node is committed: openraft 0.9 steps the
+            // leader down at once, and the range has no leader until the remaining
+            // voters elect one. The hand-over starts now, not when a later pass
+            // closes the group.
+            self.handed_over.lock().insert(range);
+            self.hand_over(range, successor);
         }
         Ok(())
     }
@@ -632,10 +638,10 @@ impl Replication {
             }
             if close {
                 self.leaving.lock().remove(&range);
-                if leads {
-                    self.hand_over(range);
-                    self.hand_overs.fetch_add(1, Ordering::Relaxed);
-                    *self.last_hand_over.lock() = Some(tokio::time::Instant::now());
+                let handed = self.handed_over.lock().remove(&range);
+                if leads && !handed {
+                    let voters = self.groups.members(range).map(|m| m.voters).unwrap_or_default();
+                    self.hand_over(range, self.groups.successor(range, &voters));
                 }
                 if wanted {
                     // Reopened only once the voters had time to elect another
@@ -754,9 +760,10 @@ impl Replication {
         self.failovers.load(Ordering::Relaxed)
     }
 
-    /// Groups this node led and closed since it started because it left them (the
-    /// directory moved the range elsewhere, or the group removed this replica).
-    /// Each is a hand-over by election: openraft 0.9 has no leadership transfer,
+    /// Ranges this node led and left since it started (the directory moved the
+    /// range elsewhere, or the group removed this replica), counted when the change
+    /// that removed it committed, or when it closed a group it still led. Each is
+    /// a hand-over by election: openraft 0.9 has no leadership transfer,
     /// and the remaining voters refuse to elect anyone while the lease of the
     /// leader they heard last runs, so the range is without a leader for up to a
     /// failover ([`crate::groups::FAILOVER_BOUND_MS`]).
@@ -772,7 +779,7 @@ impl Replication {
         self.retired.load(Ordering::Relaxed)
     }
 
-    /// When this node last closed a group it led ([`Replication::hand_overs`]).
+    /// When this node last left a range it led ([`Replication::hand_overs`]).
     pub fn last_hand_over(&self) -> Option<tokio::time::Instant> {
         *self.last_hand_over.lock()
     }
@@ -889,7 +896,7 @@ pub struct ReplicationFigures {
     pub lag_entries_max: u64,
     /// Leader changes observed ([`Replication::failovers`]).
     pub failovers: u64,
-    /// Groups led and closed on leaving them ([`Replication::hand_overs`]).
+    /// Ranges led and left ([`Replication::hand_overs`]).
     pub hand_overs: u64,
     /// Groups closed once they no longer listed this replica ([`Replication::groups_retired`]).
     pub groups_retired: u64,

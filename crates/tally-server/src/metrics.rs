@@ -541,8 +541,8 @@ pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFig
     );
     w.counter(
         "tally_replica_hand_overs_total",
-        "Range groups this node led and closed since it started because it left them; each \
-         range then elects another leader (up to a failover without one).",
+        "Ranges this node led and left since it started; each range then elects another \
+         leader (up to a failover without one).",
         &[(&[], f.hand_overs)],
     );
     w.counter(

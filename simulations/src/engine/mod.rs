@@ -730,7 +730,7 @@ async fn hand_off(w: Shared, epoch: u64) {
 const HAND_OVER_POLL_MS: u64 = 10;
 
 /// Counts the range groups nodes retired, and records every range leader that
-/// left its range (closed the group it led, in a membership change) as a period
+/// left its range (in a membership change) as a period
 /// in which reads of that range go unanswered: the remaining voters elect another
 /// leader only once the lease of the one that left runs out, so the range is
 /// without a leader for up to a failover. Runs until the run ends.
