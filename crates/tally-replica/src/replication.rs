@@ -123,7 +123,8 @@ pub struct Replication {
     retired: AtomicU64,
     /// Ranges this node led and handed over when the change removing it committed
     /// ([`Replication::hand_overs`]), until it closes their groups: closing one of
-    /// them is not another hand-over.
+    /// them is not another hand-over. (The group's metrics still name this node
+    /// the leader after it stepped down: its vote stays committed.)
     handed_over: parking_lot::Mutex<std::collections::BTreeSet<RangeId>>,
 }
 
