@@ -273,7 +273,13 @@ impl TestCluster {
     }
 
     async fn wait_all_healthy(&self, n: usize) -> Result<()> {
-        for i in 1..=n {
+        self.wait_these_healthy(n, &(1..=n).collect::<Vec<_>>()).await
+    }
+
+    /// Waits until nodes `which` (of `n`) are healthy; the error of one that is not
+    /// names the other nodes' errors.
+    async fn wait_these_healthy(&self, n: usize, which: &[usize]) -> Result<()> {
+        for &i in which {
             if let Err(e) = self.wait_healthy(i).await {
                 // Why a node is not healthy is often another node's failure.
                 let mut why = String::new();
@@ -310,6 +316,21 @@ impl TestCluster {
         cluster.wait_leader().await?;
         cluster.wait_connected().await?;
         Ok(cluster)
+    }
+
+    /// Starts `n` TLS nodes (see [`TlsSetup`]) and waits until nodes `healthy` are
+    /// healthy (the others may be meant to stay out), on fresh ports again when a
+    /// node lost a port race.
+    pub async fn spawn_tls_healthy(n: usize, healthy: &[usize], tls: &TlsSetup<'_>) -> Result<Self> {
+        let mut attempt = 0;
+        loop {
+            let cluster = Self::spawn_tls(n, tls)?;
+            match cluster.wait_these_healthy(n, healthy).await {
+                Err(e) if lost_a_port_race(&e) && attempt < PORT_RACE_RETRIES => attempt += 1,
+                Err(e) => return Err(e),
+                Ok(()) => return Ok(cluster),
+            }
+        }
     }
 
     /// Starts `n` TLS nodes (see [`TlsSetup`]) and waits for nothing.

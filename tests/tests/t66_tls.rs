@@ -159,9 +159,7 @@ async fn a_node_with_a_certificate_from_another_ca_cannot_join() -> Result<()> {
     let ca = ours.join("ca.pem");
     // Node 3 trusts the cluster CA but presents a certificate another CA signed.
     let certs = |i: usize| if i == 3 { certs_of(&theirs)(i) } else { certs_of(&ours)(i) };
-    let c = TestCluster::spawn_tls(3, &TlsSetup { ca: &ca, certs: &certs })?;
-    c.wait_healthy(1).await?;
-    c.wait_healthy(2).await?;
+    let c = TestCluster::spawn_tls_healthy(3, &[1, 2], &TlsSetup { ca: &ca, certs: &certs }).await?;
     c.wait_leader().await?;
     node3_stays_out(&c).await?;
     // Nodes 1 and 2 dial node 3's sessions and refuse its certificate; node 3's raft
