@@ -198,9 +198,10 @@ pub trait Placement: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<ShardResponse, TallyError>>;
 }
 
-/// An answer to a request that failed on the owner.
-pub(crate) fn failed(e: &TallyError) -> ShardResponse {
-    ShardResponse::Failed { code: e.code().to_string(), message: e.to_string(), owner: None }
+/// An answer to a request that failed on the node asked; `owner` names the node that
+/// owns the shard when it is another.
+pub(crate) fn failed(e: &TallyError, owner: Option<NodeId>) -> ShardResponse {
+    ShardResponse::Failed { code: e.code().to_string(), message: e.to_string(), owner }
 }
 
 /// Turns an unexpected or failed answer into an error.

@@ -634,17 +634,12 @@ impl Tally {
         if let Some(id) = request.shard().filter(|_| for_owner) {
             if let Some((_, owner)) = self.ctx.remote(id) {
                 let reason = format!("{owner} owns it now (this node has applied a newer membership)");
-                let e = crate::error::unavailable(id, &reason);
-                return ShardResponse::Failed {
-                    code: e.code().to_string(),
-                    message: e.to_string(),
-                    owner: Some(owner),
-                };
+                return crate::placement::failed(&crate::error::unavailable(id, &reason), Some(owner));
             }
         }
         match self.serve(request).await {
             Ok(r) => r,
-            Err(e) => crate::placement::failed(&e),
+            Err(e) => crate::placement::failed(&e, None),
         }
     }
 
