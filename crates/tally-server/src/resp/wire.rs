@@ -1,19 +1,19 @@
 //! The wire: requests out of the read buffer, replies into the write buffer.
 //!
-//! Requests are decoded by `redis-protocol`'s RESP2 decoder (clients send every
-//! command as an array of bulk strings, whatever protocol they asked replies in),
-//! plus Redis's inline form (`PING\r\n`, as typed into `nc`). The decoder has no
-//! limits of its own: it waits for as many bytes as a header declares. So before a
-//! frame is handed to it, [`check_limits`] walks the length headers that have
-//! arrived and refuses, at once, an array longer than `resp.args_max` or a bulk
-//! string longer than `resp.request_bytes_max` — a client announcing a 1 GB bulk
-//! gets its error without the node buffering a byte of it.
+//! Clients send every command as an array of bulk strings, whatever protocol they
+//! asked replies in, or in Redis's inline form (`PING\r\n`, as typed into `nc`).
+//! [`next_request_spans`] walks an array's length headers as they arrive and
+//! refuses, at once, an array longer than `resp.args_max` or a bulk string longer
+//! than `resp.request_bytes_max` — a client announcing a 1 GB bulk gets its error
+//! without the node buffering a byte of it. It finds where each argument lies in
+//! one pass and copies nothing; it accepts exactly what `redis-protocol`'s RESP2
+//! decoder accepts for such arrays, which the tests check it against.
 //!
 //! Replies are built as [`Reply`] values and encoded by the same crate as RESP2 or
 //! RESP3 frames: a map is a RESP3 map or, in RESP2, a flat array of keys and values;
 //! a null is `_` or `$-1`; a boolean is `#t`/`#f` or the integer 1/0.
 
-use redis_protocol::resp2::types::{OwnedFrame as Frame2, RangeFrame, Resp2Frame};
+use redis_protocol::resp2::types::{OwnedFrame as Frame2, Resp2Frame};
 use redis_protocol::resp3::types::{FrameMap, OwnedFrame as Frame3, Resp3Frame};
 
 /// Longest inline command line, in bytes (Redis's `PROTO_INLINE_MAX_SIZE`).
@@ -88,50 +88,19 @@ fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, Pro
     }
 }
 
-/// Walks the headers of the array request at the start of `buf` as far as they
-/// have arrived, refusing counts and lengths over the limits. `Ok` says nothing
-/// about completeness; the decoder decides that.
-pub fn check_limits(buf: &[u8], limits: &WireLimits) -> Result<(), ProtocolError> {
-    if buf.first() != Some(&b'*') {
-        return Ok(());
-    }
-    let Some((count, mut at)) = header(buf, 1, "multibulk")? else { return Ok(()) };
-    if count > 0 && count as u64 > limits.args_max as u64 {
-        return Err(too_large(format!(
-            "a command of {count} arguments; the limit is {} (resp.args_max)",
-            limits.args_max
-        )));
-    }
-    for _ in 0..count.max(0) {
-        let Some(&kind) = buf.get(at) else { return Ok(()) };
-        if kind != b'$' {
-            return Err(malformed(format!("expected '$', got '{}'", quote(&[kind]))));
-        }
-        let Some((len, body)) = header(buf, at + 1, "bulk")? else { return Ok(()) };
-        if len < 0 {
-            return Err(malformed("invalid bulk length"));
-        }
-        if len as u64 > limits.request_bytes_max as u64 {
-            return Err(too_large(format!(
-                "invalid bulk length: {len} bytes; the limit is {} (resp.request_bytes_max)",
-                limits.request_bytes_max
-            )));
-        }
-        at = body + len as usize + 2;
-        if at > buf.len() {
-            return Ok(());
-        }
-    }
-    Ok(())
-}
-
 /// Where one argument lies in the buffer a request was read from.
 pub type Span = std::ops::Range<usize>;
 
 /// Takes the next complete request off the front of `buf`, appending where each of
-/// its arguments lies in `buf` to `spans` (nothing for a blank line or an empty
-/// array): `Ok(None)` if more bytes are needed (and `spans` is left as it was),
-/// else how many bytes the request took.
+/// its arguments lies in `buf` to `spans` (nothing for a blank line, an empty array
+/// or a null one): `Ok(None)` if more bytes are needed (and `spans` is left as it
+/// was), else how many bytes the request took.
+///
+/// An array request is walked header by header as its bytes arrive, and a count or
+/// length over the limits is refused as soon as its header is read, before any of
+/// its body is buffered. The walk accepts what `redis-protocol`'s RESP2 decoder
+/// accepts for an array of bulk strings (the tests hold it to that decoder); it
+/// takes the request in one pass, without building frames.
 pub fn next_request_spans(
     buf: &[u8],
     limits: &WireLimits,
@@ -141,35 +110,63 @@ pub fn next_request_spans(
     if first != b'*' {
         return inline(buf, spans);
     }
-    check_limits(buf, limits)?;
-    let decoded =
-        redis_protocol::resp2::decode::decode_range(buf).map_err(|e| malformed(e.details().to_string()))?;
-    let Some((frame, used)) = decoded else {
-        if buf.len() > limits.request_bytes_max {
+    let before = spans.len();
+    let walked = walk_array(buf, limits, spans);
+    if !matches!(walked, Ok(Some(_))) {
+        spans.truncate(before);
+    }
+    if walked == Ok(None) && buf.len() > limits.request_bytes_max {
+        return Err(too_large(format!(
+            "a request of more than {} bytes (resp.request_bytes_max)",
+            limits.request_bytes_max
+        )));
+    }
+    walked
+}
+
+/// The walk of [`next_request_spans`] over an array request; on `Ok(None)` or an
+/// error, `spans` may hold part of the request.
+fn walk_array(
+    buf: &[u8],
+    limits: &WireLimits,
+    spans: &mut Vec<Span>,
+) -> Result<Option<usize>, ProtocolError> {
+    let Some((count, mut at)) = header(buf, 1, "multibulk")? else { return Ok(None) };
+    if count > 0 && count as u64 > limits.args_max as u64 {
+        return Err(too_large(format!(
+            "a command of {count} arguments; the limit is {} (resp.args_max)",
+            limits.args_max
+        )));
+    }
+    match count {
+        -1 => return Ok(Some(at)),
+        ..=-2 => return Err(malformed(format!("invalid multibulk length '{count}'"))),
+        _ => {}
+    }
+    for _ in 0..count {
+        let Some(&kind) = buf.get(at) else { return Ok(None) };
+        if kind != b'$' {
+            return Err(malformed(format!("expected '$', got '{}'", quote(&[kind]))));
+        }
+        let Some((len, body)) = header(buf, at + 1, "bulk")? else { return Ok(None) };
+        if len < 0 {
+            return Err(malformed("invalid bulk length"));
+        }
+        if len as u64 > limits.request_bytes_max as u64 {
             return Err(too_large(format!(
-                "a request of more than {} bytes (resp.request_bytes_max)",
+                "invalid bulk length: {len} bytes; the limit is {} (resp.request_bytes_max)",
                 limits.request_bytes_max
             )));
         }
-        return Ok(None);
-    };
-    match frame {
-        RangeFrame::Array(items) => {
-            let before = spans.len();
-            for item in items {
-                match item {
-                    RangeFrame::BulkString((start, end)) => spans.push(start..end),
-                    _ => {
-                        spans.truncate(before);
-                        return Err(malformed("expected a bulk string"));
-                    }
-                }
-            }
+        let end = body + len as usize;
+        // Like Redis, the two bytes after a bulk string are skipped, not checked.
+        at = end + 2;
+        if at > buf.len() {
+            return Ok(None);
         }
-        RangeFrame::Null => {}
-        _ => return Err(malformed("expected an array of bulk strings")),
+        spans.push(body..end);
     }
-    Ok(Some(used))
+    Ok(Some(at))
 }
 
 /// An inline command: one line of words separated by spaces.
@@ -453,6 +450,102 @@ mod tests {
         assert_eq!(enc(&Reply::Big(big), Proto::Resp3), "(9223372036854775808\r\n");
         assert_eq!(enc(&Reply::Big(-4), Proto::Resp3), ":-4\r\n");
         assert_eq!(enc(&Reply::Error("ERR a\r\nb".into()), Proto::Resp2), "-ERR a  b\r\n");
+    }
+
+    /// What the listener did before it walked requests itself: the limits checked
+    /// over the headers that arrived, then `redis-protocol`'s decoder.
+    fn crate_decoder(buf: &[u8], limits: &WireLimits) -> Result<Option<(Vec<Span>, usize)>, &'static str> {
+        use redis_protocol::resp2::types::RangeFrame;
+        let Some((count, mut at)) = header(buf, 1, "multibulk").map_err(|e| e.code)? else { return Ok(None) };
+        if count > 0 && count as u64 > limits.args_max as u64 {
+            return Err(REQUEST_TOO_LARGE);
+        }
+        for _ in 0..count.max(0) {
+            let Some(&kind) = buf.get(at) else { break };
+            if kind != b'$' {
+                return Err(PROTOCOL_ERROR);
+            }
+            let Some((len, body)) = header(buf, at + 1, "bulk").map_err(|e| e.code)? else { break };
+            if len < 0 {
+                return Err(PROTOCOL_ERROR);
+            }
+            if len as u64 > limits.request_bytes_max as u64 {
+                return Err(REQUEST_TOO_LARGE);
+            }
+            at = body + len as usize + 2;
+            if at > buf.len() {
+                break;
+            }
+        }
+        match redis_protocol::resp2::decode::decode_range(buf).map_err(|_| PROTOCOL_ERROR)? {
+            None if buf.len() > limits.request_bytes_max => Err(REQUEST_TOO_LARGE),
+            None => Ok(None),
+            Some((RangeFrame::Null, used)) => Ok(Some((Vec::new(), used))),
+            Some((RangeFrame::Array(items), used)) => items
+                .into_iter()
+                .map(|item| match item {
+                    RangeFrame::BulkString((start, end)) => Ok(start..end),
+                    _ => Err(PROTOCOL_ERROR),
+                })
+                .collect::<Result<_, _>>()
+                .map(|spans| Some((spans, used))),
+            Some(_) => Err(PROTOCOL_ERROR),
+        }
+    }
+
+    /// Pieces of array requests, well-formed and not: counts, bulk headers, bodies
+    /// with their two trailing bytes right or wrong, and stray bytes.
+    fn request_bytes() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let count = prop_oneof![
+            (0i64..=10).prop_map(|n| format!("*{n}\r\n").into_bytes()),
+            prop_oneof![Just(-1i64), Just(-2), Just(9), Just(1 << 40)]
+                .prop_map(|n| format!("*{n}\r\n").into_bytes()),
+            Just(b"*x\r\n".to_vec()),
+            Just(b"*3\r".to_vec()),
+        ];
+        let bulk = (0usize..12, any::<bool>(), any::<u8>()).prop_map(|(len, crlf, fill)| {
+            let mut b = format!("${len}\r\n").into_bytes();
+            b.extend(std::iter::repeat_n(fill, len));
+            b.extend_from_slice(if crlf { b"\r\n" } else { b"ab" });
+            b
+        });
+        let odd = prop_oneof![
+            Just(b"$-1\r\n".to_vec()),
+            Just(b"$2000\r\n".to_vec()),
+            Just(b":5\r\n".to_vec()),
+            Just(b"+OK\r\n".to_vec()),
+            Just(b"$1x\r\n".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..4),
+        ];
+        let piece = prop_oneof![4 => bulk, 2 => count.clone(), 1 => odd];
+        (count, proptest::collection::vec(piece, 0..12), any::<proptest::sample::Index>()).prop_map(
+            |(head, pieces, cut)| {
+                let mut buf = head;
+                buf.extend(pieces.concat());
+                let keep = cut.index(buf.len() + 1);
+                buf.truncate(keep.max(1));
+                buf
+            },
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// The listener's walk takes the same requests, with the same arguments and
+        /// the same refusals, as the crate's decoder behind the limit check.
+        #[test]
+        fn the_walk_agrees_with_the_crates_decoder(buf in request_bytes(), small in proptest::bool::ANY) {
+            let limits = if small { WireLimits { request_bytes_max: 16, args_max: 3 } } else { LIMITS };
+            let mut spans = vec![0..0];
+            let walked = next_request_spans(&buf, &limits, &mut spans).map_err(|e| e.code);
+            let walked = walked.map(|used| used.map(|used| (spans[1..].to_vec(), used)));
+            proptest::prop_assert_eq!(&walked, &crate_decoder(&buf, &limits), "{:?}", String::from_utf8_lossy(&buf));
+            if !matches!(walked, Ok(Some(_))) {
+                proptest::prop_assert_eq!(spans.len(), 1, "spans untouched");
+            }
+        }
     }
 
     #[test]
