@@ -538,7 +538,7 @@ mod tests {
         #[test]
         fn the_walk_agrees_with_the_crates_decoder(buf in request_bytes(), small in proptest::bool::ANY) {
             let limits = if small { WireLimits { request_bytes_max: 16, args_max: 3 } } else { LIMITS };
-            let mut spans = vec![0..0];
+            let mut spans: Vec<Span> = std::iter::once(0..0).collect();
             let walked = next_request_spans(&buf, &limits, &mut spans).map_err(|e| e.code);
             let walked = walked.map(|used| used.map(|used| (spans[1..].to_vec(), used)));
             proptest::prop_assert_eq!(&walked, &crate_decoder(&buf, &limits), "{:?}", String::from_utf8_lossy(&buf));
