@@ -120,6 +120,27 @@ pub struct ValueRead {
     pub missing_shards: Vec<u16>,
 }
 
+/// What an increment that answers with its counter's new total (Redis's `INCR`)
+/// reports, besides its outcome: the total of [`ValueRead`] without its age.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IncrTotal {
+    /// The total, computed as `docs/SEMANTICS.md` ("What INCR returns") says.
+    Total(i128),
+    /// The increment was counted but the total cannot be given: these shards did
+    /// not answer the read that followed it (a partial sum is never reported).
+    Incomplete(Vec<u16>),
+}
+
+impl From<ValueRead> for IncrTotal {
+    fn from(read: ValueRead) -> Self {
+        if read.complete {
+            IncrTotal::Total(read.value)
+        } else {
+            IncrTotal::Incomplete(read.missing_shards)
+        }
+    }
+}
+
 /// A sliding window's total (and, for a counter with `distinct`, its distinct
 /// members), merged over every shard: the exact sum of the increments the shards
 /// stamped in `[start_ms, end_ms]`, which is the nominal window `[end_ms - window,

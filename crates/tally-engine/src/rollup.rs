@@ -18,7 +18,7 @@
 //! a few passes may run at once. It skips the read of a counter that nothing can
 //! have changed since its total was taken.
 
-use crate::api::{Consistency, ValueRead};
+use crate::api::{Consistency, IncrTotal, ValueRead};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
@@ -89,12 +89,29 @@ pub(crate) struct RollupView {
 impl RollupView {
     /// The cached total of `name`, aged to `now`, if the rollup holds one.
     pub(crate) fn get(&self, name: &CounterName, now: u64) -> Option<ValueRead> {
+        self.with_published(name, |read| aged(read, now))
+    }
+
+    /// The cached total of `name`, as [`RollupView::get`] answers it, without its age.
+    pub(crate) fn total(&self, name: &CounterName) -> Option<IncrTotal> {
+        self.with_published(name, |read| {
+            if read.complete {
+                IncrTotal::Total(read.value)
+            } else {
+                IncrTotal::Incomplete(read.missing_shards.clone())
+            }
+        })
+    }
+
+    /// Answers `f` of `name`'s published total, and notes the read for the rollup's
+    /// next tick.
+    fn with_published<T>(&self, name: &CounterName, f: impl FnOnce(&ValueRead) -> T) -> Option<T> {
         let published = self.totals.get(name)?;
-        let read = aged(&published.read.lock(), now);
+        let answer = f(&published.read.lock());
         if !published.read_since_tick.load(Relaxed) && !published.read_since_tick.swap(true, SeqCst) {
             self.read.lock().push(name.clone());
         }
-        Some(read)
+        Some(answer)
     }
 
     /// Stops answering `name`'s total (the counter was deleted); the rollup forgets

@@ -344,17 +344,53 @@ impl Tally {
         self.ctx.admit(&inc)?;
         let fast = self.ctx.try_fast(name, &inc);
         if fast == Fast::Applied {
-            // Buffered on the thread's last runtime; a batched counter whose total
-            // the rollup holds answers without waiting for anything.
-            if let Some(rt) = Ctx::last_runtime().filter(|rt| rt.meta.spec.durability == Durability::Batched)
-            {
+            if let Some(rt) = Self::batched_last_runtime() {
                 if let Some(read) = self.cached_now(&rt) {
                     tokio::task::consume_budget().await;
                     return Ok((IncrOutcome::APPLIED, read));
                 }
             }
         }
-        // Boxed, as in `Ctx::incr`: a call answered above builds a small future.
+        self.incr_then_read(name, inc, fast).await
+    }
+
+    /// Counts one increment and answers the total [`Tally::incr_total`] reads,
+    /// without its age: what Redis's `INCR` returns. A batched increment answered
+    /// from the rollup's cache reads no clock.
+    pub async fn incr_value(
+        &self,
+        name: &str,
+        inc: Increment,
+    ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
+        self.ctx.admit(&inc)?;
+        let fast = self.ctx.try_fast(name, &inc);
+        if fast == Fast::Applied {
+            if let Some(rt) = Self::batched_last_runtime() {
+                if let Some(total) = self.cached_total(&rt) {
+                    tokio::task::consume_budget().await;
+                    return Ok((IncrOutcome::APPLIED, total));
+                }
+            }
+        }
+        let (outcome, read) = self.incr_then_read(name, inc, fast).await?;
+        Ok((outcome, read.into()))
+    }
+
+    /// The runtime the thread's last fast increment was buffered on, if its counter
+    /// is batched: one whose total the rollup holds answers without waiting.
+    fn batched_last_runtime() -> Option<Arc<crate::runtime::CounterRuntime>> {
+        Ctx::last_runtime().filter(|rt| rt.meta.spec.durability == Durability::Batched)
+    }
+
+    /// The rest of an increment that answers its counter's total, once the fast
+    /// path did not answer it.
+    async fn incr_then_read(
+        &self,
+        name: &str,
+        inc: Increment,
+        fast: Fast,
+    ) -> Result<(IncrOutcome, ValueRead), TallyError> {
+        // Boxed, as in `Ctx::incr`: a call answered by the fast path builds a small future.
         Box::pin(async move {
             let (outcome, rt) = self.ctx.incr_after(name, inc, fast, true).await?;
             let started = Instant::now();
@@ -399,6 +435,17 @@ impl Tally {
         self.ctx.stats.reads_cached.inc();
         self.ctx.stats.read_cached_us.record(0);
         Some(read)
+    }
+
+    /// [`Tally::cached_now`]'s total, without reading the clock to age it.
+    fn cached_total(&self, rt: &crate::runtime::CounterRuntime) -> Option<IncrTotal> {
+        if rt.meta.spec.rollup_ms == 0 {
+            return None;
+        }
+        let total = self.ctx.rollup_view.total(&rt.name)?;
+        self.ctx.stats.reads_cached.inc();
+        self.ctx.stats.read_cached_us.record(0);
+        Some(total)
     }
 
     async fn read_rt(

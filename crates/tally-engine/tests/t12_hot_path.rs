@@ -8,8 +8,20 @@ use common::{quick_config, spec, HookStore, SharedCatalog};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use tally_engine::{
-    Catalog, Consistency, Durability, EngineParts, Increment, MemStore, SpecPatch, SystemClock, Tally,
+    Catalog, Clock, Consistency, Durability, EngineParts, IncrTotal, Increment, MemStore, SpecPatch,
+    SystemClock, Tally,
 };
+
+/// The system clock, counting its readings.
+#[derive(Default)]
+struct CountingClock(std::sync::atomic::AtomicU64);
+
+impl Clock for CountingClock {
+    fn now_ms(&self) -> u64 {
+        self.0.fetch_add(1, SeqCst);
+        SystemClock.now_ms()
+    }
+}
 
 async fn engine_with_catalog() -> (Tally, SharedCatalog) {
     let catalog = SharedCatalog::default();
@@ -68,6 +80,41 @@ async fn incr_total_of_a_batched_counter_answers_the_cached_total() {
     assert_eq!(first.consistency, Consistency::Cached);
     // The cached total may or may not include the increment, never more than counted.
     assert!(first.value == 0 || first.value == 5, "{first:?}");
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_value_answers_the_same_totals_and_a_cached_one_reads_no_clock() {
+    let clock = Arc::new(CountingClock::default());
+    let tally = Tally::open_with(Arc::new(MemStore::new()), clock.clone(), quick_config()).await.unwrap();
+    tally.put_counter("money", spec(4, Durability::Sync)).await.unwrap();
+    for i in 1..=5i128 {
+        // sync: the fresh total, this increment included, as `incr_total` answers it.
+        let (outcome, total) = tally.incr_value("money", Increment::new(1)).await.unwrap();
+        assert!(outcome.applied);
+        assert_eq!(total, IncrTotal::Total(i));
+    }
+    // batched: the rollup's cached total, once it holds one.
+    tally.incr_value("likes", Increment::new(1)).await.unwrap();
+    let runs = 2_000u64;
+    let clock_reads = |before: u64| clock.0.load(SeqCst) - before;
+    let before = clock.0.load(SeqCst);
+    for _ in 0..runs {
+        let (_, total) = tally.incr_value("likes", Increment::new(1)).await.unwrap();
+        let IncrTotal::Total(total) = total else { panic!("{total:?}") };
+        assert!((0..=runs as i128 + 1).contains(&total), "never more than counted: {total}");
+    }
+    let by_value = clock_reads(before);
+    let before = clock.0.load(SeqCst);
+    for _ in 0..runs {
+        let (_, read) = tally.incr_total("likes", Increment::new(1)).await.unwrap();
+        assert_eq!(read.consistency, Consistency::Cached);
+    }
+    let by_total = clock_reads(before);
+    // The engine's own timers read the clock meanwhile; the increments add one read
+    // each through `incr_total` (to age the total), none through `incr_value`.
+    assert!(by_total >= runs, "{by_total} clock reads for {runs} aged totals");
+    assert!(by_value < runs / 4, "{by_value} clock reads for {runs} totals answered from the cache");
     tally.shutdown().await.unwrap();
 }
 

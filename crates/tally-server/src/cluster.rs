@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_cluster::{AcceptLossError, ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
 use tally_engine::{
-    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
-    ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
+    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, IncrTotal, Increment,
+    PutOutcome, ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
 };
 use tally_raft::MemberRejection;
 
@@ -125,8 +125,8 @@ impl Service for ClusterService {
         self.node.tally().incr(name, inc).await
     }
 
-    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, ValueRead), TallyError> {
-        self.node.tally().incr_total(name, inc).await
+    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, IncrTotal), TallyError> {
+        self.node.tally().incr_value(name, inc).await
     }
 
     async fn incr_many(

@@ -14,6 +14,8 @@ use tally_engine::{
     PutOutcome, ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
 };
 
+pub use tally_engine::IncrTotal;
+
 /// The operations behind the public HTTP interface. Cheap to clone: the router clones
 /// it into every request.
 pub trait Service: Clone + Send + Sync + 'static {
@@ -42,12 +44,12 @@ pub trait Service: Clone + Send + Sync + 'static {
     /// Counts one increment and reports the counter's total after it, as
     /// [`incr_total`] describes. The default composes [`Service::incr`],
     /// [`Service::counter`] and [`Service::read`]; a node over an engine answers in one
-    /// pass through the counter's runtime ([`Tally::incr_total`]).
+    /// pass through the counter's runtime ([`Tally::incr_value`]).
     fn incr_total(
         &self,
         name: &str,
         inc: Increment,
-    ) -> impl Future<Output = Result<(IncrOutcome, ValueRead), TallyError>> + Send {
+    ) -> impl Future<Output = Result<(IncrOutcome, IncrTotal), TallyError>> + Send {
         async move {
             let outcome = self.incr(name, inc).await?;
             let info = self.counter(name).await?;
@@ -55,7 +57,7 @@ pub trait Service: Clone + Send + Sync + 'static {
                 Durability::Sync => Consistency::Fresh,
                 Durability::Batched => Consistency::Cached,
             };
-            Ok((outcome, self.read(name, consistency).await?))
+            Ok((outcome, self.read(name, consistency).await?.into()))
         }
     }
 
@@ -216,17 +218,6 @@ pub async fn reconcile_recorded<S: Service>(
     result
 }
 
-/// What an increment that answers with its counter's new total (Redis's `INCR`)
-/// reports, besides its outcome.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IncrTotal {
-    /// The total, computed as `docs/SEMANTICS.md` ("What INCR returns") says.
-    Total(i128),
-    /// The increment was counted but the total cannot be given: these shards did
-    /// not answer the read that followed it (a partial sum is never reported).
-    Incomplete(Vec<u16>),
-}
-
 /// Counts one increment and reports the counter's total after it:
 ///
 /// * `sync`: the fresh sum of every shard, read after the increment is durable. It
@@ -242,9 +233,5 @@ pub async fn incr_total<S: Service>(
     name: &str,
     inc: Increment,
 ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-    let (outcome, read) = svc.incr_total(name, inc).await?;
-    if !read.complete {
-        return Ok((outcome, IncrTotal::Incomplete(read.missing_shards)));
-    }
-    Ok((outcome, IncrTotal::Total(read.value)))
+    svc.incr_total(name, inc).await
 }

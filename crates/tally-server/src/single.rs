@@ -11,8 +11,9 @@ use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_engine::{
-    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
-    ReconcileReport, ShardsReport, SledStore, SpecPatch, SystemClock, Tally, TallyError, TopRead, ValueRead,
+    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, IncrTotal, Increment,
+    PutOutcome, ReconcileReport, ShardsReport, SledStore, SpecPatch, SystemClock, Tally, TallyError, TopRead,
+    ValueRead,
 };
 
 /// Why a node could not start.
@@ -113,8 +114,8 @@ impl Service for SingleNode {
         self.tally.incr(name, inc).await
     }
 
-    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, ValueRead), TallyError> {
-        self.tally.incr_total(name, inc).await
+    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, IncrTotal), TallyError> {
+        self.tally.incr_value(name, inc).await
     }
 
     async fn incr_many(

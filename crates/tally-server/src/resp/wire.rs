@@ -63,6 +63,29 @@ pub fn quote(bytes: &[u8]) -> String {
     String::from_utf8_lossy(cut).chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
+/// A decimal integer as `str::parse::<i64>` reads one (an optional sign, then at
+/// least one digit, no overflow), straight from bytes.
+fn parse_i64(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &b in digits {
+        let d = i64::from(b.wrapping_sub(b'0'));
+        if d > 9 {
+            return None;
+        }
+        n = n.checked_mul(10)?;
+        n = if negative { n.checked_sub(d)? } else { n.checked_add(d)? };
+    }
+    Some(n)
+}
+
 /// Reads a length header line starting at `at` (just after its type byte):
 /// `Ok(None)` if its CRLF has not arrived, else the number and where it ends.
 fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, ProtocolError> {
@@ -73,11 +96,9 @@ fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, Pro
         }
         return Ok(None);
     };
-    let digits =
-        std::str::from_utf8(&window[..cr]).map_err(|_| malformed(format!("invalid {what} length")))?;
-    let n: i64 = digits
-        .parse()
-        .map_err(|_| malformed(format!("invalid {what} length '{}'", quote(digits.as_bytes()))))?;
+    let digits = &window[..cr];
+    let n =
+        parse_i64(digits).ok_or_else(|| malformed(format!("invalid {what} length '{}'", quote(digits))))?;
     // The LF may lie just past the window (a header of exactly HEADER_BYTES_MAX bytes
     // before its LF): look it up in the buffer, or the header would read as
     // incomplete and its count escape the limits.
@@ -450,6 +471,49 @@ mod tests {
         assert_eq!(enc(&Reply::Big(big), Proto::Resp3), "(9223372036854775808\r\n");
         assert_eq!(enc(&Reply::Big(-4), Proto::Resp3), ":-4\r\n");
         assert_eq!(enc(&Reply::Error("ERR a\r\nb".into()), Proto::Resp2), "-ERR a  b\r\n");
+    }
+
+    #[test]
+    fn length_headers_read_as_the_standard_parser_reads_them() {
+        for text in [
+            "",
+            "+",
+            "-",
+            "0",
+            "-0",
+            "+0",
+            "7",
+            "+5",
+            "-1",
+            "-2",
+            "007",
+            "1a",
+            "a1",
+            " 1",
+            "1 ",
+            "--1",
+            "+-1",
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "99999999999999999999",
+            "1.5",
+            "\u{661}",
+        ] {
+            assert_eq!(parse_i64(text.as_bytes()), text.parse::<i64>().ok(), "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_read_as_the_standard_parser_reads_them(bytes in proptest::collection::vec(
+            proptest::prop_oneof![proptest::strategy::Just(b'-'), proptest::strategy::Just(b'+'), b'0'..=b'9', proptest::num::u8::ANY],
+            0..22,
+        )) {
+            let standard = std::str::from_utf8(&bytes).ok().and_then(|s| s.parse::<i64>().ok());
+            proptest::prop_assert_eq!(parse_i64(&bytes), standard);
+        }
     }
 
     /// What the listener did before it walked requests itself: the limits checked
