@@ -341,17 +341,7 @@ impl Tally {
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, ValueRead), TallyError> {
-        self.ctx.admit(&inc)?;
-        let fast = self.ctx.try_fast(name, &inc);
-        if fast == Fast::Applied {
-            if let Some(rt) = Self::batched_last_runtime() {
-                if let Some(read) = self.cached_now(&rt) {
-                    tokio::task::consume_budget().await;
-                    return Ok((IncrOutcome::APPLIED, read));
-                }
-            }
-        }
-        self.incr_then_read(name, inc, fast).await
+        self.incr_answering(name, inc, Self::cached_now, |read| read).await
     }
 
     /// Counts one increment and answers the total [`Tally::incr_total`] reads,
@@ -362,18 +352,30 @@ impl Tally {
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
+        self.incr_answering(name, inc, Self::cached_total, IncrTotal::from).await
+    }
+
+    /// Counts one increment and answers its counter's total: `cached` of the
+    /// rollup's cache when the increment was buffered on a batched counter whose
+    /// total the rollup holds (nothing to wait for), else `of_read` of the read
+    /// [`Tally::incr_total`] describes.
+    async fn incr_answering<T>(
+        &self,
+        name: &str,
+        inc: Increment,
+        cached: impl FnOnce(&Self, &crate::runtime::CounterRuntime) -> Option<T>,
+        of_read: impl FnOnce(ValueRead) -> T,
+    ) -> Result<(IncrOutcome, T), TallyError> {
         self.ctx.admit(&inc)?;
         let fast = self.ctx.try_fast(name, &inc);
         if fast == Fast::Applied {
-            if let Some(rt) = Self::batched_last_runtime() {
-                if let Some(total) = self.cached_total(&rt) {
-                    tokio::task::consume_budget().await;
-                    return Ok((IncrOutcome::APPLIED, total));
-                }
+            if let Some(answer) = Self::batched_last_runtime().and_then(|rt| cached(self, &rt)) {
+                tokio::task::consume_budget().await;
+                return Ok((IncrOutcome::APPLIED, answer));
             }
         }
         let (outcome, read) = self.incr_then_read(name, inc, fast).await?;
-        Ok((outcome, read.into()))
+        Ok((outcome, of_read(read)))
     }
 
     /// The runtime the thread's last fast increment was buffered on, if its counter
@@ -428,24 +430,28 @@ impl Tally {
     /// without timing it: a lookup and a copy take well under a microsecond, and two
     /// clock reads would cost more than the read.
     fn cached_now(&self, rt: &crate::runtime::CounterRuntime) -> Option<ValueRead> {
-        if rt.meta.spec.rollup_ms == 0 {
-            return None;
-        }
-        let read = self.ctx.rollup_view.get(&rt.name, self.ctx.now_ms())?;
-        self.ctx.stats.reads_cached.inc();
-        self.ctx.stats.read_cached_us.record(0);
-        Some(read)
+        self.cached(rt, |view, name| view.get(name, self.ctx.now_ms()))
     }
 
     /// [`Tally::cached_now`]'s total, without reading the clock to age it.
     fn cached_total(&self, rt: &crate::runtime::CounterRuntime) -> Option<IncrTotal> {
+        self.cached(rt, crate::rollup::RollupView::total)
+    }
+
+    /// `answer` of the rollup's view, if `rt`'s counter has a rollup and its total
+    /// is cached; counted as a cached read.
+    fn cached<T>(
+        &self,
+        rt: &crate::runtime::CounterRuntime,
+        answer: impl FnOnce(&crate::rollup::RollupView, &CounterName) -> Option<T>,
+    ) -> Option<T> {
         if rt.meta.spec.rollup_ms == 0 {
             return None;
         }
-        let total = self.ctx.rollup_view.total(&rt.name)?;
+        let found = answer(&self.ctx.rollup_view, &rt.name)?;
         self.ctx.stats.reads_cached.inc();
         self.ctx.stats.read_cached_us.record(0);
-        Some(total)
+        Some(found)
     }
 
     async fn read_rt(
