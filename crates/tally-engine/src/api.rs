@@ -131,12 +131,12 @@ pub enum IncrTotal {
     Incomplete(Vec<u16>),
 }
 
-impl From<ValueRead> for IncrTotal {
-    fn from(read: ValueRead) -> Self {
+impl From<&ValueRead> for IncrTotal {
+    fn from(read: &ValueRead) -> Self {
         if read.complete {
             IncrTotal::Total(read.value)
         } else {
-            IncrTotal::Incomplete(read.missing_shards)
+            IncrTotal::Incomplete(read.missing_shards.clone())
         }
     }
 }

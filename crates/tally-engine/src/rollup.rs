@@ -94,13 +94,7 @@ impl RollupView {
 
     /// The cached total of `name`, as [`RollupView::get`] answers it, without its age.
     pub(crate) fn total(&self, name: &CounterName) -> Option<IncrTotal> {
-        self.with_published(name, |read| {
-            if read.complete {
-                IncrTotal::Total(read.value)
-            } else {
-                IncrTotal::Incomplete(read.missing_shards.clone())
-            }
-        })
+        self.with_published(name, |read| IncrTotal::from(read))
     }
 
     /// Answers `f` of `name`'s published total, and notes the read for the rollup's

@@ -352,7 +352,7 @@ impl Tally {
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-        self.incr_answering(name, inc, Self::cached_total, IncrTotal::from).await
+        self.incr_answering(name, inc, Self::cached_total, |read| IncrTotal::from(&read)).await
     }
 
     /// Counts one increment and answers its counter's total: `cached` of the

@@ -41,10 +41,20 @@ pub trait Service: Clone + Send + Sync + 'static {
         inc: Increment,
     ) -> impl Future<Output = Result<IncrOutcome, TallyError>> + Send;
 
-    /// Counts one increment and reports the counter's total after it, as
-    /// [`incr_total`] describes. The default composes [`Service::incr`],
-    /// [`Service::counter`] and [`Service::read`]; a node over an engine answers in one
-    /// pass through the counter's runtime ([`Tally::incr_value`]).
+    /// Counts one increment and reports the counter's total after it (Redis's `INCR`):
+    ///
+    /// * `sync`: the fresh sum of every shard, read after the increment is durable. It
+    ///   includes this increment and every one acknowledged before it, and may include
+    ///   concurrent ones (two concurrent increments may report the same total).
+    /// * `batched`: the total `GET` answers right after the increment was buffered —
+    ///   the rollup's cached total, at most `rollup_ms` plus one refresh old, which may
+    ///   or may not include this increment yet (it is acknowledged from memory and
+    ///   reaches its shard within `flush_ms`). With `rollup_ms = 0` that read is fresh:
+    ///   it delivers the buffered increments first, so it includes this one.
+    ///
+    /// The default composes [`Service::incr`], [`Service::counter`] and
+    /// [`Service::read`]; a node over an engine answers in one pass through the
+    /// counter's runtime ([`Tally::incr_value`]).
     fn incr_total(
         &self,
         name: &str,
@@ -57,7 +67,7 @@ pub trait Service: Clone + Send + Sync + 'static {
                 Durability::Sync => Consistency::Fresh,
                 Durability::Batched => Consistency::Cached,
             };
-            Ok((outcome, self.read(name, consistency).await?.into()))
+            Ok((outcome, IncrTotal::from(&self.read(name, consistency).await?)))
         }
     }
 
@@ -216,22 +226,4 @@ pub async fn reconcile_recorded<S: Service>(
         runs.persist();
     }
     result
-}
-
-/// Counts one increment and reports the counter's total after it:
-///
-/// * `sync`: the fresh sum of every shard, read after the increment is durable. It
-///   includes this increment and every one acknowledged before it, and may include
-///   concurrent ones (two concurrent increments may report the same total).
-/// * `batched`: the total `GET` answers right after the increment was buffered —
-///   the rollup's cached total, at most `rollup_ms` plus one refresh old, which may
-///   or may not include this increment yet (it is acknowledged from memory and
-///   reaches its shard within `flush_ms`). With `rollup_ms = 0` that read is fresh:
-///   it delivers the buffered increments first, so it includes this one.
-pub async fn incr_total<S: Service>(
-    svc: &S,
-    name: &str,
-    inc: Increment,
-) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-    svc.incr_total(name, inc).await
 }

@@ -9,7 +9,7 @@ use super::wire::{Proto, Reply};
 use crate::auth::{Gate, Principal};
 use crate::config::RespConfig;
 use crate::http::error::ApiError;
-use crate::service::{incr_total, reconcile_recorded, IncrTotal, Service};
+use crate::service::{reconcile_recorded, IncrTotal, Service};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -277,7 +277,7 @@ fn command_info(names: &[String], entry: fn(&CommandSpec) -> Reply, as_map: bool
 /// These run concurrently within a pipeline, so they touch no session state.
 pub async fn run_increment<S: Service>(svc: &S, cmd: Command) -> Reply {
     match cmd {
-        Command::Incr { key, delta } => match incr_total(svc, &key, Increment::new(delta)).await {
+        Command::Incr { key, delta } => match svc.incr_total(&key, Increment::new(delta)).await {
             Ok((_, IncrTotal::Total(total))) => Reply::Big(total),
             Ok((_, IncrTotal::Incomplete(missing))) => Reply::err(
                 INCOMPLETE,
