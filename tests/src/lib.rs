@@ -304,15 +304,7 @@ impl TestCluster {
     /// [`TlsSetup`]) and waits, as [`TestCluster::start`] does, until all are
     /// healthy, a leader is known and every node sees every other one up.
     pub async fn start_tls(n: usize, tls: &TlsSetup<'_>) -> Result<Self> {
-        let mut attempt = 0;
-        let cluster = loop {
-            let cluster = Self::spawn_tls(n, tls)?;
-            match cluster.wait_all_healthy(n).await {
-                Err(e) if lost_a_port_race(&e) && attempt < PORT_RACE_RETRIES => attempt += 1,
-                Err(e) => return Err(e),
-                Ok(()) => break cluster,
-            }
-        };
+        let cluster = Self::spawn_tls_healthy(n, &(1..=n).collect::<Vec<_>>(), tls).await?;
         cluster.wait_leader().await?;
         cluster.wait_connected().await?;
         Ok(cluster)
