@@ -552,6 +552,10 @@ impl ClusterNode {
         });
         let mut engine_cfg = config.engine.clone();
         engine_cfg.node_id = NodeId::new(&me.id);
+        if replication.is_some() {
+            // Range groups hold the shards: a counter may ask for its own count.
+            engine_cfg.replicas_max = tally_core::ranges::REPLICAS_MAX;
+        }
         let tally = Tally::open_parts(EngineParts {
             store,
             clock: Arc::new(SystemClock),
@@ -883,8 +887,9 @@ impl ClusterNode {
         let mut report = self.tally.shards(name).await?;
         if let Some(r) = &self.replication {
             let counter = CounterName::new(name)?;
+            let class = self.tally.counter(name).await?.spec.replica_class();
             for shard in &mut report.shards {
-                let id = ShardId::new(counter.clone(), report.generation, shard.index);
+                let id = ShardId::new(counter.clone(), report.generation, shard.index).in_class(class);
                 shard.replication = Some(r.range_report(r.range_of(&id)));
             }
         }

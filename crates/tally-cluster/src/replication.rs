@@ -107,6 +107,32 @@ impl Peers for ClusterPeers {
         Some(replica_id_of(self.raft.store_of(m.raft_id)?.store))
     }
 
+    fn replica_classes(&self) -> std::collections::BTreeMap<u8, Vec<NodeId>> {
+        let classes = self.raft.replica_classes().into_iter();
+        classes.map(|(class, members)| (class, members.iter().map(NodeId::new).collect())).collect()
+    }
+
+    fn formation(&self, range: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
+        Some(from_record(self.raft.formation(range.0)?))
+    }
+
+    fn form_range(
+        &self,
+        range: RangeId,
+        voters: Vec<(ReplicaId, ReplicaNode)>,
+    ) -> BoxFuture<'_, Option<Vec<(ReplicaId, ReplicaNode)>>> {
+        let record = voters.into_iter().map(|(id, node)| (id, node.node)).collect();
+        Box::pin(async move {
+            match self.raft.form_range(range.0, record).await {
+                Ok(first) => Some(from_record(first)),
+                Err(e) => {
+                    tracing::info!(%range, error = %e, "cannot record a range group's first voters yet");
+                    None
+                }
+            }
+        })
+    }
+
     fn formed<'a>(&'a self, node: &'a NodeId, range: RangeId) -> BoxFuture<'a, Option<bool>> {
         Box::pin(self.ask(node, PeerRequest::Formed(range), "formed answer"))
     }
@@ -130,4 +156,9 @@ impl Peers for ClusterPeers {
                 self.ask(node, PeerRequest::Campaign(range, departed), "campaign answer").await;
         })
     }
+}
+
+/// A range formation as the metadata group records it, as replicas and nodes.
+fn from_record(record: Vec<(u64, String)>) -> Vec<(ReplicaId, ReplicaNode)> {
+    record.into_iter().map(|(id, node)| (id, ReplicaNode { node })).collect()
 }

@@ -82,9 +82,13 @@ pub fn seal_marker(id: &ShardId) -> Vec<u8> {
 pub fn shard_of_seal_marker(key: &[u8]) -> Option<ShardId> {
     let text = std::str::from_utf8(key.strip_prefix(SEAL_MARKER_PREFIX)?).ok()?;
     let (name, rest) = text.rsplit_once("#g")?;
-    let (generation, index) = rest.split_once('/')?;
+    let (generation, rest) = rest.split_once('/')?;
+    let (index, replicas) = match rest.split_once("@r") {
+        Some((index, replicas)) => (index, replicas.parse().ok()?),
+        None => (rest, crate::ids::CLUSTER_REPLICAS),
+    };
     let name = crate::name::CounterName::new(name).ok()?;
-    Some(ShardId::new(name, generation.parse().ok()?, index.parse().ok()?))
+    Some(ShardId::new(name, generation.parse().ok()?, index.parse().ok()?).in_class(replicas))
 }
 
 /// The store key that records the adoption of shard `id` at placement `epoch`.
@@ -629,7 +633,9 @@ mod tests {
     #[test]
     fn a_seal_marker_names_its_shard_back() {
         let id = ShardId::new(crate::name::CounterName::new("page:views").unwrap(), 7, 12);
-        assert_eq!(super::shard_of_seal_marker(&super::seal_marker(&id)), Some(id));
+        assert_eq!(super::shard_of_seal_marker(&super::seal_marker(&id)), Some(id.clone()));
+        let classed = id.in_class(3);
+        assert_eq!(super::shard_of_seal_marker(&super::seal_marker(&classed)), Some(classed));
         assert_eq!(super::shard_of_seal_marker(b"adopted:x"), None);
         assert_eq!(super::shard_of_seal_marker(b"sealed:likes#g1"), None);
     }

@@ -133,6 +133,9 @@ impl CounterMeta {
             return Ok(false);
         }
         if next.shards != self.spec.shards {
+            if self.layout.generation >= crate::ids::GENERATION_MAX {
+                return Err(SpecError::GenerationsExhausted { max: crate::ids::GENERATION_MAX }.into());
+            }
             if let Some(target) = self.layout.resharding {
                 return Err(MetaError::Resharding { target });
             }
@@ -207,6 +210,22 @@ impl CounterMeta {
     /// takes no writes yet, but its shards already take the merged sketches.
     pub fn opening(&self) -> Option<(u32, u16)> {
         self.layout.resharding.map(|target| (self.layout.generation + 1, target))
+    }
+
+    /// Shard `index` of generation `generation` of this counter, named `name`, in
+    /// the counter's replica class.
+    pub fn shard_id(&self, name: &crate::CounterName, generation: u32, index: u16) -> crate::ShardId {
+        crate::ShardId::new(name.clone(), generation, index).in_class(self.spec.replica_class())
+    }
+
+    /// Every generation whose shards hold data, as a tombstone keeps them: the
+    /// generation's word, which carries the replica class
+    /// ([`crate::ShardId::generation_word`]), and its shard count.
+    pub fn generation_words(&self) -> Vec<(u32, u16)> {
+        let class = self.spec.replica_class();
+        self.generations()
+            .map(|(generation, shards)| (crate::ids::generation_word(generation, class), shards))
+            .collect()
     }
 
     /// Every generation whose shards hold data: sealed ones, then the current one.
@@ -329,6 +348,8 @@ pub enum MetaEffect {
     /// Sealed generations left; their shards' data may be deleted.
     Pruned(Vec<SealedGeneration>),
     /// The counter was deleted; every listed generation's shards may be deleted.
+    /// Each is named by its word ([`crate::ShardId::generation_word`]: the class of
+    /// the counter's shards rides in its top bits) and its shard count.
     Deleted(Vec<(u32, u16)>),
     /// The counter did not exist.
     Missing,
@@ -364,7 +385,7 @@ pub fn apply_command(
             let effect = if gone.is_empty() { MetaEffect::Unchanged } else { MetaEffect::Pruned(gone) };
             Ok((Some(m), effect))
         }
-        (Some(m), MetaCommand::Delete) => Ok((None, MetaEffect::Deleted(m.generations().collect()))),
+        (Some(m), MetaCommand::Delete) => Ok((None, MetaEffect::Deleted(m.generation_words()))),
     }
 }
 
@@ -389,6 +410,21 @@ mod command_tests {
         let (gone, e) = apply_command(m4, &MetaCommand::Delete, 9).unwrap();
         assert_eq!((gone, e), (None, MetaEffect::Deleted(vec![(0, 8), (1, 2)])));
         assert_eq!(apply_command(None, &MetaCommand::Delete, 9).unwrap().1, MetaEffect::Missing);
+    }
+
+    #[test]
+    fn a_counter_with_its_own_replicas_names_its_shards_and_tombstone_in_its_class() {
+        let patch = SpecPatch { replicas: Some(3), shards: Some(2), ..Default::default() };
+        let (m, _) = apply_command(None, &MetaCommand::Put(patch), 5).unwrap();
+        let m = m.unwrap();
+        let name = crate::CounterName::new("likes").unwrap();
+        let id = m.shard_id(&name, 0, 1);
+        assert_eq!((id.replicas, id.generation, id.index), (3, 0, 1));
+        let (_, e) = apply_command(Some(m), &MetaCommand::Delete, 6).unwrap();
+        let MetaEffect::Deleted(words) = e else { panic!("deleted") };
+        let back: Vec<crate::ShardId> =
+            words.iter().map(|&(w, _)| crate::ShardId::from_word(name.clone(), w, 1)).collect();
+        assert_eq!(back, vec![id], "the tombstone names the shards in their class");
     }
 
     #[test]

@@ -72,18 +72,57 @@ pub const REPLICAS_MAX: u8 = 5;
 /// fewer members).
 pub const REPLICAS_DEFAULT: u8 = 3;
 
+/// The replica class of the cluster's own replica count.
+const CLUSTER_CLASS: u8 = crate::ids::CLUSTER_REPLICAS;
+
 /// Bound on the balancing moves of one rebalance, per replica slot: a safety net
 /// over a loop that provably ends; it is never reached by a correct directory.
 const BALANCE_STEPS_PER_SLOT: usize = 4;
 
-/// One range of the ring: an index into its layout.
+/// One range of the ring in one replica class: an index into its layout (the low
+/// 24 bits) and the class of the shards it holds (the high 8 bits,
+/// [`crate::ShardId::replicas`]). Counters that state the same replica count share
+/// their class's ranges; the ranges of the cluster's class
+/// ([`crate::ids::CLUSTER_REPLICAS`], 0) are numbered by their index alone, as they
+/// were before classes existed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RangeId(pub u32);
 
+/// Bits of a [`RangeId`] that hold the range's index.
+const RANGE_INDEX_BITS: u32 = 24;
+
+impl RangeId {
+    /// Range `index` of replica class `class`.
+    pub fn new(class: u8, index: u32) -> Self {
+        assert!(index < 1 << RANGE_INDEX_BITS, "range index {index} past its bits");
+        Self((u32::from(class) << RANGE_INDEX_BITS) | index)
+    }
+
+    /// The replica class of the shards the range holds.
+    pub fn class(self) -> u8 {
+        (self.0 >> RANGE_INDEX_BITS) as u8
+    }
+
+    /// The range's index in its layout.
+    pub fn index(self) -> u32 {
+        self.0 & ((1 << RANGE_INDEX_BITS) - 1)
+    }
+}
+
 impl fmt::Display for RangeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "range{}", self.0)
+        write!(f, "range{}", self.index())?;
+        if self.class() != crate::ids::CLUSTER_REPLICAS {
+            write!(f, "@r{}", self.class())?;
+        }
+        Ok(())
     }
+}
+
+/// The replica classes a range may be of: the cluster's, and each replica count a
+/// counter may state.
+pub fn replica_classes() -> impl Iterator<Item = u8> {
+    std::iter::once(crate::ids::CLUSTER_REPLICAS).chain(1..=REPLICAS_MAX)
 }
 
 /// Why a layout or directory could not be built.
@@ -161,12 +200,17 @@ impl RangeLayout {
         self.count
     }
 
-    /// Every range, in order.
+    /// Every range of the cluster's class, in order.
     pub fn ranges(&self) -> impl Iterator<Item = RangeId> {
-        (0..self.count).map(RangeId)
+        self.ranges_in(crate::ids::CLUSTER_REPLICAS)
     }
 
-    /// The range holding ring point `point`.
+    /// Every range of replica class `class`, in order.
+    pub fn ranges_in(&self, class: u8) -> impl Iterator<Item = RangeId> {
+        (0..self.count).map(move |i| RangeId::new(class, i))
+    }
+
+    /// The range of the cluster's class holding ring point `point`.
     pub fn range_of_point(&self, point: u64) -> RangeId {
         let bits = self.count.trailing_zeros();
         if bits == 0 {
@@ -176,15 +220,15 @@ impl RangeLayout {
         }
     }
 
-    /// The range holding `shard`.
+    /// The range holding `shard`: where its point falls, in its replica class.
     pub fn range_of_shard(&self, shard: &ShardId) -> RangeId {
-        self.range_of_point(shard_point(shard))
+        RangeId::new(shard.replicas, self.range_of_point(shard_point(shard)).index())
     }
 
     /// The first and last ring point of `range` (both included), or `None` for a
-    /// range outside the layout.
+    /// range outside the layout or of a class no counter may have.
     pub fn span(&self, range: RangeId) -> Option<(u64, u64)> {
-        if range.0 >= self.count {
+        if range.index() >= self.count || range.class() > REPLICAS_MAX {
             return None;
         }
         let bits = self.count.trailing_zeros();
@@ -192,7 +236,7 @@ impl RangeLayout {
             return Some((0, u64::MAX));
         }
         let width = 1u64 << (64 - bits);
-        let start = u64::from(range.0) * width;
+        let start = u64::from(range.index()) * width;
         Some((start, start + (width - 1)))
     }
 }
@@ -222,11 +266,17 @@ pub struct Directory {
     members: Vec<NodeId>,
     /// Per range: the preferred leader first, then the other replicas sorted.
     ranges: Vec<Vec<NodeId>>,
+    /// The replica classes of counters that state their own replica count, each
+    /// assigned as `ranges` is, with its count: per range, the preferred leader
+    /// first. Only the classes some counter uses are listed ([`Directory::with_class`]).
+    classes: BTreeMap<u8, Vec<Vec<NodeId>>>,
 }
 
-/// The tie-breaker of `node` for `range`.
-fn tie(range: usize, node: &NodeId) -> u64 {
-    let mut key = (range as u64).to_be_bytes().to_vec();
+/// The tie-breaker of `node` for range `index` of replica class `class` (the
+/// cluster's class hashes the index alone, as before classes existed).
+fn tie(class: u8, index: usize, node: &NodeId) -> u64 {
+    let range = RangeId::new(class, index as u32).0;
+    let mut key = u64::from(range).to_be_bytes().to_vec();
     key.extend_from_slice(node.as_str().as_bytes());
     hash64(RANGE_SEED, &key)
 }
@@ -261,7 +311,14 @@ struct Slot {
 }
 
 /// The assignment algorithm of the module docs, from `previous` (which may be empty).
-fn assign(layout: RangeLayout, r: usize, members: &[NodeId], previous: &[Vec<NodeId>]) -> Vec<Vec<NodeId>> {
+fn assign(
+    layout: RangeLayout,
+    class: u8,
+    r: usize,
+    members: &[NodeId],
+    previous: &[Vec<NodeId>],
+) -> Vec<Vec<NodeId>> {
+    let tie = |i: usize, n: &NodeId| tie(class, i, n);
     let member_set: BTreeSet<&NodeId> = members.iter().collect();
     let mut slots: Vec<Slot> = (0..layout.count as usize)
         .map(|i| {
@@ -354,7 +411,7 @@ fn assign(layout: RangeLayout, r: usize, members: &[NodeId], previous: &[Vec<Nod
         }
     }
     for _ in 0..steps_max {
-        if !shift_leadership(&mut slots, &mut leads) {
+        if !shift_leadership(class, &mut slots, &mut leads) {
             break;
         }
     }
@@ -376,16 +433,22 @@ fn assign(layout: RangeLayout, r: usize, members: &[NodeId], previous: &[Vec<Nod
 /// that range's replicas, and so on): the ends change by one, the nodes between keep
 /// their count. The busiest nodes are tried in name order, since a chain may start
 /// from one and not another. Returns false when no such chain exists.
-fn shift_leadership(slots: &mut [Slot], leads: &mut BTreeMap<NodeId, usize>) -> bool {
+fn shift_leadership(class: u8, slots: &mut [Slot], leads: &mut BTreeMap<NodeId, usize>) -> bool {
     let Some(&top) = leads.values().max() else {
         return false;
     };
     let busiest: Vec<NodeId> = leads.iter().filter(|(_, l)| **l == top).map(|(n, _)| n.clone()).collect();
-    busiest.into_iter().any(|busy| shift_from(slots, leads, busy, top))
+    busiest.into_iter().any(|busy| shift_from(class, slots, leads, busy, top))
 }
 
 /// [`shift_leadership`] from `busy`, which leads `top` ranges.
-fn shift_from(slots: &mut [Slot], leads: &mut BTreeMap<NodeId, usize>, busy: NodeId, top: usize) -> bool {
+fn shift_from(
+    class: u8,
+    slots: &mut [Slot],
+    leads: &mut BTreeMap<NodeId, usize>,
+    busy: NodeId,
+    top: usize,
+) -> bool {
     // Breadth-first over nodes; `via[n]` is the range whose leadership reached `n`.
     let mut via: BTreeMap<NodeId, usize> = BTreeMap::new();
     let mut queue = std::collections::VecDeque::from([busy.clone()]);
@@ -401,7 +464,7 @@ fn shift_from(slots: &mut [Slot], leads: &mut BTreeMap<NodeId, usize>, busy: Nod
                 continue;
             }
             let mut next: Vec<&NodeId> = slot.set.iter().filter(|n| !seen.contains(*n)).collect();
-            next.sort_by_key(|n| (leads[*n], tie(i, n)));
+            next.sort_by_key(|n| (leads[*n], tie(class, i, n)));
             for n in next {
                 seen.insert(n.clone());
                 via.insert(n.clone(), i);
@@ -441,8 +504,45 @@ impl Directory {
         let members = members_of(members)?;
         let replicas = replicas_of(replicas)?;
         let r = usize::from(replicas).min(members.len());
-        let ranges = assign(layout, r, &members, &[]);
-        Ok(Self { layout, replicas, members, ranges })
+        let ranges = assign(layout, CLUSTER_CLASS, r, &members, &[]);
+        Ok(Self { layout, replicas, members, ranges, classes: BTreeMap::new() })
+    }
+
+    /// This directory with the ranges of replica class `class` (a replica count a
+    /// counter states, `1..=`[`REPLICAS_MAX`]) assigned afresh on `members` (the
+    /// members the metadata group recorded for the class, [`record_class`]), each
+    /// range on `min(class, members)` of them; itself if it lists the class already.
+    /// [`Directory::rebalance`] then moves the class onto the current members with
+    /// the cluster's.
+    pub fn with_class(
+        &self,
+        class: u8,
+        members: impl IntoIterator<Item = NodeId>,
+    ) -> Result<Self, RangeError> {
+        let count = replicas_of(Some(class))?;
+        let members = members_of(members)?;
+        let mut next = self.clone();
+        if !next.classes.contains_key(&class) {
+            let r = usize::from(count).min(members.len());
+            next.classes.insert(class, assign(self.layout, class, r, &members, &[]));
+        }
+        Ok(next)
+    }
+
+    /// Whether the directory assigns the ranges of replica class `class` (the
+    /// cluster's class always).
+    pub fn has_class(&self, class: u8) -> bool {
+        class == CLUSTER_CLASS || self.classes.contains_key(&class)
+    }
+
+    /// The replica classes this directory assigns: the cluster's, then the others.
+    pub fn classes(&self) -> impl Iterator<Item = u8> + '_ {
+        std::iter::once(CLUSTER_CLASS).chain(self.classes.keys().copied())
+    }
+
+    /// Every range of every class this directory assigns.
+    pub fn all_ranges(&self) -> impl Iterator<Item = RangeId> + '_ {
+        self.classes().flat_map(move |class| self.layout.ranges_in(class))
     }
 
     /// The directory after the members became `members` (and, if given, the replica
@@ -458,8 +558,16 @@ impl Directory {
             None => self.replicas,
         };
         let r = usize::from(replicas).min(members.len());
-        let ranges = assign(self.layout, r, &members, &self.ranges);
-        let next = Self { layout: self.layout, replicas, members, ranges };
+        let ranges = assign(self.layout, CLUSTER_CLASS, r, &members, &self.ranges);
+        let classes = self
+            .classes
+            .iter()
+            .map(|(&class, previous)| {
+                let r = usize::from(class).min(members.len());
+                (class, assign(self.layout, class, r, &members, previous))
+            })
+            .collect();
+        let next = Self { layout: self.layout, replicas, members, ranges, classes };
         let plan = changes(self, &next)?;
         Ok((next, plan))
     }
@@ -484,9 +592,17 @@ impl Directory {
         &self.members
     }
 
-    /// The replicas of `range`, preferred leader first (empty outside the layout).
+    /// The replicas of `range`, preferred leader first (empty outside the layout,
+    /// or for a class the directory does not assign).
     pub fn replicas(&self, range: RangeId) -> &[NodeId] {
-        self.ranges.get(range.0 as usize).map(Vec::as_slice).unwrap_or(&[])
+        let ranges = match range.class() {
+            CLUSTER_CLASS => &self.ranges,
+            class => match self.classes.get(&class) {
+                Some(ranges) => ranges,
+                None => return &[],
+            },
+        };
+        ranges.get(range.index() as usize).map(Vec::as_slice).unwrap_or(&[])
     }
 
     /// The preferred leader of `range`.
@@ -499,15 +615,20 @@ impl Directory {
         self.layout.range_of_shard(shard)
     }
 
-    /// The ranges `node` replicates.
+    /// The ranges `node` replicates, of every class the directory assigns.
     pub fn ranges_of(&self, node: &NodeId) -> Vec<RangeId> {
-        self.layout.ranges().filter(|r| self.replicas(*r).contains(node)).collect()
+        self.all_ranges().filter(|r| self.replicas(*r).contains(node)).collect()
     }
 
-    /// Replicas per member.
+    /// Every range's replicas, of every class.
+    fn every_set(&self) -> impl Iterator<Item = &Vec<NodeId>> {
+        self.ranges.iter().chain(self.classes.values().flatten())
+    }
+
+    /// Replicas per member, over every class (each class is balanced on its own).
     pub fn replica_load(&self) -> BTreeMap<NodeId, usize> {
         let mut load: BTreeMap<NodeId, usize> = self.members.iter().map(|n| (n.clone(), 0)).collect();
-        for set in &self.ranges {
+        for set in self.every_set() {
             for n in set {
                 *load.entry(n.clone()).or_default() += 1;
             }
@@ -515,16 +636,34 @@ impl Directory {
         load
     }
 
-    /// Preferred leaderships per member.
+    /// Preferred leaderships per member, over every class.
     pub fn leader_load(&self) -> BTreeMap<NodeId, usize> {
         let mut load: BTreeMap<NodeId, usize> = self.members.iter().map(|n| (n.clone(), 0)).collect();
-        for set in &self.ranges {
+        for set in self.every_set() {
             if let Some(l) = set.first() {
                 *load.entry(l.clone()).or_default() += 1;
             }
         }
         load
     }
+}
+
+/// Records, in `classes` (the replica classes in use, each with the members it was
+/// first assigned on), the class of a counter just created: `class` is its
+/// [`crate::ShardId::replicas`], `members` the data-plane members at its creation.
+/// Nothing is recorded for the cluster's class, a class already recorded, or while
+/// there are no members. Answers whether it recorded the class.
+///
+/// The metadata group applies this with every creation, so every node assigns a
+/// class on the same members: the class's groups are formed by the preferred
+/// leaders among them, exactly once, however late after the cluster's start the
+/// first such counter comes.
+pub fn record_class<M: Clone>(classes: &mut BTreeMap<u8, Vec<M>>, class: u8, members: &[M]) -> bool {
+    if class == CLUSTER_CLASS || members.is_empty() || classes.contains_key(&class) {
+        return false;
+    }
+    classes.insert(class, members.to_vec());
+    true
 }
 
 /// What differs between `before` and `after`, range by range (ranges that did not
@@ -534,7 +673,7 @@ pub fn changes(before: &Directory, after: &Directory) -> Result<Vec<RangeChange>
         return Err(RangeError::LayoutChanged { before: before.layout.count, after: after.layout.count });
     }
     let mut out = Vec::new();
-    for range in before.layout.ranges() {
+    for range in before.all_ranges().filter(|r| after.has_class(r.class())) {
         let (old, new) = (before.replicas(range), after.replicas(range));
         let old_set: BTreeSet<&NodeId> = old.iter().collect();
         let new_set: BTreeSet<&NodeId> = new.iter().collect();
@@ -582,7 +721,9 @@ mod tests {
             rest.sort();
             assert_eq!(rest, reps[1..], "non-leaders are sorted");
         }
-        assert_eq!(d.replica_load().values().sum::<usize>(), r * d.layout.count() as usize);
+        let classes: usize =
+            d.classes.iter().map(|(&c, ranges)| ranges.len() * usize::from(c).min(d.members.len())).sum();
+        assert_eq!(d.replica_load().values().sum::<usize>(), r * d.layout.count() as usize + classes);
     }
 
     /// Applying `plan` to `before` gives `after`'s replica sets and leaders.
@@ -861,6 +1002,106 @@ mod tests {
                 prop_assert!(next.ranges.iter().all(|s| s.iter().all(|x| members.contains(x))));
                 d = next;
             }
+        }
+    }
+
+    /// Per class: every range of the class has `min(class, members)` distinct
+    /// member replicas, and the class's replica loads are within one.
+    fn check_class(d: &Directory, class: u8) {
+        let r = usize::from(class).min(d.members.len());
+        let mut load: BTreeMap<NodeId, usize> = d.members.iter().map(|n| (n.clone(), 0)).collect();
+        for range in d.layout.ranges_in(class) {
+            let reps = d.replicas(range);
+            let set: BTreeSet<&NodeId> = reps.iter().collect();
+            assert_eq!((reps.len(), set.len()), (r, r), "{range}: {reps:?}");
+            for n in reps {
+                *load.get_mut(n).expect("a member") += 1;
+            }
+        }
+        assert!(spread(&load) <= 1, "class {class}: {load:?}");
+    }
+
+    #[test]
+    fn a_range_names_its_class_and_the_clusters_class_keeps_its_numbers() {
+        let r = RangeId::new(3, 17);
+        assert_eq!((r.class(), r.index()), (3, 17));
+        assert_eq!(r.to_string(), "range17@r3");
+        assert_eq!(RangeId::new(0, 17), RangeId(17));
+        assert_eq!(RangeId(17).to_string(), "range17");
+        let layout = RangeLayout::try_new(8).unwrap();
+        let shard = ShardId::new(CounterName::new("likes").unwrap(), 0, 3);
+        let plain = layout.range_of_shard(&shard);
+        let classed = layout.range_of_shard(&shard.clone().in_class(5));
+        assert_eq!((plain.class(), classed.class()), (0, 5));
+        assert_eq!(plain.index(), classed.index(), "the same point of the ring");
+        assert_eq!(layout.span(plain), layout.span(classed));
+        assert_eq!(layout.span(RangeId::new(REPLICAS_MAX + 1, 0)), None, "no counter has that class");
+    }
+
+    #[test]
+    fn a_class_is_assigned_beside_the_clusters_and_follows_its_members() {
+        let d = Directory::new(nodes(5), Some(3)).unwrap();
+        let before: Vec<Vec<NodeId>> = d.layout.ranges().map(|r| d.replicas(r).to_vec()).collect();
+        assert!(d.replicas(RangeId::new(5, 0)).is_empty(), "no class until one is asked for");
+        let d = d.with_class(5, nodes(5)).unwrap().with_class(1, nodes(5)).unwrap();
+        let after: Vec<Vec<NodeId>> = d.layout.ranges().map(|r| d.replicas(r).to_vec()).collect();
+        assert_eq!(before, after, "a class leaves the cluster's ranges as they were");
+        check_shape(&d);
+        for class in [1, 5] {
+            check_class(&d, class);
+        }
+        assert_eq!(d.classes().collect::<Vec<_>>(), vec![0, 1, 5]);
+        assert_eq!(d.with_class(5, nodes(3)).unwrap(), d, "asking again changes nothing");
+        assert!(d.with_class(0, nodes(5)).is_err() && d.with_class(REPLICAS_MAX + 1, nodes(5)).is_err());
+        assert!(d.with_class(2, []).is_err(), "a class needs members");
+        // Every node replicates every range of class 5, and some of class 1.
+        for n in nodes(5) {
+            let of = d.ranges_of(&n);
+            assert_eq!(of.iter().filter(|r| r.class() == 5).count(), d.layout.count() as usize);
+            assert!(of.iter().any(|r| r.class() == 1), "{n} leads a copy of class 1 too");
+        }
+        // A node leaves: each class is rebalanced on the rest, and the plan lists
+        // the ranges of every class it held.
+        let (next, plan) = d.rebalance(nodes(4), None).unwrap();
+        check_shape(&next);
+        for class in [1, 5] {
+            check_class(&next, class);
+        }
+        assert!(next.ranges_of(&node(5)).is_empty());
+        for r in d.ranges_of(&node(5)) {
+            assert!(plan.iter().any(|c| c.range == r && c.removed == vec![node(5)]), "{r}");
+        }
+        // Every node computes the same.
+        let again = Directory::new(nodes(5), Some(3))
+            .unwrap()
+            .with_class(1, nodes(5))
+            .unwrap()
+            .with_class(5, nodes(5))
+            .unwrap();
+        assert_eq!(again.rebalance(nodes(4), None).unwrap().0, next);
+    }
+
+    #[test]
+    fn a_class_first_used_after_a_member_left_is_assigned_on_the_members_then() {
+        // The cluster started on five nodes; node5 left; then the first counter of
+        // class 3 was created, and the metadata group recorded the four members.
+        let mut classes: BTreeMap<u8, Vec<NodeId>> = BTreeMap::new();
+        assert!(
+            !record_class(&mut classes, CLUSTER_CLASS, &nodes(4)),
+            "the cluster's class is never recorded"
+        );
+        assert!(!record_class(&mut classes, 3, &[]), "nor a class without members");
+        assert!(record_class(&mut classes, 3, &nodes(4)));
+        assert!(!record_class(&mut classes, 3, &nodes(5)), "the first record stays");
+        let initial = Directory::new(nodes(5), Some(3)).unwrap().with_class(3, classes[&3].clone()).unwrap();
+        // Every range of the class is formed by a node that is still a member.
+        for range in initial.layout.ranges_in(3) {
+            assert!(initial.replicas(range).iter().all(|n| *n != node(5)), "{range}");
+        }
+        let (current, _) = initial.rebalance(nodes(4), None).unwrap();
+        check_class(&current, 3);
+        for range in initial.layout.ranges_in(3) {
+            assert_eq!(current.replicas(range), initial.replicas(range), "nothing of the class moves");
         }
     }
 }

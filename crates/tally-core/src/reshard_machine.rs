@@ -83,6 +83,8 @@ pub enum ReshardEffect {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReshardMachine {
     counter: CounterName,
+    /// The replica class of the counter's shards ([`ShardId::replicas`]).
+    class: u8,
     generation: u32,
     shards: u16,
     images: BTreeMap<u16, ShardImage>,
@@ -95,11 +97,22 @@ impl ReshardMachine {
         layout.resharding?;
         Some(Self {
             counter,
+            class: crate::ids::CLUSTER_REPLICAS,
             generation: layout.generation,
             shards: layout.shards,
             images: BTreeMap::new(),
             merged: false,
         })
+    }
+
+    /// The same resharding of a counter whose shards are of replica class `class`.
+    pub fn in_class(self, class: u8) -> Self {
+        Self { class, ..self }
+    }
+
+    /// Shard `index` of generation `generation` of the counter.
+    pub fn shard(&self, generation: u32, index: u16) -> ShardId {
+        ShardId::new(self.counter.clone(), generation, index).in_class(self.class)
     }
 
     /// The generation being sealed.
@@ -139,7 +152,7 @@ impl ReshardMachine {
             ReshardInput::Outstanding => {
                 let unsealed: Vec<ReshardEffect> = (0..self.shards)
                     .filter(|i| !self.images.contains_key(i))
-                    .map(|i| ReshardEffect::Seal(ShardId::new(self.counter.clone(), self.generation, i)))
+                    .map(|i| ReshardEffect::Seal(self.shard(self.generation, i)))
                     .collect();
                 if !unsealed.is_empty() {
                     return Ok(unsealed);
@@ -175,7 +188,7 @@ impl ReshardMachine {
             }
         }
         if (union.is_some() || frequency.is_some() || windows.is_some()) && !self.merged {
-            let shard = ShardId::new(self.counter.clone(), self.generation + 1, 0);
+            let shard = self.shard(self.generation + 1, 0);
             return Ok(vec![ReshardEffect::MergeSketch {
                 shard,
                 sketch: union.map(|u| u.to_bytes()),

@@ -124,6 +124,11 @@ pub struct CounterSpec {
     /// holds across shards and nodes ([`crate::escrow`] spends it per window). Set
     /// when the counter is created, never changed.
     pub limit: Option<WindowLimit>,
+    /// How many nodes hold a copy of each shard, `1..=`[`REPLICAS_MAX`]: the shards
+    /// live in the range groups of counters with the same count. `None` takes the
+    /// cluster's `replicas`. On a node that does not replicate shards, only 1 (or
+    /// none) is accepted. Set when the counter is created, never changed.
+    pub replicas: Option<u8>,
 }
 
 /// A cap on one sliding window: at most `max` counted in any span the window
@@ -185,6 +190,7 @@ impl Default for CounterSpec {
             min: None,
             max: None,
             limit: None,
+            replicas: None,
         }
     }
 }
@@ -220,6 +226,8 @@ pub struct SpecPatch {
     pub max: Option<i64>,
     /// The window limit, on create only (an update may name the current one).
     pub limit: Option<WindowLimit>,
+    /// The replica count, on create only (an update may name the current one).
+    pub replicas: Option<u8>,
 }
 
 /// The bounds of a counter whose shard count follows contention (`shards: "auto"`).
@@ -419,6 +427,27 @@ pub enum SpecError {
         /// The current limit, as `max per window`, or `none`.
         now: String,
     },
+    /// A counter's replica count is set when it is created and never changes.
+    #[error("replicas is set when a counter is created and never changes (now {now}); create a new counter")]
+    ReplicasFixed {
+        /// The current count, or `the cluster's`.
+        now: String,
+    },
+    /// A replica count above 1 on a node whose shards have one copy each.
+    #[error(
+        "replicas {asked}: this node keeps one copy of each shard; a cluster with \
+         `cluster.replicas` above 1 on every node replicates them"
+    )]
+    Unreplicated {
+        /// The count asked for.
+        asked: u8,
+    },
+    /// The counter was resharded as many times as its shards' ids can number.
+    #[error("the counter was resharded {max} times, the most a counter may be; create a new counter")]
+    GenerationsExhausted {
+        /// The last generation, [`crate::ids::GENERATION_MAX`].
+        max: u32,
+    },
 }
 
 fn range(field: &'static str, got: u64, min: u64, max: u64) -> Result<(), SpecError> {
@@ -457,7 +486,16 @@ impl CounterSpec {
         if self.bounded() && self.durability != Durability::Sync {
             return Err(SpecError::BoundedNeedsSync);
         }
+        if let Some(r) = self.replicas {
+            range("replicas", r.into(), 1, crate::ranges::REPLICAS_MAX.into())?;
+        }
         Ok(())
+    }
+
+    /// The replica class of the counter's shards ([`crate::ShardId::replicas`]): its
+    /// own replica count, or [`crate::ids::CLUSTER_REPLICAS`].
+    pub fn replica_class(&self) -> u8 {
+        self.replicas.unwrap_or(crate::ids::CLUSTER_REPLICAS)
     }
 
     /// Whether the counter keeps an escrow: it has a `min`, a `max` or a `limit`.
@@ -508,6 +546,7 @@ impl CounterSpec {
             min: patch.min.or(self.min),
             max: patch.max.or(self.max),
             limit: patch.limit.or(self.limit),
+            replicas: patch.replicas.or(self.replicas),
         };
         next.validate()?;
         Ok(next)
@@ -520,6 +559,10 @@ impl CounterSpec {
         if next.limit != self.limit || (self.limit.is_some() && next.shards != self.shards) {
             let now = self.limit.map_or_else(|| "none".to_owned(), |l| format!("{} per {}", l.max, l.window));
             return Err(SpecError::LimitFixed { now });
+        }
+        if next.replicas != self.replicas {
+            let now = self.replicas.map_or_else(|| "the cluster's".to_owned(), |r| r.to_string());
+            return Err(SpecError::ReplicasFixed { now });
         }
         let moved =
             (next.min, next.max) != (self.min, self.max) || (self.bounded() && next.shards != self.shards);
@@ -737,5 +780,24 @@ mod tests {
             Ok(s),
             "naming it is fine"
         );
+    }
+
+    #[test]
+    fn replicas_are_checked_and_set_once() {
+        let p = SpecPatch { replicas: Some(3), ..Default::default() };
+        let s = CounterSpec::default().patched(&p).unwrap();
+        assert_eq!((s.replicas, s.replica_class()), (Some(3), 3));
+        assert_eq!(CounterSpec::default().replica_class(), crate::ids::CLUSTER_REPLICAS);
+        for bad in [0u8, 6] {
+            let e = CounterSpec::default().patched(&SpecPatch { replicas: Some(bad), ..Default::default() });
+            assert!(matches!(e, Err(SpecError::OutOfRange { field: "replicas", .. })), "{e:?}");
+        }
+        assert_eq!(s.updated(&p), Ok(s), "naming it is fine");
+        let other = SpecPatch { replicas: Some(5), ..Default::default() };
+        assert!(matches!(s.updated(&other), Err(SpecError::ReplicasFixed { .. })));
+        let plain = CounterSpec::default();
+        assert!(matches!(plain.updated(&p), Err(SpecError::ReplicasFixed { .. })));
+        let back: SpecPatch = serde_json::from_str(r#"{"replicas": 5}"#).unwrap();
+        assert_eq!(back.replicas, Some(5));
     }
 }

@@ -49,6 +49,10 @@ pub struct TallyConfig {
     /// Thresholds and timers of counters whose shard count follows contention
     /// (checked with [`tally_core::autoshard::Tuning::validate`] where configured).
     pub autoshard: tally_core::autoshard::Tuning,
+    /// The most copies of each shard a counter may ask for (`replicas`): 1 where
+    /// each shard has one copy (embedded, or a cluster without range groups); a
+    /// node that runs range groups allows [`tally_core::ranges::REPLICAS_MAX`].
+    pub replicas_max: u8,
 }
 
 impl Default for TallyConfig {
@@ -69,6 +73,7 @@ impl Default for TallyConfig {
             authority: None,
             batch_items_max: 10_000,
             autoshard: tally_core::autoshard::Tuning::default(),
+            replicas_max: 1,
         }
     }
 }

@@ -340,7 +340,7 @@ impl Ctx {
             // opening included (a sketch merge started them); sealed ones may now stop.
             for (generation, shards) in old.meta.generations().chain(old.meta.opening()) {
                 for index in 0..shards {
-                    let id = ShardId::new(name.clone(), generation, index);
+                    let id = old.meta.shard_id(&name, generation, index);
                     if let Some(a) = self.directory.get(&id) {
                         let _ = a.send_message(ShardMsg::MetaChanged(rt.meta.clone()));
                     }
@@ -480,7 +480,7 @@ impl Ctx {
             }
             rt.slots[usize::from(index)].writes.fetch_add(1, Relaxed);
             rt.last_used_ms.store(self.now_ms(), Relaxed);
-            let id = ShardId::new(rt.name.clone(), rt.meta.layout.generation, index);
+            let id = rt.meta.shard_id(&rt.name, rt.meta.layout.generation, index);
             let queued = crate::runtime::InFlight::enter(&rt.slots[usize::from(index)]);
             let reply = self.submit(&id, &rt.meta, sub.clone()).await;
             drop(queued);
@@ -837,7 +837,7 @@ impl Ctx {
         sends: Vec<EscrowSend>,
     ) {
         for (to, message) in sends {
-            let id = ShardId::new(from.counter.clone(), from.generation, to);
+            let id = from.sibling(from.generation, to);
             self.stats.escrow_messages.inc();
             if matches!(message, tally_core::escrow::Message::Grant { .. }) {
                 self.stats.escrow_grants_sent.inc();
@@ -1066,7 +1066,7 @@ impl Ctx {
         let now = self.now_ms();
         for d in drained {
             let index = d.index % target.meta.layout.shards;
-            let id = ShardId::new(target.name.clone(), target.meta.layout.generation, index);
+            let id = target.meta.shard_id(&target.name, target.meta.layout.generation, index);
             // Every drained sum carries an id and stays in the book until answered:
             // its answer may be lost or late (a remote node, or a local disk that
             // stalls past the call timeout) while the shard still applies it, so it is
@@ -1154,7 +1154,7 @@ impl Ctx {
             Err(_) => return false,
         };
         let index = tally_core::router::shard_of_event(drain_id, rt.meta.layout.shards);
-        let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
+        let id = rt.meta.shard_id(name, rt.meta.layout.generation, index);
         match self.submit(&id, &rt.meta, sub.clone()).await {
             Ok(ShardReply::Done { outcome, .. }) => {
                 if outcome == Outcome::Applied {
@@ -1215,9 +1215,11 @@ impl Ctx {
     /// Removes what a deleted counter left in the store, if its cleanup is pending.
     pub(crate) async fn finish_delete(&self, name: &CounterName) -> Result<(), TallyError> {
         let Some(generations) = self.catalog.tombstone(name.as_str())? else { return Ok(()) };
-        for (generation, shards) in generations {
+        // A tombstone names each generation by its word, which carries the class of
+        // the counter's shards.
+        for (word, shards) in generations {
             for index in 0..shards {
-                self.delete_shard_anywhere(&ShardId::new(name.clone(), generation, index)).await?;
+                self.delete_shard_anywhere(&ShardId::from_word(name.clone(), word, index)).await?;
             }
         }
         self.flusher.flush().await?;

@@ -23,7 +23,7 @@ use tally_store::ShardImage;
 async fn reads_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardRead>> {
     let rt = ctx.registry.get(name.as_str()).map(|r| r.clone());
     let reads = (0..meta.layout.shards).map(|index| {
-        let id = ShardId::new(name.clone(), meta.layout.generation, index);
+        let id = meta.shard_id(name, meta.layout.generation, index);
         let empty = rt.as_ref().is_some_and(|rt| ctx.known_empty(rt, &id));
         async move {
             if empty {
@@ -312,7 +312,7 @@ pub(crate) async fn distinct(
     let mut merged = DistinctSketch::new();
     let mut counter_bytes = 0u64;
     for (index, image) in images.iter().enumerate() {
-        let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
+        let id = meta.shard_id(name, meta.layout.generation, index as u16);
         if let Some(bytes) = image.as_ref().and_then(|i| i.sketch.as_ref()) {
             counter_bytes += bytes.len() as u64;
             let s = DistinctSketch::from_bytes(bytes).map_err(|e| tally_store::StoreError::Corrupt {
@@ -349,7 +349,7 @@ pub(crate) async fn window(
     let mut merged = Merged::empty(span(window, now_ms), distinct);
     let mut window_bytes = 0u64;
     for (index, image) in images.iter().enumerate() {
-        let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
+        let id = meta.shard_id(name, meta.layout.generation, index as u16);
         let state = image.as_ref().map(ShardImage::decode_windows).transpose().map_err(|source| {
             tally_store::StoreError::Corrupt { location: format!("window buckets of shard {id}"), source }
         })?;
@@ -399,7 +399,7 @@ pub(crate) async fn frequencies(
     };
     let mut merged = FrequencySketch::new(&spec).map_err(|e| TallyError::InvalidSpec(e.into()))?;
     for (index, image) in images.iter().enumerate() {
-        let id = ShardId::new(name.clone(), meta.layout.generation, index as u16);
+        let id = meta.shard_id(name, meta.layout.generation, index as u16);
         if let Some(image) = image {
             if let Some(f) = image.decode_frequency().map_err(|e| corrupt(&id, &e))? {
                 merged.merge(&f).map_err(|e| corrupt(&id, &e))?;
@@ -468,7 +468,7 @@ pub(crate) async fn shards(
     let Snapshot { meta, images, .. } = snapshot(ctx, &rt.meta, &rt.name).await;
     let mut shards = Vec::with_capacity(usize::from(meta.layout.shards));
     for (index, image) in images.iter().enumerate() {
-        let id = ShardId::new(rt.name.clone(), meta.layout.generation, index as u16);
+        let id = meta.shard_id(&rt.name, meta.layout.generation, index as u16);
         let Some(image) = image else {
             return Err(TallyError::Unavailable { shard: id.to_string(), reason: "did not answer".into() });
         };

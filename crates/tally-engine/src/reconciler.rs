@@ -19,7 +19,7 @@ use std::time::Duration;
 use tally_core::hash::hash64;
 use tally_core::router::shard_of_event;
 use tally_core::shard::{Outcome, Submission};
-use tally_core::{CounterName, ShardId};
+use tally_core::CounterName;
 
 /// Messages the reconciler takes.
 pub(crate) enum ReconcilerMsg {
@@ -196,7 +196,7 @@ pub(crate) async fn reconcile(
     let mut rt = rt;
     loop {
         let index = shard_of_event(&event_id, rt.meta.layout.shards);
-        let id = ShardId::new(name.clone(), rt.meta.layout.generation, index);
+        let id = rt.meta.shard_id(name, rt.meta.layout.generation, index);
         let sub = Submission::Single {
             delta,
             event_id: Some(event_id.clone()),

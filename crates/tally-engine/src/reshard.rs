@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tally_core::meta::{MetaCommand, MetaEffect};
 use tally_core::reshard_machine::{ReshardEffect, ReshardInput, ReshardMachine};
-use tally_core::{CounterName, ShardId};
+use tally_core::CounterName;
 
 /// Pause before retrying a resharding that failed (a store error, say).
 const RESHARD_RETRY_BACKOFF_MS: u64 = 100;
@@ -67,14 +67,15 @@ fn spawn_resharding(ctx: Arc<Ctx>, name: CounterName) {
 /// one step after another. Every step may repeat after a crash or a failed pass.
 async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
     let Some(meta) = ctx.catalog.get(name.as_str())? else { return Ok(()) };
-    let Some(mut machine) = ReshardMachine::new(name.clone(), &meta.layout) else { return Ok(()) };
+    let Some(machine) = ReshardMachine::new(name.clone(), &meta.layout) else { return Ok(()) };
+    let mut machine = machine.in_class(meta.spec.replica_class());
     let meta = Arc::new(meta);
     // Buffered increments go out first; what arrives later finds sealed shards and
     // waits in its accumulator for the new generation.
     if let Some(rt) = ctx.registry.get(name.as_str()).map(|r| r.clone()) {
         ctx.drain(&rt).await;
     }
-    let mut effects: VecDeque<ReshardEffect> = step(&mut machine, name, ReshardInput::Outstanding)?.into();
+    let mut effects: VecDeque<ReshardEffect> = step(&mut machine, ReshardInput::Outstanding)?.into();
     while let Some(effect) = effects.pop_front() {
         let next = match effect {
             ReshardEffect::Seal(id) => {
@@ -93,20 +94,13 @@ async fn run(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), TallyError> {
                 return Ok(());
             }
         };
-        effects.extend(step(&mut machine, name, next)?);
+        effects.extend(step(&mut machine, next)?);
     }
     Ok(())
 }
 
-fn step(
-    machine: &mut ReshardMachine,
-    name: &CounterName,
-    input: ReshardInput,
-) -> Result<Vec<ReshardEffect>, TallyError> {
-    machine.step(input).map_err(|e| {
-        let id = ShardId::new(name.clone(), machine.generation(), 0);
-        unavailable(&id, &e.to_string())
-    })
+fn step(machine: &mut ReshardMachine, input: ReshardInput) -> Result<Vec<ReshardEffect>, TallyError> {
+    machine.step(input).map_err(|e| unavailable(&machine.shard(machine.generation(), 0), &e.to_string()))
 }
 
 /// Starts pruning `name`'s expired sealed generations unless that is running.
@@ -137,7 +131,7 @@ pub(crate) async fn prune(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), Tall
         meta.layout.sealed.iter().filter(|g| tally_core::dedup::expired(g.sealed_at_ms, now, retention_ms))
     {
         for index in 0..g.shards {
-            ctx.delete_shard_anywhere(&ShardId::new(name.clone(), g.generation, index)).await?;
+            ctx.delete_shard_anywhere(&meta.shard_id(name, g.generation, index)).await?;
         }
     }
     ctx.flusher.flush().await?;

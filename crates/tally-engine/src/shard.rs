@@ -457,8 +457,7 @@ impl ShardActorState {
             .take(SEALED_GENERATIONS_MAX)
             .filter(|g| !tally_core::dedup::expired(g.sealed_at_ms, now, window))
             .map(|g| {
-                let id =
-                    ShardId::new(self.id.counter.clone(), g.generation, shard_of_event(event_id, g.shards));
+                let id = self.id.sibling(g.generation, shard_of_event(event_id, g.shards));
                 async move { self.ctx.dedup_get(&id, event_id).await }
             });
         let found = futures::future::join_all(lookups).await;

@@ -183,6 +183,12 @@ impl Tally {
         auto: AutoPatch,
     ) -> Result<PutOutcome, TallyError> {
         let name = CounterName::new(name)?;
+        if let Some(asked) = patch.replicas.filter(|r| *r > self.ctx.config.replicas_max) {
+            // A count out of 1..=REPLICAS_MAX gets the spec's own answer.
+            if asked <= tally_core::ranges::REPLICAS_MAX {
+                return Err(TallyError::InvalidSpec(tally_core::spec::SpecError::Unreplicated { asked }));
+            }
+        }
         self.ctx.finish_delete(&name).await?;
         let current_auto = self.ctx.catalog.auto_shards(name.as_str())?;
         let next_auto = auto.resolve(current_auto, patch.shards)?;
@@ -820,7 +826,7 @@ pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 /// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     use tally_core::format::{
-        encode_version, judge_store, v1, v2, v3, v4, v5, STORE_FORMAT, STORE_FORMATS_READABLE,
+        encode_version, judge_store, v1, v2, v3, v4, v5, v6, STORE_FORMAT, STORE_FORMATS_READABLE,
     };
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
@@ -839,9 +845,9 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     // the images of formats 1 and 2 are in format 2's encoding; the images and
     // catalog entries of formats 2 and 3 lack format 4's windows; those of format 4
     // lack format 5's bounds and escrow ledger; format 5's catalog entries lack format
-    // 6's window limit (its shard images are today's); format 6's records are today's
-    // (format 7 only lets an image carry records). Each rewrite goes straight to
-    // today's records.
+    // 6's window limit (its shard images are today's); the catalog entries of formats
+    // 6 and 7 lack format 8's replica count (format 7 only let an image carry records;
+    // their images are today's). Each rewrite goes straight to today's records.
     let plan = match verdict.found {
         1 => tally_store::Upgrade {
             shard_image: Some(&v2::upgrade_shard_image_from_v1),
@@ -869,8 +875,12 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
             marker: (STORE_FORMAT_KEY, &current),
         },
         found => {
-            assert_eq!(found, 6, "readable formats are 1..={STORE_FORMAT}");
-            tally_store::Upgrade { shard_image: None, meta: Vec::new(), marker: (STORE_FORMAT_KEY, &current) }
+            assert!(matches!(found, 6 | 7), "readable formats are 1..={STORE_FORMAT}");
+            tally_store::Upgrade {
+                shard_image: None,
+                meta: vec![(crate::catalog::COUNTER_PREFIX, &v6::upgrade_counter_meta)],
+                marker: (STORE_FORMAT_KEY, &current),
+            }
         }
     };
     let rewritten = store.upgrade(&plan)?;

@@ -42,6 +42,13 @@
 //! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-6 cargo test -p tally-engine --test t98_upgrade -- --ignored --exact write_fixture_format_5`
 //! and `tar czf store-format-6.tar.gz store-format-6`. This release must read it as
 //! format 5's, limits aside (the story sets none).
+//!
+//! `tests/fixtures/store-format-7.tar.gz` holds the same story written by the last
+//! release of format 7 (shard images that carry dedup records, before counters had a
+//! replica count of their own; commit 845ee8c), made there the same way with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/store-format-7 cargo test -p tally-engine --test t98_upgrade -- --ignored --exact write_fixture_format_5`
+//! and `tar czf store-format-7.tar.gz store-format-7`. This release must read it as
+//! format 5's, and every counter takes the cluster's replicas.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -402,6 +409,7 @@ async fn check_story_format_4(tally: &Tally, written_at: u64) -> i128 {
         let spec = tally.counter(name).await.unwrap().spec;
         assert_eq!((spec.min, spec.max), (None, None), "{name}: an upgraded counter has no bounds");
         assert_eq!(spec.limit, None, "{name}: an upgraded counter has no window limit");
+        assert_eq!(spec.replicas, None, "{name}: an upgraded counter takes the cluster's replicas");
     }
 
     // Specs keep their windows and frequencies; the resharding is done.
@@ -526,6 +534,13 @@ async fn a_store_of_format_5_reads_the_same_with_its_bounds_and_auto_bounds_and_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_of_format_6_reads_the_same() {
     reads_the_same_after_story_format_5("store-format-6", 6).await;
+}
+
+/// Format 7's catalog entries lack format 8's replica count: every counter opens
+/// without one of its own, so its shards keep the ids (and keys) they had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_format_7_reads_the_same_with_the_clusters_replicas() {
+    reads_the_same_after_story_format_5("store-format-7", 7).await;
 }
 
 /// Opens the fixture `name`, of `format`, written by [`story_format_5`]; checks

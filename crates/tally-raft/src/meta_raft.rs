@@ -699,6 +699,30 @@ impl MetaRaft {
         self.shared.read().state.tombstones.clone()
     }
 
+    /// The replica classes of counters that state their own replica count, each
+    /// with the members it is assigned on ([`MetaState::classes`]).
+    pub fn replica_classes(&self) -> BTreeMap<u8, Vec<String>> {
+        self.shared.read().state.classes.clone()
+    }
+
+    /// The voters the group of `range` (a replica class's) started with, if recorded.
+    pub fn formation(&self, range: u32) -> Option<Vec<(u64, String)>> {
+        self.shared.read().state.formations.get(&range).cloned()
+    }
+
+    /// Records `voters` as the first voters of `range`'s group unless a record
+    /// exists ([`Request::FormRange`]); answers the record that stays.
+    pub async fn form_range(
+        &self,
+        range: u32,
+        voters: Vec<(u64, String)>,
+    ) -> Result<Vec<(u64, String)>, RaftError> {
+        match self.write(Request::FormRange { range, voters }).await? {
+            Response::Formation(first) => Ok(first),
+            other => Err(RaftError::Refused(format!("{other:?} answered a range formation"))),
+        }
+    }
+
     /// The auto bounds of `name`, if its shard count follows contention.
     pub fn auto_shards(&self, name: &str) -> Option<tally_core::spec::AutoShards> {
         self.shared.read().state.auto.get(name).copied()

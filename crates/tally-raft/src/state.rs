@@ -43,6 +43,13 @@ pub struct MetaState {
     pub applied_requests: u64,
     /// The bounds of every counter whose shard count follows contention.
     pub auto: BTreeMap<CounterName, AutoShards>,
+    /// The replica classes of counters that state their own replica count, each
+    /// with the data-plane members when its first counter was created: every node
+    /// assigns the class's ranges on them ([`tally_core::ranges::record_class`]).
+    pub classes: BTreeMap<u8, Vec<String>>,
+    /// The voters each range group of those classes started with
+    /// ([`Request::FormRange`]), by range number.
+    pub formations: BTreeMap<u32, Vec<(u64, String)>>,
 }
 
 /// One item of the state, as persisted under its own key.
@@ -58,6 +65,10 @@ pub(crate) enum Touched {
     Stores,
     /// A counter's auto bounds.
     Auto(CounterName),
+    /// The replica classes in use.
+    Classes,
+    /// The first voters of the classes' range groups.
+    Formations,
 }
 
 impl MetaState {
@@ -77,6 +88,14 @@ impl MetaState {
                 }
                 let cmd = MetaCommand::Put(SpecPatch { shards: Some(*shards), ..Default::default() });
                 self.counter(name, &cmd, None, *now_ms)
+            }
+            Request::FormRange { range, voters } => {
+                if voters.is_empty() || self.formations.contains_key(range) {
+                    let first = self.formations.get(range).cloned().unwrap_or_default();
+                    return (Response::Formation(first), vec![], vec![]);
+                }
+                self.formations.insert(*range, voters.clone());
+                (Response::Formation(voters.clone()), vec![Touched::Formations], vec![])
             }
             Request::ClearTombstone { name } => {
                 let existed = self.tombstones.remove(name).is_some();
@@ -175,6 +194,12 @@ impl MetaState {
             };
             touched.push(Touched::Auto(name.clone()));
         }
+        if let (MetaEffect::Created, Some(meta)) = (&effect, &next) {
+            let class = meta.spec.replica_class();
+            if tally_core::ranges::record_class(&mut self.classes, class, &self.members) {
+                touched.push(Touched::Classes);
+            }
+        }
         let changes = if touched.is_empty() { vec![] } else { vec![MetaChange::Counter(name.clone())] };
         (Response::Counter(Ok((next, Effect::from(effect)))), touched, changes)
     }
@@ -226,10 +251,25 @@ impl MetaState {
         if members == previous {
             return (Response::Members(Ok(self.view(false))), vec![], vec![]);
         }
+        let had_none = self.members.is_empty();
         self.members = members;
         self.handoff = previous.clone();
         self.previous = previous;
-        self.members_changed()
+        // The classes of counters created while there were no members are recorded
+        // on the first ones.
+        let mut classes_changed = false;
+        if had_none {
+            let used: std::collections::BTreeSet<u8> =
+                self.counters.values().map(|m| m.spec.replica_class()).collect();
+            for class in used {
+                classes_changed |= tally_core::ranges::record_class(&mut self.classes, class, &self.members);
+            }
+        }
+        let (response, mut touched, changes) = self.members_changed();
+        if classes_changed {
+            touched.push(Touched::Classes);
+        }
+        (response, touched, changes)
     }
 
     /// The membership as the data plane needs it.
@@ -289,6 +329,29 @@ mod tests {
             Response::TombstoneCleared { existed: false }
         );
         assert_eq!(s.applied_requests, 4);
+    }
+
+    #[test]
+    fn a_counters_replica_class_is_recorded_on_the_members_of_its_first_creation() {
+        let mut s = MetaState::default();
+        let own = |r| MetaCommand::Put(SpecPatch { replicas: Some(r), ..Default::default() });
+        // Created before any member: recorded on the first members.
+        s.apply(&counter("early", own(5), 1));
+        assert!(s.classes.is_empty());
+        let (_, touched, _) = s.apply(&set(0, &[], &["n1", "n2", "n3"]));
+        assert!(touched.contains(&Touched::Classes), "{touched:?}");
+        assert_eq!(s.classes[&5], vec!["n1", "n2", "n3"]);
+        // A later member change keeps the record; a new class takes the members of
+        // its first creation.
+        s.apply(&set(1, &[], &["n1", "n2", "n3", "n4"]));
+        let (_, touched, _) = s.apply(&counter("a", own(3), 2));
+        assert!(touched.contains(&Touched::Classes));
+        let (_, touched, _) = s.apply(&counter("b", own(3), 3));
+        assert!(!touched.contains(&Touched::Classes), "recorded once");
+        s.apply(&counter("plain", MetaCommand::Ensure, 4));
+        assert_eq!(s.classes.keys().copied().collect::<Vec<_>>(), vec![3, 5], "the cluster's class is none");
+        assert_eq!(s.classes[&3], vec!["n1", "n2", "n3", "n4"]);
+        assert_eq!(s.classes[&5], vec!["n1", "n2", "n3"]);
     }
 
     #[test]

@@ -59,6 +59,8 @@ const KEY_MEMBERSHIP: &[u8] = b"membership";
 const KEY_MEMBERS: &[u8] = b"members";
 const KEY_REQUESTS: &[u8] = b"requests";
 const KEY_STORES: &[u8] = b"stores";
+const KEY_CLASSES: &[u8] = b"classes";
+const KEY_FORMATIONS: &[u8] = b"formations";
 pub(crate) const PREFIX_COUNTER: &[u8] = b"c/";
 const PREFIX_TOMBSTONE: &[u8] = b"t/";
 const PREFIX_AUTO: &[u8] = b"a/";
@@ -163,6 +165,8 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
             }
             KEY_REQUESTS => applied.state.applied_requests = decode("applied request count", &value)?,
             KEY_STORES => applied.state.stores = decode("store records", &value)?,
+            KEY_CLASSES => applied.state.classes = decode("replica classes", &value)?,
+            KEY_FORMATIONS => applied.state.formations = decode("range formations", &value)?,
             k if k.starts_with(PREFIX_COUNTER) => {
                 let meta: CounterMeta = decode("counter meta", &value)?;
                 applied.state.counters.insert(name_at(PREFIX_COUNTER)?, meta);
@@ -198,6 +202,8 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
             batch.insert(KEY_MEMBERS, tally_core::codec::encode(&members))
         }
         Touched::Stores => batch.insert(KEY_STORES, tally_core::codec::encode(&state.stores)),
+        Touched::Classes => batch.insert(KEY_CLASSES, tally_core::codec::encode(&state.classes)),
+        Touched::Formations => batch.insert(KEY_FORMATIONS, tally_core::codec::encode(&state.formations)),
         Touched::Auto(name) => match state.auto.get(name) {
             Some(b) => batch.insert(prefixed(PREFIX_AUTO, name), tally_core::codec::encode(b)),
             None => batch.remove(prefixed(PREFIX_AUTO, name)),
@@ -219,6 +225,8 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) {
     }
     stage(batch, s, &Touched::Members);
     stage(batch, s, &Touched::Stores);
+    stage(batch, s, &Touched::Classes);
+    stage(batch, s, &Touched::Formations);
     stage_position(batch, applied);
 }
 

@@ -126,6 +126,16 @@ pub enum Request {
         /// The proposer's clock, in milliseconds since the Unix epoch.
         now_ms: u64,
     },
+    /// Record the voters (replica id and node) the group of `range` (a range of a
+    /// replica class of counters' own counts) starts with, unless a record exists:
+    /// the first one stays, and every node that forms the group forms it with that
+    /// one, so no two nodes start it with different voters.
+    FormRange {
+        /// The range ([`tally_core::ranges::RangeId`]'s number).
+        range: u32,
+        /// Its first voters.
+        voters: Vec<(u64, String)>,
+    },
     /// Reshard an auto counter to `shards`, only if it is still auto and its metadata
     /// still at `version` ([`Rejection::AutoStale`] otherwise): a node's decision made
     /// from a stale look, or crossing another's, never undoes a change.
@@ -192,6 +202,9 @@ pub enum Response {
     Members(Result<MembersView, MemberRejection>),
     /// The answer to the store commands: the node's record after the command.
     Store(Result<StoreRecord, StoreRejection>),
+    /// The answer to [`Request::FormRange`]: the voters the range's group starts
+    /// with, as first recorded.
+    Formation(Vec<(u64, String)>),
 }
 
 impl Response {
@@ -339,7 +352,9 @@ pub enum Rejection {
     /// (`SpecError::Frequency`, `FrequencyFixed`, `BoundsInverted`, `BoundsExcludeZero`,
     /// `BoundedNeedsSync`, `BoundsFixed`), or a window limit that names a window not
     /// kept, comes with bounds, or would change (`LimitWindowNotKept`,
-    /// `LimitWithBounds`, `LimitFixed`), with core's message.
+    /// `LimitWithBounds`, `LimitFixed`), a replica count that would change
+    /// (`ReplicasFixed`), or a resharding past the last generation
+    /// (`GenerationsExhausted`), with core's message.
     #[error("{message}")]
     Frequency {
         /// tally-core's message.
@@ -398,7 +413,10 @@ impl From<MetaError> for Rejection {
                 | SpecError::BoundedAuto
                 | SpecError::LimitWindowNotKept { .. }
                 | SpecError::LimitWithBounds
-                | SpecError::LimitFixed { .. }),
+                | SpecError::LimitFixed { .. }
+                | SpecError::ReplicasFixed { .. }
+                | SpecError::Unreplicated { .. }
+                | SpecError::GenerationsExhausted { .. }),
             ) => Rejection::Frequency { message: e.to_string() },
             // Auto bounds are resolved by the engine before any command is proposed,
             // and a window set is checked when it is built, so no metadata command

@@ -1,12 +1,14 @@
-//! Upgrading a raft database of format 1 to 5 to today's format, in place.
+//! Upgrading a raft database of format 1 to 6 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
 //! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
 //! format 2 (`tally_core::format::v3`: format 3 added windows), format 3's those of
 //! format 3 (`tally_core::format::v4`: format 4 added bounds), and formats 4 and 5
-//! those of format 5 (`tally_core::format::v5`: format 6 added window limits).
+//! those of format 5 (`tally_core::format::v5`: format 6 added window limits), and
+//! format 6's those of format 6 (`tally_core::format::v6`: format 7 added counters'
+//! own replica counts).
 //! Format 4's snapshot state has no auto bounds either (format 5 added them, and two
-//! requests its entries may hold, [`RequestV5`]). An upgrade decodes each with the
+//! requests its entries may hold, [`RequestAuto`]). An upgrade decodes each with the
 //! frozen types, converts it and writes it back, together with the new format
 //! marker, in one sled transaction: a crash leaves the database either all of the
 //! old format or all today's.
@@ -25,7 +27,8 @@ use tally_core::format::v1::{CounterMetaV1, MetaCommandV1};
 use tally_core::format::v3::{CounterMetaV3, MetaCommandV3};
 use tally_core::format::v4::{CounterMetaV4, MetaCommandV4};
 use tally_core::format::v5::{CounterMetaV5, MetaCommandV5};
-use tally_core::format::{v1, v3, v4, v5, Rewrite};
+use tally_core::format::v6::{CounterMetaV6, MetaCommandV6};
+use tally_core::format::{v1, v3, v4, v5, v6, Rewrite};
 use tally_core::meta::{CounterMeta, MetaCommand};
 use tally_core::name::CounterName;
 use tally_core::spec::AutoShards;
@@ -80,6 +83,16 @@ openraft::declare_raft_types!(
         SnapshotData = Cursor<Vec<u8>>,
 );
 
+openraft::declare_raft_types!(
+    /// The type configuration of format 6's log: only its entries' payload differs.
+    TypeConfigV6:
+        D = RequestAuto<MetaCommandV6>,
+        R = crate::types::Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
 /// [`Request`] as formats 1 to 4 stored it: only the counter command's layout (`C`)
 /// differs between them, and none had the auto requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,37 +122,40 @@ impl<C: Into<MetaCommand>> From<RequestOld<C>> for Request {
     }
 }
 
-/// [`Request`] as format 5 stored it: today's requests, with format 5's counter
-/// commands.
+/// [`Request`] as formats 5 and 6 stored it: today's requests, with their counter
+/// commands (`C`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-enum RequestV5 {
-    Counter { name: CounterName, cmd: MetaCommandV5, now_ms: u64 },
+enum RequestAuto<C> {
+    Counter { name: CounterName, cmd: C, now_ms: u64 },
     ClearTombstone { name: CounterName },
     SetMembers { from_epoch: u64, previous: Vec<String>, members: Vec<String> },
     HandoffDone { node: String, epoch: u64 },
     RegisterStore { node: NodeId, store: StoreId },
     ReplaceStore { node: NodeId, store: StoreId },
     AcceptLoss { node: NodeId, store: StoreId },
-    CounterAuto { name: CounterName, cmd: MetaCommandV5, auto: Option<AutoShards>, now_ms: u64 },
+    CounterAuto { name: CounterName, cmd: C, auto: Option<AutoShards>, now_ms: u64 },
     AutoReshard { name: CounterName, version: u64, shards: u16, now_ms: u64 },
 }
 
-impl From<RequestV5> for Request {
-    fn from(v: RequestV5) -> Self {
+/// [`Request`] as format 5 stored it.
+type RequestV5 = RequestAuto<MetaCommandV5>;
+
+impl<C: Into<MetaCommand>> From<RequestAuto<C>> for Request {
+    fn from(v: RequestAuto<C>) -> Self {
         match v {
-            RequestV5::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
-            RequestV5::ClearTombstone { name } => Request::ClearTombstone { name },
-            RequestV5::SetMembers { from_epoch, previous, members } => {
+            RequestAuto::Counter { name, cmd, now_ms } => Request::Counter { name, cmd: cmd.into(), now_ms },
+            RequestAuto::ClearTombstone { name } => Request::ClearTombstone { name },
+            RequestAuto::SetMembers { from_epoch, previous, members } => {
                 Request::SetMembers { from_epoch, previous, members }
             }
-            RequestV5::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
-            RequestV5::RegisterStore { node, store } => Request::RegisterStore { node, store },
-            RequestV5::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
-            RequestV5::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
-            RequestV5::CounterAuto { name, cmd, auto, now_ms } => {
+            RequestAuto::HandoffDone { node, epoch } => Request::HandoffDone { node, epoch },
+            RequestAuto::RegisterStore { node, store } => Request::RegisterStore { node, store },
+            RequestAuto::ReplaceStore { node, store } => Request::ReplaceStore { node, store },
+            RequestAuto::AcceptLoss { node, store } => Request::AcceptLoss { node, store },
+            RequestAuto::CounterAuto { name, cmd, auto, now_ms } => {
                 Request::CounterAuto { name, cmd: cmd.into(), auto, now_ms }
             }
-            RequestV5::AutoReshard { name, version, shards, now_ms } => {
+            RequestAuto::AutoReshard { name, version, shards, now_ms } => {
                 Request::AutoReshard { name, version, shards, now_ms }
             }
         }
@@ -172,15 +188,17 @@ impl<M: Into<CounterMeta>> From<MetaStateOld<M>> for MetaState {
             stores: v.stores,
             applied_requests: v.applied_requests,
             auto: BTreeMap::new(),
+            classes: BTreeMap::new(),
+            formations: BTreeMap::new(),
         }
     }
 }
 
-/// [`MetaState`] as format 5 stored it (inside snapshots): today's, with format 5's
-/// counters.
+/// [`MetaState`] as formats 5 and 6 stored it (inside snapshots): today's, with
+/// their counters (`M`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct MetaStateV5 {
-    counters: BTreeMap<CounterName, CounterMetaV5>,
+struct MetaStateAuto<M> {
+    counters: BTreeMap<CounterName, M>,
     tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
     members: Vec<String>,
     placement_epoch: u64,
@@ -191,8 +209,11 @@ struct MetaStateV5 {
     auto: BTreeMap<CounterName, AutoShards>,
 }
 
-impl From<MetaStateV5> for MetaState {
-    fn from(v: MetaStateV5) -> Self {
+/// [`MetaState`] as format 5 stored it.
+type MetaStateV5 = MetaStateAuto<CounterMetaV5>;
+
+impl<M: Into<CounterMeta>> From<MetaStateAuto<M>> for MetaState {
+    fn from(v: MetaStateAuto<M>) -> Self {
         MetaState {
             counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
             tombstones: v.tombstones,
@@ -203,6 +224,8 @@ impl From<MetaStateV5> for MetaState {
             stores: v.stores,
             applied_requests: v.applied_requests,
             auto: v.auto,
+            classes: BTreeMap::new(),
+            formations: BTreeMap::new(),
         }
     }
 }
@@ -280,6 +303,14 @@ fn upgrade_entry_v5(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
 
 fn upgrade_snapshot_v5(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     upgrade_snapshot::<MetaStateV5>(("format-5 snapshot", "format-5 snapshot state"), bytes)
+}
+
+fn upgrade_entry_v6(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfigV6>("format-6 raft log entry", bytes)
+}
+
+fn upgrade_snapshot_v6(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<MetaStateAuto<CounterMetaV6>>(("format-6 snapshot", "format-6 snapshot state"), bytes)
 }
 
 /// Why an upgrade failed; nothing was changed.
@@ -398,6 +429,21 @@ pub(crate) fn from_v5(
         entry: &upgrade_entry_v5,
         counter: &v5::upgrade_counter_meta,
         snapshot: &upgrade_snapshot_v5,
+    };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites every format-6 record of `db` in today's format, as [`from_v1`] does.
+pub(crate) fn from_v6(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v6,
+        counter: &v6::upgrade_counter_meta,
+        snapshot: &upgrade_snapshot_v6,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
@@ -696,6 +742,64 @@ mod tests {
         let db = old_database::<TypeConfigV4, _, _>(MetaCommandV5::Ensure, meta);
         let marker_tree = db.open_tree("identity").unwrap();
         assert!(from_v5(&db, &marker_tree, b"format", b"6").is_err());
+        assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
+    }
+
+    #[test]
+    fn a_format_six_database_upgrades_with_its_limit_and_the_clusters_replicas() {
+        use tally_core::format::v6::{CounterSpecV6, SpecPatchV6};
+        use tally_core::spec::WindowLimit;
+        let limit = Some(WindowLimit::parse("1m", 50).unwrap());
+        let spec = CounterSpecV6 {
+            shards: 6,
+            durability: Durability::Sync,
+            flush_ms: 20,
+            rollup_ms: 0,
+            router: RouterPolicy::Event,
+            distinct: false,
+            dedup_window_s: 60,
+            frequency: None,
+            windows: WindowSet::parse(&["1m"]).unwrap(),
+            min: None,
+            max: None,
+            limit,
+        };
+        let bounds = AutoShards { min_shards: 2, max_shards: 8 };
+        let meta = CounterMetaV6 { spec, layout: layout(), created_at_ms: 3, version: 4 };
+        let state = MetaStateAuto {
+            counters: [(name(), meta.clone())].into(),
+            tombstones: [(name(), vec![(0, 4)])].into(),
+            members: vec!["node1".into()],
+            placement_epoch: 1,
+            previous: vec![],
+            handoff: vec![],
+            stores: BTreeMap::new(),
+            applied_requests: 5,
+            auto: [(name(), bounds)].into(),
+        };
+        let cmd = MetaCommandV6::Put(SpecPatchV6 { limit, ..Default::default() });
+        let request = RequestAuto::Counter { name: name(), cmd, now_ms: 9 };
+        let db = database_of::<TypeConfigV6, _, _>(request, &meta, &state);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v6(&db, &marker_tree, b"format", b"7").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"7"[..]));
+
+        let (request, up, state) = read_all(&db);
+        let Request::Counter { cmd: MetaCommand::Put(p), now_ms: 9, .. } = request else {
+            panic!("a put stays one: {request:?}")
+        };
+        assert_eq!((p.limit, p.replicas), (limit, None));
+        assert_eq!((up.spec.limit, up.spec.replicas), (limit, None));
+        assert_eq!((&up.layout, up.created_at_ms, up.version), (&layout(), 3, 4));
+        assert_eq!(state.counters[&name()], up);
+        assert_eq!(state.auto, BTreeMap::from([(name(), bounds)]), "auto bounds kept");
+        assert_eq!(state.tombstones[&name()], vec![(0, 4)], "a tombstone's words are its generations");
+        // Today's records are not format 6's, nor format 5's.
+        assert!(from_v6(&db, &marker_tree, b"format", b"7").is_err());
+        let meta5 = CounterMetaV5 { spec: spec_v5(), layout: layout(), created_at_ms: 3, version: 4 };
+        let db = old_database::<TypeConfigV4, _, _>(MetaCommandV5::Ensure, meta5);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert!(from_v6(&db, &marker_tree, b"format", b"7").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
     }
 }

@@ -31,6 +31,11 @@
 //! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-5 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_auto`;
 //! that release's writer had no auto requests, so the story's `auto` part and
 //! [`write_fixture_with_auto`] were added to it there, as they read here.
+//!
+//! `tests/fixtures/raft-format-6.tar.gz` is the same story written in raft store
+//! format 6 (window limits, before counters had a replica count of their own), made
+//! on that release (commit 845ee8c) with
+//! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-6 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_auto`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -366,8 +371,21 @@ async fn a_raft_database_of_format_4_holds_the_same_state_with_its_bounds_and_ta
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_database_of_format_5_holds_the_same_state_with_its_bounds_and_auto_bounds_and_no_limits() {
-    let (_keep, dir) = fixture_copy("raft-format-5");
-    assert_eq!(format_marker(&dir).await, Some(encode_version(5).to_vec()), "the fixture is of format 5");
+    holds_the_same_state_as_format_5("raft-format-5", 5).await;
+}
+
+/// Format 6's story is format 5's: counters of both take the cluster's replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_format_6_holds_the_same_state_with_the_clusters_replicas() {
+    holds_the_same_state_as_format_5("raft-format-6", 6).await;
+}
+
+/// Opens the fixture `name`, of `format`, holding the story with auto counters
+/// ([`write_fixture_with_auto`]), checks it, and goes on writing in this release's
+/// format across a restart.
+async fn holds_the_same_state_as_format_5(name: &str, format: u32) {
+    let (_keep, dir) = fixture_copy(name);
+    assert_eq!(format_marker(&dir).await, Some(encode_version(format).to_vec()), "the fixture's format");
 
     let node = one_node(&dir).await;
     // The story's 32 requests plus the store registration, each applied once.
@@ -375,6 +393,7 @@ async fn a_raft_database_of_format_5_holds_the_same_state_with_its_bounds_and_au
     let state = node.state();
     for (name, meta) in &state.counters {
         assert_eq!(meta.spec.limit, None, "{name}: an upgraded counter has no window limit");
+        assert_eq!(meta.spec.replicas, None, "{name}: an upgraded counter takes the cluster's replicas");
     }
     let windowed = &state.counters["windowed"];
     let want =
@@ -414,6 +433,7 @@ async fn a_raft_database_of_format_5_holds_the_same_state_with_its_bounds_and_au
         durability: Some(Durability::Sync),
         windows: Some(WindowSet::parse(&["1m", "1h"]).unwrap()),
         limit: Some(limit),
+        replicas: Some(3),
         ..SpecPatch::default()
     };
     node.write(counter("limited", MetaCommand::Put(limited))).await.unwrap();
@@ -430,6 +450,7 @@ async fn a_raft_database_of_format_5_holds_the_same_state_with_its_bounds_and_au
     // Nothing applied twice across the restart.
     assert_eq!(check_story(&node), 33 + 12);
     assert_eq!(node.counter("limited").unwrap().spec.limit, Some(limit));
+    assert_eq!(node.counter("limited").unwrap().spec.replicas, Some(3));
     assert_eq!(node.counter("auto").unwrap().layout.resharding, Some(8));
     assert_eq!(node.counter("bounded").unwrap().spec.max, Some(1_000));
     assert_eq!(node.auto_counters(), autos);

@@ -61,8 +61,10 @@ pub const LOGS_KEPT_BEHIND_SNAPSHOT: u64 = 1_000;
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 /// Bytes per snapshot chunk.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
-/// Most groups one node runs: every range of the largest layout.
-pub const GROUPS_PER_NODE_MAX: usize = tally_core::ranges::RANGES_MAX as usize;
+/// Most groups one node runs: every range of the largest layout, in every replica
+/// class.
+pub const GROUPS_PER_NODE_MAX: usize =
+    tally_core::ranges::RANGES_MAX as usize * (1 + tally_core::ranges::REPLICAS_MAX as usize);
 /// Polling interval of waits on a group's progress, in milliseconds.
 const POLL_MS: u64 = 10;
 
@@ -461,7 +463,8 @@ impl RangeGroups {
     /// stored vote): a restarted node runs what its store says it is a replica
     /// of, whatever the directory says, since a group may count on its vote.
     pub async fn open_stored(&self) -> Result<(), ReplicaError> {
-        for range in self.layout.ranges() {
+        let ranges = tally_core::ranges::replica_classes().flat_map(|class| self.layout.ranges_in(class));
+        for range in ranges {
             if LogStore::took_part(self.kv.as_ref(), &range_prefix(range))? {
                 self.open_range(range).await?;
             }

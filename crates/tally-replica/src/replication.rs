@@ -7,6 +7,14 @@
 //!   computes the same directory: the initial members' one, rebalanced onto the
 //!   current members ([`Replication::set_members`]), a pure function of the two
 //!   member sets.
+//! * **Replica classes.** A counter that states its own replica count has its
+//!   shards in ranges of that class ([`tally_core::ranges::RangeId::class`]). The
+//!   metadata group records each class with the members at its first counter's
+//!   creation ([`tally_core::ranges::record_class`]); a node assigns the class's
+//!   ranges on those members, then rebalances them onto the current members with
+//!   the cluster's ([`Replication::follow_classes`]). So every node computes the
+//!   same class directory, and a class's groups are formed by members that were
+//!   there when it was first used.
 //! * **Replica ids.** A replica's raft id belongs to its node's store incarnation
 //!   ([`Peers::replica_of`]): a node that comes back with an empty disk is a new
 //!   replica, which the range's leader adds as a learner and promotes, replacing
@@ -87,6 +95,23 @@ pub trait Peers: Send + Sync + 'static {
         replica: ReplicaId,
     ) -> BoxFuture<'a, Option<bool>>;
 
+    /// The replica classes the metadata group recorded, each with the members it is
+    /// assigned on ([`tally_core::ranges::record_class`]), as this node applied them.
+    fn replica_classes(&self) -> BTreeMap<u8, Vec<NodeId>>;
+
+    /// The voters the group of `range` (a replica class's) started with, as the
+    /// metadata group recorded them and this node applied them; `None` if none is.
+    fn formation(&self, range: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>>;
+
+    /// Asks the metadata group to record `voters` as the first voters of `range`'s
+    /// group unless it has a record: answers the record that stays, `None` if the
+    /// write did not go through.
+    fn form_range(
+        &self,
+        range: RangeId,
+        voters: Vec<(ReplicaId, ReplicaNode)>,
+    ) -> BoxFuture<'_, Option<Vec<(ReplicaId, ReplicaNode)>>>;
+
     /// Asks `node` to stand for election in `range` once the lease of `departed`,
     /// the range's leader that is leaving it, has run out ([`Replication::campaign`]).
     /// Sent once; an answer is not waited for.
@@ -97,8 +122,14 @@ pub trait Peers: Send + Sync + 'static {
 pub struct Replication {
     me: NodeId,
     groups: Arc<RangeGroups>,
-    /// The initial members' directory: who forms each range's group.
-    initial: Directory,
+    /// How the circle is cut (the same in every directory).
+    layout: tally_core::ranges::RangeLayout,
+    /// The initial members' directory: who forms each range's group. It gains the
+    /// replica classes this node assigns ([`Replication::follow_classes`]).
+    initial: parking_lot::RwLock<Directory>,
+    /// The replica classes of counters' own counts this node assigns, one bit each:
+    /// a look that takes no lock on every routed request.
+    classes: std::sync::atomic::AtomicU32,
     /// The current members' directory ([`Replication::set_members`]).
     directory: parking_lot::RwLock<Arc<Directory>>,
     peers: Arc<dyn Peers>,
@@ -168,7 +199,9 @@ impl Replication {
             me,
             groups,
             directory: parking_lot::RwLock::new(Arc::new(directory.clone())),
-            initial: directory,
+            layout: directory.layout(),
+            initial: parking_lot::RwLock::new(directory),
+            classes: std::sync::atomic::AtomicU32::new(0),
             peers,
             watched: Default::default(),
             leaving: Default::default(),
@@ -197,7 +230,8 @@ impl Replication {
     /// members, whatever changes it saw on the way). Answers whether it changed.
     /// The groups follow on the next passes of [`Replication::tend`].
     pub fn set_members(&self, members: impl IntoIterator<Item = NodeId>) -> Result<bool, RangeError> {
-        let (next, _) = self.initial.rebalance(members, None)?;
+        let initial = self.initial.read();
+        let (next, _) = initial.rebalance(members, None)?;
         let mut current = self.directory.write();
         if **current == next {
             return Ok(false);
@@ -207,9 +241,51 @@ impl Replication {
         Ok(true)
     }
 
-    /// The range of shard `id` (ranges never move on the circle).
+    /// The range of shard `id` (ranges never move on the circle), in the shard's
+    /// replica class. A class this node does not assign yet is looked up in the
+    /// metadata it applied ([`Replication::follow_classes`]).
     pub fn range_of(&self, id: &ShardId) -> RangeId {
-        self.initial.range_of_shard(id)
+        let range = self.layout.range_of_shard(id);
+        if !self.assigns(range.class()) {
+            self.follow_classes();
+        }
+        range
+    }
+
+    /// Whether this node assigns the ranges of replica class `class` (the cluster's
+    /// always).
+    fn assigns(&self, class: u8) -> bool {
+        class == tally_core::ids::CLUSTER_REPLICAS
+            || (class < 32 && self.classes.load(Ordering::Acquire) & (1 << class) != 0)
+    }
+
+    /// Assigns the replica classes the metadata group recorded that this node does
+    /// not assign yet: the initial directory gains each on its recorded members,
+    /// and the current one is it rebalanced onto the current members, as
+    /// [`Replication::set_members`] computes it. The next tending pass opens the
+    /// class's groups this node replicates.
+    pub fn follow_classes(&self) {
+        for (class, members) in self.peers.replica_classes() {
+            if self.assigns(class) {
+                continue;
+            }
+            let mut initial = self.initial.write();
+            let current = self.directory().members().to_vec();
+            let next =
+                initial.with_class(class, members).and_then(|i| Ok((i.rebalance(current, None)?.0, i)));
+            match next {
+                Ok((current, with)) => {
+                    *initial = with;
+                    *self.directory.write() = Arc::new(current);
+                    self.classes.fetch_or(1 << class, Ordering::AcqRel);
+                    tracing::info!(class, "assigning the ranges of counters with their own replica count");
+                }
+                // A record this release cannot assign (a class out of range, or
+                // no members): its ranges stay unserved, and this is said once
+                // per pass.
+                Err(e) => tracing::error!(class, error = %e, "cannot assign a replica class"),
+            }
+        }
     }
 
     /// The leadership of `id`'s range, as this node knows it.
@@ -517,18 +593,33 @@ impl Replication {
         Some(out)
     }
 
-    /// Forms `range`'s group if this node is its preferred leader in the initial
-    /// directory and nobody formed it yet: no replica of the initial directory
-    /// nor of the current one holds it.
+    /// Forms `range`'s group if this node is its former and nobody formed it yet:
+    /// no replica of the initial directory nor of the current one that is still a
+    /// member holds it. The group starts with the initial directory's replicas as
+    /// voters, whoever forms it, so two nodes that both form it (each saw the
+    /// other's answer before either formed) start the same group, which openraft
+    /// allows; the range's leader then makes the current replicas the voters.
+    ///
+    /// The former is the first of the initial directory's replicas (the preferred
+    /// leader first) that the current directory keeps in the range, else the
+    /// current preferred leader: a range whose first replicas left before it was
+    /// formed (a class first used after a member left) is still formed.
     async fn form(&self, range: RangeId) -> Result<(), ReplicaError> {
-        if self.groups.formed(range) || self.initial.preferred_leader(range) != Some(&self.me) {
+        if range.class() != tally_core::ids::CLUSTER_REPLICAS {
+            return self.form_in_class(range).await;
+        }
+        let initial = self.initial.read().clone();
+        let current = self.directory();
+        let kept = initial.replicas(range).iter().find(|n| current.replicas(range).contains(n));
+        let former = kept.or(current.preferred_leader(range));
+        if self.groups.formed(range) || former != Some(&self.me) {
             return Ok(());
         }
-        let Some(replicas) = self.current_replicas(&self.initial, range) else { return Ok(()) };
-        let current = self.directory();
+        let Some(replicas) = self.current_replicas(&initial, range) else { return Ok(()) };
         let asked: std::collections::BTreeSet<&NodeId> =
-            self.initial.replicas(range).iter().chain(current.replicas(range)).collect();
-        for node in asked.into_iter().filter(|n| **n != self.me) {
+            initial.replicas(range).iter().chain(current.replicas(range)).collect();
+        let members = current.members();
+        for node in asked.into_iter().filter(|n| **n != self.me && members.contains(n)) {
             match self.peers.formed(node, range).await {
                 Some(false) => {}
                 // Formed elsewhere: this node waits to be added. Unanswered: ask
@@ -539,6 +630,43 @@ impl Replication {
         let members: Vec<(ReplicaId, ReplicaNode)> = replicas.into_iter().collect();
         self.groups.initialize(range, &members).await?;
         tracing::info!(%range, replicas = members.len(), "formed a range group");
+        Ok(())
+    }
+
+    /// Forms the group of `range`, a range of a replica class of counters' own
+    /// counts, if this node runs one of its first voters and its group here holds
+    /// nothing yet. The first voters are what the metadata group recorded: the
+    /// range's preferred leader proposes the current directory's replicas
+    /// ([`Peers::form_range`]), and the first proposal stays. Every first voter
+    /// forms the group with that record, so it forms even if the proposer is gone,
+    /// and no two nodes start it with different voters (starting it twice with the
+    /// same ones is safe in raft). A class's groups are thus formed whenever its
+    /// first counter comes, whoever the members are by then.
+    async fn form_in_class(&self, range: RangeId) -> Result<(), ReplicaError> {
+        if self.groups.formed(range) {
+            return Ok(());
+        }
+        let first = match self.peers.formation(range) {
+            Some(first) => first,
+            None => {
+                let current = self.directory();
+                if current.preferred_leader(range) != Some(&self.me) {
+                    return Ok(());
+                }
+                let Some(wanted) = self.current_replicas(&current, range) else { return Ok(()) };
+                let Some(first) = self.peers.form_range(range, wanted.into_iter().collect()).await else {
+                    return Ok(());
+                };
+                first
+            }
+        };
+        if !first.iter().any(|(id, _)| *id == self.groups.replica_id()) {
+            // Not a first voter (or a later incarnation of one): the range's leader
+            // adds this replica.
+            return Ok(());
+        }
+        self.groups.initialize(range, &first).await?;
+        tracing::info!(%range, replicas = first.len(), "formed a range group of a replica class");
         Ok(())
     }
 
@@ -613,6 +741,7 @@ impl Replication {
     /// gave this node, forms what needs forming, and on each range it leads makes
     /// the voters the directory's replicas. Failures are retried on the next pass.
     pub async fn tend(&self) {
+        self.follow_classes();
         let directory = self.directory();
         // A replica its group removed steps aside: a leader that removed itself
         // still leads (openraft keeps a leader outside its membership leading), and
@@ -854,7 +983,7 @@ impl Replication {
 
     /// Every range of the directory, as [`Replication::range_report`] tells it.
     pub fn range_reports(&self) -> Vec<RangeReport> {
-        (0..self.initial.layout().count()).map(|r| self.range_report(RangeId(r))).collect()
+        self.directory().all_ranges().map(|r| self.range_report(r)).collect()
     }
 
     /// This node's replication figures, for its metrics.
@@ -1005,6 +1134,19 @@ mod tests {
         }
         fn campaign<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, ()> {
             Box::pin(async {})
+        }
+        fn replica_classes(&self) -> BTreeMap<u8, Vec<NodeId>> {
+            BTreeMap::new()
+        }
+        fn formation(&self, _: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
+            None
+        }
+        fn form_range(
+            &self,
+            _: RangeId,
+            _: Vec<(ReplicaId, ReplicaNode)>,
+        ) -> BoxFuture<'_, Option<Vec<(ReplicaId, ReplicaNode)>>> {
+            Box::pin(async { None })
         }
     }
 

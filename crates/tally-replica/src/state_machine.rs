@@ -204,7 +204,8 @@ fn shard_key(prefix: u8, shard: &ShardId) -> Vec<u8> {
     key.push(prefix);
     key.extend_from_slice(name);
     key.push(NAME_END);
-    key.extend_from_slice(&shard.generation.to_be_bytes());
+    // The generation's word: the replica class rides in its top bits.
+    key.extend_from_slice(&shard.generation_word().to_be_bytes());
     key.extend_from_slice(&shard.index.to_be_bytes());
     key
 }
@@ -215,9 +216,9 @@ fn parse_key(key: &[u8]) -> Option<(ShardId, &[u8])> {
     let end = body.iter().position(|b| *b == NAME_END)?;
     let name = CounterName::new(std::str::from_utf8(&body[..end]).ok()?).ok()?;
     let rest = body.get(end + 1..)?;
-    let generation = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
+    let word = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
     let index = u16::from_be_bytes(rest.get(4..6)?.try_into().ok()?);
-    Some((ShardId::new(name, generation, index), &rest[6..]))
+    Some((ShardId::from_word(name, word, index), &rest[6..]))
 }
 
 fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
@@ -536,7 +537,18 @@ mod tests {
         let s = ShardId::new(CounterName::new("a.b:c-d").unwrap(), 7, 300);
         let key = dedup_key(&s, "ev\u{e9}nt");
         assert_eq!(parse_key(&key), Some((s.clone(), "ev\u{e9}nt".as_bytes())));
-        assert_eq!(parse_key(&shard_key(PREFIX_SHARD, &s)), Some((s, &[][..])));
+        assert_eq!(parse_key(&shard_key(PREFIX_SHARD, &s)), Some((s.clone(), &[][..])));
+        // A shard of a counter with its own replica count keeps its class, under a
+        // key of its own; one of the cluster's class keys as before classes existed.
+        let classed = s.clone().in_class(3);
+        assert_eq!(parse_key(&shard_key(PREFIX_SHARD, &classed)), Some((classed.clone(), &[][..])));
+        assert_ne!(shard_key(PREFIX_SHARD, &classed), shard_key(PREFIX_SHARD, &s));
+        let mut legacy = vec![PREFIX_SHARD];
+        legacy.extend_from_slice(b"a.b:c-d");
+        legacy.push(NAME_END);
+        legacy.extend_from_slice(&7u32.to_be_bytes());
+        legacy.extend_from_slice(&300u16.to_be_bytes());
+        assert_eq!(shard_key(PREFIX_SHARD, &s), legacy);
         assert_eq!(parse_key(b"s"), None);
         assert_eq!(parse_key(b"sabc"), None);
     }

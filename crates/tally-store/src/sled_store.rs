@@ -235,7 +235,8 @@ fn shard_prefix(id: &ShardId) -> Vec<u8> {
     let mut key = Vec::with_capacity(2 + name.len() + 4 + 2 + 1 + 32);
     key.extend_from_slice(&len.to_be_bytes());
     key.extend_from_slice(name);
-    key.extend_from_slice(&id.generation.to_be_bytes());
+    // The generation's word: the replica class rides in its top bits.
+    key.extend_from_slice(&id.generation_word().to_be_bytes());
     key.extend_from_slice(&id.index.to_be_bytes());
     key
 }
@@ -294,10 +295,10 @@ fn parse_prefix(key: &[u8]) -> Result<ShardId, StoreError> {
     let name = key.get(2..2 + len).ok_or_else(|| corrupt("short name"))?;
     let name = std::str::from_utf8(name).map_err(|e| corrupt(&e.to_string()))?;
     let rest = key.get(2 + len..2 + len + 6).ok_or_else(|| corrupt("short key"))?;
-    let generation = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+    let word = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
     let index = u16::from_be_bytes([rest[4], rest[5]]);
     let counter = tally_core::CounterName::new(name).map_err(|e| corrupt(&e.to_string()))?;
-    Ok(ShardId::new(counter, generation, index))
+    Ok(ShardId::from_word(counter, word, index))
 }
 
 /// Which of the [`SHARD_TREES`] trees holds the shard with key prefix `prefix`.
@@ -715,6 +716,19 @@ mod tests {
     /// Opens the store at `path` again once the dropped handle has let go of it.
     fn reopen(path: &Path) -> SledStore {
         SledStore::open_path_waiting(path, std::time::Duration::from_secs(10)).unwrap()
+    }
+
+    #[test]
+    fn a_shards_prefix_names_it_back_with_its_class() {
+        for id in [shard("likes:1", 0, 3), shard("likes:1", 12, 0).in_class(5)] {
+            assert_eq!(parse_prefix(&shard_prefix(&id)).unwrap(), id);
+        }
+        // The cluster's class keys as before classes existed.
+        let mut legacy = 7u16.to_be_bytes().to_vec();
+        legacy.extend_from_slice(b"likes:1");
+        legacy.extend_from_slice(&12u32.to_be_bytes());
+        legacy.extend_from_slice(&3u16.to_be_bytes());
+        assert_eq!(shard_prefix(&shard("likes:1", 12, 3)), legacy);
     }
 
     #[test]

@@ -63,6 +63,15 @@ impl Catalog for SimCatalog {
                 let Some(meta) = next.clone() else {
                     return Ok((next, effect));
                 };
+                if effect == MetaEffect::Created {
+                    // As the metadata group records a counter's replica class.
+                    let members: Vec<u8> =
+                        w.placements.last().expect("the initial placement").members.iter().copied().collect();
+                    let class = meta.spec.replica_class();
+                    if tally_core::ranges::record_class(&mut w.classes, class, &members) {
+                        w.note("meta-class", (class, &members));
+                    }
+                }
                 let versions = w.meta.entry(name.to_string()).or_default();
                 if versions.last().is_none_or(|v| v.meta.version != meta.version) {
                     versions.push(super::world::MetaVersion { at_ms: now, meta });

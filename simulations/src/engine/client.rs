@@ -35,6 +35,14 @@ pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
         let mut g = lock(w);
         let mut plans = counter_plans(&mut g.rng);
         plans.extend(bounded_plans(&mut g.rng));
+        if g.cfg.replicas > 1 {
+            // Counters keep the cluster's copies or state their own: as many, which
+            // puts them in groups of their own, or one on every node of the run.
+            let choices = [None, Some(g.cfg.replicas), Some(tally_core::ranges::REPLICAS_MAX)];
+            for plan in &mut plans {
+                plan.2.replicas = choices[g.rng.random_range(0..choices.len())];
+            }
+        }
         (plans, g.nodes[0].tally.clone())
     };
     let tally = tally.ok_or("node1 is not open")?;

@@ -117,7 +117,10 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
         let parts = EngineParts {
             store,
             clock: Arc::new(SimClock { start }),
-            config: engine_config(n),
+            config: TallyConfig {
+                replicas_max: if replication.is_some() { tally_core::ranges::REPLICAS_MAX } else { 1 },
+                ..engine_config(n)
+            },
             catalog: Some(Arc::new(SimCatalog { world: w.clone(), node: n })),
             placement: Some(Arc::new(SimPlacement { world: w.clone(), me: n, incarnation, replication })),
         };
@@ -178,7 +181,7 @@ fn every_replica_in_place(g: &World, n: u8) -> bool {
             .collect()
     };
     let mine = replica::replica_id(n, g.nodes[usize::from(n)].disk);
-    for range in directory.layout().ranges() {
+    for range in directory.all_ranges() {
         let leader = g.nodes.iter().filter_map(|n| n.replication.as_ref()).find(|r| r.groups().leads(range));
         let Some(leader) = leader else { return false };
         let Ok(m) = leader.groups().members(range) else { return false };
@@ -196,9 +199,9 @@ fn every_replica_in_place(g: &World, n: u8) -> bool {
 /// and the ranges whose voters sit on other nodes than at the start.
 fn count_replica_changes(w: &Shared) {
     let mut g = lock(w);
-    let initial = replica::directory(g.cfg.nodes, g.cfg.replicas);
+    let initial = replica::run_directory(&g);
     let mut moved = 0;
-    for range in initial.layout().ranges() {
+    for range in initial.all_ranges() {
         let leader = g.nodes.iter().filter_map(|n| n.replication.as_ref()).find(|r| r.groups().leads(range));
         let Some(held) = leader.and_then(|r| r.groups().replica_nodes(range).ok()) else { continue };
         let Ok(members) = leader.expect("a leader").groups().members(range) else { continue };
@@ -501,11 +504,11 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
     out
 }
 
-/// The node leading the `pick`-th range (modulo their count), as the first node
-/// that is up and knows a leader sees it.
+/// The node leading the `pick`-th range of the run's classes (modulo their count),
+/// as the first node that is up and knows a leader sees it.
 fn range_leader(g: &World, pick: u32) -> Option<u8> {
-    let layout = replica::directory(g.cfg.nodes, g.cfg.replicas).layout();
-    let range = tally_core::ranges::RangeId(pick % layout.count());
+    let ranges: Vec<_> = replica::run_directory(g).all_ranges().collect();
+    let range = ranges[pick as usize % ranges.len()];
     g.nodes.iter().filter(|n| n.up).find_map(|n| {
         let leader = n.replication.as_ref()?.groups().leader_node(range)?;
         node_index(&tally_core::NodeId::new(&leader))
@@ -912,6 +915,8 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             meta_down_until: 0,
             meta: BTreeMap::new(),
             auto: BTreeMap::new(),
+            classes: BTreeMap::new(),
+            formations: BTreeMap::new(),
             disturbed_since: BTreeMap::new(),
             reshards_requested: BTreeSet::new(),
             placements: vec![world::PlacementVersion {

@@ -37,13 +37,19 @@ pub(crate) fn directory(nodes: u8, replicas: u8) -> Directory {
     Directory::new((0..nodes).map(node_name), Some(replicas)).expect("a valid directory of the run")
 }
 
+/// The run's initial directory with the replica classes its metadata recorded
+/// (counters that state their own replica count), as every node assigns them.
+pub(crate) fn run_directory(g: &World) -> Directory {
+    g.classes.iter().fold(directory(g.cfg.nodes, g.cfg.replicas), |d, (class, members)| {
+        d.with_class(*class, members.iter().map(|m| node_name(*m))).expect("a recorded class")
+    })
+}
+
 /// The directory of the run's latest placement: the initial one rebalanced onto
 /// its members, as every node's [`Replication::set_members`] computes it.
 pub(crate) fn current_directory(g: &World) -> Directory {
     let members = g.placements.last().expect("the initial placement").members.iter().map(|m| node_name(*m));
-    let (current, _) = directory(g.cfg.nodes, g.cfg.replicas)
-        .rebalance(members, None)
-        .expect("a valid directory of the run");
+    let (current, _) = run_directory(g).rebalance(members, None).expect("a valid directory of the run");
     current
 }
 
@@ -154,6 +160,41 @@ impl SimPeers {
 }
 
 impl Peers for SimPeers {
+    fn replica_classes(&self) -> std::collections::BTreeMap<u8, Vec<NodeId>> {
+        let w = lock(&self.world);
+        w.classes
+            .iter()
+            .map(|(class, members)| (*class, members.iter().map(|m| node_name(*m)).collect()))
+            .collect()
+    }
+
+    fn formation(&self, range: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
+        let w = lock(&self.world);
+        let first = w.formations.get(&range.0)?;
+        Some(first.iter().map(|(id, node)| (*id, ReplicaNode { node: node.clone() })).collect())
+    }
+
+    /// The metadata group's write, as the run's catalog makes it: refused while
+    /// the metadata leader fails over, and by a node that is gone.
+    fn form_range(
+        &self,
+        range: RangeId,
+        voters: Vec<(ReplicaId, ReplicaNode)>,
+    ) -> BoxFuture<'_, Option<Vec<(ReplicaId, ReplicaNode)>>> {
+        Box::pin(async move {
+            {
+                let mut w = lock(&self.world);
+                if w.now() < w.meta_down_until || !w.alive(self.me, self.incarnation) {
+                    return None;
+                }
+                let record = voters.iter().map(|(id, node)| (*id, node.node.clone())).collect();
+                let first = w.formations.entry(range.0).or_insert(record).clone();
+                w.note("meta-form", (self.me, range.0, &first));
+            }
+            self.formation(range)
+        })
+    }
+
     fn replica_of(&self, node: &NodeId) -> Option<ReplicaId> {
         let n = node_index(node)?;
         let w = lock(&self.world);

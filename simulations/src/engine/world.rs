@@ -91,6 +91,11 @@ pub(crate) struct World {
     pub(crate) meta: BTreeMap<String, Vec<MetaVersion>>,
     /// The bounds of counters whose shard count follows contention, as committed.
     pub(crate) auto: BTreeMap<String, tally_core::spec::AutoShards>,
+    /// The replica classes of counters that state their own replica count, each
+    /// with the members of its first creation, as committed.
+    pub(crate) classes: BTreeMap<u8, Vec<u8>>,
+    /// The first voters of those classes' range groups, as committed.
+    pub(crate) formations: BTreeMap<u32, Vec<(u64, String)>>,
     /// Start of each node's current disturbance.
     pub(crate) disturbed_since: BTreeMap<u8, u64>,
     /// Transitions (reshardings) requested and not known to be finished.

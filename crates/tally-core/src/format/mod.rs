@@ -12,7 +12,8 @@
 //! [`v1`] holds format 1's records, frozen, and their upgrade to today's; [`v2`] the
 //! distinct-sketch bytes of format 2 and theirs; [`v3`] the records of formats 2 and 3
 //! that format 4 laid out anew; [`v4`] the records of format 4 that format 5 laid out
-//! anew; [`v5`] the records of format 5 that format 6 laid out anew.
+//! anew; [`v5`] the records of format 5 that format 6 laid out anew; [`v6`] the
+//! records of format 6 (and 7) that format 8 laid out anew.
 
 use std::ops::RangeInclusive;
 
@@ -21,6 +22,7 @@ pub mod v2;
 pub mod v3;
 pub mod v4;
 pub mod v5;
+pub mod v6;
 
 /// The format of a store that predates format markers.
 pub const FIRST_FORMAT: u32 = 1;
@@ -36,8 +38,11 @@ pub const FIRST_FORMAT: u32 = 1;
 /// a shard write needs no atomic batch (its records are restored from the image when
 /// a crash lost them). Format 6's values are format 7's values that carry nothing, so
 /// its upgrade only writes the marker; a release that reads at most format 6 refuses
-/// a format 7 store instead of reading carried records as corruption.
-pub const STORE_FORMAT: u32 = 7;
+/// a format 7 store instead of reading carried records as corruption. Format 8 added
+/// a counter's own replica count: `replicas` in counter specs (see [`v6`]); the ids
+/// of shards of such counters carry it in their generation's word, and every id of
+/// a counter without one encodes as before.
+pub const STORE_FORMAT: u32 = 8;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
@@ -47,8 +52,10 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// (see [`v4`]); format 5 added the auto bounds of counters whose shard count follows
 /// contention (kept in the state and its snapshots, and set by two new requests);
 /// format 6 added window limits, a `limit` in counter specs and spec patches (see
-/// [`v5`]).
-pub const RAFT_STORE_FORMAT: u32 = 6;
+/// [`v5`]); format 7 added a counter's own replica count, `replicas` in counter specs
+/// and spec patches (see [`v6`]), and tombstones name a deleted counter's generations
+/// by their words, which carry that count (a counter without one: the generation).
+pub const RAFT_STORE_FORMAT: u32 = 7;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -69,15 +76,17 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// a node may ask a range's leader whether its group still lists a replica, and a
 /// leader leaving its range may ask a voter to stand for election. Protocol 10: a
 /// shard's failed answer names the shard's owner when the answering node knows it
-/// is another node.
-pub const PEER_PROTOCOL: u32 = 10;
+/// is another node. Protocol 11: counter specs carry the counter's own replica
+/// count (`replicas`), and a shard id's generation word its replica class.
+pub const PEER_PROTOCOL: u32 = 11;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
 /// carry bounds (`min`, `max`) too. Protocol 5: snapshots carry counters' auto bounds,
 /// and entries may set them or reshard an auto counter. Protocol 6: counter specs and
-/// spec patches carry a window limit (`limit`).
-pub const RAFT_PROTOCOL: u32 = 6;
+/// spec patches carry a window limit (`limit`). Protocol 7: they carry a replica
+/// count (`replicas`).
+pub const RAFT_PROTOCOL: u32 = 7;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;

@@ -53,6 +53,7 @@ impl From<CounterSpecV1> for CounterSpec {
             min: None,
             max: None,
             limit: None,
+            replicas: None,
         }
     }
 }
@@ -92,6 +93,7 @@ impl From<SpecPatchV1> for SpecPatch {
             min: None,
             max: None,
             limit: None,
+            replicas: None,
         }
     }
 }

@@ -63,6 +63,7 @@ impl From<CounterSpecV3> for CounterSpec {
             min: None,
             max: None,
             limit: None,
+            replicas: None,
         }
     }
 }
@@ -113,6 +114,7 @@ impl From<SpecPatchV3> for SpecPatch {
             min: None,
             max: None,
             limit: None,
+            replicas: None,
         }
     }
 }

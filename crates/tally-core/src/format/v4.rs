@@ -66,6 +66,7 @@ impl From<CounterSpecV4> for CounterSpec {
             min: None,
             max: None,
             limit: None,
+            replicas: None,
         }
     }
 }
@@ -119,6 +120,7 @@ impl From<SpecPatchV4> for SpecPatch {
             min: None,
             max: None,
             limit: None,
+            replicas: None,
         }
     }
 }

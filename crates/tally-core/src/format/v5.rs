@@ -71,6 +71,7 @@ impl From<CounterSpecV5> for CounterSpec {
             min,
             max,
             limit: None,
+            replicas: None,
         }
     }
 }
@@ -130,6 +131,7 @@ impl From<SpecPatchV5> for SpecPatch {
             min,
             max,
             limit: None,
+            replicas: None,
         }
     }
 }

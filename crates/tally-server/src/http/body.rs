@@ -426,6 +426,9 @@ pub struct SpecBody {
     /// The most one window may hold, `{"window": "1m", "max": 100}` (set on create
     /// only).
     pub limit: Option<LimitBody>,
+    /// How many nodes hold a copy of each shard, 1–5 (set on create only; without
+    /// it, the cluster's `replicas`).
+    pub replicas: Option<u64>,
 }
 
 /// `limit`: a window the counter keeps and the most it may hold.
@@ -503,6 +506,7 @@ impl SpecBody {
             min: self.min,
             max: self.max,
             limit: self.limit.map(|l| WindowLimit::parse(&l.window, l.max)).transpose()?,
+            replicas: narrow("replicas", self.replicas, 1, tally_core::ranges::REPLICAS_MAX.into())?,
         };
         Ok((spec, auto))
     }
