@@ -9,6 +9,10 @@ use tally_tests::TestCluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn increments_through_all_nodes_with_resends_sum_exactly_everywhere() -> anyhow::Result<()> {
     let c = Arc::new(TestCluster::start(3).await?);
+    // Each shard has one copy here: a counter may not ask for more.
+    let (status, body) = c.send(2, "PUT", "/v1/counters/wide", json!({"replicas": 3})).await?;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.to_string().contains("replicas 3"), "{body}");
     for durability in ["sync", "batched"] {
         let name = format!("likes-{durability}");
         c.put_counter(1, &name, json!({"shards": 16, "durability": durability, "flush_ms": 50})).await?;

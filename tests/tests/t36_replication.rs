@@ -30,6 +30,44 @@ async fn every_node_counts_and_reads_a_replicated_counter() -> anyhow::Result<()
     Ok(())
 }
 
+/// Counters that state their own replica count get range groups of that size, apart
+/// from the cluster's: `solo` (one copy) and `wide` (three, stated) count and read
+/// through every node, each shard's range names its class and holds as many
+/// replicas as its counter asked for, and a retried event id is a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_that_state_their_replica_count_get_range_groups_of_that_size() -> anyhow::Result<()> {
+    let c = TestCluster::start_configured(3, &[], REPLICATED).await?;
+    let counters = [("solo", 1u64), ("wide", 3)];
+    for (name, replicas) in counters {
+        c.put_counter(1, name, json!({"shards": 4, "durability": "sync", "replicas": replicas})).await?;
+        let spec = c.get(2, &format!("/v1/counters/{name}")).await?;
+        assert_eq!(spec["spec"]["replicas"], json!(replicas), "{spec}");
+    }
+    for i in 0..30 {
+        for (name, _) in counters {
+            let (status, body) =
+                c.incr(1 + i % 3, name, json!({"delta": 1, "event_id": format!("e{i}")})).await?;
+            assert_eq!(status, 200, "{name}: {body}");
+        }
+    }
+    for (name, replicas) in counters {
+        for node in 1..=3 {
+            let read = c.fresh(node, name).await?;
+            assert_eq!((&read["value"], &read["complete"]), (&json!(30), &json!(true)), "node{node}: {read}");
+        }
+        let (_, body) = c.incr(3, name, json!({"delta": 1, "event_id": "e7"})).await?;
+        assert_eq!(body, json!({"applied": false, "duplicate": true}), "{name}");
+        for (range, _, r) in agreed_leaders(&c, &[1, 2, 3], name).await? {
+            assert_eq!(r["counter_replicas"], json!(replicas), "{name}, range {range}: {r}");
+            // Its voters where node 1 runs a replica, else the directory's nodes.
+            let copies = r["replicas"].as_array().expect("replicas").iter();
+            let copies = copies.filter(|p| p["role"] == json!("voter") || p["role"] == json!("directory"));
+            assert_eq!(copies.count() as u64, replicas, "{name}, range {range}: {r}");
+        }
+    }
+    Ok(())
+}
+
 /// How long the range leader stays frozen.
 const FROZEN: std::time::Duration = std::time::Duration::from_secs(10);
 /// Writers during the silent failure.

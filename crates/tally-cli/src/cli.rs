@@ -380,6 +380,10 @@ pub struct CreateArgs {
     /// create, with `--durability sync`): `--limit 100/1m`.
     #[arg(long, value_name = "MAX/WINDOW")]
     pub limit: Option<crate::wire::Limit>,
+    /// How many nodes keep a copy of each shard, 1-5 (on create; without it, the
+    /// cluster's `replicas`).
+    #[arg(long, value_name = "N")]
+    pub replicas: Option<u64>,
 }
 
 /// `tally incr`.

@@ -239,6 +239,7 @@ async fn create(client: &Client, args: &CreateArgs, out: &mut Output) -> Result<
         min: args.min,
         max: args.max,
         limit: args.limit.clone(),
+        replicas: args.replicas,
     };
     let answer = client.call(Method::PUT, client.counter_url(&args.name, &[]), Some(&spec)).await?;
     let info: CounterInfo = answer.parse()?;

@@ -75,6 +75,9 @@ pub fn counter(verb: &str, info: &CounterInfo) -> String {
     if let Some(l) = &s.limit {
         pairs.push(("limit", format!("{} per {}", l.max, l.window)));
     }
+    if let Some(r) = s.replicas {
+        pairs.push(("replicas", r.to_string()));
+    }
     if let Some(target) = info.resharding {
         pairs.push(("resharding", format!("{} → {target} shards", info.layout_shards)));
     }
@@ -412,6 +415,7 @@ mod tests {
                 min: Some(0),
                 max: None,
                 limit: Some(crate::wire::Limit { window: "1m".into(), max: 100 }),
+                replicas: Some(3),
             },
             generation: 1,
             layout_shards: 8,
@@ -425,6 +429,7 @@ mod tests {
         assert!(text.contains("rollup_ms       0 (no rollup)"), "{text}");
         assert!(text.contains("min             0\n") && !text.contains("max "), "{text}");
         assert!(text.contains("limit           100 per 1m\n"), "{text}");
+        assert!(text.contains("replicas        3\n"), "{text}");
         assert_eq!("100/1m".parse(), Ok(crate::wire::Limit { window: "1m".into(), max: 100 }));
         assert!(
             "100".parse::<crate::wire::Limit>().is_err() && "x/1m".parse::<crate::wire::Limit>().is_err()

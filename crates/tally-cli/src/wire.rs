@@ -70,6 +70,9 @@ pub struct SpecBody {
     /// At most `max` per one of the windows kept: a rate limit (on create).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<Limit>,
+    /// Copies of each shard (on create).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u64>,
 }
 
 /// A window limit: at most `max` in any span of `window`.
@@ -210,6 +213,9 @@ pub struct Spec {
     /// The window limit, if any.
     #[serde(default)]
     pub limit: Option<Limit>,
+    /// The counter's own replica count, if it states one.
+    #[serde(default)]
+    pub replicas: Option<u8>,
 }
 
 /// `GET /v1/counters/{name}` (and the answer of a create or update).

@@ -650,16 +650,17 @@ impl Directory {
 
 /// Records, in `classes` (the replica classes in use, each with the members it was
 /// first assigned on), the class of a counter just created: `class` is its
-/// [`crate::ShardId::replicas`], `members` the data-plane members at its creation.
-/// Nothing is recorded for the cluster's class, a class already recorded, or while
-/// there are no members. Answers whether it recorded the class.
+/// [`crate::ShardId::replicas`], `members` the data-plane members at its creation
+/// (empty while they are the members every node is configured with, before any
+/// membership change). Nothing is recorded for the cluster's class, or a class
+/// already recorded. Answers whether it recorded the class.
 ///
 /// The metadata group applies this with every creation, so every node assigns a
 /// class on the same members: the class's groups are formed by the preferred
 /// leaders among them, exactly once, however late after the cluster's start the
 /// first such counter comes.
 pub fn record_class<M: Clone>(classes: &mut BTreeMap<u8, Vec<M>>, class: u8, members: &[M]) -> bool {
-    if class == CLUSTER_CLASS || members.is_empty() || classes.contains_key(&class) {
+    if class == CLUSTER_CLASS || classes.contains_key(&class) {
         return false;
     }
     classes.insert(class, members.to_vec());
@@ -1090,7 +1091,6 @@ mod tests {
             !record_class(&mut classes, CLUSTER_CLASS, &nodes(4)),
             "the cluster's class is never recorded"
         );
-        assert!(!record_class(&mut classes, 3, &[]), "nor a class without members");
         assert!(record_class(&mut classes, 3, &nodes(4)));
         assert!(!record_class(&mut classes, 3, &nodes(5)), "the first record stays");
         let initial = Directory::new(nodes(5), Some(3)).unwrap().with_class(3, classes[&3].clone()).unwrap();

@@ -311,8 +311,11 @@ pub struct ReplicaReport {
 /// A range's replica group as the node asked knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RangeReport {
-    /// The range's number.
+    /// The range's number in its layout.
     pub range: u32,
+    /// The replica count of the counters whose shards the range holds, when they
+    /// state their own; `None` for the range of counters that take the cluster's.
+    pub counter_replicas: Option<u8>,
     /// Whether the node asked runs a replica of the range. If not, `replicas` are
     /// the directory's, `leader` is the replica that served the range last for
     /// this node (or `None`), and `term` is `None`.

@@ -896,6 +896,26 @@ impl Ctx {
         meta: &Arc<CounterMeta>,
         sub: Submission,
     ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
+        match self.send_to_owner(id, meta, sub.clone()).await {
+            // This node took the shard for its own, and found when it went to start
+            // it that another node owns it (its placement changed meanwhile, or it
+            // learnt the shard's replica class only then): no actor took the
+            // submission, so it goes to the owner now.
+            Err(e) if self.remote(id).is_some() => {
+                tracing::debug!(shard = %id, error = %e, "the shard's owner changed; sending it there");
+                self.send_to_owner(id, meta, sub).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`Ctx::send_submit`] to the owner this node knows now.
+    async fn send_to_owner(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
+        sub: Submission,
+    ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
         if let Some((placement, node)) = self.remote(id) {
             // The owner is another node: carry the submission there, and hand the
             // answer over on the same kind of channel as a local shard's.

@@ -177,3 +177,58 @@ async fn sealed_generations_leave_once_their_window_has_passed() {
     assert!(generations.iter().all(|g| *g + 1 >= current), "pruned generations left data: {generations:?}");
     tally.shutdown().await.unwrap();
 }
+
+/// A counter that states its own replica count keeps its shards in that class
+/// through a resharding and a deletion: on a node that keeps one copy of each shard,
+/// only a count of 1 is accepted, and its shards are stored apart from those of a
+/// counter that takes the cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_with_its_own_replica_count_keeps_its_class_through_a_resharding_and_a_deletion() {
+    use tally_engine::{Store, TallyError};
+    let (tally, store) = mem_engine().await;
+    let three = SpecPatch { replicas: Some(3), ..spec(4, Durability::Sync) };
+    match tally.put_counter("c", three).await {
+        Err(e @ TallyError::InvalidSpec(_)) => assert!(e.to_string().contains("replicas 3"), "{e}"),
+        other => panic!("a second copy on a node without replication: {other:?}"),
+    }
+    let six = SpecPatch { replicas: Some(6), ..spec(4, Durability::Sync) };
+    let refused = tally.put_counter("c", six).await.unwrap_err();
+    assert_eq!(refused.http_status(), 422, "{refused}");
+    let one = SpecPatch { replicas: Some(1), ..spec(4, Durability::Sync) };
+    assert_eq!(tally.put_counter("c", one).await.unwrap().counter.spec.replicas, Some(1));
+    tally.put_counter("plain", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..100 {
+        tally.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+        tally.incr("plain", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    let other = SpecPatch { replicas: Some(2), ..Default::default() };
+    let refused = tally.put_counter("c", other).await.unwrap_err();
+    assert_eq!(refused.http_status(), 422, "{refused}");
+    let same = SpecPatch { replicas: Some(1), ..Default::default() };
+    assert_eq!(
+        tally.put_counter("c", same).await.unwrap().counter.spec.replicas,
+        Some(1),
+        "naming it is fine"
+    );
+    tally.put_counter("c", SpecPatch { shards: Some(8), ..Default::default() }).await.unwrap();
+    tally.settle().await;
+    for i in 0..100 {
+        let o = tally.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+        assert!(o.duplicate, "e{i} counted twice after the resharding");
+    }
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 100);
+    let classes = |name: &str| -> Vec<u8> {
+        let ids = store.shard_ids(None, 10_000).unwrap();
+        ids.into_iter().filter(|id| id.counter.as_str() == name).map(|id| id.replicas).collect()
+    };
+    let (c, plain) = (classes("c"), classes("plain"));
+    assert!(c.len() >= 4, "the sealed generation's shards are stored: {c:?}");
+    assert!(c.iter().all(|r| *r == 1), "{c:?}");
+    assert!(!plain.is_empty() && plain.iter().all(|r| *r == 0), "{plain:?}");
+    // Deleted, its shards of both generations go, found by the tombstone's words.
+    tally.delete_counter("c").await.unwrap();
+    tally.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    assert!(classes("c").iter().all(|r| *r == 0), "{:?}", classes("c"));
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 0);
+    tally.shutdown().await.unwrap();
+}

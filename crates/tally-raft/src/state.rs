@@ -44,8 +44,9 @@ pub struct MetaState {
     /// The bounds of every counter whose shard count follows contention.
     pub auto: BTreeMap<CounterName, AutoShards>,
     /// The replica classes of counters that state their own replica count, each
-    /// with the data-plane members when its first counter was created: every node
-    /// assigns the class's ranges on them ([`tally_core::ranges::record_class`]).
+    /// with the data-plane members when its first counter was created (none: the
+    /// configured members, before any change): every node assigns the class's
+    /// ranges on them ([`tally_core::ranges::record_class`]).
     pub classes: BTreeMap<u8, Vec<String>>,
     /// The voters each range group of those classes started with
     /// ([`Request::FormRange`]), by range number.
@@ -251,25 +252,10 @@ impl MetaState {
         if members == previous {
             return (Response::Members(Ok(self.view(false))), vec![], vec![]);
         }
-        let had_none = self.members.is_empty();
         self.members = members;
         self.handoff = previous.clone();
         self.previous = previous;
-        // The classes of counters created while there were no members are recorded
-        // on the first ones.
-        let mut classes_changed = false;
-        if had_none {
-            let used: std::collections::BTreeSet<u8> =
-                self.counters.values().map(|m| m.spec.replica_class()).collect();
-            for class in used {
-                classes_changed |= tally_core::ranges::record_class(&mut self.classes, class, &self.members);
-            }
-        }
-        let (response, mut touched, changes) = self.members_changed();
-        if classes_changed {
-            touched.push(Touched::Classes);
-        }
-        (response, touched, changes)
+        self.members_changed()
     }
 
     /// The membership as the data plane needs it.
@@ -332,15 +318,14 @@ mod tests {
     }
 
     #[test]
-    fn a_counters_replica_class_is_recorded_on_the_members_of_its_first_creation() {
+    fn a_counters_replica_class_is_recorded_with_the_members_of_its_first_creation() {
         let mut s = MetaState::default();
         let own = |r| MetaCommand::Put(SpecPatch { replicas: Some(r), ..Default::default() });
-        // Created before any member: recorded on the first members.
-        s.apply(&counter("early", own(5), 1));
-        assert!(s.classes.is_empty());
-        let (_, touched, _) = s.apply(&set(0, &[], &["n1", "n2", "n3"]));
+        // Created before any member change: recorded on the configured members.
+        let (_, touched, _) = s.apply(&counter("early", own(5), 1));
         assert!(touched.contains(&Touched::Classes), "{touched:?}");
-        assert_eq!(s.classes[&5], vec!["n1", "n2", "n3"]);
+        assert_eq!(s.classes[&5], Vec::<String>::new());
+        s.apply(&set(0, &[], &["n1", "n2", "n3"]));
         // A later member change keeps the record; a new class takes the members of
         // its first creation.
         s.apply(&set(1, &[], &["n1", "n2", "n3", "n4"]));
@@ -351,7 +336,7 @@ mod tests {
         s.apply(&counter("plain", MetaCommand::Ensure, 4));
         assert_eq!(s.classes.keys().copied().collect::<Vec<_>>(), vec![3, 5], "the cluster's class is none");
         assert_eq!(s.classes[&3], vec!["n1", "n2", "n3", "n4"]);
-        assert_eq!(s.classes[&5], vec!["n1", "n2", "n3"]);
+        assert!(s.classes[&5].is_empty());
     }
 
     #[test]

@@ -270,6 +270,8 @@ impl Replication {
                 continue;
             }
             let mut initial = self.initial.write();
+            // Recorded before any membership change: the configured members.
+            let members = if members.is_empty() { initial.members().to_vec() } else { members };
             let current = self.directory().members().to_vec();
             let next =
                 initial.with_class(class, members).and_then(|i| Ok((i.rebalance(current, None)?.0, i)));
@@ -371,6 +373,19 @@ impl Replication {
         if tally_core::planted::active(tally_core::planted::Bug::TwoLeadersAck) && self.groups.leads(range) {
             // Planted: a node that believes it leads serves without asking a quorum.
             return Ok(());
+        }
+        // A counter created a moment ago may be of a class this node has not applied
+        // yet: its record is waited for, as a leader is below.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+        while !self.assigns(range.class()) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(unavailable(
+                    id,
+                    format!("the replica class of its range {range} is not known here"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(LEADER_POLL_MS)).await;
+            self.follow_classes();
         }
         // A node the directory moved out of the range serves it only while it still
         // leads: once it stepped down it may never hear of the next leader.
@@ -923,7 +938,8 @@ impl Replication {
             self.directory().replicas(range).iter().map(|n| n.as_str().to_owned()).collect();
         let Ok(status) = self.groups.status(range) else {
             return RangeReport {
-                range: range.0,
+                range: range.index(),
+                counter_replicas: Some(range.class()).filter(|c| *c != tally_core::ids::CLUSTER_REPLICAS),
                 replicated_here: false,
                 replicas: directory
                     .into_iter()
@@ -969,7 +985,8 @@ impl Replication {
         let excluded = excluded(&directory, &replicas);
         let leads = status.matched.is_some();
         RangeReport {
-            range: range.0,
+            range: range.index(),
+            counter_replicas: Some(range.class()).filter(|c| *c != tally_core::ids::CLUSTER_REPLICAS),
             replicated_here: true,
             replicas,
             leader: status.leader_node,

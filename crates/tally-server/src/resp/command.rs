@@ -341,6 +341,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("FLOOR", "min", Integer),
             opt_tok("CEILING", "max", Integer),
             opt_tok("LIMIT", "max window", Str),
+            opt_tok("REPLICAS", "replicas", Integer),
         ],
     ),
     cmd(
@@ -807,6 +808,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                     b"ROUTER" => spec.router = Some(text(value, "router")?.to_lowercase()),
                     b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
                     b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
+                    b"REPLICAS" => spec.replicas = Some(spec_number(value, "replicas")?),
                     // `FLOOR n` / `CEILING n`: the HTTP body's `min` / `max` (the words
                     // MIN and MAX bound an auto counter's shard count).
                     b"FLOOR" => spec.min = Some(spec_signed(value, "min")?),
@@ -1123,6 +1125,11 @@ mod tests {
         };
         assert_eq!((spec.min, spec.max), (Some(-5), Some(100)));
         assert!(refused(&["tally.create", "c", "FLOOR", "1.5"]).starts_with("ERR invalid_spec"));
+        let Command::TallyCreate { spec, .. } = parsed(&["tally.create", "c", "replicas", "3"]) else {
+            panic!("not a create")
+        };
+        assert_eq!(spec.replicas, Some(3));
+        assert!(refused(&["tally.create", "c", "REPLICAS", "three"]).starts_with("ERR invalid_spec"));
         let Command::TallyCreate { key, spec } = parsed(&[
             "TALLY.CREATE",
             "c",
