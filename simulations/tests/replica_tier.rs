@@ -110,6 +110,33 @@ fn ranges_move_with_membership_changes() {
     assert!(moved > 0, "no range moved in {runs} runs");
 }
 
+/// Standard runs searched for counters of both replica counts a run may draw
+/// besides the cluster's own (its `replicas`, in groups apart, and one copy on
+/// every node) while members changed.
+const CLASS_SEEDS_MAX: u64 = 12;
+
+/// Counters that state their own replica count live in range groups of their own,
+/// formed after the run started (from the first voters the metadata records), and
+/// moved with membership changes: their final reads are complete and exact like
+/// every other counter's.
+#[test]
+fn counters_with_their_own_replica_count_get_groups_of_their_own() {
+    let (mut classes, mut moved, mut runs) = (std::collections::BTreeSet::new(), 0, 0);
+    for seed in 0..CLASS_SEEDS_MAX {
+        let r =
+            run(SimConfig::standard(seed, NODES, FaultLevel::Heavy).on(Tier::Engine).replicated(REPLICAS));
+        assert!(violations(&r).is_empty(), "{}: {:?}", r.config.reproduce_command(), violations(&r));
+        classes.extend(r.history.counters.iter().filter_map(|c| c.spec.replicas));
+        moved += r.faults.get(&FaultKind::RangeMoved).copied().unwrap_or(0);
+        runs += 1;
+        if classes.len() >= 2 && moved > 0 {
+            break;
+        }
+    }
+    assert_eq!(classes.into_iter().collect::<Vec<_>>(), vec![REPLICAS, 5], "in {runs} runs");
+    assert!(moved > 0, "no range moved in {runs} runs");
+}
+
 /// Seeds that long runs found violating, each failing before its fix on the schedule
 /// of its day (faults aimed at leaders, drawn since, change every replicated run): 24
 /// (a seal by a writer that missed a commit counted its older image), 22 (a leader
