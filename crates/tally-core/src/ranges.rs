@@ -522,10 +522,8 @@ impl Directory {
         let count = replicas_of(Some(class))?;
         let members = members_of(members)?;
         let mut next = self.clone();
-        if !next.classes.contains_key(&class) {
-            let r = usize::from(count).min(members.len());
-            next.classes.insert(class, assign(self.layout, class, r, &members, &[]));
-        }
+        let r = usize::from(count).min(members.len());
+        next.classes.entry(class).or_insert_with(|| assign(self.layout, class, r, &members, &[]));
         Ok(next)
     }
 

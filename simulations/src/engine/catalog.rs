@@ -66,7 +66,7 @@ impl Catalog for SimCatalog {
                 if effect == MetaEffect::Created {
                     // As the metadata group records a counter's replica class.
                     let members: Vec<u8> =
-                        w.placements.last().expect("the initial placement").members.iter().copied().collect();
+                        w.placements.last().expect("the initial placement").members.to_vec();
                     let class = meta.spec.replica_class();
                     if tally_core::ranges::record_class(&mut w.classes, class, &members) {
                         w.note("meta-class", (class, &members));
