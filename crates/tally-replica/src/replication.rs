@@ -608,72 +608,34 @@ impl Replication {
         Some(out)
     }
 
-    /// Forms `range`'s group if this node is its former and nobody formed it yet:
-    /// no replica of the initial directory nor of the current one that is still a
-    /// member holds it. The group starts with the initial directory's replicas as
-    /// voters, whoever forms it, so two nodes that both form it (each saw the
-    /// other's answer before either formed) start the same group, which openraft
-    /// allows; the range's leader then makes the current replicas the voters.
+    /// Forms `range`'s group if nobody formed it yet. The voters a group starts with
+    /// are recorded by the metadata group ([`Peers::form_range`]: the first proposal
+    /// stays), and every node among them that holds nothing of the group yet forms
+    /// it with that record, so the group forms even if its proposer dies, and no two
+    /// nodes ever start it with different voters (starting one group twice with the
+    /// same voters is safe in raft).
     ///
-    /// The former is the first of the initial directory's replicas (the preferred
-    /// leader first) that the current directory keeps in the range, else the
-    /// current preferred leader: a range whose first replicas left before it was
-    /// formed (a class first used after a member left) is still formed.
+    /// Without a record, one node proposes:
+    /// * for the cluster's class, the first replica of the initial directory that the
+    ///   current one keeps in the range (the preferred leader first), proposing the
+    ///   initial replicas; if the current directory keeps none of them (they all left
+    ///   before the group was ever formed), its preferred leader, proposing the
+    ///   current replicas. It first asks every replica, of both directories, that is
+    ///   still a member whether its group holds anything: a group formed by a
+    ///   release that kept no record (or a node that left a range, answering from
+    ///   its stored vote) is never formed again;
+    /// * for a class of counters' own counts, whose groups are only ever formed from
+    ///   a record, the range's preferred leader, proposing the current replicas.
     async fn form(&self, range: RangeId) -> Result<(), ReplicaError> {
-        if range.class() != tally_core::ids::CLUSTER_REPLICAS {
-            return self.form_in_class(range).await;
-        }
-        let initial = self.initial.read().clone();
-        let current = self.directory();
-        let kept = initial.replicas(range).iter().find(|n| current.replicas(range).contains(n));
-        let former = kept.or(current.preferred_leader(range));
-        if self.groups.formed(range) || former != Some(&self.me) {
-            return Ok(());
-        }
-        let Some(replicas) = self.current_replicas(&initial, range) else { return Ok(()) };
-        let asked: std::collections::BTreeSet<&NodeId> =
-            initial.replicas(range).iter().chain(current.replicas(range)).collect();
-        let members = current.members();
-        for node in asked.into_iter().filter(|n| **n != self.me && members.contains(n)) {
-            match self.peers.formed(node, range).await {
-                Some(false) => {}
-                // Formed elsewhere: this node waits to be added. Unanswered: ask
-                // again on the next pass.
-                Some(true) | None => return Ok(()),
-            }
-        }
-        let members: Vec<(ReplicaId, ReplicaNode)> = replicas.into_iter().collect();
-        self.groups.initialize(range, &members).await?;
-        tracing::info!(%range, replicas = members.len(), "formed a range group");
-        Ok(())
-    }
-
-    /// Forms the group of `range`, a range of a replica class of counters' own
-    /// counts, if this node runs one of its first voters and its group here holds
-    /// nothing yet. The first voters are what the metadata group recorded: the
-    /// range's preferred leader proposes the current directory's replicas
-    /// ([`Peers::form_range`]), and the first proposal stays. Every first voter
-    /// forms the group with that record, so it forms even if the proposer is gone,
-    /// and no two nodes start it with different voters (starting it twice with the
-    /// same ones is safe in raft). A class's groups are thus formed whenever its
-    /// first counter comes, whoever the members are by then.
-    async fn form_in_class(&self, range: RangeId) -> Result<(), ReplicaError> {
         if self.groups.formed(range) {
             return Ok(());
         }
         let first = match self.peers.formation(range) {
             Some(first) => first,
-            None => {
-                let current = self.directory();
-                if current.preferred_leader(range) != Some(&self.me) {
-                    return Ok(());
-                }
-                let Some(wanted) = self.current_replicas(&current, range) else { return Ok(()) };
-                let Some(first) = self.peers.form_range(range, wanted.into_iter().collect()).await else {
-                    return Ok(());
-                };
-                first
-            }
+            None => match self.propose(range).await {
+                Some(first) => first,
+                None => return Ok(()),
+            },
         };
         if !first.iter().any(|(id, _)| *id == self.groups.replica_id()) {
             // Not a first voter (or a later incarnation of one): the range's leader
@@ -681,8 +643,44 @@ impl Replication {
             return Ok(());
         }
         self.groups.initialize(range, &first).await?;
-        tracing::info!(%range, replicas = first.len(), "formed a range group of a replica class");
+        tracing::info!(%range, replicas = first.len(), "formed a range group");
         Ok(())
+    }
+
+    /// Proposes `range`'s first voters if this node is the one to ([`Replication::form`]):
+    /// the record that stays, or `None` when nothing is to be formed from here yet.
+    async fn propose(&self, range: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
+        let current = self.directory();
+        let proposal = if range.class() == tally_core::ids::CLUSTER_REPLICAS {
+            let initial = self.initial.read().clone();
+            let kept = initial.replicas(range).iter().find(|n| current.replicas(range).contains(n));
+            let (proposer, from) = match kept {
+                Some(kept) => (Some(kept), &initial),
+                None => (current.preferred_leader(range), &*current),
+            };
+            if proposer != Some(&self.me) {
+                return None;
+            }
+            let voters = self.current_replicas(from, range)?;
+            let asked: std::collections::BTreeSet<&NodeId> =
+                initial.replicas(range).iter().chain(current.replicas(range)).collect();
+            let members = current.members();
+            for node in asked.into_iter().filter(|n| **n != self.me && members.contains(n)) {
+                match self.peers.formed(node, range).await {
+                    Some(false) => {}
+                    // Formed elsewhere: this node waits to be added. Unanswered: ask
+                    // again on the next pass.
+                    Some(true) | None => return None,
+                }
+            }
+            voters
+        } else {
+            if current.preferred_leader(range) != Some(&self.me) {
+                return None;
+            }
+            self.current_replicas(&current, range)?
+        };
+        self.peers.form_range(range, proposal.into_iter().collect()).await
     }
 
     /// On the leader of `range`: makes the group's voters the directory's
