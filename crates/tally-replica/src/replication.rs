@@ -610,10 +610,11 @@ impl Replication {
 
     /// Forms `range`'s group if nobody formed it yet. The voters a group starts with
     /// are recorded by the metadata group ([`Peers::form_range`]: the first proposal
-    /// stays), and every node among them that holds nothing of the group yet forms
-    /// it with that record, so the group forms even if its proposer dies, and no two
-    /// nodes ever start it with different voters (starting one group twice with the
-    /// same voters is safe in raft).
+    /// stays), and every node among them forms it with that record (in the cluster's
+    /// class, only while none of the others that are still members holds anything of
+    /// it), so the group forms even if its proposer dies, and no two nodes ever start
+    /// it with different voters (starting one group twice with the same voters is
+    /// safe in raft).
     ///
     /// Without a record, one node proposes:
     /// * for the cluster's class, the first replica of the initial directory that the
@@ -641,6 +642,25 @@ impl Replication {
             // Not a first voter (or a later incarnation of one): the range's leader
             // adds this replica.
             return Ok(());
+        }
+        // A first voter of the cluster's class forms the group only while every
+        // other one that is still a member holds nothing of it either: a group of
+        // that class may have been formed by a release that kept no record, and
+        // once a group runs, a voter that lost its copy (its replica id is its
+        // store's, so only a broken store could keep the id) waits to be caught up
+        // rather than start again. A class of counters' own counts was never formed
+        // without its record, and its first voters form it at once.
+        let cluster_class = range.class() == tally_core::ids::CLUSTER_REPLICAS;
+        let members = if cluster_class { self.directory().members().to_vec() } else { Vec::new() };
+        for (_, node) in first.iter().filter(|(id, _)| *id != self.groups.replica_id()) {
+            let node = NodeId::new(&node.node);
+            if !members.contains(&node) {
+                continue;
+            }
+            match self.peers.formed(&node, range).await {
+                Some(false) => {}
+                Some(true) | None => return Ok(()),
+            }
         }
         self.groups.initialize(range, &first).await?;
         tracing::info!(%range, replicas = first.len(), "formed a range group");
