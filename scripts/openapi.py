@@ -32,8 +32,10 @@ schemas = {
    "windows": ref("Windows"),
    "min": nullable({**INT, "description": "The lowest value the counter may take (bounded counters, docs/SEMANTICS.md); null for none."}),
    "max": nullable({**INT, "description": "The highest value the counter may take; null for none."}),
-   "limit": nullable(ref("WindowLimit"))},
-   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency", "windows", "min", "max", "limit"]),
+   "limit": nullable(ref("WindowLimit")),
+   "replicas": nullable({"type": "integer", "minimum": 1, "maximum": 5,
+     "description": "Copies of each shard the counter states; null: the cluster's `replicas`. Set on create only."})},
+   ["shards", "durability", "flush_ms", "rollup_ms", "router", "distinct", "dedup_window_s", "frequency", "windows", "min", "max", "limit", "replicas"]),
  "WindowLimit": obj({"window": {"type": "string", "pattern": "^[0-9]+[smhd]$", "maxLength": 16},
    "max": {"type": "integer", "minimum": 1, "maximum": 9223372036854775807}}, ["window", "max"],
    desc="A rate limit: at most `max` counted in any span of `window` (one of the counter's windows), across every shard and node. "
@@ -50,7 +52,9 @@ schemas = {
    "windows": {"type": "array", "items": STR, "description": "Sliding windows such as [\"1m\", \"1h\", \"24h\"] ([] for none); windows kept keep their buckets."},
    "min": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value lower is refused with 409 `bound_exceeded`. Must be ≤ 0; never changes."},
    "max": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value higher is refused. Must be ≥ 0; never changes."},
-   "limit": ref("WindowLimit")},
+   "limit": ref("WindowLimit"),
+   "replicas": {**INT, "description": "On create: copies of each shard, 1-5, in range groups shared with the counters that state the same "
+     "(above 1 only where shards are replicated, `cluster.replicas` > 1). Never changes."}},
    desc="Fields to set; all optional."),
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
    "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards"))},
@@ -92,11 +96,14 @@ schemas = {
    "current": nullable(BOOL), "matched": nullable(UINT)}, ["node", "replica", "role", "current", "matched"],
    desc="One replica of a range: its node, raft id (64 bits, in decimal), role (`directory`: named by the range directory on a node that runs no replica of the range), "
    "whether it is its node's current store incarnation, and on the range's leader the last log index it is known to hold."),
- "RangeReport": obj({"range": UINT, "replicated_here": BOOL, "replicas": {"type": "array", "items": ref("ReplicaReport")},
+ "RangeReport": obj({"range": UINT,
+   "counter_replicas": nullable({"type": "integer", "minimum": 1, "maximum": 5}), "replicated_here": BOOL, "replicas": {"type": "array", "items": ref("ReplicaReport")},
    "leader": nullable(STR), "term": nullable(UINT), "joint": BOOL, "applied": nullable(UINT), "leader_last_log": nullable(UINT),
    "excluded": {"type": "array", "items": STR}},
-   ["range", "replicated_here", "replicas", "leader", "term", "joint", "applied", "leader_last_log", "excluded"],
-   desc="A range's replica group as the node asked knows it (only when cluster.replicas > 1). On a node that runs no replica of the range, "
+   ["range", "counter_replicas", "replicated_here", "replicas", "leader", "term", "joint", "applied", "leader_last_log", "excluded"],
+   desc="A range's replica group as the node asked knows it (only when cluster.replicas > 1). `range` is the range's number in its layout; "
+   "`counter_replicas` the copies its counters state when they state their own (each such count has ranges of its own), null for the ranges "
+   "of counters that take the cluster's. On a node that runs no replica of the range, "
    "`replicas` are the directory's, `leader` the replica that served the range last for it, `term` null. `applied` is the node's last applied "
    "index; on the leader, `leader_last_log` is its last log index and every replica's `matched` is filled (a learner has caught up once "
    "`matched` reaches the leader's `applied`). `excluded`: nodes the directory names that hold no replica in the group."),
