@@ -896,44 +896,35 @@ impl Ctx {
         meta: &Arc<CounterMeta>,
         sub: Submission,
     ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
-        match self.send_to_owner(id, meta, sub.clone()).await {
-            // This node took the shard for its own, and found when it went to start
-            // it that another node owns it (its placement changed meanwhile, or it
-            // learnt the shard's replica class only then): no actor took the
-            // submission, so it goes to the owner now.
-            Err(e) if self.remote(id).is_some() => {
-                tracing::debug!(shard = %id, error = %e, "the shard's owner changed; sending it there");
-                self.send_to_owner(id, meta, sub).await
-            }
-            other => other,
+        match self.remote(id) {
+            Some((placement, node)) => Ok(self.send_remote(placement, node, id, meta, sub)),
+            None => self.send_here(id, meta, sub, true).await,
         }
     }
 
-    /// [`Ctx::send_submit`] to the owner this node knows now.
-    async fn send_to_owner(
+    /// Carries a submission to shard `id`'s owner `node`, and hands the answer over
+    /// on the same kind of channel as a local shard's.
+    fn send_remote(
         &self,
+        placement: Arc<dyn Placement>,
+        node: tally_core::NodeId,
         id: &ShardId,
         meta: &Arc<CounterMeta>,
         sub: Submission,
-    ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
-        if let Some((placement, node)) = self.remote(id) {
-            // The owner is another node: carry the submission there, and hand the
-            // answer over on the same kind of channel as a local shard's.
-            let (tx, rx) = ractor::concurrency::oneshot();
-            let request = ShardRequest::Submit { id: id.clone(), meta_version: meta.version, sub };
-            let id = id.clone();
-            tokio::spawn(async move {
-                match placement.call(&node, request).await {
-                    Ok(ShardResponse::Reply(r)) => {
-                        let _ = tx.send(r);
-                    }
-                    Ok(other) => tracing::warn!(shard = %id, "{}", unexpected(&node, &id, other)),
-                    Err(e) => tracing::debug!(shard = %id, error = %e, "remote submission failed"),
+    ) -> ractor::concurrency::OneshotReceiver<ShardReply> {
+        let (tx, rx) = ractor::concurrency::oneshot();
+        let request = ShardRequest::Submit { id: id.clone(), meta_version: meta.version, sub };
+        let id = id.clone();
+        tokio::spawn(async move {
+            match placement.call(&node, request).await {
+                Ok(ShardResponse::Reply(r)) => {
+                    let _ = tx.send(r);
                 }
-            });
-            return Ok(rx);
-        }
-        self.send_local(id, meta, sub).await
+                Ok(other) => tracing::warn!(shard = %id, "{}", unexpected(&node, &id, other)),
+                Err(e) => tracing::debug!(shard = %id, error = %e, "remote submission failed"),
+            }
+        });
+        rx
     }
 
     /// Sends a submission to the local actor of shard `id`.
@@ -941,10 +932,33 @@ impl Ctx {
         &self,
         id: &ShardId,
         meta: &Arc<CounterMeta>,
+        sub: Submission,
+    ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
+        self.send_here(id, meta, sub, false).await
+    }
+
+    /// [`Ctx::send_local`]; with `to_owner`, a shard this node cannot start because
+    /// it learnt meanwhile that another node owns it (its placement changed, or it
+    /// learnt the shard's replica class only then) has the submission, which no actor
+    /// took, carried to that owner.
+    async fn send_here(
+        &self,
+        id: &ShardId,
+        meta: &Arc<CounterMeta>,
         mut sub: Submission,
+        to_owner: bool,
     ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
         for _ in 0..SHARD_CALL_ATTEMPTS_MAX {
-            let actor = self.shard(id, meta).await?;
+            let actor = match self.shard(id, meta).await {
+                Ok(actor) => actor,
+                Err(e) => match self.remote(id).filter(|_| to_owner) {
+                    Some((placement, node)) => {
+                        tracing::debug!(shard = %id, error = %e, "the shard's owner changed; sending it there");
+                        return Ok(self.send_remote(placement, node, id, meta, sub));
+                    }
+                    None => return Err(e),
+                },
+            };
             let (tx, rx) = ractor::concurrency::oneshot();
             let reply: RpcReplyPort<ShardReply> = tx.into();
             match actor.send_message(ShardMsg::Submit { sub, reply }) {

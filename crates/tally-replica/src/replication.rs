@@ -650,21 +650,33 @@ impl Replication {
         // store's, so only a broken store could keep the id) waits to be caught up
         // rather than start again. A class of counters' own counts was never formed
         // without its record, and its first voters form it at once.
-        let cluster_class = range.class() == tally_core::ids::CLUSTER_REPLICAS;
-        let members = if cluster_class { self.directory().members().to_vec() } else { Vec::new() };
-        for (_, node) in first.iter().filter(|(id, _)| *id != self.groups.replica_id()) {
-            let node = NodeId::new(&node.node);
-            if !members.contains(&node) {
-                continue;
-            }
-            match self.peers.formed(&node, range).await {
-                Some(false) => {}
-                Some(true) | None => return Ok(()),
+        if range.class() == tally_core::ids::CLUSTER_REPLICAS {
+            let others: Vec<NodeId> = first
+                .iter()
+                .filter(|(id, _)| *id != self.groups.replica_id())
+                .map(|(_, node)| NodeId::new(&node.node))
+                .collect();
+            if !self.none_formed(range, others.iter()).await {
+                return Ok(());
             }
         }
         self.groups.initialize(range, &first).await?;
         tracing::info!(%range, replicas = first.len(), "formed a range group");
         Ok(())
+    }
+
+    /// Whether each of `nodes` (other than this one) that is still a member answers
+    /// that its group of `range` holds nothing. One that holds something, or does
+    /// not answer, is a no: formed elsewhere, this node waits to be added;
+    /// unanswered, it asks again on the next pass.
+    async fn none_formed(&self, range: RangeId, nodes: impl Iterator<Item = &NodeId>) -> bool {
+        let current = self.directory();
+        for node in nodes.filter(|n| **n != self.me && current.members().contains(n)) {
+            if self.peers.formed(node, range).await != Some(false) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Proposes `range`'s first voters if this node is the one to ([`Replication::form`]):
@@ -684,14 +696,8 @@ impl Replication {
             let voters = self.current_replicas(from, range)?;
             let asked: std::collections::BTreeSet<&NodeId> =
                 initial.replicas(range).iter().chain(current.replicas(range)).collect();
-            let members = current.members();
-            for node in asked.into_iter().filter(|n| **n != self.me && members.contains(n)) {
-                match self.peers.formed(node, range).await {
-                    Some(false) => {}
-                    // Formed elsewhere: this node waits to be added. Unanswered: ask
-                    // again on the next pass.
-                    Some(true) | None => return None,
-                }
+            if !self.none_formed(range, asked.into_iter()).await {
+                return None;
             }
             voters
         } else {
