@@ -40,7 +40,18 @@ async fn counters_that_state_their_replica_count_get_range_groups_of_that_size()
     let counters = [("solo", 1u64), ("wide", 3)];
     for (name, replicas) in counters {
         c.put_counter(1, name, json!({"shards": 4, "durability": "sync", "replicas": replicas})).await?;
-        let spec = c.get(2, &format!("/v1/counters/{name}")).await?;
+        // Another node has it once it applied the creation (the metadata group's
+        // followers apply a moment later).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let spec = loop {
+            match c.get(2, &format!("/v1/counters/{name}")).await {
+                Ok(spec) => break spec,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         assert_eq!(spec["spec"]["replicas"], json!(replicas), "{spec}");
     }
     // A count's groups are formed, and elect their leaders, as its first counter
