@@ -107,8 +107,9 @@ start_tally_single() {
 
 # start_tally_cluster [REPLICAS]: three nodes, generated from cluster-config/local3/
 # with free ports (HTTP, peer, raft and RESP of each node) and data directories under
-# $TMP_ROOT. REPLICAS (default 1, one copy of every shard) goes into every node's
-# [cluster] section as `replicas`; with more, each shard lives in a range group
+# $TMP_ROOT. REPLICAS (default 1, one copy of every shard; unset in the configs, three
+# members would get 3) goes into every node's [cluster] section as `replicas`; with
+# more, each shard lives in a range group
 # replicated by raft, and /healthz answers 200 only once every range group of the
 # node has a leader. BENCH_RANGES_PER_NODE, if set, goes in as `ranges_per_node`
 # (how many range groups the ring is cut into per node; 4 by default). Sets
@@ -134,15 +135,13 @@ start_tally_cluster() {
     TALLY_RESP_PORTS+="${TALLY_RESP_PORTS:+ }${ports[9 + i]}"
   done
   # The same line in every node's [cluster] section: it is part of the fingerprint.
-  ((replicas == 1)) || subst+=(-e "/^\\[cluster\\]\$/a replicas = $replicas")
+  subst+=(-e "/^\\[cluster\\]\$/a replicas = $replicas")
   local per_node=${BENCH_RANGES_PER_NODE:-}
   [[ -z $per_node ]] || subst+=(-e "/^\\[cluster\\]\$/a ranges_per_node = $per_node")
   for n in 1 2 3; do
     sed "${subst[@]}" -e "s|^data_dir = .*|data_dir = \"$dir/node$n\"|" \
       "$REPO/cluster-config/local3/node$n.toml" >"$dir/node$n.toml"
-    if ((replicas != 1)); then
-      grep -qx "replicas = $replicas" "$dir/node$n.toml" || die "no replicas line in $dir/node$n.toml"
-    fi
+    grep -qx "replicas = $replicas" "$dir/node$n.toml" || die "no replicas line in $dir/node$n.toml"
     "$TALLYD" --config "$dir/node$n.toml" --data-dir "$dir/node$n" >"$dir/node$n.log" 2>&1 &
     register_pid "$!"
     TALLY_PIDS+="${TALLY_PIDS:+ }$!"

@@ -305,3 +305,41 @@ async fn shards_and_cluster_show_replicas_leaders_and_failovers() -> anyhow::Res
     }
     Ok(())
 }
+
+/// A node refuses to start over data kept the other way than its config's
+/// `cluster.replicas` asks: one copy per shard, as every cluster of an earlier
+/// release kept them by default, against range groups, which is what a config of
+/// several members without the line now asks for. It says what to set, changes
+/// nothing, and started again as before it reads every counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_data_kept_with_another_number_of_copies() -> anyhow::Result<()> {
+    let c = TestCluster::start_configured(2, &[], "cluster.replicas = 1\n").await?;
+    c.put_counter(1, "kept", json!({"shards": 4, "durability": "sync"})).await?;
+    for i in 0..8 {
+        let (status, body) =
+            c.incr(1 + i % 2, "kept", json!({"delta": 1, "event_id": format!("k{i}")})).await?;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(c.node(1).stop(), Some(0), "{}", c.node(1).log_tail());
+    let config = std::fs::read_to_string(c.config_path(1))?;
+    assert!(config.contains("\nreplicas = 1\n"), "{config}");
+    for changed in
+        [config.replace("\nreplicas = 1\n", "\n"), config.replace("\nreplicas = 1\n", "\nreplicas = 2\n")]
+    {
+        let path = c.dir().join("node1-changed.toml");
+        std::fs::write(&path, &changed)?;
+        let run = tokio::process::Command::new(tally_tests::tallyd()?).arg("--config").arg(&path).output();
+        let out = tokio::time::timeout(std::time::Duration::from_secs(60), run).await??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started over one-copy data with range groups: {stderr}");
+        for needle in ["keeps one copy of each shard", "would read as empty", "Put replicas = 1 in [cluster]"]
+        {
+            assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+        }
+    }
+    c.restart(1).await?;
+    for node in 1..=2 {
+        assert_eq!(c.value(node, "kept").await?, 8, "node{node}");
+    }
+    Ok(())
+}

@@ -113,6 +113,59 @@ pub enum ClusterError {
     Engine(#[from] TallyError),
 }
 
+/// The local store's record of how this node keeps shards: [`ONE_COPY`] or
+/// [`RANGE_GROUPS`], written when the node first starts.
+const SHARD_COPIES_KEY: &[u8] = b"cluster:shard_copies";
+/// Each shard's one copy is in the local store, on its ring owner.
+const ONE_COPY: &[u8] = b"one-copy";
+/// Shards live in range groups under `data_dir/replica`.
+const RANGE_GROUPS: &[u8] = b"range-groups";
+
+/// Refuses to start over data kept the other way than `config.replicas` asks:
+/// range groups would never see the local store's one-copy shards (every counter
+/// would read as empty), and one copy would never see the groups'. Data written
+/// before the record existed is recognized by what it holds.
+fn check_copies(
+    replicas: u8,
+    data_dir: &std::path::Path,
+    local: &dyn tally_store::Store,
+) -> Result<(), ClusterError> {
+    let want = if replicas > 1 { RANGE_GROUPS } else { ONE_COPY };
+    let storage = |e: tally_store::StoreError| ClusterError::Engine(e.into());
+    let recorded = local.meta_get(SHARD_COPIES_KEY).map_err(storage)?;
+    let stored = match &recorded {
+        Some(v) => Some(v.as_slice()),
+        None if data_dir.join("replica").exists() => Some(RANGE_GROUPS),
+        None if !local.shard_ids(None, 1).map_err(storage)?.is_empty() => Some(ONE_COPY),
+        None => None,
+    };
+    if let Some(stored) = stored.filter(|s| *s != want) {
+        let (held, asked, fix) = if stored == RANGE_GROUPS {
+            (
+                "shards in range groups (cluster.replicas above 1)",
+                "one copy of each shard",
+                "the replicas it first started with",
+            )
+        } else {
+            (
+                "one copy of each shard (cluster.replicas = 1, the default of earlier releases)",
+                "range groups",
+                "replicas = 1",
+            )
+        };
+        return Err(ClusterError::Config(format!(
+            "the data in {} keeps {held}, and this config asks for {asked} (cluster.replicas = {}): \
+             its counters would read as empty. Put {fix} in [cluster], the same on every node",
+            data_dir.display(),
+            replicas,
+        )));
+    }
+    if recorded.is_none() {
+        local.meta_put(SHARD_COPIES_KEY, want).map_err(storage)?;
+    }
+    Ok(())
+}
+
 /// Counter metadata replicated through the cluster's raft group.
 pub struct RaftCatalog {
     raft: Arc<MetaRaft>,
@@ -532,6 +585,7 @@ impl ClusterNode {
         let view = PlacementView::new(&config, &raft.membership());
         let local: Arc<dyn tally_store::Store> =
             Arc::new(SledStore::open(&SledConfig::new(config.data_dir.join("store")))?);
+        check_copies(config.replicas, &config.data_dir, local.as_ref())?;
         let (replication, store) = if config.replicas > 1 {
             let r = Self::start_replication(&config, &me, &raft, &transport).await?;
             let _ = handler.replication.set(r.clone());
@@ -954,5 +1008,54 @@ impl ClusterNode {
 impl From<tally_store::StoreError> for ClusterError {
     fn from(e: tally_store::StoreError) -> Self {
         ClusterError::Engine(e.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_core::ids::ShardId;
+    use tally_core::name::CounterName;
+    use tally_store::{MemStore, ShardWrite, Store};
+
+    fn refused(replicas: u8, dir: &std::path::Path, store: &MemStore) -> String {
+        match check_copies(replicas, dir, store) {
+            Err(ClusterError::Config(why)) => why,
+            other => panic!("replicas = {replicas} over {}: {other:?}", dir.display()),
+        }
+    }
+
+    #[test]
+    fn a_node_keeps_shards_the_way_it_first_started() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // A new node records what it was started with, and keeps to it.
+        for (first, other) in [(1u8, 3u8), (3, 1)] {
+            let store = MemStore::new();
+            check_copies(first, dir.path(), &store).expect("a new node takes its config");
+            check_copies(first, dir.path(), &store).expect("and starts again the same way");
+            let why = refused(other, dir.path(), &store);
+            assert!(why.contains("would read as empty"), "{why}");
+            let fix = if first == 1 { "replicas = 1" } else { "the replicas it first started with" };
+            assert!(why.contains(fix), "{why}");
+            if first > 1 {
+                check_copies(5, dir.path(), &store)
+                    .expect("another count of range groups is still range groups");
+            }
+        }
+
+        // Data of a release before the record: one-copy shards in the local store...
+        let store = MemStore::new();
+        let shard = ShardId::new(CounterName::new("likes").expect("name"), 0, 0);
+        store.commit(&shard, &ShardWrite::default()).expect("commit");
+        refused(3, dir.path(), &store);
+        check_copies(1, dir.path(), &store).expect("one copy reads them");
+        assert_eq!(store.meta_get(SHARD_COPIES_KEY).expect("meta").as_deref(), Some(ONE_COPY));
+
+        // ... or range groups under data_dir/replica.
+        std::fs::create_dir(dir.path().join("replica")).expect("mkdir");
+        let store = MemStore::new();
+        refused(1, dir.path(), &store);
+        check_copies(3, dir.path(), &store).expect("range groups read them");
+        assert_eq!(store.meta_get(SHARD_COPIES_KEY).expect("meta").as_deref(), Some(RANGE_GROUPS));
     }
 }

@@ -59,7 +59,7 @@ pub fn cluster_node_config(config: &Config) -> Result<ClusterNodeConfig, tally_t
         raft_election_timeout_ms: (c.raft_election_timeout_min_ms, c.raft_election_timeout_max_ms),
         engine: config.tally_config(),
         tls,
-        replicas: c.replicas,
+        replicas: c.replicas(),
         ranges_per_node: c.ranges_per_node,
     })
 }

@@ -275,13 +275,15 @@ pub struct ClusterConfig {
     /// Longest raft election timeout, in milliseconds.
     #[serde(default = "default_raft_election_timeout_max_ms")]
     pub raft_election_timeout_max_ms: u64,
-    /// Copies of every shard (1–5). 1 keeps one copy, on the ring owner; more puts
-    /// each shard in a range group replicated on `min(replicas, nodes)` nodes, whose
-    /// leader serves it: a node's death or the loss of its disk loses nothing and
-    /// shards stay available while a majority of each group is up. The members are
-    /// then fixed by this list (no membership changes).
-    #[serde(default = "default_replicas")]
-    pub replicas: u8,
+    /// Copies of every shard (1–5); unset, `min(3, initial members)` (see
+    /// [`ClusterConfig::replicas`]). 1 keeps one copy, on the ring owner; more puts
+    /// each shard in a range group replicated on `min(replicas, members)` nodes,
+    /// whose leader serves it: a node's death or the loss of its disk loses nothing
+    /// and shards stay available while a majority of each group is up. Fixed when
+    /// the cluster first starts: a node refuses data kept the other way (one copy
+    /// against range groups).
+    #[serde(default)]
+    pub replicas: Option<u8>,
     /// With `replicas` > 1: ranges the ring is cut into per node (1–16, rounded up
     /// to a power of two, at least 4 in all). Each range is one raft group, and a
     /// commit cycle writes one entry per range it touches: fewer ranges carry more
@@ -531,9 +533,6 @@ impl Default for EngineConfig {
 
 fn default_cluster_name() -> String {
     "tally".into()
-}
-fn default_replicas() -> u8 {
-    1
 }
 fn default_ranges_per_node() -> u32 {
     tally_core::ranges::RANGES_PER_NODE
@@ -839,11 +838,23 @@ impl ClusterConfig {
             raft_heartbeat_ms: self.raft_heartbeat_ms,
             raft_election_timeout_min_ms: self.raft_election_timeout_min_ms,
             raft_election_timeout_max_ms: self.raft_election_timeout_max_ms,
-            replicas: self.replicas,
+            replicas: self.replicas(),
             ranges_per_node: self.ranges_per_node,
             nodes: &self.nodes,
         };
         tally_core::hash::hash64(FINGERPRINT_SEED, &tally_core::codec::encode(&canonical))
+    }
+
+    /// Copies of every shard: `replicas` as configured, or else
+    /// `min(REPLICAS_DEFAULT, initial members)` — three copies once the cluster
+    /// starts with three members, one on a single node. Only the list's initial
+    /// members count, so adding nodes later never changes it.
+    pub fn replicas(&self) -> u8 {
+        self.replicas.unwrap_or_else(|| {
+            let members = self.nodes.iter().filter(|n| n.member).count();
+            let members = u8::try_from(members).unwrap_or(u8::MAX).max(1);
+            tally_core::ranges::REPLICAS_DEFAULT.min(members)
+        })
     }
 
     /// The entry of node `id`.
@@ -861,7 +872,9 @@ impl ClusterConfig {
         }
         let vnodes_max = tally_core::ring::VNODES_PER_NODE_MAX;
         range("cluster.vnodes_per_node", self.vnodes_per_node.into(), 1, vnodes_max.into())?;
-        range("cluster.replicas", self.replicas.into(), 1, tally_core::ranges::REPLICAS_MAX.into())?;
+        if let Some(replicas) = self.replicas {
+            range("cluster.replicas", replicas.into(), 1, tally_core::ranges::REPLICAS_MAX.into())?;
+        }
         let per_node_max = tally_core::ranges::RANGES_PER_NODE_MAX;
         range("cluster.ranges_per_node", self.ranges_per_node.into(), 1, per_node_max.into())?;
         interval("cluster.heartbeat_ms", self.heartbeat_ms)?;
@@ -973,6 +986,34 @@ mod tests {
         let t = c.tally_config();
         assert_eq!((t.node_id.as_str(), t.batch_items_max), ("n1", 10_000));
         assert_eq!(c.sled_config().path, PathBuf::from("./data/store"));
+    }
+
+    #[test]
+    fn replicas_default_to_three_or_the_initial_members() {
+        let mut c = good().cluster;
+        assert_eq!(c.replicas, None);
+        assert_eq!(c.replicas(), 2, "two members: two copies");
+        let mut third = c.nodes[1].clone();
+        (third.id, third.raft_id) = ("n3".into(), 3);
+        third.http.set_port(7072);
+        c.nodes.push(third.clone());
+        assert_eq!(c.replicas(), 3);
+        for i in 4..=6u16 {
+            let mut more = third.clone();
+            (more.id, more.raft_id) = (format!("n{i}"), u64::from(i));
+            c.nodes.push(more);
+        }
+        assert_eq!(c.replicas(), 3, "never more than three unless configured");
+        c.nodes.iter_mut().skip(1).for_each(|n| n.member = false);
+        assert_eq!(c.replicas(), 1, "nodes added later do not count");
+        c.replicas = Some(5);
+        assert_eq!(c.replicas(), 5);
+        let mut one = good().cluster;
+        one.replicas = Some(1);
+        let mut unset = good().cluster;
+        unset.nodes.truncate(1);
+        one.nodes.truncate(1);
+        assert_eq!(unset.fingerprint(), one.fingerprint(), "a single node keeps its fingerprint");
     }
 
     #[test]
@@ -1088,8 +1129,8 @@ mod tests {
     fn numeric_fields_are_range_checked() {
         let cases: Vec<(&str, Mutation)> = vec![
             ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 0)),
-            ("cluster.replicas", Box::new(|c| c.cluster.replicas = 0)),
-            ("cluster.replicas", Box::new(|c| c.cluster.replicas = 6)),
+            ("cluster.replicas", Box::new(|c| c.cluster.replicas = Some(0))),
+            ("cluster.replicas", Box::new(|c| c.cluster.replicas = Some(6))),
             ("cluster.ranges_per_node", Box::new(|c| c.cluster.ranges_per_node = 0)),
             ("cluster.ranges_per_node", Box::new(|c| c.cluster.ranges_per_node = 17)),
             ("cluster.vnodes_per_node", Box::new(|c| c.cluster.vnodes_per_node = 5000)),
@@ -1173,7 +1214,7 @@ mod tests {
         let changes: Vec<ClusterMutation> = vec![
             Box::new(|c| c.name = "other".into()),
             Box::new(|c| c.vnodes_per_node += 1),
-            Box::new(|c| c.replicas = 3),
+            Box::new(|c| c.replicas = Some(3)),
             Box::new(|c| c.ranges_per_node = 1),
             Box::new(|c| c.heartbeat_ms += 1),
             Box::new(|c| c.heartbeat_misses_max += 1),

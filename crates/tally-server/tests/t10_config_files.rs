@@ -45,8 +45,10 @@ fn local3_nodes_load_share_one_fingerprint_and_differ_only_in_their_node_section
         assert_eq!(c.cluster, configs[0].cluster, "node{n}'s [cluster] differs from node1's");
         assert_eq!(c.cluster.fingerprint(), configs[0].cluster.fingerprint());
     }
+    assert_eq!(configs[0].cluster.replicas(), 3, "three members default to three copies");
     let single = Config::single_node().expect("valid");
     assert_ne!(single.cluster.fingerprint(), configs[0].cluster.fingerprint());
+    assert_eq!(single.cluster.replicas(), 1, "a single node keeps one copy, without range groups");
 }
 
 #[test]

@@ -202,6 +202,15 @@ async fn run(args: Args) -> Result<()> {
             config.node.data_dir.display()
         );
         println!("cluster fingerprint: {:#018x}", config.cluster.fingerprint());
+        let replicas = config.cluster.replicas();
+        println!(
+            "copies of each shard: {replicas}{}",
+            match (config.cluster.replicas, replicas) {
+                (Some(_), _) => " (cluster.replicas)",
+                (None, 1) => " (the default for one initial member: one copy, no range groups)",
+                (None, _) => " (the default: min(3, initial members), in range groups)",
+            }
+        );
         println!(
             "client tokens: {}",
             if gate.is_open() {
