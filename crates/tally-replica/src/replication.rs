@@ -426,7 +426,7 @@ impl Replication {
         let Some(id) = request.shard().cloned() else { return send(node.clone(), request).await };
         let range = self.range_of(&id);
         let sent_to = self.leadership_of(range, node);
-        let first = send(node.clone(), request.clone()).await;
+        let mut first = send(node.clone(), request.clone()).await;
         if !not_served(&first) || !repeatable(&request) {
             if !not_served(&first) && !self.runs(range) {
                 self.hints.lock().insert(range, node.clone());
@@ -451,7 +451,7 @@ impl Replication {
                         next.push_front(owner.clone());
                     }
                 }
-                let Some(to) = next.pop_front() else { return last };
+                let Some(to) = next.pop_front() else { break };
                 asked.push(to.clone());
                 last = send(to.clone(), request.clone()).await;
                 if !not_served(&last) {
@@ -459,6 +459,15 @@ impl Replication {
                     return last;
                 }
             }
+            // No other node serves it. A node the directory gives the range whose
+            // group is not open here yet (a replica class it learnt a moment ago,
+            // when the others may already name it the leader) waits for the
+            // group's leader below, as a replica does; any other node answers
+            // what it heard.
+            if !self.directory().replicas(range).contains(&self.me) {
+                return last;
+            }
+            first = last;
         }
         // The leader did not serve it: it lost the request or its answer, or it no
         // longer leads. A new leadership is asked as soon as this node knows it (even
