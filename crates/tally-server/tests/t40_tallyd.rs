@@ -198,7 +198,10 @@ async fn check_validates_the_built_in_config_and_bad_files_name_their_field() {
     assert!(stdout.contains("cluster \"single\" (1 node)"), "{stdout}");
     assert!(stdout.contains("http 127.0.0.1:7070") && stdout.contains("data ./data"), "{stdout}");
     assert!(stdout.contains("cluster fingerprint: 0x"), "{stdout}");
-    assert!(stdout.contains("copies of each shard: 1 (the default for one initial member"), "{stdout}");
+    assert!(
+        stdout.contains("copies of each shard: 1 (a single node: one copy, no range groups)"),
+        "{stdout}"
+    );
     let local3 = concat!(env!("CARGO_MANIFEST_DIR"), "/../../cluster-config/local3/node1.toml");
     let (code, stdout, stderr) = run_to_end(&["--config", local3, "--check"], dir.path()).await;
     assert_eq!(code, Some(0), "{stderr}");

@@ -203,11 +203,14 @@ async fn run(args: Args) -> Result<()> {
         );
         println!("cluster fingerprint: {:#018x}", config.cluster.fingerprint());
         let replicas = config.cluster.replicas();
+        let members = config.cluster.nodes.iter().filter(|n| n.member).count();
+        let copies = usize::from(replicas).min(members.max(1));
         println!(
-            "copies of each shard: {replicas}{}",
+            "copies of each shard: {copies}{}",
             match (config.cluster.replicas, replicas) {
-                (Some(_), _) => " (cluster.replicas)",
-                (None, 1) => " (the default for one initial member: one copy, no range groups)",
+                _ if nodes == 1 => " (a single node: one copy, no range groups)",
+                (_, 1) => " (cluster.replicas = 1: one copy, no range groups)",
+                (Some(_), _) => " (cluster.replicas, in range groups)",
                 (None, _) => " (the default: min(3, initial members), in range groups)",
             }
         );
