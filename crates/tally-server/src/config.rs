@@ -851,10 +851,14 @@ impl ClusterConfig {
     /// members count, so adding nodes later never changes it.
     pub fn replicas(&self) -> u8 {
         self.replicas.unwrap_or_else(|| {
-            let members = self.nodes.iter().filter(|n| n.member).count();
-            let members = u8::try_from(members).unwrap_or(u8::MAX).max(1);
+            let members = u8::try_from(self.initial_members()).unwrap_or(u8::MAX);
             tally_core::ranges::REPLICAS_DEFAULT.min(members)
         })
+    }
+
+    /// The nodes that start as members (`member = true`), at least one.
+    pub fn initial_members(&self) -> usize {
+        self.nodes.iter().filter(|n| n.member).count().max(1)
     }
 
     /// The entry of node `id`.

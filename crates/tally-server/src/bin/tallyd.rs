@@ -203,8 +203,7 @@ async fn run(args: Args) -> Result<()> {
         );
         println!("cluster fingerprint: {:#018x}", config.cluster.fingerprint());
         let replicas = config.cluster.replicas();
-        let members = config.cluster.nodes.iter().filter(|n| n.member).count();
-        let copies = usize::from(replicas).min(members.max(1));
+        let copies = usize::from(replicas).min(config.cluster.initial_members());
         println!(
             "copies of each shard: {copies}{}",
             match (config.cluster.replicas, replicas) {
