@@ -229,6 +229,9 @@ pub struct GroupMembers {
     pub learners: BTreeSet<ReplicaId>,
     /// Whether a joint (two-configuration) change is in progress.
     pub joint: bool,
+    /// The voters the configuration moves to: the second half of a joint change,
+    /// else `voters`.
+    pub target: BTreeSet<ReplicaId>,
 }
 
 /// openraft's metrics of one range group.
@@ -476,6 +479,22 @@ impl RangeGroups {
         self.groups.read().get(&range).cloned().ok_or(ReplicaError::NoSuchRange(range))
     }
 
+    /// `range`'s group, if this replica may propose a membership change: it leads,
+    /// in the group's effective membership. A leader that appended its own removal
+    /// still leads until that commits (and serves meanwhile), but openraft takes no
+    /// further membership change from it: it is no longer in the membership it
+    /// would change.
+    fn membership_leader(&self, range: RangeId) -> Result<Group, ReplicaError> {
+        let g = self.group(range)?;
+        let metrics = g.raft.metrics().borrow().clone();
+        let member = metrics.membership_config.membership().nodes().any(|(id, _)| *id == self.id);
+        if metrics.state != openraft::ServerState::Leader || !member {
+            let leader = metrics.current_leader.filter(|l| *l != self.id);
+            return Err(ReplicaError::NotLeader { range, leader, leader_node: None });
+        }
+        Ok(g)
+    }
+
     /// The ranges open on this node.
     pub fn ranges(&self) -> Vec<RangeId> {
         self.groups.read().keys().copied().collect()
@@ -716,10 +735,12 @@ impl RangeGroups {
         let g = self.group(range)?;
         let metrics = g.raft.metrics().borrow().clone();
         let m = metrics.membership_config.membership();
+        let configs = m.get_joint_config();
         Ok(GroupMembers {
             voters: m.voter_ids().collect(),
             learners: m.learner_ids().collect(),
-            joint: m.get_joint_config().len() > 1,
+            joint: configs.len() > 1,
+            target: configs.last().cloned().unwrap_or_default(),
         })
     }
 
@@ -789,7 +810,7 @@ impl RangeGroups {
         replica: ReplicaId,
         node: ReplicaNode,
     ) -> Result<(), ReplicaError> {
-        let g = self.group(range)?;
+        let g = self.membership_leader(range)?;
         match g.raft.add_learner(replica, node, false).await {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(leader_of(range, &f)),
@@ -869,7 +890,7 @@ impl RangeGroups {
         range: RangeId,
         learners: BTreeSet<ReplicaId>,
     ) -> Result<(), ReplicaError> {
-        let g = self.group(range)?;
+        let g = self.membership_leader(range)?;
         match g.raft.change_membership(openraft::ChangeMembers::RemoveNodes(learners), false).await {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(leader_of(range, &f)),
@@ -888,7 +909,7 @@ impl RangeGroups {
         if voters.is_empty() {
             return Err(ReplicaError::Invalid("a group keeps at least one voter".into()));
         }
-        let g = self.group(range)?;
+        let g = self.membership_leader(range)?;
         match g.raft.change_membership(voters, false).await {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(leader_of(range, &f)),

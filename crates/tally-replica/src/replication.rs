@@ -38,7 +38,7 @@
 //!   goes to the next leader when sending it again cannot count twice
 //!   ([`Replication::call`]).
 
-use crate::groups::{RangeGroups, ReplicaError, FAILOVER_BOUND_MS};
+use crate::groups::{GroupMembers, RangeGroups, ReplicaError, FAILOVER_BOUND_MS};
 use crate::types::{ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -731,9 +731,18 @@ impl Replication {
         }
         let directory = self.directory();
         let Some(wanted) = self.current_replicas(&directory, range) else { return Ok(()) };
-        // A joint configuration is a change left half way (its proposer stopped
-        // waiting for it, or lost its leadership): the change below finishes it.
         let members = self.groups.members(range)?;
+        if members.joint {
+            // A change left half way (its proposer stopped waiting for it, or lost
+            // its leadership) is finished as it was proposed, and the next pass
+            // moves on to the directory's replicas. A change from a joint
+            // configuration to other voters would pair its second half with them,
+            // and one that left this leader out of both halves is a change openraft
+            // takes from no one (its leader must be a member of the configuration
+            // it changes).
+            let target = members.target.clone();
+            return self.make_voters(range, target, &members).await;
+        }
         let mut learners_added = false;
         for (id, node) in &wanted {
             if !members.voters.contains(id) && !members.learners.contains(id) {
@@ -757,6 +766,18 @@ impl Replication {
             }
             return Ok(());
         }
+        self.make_voters(range, voters, &members).await
+    }
+
+    /// On the leader of `range`: makes `voters` the group's voters by joint
+    /// consensus once those that are not voters yet caught up, and hands the
+    /// range over if this node is not among them.
+    async fn make_voters(
+        &self,
+        range: RangeId,
+        voters: std::collections::BTreeSet<ReplicaId>,
+        members: &GroupMembers,
+    ) -> Result<(), ReplicaError> {
         for id in voters.difference(&members.voters) {
             self.groups.wait_caught_up(range, *id, Duration::from_millis(CATCH_UP_WAIT_MS)).await?;
         }
