@@ -612,26 +612,113 @@ pub fn run(cfg: SimConfig) -> RunReport {
 /// the run (both tiers run this way).
 pub(crate) fn guarded(cfg: SimConfig, body: impl FnOnce(SimConfig) -> RunReport) -> RunReport {
     let c = cfg.clone();
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(c))) {
-        Ok(r) => r,
+    let panics = PanicWatch::start();
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(c)));
+    let caught = panics.finish();
+    match ran {
+        // A panic inside a task (an actor's handler, openraft's core) ends only that
+        // task: the run goes on without it, and reports it here.
+        Ok(mut r) => {
+            let tasks = caught.into_iter().map(|detail| Violation { invariant: "no-panic", detail });
+            r.violations.extend(tasks);
+            r
+        }
         Err(payload) => {
             #[cfg(feature = "planted-bugs")]
             tally_core::planted::plant(None);
-            let msg = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            RunReport {
-                config: cfg,
-                trace_hash: 0,
-                sim_ms: 0,
-                events: 0,
-                faults: BTreeMap::new(),
-                ops: 0,
-                violations: vec![Violation { invariant: "no-panic", detail: msg }],
-                history: History::default(),
-            }
+            let msg = panic_message(payload.as_ref());
+            RunReport::cut_short(cfg, vec![Violation { invariant: "no-panic", detail: msg }])
         }
+    }
+}
+
+impl RunReport {
+    /// The report of a run that ended before it could report anything else.
+    fn cut_short(config: SimConfig, violations: Vec<Violation>) -> Self {
+        RunReport {
+            config,
+            trace_hash: 0,
+            sim_ms: 0,
+            events: 0,
+            faults: BTreeMap::new(),
+            ops: 0,
+            violations,
+            history: History::default(),
+        }
+    }
+}
+
+/// Records the panics of one run's thread: every task of a run (actors, range
+/// groups, timers) runs on the thread that runs it, and a panic in a task does not
+/// unwind to [`guarded`], so a hook collects its message.
+struct PanicWatch;
+
+thread_local! {
+    /// The messages of this thread's panics during a run; `None` outside a run.
+    static PANICS: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+impl PanicWatch {
+    fn start() -> Self {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let at =
+                    info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+                let msg = panic_message(info.payload());
+                // `try_with`: a panic while the thread's locals are torn down is
+                // only printed.
+                let _ = PANICS.try_with(|p| {
+                    if let Some(p) = p.borrow_mut().as_mut() {
+                        p.push(format!("{msg}{at}"));
+                    }
+                });
+                previous(info);
+            }));
+        });
+        PANICS.with(|p| *p.borrow_mut() = Some(Vec::new()));
+        PanicWatch
+    }
+
+    /// The panics recorded since [`PanicWatch::start`].
+    fn finish(self) -> Vec<String> {
+        PANICS.with(|p| p.borrow_mut().take()).unwrap_or_default()
+    }
+}
+
+/// A panic's message, from its payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FaultLevel;
+
+    /// A run whose body spawns one task, which panics or not.
+    fn run_with_task(panics: bool) -> RunReport {
+        guarded(SimConfig::short(0, 2, FaultLevel::Light), |c| {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+            runtime.block_on(async {
+                let task = tokio::spawn(async move { assert!(!panics, "a task's own assertion") });
+                let _ = task.await;
+            });
+            RunReport::cut_short(c, Vec::new())
+        })
+    }
+
+    #[test]
+    fn a_panic_inside_a_task_is_a_violation_of_its_run() {
+        let r = run_with_task(true);
+        let found = r.violations.iter().any(|v| v.invariant == "no-panic" && v.detail.contains("own assertion"));
+        assert!(found, "{:?}", r.violations);
+        // The next run on this thread starts clean.
+        assert!(run_with_task(false).violations.is_empty());
     }
 }

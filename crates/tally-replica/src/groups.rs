@@ -6,10 +6,14 @@ use crate::network::{
 };
 use crate::state_machine::{Shared, StateMachine};
 use crate::storage::{KvError, KvStore, KvTree};
-use crate::types::{Batch, BatchReport, LogId, Raft, ReplicaId, ReplicaNode, ShardEntry, StoredShard};
+use crate::types::{
+    Batch, BatchReport, LogId, Raft, RangeConfig, ReplicaId, ReplicaNode, ShardEntry, StoredShard,
+};
 use crate::types::{BATCH_IMAGES_MAX, IMAGE_RECORDS_MAX};
 use futures::future::BoxFuture;
+use openraft::entry::RaftEntry;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::Membership;
 use parking_lot::RwLock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -500,8 +504,23 @@ impl RangeGroups {
         self.groups.read().keys().copied().collect()
     }
 
-    /// Makes `members` the first voters of `range`'s group. Call it on one of them
-    /// only, once; a group that was initialized already answers Ok.
+    /// The ranges whose group stopped on its own, each with the fatal error that
+    /// stopped it (a storage error, or a panic of its core): that replica takes no
+    /// part in its group until the node restarts. None in a healthy node.
+    pub fn stopped(&self) -> Vec<(RangeId, String)> {
+        let groups = self.groups.read();
+        groups
+            .iter()
+            .filter_map(|(range, g)| match &g.raft.metrics().borrow().running_state {
+                Ok(()) => None,
+                Err(fatal) => Some((*range, fatal.to_string())),
+            })
+            .collect()
+    }
+
+    /// Makes `members` the first voters of `range`'s group. Every first voter may
+    /// call it, with the same members; a group that was initialized already
+    /// answers Ok.
     pub async fn initialize(
         &self,
         range: RangeId,
@@ -509,10 +528,45 @@ impl RangeGroups {
     ) -> Result<(), ReplicaError> {
         let g = self.group(range)?;
         let members: BTreeMap<ReplicaId, ReplicaNode> = members.iter().cloned().collect();
-        match g.raft.initialize(members).await {
-            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        match g.raft.initialize(members.clone()).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(InitializeError::NotAllowed(n))) if n.last_log_id.is_none() => {
+                self.seed_first_entry(range, members).await
+            }
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
             Err(e) => Err(fatal(e)),
         }
+    }
+
+    /// Gives a first voter that holds a vote and no log its group's first entry.
+    ///
+    /// A first voter that granted its vote to another one's first campaign before
+    /// that one's first entry reached it is a replica openraft will not
+    /// initialize (it voted), and that no leader may ever complete: if the
+    /// candidate's disk is lost, nobody holds the first entry, and the group has
+    /// no membership to elect in. The first entry is the recorded first voters at
+    /// log id 0, the same on every first voter, so this replica writes it itself,
+    /// as if the candidate's had arrived, keeping its vote (it votes no twice in a
+    /// term), and opens its group again: a follower of that membership.
+    async fn seed_first_entry(
+        &self,
+        range: RangeId,
+        members: BTreeMap<ReplicaId, ReplicaNode>,
+    ) -> Result<(), ReplicaError> {
+        {
+            let _opening = self.opening.lock().await;
+            let Some(g) = self.groups.write().remove(&range) else {
+                return Err(ReplicaError::NoSuchRange(range));
+            };
+            g.raft.shutdown().await.map_err(fatal)?;
+            let mut log = LogStore::open(self.kv.clone(), &range_prefix(range))?;
+            let first =
+                openraft::Entry::<RangeConfig>::new_membership(LogId::default(), Membership::from(members));
+            if log.seed_first(first).await.map_err(fatal)? {
+                tracing::info!(%range, "wrote the first entry of a group whose first campaign this replica voted in");
+            }
+        }
+        self.open_range(range).await
     }
 
     fn check(&self, range: RangeId, images: &[ShardEntry]) -> Result<(), ReplicaError> {

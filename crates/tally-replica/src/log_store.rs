@@ -76,6 +76,20 @@ impl LogStore {
         Ok(kv.tree(&format!("{prefix}vote"))?.get(KEY_VOTE)?.is_some())
     }
 
+    /// Writes `first` as the log's first entry (log id 0: the entry openraft's
+    /// `initialize` writes on each first voter, the same on all of them) if the
+    /// log never held an entry; `false` if it did. The vote stays as it is.
+    pub async fn seed_first(&mut self, first: Entry) -> Result<bool, StorageError> {
+        assert_eq!(first.log_id, LogId::default(), "only a group's first entry is seeded");
+        if self.get_log_state().await?.last_log_id.is_some() {
+            return Ok(false);
+        }
+        let write = vec![(index_key(first.log_id.index), Some(tally_core::codec::encode(&first)))];
+        self.log.write_in_order(write).map_err(|e| write_err(ErrorSubject::Logs, e))?;
+        self.kv.flush().await.map_err(|e| write_err(ErrorSubject::Logs, e))?;
+        Ok(true)
+    }
+
     fn get_value<T: serde::de::DeserializeOwned>(
         &self,
         key: &[u8],

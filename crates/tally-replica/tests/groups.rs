@@ -13,8 +13,8 @@ use tally_core::ranges::{RangeId, RangeLayout};
 use tally_core::shard::{ShardImage, ShardWrite};
 use tally_core::ShardId;
 use tally_replica::{
-    GroupsConfig, KvStore, MemKv, MemRouter, NetError, RangeEnvelope, RangeGroups, RangeInbound, RangeRpc,
-    ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS, HEARTBEAT_MS,
+    GroupsConfig, KvStore, MemKv, MemRouter, NetError, RangeEnvelope, RangeGroups, RangeInbound, RangeReply,
+    RangeRpc, ReplicaError, ReplicaId, ReplicaNode, ShardEntry, SledKv, FAILOVER_BOUND_MS, HEARTBEAT_MS,
     READ_INDEX_ATTEMPT_MS, REPLICA_FORMAT,
 };
 use tokio::time::Instant;
@@ -70,6 +70,20 @@ impl Cluster {
     /// `n` nodes, of which the first `voters` are every range's first voters (the
     /// others run empty groups, waiting to be added).
     async fn start_among(n: usize, voters: usize, config: GroupsConfig) -> Self {
+        let c = Self::open(n, config).await;
+        let members: Vec<(ReplicaId, ReplicaNode)> =
+            (0..voters).map(|i| (c.id(i), c.node(i).node().clone())).collect();
+        for (k, range) in RANGES.iter().enumerate() {
+            c.node(k % voters).initialize(*range, &members).await.unwrap();
+        }
+        for range in RANGES {
+            c.wait_leader(range, &[]).await;
+        }
+        c
+    }
+
+    /// `n` nodes whose groups are open and formed by nobody yet.
+    async fn open(n: usize, config: GroupsConfig) -> Self {
         let mut c = Self {
             router: MemRouter::new(),
             config,
@@ -81,14 +95,6 @@ impl Cluster {
         c.router.encode_messages(true);
         for i in 0..n {
             c.start_node(i).await;
-        }
-        let members: Vec<(ReplicaId, ReplicaNode)> =
-            (0..voters).map(|i| (c.id(i), c.node(i).node().clone())).collect();
-        for (k, range) in RANGES.iter().enumerate() {
-            c.node(k % voters).initialize(*range, &members).await.unwrap();
-        }
-        for range in RANGES {
-            c.wait_leader(range, &[]).await;
         }
         c
     }
@@ -241,6 +247,38 @@ async fn committed_writes_survive_the_leader_and_a_new_one_is_elected_in_bounded
 
 /// A leader cut off for less than an election takes stays leader; a fresh read it
 /// began meanwhile is answered soon after the links heal, not at its timeout.
+/// A first voter whose first campaign won the other first voters' votes, and whose
+/// disk was lost before its first entry reached them, leaves them a vote and no
+/// log: they form the group from the same first voters all the same, elect one of
+/// themselves and serve.
+#[tokio::test(start_paused = true)]
+async fn first_voters_form_the_group_when_the_first_candidate_lost_its_disk() {
+    let mut c = Cluster::open(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let members: Vec<(ReplicaId, ReplicaNode)> =
+        (0..3).map(|i| (c.id(i), c.node(i).node().clone())).collect();
+    // Node 0's first campaign, as it follows its initialization, reaches the
+    // others: they grant it and keep their vote …
+    let campaign = VoteRequest { vote: Vote::new(1, c.id(0)), last_log_id: Some(openraft::LogId::default()) };
+    for i in [1, 2] {
+        let inbound: Arc<dyn RangeInbound> = c.node(i).clone();
+        let rpc = RangeRpc::Vote(campaign.clone());
+        let reply = inbound.handle(RangeEnvelope { from: c.id(0), to: c.id(i), range, rpc }).await.unwrap();
+        assert!(matches!(reply, RangeReply::Vote(Ok(ref v)) if v.vote_granted), "{reply:?}");
+    }
+    // … and node 0's disk is lost before its first entry left it.
+    c.replace_disk(0).await;
+    for i in [1, 2] {
+        c.node(i).initialize(range, &members).await.unwrap();
+    }
+    let (leader, _) = c.wait_leader(range, &[]).await;
+    assert_ne!(leader, 0, "the new disk's replica is no voter");
+    let shard = shards_in(range)[0].clone();
+    c.write(range, vec![entry(&shard, 1, 7)]).await;
+    assert_eq!(c.read_all(range).await.get(&shard), Some(&(1, 7)));
+    assert!(c.node(leader).members(range).unwrap().voters.contains(&members[0].0), "formed with the record");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fresh_read_begun_during_a_short_partition_is_answered_once_it_heals() {
     let c = Cluster::start(3, GroupsConfig::default()).await;
@@ -529,14 +567,18 @@ async fn no_write_is_acknowledged_without_a_durable_quorum() {
     }
     let written = c.node(l).write(range, vec![entry(&shard, 2, 20)]).await;
     assert!(written.is_err(), "acknowledged without a durable quorum: {written:?}");
-    // A replica whose store failed stops its groups; restarted on a healthy disk,
-    // it makes a quorum again and writes commit.
+    // A replica whose store failed stops its groups, and says which and why;
+    // restarted on a healthy disk, it makes a quorum again and writes commit.
     let f = (l + 1) % 3;
+    let stopped = c.node(f).stopped();
+    assert!(stopped.iter().any(|(r, why)| *r == range && !why.is_empty()), "{stopped:?}");
+    assert!(c.node(l).stopped().is_empty(), "the leader's store did not fail");
     c.kill(f).await;
     c.stores[f].fail_flushes(false);
     c.start_node(f).await;
     c.write(range, vec![entry(&shard, 3, 30)]).await;
     assert_eq!(c.read_all(range).await.get(&shard), Some(&(3, 30)));
+    assert!(c.node(f).stopped().is_empty(), "restarted on a healthy disk");
 }
 
 /// A leader that crashes and comes straight back resumes its term at once (its

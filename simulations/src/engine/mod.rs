@@ -151,9 +151,16 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
     None
 }
 
-/// Share of the crashes of a replicated run that lose the node's disk (when no
-/// earlier loss is still being replaced).
+/// Share of the crashes of a replicated run that lose the node's disk. Such a crash
+/// waits until no earlier loss in the node's ranges is still being replaced
+/// ([`one_copy_may_go`]), up to [`DISK_LOSS_WAIT_MS`], and keeps the disk if
+/// that moment does not come.
 const DISK_LOSS_SHARE: f64 = 0.4;
+/// Longest a crash that loses its disk waits for an earlier loss to be replaced: a
+/// new replica catches up and is promoted within a few elections.
+const DISK_LOSS_WAIT_MS: u64 = 3_000;
+/// How often that wait looks again.
+const DISK_LOSS_POLL_MS: u64 = 50;
 /// How long a leader fault (isolation, pause) lasts in replicated runs: longer than
 /// an election takes (`tally_replica` draws its timeouts from 500–900 ms), shorter
 /// than a run's chaos phase.
@@ -163,35 +170,55 @@ const LEADER_FAULT_MS: (u64, u64) = (1_000, 2_500);
 const LEADER_FAULTS_PER_S_LIGHT: (f64, f64) = (0.0, 0.15);
 const LEADER_FAULTS_PER_S_HEAVY: (f64, f64) = (0.1, 0.5);
 
-/// Whether every node is up and every range group that node `n` takes part in (by
-/// the directory, or as its leader's voter or learner) has the replicas of the
-/// nodes' current disks as its voters, nothing else: `n`'s disk may be lost then
-/// without losing more than one copy of anything.
-fn every_replica_in_place(g: &World, n: u8) -> bool {
-    if g.nodes.iter().any(|n| !n.up || n.replication.is_none()) {
-        return false;
-    }
-    let directory = replica::current_directory(g);
-    let wanted = |range| -> BTreeSet<u64> {
-        directory
-            .replicas(range)
-            .iter()
-            .filter_map(net::node_index)
-            .map(|m| replica::replica_id(m, g.nodes[usize::from(m)].disk))
-            .collect()
+/// Whether node `n`'s disk may be lost now without losing more than one copy of
+/// anything: every range group that has `n`'s replica among its voters, as any node
+/// up sees it (both halves of a joint change), has no other voter on a disk that is
+/// gone (a replica of an earlier loss not yet replaced). With R ≥ 3 every quorum
+/// then keeps a member that holds each committed entry; losing a second copy before
+/// the first is replaced is beyond what R = 3 survives.
+fn one_copy_may_go(g: &World, n: u8) -> bool {
+    let current = |id: tally_replica::ReplicaId| {
+        g.nodes.iter().enumerate().any(|(m, node)| replica::replica_id(m as u8, node.disk) == id)
     };
     let mine = replica::replica_id(n, g.nodes[usize::from(n)].disk);
-    for range in directory.all_ranges() {
-        let leader = g.nodes.iter().filter_map(|n| n.replication.as_ref()).find(|r| r.groups().leads(range));
-        let Some(leader) = leader else { return false };
-        let Ok(m) = leader.groups().members(range) else { return false };
-        let wanted = wanted(range);
-        let involved = wanted.contains(&mine) || m.voters.contains(&mine) || m.learners.contains(&mine);
-        if involved && (m.joint || !m.learners.is_empty() || m.voters != wanted) {
-            return false;
+    let views = g.nodes.iter().filter(|node| node.up).filter_map(|node| node.replication.as_ref());
+    views
+        .flat_map(|r| r.groups().ranges().into_iter().filter_map(|range| r.groups().members(range).ok()))
+        .all(|m| !m.voters.contains(&mine) || m.voters.iter().all(|&v| current(v)))
+}
+
+/// Waits, up to [`DISK_LOSS_WAIT_MS`], until node `n`'s disk may be lost
+/// ([`one_copy_may_go`]); `false` if that moment did not come (or the node
+/// went down, or the run healed, first): the node then crashes keeping its disk.
+async fn replicas_in_place(w: &Shared, n: u8) -> bool {
+    let until = lock(w).now() + DISK_LOSS_WAIT_MS;
+    loop {
+        {
+            let g = lock(w);
+            if !g.nodes[usize::from(n)].up || g.healed || g.now() >= until {
+                return false;
+            }
+            if one_copy_may_go(&g, n) {
+                return true;
+            }
         }
+        tokio::time::sleep(Duration::from_millis(DISK_LOSS_POLL_MS)).await;
     }
-    true
+}
+
+/// The range groups that stopped on their own in the nodes up at the end of a run
+/// (a fatal storage error, or a panic of openraft's core: that replica is lost to
+/// its group until the node restarts), each described.
+fn stopped_groups(g: &World) -> Vec<String> {
+    let groups = g.nodes.iter().enumerate().filter_map(|(i, n)| Some((i, n.replication.as_ref()?)));
+    groups
+        .flat_map(|(i, r)| {
+            r.groups()
+                .stopped()
+                .into_iter()
+                .map(move |(range, e)| format!("node{}: {range} stopped: {e}", i + 1))
+        })
+        .collect()
 }
 
 /// Counts, at the end of a replicated run, the replicas of emptied disks that are
@@ -558,13 +585,17 @@ fn inject(w: &Shared, fault: Fault) {
             if !lock(w).nodes[usize::from(n)].up {
                 return;
             }
-            let disk_lost = {
+            let loses_disk = {
                 let mut g = lock(w);
-                g.cfg.replicas > 1 && g.rng.random::<f64>() < DISK_LOSS_SHARE && every_replica_in_place(&g, n)
+                g.cfg.replicas > 1 && g.rng.random::<f64>() < DISK_LOSS_SHARE
             };
-            crash_losing(w, n, disk_lost);
             let w = w.clone();
             tokio::spawn(async move {
+                let disk_lost = loses_disk && replicas_in_place(&w, n).await;
+                if !lock(&w).nodes[usize::from(n)].up || lock(&w).healed {
+                    return;
+                }
+                crash_losing(&w, n, disk_lost);
                 tokio::time::sleep(Duration::from_millis(down)).await;
                 if lock(&w).healed {
                     return;
@@ -866,7 +897,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
     #[cfg(tokio_unstable)]
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&cfg.seed.to_le_bytes()));
     let runtime = builder.build().expect("a current-thread runtime builds");
-    let (world, outcome) = runtime.block_on(async {
+    let (world, outcome, stopped) = runtime.block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let rates = FaultRates::sample(cfg.faults, &mut rng);
         let lag_max = match cfg.faults {
@@ -965,6 +996,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             }
         }
         count_replica_changes(&world);
+        let stopped = stopped_groups(&lock(&world));
         let tending: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.tending.take()).collect();
         for t in tending {
             t.abort();
@@ -975,7 +1007,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         for r in groups {
             r.groups().shutdown().await;
         }
-        (world, outcome)
+        (world, outcome, stopped)
     });
     drop(runtime);
     #[cfg(feature = "planted-bugs")]
@@ -986,6 +1018,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
     if let Some(msg) = outcome {
         violations.push(Violation { invariant: "liveness", detail: msg });
     }
+    violations.extend(stopped.into_iter().map(|detail| Violation { invariant: "no-fatal", detail }));
     let history = std::mem::take(&mut g.history);
     let ops = (history.incrs.len()
         + history.reads.len()

@@ -45,14 +45,6 @@ pub(crate) fn run_directory(g: &World) -> Directory {
     })
 }
 
-/// The directory of the run's latest placement: the initial one rebalanced onto
-/// its members, as every node's [`Replication::set_members`] computes it.
-pub(crate) fn current_directory(g: &World) -> Directory {
-    let members = g.placements.last().expect("the initial placement").members.iter().map(|m| node_name(*m));
-    let (current, _) = run_directory(g).rebalance(members, None).expect("a valid directory of the run");
-    current
-}
-
 /// Range messages of one incarnation of node `me`, over the run's links.
 pub(crate) struct SimRangeNet {
     pub(crate) world: Shared,
