@@ -99,14 +99,15 @@ schemas = {
  "RangeReport": obj({"range": UINT,
    "counter_replicas": nullable({"type": "integer", "minimum": 1, "maximum": 5}), "replicated_here": BOOL, "replicas": {"type": "array", "items": ref("ReplicaReport")},
    "leader": nullable(STR), "term": nullable(UINT), "joint": BOOL, "applied": nullable(UINT), "leader_last_log": nullable(UINT),
-   "excluded": {"type": "array", "items": STR}},
-   ["range", "counter_replicas", "replicated_here", "replicas", "leader", "term", "joint", "applied", "leader_last_log", "excluded"],
+   "excluded": {"type": "array", "items": STR}, "stopped": nullable(STR)},
+   ["range", "counter_replicas", "replicated_here", "replicas", "leader", "term", "joint", "applied", "leader_last_log", "excluded", "stopped"],
    desc="A range's replica group as the node asked knows it (only when cluster.replicas > 1). `range` is the range's number in its layout; "
    "`counter_replicas` the copies its counters state when they state their own (each such count has ranges of its own), null for the ranges "
    "of counters that take the cluster's. On a node that runs no replica of the range, "
    "`replicas` are the directory's, `leader` the replica that served the range last for it, `term` null. `applied` is the node's last applied "
    "index; on the leader, `leader_last_log` is its last log index and every replica's `matched` is filled (a learner has caught up once "
-   "`matched` reaches the leader's `applied`). `excluded`: nodes the directory names that hold no replica in the group."),
+   "`matched` reaches the leader's `applied`). `excluded`: nodes the directory names that hold no replica in the group. "
+   "`stopped`: why the node asked's replica stopped on a fatal error (a failed write to its store; restart the node), null while it runs."),
  "ShardReport": obj({"index": UINT, "node": STR, "value": INT, "writes": UINT, "replication": ref("RangeReport")},
    ["index", "node", "value", "writes"]),
  "Contention": obj({"rate_per_shard": UINT, "rate_hottest": UINT, "skew": NUM, "queue_depth_max": UINT, "rate_total": UINT},

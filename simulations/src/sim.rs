@@ -716,7 +716,8 @@ mod tests {
     #[test]
     fn a_panic_inside_a_task_is_a_violation_of_its_run() {
         let r = run_with_task(true);
-        let found = r.violations.iter().any(|v| v.invariant == "no-panic" && v.detail.contains("own assertion"));
+        let found =
+            r.violations.iter().any(|v| v.invariant == "no-panic" && v.detail.contains("own assertion"));
         assert!(found, "{:?}", r.violations);
         // The next run on this thread starts clean.
         assert!(run_with_task(false).violations.is_empty());

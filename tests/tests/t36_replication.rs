@@ -231,6 +231,7 @@ async fn shards_and_cluster_show_replicas_leaders_and_failovers() -> anyhow::Res
         assert!(replicas.iter().all(|p| p["role"] == json!("voter") && p["current"] == json!(true)), "{r}");
         assert!(r["term"].as_u64().is_some_and(|t| t >= 1), "range {range}: {r}");
         assert_eq!(r["excluded"], json!([]), "{r}");
+        assert_eq!(r["stopped"], json!(null), "{r}");
         assert!(leader.starts_with("node"), "{r}");
     }
 
@@ -261,6 +262,7 @@ async fn shards_and_cluster_show_replicas_leaders_and_failovers() -> anyhow::Res
         let metrics = reqwest::get(format!("{}/metrics", c.node(n).url())).await?.text().await?;
         ranges_led += sample(&metrics, "tally_replica_ranges_led").expect("ranges led") as u64;
         assert_eq!(sample(&metrics, "tally_replica_ranges_without_leader"), Some(0.0), "node{n}");
+        assert_eq!(sample(&metrics, "tally_replica_ranges_stopped"), Some(0.0), "node{n}");
         assert!(sample(&metrics, "tally_replica_lag_entries").is_some(), "node{n}");
     }
     let ranges = c.get(1, "/v1/cluster").await?["ranges"].as_array().map_or(0, Vec::len) as u64;

@@ -336,6 +336,9 @@ pub struct RangeReport {
     /// Nodes the directory names for the range that hold no replica in the
     /// group's membership (excluded, or not added yet).
     pub excluded: Vec<String>,
+    /// Why the node asked's replica stopped (a fatal storage error): it takes no
+    /// part in the group until the node restarts. `None` while it runs.
+    pub stopped: Option<String>,
 }
 
 /// Per-shard values and the write skew.

@@ -264,6 +264,10 @@ pub struct GroupStatus {
     pub last_applied: Option<u64>,
     /// On the leader only: the last index each replica is known to hold.
     pub matched: Option<BTreeMap<ReplicaId, Option<u64>>>,
+    /// Why this replica's group stopped on its own (a fatal storage error, or a
+    /// panic of its core), if it did: it takes no part in its group until the
+    /// node restarts.
+    pub stopped: Option<String>,
 }
 
 #[derive(Clone)]
@@ -273,6 +277,11 @@ struct Group {
 }
 
 impl Group {
+    /// The fatal error that stopped this group's core, if one did.
+    fn stopped(&self) -> Option<String> {
+        self.raft.metrics().borrow().running_state.as_ref().err().map(|fatal| fatal.to_string())
+    }
+
     /// Whether replica `id` is a voter of this group, as its metrics know it.
     fn is_voter(&self, id: ReplicaId) -> bool {
         self.raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == id)
@@ -509,13 +518,7 @@ impl RangeGroups {
     /// part in its group until the node restarts. None in a healthy node.
     pub fn stopped(&self) -> Vec<(RangeId, String)> {
         let groups = self.groups.read();
-        groups
-            .iter()
-            .filter_map(|(range, g)| match &g.raft.metrics().borrow().running_state {
-                Ok(()) => None,
-                Err(fatal) => Some((*range, fatal.to_string())),
-            })
-            .collect()
+        groups.iter().filter_map(|(range, g)| Some((*range, g.stopped()?))).collect()
     }
 
     /// Makes `members` the first voters of `range`'s group. Every first voter may
@@ -841,6 +844,7 @@ impl RangeGroups {
                 (true, Some(r)) => Some(r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect()),
                 _ => None,
             },
+            stopped: g.stopped(),
         })
     }
 

@@ -1011,6 +1011,7 @@ impl Replication {
                 applied: None,
                 leader_last_log: None,
                 excluded: Vec::new(),
+                stopped: None,
             };
         };
         let current = |replica: ReplicaId, node: &str| {
@@ -1049,6 +1050,7 @@ impl Replication {
             applied: status.last_applied,
             leader_last_log: if leads { status.last_log_index } else { None },
             excluded,
+            stopped: status.stopped,
         }
     }
 
@@ -1068,6 +1070,9 @@ impl Replication {
         for range in self.groups.ranges() {
             let Ok(status) = self.groups.status(range) else { continue };
             f.ranges_replicated += 1;
+            if status.stopped.is_some() {
+                f.ranges_stopped += 1;
+            }
             if status.leader.is_none() {
                 f.ranges_without_leader += 1;
             }
@@ -1092,6 +1097,9 @@ pub struct ReplicationFigures {
     pub ranges_led: u64,
     /// Of those it runs, the ranges whose group knows no leader here.
     pub ranges_without_leader: u64,
+    /// Of those it runs, the ranges whose group here stopped on a fatal error
+    /// (a failed write to its store): restart the node.
+    pub ranges_stopped: u64,
     /// Over the ranges it leads: the largest gap, in log entries, between its
     /// last log index and a voter's matched index.
     pub lag_entries_max: u64,

@@ -572,6 +572,7 @@ async fn no_write_is_acknowledged_without_a_durable_quorum() {
     let f = (l + 1) % 3;
     let stopped = c.node(f).stopped();
     assert!(stopped.iter().any(|(r, why)| *r == range && !why.is_empty()), "{stopped:?}");
+    assert!(c.node(f).status(range).unwrap().stopped.is_some(), "its status says so too");
     assert!(c.node(l).stopped().is_empty(), "the leader's store did not fail");
     c.kill(f).await;
     c.stores[f].fail_flushes(false);

@@ -528,6 +528,12 @@ pub fn replication_metrics(w: &mut PromWriter, f: &tally_cluster::ReplicationFig
         &[(&[], f.ranges_without_leader as f64)],
     );
     w.gauge(
+        "tally_replica_ranges_stopped",
+        "Ranges whose group on this node stopped on a fatal error (a failed write to its store): \
+         they take no part in their groups until the node restarts.",
+        &[(&[], f.ranges_stopped as f64)],
+    );
+    w.gauge(
         "tally_replica_lag_entries",
         "Over the ranges this node leads: the largest gap, in log entries, between its last log \
          index and a voter's matched index (0 when it leads none).",
