@@ -245,8 +245,6 @@ async fn committed_writes_survive_the_leader_and_a_new_one_is_elected_in_bounded
     assert_holds(&c, &want).await;
 }
 
-/// A leader cut off for less than an election takes stays leader; a fresh read it
-/// began meanwhile is answered soon after the links heal, not at its timeout.
 /// A first voter whose first campaign won the other first voters' votes, and whose
 /// disk was lost before its first entry reached them, leaves them a vote and no
 /// log: they form the group from the same first voters all the same, elect one of
@@ -279,6 +277,8 @@ async fn first_voters_form_the_group_when_the_first_candidate_lost_its_disk() {
     assert!(c.node(leader).members(range).unwrap().voters.contains(&members[0].0), "formed with the record");
 }
 
+/// A leader cut off for less than an election takes stays leader; a fresh read it
+/// began meanwhile is answered soon after the links heal, not at its timeout.
 #[tokio::test(start_paused = true)]
 async fn a_fresh_read_begun_during_a_short_partition_is_answered_once_it_heals() {
     let c = Cluster::start(3, GroupsConfig::default()).await;

@@ -190,7 +190,7 @@ fn one_copy_may_go(g: &World, n: u8) -> bool {
 /// Waits, up to [`DISK_LOSS_WAIT_MS`], until node `n`'s disk may be lost
 /// ([`one_copy_may_go`]); `false` if that moment did not come (or the node
 /// went down, or the run healed, first): the node then crashes keeping its disk.
-async fn replicas_in_place(w: &Shared, n: u8) -> bool {
+async fn disk_may_be_lost(w: &Shared, n: u8) -> bool {
     let until = lock(w).now() + DISK_LOSS_WAIT_MS;
     loop {
         {
@@ -591,7 +591,7 @@ fn inject(w: &Shared, fault: Fault) {
             };
             let w = w.clone();
             tokio::spawn(async move {
-                let disk_lost = loses_disk && replicas_in_place(&w, n).await;
+                let disk_lost = loses_disk && disk_may_be_lost(&w, n).await;
                 if !lock(&w).nodes[usize::from(n)].up || lock(&w).healed {
                     return;
                 }
