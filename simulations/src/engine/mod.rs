@@ -152,12 +152,12 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
 }
 
 /// Share of the crashes of a replicated run that lose the node's disk. Such a crash
-/// waits until no earlier loss in the node's ranges is still being replaced
-/// ([`one_copy_may_go`]), up to [`DISK_LOSS_WAIT_MS`], and keeps the disk if
-/// that moment does not come.
+/// waits until the node's ranges can spare the copy ([`one_copy_may_go`]), up to
+/// [`DISK_LOSS_WAIT_MS`], and keeps the disk if that moment does not come.
 const DISK_LOSS_SHARE: f64 = 0.4;
-/// Longest a crash that loses its disk waits for an earlier loss to be replaced: a
-/// new replica catches up and is promoted within a few elections.
+/// Longest a crash that loses its disk waits for its ranges to spare the copy: a
+/// new replica catches up and is promoted, and a joint change completes, within a
+/// few elections.
 const DISK_LOSS_WAIT_MS: u64 = 3_000;
 /// How often that wait looks again.
 const DISK_LOSS_POLL_MS: u64 = 50;
@@ -170,12 +170,14 @@ const LEADER_FAULT_MS: (u64, u64) = (1_000, 2_500);
 const LEADER_FAULTS_PER_S_LIGHT: (f64, f64) = (0.0, 0.15);
 const LEADER_FAULTS_PER_S_HEAVY: (f64, f64) = (0.1, 0.5);
 
-/// Whether node `n`'s disk may be lost now without losing more than one copy of
-/// anything: every range group that has `n`'s replica among its voters, as any node
-/// up sees it (both halves of a joint change), has no other voter on a disk that is
-/// gone (a replica of an earlier loss not yet replaced). With R ≥ 3 every quorum
-/// then keeps a member that holds each committed entry; losing a second copy before
-/// the first is replaced is beyond what R = 3 survives.
+/// Whether node `n`'s disk may be lost now without losing what its ranges need:
+/// every range group that has `n`'s replica among its voters, as any node up sees
+/// it, has one configuration (no joint change under way), at least three voters,
+/// and no other voter on a disk that is gone (a replica of an earlier loss not yet
+/// replaced). Every quorum then keeps a member that holds each committed entry and
+/// the others still make one; a group of two voters (R = 2, or three copies with
+/// only two members left) survives no lost disk, and a second loss before the
+/// first is replaced is beyond what R = 3 survives.
 fn one_copy_may_go(g: &World, n: u8) -> bool {
     let current = |id: tally_replica::ReplicaId| {
         g.nodes.iter().enumerate().any(|(m, node)| replica::replica_id(m as u8, node.disk) == id)
@@ -184,7 +186,10 @@ fn one_copy_may_go(g: &World, n: u8) -> bool {
     let views = g.nodes.iter().filter(|node| node.up).filter_map(|node| node.replication.as_ref());
     views
         .flat_map(|r| r.groups().ranges().into_iter().filter_map(|range| r.groups().members(range).ok()))
-        .all(|m| !m.voters.contains(&mine) || m.voters.iter().all(|&v| current(v)))
+        .all(|m| {
+            let keeps_quorum = !m.joint && m.voters.len() >= 3 && m.voters.iter().all(|&v| current(v));
+            !m.voters.contains(&mine) || keeps_quorum
+        })
 }
 
 /// Waits, up to [`DISK_LOSS_WAIT_MS`], until node `n`'s disk may be lost
