@@ -595,12 +595,17 @@ fn inject(w: &Shared, fault: Fault) {
                 g.cfg.replicas > 1 && g.rng.random::<f64>() < DISK_LOSS_SHARE
             };
             let w = w.clone();
+            if !loses_disk {
+                crash(&w, n);
+            }
             tokio::spawn(async move {
-                let disk_lost = loses_disk && disk_may_be_lost(&w, n).await;
-                if !lock(&w).nodes[usize::from(n)].up || lock(&w).healed {
-                    return;
+                if loses_disk {
+                    let disk_lost = disk_may_be_lost(&w, n).await;
+                    if !lock(&w).nodes[usize::from(n)].up || lock(&w).healed {
+                        return;
+                    }
+                    crash_losing(&w, n, disk_lost);
                 }
-                crash_losing(&w, n, disk_lost);
                 tokio::time::sleep(Duration::from_millis(down)).await;
                 if lock(&w).healed {
                     return;
