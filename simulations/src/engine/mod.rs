@@ -171,10 +171,11 @@ const LEADER_FAULTS_PER_S_LIGHT: (f64, f64) = (0.0, 0.15);
 const LEADER_FAULTS_PER_S_HEAVY: (f64, f64) = (0.1, 0.5);
 
 /// Whether node `n`'s disk may be lost now without losing what its ranges need:
-/// every range group that has `n`'s replica among its voters, as any node up sees
-/// it, has one configuration (no joint change under way), at least three voters,
-/// and no other voter on a disk that is gone (a replica of an earlier loss not yet
-/// replaced). Every quorum then keeps a member that holds each committed entry and
+/// every node is up with its groups open (each committed configuration is then in
+/// some node's view), and every range group that has `n`'s replica among its
+/// voters, as any node sees it, has one configuration (no joint change under way),
+/// at least three voters, and no other voter on a disk that is gone (a replica of
+/// an earlier loss not yet replaced). Every quorum then keeps a member that holds each committed entry and
 /// the others still make one; a group of two voters (R = 2, or three copies with
 /// only two members left) survives no lost disk, and a second loss before the
 /// first is replaced is beyond what R = 3 survives.
@@ -182,8 +183,11 @@ fn one_copy_may_go(g: &World, n: u8) -> bool {
     let current = |id: tally_replica::ReplicaId| {
         g.nodes.iter().enumerate().any(|(m, node)| replica::replica_id(m as u8, node.disk) == id)
     };
+    if g.nodes.iter().any(|node| !node.up || node.replication.is_none()) {
+        return false;
+    }
     let mine = replica::replica_id(n, g.nodes[usize::from(n)].disk);
-    let views = g.nodes.iter().filter(|node| node.up).filter_map(|node| node.replication.as_ref());
+    let views = g.nodes.iter().filter_map(|node| node.replication.as_ref());
     views
         .flat_map(|r| r.groups().ranges().into_iter().filter_map(|range| r.groups().members(range).ok()))
         .all(|m| {
