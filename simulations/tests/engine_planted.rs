@@ -83,8 +83,8 @@ fn escrow_overspend_is_caught() {
     caught(Bug::EscrowOverspend);
 }
 
-/// A standard heavy run with three copies of every shard (membership is fixed, so
-/// the transitions are reshardings).
+/// A standard heavy run with three copies of every shard: crashes lose disks, and
+/// the transitions are reshardings and membership changes that move ranges.
 fn replicated(seed: u64, bug: Option<Bug>) -> SimConfig {
     SimConfig { plant: bug, ..SimConfig::standard(seed, 5, FaultLevel::Heavy).on(Tier::Engine).replicated(3) }
 }
