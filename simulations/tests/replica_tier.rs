@@ -167,11 +167,17 @@ fn counters_with_their_own_replica_count_get_groups_of_their_own() {
 /// closed the group, and the run ended before that pass) and 13 (a range never
 /// formed: its first voter won the others' votes and lost its disk before its
 /// first entry left it, and openraft would not initialize replicas that had voted;
-/// its unit test is `groups::first_voters_form_the_group_when_the_first_candidate_lost_its_disk`).
+/// its unit test is `groups::first_voters_form_the_group_when_the_first_candidate_lost_its_disk`)
+/// and 2379 (a range with no leader for good: of its three first voters one lost
+/// its disk, one formed the group from the record, and the third had left the
+/// ring before it ever opened the group, which only the directory's replicas did;
+/// its unit test is
+/// `replication::tests::a_first_voter_the_directory_moved_away_still_forms_its_group`).
 #[test]
 fn replicated_found_seeds_violate_nothing() {
     let found = [
         (13, FaultLevel::Heavy),
+        (2379, FaultLevel::Heavy),
         (22, FaultLevel::Heavy),
         (24, FaultLevel::Heavy),
         (3517, FaultLevel::Heavy),

@@ -735,6 +735,13 @@ impl RangeGroups {
         }
     }
 
+    /// Whether this node's store holds nothing of `range`'s group (no vote, no log),
+    /// and it is not open here. A store that cannot be read answers no.
+    pub fn holds_nothing(&self, range: RangeId) -> bool {
+        !self.groups.read().contains_key(&range)
+            && LogStore::holds_nothing(self.kv.as_ref(), &range_prefix(range)).unwrap_or(false)
+    }
+
     /// Whether this node's replica of `range` is open and a voter or learner of
     /// its group, as its own membership knows it (not one that was removed, nor
     /// a new one no leader has added yet).

@@ -76,6 +76,14 @@ impl LogStore {
         Ok(kv.tree(&format!("{prefix}vote"))?.get(KEY_VOTE)?.is_some())
     }
 
+    /// Whether the group whose trees are under `prefix` holds nothing: no vote, no
+    /// log entry, nothing purged. Such a replica never took part in its group.
+    pub fn holds_nothing(kv: &dyn KvStore, prefix: &str) -> Result<bool, KvError> {
+        let meta = kv.tree(&format!("{prefix}vote"))?;
+        let stateless = meta.get(KEY_VOTE)?.is_none() && meta.get(KEY_PURGED)?.is_none();
+        Ok(stateless && kv.tree(&format!("{prefix}log"))?.last()?.is_none())
+    }
+
     /// Writes `first` as the log's first entry (log id 0: the entry openraft's
     /// `initialize` writes on each first voter, the same on all of them) if the
     /// log never held an entry; `false` if it did. The vote stays as it is.

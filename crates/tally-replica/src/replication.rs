@@ -890,6 +890,12 @@ impl Replication {
                 Err(e) => tracing::warn!(%range, error = %e, "cannot open a range group yet"),
             }
         }
+        for range in self.unformed_first_voter_ranges(&directory) {
+            match self.groups.open_range(range).await {
+                Ok(()) => tracing::info!(%range, "opened a range whose first voters count on this node"),
+                Err(e) => tracing::warn!(%range, error = %e, "cannot open a range group yet"),
+            }
+        }
         // Ranges are tended side by side: one whose peer is slow to answer holds up
         // no other, and none holds up the next pass for longer than
         // `TEND_PASS_MAX_MS` (a membership change whose commit waits for a quorum
@@ -909,6 +915,28 @@ impl Replication {
             }
         });
         futures::future::join_all(passes).await;
+    }
+
+    /// Ranges the directory no longer gives this node whose recorded first voters
+    /// list its replica, and whose store holds nothing of them. Such a replica still
+    /// forms its group (the next passes run [`Replication::form`] on it): the
+    /// other first voters may count on its vote. One that voted in a first
+    /// campaign whose candidate then lost its disk holds a vote and no log, and
+    /// with the candidate gone the group has no quorum, and so no leader to move
+    /// the range to the directory's replicas, until this one takes part. The
+    /// leader it helps elect removes it, and it retires. A replica that took part
+    /// once is never opened again this way: its group counts on its store, which
+    /// [`RangeGroups::open_stored`] opens at start.
+    fn unformed_first_voter_ranges(&self, directory: &Directory) -> Vec<RangeId> {
+        let me = self.groups.replica_id();
+        tally_core::ranges::replica_classes()
+            .flat_map(|class| self.layout.ranges_in(class))
+            .filter(|range| !directory.replicas(*range).contains(&self.me))
+            .filter(|range| {
+                self.peers.formation(*range).is_some_and(|first| first.iter().any(|(id, _)| *id == me))
+            })
+            .filter(|range| self.groups.holds_nothing(*range))
+            .collect()
     }
 
     /// Tends the groups every [`TEND_EVERY_MS`], and counts the leader changes of
@@ -1282,6 +1310,83 @@ mod tests {
         assert_eq!(asked.lock().as_slice(), [first, leader.clone()], "the named owner goes next");
         // The node that served is remembered: the range's requests go there first.
         assert_eq!(replication.owner(&id), leader);
+    }
+
+    /// Peers that answer from a formation record of one range: the other first
+    /// voters hold nothing of it, and no node leads it.
+    struct Recorded {
+        range: RangeId,
+        first: Vec<(ReplicaId, ReplicaNode)>,
+    }
+
+    impl Peers for Recorded {
+        fn replica_of(&self, node: &NodeId) -> Option<ReplicaId> {
+            self.first.iter().find(|(_, n)| n.node == node.as_str()).map(|(id, _)| *id)
+        }
+        fn formed<'a>(&'a self, _: &'a NodeId, _: RangeId) -> BoxFuture<'a, Option<bool>> {
+            Box::pin(async { Some(false) })
+        }
+        fn lists<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, Option<bool>> {
+            Box::pin(async { None })
+        }
+        fn campaign<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+        fn replica_classes(&self) -> BTreeMap<u8, Vec<NodeId>> {
+            BTreeMap::new()
+        }
+        fn formation(&self, range: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
+            (range == self.range).then(|| self.first.clone())
+        }
+        fn form_range(
+            &self,
+            _: RangeId,
+            _: Vec<(ReplicaId, ReplicaNode)>,
+        ) -> BoxFuture<'_, Option<Vec<(ReplicaId, ReplicaNode)>>> {
+            Box::pin(async { None })
+        }
+    }
+
+    /// A first voter of a range forms its group even after the directory moved
+    /// the range elsewhere (here: the node left the ring), as long as its store
+    /// holds nothing of it: the other first voters may need its vote. One of them
+    /// voted in a first campaign whose candidate then lost its disk, and without
+    /// this replica they are one short of a quorum forever, with no leader to move
+    /// the range to the directory's replicas.
+    #[tokio::test]
+    async fn a_first_voter_the_directory_moved_away_still_forms_its_group() {
+        let members: Vec<NodeId> = (1..=5).map(|i| NodeId::new(format!("node{i}"))).collect();
+        let before = Directory::new(members.clone(), Some(3)).unwrap();
+        let range = before.layout().ranges().next().unwrap();
+        let me = before.replicas(range)[1].clone();
+        let first: Vec<(ReplicaId, ReplicaNode)> = before
+            .replicas(range)
+            .iter()
+            .zip([2, 1, 3])
+            .map(|(node, id)| (id, ReplicaNode { node: node.as_str().to_owned() }))
+            .collect();
+        let groups = RangeGroups::open(
+            me.as_str(),
+            1,
+            Arc::new(crate::MemKv::new()),
+            Arc::new(crate::MemRouter::new()),
+            before.layout(),
+            crate::GroupsConfig::default(),
+        )
+        .await
+        .unwrap();
+        let replication =
+            Replication::new(me.clone(), groups.clone(), before, Arc::new(Recorded { range, first }));
+        assert!(replication.set_members(members.iter().filter(|m| **m != me).cloned()).unwrap());
+        assert!(!replication.directory().replicas(range).contains(&me));
+        replication.tend().await;
+        assert!(groups.ranges().contains(&range), "the group is open");
+        assert!(groups.formed(range), "and holds the recorded first voters");
+        let voters = groups.members(range).unwrap().voters;
+        assert_eq!(voters, [1, 2, 3].into());
+        // A range whose record does not list this replica is left alone.
+        let other = replication.layout.ranges().nth(1).unwrap();
+        assert!(!groups.ranges().contains(&other));
     }
 
     #[test]
