@@ -175,8 +175,8 @@ const LEADER_FAULTS_PER_S_HEAVY: (f64, f64) = (0.1, 0.5);
 /// some node's view), and every range group that has `n`'s replica among its
 /// voters, as any node sees it, has one configuration (no joint change under way),
 /// at least three voters, and no other voter on a disk that is gone (a replica of
-/// an earlier loss not yet replaced). Every quorum then keeps a member that holds each committed entry and
-/// the others still make one; a group of two voters (R = 2, or three copies with
+/// an earlier loss not yet replaced). Every quorum then keeps a member that holds
+/// each committed entry and the others still make one; a group of two voters (R = 2, or three copies with
 /// only two members left) survives no lost disk, and a second loss before the
 /// first is replaced is beyond what R = 3 survives.
 fn one_copy_may_go(g: &World, n: u8) -> bool {
@@ -197,18 +197,22 @@ fn one_copy_may_go(g: &World, n: u8) -> bool {
 }
 
 /// Waits, up to [`DISK_LOSS_WAIT_MS`], until node `n`'s disk may be lost
-/// ([`one_copy_may_go`]); `false` if that moment did not come (or the node
-/// went down, or the run healed, first): the node then crashes keeping its disk.
-async fn disk_may_be_lost(w: &Shared, n: u8) -> bool {
+/// ([`one_copy_may_go`]): `Some(true)` then, `Some(false)` if that moment did not
+/// come (the node then crashes keeping its disk), `None` if the node went down, or
+/// the run healed, first (no crash is left to inject).
+async fn disk_may_be_lost(w: &Shared, n: u8) -> Option<bool> {
     let until = lock(w).now() + DISK_LOSS_WAIT_MS;
     loop {
         {
             let g = lock(w);
-            if !g.nodes[usize::from(n)].up || g.healed || g.now() >= until {
-                return false;
+            if !g.nodes[usize::from(n)].up || g.healed {
+                return None;
+            }
+            if g.now() >= until {
+                return Some(false);
             }
             if one_copy_may_go(&g, n) {
-                return true;
+                return Some(true);
             }
         }
         tokio::time::sleep(Duration::from_millis(DISK_LOSS_POLL_MS)).await;
@@ -604,10 +608,7 @@ fn inject(w: &Shared, fault: Fault) {
             }
             tokio::spawn(async move {
                 if loses_disk {
-                    let disk_lost = disk_may_be_lost(&w, n).await;
-                    if !lock(&w).nodes[usize::from(n)].up || lock(&w).healed {
-                        return;
-                    }
+                    let Some(disk_lost) = disk_may_be_lost(&w, n).await else { return };
                     crash_losing(&w, n, disk_lost);
                 }
                 tokio::time::sleep(Duration::from_millis(down)).await;
