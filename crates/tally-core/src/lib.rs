@@ -66,6 +66,7 @@ pub mod shard;
 pub mod shard_machine;
 pub mod sketch;
 pub mod spec;
+pub mod sweep;
 pub mod topk;
 pub mod window;
 

@@ -36,7 +36,8 @@ pub struct TallyConfig {
     pub rollup_tracked_max: usize,
     /// A cached total not read for this long stops being refreshed.
     pub rollup_idle_evict_ms: u64,
-    /// How often active shards sweep their expired dedup records.
+    /// The least time between two sweep passes of a shard's expired dedup records
+    /// (a pass starts once a record is due: [`tally_core::sweep`]).
     pub dedup_sweep_ms: u64,
     /// Most dedup records one sweep examines.
     pub dedup_sweep_records_max: usize,

@@ -4,16 +4,19 @@
 //! retires long before a day-long window ends, so the records of a shard nobody
 //! writes to again would stay on disk for ever. Once per `dedup_sweep_ms` this pass
 //! walks the shards in the store, [`DORMANT_SHARDS_PER_TICK`] per housekeeping tick,
-//! and starts the actor of each local shard of a live generation that holds expired
-//! records: an actor sweeps a whole pass when it starts, then retires again when idle.
+//! and starts the actor of each local shard of a live generation whose first page
+//! of records holds one due for a sweep ([`tally_core::sweep`]: past its window by an
+//! eighth of it): an actor sweeps a whole pass when it starts, then retires again
+//! when idle. A shard nobody writes to takes no new records, so every record of it
+//! is, in time, among the due ones of its first page.
 //! The store decides nothing here; only the shard (its machine) deletes records.
 
 use crate::ctx::Ctx;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
-use tally_core::dedup::expired_ids;
 use tally_core::shard::window_for;
+use tally_core::sweep::sweep_due_ms;
 use tally_core::ShardId;
 
 /// Stored shards one housekeeping tick looks at, at most.
@@ -67,7 +70,7 @@ impl DormantSweep {
 }
 
 /// Starts `id`'s actor if no actor runs it, this node owns it, its generation takes
-/// writes and it holds at least one expired record.
+/// writes and its first page of records holds one due for a sweep.
 async fn wake_if_expired(ctx: &Arc<Ctx>, id: &ShardId, now_ms: u64) {
     if ctx.directory.contains_key(id) || ctx.remote(id).is_some() {
         return;
@@ -84,7 +87,7 @@ async fn wake_if_expired(ctx: &Arc<Ctx>, id: &ShardId, now_ms: u64) {
             return;
         }
     };
-    if expired_ids(&page, now_ms, |event| window_for(event, window)).is_empty() {
+    if !page.iter().any(|(event, r)| sweep_due_ms(r.applied_at_ms, window_for(event, window)) <= now_ms) {
         return;
     }
     ctx.stats.dormant_wakes.inc();

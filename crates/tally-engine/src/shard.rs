@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tally_core::dedup::{expired_ids, is_mark_id, DedupRecord, MARK_ID_PREFIX, WRITERS_PER_SHARD_MAX};
+use tally_core::dedup::{is_mark_id, DedupRecord, MARK_ID_PREFIX, WRITERS_PER_SHARD_MAX};
 use tally_core::frequency::FrequencySketch;
 use tally_core::meta::{CounterMeta, SEALED_GENERATIONS_MAX};
 use tally_core::router::shard_of_event;
@@ -30,6 +30,7 @@ use tally_core::shard::window_for;
 use tally_core::shard::Submission;
 use tally_core::shard_machine::{Effect, EscrowSend, Input, ShardMachine, ShardParams, ESCROW_TICK_MS};
 use tally_core::sketch::DistinctSketch;
+use tally_core::sweep::Sweeper;
 use tally_core::window::WindowState;
 use tally_core::ShardId;
 use tally_store::{ShardImage, StoreError};
@@ -60,8 +61,8 @@ pub(crate) struct ShardActorState {
     /// Mergers waiting for [`Effect::Merged`].
     mergers: Vec<RpcReplyPort<Result<(), TallyError>>>,
     last_active_ms: u64,
-    last_sweep_ms: u64,
-    sweep_after: Option<String>,
+    /// When this shard sweeps its expired dedup records, and where a pass stands.
+    sweeper: Sweeper,
     ticker: Option<tokio::task::JoinHandle<()>>,
     /// An escrow tick is on its way (see [`ShardMachine::escrow_settled`]).
     escrow_tick_due: bool,
@@ -116,7 +117,7 @@ impl Actor for ShardActor {
             || (!bug!(SealForgottenOnRestart) && ctx.store.meta_get(&seal_key(&id))?.is_some());
         ctx.stats.shard_activations.inc();
         let now = ctx.now_ms();
-        let first_sweep_ms = now.saturating_sub(ctx.config.dedup_sweep_ms);
+        let sweeper = Sweeper::new(now, ctx.config.dedup_sweep_ms);
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
         let mut machine = ShardMachine::new(ShardParams::of(&meta, &id), image, sketch, sealed);
         machine.set_writer_marks(count_marks(&ctx, &id)?);
@@ -131,8 +132,7 @@ impl Actor for ShardActor {
             // A started shard sweeps a pass at its first tick: a shard that is
             // written to less often than it retires would never sweep otherwise, and
             // `dormant.rs` starts shards only for that.
-            last_sweep_ms: first_sweep_ms,
-            sweep_after: None,
+            sweeper,
             ticker: Some(ticker),
             escrow_tick_due: false,
         })
@@ -384,39 +384,32 @@ impl ShardActorState {
         let now = self.ctx.now_ms();
         let idle = now.saturating_sub(self.last_active_ms) >= self.ctx.config.shard_idle_stop_ms;
         // Not while a sweep pass is under way: it would start over from its first page.
-        if idle && self.machine.quiet() && self.sweep_after.is_none() {
+        if idle && self.machine.quiet() && !self.sweeper.passing() {
             if let Some(sup) = self.ctx.supervisor.get() {
                 let _ =
                     sup.send_message(SupervisorMsg::Retire { id: self.id.clone(), actor: myself.get_id() });
             }
         }
-        // A pass over the records starts every `dedup_sweep_ms`; once started, it goes
-        // on a page per tick until it reaches the end, so expiry keeps up with shards
-        // that take more than a page of records per period.
-        let passing = self.sweep_after.is_some();
-        if (!passing && now.saturating_sub(self.last_sweep_ms) < self.ctx.config.dedup_sweep_ms)
-            || self.machine.sealed()
-        {
+        // A pass over the records starts once one of them is due ([`Sweeper`]: not
+        // every `dedup_sweep_ms`, which would read every live record each time); once
+        // started, it goes on a page per tick until it reaches the end, so expiry
+        // keeps up with shards that take more than a page of records per period.
+        if self.machine.sealed() {
             return None;
         }
-        self.last_sweep_ms = now;
-        match self.expired(now) {
-            Ok(expired) if !expired.is_empty() => Some(Input::Sweep { expired }),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::warn!(shard = %self.id, error = %e, "dedup sweep failed");
-                None
-            }
-        }
-    }
-
-    /// One page of this shard's expired dedup records.
-    fn expired(&mut self, now: u64) -> Result<Vec<String>, StoreError> {
+        let scan = self.sweeper.due(now)?;
         let max = self.ctx.config.dedup_sweep_records_max;
-        let page = self.ctx.store.dedup_scan(&self.id, self.sweep_after.as_deref(), max)?;
-        self.sweep_after = if page.len() < max { None } else { page.last().map(|(k, _)| k.clone()) };
-        let window = self.meta.spec.dedup_window_ms();
-        Ok(expired_ids(&page, now, |id| window_for(id, window)))
+        let page = match self.ctx.store.dedup_scan(&self.id, scan.after.as_deref(), max) {
+            Ok(page) => page,
+            Err(e) => {
+                // The pass stays where it is: the next tick reads the page again.
+                tracing::warn!(shard = %self.id, error = %e, "dedup sweep failed");
+                return None;
+            }
+        };
+        self.ctx.stats.dedup_sweep_reads.add(page.len() as u64);
+        let expired = self.sweeper.take(now, scan.lane, &page, max, self.meta.spec.dedup_window_ms());
+        (!expired.is_empty()).then_some(Input::Sweep { expired })
     }
 
     /// The records of `ids`, or `None` if one could not be read.

@@ -134,6 +134,9 @@ pub struct Stats {
     pub cold_writes: Count,
     /// Shards started only to sweep their expired dedup records (no actor ran them).
     pub dormant_wakes: Count,
+    /// Dedup records read by sweep passes (live ones included): a pass starts only
+    /// once a record is due, so this grows with the records written, not with time.
+    pub dedup_sweep_reads: Count,
     /// Shard actors stopped for idleness.
     pub shard_retirements: Count,
     /// Shards this node took over from their previous owner after a membership change.

@@ -105,8 +105,9 @@ async fn expired_records_are_swept_from_the_store() {
     }
     let id = tally_core::ShardId::new(tally_core::CounterName::new("c").unwrap(), 0, 0);
     assert_eq!(tally.store().dedup_scan(&id, None, 100).unwrap().len(), 20);
-    clock.advance(1_000);
-    // The shard sweeps on its next tick (once a second).
+    // Expired after 1 s; due for a sweep an eighth of the window later. The shard
+    // sweeps on its next tick (once a second).
+    clock.advance(1_125);
     let mut left = 20;
     for _ in 0..40 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -117,6 +118,53 @@ async fn expired_records_are_swept_from_the_store() {
     }
     assert_eq!(left, 0, "expired records were not swept");
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_records_are_not_read_again_every_sweep_period() {
+    // A day's window and a pass due every minute: a shard whose records are all
+    // live reads them once when it starts, not again every minute (with millions of
+    // records that was a node's whole CPU).
+    let store = tally_engine::MemStore::new();
+    let clock = tally_engine::ManualClock::new(1_000_000);
+    let config =
+        TallyConfig { dedup_sweep_ms: 60_000, shard_idle_stop_ms: 1_000 * 3_600_000, ..quick_config() };
+    let tally = Tally::open_with(Arc::new(store.clone()), Arc::new(clock.clone()), config).await.unwrap();
+    tally.put_counter("c", spec(1, Durability::Sync)).await.unwrap();
+    for i in 0..50 {
+        tally.incr("c", Increment::new(1).event_id(format!("e{i:02}"))).await.unwrap();
+    }
+    // The passes a started shard makes at its first ticks (its drain ids' lane,
+    // then the records'), a page a tick.
+    let reads = || tally.stats().dedup_sweep_reads.get();
+    for _ in 0..50 {
+        if reads() >= 50 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let before = reads();
+    assert_eq!(before, 50, "a started shard reads its records once");
+    for _ in 0..4 {
+        clock.advance(60_000);
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    }
+    assert_eq!(reads(), before, "live records were read again before any was due");
+    let id = tally_core::ShardId::new(tally_core::CounterName::new("c").unwrap(), 0, 0);
+    assert_eq!(tally.store().dedup_scan(&id, None, 100).unwrap().len(), 50);
+    // A day and an eighth later they are due, read once more, and removed.
+    clock.advance(86_400_000 + 86_400_000 / 8);
+    let mut left = 50;
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        left = tally.store().dedup_scan(&id, None, 100).unwrap().len();
+        if left == 0 {
+            break;
+        }
+    }
+    assert_eq!(left, 0, "due records were not swept");
+    assert_eq!(reads(), before + 50);
     tally.shutdown().await.unwrap();
 }
 
@@ -176,8 +224,9 @@ async fn a_shard_that_went_idle_still_has_its_expired_records_swept() {
     clock.advance(10_000);
     tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
     assert_eq!(records(), 20, "records swept before they expired");
-    // An hour later every record has expired.
-    clock.advance(3_600_000);
+    // An hour later every record has expired, and an eighth of an hour after that
+    // each is due for a sweep.
+    clock.advance(3_600_000 + 450_000);
     let mut left = 20;
     for _ in 0..50 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -469,7 +469,8 @@ pub struct EngineConfig {
     pub rollup_tracked_max: u64,
     /// A cached total unread for this long stops being refreshed, in milliseconds.
     pub rollup_idle_evict_ms: u64,
-    /// How often active shards sweep expired dedup records, in milliseconds.
+    /// The least time between two sweep passes of a shard's expired dedup records,
+    /// in milliseconds (a pass starts once a record is due: `tally_core::sweep`).
     pub dedup_sweep_ms: u64,
     /// Most dedup records one sweep examines.
     pub dedup_sweep_records_max: u64,

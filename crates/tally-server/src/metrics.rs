@@ -428,6 +428,11 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         &[(&[], s.dormant_wakes.get())],
     );
     w.counter(
+        "tally_dedup_sweep_reads_total",
+        "Dedup records read by sweep passes, live ones included.",
+        &[(&[], s.dedup_sweep_reads.get())],
+    );
+    w.counter(
         "tally_shard_retirements_total",
         "Shard actors stopped for idleness.",
         &[(&[], s.shard_retirements.get())],
