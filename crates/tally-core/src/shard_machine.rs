@@ -376,6 +376,12 @@ impl<R> ShardMachine<R> {
             && !self.escrow_dirty
     }
 
+    /// Whether an [`Input::Sweep`] now would be written: sweeps are written only
+    /// between commits, and one that comes during a commit is dropped.
+    pub fn sweepable(&self) -> bool {
+        matches!(self.phase, Phase::Idle) && !self.sealed && !self.broken
+    }
+
     /// Whether this copy stopped deciding (see [`Effect::Stop`]).
     pub fn broken(&self) -> bool {
         self.broken
@@ -1192,6 +1198,18 @@ mod tests {
         );
         assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![]);
         assert!(m.quiet());
+    }
+
+    #[test]
+    fn a_sweep_is_written_only_between_commits_and_the_shell_can_tell() {
+        let mut m = machine(Durability::Batched, 0);
+        assert!(m.sweepable());
+        m.step(NOW, Input::Submit { sub: single(1, None), reply: 1 });
+        m.step(NOW, Input::CommitDue { writable: true });
+        assert!(!m.sweepable(), "a write is in flight");
+        assert_eq!(m.step(NOW, Input::Sweep { expired: vec!["old".into()] }), vec![], "dropped");
+        m.step(NOW, Input::Applied { ok: true });
+        assert!(m.sweepable());
     }
 
     #[test]
