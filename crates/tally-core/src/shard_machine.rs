@@ -252,6 +252,10 @@ pub struct ShardMachine<R> {
     sealed: bool,
     /// A seal is asked for and not yet answered with [`Effect::Sealed`].
     seal_waiting: bool,
+    /// Expired records to remove, waiting for the write in flight to end: the
+    /// next write removes them, before the next batch (a shard whose commits never
+    /// pause still sweeps).
+    sweep_waiting: Vec<String>,
     /// A merge waiting for the machine to be idle.
     merge_waiting: Option<DistinctSketch>,
     /// A frequency carry waiting for the machine to be idle (the first one asked for:
@@ -294,6 +298,7 @@ impl<R> ShardMachine<R> {
             windows_bytes,
             sealed,
             seal_waiting: false,
+            sweep_waiting: Vec::new(),
             merge_waiting: None,
             carry_waiting: None,
             windows_waiting: None,
@@ -376,10 +381,11 @@ impl<R> ShardMachine<R> {
             && !self.escrow_dirty
     }
 
-    /// Whether an [`Input::Sweep`] now would be written: sweeps are written only
-    /// between commits, and one that comes during a commit is dropped.
+    /// Whether the shell may hand over the next page of expired records
+    /// ([`Input::Sweep`]): the last one is written (or its write is under way), and
+    /// this copy is neither sealed nor broken.
     pub fn sweepable(&self) -> bool {
-        matches!(self.phase, Phase::Idle) && !self.sealed && !self.broken
+        self.sweep_waiting.is_empty() && !self.sealed && !self.broken
     }
 
     /// Whether this copy stopped deciding (see [`Effect::Stop`]).
@@ -502,20 +508,8 @@ impl<R> ShardMachine<R> {
                 }
             }
             Input::Sweep { expired } => {
-                if matches!(self.phase, Phase::Idle) && !expired.is_empty() {
-                    let marks = expired.iter().filter(|id| is_mark_id(id)).count() as u64;
-                    let write =
-                        ShardWrite { image: self.image(), dedup_put: Vec::new(), dedup_remove: expired };
-                    self.phase = Phase::Sweeping(marks);
-                    let sends = self.escrow_written();
-                    out.push(Effect::Write {
-                        write,
-                        durable: Vec::new(),
-                        sends,
-                        change_abs: 0,
-                        submissions: 0,
-                    });
-                }
+                // Written at once between commits, or as the next write (`next`).
+                self.sweep_waiting = expired;
             }
             Input::Escrow(message) => {
                 // A donor gives from what its expired buckets gave back too.
@@ -567,6 +561,21 @@ impl<R> ShardMachine<R> {
     /// merge, or the answer to a seal.
     fn next(&mut self, out: &mut Vec<Effect<R>>) {
         if !matches!(self.phase, Phase::Idle) {
+            return;
+        }
+        if self.sealed {
+            // A sealed copy writes nothing more of its own.
+            self.sweep_waiting.clear();
+        }
+        if !self.sweep_waiting.is_empty() {
+            // Before the next batch, which waits one write: a shard whose commits
+            // follow each other without a pause would otherwise never sweep.
+            let expired = std::mem::take(&mut self.sweep_waiting);
+            let marks = expired.iter().filter(|id| is_mark_id(id)).count() as u64;
+            let write = ShardWrite { image: self.image(), dedup_put: Vec::new(), dedup_remove: expired };
+            self.phase = Phase::Sweeping(marks);
+            let sends = self.escrow_written();
+            out.push(Effect::Write { write, durable: Vec::new(), sends, change_abs: 0, submissions: 0 });
             return;
         }
         if !self.pending.is_empty() {
@@ -1201,15 +1210,29 @@ mod tests {
     }
 
     #[test]
-    fn a_sweep_is_written_only_between_commits_and_the_shell_can_tell() {
+    fn a_sweep_during_a_commit_is_the_next_write_before_the_next_batch() {
         let mut m = machine(Durability::Batched, 0);
         assert!(m.sweepable());
         m.step(NOW, Input::Submit { sub: single(1, None), reply: 1 });
         m.step(NOW, Input::CommitDue { writable: true });
-        assert!(!m.sweepable(), "a write is in flight");
-        assert_eq!(m.step(NOW, Input::Sweep { expired: vec!["old".into()] }), vec![], "dropped");
-        m.step(NOW, Input::Applied { ok: true });
+        // A write is in flight and the next batch is already queued.
+        assert_eq!(m.step(NOW, Input::Sweep { expired: vec!["old".into()] }), vec![]);
+        assert!(!m.sweepable(), "the page waits: the shell reads no other");
+        m.step(NOW, Input::Submit { sub: single(1, None), reply: 2 });
+        let effects = m.step(NOW, Input::Applied { ok: true });
+        let write = ShardWrite {
+            image: ShardImage { value: 1, sketch: None, frequency: None, windows: None, escrow: None },
+            dedup_put: vec![],
+            dedup_remove: vec!["old".into()],
+        };
+        let sweep = Effect::Write { write, durable: vec![], sends: vec![], change_abs: 0, submissions: 0 };
+        assert_eq!(effects.last(), Some(&sweep), "{effects:?}");
         assert!(m.sweepable());
+        // The commit that came due meanwhile waits for the sweep, then goes.
+        assert_eq!(m.step(NOW, Input::CommitDue { writable: true }), vec![]);
+        assert_eq!(m.step(NOW, Input::Applied { ok: true }), vec![Effect::ScheduleCommit]);
+        let effects = m.step(NOW, Input::CommitDue { writable: true });
+        assert!(matches!(effects.as_slice(), [Effect::Write { submissions: 1, .. }]), "{effects:?}");
     }
 
     #[test]

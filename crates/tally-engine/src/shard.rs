@@ -393,9 +393,9 @@ impl ShardActorState {
         // A pass over the records starts once one of them is due ([`Sweeper`]: not
         // every `dedup_sweep_ms`, which would read every live record each time); once
         // started, it goes on a page per tick until it reaches the end, so expiry
-        // keeps up with shards that take more than a page of records per period. A
-        // page is read only while the machine can write its removals (between
-        // commits): one read during a commit would be dropped, and its pass moved on.
+        // keeps up with shards that take more than a page of records per period. The
+        // machine writes a page's removals between commits, before the next batch;
+        // the next page is read once it took the last one.
         if !self.machine.sweepable() {
             return None;
         }
