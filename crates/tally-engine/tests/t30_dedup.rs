@@ -108,14 +108,7 @@ async fn expired_records_are_swept_from_the_store() {
     // Expired after 1 s; due for a sweep an eighth of the window later. The shard
     // sweeps on its next tick (once a second).
     clock.advance(1_125);
-    let mut left = 20;
-    for _ in 0..40 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        left = tally.store().dedup_scan(&id, None, 100).unwrap().len();
-        if left == 0 {
-            break;
-        }
-    }
+    let left = polled_until_zero(40, || tally.store().dedup_scan(&id, None, 100).unwrap().len()).await;
     assert_eq!(left, 0, "expired records were not swept");
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
     tally.shutdown().await.unwrap();
@@ -138,12 +131,7 @@ async fn live_records_are_not_read_again_every_sweep_period() {
     // The passes a started shard makes at its first ticks (its drain ids' lane,
     // then the records'), a page a tick.
     let reads = || tally.stats().dedup_sweep_reads.get();
-    for _ in 0..50 {
-        if reads() >= 50 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    polled_until_zero(50, || 50u64.saturating_sub(reads())).await;
     let before = reads();
     assert_eq!(before, 50, "a started shard reads its records once");
     for _ in 0..4 {
@@ -155,14 +143,7 @@ async fn live_records_are_not_read_again_every_sweep_period() {
     assert_eq!(tally.store().dedup_scan(&id, None, 100).unwrap().len(), 50);
     // A day and an eighth later they are due, read once more, and removed.
     clock.advance(86_400_000 + 86_400_000 / 8);
-    let mut left = 50;
-    for _ in 0..40 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        left = tally.store().dedup_scan(&id, None, 100).unwrap().len();
-        if left == 0 {
-            break;
-        }
-    }
+    let left = polled_until_zero(40, || tally.store().dedup_scan(&id, None, 100).unwrap().len()).await;
     assert_eq!(left, 0, "due records were not swept");
     assert_eq!(reads(), before + 50);
     tally.shutdown().await.unwrap();
@@ -189,14 +170,7 @@ async fn a_sweep_pass_goes_on_page_by_page_until_every_expired_record_is_gone() 
     }
     let id = tally_core::ShardId::new(tally_core::CounterName::new("c").unwrap(), 0, 0);
     clock.advance(3_600_000);
-    let mut left = 20;
-    for _ in 0..100 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        left = tally.store().dedup_scan(&id, None, 100).unwrap().len();
-        if left == 0 {
-            break;
-        }
-    }
+    let left = polled_until_zero(100, || tally.store().dedup_scan(&id, None, 100).unwrap().len()).await;
     assert_eq!(left, 0, "a pass stopped after its first page");
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
     tally.shutdown().await.unwrap();
@@ -227,15 +201,22 @@ async fn a_shard_that_went_idle_still_has_its_expired_records_swept() {
     // An hour later every record has expired, and an eighth of an hour after that
     // each is due for a sweep.
     clock.advance(3_600_000 + 450_000);
-    let mut left = 20;
-    for _ in 0..50 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        left = records();
-        if left == 0 {
-            break;
-        }
-    }
+    let left = polled_until_zero(50, records).await;
     assert_eq!(left, 0, "an idle shard's expired records stayed on disk");
     assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 20);
     tally.shutdown().await.unwrap();
+}
+
+/// Polls `left` every 100 ms until it answers 0, at most `polls` times; answers
+/// the last value.
+async fn polled_until_zero<N: PartialEq + Default>(polls: usize, left: impl Fn() -> N) -> N {
+    let mut last = left();
+    for _ in 0..polls {
+        if last == N::default() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        last = left();
+    }
+    last
 }

@@ -1226,15 +1226,22 @@ mod tests {
         assert_eq!(voter_lag(&s), 0);
     }
 
-    /// Peers that never answer: enough for a node that only routes.
-    struct Silent;
+    /// Peers for one node's tests: without a formation record they never answer
+    /// (enough for a node that only routes); with one, of one range, they answer
+    /// from it, the other first voters hold nothing of it, and no node leads it.
+    #[derive(Default)]
+    struct TestPeers {
+        record: Option<(RangeId, Vec<(ReplicaId, ReplicaNode)>)>,
+    }
 
-    impl Peers for Silent {
-        fn replica_of(&self, _: &NodeId) -> Option<ReplicaId> {
-            None
+    impl Peers for TestPeers {
+        fn replica_of(&self, node: &NodeId) -> Option<ReplicaId> {
+            let (_, first) = self.record.as_ref()?;
+            first.iter().find(|(_, n)| n.node == node.as_str()).map(|(id, _)| *id)
         }
         fn formed<'a>(&'a self, _: &'a NodeId, _: RangeId) -> BoxFuture<'a, Option<bool>> {
-            Box::pin(async { None })
+            let answer = self.record.as_ref().map(|_| false);
+            Box::pin(async move { answer })
         }
         fn lists<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, Option<bool>> {
             Box::pin(async { None })
@@ -1245,8 +1252,8 @@ mod tests {
         fn replica_classes(&self) -> BTreeMap<u8, Vec<NodeId>> {
             BTreeMap::new()
         }
-        fn formation(&self, _: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
-            None
+        fn formation(&self, range: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
+            self.record.as_ref().filter(|(r, _)| *r == range).map(|(_, first)| first.clone())
         }
         fn form_range(
             &self,
@@ -1282,7 +1289,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let replication = Replication::new(me.clone(), groups, before, Arc::new(Silent));
+        let replication = Replication::new(me.clone(), groups, before, Arc::new(TestPeers::default()));
         assert!(replication.set_members(after.members().iter().cloned()).unwrap());
         assert!(!replication.runs(range));
         let id = (0..)
@@ -1310,41 +1317,6 @@ mod tests {
         assert_eq!(asked.lock().as_slice(), [first, leader.clone()], "the named owner goes next");
         // The node that served is remembered: the range's requests go there first.
         assert_eq!(replication.owner(&id), leader);
-    }
-
-    /// Peers that answer from a formation record of one range: the other first
-    /// voters hold nothing of it, and no node leads it.
-    struct Recorded {
-        range: RangeId,
-        first: Vec<(ReplicaId, ReplicaNode)>,
-    }
-
-    impl Peers for Recorded {
-        fn replica_of(&self, node: &NodeId) -> Option<ReplicaId> {
-            self.first.iter().find(|(_, n)| n.node == node.as_str()).map(|(id, _)| *id)
-        }
-        fn formed<'a>(&'a self, _: &'a NodeId, _: RangeId) -> BoxFuture<'a, Option<bool>> {
-            Box::pin(async { Some(false) })
-        }
-        fn lists<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, Option<bool>> {
-            Box::pin(async { None })
-        }
-        fn campaign<'a>(&'a self, _: &'a NodeId, _: RangeId, _: ReplicaId) -> BoxFuture<'a, ()> {
-            Box::pin(async {})
-        }
-        fn replica_classes(&self) -> BTreeMap<u8, Vec<NodeId>> {
-            BTreeMap::new()
-        }
-        fn formation(&self, range: RangeId) -> Option<Vec<(ReplicaId, ReplicaNode)>> {
-            (range == self.range).then(|| self.first.clone())
-        }
-        fn form_range(
-            &self,
-            _: RangeId,
-            _: Vec<(ReplicaId, ReplicaNode)>,
-        ) -> BoxFuture<'_, Option<Vec<(ReplicaId, ReplicaNode)>>> {
-            Box::pin(async { None })
-        }
     }
 
     /// A first voter of a range forms its group even after the directory moved
@@ -1375,8 +1347,12 @@ mod tests {
         )
         .await
         .unwrap();
-        let replication =
-            Replication::new(me.clone(), groups.clone(), before, Arc::new(Recorded { range, first }));
+        let replication = Replication::new(
+            me.clone(),
+            groups.clone(),
+            before,
+            Arc::new(TestPeers { record: Some((range, first)) }),
+        );
         assert!(replication.set_members(members.iter().filter(|m| **m != me).cloned()).unwrap());
         assert!(!replication.directory().replicas(range).contains(&me));
         replication.tend().await;
