@@ -1264,6 +1264,20 @@ mod tests {
         }
     }
 
+    /// A node's range groups on an in-memory store and router, alone.
+    async fn one_node_groups(me: &NodeId, layout: tally_core::ranges::RangeLayout) -> Arc<RangeGroups> {
+        RangeGroups::open(
+            me.as_str(),
+            1,
+            Arc::new(crate::MemKv::new()),
+            Arc::new(crate::MemRouter::new()),
+            layout,
+            crate::GroupsConfig::default(),
+        )
+        .await
+        .unwrap()
+    }
+
     /// A leader the directory moved out of its range serves it until its group
     /// replaces it, and only the group's replicas know it: a node that does not
     /// replicate the range asks the replicas, and then the leader they name.
@@ -1279,16 +1293,7 @@ mod tests {
         let (after, _) = before.rebalance(rest, None).unwrap();
         let me =
             members.iter().find(|m| **m != leader && !after.replicas(range).contains(m)).unwrap().clone();
-        let groups = RangeGroups::open(
-            me.as_str(),
-            1,
-            Arc::new(crate::MemKv::new()),
-            Arc::new(crate::MemRouter::new()),
-            before.layout(),
-            crate::GroupsConfig::default(),
-        )
-        .await
-        .unwrap();
+        let groups = one_node_groups(&me, before.layout()).await;
         let replication = Replication::new(me.clone(), groups, before, Arc::new(TestPeers::default()));
         assert!(replication.set_members(after.members().iter().cloned()).unwrap());
         assert!(!replication.runs(range));
@@ -1337,16 +1342,7 @@ mod tests {
             .zip([2, 1, 3])
             .map(|(node, id)| (id, ReplicaNode { node: node.as_str().to_owned() }))
             .collect();
-        let groups = RangeGroups::open(
-            me.as_str(),
-            1,
-            Arc::new(crate::MemKv::new()),
-            Arc::new(crate::MemRouter::new()),
-            before.layout(),
-            crate::GroupsConfig::default(),
-        )
-        .await
-        .unwrap();
+        let groups = one_node_groups(&me, before.layout()).await;
         let replication = Replication::new(
             me.clone(),
             groups.clone(),
