@@ -134,20 +134,6 @@ pub fn judge(record: Option<&DedupRecord>, delta: i64, now_ms: u64, window_ms: u
     }
 }
 
-/// The record ids among `records` that have left their window and can be removed;
-/// `window_ms` gives each id's window (drain ids keep theirs shorter than event ids).
-pub fn expired_ids<'a>(
-    records: impl IntoIterator<Item = &'a (String, DedupRecord)>,
-    now_ms: u64,
-    window_ms: impl Fn(&str) -> u64,
-) -> Vec<String> {
-    records
-        .into_iter()
-        .filter(|(id, r)| expired(r.applied_at_ms, now_ms, window_ms(id)))
-        .map(|(id, _)| id.clone())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,15 +161,6 @@ mod tests {
         assert_eq!(judge(Some(&r), 1, 0, W), Verdict::Duplicate);
     }
 
-    #[test]
-    fn sweep_selects_only_expired_records() {
-        let recs = vec![
-            ("a".to_string(), DedupRecord { delta: 1, applied_at_ms: 0 }),
-            ("b".to_string(), DedupRecord { delta: 1, applied_at_ms: 500 }),
-        ];
-        assert_eq!(expired_ids(&recs, 1_000, |_| 600), vec!["a".to_string()]);
-        assert!(expired_ids(&recs, 1_000, |_| 2_000).is_empty());
-    }
     #[test]
     fn marks_take_the_next_sequence_and_answer_retries_as_duplicates() {
         let m = WriterMark { seq: 7, applied_at_ms: 1_000 }.to_record();

@@ -495,6 +495,8 @@ impl<R> ShardMachine<R> {
             Input::Seal => {
                 self.sealed = true;
                 self.seal_waiting = true;
+                // A sealed copy writes nothing more of its own.
+                self.sweep_waiting.clear();
             }
             Input::MergeSketch { distinct, frequency, windows } => {
                 if let Some(sketch) = distinct {
@@ -509,7 +511,9 @@ impl<R> ShardMachine<R> {
             }
             Input::Sweep { expired } => {
                 // Written at once between commits, or as the next write (`next`).
-                self.sweep_waiting = expired;
+                if !self.sealed {
+                    self.sweep_waiting = expired;
+                }
             }
             Input::Escrow(message) => {
                 // A donor gives from what its expired buckets gave back too.
@@ -562,10 +566,6 @@ impl<R> ShardMachine<R> {
     fn next(&mut self, out: &mut Vec<Effect<R>>) {
         if !matches!(self.phase, Phase::Idle) {
             return;
-        }
-        if self.sealed {
-            // A sealed copy writes nothing more of its own.
-            self.sweep_waiting.clear();
         }
         if !self.sweep_waiting.is_empty() {
             // Before the next batch, which waits one write: a shard whose commits
