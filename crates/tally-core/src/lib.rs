@@ -33,6 +33,7 @@
 //! * [`shard_machine`], [`drain_book`], [`reshard_machine`], [`handoff_machine`] — the
 //!   shard, the aggregator's drains, the resharding and the membership hand-off as
 //!   pure state machines that the engine's actors and the simulator both run.
+//! * [`reconcile`] — a reconciliation's correction: its delta and its per-run event id.
 //! * [`rollup`] — when a cached total must be refreshed.
 //! * [`window`] — sliding windows: time buckets of totals and distinct members, their
 //!   arithmetic (which bucket, which span a read sums, expiry) and their merge.
@@ -58,6 +59,7 @@ pub mod name;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
 pub mod ranges;
+pub mod reconcile;
 pub mod reshard_machine;
 pub mod ring;
 pub mod rollup;

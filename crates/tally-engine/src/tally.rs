@@ -100,6 +100,7 @@ impl Tally {
         let EngineParts { store, clock, config, catalog, placement } = parts;
         open_format(&*store)?;
         let incarnation = next_incarnation(&*store, clock.now_ms())?;
+        let corrections = tally_core::reconcile::CorrectionIds::new(config.node_id.as_str(), &incarnation);
         let drains = tally_core::drain_book::DrainBook::new(config.node_id.as_str(), incarnation);
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
@@ -144,7 +145,7 @@ impl Tally {
         let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
         let (aggregator, _) = Actor::spawn(None, Aggregator, weak.clone()).await.map_err(spawn_err)?;
         let (rollup, _) = Actor::spawn(None, Rollup, weak.clone()).await.map_err(spawn_err)?;
-        let (reconciler, _) = Actor::spawn(None, Reconciler, weak).await.map_err(spawn_err)?;
+        let (reconciler, _) = Actor::spawn(None, Reconciler, (weak, corrections)).await.map_err(spawn_err)?;
         let _ = ctx.supervisor.set(supervisor.clone());
         let _ = ctx.aggregator.set(aggregator.clone());
         // Finish what a crash interrupted: deletions, then reshardings.
@@ -596,15 +597,38 @@ impl Tally {
         crate::list::list(self.ctx.catalog.as_ref(), prefix, after, limit)
     }
 
-    /// Brings the counter to `authoritative` by writing the drift as an idempotent
-    /// correction.
+    /// Brings the counter to `authoritative` by writing the drift as a correction,
+    /// a run of its own (`tally_core::reconcile`).
     #[tracing::instrument(level = "debug", skip_all, fields(counter = name, authoritative))]
     pub async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
+        self.reconcile_as(name, authoritative, None).await
+    }
+
+    /// [`Tally::reconcile`] as the run of a scheduled `source` at `instant_ms`: every
+    /// node that runs that instant writes the same correction, so two of them write
+    /// it once ([`tally_core::reconcile::scheduled_correction_id`]).
+    pub async fn reconcile_scheduled(
+        &self,
+        name: &str,
+        authoritative: i128,
+        source: &str,
+        instant_ms: u64,
+    ) -> Result<ReconcileReport, TallyError> {
+        let id = tally_core::reconcile::scheduled_correction_id(source, instant_ms);
+        self.reconcile_as(name, authoritative, Some(id)).await
+    }
+
+    async fn reconcile_as(
+        &self,
+        name: &str,
+        authoritative: i128,
+        event_id: Option<String>,
+    ) -> Result<ReconcileReport, TallyError> {
         let name = CounterName::new(name)?;
         let (tx, rx) = ractor::concurrency::oneshot();
         self.actors
             .reconciler
-            .send_message(ReconcilerMsg::Reconcile { name, authoritative, reply: tx.into() })
+            .send_message(ReconcilerMsg::Reconcile { name, authoritative, event_id, reply: tx.into() })
             .map_err(|_| TallyError::ShuttingDown)?;
         rx.await.map_err(|_| TallyError::ShuttingDown)?
     }
