@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+mod parts;
 pub mod replication;
 
 pub use tally_replica::{Replication, ReplicationFigures};
@@ -111,6 +112,10 @@ pub enum ClusterError {
     /// The engine failed to start.
     #[error("engine: {0}")]
     Engine(#[from] TallyError),
+    /// The data directory's stores do not all belong to one identity (one of them
+    /// was emptied on its own, or comes from another directory).
+    #[error("data directory: {0}")]
+    DataDir(String),
 }
 
 /// The local store's record of how this node keeps shards: [`ONE_COPY`] or
@@ -555,10 +560,27 @@ impl ClusterNode {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| ClusterError::Config(format!("cannot create {}: {e}", config.data_dir.display())))?;
 
+        // The data directory is one unit: checked whole before raft starts, so the
+        // node never takes part in anything under an identity whose data it lacks.
+        let raft_db = tally_raft::meta_raft::open_db(&config.data_dir.join("raft")).await?;
+        let identity = tally_raft::identity::Identity::open(&raft_db)
+            .map_err(|e| ClusterError::DataDir(format!("raft store identity: {e}")))?;
+        let local: Arc<dyn tally_store::Store> =
+            Arc::new(SledStore::open(&SledConfig::new(config.data_dir.join("store")))?);
+        check_copies(config.replicas, &config.data_dir, local.as_ref())?;
+        let replica_kv = if config.replicas > 1 {
+            let kv = tally_replica::SledKv::open(&config.data_dir.join("replica"))
+                .map_err(|e| ClusterError::Config(format!("range groups: {e}")))?;
+            Some(Arc::new(kv))
+        } else {
+            None
+        };
+        let replica_parts = replica_kv.as_deref().map(|kv| kv as &dyn tally_replica::storage::KvStore);
+        parts::check(&config.data_dir, &identity, local.as_ref(), replica_parts)?;
+
         let voters: BTreeMap<u64, String> =
             config.members.iter().map(|m| (m.raft_id, m.raft.to_string())).collect();
-        let mut raft_cfg =
-            MetaRaftConfig::new(me.raft_id, voters, RaftStorage::Path(config.data_dir.join("raft")));
+        let mut raft_cfg = MetaRaftConfig::new(me.raft_id, voters, RaftStorage::Db(raft_db));
         raft_cfg.heartbeat_ms = config.raft_heartbeat_ms;
         raft_cfg.election_timeout_min_ms = config.raft_election_timeout_ms.0;
         raft_cfg.election_timeout_max_ms = config.raft_election_timeout_ms.1;
@@ -583,17 +605,17 @@ impl ClusterNode {
         let transport = Transport::start(transport_cfg, handler.clone()).await?;
 
         let view = PlacementView::new(&config, &raft.membership());
-        let local: Arc<dyn tally_store::Store> =
-            Arc::new(SledStore::open(&SledConfig::new(config.data_dir.join("store")))?);
-        check_copies(config.replicas, &config.data_dir, local.as_ref())?;
-        let (replication, store) = if config.replicas > 1 {
-            let r = Self::start_replication(&config, &me, &raft, &transport).await?;
+        let (replication, store) = if let Some(kv) = replica_kv {
+            let r = Self::start_replication(&config, &me, &raft, &transport, kv).await?;
             let _ = handler.replication.set(r.clone());
-            let store =
-                tally_replica::RangeStore::new(r.groups().clone(), local, tokio::runtime::Handle::current());
+            let store = tally_replica::RangeStore::new(
+                r.groups().clone(),
+                local.clone(),
+                tokio::runtime::Handle::current(),
+            );
             (Some(r), Arc::new(store) as Arc<dyn tally_store::Store>)
         } else {
-            (None, local)
+            (None, local.clone())
         };
         let placement = Arc::new(RingPlacement {
             me: NodeId::new(&me.id),
@@ -610,6 +632,7 @@ impl ClusterNode {
             // Range groups hold the shards: a counter may ask for its own count.
             engine_cfg.replicas_max = tally_core::ranges::REPLICAS_MAX;
         }
+        parts::bind(&identity, local.as_ref())?;
         let tally = Tally::open_parts(EngineParts {
             store,
             clock: Arc::new(SystemClock),
@@ -683,6 +706,7 @@ impl ClusterNode {
         me: &Member,
         raft: &Arc<MetaRaft>,
         transport: &Transport,
+        kv: Arc<tally_replica::SledKv>,
     ) -> Result<Arc<Replication>, ClusterError> {
         let members = initial_members(config).into_iter().map(NodeId::new);
         let members: Vec<NodeId> = members.collect();
@@ -690,13 +714,11 @@ impl ClusterNode {
         let directory = tally_core::ranges::Directory::with_layout(layout, members, Some(config.replicas))
             .map_err(|e| ClusterError::Config(format!("replicas: {e}")))?;
         let replica = |e: tally_replica::ReplicaError| ClusterError::Config(format!("range groups: {e}"));
-        let kv = tally_replica::SledKv::open(&config.data_dir.join("replica"))
-            .map_err(|e| ClusterError::Config(format!("range groups: {e}")))?;
         let net = Arc::new(replication::SessionNet { transport: transport.clone() });
         let groups = tally_replica::RangeGroups::open(
             &me.id,
             replication::replica_id_of(raft.store_id()),
-            Arc::new(kv),
+            kv,
             net,
             directory.layout(),
             tally_replica::GroupsConfig::default(),

@@ -172,7 +172,11 @@ impl MetaRaftConfig {
 
 /// Opens the database at `path`, waiting up to [`SLED_LOCK_WAIT_MS`] for a previous
 /// instance in this process to release it.
-async fn open_db(path: &std::path::Path) -> Result<sled::Db, RaftError> {
+/// Opens the raft database at `path`, waiting a moment for a file lock that a
+/// database dropped just before still holds. A node opens it before starting raft
+/// to check its data directory ([`crate::identity::Identity`]), then hands it over
+/// as [`RaftStorage::Db`].
+pub async fn open_db(path: &std::path::Path) -> Result<sled::Db, RaftError> {
     let deadline = Instant::now() + Duration::from_millis(SLED_LOCK_WAIT_MS);
     loop {
         let opened = sled::Config::new().path(path).cache_capacity(SLED_CACHE_BYTES).open();

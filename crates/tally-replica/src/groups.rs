@@ -342,6 +342,11 @@ fn be_u32(bytes: &[u8], what: &str) -> Result<u32, ReplicaError> {
     Ok(u32::from_be_bytes(bytes))
 }
 
+fn be_u64(bytes: &[u8], what: &str) -> Result<u64, ReplicaError> {
+    let bytes = bytes.try_into().map_err(|_| ReplicaError::Storage(format!("corrupt {what}")))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
 /// Refuses a store this release cannot read: one of a later format, or one of an
 /// earlier format — the first (a replica id without a format mark), whose shard
 /// images predate window buckets, or format 2, whose images predate the escrow
@@ -357,14 +362,22 @@ fn check_format(identity: &dyn KvTree) -> Result<(), ReplicaError> {
         REPLICA_FORMAT => return Ok(()),
         f if f > REPLICA_FORMAT => "it was written by a later release; run that release",
         _ => {
-            "it was written by an earlier release; start this node with an empty `replica` \
-             directory only while the other replicas of its ranges run this format and hold the data"
+            "it was written by an earlier release; start this node with an empty data directory \
+             (it rejoins as a new incarnation) only while the other replicas of its ranges run this \
+             format and hold the data"
         }
     };
     Err(ReplicaError::Format { found, known: REPLICA_FORMAT, reason })
 }
 
 impl RangeGroups {
+    /// The replica id `kv` names, if it holds one: `None` for a store that never held
+    /// a group (new, or emptied).
+    pub fn stored_replica_id(kv: &dyn KvStore) -> Result<Option<ReplicaId>, ReplicaError> {
+        let identity = kv.tree(IDENTITY_TREE)?;
+        identity.get(KEY_REPLICA_ID)?.map(|b| be_u64(&b, "replica id")).transpose()
+    }
+
     /// Opens the node's groups on `kv`. A store that names a replica id keeps it;
     /// an empty store takes `fresh_id`, which must never have been used by any
     /// store in the cluster (a node that lost its disk comes back as a new replica).
@@ -379,12 +392,7 @@ impl RangeGroups {
         let identity = kv.tree(IDENTITY_TREE)?;
         check_format(identity.as_ref())?;
         let id = match identity.get(KEY_REPLICA_ID)? {
-            Some(bytes) => u64::from_be_bytes(
-                bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| ReplicaError::Storage("corrupt replica id".into()))?,
-            ),
+            Some(bytes) => be_u64(&bytes, "replica id")?,
             None => {
                 identity.apply(vec![
                     (KEY_FORMAT.to_vec(), Some(REPLICA_FORMAT.to_be_bytes().to_vec())),
