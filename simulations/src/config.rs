@@ -215,9 +215,15 @@ impl SimConfig {
         Self { clients: 6, chaos_ms: 1_200, transitions: 2, ..Self::standard(seed, nodes, faults) }
     }
 
-    /// The same run with `replicas` copies of every shard (tier 2).
+    /// The same run with `replicas` copies of every shard (tier 2). Two copies are
+    /// refused by a cluster's config and by counters (a pair cannot replace a lost
+    /// disk), so two runs as three.
     pub fn replicated(self, replicas: u8) -> Self {
-        Self { replicas: replicas.clamp(1, REPLICAS_MAX), ..self }
+        let replicas = match replicas.clamp(1, REPLICAS_MAX) {
+            2 => 3,
+            r => r,
+        };
+        Self { replicas, ..self }
     }
 
     /// The same run on another tier.

@@ -513,6 +513,13 @@ pub struct ClusterNode {
 
 /// Pause between readiness checks, in milliseconds.
 pub const READY_POLL_MS: u64 = 200;
+/// How long after it starts a node waits for every one of its range groups to know
+/// a leader before it is ready anyway, in milliseconds. A range whose group cannot
+/// form (its majority is down, or cannot take this node's new replica) must not
+/// keep the node from serving every other range: requests for that range answer
+/// 503 as they would during a failover, and `GET /v1/cluster` shows it leaderless.
+/// Five failovers' worth (`FAILOVER_BOUND_MS`) leaves first elections time.
+pub const READY_GROUP_LEADERS_WAIT_MS: u64 = 5 * tally_replica::FAILOVER_BOUND_MS;
 
 /// Why accepting a node's data loss was refused.
 #[derive(Debug, thiserror::Error)]
@@ -540,6 +547,13 @@ pub enum MembershipError {
     /// The metadata group refused the change.
     #[error("{0}")]
     Refused(tally_raft::MemberRejection),
+    /// The change would leave range groups of two voters, which cannot replace a
+    /// lost disk.
+    #[error(
+        "two members cannot keep range groups that survive a lost disk (every majority of two needs \
+         both): keep three members or more, or stop before removing the third"
+    )]
+    TwoVoters,
     /// The metadata group could not be reached.
     #[error("metadata group unavailable: {0}")]
     Unavailable(String),
@@ -756,10 +770,13 @@ impl ClusterNode {
     async fn watch_ready(&self) {
         let mut caught_up_once = false;
         let mut groups_led_once = false;
+        let started = tokio::time::Instant::now();
+        let groups_wait = Duration::from_millis(READY_GROUP_LEADERS_WAIT_MS);
         loop {
             let r = self.raft.readiness().await;
             caught_up_once |= r.caught_up;
-            groups_led_once |= self.replication.as_ref().is_none_or(|g| g.every_group_has_a_leader());
+            groups_led_once |= self.replication.as_ref().is_none_or(|g| g.every_group_has_a_leader())
+                || started.elapsed() >= groups_wait;
             self.sync_data_lost();
             let peers = self.transport.peers();
             let sessions_up = r.reachable.iter().all(|raft_id| {
@@ -778,8 +795,10 @@ impl ClusterNode {
 
     /// Whether the node can serve: the metadata group has a leader, this node has
     /// applied what the leader had applied (once since it started), its store is
-    /// registered, and it has a node-to-node session with every peer whose raft
-    /// endpoint answers. Before that, requests may fail for reasons that clear by
+    /// registered, it has a node-to-node session with every peer whose raft
+    /// endpoint answers, and its range groups knew a leader (or
+    /// [`READY_GROUP_LEADERS_WAIT_MS`] passed: a range that cannot form does not
+    /// hold up the others). Before that, requests may fail for reasons that clear by
     /// themselves within a second or two (a remote shard whose session is not up
     /// yet answers 503), so `/healthz` answers 503 until it holds.
     pub fn ready(&self) -> bool {
@@ -917,6 +936,11 @@ impl ClusterNode {
                 if !self.config.members.iter().any(|c| c.id == *m) {
                     return Err(MembershipError::UnknownNode(m.clone()));
                 }
+            }
+            // Range groups of every replica class have `group_voters(class,
+            // members)` voters: two members make each group a pair.
+            if self.replication.is_some() && members.len() == 2 && previous.len() != 2 {
+                return Err(MembershipError::TwoVoters);
             }
             let request = Request::SetMembers {
                 from_epoch: current.placement_epoch,

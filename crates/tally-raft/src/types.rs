@@ -353,8 +353,8 @@ pub enum Rejection {
     /// `BoundedNeedsSync`, `BoundsFixed`), or a window limit that names a window not
     /// kept, comes with bounds, or would change (`LimitWindowNotKept`,
     /// `LimitWithBounds`, `LimitFixed`), a replica count that would change
-    /// (`ReplicasFixed`), or a resharding past the last generation
-    /// (`GenerationsExhausted`), with core's message.
+    /// (`ReplicasFixed`) or of two (`TwoCopies`), or a resharding past the last
+    /// generation (`GenerationsExhausted`), with core's message.
     #[error("{message}")]
     Frequency {
         /// tally-core's message.
@@ -416,6 +416,7 @@ impl From<MetaError> for Rejection {
                 | SpecError::LimitFixed { .. }
                 | SpecError::ReplicasFixed { .. }
                 | SpecError::Unreplicated { .. }
+                | SpecError::TwoCopies
                 | SpecError::GenerationsExhausted { .. }),
             ) => Rejection::Frequency { message: e.to_string() },
             // Auto bounds are resolved by the engine before any command is proposed,

@@ -233,6 +233,9 @@ impl Service for ClusterService {
             Err(MembershipError::Refused(e)) => {
                 Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_membership", e.to_string()))
             }
+            Err(e @ MembershipError::TwoVoters) => {
+                Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_membership", e.to_string()))
+            }
             Err(e @ MembershipError::Unavailable(_)) => {
                 Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable", e.to_string()))
             }

@@ -130,6 +130,18 @@ pub enum ConfigError {
         /// Longest allowed.
         max: usize,
     },
+    /// Range groups of two voters: they cannot replace a lost disk.
+    #[error(
+        "cluster.replicas = {replicas} on {members} initial members gives range groups of two voters, \
+         which cannot survive a lost disk (every majority of two needs both, so a replaced disk can \
+         never rejoin its ranges): use replicas = 3 on three or more members, or replicas = 1"
+    )]
+    TwoVoters {
+        /// The replica count asked for.
+        replicas: u8,
+        /// The initial members.
+        members: usize,
+    },
     /// A numeric field is outside its range.
     #[error("{field} must be between {min} and {max} (got {got})")]
     OutOfRange {
@@ -275,9 +287,10 @@ pub struct ClusterConfig {
     /// Longest raft election timeout, in milliseconds.
     #[serde(default = "default_raft_election_timeout_max_ms")]
     pub raft_election_timeout_max_ms: u64,
-    /// Copies of every shard (1–5); unset, `min(3, initial members)` (see
-    /// [`ClusterConfig::replicas`]). 1 keeps one copy, on the ring owner; more puts
-    /// each shard in a range group replicated on `min(replicas, members)` nodes,
+    /// Copies of every shard (1, 3, 4 or 5); unset, 3 with three initial members
+    /// or more and 1 below (see [`ClusterConfig::replicas`]). 1 keeps one copy, on
+    /// the ring owner; more puts each shard in a range group replicated on
+    /// `min(replicas, members)` nodes,
     /// whose leader serves it: a node's death or the loss of its disk loses nothing
     /// and shards stay available while a majority of each group is up. Fixed when
     /// the cluster first starts: a node refuses data kept the other way (one copy
@@ -847,13 +860,19 @@ impl ClusterConfig {
     }
 
     /// Copies of every shard: `replicas` as configured, or else
-    /// `min(REPLICAS_DEFAULT, initial members)` — three copies once the cluster
-    /// starts with three members, one on a single node. Only the list's initial
-    /// members count, so adding nodes later never changes it.
+    /// [`REPLICAS_DEFAULT`](tally_core::ranges::REPLICAS_DEFAULT) once the cluster
+    /// starts with that many members, and one copy below: two members cannot keep
+    /// range groups that survive a lost disk ([`ConfigError::TwoVoters`]). Only the
+    /// list's initial members count, so adding nodes later never changes it.
     pub fn replicas(&self) -> u8 {
         self.replicas.unwrap_or_else(|| {
-            let members = u8::try_from(self.initial_members()).unwrap_or(u8::MAX);
-            tally_core::ranges::REPLICAS_DEFAULT.min(members)
+            let members = self.initial_members();
+            let default = tally_core::ranges::REPLICAS_DEFAULT;
+            if members >= usize::from(default) {
+                default
+            } else {
+                1
+            }
         })
     }
 
@@ -879,6 +898,10 @@ impl ClusterConfig {
         range("cluster.vnodes_per_node", self.vnodes_per_node.into(), 1, vnodes_max.into())?;
         if let Some(replicas) = self.replicas {
             range("cluster.replicas", replicas.into(), 1, tally_core::ranges::REPLICAS_MAX.into())?;
+        }
+        let (replicas, members) = (self.replicas(), self.initial_members());
+        if replicas > 1 && tally_core::ranges::group_voters(replicas, members) == 2 || replicas == 2 {
+            return Err(ConfigError::TwoVoters { replicas, members });
         }
         let per_node_max = tally_core::ranges::RANGES_PER_NODE_MAX;
         range("cluster.ranges_per_node", self.ranges_per_node.into(), 1, per_node_max.into())?;
@@ -997,12 +1020,19 @@ mod tests {
     fn replicas_default_to_three_or_the_initial_members() {
         let mut c = good().cluster;
         assert_eq!(c.replicas, None);
-        assert_eq!(c.replicas(), 2, "two members: two copies");
+        assert_eq!(c.replicas(), 1, "two members: one copy (two voters cannot replace a lost disk)");
+        c.replicas = Some(3);
+        assert!(matches!(c.validate(), Err(ConfigError::TwoVoters { replicas: 3, members: 2 })));
+        c.replicas = None;
         let mut third = c.nodes[1].clone();
         (third.id, third.raft_id) = ("n3".into(), 3);
         third.http.set_port(7072);
         c.nodes.push(third.clone());
         assert_eq!(c.replicas(), 3);
+        c.replicas = Some(2);
+        let refused = c.validate().unwrap_err().to_string();
+        assert!(refused.contains("lost disk") && refused.contains("cluster.replicas = 2"), "{refused}");
+        c.replicas = None;
         for i in 4..=6u16 {
             let mut more = third.clone();
             (more.id, more.raft_id) = (format!("n{i}"), u64::from(i));
