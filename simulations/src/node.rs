@@ -984,7 +984,8 @@ impl Sim {
         }
         let mut answer = PullAnswer::new(after.clone());
         let owns = self.meta.owner(&shard) == n;
-        let mut effects: VecDeque<PullEffect> = answer.step(PullInput::Asked { owns }).into();
+        // Tier 1 loses no disk, so no node's shards are ever marked lost.
+        let mut effects: VecDeque<PullEffect> = answer.step(PullInput::Asked { owns, lost: false }).into();
         while let Some(effect) = effects.pop_front() {
             let next = match effect {
                 PullEffect::Refuse => return,

@@ -745,12 +745,15 @@ impl Ctx {
         self.seal_local(id, meta).await
     }
 
-    /// Seals the local actor of shard `id`.
+    /// Seals the local actor of shard `id`. Refused while this node's shards lack
+    /// values they had (a replaced disk, its loss not accepted): the sealed value
+    /// goes into the next generation's base, which no read checks again.
     pub(crate) async fn seal_local(
         &self,
         id: &ShardId,
         meta: &Arc<CounterMeta>,
     ) -> Result<tally_store::ShardImage, TallyError> {
+        self.lost.check(id)?;
         let actor = self.shard(id, meta).await?;
         let (tx, rx) = ractor::concurrency::oneshot();
         actor
