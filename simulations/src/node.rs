@@ -544,9 +544,10 @@ impl Sim {
             // Every drained sum carries an id and stays in the book until answered,
             // as in the engine; a remote one is in doubt at once (its answer may be
             // lost) and resent unchanged until answered.
+            let born = meta.created_at_ms;
             let sub = self.node(n).drains.open(
                 now,
-                &counter,
+                (&counter, born),
                 target,
                 shards,
                 (acc.sum, acc.increments, acc.members),
@@ -565,8 +566,13 @@ impl Sim {
         }
         let (resend, lost) = self.node(n).drains.due(now, None);
         assert!(lost.is_empty(), "a simulated drain stayed in doubt past the resend limit");
-        for (counter, sub) in resend {
-            self.route_submission(n, &counter, None, sub, SubmitCtx::RemoteDrain);
+        for (counter, born, sub) in resend {
+            // A sum of a counter since deleted is never resent to its namesake.
+            if self.meta.counters.get(&counter).is_some_and(|m| m.created_at_ms == born) {
+                self.route_submission(n, &counter, None, sub, SubmitCtx::RemoteDrain);
+            } else if let Some(id) = sub.drain_id() {
+                self.node(n).drains.close(id);
+            }
         }
     }
 

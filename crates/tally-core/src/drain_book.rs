@@ -37,6 +37,10 @@ pub const IN_DOUBT_RETRY_MS_MAX: u64 = DRAIN_DEDUP_WINDOW_MS / 2;
 pub struct OpenDrain {
     /// Its counter.
     pub counter: CounterName,
+    /// When the counter it was drained for was created (`CounterMeta::created_at_ms`):
+    /// its incarnation. A counter deleted and created again under the same name is
+    /// another one, and a sum of the first is never resent to the second.
+    pub born_ms: u64,
     /// The submission, with its drain id.
     pub sub: Submission,
     /// When it was first sent.
@@ -67,7 +71,7 @@ impl DrainBook {
     pub fn open(
         &mut self,
         now_ms: u64,
-        counter: &CounterName,
+        (counter, born_ms): (&CounterName, u64),
         index: u16,
         shards: u16,
         (sum, increments, members): (i64, u64, Vec<u64>),
@@ -81,6 +85,7 @@ impl DrainBook {
         let sub = Submission::Buffered { sum, increments, members, drain_id: Some(id.clone()) };
         let entry = OpenDrain {
             counter: counter.clone(),
+            born_ms,
             sub: sub.clone(),
             first_sent_ms: now_ms,
             in_doubt_since_ms: None,
@@ -103,13 +108,15 @@ impl DrainBook {
     }
 
     /// The sums to resend now (in doubt, last sent at least [`DRAIN_RESEND_MS`] ago),
-    /// optionally of one counter only — each is counted as sent now — and the sums
-    /// given up (in doubt past [`IN_DOUBT_RETRY_MS_MAX`]), which leave the book.
+    /// optionally of one counter only — each is counted as sent now, and comes with
+    /// its counter's incarnation (`born_ms`), which the resend must still find — and
+    /// the sums given up (in doubt past [`IN_DOUBT_RETRY_MS_MAX`]), which leave the
+    /// book.
     pub fn due(
         &mut self,
         now_ms: u64,
         only: Option<&CounterName>,
-    ) -> (Vec<(CounterName, Submission)>, Vec<OpenDrain>) {
+    ) -> (Vec<(CounterName, u64, Submission)>, Vec<OpenDrain>) {
         let given_up: Vec<String> = self
             .open
             .iter()
@@ -123,7 +130,7 @@ impl DrainBook {
             let Some(since) = d.in_doubt_since_ms else { continue };
             if since.saturating_add(DRAIN_RESEND_MS) <= now_ms && only.is_none_or(|c| &d.counter == c) {
                 d.in_doubt_since_ms = Some(now_ms);
-                resend.push((d.counter.clone(), d.sub.clone()));
+                resend.push((d.counter.clone(), d.born_ms, d.sub.clone()));
             }
         }
         (resend, lost)
@@ -160,8 +167,8 @@ mod tests {
     #[test]
     fn ids_route_to_their_shard_and_never_repeat() {
         let mut book = DrainBook::new("node1", 7);
-        let a = book.open(0, &name("c"), 3, 8, (5, 2, vec![]));
-        let b = book.open(0, &name("c"), 3, 8, (5, 2, vec![]));
+        let a = book.open(0, (&name("c"), 1), 3, 8, (5, 2, vec![]));
+        let b = book.open(0, (&name("c"), 1), 3, 8, (5, 2, vec![]));
         assert_ne!(id_of(&a), id_of(&b));
         assert!(id_of(&a).starts_with("~drain:node1:7:"));
         assert_eq!(shard_of_event(&id_of(&a), 8), 3);
@@ -169,20 +176,23 @@ mod tests {
             a,
             Submission::Buffered { sum: 5, increments: 2, members: vec![], drain_id: Some(id_of(&a)) }
         );
-        assert_ne!(id_of(&DrainBook::new("node1", 8).open(0, &name("c"), 3, 8, (1, 1, vec![]))), id_of(&a));
+        assert_ne!(
+            id_of(&DrainBook::new("node1", 8).open(0, (&name("c"), 1), 3, 8, (1, 1, vec![]))),
+            id_of(&a)
+        );
     }
 
     #[test]
     fn a_sum_in_flight_is_not_resent_until_it_is_in_doubt() {
         let mut book = DrainBook::new("n", 1);
-        let sub = book.open(1_000, &name("c"), 0, 1, (4, 4, vec![]));
+        let sub = book.open(1_000, (&name("c"), 1), 0, 1, (4, 4, vec![]));
         assert_eq!(book.due(1_000 + DRAIN_RESEND_MS * 10, None), (vec![], vec![]));
         assert_eq!((book.increments(), book.in_doubt_increments()), (4, 0));
         book.unanswered(&id_of(&sub), 2_000);
         assert_eq!(book.in_doubt_increments(), 4);
         assert_eq!(book.due(2_000 + DRAIN_RESEND_MS - 1, None), (vec![], vec![]));
         let (resend, lost) = book.due(2_000 + DRAIN_RESEND_MS, None);
-        assert_eq!((resend, lost), (vec![(name("c"), sub.clone())], vec![]));
+        assert_eq!((resend, lost), (vec![(name("c"), 1, sub.clone())], vec![]));
         assert_eq!(book.due(2_000 + DRAIN_RESEND_MS + 1, None), (vec![], vec![]), "just resent");
         assert!(book.close(&id_of(&sub)).is_some());
         assert_eq!(book.increments(), 0);
@@ -192,21 +202,32 @@ mod tests {
     #[test]
     fn resends_can_be_asked_for_one_counter() {
         let mut book = DrainBook::new("n", 1);
-        let a = book.open(0, &name("a"), 0, 1, (1, 1, vec![]));
-        let b = book.open(0, &name("b"), 0, 1, (2, 2, vec![]));
+        let a = book.open(0, (&name("a"), 1), 0, 1, (1, 1, vec![]));
+        let b = book.open(0, (&name("b"), 1), 0, 1, (2, 2, vec![]));
         book.unanswered(&id_of(&a), 0);
         book.unanswered(&id_of(&b), 0);
         assert_eq!(book.increments_of(&name("b")), 2);
         let (resend, _) = book.due(DRAIN_RESEND_MS, Some(&name("b")));
-        assert_eq!(resend, vec![(name("b"), b)]);
+        assert_eq!(resend, vec![(name("b"), 1, b)]);
         let (resend, _) = book.due(DRAIN_RESEND_MS, None);
-        assert_eq!(resend, vec![(name("a"), a)]);
+        assert_eq!(resend, vec![(name("a"), 1, a)]);
+    }
+
+    #[test]
+    fn a_resend_names_the_incarnation_its_sum_was_drained_for() {
+        let mut book = DrainBook::new("n", 1);
+        let old = book.open(0, (&name("c"), 1_000), 0, 1, (1, 1, vec![]));
+        let new = book.open(5, (&name("c"), 2_000), 0, 1, (2, 2, vec![]));
+        book.unanswered(&id_of(&old), 0);
+        book.unanswered(&id_of(&new), 5);
+        let (resend, _) = book.due(5 + DRAIN_RESEND_MS, None);
+        assert_eq!(resend, vec![(name("c"), 1_000, old), (name("c"), 2_000, new)]);
     }
 
     #[test]
     fn a_sum_in_doubt_past_the_limit_is_given_up_not_resent() {
         let mut book = DrainBook::new("n", 1);
-        let sub = book.open(1_000, &name("c"), 0, 1, (3, 3, vec![]));
+        let sub = book.open(1_000, (&name("c"), 1), 0, 1, (3, 3, vec![]));
         book.unanswered(&id_of(&sub), 1_000);
         let (resend, lost) = book.due(1_000 + IN_DOUBT_RETRY_MS_MAX, None);
         assert_eq!((resend.len(), lost.len()), (1, 0));

@@ -1110,7 +1110,7 @@ impl Ctx {
             // resent as it is, never merged into another sum.
             let sub = self.drains.lock().open(
                 now,
-                &target.name,
+                (&target.name, target.meta.created_at_ms),
                 index,
                 target.meta.layout.shards,
                 (d.sum, d.increments, d.members.clone()),
@@ -1170,21 +1170,22 @@ impl Ctx {
             );
         }
         futures::stream::iter(due)
-            .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |(name, sub)| async move {
-                if self.resend(&name, &sub).await {
+            .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |(name, born_ms, sub)| async move {
+                if self.resend(&name, born_ms, &sub).await {
                     self.drains.lock().close(sub.drain_id().unwrap_or_default());
                 }
             })
             .await;
     }
 
-    /// Resends one in-doubt sum; true once it is answered (or moot: its counter is
-    /// gone).
-    async fn resend(self: &Arc<Self>, name: &CounterName, sub: &Submission) -> bool {
+    /// Resends one in-doubt sum of the incarnation of `name` created at `born_ms`;
+    /// true once it is answered (or moot: that counter is gone, perhaps replaced by a
+    /// namesake, which never counts another counter's sums).
+    async fn resend(self: &Arc<Self>, name: &CounterName, born_ms: u64, sub: &Submission) -> bool {
         let Submission::Buffered { drain_id: Some(drain_id), increments, .. } = sub else { return true };
         let rt = match self.runtime(name.as_str(), false).await {
-            Ok(rt) => rt,
-            Err(TallyError::NotFound(_)) => {
+            Ok(rt) if rt.meta.created_at_ms == born_ms => rt,
+            Ok(_) | Err(TallyError::NotFound(_)) => {
                 tracing::warn!(counter = %name, "dropping a drained sum of a deleted counter");
                 return true;
             }
@@ -1238,14 +1239,53 @@ impl Ctx {
         Ok(())
     }
 
-    /// Deletes shard `id`'s data wherever it lives.
-    pub(crate) async fn delete_shard_anywhere(&self, id: &ShardId) -> Result<(), TallyError> {
+    /// Refuses to delete shard `id` for another node while this node's metadata
+    /// gives it to a live counter: for a deleted counter's cleanup (`prune_of` is
+    /// `None`), unless a tombstone here lists its generation; for a prune, unless
+    /// the live counter is the incarnation `prune_of` names and holds the generation
+    /// sealed. The sender's view may lag this node's (see [`ShardRequest::Delete`]);
+    /// a refusal is retried once the views agree.
+    pub(crate) fn check_deletable(&self, id: &ShardId, prune_of: Option<u64>) -> Result<(), TallyError> {
+        let Some(live) = self.catalog.get(id.counter.as_str())? else { return Ok(()) };
+        let layout = &live.layout;
+        let sealed = layout.sealed.iter().any(|g| g.generation == id.generation);
+        let allowed = match prune_of {
+            Some(born) => live.created_at_ms == born && sealed,
+            None => {
+                let claimed = sealed
+                    || id.generation == layout.generation
+                    || (layout.resharding.is_some() && id.generation == layout.generation + 1);
+                let listed = self.catalog.tombstone(id.counter.as_str())?.is_some_and(|t| {
+                    t.iter().any(|(word, shards)| *word == id.generation_word() && id.index < *shards)
+                });
+                !claimed || listed
+            }
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(unavailable(
+            id,
+            "this node's metadata gives the shard to a live counter: the deletion was decided on an older \
+             view, and is retried once the views agree",
+        ))
+    }
+
+    /// Deletes shard `id`'s data wherever it lives (`prune_of`: see
+    /// [`ShardRequest::Delete`]).
+    pub(crate) async fn delete_shard_anywhere(
+        &self,
+        id: &ShardId,
+        prune_of: Option<u64>,
+    ) -> Result<(), TallyError> {
         match self.remote(id) {
             None => self.delete_local(id).await,
-            Some((p, node)) => match p.call(&node, ShardRequest::Delete { id: id.clone() }).await? {
-                ShardResponse::Done => Ok(()),
-                other => Err(unexpected(&node, id, other)),
-            },
+            Some((p, node)) => {
+                match p.call(&node, ShardRequest::Delete { id: id.clone(), prune_of }).await? {
+                    ShardResponse::Done => Ok(()),
+                    other => Err(unexpected(&node, id, other)),
+                }
+            }
         }
     }
 
@@ -1256,7 +1296,7 @@ impl Ctx {
         // the counter's shards.
         for (word, shards) in generations {
             for index in 0..shards {
-                self.delete_shard_anywhere(&ShardId::from_word(name.clone(), word, index)).await?;
+                self.delete_shard_anywhere(&ShardId::from_word(name.clone(), word, index), None).await?;
             }
         }
         self.flusher.flush().await?;

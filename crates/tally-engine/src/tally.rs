@@ -755,7 +755,8 @@ impl Tally {
             ShardRequest::DedupGet { id, event_id } => {
                 Ok(ShardResponse::Record(ctx.dedup_get(&id, &event_id).await?))
             }
-            ShardRequest::Delete { id } => {
+            ShardRequest::Delete { id, prune_of } => {
+                ctx.check_deletable(&id, prune_of)?;
                 ctx.delete_local(&id).await?;
                 ctx.flusher.flush().await?;
                 Ok(ShardResponse::Done)

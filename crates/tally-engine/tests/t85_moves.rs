@@ -379,3 +379,35 @@ async fn a_hand_off_never_carries_a_lost_disk_into_a_complete_shard() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A node whose metadata lags may still hold a deleted counter's tombstone after
+/// the deletion was finished and a namesake created under the same shard ids: its
+/// cleanup then asks the owners to delete shards that belong to the namesake. An
+/// owner deletes nothing its own metadata gives to a live counter (it deletes what
+/// a tombstone there lists, or what nothing claims: t12 and the process tests
+/// delete counters for real).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_never_deletes_a_live_counters_shard_for_a_stale_cleanup() {
+    let c = Cluster::new(2);
+    let never = Arc::new(AtomicBool::new(false));
+    let a = c.open("a", HookStore::new(MemStore::new()), never.clone()).await;
+    let b = c.open("b", HookStore::new(MemStore::new()), never).await;
+    a.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    for i in 0..20 {
+        a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    let odd = ShardId::new(tally_core::CounterName::new("c").unwrap(), 0, 1);
+    let stale = ShardRequest::Delete { id: odd.clone(), prune_of: None };
+    let answer = b.serve_shard_request(stale).await;
+    assert!(matches!(answer, ShardResponse::Failed { .. }), "{answer:?}");
+    let r = a.read("c", Consistency::Fresh).await.unwrap();
+    assert_eq!((r.value, r.complete), (20, true), "{r:?}");
+    // A prune of a generation the live counter does not hold sealed is refused too.
+    let created = a.counter("c").await.unwrap().created_at_ms;
+    let prune = ShardRequest::Delete { id: odd, prune_of: Some(created) };
+    assert!(matches!(b.serve_shard_request(prune).await, ShardResponse::Failed { .. }));
+    let r = b.read("c", Consistency::Fresh).await.unwrap();
+    assert_eq!((r.value, r.complete), (20, true), "{r:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

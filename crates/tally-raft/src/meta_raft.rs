@@ -281,6 +281,10 @@ pub struct MetaRaft {
     identity: Identity,
     voters: BTreeMap<NodeId, String>,
     joining: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
+    /// This run's identity as a proposer, and the number of its last proposal
+    /// (see [`MetaRaft::write`]).
+    proposer: u128,
+    proposed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What one probe round of the peers found (see [`MetaRaft::readiness`]).
@@ -378,6 +382,8 @@ impl MetaRaft {
             serving: Arc::new(Mutex::new(Some(Serving { stop, task }))),
             identity,
             voters: cfg.voters.clone(),
+            proposer: StoreId::random().0,
+            proposed: Default::default(),
             joining: Default::default(),
         };
         // Ends once this node is in the group with its store registered; shutdown
@@ -584,13 +590,33 @@ impl MetaRaft {
     /// Proposes `req` and waits until it is applied, on any node: on a follower the
     /// request is forwarded to the leader (`POST /raft/client-write`). Elections and
     /// unreachable leaders are retried with backoff for up to the configured
-    /// operation timeout. A retried request may apply twice; every [`Request`] is
-    /// safe to apply twice (see [`RaftError::Timeout`]).
+    /// operation timeout. An attempt whose outcome is unknown (a local timeout, a
+    /// forwarded write whose answer was lost) may still commit, so `req` goes out as
+    /// a [`Request::Proposal`] under this run's proposer identity and a fresh
+    /// number, and every attempt carries the same one: the state machine applies it
+    /// once and answers the copies with the first answer. A resend the group had
+    /// forgotten is refused as [`RaftError::Timeout`] (its outcome unknown).
     ///
     /// When it returns, this node has applied the write too, so the local reads
     /// ([`MetaRaft::counter`], ...) see it — unless this node fell so far behind that
     /// catching up took longer than the operation timeout (logged as a warning).
     pub async fn write(&self, req: Request) -> Result<Response, RaftError> {
+        let seq = self.proposed.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = crate::types::ProposalId { proposer: self.proposer, seq };
+        let req = Request::Proposal { id, request: Box::new(req) };
+        let answer = self.propose(req).await?;
+        if answer == Response::Forgotten {
+            return Err(RaftError::Timeout {
+                waited_ms: self.operation_timeout.as_millis() as u64,
+                last: "the proposal was resent after the group had forgotten it: its outcome is unknown"
+                    .into(),
+            });
+        }
+        Ok(answer)
+    }
+
+    /// Applies `req` through the leader, retrying attempts whose outcome is unknown.
+    async fn propose(&self, req: Request) -> Result<Response, RaftError> {
         self.retrying(|deadline| {
             let req = req.clone();
             async move {

@@ -149,6 +149,29 @@ pub enum Request {
         /// The proposer's clock, in milliseconds since the Unix epoch.
         now_ms: u64,
     },
+    /// `request` under the identity its proposer gave it. A proposer that resends a
+    /// proposal whose outcome it does not know (a local timeout, a forwarded write
+    /// whose answer was lost) resends it under the same identity: the state machine
+    /// applies it once and answers every copy with the first answer
+    /// ([`crate::state::MetaState`]'s proposal book). Proposals written before the
+    /// book existed are the bare requests above.
+    Proposal {
+        /// Who proposed it, and its number among their proposals.
+        id: ProposalId,
+        /// What it asks.
+        request: Box<Request>,
+    },
+}
+
+/// The identity of one proposal: its proposer (one run of one node's metadata
+/// member: drawn at random when it starts, so no two runs share one) and its
+/// number among that proposer's proposals, counting from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ProposalId {
+    /// The proposer.
+    pub proposer: u128,
+    /// The proposal's number.
+    pub seq: u64,
 }
 
 /// What the metadata group knows of one raft node's data directory.
@@ -205,6 +228,11 @@ pub enum Response {
     /// The answer to [`Request::FormRange`]: the voters the range's group starts
     /// with, as first recorded.
     Formation(Vec<(u64, String)>),
+    /// A [`Request::Proposal`] resent after its proposer's book forgot it (more
+    /// than [`crate::state::PROPOSALS_REMEMBERED_MAX`] later proposals of the same
+    /// proposer were applied meanwhile): it may or may not have been applied before,
+    /// and it was not applied now.
+    Forgotten,
 }
 
 impl Response {

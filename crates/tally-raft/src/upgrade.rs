@@ -1,4 +1,4 @@
-//! Upgrading a raft database of format 1 to 6 to today's format, in place.
+//! Upgrading a raft database of format 1 to 7 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
 //! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
@@ -6,7 +6,9 @@
 //! format 3 (`tally_core::format::v4`: format 4 added bounds), and formats 4 and 5
 //! those of format 5 (`tally_core::format::v5`: format 6 added window limits), and
 //! format 6's those of format 6 (`tally_core::format::v6`: format 7 added counters'
-//! own replica counts).
+//! own replica counts). Format 7's snapshot state has no proposal book (format 8
+//! added it, and the request that carries a proposal's identity); its entries and
+//! counter records are read as they are.
 //! Format 4's snapshot state has no auto bounds either (format 5 added them, and two
 //! requests its entries may hold, [`RequestAuto`]). An upgrade decodes each with the
 //! frozen types, converts it and writes it back, together with the new format
@@ -179,6 +181,7 @@ struct MetaStateOld<M> {
 impl<M: Into<CounterMeta>> From<MetaStateOld<M>> for MetaState {
     fn from(v: MetaStateOld<M>) -> Self {
         MetaState {
+            proposals: BTreeMap::new(),
             counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
             tombstones: v.tombstones,
             members: v.members,
@@ -215,6 +218,7 @@ type MetaStateV5 = MetaStateAuto<CounterMetaV5>;
 impl<M: Into<CounterMeta>> From<MetaStateAuto<M>> for MetaState {
     fn from(v: MetaStateAuto<M>) -> Self {
         MetaState {
+            proposals: BTreeMap::new(),
             counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
             tombstones: v.tombstones,
             members: v.members,
@@ -226,6 +230,42 @@ impl<M: Into<CounterMeta>> From<MetaStateAuto<M>> for MetaState {
             auto: v.auto,
             classes: BTreeMap::new(),
             formations: BTreeMap::new(),
+        }
+    }
+}
+
+/// [`MetaState`] as format 7 stored it (inside snapshots): today's, without the
+/// proposal book, which format 8 added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MetaStateV7 {
+    counters: BTreeMap<CounterName, CounterMeta>,
+    tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
+    members: Vec<String>,
+    placement_epoch: u64,
+    previous: Vec<String>,
+    handoff: Vec<String>,
+    stores: BTreeMap<NodeId, StoreRecord>,
+    applied_requests: u64,
+    auto: BTreeMap<CounterName, AutoShards>,
+    classes: BTreeMap<u8, Vec<String>>,
+    formations: BTreeMap<u32, Vec<(u64, String)>>,
+}
+
+impl From<MetaStateV7> for MetaState {
+    fn from(v: MetaStateV7) -> Self {
+        MetaState {
+            counters: v.counters,
+            tombstones: v.tombstones,
+            members: v.members,
+            placement_epoch: v.placement_epoch,
+            previous: v.previous,
+            handoff: v.handoff,
+            stores: v.stores,
+            applied_requests: v.applied_requests,
+            auto: v.auto,
+            classes: v.classes,
+            formations: v.formations,
+            proposals: BTreeMap::new(),
         }
     }
 }
@@ -263,6 +303,17 @@ where
     let old: StoredSnapshot = decode(what.0, bytes)?;
     let state: S = decode(what.1, &old.data)?;
     Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&state.into()) }))
+}
+
+fn upgrade_snapshot_v7(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<MetaStateV7>(("format-7 snapshot", "format-7 snapshot state"), bytes)
+}
+
+/// A record format 8 reads as format 7 wrote it: format 8 only added requests and
+/// answers after the others (so format 7's entries decode as they are) and the
+/// proposal book to the state (so only snapshots change).
+fn unchanged(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    Ok(bytes.to_vec())
 }
 
 fn upgrade_entry_v1(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
@@ -445,6 +496,18 @@ pub(crate) fn from_v6(
         counter: &v6::upgrade_counter_meta,
         snapshot: &upgrade_snapshot_v6,
     };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites every format-7 record of `db` in today's format, as [`from_v1`] does:
+/// only its snapshot changes.
+pub(crate) fn from_v7(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites { entry: &unchanged, counter: &unchanged, snapshot: &upgrade_snapshot_v7 };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 

@@ -54,8 +54,11 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// format 6 added window limits, a `limit` in counter specs and spec patches (see
 /// [`v5`]); format 7 added a counter's own replica count, `replicas` in counter specs
 /// and spec patches (see [`v6`]), and tombstones name a deleted counter's generations
-/// by their words, which carry that count (a counter without one: the generation).
-pub const RAFT_STORE_FORMAT: u32 = 7;
+/// by their words, which carry that count (a counter without one: the generation);
+/// format 8 added the proposal book to the state and its snapshots, and a request
+/// (and an answer) after the others: a proposal under its proposer's identity,
+/// applied once however often it is resent.
+pub const RAFT_STORE_FORMAT: u32 = 8;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -78,15 +81,18 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// shard's failed answer names the shard's owner when the answering node knows it
 /// is another node. Protocol 11: counter specs carry the counter's own replica
 /// count (`replicas`), and a shard id's generation word its replica class.
-pub const PEER_PROTOCOL: u32 = 11;
+/// Protocol 12: a request to delete a shard says whether it prunes a sealed
+/// generation, and of which incarnation of its counter.
+pub const PEER_PROTOCOL: u32 = 12;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
 /// carry bounds (`min`, `max`) too. Protocol 5: snapshots carry counters' auto bounds,
 /// and entries may set them or reshard an auto counter. Protocol 6: counter specs and
 /// spec patches carry a window limit (`limit`). Protocol 7: they carry a replica
-/// count (`replicas`).
-pub const RAFT_PROTOCOL: u32 = 7;
+/// count (`replicas`). Protocol 8: entries may be proposals under their proposer's
+/// identity, snapshots carry the proposal book, and an answer may be `Forgotten`.
+pub const RAFT_PROTOCOL: u32 = 8;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;
