@@ -16,6 +16,14 @@
 //!   never resent, because the record of its id lives only [`DRAIN_DEDUP_WINDOW_MS`]
 //!   after it was applied and a later resend could count it twice.
 //!
+//! A drain id names its sender (node and incarnation), its number and, after `@`,
+//! the sender's clock when it was first sent: `~drain:{node}:{incarnation}:{seq}:
+//! {salt}@{sent_at_ms}`. A shard ages a sender's drain records against the newest
+//! first send of that sender it holds, so whether a record has lived its window is
+//! measured in the sender's clock alone, the clock that also decides when the sender
+//! stops resending: a shard whose leader's clock runs ahead of the sender's (after a
+//! failover, say) never forgets a record early ([`crate::sweep`]).
+//!
 //! The engine's aggregator and the simulator's both keep their drained sums here.
 
 use crate::router::shard_of_event;
@@ -31,6 +39,17 @@ pub const DRAIN_RESEND_MS: u64 = 40;
 /// ([`DRAIN_DEDUP_WINDOW_MS`] after the first attempt that applied it, which came after
 /// the first send); half of it leaves the other half for the resend itself to arrive.
 pub const IN_DOUBT_RETRY_MS_MAX: u64 = DRAIN_DEDUP_WINDOW_MS / 2;
+
+/// The sender (`~drain:{node}:{incarnation}`) and the sender's clock at its first
+/// send, of a drain id that names them; `None` for an id written before drain ids
+/// carried the time.
+pub fn drain_sender_and_time(id: &str) -> Option<(&str, u64)> {
+    let (rest, sent) = id.rsplit_once('@')?;
+    let sent_at_ms = sent.parse().ok()?;
+    let (rest, _salt) = rest.rsplit_once(':')?;
+    let (sender, _seq) = rest.rsplit_once(':')?;
+    sender.starts_with(DRAIN_ID_PREFIX).then_some((sender, sent_at_ms))
+}
 
 /// One drained sum not yet answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +98,7 @@ impl DrainBook {
         self.seq += 1;
         let base = format!("{}{}", self.prefix, self.seq);
         let id = (0u32..)
-            .map(|salt| format!("{base}:{salt}"))
+            .map(|salt| format!("{base}:{salt}@{now_ms}"))
             .find(|id| shard_of_event(id, shards) == index)
             .expect("some salt routes to every shard");
         let sub = Submission::Buffered { sum, increments, members, drain_id: Some(id.clone()) };
@@ -171,6 +190,8 @@ mod tests {
         let b = book.open(0, (&name("c"), 1), 3, 8, (5, 2, vec![]));
         assert_ne!(id_of(&a), id_of(&b));
         assert!(id_of(&a).starts_with("~drain:node1:7:"));
+        assert_eq!(drain_sender_and_time(&id_of(&a)), Some(("~drain:node1:7", 0)));
+        assert_eq!(drain_sender_and_time("~drain:n:1000.2:5:0"), None, "written before ids carried the time");
         assert_eq!(shard_of_event(&id_of(&a), 8), 3);
         assert_eq!(
             a,

@@ -265,13 +265,12 @@ pub fn decide(
     };
     for sub in batch {
         let outcome = match sub {
+            // A drain id never repeats, so a record found for one is always its
+            // earlier delivery, however old: only a sweep retires drain records, by
+            // the sender's clock (`crate::sweep`), never a look at this node's.
             Submission::Buffered { drain_id: Some(id), sum, .. }
-                if judge(
-                    created.get(id.as_str()).or_else(|| prior.get(id)),
-                    *sum,
-                    now_ms,
-                    DRAIN_DEDUP_WINDOW_MS,
-                ) != Verdict::Fresh =>
+                if judge(created.get(id.as_str()).or_else(|| prior.get(id)), *sum, now_ms, u64::MAX)
+                    != Verdict::Fresh =>
             {
                 // Delivered before and retried after a lost answer: counted once.
                 Outcome::Duplicate
@@ -502,6 +501,22 @@ mod tests {
         let d = decide(&mut s, &batch, &BTreeMap::new(), 0, W, &mut |_| Ok(()));
         assert!(d.sketch_changed);
         assert_eq!(s.sketch.as_ref().unwrap().estimate(), 2);
+    }
+
+    /// Fixed defect: a drain record found past its window by this node's clock
+    /// (one ahead of the clock that stamped it) was judged fresh, and the resent sum
+    /// counted twice. A drain id never repeats: a record found is its earlier
+    /// delivery, whatever its age.
+    #[test]
+    fn a_drain_found_is_a_duplicate_however_old_its_record_looks() {
+        let mut s = ShardState::default();
+        let id = "~drain:n1:5.1:1:0@0";
+        let prior = BTreeMap::from([(id.to_owned(), DedupRecord { delta: 4, applied_at_ms: 0 })]);
+        let batch =
+            [Submission::Buffered { sum: 4, increments: 4, members: vec![], drain_id: Some(id.into()) }];
+        let d = decide(&mut s, &batch, &prior, 10 * DRAIN_DEDUP_WINDOW_MS, W, &mut |_| Ok(()));
+        assert_eq!(d.outcomes, vec![Outcome::Duplicate]);
+        assert_eq!(d.value, 0);
     }
 
     #[test]
