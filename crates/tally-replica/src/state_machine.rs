@@ -221,8 +221,36 @@ fn parse_key(key: &[u8]) -> Option<(ShardId, &[u8])> {
     Some((ShardId::from_word(name, word, index), &rest[6..]))
 }
 
+/// The environment variable that lowers [`value_bytes_max`] in a test build of a
+/// node: a process test then reproduces a range past the limit with little data.
+pub const VALUE_BYTES_MAX_ENV: &str = "TALLY_TEST_REPLICA_VALUE_BYTES_MAX";
+
+/// Largest value, in bytes, the state machine decodes from its store:
+/// [`tally_core::codec::DECODE_BYTES_MAX`], or less if [`VALUE_BYTES_MAX_ENV`]
+/// says so when the process starts (it never raises the limit).
+pub fn value_bytes_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let lowered = std::env::var(VALUE_BYTES_MAX_ENV).ok().and_then(|v| v.trim().parse::<usize>().ok());
+        lowered.map_or(tally_core::codec::DECODE_BYTES_MAX, |l| l.min(tally_core::codec::DECODE_BYTES_MAX))
+    })
+}
+
+/// Decodes a value the state machine stored, refusing one over [`value_bytes_max`].
+fn decode_value<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, tally_core::codec::DecodeError> {
+    let max = value_bytes_max();
+    if bytes.len() > max {
+        let reason = format!("LimitExceeded: {} bytes, at most {max}", bytes.len());
+        return Err(tally_core::codec::DecodeError { what, reason });
+    }
+    tally_core::codec::decode(what, bytes)
+}
+
 fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
-    tally_core::codec::decode(what, bytes).map_err(|e| read_err(ErrorSubject::StateMachine, e))
+    decode_value(what, bytes).map_err(|e| read_err(ErrorSubject::StateMachine, e))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -476,7 +504,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             None => Ok(None),
             Some(bytes) => {
                 let s: StoredSnapshot =
-                    tally_core::codec::decode("range snapshot", &bytes).map_err(|e| read_err(subject, e))?;
+                    decode_value("range snapshot", &bytes).map_err(|e| read_err(subject, e))?;
                 Ok(Some(Snapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
             }
         }
