@@ -4,7 +4,7 @@ use crate::log_store::LogStore;
 use crate::network::{
     GroupNetworkFactory, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc,
 };
-use crate::state_machine::{Shared, StateMachine};
+use crate::state_machine::{Shared, StateError, StateMachine};
 use crate::storage::{KvError, KvStore, KvTree};
 use crate::types::{
     Batch, BatchReport, LogId, Raft, RangeConfig, ReplicaId, ReplicaNode, ShardEntry, StoredShard,
@@ -21,9 +21,6 @@ use std::time::Duration;
 use tally_core::dedup::DedupRecord;
 use tally_core::ranges::{RangeId, RangeLayout};
 use tally_core::ShardId;
-
-/// One shard's image and its dedup records, as a replica holds them.
-pub type ShardCopy = (StoredShard, BTreeMap<String, DedupRecord>);
 
 /// Leader heartbeat interval, in milliseconds.
 pub const HEARTBEAT_MS: u64 = 100;
@@ -204,6 +201,12 @@ impl From<KvError> for ReplicaError {
     }
 }
 
+impl From<StateError> for ReplicaError {
+    fn from(e: StateError) -> Self {
+        ReplicaError::Storage(e.to_string())
+    }
+}
+
 /// A write that a quorum holds durably.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteAck {
@@ -216,10 +219,9 @@ pub struct WriteAck {
 /// A shard as a leader read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardRead {
-    /// The shard's image (`None`: the range holds nothing for it).
+    /// The shard's image (`None`: the range holds nothing for it). Its dedup
+    /// records stay in the store: [`RangeGroups::dedup_get`] reads one.
     pub shard: Option<StoredShard>,
-    /// Its dedup records.
-    pub dedup: BTreeMap<String, DedupRecord>,
     /// The leader's log position the read reflects.
     pub read_at: Option<LogId>,
 }
@@ -672,14 +674,14 @@ impl RangeGroups {
     pub async fn read_fresh(&self, range: RangeId, shard: &ShardId) -> Result<ShardRead, ReplicaError> {
         let g = self.group(range)?;
         let read_at = self.linearize(range, &g).await?;
-        let (shard, dedup) = g.shared.shard(shard).map_or((None, BTreeMap::new()), |(s, d)| (Some(s), d));
-        Ok(ShardRead { shard, dedup, read_at })
+        Ok(ShardRead { shard: g.shared.shard(shard)?, read_at })
     }
 
     /// What this replica has applied of `range`, without asking anyone (may be
-    /// behind the leader).
+    /// behind the leader): a copy of the whole range in memory, for tests and
+    /// tools.
     pub fn read_local(&self, range: RangeId) -> Result<crate::state_machine::RangeState, ReplicaError> {
-        Ok(self.group(range)?.shared.state())
+        Ok(self.group(range)?.shared.state()?)
     }
 
     /// The leader of `range` as this replica knows it.
@@ -769,24 +771,43 @@ impl RangeGroups {
         self.linearize(range, &g).await.map(|_| ())
     }
 
-    /// One shard and its dedup records as applied here (`None`: never written).
-    pub fn shard(&self, range: RangeId, shard: &ShardId) -> Result<Option<ShardCopy>, ReplicaError> {
-        Ok(self.group(range)?.shared.shard(shard))
+    /// One shard's image as applied here (`None`: never written), read from the
+    /// store (its dedup records stay there).
+    pub fn shard(&self, range: RangeId, shard: &ShardId) -> Result<Option<StoredShard>, ReplicaError> {
+        Ok(self.group(range)?.shared.shard(shard)?)
     }
 
-    /// Applies `f` to one shard's dedup records as applied here, without copying them.
-    pub fn with_dedup<T>(
+    /// One dedup record of a shard as applied here.
+    pub fn dedup_get(
         &self,
         range: RangeId,
         shard: &ShardId,
-        f: impl FnOnce(Option<&BTreeMap<String, DedupRecord>>) -> T,
-    ) -> Result<T, ReplicaError> {
-        Ok(self.group(range)?.shared.with_dedup(shard, f))
+        event_id: &str,
+    ) -> Result<Option<DedupRecord>, ReplicaError> {
+        Ok(self.group(range)?.shared.dedup_get(shard, event_id)?)
     }
 
-    /// The ids of the shards of `range` as applied here.
-    pub fn shard_ids(&self, range: RangeId) -> Result<Vec<ShardId>, ReplicaError> {
-        Ok(self.group(range)?.shared.shard_ids())
+    /// Up to `limit` dedup records of a shard as applied here, in event-id order,
+    /// after `after`.
+    pub fn dedup_scan(
+        &self,
+        range: RangeId,
+        shard: &ShardId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, DedupRecord)>, ReplicaError> {
+        Ok(self.group(range)?.shared.dedup_scan(shard, after, limit)?)
+    }
+
+    /// Up to `limit` ids of the shards of `range` as applied here, in the store's
+    /// key order, after `after`.
+    pub fn shard_ids(
+        &self,
+        range: RangeId,
+        after: Option<&ShardId>,
+        limit: usize,
+    ) -> Result<Vec<ShardId>, ReplicaError> {
+        Ok(self.group(range)?.shared.shard_ids(after, limit)?)
     }
 
     /// The range layout the groups are cut by.

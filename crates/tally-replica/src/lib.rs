@@ -66,6 +66,7 @@ pub mod log_store;
 pub mod network;
 pub mod replication;
 pub mod runtime;
+pub mod snapshot;
 pub mod state_machine;
 pub mod storage;
 pub mod store;

@@ -15,16 +15,24 @@
 
 use crate::types::{RangeConfig, ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    Fatal, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed,
+    StreamingError, Unreachable,
+};
 use openraft::network::RPCOption;
+use openraft::raft::SnapshotResponse;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{RaftNetwork, RaftNetworkFactory};
+use openraft::{
+    AnyError, ErrorSubject, ErrorVerb, OptionalSend, RaftNetwork, RaftNetworkFactory, Snapshot, StorageError,
+    StorageIOError, Vote,
+};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tally_core::ranges::RangeId;
@@ -171,13 +179,32 @@ pub struct GroupNetwork {
     factory: GroupNetworkFactory,
     target: ReplicaId,
     node: ReplicaNode,
+    /// Where the last snapshot sent to the target stopped, if it did not finish:
+    /// the next attempt at the same snapshot resumes there.
+    resume: Option<Resume>,
 }
+
+/// The point a snapshot stream reached: its id, the byte offset and the last key
+/// of the frames the receiver acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Resume {
+    snapshot_id: String,
+    offset: u64,
+    after: Option<Vec<u8>>,
+}
+
+/// Consecutive failed attempts at one snapshot frame before the stream gives up
+/// (openraft tries again later, and the stream resumes from the last frame
+/// received).
+pub const SNAPSHOT_FRAME_ATTEMPTS_MAX: u32 = 5;
+/// Pause before a snapshot frame is sent again, in milliseconds.
+pub const SNAPSHOT_FRAME_RETRY_MS: u64 = 100;
 
 impl RaftNetworkFactory<RangeConfig> for GroupNetworkFactory {
     type Network = GroupNetwork;
 
     async fn new_client(&mut self, target: ReplicaId, node: &ReplicaNode) -> GroupNetwork {
-        GroupNetwork { factory: self.clone(), target, node: node.clone() }
+        GroupNetwork { factory: self.clone(), target, node: node.clone(), resume: None }
     }
 }
 
@@ -241,6 +268,99 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
         match self.send(RangeRpc::Vote(rpc), &option).await.map_err(|e| self.net_err(e))? {
             RangeReply::Vote(r) => self.remote(r),
             _ => Err(self.net_err(NetError::Mismatch(self.target))),
+        }
+    }
+
+    /// Streams the snapshot frame by frame ([`crate::snapshot`]): each frame is
+    /// one `install_snapshot` call at the stream's byte offset, sent again after a
+    /// failure; a stream that gives up is resumed from its last acknowledged frame
+    /// by the next attempt at the same snapshot, and one the receiver lost track
+    /// of (it restarted) starts over.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote<ReplicaId>,
+        snapshot: Snapshot<RangeConfig>,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<ReplicaId>, StreamingError<RangeConfig, Fatal<ReplicaId>>> {
+        let Snapshot { meta, snapshot } = snapshot;
+        let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
+        let Some(source) = snapshot.into_source() else {
+            let e = std::io::Error::other("a snapshot to send must be read from a state tree");
+            return Err(StorageError::from(StorageIOError::new(
+                subject(),
+                ErrorVerb::Read,
+                AnyError::new(&e),
+            ))
+            .into());
+        };
+        let chunk = option.snapshot_chunk_size().unwrap_or(crate::groups::SNAPSHOT_CHUNK_BYTES as usize);
+        let mut at = match self.resume.take() {
+            Some(r) if r.snapshot_id == meta.snapshot_id => r,
+            _ => Resume { snapshot_id: meta.snapshot_id.clone(), offset: 0, after: None },
+        };
+        let mut cancel = std::pin::pin!(cancel);
+        'stream: loop {
+            let frame = source.frame(at.after.clone(), chunk).map_err(|e| {
+                StorageError::from(StorageIOError::new(subject(), ErrorVerb::Read, AnyError::new(&e)))
+            })?;
+            let (last, end) = (frame.last, frame.end());
+            let data = frame.to_bytes();
+            let len = data.len() as u64;
+            let req = InstallSnapshotRequest {
+                vote: vote.clone(),
+                meta: meta.clone(),
+                offset: at.offset,
+                data,
+                done: last,
+            };
+            let mut failures = 0;
+            let resp = loop {
+                if let Some(closed) = futures::FutureExt::now_or_never(cancel.as_mut()) {
+                    self.resume = Some(at);
+                    return Err(closed.into());
+                }
+                let err = match self.install_snapshot(req.clone(), option.clone()).await {
+                    Ok(resp) => break resp,
+                    Err(RPCError::RemoteError(RemoteError {
+                        source: RaftError::APIError(InstallSnapshotError::SnapshotMismatch(_)),
+                        ..
+                    })) if at.offset > 0 => {
+                        // The receiver lost the stream (it restarted): start over.
+                        tracing::info!(range = %self.factory.range, target = self.target, "snapshot stream starts over");
+                        (at.offset, at.after) = (0, None);
+                        continue 'stream;
+                    }
+                    Err(RPCError::RemoteError(e)) => match e.source {
+                        RaftError::Fatal(f) => {
+                            return Err(RemoteError {
+                                target: e.target,
+                                target_node: e.target_node,
+                                source: f,
+                            }
+                            .into())
+                        }
+                        RaftError::APIError(api) => {
+                            return Err(NetworkError::new(&api).into());
+                        }
+                    },
+                    Err(RPCError::PayloadTooLarge(e)) => return Err(NetworkError::new(&e).into()),
+                    Err(RPCError::Timeout(e)) => StreamingError::Timeout(e),
+                    Err(RPCError::Unreachable(e)) => StreamingError::Unreachable(e),
+                    Err(RPCError::Network(e)) => StreamingError::Network(e),
+                };
+                failures += 1;
+                if failures >= SNAPSHOT_FRAME_ATTEMPTS_MAX {
+                    self.resume = Some(at);
+                    return Err(err);
+                }
+                tokio::time::sleep(Duration::from_millis(SNAPSHOT_FRAME_RETRY_MS)).await;
+            };
+            if resp.vote > vote || last {
+                return Ok(SnapshotResponse::new(resp.vote));
+            }
+            at.offset += len;
+            at.after = end;
         }
     }
 

@@ -21,7 +21,7 @@
 use crate::groups::RangeGroups;
 use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX};
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use tally_core::dedup::DedupRecord;
@@ -75,20 +75,10 @@ impl RangeStore {
         }
     }
 
+    /// The shard's image as its range holds it here: its dedup records stay in
+    /// the store, read one by one ([`Store::dedup_get`]) or a page at a time.
     fn stored(&self, op: &'static str, id: &ShardId) -> Result<Option<StoredShard>, StoreError> {
-        match self.groups.shard(self.range(id), id) {
-            Ok(s) => Ok(s.map(|(s, _)| s)),
-            Err(e) => Err(unavailable(op, e)),
-        }
-    }
-
-    fn dedup<T>(
-        &self,
-        op: &'static str,
-        id: &ShardId,
-        f: impl FnOnce(Option<&std::collections::BTreeMap<String, DedupRecord>>) -> T,
-    ) -> Result<T, StoreError> {
-        self.groups.with_dedup(self.range(id), id, f).map_err(|e| unavailable(op, e))
+        self.groups.shard(self.range(id), id).map_err(|e| unavailable(op, e))
     }
 
     /// Replicates one entry that is not a writer's commit (a seal, an unseal, a
@@ -196,7 +186,7 @@ impl Store for RangeStore {
     }
 
     fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
-        self.dedup("dedup_get", id, |d| d.and_then(|d| d.get(event_id).copied()))
+        self.groups.dedup_get(self.range(id), id, event_id).map_err(|e| unavailable("dedup_get", e))
     }
 
     fn dedup_scan(
@@ -205,23 +195,24 @@ impl Store for RangeStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, DedupRecord)>, StoreError> {
-        use std::ops::Bound;
-        self.dedup("dedup_scan", id, |d| {
-            let Some(d) = d else { return Vec::new() };
-            let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.to_owned()));
-            d.range::<String, _>((from, Bound::Unbounded)).take(limit).map(|(k, r)| (k.clone(), *r)).collect()
-        })
+        self.groups.dedup_scan(self.range(id), id, after, limit).map_err(|e| unavailable("dedup_scan", e))
     }
 
-    /// The shards of the ranges this node leads, in shard order.
+    /// The shards of the ranges this node leads: range by range in range order,
+    /// each range's in its store's key order (a page resumes in the range of the
+    /// last id it returned).
     fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError> {
-        let mut ids = BTreeSet::new();
+        let from = after.map(|a| self.range(a));
+        let mut ids = Vec::new();
         for range in self.groups.ranges() {
-            if self.groups.leads(range) {
-                ids.extend(self.groups.shard_ids(range).map_err(|e| unavailable("shard_ids", e))?);
+            if ids.len() >= limit || from.is_some_and(|f| range < f) || !self.groups.leads(range) {
+                continue;
             }
+            let resume = after.filter(|_| from == Some(range));
+            let page = self.groups.shard_ids(range, resume, limit - ids.len());
+            ids.extend(page.map_err(|e| unavailable("shard_ids", e))?);
         }
-        Ok(ids.into_iter().filter(|id| after.is_none_or(|a| id > a)).take(limit).collect())
+        Ok(ids)
     }
 
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {

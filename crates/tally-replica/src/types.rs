@@ -2,21 +2,20 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::Cursor;
 use tally_core::ranges::RangeId;
 use tally_core::shard::ShardWrite;
 use tally_core::ShardId;
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of a range group: `u64` replica ids (one per
-    /// store incarnation of a node), [`ReplicaNode`] naming the node, snapshots held
-    /// in memory as bytes.
+    /// store incarnation of a node), [`ReplicaNode`] naming the node, snapshots
+    /// streamed from and into the store in frames ([`crate::snapshot`]).
     pub RangeConfig:
         D = Batch,
         R = BatchReport,
         NodeId = ReplicaId,
         Node = ReplicaNode,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = crate::snapshot::RangeSnapshot,
         AsyncRuntime = crate::runtime::RangeRuntime,
 );
 

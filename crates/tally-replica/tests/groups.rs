@@ -466,7 +466,8 @@ async fn replayed_and_older_images_keep_the_newest_and_followers_redirect() {
     let read = leader.read_fresh(range, &shard).await.unwrap();
     let stored = read.shard.unwrap();
     assert_eq!((stored.seq, stored.image.value), (7, 70));
-    assert!(read.dedup.contains_key("ev-7") && !read.dedup.contains_key("ev-6"));
+    assert!(leader.dedup_get(range, &shard, "ev-7").unwrap().is_some());
+    assert!(leader.dedup_get(range, &shard, "ev-6").unwrap().is_none());
 
     let follower = (l + 1) % 3;
     match c.node(follower).write(range, vec![entry(&shard, 8, 80)]).await {
