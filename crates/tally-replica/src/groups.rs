@@ -60,7 +60,10 @@ pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
 pub const LOGS_KEPT_BEHIND_SNAPSHOT: u64 = 1_000;
 /// Longest time one snapshot chunk may take, in milliseconds.
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
-/// Bytes per snapshot chunk.
+/// Bytes of keys and values per snapshot frame (one `install_snapshot` call): a
+/// frame is read, sent, staged and acknowledged before the next, so this bounds
+/// what a snapshot holds in memory on either side, and one lost frame costs one
+/// resend of this much.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
 /// Most groups one node runs: every range of the largest layout, in every replica
 /// class.
@@ -99,6 +102,9 @@ pub struct GroupsConfig {
     pub write_timeout_ms: u64,
     /// Fresh-read timeout, in milliseconds.
     pub read_timeout_ms: u64,
+    /// Bytes of pairs per snapshot frame (tests and simulations use small ones,
+    /// so that a snapshot takes many frames).
+    pub snapshot_chunk_bytes: u64,
 }
 
 impl Default for GroupsConfig {
@@ -111,6 +117,7 @@ impl Default for GroupsConfig {
             logs_kept: LOGS_KEPT_BEHIND_SNAPSHOT,
             write_timeout_ms: WRITE_TIMEOUT_MS,
             read_timeout_ms: READ_TIMEOUT_MS,
+            snapshot_chunk_bytes: SNAPSHOT_CHUNK_BYTES,
         }
     }
 }
@@ -445,7 +452,7 @@ impl RangeGroups {
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(c.snapshot_logs_since_last),
             max_in_snapshot_log_to_keep: c.logs_kept,
-            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            snapshot_max_chunk_size: c.snapshot_chunk_bytes,
             ..Default::default()
         };
         Ok(Arc::new(config.validate().map_err(fatal)?))

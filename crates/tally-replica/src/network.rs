@@ -379,6 +379,12 @@ struct RouterState {
     isolated: BTreeSet<ReplicaId>,
     /// Whether messages and answers travel as bytes.
     encode: bool,
+    /// Snapshot frames sent so far (numbered from 0 in the order sent).
+    snapshot_frames: u64,
+    /// Numbers of the snapshot frames whose message is lost on the way.
+    lost_frames: BTreeSet<u64>,
+    /// Numbers of the snapshot frames delivered whose answer is lost.
+    lost_frame_answers: BTreeSet<u64>,
 }
 
 impl RouterState {
@@ -435,6 +441,24 @@ impl MemRouter {
         self.state.lock().encode = on;
     }
 
+    /// Loses the messages of the snapshot frames numbered `frames` (counted from 0
+    /// over every frame this router carries), and the answers to `answers` once
+    /// delivered: the sender sees a timeout either way.
+    pub fn lose_snapshot_frames(
+        &self,
+        frames: impl IntoIterator<Item = u64>,
+        answers: impl IntoIterator<Item = u64>,
+    ) {
+        let mut s = self.state.lock();
+        s.lost_frames.extend(frames);
+        s.lost_frame_answers.extend(answers);
+    }
+
+    /// How many snapshot frames this router carried or lost.
+    pub fn snapshot_frames(&self) -> u64 {
+        self.state.lock().snapshot_frames
+    }
+
     /// Restores every cut link and isolated replica.
     pub fn heal_all(&self) {
         let mut s = self.state.lock();
@@ -454,12 +478,21 @@ impl RangeNetwork for MemRouter {
             let (from, to) = (envelope.from, envelope.to);
             let latency = Duration::from_millis(MEM_LINK_LATENCY_MS);
             tokio::time::sleep(latency).await;
-            let (target, encode) = {
-                let s = state.lock();
+            let (target, encode, lose_answer) = {
+                let mut s = state.lock();
                 if !s.linked(from, to) {
                     return Err(NetError::Unreachable(to));
                 }
-                (s.nodes.get(&to).and_then(Weak::upgrade), s.encode)
+                let mut lose_answer = false;
+                if matches!(envelope.rpc, RangeRpc::Snapshot(_)) {
+                    let n = s.snapshot_frames;
+                    s.snapshot_frames += 1;
+                    if s.lost_frames.contains(&n) {
+                        return Err(NetError::Timeout(to));
+                    }
+                    lose_answer = s.lost_frame_answers.contains(&n);
+                }
+                (s.nodes.get(&to).and_then(Weak::upgrade), s.encode, lose_answer)
             };
             let target = target.ok_or(NetError::Unreachable(to))?;
             let reply = if encode {
@@ -473,6 +506,9 @@ impl RangeNetwork for MemRouter {
             let s = state.lock();
             if !s.linked(from, to) || !s.nodes.contains_key(&to) {
                 return Err(NetError::Unreachable(to));
+            }
+            if lose_answer {
+                return Err(NetError::Timeout(to));
             }
             reply
         })

@@ -882,4 +882,110 @@ mod tests {
             }
         }
     }
+
+    /// Entries of a range's life: four shards, images whose sequences go up (and
+    /// some stale ones), records put and removed, and now and then a deletion
+    /// that clears a shard's records.
+    fn history(range: RangeId, entries: u64) -> Vec<Entry> {
+        (1..=entries)
+            .map(|index| {
+                let images = (0..4u16)
+                    .map(|i| {
+                        let seq = index * 2 + u64::from(i % 2);
+                        let put = [format!("e{index}-{i}"), format!("f{index}-{i}")];
+                        let gone = format!("e{}-{i}", index.saturating_sub(3));
+                        let puts: Vec<&str> = put.iter().map(String::as_str).collect();
+                        let mut e = image(i, seq, seq as i64, &puts, &[gone.as_str()]);
+                        e.clear = index % 7 == 0 && i == 1;
+                        if index % 5 == 0 && i == 2 {
+                            e.seq = 1; // stale: refused
+                        }
+                        e
+                    })
+                    .collect();
+                Entry {
+                    log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+                    payload: EntryPayload::Normal(Batch { range, images }),
+                }
+            })
+            .collect()
+    }
+
+    /// The state machine's stored state equals the model's after the same
+    /// entries, deletions included.
+    #[test]
+    fn the_stored_state_is_the_models() {
+        let range = RangeId(1);
+        let mut sm = StateMachine::open(range, Arc::new(MemKv::new()), "r1/").unwrap();
+        let mut model = RangeState::default();
+        for e in history(range, 30) {
+            if let EntryPayload::Normal(b) = &e.payload {
+                for i in &b.images {
+                    model.apply(i);
+                }
+            }
+            futures::executor::block_on(sm.apply([e])).unwrap();
+        }
+        assert_eq!(sm.shared().state().unwrap(), model);
+        let s = shard(3);
+        let first = sm.shared().dedup_scan(&s, None, 2).unwrap();
+        assert_eq!(first.len(), 2);
+        let rest = sm.shared().dedup_scan(&s, Some(&first[1].0), usize::MAX).unwrap();
+        let all: Vec<String> = first.iter().chain(&rest).map(|(id, _)| id.clone()).collect();
+        assert_eq!(all, model.dedup[&s].keys().cloned().collect::<Vec<_>>());
+        assert_eq!(sm.shared().dedup_get(&s, &all[0]).unwrap(), Some(model.dedup[&s][&all[0]]));
+        assert_eq!(sm.shared().shard_ids(None, 10).unwrap().len(), 4);
+    }
+
+    /// A snapshot streamed from a tree that keeps applying entries between its
+    /// frames, with a frame sent twice and the stream resumed from an earlier
+    /// frame, installed as the state at its log id and followed by the log after
+    /// it, ends in exactly the sender's state (the fuzzy snapshot of
+    /// `crate::snapshot`), in sled as in memory.
+    #[test]
+    fn a_fuzzy_snapshot_followed_by_the_log_after_it_is_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let range = RangeId(2);
+        let entries = history(range, 40);
+        for kv in [Arc::new(MemKv::new()) as Arc<dyn KvStore>, Arc::new(SledKv::open(dir.path()).unwrap())] {
+            let mut a = StateMachine::open(range, Arc::new(MemKv::new()), "a/").unwrap();
+            futures::executor::block_on(a.apply(entries[..15].to_vec())).unwrap();
+            let snapshot = futures::executor::block_on(a.build_snapshot()).unwrap();
+            let meta = snapshot.meta.clone();
+            let source = snapshot.snapshot.into_source().unwrap();
+            let mut b = StateMachine::open(range, kv, "b/").unwrap();
+            let mut sink =
+                futures::executor::block_on(b.begin_receiving_snapshot()).unwrap().into_sink().unwrap();
+            let (mut after, mut next, mut frames) = (None, 15, Vec::new());
+            loop {
+                let mut frame = source.frame(after.clone(), 48).unwrap();
+                frames.push(frame.clone());
+                sink.stage(frame.clone()).unwrap();
+                if frames.len() == 3 {
+                    sink.stage(frame.clone()).unwrap(); // its answer was lost
+                }
+                if frames.len() == 6 {
+                    // Resumed from frame 4: a new read of what follows it.
+                    frame = source.frame(frames[3].end(), 48).unwrap();
+                    sink.stage(frame.clone()).unwrap();
+                }
+                if next < entries.len() {
+                    futures::executor::block_on(a.apply([entries[next].clone()])).unwrap();
+                    next += 1;
+                }
+                if frame.last {
+                    break;
+                }
+                after = frame.end();
+            }
+            assert!(frames.len() > 10, "{} frames", frames.len());
+            futures::executor::block_on(a.apply(entries[next..].to_vec())).unwrap();
+            let sink = RangeSnapshot(Side::Sink(sink));
+            futures::executor::block_on(b.install_snapshot(&meta, Box::new(sink))).unwrap();
+            assert_eq!(b.shared().last_applied(), meta.last_log_id);
+            futures::executor::block_on(b.apply(entries[15..].to_vec())).unwrap();
+            assert_eq!(b.shared().state().unwrap(), a.shared().state().unwrap());
+            assert_eq!(b.shared().last_applied(), a.shared().last_applied());
+        }
+    }
 }

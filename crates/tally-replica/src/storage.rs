@@ -685,6 +685,8 @@ mod tests {
         Apply(Vec<(u8, Option<u8>)>),
         InOrder(Vec<(u8, Option<u8>)>),
         Scan(u8, u8),
+        Page(u8, u8, usize, usize),
+        Drop,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -693,6 +695,8 @@ mod tests {
             proptest::collection::vec((0u8..16, proptest::option::of(any::<u8>())), 0..6)
                 .prop_map(Op::InOrder),
             (0u8..18, 0u8..18).prop_map(|(a, b)| Op::Scan(a, b)),
+            (0u8..18, 0u8..18, 0usize..5, 0usize..12).prop_map(|(a, b, n, bytes)| Op::Page(a, b, n, bytes)),
+            Just(Op::Drop),
         ]
     }
 
@@ -711,8 +715,16 @@ mod tests {
             let sled = SledKv::new(sled::open(dir.path()).unwrap());
             let mem = MemKv::new();
             let trees = |s: &dyn KvStore| [s.tree("a").unwrap(), s.tree("b").unwrap()];
-            let (st, mt) = (trees(&sled), trees(&mem));
+            let (mut st, mut mt) = (trees(&sled), trees(&mem));
             for (which, op) in ops {
+                if let Op::Drop = op {
+                    // The tree is gone with its keys, and opens again empty.
+                    let name = ["a", "b"][usize::from(which)];
+                    prop_assert_eq!(sled.drop_tree(name).unwrap(), mem.drop_tree(name).unwrap());
+                    st[usize::from(which)] = sled.tree(name).unwrap();
+                    mt[usize::from(which)] = mem.tree(name).unwrap();
+                    continue;
+                }
                 let (s, m) = (&st[usize::from(which)], &mt[usize::from(which)]);
                 match op {
                     Op::Apply(writes) => {
@@ -731,6 +743,18 @@ mod tests {
                         let (m1, m2) = range();
                         prop_assert_eq!(s.scan(r1, r2).unwrap(), m.scan(m1, m2).unwrap());
                     }
+                    Op::Page(a, b, n, bytes) => {
+                        let range = || (Bound::Excluded(key(a)), Bound::Included(key(b)));
+                        let (r1, r2) = range();
+                        let page = s.scan_page(r1, r2, n, bytes).unwrap();
+                        let (m1, m2) = range();
+                        prop_assert_eq!(&page, &m.scan_page(m1, m2, n, bytes).unwrap());
+                        prop_assert!(page.len() <= n);
+                        let size: usize = page.iter().map(|(k, v)| k.len() + v.len()).sum();
+                        let last = page.last().map_or(0, |(k, v)| k.len() + v.len());
+                        prop_assert!(page.len() <= 1 || size - last < bytes, "a page stops once full");
+                    }
+                    Op::Drop => unreachable!("handled above"),
                 }
                 prop_assert_eq!(s.last().unwrap(), m.last().unwrap());
                 prop_assert_eq!(scan_prefix(&**s, b"k").unwrap(), scan_prefix(&**m, b"k").unwrap());

@@ -332,6 +332,47 @@ async fn an_isolated_leader_acknowledges_nothing() {
     assert_eq!(local.shards[&shard].seq, 2);
 }
 
+/// An emptied replica catches up by a snapshot of many frames whose transfer is
+/// interrupted: frames lost on the way (more in a row than one stream tries, so
+/// the stream gives up and the next resumes it), and a frame whose answer is lost
+/// after the receiver staged it (sent again). It ends with exactly the leader's
+/// images and dedup records.
+#[tokio::test(start_paused = true)]
+async fn an_interrupted_snapshot_of_many_frames_installs_exactly_the_leaders_state() {
+    let config = GroupsConfig {
+        snapshot_logs_since_last: 10,
+        logs_kept: 0,
+        snapshot_chunk_bytes: 256,
+        ..GroupsConfig::default()
+    };
+    let mut c = Cluster::start(3, config).await;
+    let range = RANGES[0];
+    write_rounds(&c, 40, 1).await;
+    let (leader, _) = c.wait_leader(range, &[]).await;
+    c.node(leader).snapshot_now(range).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let victim = (leader + 1) % 3;
+    let (old_id, new_id) = c.replace_disk(victim).await;
+    let before = c.router.snapshot_frames();
+    // Frames 3 to 10 of the stream are lost (eight in a row), and the answer to 14.
+    c.router.lose_snapshot_frames((before + 3)..=(before + 10), [before + 14]);
+    let l = c.node(leader).clone();
+    l.add_learner(range, new_id, c.node(victim).node().clone()).await.unwrap();
+    l.wait_caught_up(range, new_id, SETTLE).await.unwrap();
+    let frames = c.router.snapshot_frames() - before;
+    assert!(frames >= 20, "a snapshot of many frames, some sent again: {frames}");
+    assert_eq!(
+        c.node(victim).snapshots_installed(range).unwrap(),
+        1,
+        "one snapshot, resumed, installed once"
+    );
+    let want = l.read_local(range).unwrap();
+    assert!(want.dedup.values().map(|d| d.len()).sum::<usize>() >= 200, "records to carry");
+    assert_eq!(c.node(victim).read_local(range).unwrap(), want, "exactly the leader's state");
+    l.promote(range, new_id, &[old_id]).await.unwrap();
+    assert!(l.members(range).unwrap().voters.contains(&new_id));
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_emptied_replica_catches_up_by_snapshot_as_a_learner_before_it_votes() {
     let config = GroupsConfig { snapshot_logs_since_last: 10, logs_kept: 0, ..GroupsConfig::default() };
