@@ -1,6 +1,7 @@
 //! [`RangeGroups`]: the range groups one node replicates, behind one facade.
 
 use crate::log_store::LogStore;
+use crate::network::ENTRY_BYTES_MAX;
 use crate::network::{
     GroupNetworkFactory, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc,
 };
@@ -161,6 +162,17 @@ pub enum ReplicaError {
     /// A write outside the bounds or the range.
     #[error("invalid write: {0}")]
     Invalid(String),
+    /// The entry would be larger than one message between nodes may carry
+    /// ([`crate::network::ENTRY_BYTES_MAX`]): it could never reach a follower.
+    #[error("{range}: an entry of {bytes} bytes; at most {bytes_max}")]
+    TooLarge {
+        /// The range.
+        range: RangeId,
+        /// The entry's encoded size.
+        bytes: usize,
+        /// The most an entry may be.
+        bytes_max: usize,
+    },
     /// The node would run more groups than [`GROUPS_PER_NODE_MAX`].
     #[error("this node runs {0} groups already")]
     TooManyGroups(usize),
@@ -312,6 +324,15 @@ pub struct RangeGroups {
     /// Held while a group is being opened, so two opens of one range never start
     /// two rafts over the same trees.
     opening: tokio::sync::Mutex<()>,
+}
+
+/// Bytes a log entry adds around its images (log id, payload tag, range).
+pub const ENTRY_OVERHEAD_BYTES: usize = 64;
+
+/// The encoded size of a log entry carrying `images`, at most (images counted
+/// one by one, without encoding the entry).
+pub fn batch_bytes(images: &[ShardEntry]) -> usize {
+    ENTRY_OVERHEAD_BYTES + images.iter().map(tally_core::codec::encoded_len).sum::<usize>()
 }
 
 /// Where a range's trees live in the node's store.
@@ -596,6 +617,10 @@ impl RangeGroups {
             if self.layout.range_of_shard(&e.shard) != range {
                 return Err(ReplicaError::Invalid(format!("{} is not in {range}", e.shard)));
             }
+        }
+        let bytes = batch_bytes(images);
+        if bytes > ENTRY_BYTES_MAX {
+            return Err(ReplicaError::TooLarge { range, bytes, bytes_max: ENTRY_BYTES_MAX });
         }
         Ok(())
     }

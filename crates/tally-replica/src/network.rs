@@ -16,8 +16,8 @@
 use crate::types::{RangeConfig, ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
 use openraft::error::{
-    Fatal, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed,
-    StreamingError, Unreachable,
+    Fatal, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::RPCOption;
 use openraft::raft::SnapshotResponse;
@@ -78,10 +78,16 @@ pub struct RangeEnvelope {
     pub rpc: RangeRpc,
 }
 
-/// Largest encoded message or reply a byte transport should accept: a snapshot
-/// chunk (`SNAPSHOT_CHUNK_BYTES`) or an append of openraft's largest payload of
-/// full batches fits well within it.
+/// Largest encoded message or reply a byte transport should accept.
 pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
+
+/// Bytes a node-to-node request adds around an encoded range message (the peer
+/// request's tag, the transport's envelope with the sender's name).
+pub const ENVELOPE_HEADROOM_BYTES: usize = 64 << 10;
+/// Largest encoded range message sent to another node, in bytes: what fits in one
+/// node-to-node request with its envelopes.
+pub const RANGE_MESSAGE_BYTES_MAX: usize =
+    tally_core::codec::NODE_MESSAGE_BYTES_MAX - ENVELOPE_HEADROOM_BYTES;
 
 /// The bytes of `envelope`, for a byte transport.
 pub fn encode_envelope(envelope: &RangeEnvelope) -> Vec<u8> {
@@ -143,6 +149,15 @@ pub enum NetError {
     /// The bytes of a message or answer did not decode.
     #[error("undecodable range message: {0}")]
     Undecodable(String),
+    /// The message is larger than one node-to-node message may be: sent again as
+    /// it is, it would be refused again.
+    #[error("range message of {bytes} bytes; at most {bytes_max}")]
+    TooLarge {
+        /// The message's size.
+        bytes: usize,
+        /// The most a message may carry ([`RANGE_MESSAGE_BYTES_MAX`]).
+        bytes_max: usize,
+    },
 }
 
 /// Sends a group's messages to other replicas.
@@ -161,6 +176,29 @@ pub trait RangeInbound: Send + Sync + 'static {
     /// Hands the message to the group it names, if it is meant for this node's
     /// replica ([`NetError::NotThisReplica`] otherwise).
     fn handle(&self, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>>;
+}
+
+/// Bytes an append request adds around its entries (vote, log ids, the envelope).
+const APPEND_OVERHEAD_BYTES: usize = 4 << 10;
+/// Largest encoded log entry a range group takes: an append of it alone fits in
+/// one message ([`RANGE_MESSAGE_BYTES_MAX`]), so every entry can reach every
+/// replica, and [`crate::RangeStore`] cuts a commit cycle's batches to it.
+pub const ENTRY_BYTES_MAX: usize = RANGE_MESSAGE_BYTES_MAX - APPEND_OVERHEAD_BYTES;
+
+/// How many of `entries`, from the first, fit in one append message, if not all
+/// of them (at least one: no entry is larger than [`ENTRY_BYTES_MAX`]).
+fn entries_that_fit(entries: &[crate::types::Entry]) -> Option<u64> {
+    if entries.len() <= 1 {
+        return None;
+    }
+    let mut bytes = APPEND_OVERHEAD_BYTES;
+    for (n, e) in entries.iter().enumerate() {
+        bytes += tally_core::codec::encoded_len(e);
+        if bytes > RANGE_MESSAGE_BYTES_MAX {
+            return Some((n as u64).max(1));
+        }
+    }
+    None
 }
 
 // ------------------------------------------------------------ openraft adapters
@@ -230,9 +268,10 @@ impl GroupNetwork {
             NetError::Unreachable(_) | NetError::NoGroup { .. } | NetError::NotThisReplica { .. } => {
                 RPCError::Unreachable(Unreachable::new(&e))
             }
-            NetError::Timeout(_) | NetError::Mismatch(_) | NetError::Undecodable(_) => {
-                RPCError::Network(NetworkError::new(&e))
-            }
+            NetError::Timeout(_)
+            | NetError::Mismatch(_)
+            | NetError::Undecodable(_)
+            | NetError::TooLarge { .. } => RPCError::Network(NetworkError::new(&e)),
         }
     }
 
@@ -247,9 +286,30 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
         rpc: AppendEntriesRequest<RangeConfig>,
         option: RPCOption,
     ) -> Rpc<AppendEntriesResponse<ReplicaId>> {
-        match self.send(RangeRpc::Append(rpc), &option).await.map_err(|e| self.net_err(e))? {
-            RangeReply::Append(r) => self.remote(r),
-            _ => Err(self.net_err(NetError::Mismatch(self.target))),
+        // openraft hands over up to `max_payload_entries` entries at once; sent whole
+        // they may exceed what one message carries. The ones that fit go, the rest
+        // follow: openraft sends again at once with the entries hinted.
+        if let Some(fit) = entries_that_fit(&rpc.entries) {
+            let e = NetError::TooLarge {
+                bytes: tally_core::codec::encoded_len(&rpc.entries),
+                bytes_max: RANGE_MESSAGE_BYTES_MAX,
+            };
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(fit).with_source_error(&e),
+            ));
+        }
+        let entries = rpc.entries.len();
+        match self.send(RangeRpc::Append(rpc), &option).await {
+            Err(e @ NetError::TooLarge { .. }) => {
+                // Refused by the transport after all: fewer entries next time.
+                let hint = (entries as u64 / 2).max(1);
+                Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint).with_source_error(&e)))
+            }
+            Err(e) => Err(self.net_err(e)),
+            Ok(reply) => match reply {
+                RangeReply::Append(r) => self.remote(r),
+                _ => Err(self.net_err(NetError::Mismatch(self.target))),
+            },
         }
     }
 
@@ -496,7 +556,15 @@ impl RangeNetwork for MemRouter {
             };
             let target = target.ok_or(NetError::Unreachable(to))?;
             let reply = if encode {
-                let envelope = decode_envelope(&encode_envelope(&envelope))?;
+                let bytes = encode_envelope(&envelope);
+                if bytes.len() > RANGE_MESSAGE_BYTES_MAX {
+                    // As the node-to-node transport refuses a request too large.
+                    return Err(NetError::TooLarge {
+                        bytes: bytes.len(),
+                        bytes_max: RANGE_MESSAGE_BYTES_MAX,
+                    });
+                }
+                let envelope = decode_envelope(&bytes)?;
                 let reply = target.handle(envelope).await;
                 decode_reply(&encode_reply(&reply))
             } else {

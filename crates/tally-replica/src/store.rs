@@ -18,7 +18,8 @@
 //! its commit refused ([`StoreError::Unavailable`]), reloads, and can never
 //! overwrite an increment another writer had acknowledged.
 
-use crate::groups::RangeGroups;
+use crate::groups::{RangeGroups, ReplicaError, ENTRY_OVERHEAD_BYTES};
+use crate::network::ENTRY_BYTES_MAX;
 use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -94,8 +95,9 @@ impl RangeStore {
     }
 
     /// The entries of one commit cycle, one batch per range (split at
-    /// [`BATCH_IMAGES_MAX`]), with the position of every image's write; writes that
-    /// cannot be sent are answered at once.
+    /// [`BATCH_IMAGES_MAX`] images and at [`ENTRY_BYTES_MAX`] bytes, so that every
+    /// entry fits in one message between nodes), with the position of every
+    /// image's write; writes that cannot be sent are answered at once.
     #[allow(clippy::type_complexity)]
     fn plan(
         &self,
@@ -103,7 +105,8 @@ impl RangeStore {
     ) -> (Vec<Result<(), StoreError>>, Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)>) {
         let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); writes.len()];
         let mut batches: Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)> = Vec::new();
-        let mut open: HashMap<RangeId, usize> = HashMap::new();
+        // The batch of each range being filled, and its bytes so far.
+        let mut open: HashMap<RangeId, (usize, usize)> = HashMap::new();
         for (at, (id, write)) in writes.iter().enumerate() {
             let Some(base) = self.base(id) else {
                 results[at] = Err(unavailable("commit", "the shard's writer must reload it first"));
@@ -117,16 +120,27 @@ impl RangeStore {
                 }
             };
             let range = self.range(id);
+            let entry =
+                ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
+            let bytes = tally_core::codec::encoded_len(&entry);
+            if bytes + ENTRY_OVERHEAD_BYTES > ENTRY_BYTES_MAX {
+                let e = ReplicaError::TooLarge { range, bytes, bytes_max: ENTRY_BYTES_MAX };
+                results[at] = Err(unavailable("commit", e));
+                continue;
+            }
             let slot = match open.get(&range) {
-                Some(&i) if batches[i].2.len() < BATCH_IMAGES_MAX => i,
+                Some(&(i, held))
+                    if batches[i].2.len() < BATCH_IMAGES_MAX && held + bytes <= ENTRY_BYTES_MAX =>
+                {
+                    open.insert(range, (i, held + bytes));
+                    i
+                }
                 _ => {
                     batches.push((range, Vec::new(), Vec::new()));
-                    open.insert(range, batches.len() - 1);
+                    open.insert(range, (batches.len() - 1, ENTRY_OVERHEAD_BYTES + bytes));
                     batches.len() - 1
                 }
             };
-            let entry =
-                ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
             batches[slot].1.push(at);
             batches[slot].2.push(entry);
         }

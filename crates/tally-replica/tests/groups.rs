@@ -332,6 +332,42 @@ async fn an_isolated_leader_acknowledges_nothing() {
     assert_eq!(local.shards[&shard].seq, 2);
 }
 
+/// An image of `records` new dedup records with 200-byte ids: about 215 bytes each.
+fn big_entry(shard: &ShardId, seq: u64, records: usize) -> ShardEntry {
+    let mut e = entry(shard, seq, seq as i64);
+    e.write.dedup_put = (0..records)
+        .map(|r| {
+            (format!("{seq:06}-{r:06}-{}", "x".repeat(186)), DedupRecord { delta: 1, applied_at_ms: seq })
+        })
+        .collect();
+    e
+}
+
+/// A follower that falls behind by entries of several megabytes catches up: the
+/// leader's appends to it stay within what one node-to-node message may carry
+/// (`RANGE_MESSAGE_BYTES_MAX`), whatever openraft hands the network at once.
+/// Before, the leader sent every entry the follower lacked in one append (up to
+/// 300 entries), the transport refused it as too large, openraft took that for an
+/// unreachable follower and sent the same append again, for ever.
+#[tokio::test(start_paused = true)]
+async fn a_follower_behind_by_many_megabytes_catches_up_in_appends_that_fit() {
+    let c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let (l, _) = c.wait_leader(range, &[]).await;
+    let lagging = (l + 1) % 3;
+    c.router.cut(c.id(l), c.id(lagging));
+    let shards = shards_in(range);
+    // Eight entries of four images of 3,000 records: about 20 MB the follower lacks.
+    for seq in 1..=8u64 {
+        let images = shards[..4].iter().map(|s| big_entry(s, seq, 3_000)).collect();
+        c.write(range, images).await;
+    }
+    c.router.heal_all();
+    let leader = c.node(l).clone();
+    leader.wait_caught_up(range, c.id(lagging), SETTLE).await.expect("the follower catches up");
+    assert_eq!(c.node(lagging).read_local(range).unwrap(), leader.read_local(range).unwrap());
+}
+
 /// An emptied replica catches up by a snapshot of many frames whose transfer is
 /// interrupted: frames lost on the way (more in a row than one stream tries, so
 /// the stream gives up and the next resumes it), and a frame whose answer is lost

@@ -147,3 +147,54 @@ async fn a_seal_by_a_writer_that_missed_a_commit_is_refused() {
     .await
     .unwrap();
 }
+
+/// A write of `records` new records with 200-byte ids: about 215 bytes each.
+fn big_write(value: i64, records: usize) -> ShardWrite {
+    let ids: Vec<String> = (0..records).map(|r| format!("{value:04}-{r:06}-{}", "x".repeat(189))).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    write(value, &refs)
+}
+
+/// A commit cycle whose writes to one range add up to more than one entry may
+/// carry (twelve shards of 4,000 new records, about 10 MB) is cut into entries
+/// that each fit in a message between nodes, and every write is answered Ok; a
+/// group refuses, as too large, one entry of them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_cycle_larger_than_an_entry_is_cut_into_entries_that_fit() {
+    let (groups, range) = one_replica_group().await;
+    let store = RangeStore::new(groups.clone(), Arc::new(MemStore::new()), tokio::runtime::Handle::current());
+    let shards: Vec<ShardId> =
+        (0..12).map(|i| ShardId::new(CounterName::new("big").unwrap(), 0, i)).collect();
+    let writes: Vec<(ShardId, ShardWrite)> =
+        shards.iter().map(|s| (s.clone(), big_write(1, 4_000))).collect();
+    let before = groups.status(range).unwrap().last_log_index.unwrap_or(0);
+    let store = Arc::new(store);
+    let (s, w) = (store.clone(), writes.clone());
+    let results = tokio::task::spawn_blocking(move || {
+        for (id, _) in &w {
+            s.open_shard(id).unwrap();
+        }
+        s.commit_many(&w)
+    })
+    .await
+    .unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let entries = groups.status(range).unwrap().last_log_index.unwrap_or(0) - before;
+    assert!(entries >= 2, "one cycle, {entries} entries");
+    assert!(store.dedup_get(&shards[11], &writes[11].1.dedup_put[3999].0).unwrap().is_some());
+
+    let images: Vec<tally_replica::ShardEntry> = writes
+        .iter()
+        .map(|(id, w)| tally_replica::ShardEntry {
+            shard: id.clone(),
+            seq: 9,
+            write: w.clone(),
+            sealed: false,
+            clear: false,
+        })
+        .collect();
+    match groups.write(range, images).await {
+        Err(tally_replica::ReplicaError::TooLarge { bytes, bytes_max, .. }) => assert!(bytes > bytes_max),
+        other => panic!("an entry too large answered {other:?}"),
+    }
+}
