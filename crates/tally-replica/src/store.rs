@@ -20,7 +20,7 @@
 
 use crate::groups::{RangeGroups, ReplicaError, ENTRY_OVERHEAD_BYTES};
 use crate::network::ENTRY_BYTES_MAX;
-use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX};
+use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX, IMAGE_RECORDS_MAX};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
@@ -122,6 +122,12 @@ impl RangeStore {
             let range = self.range(id);
             let entry =
                 ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
+            let records = write.dedup_put.len() + write.dedup_remove.len();
+            if records > IMAGE_RECORDS_MAX {
+                let e = format!("{records} dedup changes in one write; at most {IMAGE_RECORDS_MAX}");
+                results[at] = Err(unavailable("commit", e));
+                continue;
+            }
             let bytes = tally_core::codec::encoded_len(&entry);
             if bytes + ENTRY_OVERHEAD_BYTES > ENTRY_BYTES_MAX {
                 let e = ReplicaError::TooLarge { range, bytes, bytes_max: ENTRY_BYTES_MAX };

@@ -198,3 +198,41 @@ async fn a_commit_cycle_larger_than_an_entry_is_cut_into_entries_that_fit() {
         other => panic!("an entry too large answered {other:?}"),
     }
 }
+
+/// A dedup sweep page can hold up to `dedup_sweep_records_max` (10,000 by default)
+/// expired ids, written as one image. A shard with 5,000 expired ids in one page
+/// sweeps them in one commit, and the other writes of its cycle, in the same
+/// range, are applied beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_page_of_more_than_4096_expired_ids_commits_beside_other_writes() {
+    let (groups, _) = one_replica_group().await;
+    let store =
+        Arc::new(RangeStore::new(groups, Arc::new(MemStore::new()), tokio::runtime::Handle::current()));
+    let (a, b) = (
+        ShardId::new(CounterName::new("swept").unwrap(), 0, 0),
+        ShardId::new(CounterName::new("other").unwrap(), 0, 0),
+    );
+    let s = store.clone();
+    tokio::task::spawn_blocking(move || {
+        s.open_shard(&a).unwrap();
+        s.open_shard(&b).unwrap();
+        let ids: Vec<String> = (0..5_000).map(|i| format!("old-{i:05}")).collect();
+        for (n, half) in ids.chunks(2_500).enumerate() {
+            let refs: Vec<&str> = half.iter().map(String::as_str).collect();
+            s.commit(&a, &write(n as i64 + 1, &refs)).unwrap();
+        }
+        assert_eq!(s.dedup_scan(&a, None, usize::MAX).unwrap().len(), 5_000);
+        let sweep = ShardWrite {
+            image: ShardImage { value: 2, ..Default::default() },
+            dedup_put: vec![],
+            dedup_remove: ids,
+        };
+        let results = s.commit_many(&[(a.clone(), sweep), (b.clone(), write(7, &["b-1"]))]);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert!(s.dedup_scan(&a, None, usize::MAX).unwrap().is_empty(), "every expired id swept");
+        assert_eq!(s.load_shard(&b).unwrap().value, 7);
+        assert!(s.dedup_get(&b, "b-1").unwrap().is_some());
+    })
+    .await
+    .unwrap();
+}
