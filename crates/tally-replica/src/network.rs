@@ -367,13 +367,8 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
             let (last, end) = (frame.last, frame.end());
             let data = frame.to_bytes();
             let len = data.len() as u64;
-            let req = InstallSnapshotRequest {
-                vote: vote.clone(),
-                meta: meta.clone(),
-                offset: at.offset,
-                data,
-                done: last,
-            };
+            let req =
+                InstallSnapshotRequest { vote, meta: meta.clone(), offset: at.offset, data, done: last };
             let mut failures = 0;
             let resp = loop {
                 if let Some(closed) = futures::FutureExt::now_or_never(cancel.as_mut()) {

@@ -201,10 +201,13 @@ pub struct SnapshotSink {
     pub(crate) bytes: u64,
 }
 
+/// A key range, as `KvTree::scan_page` takes it.
+type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
 /// Removes from `tree` every shard-data key after `after` in stream order, in
 /// pages of at most [`FRAME_PAIRS_MAX`] keys (all of them if `after` is none).
 fn truncate_after(tree: &dyn KvTree, after: Option<&[u8]>) -> Result<(), KvError> {
-    let parts: Vec<(Bound<Vec<u8>>, Bound<Vec<u8>>)> = match after {
+    let parts: Vec<KeyRange> = match after {
         None => vec![
             (Bound::Included(vec![PREFIX_SHARD]), prefix_bound(&[PREFIX_SHARD])),
             (Bound::Included(vec![PREFIX_DEDUP]), prefix_bound(&[PREFIX_DEDUP])),
