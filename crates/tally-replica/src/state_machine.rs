@@ -859,7 +859,17 @@ mod tests {
         let cases = [
             vec![entry(2, vec![plain(0, 2), plain(1, 2)]), entry(3, vec![plain(0, 3), plain(3, 1)])],
             vec![entry(2, vec![plain(0, 2), image(2, 2, 2, &["b"], &["a"])]), entry(3, vec![plain(1, 3)])],
+            // A deletion in the middle of a call: what came before it is stored,
+            // then its records removed, then the rest.
+            vec![
+                entry(2, vec![image(2, 2, 2, &["b", "c"], &[]), plain(0, 2)]),
+                entry(3, vec![plain(1, 3), cleared(2, 3, &["d"]), plain(0, 3)]),
+                entry(4, vec![image(2, 4, 4, &["e"], &["d"])]),
+            ],
         ];
+        fn cleared(i: u16, seq: u64, put: &[&str]) -> ShardEntry {
+            ShardEntry { clear: true, ..image(i, seq, 0, put, &[]) }
+        }
         for later in cases {
             let kv = MemKv::new();
             let mut sm = StateMachine::open(range, Arc::new(kv.clone()), "r4/").unwrap();
