@@ -246,7 +246,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 19] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,

@@ -66,6 +66,17 @@ pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 /// what a snapshot holds in memory on either side, and one lost frame costs one
 /// resend of this much.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+/// Most log entries purged at once behind a snapshot (openraft's default): the
+/// log is purged only once this many can go.
+pub const PURGE_BATCH_ENTRIES_MAX: u64 = 256;
+
+/// Entries purged at once for groups that snapshot every `since_last` entries: a
+/// quarter of that, at most [`PURGE_BATCH_ENTRIES_MAX`], so that groups that
+/// snapshot often (tests, simulations) purge their log too.
+fn purge_batch_entries(since_last: u64) -> u64 {
+    (since_last / 4).clamp(1, PURGE_BATCH_ENTRIES_MAX)
+}
+
 /// Most groups one node runs: every range of the largest layout, in every replica
 /// class.
 pub const GROUPS_PER_NODE_MAX: usize =
@@ -473,6 +484,7 @@ impl RangeGroups {
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(c.snapshot_logs_since_last),
             max_in_snapshot_log_to_keep: c.logs_kept,
+            purge_batch_size: purge_batch_entries(c.snapshot_logs_since_last),
             snapshot_max_chunk_size: c.snapshot_chunk_bytes,
             ..Default::default()
         };
