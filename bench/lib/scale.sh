@@ -14,6 +14,7 @@
 # Not in the default sections (a cell of 1 M ids takes minutes, 10 M an hour):
 #   bench/run.sh --only scale                      SCALE_IDS="1000000" by default
 #   SCALE_IDS="1000000 10000000" bench/run.sh --only scale
+#   SCALE_TOPOLOGIES=three (default "one three") runs one topology only
 
 # scale_since START: seconds since START (a `date +%s.%N`), to a tenth.
 scale_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
@@ -142,8 +143,10 @@ section_scale() {
   echo "topology,ids,node,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after,feed_seconds" >"$OUT/scale.csv"
   echo "topology,ids,event,node,healthy_s,caught_up_s,rss_kb,disk_bytes" >"$OUT/restarts.csv"
   local ids
+  local topo
   for ids in ${SCALE_IDS:-1000000}; do
-    scale_cell one "$ids"
-    scale_cell three "$ids"
+    for topo in ${SCALE_TOPOLOGIES:-one three}; do
+      scale_cell "$topo" "$ids"
+    done
   done
 }
