@@ -186,9 +186,9 @@ pub struct SimConfig {
 
 /// Entries between two snapshots of a range group, with small snapshots (the
 /// cluster's groups snapshot every 5,000, more than a run writes).
-pub const SMALL_SNAPSHOT_ENTRIES: u64 = 40;
+pub const SMALL_SNAPSHOT_ENTRIES: u64 = 10;
 /// Entries kept behind a snapshot, with small snapshots.
-pub const SMALL_SNAPSHOT_LOGS_KEPT: u64 = 8;
+pub const SMALL_SNAPSHOT_LOGS_KEPT: u64 = 2;
 /// Bytes of pairs per snapshot frame, with small snapshots (1 MiB in a cluster).
 pub const SMALL_SNAPSHOT_FRAME_BYTES: u64 = 512;
 

@@ -50,7 +50,7 @@ struct Args {
     /// node's disk.
     #[arg(long, default_value_t = 1)]
     replicas: u8,
-    /// With --replicas: range groups snapshot every 40 entries, in 512-byte frames,
+    /// With --replicas: range groups snapshot every 10 entries, in 512-byte frames,
     /// so that catch-up goes through snapshots of many frames.
     #[arg(long)]
     small_snapshots: bool,

@@ -198,7 +198,7 @@ fn replicated_found_seeds_violate_nothing() {
 /// Standard runs searched for a snapshot installed with small snapshots.
 const SNAPSHOT_SEEDS_MAX: u64 = 12;
 
-/// Range groups that snapshot every few dozen entries, in 512-byte frames: replicas
+/// Range groups that snapshot every ten entries, in 512-byte frames: replicas
 /// that fall behind (a crash, a partition) or lose their disk catch up by
 /// snapshots of many frames streamed while their range goes on applying, under
 /// the run's message loss, partitions and crashes, and break nothing.
