@@ -59,6 +59,10 @@ pub const BODY_BYTES_MAX_CEILING: u64 = 64 << 20;
 pub const BODY_BYTES_MAX_FLOOR: u64 = 1024;
 /// Most items a batch may be configured to hold.
 pub const BATCH_ITEMS_MAX_CEILING: u64 = 1_000_000;
+/// Most names in `http.allowed_hosts`.
+pub const ALLOWED_HOSTS_MAX: usize = 64;
+/// Longest host name, in bytes (DNS's limit).
+pub const HOST_NAME_LEN_MAX: usize = 253;
 /// Most simultaneous HTTP connections a node may be configured to hold.
 pub const CONNECTIONS_MAX_CEILING: u64 = 1_000_000;
 
@@ -158,6 +162,14 @@ pub enum ConfigError {
     /// `node.data_dir` is empty.
     #[error("node.data_dir must not be empty")]
     EmptyDataDir,
+    /// A field holds a value of the right type that is not allowed.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field, e.g. `http.allowed_hosts[0]`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A `[[reconcile]]` section is invalid.
     #[error(transparent)]
     Source(#[from] SourceConfigError),
@@ -360,6 +372,11 @@ pub struct HttpConfig {
     /// tokens (for a scraper that cannot send one). Off by default: metrics name
     /// counters, so they then need a `read` token without prefixes.
     pub metrics_public: bool,
+    /// Host names clients reach this node by, beyond IP literals, `localhost` and
+    /// `*.localhost` (always answered). A request naming another host in `Host` is
+    /// refused with 421: a web page that points a name of its own at the node (DNS
+    /// rebinding) would otherwise be same-origin with it. `["*"]` answers any name.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -372,6 +389,7 @@ impl Default for HttpConfig {
             connections_max: 1024,
             shutdown_grace_ms: 15_000,
             metrics_public: false,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -632,6 +650,20 @@ impl Config {
         range("http.batch_items_max", h.batch_items_max, 1, BATCH_ITEMS_MAX_CEILING)?;
         range("http.connections_max", h.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
         interval("http.shutdown_grace_ms", h.shutdown_grace_ms)?;
+        range("http.allowed_hosts", h.allowed_hosts.len() as u64, 0, ALLOWED_HOSTS_MAX as u64)?;
+        for (i, host) in h.allowed_hosts.iter().enumerate() {
+            let bad = host.is_empty()
+                || host.len() > HOST_NAME_LEN_MAX
+                || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._*".contains(&b));
+            if bad {
+                return Err(ConfigError::Invalid {
+                    field: format!("http.allowed_hosts[{i}]"),
+                    reason: format!(
+                        "{host:?} is not a host name (letters, digits, '-', '.'), nor \"*\" for any"
+                    ),
+                });
+            }
+        }
         let r = &self.resp;
         range(
             "resp.request_bytes_max",

@@ -74,7 +74,7 @@ async fn slow_headers_and_idle_connections_are_cut_off_while_others_are_served()
 
     // A slowloris: a request line, then one header byte every 50 ms, forever.
     let mut slow = TcpStream::connect(server.addr).await.expect("connect");
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n").await.expect("write");
     let (mut slow_read, mut slow_write) = slow.into_split();
     let dripper = tokio::spawn(async move {
         for _ in 0..200 {
@@ -121,7 +121,8 @@ async fn a_stalled_body_gets_408_and_the_connection_is_closed() {
     let server = start(node.clone(), limits).await;
 
     let mut stream = TcpStream::connect(server.addr).await.expect("connect");
-    let head = "POST /v1/counters/c/increments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+    let head =
+        "POST /v1/counters/c/increments HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
                 Content-Length: 100\r\n\r\n{\"delta\": ";
     stream.write_all(head.as_bytes()).await.expect("write");
     let (took, got) = until_closed(&mut stream, Duration::from_secs(5)).await;
@@ -165,7 +166,7 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_closes_idle_connectio
 
     // An idle keep-alive connection that has been served once.
     let mut idle = TcpStream::connect(addr).await.expect("connect");
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.expect("write");
     let mut buf = [0u8; 512];
     let n = idle.read(&mut buf).await.expect("read");
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));

@@ -26,6 +26,8 @@
 //! | `GET /metrics` | `metrics`: Prometheus text |
 //! | `GET /healthz` | `healthz`: 200 while the node serves |
 //!
+//! Every request first passes through [`browser`]: a `Host` the node answers to,
+//! no write from a web page of another origin, a JSON body on every `POST`.
 //! Every matched route also passes through [`access`]: the client's token, its
 //! scopes and prefixes (see that module's table), and the audit of admin
 //! operations. With no tokens configured every request is let through.
@@ -38,6 +40,7 @@
 
 pub mod access;
 pub mod body;
+pub mod browser;
 pub mod error;
 pub mod ops;
 
@@ -152,6 +155,10 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         .route_layer(middleware::from_fn_with_state((gate, limits.metrics_public), access::access))
         .fallback(not_found)
         .with_state(state)
+        .layer(middleware::from_fn_with_state(
+            Arc::new(browser::BrowserPolicy::new(&limits.allowed_hosts)),
+            browser::guard,
+        ))
         .layer(middleware::from_fn_with_state(shared, guard))
 }
 

@@ -68,6 +68,29 @@ pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 const ACCEPT_BACKOFF_MS: u64 = 100;
 /// Redis's answer to a client over the connection limit.
 const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
+/// Request methods of HTTP/1.1 (RFC 9110 §9 and PATCH): a request line that starts
+/// with one and ends in `HTTP/…` is a web client's, not a Redis client's.
+const HTTP_METHODS: [&[u8]; 9] =
+    [b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH"];
+/// What is logged when a connection is closed as a cross-protocol attack (Redis's
+/// own warning, naming this node).
+const CROSS_PROTOCOL_WARNING: &str = "Possible SECURITY ATTACK detected. It looks like somebody is sending \
+     POST or Host: commands to the RESP port. This is likely due to an attacker attempting to use Cross \
+     Protocol Scripting to compromise the node (a web page posting to 127.0.0.1). Connection aborted.";
+
+/// Whether a request is what a browser or any HTTP client sends: a command named
+/// `POST` or `Host:` (as Redis checks: every browser request carries a `Host:` line,
+/// and a form post or a `fetch` in `no-cors` mode can only `POST`), or an HTTP
+/// request line (`GET /x HTTP/1.1`). A web page can make a browser send such bytes
+/// to any port on 127.0.0.1, with a body of Redis commands after the headers; the
+/// connection is closed before any of them runs.
+pub fn is_cross_protocol(args: &[&[u8]]) -> bool {
+    let Some(first) = args.first() else { return false };
+    if first.eq_ignore_ascii_case(b"post") || first.eq_ignore_ascii_case(b"host:") {
+        return true;
+    }
+    args.len() == 3 && HTTP_METHODS.contains(first) && args[2].starts_with(b"HTTP/")
+}
 
 /// Decrements the open-connection count however the connection task ends.
 struct Open(Arc<Front>);
@@ -243,6 +266,15 @@ struct Batch {
 impl Batch {
     fn is_empty(&self) -> bool {
         self.requests.is_empty()
+    }
+
+    /// The first request that [`is_cross_protocol`], if any.
+    fn cross_protocol(&self, buf: &[u8]) -> Option<usize> {
+        let mut args = Vec::new();
+        (0..self.requests.len()).find(|&i| {
+            self.args(i, buf, &mut args);
+            is_cross_protocol(&args)
+        })
     }
 
     /// Request `i`'s arguments, read from `buf`, into `args` (emptied first).
@@ -468,8 +500,13 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::new();
     loop {
-        let (batch, fatal) = take_batch(&buf, &limits);
-        if batch.is_empty() && fatal.is_none() {
+        let (mut batch, fatal) = take_batch(&buf, &limits);
+        // Nothing from a cross-protocol request on runs: not it, not what follows.
+        let attack = batch.cross_protocol(&buf);
+        if let Some(i) = attack {
+            batch.requests.truncate(i);
+        }
+        if batch.is_empty() && fatal.is_none() && attack.is_none() {
             buf.drain(..batch.used);
             buf.reserve(READ_CHUNK_BYTES);
             tokio::select! {
@@ -483,7 +520,17 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
         }
         let mut flow = run_batch(&svc, front, &mut session, (&batch, &buf), &mut out).await;
         buf.drain(..batch.used);
-        if let Some(e) = fatal {
+        if attack.is_some() {
+            tally_tls::refusals::count(tally_tls::Listener::Resp, tally_tls::refusals::Reason::CrossProtocol);
+            tracing::warn!(
+                target: crate::auth::AUDIT_TARGET,
+                id = session.id,
+                outcome = "refused",
+                reason = "cross_protocol",
+                "{CROSS_PROTOCOL_WARNING}"
+            );
+            flow = Flow::Close;
+        } else if let Some(e) = fatal {
             tracing::debug!(id = session.id, error = %e, "RESP protocol error; closing");
             encode(&Reply::Error(format!("ERR {e}")), session.proto, &mut out);
             flow = Flow::Close;
@@ -533,6 +580,33 @@ mod tests {
         // Garbage stops the batch; what came before it still runs.
         let (batch, fatal) = take_batch(b"PING\r\n*x\r\n", &limits);
         assert_eq!((batch.requests.len(), fatal.map(|e| e.code)), (1, Some(wire::PROTOCOL_ERROR)));
+    }
+
+    #[test]
+    fn what_a_browser_sends_is_told_apart_from_redis_commands() {
+        fn words(line: &str) -> Vec<&[u8]> {
+            line.split(' ').map(str::as_bytes).collect()
+        }
+        for line in [
+            "POST / HTTP/1.1",
+            "post /x",
+            "Host: 127.0.0.1:6380",
+            "HOST: x",
+            "GET / HTTP/1.1",
+            "PUT /v1 HTTP/2",
+        ] {
+            assert!(is_cross_protocol(&words(line)), "{line}");
+        }
+        for line in ["GET likes:1", "INCR post", "GET /x HTTP", "get / HTTP/1.1", "PING", "SET a HTTP/1.1 x"]
+        {
+            assert!(!is_cross_protocol(&words(line)), "{line}");
+        }
+        // In a pipeline, what comes before the attack runs; it and what follows do not.
+        let limits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+        let buf = b"PING\r\nPOST / HTTP/1.1\r\nHost: 127.0.0.1:6380\r\n\r\nDEL likes:1\r\n";
+        let (batch, fatal) = take_batch(buf, &limits);
+        assert!(fatal.is_none());
+        assert_eq!((batch.requests.len(), batch.cross_protocol(buf)), (4, Some(1)));
     }
 
     #[tokio::test(start_paused = true)]
