@@ -124,6 +124,12 @@ pub async fn access(
 ) -> Response {
     let template = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     let need = need(req.method(), &template);
+    // A route the table knows (a method the path does not take still gets 405).
+    if need.on != On::AllCounters {
+        if let Some(refused) = super::browser::unless_json_post(req.method(), req.headers()) {
+            return refused;
+        }
+    }
     let public = need.on == On::Public || (need.on == On::Metrics && metrics_public);
     if public {
         let mut req = req;

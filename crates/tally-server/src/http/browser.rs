@@ -161,17 +161,23 @@ pub async fn guard(State(policy): State<Arc<BrowserPolicy>>, req: Request, next:
             );
             return ApiError::new(StatusCode::FORBIDDEN, CROSS_ORIGIN, message).into_response();
         }
-        if method == Method::POST && !declares_json(headers) {
-            return ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                codes::UNSUPPORTED_MEDIA_TYPE,
-                "a POST must be sent with Content-Type: application/json (a body of {} when the request \
-                 has no fields): a web page of another origin cannot send that header",
-            )
-            .into_response();
-        }
     }
     next.run(req).await
+}
+
+/// The 415 answer to a `POST` that declares no JSON body, or `None` to serve it.
+/// Run on the routes of the access table only (from [`super::access`]), so a `POST`
+/// to a path that does not take one still gets 405.
+pub fn unless_json_post(method: &Method, headers: &HeaderMap) -> Option<Response> {
+    (method == Method::POST && !declares_json(headers)).then(|| {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            codes::UNSUPPORTED_MEDIA_TYPE,
+            "a POST must be sent with Content-Type: application/json (a body of {} when the request \
+             has no fields): a web page of another origin cannot send that header",
+        )
+        .into_response()
+    })
 }
 
 #[cfg(test)]
