@@ -81,18 +81,10 @@ impl RaftSecret {
     }
 }
 
-/// The address a raft RPC came from, for refusals: what the raft listener is served
-/// with (`into_make_service_with_connect_info::<RaftPeer>`).
+/// The address a raft RPC came from, for refusals: [`crate::server::serve`] puts
+/// it in every request's extensions (as `ConnectInfo<RaftPeer>`).
 #[derive(Debug, Clone, Copy)]
 pub struct RaftPeer(pub SocketAddr);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
-    for RaftPeer
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        RaftPeer(*stream.remote_addr())
-    }
-}
 
 /// The middleware in front of every raft endpoint: serves a request only if it
 /// proves the secret (every request when the node runs without one).
@@ -118,7 +110,9 @@ pub(crate) async fn authenticated(
             };
             refusals::count(Listener::Raft, reason);
             let reason = reason.as_str();
-            tracing::warn!(target: AUDIT_TARGET, %path, %peer, reason, outcome = "refused", "{text}");
+            refusals::log_limited(
+                || tracing::warn!(target: AUDIT_TARGET, %path, %peer, reason, outcome = "refused", "{text}"),
+            );
             (StatusCode::UNAUTHORIZED, "the raft RPC does not prove this cluster's secret (cluster.secret)")
                 .into_response()
         }

@@ -441,14 +441,40 @@ pub struct RespConfig {
     pub request_bytes_max: u64,
     /// Most arguments in one command (the command's name included).
     pub args_max: u64,
-    /// Most simultaneous RESP connections; one more is answered
+    /// Most simultaneous authenticated RESP connections (on a node without tokens:
+    /// connections that sent a command); one more is answered
     /// `-ERR max number of clients reached` and closed, as Redis does.
     pub connections_max: u64,
+    /// Most connections waiting to authenticate (on a node without tokens: to send
+    /// their first command), TLS handshakes included. They do not count against
+    /// `connections_max`, so sockets that say nothing never lock clients out; when
+    /// this many wait, a new one closes the oldest waiting one.
+    pub connections_unauthenticated_max: u64,
+    /// How long a connection may wait to authenticate (to send its first command on
+    /// a node without tokens), TLS handshake included, in milliseconds; then it is
+    /// closed.
+    pub auth_timeout_ms: u64,
+    /// How long a command may take to arrive once its first byte has, in
+    /// milliseconds: a client that trickles a command (slowloris) is closed.
+    pub read_timeout_ms: u64,
+    /// How long an authenticated connection may send nothing before it is closed,
+    /// in milliseconds; 0 keeps idle connections open forever (Redis's `timeout 0`,
+    /// the default: pooled clients keep connections idle). Set it on a node that
+    /// clients it does not control reach.
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for RespConfig {
     fn default() -> Self {
-        Self { request_bytes_max: 1 << 20, args_max: 10_001, connections_max: 1024 }
+        Self {
+            request_bytes_max: 1 << 20,
+            args_max: 10_001,
+            connections_max: 1024,
+            connections_unauthenticated_max: 128,
+            auth_timeout_ms: 10_000,
+            read_timeout_ms: 10_000,
+            idle_timeout_ms: 0,
+        }
     }
 }
 
@@ -464,6 +490,22 @@ impl RespConfig {
     /// [`Self::connections_max`] as a `usize`.
     pub fn connection_limit(&self) -> usize {
         usize::try_from(self.connections_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::connections_unauthenticated_max`] as a `usize`.
+    pub fn unauthenticated_limit(&self) -> usize {
+        usize::try_from(self.connections_unauthenticated_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::auth_timeout_ms`] as a duration.
+    pub fn auth_timeout(&self) -> Duration {
+        Duration::from_millis(self.auth_timeout_ms)
+    }
+    /// [`Self::read_timeout_ms`] as a duration.
+    pub fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
+    }
+    /// [`Self::idle_timeout_ms`] as a duration, `None` for never.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        (self.idle_timeout_ms > 0).then(|| Duration::from_millis(self.idle_timeout_ms))
     }
 }
 
@@ -673,6 +715,15 @@ impl Config {
         )?;
         range("resp.args_max", r.args_max, 2, RESP_ARGS_MAX_CEILING)?;
         range("resp.connections_max", r.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
+        range(
+            "resp.connections_unauthenticated_max",
+            r.connections_unauthenticated_max,
+            1,
+            CONNECTIONS_MAX_CEILING,
+        )?;
+        interval("resp.auth_timeout_ms", r.auth_timeout_ms)?;
+        interval("resp.read_timeout_ms", r.read_timeout_ms)?;
+        range("resp.idle_timeout_ms", r.idle_timeout_ms, 0, INTERVAL_MS_CEILING)?;
         if self.reconcile.len() > SOURCES_MAX {
             return Err(ConfigError::OutOfRange {
                 field: "reconcile",

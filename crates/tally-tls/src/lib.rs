@@ -34,7 +34,9 @@ use tokio::sync::{mpsc, Semaphore};
 pub use tokio_rustls::server::TlsStream;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+pub mod admission;
 pub mod refusals;
+pub use admission::{Admission, Slot};
 pub use refusals::Listener;
 
 /// Most certificates read from one PEM file: a chain or a CA bundle is a handful;
@@ -278,17 +280,21 @@ pub fn server_name(addr: SocketAddr) -> ServerName<'static> {
 /// Logs and counts a TLS handshake that `what` refused from `peer`.
 pub fn refused_handshake(what: Listener, peer: SocketAddr, error: &std::io::Error) {
     refusals::count(what, refusals::Reason::TlsHandshake);
-    tracing::warn!(target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_handshake", %error, listener = what.as_str(), "{}: refused a connection: TLS handshake failed", what.describe());
+    refusals::log_limited(
+        || tracing::warn!(target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_handshake", %error, listener = what.as_str(), "{}: refused a connection: TLS handshake failed", what.describe()),
+    );
 }
 
 /// Logs and counts a connection to `what` from `peer` that did not complete its TLS
 /// handshake within `timeout`.
 pub fn timed_out_handshake(what: Listener, peer: SocketAddr, timeout: Duration) {
     refusals::count(what, refusals::Reason::TlsTimeout);
-    tracing::warn!(
-        target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_timeout", listener = what.as_str(), timeout_ms = timeout.as_millis() as u64,
-        "{}: refused a connection: no TLS handshake in time", what.describe()
-    );
+    refusals::log_limited(|| {
+        tracing::warn!(
+            target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_timeout", listener = what.as_str(), timeout_ms = timeout.as_millis() as u64,
+            "{}: refused a connection: no TLS handshake in time", what.describe()
+        )
+    });
 }
 
 /// Connections accepted on a listener whose TLS handshakes succeeded.

@@ -84,6 +84,14 @@ pub enum Reason {
     HostNotAllowed,
     /// A browser sent a write from a page of another origin.
     CrossOrigin,
+    /// A connection that had not sent a request (or authenticated) was closed to
+    /// make room for a new one on a full listener ([`crate::admission`]).
+    Evicted,
+    /// A connection did not authenticate within its listener's deadline.
+    AuthTimeout,
+    /// A request did not arrive whole within its listener's read timeout (a client
+    /// trickling bytes: slowloris).
+    ReadTimeout,
 }
 
 impl Reason {
@@ -99,6 +107,9 @@ impl Reason {
             Self::CrossProtocol => "cross_protocol",
             Self::HostNotAllowed => "host_not_allowed",
             Self::CrossOrigin => "cross_origin",
+            Self::Evicted => "evicted",
+            Self::AuthTimeout => "auth_timeout",
+            Self::ReadTimeout => "read_timeout",
         }
     }
 }
@@ -106,14 +117,18 @@ impl Reason {
 /// Every (listener, reason) pair a node can count, in label order: only pairs that
 /// can happen, each exported from the start (at zero) so a rate never starts from a
 /// missing series.
-pub const PAIRS: [(Listener, Reason); 15] = [
+pub const PAIRS: [(Listener, Reason); 20] = [
     (Listener::Http, Reason::TlsHandshake),
     (Listener::Http, Reason::TlsTimeout),
     (Listener::Http, Reason::HostNotAllowed),
     (Listener::Http, Reason::CrossOrigin),
+    (Listener::Http, Reason::Evicted),
     (Listener::Resp, Reason::TlsHandshake),
     (Listener::Resp, Reason::TlsTimeout),
     (Listener::Resp, Reason::CrossProtocol),
+    (Listener::Resp, Reason::Evicted),
+    (Listener::Resp, Reason::AuthTimeout),
+    (Listener::Resp, Reason::ReadTimeout),
     (Listener::Node, Reason::TlsHandshake),
     (Listener::Node, Reason::TlsTimeout),
     (Listener::Node, Reason::Unauthenticated),
@@ -122,6 +137,7 @@ pub const PAIRS: [(Listener, Reason); 15] = [
     (Listener::Raft, Reason::TlsTimeout),
     (Listener::Raft, Reason::ProofMissing),
     (Listener::Raft, Reason::ProofWrong),
+    (Listener::Raft, Reason::Evicted),
 ];
 
 static COUNTS: [AtomicU64; PAIRS.len()] = [const { AtomicU64::new(0) }; PAIRS.len()];
