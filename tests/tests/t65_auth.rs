@@ -406,6 +406,40 @@ fn tallyd_refuses_exposed_listeners_without_tokens_or_with_the_dev_secret() -> R
     Ok(())
 }
 
+#[test]
+fn tallyd_wants_tls_and_a_long_random_secret_beyond_loopback() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let outside = "192.0.2.1:17999";
+    let tokens = tally_auth::config_lines(OPS, "ops", &[Scope::Admin], &[]).expect("valid");
+    // Tokens, but a secret of 24 bytes: brute-forced from one captured handshake.
+    let (code, err) = run_tallyd(
+        dir.path(),
+        &config(3, "peer", outside, "t65-a-long-random-secret", &tokens),
+        &["--check"],
+    )?;
+    assert_eq!(code, Some(1), "{err}");
+    for needle in
+        ["refusing to start", "cluster.nodes[0].peer", "at least 32 random bytes", "openssl rand -hex 32"]
+    {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    // A long random secret, but no TLS.
+    let strong = "6f1c0e9a4b7d2385f0a1c3e5b7d9f1a2c4e6f8091b3d5f7a9c1e3f5a7b9d1f3a";
+    let (code, err) = run_tallyd(dir.path(), &config(1, "http", outside, strong, &tokens), &["--check"])?;
+    assert_eq!(code, Some(1), "{err}");
+    for needle in ["refusing to start", "cluster.nodes[0].http", "without TLS", "[tls]", "insecure_plaintext"]
+    {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    // Said out loud, plaintext is let through, with a warning.
+    let insecure = config(1, "http", outside, strong, &tokens)
+        .replace("[node]\n", "[node]\ninsecure_plaintext = true\n");
+    let (code, err) = run_tallyd(dir.path(), &insecure, &["--check"])?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("WITHOUT TLS") && err.contains("insecure_plaintext"), "no warning: {err}");
+    Ok(())
+}
+
 /// One `[[tokens]]` entry for `token`.
 fn token_entry(token: &str, name: &str, scopes: &[Scope], prefixes: &[&str]) -> String {
     let prefixes: Vec<String> = prefixes.iter().map(|p| p.to_string()).collect();

@@ -323,7 +323,7 @@ impl MetaRaft {
                 let incoming =
                     TlsIncoming::start(listener, tls.acceptor(), handshake, tally_tls::Listener::Raft)
                         .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
-                crate::server::RaftIncoming::Tls(incoming)
+                crate::server::RaftIncoming::Tls(incoming, tls.clone())
             }
         };
         let task = tokio::spawn(crate::server::serve(incoming, router, stopped));

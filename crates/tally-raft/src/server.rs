@@ -232,18 +232,21 @@ const ACCEPT_BACKOFF_MS: u64 = 100;
 pub enum RaftIncoming {
     /// Plaintext (loopback, or `insecure_plaintext`).
     Plain(tokio::net::TcpListener),
-    /// Mutual TLS with the cluster CA; the handshakes ran in their own tasks.
-    Tls(tally_tls::TlsIncoming),
+    /// Mutual TLS with the cluster CA; the handshakes ran in their own tasks, and
+    /// each peer's certificate names a node of the cluster.
+    Tls(tally_tls::TlsIncoming, tally_tls::ClusterTls),
 }
 
 impl RaftIncoming {
-    async fn next(&mut self) -> Option<(RaftStream, std::net::SocketAddr)> {
+    /// The next connection, its peer's address and, under TLS, the node its
+    /// certificate names.
+    async fn next(&mut self) -> Option<(RaftStream, std::net::SocketAddr, Option<String>)> {
         match self {
             RaftIncoming::Plain(listener) => loop {
                 match listener.accept().await {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        return Some((RaftStream::Plain(stream), peer));
+                        return Some((RaftStream::Plain(stream), peer, None));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "raft: accept failed; backing off");
@@ -251,9 +254,10 @@ impl RaftIncoming {
                     }
                 }
             },
-            RaftIncoming::Tls(incoming) => {
-                incoming.next().await.map(|(s, p)| (RaftStream::Tls(Box::new(s)), p))
-            }
+            RaftIncoming::Tls(incoming, tls) => incoming.next().await.map(|(s, p)| {
+                let node = tls.node_of(s.get_ref().1.peer_certificates());
+                (RaftStream::Tls(Box::new(s)), p, node)
+            }),
         }
     }
 }
@@ -267,7 +271,8 @@ enum RaftStream {
 /// Serves `router` (see [`raft_router`]) on `incoming` until `stopped` completes:
 /// hyper's HTTP/1 with a header-read timeout ([`RAFT_HEADER_READ_TIMEOUT_MS`]), at
 /// most [`RAFT_CONNECTIONS_MAX`] connections, each request told its peer's address
-/// ([`crate::auth::RaftPeer`]); then lets requests in flight finish for at most
+/// ([`crate::auth::RaftPeer`]) and, under TLS, the node its certificate names
+/// ([`crate::auth::PeerNode`], which proves the caller); then lets requests in flight finish for at most
 /// [`RAFT_SHUTDOWN_GRACE_MS`]. `axum::serve` has neither the timeout nor the cap.
 pub async fn serve(
     mut incoming: RaftIncoming,
@@ -288,7 +293,7 @@ pub async fn serve(
     tokio::pin!(stopped);
     loop {
         while connections.try_join_next().is_some() {}
-        let (stream, peer) = tokio::select! {
+        let (stream, peer, node) = tokio::select! {
             _ = &mut stopped => break,
             next = incoming.next() => match next {
                 Some(accepted) => accepted,
@@ -309,6 +314,9 @@ pub async fn serve(
             let service =
                 hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
                     req.extensions_mut().insert(axum::extract::ConnectInfo(crate::auth::RaftPeer(peer)));
+                    if let Some(node) = &node {
+                        req.extensions_mut().insert(crate::auth::PeerNode(node.clone()));
+                    }
                     let busy = marks.begin();
                     let answer = tower::ServiceExt::oneshot(router.clone(), req);
                     async move {

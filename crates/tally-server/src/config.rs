@@ -42,8 +42,15 @@ pub const FINGERPRINT_FORMAT: u32 = 1;
 pub const NODE_ID_LEN_MAX: usize = 64;
 /// Longest cluster name, in bytes.
 pub const CLUSTER_NAME_LEN_MAX: usize = 64;
-/// Shortest shared secret, in bytes: anything shorter is guessable.
+/// Shortest shared secret, in bytes, on loopback: anything shorter is guessable.
 pub const SECRET_LEN_MIN: usize = 8;
+/// Shortest shared secret of a node with a listener beyond loopback, in bytes: 32
+/// random bytes (or 64 hex digits of `openssl rand -hex 32`) cannot be found by
+/// trying, even from a captured node-to-node handshake, which a short secret can.
+pub const SECRET_LEN_MIN_EXPOSED: usize = 32;
+/// Fewest distinct bytes in the secret of a node beyond loopback: a long secret of
+/// a few repeated characters is not random (hex digits of a random secret use 16).
+pub const SECRET_DISTINCT_BYTES_MIN: usize = 10;
 /// Longest shared secret, in bytes.
 pub const SECRET_LEN_MAX: usize = 1024;
 /// Most nodes in one cluster (the engine's overflow reserve is sized for this many).
@@ -200,6 +207,36 @@ pub enum ExposureError {
         /// Its address.
         addr: SocketAddr,
     },
+    /// A listener binds a non-loopback address without TLS, and the node does not
+    /// say `node.insecure_plaintext = true`.
+    #[error(
+        "{listener} listens on {addr}, beyond loopback, without TLS: tokens, the cluster's raft \
+         traffic and counter data would cross the network in clear. Add a [tls] section \
+         (scripts/tls-local-ca.sh makes a local CA; cluster-config/README.md, [tls]), bind 127.0.0.1, or \
+         set node.insecure_plaintext = true on a network you trust"
+    )]
+    Plaintext {
+        /// The listener's field.
+        listener: String,
+        /// Its address.
+        addr: SocketAddr,
+    },
+    /// A listener binds a non-loopback address with a short or repetitive secret.
+    #[error(
+        "{listener} listens on {addr}, beyond loopback, with a cluster.secret of {len} bytes and {distinct} \
+         distinct ones: it must be at least {SECRET_LEN_MIN_EXPOSED} random bytes ({SECRET_DISTINCT_BYTES_MIN} \
+         distinct or more) so it cannot be found by trying; e.g. `openssl rand -hex 32`, the same on every node"
+    )]
+    WeakSecret {
+        /// The listener's field.
+        listener: String,
+        /// Its address.
+        addr: SocketAddr,
+        /// The secret's length in bytes.
+        len: usize,
+        /// How many distinct bytes it has.
+        distinct: usize,
+    },
     /// A listener binds a non-loopback address with the shipped development secret.
     #[error(
         "{listener} listens on {addr}, beyond loopback, with cluster.secret set to the development \
@@ -347,6 +384,12 @@ pub struct NodeConfig {
     /// Where the node keeps its data (the engine's store is `<data_dir>/store`).
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
+    /// Lets listeners beyond loopback run without TLS (tokens and raft traffic then
+    /// cross the network in clear, and a raft proof seen on the wire can be
+    /// replayed): for a network the operator trusts. Off by default; when it takes
+    /// effect, `tallyd` logs a warning at every start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_plaintext: bool,
 }
 
 /// Limits of the HTTP front end. Every one bounds what a client can make the node
@@ -621,6 +664,12 @@ fn default_data_dir() -> PathBuf {
     PathBuf::from("./data")
 }
 
+/// A secret's length and how many distinct bytes it has.
+fn secret_strength(secret: &str) -> (usize, usize) {
+    let distinct = secret.bytes().collect::<BTreeSet<u8>>().len();
+    (secret.len(), distinct)
+}
+
 /// Whether `addr` is reachable from this machine only (`127.0.0.0/8`, `::1`, or an
 /// IPv4-mapped loopback address). `0.0.0.0` and `::` are every interface: not loopback.
 pub fn is_loopback(addr: SocketAddr) -> bool {
@@ -751,6 +800,22 @@ impl Config {
             if self.cluster.nodes.len() > 1 && tls.cluster_ca.is_none() {
                 return Err(tally_tls::TlsError::NoClusterCa.into());
             }
+            // Clients get certificates of their own CA: one the cluster CA signed
+            // for a client would be one step from a node's.
+            if tls.client_ca.is_some() && tls.client_ca == tls.cluster_ca {
+                return Err(ConfigError::Invalid {
+                    field: "tls.client_ca".into(),
+                    reason: "names the cluster CA's file: give clients certificates of a CA of their own \
+                             (scripts/tls-local-ca.sh makes client-ca.pem beside ca.pem)"
+                        .into(),
+                });
+            }
+            // Each node's certificate names its id, as a DNS name.
+            if self.cluster.nodes.len() > 1 {
+                for n in &self.cluster.nodes {
+                    tally_tls::node_server_name(&n.id)?;
+                }
+            }
         }
         let e = &self.engine;
         e.auto_tuning().validate().map_err(|t| ConfigError::OutOfRange {
@@ -828,8 +893,26 @@ impl Config {
             if self.cluster.secret == DEV_SECRET {
                 return Err(ExposureError::DevSecret { listener: l.field, addr: l.addr }.into());
             }
+            let (len, distinct) = secret_strength(&self.cluster.secret);
+            if len < SECRET_LEN_MIN_EXPOSED || distinct < SECRET_DISTINCT_BYTES_MIN {
+                return Err(
+                    ExposureError::WeakSecret { listener: l.field, addr: l.addr, len, distinct }.into()
+                );
+            }
+            if self.tls.is_none() && !self.node.insecure_plaintext {
+                return Err(ExposureError::Plaintext { listener: l.field, addr: l.addr }.into());
+            }
         }
         Ok(())
+    }
+
+    /// The listeners beyond loopback that run in plaintext because of
+    /// `node.insecure_plaintext` (what `tallyd` warns about at every start).
+    pub fn insecure_listeners(&self) -> Vec<Listener> {
+        if self.tls.is_some() || !self.node.insecure_plaintext {
+            return Vec::new();
+        }
+        self.listeners().unwrap_or_default().into_iter().filter(|l| !is_loopback(l.addr)).collect()
     }
 
     /// This node's entry in `cluster.nodes`.
@@ -1388,6 +1471,8 @@ mod tests {
         assert_eq!(names, ["ops", "dashboards", "ingest"]);
         let mut exposed_node = c.clone();
         exposed(&mut exposed_node, "http", "0.0.0.0:7070");
+        exposed_node.cluster.secret = STRONG.into();
+        exposed_node.node.insecure_plaintext = true;
         assert_eq!(exposed_node.check_exposure(), Ok(()));
     }
 
@@ -1404,6 +1489,66 @@ mod tests {
             exposed(&mut c, "http", addr);
             assert_eq!(c.check_exposure(), Ok(()), "{addr} is loopback");
         }
+    }
+
+    /// A secret as `openssl rand -hex 32` makes one.
+    const STRONG: &str = "6f1c0e9a4b7d2385f0a1c3e5b7d9f1a2c4e6f8091b3d5f7a9c1e3f5a7b9d1f3a";
+
+    /// `[tls]` files (not read by validation).
+    fn with_tls(c: &mut Config) {
+        c.tls = Some(tally_tls::TlsConfig {
+            cert: "certs/n1.pem".into(),
+            key: "certs/n1-key.pem".into(),
+            client_ca: None,
+            cluster_ca: Some("certs/ca.pem".into()),
+        });
+    }
+
+    #[test]
+    fn beyond_loopback_a_node_needs_tls_and_a_long_random_secret_unless_it_says_insecure_plaintext() {
+        for field in ["http", "peer", "raft"] {
+            let mut c = Config::from_toml(&format!(
+                "{GOOD}\n{}",
+                token_lines("ops", "t-admin", &[tally_auth::Scope::Admin])
+            ))
+            .expect("valid");
+            exposed(&mut c, field, "0.0.0.0:7070");
+            // Tokens, but a secret of 20 bytes (what GOOD carries), then 32 bytes of one letter.
+            for weak in ["a-long-enough-secret", &"x".repeat(40)] {
+                c.cluster.secret = weak.to_string();
+                let err = c.check_exposure().expect_err("a weak secret");
+                assert!(matches!(err, ConfigError::Exposure(ExposureError::WeakSecret { .. })), "{err}");
+                assert!(err.to_string().contains("openssl rand -hex 32"), "{err}");
+            }
+            c.cluster.secret = STRONG.into();
+            let err = c.check_exposure().expect_err("plaintext beyond loopback");
+            assert!(matches!(err, ConfigError::Exposure(ExposureError::Plaintext { .. })), "{err}");
+            assert!(err.to_string().contains("insecure_plaintext"), "{err}");
+            assert!(c.insecure_listeners().is_empty());
+            let mut insecure = c.clone();
+            insecure.node.insecure_plaintext = true;
+            assert_eq!(insecure.check_exposure(), Ok(()));
+            assert_eq!(insecure.insecure_listeners().len(), 1, "{field}: the one to warn about");
+            with_tls(&mut c);
+            assert_eq!(c.check_exposure(), Ok(()), "{field} with tokens, a strong secret and TLS");
+            assert!(c.insecure_listeners().is_empty());
+        }
+    }
+
+    #[test]
+    fn clients_get_a_ca_of_their_own_and_node_ids_are_names_a_certificate_can_carry() {
+        let mut c = good();
+        with_tls(&mut c);
+        c.validate().expect("valid");
+        let tls = c.tls.as_mut().expect("tls");
+        tls.client_ca = tls.cluster_ca.clone();
+        let err = c.validate().expect_err("the cluster CA as the client CA");
+        assert!(matches!(&err, ConfigError::Invalid { field, .. } if field == "tls.client_ca"), "{err}");
+        let mut c = good();
+        with_tls(&mut c);
+        c.cluster.nodes[1].id = "n:2".into();
+        c.node.id = "n1".into();
+        assert!(matches!(c.validate(), Err(ConfigError::Tls(tally_tls::TlsError::NodeName(_)))));
     }
 
     #[test]
@@ -1423,7 +1568,9 @@ mod tests {
                 ))
                 .expect("valid");
                 exposed(&mut c, field, addr);
-                assert_eq!(c.check_exposure(), Ok(()), "{field} {addr} with tokens and a real secret");
+                c.cluster.secret = STRONG.into();
+                with_tls(&mut c);
+                assert_eq!(c.check_exposure(), Ok(()), "{field} {addr} with tokens, a real secret and TLS");
                 c.cluster.secret = DEV_SECRET.into();
                 let err = c.check_exposure().expect_err("exposed with the dev secret");
                 assert!(matches!(err, ConfigError::Exposure(ExposureError::DevSecret { .. })), "{err}");

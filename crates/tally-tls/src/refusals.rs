@@ -69,8 +69,10 @@ pub enum Reason {
     TlsTimeout,
     /// A raft RPC carried no proof of the cluster secret.
     ProofMissing,
-    /// A raft RPC carried a proof of another secret.
+    /// A raft RPC carried a proof of another secret (or of another request).
     ProofWrong,
+    /// A raft RPC carried a proof seen before, or one too old: a replay.
+    ProofReplayed,
     /// An inbound node-to-node session closed before it authenticated (the
     /// challenge–response on the cluster secret failed or never finished).
     Unauthenticated,
@@ -102,6 +104,7 @@ impl Reason {
             Self::TlsTimeout => "tls_timeout",
             Self::ProofMissing => "proof_missing",
             Self::ProofWrong => "proof_wrong",
+            Self::ProofReplayed => "proof_replayed",
             Self::Unauthenticated => "unauthenticated",
             Self::UnknownPeer => "unknown_peer",
             Self::CrossProtocol => "cross_protocol",
@@ -117,7 +120,7 @@ impl Reason {
 /// Every (listener, reason) pair a node can count, in label order: only pairs that
 /// can happen, each exported from the start (at zero) so a rate never starts from a
 /// missing series.
-pub const PAIRS: [(Listener, Reason); 20] = [
+pub const PAIRS: [(Listener, Reason); 21] = [
     (Listener::Http, Reason::TlsHandshake),
     (Listener::Http, Reason::TlsTimeout),
     (Listener::Http, Reason::HostNotAllowed),
@@ -137,6 +140,7 @@ pub const PAIRS: [(Listener, Reason); 20] = [
     (Listener::Raft, Reason::TlsTimeout),
     (Listener::Raft, Reason::ProofMissing),
     (Listener::Raft, Reason::ProofWrong),
+    (Listener::Raft, Reason::ProofReplayed),
     (Listener::Raft, Reason::Evicted),
 ];
 

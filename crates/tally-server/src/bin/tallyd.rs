@@ -188,8 +188,21 @@ async fn run(args: Args) -> Result<()> {
     let config = load(&args)?;
     let me = config.this_node()?.clone();
     let nodes = config.cluster.nodes.len();
-    // Before anything binds: a listener beyond loopback needs tokens and a real secret.
+    // Before anything binds: a listener beyond loopback needs tokens, a long random
+    // secret and TLS (or an explicit node.insecure_plaintext, said at every start).
     config.check_exposure().context("refusing to start")?;
+    for l in config.insecure_listeners() {
+        tracing::warn!(
+            target: tally_server::auth::AUDIT_TARGET,
+            listener = %l.field,
+            addr = %l.addr,
+            "{} listens on {} beyond loopback WITHOUT TLS (node.insecure_plaintext = true): tokens, raft \
+             traffic and counter data cross the network in clear, and a raft request seen on the wire can \
+             be replayed",
+            l.field,
+            l.addr
+        );
+    }
     let gate = Arc::new(Gate::from_config(&config).context("loading [[tokens]]")?);
     if args.check {
         println!(
