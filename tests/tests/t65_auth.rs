@@ -530,3 +530,56 @@ async fn sighup_reloads_the_tokens_without_a_restart() -> Result<()> {
     assert_eq!(c.node(1).pid(), pid);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frequency_reads_need_read_on_both_front_ends_and_pfadd_creates_only_with_admin() -> Result<()> {
+    let ops = token_entry(OPS, "ops", &[Scope::Admin], &[]);
+    let reader = token_entry(READER, "reader", &[Scope::Read], &[]);
+    let ingest = token_entry(INGEST, "ingest", &[Scope::Write], &["likes:"]);
+    let c = TestCluster::start_secured(1, &[], &format!("{ops}\n{reader}\n{ingest}"), OPS).await?;
+    let http = reqwest::Client::new();
+    let base = c.node(1).url();
+    c.put_counter(
+        1,
+        "likes:pages",
+        json!({"frequency": {"epsilon": 0.01, "delta": 0.01}, "durability": "sync"}),
+    )
+    .await?;
+    c.send(1, "POST", "/v1/counters/likes:pages/increments", json!({"delta": 3, "item": "/home"})).await?;
+    // A read token reads frequencies over HTTP, as over RESP (CMS.QUERY, TOPK.LIST).
+    for path in ["/v1/counters/likes:pages/frequency?item=/home", "/v1/counters/likes:pages/top?k=5"] {
+        let (status, _, body) = call(&http, "GET", &format!("{base}{path}"), Some(READER), None).await?;
+        assert_eq!(status, 200, "GET {path} with a read token: {body}");
+    }
+    let (status, _, body) =
+        call(&http, "GET", &format!("{base}/v1/counters/likes:pages/top"), Some(INGEST), None).await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "a write token reads no top"
+    );
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", c.node(1).ports.resp)).await?;
+    assert_eq!(resp_line(&mut conn, &["AUTH", READER]).await?, "+OK");
+    assert_eq!(
+        resp_line(&mut conn, &["CMS.QUERY", "likes:pages", "/home"]).await?.lines().next(),
+        Some("*1")
+    );
+
+    // PFADD: a write token adds members to a distinct counter that exists, but does
+    // not create one (a counter with a spec of its own); an admin token does.
+    c.put_counter(1, "likes:visitors", json!({"distinct": true})).await?;
+    let mut writer = tokio::net::TcpStream::connect(("127.0.0.1", c.node(1).ports.resp)).await?;
+    assert_eq!(resp_line(&mut writer, &["AUTH", INGEST]).await?, "+OK");
+    assert_eq!(resp_line(&mut writer, &["PFADD", "likes:visitors", "u1"]).await?, ":1");
+    let refused = resp_line(&mut writer, &["PFADD", "likes:new", "u1"]).await?;
+    assert!(refused.starts_with("-NOPERM") && refused.contains("TALLY.CREATE"), "{refused}");
+    let (status, _, _) =
+        call(&http, "GET", &format!("{base}/v1/counters/likes:new"), Some(OPS), None).await?;
+    assert_eq!(status, 404, "the refused PFADD created the counter");
+    // Incrementing an unknown counter creates it with the node's spec: write suffices.
+    assert_eq!(resp_line(&mut writer, &["INCR", "likes:plain"]).await?, ":1");
+    let mut admin = tokio::net::TcpStream::connect(("127.0.0.1", c.node(1).ports.resp)).await?;
+    assert_eq!(resp_line(&mut admin, &["AUTH", OPS]).await?, "+OK");
+    assert_eq!(resp_line(&mut admin, &["PFADD", "likes:new", "u1"]).await?, ":1");
+    Ok(())
+}
