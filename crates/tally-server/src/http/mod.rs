@@ -473,6 +473,10 @@ async fn reconcile<S: Service>(
     Ok(Json(crate::service::reconcile_recorded(&st.svc, &name, authoritative).await?))
 }
 
+/// What a token without `admin` on the counter reads instead of a source's error.
+pub const REDACTED_SOURCE_ERROR: &str =
+    "the source failed; why is shown to admin tokens and in the node's log (it may name hosts, users or files)";
+
 /// The answer of `GET /v1/counters/{name}/reconciliations`.
 #[derive(Debug, Serialize)]
 struct ReconciliationsView {
@@ -489,10 +493,20 @@ struct ReconciliationsView {
 #[tracing::instrument(level = "debug", name = "reconciliations", skip_all)]
 async fn reconciliations<S: Service>(
     State(st): State<AppState<S>>,
+    Extension(Caller(caller)): Extension<Caller>,
     CounterPath(name): CounterPath,
 ) -> Result<Json<ReconciliationsView>, ApiError> {
     tally_core::CounterName::new(name.as_str()).map_err(TallyError::from)?;
-    let runs = st.svc.runs().runs(&name);
+    let mut runs = st.svc.runs().runs(&name);
+    // A source's error may name its hosts, users, files or database: an admin's to
+    // read, not every reader's.
+    if authorize(&caller, Scope::Admin, Resource::Counter(&name)).is_err() {
+        for run in &mut runs {
+            if run.error.is_some() {
+                run.error = Some(REDACTED_SOURCE_ERROR.into());
+            }
+        }
+    }
     Ok(Json(ReconciliationsView { counter: name, node: st.svc.node_id().to_string(), runs }))
 }
 
@@ -616,12 +630,18 @@ async fn guard(State(shared): State<Arc<Shared>>, mut req: Request, next: Next) 
         Ok(Ok(response)) => json_errors(response, &method).await,
         Ok(Err(panic)) => {
             shared.stats.panics.inc();
+            let number = shared.stats.panics.get();
             let message = panic_message(panic.as_ref());
-            tracing::error!(parent: &span, %method, %path, %message, "handler panicked");
+            tracing::error!(parent: &span, %method, %path, %message, panic = number, "handler panicked");
+            // The panic's text may name source files, values or internals: it stays in
+            // the log, and the answer says which line to look for.
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 codes::INTERNAL,
-                format!("internal error: {message}"),
+                format!(
+                    "internal error (panic {number} on this node, logged with its details); the request may \
+                     or may not have taken effect"
+                ),
             )
             .into_response()
         }

@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod event_log;
+pub mod pg_tls;
 pub mod postgres;
 pub mod runs;
 
