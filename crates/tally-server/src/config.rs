@@ -288,11 +288,29 @@ pub struct Config {
     /// can be rotated one node at a time.
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
+    /// Most counters under a name prefix (`[[quotas]]`): a tenant's, or what a
+    /// token with that prefix may fill. Per node, like `engine.counters_max`.
+    #[serde(default)]
+    pub quotas: Vec<QuotaConfig>,
     /// TLS on this node's listeners and, in a cluster, between nodes (`[tls]`);
     /// plaintext when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<tally_tls::TlsConfig>,
 }
+
+/// One `[[quotas]]` entry: at most `counters_max` counters whose names start with
+/// `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// The names it covers (`likes:`).
+    pub prefix: String,
+    /// Most counters with such names.
+    pub counters_max: u64,
+}
+
+/// Most `[[quotas]]` entries.
+pub const QUOTAS_MAX: usize = 256;
 
 /// The cluster-wide section: identical on every node, fingerprinted at handshake.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -594,6 +612,15 @@ pub struct EngineConfig {
     pub auto_rate_up_per_shard: u64,
     /// Increments waiting at one shard at once that make a sample hot.
     pub auto_queue_up: u32,
+    /// Most counters on the node (as its catalog counts them: in a cluster, the
+    /// cluster's); a creation beyond it answers 507 `quota_exceeded`.
+    pub counters_max: u64,
+    /// Most event ids a counter keeps within its dedup window, split evenly over
+    /// its shards; a new id beyond it answers 507 `quota_exceeded`.
+    pub event_ids_per_counter_max: u64,
+    /// Most bytes a counter's sketches may take (count-min tables, the distinct
+    /// sketch, window buckets); a spec beyond it answers 507 `quota_exceeded`.
+    pub sketch_bytes_per_counter_max: u64,
 }
 
 impl EngineConfig {
@@ -631,6 +658,9 @@ impl Default for EngineConfig {
             auto_hot_samples: t.autoshard.hot_samples,
             auto_rate_up_per_shard: t.autoshard.rate_up_per_shard,
             auto_queue_up: t.autoshard.queue_up,
+            counters_max: t.counters_max,
+            event_ids_per_counter_max: t.event_ids_per_counter_max,
+            sketch_bytes_per_counter_max: t.sketch_bytes_per_counter_max,
         }
     }
 }
@@ -842,6 +872,23 @@ impl Config {
         range("engine.dedup_sweep_records_max", e.dedup_sweep_records_max, 1, u32::MAX.into())?;
         range("engine.store_cache_bytes", e.store_cache_bytes, 1 << 20, 1 << 40)?;
         range("engine.store_flush_every_ms", e.store_flush_every_ms, 0, INTERVAL_MS_CEILING)?;
+        range("engine.counters_max", e.counters_max, 1, u64::MAX)?;
+        range("engine.event_ids_per_counter_max", e.event_ids_per_counter_max, 1, u64::MAX)?;
+        range("engine.sketch_bytes_per_counter_max", e.sketch_bytes_per_counter_max, 1, u64::MAX)?;
+        range("quotas", self.quotas.len() as u64, 0, QUOTAS_MAX as u64)?;
+        for (i, q) in self.quotas.iter().enumerate() {
+            let listable = q.prefix.len() <= tally_engine::LIST_PREFIX_BYTES_MAX
+                && q.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+            if q.prefix.is_empty() || !listable || q.counters_max == 0 {
+                return Err(ConfigError::Invalid {
+                    field: format!("quotas[{i}]"),
+                    reason:
+                        "prefix must be 1 to 255 bytes of [A-Za-z0-9._:-] (engine.counters_max bounds every \
+                             counter) and counters_max at least 1"
+                            .into(),
+                });
+            }
+        }
         // An engine call must give up before the HTTP request waiting for it does, so
         // the client learns which shard failed instead of seeing a generic timeout;
         // and a graceful shutdown must outlast any request it waits for.
@@ -945,6 +992,17 @@ impl Config {
             dedup_sweep_records_max: usize::try_from(e.dedup_sweep_records_max).unwrap_or(usize::MAX),
             batch_items_max: self.http.batch_limit_items(),
             autoshard: e.auto_tuning(),
+            counters_max: e.counters_max,
+            counter_quotas: self
+                .quotas
+                .iter()
+                .map(|q| tally_engine::CounterQuota {
+                    prefix: q.prefix.clone(),
+                    counters_max: q.counters_max,
+                })
+                .collect(),
+            event_ids_per_counter_max: e.event_ids_per_counter_max,
+            sketch_bytes_per_counter_max: e.sketch_bytes_per_counter_max,
             ..TallyConfig::default()
         }
     }
