@@ -251,6 +251,40 @@ pub enum ExposureError {
     },
 }
 
+/// How an item of [`Config::checklist`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckLevel {
+    /// As a node reachable by others should be.
+    Ok,
+    /// Worth knowing; nothing to change.
+    Info,
+    /// Allowed, but weaker than a production node should run.
+    Warn,
+    /// The node refuses to start like this.
+    Fail,
+}
+
+impl CheckLevel {
+    /// How the checklist prints it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Fail => "FAIL",
+        }
+    }
+}
+
+/// One item of [`Config::checklist`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// How it stands.
+    pub level: CheckLevel,
+    /// What it says.
+    pub text: String,
+}
+
 /// One socket a running node listens on, for the exposure check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
@@ -962,6 +996,127 @@ impl Config {
         self.listeners().unwrap_or_default().into_iter().filter(|l| !is_loopback(l.addr)).collect()
     }
 
+    /// What this configuration exposes and what a node reachable by others must set,
+    /// item by item: what `tallyd --check-config` prints (README, "Running it safely").
+    pub fn checklist(&self) -> Vec<Check> {
+        let mut out = Vec::new();
+        let mut add = |level: CheckLevel, text: String| out.push(Check { level, text });
+        let listeners = self.listeners().unwrap_or_default();
+        let exposed: Vec<&Listener> = listeners.iter().filter(|l| !is_loopback(l.addr)).collect();
+        for l in &listeners {
+            let level = if is_loopback(l.addr) { CheckLevel::Ok } else { CheckLevel::Info };
+            let reach = if is_loopback(l.addr) {
+                "loopback: this machine's processes only (and web pages its users open, which the browser \
+                 guards refuse)"
+            } else {
+                "beyond loopback: reachable from the network"
+            };
+            add(level, format!("{} listens on {}: {reach}", l.field, l.addr));
+        }
+        let any = !exposed.is_empty();
+        match (self.tokens.is_empty(), any) {
+            (true, true) => {
+                add(CheckLevel::Fail, "no [[tokens]]: a listener beyond loopback needs client tokens".into())
+            }
+            (true, false) => add(
+                CheckLevel::Warn,
+                "no [[tokens]]: the node is open to every local process (fine for development)".into(),
+            ),
+            (false, _) => add(CheckLevel::Ok, format!("{} client token(s) declared", self.tokens.len())),
+        }
+        let (len, distinct) = secret_strength(&self.cluster.secret);
+        let strong = len >= SECRET_LEN_MIN_EXPOSED && distinct >= SECRET_DISTINCT_BYTES_MIN;
+        let secret = match (self.cluster.secret == DEV_SECRET, strong, any) {
+            (true, _, true) => (CheckLevel::Fail, "cluster.secret is the development secret".to_string()),
+            (true, _, false) => {
+                (CheckLevel::Warn, "cluster.secret is the development secret (loopback only)".into())
+            }
+            (false, false, true) => (
+                CheckLevel::Fail,
+                format!("cluster.secret has {len} bytes ({distinct} distinct): 32 random bytes at least"),
+            ),
+            (false, false, false) => (
+                CheckLevel::Warn,
+                format!("cluster.secret has {len} bytes: use 32 random ones before exposing the node"),
+            ),
+            (false, true, _) => (CheckLevel::Ok, format!("cluster.secret: {len} bytes")),
+        };
+        add(secret.0, secret.1);
+        match (&self.tls, self.node.insecure_plaintext, any) {
+            (Some(tls), _, _) => {
+                add(CheckLevel::Ok, "TLS on every listener; node certificates must name their node ids".into());
+                match &tls.client_ca {
+                    Some(_) => add(CheckLevel::Ok, "client certificates required (tls.client_ca)".into()),
+                    None => add(CheckLevel::Info, "no tls.client_ca: clients authenticate by token only".into()),
+                }
+            }
+            (None, true, true) => add(
+                CheckLevel::Warn,
+                "node.insecure_plaintext: listeners beyond loopback run without TLS (tokens and raft traffic in clear)"
+                    .into(),
+            ),
+            (None, false, true) => add(CheckLevel::Fail, "no [tls]: a listener beyond loopback needs TLS".into()),
+            (None, _, false) => add(CheckLevel::Info, "no [tls]: plaintext on loopback".into()),
+        }
+        let resp_exposed = exposed.iter().any(|l| l.field.contains(".resp "));
+        if resp_exposed && self.resp.idle_timeout_ms == 0 {
+            add(
+                CheckLevel::Warn,
+                "resp.idle_timeout_ms is 0: idle authenticated RESP connections never close".into(),
+            );
+        }
+        if any && self.http.metrics_public {
+            add(
+                CheckLevel::Warn,
+                "http.metrics_public: /metrics (which names counters) needs no token".into(),
+            );
+        }
+        if self.http.allowed_hosts.iter().any(|h| h == "*") {
+            add(
+                CheckLevel::Warn,
+                "http.allowed_hosts has \"*\": DNS rebinding is checked by nothing in front".into(),
+            );
+        }
+        add(
+            CheckLevel::Ok,
+            "browser guards: Host names, cross-origin writes, JSON POSTs, RESP cross-protocol".into(),
+        );
+        for (i, source) in self.reconcile.iter().enumerate() {
+            let Some(pg) = &source.postgres else { continue };
+            if !pg.url.contains("sslmode=verify-") {
+                add(
+                    CheckLevel::Warn,
+                    format!(
+                        "reconcile[{i}].postgres.url has no sslmode=verify-full: plaintext to the database"
+                    ),
+                );
+            }
+        }
+        let e = &self.engine;
+        add(
+            CheckLevel::Info,
+            format!(
+                "quotas: {} counters on the node, {} per-prefix rule(s), {} event ids and {} sketch bytes per counter",
+                e.counters_max,
+                self.quotas.len(),
+                e.event_ids_per_counter_max,
+                e.sketch_bytes_per_counter_max
+            ),
+        );
+        add(
+            CheckLevel::Info,
+            format!(
+                "connections: HTTP {} (header timeout {} ms), RESP {} + {} unauthenticated (auth timeout {} ms)",
+                self.http.connections_max,
+                self.http.header_read_timeout_ms,
+                self.resp.connections_max,
+                self.resp.connections_unauthenticated_max,
+                self.resp.auth_timeout_ms
+            ),
+        );
+        out
+    }
+
     /// This node's entry in `cluster.nodes`.
     pub fn this_node(&self) -> Result<&NodeEntry, ConfigError> {
         self.cluster.node(&self.node.id).ok_or_else(|| ConfigError::UnknownNode {
@@ -1591,6 +1746,24 @@ mod tests {
             assert_eq!(c.check_exposure(), Ok(()), "{field} with tokens, a strong secret and TLS");
             assert!(c.insecure_listeners().is_empty());
         }
+    }
+
+    #[test]
+    fn the_checklist_fails_what_the_node_refuses_and_warns_of_what_it_allows() {
+        let levels = |c: &Config, needle: &str| {
+            c.checklist().into_iter().filter(|k| k.text.contains(needle)).map(|k| k.level).collect::<Vec<_>>()
+        };
+        let builtin = Config::single_node().expect("built-in");
+        assert!(builtin.checklist().iter().all(|k| k.level != CheckLevel::Fail), "{:?}", builtin.checklist());
+        assert_eq!(levels(&builtin, "no [[tokens]]"), [CheckLevel::Warn]);
+        assert_eq!(levels(&builtin, "development secret"), [CheckLevel::Warn]);
+        let mut exposed = good();
+        exposed.cluster.nodes[0].http = "0.0.0.0:7070".parse().expect("address");
+        for needle in ["no [[tokens]]", "no [tls]", "cluster.secret has 20 bytes"] {
+            assert_eq!(levels(&exposed, needle), [CheckLevel::Fail], "{needle}: {:?}", exposed.checklist());
+        }
+        exposed.node.insecure_plaintext = true;
+        assert_eq!(levels(&exposed, "insecure_plaintext"), [CheckLevel::Warn]);
     }
 
     #[test]
