@@ -565,7 +565,7 @@ impl Default for RespConfig {
             request_bytes_max: 1 << 20,
             args_max: 10_001,
             connections_max: 1024,
-            connections_unauthenticated_max: 128,
+            connections_unauthenticated_max: 512,
             auth_timeout_ms: 10_000,
             read_timeout_ms: 10_000,
             idle_timeout_ms: 0,

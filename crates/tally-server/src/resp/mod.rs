@@ -63,6 +63,12 @@ use wire::{encode, Reply, WireLimits};
 /// Most commands run between two writes of one connection: a longer pipeline is
 /// answered in several writes, so the output buffer stays bounded.
 pub const PIPELINE_COMMANDS_MAX: usize = 1024;
+/// Longest a connection runs commands of one pipeline before it lets the other
+/// tasks of its worker run, in microseconds: a pipeline of heavy commands
+/// (`COMMAND DOCS`, huge names) would otherwise hold a worker for tens of
+/// milliseconds, and the engine's actors that other clients' requests wait on
+/// with it.
+pub const COMMAND_SLICE_US: u64 = 1_000;
 /// Bytes reserved in a connection's read buffer before each read.
 pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// How long the accept loop pauses after an accept error (for example running out
@@ -413,6 +419,7 @@ async fn run_batch<S: Service>(
     let gate = &front.gate;
     let mut args = Vec::new();
     let (mut next, mut held) = (0, None);
+    let mut slice = Instant::now();
     // Each command is parsed and admitted when its turn comes, in order: an `AUTH`
     // earlier in the pipeline counts only once it ran.
     let mut take = |held: &mut Option<_>| {
@@ -501,6 +508,12 @@ async fn run_batch<S: Service>(
         encode(&reply, session.proto, out);
         if flow == Flow::Close {
             return Flow::Close;
+        }
+        // A pipeline of heavy commands (`COMMAND DOCS`, megabyte names) must not hold
+        // a worker for long: every other connection and the engine's actors share it.
+        if slice.elapsed() >= Duration::from_micros(COMMAND_SLICE_US) {
+            tokio::task::yield_now().await;
+            slice = Instant::now();
         }
     }
     Flow::Continue
