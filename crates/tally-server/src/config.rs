@@ -521,6 +521,8 @@ impl HttpConfig {
 pub const RESP_REQUEST_BYTES_MAX_CEILING: u64 = BODY_BYTES_MAX_CEILING;
 /// Smallest RESP request limit, in bytes: every documented command must fit.
 pub const RESP_REQUEST_BYTES_MAX_FLOOR: u64 = 1024;
+/// Smallest largest-argument limit, in bytes: every name and item must fit.
+pub const RESP_ARG_BYTES_MAX_FLOOR: u64 = 1024;
 /// Most arguments one RESP command may be configured to carry.
 pub const RESP_ARGS_MAX_CEILING: u64 = 1_000_000;
 
@@ -536,6 +538,12 @@ pub struct RespConfig {
     pub request_bytes_max: u64,
     /// Most arguments in one command (the command's name included).
     pub args_max: u64,
+    /// Largest single argument, in bytes. No argument of any command needs more than
+    /// a few kilobytes (names are at most 255, items 1024); a longer declared length
+    /// is refused as soon as its header arrives (`request_too_large`) and the
+    /// connection is closed, so a client cannot make the node read, check and keep a
+    /// megabyte name (`CLIENT SETNAME`).
+    pub arg_bytes_max: u64,
     /// Most simultaneous authenticated RESP connections (on a node without tokens:
     /// connections that sent a command); one more is answered
     /// `-ERR max number of clients reached` and closed, as Redis does.
@@ -564,6 +572,7 @@ impl Default for RespConfig {
         Self {
             request_bytes_max: 1 << 20,
             args_max: 10_001,
+            arg_bytes_max: 64 << 10,
             connections_max: 1024,
             connections_unauthenticated_max: 512,
             auth_timeout_ms: 10_000,
@@ -581,6 +590,10 @@ impl RespConfig {
     /// [`Self::args_max`] as a `usize`.
     pub fn args_limit(&self) -> usize {
         usize::try_from(self.args_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::arg_bytes_max`] as a `usize`.
+    pub fn arg_limit_bytes(&self) -> usize {
+        usize::try_from(self.arg_bytes_max).unwrap_or(usize::MAX)
     }
     /// [`Self::connections_max`] as a `usize`.
     pub fn connection_limit(&self) -> usize {
@@ -827,6 +840,7 @@ impl Config {
             RESP_REQUEST_BYTES_MAX_CEILING,
         )?;
         range("resp.args_max", r.args_max, 2, RESP_ARGS_MAX_CEILING)?;
+        range("resp.arg_bytes_max", r.arg_bytes_max, RESP_ARG_BYTES_MAX_FLOOR, r.request_bytes_max)?;
         range("resp.connections_max", r.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
         range(
             "resp.connections_unauthenticated_max",

@@ -541,6 +541,7 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
     let limits = WireLimits {
         request_bytes_max: front.limits.request_limit_bytes(),
         args_max: front.limits.args_limit(),
+        arg_bytes_max: front.limits.arg_limit_bytes(),
     };
     let (auth_timeout, read_timeout) = (front.limits.auth_timeout(), front.limits.read_timeout());
     let idle_timeout = front.limits.idle_timeout();
@@ -695,7 +696,7 @@ mod tests {
 
     #[test]
     fn a_batch_reads_each_request_from_the_buffer_in_order() {
-        let limits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+        let limits = WireLimits { request_bytes_max: 1024, args_max: 8, arg_bytes_max: 1024 };
         let buf = b"*2\r\n$4\r\nINCR\r\n$1\r\na\r\n\r\nGET b\r\n*3\r\n$6\r\nINCRBY\r\n$2\r\ncc\r\n$1\r\n5\r\n*1\r\n$4\r\nPI";
         let (batch, fatal) = take_batch(buf, &limits);
         assert!(fatal.is_none());
@@ -733,7 +734,7 @@ mod tests {
             assert!(!is_cross_protocol(&words(line)), "{line}");
         }
         // In a pipeline, what comes before the attack runs; it and what follows do not.
-        let limits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+        let limits = WireLimits { request_bytes_max: 1024, args_max: 8, arg_bytes_max: 1024 };
         let buf = b"PING\r\nPOST / HTTP/1.1\r\nHost: 127.0.0.1:6380\r\n\r\nDEL likes:1\r\n";
         let (batch, fatal) = take_batch(buf, &limits);
         assert!(fatal.is_none());
