@@ -252,15 +252,17 @@ async fn a_node_under_attack_keeps_answering_a_well_behaved_client() -> Result<(
     let refused = Arc::new(AtomicU64::new(0));
     let openers = if on("flood") { FLOOD_OPENERS } else { 0 };
     let mut flooding = Vec::new();
-    for o in 0..openers {
-        let (opened, refused) = (opened.clone(), refused.clone());
+    let claimed = Arc::new(AtomicU64::new(0));
+    for _ in 0..openers {
+        let (opened, refused, claimed) = (opened.clone(), refused.clone(), claimed.clone());
         flooding.push(tokio::spawn(async move {
             let mut held = Vec::new();
-            for i in 0..flood / FLOOD_OPENERS {
-                if tokio::time::Instant::now() >= deadline {
+            loop {
+                let i = claimed.fetch_add(1, Ordering::Relaxed);
+                if i >= flood as u64 || tokio::time::Instant::now() >= deadline {
                     break;
                 }
-                let port = if (i + o) % 2 == 0 { resp } else { http };
+                let port = if i % 2 == 0 { resp } else { http };
                 match tokio::time::timeout_at(deadline, TcpStream::connect(("127.0.0.1", port))).await {
                     Ok(Ok(s)) => {
                         held.push(s);
