@@ -19,6 +19,8 @@
 //! * `catalog.rs` — counter metadata in the node's store.
 //! * `read.rs` — sums, sketches and shard reports.
 //! * `lost.rs` — refuses reads of shards whose earlier values this node lost.
+//! * `quota.rs` — the quotas: counters on the node and per prefix, event ids a
+//!   counter keeps, bytes its sketches take.
 //!
 //! Actors talk by messages and reply in them; a handler returns `Err` only for a
 //! fatal condition. The decisions themselves are `tally_core`'s pure functions.

@@ -15,6 +15,10 @@
 //! tasks, each bounded by a timeout, so one silent or plaintext client can neither
 //! stall the listener nor hold a task forever; a refused handshake is logged.
 //!
+//! Two modules serve every listener of a node, TLS or not: [`admission`] decides
+//! who keeps a connection when a listener is full, and [`refusals`] counts (and logs
+//! within a budget) what listeners refuse.
+//!
 //! Files are read when a node starts, not when its config is validated: a config is
 //! checked on machines where the certificates do not exist yet.
 //!
