@@ -203,6 +203,8 @@ pub(crate) struct Ctx {
     pub(crate) lost: crate::lost::LostData,
     /// Creations of counters by their first increment, batched into shared commits.
     pub(crate) creator: Arc<crate::create::Creator>,
+    /// The node's quotas and their counts (`crate::quota`).
+    pub(crate) quotas: Arc<crate::quota::Quotas>,
     /// Places for created counters not drained yet ([`CREATED_UNDRAINED_MAX`]).
     pub(crate) created_undrained: Arc<tokio::sync::Semaphore>,
     /// The auto counters this engine follows (`autoshard.rs`).
@@ -271,7 +273,11 @@ impl Ctx {
                 };
                 // Shares one metadata commit with the creations queued meanwhile
                 // (or, with a local catalog, is answered before it is written).
+                self.quotas.admit_counter(&name).inspect_err(|_| self.stats.quota_counters_refused.inc())?;
                 let (meta, effect, _) = self.creator.ensure(name.clone()).await?;
+                if effect == MetaEffect::Created {
+                    self.quotas.created(&name);
+                }
                 // A counter this call created holds nothing anywhere (a deleted one's
                 // data is gone: `finish_delete`), so its slots may take increments at
                 // once instead of waiting for a first direct write to learn the value.
@@ -546,6 +552,19 @@ impl Ctx {
                 writer: inc.writer.clone().unwrap_or_default(),
                 max: tally_core::dedup::WRITERS_PER_SHARD_MAX,
             }),
+            Outcome::TooManyEventIds => {
+                self.stats.quota_event_ids_refused.inc();
+                Err(TallyError::QuotaExceeded {
+                    quota: "engine.event_ids_per_counter_max",
+                    what: format!(
+                        "event id {:?} would be one more than counter {:?} keeps ({} over its shards, each until \
+                         its dedup window passes)",
+                        inc.event_id.clone().unwrap_or_default(),
+                        rt.name.as_str(),
+                        self.quotas.event_ids_per_counter()
+                    ),
+                })
+            }
             Outcome::BoundExceeded { headroom } => {
                 self.stats.bound_refusals.inc();
                 Err(TallyError::bound_exceeded(&rt.name, &rt.meta.spec, inc.delta, headroom))

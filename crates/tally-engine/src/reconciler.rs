@@ -210,6 +210,12 @@ pub(crate) async fn reconcile(
                 return Err(TallyError::EventIdConflict { event_id, recorded_delta, delta })
             }
             // A correction carries an event id, never a sequence.
+            ShardReply::Done { outcome: Outcome::TooManyEventIds, .. } => {
+                return Err(TallyError::QuotaExceeded {
+                    quota: "engine.event_ids_per_counter_max",
+                    what: format!("the correction of {:?} would be one event id too many", name.as_str()),
+                })
+            }
             ShardReply::Done { outcome: Outcome::OutOfOrder { .. } | Outcome::TooManyWriters, .. } => {
                 return Err(TallyError::InvalidSequence("a correction carries no sequence"))
             }

@@ -109,6 +109,8 @@ impl Tally {
             None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())),
         };
         let creator = crate::create::Creator::new(catalog.clone(), clock.clone());
+        let quotas = Arc::new(crate::quota::Quotas::new(&config));
+        quotas.recount(&*catalog, clock.now_ms())?;
         let ctx = Arc::new(Ctx {
             engine_id: crate::ctx::next_engine_id(),
             catalog,
@@ -136,10 +138,12 @@ impl Tally {
             adopting: Default::default(),
             lost: Default::default(),
             creator,
+            quotas,
             created_undrained: Arc::new(tokio::sync::Semaphore::new(crate::ctx::CREATED_UNDRAINED_MAX)),
             auto: Default::default(),
         });
         crate::reshard::watch(&ctx);
+        crate::quota::recount_every_interval(&ctx);
         crate::autoshard::start(&ctx)?;
         let weak = Arc::downgrade(&ctx);
         let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
@@ -193,6 +197,31 @@ impl Tally {
         self.ctx.finish_delete(&name).await?;
         let current_auto = self.ctx.catalog.auto_shards(name.as_str())?;
         let next_auto = auto.resolve(current_auto, patch.shards)?;
+        // Quotas: one more counter, and sketches of the size the spec asks for.
+        let current = self.ctx.catalog.get(name.as_str())?;
+        let stats = &self.ctx.stats;
+        if current.is_none() {
+            self.ctx.quotas.admit_counter(&name).inspect_err(|_| stats.quota_counters_refused.inc())?;
+        }
+        let spec = current.map(|m| m.spec).unwrap_or_default();
+        let shards_max = next_auto.map_or(0, |b| b.max_shards);
+        let quota = self.ctx.quotas.admit_spec(&name, &spec, &patch, shards_max);
+        quota.inspect_err(|_| stats.quota_sketch_bytes_refused.inc())?;
+        let put = self.put_checked(name.clone(), patch, current_auto, next_auto).await?;
+        if put.created {
+            self.ctx.quotas.created(&name);
+        }
+        Ok(put)
+    }
+
+    /// [`Tally::put_counter_auto`] once the quotas let it through.
+    async fn put_checked(
+        &self,
+        name: CounterName,
+        patch: SpecPatch,
+        current_auto: Option<tally_core::spec::AutoShards>,
+        next_auto: Option<tally_core::spec::AutoShards>,
+    ) -> Result<PutOutcome, TallyError> {
         if next_auto.is_none() && current_auto.is_none() {
             return self.put_fixed(name, patch).await;
         }

@@ -1,7 +1,7 @@
 //! [`MetaRaft`]: one node of the metadata group, ready to use — storage, network,
 //! endpoints, cluster initialization, forwarding and local reads behind one handle.
 
-use crate::auth::{RaftPeer, RaftSecret};
+use crate::auth::RaftSecret;
 use crate::error::RaftError;
 use crate::identity::Identity;
 use crate::log_store::SledLogStore;
@@ -220,32 +220,6 @@ struct Serving {
 /// milliseconds.
 pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 
-/// [`TlsIncoming`] as a listener `axum::serve` drives.
-struct TlsListener(TlsIncoming);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for RaftPeer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        RaftPeer(*stream.remote_addr())
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.0.next().await {
-            Some(accepted) => accepted,
-            // The accept task stopped (only when dropped): accept nothing more.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.0.local_addr())
-    }
-}
-
 /// One node of the metadata group: it persists the log and state machine in sled,
 /// serves the raft endpoints on its raft address, forwards writes to the leader and
 /// answers local reads of the applied metadata.
@@ -346,30 +320,21 @@ impl MetaRaft {
             .map_err(|e| RaftError::Stopped(e.to_string()))?;
 
         let (stop, stopped) = oneshot::channel::<()>();
-        let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store, secret)
-            .into_make_service_with_connect_info::<RaftPeer>();
+        let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store, secret);
         let stopped = async move {
             let _ = stopped.await;
         };
-        let task = match &cfg.tls {
-            None => tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(stopped).await {
-                    tracing::warn!(error = %e, "raft endpoint server failed");
-                }
-            }),
+        let incoming = match &cfg.tls {
+            None => crate::server::RaftIncoming::Plain(listener),
             Some(tls) => {
                 let handshake = Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS);
                 let incoming =
                     TlsIncoming::start(listener, tls.acceptor(), handshake, tally_tls::Listener::Raft)
                         .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
-                tokio::spawn(async move {
-                    let served = axum::serve(TlsListener(incoming), router).with_graceful_shutdown(stopped);
-                    if let Err(e) = served.await {
-                        tracing::warn!(error = %e, "raft endpoint server failed");
-                    }
-                })
+                crate::server::RaftIncoming::Tls(incoming, tls.clone())
             }
         };
+        let task = tokio::spawn(crate::server::serve(incoming, router, stopped));
 
         let store = identity.store;
         let node = Self {

@@ -148,11 +148,17 @@ pub struct PeerClient {
     http: reqwest::Client,
     scheme: &'static str,
     secret: Option<Arc<RaftSecret>>,
+    /// With TLS: the node id at each address, which URLs name (and the client
+    /// resolves back to the address) so that the peer's certificate is checked
+    /// against the node dialed.
+    names: Arc<std::collections::HashMap<String, String>>,
 }
 
 /// Builds the HTTP client shared by the raft network and request forwarding.
-/// With `tls`, it speaks `https://` only, trusts only the cluster CA (the peer's
-/// certificate must name its raft IP) and presents this node's certificate. With
+/// With `tls`, it speaks `https://` only, trusts only the cluster CA, checks that
+/// the peer's certificate names the node it dials (URLs name the node id, which
+/// the client resolves to the node's address) and presents this node's
+/// certificate, which is what proves this node to the peer. Without TLS, with
 /// `secret`, every call carries its proof ([`crate::auth::AUTH_HEADER`]).
 pub fn http_client(
     tls: Option<&tally_tls::ClusterTls>,
@@ -164,12 +170,19 @@ pub fn http_client(
         .pool_idle_timeout(Duration::from_millis(POOL_IDLE_MS))
         .no_proxy();
     Ok(match tls {
-        Some(tls) => PeerClient {
-            http: builder.https_only(true).tls_backend_preconfigured(tls.client_config()).build()?,
-            scheme: "https",
-            secret,
-        },
-        None => PeerClient { http: builder.build()?, scheme: "http", secret },
+        Some(tls) => {
+            let mut names = std::collections::HashMap::new();
+            let mut builder = builder.https_only(true).tls_backend_preconfigured(tls.client_config());
+            // A node's first address is its raft address (`tally_tls::NodeNames`).
+            for (id, addrs) in tls.nodes() {
+                if let Some(raft) = addrs.first() {
+                    names.insert(raft.to_string(), format!("{id}:{}", raft.port()));
+                    builder = builder.resolve(id, *raft);
+                }
+            }
+            PeerClient { http: builder.build()?, scheme: "https", secret: None, names: Arc::new(names) }
+        }
+        None => PeerClient { http: builder.build()?, scheme: "http", secret, names: Default::default() },
     })
 }
 
@@ -183,17 +196,23 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
     timeout: Duration,
 ) -> Result<Resp, CallError> {
     let failed = |reason: String| CallError::Failed { addr: addr.to_owned(), path, reason };
-    let url = format!("{}://{addr}{path}", client.scheme);
+    let host = client.names.get(addr).map_or(addr, String::as_str);
+    let url = format!("{}://{host}{path}", client.scheme);
     let call = async {
+        let bytes =
+            serde_json::to_vec(body).map_err(|e| failed(format!("cannot encode the request: {e}")))?;
         let mut request = client
             .http
             .post(url)
             .header(crate::rpc::PROTOCOL_HEADER, tally_core::format::RAFT_PROTOCOL.to_string())
-            .json(body)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .timeout(timeout);
+        // Plaintext: a proof bound to this one request (TLS: the certificate proves us).
         if let Some(secret) = &client.secret {
-            request = request.header(crate::auth::AUTH_HEADER, secret.header_value().clone());
+            request =
+                request.header(crate::auth::AUTH_HEADER, secret.sign(path, &bytes, crate::auth::unix_ms()));
         }
+        let request = request.body(bytes);
         let mut resp = request.send().await.map_err(|e| {
             if e.is_connect() {
                 CallError::Connect { addr: addr.to_owned(), source: e }

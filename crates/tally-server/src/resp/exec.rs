@@ -402,7 +402,12 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
             }
             Reply::Int(n)
         }
-        Command::PfAdd { key, members } => pfadd(svc, key, members).await,
+        Command::PfAdd { key, members } => {
+            // Creating an unknown counter (distinct) needs admin: asked only if it is unknown.
+            let (gate, principal, name) = (&front.gate, session.principal.clone(), key.clone());
+            let may_create = move || super::auth::may_create(gate, principal.as_deref(), &name);
+            pfadd(svc, key, members, may_create).await
+        }
         Command::PfCount(key) => match svc.distinct(&key).await {
             Ok(d) if d.complete => Reply::Big(d.estimate.into()),
             Ok(d) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", d.missing_shards)),
@@ -498,7 +503,12 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
 /// `PFADD`: each member is one increment of 1 carrying it, on a counter that keeps
 /// distinct members (an unknown counter is created with `distinct`). Answers 1 when
 /// the counter was created or its estimate moved, 0 otherwise, as Redis does.
-async fn pfadd<S: Service>(svc: &S, key: String, members: Vec<String>) -> Reply {
+async fn pfadd<S: Service>(
+    svc: &S,
+    key: String,
+    members: Vec<String>,
+    may_create: impl FnOnce() -> Result<(), Reply>,
+) -> Reply {
     let created = match svc.counter(&key).await {
         Ok(info) if !info.spec.distinct => {
             return Reply::err(
@@ -508,6 +518,9 @@ async fn pfadd<S: Service>(svc: &S, key: String, members: Vec<String>) -> Reply 
         }
         Ok(_) => false,
         Err(TallyError::NotFound(_)) => {
+            if let Err(refused) = may_create() {
+                return refused;
+            }
             match svc
                 .put_counter(
                     &key,

@@ -4,6 +4,7 @@
 //!
 //! * [`config`] — the `[[reconcile]]` sections: counter pattern, schedule, backend.
 //! * [`postgres`] — one parameterized query per counter, pooled and time-bounded.
+//! * [`pg_tls`] — TLS to PostgreSQL (`sslmode=verify-full` / `verify-ca`) over rustls.
 //! * [`event_log`] — a streaming recount of a directory of JSON-lines events.
 //! * [`runs`] — the bounded, persisted [`RunBook`] of every run.
 //!
@@ -15,6 +16,7 @@
 
 pub mod config;
 pub mod event_log;
+pub mod pg_tls;
 pub mod postgres;
 pub mod runs;
 
