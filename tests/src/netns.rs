@@ -289,7 +289,10 @@ impl Network {
     /// Removes every cut: each node namespace's rules are flushed.
     pub fn heal(&self) -> Result<()> {
         for i in 1..=self.nodes {
-            self.nft(i, &format!("flush chain inet {NFT_TABLE} input\nflush chain inet {NFT_TABLE} output\n"))?;
+            self.nft(
+                i,
+                &format!("flush chain inet {NFT_TABLE} input\nflush chain inet {NFT_TABLE} output\n"),
+            )?;
         }
         self.cuts.lock().unwrap().clear();
         Ok(())
@@ -527,7 +530,9 @@ impl NsCluster {
             bail!("node{i} is running; kill it before wiping its disk");
         }
         match std::fs::remove_dir_all(&self.node(i).data) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).context("deleting the data directory"),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).context("deleting the data directory")
+            }
             _ => Ok(()),
         }
     }
@@ -543,7 +548,10 @@ impl NsCluster {
                 }
             }
             if Instant::now() > deadline {
-                bail!("node{i} not healthy within {wait_ms} ms; its log ends:\n{}", self.node(i).log_tail(30));
+                bail!(
+                    "node{i} not healthy within {wait_ms} ms; its log ends:\n{}",
+                    self.node(i).log_tail(30)
+                );
             }
             if !self.node(i).running() {
                 bail!("node{i} exited; its log ends:\n{}", self.node(i).log_tail(30));

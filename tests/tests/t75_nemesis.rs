@@ -149,7 +149,11 @@ fn the_checker_catches_defects_planted_in_a_recorded_history() {
         delta,
         member: None,
         invoked_ms: sent,
-        attempts: vec![Attempt { event_id: Some(id.into()), sent_ms: sent, answers: answer.into_iter().collect() }],
+        attempts: vec![Attempt {
+            event_id: Some(id.into()),
+            sent_ms: sent,
+            answers: answer.into_iter().collect(),
+        }],
     };
     let read = |at: u64, value: i128, settled: bool| ReadOp {
         counter: 0,
@@ -194,7 +198,11 @@ fn assert_planted_defects_caught(h: &History) -> Result<()> {
     let op = &mut double.incrs[sync_acked];
     let id = op.attempts.iter().find_map(|a| a.event_id.clone());
     let last = op.attempts.iter().flat_map(|a| a.answers.iter().map(|x| x.0)).max().unwrap_or(op.invoked_ms);
-    op.attempts.push(Attempt { event_id: id.clone(), sent_ms: last + 1, answers: vec![(last + 2, Answer::Applied)] });
+    op.attempts.push(Attempt {
+        event_id: id.clone(),
+        sent_ms: last + 1,
+        answers: vec![(last + 2, Answer::Applied)],
+    });
     op.attempts.push(Attempt { event_id: id, sent_ms: last + 3, answers: vec![(last + 4, Answer::Applied)] });
     plants.push(("an increment answered applied twice", "exactly-once", double));
 
@@ -207,7 +215,9 @@ fn assert_planted_defects_caught(h: &History) -> Result<()> {
         .reads
         .iter_mut()
         .rev()
-        .find(|r| r.settled && h.counters[r.counter].role == Role::Sync && r.value.is_some_and(|v| v.complete))
+        .find(|r| {
+            r.settled && h.counters[r.counter].role == Role::Sync && r.value.is_some_and(|v| v.complete)
+        })
         .ok_or_else(|| anyhow!("no complete settled read to plant into"))?;
     if let Some(v) = read.value.as_mut() {
         v.value += 1_000_000;
@@ -242,8 +252,14 @@ enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 6] =
-        [Fault::MinorityCut, Fault::LeaderIsolated, Fault::OneWay, Fault::Kill, Fault::Pause, Fault::DiskLoss];
+    const ALL: [Fault; 6] = [
+        Fault::MinorityCut,
+        Fault::LeaderIsolated,
+        Fault::OneWay,
+        Fault::Kill,
+        Fault::Pause,
+        Fault::DiskLoss,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -294,13 +310,20 @@ impl Run {
 
     /// A `sync` counter, drawn.
     fn sync_counter(&self, rng: &mut ChaCha8Rng) -> usize {
-        let sync: Vec<usize> = (0..self.counters.len()).filter(|&c| self.counters[c].1 == Role::Sync).collect();
+        let sync: Vec<usize> =
+            (0..self.counters.len()).filter(|&c| self.counters[c].1 == Role::Sync).collect();
         sync[rng.random_range(0..sync.len())]
     }
 
     /// One attempt of `op` through node `node`, recorded in `op`; whether its answer
     /// was definite (counted, or surely refused).
-    async fn attempt(&self, op: &mut IncrOp, node: usize, id: Option<&str>, anomalies: &mut Vec<String>) -> bool {
+    async fn attempt(
+        &self,
+        op: &mut IncrOp,
+        node: usize,
+        id: Option<&str>,
+        anomalies: &mut Vec<String>,
+    ) -> bool {
         let mut body = json!({"delta": op.delta});
         if let Some(id) = id {
             body["event_id"] = json!(id);
@@ -382,7 +405,8 @@ async fn sync_writer(run: Arc<Run>, client: u16, mut rng: ChaCha8Rng, stop: Arc<
         let id = format!("c{client}-{n}");
         n += 1;
         let delta = rng.random_range(1..=3);
-        let mut op = IncrOp { client, counter, delta, member: None, invoked_ms: run.now(), attempts: Vec::new() };
+        let mut op =
+            IncrOp { client, counter, delta, member: None, invoked_ms: run.now(), attempts: Vec::new() };
         for _ in 0..NEMESIS_ATTEMPTS_MAX {
             let node = rng.random_range(1..=run.nodes());
             if run.attempt(&mut op, node, Some(&id), &mut rec.anomalies).await || stop.load(SeqCst) {
@@ -528,7 +552,12 @@ struct Faults {
 /// Draws faults from `rng` and applies them one at a time until `deadline_ms`:
 /// every kind once in a shuffled round, then another round. Each fault holds, is
 /// undone, and the nemesis waits until the cluster serves again before the next.
-async fn nemesis(run: Arc<Run>, mut rng: ChaCha8Rng, deadline_ms: u64, log: Arc<Mutex<Faults>>) -> Result<()> {
+async fn nemesis(
+    run: Arc<Run>,
+    mut rng: ChaCha8Rng,
+    deadline_ms: u64,
+    log: Arc<Mutex<Faults>>,
+) -> Result<()> {
     let n = run.nodes();
     let mut deck: Vec<Fault> = Vec::new();
     loop {
@@ -638,7 +667,8 @@ async fn wait_caught_up(c: &NsCluster) -> Result<()> {
                 }
                 let replicas = r["replicas"].as_array().cloned().unwrap_or_default();
                 let voters = replicas.iter().filter(|p| p["role"] == json!("voter")).count();
-                let stale = replicas.iter().any(|p| p["current"] == json!(false) || p["role"] == json!("learner"));
+                let stale =
+                    replicas.iter().any(|p| p["current"] == json!(false) || p["role"] == json!("learner"));
                 if voters != copies || stale || r["joint"] == json!(true) {
                     behind = Some(format!("node{i}: range {}: {r}", r["range"]));
                     break;
@@ -751,7 +781,10 @@ async fn nemesis_run(n: usize) -> Result<()> {
     let chaos_end_ms = run.now();
     if let Err(e) = outcome {
         heal_everything(&run.cluster).await.ok();
-        return Err(e.context(format!("the cluster did not recover; reproduce with: {reproduce}\n{}", run.cluster.errors(5))));
+        return Err(e.context(format!(
+            "the cluster did not recover; reproduce with: {reproduce}\n{}",
+            run.cluster.errors(5)
+        )));
     }
 
     println!("phase: heal");
@@ -760,7 +793,10 @@ async fn nemesis_run(n: usize) -> Result<()> {
     let mut failures = Vec::new();
     for i in 1..=n {
         if !run.cluster.node(i).running() {
-            failures.push(format!("node{i} exited on its own; its log ends:\n{}", run.cluster.node(i).log_tail(20)));
+            failures.push(format!(
+                "node{i} exited on its own; its log ends:\n{}",
+                run.cluster.node(i).log_tail(20)
+            ));
         }
     }
     heal_everything(&run.cluster).await.context("healing at the end")?;
@@ -820,12 +856,19 @@ async fn nemesis_run(n: usize) -> Result<()> {
         ..History::default()
     };
     let violations = check::check_all(&h);
-    let figures = summary(&h, &faults.records, unknown_after_chaos, chaos_end_ms, wall.elapsed(), &violations);
+    let figures =
+        summary(&h, &faults.records, unknown_after_chaos, chaos_end_ms, wall.elapsed(), &violations);
     println!("{figures}");
 
     for i in 1..=n {
-        let panics: Vec<String> =
-            run.cluster.node(i).log().lines().filter(|l| l.contains("panicked")).map(str::to_string).collect();
+        let panics: Vec<String> = run
+            .cluster
+            .node(i)
+            .log()
+            .lines()
+            .filter(|l| l.contains("panicked"))
+            .map(str::to_string)
+            .collect();
         if !panics.is_empty() {
             failures.push(format!("node{i} logged {} panics, the first: {}", panics.len(), panics[0]));
         }
@@ -875,7 +918,9 @@ async fn counter_spec_everywhere(c: &NsCluster, name: &str) -> Result<CounterSpe
                     spec = Some(serde_json::from_value::<CounterSpec>(body["spec"].clone())?);
                     break;
                 }
-                Err(e) if Instant::now() > deadline => return Err(e.context(format!("node{i} never knew {name}"))),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e.context(format!("node{i} never knew {name}")))
+                }
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
@@ -923,7 +968,8 @@ fn summary(
     let chaos_reads: Vec<&ReadOp> = h.reads.iter().filter(|r| !r.settled).collect();
     let complete = chaos_reads.iter().filter(|r| r.value.is_some_and(|v| v.complete)).count();
     let incomplete = chaos_reads.iter().filter(|r| r.value.is_some_and(|v| !v.complete)).count();
-    let _ = writeln!(s, "nemesis figures ({} ms of chaos, wall time {:.0} s):", chaos_end_ms, wall.as_secs_f64());
+    let _ =
+        writeln!(s, "nemesis figures ({} ms of chaos, wall time {:.0} s):", chaos_end_ms, wall.as_secs_f64());
     let _ = writeln!(
         s,
         "  increments: {} ({} sync single, {} in batches), {attempts} attempts; acknowledged {acked} \
@@ -955,7 +1001,8 @@ fn summary(
     let _ = writeln!(s, "  faults: {} — {}", faults.len(), kinds.join(", "));
     for (c, info) in h.counters.iter().enumerate() {
         let b = check::bounds(h, c, u64::MAX, u64::MAX);
-        let last = h.reads.iter().rev().find(|r| r.settled && r.counter == c && r.value.is_some_and(|v| v.complete));
+        let last =
+            h.reads.iter().rev().find(|r| r.settled && r.counter == c && r.value.is_some_and(|v| v.complete));
         let _ = writeln!(
             s,
             "  {}: acknowledged sum {}, final fresh read {}",
@@ -978,7 +1025,16 @@ fn keep_evidence(c: &NsCluster, h: &History, faults: &[FaultRecord], figures: &s
     }
     let mut lines: Vec<(u64, String)> = Vec::new();
     for f in faults {
-        lines.push((f.from_ms, format!("fault {} — {} (healed {}, serving {})", f.kind.as_str(), f.what, f.healed_ms, f.recovered_ms)));
+        lines.push((
+            f.from_ms,
+            format!(
+                "fault {} — {} (healed {}, serving {})",
+                f.kind.as_str(),
+                f.what,
+                f.healed_ms,
+                f.recovered_ms
+            ),
+        ));
     }
     for (t, node) in &h.crashes {
         lines.push((*t, format!("crash node{node}")));
@@ -997,7 +1053,10 @@ fn keep_evidence(c: &NsCluster, h: &History, faults: &[FaultRecord], figures: &s
     for r in &h.reads {
         lines.push((
             r.invoked_ms,
-            format!("read {} done {:?} {:?} settled {}", h.counters[r.counter].name, r.done_ms, r.value, r.settled),
+            format!(
+                "read {} done {:?} {:?} settled {}",
+                h.counters[r.counter].name, r.done_ms, r.value, r.settled
+            ),
         ));
     }
     lines.sort_by_key(|(t, _)| *t);
