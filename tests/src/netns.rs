@@ -629,18 +629,6 @@ impl NsCluster {
         Ok(())
     }
 
-    /// Every node's log lines that report a panic or an error, at most `max` each.
-    pub fn errors(&self, max: usize) -> String {
-        let mut out = String::new();
-        for node in &self.nodes {
-            let log = node.log();
-            for line in log.lines().filter(|l| l.contains("panicked") || l.contains(" ERROR ")).take(max) {
-                out += &format!("node{}: {line}\n", node.index);
-            }
-        }
-        out
-    }
-
     /// A JSON summary of who runs (for failure messages).
     pub fn processes(&self) -> Value {
         json!(self.nodes.iter().map(|n| json!({"node": n.index, "pid": n.pid()})).collect::<Vec<_>>())

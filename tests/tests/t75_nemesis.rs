@@ -780,10 +780,29 @@ async fn nemesis_run(n: usize) -> Result<()> {
     }
     let chaos_end_ms = run.now();
     if let Err(e) = outcome {
+        // Keep what was seen before healing (which may change the nodes' logs).
+        let faults = std::mem::take(&mut *faults.lock().unwrap());
+        let h = History {
+            counters: infos,
+            incrs: recorded.incrs,
+            reads: recorded.reads,
+            crashes: faults.crashes.clone(),
+            nodes: (1..=n as u8).collect(),
+            ..History::default()
+        };
+        // What was recorded so far is judged too (the final reads cannot be taken).
+        let found: Vec<Violation> = check::check_all(&h)
+            .into_iter()
+            .filter(|v| !v.detail.starts_with("no complete final read"))
+            .collect();
+        let figures = summary(&h, &faults.records, 0, chaos_end_ms, wall.elapsed(), &found);
+        println!("{figures}");
+        let kept = keep_evidence(&run.cluster, &h, &faults.records, &format!("{e:#}\n{figures}"), seed);
         heal_everything(&run.cluster).await.ok();
         return Err(e.context(format!(
-            "the cluster did not recover; reproduce with: {reproduce}\n{}",
-            run.cluster.errors(5)
+            "the cluster did not recover ({} violations in the history before it); history and node logs \
+             kept in {kept}; reproduce with: {reproduce}",
+            found.len()
         )));
     }
 
