@@ -8,6 +8,8 @@
 //! cluster.node(3).pause();         // SIGSTOP (a silent failure), .resume() = SIGCONT
 //! ```
 
+pub mod netns;
+
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
