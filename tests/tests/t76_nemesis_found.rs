@@ -18,9 +18,10 @@
 //! server judges node3's RPCs by that old record (`check_incarnation` in
 //! `tally-raft/src/network.rs`, over the follower's applied `state.stores`) and
 //! refuses them. When node3 leads the metadata group, those RPCs are the very
-//! appends that would bring the newer record: node2 never catches up, and never
-//! answers `/healthz` with 200. The story below makes node3 the leader on purpose.
-//! It fails today, so it is ignored; run it with `--ignored`.
+//! appends that would bring the newer record: node2 never caught up, and never
+//! answered `/healthz` with 200. The story below makes node3 the leader on purpose.
+//! A sender now states the log index by which it applied its own store's record
+//! (`Guarded::from_applied`), and a receiver that applied less takes its RPCs.
 
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -64,7 +65,6 @@ async fn replace_disk(c: &TestCluster, i: usize) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails today: an emptied node refuses the appends of a leader whose own disk was replaced before"]
 async fn a_second_replaced_disk_catches_up_from_a_leader_whose_disk_was_replaced_before() -> anyhow::Result<()>
 {
     let c = TestCluster::start_configured(3, &[], REPLICATED).await?;

@@ -124,7 +124,10 @@ async fn same_protocol(request: axum::extract::Request, next: axum::middleware::
 
 /// The 409 answer to an RPC meant for another incarnation, or `None` to serve it.
 fn refused<T>(ctx: &Ctx, rpc: &Guarded<T>) -> Option<Response> {
-    let checked = check_incarnation(ctx.store, &ctx.shared.read().state.stores, rpc);
+    let checked = {
+        let applied = ctx.shared.read();
+        check_incarnation(ctx.store, applied.last_applied.map(|l| l.index), &applied.state.stores, rpc)
+    };
     checked.err().map(|e| {
         tracing::warn!(node = ctx.me, from = rpc.from, error = %e, "refused a raft RPC");
         (StatusCode::CONFLICT, e.to_string()).into_response()
