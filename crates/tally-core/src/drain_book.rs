@@ -126,7 +126,8 @@ impl DrainBook {
         }
     }
 
-    /// The sums to resend now (in doubt, last sent at least [`DRAIN_RESEND_MS`] ago),
+    /// The sums to resend now (in doubt, last sent at least [`DRAIN_RESEND_MS`] ago, or
+    /// "later" than now by a clock that went back),
     /// optionally of one counter only — each is counted as sent now, and comes with
     /// its counter's incarnation (`born_ms`), which the resend must still find — and
     /// the sums given up (in doubt past [`IN_DOUBT_RETRY_MS_MAX`]), which leave the
@@ -147,7 +148,11 @@ impl DrainBook {
         let mut resend = Vec::new();
         for d in self.open.values_mut() {
             let Some(since) = d.in_doubt_since_ms else { continue };
-            if since.saturating_add(DRAIN_RESEND_MS) <= now_ms && only.is_none_or(|c| &d.counter == c) {
+            // A clock stepped back since the last send makes it due at once: waiting
+            // for the clock to reach that send again would hold the sum in doubt (and
+            // every fresh read of its counter incomplete) for as long as the step.
+            let due = since.saturating_add(DRAIN_RESEND_MS) <= now_ms || now_ms < since;
+            if due && only.is_none_or(|c| &d.counter == c) {
                 d.in_doubt_since_ms = Some(now_ms);
                 resend.push((d.counter.clone(), d.born_ms, d.sub.clone()));
             }
@@ -243,6 +248,19 @@ mod tests {
         book.unanswered(&id_of(&new), 5);
         let (resend, _) = book.due(5 + DRAIN_RESEND_MS, None);
         assert_eq!(resend, vec![(name("c"), 1_000, old), (name("c"), 2_000, new)]);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_does_not_hold_a_sum_in_doubt_until_it_catches_up() {
+        let mut book = DrainBook::new("node1", 1);
+        let sub = book.open(120_000, (&name("c"), 1), 0, 1, (5, 2, vec![]));
+        book.unanswered(&id_of(&sub), 120_010);
+        // The clock went back two minutes: the sum is due now, not in two minutes.
+        let (resend, lost) = book.due(10, None);
+        assert_eq!((resend.len(), lost.len()), (1, 0));
+        // … and then every DRAIN_RESEND_MS of the new clock.
+        assert!(book.due(10 + DRAIN_RESEND_MS - 1, None).0.is_empty());
+        assert_eq!(book.due(10 + DRAIN_RESEND_MS, None).0.len(), 1);
     }
 
     #[test]

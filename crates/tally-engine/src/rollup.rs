@@ -60,6 +60,9 @@ impl ractor::Message for RollupMsg {}
 pub(crate) struct Fetched {
     name: CounterName,
     read: ValueRead,
+    /// When the read began, on the runtime's monotonic clock: what orders two totals
+    /// of one counter, since `read.as_of_ms` is the wall clock's, which can step back.
+    taken: tokio::time::Instant,
     rollup_ms: u32,
     /// The runtime whose change count the read started from.
     runtime: Weak<CounterRuntime>,
@@ -120,6 +123,8 @@ struct Cached {
     shared: Arc<Published>,
     rollup_ms: u32,
     last_read_ms: u64,
+    /// When the total published began to be read ([`Fetched::taken`]).
+    taken: tokio::time::Instant,
     /// When the next refresh is due (its key in the schedule).
     due_ms: u64,
     /// The runtime whose change count was reset when `read` was taken: while it is
@@ -137,6 +142,9 @@ pub(crate) struct RollupState {
     /// Refresh passes running (at most [`ROLLUP_PASSES_MAX`]); a counter being read
     /// by one is out of the schedule until its total comes back.
     passes: usize,
+    /// The latest wall-clock time a pass saw: a later pass that sees an earlier one
+    /// finds the clock stepped back, and brings due times within reach again.
+    clock_ms: u64,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -152,7 +160,14 @@ impl Actor for Rollup {
     ) -> Result<RollupState, ActorProcessingErr> {
         let tick_ms = ctx.upgrade().map(|c| c.config.rollup_tick_ms).unwrap_or(10);
         let ticker = myself.send_interval(Duration::from_millis(tick_ms), || RollupMsg::Tick);
-        Ok(RollupState { ctx, cache: HashMap::new(), due: BTreeSet::new(), passes: 0, ticker: Some(ticker) })
+        Ok(RollupState {
+            ctx,
+            cache: HashMap::new(),
+            due: BTreeSet::new(),
+            passes: 0,
+            clock_ms: 0,
+            ticker: Some(ticker),
+        })
     }
 
     async fn post_stop(
@@ -238,6 +253,7 @@ async fn load(
         }
     };
     rt.changed.store(0, SeqCst);
+    let taken = tokio::time::Instant::now();
     // A counter this node just created, whose increments are all still in its
     // slots, has its exact total there: no drain, no store read, no flush to wait for.
     let read = match rt.pristine_total(ctx.now_ms()) {
@@ -247,8 +263,13 @@ async fn load(
     match read {
         Ok(read) => {
             let _ = reply.send(Ok(aged(&read, ctx.now_ms())));
-            let fetched =
-                Fetched { name, read, rollup_ms: rt.meta.spec.rollup_ms, runtime: Arc::downgrade(&rt) };
+            let fetched = Fetched {
+                name,
+                read,
+                taken,
+                rollup_ms: rt.meta.spec.rollup_ms,
+                runtime: Arc::downgrade(&rt),
+            };
             let _ = rollup.send_message(RollupMsg::Loaded(fetched));
         }
         Err(e) => {
@@ -268,20 +289,20 @@ impl RollupState {
             return;
         }
         let now = ctx.now_ms();
-        let due_ms = f.read.as_of_ms.saturating_add(u64::from(f.rollup_ms));
+        // Due an interval after the total was taken, or after now if the clock went
+        // back while it was read.
+        let due_ms = f.read.as_of_ms.min(now).saturating_add(u64::from(f.rollup_ms));
         let full = self.cache.len() >= ctx.config.rollup_tracked_max;
         match self.cache.get_mut(&f.name) {
             Some(c) => {
-                let mut read = c.shared.read.lock();
-                if f.read.as_of_ms < read.as_of_ms {
+                if f.taken < c.taken {
                     // An older total than the one cached: keep the entry scheduled.
-                    drop(read);
                     self.due.insert((c.due_ms, f.name));
                     return;
                 }
-                *read = f.read;
-                drop(read);
+                *c.shared.read.lock() = f.read;
                 self.due.remove(&(c.due_ms, f.name.clone()));
+                c.taken = f.taken;
                 c.rollup_ms = f.rollup_ms;
                 c.runtime = f.runtime;
                 c.due_ms = due_ms;
@@ -301,8 +322,14 @@ impl RollupState {
                     ctx.rollup_view.forget(&f.name);
                     return;
                 }
-                let cached =
-                    Cached { shared, rollup_ms: f.rollup_ms, last_read_ms: now, due_ms, runtime: f.runtime };
+                let cached = Cached {
+                    shared,
+                    rollup_ms: f.rollup_ms,
+                    last_read_ms: now,
+                    taken: f.taken,
+                    due_ms,
+                    runtime: f.runtime,
+                };
                 self.cache.insert(f.name.clone(), cached);
             }
         }
@@ -346,6 +373,22 @@ impl RollupState {
         }
     }
 
+    /// The wall clock went back to `now`: every total is due within its interval
+    /// of `now`, as if taken now, not when the clock is back where it was; and the
+    /// reads that keep an entry cached count from `now`.
+    fn clock_stepped_back(&mut self, now: u64) {
+        tracing::warn!(
+            by_ms = self.clock_ms - now,
+            "the wall clock stepped back; rescheduling cached totals"
+        );
+        self.due.clear();
+        for (name, c) in &mut self.cache {
+            c.due_ms = c.due_ms.min(now.saturating_add(u64::from(c.rollup_ms)));
+            c.last_read_ms = c.last_read_ms.min(now);
+            self.due.insert((c.due_ms, name.clone()));
+        }
+    }
+
     /// Starts a pass over what is due, unless one is running. A counter that nothing
     /// can have changed since its total was taken (every shard is on this node, its
     /// runtime is the same, and it counts no change) only has its `as_of` moved on;
@@ -355,6 +398,10 @@ impl RollupState {
             return;
         }
         let now = ctx.now_ms();
+        if now < self.clock_ms {
+            self.clock_stepped_back(now);
+        }
+        self.clock_ms = now;
         let idle_ms = ctx.config.rollup_idle_evict_ms;
         let mut batch = Vec::new();
         while batch.len() < ROLLUP_REFRESH_BATCH_MAX {
@@ -405,6 +452,7 @@ impl RollupState {
         tokio::spawn(async move {
             let counters: Vec<(CounterName, Arc<CounterMeta>)> =
                 batch.iter().map(|(n, m, _)| (n.clone(), m.clone())).collect();
+            let taken = tokio::time::Instant::now();
             crate::read::sum_each(&ctx, &counters, |reads| {
                 let fetched = reads
                     .into_iter()
@@ -413,6 +461,7 @@ impl RollupState {
                         Fetched {
                             name: name.clone(),
                             read,
+                            taken,
                             rollup_ms: meta.spec.rollup_ms,
                             runtime: runtime.clone(),
                         }

@@ -147,3 +147,45 @@ async fn a_deleted_counters_cached_total_is_never_answered_again() {
     }
     tally.shutdown().await.unwrap();
 }
+
+/// A wall clock on paused time that can be stepped, as NTP or an operator steps a
+/// machine's clock.
+#[derive(Clone)]
+struct SteppedClock {
+    start: tokio::time::Instant,
+    start_ms: u64,
+    offset_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl tally_engine::Clock for SteppedClock {
+    fn now_ms(&self) -> u64 {
+        let now = self.start_ms + self.start.elapsed().as_millis() as u64;
+        now.saturating_add_signed(self.offset_ms.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clock_stepped_back_does_not_freeze_cached_totals() {
+    let clock = SteppedClock {
+        start: tokio::time::Instant::now(),
+        start_ms: 1_700_000_000_000,
+        offset_ms: Default::default(),
+    };
+    let store = std::sync::Arc::new(tally_engine::MemStore::new());
+    let tally = tally_engine::Tally::open_with(store, std::sync::Arc::new(clock.clone()), quick_config())
+        .await
+        .unwrap();
+    let patch = SpecPatch { rollup_ms: Some(100), ..spec(4, Durability::Sync) };
+    tally.put_counter("c", patch).await.unwrap();
+    tally.incr("c", Increment::new(5)).await.unwrap();
+    assert_eq!(tally.read("c", Consistency::Cached).await.unwrap().value, 5);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The clock steps back two minutes; the next increment must reach the cached
+    // total within a few rollup intervals, not once the clock is back where it was.
+    clock.offset_ms.store(-120_000, std::sync::atomic::Ordering::SeqCst);
+    tally.incr("c", Increment::new(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = tally.read("c", Consistency::Cached).await.unwrap();
+    assert_eq!((r.value, r.complete), (8, true), "{r:?}");
+    tally.shutdown().await.unwrap();
+}
