@@ -182,7 +182,23 @@ pub struct SimConfig {
     /// [`SMALL_SNAPSHOT_FRAME_BYTES`], so that replicas that fall behind or lose
     /// their disk catch up by snapshots of many frames under the run's faults.
     pub small_snapshots: bool,
+    /// Tier 2: the largest offset of a node's wall clock from true time, in
+    /// milliseconds (`None`: the fault level's, [`CLOCK_SKEW_MS_HEAVY`] or none).
+    /// Each node starts at an offset drawn within ±this and jumps to another one now
+    /// and then ([`CLOCK_JUMPS_PER_S`]), backwards too.
+    pub clock_skew_ms: Option<u64>,
 }
+
+/// Largest wall-clock offset of a node in a heavy tier-2 run, in milliseconds:
+/// seconds of skew, and jumps. Two nodes' clocks are then at most twice this apart:
+/// well under the one-minute windows of the workload, so window reads stay checked
+/// but for their last seconds (see `check::standing`), and a window limit's spent
+/// headroom never comes back within a run. Minutes are a knob away.
+pub const CLOCK_SKEW_MS_HEAVY: u64 = 5_000;
+/// Largest wall-clock offset a run may ask for (ten minutes).
+pub const CLOCK_SKEW_MS_MAX: u64 = 600_000;
+/// Clock jumps per node and simulated second in a run with skewed clocks.
+pub const CLOCK_JUMPS_PER_S: f64 = 0.25;
 
 /// Entries between two snapshots of a range group, with small snapshots (the
 /// cluster's groups snapshot every 5,000, more than a run writes).
@@ -222,6 +238,7 @@ impl SimConfig {
             tier: Tier::Model,
             replicas: 1,
             small_snapshots: false,
+            clock_skew_ms: None,
         }
     }
 
@@ -244,6 +261,19 @@ impl SimConfig {
     /// The same run with range groups that snapshot often, in small frames.
     pub fn with_small_snapshots(self) -> Self {
         Self { small_snapshots: true, ..self }
+    }
+
+    /// The same run with nodes' clocks up to `ms` off true time (tier 2).
+    pub fn with_clock_skew(self, ms: u64) -> Self {
+        Self { clock_skew_ms: Some(ms.min(CLOCK_SKEW_MS_MAX)), ..self }
+    }
+
+    /// The largest offset of a node's clock in this run, in milliseconds (tier 2).
+    pub fn skew_ms(&self) -> u64 {
+        self.clock_skew_ms.unwrap_or(match self.faults {
+            FaultLevel::Light => 0,
+            FaultLevel::Heavy => CLOCK_SKEW_MS_HEAVY,
+        })
     }
 
     /// The same run on another tier.
@@ -275,6 +305,9 @@ impl SimConfig {
         }
         if self.small_snapshots {
             cmd.push_str(" --small-snapshots");
+        }
+        if let Some(ms) = self.clock_skew_ms {
+            cmd.push_str(&format!(" --clock-skew-ms {ms}"));
         }
         if self.clients != STANDARD_CLIENTS
             || self.chaos_ms != STANDARD_CHAOS_MS

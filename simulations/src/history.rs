@@ -242,11 +242,14 @@ pub enum FaultKind {
     /// A node closed its group of a range the group had removed it from
     /// (replicated runs).
     GroupRetired,
+    /// A node's wall clock jumped to another offset from true time, backwards or
+    /// forwards (tier 2 with skewed clocks).
+    ClockJump,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 19] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -266,6 +269,7 @@ impl FaultKind {
         FaultKind::SnapshotInstalled,
         FaultKind::LeaderHandedOver,
         FaultKind::GroupRetired,
+        FaultKind::ClockJump,
     ];
 
     /// A short name for tables.
@@ -290,6 +294,7 @@ impl FaultKind {
             FaultKind::SnapshotInstalled => "snapshot installed",
             FaultKind::LeaderHandedOver => "leader handed over",
             FaultKind::GroupRetired => "group retired",
+            FaultKind::ClockJump => "clock jump",
         }
     }
 }
@@ -348,4 +353,8 @@ pub struct History {
     /// 0 with one copy of every shard; with range groups, a failover (a range whose
     /// leader was disturbed elects another, and requests wait for it).
     pub recovery_ms: u64,
+    /// How far any node's wall clock may be off true time, in milliseconds: what a
+    /// node stamps (a cached total's `as_of`, a window's start, the bucket an
+    /// increment is filed in) is that much off the history's time.
+    pub clock_skew_ms: u64,
 }

@@ -54,6 +54,11 @@ struct Args {
     /// so that catch-up goes through snapshots of many frames.
     #[arg(long)]
     small_snapshots: bool,
+    /// Tier 2: the largest offset of a node's wall clock from true time, in
+    /// milliseconds (default: 5,000 with heavy faults, 0 with light ones; at most
+    /// 600,000). Nodes start at offsets drawn within it and jump now and then.
+    #[arg(long)]
+    clock_skew_ms: Option<u64>,
     /// With --reproduce: print the history of this counter (e.g. sync:0).
     #[arg(long)]
     dump: Option<String>,
@@ -76,6 +81,9 @@ impl Args {
         let mut cfg =
             SimConfig::standard(seed, self.nodes, self.faults).on(self.tier).replicated(self.replicas);
         cfg.small_snapshots = self.small_snapshots;
+        if let Some(ms) = self.clock_skew_ms {
+            cfg = cfg.with_clock_skew(ms);
+        }
         if let Some(c) = self.clients {
             cfg.clients = c;
         }

@@ -35,7 +35,7 @@ pub fn members_since(
     let (mut must, mut may) = (BTreeSet::new(), BTreeSet::new());
     for op in h.incrs.iter().filter(|o| o.counter == counter) {
         let Some(m) = op.member else { continue };
-        match standing(h, op, start_ms, from_ms, to_ms) {
+        match standing(h, op, start_ms, from_ms, to_ms, from_ms) {
             Standing::Counted => {
                 must.insert(m);
                 may.insert(m);

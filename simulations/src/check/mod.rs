@@ -73,7 +73,13 @@ pub struct Bounds {
 
 /// Bounds for a read of `counter` that began at `from_ms` and ended at `to_ms`.
 pub fn bounds(h: &History, counter: usize, from_ms: u64, to_ms: u64) -> Bounds {
-    bounds_since(h, counter, i64::MIN, from_ms, to_ms)
+    bounds_since(h, counter, i64::MIN, from_ms, to_ms, from_ms)
+}
+
+/// The history's earliest time a node's `as_of` stamp may stand for: the stamping
+/// clock may run up to `h.clock_skew_ms` ahead of true time.
+pub fn as_of(h: &History, as_of_ms: u64) -> u64 {
+    as_of_ms.saturating_sub(h.clock_skew_ms)
 }
 
 /// Where an increment stands for a read of what was applied at or after `start_ms`
@@ -92,12 +98,25 @@ pub enum Standing {
     Excluded,
 }
 
-/// Where `op` stands for such a read (see [`Standing`]).
-pub fn standing(h: &History, op: &IncrOp, start_ms: i64, from_ms: u64, to_ms: u64) -> Standing {
-    let since_start = |t: u64| i128::from(t) >= i128::from(start_ms);
+/// Where `op` stands for such a read (see [`Standing`]). `start_ms` is a node's
+/// stamp, and the shard that filed the increment judged it by its own clock: with
+/// clocks up to `h.clock_skew_ms` off true time, an increment is surely inside only
+/// if applied that much after the start, surely outside only if that much before.
+/// A window read also leaves out buckets ahead of the reader's clock, so an
+/// increment acknowledged less than twice the skew before the read was sent, at
+/// `read_ms`, may be missing from it.
+pub fn standing(h: &History, op: &IncrOp, start_ms: i64, from_ms: u64, to_ms: u64, read_ms: u64) -> Standing {
+    let skew = i128::from(h.clock_skew_ms);
+    let surely_after = |t: u64| i128::from(t) >= i128::from(start_ms) + skew;
+    let surely_before = |t: u64| i128::from(t) < i128::from(start_ms) - skew;
+    let windowed = start_ms != i64::MIN;
+    let surely_stamped_before_read =
+        |ack: u64| !windowed || i128::from(ack) + 2 * skew <= i128::from(read_ms);
     match op.status_at(from_ms) {
-        Status::Applied { .. } if since_start(op.invoked_ms) => Standing::Counted,
-        Status::Applied { ack_ms } if !since_start(ack_ms) => Standing::Excluded,
+        Status::Applied { ack_ms } if surely_after(op.invoked_ms) && surely_stamped_before_read(ack_ms) => {
+            Standing::Counted
+        }
+        Status::Applied { ack_ms } if surely_before(ack_ms) => Standing::Excluded,
         Status::Applied { .. } => Standing::InDoubt,
         _ if op.invoked_ms >= to_ms || surely_refused(h, op) => Standing::Excluded,
         _ => Standing::InDoubt,
@@ -106,11 +125,18 @@ pub fn standing(h: &History, op: &IncrOp, start_ms: i64, from_ms: u64, to_ms: u6
 
 /// Bounds for a read of what `counter`'s increments applied at or after `start_ms`
 /// (run time) add up to — a window's — that began at `from_ms` and ended at `to_ms`.
-pub fn bounds_since(h: &History, counter: usize, start_ms: i64, from_ms: u64, to_ms: u64) -> Bounds {
+pub fn bounds_since(
+    h: &History,
+    counter: usize,
+    start_ms: i64,
+    from_ms: u64,
+    to_ms: u64,
+    read_ms: u64,
+) -> Bounds {
     let mut b = Bounds { acked: 0, low: 0, high: 0, in_doubt: 0 };
     for op in h.incrs.iter().filter(|o| o.counter == counter) {
         let d = i128::from(op.delta);
-        match standing(h, op, start_ms, from_ms, to_ms) {
+        match standing(h, op, start_ms, from_ms, to_ms, read_ms) {
             Standing::Counted => b.acked += d,
             Standing::Excluded => {}
             Standing::InDoubt => {

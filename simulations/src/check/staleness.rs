@@ -1,7 +1,9 @@
 //! A cached read is never staler than `rollup_ms` plus one refresh while the rollup's
 //! node and the shards it reads are healthy: the check applies to reads during which,
 //! and for that long before which, nothing in the cluster was disturbed. Every cached
-//! read's staleness must also be consistent with its `as_of`. Where remote reads
+//! read's staleness must also be consistent with its `as_of`. With nodes' clocks
+//! skewed, both are a node's stamps: each may be the skew off, and a staleness
+//! measured across a clock jump or by another clock than `as_of`'s up to twice it. Where remote reads
 //! cross a lossy network (tier 2), periods with an unanswered call count as
 //! disturbed too (`History::unanswered_calls`).
 
@@ -27,7 +29,10 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             continue;
         }
         let info = &h.counters[r.counter];
-        if v.as_of_ms > done || v.as_of_ms + v.staleness_ms > done {
+        // The stamps are a node's: with skewed clocks they may run ahead of true
+        // time, and a clock jump between a refresh and a read stretches staleness.
+        let skew = h.clock_skew_ms;
+        if v.as_of_ms > done + skew || v.as_of_ms + v.staleness_ms > done + skew {
             out.push(Violation {
                 invariant: NAME,
                 detail: format!(
@@ -37,7 +42,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             });
             continue;
         }
-        let bound = u64::from(info.spec.rollup_ms) + ROLLUP_REFRESH_MS + h.refresh_slack_ms;
+        let bound = u64::from(info.spec.rollup_ms) + ROLLUP_REFRESH_MS + h.refresh_slack_ms + 2 * skew;
         let from = r.invoked_ms.saturating_sub(bound);
         if disturbed.iter().any(|d| d.from_ms < done && from < d.to_ms) {
             continue;

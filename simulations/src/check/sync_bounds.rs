@@ -20,7 +20,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
         }
         let from = match r.consistency {
             Consistency::Fresh => r.invoked_ms,
-            Consistency::Cached => v.as_of_ms.min(r.invoked_ms),
+            Consistency::Cached => super::as_of(h, v.as_of_ms).min(r.invoked_ms),
         };
         let b = bounds(h, r.counter, from, done);
         if v.value < b.low || v.value > b.high {

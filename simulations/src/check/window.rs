@@ -23,7 +23,7 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
         // The final read, every outcome known, is held to what every increment did.
         let last = r.settled && unknown_ops(h, r.counter) == 0;
         let (from, to) = if last { (u64::MAX, u64::MAX) } else { (r.invoked_ms, done) };
-        let b = bounds_since(h, r.counter, v.start_ms, from, to);
+        let b = bounds_since(h, r.counter, v.start_ms, from, to, r.invoked_ms);
         if v.value < b.low || v.value > b.high {
             out.push(Violation {
                 invariant: NAME,

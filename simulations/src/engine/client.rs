@@ -304,11 +304,17 @@ async fn read(w: &Shared, counter: usize, consistency: Consistency, settled: boo
     let mut g = lock(w);
     let now = g.now();
     let Some(reply) = reply else { return false };
-    let value = reply.ok().map(|r| ReadValue {
-        value: r.value,
-        as_of_ms: r.as_of_ms.saturating_sub(super::world::EPOCH_MS),
-        staleness_ms: r.staleness_ms,
-        complete: r.complete,
+    // A clock behind the run's start stamps before it: such a total counts as taken
+    // at the start, its staleness shortened by as much, so that `as_of + staleness`
+    // stays the reading clock's time.
+    let value = reply.ok().map(|r| {
+        let before_start = super::world::EPOCH_MS.saturating_sub(r.as_of_ms);
+        ReadValue {
+            value: r.value,
+            as_of_ms: r.as_of_ms.saturating_sub(super::world::EPOCH_MS),
+            staleness_ms: r.staleness_ms.saturating_sub(before_start),
+            complete: r.complete,
+        }
     });
     g.note("read-answer", (op, format!("{value:?}")));
     let rec = &mut g.history.reads[op];

@@ -28,6 +28,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tally_engine::{Clock, EngineParts, MemStore, Tally, TallyConfig};
@@ -55,15 +56,40 @@ const FLUSHES_PER_S: f64 = 30.0;
 /// Idle shard actors stop after this (so restarts of shard actors are exercised).
 const SHARD_IDLE_STOP_MS: u64 = 1_000;
 
-/// The engines' clock: the runtime's paused time, from [`EPOCH_MS`].
+/// A node's wall clock: the runtime's paused time, from [`EPOCH_MS`], off by the
+/// node's current offset (which a clock jump changes, backwards too).
 struct SimClock {
     start: tokio::time::Instant,
+    offset_ms: Arc<AtomicI64>,
 }
 
 impl Clock for SimClock {
     fn now_ms(&self) -> u64 {
-        EPOCH_MS + now_ms(self.start)
+        (EPOCH_MS + now_ms(self.start)).saturating_add_signed(self.offset_ms.load(Ordering::Relaxed))
     }
+}
+
+/// Seeds the generator of clock offsets and jumps, apart from the run's own so that
+/// runs without skew draw as before.
+const CLOCK_RNG_SALT: u64 = 0x0c10_c4_5e_ed;
+
+/// Each node's first clock offset within ±`skew_ms`, and the jumps of the chaos
+/// phase (time, node, new offset), in time order, from their own generator.
+fn clock_plan(seed: u64, nodes: u8, skew_ms: u64, chaos_ms: u64) -> (Vec<i64>, Vec<(u64, u8, i64)>) {
+    if skew_ms == 0 {
+        return (vec![0; usize::from(nodes)], Vec::new());
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ CLOCK_RNG_SALT);
+    let skew = skew_ms.min(i64::MAX as u64) as i64;
+    let offsets = (0..nodes).map(|_| rng.random_range(-skew..=skew)).collect();
+    let mut jumps = Vec::new();
+    for n in 0..nodes {
+        for t in poisson(&mut rng, CLOCK_JUMPS_PER_S, chaos_ms) {
+            jumps.push((t, n, rng.random_range(-skew..=skew)));
+        }
+    }
+    jumps.sort_unstable();
+    (offsets, jumps)
 }
 
 /// Auto-shard timers and thresholds scaled to a run's few simulated seconds and its
@@ -94,13 +120,14 @@ fn engine_config(n: u8) -> TallyConfig {
 /// Opens node `n`'s engine on its current store; `None` if it crashed meanwhile.
 async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
     for _ in 0..OPEN_ATTEMPTS_MAX {
-        let (store, incarnation, start, replicated, kv) = {
+        let (store, incarnation, start, replicated, kv, offset_ms) = {
             let w = lock(w);
             let node = &w.nodes[usize::from(n)];
             if !node.up {
                 return None;
             }
-            (node.store.clone(), node.incarnation, w.start, w.cfg.replicas > 1, node.kv.clone())
+            let offset = node.clock_offset_ms.clone();
+            (node.store.clone(), node.incarnation, w.start, w.cfg.replicas > 1, node.kv.clone(), offset)
         };
         let (store, replication): (Arc<dyn tally_engine::Store>, _) = if replicated {
             match open_replication(w, n, incarnation, kv).await {
@@ -116,7 +143,7 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
         };
         let parts = EngineParts {
             store,
-            clock: Arc::new(SimClock { start }),
+            clock: Arc::new(SimClock { start, offset_ms }),
             config: TallyConfig {
                 replicas_max: if replication.is_some() { tally_core::ranges::REPLICAS_MAX } else { 1 },
                 ..engine_config(n)
@@ -480,6 +507,8 @@ enum Fault {
     MetaOutage(u64),
     Reshard(usize, u16),
     Membership,
+    /// Node `n`'s wall clock jumps to the offset.
+    ClockJump(u8, i64),
 }
 
 /// Draws every fault of the chaos phase, in time order.
@@ -698,6 +727,12 @@ fn inject(w: &Shared, fault: Fault) {
                 tokio::spawn(hand_off(w.clone(), epoch));
             }
         }
+        Fault::ClockJump(n, offset) => {
+            let mut g = lock(w);
+            g.count(FaultKind::ClockJump);
+            g.note("clock-jump", (n, offset));
+            g.nodes[usize::from(n)].clock_offset_ms.store(offset, Ordering::Relaxed);
+        }
     }
 }
 
@@ -877,7 +912,14 @@ async fn drive(w: Shared) -> Result<(), String> {
         }
     }
     client::create_counters(&w).await?;
-    let faults = schedule(&mut lock(&w));
+    let faults = {
+        let mut g = lock(&w);
+        let mut faults = schedule(&mut g);
+        let jumps = std::mem::take(&mut g.clock_jumps);
+        faults.extend(jumps.into_iter().map(|(t, n, offset)| (t, Fault::ClockJump(n, offset))));
+        faults.sort_by_key(|(t, _)| *t);
+        faults
+    };
     let chaos_ms = lock(&w).cfg.chaos_ms;
     let clients = client::start(&w);
     if lock(&w).cfg.replicas > 1 {
@@ -930,8 +972,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             FaultLevel::Light => META_LAG_MS_MAX_LIGHT,
             FaultLevel::Heavy => META_LAG_MS_MAX_HEAVY,
         };
-        let nodes = (0..cfg.nodes)
-            .map(|_| Node {
+        let (offsets, clock_jumps) = clock_plan(cfg.seed, cfg.nodes, cfg.skew_ms(), cfg.chaos_ms);
+        let nodes = offsets
+            .into_iter()
+            .map(|offset| Node {
+                clock_offset_ms: Arc::new(AtomicI64::new(offset)),
                 up: true,
                 incarnation: 0,
                 store: MemStore::new(),
@@ -956,6 +1001,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             nodes: (0..cfg.nodes).collect(),
             settle_ms: u64::MAX,
             refresh_slack_ms,
+            clock_skew_ms: cfg.skew_ms(),
             recovery_ms: if cfg.replicas > 1 { tally_replica::LEADER_WAIT_MS } else { 0 },
             ..History::default()
         };
@@ -984,6 +1030,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
                 handoff: BTreeSet::new(),
             }],
             rings: BTreeMap::new(),
+            clock_jumps,
             trace: Xxh3::new(),
             events: 0,
             end_ms: 0,

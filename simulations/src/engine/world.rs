@@ -44,6 +44,9 @@ pub(crate) struct Node {
     pub(crate) replication: Option<Arc<tally_replica::Replication>>,
     /// Replicated runs: the task that forms groups and replaces replicas.
     pub(crate) tending: Option<tokio::task::JoinHandle<()>>,
+    /// How far the node's wall clock is off true time, in milliseconds: kept across
+    /// crashes (a machine's clock outlives its process) and changed by clock jumps.
+    pub(crate) clock_offset_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// One version of a counter's metadata, with the time the log committed it.
@@ -104,6 +107,8 @@ pub(crate) struct World {
     pub(crate) placements: Vec<PlacementVersion>,
     /// The ring of each member set met so far.
     pub(crate) rings: BTreeMap<Vec<u8>, Arc<Ring>>,
+    /// The clock jumps of the chaos phase (time, node, new offset), until scheduled.
+    pub(crate) clock_jumps: Vec<(u64, u8, i64)>,
     pub(crate) trace: Xxh3,
     pub(crate) events: u64,
     /// The simulated time the run ended at.
