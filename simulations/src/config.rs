@@ -1,7 +1,7 @@
 //! What a run is: its seed, cluster size, fault level and length, the fault rates drawn
 //! from the seed, and every timing constant of the modelled shells (named, unit last).
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::fmt;
 use std::str::FromStr;
@@ -187,7 +187,22 @@ pub struct SimConfig {
     /// Each node starts at an offset drawn within ±this and jumps to another one now
     /// and then ([`CLOCK_JUMPS_PER_S`]), backwards too.
     pub clock_skew_ms: Option<u64>,
+    /// Tier 2: whether the run adds `short:0`, a `sync` counter whose dedup window
+    /// is [`SHORT_DEDUP_WINDOW_S`], so its records expire, are swept and pruned
+    /// from sealed generations within the run (`None`: the fault level's; see
+    /// [`SimConfig::short_dedup`]).
+    pub short_dedup: Option<bool>,
 }
+
+/// The dedup window of `short:0`, in seconds: a run lasts many of them.
+pub const SHORT_DEDUP_WINDOW_S: u32 = 1;
+/// Largest clock skew a run with `short:0` may have, in milliseconds: a record is
+/// promised to live its window less the skew between two nodes, and clients retry
+/// `short:0`'s increments only within half the window.
+pub const SHORT_DEDUP_SKEW_MS_MAX: u64 = 100;
+/// Seeds the coin that picks a heavy run's clock fault, apart from the run's own
+/// generator.
+const CLOCK_COIN_SALT: u64 = 0x5eed_c0_1;
 
 /// Largest wall-clock offset of a node in a heavy tier-2 run, in milliseconds:
 /// seconds of skew, and jumps. Two nodes' clocks are then at most twice this apart:
@@ -239,6 +254,7 @@ impl SimConfig {
             replicas: 1,
             small_snapshots: false,
             clock_skew_ms: None,
+            short_dedup: None,
         }
     }
 
@@ -268,12 +284,38 @@ impl SimConfig {
         Self { clock_skew_ms: Some(ms.min(CLOCK_SKEW_MS_MAX)), ..self }
     }
 
+    /// The same run with (or without) the short-window counter `short:0` (tier 2).
+    pub fn with_short_dedup(self, on: bool) -> Self {
+        Self { short_dedup: Some(on), ..self }
+    }
+
+    /// Whether a heavy run left to its level draws skewed clocks (half of them, by
+    /// a coin of the seed) or, with clocks in sync, the short-window counter: a
+    /// record's window is only promised less the skew, which must stay well under
+    /// a window that expires within a run.
+    fn heavy_run_skews_clocks(&self) -> bool {
+        ChaCha8Rng::seed_from_u64(self.seed ^ CLOCK_COIN_SALT).random::<bool>()
+    }
+
     /// The largest offset of a node's clock in this run, in milliseconds (tier 2).
     pub fn skew_ms(&self) -> u64 {
         self.clock_skew_ms.unwrap_or(match self.faults {
             FaultLevel::Light => 0,
+            FaultLevel::Heavy if self.short_dedup == Some(true) => 0,
+            FaultLevel::Heavy if self.short_dedup.is_none() && !self.heavy_run_skews_clocks() => 0,
             FaultLevel::Heavy => CLOCK_SKEW_MS_HEAVY,
         })
+    }
+
+    /// Whether this run adds the short-window counter `short:0` (tier 2): as asked,
+    /// or in a heavy run of one copy whose clocks are in sync. With range groups an
+    /// attempt answered unavailable may still commit seconds later, after a
+    /// failover, so two attempts sent within the window may apply more than a
+    /// window apart and both count: a record lives its window from when it is
+    /// applied, not from when its increment was sent.
+    pub fn short_dedup(&self) -> bool {
+        self.short_dedup
+            .unwrap_or(self.faults == FaultLevel::Heavy && self.replicas == 1 && self.skew_ms() == 0)
     }
 
     /// The same run on another tier.
@@ -308,6 +350,9 @@ impl SimConfig {
         }
         if let Some(ms) = self.clock_skew_ms {
             cmd.push_str(&format!(" --clock-skew-ms {ms}"));
+        }
+        if let Some(on) = self.short_dedup {
+            cmd.push_str(&format!(" --short-dedup {on}"));
         }
         if self.clients != STANDARD_CLIENTS
             || self.chaos_ms != STANDARD_CHAOS_MS

@@ -245,11 +245,15 @@ pub enum FaultKind {
     /// A node's wall clock jumped to another offset from true time, backwards or
     /// forwards (tier 2 with skewed clocks).
     ClockJump,
+    /// A dedup record read by a shard's sweep of expired records (tier 2, counted at
+    /// the end over the nodes' last lives): with short dedup windows, records expire
+    /// and are swept within a run.
+    DedupRecordSwept,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 21] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -270,6 +274,7 @@ impl FaultKind {
         FaultKind::LeaderHandedOver,
         FaultKind::GroupRetired,
         FaultKind::ClockJump,
+        FaultKind::DedupRecordSwept,
     ];
 
     /// A short name for tables.
@@ -295,6 +300,7 @@ impl FaultKind {
             FaultKind::LeaderHandedOver => "leader handed over",
             FaultKind::GroupRetired => "group retired",
             FaultKind::ClockJump => "clock jump",
+            FaultKind::DedupRecordSwept => "dedup record swept",
         }
     }
 }

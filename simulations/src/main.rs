@@ -59,6 +59,11 @@ struct Args {
     /// 600,000). Nodes start at offsets drawn within it and jump now and then.
     #[arg(long)]
     clock_skew_ms: Option<u64>,
+    /// Tier 2: add (true) or leave out (false) `short:0`, a sync counter with a
+    /// one-second dedup window whose records expire within the run (default: in
+    /// heavy runs with clocks in sync, half of them; needs a skew of at most 100 ms).
+    #[arg(long)]
+    short_dedup: Option<bool>,
     /// With --reproduce: print the history of this counter (e.g. sync:0).
     #[arg(long)]
     dump: Option<String>,
@@ -83,6 +88,9 @@ impl Args {
         cfg.small_snapshots = self.small_snapshots;
         if let Some(ms) = self.clock_skew_ms {
             cfg = cfg.with_clock_skew(ms);
+        }
+        if let Some(on) = self.short_dedup {
+            cfg = cfg.with_short_dedup(on);
         }
         if let Some(c) = self.clients {
             cfg.clients = c;
@@ -219,6 +227,14 @@ fn main() -> Result<()> {
     let args = Args::parse();
     if !(1..=tally_sim::config::REPLICAS_MAX).contains(&args.replicas) {
         bail!("--replicas must be 1..={}", tally_sim::config::REPLICAS_MAX);
+    }
+    if args.short_dedup == Some(true)
+        && args.clock_skew_ms.unwrap_or(0) > tally_sim::config::SHORT_DEDUP_SKEW_MS_MAX
+    {
+        bail!(
+            "--short-dedup true needs clocks within {} ms of each other: a dedup record is only promised its window less the skew",
+            tally_sim::config::SHORT_DEDUP_SKEW_MS_MAX
+        );
     }
     if args.replicas > 1 && args.tier != Tier::Engine {
         bail!("--replicas above 1 needs --tier engine (tier 1 models one copy per shard)");

@@ -112,6 +112,23 @@ pub(crate) fn bounded_plans(rng: &mut ChaCha8Rng) -> Vec<CounterPlan> {
     ]
 }
 
+/// `short:0`, added to a tier-2 run with short dedup windows: a `sync` counter
+/// with event routing and 1–4 shards whose dedup window is
+/// [`crate::config::SHORT_DEDUP_WINDOW_S`], so its records expire within the run,
+/// shards sweep them, and a resharding's sealed generations are pruned of them
+/// (`PruneSealed`). Clients retry its increments only within half the window.
+pub(crate) fn short_dedup_plan(rng: &mut ChaCha8Rng) -> CounterPlan {
+    let p = SpecPatch {
+        shards: Some(rng.random_range(1..=4u16)),
+        durability: Some(Durability::Sync),
+        rollup_ms: Some(rng.random_range(50..=300u32)),
+        router: Some(RouterPolicy::Event),
+        dedup_window_s: Some(crate::config::SHORT_DEDUP_WINDOW_S),
+        ..SpecPatch::default()
+    };
+    ("short:0".into(), Role::Sync, p, 0)
+}
+
 /// The range `rate:0`'s limit per minute is drawn from.
 const RATE_MAX_RANGE: std::ops::RangeInclusive<u64> = 40..=150;
 /// Largest increment of `rate:0`.

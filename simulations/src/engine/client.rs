@@ -35,6 +35,9 @@ pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
         let mut g = lock(w);
         let mut plans = counter_plans(&mut g.rng);
         plans.extend(bounded_plans(&mut g.rng));
+        if g.cfg.short_dedup() {
+            plans.push(crate::workload::short_dedup_plan(&mut g.rng));
+        }
         if g.cfg.replicas > 1 {
             // Counters keep the cluster's copies or state their own: as many, which
             // puts them in groups of their own, or one on every node of the run.
@@ -222,13 +225,20 @@ async fn client_loop(w: Shared, c: u16) {
 }
 
 /// Attempts increment `op` until it is answered (applied, duplicate or refused), or
-/// `limit` attempts were made; only increments with an event id are retried.
+/// `limit` attempts were made; only increments with an event id are retried, and on a
+/// counter with a short dedup window only within [`retry_span_ms`] of the first.
 async fn increment(w: &Shared, op: usize, event_id: Option<String>, limit: u32) {
     loop {
         let answer = attempt(w, op, event_id.clone()).await;
-        let attempts = lock(w).history.incrs[op].attempts.len() as u32;
+        let (attempts, in_span) = {
+            let g = lock(w);
+            let rec = &g.history.incrs[op];
+            let first = rec.attempts.first().map_or(0, |a| a.sent_ms);
+            let span = retry_span_ms(&g.history.counters[rec.counter]);
+            (rec.attempts.len() as u32, g.now() < first.saturating_add(span))
+        };
         match answer {
-            Some(Answer::Unavailable) | None if event_id.is_some() && attempts < limit => {
+            Some(Answer::Unavailable) | None if event_id.is_some() && attempts < limit && in_span => {
                 sleep_ms(CLIENT_BACKOFF_MS).await;
             }
             _ => return,
@@ -418,6 +428,15 @@ async fn reconcile(w: &Shared, counter: usize) -> bool {
     result.is_some()
 }
 
+/// How long after its first attempt an increment of `info` may be sent again: a
+/// resend must reach the shard while the first attempt's record lives, which is
+/// promised for the counter's dedup window (less the clocks' skew, which runs with
+/// short windows keep near zero). Half the window leaves the other half for the
+/// resend's delivery; a day's window is never reached within a run.
+fn retry_span_ms(info: &crate::history::CounterInfo) -> u64 {
+    info.spec.dedup_window_ms() / 2
+}
+
 /// Whether increment `op` still has an unknown outcome (or was refused only before
 /// the cluster settled, which is not final).
 fn open(w: &Shared, op: usize) -> bool {
@@ -428,7 +447,11 @@ fn open(w: &Shared, op: usize) -> bool {
         Status::Refused => rec.attempts.last().is_some_and(|a| a.sent_ms < g.history.settle_ms),
         Status::Applied { .. } => false,
     };
-    open && rec.attempts.first().is_some_and(|a| a.event_id.is_some())
+    // Past its retry span an increment stays unknown: a resend could count it again.
+    let first = rec.attempts.first();
+    let in_span = first
+        .is_some_and(|a| g.now() < a.sent_ms.saturating_add(retry_span_ms(&g.history.counters[rec.counter])));
+    open && in_span && first.is_some_and(|a| a.event_id.is_some())
 }
 
 /// One client resolves its open increments, one at a time.

@@ -53,6 +53,8 @@ const OPEN_ATTEMPTS_MAX: u32 = 20;
 /// Flushes a busy node makes per second, to turn the per-flush fsync failure
 /// probability of a fault level into a rate of failures.
 const FLUSHES_PER_S: f64 = 30.0;
+/// How often shards sweep expired dedup records in a run with short windows.
+const SHORT_DEDUP_SWEEP_MS: u64 = 250;
 /// Idle shard actors stop after this (so restarts of shard actors are exercised).
 const SHARD_IDLE_STOP_MS: u64 = 1_000;
 
@@ -120,14 +122,23 @@ fn engine_config(n: u8) -> TallyConfig {
 /// Opens node `n`'s engine on its current store; `None` if it crashed meanwhile.
 async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
     for _ in 0..OPEN_ATTEMPTS_MAX {
-        let (store, incarnation, start, replicated, kv, offset_ms) = {
+        let (store, incarnation, start, replicated, kv, offset_ms, short_dedup) = {
             let w = lock(w);
             let node = &w.nodes[usize::from(n)];
             if !node.up {
                 return None;
             }
             let offset = node.clock_offset_ms.clone();
-            (node.store.clone(), node.incarnation, w.start, w.cfg.replicas > 1, node.kv.clone(), offset)
+            let short = w.cfg.short_dedup();
+            (
+                node.store.clone(),
+                node.incarnation,
+                w.start,
+                w.cfg.replicas > 1,
+                node.kv.clone(),
+                offset,
+                short,
+            )
         };
         let (store, replication): (Arc<dyn tally_engine::Store>, _) = if replicated {
             match open_replication(w, n, incarnation, kv).await {
@@ -146,6 +157,12 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
             clock: Arc::new(SimClock { start, offset_ms }),
             config: TallyConfig {
                 replicas_max: if replication.is_some() { tally_core::ranges::REPLICAS_MAX } else { 1 },
+                // With `short:0`, shards sweep expired records many times a run.
+                dedup_sweep_ms: if short_dedup {
+                    SHORT_DEDUP_SWEEP_MS
+                } else {
+                    TallyConfig::default().dedup_sweep_ms
+                },
                 ..engine_config(n)
             },
             catalog: Some(Arc::new(SimCatalog { world: w.clone(), node: n })),
@@ -1049,6 +1066,12 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         let end = lock(&world).now();
         lock(&world).end_ms = end;
         let tallies: Vec<Tally> = lock(&world).nodes.iter_mut().filter_map(|n| n.tally.take()).collect();
+        // Dedup records the nodes' last lives swept: with short windows, records
+        // expired and were swept within the run.
+        let swept: u64 = tallies.iter().map(|t| t.stats().dedup_sweep_reads.get()).sum();
+        {
+            *lock(&world).faults.entry(FaultKind::DedupRecordSwept).or_default() += swept;
+        }
         for t in tallies {
             t.abort();
         }
