@@ -1,4 +1,7 @@
-//! t15: the Redis protocol with real clients. A real `tallyd` is driven by
+//! t15: the Redis protocol with real clients. What `INCR` answers is checked first:
+//! one client's increments answer 1, 2, 3, … (alone, in a pipeline of a thousand,
+//! mixed with `INCRBY`/`DECR`), and a `sync` counter of one shard answers unique,
+//! gap-free values to many concurrent clients. A real `tallyd` is driven by
 //! `redis-cli` (one command per call — a windowed counter's `TALLY.WINDOW` among them —
 //! `--pipe` for a pipeline of 1,000 `INCRBY`, `-3` for RESP3) and by the Python `redis`
 //! package (a pipeline, idempotent `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the
@@ -135,6 +138,66 @@ refused("unknown command", r.execute_command, "NOSUCH", "a")
 refused("wrong number of arguments", r.execute_command, "INCR")
 print("python ok")
 "#;
+
+/// What `INCR` answers, through the Python client: every answer includes its own
+/// increment and every one before it.
+const PYTHON_INCR: &str = r#"
+import sys, threading, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+
+got = [r.incr("fresh:a") for _ in range(5)]
+assert got == [1, 2, 3, 4, 5], got
+got = [r.incr("mixed"), r.incrby("mixed", 10), r.decr("mixed"), r.decrby("mixed", 3)]
+assert got == [1, 11, 10, 7], got
+
+# A thousand INCR in one pipeline, on a batched counter and on a sync one.
+assert r.execute_command("TALLY.CREATE", "pipe:sync", "DURABILITY", "sync") == b"created"
+for key in ["pipe:batched", "pipe:sync"]:
+    p = r.pipeline(transaction=False)
+    for _ in range(1000):
+        p.incr(key)
+    got = p.execute()
+    assert got == list(range(1, 1001)), (key, got[:5], got[-5:], len(set(got)))
+
+# A sync counter of one shard issues ids: 8 clients, 100 INCR each, every value once.
+assert r.execute_command("TALLY.CREATE", "ids", "DURABILITY", "sync", "SHARDS", "1") == b"created"
+seen, lock = [], threading.Lock()
+def client():
+    c = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+    mine = [c.incr("ids") for _ in range(100)]
+    assert mine == sorted(mine), mine
+    with lock:
+        seen.extend(mine)
+threads = [threading.Thread(target=client) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert sorted(seen) == list(range(1, 801)), (len(seen), len(set(seen)), min(seen), max(seen))
+
+# TALLY.INCRBY ... WITHVALUE says whether the value is exact (a single node: it is).
+got = r.execute_command("TALLY.INCRBY", "ids", "1", "ID", "e-1", "WITHVALUE")
+assert got == [b"outcome", b"applied", b"value", 801, b"exact", 1], got
+got = r.execute_command("TALLY.INCRBY", "ids", "1", "ID", "e-1", "WITHVALUE")
+assert got[:2] == [b"outcome", b"duplicate"] and got[3] == 801, got
+print("python incr ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_answers_count_one_two_three() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_INCR, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The answers were the totals: the counters hold them.
+    assert_eq!(c.value(1, "pipe:batched").await?, 1000);
+    assert_eq!(c.value(1, "mixed").await?, 7);
+    Ok(())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_redis_clients_drive_a_node() -> Result<()> {

@@ -180,6 +180,12 @@ pub enum ShardReply {
         outcome: Outcome,
         /// The shard's value after the commit (it opens or closes accumulator slots).
         value: i64,
+        /// The shard's value right after this submission within the commit: for an
+        /// applied increment, the value it produced, whatever else the commit held.
+        /// On a counter of one shard that is the counter's total after it, so these
+        /// are unique and gap-free across concurrent increments of 1 (Redis's `INCR`
+        /// answers them: `docs/SEMANTICS.md`, "The Redis protocol").
+        after: i64,
     },
     /// This shard's generation is sealed; resubmit on the current layout.
     Sealed,
@@ -212,6 +218,10 @@ pub struct Decision {
     pub dedup_put: Vec<(String, DedupRecord)>,
     /// One outcome per submission, in order.
     pub outcomes: Vec<Outcome>,
+    /// The shard's value right after each submission was decided, in order (for one
+    /// that was not applied, the value it found): each applied increment's own place
+    /// in the shard's history, which the answer carries ([`ShardReply::Done`]).
+    pub values: Vec<i64>,
     /// Whether the sketch changed and must be written.
     pub sketch_changed: bool,
     /// Whether the frequency sketch changed and must be written.
@@ -305,6 +315,7 @@ pub fn decide(
                             SeqVerdict::Duplicate => Verdict::Duplicate,
                             SeqVerdict::OutOfOrder { expected } => {
                                 d.outcomes.push(Outcome::OutOfOrder { expected });
+                                d.values.push(d.value);
                                 continue;
                             }
                             // A writer with no record at all is a new mark: the
@@ -317,6 +328,7 @@ pub fn decide(
                                     && state.writer_marks >= WRITERS_PER_SHARD_MAX =>
                             {
                                 d.outcomes.push(Outcome::TooManyWriters);
+                                d.values.push(d.value);
                                 continue;
                             }
                             SeqVerdict::Fresh => Verdict::Fresh,
@@ -372,7 +384,9 @@ pub fn decide(
             }
         };
         d.outcomes.push(outcome);
+        d.values.push(d.value);
     }
+    debug_assert_eq!(d.values.len(), d.outcomes.len());
     d.dedup_put = created.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     state.value = d.value;
     debug_assert!(d.writes(before) || d.applied_increments == 0 || d.change_abs == 0);
@@ -405,6 +419,30 @@ mod tests {
         assert_eq!(d.outcomes, vec![Outcome::Applied; 3]);
         assert_eq!(d.applied_increments, 302);
         assert_eq!(d.dedup_put, vec![("e-1".to_string(), DedupRecord { delta: 7, applied_at_ms: 10 })]);
+    }
+
+    /// Concurrent increments of 1 committed together each learn their own place:
+    /// on a one-shard counter these are the totals Redis's `INCR` would answer,
+    /// unique and without gaps, whatever else the commit held.
+    #[test]
+    fn each_submission_learns_the_value_it_produced() {
+        let mut s = ShardState { value: 10, ..ShardState::default() };
+        let batch = [
+            single(1, None),
+            single(1, Some("e")),
+            single(1, Some("e")),
+            single(-3, None),
+            Submission::Buffered { sum: 5, increments: 5, members: vec![], drain_id: None },
+            single(i64::MAX, None),
+        ];
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W, &mut |_| Ok(()));
+        assert_eq!(d.value, 14);
+        assert_eq!(
+            d.values,
+            vec![11, 12, 12, 9, 14, 14],
+            "a duplicate and an overflow name the value they found"
+        );
+        assert!(matches!(d.outcomes[5], Outcome::Overflow(_)));
     }
 
     #[test]

@@ -98,6 +98,17 @@ fn next_random() -> u64 {
     })
 }
 
+/// An increment the write path counted.
+pub(crate) struct Written {
+    /// Applied or duplicate.
+    pub(crate) outcome: IncrOutcome,
+    /// The runtime it went through, when asked for.
+    pub(crate) rt: Option<Arc<CounterRuntime>>,
+    /// The value its shard was left at right after it, when it was written to its
+    /// shard directly ([`ShardReply::Done`]'s `after`).
+    pub(crate) after: Option<i64>,
+}
+
 /// What the per-thread fast path did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fast {
@@ -313,15 +324,22 @@ impl Ctx {
         let rt = match self.registry.entry(name.clone()) {
             dashmap::Entry::Occupied(e) if e.get().meta.version >= meta.version => e.get().clone(),
             dashmap::Entry::Occupied(mut e) => {
-                let rt = Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now));
+                let ledger = e.get().ledger.clone();
+                let rt = Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now, ledger));
                 // The old runtime may still buffer acknowledged increments: a fresh
                 // read must find it.
                 *rt.predecessor.lock() = Some(e.get().clone());
+                // What it acknowledged stays in the answers to `INCR` (`ledger.rs`).
+                e.get().hand_over_ledger();
                 replaced = Some(e.insert(rt.clone()));
                 rt
             }
             dashmap::Entry::Vacant(e) => {
-                let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now);
+                // A counter this call created holds nothing anywhere: its answers
+                // start from an exact zero; any other reads its shards first.
+                let ledger =
+                    if created { crate::ledger::Ledger::empty() } else { crate::ledger::Ledger::new() };
+                let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now, Arc::new(ledger));
                 if created {
                     rt.open_empty_slots();
                     // Every increment it takes lands here first, and no other node
@@ -418,7 +436,7 @@ impl Ctx {
         }
         // Boxed: the future of a call that took the fast path stays a few words
         // instead of the general path's whole state, which callers would move.
-        Box::pin(self.incr_after(name, inc, fast, false)).await.map(|(outcome, _)| outcome)
+        Box::pin(self.incr_after(name, inc, fast, false)).await.map(|w| w.outcome)
     }
 
     /// The thread's last runtime: the one [`Ctx::try_fast`] counted on when it
@@ -438,14 +456,14 @@ impl Ctx {
         inc: Increment,
         fast: Fast,
         want_rt: bool,
-    ) -> Result<(IncrOutcome, Option<Arc<CounterRuntime>>), TallyError> {
+    ) -> Result<Written, TallyError> {
         if fast == Fast::Applied {
             let rt = if want_rt { Self::last_runtime() } else { None };
             // The fast path never waits, so a writer looping on it would never give
             // the runtime back to the aggregator and the other actors. Spend tokio's
             // cooperative budget like any other resource: every so often, yield.
             tokio::task::consume_budget().await;
-            return Ok((IncrOutcome::APPLIED, rt));
+            return Ok(Written { outcome: IncrOutcome::APPLIED, rt, after: None });
         }
         let mut rt = self.runtime(name, true).await?;
         LAST_RUNTIME.with(|c| *c.borrow_mut() = Some((self.id(), rt.clone())));
@@ -469,7 +487,7 @@ impl Ctx {
         };
         if fast_eligible(&rt, &inc) && self.try_buffer(&rt, index, inc.delta, member) {
             tokio::task::consume_budget().await;
-            return Ok((IncrOutcome::APPLIED, want_rt.then_some(rt)));
+            return Ok(Written { outcome: IncrOutcome::APPLIED, rt: want_rt.then_some(rt), after: None });
         }
         // The direct path: the shard decides, then answers.
         let sub =
@@ -482,10 +500,18 @@ impl Ctx {
             rt.last_used_ms.store(self.now_ms(), Relaxed);
             let id = rt.meta.shard_id(&rt.name, rt.meta.layout.generation, index);
             let queued = crate::runtime::InFlight::enter(&rt.slots[usize::from(index)]);
+            // Until its answer is counted, a base of `INCR` answers waits (`ledger.rs`).
+            let ledger = rt.ledger.clone();
+            let delivery = ledger.deliver().await;
             let reply = self.submit(&id, &rt.meta, sub.clone()).await;
             drop(queued);
             match reply? {
-                ShardReply::Done { outcome, value } => {
+                ShardReply::Done { outcome, value, after } => {
+                    if outcome == Outcome::Applied {
+                        rt.ack(index, inc.delta);
+                        delivery.confirm(inc.delta);
+                    }
+                    drop(delivery);
                     rt.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                     // A batched commit is not flushed here; queueing the counter makes
                     // the aggregator flush within the window, as for buffered sums.
@@ -493,7 +519,7 @@ impl Ctx {
                         self.queue_dirty(&rt);
                     }
                     let outcome = self.outcome(&rt, &inc, outcome)?;
-                    return Ok((outcome, want_rt.then_some(rt)));
+                    return Ok(Written { outcome, rt: want_rt.then_some(rt), after: Some(after) });
                 }
                 ShardReply::Sealed => {
                     if attempt > 0 {
@@ -628,6 +654,7 @@ impl Ctx {
             slot.members.lock().push(h);
         }
         slot.sum.fetch_add(delta, SeqCst);
+        rt.ack(index, delta);
         slot.writes.fetch_add(1, Relaxed);
         if rt.claim_dirty() {
             self.queue_dirty(rt);
@@ -1097,6 +1124,9 @@ impl Ctx {
         };
         let mut delivered = true;
         let mut waiting = Vec::with_capacity(drained.len());
+        // Until every answer is counted, a base of `INCR` answers waits (`ledger.rs`).
+        // The sums are `rt`'s: its ledger acknowledged them.
+        let delivery = rt.ledger.deliver().await;
         let now = self.now_ms();
         for d in drained {
             let index = d.index % target.meta.layout.shards;
@@ -1134,6 +1164,7 @@ impl Ctx {
             match self.await_reply(&id, rx).await {
                 Ok(ShardReply::Done { value, .. }) => {
                     self.drains.lock().close(drain_id);
+                    delivery.confirm(d.sum);
                     self.stats.increments_batched.add(d.increments);
                     target.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                 }
@@ -1189,10 +1220,14 @@ impl Ctx {
         };
         let index = tally_core::router::shard_of_event(drain_id, rt.meta.layout.shards);
         let id = rt.meta.shard_id(name, rt.meta.layout.generation, index);
+        let delivery = rt.ledger.deliver().await;
         match self.submit(&id, &rt.meta, sub.clone()).await {
             Ok(ShardReply::Done { outcome, .. }) => {
                 if outcome == Outcome::Applied {
                     self.stats.increments_batched.add(*increments);
+                }
+                if let Submission::Buffered { sum, .. } = sub {
+                    delivery.confirm(*sum);
                 }
                 true
             }

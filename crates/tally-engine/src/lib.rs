@@ -7,6 +7,8 @@
 //! * `ctx.rs` — what every actor shares: the store, the catalog, the registry of
 //!   active counters, the directory of running shard actors, and the write path.
 //! * `runtime.rs` — a counter's accumulator slots (the lock-free fast path).
+//! * `ledger.rs` — what `INCR` answers: this node's acknowledged increments over
+//!   one sum of the shards, without a read per increment.
 //! * `shard.rs` — the shard actor, sole writer of one shard.
 //! * `supervisor.rs` — starts shard actors on demand and stops idle ones.
 //! * `aggregator.rs` — drains accumulators into shard messages every `flush_ms`.
@@ -55,6 +57,7 @@ mod error;
 mod flusher;
 mod handle;
 mod handoff;
+mod ledger;
 mod list;
 mod lost;
 mod messages;
@@ -84,6 +87,7 @@ pub use error::ListError;
 pub use error::TallyError;
 pub use handle::CounterHandle;
 pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};
+pub use ledger::LEDGER_REFRESH_MS;
 pub use list::{CounterPage, LIST_PAGE_COUNTERS_MAX, LIST_PREFIX_BYTES_MAX};
 pub use placement::{Placement, ShardRequest, ShardResponse};
 pub use read::{skew, SUM_MANY_CONCURRENT_MAX};

@@ -339,70 +339,30 @@ impl Tally {
     /// runtime the increment went through (no second lookup of the name or of the
     /// spec): a `sync` counter's fresh total, read once the increment is durable; a
     /// `batched` counter's cached total (fresh without a rollup), which may or may not
-    /// include this increment yet. What Redis's `INCR` answers
-    /// (`docs/SEMANTICS.md`, "The Redis protocol").
+    /// include this increment yet. For what Redis's `INCR` answers, see
+    /// [`Tally::incr_value`].
     #[tracing::instrument(level = "trace", skip_all, fields(counter = name, delta = inc.delta))]
     pub async fn incr_total(
         &self,
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, ValueRead), TallyError> {
-        self.incr_answering(name, inc, Self::cached_now, |read| read).await
-    }
-
-    /// Counts one increment and answers the total [`Tally::incr_total`] reads,
-    /// without its age: what Redis's `INCR` returns. A batched increment answered
-    /// from the rollup's cache reads no clock.
-    pub async fn incr_value(
-        &self,
-        name: &str,
-        inc: Increment,
-    ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-        self.incr_answering(name, inc, Self::cached_total, |read| IncrTotal::from(&read)).await
-    }
-
-    /// Counts one increment and answers its counter's total: `cached` of the
-    /// rollup's cache when the increment was buffered on a batched counter whose
-    /// total the rollup holds (nothing to wait for), else `of_read` of the read
-    /// [`Tally::incr_total`] describes.
-    async fn incr_answering<T>(
-        &self,
-        name: &str,
-        inc: Increment,
-        cached: impl FnOnce(&Self, &crate::runtime::CounterRuntime) -> Option<T>,
-        of_read: impl FnOnce(ValueRead) -> T,
-    ) -> Result<(IncrOutcome, T), TallyError> {
         self.ctx.admit(&inc)?;
         let fast = self.ctx.try_fast(name, &inc);
         if fast == Fast::Applied {
-            if let Some(answer) = Self::batched_last_runtime().and_then(|rt| cached(self, &rt)) {
+            let cached = Ctx::last_runtime()
+                .filter(|rt| rt.meta.spec.durability == Durability::Batched)
+                .and_then(|rt| self.cached_now(&rt));
+            if let Some(read) = cached {
                 tokio::task::consume_budget().await;
-                return Ok((IncrOutcome::APPLIED, answer));
+                return Ok((IncrOutcome::APPLIED, read));
             }
         }
-        let (outcome, read) = self.incr_then_read(name, inc, fast).await?;
-        Ok((outcome, of_read(read)))
-    }
-
-    /// The runtime the thread's last fast increment was buffered on, if its counter
-    /// is batched: one whose total the rollup holds answers without waiting.
-    fn batched_last_runtime() -> Option<Arc<crate::runtime::CounterRuntime>> {
-        Ctx::last_runtime().filter(|rt| rt.meta.spec.durability == Durability::Batched)
-    }
-
-    /// The rest of an increment that answers its counter's total, once the fast
-    /// path did not answer it.
-    async fn incr_then_read(
-        &self,
-        name: &str,
-        inc: Increment,
-        fast: Fast,
-    ) -> Result<(IncrOutcome, ValueRead), TallyError> {
         // Boxed, as in `Ctx::incr`: a call answered by the fast path builds a small future.
         Box::pin(async move {
-            let (outcome, rt) = self.ctx.incr_after(name, inc, fast, true).await?;
+            let written = self.ctx.incr_after(name, inc, fast, true).await?;
             let started = Instant::now();
-            let rt = match rt {
+            let rt = match written.rt {
                 Some(rt) => rt,
                 None => self.ctx.runtime(name, false).await?,
             };
@@ -411,9 +371,94 @@ impl Tally {
                 Durability::Batched => Consistency::Cached,
             };
             let read = self.read_rt(name, &rt, consistency, started).await?;
-            Ok((outcome, read))
+            Ok((written.outcome, read))
         })
         .await
+    }
+
+    /// Counts one increment and answers the counter's total right after it: what
+    /// Redis's `INCR` answers. The total includes this increment and every increment
+    /// this node acknowledged before it, each once, so one client's increments on
+    /// one node answer 1, 2, 3, … (`docs/SEMANTICS.md`, "What INCR returns"):
+    ///
+    /// * a `sync` counter of one shard answers the value the shard's commit gave
+    ///   this increment: exact, and unique and gap-free across concurrent increments
+    ///   of 1 from any node (ids may be issued from it);
+    /// * any other counter answers from this node's ledger (`ledger.rs`): what this
+    ///   node acknowledged, over one sum of the shards taken when the counter first
+    ///   answered here (and again in the background, in a cluster, while it is older
+    ///   than [`crate::LEDGER_REFRESH_MS`]). It costs no read per increment: a
+    ///   buffered increment answers from memory.
+    pub async fn incr_value(
+        &self,
+        name: &str,
+        inc: Increment,
+    ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
+        self.ctx.admit(&inc)?;
+        let fast = self.ctx.try_fast(name, &inc);
+        if fast == Fast::Applied {
+            if let Some(total) = Ctx::last_runtime().and_then(|rt| self.answer(&rt, None)) {
+                tokio::task::consume_budget().await;
+                return Ok((IncrOutcome::APPLIED, total));
+            }
+        }
+        // Boxed, as in `Ctx::incr`: a call answered by the fast path builds a small future.
+        Box::pin(async move {
+            let written = self.ctx.incr_after(name, inc, fast, true).await?;
+            let rt = match written.rt {
+                Some(rt) => rt,
+                None => self.ctx.runtime(name, false).await?,
+            };
+            Ok((written.outcome, self.answer_or_read(&rt, written.after).await?))
+        })
+        .await
+    }
+
+    /// [`Tally::answer`], reading the ledger's base first when it has none.
+    async fn answer_or_read(
+        &self,
+        rt: &Arc<crate::runtime::CounterRuntime>,
+        after: Option<i64>,
+    ) -> Result<IncrTotal, TallyError> {
+        if let Some(total) = self.answer(rt, after) {
+            return Ok(total);
+        }
+        if let Err(missing) = rt.ledger.take_base(&self.ctx, rt, false).await? {
+            return Ok(IncrTotal::Incomplete(missing));
+        }
+        Ok(self.answer(rt, after).expect("a base was just taken"))
+    }
+
+    /// The total right after an increment through `rt` whose shard was left at
+    /// `after` (when it was written directly): the shard's own value on a `sync`
+    /// counter of one shard, else the ledger's answer; `None` while the ledger has
+    /// no base.
+    fn answer(&self, rt: &Arc<crate::runtime::CounterRuntime>, after: Option<i64>) -> Option<IncrTotal> {
+        let meta = &rt.meta;
+        let one_shard = meta.layout.shards == 1 && meta.layout.resharding.is_none();
+        if let Some(after) = after.filter(|_| one_shard && meta.spec.durability == Durability::Sync) {
+            let value = meta.spec.clamp(meta.layout.base + i128::from(after));
+            return Some(IncrTotal::Total(Total { value, exact: true }));
+        }
+        // What a replaced runtime acknowledged is in the ledger; the current one's
+        // slots hold the rest.
+        let current = if rt.carried.load(SeqCst) {
+            self.ctx
+                .registry
+                .get(rt.name.as_str())
+                .map(|r| r.clone())
+                .filter(|r| Arc::ptr_eq(&r.ledger, &rt.ledger))
+                .unwrap_or_else(|| rt.clone())
+        } else {
+            rt.clone()
+        };
+        let answer = rt.ledger.answer(rt.ledger.acked(&current))?;
+        let alone = self.ctx.placement.is_none();
+        if !alone && rt.ledger.claim_refresh(self.ctx.now_ms()) {
+            crate::ledger::Ledger::refresh(&self.ctx, &current);
+        }
+        let value = meta.spec.clamp(answer.value);
+        Some(IncrTotal::Total(Total { value, exact: answer.exact && alone }))
     }
 
     /// A resolved handle on the counter (created with the defaults if unknown, like a
@@ -437,11 +482,6 @@ impl Tally {
     /// clock reads would cost more than the read.
     fn cached_now(&self, rt: &crate::runtime::CounterRuntime) -> Option<ValueRead> {
         self.cached(rt, |view, name| view.get(name, self.ctx.now_ms()))
-    }
-
-    /// [`Tally::cached_now`]'s total, without reading the clock to age it.
-    fn cached_total(&self, rt: &crate::runtime::CounterRuntime) -> Option<IncrTotal> {
-        self.cached(rt, crate::rollup::RollupView::total)
     }
 
     /// `answer` of the rollup's view, if `rt`'s counter has a rollup and its total
@@ -604,9 +644,17 @@ impl Tally {
         let (tx, rx) = ractor::concurrency::oneshot();
         self.actors
             .reconciler
-            .send_message(ReconcilerMsg::Reconcile { name, authoritative, reply: tx.into() })
+            .send_message(ReconcilerMsg::Reconcile { name: name.clone(), authoritative, reply: tx.into() })
             .map_err(|_| TallyError::ShuttingDown)?;
-        rx.await.map_err(|_| TallyError::ShuttingDown)?
+        let report = rx.await.map_err(|_| TallyError::ShuttingDown)?;
+        if report.as_ref().is_ok_and(|r| r.corrected) {
+            // The correction is no increment of this node's: `INCR` answers read the
+            // shards again before they count on.
+            if let Some(rt) = self.ctx.registry.get(name.as_str()) {
+                rt.ledger.forget_base();
+            }
+        }
+        report
     }
 
     /// Waits until every resharding in progress on this node has completed.

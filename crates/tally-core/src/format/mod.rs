@@ -78,7 +78,9 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// shard's failed answer names the shard's owner when the answering node knows it
 /// is another node. Protocol 11: counter specs carry the counter's own replica
 /// count (`replicas`), and a shard id's generation word its replica class.
-pub const PEER_PROTOCOL: u32 = 11;
+/// Protocol 12: a shard's answer to a submission carries the value that submission
+/// left the shard at (`ShardReply::Done::after`).
+pub const PEER_PROTOCOL: u32 = 12;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they

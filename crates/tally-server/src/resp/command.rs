@@ -289,7 +289,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         W,
         (1, 1, 1),
         "tally",
-        "An increment with an event id (or a writer and its sequence), writer and member; answers applied or duplicate.",
+        "An increment with an event id (or a writer and its sequence), writer and member; answers applied or duplicate (WITHVALUE: with the total after it and whether that is exact).",
         &[
             arg("key", Key),
             arg("delta", Integer),
@@ -298,6 +298,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("SEQ", "seq", Integer),
             opt_tok("MEMBER", "member", Str),
             opt_tok("ITEM", "item", Str),
+            ArgDoc { name: "withvalue", kind: Token, token: Some("WITHVALUE"), optional: true, multiple: false },
         ],
     ),
     cmd(
@@ -479,12 +480,14 @@ pub enum Command {
         /// How many items (default [`TOPK_LIST_DEFAULT`]).
         k: u32,
     },
-    /// `TALLY.INCRBY key delta [ID e] [WRITER w] [SEQ n] [MEMBER m] [ITEM i]`.
+    /// `TALLY.INCRBY key delta [ID e] [WRITER w] [SEQ n] [MEMBER m] [ITEM i] [WITHVALUE]`.
     TallyIncrBy {
         /// The counter.
         key: String,
         /// The increment.
         inc: Box<Increment>,
+        /// `WITHVALUE`: answer the total after it and whether it is exact too.
+        with_value: bool,
     },
     /// `TALLY.GET key [FRESH|CACHED]`.
     TallyGet {
@@ -531,7 +534,7 @@ impl Command {
     /// in order.
     pub fn sequenced_writer(&self) -> Option<(String, String)> {
         match self {
-            Command::TallyIncrBy { key, inc } if inc.seq.is_some() => {
+            Command::TallyIncrBy { key, inc, .. } if inc.seq.is_some() => {
                 inc.writer.clone().map(|w| (key.clone(), w))
             }
             _ => None,
@@ -756,8 +759,14 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
         }
         "tally.incrby" => {
             let mut inc = Increment::new(delta(a[1])?);
+            let mut with_value = false;
             let mut i = 2;
             while i < a.len() {
+                if upper(i).as_slice() == b"WITHVALUE" {
+                    with_value = true;
+                    i += 1;
+                    continue;
+                }
                 let value = a.get(i + 1).ok_or_else(syntax_error)?;
                 if upper(i).as_slice() == b"SEQ" {
                     let seq = std::str::from_utf8(value).ok().and_then(|n| n.parse::<u64>().ok());
@@ -777,7 +786,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                 *slot = Some(text(value, &String::from_utf8_lossy(a[i]).to_lowercase())?);
                 i += 2;
             }
-            Command::TallyIncrBy { key: key(a[0])?, inc: Box::new(inc) }
+            Command::TallyIncrBy { key: key(a[0])?, inc: Box::new(inc), with_value }
         }
         "tally.get" => Command::TallyGet {
             key: key(a[0])?,
@@ -1067,12 +1076,25 @@ mod tests {
             parsed(&["tally.incrby", "c", "5", "member", "u1", "ID", "e-1", "WRITER", "w"]),
             Command::TallyIncrBy {
                 key: "c".into(),
-                inc: Box::new(Increment::new(5).event_id("e-1").writer("w").member("u1"))
+                inc: Box::new(Increment::new(5).event_id("e-1").writer("w").member("u1")),
+                with_value: false,
             }
         );
         assert_eq!(
             parsed(&["tally.incrby", "c", "5", "seq", "7", "WRITER", "w"]),
-            Command::TallyIncrBy { key: "c".into(), inc: Box::new(Increment::new(5).sequenced("w", 7)) }
+            Command::TallyIncrBy {
+                key: "c".into(),
+                inc: Box::new(Increment::new(5).sequenced("w", 7)),
+                with_value: false
+            }
+        );
+        assert_eq!(
+            parsed(&["tally.incrby", "c", "5", "withvalue", "ID", "e"]),
+            Command::TallyIncrBy {
+                key: "c".into(),
+                inc: Box::new(Increment::new(5).event_id("e")),
+                with_value: true
+            }
         );
         assert_eq!(
             refused(&["tally.incrby", "c", "5", "SEQ", "-1"]),

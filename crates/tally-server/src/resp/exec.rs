@@ -273,27 +273,114 @@ fn command_info(names: &[String], entry: fn(&CommandSpec) -> Reply, as_map: bool
     }
 }
 
-/// An increment's reply: the new total (`INCR`) or applied/duplicate (`TALLY.INCRBY`).
-/// These run concurrently within a pipeline, so they touch no session state.
+/// The error of an increment that was counted but whose total cannot be given.
+fn counted_incomplete(missing: &[u16]) -> Reply {
+    Reply::err(
+        INCOMPLETE,
+        format!(
+            "the increment was counted, but shards {missing:?} did not answer the read its total needs: \
+             do not retry it"
+        ),
+    )
+}
+
+/// An increment's reply: the new total (`INCR`) or applied/duplicate (`TALLY.INCRBY`;
+/// with `WITHVALUE`, also the total and whether it is exact). These run concurrently
+/// within a pipeline, so they touch no session state.
 pub async fn run_increment<S: Service>(svc: &S, cmd: Command) -> Reply {
     match cmd {
         Command::Incr { key, delta } => match svc.incr_total(&key, Increment::new(delta)).await {
-            Ok((_, IncrTotal::Total(total))) => Reply::Big(total),
-            Ok((_, IncrTotal::Incomplete(missing))) => Reply::err(
-                INCOMPLETE,
-                format!(
-                    "the increment was counted, but shards {missing:?} did not answer the read of the \
-                     new total: do not retry it"
-                ),
-            ),
+            Ok((_, IncrTotal::Total(total))) => Reply::Big(total.value),
+            Ok((_, IncrTotal::Incomplete(missing))) => counted_incomplete(&missing),
             Err(e) => engine_error(e),
         },
-        Command::TallyIncrBy { key, inc } => match svc.incr(&key, *inc).await {
+        Command::TallyIncrBy { key, inc, with_value: false } => match svc.incr(&key, *inc).await {
             Ok(o) if o.applied => Reply::Simple("applied".into()),
             Ok(_) => Reply::Simple("duplicate".into()),
             Err(e) => engine_error(e),
         },
+        Command::TallyIncrBy { key, inc, with_value: true } => match svc.incr_total(&key, *inc).await {
+            Ok((o, IncrTotal::Total(total))) => Reply::map([
+                ("outcome", Reply::text(if o.applied { "applied" } else { "duplicate" })),
+                ("value", Reply::Big(total.value)),
+                ("exact", Reply::Bool(total.exact)),
+            ]),
+            Ok((_, IncrTotal::Incomplete(missing))) => counted_incomplete(&missing),
+            Err(e) => engine_error(e),
+        },
         other => Reply::err("internal", format!("not an increment: {other:?}")),
+    }
+}
+
+/// The counter and delta of an `INCR`-family command, whose answer takes its place
+/// among the run's ([`order_answers`]).
+pub fn answered_increment(cmd: &Command) -> Option<(String, i64)> {
+    match cmd {
+        Command::Incr { key, delta } => Some((key.clone(), *delta)),
+        _ => None,
+    }
+}
+
+/// Puts the answers of a pipeline's run of increments in the order the client sent
+/// them. The run's increments are counted concurrently (one group commit on a
+/// `sync` counter), so the totals they were answered with come in the order their
+/// answers were computed, not sent; a client reads a pipeline as if each command
+/// ran after the one before. Per counter (`incrs[i]` names command `i`'s, `None` for
+/// other commands), once every one of its increments in the run answered a total:
+///
+/// * all deltas equal and the totals distinct (a `sync` counter of one shard: the
+///   values the shard gave them; a buffered run: the ledger's, already in order):
+///   the same totals, sorted the delta's way, so ids issued stay unique;
+/// * otherwise, deltas of one sign: counted back from the furthest total, which
+///   includes the whole run — the total after command `i` is that total less the
+///   deltas sent after `i`: each answer includes its increment and every one sent
+///   before it, as Redis's would.
+///
+/// Mixed signs, or an increment that failed, leave the counter's answers as they are.
+pub fn order_answers(incrs: &[Option<(String, i64)>], replies: &mut [Reply]) {
+    let mut keys: Vec<&str> = incrs.iter().flatten().map(|(k, _)| k.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for key in keys {
+        let at: Vec<usize> =
+            (0..incrs.len()).filter(|&i| incrs[i].as_ref().is_some_and(|(k, _)| k == key)).collect();
+        if at.len() < 2 {
+            continue;
+        }
+        let deltas: Vec<i64> = at.iter().map(|&i| incrs[i].as_ref().map_or(0, |(_, d)| *d)).collect();
+        let Some(mut totals) = at
+            .iter()
+            .map(|&i| match replies[i] {
+                Reply::Big(v) => Some(v),
+                _ => None,
+            })
+            .collect::<Option<Vec<i128>>>()
+        else {
+            continue;
+        };
+        let up = deltas.iter().all(|d| *d > 0);
+        if !up && !deltas.iter().all(|d| *d < 0) {
+            continue;
+        }
+        let mut distinct = totals.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if deltas.iter().all(|d| *d == deltas[0]) && distinct.len() == totals.len() {
+            totals = distinct;
+            if !up {
+                totals.reverse();
+            }
+        } else {
+            let last = if up { distinct[distinct.len() - 1] } else { distinct[0] };
+            let mut after = 0i128;
+            for (slot, d) in totals.iter_mut().zip(&deltas).rev() {
+                *slot = last - after;
+                after += i128::from(*d);
+            }
+        }
+        for (&i, total) in at.iter().zip(totals) {
+            replies[i] = Reply::Big(total);
+        }
     }
 }
 
@@ -541,5 +628,45 @@ async fn pfadd<S: Service>(svc: &S, key: String, members: Vec<String>) -> Reply 
     match svc.distinct(&key).await {
         Ok(after) => Reply::Int((created || after.estimate != before).into()),
         Err(e) => engine_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn incr(key: &str, delta: i64) -> Option<(String, i64)> {
+        Some((key.to_owned(), delta))
+    }
+
+    fn totals(values: &[i128]) -> Vec<Reply> {
+        values.iter().map(|v| Reply::Big(*v)).collect()
+    }
+
+    #[test]
+    fn a_pipelines_answers_come_back_in_the_order_sent() {
+        // Ids from a one-shard counter, answered out of order: the same ids, in order.
+        let incrs = [incr("ids", 1), incr("ids", 1), None, incr("ids", 1)];
+        let mut replies = totals(&[12, 10, 99, 11]);
+        order_answers(&incrs, &mut replies);
+        assert_eq!(replies, totals(&[10, 11, 99, 12]));
+        // Totals computed after several increments had landed repeat: counted back
+        // from the one that includes the whole run.
+        let incrs = [incr("a", 1), incr("a", 1), incr("a", 1)];
+        let mut replies = totals(&[3, 3, 2]);
+        order_answers(&incrs, &mut replies);
+        assert_eq!(replies, totals(&[1, 2, 3]));
+        // Different deltas: the total after each is the last less what came after it.
+        let incrs = [incr("b", 1), incr("b", 10), incr("c", -2), incr("c", -2), incr("b", 5)];
+        let mut replies = totals(&[16, 11, -2, -4, 16]);
+        order_answers(&incrs, &mut replies);
+        assert_eq!(replies, totals(&[1, 11, -2, -4, 16]));
+        // Mixed signs, or a failed increment: left alone.
+        let incrs = [incr("d", 1), incr("d", -1), incr("e", 1), incr("e", 1)];
+        let mut replies = totals(&[0, 1, 5, 5]);
+        replies[3] = Reply::err("overflow", "refused");
+        let before = replies.clone();
+        order_answers(&incrs, &mut replies);
+        assert_eq!(replies, before);
     }
 }

@@ -390,12 +390,14 @@ async fn run_batch<S: Service>(
         }
         if cmd.is_increment() {
             let mut running = Vec::new();
+            let mut incrs = Vec::new();
             // A writer's sequenced increments must reach its shard in order: each
             // one starts once the one before it (same counter, same writer) answered.
             let mut last: HashMap<(String, String), tokio::sync::oneshot::Receiver<()>> = HashMap::new();
             let mut admitted = Ok(cmd);
             loop {
                 let c = admitted;
+                incrs.push(c.as_ref().ok().and_then(exec::answered_increment));
                 let (after, done) = match c.as_ref().ok().and_then(command::Command::sequenced_writer) {
                     Some(writer) => {
                         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -429,7 +431,8 @@ async fn run_batch<S: Service>(
                     }
                 };
             }
-            let replies = join_timed(timeout, running).await;
+            let mut replies = join_timed(timeout, running).await;
+            exec::order_answers(&incrs, &mut replies);
             for reply in &replies {
                 encode(reply, session.proto, out);
             }
