@@ -1,7 +1,8 @@
 //! t15: the Redis protocol with real clients. What `INCR` answers is checked first:
 //! one client's increments answer 1, 2, 3, … (alone, in a pipeline of a thousand,
 //! mixed with `INCRBY`/`DECR`), and a `sync` counter of one shard answers unique,
-//! gap-free values to many concurrent clients. A real `tallyd` is driven by
+//! gap-free values to many concurrent clients. Transactions (`MULTI`/`EXEC`, which
+//! redis-py's `pipeline()` sends by default) count each increment once. A real `tallyd` is driven by
 //! `redis-cli` (one command per call — a windowed counter's `TALLY.WINDOW` among them —
 //! `--pipe` for a pipeline of 1,000 `INCRBY`, `-3` for RESP3) and by the Python `redis`
 //! package (a pipeline, idempotent `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the
@@ -196,6 +197,51 @@ async fn incr_answers_count_one_two_three() -> Result<()> {
     // The answers were the totals: the counters hold them.
     assert_eq!(c.value(1, "pipe:batched").await?, 1000);
     assert_eq!(c.value(1, "mixed").await?, 7);
+    Ok(())
+}
+
+/// Transactions through the Python client: `pipeline()` wraps its commands in
+/// `MULTI`/`EXEC` by default; each increment counts once, and a transaction with a
+/// command refused while queueing counts nothing.
+const PYTHON_MULTI: &str = r#"
+import sys, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+p = r.pipeline()
+p.incr("tx:a").incr("tx:a").incrby("tx:a", 5).get("tx:a")
+assert p.execute() == [1, 2, 7, b"7"]
+assert r.get("tx:a") == b"7"
+p = r.pipeline()
+p.incr("tx:a").execute_command("NOSUCH", "x").incr("tx:a")
+try:
+    p.execute()
+except redis.exceptions.ResponseError as e:
+    assert "EXECABORT" in str(e) or "unknown command" in str(e), str(e)
+else:
+    raise AssertionError("a transaction with an unknown command ran")
+assert r.get("tx:a") == b"7", r.get("tx:a")
+with r.pipeline() as p:
+    try:
+        p.watch("tx:a")
+    except redis.exceptions.ResponseError as e:
+        assert "WATCH is not supported" in str(e), str(e)
+    else:
+        raise AssertionError("WATCH answered as if it worked")
+print("python multi ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_count_each_increment_once() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_MULTI, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.value(1, "tx:a").await?, 7);
     Ok(())
 }
 

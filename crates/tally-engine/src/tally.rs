@@ -414,6 +414,18 @@ impl Tally {
         .await
     }
 
+    /// The counter's total as this node's `INCR` answers would see it now (Redis's
+    /// `GET`): every increment this node acknowledged, each once, over the ledger's
+    /// base (read first if the counter has none here yet). Exact on a single node;
+    /// in a cluster, other nodes' increments show as of the base, which is read
+    /// again in the background while it is older than [`crate::LEDGER_REFRESH_MS`].
+    /// Unlike a cached read it never misses an increment this node acknowledged
+    /// before it, so a client that increments and then reads sees its increment.
+    pub async fn current_total(&self, name: &str) -> Result<IncrTotal, TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        self.answer_or_read(&rt, None).await
+    }
+
     /// [`Tally::answer`], reading the ledger's base first when it has none.
     async fn answer_or_read(
         &self,

@@ -61,6 +61,13 @@ pub trait Service: Clone + Send + Sync + 'static {
         }
     }
 
+    /// The counter's total as Redis's `GET` answers it: every increment this node
+    /// acknowledged before the call included ([`Tally::current_total`]). The
+    /// default answers a fresh read.
+    fn current_total(&self, name: &str) -> impl Future<Output = Result<IncrTotal, TallyError>> + Send {
+        async move { Ok(IncrTotal::from(&self.read(name, Consistency::Fresh).await?)) }
+    }
+
     /// Counts many independent increments: one result per item, in order. The outer
     /// error refuses the whole batch (for example one that is too large).
     fn incr_many(

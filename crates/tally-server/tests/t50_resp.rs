@@ -2,7 +2,8 @@
 //! socket: a pipeline sent in one write is answered in order in one read (an
 //! increment run before a read is seen by it), `HELLO 3` switches the encoding of
 //! every later reply, `QUIT` answers and closes, and input over the limits is
-//! refused as soon as its header arrives.
+//! refused as soon as its header arrives; `MULTI` queues and `EXEC` runs as Redis
+//! does (a command refused while queued discards the whole transaction).
 
 mod common;
 
@@ -78,7 +79,7 @@ async fn a_pipeline_is_answered_in_order_and_reads_see_earlier_increments() {
     input += &cmd(&["GET", "nope"]);
     input += &cmd(&["NOPE"]);
     input += "PING\r\n";
-    let expected_tail = ":50\r\n+applied\r\n+duplicate\r\n$-1\r\n-ERR unknown command 'NOPE', with args beginning with: \r\n+PONG\r\n";
+    let expected_tail = "$2\r\n50\r\n+applied\r\n+duplicate\r\n$-1\r\n-ERR unknown command 'NOPE', with args beginning with: \r\n+PONG\r\n";
     let answer = exchange(&mut s, &input, 1).await;
     let mut answer = answer;
     while !answer.ends_with("+PONG\r\n") {
@@ -86,10 +87,10 @@ async fn a_pipeline_is_answered_in_order_and_reads_see_earlier_increments() {
     }
     let lines: Vec<&str> = answer.split("\r\n").collect();
     assert_eq!(lines[0], "+created");
-    // Ten concurrent sync increments: each answers a total that includes itself.
+    // Ten concurrent sync increments, answered in the order sent: each total
+    // includes itself and every increment before it.
     let totals: Vec<i64> = lines[1..11].iter().map(|l| l[1..].parse().expect("an integer")).collect();
-    assert!(totals.iter().all(|t| (5..=50).contains(t) && t % 5 == 0), "{totals:?}");
-    assert_eq!(totals.iter().max(), Some(&50), "the last increment's total includes all: {totals:?}");
+    assert_eq!(totals, (1..=10).map(|i| 5 * i).collect::<Vec<i64>>());
     assert!(answer.ends_with(expected_tail), "{answer:?}");
 }
 
@@ -198,4 +199,87 @@ async fn frequencies_answer_cms_query_and_topk_list_in_redisbloom_shape() {
                     *4\r\n$1\r\na\r\n:7\r\n$1\r\nb\r\n:3\r\n\
                     *3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n-ERR counter_not_found";
     assert!(answer.starts_with(expected), "{answer:?}");
+}
+
+/// Reads from `s` until the answer ends with `tail`.
+async fn until(s: &mut TcpStream, input: &str, tail: &str) -> String {
+    let mut answer = exchange(s, input, 1).await;
+    while !answer.ends_with(tail) {
+        let more = exchange(s, "", 1).await;
+        assert!(!more.is_empty(), "closed before {tail:?}: {answer:?}");
+        answer += &more;
+    }
+    answer
+}
+
+#[tokio::test]
+async fn multi_queues_exec_runs_and_a_refused_command_discards_the_transaction() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    // Queued, then run in order: one reply each, in an array.
+    let mut input = cmd(&["MULTI"]);
+    input += &cmd(&["INCR", "tx"]);
+    input += &cmd(&["INCRBY", "tx", "10"]);
+    input += &cmd(&["GET", "tx"]);
+    input += &cmd(&["INCRBY", "tx", "abc"]);
+    input += &cmd(&["DECR", "tx"]);
+    input += &cmd(&["EXEC"]);
+    let answer = until(&mut s, &input, "\r\n:10\r\n").await;
+    assert_eq!(
+        answer,
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n\
+         *5\r\n:1\r\n:11\r\n$2\r\n11\r\n-ERR invalid_delta value is not an integer or out of range (got 'abc')\r\n:10\r\n",
+        "a value Redis finds bad only when it runs answers in its place"
+    );
+    // A command refused while queueing discards everything queued.
+    let mut input = cmd(&["MULTI"]);
+    input += &cmd(&["INCR", "tx"]);
+    input += &cmd(&["NOSUCH", "x"]);
+    input += &cmd(&["INCR"]);
+    input += &cmd(&["EXEC"]);
+    input += &cmd(&["GET", "tx"]);
+    let answer = until(&mut s, &input, "$2\r\n10\r\n").await;
+    assert_eq!(
+        answer,
+        "+OK\r\n+QUEUED\r\n-ERR unknown command 'NOSUCH', with args beginning with: 'x' \r\n\
+         -ERR wrong number of arguments for 'incr' command\r\n\
+         -EXECABORT Transaction discarded because of previous errors.\r\n$2\r\n10\r\n",
+        "nothing of the transaction was applied"
+    );
+    // DISCARD, and what is refused outside or inside a transaction.
+    let mut input = cmd(&["MULTI"]);
+    input += &cmd(&["INCR", "tx"]);
+    input += &cmd(&["MULTI"]);
+    input += &cmd(&["WATCH", "tx"]);
+    input += &cmd(&["DISCARD"]);
+    input += &cmd(&["EXEC"]);
+    input += &cmd(&["DISCARD"]);
+    input += &cmd(&["WATCH", "tx"]);
+    input += &cmd(&["UNWATCH"]);
+    input += &cmd(&["GET", "tx"]);
+    let answer = until(&mut s, &input, "$2\r\n10\r\n").await;
+    let lines: Vec<&str> = answer.split("\r\n").collect();
+    assert_eq!(
+        &lines[..7],
+        [
+            "+OK",
+            "+QUEUED",
+            "-ERR MULTI calls can not be nested",
+            "-ERR WATCH inside MULTI is not allowed",
+            "+OK",
+            "-ERR EXEC without MULTI",
+            "-ERR DISCARD without MULTI",
+        ]
+    );
+    assert!(lines[7].starts_with("-ERR WATCH is not supported"), "{answer:?}");
+    assert_eq!(&lines[8..11], ["+OK", "$2", "10"], "the discarded INCR counted nothing");
+    // Concurrent sync increments in a transaction share a commit and answer in order.
+    let mut input = cmd(&["TALLY.CREATE", "ids", "SHARDS", "1", "DURABILITY", "sync"]) + &cmd(&["MULTI"]);
+    for _ in 0..20 {
+        input += &cmd(&["INCR", "ids"]);
+    }
+    input += &cmd(&["EXEC"]);
+    let answer = until(&mut s, &input, ":20\r\n").await;
+    let totals: Vec<&str> = answer.split("\r\n").filter(|l| l.starts_with(':')).collect();
+    assert_eq!(totals, (1..=20).map(|i| format!(":{i}")).collect::<Vec<_>>());
 }

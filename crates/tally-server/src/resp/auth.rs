@@ -69,7 +69,12 @@ fn need(cmd: &Command) -> Need<'_> {
         | C::ClientSetInfo { .. }
         | C::ClientId
         | C::Command(_)
-        | C::Info(_) => Need::Authenticated,
+        | C::Info(_)
+        | C::Multi
+        | C::Exec
+        | C::Discard
+        | C::Watch(_)
+        | C::Unwatch => Need::Authenticated,
         C::Incr { key, .. } | C::TallyIncrBy { key, .. } | C::PfAdd { key, .. } => {
             Need::Counters(Scope::Write, std::slice::from_ref(key))
         }

@@ -179,6 +179,51 @@ pub const COMMANDS: &[CommandSpec] = &[
     ),
     cmd("quit", -1, C, (0, 0, 0), "connection", "Closes the connection.", &[]),
     cmd(
+        "multi",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        (0, 0, 0),
+        "transactions",
+        "Starts a transaction: the commands that follow are queued until EXEC.",
+        &[],
+    ),
+    cmd(
+        "exec",
+        1,
+        &["noscript", "loading", "stale", "skip_slowlog"],
+        (0, 0, 0),
+        "transactions",
+        "Runs the queued commands in order and answers each one's reply (EXECABORT if one was refused while queued).",
+        &[],
+    ),
+    cmd(
+        "discard",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        (0, 0, 0),
+        "transactions",
+        "Drops the queued commands.",
+        &[],
+    ),
+    cmd(
+        "watch",
+        -2,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        (1, -1, 1),
+        "transactions",
+        "Not supported: answers an error (counters change without a lock; use event ids for safe retries).",
+        &[many("key", Key)],
+    ),
+    cmd(
+        "unwatch",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        (0, 0, 0),
+        "transactions",
+        "Answers OK: nothing is ever watched.",
+        &[],
+    ),
+    cmd(
         "incr",
         2,
         W,
@@ -440,6 +485,16 @@ pub enum Command {
     Info(Option<String>),
     /// `QUIT`.
     Quit,
+    /// `MULTI`: start queueing.
+    Multi,
+    /// `EXEC`: run what was queued.
+    Exec,
+    /// `DISCARD`: drop what was queued.
+    Discard,
+    /// `WATCH key ...` (refused: not supported).
+    Watch(Vec<String>),
+    /// `UNWATCH`.
+    Unwatch,
     /// `INCR`, `INCRBY`, `DECR`, `DECRBY`: one increment answering the new total.
     Incr {
         /// The counter.
@@ -715,6 +770,11 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
         }),
         "info" => Command::Info(a.first().map(|s| String::from_utf8_lossy(s).to_lowercase())),
         "quit" => Command::Quit,
+        "multi" => Command::Multi,
+        "exec" => Command::Exec,
+        "discard" => Command::Discard,
+        "watch" => Command::Watch(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
+        "unwatch" => Command::Unwatch,
         "incr" => Command::Incr { key: key(a[0])?, delta: 1 },
         "decr" => Command::Incr { key: key(a[0])?, delta: -1 },
         "incrby" => Command::Incr { key: key(a[0])?, delta: delta(a[1])? },

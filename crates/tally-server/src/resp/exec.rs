@@ -95,8 +95,41 @@ impl Front {
     }
 }
 
+/// Most commands one transaction queues (`MULTI` … `EXEC`). A pipeline is answered
+/// as it is read, but a transaction is held whole until `EXEC`, so this bounds what
+/// one connection keeps in memory (each command at most `resp.request_bytes_max`).
+/// A command beyond it is refused, which discards the transaction at `EXEC`.
+pub const MULTI_COMMANDS_MAX: usize = 16_384;
+
+/// Redis's answer to `EXEC` after a command was refused while queued.
+pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
+
+/// Redis's answer to a command queued inside `MULTI`.
+pub const QUEUED: &str = "QUEUED";
+
+/// A command queued by `MULTI`, run by `EXEC`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Queued {
+    /// A command to run, with its audit name.
+    Run(&'static str, Command),
+    /// A command whose arguments were refused when it was parsed (not an integer, a
+    /// syntax error): Redis finds those when it runs the command, so `EXEC` answers
+    /// this error in its place and runs the others.
+    Failed(Reply),
+}
+
+/// A transaction being queued (`MULTI` … `EXEC`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Transaction {
+    /// The commands queued, in order.
+    pub queued: Vec<Queued>,
+    /// A command was refused while queueing (unknown, wrong arity, not permitted,
+    /// one too many): `EXEC` discards the transaction with `EXECABORT`.
+    pub aborted: bool,
+}
+
 /// One connection's state.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Session {
     /// Its id (`CLIENT ID`, `HELLO`'s `id`).
     pub id: u64,
@@ -113,6 +146,8 @@ pub struct Session {
     /// The gate's token generation `principal` was decided under
     /// ([`crate::auth::Gate::generation`]).
     pub auth_generation: u64,
+    /// The transaction being queued, between `MULTI` and `EXEC` or `DISCARD`.
+    pub multi: Option<Transaction>,
 }
 
 impl Session {
@@ -126,7 +161,36 @@ impl Session {
             lib_ver: None,
             principal,
             auth_generation: 0,
+            multi: None,
         }
+    }
+
+    /// Whether commands are being queued (after `MULTI`): increments then queue
+    /// like every other command instead of running at once.
+    pub fn queueing(&self) -> bool {
+        self.multi.is_some()
+    }
+
+    /// The reply to a command refused before it ran (`refusal`: parsing or
+    /// admission). Inside `MULTI`, Redis refuses at queueing time what it can tell
+    /// without running the command — an unknown command or subcommand, a wrong
+    /// number of arguments, a missing permission — and then discards the whole
+    /// transaction at `EXEC`; what it finds only when running (a value that is not
+    /// an integer, a syntax error in the options) is queued and answered in its
+    /// place by `EXEC`. `admission` says the refusal came from the token gate.
+    pub fn refused(&mut self, refusal: Reply, admission: bool) -> Reply {
+        let Some(tx) = self.multi.as_mut() else { return refusal };
+        let at_queueing = admission
+            || matches!(&refusal, Reply::Error(e)
+                if e.starts_with("ERR unknown command")
+                    || e.starts_with("ERR unknown subcommand")
+                    || e.starts_with("ERR wrong number of arguments"));
+        if at_queueing || tx.queued.len() >= MULTI_COMMANDS_MAX {
+            tx.aborted = true;
+            return refusal;
+        }
+        tx.queued.push(Queued::Failed(refusal));
+        Reply::Simple(QUEUED.into())
     }
 }
 
@@ -146,19 +210,27 @@ pub fn engine_error(e: TallyError) -> Reply {
     Reply::err(&api.code, api.message)
 }
 
-fn value_reply(read: &ValueRead) -> Reply {
-    if read.complete {
-        Reply::Big(read.value)
-    } else {
-        Reply::err(
+/// A counter's value as `GET` answers it: a bulk string of its decimal digits, as
+/// Redis stores an integer (clients that decode `GET` as text, or parse it, work
+/// unchanged).
+pub fn value_bulk(value: i128) -> Reply {
+    Reply::Bulk(value.to_string().into_bytes())
+}
+
+/// `GET key`: the total as this node's `INCR` answers see it, so a client reads its
+/// own increments; nil for an unknown counter; an error rather than a partial sum.
+async fn get<S: Service>(svc: &S, key: &str) -> Reply {
+    match svc.current_total(key).await {
+        Ok(IncrTotal::Total(total)) => value_bulk(total.value),
+        Ok(IncrTotal::Incomplete(missing)) => Reply::err(
             INCOMPLETE,
-            format!(
-                "shards {:?} did not answer, so the total is unknown (TALLY.GET shows the partial sum)",
-                read.missing_shards
-            ),
-        )
+            format!("shards {missing:?} did not answer, so the total is unknown (TALLY.GET shows the partial sum)"),
+        ),
+        Err(TallyError::NotFound(_)) => Reply::Null,
+        Err(e) => engine_error(e),
     }
 }
+
 
 fn shards_reply(missing: &[u16]) -> Reply {
     Reply::Array(missing.iter().map(|&s| Reply::Int(s.into())).collect())
@@ -384,10 +456,114 @@ pub fn order_answers(incrs: &[Option<(String, i64)>], replies: &mut [Reply]) {
     }
 }
 
-/// Runs `cmd`, answering its reply and whether the connection goes on.
-pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd: Command) -> (Reply, Flow) {
+/// Queues `cmd` (named `op`) in the transaction being queued.
+fn queue(tx: &mut Transaction, op: &'static str, cmd: Command) -> Reply {
+    if tx.queued.len() >= MULTI_COMMANDS_MAX {
+        tx.aborted = true;
+        return Reply::Error(format!(
+            "ERR a transaction queues at most {MULTI_COMMANDS_MAX} commands; it will be discarded at EXEC"
+        ));
+    }
+    tx.queued.push(Queued::Run(op, cmd));
+    Reply::Simple(QUEUED.into())
+}
+
+/// `EXEC` of a transaction that was queued whole: every command in order, each
+/// admitted again (tokens may have been reloaded meanwhile), a reply each. A run of
+/// consecutive increments is counted concurrently, as in a pipeline, and answered
+/// in the order queued. A command that closes the connection is not queued
+/// (`QUIT` runs at once), so the transaction always runs to its end.
+async fn exec_queued<S: Service>(
+    svc: &S,
+    front: &Front,
+    session: &mut Session,
+    queued: Vec<Queued>,
+) -> Vec<Reply> {
+    let gate = &front.gate;
+    let mut replies = Vec::with_capacity(queued.len());
+    let mut queued = queued.into_iter().peekable();
+    while let Some(next) = queued.next() {
+        let (op, cmd) = match next {
+            Queued::Failed(reply) => {
+                replies.push(reply);
+                continue;
+            }
+            Queued::Run(op, cmd) => (op, cmd),
+        };
+        if let Err(refused) = auth::admit(gate, session.principal.as_deref(), op, &cmd) {
+            replies.push(refused);
+            continue;
+        }
+        if cmd.is_increment() {
+            let mut run = vec![cmd];
+            while let Some(Queued::Run(op, c)) = queued.peek() {
+                if !c.is_increment() {
+                    break;
+                }
+                let admitted = auth::admit(gate, session.principal.as_deref(), op, c);
+                if admitted.is_err() {
+                    break;
+                }
+                let Some(Queued::Run(_, c)) = queued.next() else { break };
+                run.push(c);
+            }
+            let incrs: Vec<_> = run.iter().map(answered_increment).collect();
+            let mut answers = futures::future::join_all(run.into_iter().map(|c| run_increment(svc, c))).await;
+            order_answers(&incrs, &mut answers);
+            replies.extend(answers);
+            continue;
+        }
+        let admin = auth::admin_op(&cmd).map(|_| cmd.clone());
+        let (reply, _) = Box::pin(run(svc, front, session, op, cmd)).await;
+        if let Some(cmd) = admin {
+            auth::audit_admin(gate, session.principal.as_deref(), op, &cmd, &reply);
+        }
+        replies.push(reply);
+    }
+    replies
+}
+
+/// Runs `cmd` (named `op`, for the audit trail), answering its reply and whether the
+/// connection goes on. Inside `MULTI` it is queued instead, except for what
+/// controls the transaction and `QUIT`.
+pub async fn run<S: Service>(
+    svc: &S,
+    front: &Front,
+    session: &mut Session,
+    op: &'static str,
+    cmd: Command,
+) -> (Reply, Flow) {
+    if let Some(tx) = session.multi.as_mut() {
+        match cmd {
+            Command::Multi => return (Reply::Error("ERR MULTI calls can not be nested".into()), Flow::Continue),
+            Command::Watch(_) => {
+                return (Reply::Error("ERR WATCH inside MULTI is not allowed".into()), Flow::Continue)
+            }
+            Command::Exec | Command::Discard | Command::Quit => {}
+            other => return (queue(tx, op, other), Flow::Continue),
+        }
+    }
     let reply = match cmd {
         Command::Quit => return (Reply::ok(), Flow::Close),
+        Command::Multi => {
+            session.multi = Some(Transaction::default());
+            Reply::ok()
+        }
+        Command::Discard => match session.multi.take() {
+            Some(_) => Reply::ok(),
+            None => Reply::Error("ERR DISCARD without MULTI".into()),
+        },
+        Command::Exec => match session.multi.take() {
+            None => Reply::Error("ERR EXEC without MULTI".into()),
+            Some(tx) if tx.aborted => Reply::Error(EXECABORT.into()),
+            Some(tx) => Reply::Array(exec_queued(svc, front, session, tx.queued).await),
+        },
+        Command::Watch(_) => Reply::Error(
+            "ERR WATCH is not supported: counters change without a lock, so nothing can be watched; \
+             a transaction's increments are safe to retry with TALLY.INCRBY key delta ID event-id"
+                .into(),
+        ),
+        Command::Unwatch => Reply::ok(),
         Command::Ping(None) => Reply::Simple("PONG".into()),
         Command::Ping(Some(m)) | Command::Echo(m) => Reply::Bulk(m),
         Command::Hello { proto, auth: credentials, setname } => {
@@ -451,19 +627,11 @@ pub async fn run<S: Service>(svc: &S, front: &Front, session: &mut Session, cmd:
         Command::Command(CommandQuery::Docs(names)) => command_info(&names, docs_entry, true),
         Command::Info(section) => Reply::text(info_text(svc, front, section.as_deref())),
         cmd @ (Command::Incr { .. } | Command::TallyIncrBy { .. }) => run_increment(svc, cmd).await,
-        Command::Get(key) => match svc.read(&key, Consistency::Cached).await {
-            Ok(read) => value_reply(&read),
-            Err(TallyError::NotFound(_)) => Reply::Null,
-            Err(e) => engine_error(e),
-        },
+        Command::Get(key) => get(svc, &key).await,
         Command::MGet(keys) => {
             let mut values = Vec::with_capacity(keys.len());
             for key in keys {
-                values.push(match svc.read(&key, Consistency::Cached).await {
-                    Ok(read) => value_reply(&read),
-                    Err(TallyError::NotFound(_)) => Reply::Null,
-                    Err(e) => engine_error(e),
-                });
+                values.push(get(svc, &key).await);
             }
             Reply::Array(values)
         }

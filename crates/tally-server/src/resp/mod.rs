@@ -374,7 +374,7 @@ async fn run_batch<S: Service>(
         let (op, cmd) = match item {
             Ok(named) => named,
             Err(reply) => {
-                encode(&reply, session.proto, out);
+                encode(&session.refused(reply, false), session.proto, out);
                 continue;
             }
         };
@@ -385,10 +385,10 @@ async fn run_batch<S: Service>(
             session.auth_generation = generation;
         }
         if let Err(reply) = auth::admit(gate, session.principal.as_deref(), op, &cmd) {
-            encode(&reply, session.proto, out);
+            encode(&session.refused(reply, true), session.proto, out);
             continue;
         }
-        if cmd.is_increment() {
+        if cmd.is_increment() && !session.queueing() {
             let mut running = Vec::new();
             let mut incrs = Vec::new();
             // A writer's sequenced increments must reach its shard in order: each
@@ -438,8 +438,9 @@ async fn run_batch<S: Service>(
             }
             continue;
         }
-        let admin = auth::admin_op(&cmd).map(|_| cmd.clone());
-        let ran = tokio::time::timeout(timeout, exec::run(svc, front, session, cmd)).await;
+        // A command queued by `MULTI` is audited when `EXEC` runs it.
+        let admin = auth::admin_op(&cmd).filter(|_| !session.queueing()).map(|_| cmd.clone());
+        let ran = tokio::time::timeout(timeout, exec::run(svc, front, session, op, cmd)).await;
         let (reply, flow) = match ran {
             Ok(done) => done,
             Err(_) => (timed(Duration::ZERO, std::future::pending()).await, Flow::Continue),
