@@ -54,10 +54,21 @@ schemas = {
    "max": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value higher is refused. Must be ≥ 0; never changes."},
    "limit": ref("WindowLimit"),
    "replicas": {**INT, "description": "On create: copies of each shard, 1-5, in range groups shared with the counters that state the same "
-     "(above 1 only where shards are replicated, `cluster.replicas` > 1). Never changes."}},
+     "(above 1 only where shards are replicated, `cluster.replicas` > 1). Never changes."},
+   "ttl_ms": {"type": "integer", "minimum": 1, "maximum": 3153600000000,
+     "description": "The counter expires this many milliseconds from now, as Redis's EXPIRE (see PUT .../expiry)."}},
    desc="Fields to set; all optional."),
+ "Expiry": obj({"ttl_ms": {"type": "integer", "minimum": 1, "maximum": 3153600000000, "description": "Milliseconds from now."},
+   "expires_at_ms": {**UINT, "description": "A deadline in milliseconds since the Unix epoch; one already passed deletes the counter at once."},
+   "when": {"type": "string", "enum": ["nx", "xx", "gt", "lt"],
+     "description": "Set only if the counter has no deadline (nx), has one (xx), the new one is later (gt) or earlier (lt); absent: always."}},
+   desc="When the counter expires: exactly one of ttl_ms or expires_at_ms."),
+ "ExpiryView": obj({"expires_at_ms": nullable(UINT), "ttl_ms": {"type": "integer", "minimum": -1, "description": "Milliseconds left; -1 for never."},
+   "changed": {**BOOL, "description": "PUT: whether the deadline was set; DELETE: whether there was one to remove."}},
+   ["expires_at_ms", "ttl_ms"], desc="A counter's deadline: from it on the counter does not exist (reads answer 404; an increment creates it anew)."),
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
-   "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards"))},
+   "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards")),
+   "expires_at_ms": nullable({**UINT, "description": "When the counter expires, in milliseconds since the Unix epoch; null for never."})},
    ["name", "spec", "generation", "layout_shards", "resharding", "created_at_ms", "auto"]),
  "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "seq": {"type": "integer", "minimum": 0, "maximum": 9223372036854775807, "description": "The writer's sequence number (needs `writer`, excludes `event_id`): idempotent by sequence, see docs/SEMANTICS.md."}, "member": STR, "item": STR}, ["delta"],
    desc="On a counter with `frequency`, `item` (or `member` without one) is counted with the delta as its weight; the delta must then be positive."),
@@ -204,6 +215,13 @@ paths = {
      [name_param, {"name": "k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 256, "default": 10}}])},
  "/v1/counters/{name}/shards": {"get": op("readShards", "Per-shard values, owners, writes and skew.", {
      "200": ok("The shards.", ref("ShardsReport")), "400": E400, "404": E404, "503": E503}, [name_param])},
+ "/v1/counters/{name}/expiry": {
+   "get": op("getExpiry", "The counter's deadline (as TTL).", {"200": ok("The deadline.", ref("ExpiryView")), "400": E400, "404": E404}, [name_param]),
+   "put": op("putExpiry", "Set the counter's deadline (as EXPIRE with NX, XX, GT, LT).", {
+     "200": ok("The deadline after the change.", ref("ExpiryView")), "400": E400, "404": E404, "415": E415, "422": E422, "503": E503},
+     [name_param], (ref("Expiry"), True)),
+   "delete": op("deleteExpiry", "Remove the counter's deadline (as PERSIST).", {
+     "200": ok("The deadline after the change.", ref("ExpiryView")), "400": E400, "404": E404, "503": E503}, [name_param])},
  "/v1/counters/{name}/reconcile": {"post": op("reconcile", "Bring the counter to an authoritative total.", {
      "200": ok("What was found and corrected.", ref("ReconcileReport")), "400": E400, "404": E404, "415": E415, "422": E422, "503": E503},
      [name_param], (ref("Reconcile"), True))},

@@ -2,7 +2,8 @@
 //! one client's increments answer 1, 2, 3, … (alone, in a pipeline of a thousand,
 //! mixed with `INCRBY`/`DECR`), and a `sync` counter of one shard answers unique,
 //! gap-free values to many concurrent clients. Transactions (`MULTI`/`EXEC`, which
-//! redis-py's `pipeline()` sends by default) count each increment once. A real `tallyd` is driven by
+//! redis-py's `pipeline()` sends by default) count each increment once, and a
+//! fixed-window rate limiter's counters expire as Redis's would. A real `tallyd` is driven by
 //! `redis-cli` (one command per call — a windowed counter's `TALLY.WINDOW` among them —
 //! `--pipe` for a pipeline of 1,000 `INCRBY`, `-3` for RESP3) and by the Python `redis`
 //! package (a pipeline, idempotent `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the
@@ -242,6 +243,53 @@ async fn transactions_count_each_increment_once() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(c.value(1, "tx:a").await?, 7);
+    Ok(())
+}
+
+/// Expiry and absolute writes through the Python client: the fixed-window rate
+/// limiter (`INCR`, then `EXPIRE` on the first hit), its pipelined form, and
+/// `SET`/`GETSET`/`GETDEL`/`PERSIST`.
+const PYTHON_EXPIRY: &str = r#"
+import sys, time, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+def allowed(user, limit=3):
+    key = "rl:" + user
+    n = r.incr(key)
+    if n == 1:
+        r.expire(key, 60)
+    return n <= limit
+assert [allowed("u1") for _ in range(5)] == [True, True, True, False, False]
+assert 55 <= r.ttl("rl:u1") <= 60, r.ttl("rl:u1")
+p = r.pipeline()
+p.incr("rl:u2").expire("rl:u2", 1)
+assert p.execute() == [1, True]
+time.sleep(1.5)
+assert r.get("rl:u2") is None and r.ttl("rl:u2") == -2
+assert r.incr("rl:u2") == 1, "a new window starts from 1"
+assert r.set("s", 10) is True and r.get("s") == b"10"
+assert r.getset("s", 3) == b"10" and r.getdel("s") == b"3" and r.get("s") is None
+assert r.set("s", 5, ex=100) and 95 <= r.ttl("s") <= 100
+assert r.persist("s") and r.ttl("s") == -1
+print("python expiry ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_limiter_expires_its_counters() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_EXPIRY, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The deadline is metadata: HTTP shows it too.
+    let info = c.get(1, "/v1/counters/rl:u1").await?;
+    assert!(info["expires_at_ms"].as_u64().is_some(), "{info}");
+    let expiry = c.get(1, "/v1/counters/rl:u1/expiry").await?;
+    assert!(expiry["ttl_ms"].as_i64().is_some_and(|t| t > 50_000), "{expiry}");
     Ok(())
 }
 

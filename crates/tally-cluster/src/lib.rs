@@ -177,6 +177,7 @@ fn rejection(e: Rejection, name: &CounterName) -> TallyError {
         Rejection::Resharding { target } => MetaError::Resharding { target }.into(),
         Rejection::TooManyGenerations { count } => MetaError::TooManyGenerations { count }.into(),
         Rejection::StaleGeneration { current, got } => MetaError::StaleGeneration { current, got }.into(),
+        Rejection::Expired { expires_at_ms } => MetaError::Expired { expires_at_ms }.into(),
         Rejection::AutoStale { version, found } => {
             TallyError::AutoProposalStale { counter: name.to_string(), version, found }
         }
@@ -265,6 +266,14 @@ impl Catalog for RaftCatalog {
 
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
         Ok(self.raft.pending_reshards())
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<CounterName>, TallyError> {
+        Ok(self.raft.expired_counters(now_ms, limit))
+    }
+
+    fn reclaims_expired(&self) -> bool {
+        self.raft.is_leader()
     }
 
     fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {

@@ -414,6 +414,9 @@ pub struct CounterInfo {
     /// The bounds of a counter whose shard count follows contention (`shards:
     /// "auto"`); `None` for a fixed count.
     pub auto: Option<tally_core::spec::AutoShards>,
+    /// When it expires, in milliseconds since the Unix epoch; `None` for never.
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
 }
 
 /// Whether a create-or-update created the counter.

@@ -25,11 +25,20 @@ const TOMBSTONE_PREFIX: &[u8] = b"tombstone/";
 /// before auto counters) is unchanged. A release that predates it ignores these keys,
 /// and such a counter keeps the shard count it has.
 const AUTO_PREFIX: &[u8] = b"autoshard/";
+/// The deadlines of counters that expire, as keys: the prefix, the deadline
+/// (8 bytes, big-endian, so keys sort by it) and the name. Values are empty. The
+/// reclaim of expired counters scans from the front.
+const EXPIRY_PREFIX: &[u8] = b"expiry/";
 /// Most keys one catalog scan returns per page.
 const SCAN_PAGE_KEYS: usize = 1024;
 
 fn key(prefix: &[u8], name: &str) -> Vec<u8> {
     [prefix, name.as_bytes()].concat()
+}
+
+/// The index key of `name`'s deadline `at_ms`.
+fn expiry_key(at_ms: u64, name: &str) -> Vec<u8> {
+    [EXPIRY_PREFIX, &at_ms.to_be_bytes(), name.as_bytes()].concat()
 }
 
 /// The (generation, shard count) pairs whose data a deleted counter left behind.
@@ -145,6 +154,18 @@ pub trait Catalog: Send + Sync + 'static {
         _now_ms: u64,
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(async { Err(TallyError::AutoShardsUnsupported) })
+    }
+    /// Up to `limit` counters whose deadline is at or before `now_ms`, earliest
+    /// first: what the reclaim of expired counters deletes next. A catalog that keeps
+    /// no deadlines answers none.
+    fn expired(&self, _now_ms: u64, _limit: usize) -> Result<Vec<CounterName>, TallyError> {
+        Ok(Vec::new())
+    }
+    /// Whether this node reclaims expired counters now: every node of its own
+    /// catalog; in a cluster, the one node that leads the metadata group (the others
+    /// would only propose the same deletions again).
+    fn reclaims_expired(&self) -> bool {
+        true
     }
     /// Counters with a resharding that has not completed.
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError>;
@@ -303,8 +324,9 @@ impl Catalog for LocalCatalog {
             Ok(_) => return None,
             Err(e) => return Some(Err(e.into())),
         };
-        // Only a `batched` creation may be answered before it is durable.
-        if meta.spec.durability != Durability::Batched {
+        // Only a `batched` creation may be answered before it is durable (and one
+        // without a deadline: a deadline is written with its index record).
+        if meta.spec.durability != Durability::Batched || meta.expires_at_ms.is_some() {
             return None;
         }
         d.last_ticket += 1;
@@ -351,6 +373,32 @@ impl Catalog for LocalCatalog {
 
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
         self.names(RESHARD_PREFIX)
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<CounterName>, TallyError> {
+        let page = self.store.meta_scan(EXPIRY_PREFIX, None, limit)?;
+        let mut out = Vec::new();
+        let mut stale = Vec::new();
+        for (k, _) in &page {
+            let Some(at) = k.get(EXPIRY_PREFIX.len()..EXPIRY_PREFIX.len() + 8) else { continue };
+            let at = u64::from_be_bytes(at.try_into().expect("8 bytes"));
+            if at > now_ms {
+                break;
+            }
+            let name = std::str::from_utf8(&k[EXPIRY_PREFIX.len() + 8..])
+                .ok()
+                .and_then(|n| CounterName::new(n).ok());
+            // A record whose counter is gone, or has another deadline now (a crash
+            // between the writes of a creation), is dropped here.
+            match name {
+                Some(n) if self.get(n.as_str())?.and_then(|m| m.expires_at_ms) == Some(at) => out.push(n),
+                _ => stale.push(k.clone()),
+            }
+        }
+        if !stale.is_empty() {
+            self.store.meta_batch(&[], &stale)?;
+        }
+        Ok(out)
     }
 
     fn auto_shards(&self, name: &str) -> Result<Option<AutoShards>, TallyError> {
@@ -509,10 +557,17 @@ impl LocalCatalog {
         now_ms: u64,
     ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
         let current = self.stored(name.as_str())?;
+        let deadline_before = current.as_ref().and_then(|m| m.expires_at_ms);
         let (next, effect) = apply_command(current, cmd, now_ms)?;
         let ck = key(COUNTER_PREFIX, name.as_str());
         let rk = key(RESHARD_PREFIX, name.as_str());
         let ak = key(AUTO_PREFIX, name.as_str());
+        // The deadline's index record follows the counter's in the same batch.
+        let deadline_after = next.as_ref().and_then(|m| m.expires_at_ms);
+        let old_deadline = deadline_before.filter(|at| Some(*at) != deadline_after);
+        let xk_gone = old_deadline.map(|at| expiry_key(at, name.as_str()));
+        let xk_new =
+            deadline_after.filter(|at| Some(*at) != deadline_before).map(|at| expiry_key(at, name.as_str()));
         let auto_changed = match auto {
             Some(a) if next.is_some() => a != self.auto_shards(name.as_str())?,
             _ => false,
@@ -528,11 +583,13 @@ impl LocalCatalog {
             (None, MetaEffect::Deleted(generations)) => {
                 // The tombstone lists the data to delete; it outlives a crash mid-cleanup.
                 let tombstone = (key(TOMBSTONE_PREFIX, name.as_str()), codec::encode(generations));
-                self.store.meta_batch(&[tombstone], &[ck, rk, ak])?;
+                let deletes: Vec<Vec<u8>> = [ck, rk, ak].into_iter().chain(xk_gone).collect();
+                self.store.meta_batch(&[tombstone], &deletes)?;
             }
             (Some(meta), _) => {
                 let mut puts = vec![(ck, codec::encode(meta))];
-                let mut deletes = Vec::new();
+                let mut deletes: Vec<Vec<u8>> = xk_gone.into_iter().collect();
+                puts.extend(xk_new.map(|k| (k, Vec::new())));
                 if meta.layout.resharding.is_some() {
                     puts.push((rk, Vec::new()));
                 } else {
@@ -574,6 +631,12 @@ impl LocalCatalog {
             };
             let result = current.and_then(|c| Ok(apply_command(c, &MetaCommand::Ensure, now_ms)?));
             if let Ok((Some(meta), MetaEffect::Created)) = &result {
+                // The deadline's index record first: one that outlives a crash
+                // without its counter is dropped by the next reclaim pass, while a
+                // counter without its record would never be reclaimed.
+                if let Some(at) = meta.expires_at_ms {
+                    puts.push((expiry_key(at, name.as_str()), Vec::new()));
+                }
                 puts.push((key(COUNTER_PREFIX, name.as_str()), codec::encode(meta)));
                 created.insert(name.as_str(), meta.clone());
             }

@@ -47,6 +47,10 @@ pub struct TallyConfig {
     pub authority: Option<Arc<dyn AuthoritativeSource>>,
     /// Most items in one `incr_many` batch.
     pub batch_items_max: usize,
+    /// How often expired counters are looked for and reclaimed, in milliseconds:
+    /// how late after its deadline an expired counter's memory and disk may still
+    /// be held (reads answer it missing from the deadline on regardless).
+    pub expiry_sweep_ms: u64,
     /// Thresholds and timers of counters whose shard count follows contention
     /// (checked with [`tally_core::autoshard::Tuning::validate`] where configured).
     pub autoshard: tally_core::autoshard::Tuning,
@@ -73,6 +77,7 @@ impl Default for TallyConfig {
             reconcile_interval_ms: 0,
             authority: None,
             batch_items_max: 10_000,
+            expiry_sweep_ms: 1_000,
             autoshard: tally_core::autoshard::Tuning::default(),
             replicas_max: 1,
         }

@@ -205,6 +205,8 @@ pub(crate) struct Ctx {
     /// Whether a resend of in-doubt sums is running (one at a time).
     pub(crate) resending: AtomicBool,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
+    /// The rollup actor, told when a counter is deleted.
+    pub(crate) rollup: OnceLock<ActorRef<crate::rollup::RollupMsg>>,
     pub(crate) closing: AtomicBool,
     /// Shards adopted after a membership change, by placement epoch.
     pub(crate) adopted: dashmap::DashSet<(u64, ShardId)>,
@@ -259,10 +261,22 @@ impl Ctx {
         create: bool,
     ) -> Result<Arc<CounterRuntime>, TallyError> {
         if let Some(rt) = self.registry.get(name) {
-            return Ok(rt.clone());
+            if !self.expired(&rt.meta) {
+                return Ok(rt.clone());
+            }
         }
         let name = CounterName::new(name)?;
-        let meta = match self.catalog.get(name.as_str())? {
+        let mut found = self.catalog.get(name.as_str())?;
+        if found.as_ref().is_some_and(|m| self.expired(m)) {
+            // Gone for reads from its deadline on; a write deletes it first and
+            // creates it anew, as Redis's `INCR` does with a key that expired.
+            if !create {
+                return Err(TallyError::NotFound(name.to_string()));
+            }
+            crate::expire::reap(self, &name).await?;
+            found = self.catalog.get(name.as_str())?;
+        }
+        let meta = match found {
             Some(m) => m,
             None if !create => return Err(TallyError::NotFound(name.to_string())),
             None => {
@@ -281,8 +295,15 @@ impl Ctx {
                     }
                 };
                 // Shares one metadata commit with the creations queued meanwhile
-                // (or, with a local catalog, is answered before it is written).
-                let (meta, effect, _) = self.creator.ensure(name.clone()).await?;
+                // (or, with a local catalog, is answered before it is written). A
+                // counter that expired meanwhile is reclaimed, then created.
+                let (meta, effect, _) = match self.creator.ensure(name.clone()).await {
+                    Err(TallyError::Meta(tally_core::meta::MetaError::Expired { .. })) => {
+                        crate::expire::reap(self, &name).await?;
+                        self.creator.ensure(name.clone()).await?
+                    }
+                    other => other?,
+                };
                 // A counter this call created holds nothing anywhere (a deleted one's
                 // data is gone: `finish_delete`), so its slots may take increments at
                 // once instead of waiting for a first direct write to learn the value.
@@ -303,6 +324,30 @@ impl Ctx {
             }
         };
         Ok(self.install(name, meta))
+    }
+
+    /// Whether a counter of `meta` has expired now. Reads the clock only for a
+    /// counter with a deadline.
+    pub(crate) fn expired(&self, meta: &CounterMeta) -> bool {
+        meta.expires_at_ms.is_some_and(|at| at <= self.now_ms())
+    }
+
+    /// Forgets what this node holds in memory of a counter the catalog deleted: its
+    /// runtimes (whose buffered increments are dropped at their next drain, so a
+    /// counter created anew under the name starts from zero), its auto state and its
+    /// cached total (at once from what readers see, then from the rollup).
+    pub(crate) fn forget_deleted(&self, name: &CounterName) {
+        crate::autoshard::forget(self, name);
+        if let Some((_, rt)) = self.registry.remove(name.as_str()) {
+            for r in rt.lineage(PREDECESSORS_MAX) {
+                r.deleted.store(true, SeqCst);
+            }
+            rt.retired.store(true, SeqCst);
+        }
+        self.rollup_view.forget(name);
+        if let Some(rollup) = self.rollup.get() {
+            let _ = rollup.send_message(crate::rollup::RollupMsg::Forget(name.clone()));
+        }
     }
 
     /// Makes `meta` the counter's current metadata on this node: a new runtime if it
@@ -594,6 +639,9 @@ impl Ctx {
             if *engine != self.id() || rt.name.as_str() != name || rt.retired.load(Relaxed) {
                 return Fast::Miss;
             }
+            if self.expired(&rt.meta) {
+                return Fast::Miss;
+            }
             if !fast_eligible(rt, inc) {
                 return Fast::Miss;
             }
@@ -624,7 +672,7 @@ impl Ctx {
         inc: &Increment,
     ) -> Result<bool, TallyError> {
         self.admit(inc)?;
-        if rt.retired.load(Relaxed) || !fast_eligible(rt, inc) {
+        if rt.retired.load(Relaxed) || !fast_eligible(rt, inc) || self.expired(&rt.meta) {
             return Ok(false);
         }
         let member = match (&inc.member, rt.meta.spec.distinct) {

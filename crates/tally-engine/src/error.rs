@@ -228,6 +228,9 @@ impl TallyError {
             Self::EventIdConflict { .. } => "event_id_conflict",
             Self::Overflow(_) => "overflow",
             Self::Meta(MetaError::Spec(_)) => "invalid_spec",
+            // An expired counter does not exist (the engine reaps it before it
+            // creates it anew; this answers only a race it lost).
+            Self::Meta(MetaError::Expired { .. }) => "counter_not_found",
             Self::Meta(_) => "resharding_in_progress",
             Self::Unavailable { .. } => "shard_unavailable",
             Self::Store(StoreError::Unavailable { .. }) => "shard_unavailable",
@@ -261,7 +264,7 @@ impl TallyError {
             Self::OutOfOrderSequence { .. } | Self::BoundExceeded { .. } => 409,
             Self::TooManyWriters { .. } => 429,
             Self::NegativeWeight { .. } | Self::LimitNegative { .. } => 422,
-            Self::NotFound(_) => 404,
+            Self::NotFound(_) | Self::Meta(MetaError::Expired { .. }) => 404,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,
             Self::BatchTooLarge { .. } => 413,

@@ -21,6 +21,7 @@
 //! * `catalog.rs` — counter metadata in the node's store.
 //! * `read.rs` — sums, sketches and shard reports.
 //! * `lost.rs` — refuses reads of shards whose earlier values this node lost.
+//! * `expire.rs` — expired counters: missing for reads at once, reclaimed by a sweep.
 //!
 //! Actors talk by messages and reply in them; a handler returns `Err` only for a
 //! fatal condition. The decisions themselves are `tally_core`'s pure functions.
@@ -54,6 +55,7 @@ mod create;
 mod ctx;
 mod dormant;
 mod error;
+mod expire;
 mod flusher;
 mod handle;
 mod handoff;
@@ -85,6 +87,7 @@ pub use ctx::{
 };
 pub use error::ListError;
 pub use error::TallyError;
+pub use expire::EXPIRED_RECLAIMS_PER_SWEEP_MAX;
 pub use handle::CounterHandle;
 pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};
 pub use ledger::LEDGER_REFRESH_MS;

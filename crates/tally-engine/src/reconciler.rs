@@ -27,6 +27,9 @@ pub(crate) enum ReconcilerMsg {
     Reconcile {
         name: CounterName,
         authoritative: i128,
+        /// What makes this correction's id its own (`SET`: a unique token); `None`
+        /// for a reconciliation, whose id the totals alone decide.
+        occasion: Option<String>,
         reply: RpcReplyPort<Result<ReconcileReport, TallyError>>,
     },
     /// Reconcile every counter the configured authority knows.
@@ -85,15 +88,15 @@ impl Actor for Reconciler {
     ) -> Result<(), ActorProcessingErr> {
         let Some(ctx) = state.ctx.upgrade() else { return Ok(()) };
         match msg {
-            ReconcilerMsg::Reconcile { name, authoritative, reply } => {
-                let _ = reply.send(guarded(&ctx, name, authoritative).await);
+            ReconcilerMsg::Reconcile { name, authoritative, occasion, reply } => {
+                let _ = reply.send(guarded(&ctx, name, authoritative, occasion).await);
             }
             ReconcilerMsg::Tick => {
                 let Some(authority) = ctx.config.authority.clone() else { return Ok(()) };
                 for counter in authority.counters() {
                     let Ok(name) = CounterName::new(counter) else { continue };
                     let Some(total) = authority.total(name.as_str()) else { continue };
-                    match guarded(&ctx, name.clone(), total).await {
+                    match guarded(&ctx, name.clone(), total, None).await {
                         Ok(r) if r.corrected => {
                             tracing::info!(counter = %name, drift = %r.drift, "corrected drift")
                         }
@@ -116,10 +119,11 @@ async fn guarded(
     ctx: &Arc<Ctx>,
     name: CounterName,
     authoritative: i128,
+    occasion: Option<String>,
 ) -> Result<ReconcileReport, TallyError> {
     let task = {
         let (ctx, name) = (ctx.clone(), name.clone());
-        tokio::spawn(async move { reconcile(&ctx, &name, authoritative).await })
+        tokio::spawn(async move { reconcile(&ctx, &name, authoritative, occasion.as_deref()).await })
     };
     task.await.unwrap_or_else(|e| {
         tracing::error!(counter = %name, error = %e, "reconciliation task failed");
@@ -137,13 +141,18 @@ async fn guarded(
 /// counter must be brought there in steps the caller chooses.
 pub const RECONCILE_DRIFT_ABS_MAX: i128 = 1 << 61;
 
-/// The event id of the correction bringing `name` from `before` to `authoritative`.
-/// Deterministic, so a retried or duplicated correction is deduplicated like any
-/// event id; `~` is outside the client alphabet, so no client id can collide.
-fn correction_id(name: &CounterName, authoritative: i128, before: i128) -> String {
+/// The event id of the correction bringing `name` from `before` to `authoritative`
+/// (on `occasion`, when given). Deterministic, so a retried or duplicated correction
+/// is deduplicated like any event id; `~` is outside the client alphabet, so no
+/// client id can collide. An absolute write (`SET`) names a unique occasion: two
+/// of them that find the same totals are still two corrections.
+fn correction_id(name: &CounterName, authoritative: i128, before: i128, occasion: Option<&str>) -> String {
     let mut key = name.as_str().as_bytes().to_vec();
     key.extend_from_slice(&authoritative.to_be_bytes());
     key.extend_from_slice(&before.to_be_bytes());
+    if let Some(o) = occasion {
+        key.extend_from_slice(o.as_bytes());
+    }
     format!("~reconcile:{:016x}", hash64(0x7265_636f_6e63_696c, &key))
 }
 
@@ -166,6 +175,7 @@ pub(crate) async fn reconcile(
     ctx: &Arc<Ctx>,
     name: &CounterName,
     authoritative: i128,
+    occasion: Option<&str>,
 ) -> Result<ReconcileReport, TallyError> {
     let rt = ctx.runtime(name.as_str(), false).await?;
     // Only a complete total may be corrected: a correction computed from part of the
@@ -192,7 +202,7 @@ pub(crate) async fn reconcile(
     if delta == 0 {
         return Ok(ReconcileReport { before, drift, corrected: false });
     }
-    let event_id = correction_id(name, authoritative, before);
+    let event_id = correction_id(name, authoritative, before, occasion);
     let mut rt = rt;
     loop {
         let index = shard_of_event(&event_id, rt.meta.layout.shards);
@@ -248,9 +258,11 @@ mod tests {
     #[test]
     fn correction_ids_are_stable_and_distinct() {
         let n = CounterName::new("c").unwrap();
-        assert_eq!(correction_id(&n, 10, 5), correction_id(&n, 10, 5));
-        assert_ne!(correction_id(&n, 10, 5), correction_id(&n, 10, 6));
-        assert_ne!(correction_id(&n, 11, 5), correction_id(&n, 10, 5));
-        assert!(correction_id(&n, 10, 5).starts_with('~'));
+        assert_eq!(correction_id(&n, 10, 5, None), correction_id(&n, 10, 5, None));
+        assert_ne!(correction_id(&n, 10, 5, None), correction_id(&n, 10, 6, None));
+        assert_ne!(correction_id(&n, 11, 5, None), correction_id(&n, 10, 5, None));
+        assert!(correction_id(&n, 10, 5, None).starts_with('~'));
+        assert_ne!(correction_id(&n, 10, 5, Some("a")), correction_id(&n, 10, 5, Some("b")));
+        assert_ne!(correction_id(&n, 10, 5, Some("a")), correction_id(&n, 10, 5, None));
     }
 }

@@ -130,6 +130,7 @@ impl Tally {
             pruning: Default::default(),
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
+            rollup: OnceLock::new(),
             closing: Default::default(),
             adopted: Default::default(),
             adopting: Default::default(),
@@ -147,6 +148,8 @@ impl Tally {
         let (reconciler, _) = Actor::spawn(None, Reconciler, weak).await.map_err(spawn_err)?;
         let _ = ctx.supervisor.set(supervisor.clone());
         let _ = ctx.aggregator.set(aggregator.clone());
+        let _ = ctx.rollup.set(rollup.clone());
+        crate::expire::watch(&ctx);
         // Finish what a crash interrupted: deletions, then reshardings.
         // (In a cluster other nodes may not be up yet: what fails here is finished
         // later, by the next write to the counter or the next restart.)
@@ -183,6 +186,7 @@ impl Tally {
         auto: AutoPatch,
     ) -> Result<PutOutcome, TallyError> {
         let name = CounterName::new(name)?;
+        self.reap_if_expired(&name).await?;
         if let Some(asked) = patch.replicas.filter(|r| *r > self.ctx.config.replicas_max) {
             // A count out of 1..=REPLICAS_MAX gets the spec's own answer.
             if asked <= tally_core::ranges::REPLICAS_MAX {
@@ -242,33 +246,115 @@ impl Tally {
         Ok(PutOutcome { created: effect == MetaEffect::Created, counter: info(&name, &rt.meta, None) })
     }
 
-    /// The counter's spec and layout.
+    /// The counter's spec and layout (and deadline, if it expires).
     pub async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
         let name = CounterName::new(name)?;
         match self.ctx.catalog.get(name.as_str())? {
-            Some(meta) => Ok(info(&name, &meta, self.ctx.catalog.auto_shards(name.as_str())?)),
-            None => Err(TallyError::NotFound(name.to_string())),
+            Some(meta) if !self.ctx.expired(&meta) => {
+                Ok(info(&name, &meta, self.ctx.catalog.auto_shards(name.as_str())?))
+            }
+            _ => Err(TallyError::NotFound(name.to_string())),
         }
     }
 
-    /// Deletes the counter and all its data.
+    /// Reclaims `name` now if it has expired, so a change made next applies to a
+    /// counter that exists (or creates it anew).
+    async fn reap_if_expired(&self, name: &CounterName) -> Result<(), TallyError> {
+        if self.ctx.catalog.get(name.as_str())?.is_some_and(|m| self.ctx.expired(&m)) {
+            crate::expire::reap(&self.ctx, name).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the counter and all its data. A counter that expired is reclaimed and
+    /// answered missing, as Redis's `DEL` answers for an expired key.
     pub async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
         let name = CounterName::new(name)?;
+        if self.ctx.catalog.get(name.as_str())?.is_some_and(|m| self.ctx.expired(&m)) {
+            crate::expire::reap(&self.ctx, &name).await?;
+            return Err(TallyError::NotFound(name.to_string()));
+        }
         let (_, effect) = self.ctx.catalog.apply(&name, &MetaCommand::Delete, self.ctx.now_ms()).await?;
         if effect == MetaEffect::Missing {
             return Err(TallyError::NotFound(name.to_string()));
         }
-        crate::autoshard::forget(&self.ctx, &name);
-        if let Some((_, rt)) = self.ctx.registry.remove(name.as_str()) {
-            // Its buffers (and its predecessors') are dropped at their next drain: a
-            // counter created anew by a later increment starts from zero.
-            for r in rt.lineage(crate::ctx::PREDECESSORS_MAX) {
-                r.deleted.store(true, SeqCst);
-            }
-            rt.retired.store(true, SeqCst);
-        }
-        self.forget_cached(name.clone());
+        self.ctx.forget_deleted(&name);
         self.ctx.finish_delete(&name).await
+    }
+
+    /// Sets the counter's deadline to `at_ms` (milliseconds since the Unix epoch) if
+    /// `when` allows it, as Redis's `EXPIRE` family does: true if the deadline was
+    /// set (a deadline at or before now deletes the counter at once), false if
+    /// `when` kept the current one. A missing (or expired) counter is
+    /// [`TallyError::NotFound`]. The deadline is counter metadata: replicated and
+    /// durable like its spec.
+    pub async fn expire(
+        &self,
+        name: &str,
+        at_ms: u64,
+        when: tally_core::expiry::Condition,
+    ) -> Result<bool, TallyError> {
+        let name = CounterName::new(name)?;
+        let current = match self.ctx.catalog.get(name.as_str())? {
+            Some(m) if !self.ctx.expired(&m) => m,
+            Some(_) => {
+                crate::expire::reap(&self.ctx, &name).await?;
+                return Err(TallyError::NotFound(name.to_string()));
+            }
+            None => return Err(TallyError::NotFound(name.to_string())),
+        };
+        if !when.allows(current.expires_at_ms, at_ms) {
+            return Ok(false);
+        }
+        let cmd = MetaCommand::Expire { at_ms, when };
+        let (meta, effect) = self.ctx.catalog.apply(&name, &cmd, self.ctx.now_ms()).await?;
+        match (meta, effect) {
+            (_, MetaEffect::Missing) => Err(TallyError::NotFound(name.to_string())),
+            (_, MetaEffect::Deleted(_)) => {
+                self.ctx.forget_deleted(&name);
+                self.ctx.finish_delete(&name).await?;
+                Ok(true)
+            }
+            (Some(meta), MetaEffect::Updated) => {
+                self.ctx.install(name, meta);
+                Ok(true)
+            }
+            // Unchanged: the same deadline (set, as Redis answers), or a change that
+            // crossed this one made `when` false.
+            (meta, _) => Ok(meta.and_then(|m| m.expires_at_ms) == Some(at_ms)),
+        }
+    }
+
+    /// Removes the counter's deadline (Redis's `PERSIST`): true if it had one.
+    pub async fn persist(&self, name: &str) -> Result<bool, TallyError> {
+        let name = CounterName::new(name)?;
+        self.reap_if_expired(&name).await?;
+        let (meta, effect) = self.ctx.catalog.apply(&name, &MetaCommand::Persist, self.ctx.now_ms()).await?;
+        match (meta, effect) {
+            (_, MetaEffect::Missing) => Err(TallyError::NotFound(name.to_string())),
+            (Some(meta), MetaEffect::Updated) => {
+                self.ctx.install(name, meta);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// The counter's deadline, if it has one (missing and expired counters are
+    /// [`TallyError::NotFound`]), with the time it was read at.
+    pub async fn expiry(&self, name: &str) -> Result<(Option<u64>, u64), TallyError> {
+        let name = CounterName::new(name)?;
+        let now = self.ctx.now_ms();
+        match self.ctx.catalog.get(name.as_str())? {
+            Some(m) if !tally_core::expiry::expired(m.expires_at_ms, now) => Ok((m.expires_at_ms, now)),
+            _ => Err(TallyError::NotFound(name.to_string())),
+        }
+    }
+
+    /// This engine's clock, in milliseconds since the Unix epoch: what deadlines
+    /// given as spans (`EXPIRE key 60`) count from.
+    pub fn now_ms(&self) -> u64 {
+        self.ctx.now_ms()
     }
 
     /// Counts one increment. An unknown counter is created with the defaults.
@@ -652,12 +738,38 @@ impl Tally {
     /// correction.
     #[tracing::instrument(level = "debug", skip_all, fields(counter = name, authoritative))]
     pub async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
+        self.correct(name, authoritative, None).await
+    }
+
+    /// Sets the counter's total to `value` (Redis's `SET key value`): an absolute
+    /// write, made as a correction of the drift found by a complete read, under an id
+    /// of its own (so a second `SET` that finds the same totals is a second
+    /// correction, never a duplicate of the first). Writing it again leaves the same
+    /// total, so a `SET` retried after a lost answer is safe; increments that race
+    /// with it count after it or are absorbed by it, as with Redis. Creates an
+    /// unknown counter first, as an increment would (its namespace's spec).
+    pub async fn set_total(&self, name: &str, value: i128) -> Result<ReconcileReport, TallyError> {
+        self.ctx.runtime(name, true).await?;
+        let occasion = self.ctx.drains.lock().unique_token();
+        self.correct(name, value, Some(occasion)).await
+    }
+
+    /// Creates the counter as its first increment would (its namespace's spec, or
+    /// the node's default), unless it exists.
+    pub async fn ensure(&self, name: &str) -> Result<(), TallyError> {
+        self.ctx.runtime(name, true).await.map(|_| ())
+    }
+
+    async fn correct(
+        &self,
+        name: &str,
+        authoritative: i128,
+        occasion: Option<String>,
+    ) -> Result<ReconcileReport, TallyError> {
         let name = CounterName::new(name)?;
         let (tx, rx) = ractor::concurrency::oneshot();
-        self.actors
-            .reconciler
-            .send_message(ReconcilerMsg::Reconcile { name: name.clone(), authoritative, reply: tx.into() })
-            .map_err(|_| TallyError::ShuttingDown)?;
+        let msg = ReconcilerMsg::Reconcile { name: name.clone(), authoritative, occasion, reply: tx.into() };
+        self.actors.reconciler.send_message(msg).map_err(|_| TallyError::ShuttingDown)?;
         let report = rx.await.map_err(|_| TallyError::ShuttingDown)?;
         if report.as_ref().is_ok_and(|r| r.corrected) {
             // The correction is no increment of this node's: `INCR` answers read the
@@ -886,7 +998,7 @@ pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 /// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     use tally_core::format::{
-        encode_version, judge_store, v1, v2, v3, v4, v5, v6, STORE_FORMAT, STORE_FORMATS_READABLE,
+        encode_version, judge_store, v1, v2, v3, v4, v5, v6, v8, STORE_FORMAT, STORE_FORMATS_READABLE,
     };
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
@@ -907,7 +1019,8 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     // lack format 5's bounds and escrow ledger; format 5's catalog entries lack format
     // 6's window limit (its shard images are today's); the catalog entries of formats
     // 6 and 7 lack format 8's replica count (format 7 only let an image carry records;
-    // their images are today's). Each rewrite goes straight to today's records.
+    // their images are today's); those of format 8 lack format 9's expiry. Each
+    // rewrite goes straight to today's records.
     let plan = match verdict.found {
         1 => tally_store::Upgrade {
             shard_image: Some(&v2::upgrade_shard_image_from_v1),
@@ -934,11 +1047,16 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
             meta: vec![(crate::catalog::COUNTER_PREFIX, &v5::upgrade_counter_meta)],
             marker: (STORE_FORMAT_KEY, &current),
         },
+        6 | 7 => tally_store::Upgrade {
+            shard_image: None,
+            meta: vec![(crate::catalog::COUNTER_PREFIX, &v6::upgrade_counter_meta)],
+            marker: (STORE_FORMAT_KEY, &current),
+        },
         found => {
-            assert!(matches!(found, 6 | 7), "readable formats are 1..={STORE_FORMAT}");
+            assert_eq!(found, 8, "readable formats are 1..={STORE_FORMAT}");
             tally_store::Upgrade {
                 shard_image: None,
-                meta: vec![(crate::catalog::COUNTER_PREFIX, &v6::upgrade_counter_meta)],
+                meta: vec![(crate::catalog::COUNTER_PREFIX, &v8::upgrade_counter_meta)],
                 marker: (STORE_FORMAT_KEY, &current),
             }
         }
@@ -991,6 +1109,7 @@ fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta, auto: Option<A
         resharding: meta.layout.resharding,
         created_at_ms: meta.created_at_ms,
         auto,
+        expires_at_ms: meta.expires_at_ms,
     }
 }
 

@@ -733,6 +733,24 @@ impl MetaRaft {
         self.shared.read().state.auto.iter().map(|(n, b)| (n.clone(), *b)).collect()
     }
 
+    /// Up to `limit` counters whose deadline is at or before `now_ms`, earliest
+    /// first: what the reclaim of expired counters deletes next.
+    pub fn expired_counters(&self, now_ms: u64, limit: usize) -> Vec<CounterName> {
+        self.shared.read().state.expired(now_ms, limit)
+    }
+
+    /// The namespaces as applied here, by prefix.
+    pub fn namespaces(&self) -> tally_core::namespace::Namespaces {
+        self.shared.read().state.namespaces.clone()
+    }
+
+    /// Whether this node is the metadata group's leader now (as far as it knows):
+    /// the one node that runs the cluster's chores, such as reclaiming expired
+    /// counters.
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.id)
+    }
+
     /// Counters with a resharding in progress, which the data plane must complete
     /// (seal the old generation, then write `CompleteReshard`).
     pub fn pending_reshards(&self) -> Vec<CounterName> {

@@ -390,6 +390,12 @@ pub enum Rejection {
         /// The counter's version now, if it exists and is auto.
         found: Option<u64>,
     },
+    /// The counter expired: it must be reclaimed before it is created anew.
+    #[error("the counter expired at {expires_at_ms} ms since the Unix epoch")]
+    Expired {
+        /// Its deadline.
+        expires_at_ms: u64,
+    },
 }
 
 impl From<MetaError> for Rejection {
@@ -428,6 +434,7 @@ impl From<MetaError> for Rejection {
             MetaError::Resharding { target } => Rejection::Resharding { target },
             MetaError::TooManyGenerations { count } => Rejection::TooManyGenerations { count },
             MetaError::StaleGeneration { current, got } => Rejection::StaleGeneration { current, got },
+            MetaError::Expired { expires_at_ms } => Rejection::Expired { expires_at_ms },
         }
     }
 }

@@ -6,7 +6,10 @@
 //! format 3 (`tally_core::format::v4`: format 4 added bounds), and formats 4 and 5
 //! those of format 5 (`tally_core::format::v5`: format 6 added window limits), and
 //! format 6's those of format 6 (`tally_core::format::v6`: format 7 added counters'
-//! own replica counts).
+//! own replica counts), and format 7's counter records and snapshot hold counter
+//! metadata of format 7's layout (`tally_core::format::v8`: format 8 added a
+//! counter's expiry; its log entries are today's, and its snapshot state lacks the
+//! namespaces).
 //! Format 4's snapshot state has no auto bounds either (format 5 added them, and two
 //! requests its entries may hold, [`RequestAuto`]). An upgrade decodes each with the
 //! frozen types, converts it and writes it back, together with the new format
@@ -20,7 +23,7 @@ use crate::store_id::StoreId;
 use crate::types::{NodeId, Request, StoreRecord, TypeConfig};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use tally_core::codec::{decode, encode, DecodeError};
 use tally_core::format::v1::{CounterMetaV1, MetaCommandV1};
@@ -28,7 +31,8 @@ use tally_core::format::v3::{CounterMetaV3, MetaCommandV3};
 use tally_core::format::v4::{CounterMetaV4, MetaCommandV4};
 use tally_core::format::v5::{CounterMetaV5, MetaCommandV5};
 use tally_core::format::v6::{CounterMetaV6, MetaCommandV6};
-use tally_core::format::{v1, v3, v4, v5, v6, Rewrite};
+use tally_core::format::v8::CounterMetaV8;
+use tally_core::format::{v1, v3, v4, v5, v6, v8, Rewrite};
 use tally_core::meta::{CounterMeta, MetaCommand};
 use tally_core::name::CounterName;
 use tally_core::spec::AutoShards;
@@ -190,6 +194,8 @@ impl<M: Into<CounterMeta>> From<MetaStateOld<M>> for MetaState {
             auto: BTreeMap::new(),
             classes: BTreeMap::new(),
             formations: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            expiring: BTreeSet::new(),
         }
     }
 }
@@ -226,7 +232,48 @@ impl<M: Into<CounterMeta>> From<MetaStateAuto<M>> for MetaState {
             auto: v.auto,
             classes: BTreeMap::new(),
             formations: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            expiring: BTreeSet::new(),
         }
+    }
+}
+
+/// [`MetaState`] as format 7 stored it (inside snapshots): today's without the
+/// namespaces, with format 7's counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MetaStateV7 {
+    counters: BTreeMap<CounterName, CounterMetaV8>,
+    tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
+    members: Vec<String>,
+    placement_epoch: u64,
+    previous: Vec<String>,
+    handoff: Vec<String>,
+    stores: BTreeMap<NodeId, StoreRecord>,
+    applied_requests: u64,
+    auto: BTreeMap<CounterName, AutoShards>,
+    classes: BTreeMap<u8, Vec<String>>,
+    formations: BTreeMap<u32, Vec<(u64, String)>>,
+}
+
+impl From<MetaStateV7> for MetaState {
+    fn from(v: MetaStateV7) -> Self {
+        let mut state = MetaState {
+            counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
+            tombstones: v.tombstones,
+            members: v.members,
+            placement_epoch: v.placement_epoch,
+            previous: v.previous,
+            handoff: v.handoff,
+            stores: v.stores,
+            applied_requests: v.applied_requests,
+            auto: v.auto,
+            classes: v.classes,
+            formations: v.formations,
+            namespaces: BTreeMap::new(),
+            expiring: BTreeSet::new(),
+        };
+        state.reindex();
+        state
     }
 }
 
@@ -311,6 +358,16 @@ fn upgrade_entry_v6(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
 
 fn upgrade_snapshot_v6(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     upgrade_snapshot::<MetaStateAuto<CounterMetaV6>>(("format-6 snapshot", "format-6 snapshot state"), bytes)
+}
+
+/// A format-7 log entry, checked to decode as today's (format 8 only added
+/// commands), as today's bytes.
+fn upgrade_entry_v7(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfig>("format-7 raft log entry", bytes)
+}
+
+fn upgrade_snapshot_v7(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<MetaStateV7>(("format-7 snapshot", "format-7 snapshot state"), bytes)
 }
 
 /// Why an upgrade failed; nothing was changed.
@@ -444,6 +501,21 @@ pub(crate) fn from_v6(
         entry: &upgrade_entry_v6,
         counter: &v6::upgrade_counter_meta,
         snapshot: &upgrade_snapshot_v6,
+    };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites every format-7 record of `db` in today's format, as [`from_v1`] does.
+pub(crate) fn from_v7(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v7,
+        counter: &v8::upgrade_counter_meta,
+        snapshot: &upgrade_snapshot_v7,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
@@ -801,5 +873,37 @@ mod tests {
         let marker_tree = db.open_tree("identity").unwrap();
         assert!(from_v6(&db, &marker_tree, b"format", b"7").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
+    }
+
+    #[test]
+    fn a_format_seven_database_upgrades_without_deadlines_or_namespaces() {
+        let spec = tally_core::spec::CounterSpec { replicas: Some(3), ..Default::default() };
+        let meta = CounterMetaV8 { spec, layout: layout(), created_at_ms: 3, version: 4 };
+        let state = MetaStateV7 {
+            counters: [(name(), meta.clone())].into(),
+            tombstones: BTreeMap::new(),
+            members: vec!["node1".into()],
+            placement_epoch: 1,
+            previous: vec![],
+            handoff: vec![],
+            stores: BTreeMap::new(),
+            applied_requests: 5,
+            auto: BTreeMap::new(),
+            classes: [(3, vec!["node1".to_owned()])].into(),
+            formations: [(7, vec![(1, "node1".to_owned())])].into(),
+        };
+        let request = Request::Counter { name: name(), cmd: MetaCommand::Ensure, now_ms: 9 };
+        let db = database_of::<TypeConfig, _, _>(request.clone(), &meta, &state);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v7(&db, &marker_tree, b"format", b"8").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"8"[..]));
+        let (up_request, up, up_state) = read_all(&db);
+        assert_eq!(up_request, request, "format 7's entries are today's");
+        assert_eq!((up.spec, &up.layout, up.version, up.expires_at_ms), (spec, &layout(), 4, None));
+        assert_eq!(up_state.counters[&name()], up);
+        assert_eq!((up_state.classes, up_state.formations), (state.classes, state.formations));
+        assert!(up_state.namespaces.is_empty());
+        // Today's records are not format 7's.
+        assert!(from_v7(&db, &marker_tree, b"format", b"8").is_err());
     }
 }

@@ -68,6 +68,37 @@ pub trait Service: Clone + Send + Sync + 'static {
         async move { Ok(IncrTotal::from(&self.read(name, Consistency::Fresh).await?)) }
     }
 
+    /// Sets the counter's deadline (Redis's `EXPIRE` family, [`Tally::expire`]):
+    /// true if set. A missing counter is [`TallyError::NotFound`].
+    fn expire(
+        &self,
+        name: &str,
+        at_ms: u64,
+        when: tally_core::expiry::Condition,
+    ) -> impl Future<Output = Result<bool, TallyError>> + Send {
+        async move { self.engine().expire(name, at_ms, when).await }
+    }
+
+    /// Removes the counter's deadline (`PERSIST`): true if it had one.
+    fn persist(&self, name: &str) -> impl Future<Output = Result<bool, TallyError>> + Send {
+        async move { self.engine().persist(name).await }
+    }
+
+    /// The counter's deadline, if any, and the time it was read at (`TTL`).
+    fn expiry(&self, name: &str) -> impl Future<Output = Result<(Option<u64>, u64), TallyError>> + Send {
+        async move { self.engine().expiry(name).await }
+    }
+
+    /// Sets the counter's total (`SET`, [`Tally::set_total`]), creating it first as
+    /// an increment would.
+    fn set_total(
+        &self,
+        name: &str,
+        value: i128,
+    ) -> impl Future<Output = Result<ReconcileReport, TallyError>> + Send {
+        async move { self.engine().set_total(name, value).await }
+    }
+
     /// Counts many independent increments: one result per item, in order. The outer
     /// error refuses the whole batch (for example one that is too large).
     fn incr_many(

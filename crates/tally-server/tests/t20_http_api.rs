@@ -56,6 +56,42 @@ async fn counters_are_created_updated_read_and_deleted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_is_set_read_and_removed_and_a_passed_one_deletes() {
+    let (app, node) = app().await;
+    let a = call(&app, "PUT", "/v1/counters/w", Some(r#"{"durability": "sync", "ttl_ms": 60000}"#)).await;
+    assert_eq!(a.status, 201, "{}", a.text);
+    let at = a.json()["expires_at_ms"].as_u64().expect("a deadline");
+    let j = call(&app, "GET", "/v1/counters/w/expiry", None).await.json();
+    assert_eq!(j["expires_at_ms"], at);
+    assert!(j["ttl_ms"].as_i64().is_some_and(|t| (1..=60_000).contains(&t)), "{j}");
+    let later = r#"{"ttl_ms": 120000, "when": "gt"}"#;
+    let j = call(&app, "PUT", "/v1/counters/w/expiry", Some(later)).await.json();
+    assert_eq!(j["changed"], true, "{j}");
+    let j =
+        call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"ttl_ms": 5000, "when": "nx"}"#)).await.json();
+    assert_eq!(j["changed"], false, "{j}");
+    let j = call(&app, "DELETE", "/v1/counters/w/expiry", None).await.json();
+    assert_eq!(
+        (j["changed"].clone(), j["ttl_ms"].clone(), j["expires_at_ms"].clone()),
+        (json!(true), json!(-1), Value::Null)
+    );
+    call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"ttl_ms": 0}"#))
+        .await
+        .assert_error(422, "invalid_spec");
+    call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{}"#)).await.assert_error(400, "invalid_body");
+    call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"ttl_ms": 5, "when": "often"}"#))
+        .await
+        .assert_error(400, "invalid_body");
+    call(&app, "GET", "/v1/counters/nope/expiry", None).await.assert_error(404, "counter_not_found");
+    // A deadline already passed deletes the counter at once.
+    let j = call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"expires_at_ms": 1}"#)).await.json();
+    assert_eq!(j["changed"], true);
+    call(&app, "GET", "/v1/counters/w", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/w/value", None).await.assert_error(404, "counter_not_found");
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn increments_count_once_per_event_id_and_reads_report_their_freshness() {
     let (app, node) = app().await;
     call(&app, "PUT", "/v1/counters/c", Some(r#"{"durability": "sync", "rollup_ms": 10}"#)).await;

@@ -283,3 +283,160 @@ async fn multi_queues_exec_runs_and_a_refused_command_discards_the_transaction()
     let totals: Vec<&str> = answer.split("\r\n").filter(|l| l.starts_with(':')).collect();
     assert_eq!(totals, (1..=20).map(|i| format!(":{i}")).collect::<Vec<_>>());
 }
+
+/// The lines of `answer`, for replies that are one line each (or `$n` and its text).
+fn lines(answer: &str) -> Vec<&str> {
+    answer.split("\r\n").filter(|l| !l.is_empty()).collect()
+}
+
+#[tokio::test]
+async fn expire_ttl_persist_and_set_answer_as_redis_does() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut input = String::new();
+    for args in [
+        &["INCR", "rl"][..],
+        &["EXPIRE", "rl", "60"],
+        &["TTL", "rl"],
+        &["EXPIRE", "rl", "60", "NX"],
+        &["EXPIRE", "rl", "30", "GT"],
+        &["EXPIRE", "rl", "120", "gt"],
+        &["TTL", "rl"],
+        &["PERSIST", "rl"],
+        &["TTL", "rl"],
+        &["PERSIST", "rl"],
+        &["TTL", "nope"],
+        &["PTTL", "nope"],
+        &["EXPIRE", "nope", "10"],
+        &["EXPIRE", "rl", "abc"],
+        &["EXPIRE", "rl", "10", "NX", "XX"],
+        &["EXPIRE", "rl", "10", "GT", "LT"],
+        &["EXPIRE", "rl", "10", "FOO"],
+        &["EXPIRE", "rl", "9223372036854775807"],
+        &["GET", "rl"],
+        &["PING"],
+    ] {
+        input += &cmd(args);
+    }
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    assert_eq!(
+        lines(&answer),
+        [
+            ":1",
+            ":1",
+            ":60",
+            ":0",
+            ":0",
+            ":1",
+            ":120",
+            ":1",
+            ":-1",
+            ":0",
+            ":-2",
+            ":-2",
+            ":0",
+            "-ERR value is not an integer or out of range",
+            "-ERR NX and XX, GT or LT options at the same time are not compatible",
+            "-ERR GT and LT options at the same time are not compatible",
+            "-ERR Unsupported option FOO",
+            "-ERR invalid expire time in 'expire' command",
+            "$1",
+            "1",
+            "+PONG",
+        ]
+    );
+    // Past its deadline: gone for reads, and an INCR starts it anew.
+    let answer = until(&mut s, &(cmd(&["PEXPIRE", "rl", "100"]) + &cmd(&["PING"])), "+PONG\r\n").await;
+    assert_eq!(lines(&answer), [":1", "+PONG"]);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut input = String::new();
+    for args in [&["GET", "rl"][..], &["TTL", "rl"], &["EXISTS", "rl"], &["INCR", "rl"], &["TTL", "rl"]] {
+        input += &cmd(args);
+    }
+    let answer = until(&mut s, &input, ":-1\r\n").await;
+    assert_eq!(lines(&answer), ["$-1", ":-2", ":0", ":1", ":-1"]);
+    // A time already passed deletes at once.
+    let answer = until(&mut s, &(cmd(&["EXPIRE", "rl", "-1"]) + &cmd(&["EXISTS", "rl"])), ":0\r\n").await;
+    assert_eq!(lines(&answer), [":1", ":0"]);
+
+    // SET and its family: an absolute write, with Redis's options.
+    let mut input = String::new();
+    for args in [
+        &["SET", "s", "10"][..],
+        &["INCR", "s"],
+        &["SET", "s", "5", "GET"],
+        &["GET", "s"],
+        &["SET", "s", "7", "NX"],
+        &["SET", "new", "3", "XX"],
+        &["EXISTS", "new"],
+        &["SET", "s", "9", "EX", "100"],
+        &["TTL", "s"],
+        &["SET", "s", "9", "KEEPTTL"],
+        &["TTL", "s"],
+        &["SET", "s", "9"],
+        &["TTL", "s"],
+        &["GETSET", "s", "4"],
+        &["GETDEL", "s"],
+        &["GET", "s"],
+        &["GETDEL", "s"],
+        &["SET", "s", "abc"],
+        &["SET", "s", "1", "EX", "0"],
+        &["SET", "s", "1", "NX", "XX"],
+        &["SET", "s", "1", "EX"],
+        &["EXISTS", "s"],
+        &["PING"],
+    ] {
+        input += &cmd(args);
+    }
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    assert_eq!(
+        lines(&answer),
+        [
+            "+OK",
+            ":11",
+            "$2",
+            "11",
+            "$1",
+            "5",
+            "$-1",
+            "$-1",
+            ":0",
+            "+OK",
+            ":100",
+            "+OK",
+            ":100",
+            "+OK",
+            ":-1",
+            "$1",
+            "9",
+            "$1",
+            "4",
+            "$-1",
+            "$-1",
+            "-ERR value is not an integer or out of range",
+            "-ERR invalid expire time in 'set' command",
+            "-ERR syntax error",
+            "-ERR syntax error",
+            ":0",
+            "+PONG",
+        ]
+    );
+    // SET twice to the same total with increments between: each SET is its own
+    // correction (never taken for a repeat of the one before).
+    let mut input = String::new();
+    for args in [
+        &["SET", "r", "0"][..],
+        &["INCRBY", "r", "5"],
+        &["SET", "r", "0"],
+        &["INCRBY", "r", "5"],
+        &["SET", "r", "0"],
+        &["GET", "r"],
+        &["SET", "r", "0"],
+        &["GET", "r"],
+        &["PING"],
+    ] {
+        input += &cmd(args);
+    }
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    assert_eq!(lines(&answer), ["+OK", ":5", "+OK", ":5", "+OK", "$1", "0", "+OK", "$1", "0", "+PONG"]);
+}

@@ -13,7 +13,8 @@
 //! distinct-sketch bytes of format 2 and theirs; [`v3`] the records of formats 2 and 3
 //! that format 4 laid out anew; [`v4`] the records of format 4 that format 5 laid out
 //! anew; [`v5`] the records of format 5 that format 6 laid out anew; [`v6`] the
-//! records of format 6 (and 7) that format 8 laid out anew.
+//! records of format 6 (and 7) that format 8 laid out anew; [`v8`] the records of
+//! format 8 that format 9 laid out anew.
 
 use std::ops::RangeInclusive;
 
@@ -23,6 +24,7 @@ pub mod v3;
 pub mod v4;
 pub mod v5;
 pub mod v6;
+pub mod v8;
 
 /// The format of a store that predates format markers.
 pub const FIRST_FORMAT: u32 = 1;
@@ -41,8 +43,10 @@ pub const FIRST_FORMAT: u32 = 1;
 /// a format 7 store instead of reading carried records as corruption. Format 8 added
 /// a counter's own replica count: `replicas` in counter specs (see [`v6`]); the ids
 /// of shards of such counters carry it in their generation's word, and every id of
-/// a counter without one encodes as before.
-pub const STORE_FORMAT: u32 = 8;
+/// a counter without one encodes as before. Format 9 added a counter's expiry:
+/// `expires_at_ms` in counter metadata (see [`v8`]), and records of namespaces under
+/// a key prefix of their own.
+pub const STORE_FORMAT: u32 = 9;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
@@ -55,7 +59,11 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// [`v5`]); format 7 added a counter's own replica count, `replicas` in counter specs
 /// and spec patches (see [`v6`]), and tombstones name a deleted counter's generations
 /// by their words, which carry that count (a counter without one: the generation).
-pub const RAFT_STORE_FORMAT: u32 = 7;
+/// Format 8 added a counter's expiry, `expires_at_ms` in counter metadata (see
+/// [`v8`]), and the namespaces table to the state and its snapshots; its entries may
+/// hold the commands that set them (added after the earlier ones, so format 7's
+/// entries decode as they are).
+pub const RAFT_STORE_FORMAT: u32 = 8;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -87,8 +95,10 @@ pub const PEER_PROTOCOL: u32 = 12;
 /// carry bounds (`min`, `max`) too. Protocol 5: snapshots carry counters' auto bounds,
 /// and entries may set them or reshard an auto counter. Protocol 6: counter specs and
 /// spec patches carry a window limit (`limit`). Protocol 7: they carry a replica
-/// count (`replicas`).
-pub const RAFT_PROTOCOL: u32 = 7;
+/// count (`replicas`). Protocol 8: counter metadata carries its expiry, snapshots the
+/// namespaces, and entries may expire, persist or reclaim a counter, or declare and
+/// drop namespaces.
+pub const RAFT_PROTOCOL: u32 = 8;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;

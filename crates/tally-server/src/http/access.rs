@@ -12,8 +12,8 @@
 //! | --- | --- |
 //! | `GET /healthz`, `/v1/openapi.json`, `/ui` and its assets | nothing (no data: the page reads the API with the token typed into it) |
 //! | `GET /metrics` | `read` without prefixes (it names counters), or nothing with `http.metrics_public` |
-//! | `GET /v1/counters/{name}` and its `value`, `distinct`, `shards`, `reconciliations` | `read` on the counter |
-//! | `POST /v1/counters/{name}/increments` | `write` on the counter |
+//! | `GET /v1/counters/{name}` and its `value`, `distinct`, `shards`, `reconciliations`, `expiry` | `read` on the counter |
+//! | `POST /v1/counters/{name}/increments`, `PUT`/`DELETE …/expiry` | `write` on the counter |
 //! | `POST /v1/increments` | `write`; each item is checked against the prefixes on its own |
 //! | `PUT`, `DELETE /v1/counters/{name}`, `POST …/reconcile` | `admin` on the counter |
 //! | `GET /v1/counters`, `GET /v1/stats` | `read`; narrowed to the token's prefixes |
@@ -85,8 +85,12 @@ pub fn need(method: &Method, path: &str) -> Need {
             | "/v1/counters/{name}/value"
             | "/v1/counters/{name}/distinct"
             | "/v1/counters/{name}/shards"
-            | "/v1/counters/{name}/reconciliations",
+            | "/v1/counters/{name}/reconciliations"
+            | "/v1/counters/{name}/expiry",
         ) => needs(Read, On::Counter, None),
+        // A deadline is part of a counter's life as its increments are (`EXPIRE`
+        // needs `write` over RESP too).
+        ("PUT" | "DELETE", "/v1/counters/{name}/expiry") => needs(Write, On::Counter, None),
         ("POST", "/v1/counters/{name}/increments") => needs(Write, On::Counter, None),
         ("POST", "/v1/increments") => needs(Write, On::Narrowed, None),
         ("PUT", "/v1/counters/{name}") => needs(Admin, On::Counter, Some(AdminOp::PutCounter)),

@@ -429,6 +429,79 @@ pub struct SpecBody {
     /// How many nodes hold a copy of each shard, 1–5 (set on create only; without
     /// it, the cluster's `replicas`).
     pub replicas: Option<u64>,
+    /// The counter expires this many milliseconds from now (as `EXPIRE`); the
+    /// deadline is counter metadata (`GET …` answers it as `expires_at_ms`).
+    pub ttl_ms: Option<u64>,
+}
+
+/// Longest span a deadline may be set to from now, in milliseconds: 100 years,
+/// far beyond any window and well inside the deadlines' bound
+/// ([`tally_core::expiry::EXPIRES_AT_MS_MAX`]).
+pub const TTL_MS_MAX: u64 = 100 * 365 * 86_400_000;
+
+/// Checks a span given as `ttl_ms`: 1 to [`TTL_MS_MAX`].
+pub fn ttl_ms_in_range(field: &'static str, ttl_ms: u64) -> Result<i64, TallyError> {
+    if ttl_ms == 0 || ttl_ms > TTL_MS_MAX {
+        return Err(TallyError::InvalidSpec(tally_core::spec::SpecError::OutOfRange {
+            field,
+            min: 1,
+            max: TTL_MS_MAX,
+            got: ttl_ms,
+        }));
+    }
+    Ok(ttl_ms as i64)
+}
+
+/// `PUT /v1/counters/{name}/expiry`: when the counter expires — `ttl_ms` from now,
+/// or `expires_at_ms` (milliseconds since the Unix epoch; one already passed deletes
+/// the counter at once, as `EXPIRE` with a past time does) — and under which
+/// condition on its current deadline (`when`: `nx`, `xx`, `gt` or `lt`, as Redis's
+/// `EXPIRE` options).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpiryBody {
+    /// Milliseconds from now.
+    pub ttl_ms: Option<u64>,
+    /// A deadline in milliseconds since the Unix epoch.
+    pub expires_at_ms: Option<u64>,
+    /// `nx`, `xx`, `gt`, `lt`; absent: always.
+    pub when: Option<String>,
+}
+
+impl ExpiryBody {
+    /// The deadline asked for at `now_ms`, and the condition.
+    pub fn deadline(&self, now_ms: u64) -> Result<(u64, tally_core::expiry::Condition), ApiError> {
+        use tally_core::expiry::{deadline, Condition, When};
+        let bad = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_BODY, m.to_owned());
+        let when = match (self.ttl_ms, self.expires_at_ms) {
+            (Some(ttl), None) => When::InMillis(ttl_ms_in_range("ttl_ms", ttl)?),
+            (None, Some(at)) => When::AtMillis(i64::try_from(at).unwrap_or(i64::MAX)),
+            _ => return Err(bad("give exactly one of ttl_ms (milliseconds from now) or expires_at_ms (milliseconds since the Unix epoch)")),
+        };
+        let at = deadline(when, now_ms).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::OUT_OF_RANGE,
+                format!("expires_at_ms: {e}"),
+            )
+        })?;
+        let cond = match self.when.as_deref() {
+            None => Condition::Always,
+            Some("nx") => Condition::Nx,
+            Some("xx") => Condition::Xx,
+            Some("gt") => Condition::Gt,
+            Some("lt") => Condition::Lt,
+            Some(other) => {
+                let other: String = other.chars().take(QUOTE_BYTES_MAX).collect();
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    codes::INVALID_BODY,
+                    format!("when must be one of \"nx\", \"xx\", \"gt\", \"lt\" (got {other:?})"),
+                ));
+            }
+        };
+        Ok((at, cond))
+    }
 }
 
 /// `limit`: a window the counter keeps and the most it may hold.

@@ -13,6 +13,7 @@
 //! | `GET /v1/counters/{name}/frequency` | `frequency`: `?item=X`, the estimate and its bound |
 //! | `GET /v1/counters/{name}/top` | `top`: `?k=10`, the heaviest items |
 //! | `GET /v1/counters/{name}/shards` | `shards` |
+//! | `GET`, `PUT`, `DELETE /v1/counters/{name}/expiry` | `get_expiry`, `put_expiry`, `delete_expiry`: the deadline, as `TTL`, `EXPIRE`, `PERSIST` |
 //! | `POST /v1/counters/{name}/reconcile` | `reconcile` (recorded as a run of source `request`) |
 //! | `GET /v1/counters/{name}/reconciliations` | `reconciliations`: the recent runs on this node |
 //! | `GET /v1/cluster` | `cluster` |
@@ -142,6 +143,10 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         .route("/v1/counters/{name}/frequency", get(frequency::<S>))
         .route("/v1/counters/{name}/top", get(top::<S>))
         .route("/v1/counters/{name}/shards", get(shards::<S>))
+        .route(
+            "/v1/counters/{name}/expiry",
+            put(put_expiry::<S>).get(get_expiry::<S>).delete(delete_expiry::<S>),
+        )
         .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
         .route("/v1/counters/{name}/reconciliations", get(reconciliations::<S>))
         .route("/v1/cluster", get(cluster::<S>))
@@ -172,15 +177,22 @@ impl<S: Send + Sync> FromRequestParts<S> for CounterPath {
 }
 
 /// `PUT /v1/counters/{name}`: creates (201) or updates (200) the counter and answers
-/// with it. An empty body creates a counter with the defaults.
+/// with it. An empty body creates a counter with the defaults; `ttl_ms` sets its
+/// deadline that long from now.
 #[tracing::instrument(level = "debug", name = "put_counter", skip_all)]
 async fn put_counter<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
     OptionalJsonBody(spec): OptionalJsonBody<SpecBody>,
 ) -> Result<Response, ApiError> {
+    let ttl = spec.ttl_ms.map(|t| body::ttl_ms_in_range("ttl_ms", t)).transpose()?;
     let (patch, auto) = spec.into_patch()?;
-    let outcome = st.svc.put_counter(&name, patch, auto).await?;
+    let mut outcome = st.svc.put_counter(&name, patch, auto).await?;
+    if let Some(ttl) = ttl {
+        let at = st.svc.engine().now_ms().saturating_add(ttl as u64);
+        st.svc.expire(&name, at, tally_core::expiry::Condition::Always).await?;
+        outcome.counter.expires_at_ms = Some(at);
+    }
     if !outcome.created {
         return Ok(Json(outcome.counter).into_response());
     }
@@ -453,6 +465,63 @@ async fn shards<S: Service>(
     CounterPath(name): CounterPath,
 ) -> Result<Json<ShardsReport>, ApiError> {
     Ok(Json(st.svc.shards(&name).await?))
+}
+
+/// When a counter expires: its deadline and what is left of it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ExpiryView {
+    /// The deadline in milliseconds since the Unix epoch; `null` for never.
+    pub expires_at_ms: Option<u64>,
+    /// Milliseconds left, or -1 for never (as `PTTL`).
+    pub ttl_ms: i64,
+    /// `PUT`: whether the deadline was set (false when `when` kept the current one);
+    /// `DELETE`: whether there was one to remove. Absent on `GET`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed: Option<bool>,
+}
+
+async fn expiry_view<S: Service>(svc: &S, name: &str, changed: Option<bool>) -> Result<ExpiryView, ApiError> {
+    let (at, now) = svc.expiry(name).await?;
+    Ok(ExpiryView { expires_at_ms: at, ttl_ms: tally_core::expiry::remaining(at, now).millis(), changed })
+}
+
+/// `GET /v1/counters/{name}/expiry`: the counter's deadline (404 if it does not
+/// exist, or expired).
+#[tracing::instrument(level = "debug", name = "get_expiry", skip_all)]
+async fn get_expiry<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<ExpiryView>, ApiError> {
+    Ok(Json(expiry_view(&st.svc, &name, None).await?))
+}
+
+/// `PUT /v1/counters/{name}/expiry` with `{"ttl_ms": N}` or `{"expires_at_ms": T}`
+/// (and `"when": "nx"|"xx"|"gt"|"lt"`): sets the deadline, as `EXPIRE` does. A
+/// deadline already passed deletes the counter at once and answers
+/// `{"expires_at_ms": T, "ttl_ms": 0, "changed": true}`.
+#[tracing::instrument(level = "debug", name = "put_expiry", skip_all)]
+async fn put_expiry<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    JsonBody(body): JsonBody<body::ExpiryBody>,
+) -> Result<Json<ExpiryView>, ApiError> {
+    let now = st.svc.engine().now_ms();
+    let (at, when) = body.deadline(now)?;
+    let changed = st.svc.expire(&name, at, when).await?;
+    if changed && at <= now {
+        return Ok(Json(ExpiryView { expires_at_ms: Some(at), ttl_ms: 0, changed: Some(true) }));
+    }
+    Ok(Json(expiry_view(&st.svc, &name, Some(changed)).await?))
+}
+
+/// `DELETE /v1/counters/{name}/expiry`: removes the deadline, as `PERSIST` does.
+#[tracing::instrument(level = "debug", name = "delete_expiry", skip_all)]
+async fn delete_expiry<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<ExpiryView>, ApiError> {
+    let removed = st.svc.persist(&name).await?;
+    Ok(Json(expiry_view(&st.svc, &name, Some(removed)).await?))
 }
 
 /// `POST /v1/counters/{name}/reconcile` with `{"authoritative": N}`.

@@ -75,9 +75,16 @@ fn need(cmd: &Command) -> Need<'_> {
         | C::Discard
         | C::Watch(_)
         | C::Unwatch => Need::Authenticated,
-        C::Incr { key, .. } | C::TallyIncrBy { key, .. } | C::PfAdd { key, .. } => {
-            Need::Counters(Scope::Write, std::slice::from_ref(key))
-        }
+        C::Incr { key, .. }
+        | C::TallyIncrBy { key, .. }
+        | C::PfAdd { key, .. }
+        | C::Expire { key, .. }
+        | C::Persist(key)
+        | C::GetEx { key, .. } => Need::Counters(Scope::Write, std::slice::from_ref(key)),
+        C::Ttl { key, .. } => Need::Counters(Scope::Read, std::slice::from_ref(key)),
+        // An absolute write is a correction, and a deletion a deletion: `admin`, as
+        // `POST …/reconcile` and `DELETE` over HTTP.
+        C::Set { key, .. } | C::GetDel(key) => Need::Counters(Scope::Admin, std::slice::from_ref(key)),
         C::Get(key)
         | C::PfCount(key)
         | C::CmsQuery { key, .. }
@@ -96,7 +103,8 @@ fn need(cmd: &Command) -> Need<'_> {
 /// The admin operation a command is, for the audit trail.
 pub fn admin_op(cmd: &Command) -> Option<AdminOp> {
     match cmd {
-        Command::Del(_) => Some(AdminOp::DeleteCounter),
+        Command::Del(_) | Command::GetDel(_) => Some(AdminOp::DeleteCounter),
+        Command::Set { .. } => Some(AdminOp::Reconcile),
         Command::TallyCreate { .. } => Some(AdminOp::PutCounter),
         Command::TallyReconcile { .. } => Some(AdminOp::Reconcile),
         _ => None,
@@ -131,7 +139,10 @@ pub fn audit_admin(gate: &Gate, principal: Option<&Principal>, op: &str, cmd: &C
     let (Some(admin), Some(principal)) = (admin_op(cmd), principal) else { return };
     let counter = match cmd {
         Command::Del(keys) => keys.first().map(String::as_str),
-        Command::TallyCreate { key, .. } | Command::TallyReconcile { key, .. } => Some(key.as_str()),
+        Command::TallyCreate { key, .. }
+        | Command::TallyReconcile { key, .. }
+        | Command::Set { key, .. }
+        | Command::GetDel(key) => Some(key.as_str()),
         _ => None,
     };
     let attempt = Attempt { transport: "resp", op, counter, node: None };

@@ -10,6 +10,7 @@
 use super::wire::{quote, Reply};
 use crate::http::body::{ShardsField, SpecBody};
 use crate::http::error::codes;
+use tally_core::expiry::{Condition, When};
 use tally_engine::{Consistency, Increment};
 
 /// How a documented argument is typed (the `type` field of `COMMAND DOCS`).
@@ -280,6 +281,129 @@ pub const COMMANDS: &[CommandSpec] = &[
         &[many("key", Key)],
     ),
     cmd(
+        "expire",
+        -3,
+        &["write", "fast"],
+        (1, 1, 1),
+        "generic",
+        "Sets the counter's time to live in seconds (NX, XX, GT, LT as Redis); 1 if set.",
+        &[arg("key", Key), arg("seconds", Integer), opt("NX|XX|GT|LT", Token)],
+    ),
+    cmd(
+        "pexpire",
+        -3,
+        &["write", "fast"],
+        (1, 1, 1),
+        "generic",
+        "Sets the counter's time to live in milliseconds; 1 if set.",
+        &[arg("key", Key), arg("milliseconds", Integer), opt("NX|XX|GT|LT", Token)],
+    ),
+    cmd(
+        "expireat",
+        -3,
+        &["write", "fast"],
+        (1, 1, 1),
+        "generic",
+        "Sets the counter's deadline as a Unix time in seconds; 1 if set.",
+        &[arg("key", Key), arg("unix-time-seconds", Integer), opt("NX|XX|GT|LT", Token)],
+    ),
+    cmd(
+        "pexpireat",
+        -3,
+        &["write", "fast"],
+        (1, 1, 1),
+        "generic",
+        "Sets the counter's deadline as a Unix time in milliseconds; 1 if set.",
+        &[arg("key", Key), arg("unix-time-milliseconds", Integer), opt("NX|XX|GT|LT", Token)],
+    ),
+    cmd(
+        "ttl",
+        2,
+        R,
+        (1, 1, 1),
+        "generic",
+        "Seconds the counter has left: -1 without a deadline, -2 if it does not exist.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "pttl",
+        2,
+        R,
+        (1, 1, 1),
+        "generic",
+        "Milliseconds the counter has left: -1 without a deadline, -2 if it does not exist.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "expiretime",
+        2,
+        R,
+        (1, 1, 1),
+        "generic",
+        "The counter's deadline as a Unix time in seconds: -1 without one, -2 if it does not exist.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "pexpiretime",
+        2,
+        R,
+        (1, 1, 1),
+        "generic",
+        "The counter's deadline as a Unix time in milliseconds: -1 without one, -2 if it does not exist.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "persist",
+        2,
+        &["write", "fast"],
+        (1, 1, 1),
+        "generic",
+        "Removes the counter's deadline; 1 if it had one.",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "set",
+        -3,
+        &["write", "denyoom"],
+        (1, 1, 1),
+        "string",
+        "Sets the counter's total (an integer) as one correction; NX, XX, GET, EX, PX, EXAT, PXAT, KEEPTTL as Redis.",
+        &[
+            arg("key", Key),
+            arg("value", Integer),
+            opt("NX|XX", Token),
+            opt("GET", Token),
+            opt("EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|KEEPTTL", Str),
+        ],
+    ),
+    cmd(
+        "getset",
+        3,
+        &["write", "denyoom", "fast"],
+        (1, 1, 1),
+        "string",
+        "Sets the counter's total and answers the total before (nil if it did not exist).",
+        &[arg("key", Key), arg("value", Integer)],
+    ),
+    cmd(
+        "getdel",
+        2,
+        &["write", "fast"],
+        (1, 1, 1),
+        "string",
+        "Answers the counter's total and deletes it (nil if it did not exist).",
+        &[arg("key", Key)],
+    ),
+    cmd(
+        "getex",
+        -2,
+        &["write", "fast"],
+        (1, 1, 1),
+        "string",
+        "Answers the counter's total and sets (EX, PX, EXAT, PXAT) or removes (PERSIST) its deadline.",
+        &[arg("key", Key), opt("EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|PERSIST", Str)],
+    ),
+    cmd(
         "pfadd",
         -2,
         W,
@@ -388,6 +512,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             opt_tok("CEILING", "max", Integer),
             opt_tok("LIMIT", "max window", Str),
             opt_tok("REPLICAS", "replicas", Integer),
+            opt_tok("TTL_MS", "ttl_ms", Integer),
         ],
     ),
     cmd(
@@ -431,6 +556,32 @@ pub enum CommandQuery {
     Docs(Vec<String>),
     /// `COMMAND INFO [name ...]`.
     Info(Vec<String>),
+}
+
+/// What a `SET` (or `GETEX`) does to the counter's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlChange {
+    /// Removes it (`SET` without an option; `GETEX ... PERSIST`).
+    Clear,
+    /// Keeps it (`SET ... KEEPTTL`; `GETEX` without an option).
+    Keep,
+    /// Sets it (`EX`, `PX`, `EXAT`, `PXAT`).
+    Set(When),
+}
+
+/// `SET`'s value and options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetArgs {
+    /// The total to set.
+    pub value: i128,
+    /// `NX`: only if the counter does not exist.
+    pub nx: bool,
+    /// `XX`: only if it exists.
+    pub xx: bool,
+    /// `GET` (and `GETSET`): answer the total before.
+    pub get: bool,
+    /// Its deadline after.
+    pub ttl: TtlChange,
 }
 
 /// How many items `TOPK.LIST` answers without `K`.
@@ -510,6 +661,44 @@ pub enum Command {
     Exists(Vec<String>),
     /// `DEL key ...`.
     Del(Vec<String>),
+    /// `EXPIRE`, `PEXPIRE`, `EXPIREAT`, `PEXPIREAT key time [NX|XX|GT|LT]`.
+    Expire {
+        /// The counter.
+        key: String,
+        /// The time as written.
+        when: When,
+        /// The condition on the current deadline.
+        cond: Condition,
+        /// The command's name, lowercase, for Redis's error text.
+        name: &'static str,
+    },
+    /// `TTL`, `PTTL`, `EXPIRETIME`, `PEXPIRETIME key`.
+    Ttl {
+        /// The counter.
+        key: String,
+        /// Milliseconds rather than seconds.
+        millis: bool,
+        /// The deadline itself rather than what is left of it.
+        absolute: bool,
+    },
+    /// `PERSIST key`.
+    Persist(String),
+    /// `SET key value [NX|XX] [GET] [EX|PX|EXAT|PXAT time|KEEPTTL]`, and `GETSET`.
+    Set {
+        /// The counter.
+        key: String,
+        /// Its options (boxed: the command stays small).
+        set: Box<SetArgs>,
+    },
+    /// `GETDEL key`.
+    GetDel(String),
+    /// `GETEX key [EX|PX|EXAT|PXAT time|PERSIST]`.
+    GetEx {
+        /// The counter.
+        key: String,
+        /// What becomes of its deadline.
+        ttl: TtlChange,
+    },
     /// `PFADD key member ...`.
     PfAdd {
         /// The counter.
@@ -783,6 +972,29 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
         "mget" => Command::MGet(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "exists" => Command::Exists(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "del" => Command::Del(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
+        "expire" | "pexpire" | "expireat" | "pexpireat" => {
+            let t = redis_int(a[1])?;
+            let when = match spec.name {
+                "expire" => When::InSeconds(t),
+                "pexpire" => When::InMillis(t),
+                "expireat" => When::AtSeconds(t),
+                _ => When::AtMillis(t),
+            };
+            Command::Expire { key: key(a[0])?, when, cond: expire_condition(&a[2..])?, name: spec.name }
+        }
+        "ttl" | "pttl" | "expiretime" | "pexpiretime" => Command::Ttl {
+            key: key(a[0])?,
+            millis: spec.name.starts_with('p'),
+            absolute: spec.name.ends_with("time"),
+        },
+        "persist" => Command::Persist(key(a[0])?),
+        "set" => Command::Set { key: key(a[0])?, set: Box::new(parse_set(&a[1..])?) },
+        "getset" => Command::Set {
+            key: key(a[0])?,
+            set: Box::new(SetArgs { value: set_value(a[1])?, nx: false, xx: false, get: true, ttl: TtlChange::Clear }),
+        },
+        "getdel" => Command::GetDel(key(a[0])?),
+        "getex" => Command::GetEx { key: key(a[0])?, ttl: parse_getex(&a[1..])? },
         "pfadd" => Command::PfAdd {
             key: key(a[0])?,
             members: a[1..].iter().map(|m| text(m, "a member")).collect::<Result<_, _>>()?,
@@ -878,6 +1090,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                     b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
                     b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
                     b"REPLICAS" => spec.replicas = Some(spec_number(value, "replicas")?),
+                    b"TTL_MS" => spec.ttl_ms = Some(spec_number(value, "ttl_ms")?),
                     // `FLOOR n` / `CEILING n`: the HTTP body's `min` / `max` (the words
                     // MIN and MAX bound an auto counter's shard count).
                     b"FLOOR" => spec.min = Some(spec_signed(value, "min")?),
@@ -937,6 +1150,119 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
             return Err(unknown_command(args));
         }
     })
+}
+
+/// Redis's error for an argument that must be an integer.
+pub fn not_an_integer() -> Reply {
+    Reply::Error("ERR value is not an integer or out of range".into())
+}
+
+/// A 64-bit integer argument, with Redis's error otherwise.
+fn redis_int(raw: &[u8]) -> Result<i64, Reply> {
+    std::str::from_utf8(raw)
+        .ok()
+        .filter(|_| integer_shaped(raw))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(not_an_integer)
+}
+
+/// `SET`'s value: a counter holds an integer (any the 128-bit total takes).
+fn set_value(raw: &[u8]) -> Result<i128, Reply> {
+    std::str::from_utf8(raw)
+        .ok()
+        .filter(|_| integer_shaped(raw))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(not_an_integer)
+}
+
+/// `EXPIRE`'s `NX`, `XX`, `GT`, `LT`, with Redis's errors for combinations.
+fn expire_condition(words: &[&[u8]]) -> Result<Condition, Reply> {
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for w in words {
+        match w.to_ascii_uppercase().as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GT" => gt = true,
+            b"LT" => lt = true,
+            _ => return Err(Reply::Error(format!("ERR Unsupported option {}", quote(w)))),
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Err(Reply::Error(
+            "ERR NX and XX, GT or LT options at the same time are not compatible".into(),
+        ));
+    }
+    if gt && lt {
+        return Err(Reply::Error("ERR GT and LT options at the same time are not compatible".into()));
+    }
+    Ok(match (nx, xx, gt, lt) {
+        (true, ..) => Condition::Nx,
+        (_, _, true, _) => Condition::Gt,
+        (_, _, _, true) => Condition::Lt,
+        (_, true, ..) => Condition::Xx,
+        _ => Condition::Always,
+    })
+}
+
+/// A time after `EX`, `PX`, `EXAT` or `PXAT`: a positive integer, else Redis's
+/// errors (`command` names the command in them).
+fn ttl_time(word: &[u8], raw: Option<&&[u8]>, command: &str) -> Result<When, Reply> {
+    let raw = raw.ok_or_else(syntax_error)?;
+    let t = redis_int(raw)?;
+    if t <= 0 {
+        return Err(Reply::Error(format!("ERR invalid expire time in '{command}' command")));
+    }
+    Ok(match word {
+        b"EX" => When::InSeconds(t),
+        b"PX" => When::InMillis(t),
+        b"EXAT" => When::AtSeconds(t),
+        _ => When::AtMillis(t),
+    })
+}
+
+/// `SET key value ...`'s value and options, as Redis parses them.
+fn parse_set(a: &[&[u8]]) -> Result<SetArgs, Reply> {
+    let mut set = SetArgs { value: 0, nx: false, xx: false, get: false, ttl: TtlChange::Clear };
+    let mut timed = false;
+    let mut i = 1;
+    while i < a.len() {
+        let word = a[i].to_ascii_uppercase();
+        match word.as_slice() {
+            b"NX" if !set.xx => set.nx = true,
+            b"XX" if !set.nx => set.xx = true,
+            b"GET" => set.get = true,
+            b"KEEPTTL" if !timed => {
+                timed = true;
+                set.ttl = TtlChange::Keep;
+            }
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" if !timed => {
+                timed = true;
+                set.ttl = TtlChange::Set(ttl_time(&word, a.get(i + 1), "set")?);
+                i += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 1;
+    }
+    // The value is checked after the options, as Redis finds a syntax error first.
+    set.value = set_value(a[0])?;
+    Ok(set)
+}
+
+/// `GETEX key ...`'s option.
+fn parse_getex(a: &[&[u8]]) -> Result<TtlChange, Reply> {
+    match a {
+        [] => Ok(TtlChange::Keep),
+        [p] if p.eq_ignore_ascii_case(b"PERSIST") => Ok(TtlChange::Clear),
+        [w, t] => {
+            let word = w.to_ascii_uppercase();
+            if !matches!(word.as_slice(), b"EX" | b"PX" | b"EXAT" | b"PXAT") {
+                return Err(syntax_error());
+            }
+            Ok(TtlChange::Set(ttl_time(&word, Some(t), "getex")?))
+        }
+        _ => Err(syntax_error()),
+    }
 }
 
 fn parse_hello(a: &[&[u8]]) -> Result<Command, Reply> {

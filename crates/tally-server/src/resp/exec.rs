@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_engine::{AutoPatch, Consistency, Increment, SpecPatch, TallyError, ValueRead};
 
-use super::command::Command;
+use super::command::{Command, SetArgs, TtlChange};
 
 /// An auto counter's bounds and last change, for `TALLY.SHARDS`.
 fn auto_reply(a: &tally_engine::AutoStatus) -> Reply {
@@ -230,7 +230,6 @@ async fn get<S: Service>(svc: &S, key: &str) -> Reply {
         Err(e) => engine_error(e),
     }
 }
-
 
 fn shards_reply(missing: &[u16]) -> Reply {
     Reply::Array(missing.iter().map(|&s| Reply::Int(s.into())).collect())
@@ -535,7 +534,9 @@ pub async fn run<S: Service>(
 ) -> (Reply, Flow) {
     if let Some(tx) = session.multi.as_mut() {
         match cmd {
-            Command::Multi => return (Reply::Error("ERR MULTI calls can not be nested".into()), Flow::Continue),
+            Command::Multi => {
+                return (Reply::Error("ERR MULTI calls can not be nested".into()), Flow::Continue)
+            }
             Command::Watch(_) => {
                 return (Reply::Error("ERR WATCH inside MULTI is not allowed".into()), Flow::Continue)
             }
@@ -657,6 +658,58 @@ pub async fn run<S: Service>(
             }
             Reply::Int(n)
         }
+        Command::Expire { key, when, cond, name } => {
+            let now = svc.engine().now_ms();
+            match tally_core::expiry::deadline(when, now) {
+                Err(_) => Reply::Error(format!("ERR invalid expire time in '{name}' command")),
+                Ok(at) => match svc.expire(&key, at, cond).await {
+                    Ok(set) => Reply::Int(set.into()),
+                    Err(TallyError::NotFound(_)) => Reply::Int(0),
+                    Err(e) => engine_error(e),
+                },
+            }
+        }
+        Command::Ttl { key, millis, absolute } => match svc.expiry(&key).await {
+            Err(TallyError::NotFound(_)) => Reply::Int(-2),
+            Err(e) => engine_error(e),
+            Ok((None, _)) => Reply::Int(-1),
+            Ok((Some(at), now)) => {
+                let at = i64::try_from(at).unwrap_or(i64::MAX);
+                Reply::Int(match (absolute, millis) {
+                    (true, true) => at,
+                    (true, false) => at / 1000,
+                    (false, true) => tally_core::expiry::remaining(Some(at as u64), now).millis(),
+                    (false, false) => tally_core::expiry::remaining(Some(at as u64), now).seconds(),
+                })
+            }
+        },
+        Command::Persist(key) => match svc.persist(&key).await {
+            Ok(removed) => Reply::Int(removed.into()),
+            Err(TallyError::NotFound(_)) => Reply::Int(0),
+            Err(e) => engine_error(e),
+        },
+        Command::Set { key, set } => set_counter(svc, &key, *set).await,
+        Command::GetDel(key) => {
+            let before = get(svc, &key).await;
+            if !matches!(before, Reply::Bulk(_)) {
+                return (before, Flow::Continue);
+            }
+            match svc.delete_counter(&key).await {
+                Ok(()) => before,
+                Err(TallyError::NotFound(_)) => Reply::Null,
+                Err(e) => engine_error(e),
+            }
+        }
+        Command::GetEx { key, ttl } => {
+            let value = get(svc, &key).await;
+            if !matches!(value, Reply::Bulk(_)) {
+                return (value, Flow::Continue);
+            }
+            match change_ttl(svc, &key, ttl).await {
+                Ok(()) => value,
+                Err(reply) => reply,
+            }
+        }
         Command::PfAdd { key, members } => pfadd(svc, key, members).await,
         Command::PfCount(key) => match svc.distinct(&key).await {
             Ok(d) if d.complete => Reply::Big(d.estimate.into()),
@@ -702,9 +755,20 @@ pub async fn run<S: Service>(
             Err(e) => engine_error(e),
         },
         Command::TallyCreate { key, spec } => {
+            let ttl = match spec.ttl_ms.map(|t| crate::http::body::ttl_ms_in_range("ttl_ms", t)).transpose() {
+                Ok(ttl) => ttl,
+                Err(e) => return (engine_error(e), Flow::Continue),
+            };
             let put = match spec.into_patch() {
                 Ok((patch, auto)) => svc.put_counter(&key, patch, auto).await,
                 Err(e) => Err(e),
+            };
+            let put = match (put, ttl) {
+                (Ok(o), Some(ttl)) => {
+                    let at = svc.engine().now_ms().saturating_add(ttl as u64);
+                    svc.expire(&key, at, tally_core::expiry::Condition::Always).await.map(|_| o)
+                }
+                (put, _) => put,
             };
             match put {
                 Ok(o) => Reply::Simple(if o.created { "created" } else { "updated" }.into()),
@@ -748,6 +812,57 @@ pub async fn run<S: Service>(
         }
     };
     (reply, Flow::Continue)
+}
+
+/// Applies `ttl` to the counter's deadline (`SET`, `GETEX`). Clearing costs a
+/// metadata change only when there is a deadline to clear.
+async fn change_ttl<S: Service>(svc: &S, key: &str, ttl: TtlChange) -> Result<(), Reply> {
+    let done = match ttl {
+        TtlChange::Keep => return Ok(()),
+        TtlChange::Clear => match svc.expiry(key).await {
+            Ok((Some(_), _)) => svc.persist(key).await.map(|_| ()),
+            Ok((None, _)) => Ok(()),
+            Err(e) => Err(e),
+        },
+        TtlChange::Set(when) => match tally_core::expiry::deadline(when, svc.engine().now_ms()) {
+            Ok(at) => svc.expire(key, at, tally_core::expiry::Condition::Always).await.map(|_| ()),
+            Err(_) => return Err(Reply::Error("ERR invalid expire time in 'set' command".into())),
+        },
+    };
+    match done {
+        Ok(()) | Err(TallyError::NotFound(_)) => Ok(()),
+        Err(e) => Err(engine_error(e)),
+    }
+}
+
+/// `SET key value ...` (and `GETSET`): the counter's total becomes `value` through
+/// one correction ([`Service::set_total`]), created first if unknown (as an
+/// increment would create it, so it takes its namespace's spec); its deadline is
+/// cleared unless `KEEPTTL` or set by `EX`/`PX`/`EXAT`/`PXAT`. Answers `OK`, or with
+/// `GET` the total before (nil if it did not exist); nil when `NX`/`XX` kept it.
+/// An absolute write: sending it again leaves the same total, so a retry after a lost
+/// answer is safe (`docs/SEMANTICS.md`, "Expiry and absolute writes").
+async fn set_counter<S: Service>(svc: &S, key: &str, set: SetArgs) -> Reply {
+    let before = get(svc, key).await;
+    let exists = match &before {
+        Reply::Bulk(_) => true,
+        Reply::Null => false,
+        error => return error.clone(),
+    };
+    if (set.nx && exists) || (set.xx && !exists) {
+        return if set.get { before } else { Reply::Null };
+    }
+    if let Err(e) = svc.set_total(key, set.value).await {
+        return engine_error(e);
+    }
+    if let Err(reply) = change_ttl(svc, key, set.ttl).await {
+        return reply;
+    }
+    if set.get {
+        before
+    } else {
+        Reply::ok()
+    }
 }
 
 /// `PFADD`: each member is one increment of 1 carrying it, on a counter that keeps
