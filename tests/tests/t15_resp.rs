@@ -3,7 +3,8 @@
 //! mixed with `INCRBY`/`DECR`), and a `sync` counter of one shard answers unique,
 //! gap-free values to many concurrent clients. Transactions (`MULTI`/`EXEC`, which
 //! redis-py's `pipeline()` sends by default) count each increment once, and a
-//! fixed-window rate limiter's counters expire as Redis's would. A real `tallyd` is driven by
+//! fixed-window rate limiter's counters expire as Redis's would, and a namespace
+//! keeps a bounded counter bounded across `DEL`. A real `tallyd` is driven by
 //! `redis-cli` (one command per call — a windowed counter's `TALLY.WINDOW` among them —
 //! `--pipe` for a pipeline of 1,000 `INCRBY`, `-3` for RESP3) and by the Python `redis`
 //! package (a pipeline, idempotent `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the
@@ -290,6 +291,54 @@ async fn a_fixed_window_limiter_expires_its_counters() -> Result<()> {
     assert!(info["expires_at_ms"].as_u64().is_some(), "{info}");
     let expiry = c.get(1, "/v1/counters/rl:u1/expiry").await?;
     assert!(expiry["ttl_ms"].as_i64().is_some_and(|t| t > 50_000), "{expiry}");
+    Ok(())
+}
+
+/// A namespace keeps a counter's contract across `DEL`: a bounded sync counter
+/// deleted and decremented again is still bounded at 0.
+const PYTHON_NAMESPACE: &str = r#"
+import sys, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+assert r.execute_command("TALLY.NAMESPACE", "SET", "stock:", "DURABILITY", "sync", "FLOOR", "0") == b"created"
+def decrements(key, n):
+    done = 0
+    for _ in range(n):
+        try:
+            r.decr(key)
+            done += 1
+        except redis.ResponseError as e:
+            assert "bound_exceeded" in str(e), str(e)
+    return done
+assert r.incrby("stock:sku-1", 5) == 5
+assert decrements("stock:sku-1", 8) == 5
+assert r.get("stock:sku-1") == b"0"
+assert r.delete("stock:sku-1") == 1
+assert decrements("stock:sku-1", 20) == 0, "a deleted counter comes back with its namespace's floor"
+assert r.get("stock:sku-1") == b"0"
+assert r.incr("stock:sku-1") == 1
+got = r.execute_command("TALLY.NAMESPACE", "GET", "stock:")
+fields = dict(zip(got[::2], got[1::2]))
+assert fields[b"durability"] == b"sync" and fields[b"floor"] == 0, fields
+assert r.execute_command("TALLY.NAMESPACE", "LIST") == [b"stock:"]
+print("python namespace ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_keeps_a_counters_contract_across_del() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_NAMESPACE, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec = c.get(1, "/v1/counters/stock:sku-1").await?;
+    assert_eq!((spec["spec"]["min"].as_i64(), spec["spec"]["durability"].as_str()), (Some(0), Some("sync")));
+    let ns = c.get(1, "/v1/namespaces/stock:").await?;
+    assert_eq!(ns["spec"]["min"].as_i64(), Some(0), "{ns}");
     Ok(())
 }
 

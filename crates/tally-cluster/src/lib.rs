@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tally_core::codec;
-use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect, MetaError};
+use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError};
 use tally_core::ring::Ring;
 use tally_core::spec::AutoShards;
 use tally_core::{CounterName, NodeId, ShardId};
@@ -185,6 +185,18 @@ fn rejection(e: Rejection, name: &CounterName) -> TallyError {
     }
 }
 
+/// The answer to a namespace request: whether the prefix was declared before.
+fn namespace_answer(response: tally_raft::Response) -> Result<bool, TallyError> {
+    match response {
+        tally_raft::Response::Namespace(Ok(existed)) => Ok(existed),
+        tally_raft::Response::Namespace(Err(why)) => Err(TallyError::Namespace(why)),
+        other => Err(TallyError::Unavailable {
+            shard: "metadata".into(),
+            reason: format!("unexpected answer to a namespace request: {other:?}"),
+        }),
+    }
+}
+
 fn raft_error(e: tally_raft::RaftError) -> TallyError {
     TallyError::Unavailable { shard: "metadata".into(), reason: e.to_string() }
 }
@@ -224,7 +236,7 @@ impl Catalog for RaftCatalog {
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(async move {
             // Refuse a bad command here, with the exact error, before replicating it.
-            apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
+            self.raft.check(name, cmd, now_ms)?;
             self.write_counter(name, Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms }).await
         })
     }
@@ -245,7 +257,7 @@ impl Catalog for RaftCatalog {
         now_ms: u64,
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(async move {
-            apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
+            self.raft.check(name, cmd, now_ms)?;
             let req = Request::CounterAuto { name: name.clone(), cmd: cmd.clone(), auto, now_ms };
             self.write_counter(name, req).await
         })
@@ -274,6 +286,28 @@ impl Catalog for RaftCatalog {
 
     fn reclaims_expired(&self) -> bool {
         self.raft.is_leader()
+    }
+
+    fn namespaces(&self) -> Result<tally_core::namespace::Namespaces, TallyError> {
+        Ok(self.raft.namespaces())
+    }
+
+    fn put_namespace<'a>(
+        &'a self,
+        prefix: &'a str,
+        spec: tally_core::namespace::NamespaceSpec,
+    ) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let req = Request::PutNamespace { prefix: prefix.to_owned(), spec };
+            namespace_answer(self.raft.write(req).await.map_err(raft_error)?)
+        })
+    }
+
+    fn delete_namespace<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let req = Request::DeleteNamespace { prefix: prefix.to_owned() };
+            namespace_answer(self.raft.write(req).await.map_err(raft_error)?)
+        })
     }
 
     fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {

@@ -365,6 +365,11 @@ pub enum MetaCommand {
     /// reclaim of an expired counter, which never deletes one whose deadline moved
     /// meanwhile.
     DeleteExpired,
+    /// Create the counter unless it exists (an increment to an unknown counter), with
+    /// the spec of the longest namespace its name falls under in the table the
+    /// command is applied against ([`apply_command_in`]), else this one: the
+    /// proposing node's default. `Ensure` is this with the built-in defaults.
+    EnsureWith(crate::namespace::NamespaceSpec),
 }
 
 /// What a command did.
@@ -404,7 +409,7 @@ pub fn apply_command(
                 return Ok((None, MetaEffect::Deleted(m.generation_words())))
             }
             MetaCommand::Expire { .. } | MetaCommand::Persist => return Ok((current, MetaEffect::Missing)),
-            MetaCommand::Put(_) | MetaCommand::Ensure => {
+            MetaCommand::Put(_) | MetaCommand::Ensure | MetaCommand::EnsureWith(_) => {
                 return Err(MetaError::Expired { expires_at_ms: at })
             }
             // What the engine does to a counter's layout goes on until it is deleted.
@@ -418,12 +423,13 @@ pub fn apply_command(
         (None, MetaCommand::Ensure) => {
             Ok((Some(CounterMeta::create(CounterSpec::default(), now_ms)?), MetaEffect::Created))
         }
+        (None, MetaCommand::EnsureWith(spec)) => Ok((Some(spec.create(now_ms)?), MetaEffect::Created)),
         (None, _) => Ok((None, MetaEffect::Missing)),
         (Some(mut m), MetaCommand::Put(patch)) => {
             let changed = m.update(patch)?;
             Ok((Some(m), if changed { MetaEffect::Updated } else { MetaEffect::Unchanged }))
         }
-        (Some(m), MetaCommand::Ensure) => Ok((Some(m), MetaEffect::Unchanged)),
+        (Some(m), MetaCommand::Ensure | MetaCommand::EnsureWith(_)) => Ok((Some(m), MetaEffect::Unchanged)),
         (Some(mut m), MetaCommand::CompleteReshard { generation, sealed_sum }) => {
             m.complete_reshard(*generation, *sealed_sum, now_ms)?;
             Ok((Some(m), MetaEffect::Updated))
@@ -459,6 +465,41 @@ pub fn apply_command(
         }
         // Not expired (that was answered above): it stays.
         (Some(m), MetaCommand::DeleteExpired) => Ok((Some(m), MetaEffect::Unchanged)),
+    }
+}
+
+/// [`apply_command`] for counter `name`, against the namespaces `namespaces`: an
+/// implicit creation (`Ensure`, `EnsureWith`) takes the spec of the longest
+/// namespace `name` falls under, else the command's default. What the catalog and
+/// the replicated state machine call, each with the table it holds, so a creation
+/// through a namespace needs no metadata round of its own.
+pub fn apply_command_in(
+    name: &str,
+    current: Option<CounterMeta>,
+    cmd: &MetaCommand,
+    now_ms: u64,
+    namespaces: &crate::namespace::Namespaces,
+) -> Result<(Option<CounterMeta>, MetaEffect), MetaError> {
+    let default = match cmd {
+        MetaCommand::Ensure => crate::namespace::NamespaceSpec::default(),
+        MetaCommand::EnsureWith(d) => *d,
+        other => return apply_command(current, other, now_ms),
+    };
+    let spec = crate::namespace::spec_for(namespaces, name, &default);
+    apply_command(current, &MetaCommand::EnsureWith(*spec), now_ms)
+}
+
+/// The auto bounds a counter created by `cmd` under `namespaces` takes (an implicit
+/// creation under a namespace, or with a default, that says `shards: "auto"`).
+pub fn creation_auto(
+    name: &str,
+    cmd: &MetaCommand,
+    namespaces: &crate::namespace::Namespaces,
+) -> Option<crate::spec::AutoShards> {
+    match cmd {
+        MetaCommand::Ensure => crate::namespace::longest_match(namespaces, name).and_then(|(_, s)| s.auto),
+        MetaCommand::EnsureWith(d) => crate::namespace::spec_for(namespaces, name, d).auto,
+        _ => None,
     }
 }
 
@@ -540,6 +581,44 @@ mod command_tests {
             apply_command(m, &expire(500, Always), 1_000).unwrap(),
             (None, MetaEffect::Deleted(vec![(0, 8)]))
         );
+    }
+
+    #[test]
+    fn an_implicit_creation_takes_its_namespaces_spec_again_after_a_delete() {
+        use crate::namespace::{NamespaceSpec, Namespaces};
+        use crate::spec::Durability;
+        let mut table = Namespaces::new();
+        let stock = NamespaceSpec {
+            patch: SpecPatch { durability: Some(Durability::Sync), min: Some(0), ..Default::default() },
+            ..Default::default()
+        };
+        table.insert("stock:".into(), stock);
+        let (m, e) = apply_command_in("stock:1", None, &MetaCommand::Ensure, 5, &table).unwrap();
+        let m = m.unwrap();
+        assert_eq!((e, m.spec.min, m.spec.durability), (MetaEffect::Created, Some(0), Durability::Sync));
+        let (gone, _) = apply_command_in("stock:1", Some(m), &MetaCommand::Delete, 6, &table).unwrap();
+        assert!(gone.is_none());
+        let (again, _) = apply_command_in("stock:1", None, &MetaCommand::Ensure, 7, &table).unwrap();
+        assert_eq!(again.unwrap().spec.min, Some(0), "deleting a counter never loses its contract");
+        // A name under no namespace takes the proposer's default.
+        let default = NamespaceSpec {
+            patch: SpecPatch { shards: Some(2), ..Default::default() },
+            ttl_ms: Some(1_000),
+            ..Default::default()
+        };
+        let (m, _) = apply_command_in("likes:1", None, &MetaCommand::EnsureWith(default), 9, &table).unwrap();
+        let m = m.unwrap();
+        assert_eq!((m.spec.shards, m.expires_at_ms), (2, Some(1_009)));
+        let (m, _) = apply_command_in("stock:2", None, &MetaCommand::EnsureWith(default), 9, &table).unwrap();
+        assert_eq!(m.unwrap().spec.min, Some(0), "a namespace wins over the default");
+        let auto = NamespaceSpec {
+            auto: Some(crate::spec::AutoShards { min_shards: 2, max_shards: 9 }),
+            ..Default::default()
+        };
+        table.insert("hot:".into(), auto);
+        assert_eq!(creation_auto("hot:1", &MetaCommand::Ensure, &table), auto.auto);
+        assert_eq!(creation_auto("stock:1", &MetaCommand::Ensure, &table), None);
+        assert_eq!(creation_auto("hot:1", &MetaCommand::Delete, &table), None);
     }
 
     #[test]

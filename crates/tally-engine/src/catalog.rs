@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use tally_core::codec;
-use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::meta::{apply_command_in, creation_auto, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::namespace::{NamespaceSpec, Namespaces};
 use tally_core::spec::{AutoShards, Durability};
 use tally_core::CounterName;
 use tally_store::{Store, StoreError};
@@ -29,6 +30,8 @@ const AUTO_PREFIX: &[u8] = b"autoshard/";
 /// (8 bytes, big-endian, so keys sort by it) and the name. Values are empty. The
 /// reclaim of expired counters scans from the front.
 const EXPIRY_PREFIX: &[u8] = b"expiry/";
+/// The namespaces: `namespace/PREFIX` → the spec counters created under it take.
+const NAMESPACE_PREFIX: &[u8] = b"namespace/";
 /// Most keys one catalog scan returns per page.
 const SCAN_PAGE_KEYS: usize = 1024;
 
@@ -78,9 +81,14 @@ pub trait Catalog: Send + Sync + 'static {
     /// that shares its commits among concurrent changes (a replicated log that
     /// appends what is queued together) shares them here too; [`LocalCatalog`] writes
     /// them all in one store batch and one flush.
-    fn ensure_many<'a>(&'a self, names: &'a [CounterName], now_ms: u64) -> BoxFuture<'a, EnsureResults> {
+    fn ensure_many<'a>(
+        &'a self,
+        names: &'a [CounterName],
+        now_ms: u64,
+        default: &'a NamespaceSpec,
+    ) -> BoxFuture<'a, EnsureResults> {
         Box::pin(async move {
-            let ensure = MetaCommand::Ensure;
+            let ensure = MetaCommand::EnsureWith(*default);
             let each = names.iter().map(|n| self.apply(n, &ensure, now_ms));
             futures::future::join_all(each).await
         })
@@ -103,6 +111,7 @@ pub trait Catalog: Send + Sync + 'static {
         &self,
         _name: &CounterName,
         _now_ms: u64,
+        _default: &NamespaceSpec,
     ) -> Option<Result<(CounterMeta, MetaEffect), TallyError>> {
         None
     }
@@ -167,6 +176,25 @@ pub trait Catalog: Send + Sync + 'static {
     fn reclaims_expired(&self) -> bool {
         true
     }
+    /// The namespaces, by prefix ([`tally_core::namespace`]): what implicit
+    /// creations resolve against (the catalog applies them itself; this answers
+    /// `GET /v1/namespaces`).
+    fn namespaces(&self) -> Result<Namespaces, TallyError> {
+        Ok(Namespaces::new())
+    }
+    /// Declares (or replaces) the namespace `prefix`, checked by the caller:
+    /// true if it existed. Durable when it returns.
+    fn put_namespace<'a>(
+        &'a self,
+        _prefix: &'a str,
+        _spec: NamespaceSpec,
+    ) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async { Err(TallyError::Namespace("this catalog keeps no namespaces".into())) })
+    }
+    /// Drops the namespace `prefix`: true if it existed.
+    fn delete_namespace<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async { Ok(false) })
+    }
     /// Counters with a resharding that has not completed.
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError>;
     /// Deleted counters whose data may still be in stores, with their generations.
@@ -212,18 +240,38 @@ pub struct LocalCatalog {
     unwritten: AtomicUsize,
     /// Every ticket up to this one is written.
     written: AtomicU64,
+    /// The namespaces, as stored (read at open, changed under the write lock).
+    namespaces: parking_lot::RwLock<Namespaces>,
 }
 
 impl LocalCatalog {
-    pub(crate) fn new(store: Arc<dyn Store>, flusher: Flusher) -> Self {
-        Self {
+    pub(crate) fn new(store: Arc<dyn Store>, flusher: Flusher) -> Result<Self, TallyError> {
+        let mut namespaces = Namespaces::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = store.meta_scan(NAMESPACE_PREFIX, after.as_deref(), SCAN_PAGE_KEYS)?;
+            for (k, v) in &page {
+                let prefix = String::from_utf8_lossy(&k[NAMESPACE_PREFIX.len()..]).into_owned();
+                let spec = codec::decode("namespace", v).map_err(|source| StoreError::Corrupt {
+                    location: format!("namespace {prefix:?}"),
+                    source,
+                })?;
+                namespaces.insert(prefix, spec);
+            }
+            after = page.last().map(|(k, _)| k.clone());
+            if page.len() < SCAN_PAGE_KEYS {
+                break;
+            }
+        }
+        Ok(Self {
             store,
             flusher,
             write: Mutex::new(()),
             deferred: Default::default(),
             unwritten: AtomicUsize::new(0),
             written: AtomicU64::new(0),
-        }
+            namespaces: parking_lot::RwLock::new(namespaces),
+        })
     }
 
     /// The unwritten creation of `name`, with its ticket.
@@ -304,6 +352,7 @@ impl Catalog for LocalCatalog {
         &self,
         name: &CounterName,
         now_ms: u64,
+        default: &NamespaceSpec,
     ) -> Option<Result<(CounterMeta, MetaEffect), TallyError>> {
         let mut d = self.deferred.lock();
         if let Some((meta, _)) = d.unwritten.get(name.as_str()) {
@@ -319,11 +368,18 @@ impl Catalog for LocalCatalog {
             Ok(None) => {}
             Err(e) => return Some(Err(e)),
         }
-        let meta = match apply_command(None, &MetaCommand::Ensure, now_ms) {
+        let ensure = MetaCommand::EnsureWith(*default);
+        let namespaces = self.namespaces.read();
+        // A counter created under an auto namespace has a record of its own to write.
+        if creation_auto(name.as_str(), &ensure, &namespaces).is_some() {
+            return None;
+        }
+        let meta = match apply_command_in(name.as_str(), None, &ensure, now_ms, &namespaces) {
             Ok((Some(meta), MetaEffect::Created)) => meta,
             Ok(_) => return None,
             Err(e) => return Some(Err(e.into())),
         };
+        drop(namespaces);
         // Only a `batched` creation may be answered before it is durable (and one
         // without a deadline: a deadline is written with its index record).
         if meta.spec.durability != Durability::Batched || meta.expires_at_ms.is_some() {
@@ -367,8 +423,50 @@ impl Catalog for LocalCatalog {
         Box::pin(self.apply_local(name, cmd, now_ms))
     }
 
-    fn ensure_many<'a>(&'a self, names: &'a [CounterName], now_ms: u64) -> BoxFuture<'a, EnsureResults> {
-        Box::pin(self.ensure_local(names, now_ms))
+    fn ensure_many<'a>(
+        &'a self,
+        names: &'a [CounterName],
+        now_ms: u64,
+        default: &'a NamespaceSpec,
+    ) -> BoxFuture<'a, EnsureResults> {
+        Box::pin(self.ensure_local(names, now_ms, default))
+    }
+
+    fn namespaces(&self) -> Result<Namespaces, TallyError> {
+        Ok(self.namespaces.read().clone())
+    }
+
+    fn put_namespace<'a>(
+        &'a self,
+        prefix: &'a str,
+        spec: NamespaceSpec,
+    ) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let guard = self.write.lock().await;
+            let existed = self.namespaces.read().contains_key(prefix);
+            if !existed && self.namespaces.read().len() >= tally_core::namespace::NAMESPACES_MAX {
+                return Err(tally_core::namespace::NamespaceError::TooMany.into());
+            }
+            self.store.meta_batch(&[(key(NAMESPACE_PREFIX, prefix), codec::encode(&spec))], &[])?;
+            self.namespaces.write().insert(prefix.to_owned(), spec);
+            drop(guard);
+            self.flusher.flush().await?;
+            Ok(existed)
+        })
+    }
+
+    fn delete_namespace<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let guard = self.write.lock().await;
+            if !self.namespaces.read().contains_key(prefix) {
+                return Ok(false);
+            }
+            self.store.meta_batch(&[], &[key(NAMESPACE_PREFIX, prefix)])?;
+            self.namespaces.write().remove(prefix);
+            drop(guard);
+            self.flusher.flush().await?;
+            Ok(true)
+        })
     }
 
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
@@ -558,7 +656,10 @@ impl LocalCatalog {
     ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
         let current = self.stored(name.as_str())?;
         let deadline_before = current.as_ref().and_then(|m| m.expires_at_ms);
-        let (next, effect) = apply_command(current, cmd, now_ms)?;
+        let (next, effect) = {
+            let namespaces = self.namespaces.read();
+            apply_command_in(name.as_str(), current, cmd, now_ms, &namespaces)?
+        };
         let ck = key(COUNTER_PREFIX, name.as_str());
         let rk = key(RESHARD_PREFIX, name.as_str());
         let ak = key(AUTO_PREFIX, name.as_str());
@@ -614,7 +715,12 @@ impl LocalCatalog {
     /// Every creation in one store batch and one flush: the counters that do not
     /// exist yet are written together, so a burst of first increments to new
     /// counters costs one metadata commit, not one each.
-    async fn ensure_local(&self, names: &[CounterName], now_ms: u64) -> EnsureResults {
+    async fn ensure_local(
+        &self,
+        names: &[CounterName],
+        now_ms: u64,
+        default: &NamespaceSpec,
+    ) -> EnsureResults {
         let guard = self.write.lock().await;
         // A name deferred meanwhile is found written, not created twice.
         if let Err(e) = self.write_unwritten(&guard).await {
@@ -629,7 +735,17 @@ impl LocalCatalog {
                 Some(m) => Ok(Some(m.clone())),
                 None => self.stored(name.as_str()),
             };
-            let result = current.and_then(|c| Ok(apply_command(c, &MetaCommand::Ensure, now_ms)?));
+            let ensure = MetaCommand::EnsureWith(*default);
+            let result = current.and_then(|c| {
+                let namespaces = self.namespaces.read();
+                Ok(apply_command_in(name.as_str(), c, &ensure, now_ms, &namespaces)?)
+            });
+            if let Ok((Some(_), MetaEffect::Created)) = &result {
+                // A counter created under an auto namespace follows contention.
+                if let Some(bounds) = creation_auto(name.as_str(), &ensure, &self.namespaces.read()) {
+                    puts.push((key(AUTO_PREFIX, name.as_str()), codec::encode(&bounds)));
+                }
+            }
             if let Ok((Some(meta), MetaEffect::Created)) = &result {
                 // The deadline's index record first: one that outlives a crash
                 // without its counter is dropped by the next reclaim pass, while a

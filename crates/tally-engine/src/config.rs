@@ -47,6 +47,11 @@ pub struct TallyConfig {
     pub authority: Option<Arc<dyn AuthoritativeSource>>,
     /// Most items in one `incr_many` batch.
     pub batch_items_max: usize,
+    /// What a counter created implicitly (by its first increment, or a `SET`) takes
+    /// when its name falls under no namespace: the node config's default spec
+    /// (`[cluster] default_spec`). Carried in every creation command, so every
+    /// replica applies the same.
+    pub default_spec: tally_core::namespace::NamespaceSpec,
     /// How often expired counters are looked for and reclaimed, in milliseconds:
     /// how late after its deadline an expired counter's memory and disk may still
     /// be held (reads answer it missing from the deadline on regardless).
@@ -78,6 +83,7 @@ impl Default for TallyConfig {
             authority: None,
             batch_items_max: 10_000,
             expiry_sweep_ms: 1_000,
+            default_spec: tally_core::namespace::NamespaceSpec::default(),
             autoshard: tally_core::autoshard::Tuning::default(),
             replicas_max: 1,
         }

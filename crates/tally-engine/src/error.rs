@@ -200,6 +200,21 @@ pub enum TallyError {
     /// A window read named a window the counter does not keep (or no duration).
     #[error(transparent)]
     Window(#[from] tally_core::window::WindowError),
+    /// A namespace was refused: its prefix, its spec, or one too many.
+    #[error("{0}")]
+    Namespace(String),
+    /// No namespace has this prefix.
+    #[error("no namespace has the prefix {0:?}")]
+    NamespaceNotFound(String),
+}
+
+impl From<tally_core::namespace::NamespaceError> for TallyError {
+    fn from(e: tally_core::namespace::NamespaceError) -> Self {
+        match e {
+            tally_core::namespace::NamespaceError::Spec(s) => TallyError::InvalidSpec(s),
+            other => TallyError::Namespace(other.to_string()),
+        }
+    }
 }
 
 impl TallyError {
@@ -251,6 +266,8 @@ impl TallyError {
             Self::TooManyWriters { .. } => "too_many_writers",
             Self::BoundExceeded { .. } => "bound_exceeded",
             Self::Window(e) => e.code(),
+            Self::Namespace(_) => "invalid_namespace",
+            Self::NamespaceNotFound(_) => "namespace_not_found",
         }
     }
 
@@ -264,7 +281,8 @@ impl TallyError {
             Self::OutOfOrderSequence { .. } | Self::BoundExceeded { .. } => 409,
             Self::TooManyWriters { .. } => 429,
             Self::NegativeWeight { .. } | Self::LimitNegative { .. } => 422,
-            Self::NotFound(_) | Self::Meta(MetaError::Expired { .. }) => 404,
+            Self::NotFound(_) | Self::Meta(MetaError::Expired { .. }) | Self::NamespaceNotFound(_) => 404,
+            Self::Namespace(_) => 422,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,
             Self::BatchTooLarge { .. } => 413,

@@ -105,9 +105,9 @@ impl Tally {
         let flusher = Flusher::start(store.clone(), stats.clone());
         let catalog: Arc<dyn Catalog> = match catalog {
             Some(c) => c,
-            None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())),
+            None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())?),
         };
-        let creator = crate::create::Creator::new(catalog.clone(), clock.clone());
+        let creator = crate::create::Creator::new(catalog.clone(), clock.clone(), config.default_spec);
         let ctx = Arc::new(Ctx {
             engine_id: crate::ctx::next_engine_id(),
             catalog,
@@ -348,6 +348,48 @@ impl Tally {
         match self.ctx.catalog.get(name.as_str())? {
             Some(m) if !tally_core::expiry::expired(m.expires_at_ms, now) => Ok((m.expires_at_ms, now)),
             _ => Err(TallyError::NotFound(name.to_string())),
+        }
+    }
+
+    /// Declares (or replaces) the namespace `prefix`: counters created implicitly
+    /// from now on under it (their first increment, a `SET`, after a `DEL` too)
+    /// take `spec` (`tally_core::namespace`); the longest matching prefix wins.
+    /// Counters that exist keep their specs. True if it was created. Checked as a
+    /// creation would check it; replicated and durable like counter metadata.
+    pub async fn put_namespace(
+        &self,
+        prefix: &str,
+        spec: tally_core::namespace::NamespaceSpec,
+    ) -> Result<bool, TallyError> {
+        tally_core::namespace::check_prefix(prefix)?;
+        spec.counter_spec()?;
+        if let Some(asked) = spec.patch.replicas.filter(|r| *r > self.ctx.config.replicas_max) {
+            return Err(TallyError::InvalidSpec(tally_core::spec::SpecError::Unreplicated { asked }));
+        }
+        let existed = self.ctx.catalog.put_namespace(prefix, spec).await?;
+        Ok(!existed)
+    }
+
+    /// The namespace `prefix`'s spec.
+    pub fn namespace(&self, prefix: &str) -> Result<tally_core::namespace::NamespaceSpec, TallyError> {
+        self.ctx
+            .catalog
+            .namespaces()?
+            .get(prefix)
+            .copied()
+            .ok_or_else(|| TallyError::NamespaceNotFound(prefix.to_owned()))
+    }
+
+    /// Every namespace, by prefix.
+    pub fn namespaces(&self) -> Result<tally_core::namespace::Namespaces, TallyError> {
+        self.ctx.catalog.namespaces()
+    }
+
+    /// Drops the namespace `prefix`; counters created under it keep their specs.
+    pub async fn delete_namespace(&self, prefix: &str) -> Result<(), TallyError> {
+        match self.ctx.catalog.delete_namespace(prefix).await? {
+            true => Ok(()),
+            false => Err(TallyError::NamespaceNotFound(prefix.to_owned())),
         }
     }
 

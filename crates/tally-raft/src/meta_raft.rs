@@ -739,6 +739,21 @@ impl MetaRaft {
         self.shared.read().state.expired(now_ms, limit)
     }
 
+    /// Applies `cmd` to counter `name` against this node's applied state (its
+    /// metadata and the namespaces), without changing anything: the proposer's check
+    /// that refuses a bad command with its exact error before it is replicated.
+    pub fn check(
+        &self,
+        name: &CounterName,
+        cmd: &tally_core::meta::MetaCommand,
+        now_ms: u64,
+    ) -> Result<(), tally_core::meta::MetaError> {
+        let applied = self.shared.read();
+        let current = applied.state.counters.get(name).cloned();
+        tally_core::meta::apply_command_in(name.as_str(), current, cmd, now_ms, &applied.state.namespaces)
+            .map(|_| ())
+    }
+
     /// The namespaces as applied here, by prefix.
     pub fn namespaces(&self) -> tally_core::namespace::Namespaces {
         self.shared.read().state.namespaces.clone()

@@ -12,7 +12,7 @@ use crate::types::{
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use tally_core::meta::MetaCommand;
-use tally_core::meta::{apply_command, CounterMeta, MetaEffect};
+use tally_core::meta::{apply_command_in, CounterMeta, MetaEffect};
 use tally_core::name::CounterName;
 use tally_core::namespace::Namespaces;
 use tally_core::ring::RING_NODES_MAX;
@@ -101,6 +101,22 @@ impl MetaState {
                 let cmd = MetaCommand::Put(SpecPatch { shards: Some(*shards), ..Default::default() });
                 self.counter(name, &cmd, None, *now_ms)
             }
+            Request::PutNamespace { prefix, spec } => {
+                let existed = self.namespaces.contains_key(prefix);
+                if !existed && self.namespaces.len() >= tally_core::namespace::NAMESPACES_MAX {
+                    let refused = tally_core::namespace::NamespaceError::TooMany.to_string();
+                    return (Response::Namespace(Err(refused)), vec![], vec![]);
+                }
+                if self.namespaces.get(prefix) == Some(spec) {
+                    return (Response::Namespace(Ok(true)), vec![], vec![]);
+                }
+                self.namespaces.insert(prefix.clone(), *spec);
+                (Response::Namespace(Ok(existed)), vec![Touched::Namespace(prefix.clone())], vec![])
+            }
+            Request::DeleteNamespace { prefix } => match self.namespaces.remove(prefix) {
+                Some(_) => (Response::Namespace(Ok(true)), vec![Touched::Namespace(prefix.clone())], vec![]),
+                None => (Response::Namespace(Ok(false)), vec![], vec![]),
+            },
             Request::FormRange { range, voters } => {
                 if voters.is_empty() || self.formations.contains_key(range) {
                     let first = self.formations.get(range).cloned().unwrap_or_default();
@@ -175,9 +191,16 @@ impl MetaState {
         now_ms: u64,
     ) -> (Response, Vec<Touched>, Vec<MetaChange>) {
         let current = self.counters.get(name).cloned();
-        let (next, effect) = match apply_command(current, cmd, now_ms) {
+        let (next, effect) = match apply_command_in(name.as_str(), current, cmd, now_ms, &self.namespaces) {
             Err(e) => return (Response::Counter(Err(Rejection::from(e))), vec![], vec![]),
             Ok(r) => r,
+        };
+        // A counter created implicitly under an auto namespace follows contention.
+        let auto = match (&effect, auto) {
+            (MetaEffect::Created, None) => {
+                tally_core::meta::creation_auto(name.as_str(), cmd, &self.namespaces).map(Some).or(auto)
+            }
+            _ => auto,
         };
         let mut touched = vec![];
         if !matches!(effect, MetaEffect::Unchanged | MetaEffect::Missing) {

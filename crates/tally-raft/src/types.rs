@@ -149,6 +149,20 @@ pub enum Request {
         /// The proposer's clock, in milliseconds since the Unix epoch.
         now_ms: u64,
     },
+    /// Declare (or replace) the namespace `prefix`: counters created implicitly
+    /// under it take `spec` ([`tally_core::namespace`]). The proposer checked the
+    /// spec; the state refuses a new prefix past `NAMESPACES_MAX`.
+    PutNamespace {
+        /// The name prefix.
+        prefix: String,
+        /// What counters created under it take.
+        spec: tally_core::namespace::NamespaceSpec,
+    },
+    /// Drop the namespace `prefix` (counters created under it keep their specs).
+    DeleteNamespace {
+        /// The name prefix.
+        prefix: String,
+    },
 }
 
 /// What the metadata group knows of one raft node's data directory.
@@ -205,6 +219,9 @@ pub enum Response {
     /// The answer to [`Request::FormRange`]: the voters the range's group starts
     /// with, as first recorded.
     Formation(Vec<(u64, String)>),
+    /// The answer to the namespace requests: whether the prefix was declared before,
+    /// or why the request was refused.
+    Namespace(Result<bool, String>),
 }
 
 impl Response {

@@ -102,6 +102,9 @@ pub enum ConfigError {
     /// Two entries of `cluster.nodes` share a raft id.
     #[error("cluster.nodes: raft_id {0} appears more than once")]
     DuplicateRaftId(u64),
+    /// `cluster.default_spec` would not make a valid counter.
+    #[error("cluster.default_spec: {0}")]
+    DefaultSpec(String),
     /// Two listeners in the cluster share an address.
     #[error("address {addr} is used by both {first} and {second}")]
     DuplicateAddress {
@@ -292,6 +295,14 @@ pub struct ClusterConfig {
     /// another way.
     #[serde(default = "default_ranges_per_node")]
     pub ranges_per_node: u32,
+    /// What a counter created implicitly (by its first increment or a `SET`) takes
+    /// when its name falls under no namespace: the fields of `PUT /v1/counters/{name}`
+    /// (`shards` or `"auto"`, `durability`, bounds, `windows`, `distinct`,
+    /// `frequency`, `replicas`, `ttl_ms`), e.g. `default_spec = { durability =
+    /// "sync", shards = 4 }`. Unset: the built-in defaults (8 shards, `batched`).
+    /// Cluster-wide: a creation carries it, and every node must create alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_spec: Option<crate::http::body::SpecBody>,
     /// Every node of the cluster, with its stable identities and addresses.
     pub nodes: Vec<NodeEntry>,
 }
@@ -779,6 +790,8 @@ impl Config {
             dedup_sweep_records_max: usize::try_from(e.dedup_sweep_records_max).unwrap_or(usize::MAX),
             batch_items_max: self.http.batch_limit_items(),
             autoshard: e.auto_tuning(),
+            // Checked by `validate`; a config not validated gets the built-in defaults.
+            default_spec: self.cluster.default_spec().unwrap_or_default(),
             ..TallyConfig::default()
         }
     }
@@ -813,6 +826,9 @@ struct Canonical<'a> {
     /// Left out at the default, so clusters that never set it kept their fingerprints.
     #[serde(skip_serializing_if = "is_default_ranges_per_node")]
     ranges_per_node: u32,
+    /// Left out when unset, so clusters that never set it kept their fingerprints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default_spec: Option<tally_core::namespace::NamespaceSpec>,
     nodes: &'a [NodeEntry],
 }
 
@@ -841,6 +857,10 @@ impl ClusterConfig {
             raft_election_timeout_max_ms: self.raft_election_timeout_max_ms,
             replicas: self.replicas(),
             ranges_per_node: self.ranges_per_node,
+            default_spec: self
+                .default_spec()
+                .ok()
+                .filter(|d| *d != tally_core::namespace::NamespaceSpec::default()),
             nodes: &self.nodes,
         };
         tally_core::hash::hash64(FINGERPRINT_SEED, &tally_core::codec::encode(&canonical))
@@ -855,6 +875,15 @@ impl ClusterConfig {
             let members = u8::try_from(self.initial_members()).unwrap_or(u8::MAX);
             tally_core::ranges::REPLICAS_DEFAULT.min(members)
         })
+    }
+
+    /// What a counter under no namespace takes (`default_spec`, or the built-in
+    /// defaults), checked as a creation would check it.
+    pub fn default_spec(&self) -> Result<tally_core::namespace::NamespaceSpec, ConfigError> {
+        let Some(body) = &self.default_spec else { return Ok(Default::default()) };
+        let spec = body.clone().into_namespace().map_err(|e| ConfigError::DefaultSpec(e.to_string()))?;
+        spec.counter_spec().map_err(|e| ConfigError::DefaultSpec(e.to_string()))?;
+        Ok(spec)
     }
 
     /// The nodes that start as members (`member = true`), at least one.
@@ -882,6 +911,7 @@ impl ClusterConfig {
         }
         let per_node_max = tally_core::ranges::RANGES_PER_NODE_MAX;
         range("cluster.ranges_per_node", self.ranges_per_node.into(), 1, per_node_max.into())?;
+        self.default_spec()?;
         interval("cluster.heartbeat_ms", self.heartbeat_ms)?;
         range(
             "cluster.heartbeat_misses_max",

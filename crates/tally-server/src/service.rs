@@ -99,6 +99,20 @@ pub trait Service: Clone + Send + Sync + 'static {
         async move { self.engine().set_total(name, value).await }
     }
 
+    /// Declares (or replaces) a namespace ([`Tally::put_namespace`]): true if created.
+    fn put_namespace(
+        &self,
+        prefix: &str,
+        spec: tally_core::namespace::NamespaceSpec,
+    ) -> impl Future<Output = Result<bool, TallyError>> + Send {
+        async move { self.engine().put_namespace(prefix, spec).await }
+    }
+
+    /// Drops a namespace.
+    fn delete_namespace(&self, prefix: &str) -> impl Future<Output = Result<(), TallyError>> + Send {
+        async move { self.engine().delete_namespace(prefix).await }
+    }
+
     /// Counts many independent increments: one result per item, in order. The outer
     /// error refuses the whole batch (for example one that is too large).
     fn incr_many(

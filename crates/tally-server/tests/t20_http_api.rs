@@ -92,6 +92,38 @@ async fn a_deadline_is_set_read_and_removed_and_a_passed_one_deletes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_declared_listed_used_and_dropped() {
+    let (app, node) = app().await;
+    let body = r#"{"durability": "sync", "min": 0, "shards": 2, "ttl_ms": 60000}"#;
+    let a = call(&app, "PUT", "/v1/namespaces/stock:", Some(body)).await;
+    assert_eq!(a.status, 201, "{}", a.text);
+    assert_eq!((a.json()["spec"]["min"].clone(), a.json()["ttl_ms"].clone()), (json!(0), json!(60000)));
+    assert_eq!(call(&app, "PUT", "/v1/namespaces/stock:", Some(body)).await.status, 200);
+    let auto = r#"{"shards": "auto", "min_shards": 2, "max_shards": 8}"#;
+    assert_eq!(call(&app, "PUT", "/v1/namespaces/hot%3A", Some(auto)).await.status, 201, "percent-encoded");
+    let list = call(&app, "GET", "/v1/namespaces", None).await.json();
+    let prefixes: Vec<&str> =
+        list["namespaces"].as_array().unwrap().iter().map(|n| n["prefix"].as_str().unwrap()).collect();
+    assert_eq!(prefixes, ["hot:", "stock:"]);
+    assert_eq!(call(&app, "GET", "/v1/namespaces/hot:", None).await.json()["auto"]["max_shards"], 8);
+    // A counter created by its first increment takes the namespace's spec.
+    call(&app, "POST", "/v1/counters/stock:1/increments", Some(r#"{"delta": 1}"#)).await;
+    let c = call(&app, "GET", "/v1/counters/stock:1", None).await.json();
+    assert_eq!((c["spec"]["min"].clone(), c["spec"]["shards"].clone()), (json!(0), json!(2)));
+    assert!(c["expires_at_ms"].as_u64().is_some(), "{c}");
+    call(&app, "PUT", "/v1/namespaces/bad:", Some(r#"{"min": 1, "durability": "sync"}"#))
+        .await
+        .assert_error(422, "invalid_spec");
+    call(&app, "PUT", "/v1/namespaces/bad:", Some(r#"{"ttl_ms": 0}"#))
+        .await
+        .assert_error(422, "invalid_spec");
+    assert_eq!(call(&app, "DELETE", "/v1/namespaces/stock:", None).await.status, 204);
+    call(&app, "GET", "/v1/namespaces/stock:", None).await.assert_error(404, "namespace_not_found");
+    call(&app, "DELETE", "/v1/namespaces/stock:", None).await.assert_error(404, "namespace_not_found");
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn increments_count_once_per_event_id_and_reads_report_their_freshness() {
     let (app, node) = app().await;
     call(&app, "PUT", "/v1/counters/c", Some(r#"{"durability": "sync", "rollup_ms": 10}"#)).await;

@@ -18,6 +18,8 @@
 //! | `PUT`, `DELETE /v1/counters/{name}`, `POST …/reconcile` | `admin` on the counter |
 //! | `GET /v1/counters`, `GET /v1/stats` | `read`; narrowed to the token's prefixes |
 //! | `GET /v1/cluster` | `read` |
+//! | `GET /v1/namespaces` and `/v1/namespaces/{prefix}` | `read` without prefixes |
+//! | `PUT`, `DELETE /v1/namespaces/{prefix}` | `admin` without prefixes (not in the table) |
 //! | `PUT`, `DELETE /v1/cluster/members/{id}`, `POST /v1/cluster/nodes/{id}/accept-loss` | `admin` without prefixes |
 
 use crate::auth::{AuthError, Gate, Principal, Resource, Scope};
@@ -78,6 +80,8 @@ pub fn need(method: &Method, path: &str) -> Need {
         }
         ("GET" | "HEAD", "/metrics") => needs(Read, On::Metrics, None),
         ("GET" | "HEAD", "/v1/counters" | "/v1/stats") => needs(Read, On::Narrowed, None),
+        // A namespace decides the contract of every counter under its prefix.
+        ("GET" | "HEAD", "/v1/namespaces" | "/v1/namespaces/{prefix}") => needs(Read, On::AllCounters, None),
         ("GET" | "HEAD", "/v1/cluster") => needs(Read, On::Cluster, None),
         (
             "GET" | "HEAD",

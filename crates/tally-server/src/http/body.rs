@@ -13,7 +13,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap, StatusCode};
 use futures::StreamExt;
 use serde::de::{DeserializeOwned, IgnoredAny, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -393,7 +393,7 @@ impl ReconcileBody {
 /// `PUT /v1/counters/{name}`: the spec fields to set, all optional. Numbers are read
 /// wide and words as text so that every out-of-range value or unknown word gets the
 /// engine's own `invalid_spec` error (422) rather than a JSON type error.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecBody {
     /// Shard count, or `"auto"`: the count follows contention within
@@ -505,7 +505,7 @@ impl ExpiryBody {
 }
 
 /// `limit`: a window the counter keeps and the most it may hold.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitBody {
     /// A duration such as `"1m"`, one of the counter's `windows`.
@@ -516,7 +516,7 @@ pub struct LimitBody {
 
 /// `shards`: a number, or a word (only `"auto"` is accepted, by the engine's own
 /// error for any other).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ShardsField {
     /// A fixed count.
@@ -540,6 +540,16 @@ fn narrow<T: TryFrom<u64>>(
 }
 
 impl SpecBody {
+    /// The namespace these fields declare (`PUT /v1/namespaces/{prefix}`, the node
+    /// config's `default_spec`): the spec fields, `shards: "auto"` with its bounds,
+    /// and `ttl_ms`. The engine checks it as a creation would.
+    pub fn into_namespace(self) -> Result<tally_core::namespace::NamespaceSpec, TallyError> {
+        let ttl_ms = self.ttl_ms.map(|t| ttl_ms_in_range("ttl_ms", t).map(|t| t as u64)).transpose()?;
+        let (patch, auto) = self.into_patch()?;
+        let auto = auto.resolve(None, patch.shards)?;
+        Ok(tally_core::namespace::NamespaceSpec { patch, auto, ttl_ms })
+    }
+
     /// The engine's patches (the spec's, and whether the shard count follows
     /// contention); the engine validates the resulting spec as a whole.
     pub fn into_patch(self) -> Result<(SpecPatch, AutoPatch), TallyError> {

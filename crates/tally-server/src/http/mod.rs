@@ -15,6 +15,7 @@
 //! | `GET /v1/counters/{name}/shards` | `shards` |
 //! | `GET`, `PUT`, `DELETE /v1/counters/{name}/expiry` | `get_expiry`, `put_expiry`, `delete_expiry`: the deadline, as `TTL`, `EXPIRE`, `PERSIST` |
 //! | `POST /v1/counters/{name}/reconcile` | `reconcile` (recorded as a run of source `request`) |
+//! | `PUT`, `GET`, `DELETE /v1/namespaces/{prefix}`, `GET /v1/namespaces` | `put_namespace` (201/200), `get_namespace`, `delete_namespace` (204), `list_namespaces`: the spec counters created implicitly under a prefix take |
 //! | `GET /v1/counters/{name}/reconciliations` | `reconciliations`: the recent runs on this node |
 //! | `GET /v1/cluster` | `cluster` |
 //! | `PUT /v1/cluster/members/{id}` | `add_member`: the cluster after adding the node |
@@ -148,6 +149,11 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
             put(put_expiry::<S>).get(get_expiry::<S>).delete(delete_expiry::<S>),
         )
         .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
+        .route("/v1/namespaces", get(list_namespaces::<S>))
+        .route(
+            "/v1/namespaces/{prefix}",
+            put(put_namespace::<S>).get(get_namespace::<S>).delete(delete_namespace::<S>),
+        )
         .route("/v1/counters/{name}/reconciliations", get(reconciliations::<S>))
         .route("/v1/cluster", get(cluster::<S>))
         .route("/v1/cluster/members/{id}", put(add_member::<S>).delete(remove_member::<S>))
@@ -522,6 +528,90 @@ async fn delete_expiry<S: Service>(
 ) -> Result<Json<ExpiryView>, ApiError> {
     let removed = st.svc.persist(&name).await?;
     Ok(Json(expiry_view(&st.svc, &name, Some(removed)).await?))
+}
+
+/// A namespace as the API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NamespaceView {
+    /// The name prefix.
+    pub prefix: String,
+    /// The spec fields it sets (those it does not name take the defaults).
+    pub spec: tally_core::spec::SpecPatch,
+    /// `shards: "auto"`'s bounds, if its counters follow contention.
+    pub auto: Option<tally_core::spec::AutoShards>,
+    /// How long after creation its counters expire, if they do.
+    pub ttl_ms: Option<u64>,
+}
+
+impl NamespaceView {
+    fn of(prefix: &str, n: &tally_core::namespace::NamespaceSpec) -> Self {
+        Self { prefix: prefix.to_owned(), spec: n.patch, auto: n.auto, ttl_ms: n.ttl_ms }
+    }
+}
+
+/// `GET /v1/namespaces`: every namespace.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NamespacesView {
+    /// The namespaces, by prefix in byte order.
+    pub namespaces: Vec<NamespaceView>,
+}
+
+/// A namespace prefix from the path (percent-decoded).
+struct PrefixPath(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PrefixPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(prefix) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text()))?;
+        Ok(Self(prefix))
+    }
+}
+
+/// `PUT /v1/namespaces/{prefix}` with the fields of `PUT /v1/counters/{name}`
+/// (`ttl_ms` included): counters created implicitly under the prefix from now on
+/// take them. 201 created, 200 replaced.
+#[tracing::instrument(level = "debug", name = "put_namespace", skip_all)]
+async fn put_namespace<S: Service>(
+    State(st): State<AppState<S>>,
+    PrefixPath(prefix): PrefixPath,
+    OptionalJsonBody(spec): OptionalJsonBody<SpecBody>,
+) -> Result<Response, ApiError> {
+    let spec = spec.into_namespace()?;
+    let created = st.svc.put_namespace(&prefix, spec).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(NamespaceView::of(&prefix, &spec))).into_response())
+}
+
+/// `GET /v1/namespaces/{prefix}`: the namespace; 404 `namespace_not_found`.
+#[tracing::instrument(level = "debug", name = "get_namespace", skip_all)]
+async fn get_namespace<S: Service>(
+    State(st): State<AppState<S>>,
+    PrefixPath(prefix): PrefixPath,
+) -> Result<Json<NamespaceView>, ApiError> {
+    let spec = st.svc.engine().namespace(&prefix)?;
+    Ok(Json(NamespaceView::of(&prefix, &spec)))
+}
+
+/// `DELETE /v1/namespaces/{prefix}`: 204; counters created under it keep their specs.
+#[tracing::instrument(level = "debug", name = "delete_namespace", skip_all)]
+async fn delete_namespace<S: Service>(
+    State(st): State<AppState<S>>,
+    PrefixPath(prefix): PrefixPath,
+) -> Result<StatusCode, ApiError> {
+    st.svc.delete_namespace(&prefix).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/namespaces`: every namespace (at most `NAMESPACES_MAX`).
+#[tracing::instrument(level = "debug", name = "list_namespaces", skip_all)]
+async fn list_namespaces<S: Service>(
+    State(st): State<AppState<S>>,
+) -> Result<Json<NamespacesView>, ApiError> {
+    let all = st.svc.engine().namespaces()?;
+    Ok(Json(NamespacesView { namespaces: all.iter().map(|(p, n)| NamespaceView::of(p, n)).collect() }))
 }
 
 /// `POST /v1/counters/{name}/reconcile` with `{"authoritative": N}`.

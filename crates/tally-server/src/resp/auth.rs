@@ -12,7 +12,11 @@
 //!   counter it names: reads `read`, increments `write`, spec changes, deletions and
 //!   reconciliations `admin`; a refusal answers `-NOPERM` and is audited.
 
-use super::command::Command;
+use super::command::{Command, NamespaceOp};
+
+/// The prefix every counter name starts with: what a token needs to be without
+/// prefixes to cover.
+const ALL: &[String] = &[String::new()];
 use super::wire::Reply;
 use crate::auth::{Attempt, AuthError, Gate, Principal, Resource, Scope};
 use crate::metrics::AdminOp;
@@ -85,6 +89,16 @@ fn need(cmd: &Command) -> Need<'_> {
         // An absolute write is a correction, and a deletion a deletion: `admin`, as
         // `POST …/reconcile` and `DELETE` over HTTP.
         C::Set { key, .. } | C::GetDel(key) => Need::Counters(Scope::Admin, std::slice::from_ref(key)),
+        // A namespace decides the contract of every counter under its prefix: as if
+        // the prefix were a counter (a token's prefixes must cover it); listing
+        // needs a token without prefixes, as `GET /v1/namespaces`.
+        C::TallyNamespace(NamespaceOp::Set { prefix, .. } | NamespaceOp::Del(prefix)) => {
+            Need::Counters(Scope::Admin, std::slice::from_ref(prefix))
+        }
+        C::TallyNamespace(NamespaceOp::Get(prefix)) => {
+            Need::Counters(Scope::Read, std::slice::from_ref(prefix))
+        }
+        C::TallyNamespace(NamespaceOp::List) => Need::Counters(Scope::Read, ALL),
         C::Get(key)
         | C::PfCount(key)
         | C::CmsQuery { key, .. }

@@ -516,6 +516,15 @@ pub const COMMANDS: &[CommandSpec] = &[
         ],
     ),
     cmd(
+        "tally.namespace",
+        -2,
+        &["write"],
+        (0, 0, 0),
+        "tally",
+        "Namespaces: SET prefix [FIELD value ...] declares the spec counters created implicitly under the prefix take (TALLY.CREATE's fields and TTL_MS); GET, DEL, LIST.",
+        &[arg("subcommand", Str), opt("prefix", Str), opt("field value", Str)],
+    ),
+    cmd(
         "tally.shards",
         2,
         R,
@@ -556,6 +565,24 @@ pub enum CommandQuery {
     Docs(Vec<String>),
     /// `COMMAND INFO [name ...]`.
     Info(Vec<String>),
+}
+
+/// A `TALLY.NAMESPACE` subcommand.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NamespaceOp {
+    /// `SET prefix [FIELD value ...]`: declare or replace it.
+    Set {
+        /// The name prefix.
+        prefix: String,
+        /// Its spec fields (boxed: the command stays small).
+        spec: Box<SpecBody>,
+    },
+    /// `GET prefix`.
+    Get(String),
+    /// `DEL prefix`.
+    Del(String),
+    /// `LIST`.
+    List,
 }
 
 /// What a `SET` (or `GETEX`) does to the counter's deadline.
@@ -757,6 +784,8 @@ pub enum Command {
     },
     /// `TALLY.SHARDS key`.
     TallyShards(String),
+    /// `TALLY.NAMESPACE SET|GET|DEL|LIST`.
+    TallyNamespace(NamespaceOp),
     /// `TALLY.RECONCILE key authoritative`.
     TallyReconcile {
         /// The counter.
@@ -1070,58 +1099,8 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
             },
         },
         "tally.window" => Command::TallyWindow { key: key(a[0])?, window: text(a[1], "window")? },
-        "tally.create" => {
-            let mut spec = SpecBody::default();
-            let mut i = 1;
-            while i < a.len() {
-                let value = a.get(i + 1).ok_or_else(syntax_error)?;
-                match upper(i).as_slice() {
-                    // `SHARDS auto MIN n MAX m`: the count follows contention.
-                    b"SHARDS" if value.eq_ignore_ascii_case(b"auto") => {
-                        spec.shards = Some(ShardsField::Word("auto".into()))
-                    }
-                    b"SHARDS" => spec.shards = Some(ShardsField::Count(spec_number(value, "shards")?)),
-                    b"MIN" => spec.min_shards = Some(spec_number(value, "min_shards")?),
-                    b"MAX" => spec.max_shards = Some(spec_number(value, "max_shards")?),
-                    b"DURABILITY" => spec.durability = Some(text(value, "durability")?.to_lowercase()),
-                    b"FLUSH_MS" => spec.flush_ms = Some(spec_number(value, "flush_ms")?),
-                    b"ROLLUP_MS" => spec.rollup_ms = Some(spec_number(value, "rollup_ms")?),
-                    b"ROUTER" => spec.router = Some(text(value, "router")?.to_lowercase()),
-                    b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
-                    b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
-                    b"REPLICAS" => spec.replicas = Some(spec_number(value, "replicas")?),
-                    b"TTL_MS" => spec.ttl_ms = Some(spec_number(value, "ttl_ms")?),
-                    // `FLOOR n` / `CEILING n`: the HTTP body's `min` / `max` (the words
-                    // MIN and MAX bound an auto counter's shard count).
-                    b"FLOOR" => spec.min = Some(spec_signed(value, "min")?),
-                    b"CEILING" => spec.max = Some(spec_signed(value, "max")?),
-                    // `WINDOWS 1m,1h,24h`: the HTTP body's `windows` list; `""` keeps none.
-                    b"WINDOWS" => {
-                        let list = text(value, "windows")?;
-                        let parts = list.split(',').map(str::trim).filter(|w| !w.is_empty());
-                        spec.windows = Some(parts.map(str::to_owned).collect());
-                    }
-                    // `LIMIT max window`: the HTTP body's `limit` object (a rate limit).
-                    b"LIMIT" => {
-                        let window = a.get(i + 2).ok_or_else(syntax_error)?;
-                        let window = text(window, "limit.window")?;
-                        let max = spec_number(value, "limit.max")?;
-                        spec.limit = Some(crate::http::body::LimitBody { window, max });
-                        i += 1;
-                    }
-                    // `FREQUENCY epsilon delta`: the HTTP body's `frequency` object.
-                    b"FREQUENCY" => {
-                        let delta = a.get(i + 2).ok_or_else(syntax_error)?;
-                        let (epsilon, delta) = (spec_float(value, "epsilon")?, spec_float(delta, "delta")?);
-                        spec.frequency = Some(tally_core::frequency::FrequencySpec { epsilon, delta });
-                        i += 1;
-                    }
-                    _ => return Err(syntax_error()),
-                }
-                i += 2;
-            }
-            Command::TallyCreate { key: key(a[0])?, spec: Box::new(spec) }
-        }
+        "tally.create" => Command::TallyCreate { key: key(a[0])?, spec: Box::new(spec_fields(&a[1..])?) },
+        "tally.namespace" => parse_namespace(a)?,
         "tally.shards" => Command::TallyShards(key(a[0])?),
         "tally.reconcile" => {
             let raw = &a[1];
@@ -1263,6 +1242,82 @@ fn parse_getex(a: &[&[u8]]) -> Result<TtlChange, Reply> {
         }
         _ => Err(syntax_error()),
     }
+}
+
+/// The spec fields of `TALLY.CREATE` (and `TALLY.NAMESPACE SET`), `FIELD value`
+/// pairs in any order and case, as the HTTP body carries them.
+fn spec_fields(a: &[&[u8]]) -> Result<SpecBody, Reply> {
+    let mut spec = SpecBody::default();
+    let upper = |i: usize| a[i].to_ascii_uppercase();
+    let mut i = 0;
+    while i < a.len() {
+        let value = a.get(i + 1).ok_or_else(syntax_error)?;
+        match upper(i).as_slice() {
+            // `SHARDS auto MIN n MAX m`: the count follows contention.
+            b"SHARDS" if value.eq_ignore_ascii_case(b"auto") => {
+                spec.shards = Some(ShardsField::Word("auto".into()))
+            }
+            b"SHARDS" => spec.shards = Some(ShardsField::Count(spec_number(value, "shards")?)),
+            b"MIN" => spec.min_shards = Some(spec_number(value, "min_shards")?),
+            b"MAX" => spec.max_shards = Some(spec_number(value, "max_shards")?),
+            b"DURABILITY" => spec.durability = Some(text(value, "durability")?.to_lowercase()),
+            b"FLUSH_MS" => spec.flush_ms = Some(spec_number(value, "flush_ms")?),
+            b"ROLLUP_MS" => spec.rollup_ms = Some(spec_number(value, "rollup_ms")?),
+            b"ROUTER" => spec.router = Some(text(value, "router")?.to_lowercase()),
+            b"DISTINCT" => spec.distinct = Some(spec_bool(value, "distinct")?),
+            b"DEDUP_WINDOW_S" => spec.dedup_window_s = Some(spec_number(value, "dedup_window_s")?),
+            b"REPLICAS" => spec.replicas = Some(spec_number(value, "replicas")?),
+            b"TTL_MS" => spec.ttl_ms = Some(spec_number(value, "ttl_ms")?),
+            // `FLOOR n` / `CEILING n`: the HTTP body's `min` / `max` (the words
+            // MIN and MAX bound an auto counter's shard count).
+            b"FLOOR" => spec.min = Some(spec_signed(value, "min")?),
+            b"CEILING" => spec.max = Some(spec_signed(value, "max")?),
+            // `WINDOWS 1m,1h,24h`: the HTTP body's `windows` list; `""` keeps none.
+            b"WINDOWS" => {
+                let list = text(value, "windows")?;
+                let parts = list.split(',').map(str::trim).filter(|w| !w.is_empty());
+                spec.windows = Some(parts.map(str::to_owned).collect());
+            }
+            // `LIMIT max window`: the HTTP body's `limit` object (a rate limit).
+            b"LIMIT" => {
+                let window = a.get(i + 2).ok_or_else(syntax_error)?;
+                let window = text(window, "limit.window")?;
+                let max = spec_number(value, "limit.max")?;
+                spec.limit = Some(crate::http::body::LimitBody { window, max });
+                i += 1;
+            }
+            // `FREQUENCY epsilon delta`: the HTTP body's `frequency` object.
+            b"FREQUENCY" => {
+                let delta = a.get(i + 2).ok_or_else(syntax_error)?;
+                let (epsilon, delta) = (spec_float(value, "epsilon")?, spec_float(delta, "delta")?);
+                spec.frequency = Some(tally_core::frequency::FrequencySpec { epsilon, delta });
+                i += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 2;
+    }
+    Ok(spec)
+}
+
+/// `TALLY.NAMESPACE SET prefix [FIELD value ...] | GET prefix | DEL prefix | LIST`.
+fn parse_namespace(a: &[&[u8]]) -> Result<Command, Reply> {
+    let sub = a[0].to_ascii_uppercase();
+    let prefix =
+        |i: usize| a.get(i).ok_or_else(|| wrong_arity("tally.namespace")).and_then(|p| text(p, "prefix"));
+    Ok(Command::TallyNamespace(match sub.as_slice() {
+        b"SET" => NamespaceOp::Set { prefix: prefix(1)?, spec: Box::new(spec_fields(&a[2..])?) },
+        b"GET" if a.len() == 2 => NamespaceOp::Get(prefix(1)?),
+        b"DEL" if a.len() == 2 => NamespaceOp::Del(prefix(1)?),
+        b"LIST" if a.len() == 1 => NamespaceOp::List,
+        b"GET" | b"DEL" | b"LIST" => return Err(wrong_arity("tally.namespace")),
+        _ => {
+            return Err(Reply::Error(format!(
+                "ERR unknown subcommand '{}'. Try SET, GET, DEL or LIST.",
+                quote(a[0])
+            )))
+        }
+    }))
 }
 
 fn parse_hello(a: &[&[u8]]) -> Result<Command, Reply> {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_engine::{AutoPatch, Consistency, Increment, SpecPatch, TallyError, ValueRead};
 
-use super::command::{Command, SetArgs, TtlChange};
+use super::command::{Command, NamespaceOp, SetArgs, TtlChange};
 
 /// An auto counter's bounds and last change, for `TALLY.SHARDS`.
 fn auto_reply(a: &tally_engine::AutoStatus) -> Reply {
@@ -775,6 +775,7 @@ pub async fn run<S: Service>(
                 Err(e) => engine_error(e),
             }
         }
+        Command::TallyNamespace(op) => namespace(svc, op).await,
         Command::TallyShards(key) => match svc.shards(&key).await {
             Ok(r) => Reply::map([
                 ("generation", Reply::Int(r.generation.into())),
@@ -812,6 +813,65 @@ pub async fn run<S: Service>(
         }
     };
     (reply, Flow::Continue)
+}
+
+/// A namespace as `TALLY.NAMESPACE GET` answers it: the fields it names, in
+/// `TALLY.CREATE`'s words.
+fn namespace_reply(prefix: &str, n: &tally_core::namespace::NamespaceSpec) -> Reply {
+    let p = &n.patch;
+    let mut fields = vec![("prefix", Reply::text(prefix))];
+    let num = |v: u64| Reply::Big(v.into());
+    if let Some(a) = n.auto {
+        fields.push(("shards", Reply::text("auto")));
+        fields.push(("min", num(a.min_shards.into())));
+        fields.push(("max", num(a.max_shards.into())));
+    }
+    let named = [
+        ("shards", p.shards.map(|v| num(v.into()))),
+        ("durability", p.durability.map(|d| Reply::text(d.as_str()))),
+        ("flush_ms", p.flush_ms.map(|v| num(v.into()))),
+        ("rollup_ms", p.rollup_ms.map(|v| num(v.into()))),
+        ("router", p.router.map(|r| Reply::text(r.as_str()))),
+        ("distinct", p.distinct.map(Reply::Bool)),
+        ("dedup_window_s", p.dedup_window_s.map(|v| num(v.into()))),
+        ("frequency", p.frequency.map(|f| Reply::text(format!("{} {}", f.epsilon, f.delta)))),
+        ("windows", p.windows.map(|w| Reply::text(w.texts().join(",")))),
+        ("floor", p.min.map(|v| Reply::Big(v.into()))),
+        ("ceiling", p.max.map(|v| Reply::Big(v.into()))),
+        ("limit", p.limit.map(|l| Reply::text(format!("{} {}", l.max, l.window)))),
+        ("replicas", p.replicas.map(|v| num(v.into()))),
+        ("ttl_ms", n.ttl_ms.map(num)),
+    ];
+    fields.extend(named.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
+    Reply::Map(fields.into_iter().map(|(k, v)| (Reply::text(k), v)).collect())
+}
+
+/// `TALLY.NAMESPACE`: declares, shows, drops or lists namespaces.
+async fn namespace<S: Service>(svc: &S, op: NamespaceOp) -> Reply {
+    match op {
+        NamespaceOp::Set { prefix, spec } => {
+            let put = match spec.into_namespace() {
+                Ok(spec) => svc.put_namespace(&prefix, spec).await,
+                Err(e) => Err(e),
+            };
+            match put {
+                Ok(created) => Reply::Simple(if created { "created" } else { "updated" }.into()),
+                Err(e) => engine_error(e),
+            }
+        }
+        NamespaceOp::Get(prefix) => match svc.engine().namespace(&prefix) {
+            Ok(n) => namespace_reply(&prefix, &n),
+            Err(e) => engine_error(e),
+        },
+        NamespaceOp::Del(prefix) => match svc.delete_namespace(&prefix).await {
+            Ok(()) => Reply::ok(),
+            Err(e) => engine_error(e),
+        },
+        NamespaceOp::List => match svc.engine().namespaces() {
+            Ok(all) => Reply::Array(all.keys().map(|p| Reply::text(p.clone())).collect()),
+            Err(e) => engine_error(e),
+        },
+    }
 }
 
 /// Applies `ttl` to the counter's deadline (`SET`, `GETEX`). Clearing costs a
