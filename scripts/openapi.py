@@ -63,6 +63,11 @@ schemas = {
    "when": {"type": "string", "enum": ["nx", "xx", "gt", "lt"],
      "description": "Set only if the counter has no deadline (nx), has one (xx), the new one is later (gt) or earlier (lt); absent: always."}},
    desc="When the counter expires: exactly one of ttl_ms or expires_at_ms."),
+ "Namespace": obj({"prefix": {"type": "string", "minLength": 1, "maxLength": 255},
+   "spec": {"type": "object", "description": "The spec fields the namespace names (null: the default)."},
+   "auto": nullable(ref("AutoShards")), "ttl_ms": nullable(UINT)}, ["prefix", "spec", "auto", "ttl_ms"],
+   desc="What counters created implicitly under the prefix take (their first increment, SET, after DEL); the longest matching prefix wins."),
+ "Namespaces": obj({"namespaces": {"type": "array", "items": ref("Namespace")}}, ["namespaces"]),
  "ExpiryView": obj({"expires_at_ms": nullable(UINT), "ttl_ms": {"type": "integer", "minimum": -1, "description": "Milliseconds left; -1 for never."},
    "changed": {**BOOL, "description": "PUT: whether the deadline was set; DELETE: whether there was one to remove."}},
    ["expires_at_ms", "ttl_ms"], desc="A counter's deadline: from it on the counter does not exist (reads answer 404; an increment creates it anew)."),
@@ -171,6 +176,8 @@ E422 = err("A value out of range.")
 E503 = err("A shard or the metadata group is unavailable, or the node is starting or shutting down; retry (with the same event id).")
 E415 = err("The body is not application/json.")
 name_param = {"name": "name", "in": "path", "required": True, "schema": NAME, "description": "The counter's name."}
+prefix_param = {"name": "prefix", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                "description": "A name prefix, percent-encoded."}
 id_param = {"name": "id", "in": "path", "required": True, "schema": STR, "description": "A node id from the cluster config."}
 
 def op(op_id, summary, responses, params=(), body=None, tag="counters"):
@@ -222,6 +229,14 @@ paths = {
      [name_param], (ref("Expiry"), True)),
    "delete": op("deleteExpiry", "Remove the counter's deadline (as PERSIST).", {
      "200": ok("The deadline after the change.", ref("ExpiryView")), "400": E400, "404": E404, "503": E503}, [name_param])},
+ "/v1/namespaces": {"get": op("listNamespaces", "Every namespace, by prefix.", {"200": ok("The namespaces.", ref("Namespaces"))}, tag="namespaces")},
+ "/v1/namespaces/{prefix}": {
+   "put": op("putNamespace", "Declare (201) or replace (200) the spec counters created implicitly under the prefix take.", {
+     "200": ok("Replaced.", ref("Namespace")), "201": ok("Declared.", ref("Namespace")), "400": E400, "415": E415, "422": E422, "503": E503},
+     [prefix_param], (ref("SpecPatch"), False), tag="namespaces"),
+   "get": op("getNamespace", "The namespace.", {"200": ok("The namespace.", ref("Namespace")), "404": E404}, [prefix_param], tag="namespaces"),
+   "delete": op("deleteNamespace", "Drop the namespace (counters created under it keep their specs).", {
+     "204": {"description": "Dropped."}, "404": E404, "503": E503}, [prefix_param], tag="namespaces")},
  "/v1/counters/{name}/reconcile": {"post": op("reconcile", "Bring the counter to an authoritative total.", {
      "200": ok("What was found and corrected.", ref("ReconcileReport")), "400": E400, "404": E404, "415": E415, "422": E422, "503": E503},
      [name_param], (ref("Reconcile"), True))},
@@ -271,7 +286,7 @@ doc = {
  "info": {"title": "Tally", "version": "0.1.0", "summary": "A distributed counter service: sharded, batched, durable counters over HTTP/JSON.",
           "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}},
  "servers": [{"url": "http://127.0.0.1:7070", "description": "the built-in single-node config"}],
- "tags": [{"name": "counters"}, {"name": "cluster"}, {"name": "operations"}],
+ "tags": [{"name": "counters"}, {"name": "namespaces"}, {"name": "cluster"}, {"name": "operations"}],
  "paths": paths,
  "security": [{"bearer": []}],
  "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
