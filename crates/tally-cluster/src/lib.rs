@@ -288,6 +288,10 @@ impl Catalog for RaftCatalog {
         self.raft.is_leader()
     }
 
+    fn count(&self) -> Result<(u64, u64), TallyError> {
+        Ok(self.raft.counter_count())
+    }
+
     fn namespaces(&self) -> Result<tally_core::namespace::Namespaces, TallyError> {
         Ok(self.raft.namespaces())
     }

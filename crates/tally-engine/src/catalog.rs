@@ -176,6 +176,26 @@ pub trait Catalog: Send + Sync + 'static {
     fn reclaims_expired(&self) -> bool {
         true
     }
+    /// How many counters exist, and how many have a deadline. The default pages
+    /// through [`Catalog::list`] (a catalog that keeps its counters in memory answers
+    /// at once).
+    fn count(&self) -> Result<(u64, u64), TallyError> {
+        let (mut n, mut expiring) = (0u64, 0u64);
+        let mut after: Option<CounterName> = None;
+        loop {
+            let page = self.list("", after.as_ref(), SCAN_PAGE_KEYS)?;
+            for name in &page {
+                n += 1;
+                if self.get(name.as_str())?.is_some_and(|m| m.expires_at_ms.is_some()) {
+                    expiring += 1;
+                }
+            }
+            if page.len() < SCAN_PAGE_KEYS {
+                return Ok((n, expiring));
+            }
+            after = page.last().cloned();
+        }
+    }
     /// The namespaces, by prefix ([`tally_core::namespace`]): what implicit
     /// creations resolve against (the catalog applies them itself; this answers
     /// `GET /v1/namespaces`).

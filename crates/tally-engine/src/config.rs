@@ -63,6 +63,9 @@ pub struct TallyConfig {
     /// each shard has one copy (embedded, or a cluster without range groups); a
     /// node that runs range groups allows [`tally_core::ranges::REPLICAS_MAX`].
     pub replicas_max: u8,
+    /// The copies of each shard of a counter that states none: the cluster's
+    /// `replicas` (1 on a single node). What `WAIT` counts on.
+    pub replicas_default: u8,
 }
 
 impl Default for TallyConfig {
@@ -86,6 +89,7 @@ impl Default for TallyConfig {
             default_spec: tally_core::namespace::NamespaceSpec::default(),
             autoshard: tally_core::autoshard::Tuning::default(),
             replicas_max: 1,
+            replicas_default: 1,
         }
     }
 }

@@ -203,6 +203,9 @@ pub enum TallyError {
     /// A namespace was refused: its prefix, its spec, or one too many.
     #[error("{0}")]
     Namespace(String),
+    /// A distinct-count read or merge named a counter without `distinct`.
+    #[error("counter {0:?} does not keep distinct members (create it with \"distinct\": true)")]
+    NotDistinct(String),
     /// No namespace has this prefix.
     #[error("no namespace has the prefix {0:?}")]
     NamespaceNotFound(String),
@@ -268,6 +271,7 @@ impl TallyError {
             Self::Window(e) => e.code(),
             Self::Namespace(_) => "invalid_namespace",
             Self::NamespaceNotFound(_) => "namespace_not_found",
+            Self::NotDistinct(_) => "not_distinct",
         }
     }
 
@@ -275,7 +279,7 @@ impl TallyError {
     pub fn http_status(&self) -> u16 {
         match self {
             Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) | Self::TopK { .. } => 400,
-            Self::FrequencyOff(_) | Self::AutoProposalStale { .. } => 409,
+            Self::FrequencyOff(_) | Self::AutoProposalStale { .. } | Self::NotDistinct(_) => 409,
             Self::AutoShardsUnsupported | Self::AutoCountersFull { .. } => 422,
             Self::InvalidSequence(_) | Self::Window(_) => 400,
             Self::OutOfOrderSequence { .. } | Self::BoundExceeded { .. } => 409,

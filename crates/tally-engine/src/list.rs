@@ -26,12 +26,15 @@ fn prefix_ok(prefix: &str) -> bool {
         && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
-/// Lists up to `limit` names starting with `prefix` that sort after `after`.
+/// Lists up to `limit` names starting with `prefix` that sort after `after`,
+/// leaving out counters expired at `now_ms` (a page may then hold fewer than
+/// `limit`; `next` still says where the next one starts).
 pub(crate) fn list(
     catalog: &dyn Catalog,
     prefix: &str,
     after: Option<&str>,
     limit: usize,
+    now_ms: u64,
 ) -> Result<CounterPage, TallyError> {
     if limit == 0 || limit > LIST_PAGE_COUNTERS_MAX {
         return Err(ListError::Limit { got: limit, max: LIST_PAGE_COUNTERS_MAX }.into());
@@ -45,5 +48,12 @@ pub(crate) fn list(
     let more = names.len() > limit;
     names.truncate(limit);
     let next = if more { names.last().map(|n| n.as_str().to_string()) } else { None };
-    Ok(CounterPage { counters: names.into_iter().map(|n| n.as_str().to_string()).collect(), next })
+    let mut counters = Vec::with_capacity(names.len());
+    for n in names {
+        let expired = catalog.get(n.as_str())?.is_some_and(|m| m.expired(now_ms));
+        if !expired {
+            counters.push(n.as_str().to_string());
+        }
+    }
+    Ok(CounterPage { counters, next })
 }

@@ -351,6 +351,30 @@ impl Tally {
         }
     }
 
+    /// Delivers what this node buffers for the counter to its shards (Redis's `WAIT`):
+    /// whether everything this node acknowledged for it is in its shards now, and
+    /// how many copies each of its shards has ([`Tally::copies_of`]).
+    pub async fn settle_counter(&self, name: &str) -> Result<(bool, u8), TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        let settled = self.ctx.deliver_for_read(&rt).await;
+        Ok((settled, self.copies_of(rt.meta.spec.replicas)))
+    }
+
+    /// How many copies a shard of a counter stating `replicas` has: its own count or
+    /// the cluster's (`TallyConfig::replicas_default`), at most one per node.
+    pub fn copies_of(&self, replicas: Option<u8>) -> u8 {
+        let nodes = self.ctx.placement.as_ref().map_or(1, |p| p.peers().len() + 1);
+        let wanted = replicas.unwrap_or(self.ctx.config.replicas_default).max(1);
+        wanted.min(u8::try_from(nodes).unwrap_or(u8::MAX))
+    }
+
+    /// How many counters exist, and how many of them have a deadline (Redis's
+    /// `DBSIZE` and `INFO keyspace`). Expired counters not yet reclaimed are counted
+    /// until the sweep reclaims them (within `expiry_sweep_ms`).
+    pub fn count_counters(&self) -> Result<(u64, u64), TallyError> {
+        self.ctx.catalog.count()
+    }
+
     /// Declares (or replaces) the namespace `prefix`: counters created implicitly
     /// from now on under it (their first increment, a `SET`, after a `DEL` too)
     /// take `spec` (`tally_core::namespace`); the longest matching prefix wins.
@@ -685,6 +709,118 @@ impl Tally {
         Ok(read)
     }
 
+    /// The distinct-member estimate of the union of several counters' members (Redis's
+    /// `PFCOUNT` of several keys): their sketches merged register by register, which
+    /// loses nothing. A counter that does not exist adds no member; one without
+    /// `distinct` is [`TallyError::NotDistinct`].
+    pub async fn distinct_union(&self, names: &[String]) -> Result<DistinctRead, TallyError> {
+        let mut union = tally_core::sketch::DistinctSketch::new();
+        let (mut complete, mut missing_shards, mut counter_bytes) = (true, Vec::new(), 0);
+        for name in names {
+            let rt = match self.ctx.runtime(name, false).await {
+                Ok(rt) => rt,
+                Err(TallyError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            if !rt.meta.spec.distinct {
+                return Err(TallyError::NotDistinct(name.clone()));
+            }
+            let settled = self.ctx.deliver_for_read(&rt).await;
+            let (sketch, bytes, missing, current) =
+                crate::read::distinct_sketch(&self.ctx, &rt.meta, &rt.name).await?;
+            union.merge(&sketch);
+            counter_bytes += bytes;
+            complete &= settled && current && missing.is_empty();
+            missing_shards.extend(missing);
+        }
+        Ok(DistinctRead {
+            estimate: union.estimate(),
+            relative_error: tally_core::sketch::DistinctSketch::relative_error(),
+            sketch_bytes: union.encoded_len() as u64,
+            counter_bytes,
+            complete,
+            missing_shards,
+        })
+    }
+
+    /// Merges the distinct members of `sources` into `dest` (Redis's `PFMERGE`): the
+    /// union of their sketches is merged into one shard of `dest`'s current
+    /// generation (register-wise, so merging again changes nothing). `dest` must keep
+    /// distinct members. Answers whether every source's shards answered.
+    pub async fn merge_distinct(&self, dest: &str, sources: &[String]) -> Result<bool, TallyError> {
+        let union = self.distinct_union(sources).await?;
+        let complete = union.complete;
+        let mut merged = tally_core::sketch::DistinctSketch::new();
+        for name in sources {
+            if let Ok(rt) = self.ctx.runtime(name, false).await {
+                merged.merge(&crate::read::distinct_sketch(&self.ctx, &rt.meta, &rt.name).await?.0);
+            }
+        }
+        let rt = self.ctx.runtime(dest, false).await?;
+        if !rt.meta.spec.distinct {
+            return Err(TallyError::NotDistinct(dest.to_owned()));
+        }
+        if merged.estimate() == 0 {
+            return Ok(complete);
+        }
+        let id = rt.meta.shard_id(&rt.name, rt.meta.layout.generation, 0);
+        self.ctx.merge_sketch(&id, Some(merged.to_bytes()), None, None).await?;
+        Ok(complete)
+    }
+
+    /// Replaces `dest`'s frequencies with the sum of `sources`' (each counted `weight`
+    /// times), as RedisBloom's `CMS.MERGE`: every counter must keep frequencies of
+    /// `dest`'s shape. `dest` is deleted and created anew with its spec, then the sum
+    /// is carried into one of its shards, so its earlier frequencies (and total) are
+    /// gone unless it is among the sources. Not atomic: a crash between the two
+    /// steps leaves `dest` empty.
+    pub async fn merge_frequencies(&self, dest: &str, sources: &[(String, u64)]) -> Result<(), TallyError> {
+        let target = self.ctx.runtime(dest, false).await?;
+        let Some(shape) = target.meta.spec.frequency else {
+            return Err(TallyError::FrequencyOff(dest.to_owned()));
+        };
+        let mut sum = tally_core::frequency::FrequencySketch::new(&shape)
+            .map_err(|e| TallyError::InvalidSpec(e.into()))?;
+        for (name, weight) in sources {
+            let rt = self.ctx.runtime(name, false).await?;
+            if rt.meta.spec.frequency != Some(shape) {
+                return Err(TallyError::Namespace(format!(
+                    "CMS: {name:?} keeps frequencies of another shape than {dest:?}: only sketches of one width and depth merge"
+                )));
+            }
+            self.ctx.deliver_for_read(&rt).await;
+            let (sketch, _, missing, _) = crate::read::frequencies(&self.ctx, &rt.meta, &rt.name).await?;
+            if !missing.is_empty() {
+                return Err(TallyError::Unavailable {
+                    shard: name.clone(),
+                    reason: format!("shards {missing:?} did not answer: a partial sketch would be merged"),
+                });
+            }
+            sum.merge(&sketch.scaled(*weight)).map_err(|e| TallyError::InvalidSpec(e.into()))?;
+        }
+        let spec = target.meta.spec;
+        let patch = SpecPatch {
+            shards: Some(spec.shards),
+            durability: Some(spec.durability),
+            flush_ms: Some(spec.flush_ms),
+            rollup_ms: Some(spec.rollup_ms),
+            router: Some(spec.router),
+            distinct: Some(spec.distinct),
+            dedup_window_s: Some(spec.dedup_window_s),
+            frequency: spec.frequency,
+            windows: Some(spec.windows),
+            min: spec.min,
+            max: spec.max,
+            limit: spec.limit,
+            replicas: spec.replicas,
+        };
+        self.delete_counter(dest).await?;
+        self.put_counter(dest, patch).await?;
+        let rt = self.ctx.runtime(dest, false).await?;
+        let id = rt.meta.shard_id(&rt.name, rt.meta.layout.generation, 0);
+        self.ctx.merge_sketch(&id, None, Some(sum.to_bytes()), None).await
+    }
+
     /// One of the counter's sliding windows (`"1h"`, `"60m"`: any spelling of a kept
     /// window), merged over every shard at this node's clock, with its bucket width and
     /// span. Like every fresh read, this node's buffered increments for the counter are
@@ -773,7 +909,7 @@ impl Tally {
         after: Option<&str>,
         limit: usize,
     ) -> Result<crate::CounterPage, TallyError> {
-        crate::list::list(self.ctx.catalog.as_ref(), prefix, after, limit)
+        crate::list::list(self.ctx.catalog.as_ref(), prefix, after, limit, self.ctx.now_ms())
     }
 
     /// Brings the counter to `authoritative` by writing the drift as an idempotent

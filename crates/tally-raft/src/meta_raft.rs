@@ -754,6 +754,12 @@ impl MetaRaft {
             .map(|_| ())
     }
 
+    /// How many counters are applied here, and how many of them have a deadline.
+    pub fn counter_count(&self) -> (u64, u64) {
+        let applied = self.shared.read();
+        (applied.state.counters.len() as u64, applied.state.expiring.len() as u64)
+    }
+
     /// The namespaces as applied here, by prefix.
     pub fn namespaces(&self) -> tally_core::namespace::Namespaces {
         self.shared.read().state.namespaces.clone()

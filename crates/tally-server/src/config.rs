@@ -792,6 +792,7 @@ impl Config {
             autoshard: e.auto_tuning(),
             // Checked by `validate`; a config not validated gets the built-in defaults.
             default_spec: self.cluster.default_spec().unwrap_or_default(),
+            replicas_default: self.cluster.replicas(),
             ..TallyConfig::default()
         }
     }

@@ -440,3 +440,191 @@ async fn expire_ttl_persist_and_set_answer_as_redis_does() {
     let answer = until(&mut s, &input, "+PONG\r\n").await;
     assert_eq!(lines(&answer), ["+OK", ":5", "+OK", ":5", "+OK", "$1", "0", "+OK", "$1", "0", "+PONG"]);
 }
+
+/// Sends `args` and reads lines until `tail`: the reply lines.
+async fn ask(s: &mut TcpStream, args: &[&str], tail: &str) -> Vec<String> {
+    lines(&until(s, &cmd(args), tail).await).into_iter().map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn scan_keys_type_dbsize_config_and_clients_answer_as_redis_does() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut input = String::new();
+    for i in 0..25 {
+        input += &cmd(&["INCR", &format!("likes:{i:02}")]);
+    }
+    input += &cmd(&["INCR", "views:1"]);
+    input += &cmd(&["PING"]);
+    until(&mut s, &input, "+PONG\r\n").await;
+    // KEYS answers every match; SCAN pages through them with numeric cursors.
+    let keys = ask(&mut s, &["KEYS", "likes:1*"], "likes:19\r\n").await;
+    assert_eq!(keys[0], "*10");
+    let mut seen = Vec::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let page = until(&mut s, &cmd(&["SCAN", &cursor, "MATCH", "likes:*", "COUNT", "7"]), "\r\n").await;
+        let mut parts = lines(&page).into_iter();
+        assert_eq!(parts.next(), Some("*2"));
+        parts.next();
+        cursor = parts.next().expect("a cursor").to_owned();
+        assert!(cursor.parse::<u64>().is_ok(), "{cursor}");
+        let n: usize = parts.next().expect("a count")[1..].parse().unwrap();
+        let mut names: Vec<String> = parts.skip(1).step_by(2).map(str::to_owned).collect();
+        while names.len() < n {
+            let more = exchange(&mut s, "", 1).await;
+            names =
+                lines(&(page.clone() + &more)).into_iter().skip(5).step_by(2).map(str::to_owned).collect();
+        }
+        seen.extend(names);
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(seen, (0..25).map(|i| format!("likes:{i:02}")).collect::<Vec<_>>(), "each once, in order");
+    assert_eq!(ask(&mut s, &["SCAN", "12345678"], "\r\n").await, ["-ERR invalid cursor"]);
+    assert_eq!(
+        ask(&mut s, &["SCAN", "0", "TYPE", "hash", "COUNT", "1000"], "*0\r\n").await,
+        ["*2", "$1", "0", "*0"]
+    );
+    assert_eq!(ask(&mut s, &["TYPE", "views:1"], "\r\n").await, ["+string"]);
+    assert_eq!(ask(&mut s, &["TYPE", "nope"], "\r\n").await, ["+none"]);
+    assert_eq!(ask(&mut s, &["DBSIZE"], "\r\n").await, [":26"]);
+    assert_eq!(ask(&mut s, &["EXISTS", "views:1", "views:1", "nope"], "\r\n").await, [":2"]);
+    // CONFIG GET answers what redis-benchmark asks for; CONFIG SET says why not.
+    let config =
+        until(&mut s, &(cmd(&["CONFIG", "GET", "save"]) + &cmd(&["CONFIG", "GET", "appendonly"])), "no\r\n")
+            .await;
+    assert_eq!(lines(&config), ["*2", "$4", "save", "$0", "*2", "$10", "appendonly", "$2", "no"]);
+    assert!(ask(&mut s, &["CONFIG", "SET", "maxclients", "5"], "\r\n").await[0]
+        .starts_with("-ERR CONFIG SET is not supported"));
+    // INFO names the Redis version it follows and real figures.
+    let info = until(&mut s, &cmd(&["INFO"]), "\r\n\r\n\r\n").await;
+    for field in [
+        "redis_version:7.2.0",
+        "connected_clients:1",
+        "db0:keys=26,expires=0",
+        "role:master",
+        "keyspace_hits:",
+    ] {
+        assert!(info.contains(field), "{field} missing from {info}");
+    }
+    // CLIENT ID, INFO, LIST and KILL.
+    let id = ask(&mut s, &["CLIENT", "ID"], "\r\n").await[0][1..].to_owned();
+    let mut other = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    assert_eq!(ask(&mut other, &["CLIENT", "SETNAME", "victim"], "\r\n").await, ["+OK"]);
+    let list = until(&mut s, &cmd(&["CLIENT", "LIST"]), "\n\r\n").await;
+    assert!(list.contains(&format!("id={id} ")) && list.contains("name=victim"), "{list}");
+    let info = until(&mut s, &cmd(&["CLIENT", "INFO"]), "\n\r\n").await;
+    assert!(info.contains(&format!("id={id} ")), "{info}");
+    let victim = list.lines().find(|l| l.contains("name=victim")).unwrap();
+    let victim_id = victim
+        .split(' ')
+        .find_map(|f| f.strip_prefix("id="))
+        .unwrap()
+        .trim_start_matches(|c: char| !c.is_ascii_digit());
+    assert_eq!(ask(&mut s, &["CLIENT", "KILL", "ID", victim_id], "\r\n").await, [":1"]);
+    assert_eq!(exchange(&mut other, "", 1).await, "", "the killed connection is closed");
+    assert_eq!(ask(&mut s, &["CLIENT", "KILL", "127.0.0.1:1"], "\r\n").await, ["-ERR No such client"]);
+    assert_eq!(ask(&mut s, &["WAIT", "0", "100"], "\r\n").await, [":0"], "one copy per shard here");
+    assert_eq!(
+        ask(&mut s, &["FLUSHALL"], "\r\n").await,
+        ["-ERR unknown command 'FLUSHALL', with args beginning with: "],
+        "anything else is Redis's unknown command, and runs nothing"
+    );
+    assert_eq!(ask(&mut s, &["DBSIZE"], "\r\n").await, [":26"]);
+}
+
+#[tokio::test]
+async fn hyperloglogs_count_min_and_top_k_answer_in_their_modules_shapes() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut input = String::new();
+    input += &cmd(&["PFADD", "a", "u1", "u2", "u3"]);
+    input += &cmd(&["PFADD", "b", "u3", "u4"]);
+    input += &cmd(&["PFCOUNT", "a", "b", "nope"]);
+    input += &cmd(&["PFMERGE", "c", "a", "b"]);
+    input += &cmd(&["PFCOUNT", "c"]);
+    input += &cmd(&["PFMERGE", "c", "a"]);
+    input += &cmd(&["PFCOUNT", "c"]);
+    input += &cmd(&["PING"]);
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    assert_eq!(lines(&answer), [":1", ":1", ":4", "+OK", ":4", "+OK", ":4", "+PONG"]);
+    // Count-min, RedisBloom's commands.
+    let mut input = String::new();
+    input += &cmd(&["CMS.INITBYDIM", "cms", "2000", "5"]);
+    input += &cmd(&["CMS.INITBYDIM", "cms", "2000", "5"]);
+    input += &cmd(&["CMS.INCRBY", "cms", "a", "5", "b", "3"]);
+    input += &cmd(&["CMS.INCRBY", "cms", "a", "1"]);
+    input += &cmd(&["CMS.QUERY", "cms", "a", "b", "c"]);
+    input += &cmd(&["CMS.INFO", "cms"]);
+    input += &cmd(&["CMS.INITBYPROB", "cms2", "0.001", "0.01"]);
+    input += &cmd(&["CMS.INCRBY", "nope", "a", "1"]);
+    input += &cmd(&["CMS.INCRBY", "cms", "a", "x"]);
+    input += &cmd(&["PING"]);
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    assert_eq!(
+        lines(&answer),
+        [
+            "+OK",
+            "-ERR CMS: key already exists",
+            "*2",
+            ":5",
+            ":3",
+            "*1",
+            ":6",
+            "*3",
+            ":6",
+            ":3",
+            ":0",
+            "*6",
+            "$5",
+            "width",
+            ":2000",
+            "$5",
+            "depth",
+            ":5",
+            "$5",
+            "count",
+            ":9",
+            "+OK",
+            "-ERR CMS: key does not exist",
+            "-ERR CMS: Cannot parse number",
+            "+PONG",
+        ]
+    );
+    // CMS.MERGE replaces the destination with the weighted sum of the sources.
+    let mut input = String::new();
+    input += &cmd(&["CMS.INITBYDIM", "sum", "2000", "5"]);
+    input += &cmd(&["CMS.INCRBY", "sum", "z", "100"]);
+    input += &cmd(&["CMS.MERGE", "sum", "1", "cms", "WEIGHTS", "2"]);
+    input += &cmd(&["CMS.QUERY", "sum", "a", "b", "z"]);
+    input += &cmd(&["CMS.MERGE", "sum", "1", "cms2"]);
+    input += &cmd(&["PING"]);
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    let got = lines(&answer);
+    assert_eq!(&got[..8], ["+OK", "*1", ":100", "+OK", "*3", ":12", ":6", ":0"], "{got:?}");
+    assert!(got[8].starts_with("-ERR"), "another shape does not merge: {got:?}");
+    // Top-k, RedisBloom's commands: the list keeps the k it was reserved with.
+    let mut input = String::new();
+    input += &cmd(&["TOPK.RESERVE", "top", "2"]);
+    input += &cmd(&["TOPK.ADD", "top", "x", "y", "x"]);
+    input += &cmd(&["TOPK.INCRBY", "top", "z", "5"]);
+    input += &cmd(&["TOPK.QUERY", "top", "z", "x", "y"]);
+    input += &cmd(&["TOPK.COUNT", "top", "z", "x"]);
+    input += &cmd(&["TOPK.LIST", "top"]);
+    input += &cmd(&["TOPK.LIST", "top", "WITHCOUNT"]);
+    input += &cmd(&["TOPK.INFO", "top"]);
+    input += &cmd(&["PING"]);
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    let got = lines(&answer);
+    assert_eq!(
+        &got[..28],
+        [
+            "+OK", "*3", "$-1", "$-1", "$-1", "*1", "$-1", "*3", ":1", ":1", ":0", "*2", ":5", ":2", "*2",
+            "$1", "z", "$1", "x", "*4", "$1", "z", ":5", "$1", "x", ":2", "*8", "$1"
+        ],
+        "{got:?}"
+    );
+    assert!(answer.contains("$1\r\nk\r\n:2\r\n"), "{answer}");
+}

@@ -79,7 +79,7 @@ pub async fn list<S: Service>(
 
 /// One page of the names under `prefixes` (in byte order, none a prefix of
 /// another, so their names are disjoint ranges in that order) after `cursor`.
-fn list_within(
+pub(crate) fn list_within(
     tally: &Tally,
     prefixes: &[String],
     cursor: Option<&str>,

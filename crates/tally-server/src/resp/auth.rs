@@ -78,7 +78,29 @@ fn need(cmd: &Command) -> Need<'_> {
         | C::Exec
         | C::Discard
         | C::Watch(_)
-        | C::Unwatch => Need::Authenticated,
+        | C::Unwatch
+        | C::ClientInfo
+        | C::ConfigGet(_)
+        | C::ConfigOther(_)
+        | C::Wait { .. } => Need::Authenticated,
+        // Listings are narrowed to the token's prefixes by the command itself.
+        C::Scan(_) | C::Keys(_) => Need::Authenticated,
+        // Other connections' addresses and names, and closing them: an operator's.
+        C::ClientList | C::ClientKill(_) => Need::Counters(Scope::Admin, ALL),
+        C::DbSize => Need::Counters(Scope::Read, ALL),
+        C::Type(key) | C::CmsInfo(key) | C::TopkInfo(key) | C::TopkQuery { key, .. } => {
+            Need::Counters(Scope::Read, std::slice::from_ref(key))
+        }
+        C::PfCount(keys) => Need::Counters(Scope::Read, keys),
+        C::CmsIncrBy { key, .. } | C::TopkIncrBy { key, .. } => {
+            Need::Counters(Scope::Write, std::slice::from_ref(key))
+        }
+        // Creating a counter with a spec is `admin`, as `TALLY.CREATE` is.
+        C::CmsInit { key, .. } | C::TopkReserve { key, .. } => {
+            Need::Counters(Scope::Admin, std::slice::from_ref(key))
+        }
+        C::PfMerge { dest, .. } => Need::Counters(Scope::Write, std::slice::from_ref(dest)),
+        C::CmsMerge { dest, .. } => Need::Counters(Scope::Admin, std::slice::from_ref(dest)),
         C::Incr { key, .. }
         | C::TallyIncrBy { key, .. }
         | C::PfAdd { key, .. }
@@ -100,7 +122,6 @@ fn need(cmd: &Command) -> Need<'_> {
         }
         C::TallyNamespace(NamespaceOp::List) => Need::Counters(Scope::Read, ALL),
         C::Get(key)
-        | C::PfCount(key)
         | C::CmsQuery { key, .. }
         | C::TopkList { key, .. }
         | C::TallyGet { key, .. }

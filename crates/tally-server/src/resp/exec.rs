@@ -68,6 +68,14 @@ pub struct Front {
     pub last_id: AtomicU64,
     /// The node's tokens, audit trail and auth metrics (shared with HTTP).
     pub gate: Arc<Gate>,
+    /// The open connections (`CLIENT LIST`, `CLIENT KILL`).
+    pub clients: Arc<super::registry::Clients>,
+    /// `SCAN`'s cursors, shared by every connection.
+    pub scans: parking_lot::Mutex<super::registry::ScanCursors>,
+    /// `GET`s that found their counter (`INFO`'s `keyspace_hits`).
+    pub keyspace_hits: AtomicU64,
+    /// `GET`s that found none (`keyspace_misses`).
+    pub keyspace_misses: AtomicU64,
 }
 
 impl Front {
@@ -86,6 +94,10 @@ impl Front {
             limits,
             command_timeout,
             started: Instant::now(),
+            clients: Default::default(),
+            scans: Default::default(),
+            keyspace_hits: AtomicU64::new(0),
+            keyspace_misses: AtomicU64::new(0),
             connected: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -128,8 +140,12 @@ pub struct Transaction {
     pub aborted: bool,
 }
 
+/// Most counters a connection remembers writing, for `WAIT`: a connection that
+/// writes more is answered for the last ones.
+pub const WAIT_TRACKED_COUNTERS_MAX: usize = 64;
+
 /// One connection's state.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Session {
     /// Its id (`CLIENT ID`, `HELLO`'s `id`).
     pub id: u64,
@@ -148,6 +164,12 @@ pub struct Session {
     pub auth_generation: u64,
     /// The transaction being queued, between `MULTI` and `EXEC` or `DISCARD`.
     pub multi: Option<Transaction>,
+    /// Its place in the listener's registry (`CLIENT LIST`); `None` for a session
+    /// made without one (tests).
+    pub client: Option<Arc<super::registry::ClientGuard>>,
+    /// The counters it incremented last, for `WAIT` (at most
+    /// [`WAIT_TRACKED_COUNTERS_MAX`], the most recent kept).
+    pub written: std::collections::VecDeque<String>,
 }
 
 impl Session {
@@ -162,6 +184,45 @@ impl Session {
             principal,
             auth_generation: 0,
             multi: None,
+            client: None,
+            written: Default::default(),
+        }
+    }
+
+    /// A new connection `id` from `peer`, registered with `front` for its life.
+    pub fn connected(front: &Front, id: u64, peer: SocketAddr, principal: Option<Arc<Principal>>) -> Self {
+        let guard = super::registry::ClientGuard::register(&front.clients, id, peer, front.addr);
+        Self { client: Some(Arc::new(guard)), ..Self::new(id, principal) }
+    }
+
+    /// Copies the name, library and protocol into the registry (`CLIENT LIST`).
+    fn mirror(&self) {
+        if let Some(c) = &self.client {
+            *c.record.names.lock() = (self.name.clone(), self.lib_name.clone(), self.lib_ver.clone());
+            c.record.resp.store(self.proto.number() as u8, Ordering::Relaxed);
+        }
+    }
+
+    /// Resolves once `CLIENT KILL` chose this connection (never, without a record).
+    pub async fn killed(&self) {
+        match &self.client {
+            Some(c) => c.record.killed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Notes the counters a run of increments wrote (for `WAIT`), and the command.
+    pub fn note_written(&mut self, incrs: &[Option<(String, i64)>]) {
+        for (key, _) in incrs.iter().flatten() {
+            if !self.written.contains(key) {
+                if self.written.len() >= WAIT_TRACKED_COUNTERS_MAX {
+                    self.written.pop_front();
+                }
+                self.written.push_back(key.clone());
+            }
+        }
+        if let Some(c) = &self.client {
+            c.record.seen("INCR");
         }
     }
 
@@ -291,42 +352,88 @@ fn hello_reply(session: &Session) -> Reply {
     ])
 }
 
-fn info_text<S: Service>(svc: &S, front: &Front, section: Option<&str>) -> String {
-    let (counters, shards) = svc.engine().active();
+/// The Redis version whose commands and replies this front end follows: what
+/// `INFO`'s `redis_version` says, so clients that check it enable what Tally serves.
+pub const REDIS_VERSION: &str = "7.2.0";
+
+/// The resident memory of this process in bytes (Linux's `/proc/self/statm`), or 0.
+fn resident_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else { return 0 };
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+/// `INFO [section]`: Redis's sections with Tally's figures (`tally_*` fields for
+/// what Redis has no word for).
+async fn info_text<S: Service>(svc: &S, front: &Front, section: Option<&str>) -> String {
     let all = matches!(section, None | Some("all" | "default" | "everything"));
     let want = |name: &str| all || section == Some(name);
+    let tally = svc.engine();
     let mut out = String::new();
     if want("server") {
+        let uptime = front.started.elapsed().as_secs();
         out += &format!(
-            "# Server\r\ntally_version:{}\r\nredis_mode:standalone\r\nnode_id:{}\r\nprocess_id:{}\r\n\
-             tcp_port:{}\r\nuptime_in_seconds:{}\r\nresp_protocols:2,3\r\n\r\n",
-            env!("CARGO_PKG_VERSION"),
-            front.node_id,
+            "# Server\r\nredis_version:{REDIS_VERSION}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\n\
+             process_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n\
+             tally_version:{}\r\nnode_id:{}\r\nresp_protocols:2,3\r\n\r\n",
+            std::env::consts::OS,
             std::process::id(),
             front.addr.port(),
-            front.started.elapsed().as_secs(),
+            uptime / 86_400,
+            env!("CARGO_PKG_VERSION"),
+            front.node_id,
         );
     }
     if want("clients") {
         out += &format!(
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n",
             front.connected.load(Ordering::Relaxed),
             front.limits.connections_max,
         );
     }
+    if want("memory") {
+        let rss = resident_bytes();
+        out += &format!("# Memory\r\nused_memory:{rss}\r\nused_memory_rss:{rss}\r\nmaxmemory:0\r\n\r\n");
+    }
     if want("stats") {
+        let stats = tally.stats();
         out += &format!(
             "# Stats\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\n\
-             total_commands_processed:{}\r\n\r\n",
+             total_commands_processed:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\nexpired_keys:{}\r\n\
+             tally_increments_sync:{}\r\ntally_increments_batched:{}\r\ntally_dedup_hits:{}\r\n\r\n",
             front.accepted.load(Ordering::Relaxed),
             front.rejected.load(Ordering::Relaxed),
             front.commands.load(Ordering::Relaxed),
+            front.keyspace_hits.load(Ordering::Relaxed),
+            front.keyspace_misses.load(Ordering::Relaxed),
+            stats.expired_reclaimed.get(),
+            stats.increments_sync.get(),
+            stats.increments_batched.get(),
+            stats.dedup_hits.get(),
+        );
+    }
+    if want("replication") {
+        let view = svc.cluster().await;
+        let up = view.nodes.iter().filter(|n| n.state == crate::service::NodeState::Up).count();
+        out += &format!(
+            "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\n\
+             tally_nodes:{}\r\ntally_nodes_up:{up}\r\ntally_metadata_leader:{}\r\ntally_term:{}\r\n\
+             tally_shard_copies:{}\r\n\r\n",
+            view.nodes.len(),
+            view.leader.as_deref().unwrap_or(""),
+            view.term,
+            tally.copies_of(None),
         );
     }
     if want("keyspace") {
-        // What the node knows without a scan: counters with state in memory here
-        // and the shard actors running; every counter is in database 0.
-        out += &format!("# Keyspace\r\nactive_counters:{counters}\r\nrunning_shards:{shards}\r\n\r\n");
+        // Every counter is in database 0; avg_ttl is not kept.
+        if let Ok((keys, expires)) = tally.count_counters() {
+            let (active, shards) = tally.active();
+            out += &format!(
+                "# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=0\r\n\
+                 tally_active_counters:{active}\r\ntally_running_shards:{shards}\r\n\r\n"
+            );
+        }
     }
     out
 }
@@ -388,6 +495,8 @@ pub async fn run_increment<S: Service>(svc: &S, cmd: Command) -> Reply {
 pub fn answered_increment(cmd: &Command) -> Option<(String, i64)> {
     match cmd {
         Command::Incr { key, delta } => Some((key.clone(), *delta)),
+        // Named for `WAIT`; a delta of 0 keeps its counter's answers where they are.
+        Command::TallyIncrBy { key, .. } => Some((key.clone(), 0)),
         _ => None,
     }
 }
@@ -509,6 +618,7 @@ async fn exec_queued<S: Service>(
             let incrs: Vec<_> = run.iter().map(answered_increment).collect();
             let mut answers = futures::future::join_all(run.into_iter().map(|c| run_increment(svc, c))).await;
             order_answers(&incrs, &mut answers);
+            session.note_written(&incrs);
             replies.extend(answers);
             continue;
         }
@@ -532,6 +642,9 @@ pub async fn run<S: Service>(
     op: &'static str,
     cmd: Command,
 ) -> (Reply, Flow) {
+    if let Some(c) = &session.client {
+        c.record.seen(op);
+    }
     if let Some(tx) = session.multi.as_mut() {
         match cmd {
             Command::Multi => {
@@ -597,6 +710,7 @@ pub async fn run<S: Service>(
             if setname.is_some() {
                 session.name = setname;
             }
+            session.mirror();
             hello_reply(session)
         }
         Command::Auth { user: _, password } => match auth::authenticate(&front.gate, &password) {
@@ -610,6 +724,7 @@ pub async fn run<S: Service>(
         Command::Select(_) => Reply::Error("ERR DB index is out of range".into()),
         Command::ClientSetName(name) => {
             session.name = (!name.is_empty()).then_some(name);
+            session.mirror();
             Reply::ok()
         }
         Command::ClientGetName => session.name.clone().map_or(Reply::Null, Reply::Bulk),
@@ -619,6 +734,7 @@ pub async fn run<S: Service>(
             } else {
                 session.lib_ver = Some(value);
             }
+            session.mirror();
             Reply::ok()
         }
         Command::ClientId => Reply::Big(session.id.into()),
@@ -626,9 +742,103 @@ pub async fn run<S: Service>(
         Command::Command(CommandQuery::Count) => Reply::Int(COMMANDS.len() as i64),
         Command::Command(CommandQuery::Info(names)) => command_info(&names, info_entry, false),
         Command::Command(CommandQuery::Docs(names)) => command_info(&names, docs_entry, true),
-        Command::Info(section) => Reply::text(info_text(svc, front, section.as_deref())),
+        Command::Info(section) => Reply::text(info_text(svc, front, section.as_deref()).await),
         cmd @ (Command::Incr { .. } | Command::TallyIncrBy { .. }) => run_increment(svc, cmd).await,
-        Command::Get(key) => get(svc, &key).await,
+        Command::Get(key) => {
+            let reply = get(svc, &key).await;
+            let counted =
+                if matches!(reply, Reply::Null) { &front.keyspace_misses } else { &front.keyspace_hits };
+            counted.fetch_add(1, Ordering::Relaxed);
+            reply
+        }
+        Command::PfCount(keys) => match svc.engine().distinct_union(&keys).await {
+            Ok(d) if d.complete => Reply::Big(d.estimate.into()),
+            Ok(d) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", d.missing_shards)),
+            Err(e) => engine_error(e),
+        },
+        Command::PfMerge { dest, sources } => pfmerge(svc, &dest, &sources).await,
+        Command::Scan(args) => scan(svc, front, session, *args).await,
+        Command::Keys(pattern) => keys(svc, session, &pattern).await,
+        Command::Type(key) => match svc.counter(&key).await {
+            Ok(_) => Reply::Simple("string".into()),
+            Err(TallyError::NotFound(_)) => Reply::Simple("none".into()),
+            Err(e) => engine_error(e),
+        },
+        Command::DbSize => match svc.engine().count_counters() {
+            Ok((n, _)) => Reply::Int(n as i64),
+            Err(e) => engine_error(e),
+        },
+        Command::ConfigGet(patterns) => config_get(front, &patterns),
+        Command::ConfigOther(sub) => Reply::Error(format!(
+            "ERR CONFIG {} is not supported: a node's settings come from its config file (tallyd --config)",
+            sub.to_uppercase()
+        )),
+        Command::Wait { replicas: _, timeout_ms } => wait(svc, session, timeout_ms).await,
+        Command::CmsInit { key, shape } => cms_init(svc, &key, shape).await,
+        Command::CmsIncrBy { key, items } => frequency_incr(svc, &key, items, true).await,
+        Command::TopkIncrBy { key, items } => frequency_incr(svc, &key, items, false).await,
+        Command::CmsInfo(key) => match svc.counter(&key).await {
+            Ok(info) => match info.spec.frequency {
+                Some(shape) => match svc.top(&key, 1).await {
+                    Ok(top) => {
+                        let (width, depth) = cms_shape(shape);
+                        Reply::map([
+                            ("width", Reply::Int(width.into())),
+                            ("depth", Reply::Int(depth.into())),
+                            ("count", Reply::Big(top.total.into())),
+                        ])
+                    }
+                    Err(e) => engine_error(e),
+                },
+                None => engine_error(TallyError::FrequencyOff(key)),
+            },
+            Err(TallyError::NotFound(_)) => Reply::Error("ERR CMS: key does not exist".into()),
+            Err(e) => engine_error(e),
+        },
+        Command::CmsMerge { dest, sources } => match svc.engine().merge_frequencies(&dest, &sources).await {
+            Ok(()) => Reply::ok(),
+            Err(TallyError::NotFound(_)) => Reply::Error("ERR CMS: key does not exist".into()),
+            Err(e) => engine_error(e),
+        },
+        Command::TopkReserve { key, k } => cms_init(svc, &key, topk_shape(k)).await,
+        Command::TopkQuery { key, items, count } => topk_query(svc, &key, items, count).await,
+        Command::TopkInfo(key) => match svc.counter(&key).await {
+            Ok(info) => match info.spec.frequency {
+                Some(shape) => {
+                    let (width, depth) = cms_shape(shape);
+                    Reply::map([
+                        ("k", Reply::Int(reserved_k(shape).into())),
+                        ("width", Reply::Int(width.into())),
+                        ("depth", Reply::Int(depth.into())),
+                        ("decay", Reply::Double(TOPK_DECAY)),
+                    ])
+                }
+                None => engine_error(TallyError::FrequencyOff(key)),
+            },
+            Err(TallyError::NotFound(_)) => Reply::Error("ERR TopK: key does not exist".into()),
+            Err(e) => engine_error(e),
+        },
+        Command::ClientList => {
+            let lines: Vec<String> = front.clients.lock().values().map(|r| r.line()).collect();
+            Reply::Bulk((lines.join("\n") + "\n").into_bytes())
+        }
+        Command::ClientInfo => match &session.client {
+            Some(c) => Reply::Bulk((c.record.line() + "\n").into_bytes()),
+            None => Reply::Bulk(format!("id={} addr=? db=0\n", session.id).into_bytes()),
+        },
+        Command::ClientKill(filter) => {
+            let me = session.id;
+            let killed = super::registry::kill(&front.clients, |r| {
+                !(filter.skip_me && r.id == me)
+                    && filter.id.is_none_or(|id| id == r.id)
+                    && filter.addr.as_deref().is_none_or(|a| a == r.addr.to_string())
+            });
+            match (filter.old_form, killed) {
+                (true, 0) => Reply::Error("ERR No such client".into()),
+                (true, _) => Reply::ok(),
+                (false, n) => Reply::Int(n as i64),
+            }
+        }
         Command::MGet(keys) => {
             let mut values = Vec::with_capacity(keys.len());
             for key in keys {
@@ -711,12 +921,6 @@ pub async fn run<S: Service>(
             }
         }
         Command::PfAdd { key, members } => pfadd(svc, key, members).await,
-        Command::PfCount(key) => match svc.distinct(&key).await {
-            Ok(d) if d.complete => Reply::Big(d.estimate.into()),
-            Ok(d) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", d.missing_shards)),
-            Err(TallyError::NotFound(_)) => Reply::Int(0),
-            Err(e) => engine_error(e),
-        },
         Command::CmsQuery { key, items } => {
             let mut counts = Vec::with_capacity(items.len());
             for item in items {
@@ -733,18 +937,21 @@ pub async fn run<S: Service>(
             }
             Reply::Array(counts)
         }
-        Command::TopkList { key, with_count, k } => match svc.top(&key, k).await {
-            Ok(top) if top.complete => Reply::Array(
-                top.items
-                    .into_iter()
-                    .flat_map(|e| {
-                        let count = with_count.then(|| Reply::Big(e.estimate.into()));
-                        std::iter::once(Reply::text(e.item)).chain(count)
-                    })
-                    .collect(),
-            ),
-            Ok(top) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", top.missing_shards)),
-            Err(e) => engine_error(e),
+        Command::TopkList { key, with_count, k } => match topk_k(svc, &key, k).await {
+            Err(reply) => reply,
+            Ok(k) => match svc.top(&key, k).await {
+                Ok(top) if top.complete => Reply::Array(
+                    top.items
+                        .into_iter()
+                        .flat_map(|e| {
+                            let count = with_count.then(|| Reply::Big(e.estimate.into()));
+                            std::iter::once(Reply::text(e.item)).chain(count)
+                        })
+                        .collect(),
+                ),
+                Ok(top) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", top.missing_shards)),
+                Err(e) => engine_error(e),
+            },
         },
         Command::TallyGet { key, consistency } => match svc.read(&key, consistency).await {
             Ok(read) => read_reply(&read),
@@ -871,6 +1078,318 @@ async fn namespace<S: Service>(svc: &S, op: NamespaceOp) -> Reply {
             Ok(all) => Reply::Array(all.keys().map(|p| Reply::text(p.clone())).collect()),
             Err(e) => engine_error(e),
         },
+    }
+}
+
+/// `PFMERGE dest src ...`: `dest` keeps distinct members (created so if unknown, as
+/// `PFADD` creates it), and the sources' members are merged into it.
+async fn pfmerge<S: Service>(svc: &S, dest: &str, sources: &[String]) -> Reply {
+    let created = pfadd(svc, dest.to_owned(), Vec::new()).await;
+    if created.is_error() {
+        return created;
+    }
+    match svc.engine().merge_distinct(dest, sources).await {
+        Ok(true) => Reply::ok(),
+        Ok(false) => Reply::err(
+            INCOMPLETE,
+            "some sources' shards did not answer: the merge holds part of their members",
+        ),
+        Err(e) => engine_error(e),
+    }
+}
+
+/// The names under `pattern`'s literal prefix the connection may see, one page
+/// after `after`: every listing prefix the token's prefixes leave (all of them for
+/// a token without), or none when the literal prefix is no possible name's start.
+fn scan_page<S: Service>(
+    svc: &S,
+    session: &Session,
+    pattern: Option<&[u8]>,
+    after: Option<&str>,
+    count: usize,
+) -> Result<tally_engine::CounterPage, TallyError> {
+    let literal = pattern.map(super::glob::literal_prefix).unwrap_or_default();
+    let Ok(literal) = String::from_utf8(literal) else {
+        return Ok(tally_engine::CounterPage { counters: Vec::new(), next: None });
+    };
+    let literal: String = literal.chars().take(tally_engine::LIST_PREFIX_BYTES_MAX).collect();
+    let limit = count.clamp(1, tally_engine::LIST_PAGE_COUNTERS_MAX);
+    let tally = svc.engine();
+    let principal = session.principal.as_deref();
+    let page = match principal.and_then(|p| p.narrow(&literal)) {
+        Some(prefixes) => crate::http::ops::list_within(tally, &prefixes, after, limit),
+        None => tally.list_counters(&literal, after, limit),
+    };
+    match page {
+        Err(TallyError::InvalidListing(_)) => {
+            Ok(tally_engine::CounterPage { counters: Vec::new(), next: None })
+        }
+        other => other,
+    }
+}
+
+/// Whether a counter named `name` is what `SCAN`/`KEYS` asked for.
+fn wanted(name: &str, pattern: Option<&[u8]>, kind: Option<&str>) -> bool {
+    kind.is_none_or(|k| k == "string") && pattern.is_none_or(|p| super::glob::matches(p, name.as_bytes()))
+}
+
+/// `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]`: one page of at most
+/// `count` names looked at (every counter is a Redis `string`), and the cursor of
+/// the next page, 0 once done. Names are listed in byte order, so every counter that
+/// exists from the first page to the last is answered exactly once.
+async fn scan<S: Service>(
+    svc: &S,
+    front: &Front,
+    session: &Session,
+    args: super::command::ScanArgs,
+) -> Reply {
+    let after = match args.cursor {
+        0 => None,
+        id => match front.scans.lock().get(id) {
+            Some(name) => Some(name.to_owned()),
+            None => return Reply::Error("ERR invalid cursor".into()),
+        },
+    };
+    let pattern = args.pattern.as_deref();
+    let page = match scan_page(svc, session, pattern, after.as_deref(), args.count) {
+        Ok(page) => page,
+        Err(e) => return engine_error(e),
+    };
+    let next = match page.next {
+        Some(last) => front.scans.lock().open(last),
+        None => 0,
+    };
+    let names = page
+        .counters
+        .into_iter()
+        .filter(|n| wanted(n, pattern, args.kind.as_deref()))
+        .map(Reply::text)
+        .collect();
+    Reply::Array(vec![Reply::text(next.to_string()), Reply::Array(names)])
+}
+
+/// Most names one `KEYS` answers: it lists every counter in one reply, so past this
+/// it refuses (use `SCAN`) rather than hold a reply of unbounded size.
+pub const KEYS_COUNTERS_MAX: usize = 100_000;
+
+/// `KEYS pattern`: every name that matches, in byte order.
+async fn keys<S: Service>(svc: &S, session: &Session, pattern: &[u8]) -> Reply {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = match scan_page(
+            svc,
+            session,
+            Some(pattern),
+            after.as_deref(),
+            tally_engine::LIST_PAGE_COUNTERS_MAX,
+        ) {
+            Ok(page) => page,
+            Err(e) => return engine_error(e),
+        };
+        out.extend(page.counters.into_iter().filter(|n| wanted(n, Some(pattern), None)).map(Reply::text));
+        if out.len() > KEYS_COUNTERS_MAX {
+            return Reply::Error(format!(
+                "ERR more than {KEYS_COUNTERS_MAX} counters match: page through them with SCAN"
+            ));
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Reply::Array(out),
+        }
+        tokio::task::consume_budget().await;
+    }
+}
+
+/// `CONFIG GET pattern ...`: the node's settings under Redis's names, for what
+/// clients and tools ask (`redis-benchmark` reads `save` and `appendonly`).
+fn config_get(front: &Front, patterns: &[Vec<u8>]) -> Reply {
+    let limits = &front.limits;
+    let params: [(&str, String); 13] = [
+        ("maxclients", limits.connections_max.to_string()),
+        ("port", front.addr.port().to_string()),
+        ("bind", front.addr.ip().to_string()),
+        ("databases", "1".into()),
+        ("save", String::new()),
+        ("appendonly", "no".into()),
+        ("appendfsync", "no".into()),
+        ("maxmemory", "0".into()),
+        ("maxmemory-policy", "noeviction".into()),
+        ("timeout", "0".into()),
+        ("cluster-enabled", "no".into()),
+        ("proto-max-bulk-len", limits.request_limit_bytes().to_string()),
+        ("client-query-buffer-limit", limits.request_limit_bytes().to_string()),
+    ];
+    let mut out = Vec::new();
+    for (name, value) in &params {
+        if patterns.iter().any(|p| super::glob::matches(p, name.as_bytes())) {
+            out.push((Reply::text(*name), Reply::text(value.clone())));
+        }
+    }
+    Reply::Map(out)
+}
+
+/// `WAIT numreplicas timeout`: delivers what this connection's increments left
+/// buffered on this node (a `batched` counter's) to their shards, where a write is
+/// acknowledged by a majority of its copies; answers how many copies besides the
+/// leader's every one of those counters then has for certain (0 with one copy per
+/// shard; 1 of 3, 2 of 5), or 0 if the deliveries did not finish within `timeout`.
+async fn wait<S: Service>(svc: &S, session: &Session, timeout_ms: i64) -> Reply {
+    let tally = svc.engine();
+    let settle = async {
+        let mut copies = u8::MAX;
+        for name in &session.written {
+            match tally.settle_counter(name).await {
+                Ok((true, c)) => copies = copies.min(c),
+                Ok((false, _)) => return 0,
+                Err(TallyError::NotFound(_)) => {}
+                Err(_) => return 0,
+            }
+        }
+        if copies == u8::MAX {
+            copies = tally.copies_of(None);
+        }
+        i64::from(majority(copies).saturating_sub(1))
+    };
+    let acked = if timeout_ms > 0 {
+        tokio::time::timeout(Duration::from_millis(timeout_ms as u64), settle).await.unwrap_or(0)
+    } else {
+        settle.await
+    };
+    Reply::Int(acked)
+}
+
+/// The copies of a group of `copies` that acknowledge a write: a majority.
+fn majority(copies: u8) -> u8 {
+    copies / 2 + 1
+}
+
+/// RedisBloom's `TOPK.INFO` decay: Tally keeps no decaying sketch, so it answers the
+/// module's default.
+const TOPK_DECAY: f64 = 0.9;
+
+/// The width and depth of the count-min table a frequency shape gives.
+fn cms_shape(shape: tally_core::frequency::FrequencySpec) -> (u32, u32) {
+    tally_core::cms::CountMin::with_error(shape.epsilon, shape.delta)
+        .map_or((0, 0), |c| (c.width(), c.depth()))
+}
+
+/// What `TOPK.RESERVE key k` creates: a frequency counter whose ε remembers `k`
+/// (ε = 1 / ([`TOPK_EPSILON_BASE`] + k), a count-min table of about 2,700 to 3,400
+/// counters a row, 5 rows), so `TOPK.LIST` and `TOPK.QUERY` know the k the list was
+/// reserved with without a field of their own in the counter's spec.
+fn topk_shape(k: u32) -> tally_core::frequency::FrequencySpec {
+    tally_core::frequency::FrequencySpec { epsilon: 1.0 / (TOPK_EPSILON_BASE + f64::from(k)), delta: 0.01 }
+}
+
+/// See [`topk_shape`].
+const TOPK_EPSILON_BASE: f64 = 1000.0;
+
+/// The `k` a counter's list was reserved with (`TOPK.RESERVE`), or
+/// [`TOPK_LIST_DEFAULT`] for one made otherwise.
+pub fn reserved_k(shape: tally_core::frequency::FrequencySpec) -> u32 {
+    let k = (1.0 / shape.epsilon - TOPK_EPSILON_BASE).round();
+    let exact = topk_shape(k as u32) == shape;
+    if exact && (1.0..=f64::from(tally_core::frequency::TOP_K_MAX)).contains(&k) {
+        k as u32
+    } else {
+        super::command::TOPK_LIST_DEFAULT
+    }
+}
+
+/// The k of a `TOPK.LIST`: the one asked for, or the one the list was reserved with.
+async fn topk_k<S: Service>(svc: &S, key: &str, k: Option<u32>) -> Result<u32, Reply> {
+    if let Some(k) = k {
+        return Ok(k);
+    }
+    match svc.counter(key).await {
+        Ok(info) => Ok(info.spec.frequency.map_or(super::command::TOPK_LIST_DEFAULT, reserved_k)),
+        Err(e) => Err(engine_error(e)),
+    }
+}
+
+/// `CMS.INITBY*` and `TOPK.RESERVE`: a new counter that keeps frequencies of `shape`
+/// (RedisBloom refuses a key that exists).
+async fn cms_init<S: Service>(svc: &S, key: &str, shape: tally_core::frequency::FrequencySpec) -> Reply {
+    match svc.counter(key).await {
+        Ok(_) => return Reply::Error("ERR CMS: key already exists".into()),
+        Err(TallyError::NotFound(_)) => {}
+        Err(e) => return engine_error(e),
+    }
+    let patch = SpecPatch { frequency: Some(shape), ..SpecPatch::default() };
+    match svc.put_counter(key, patch, AutoPatch::default()).await {
+        Ok(_) => Reply::ok(),
+        Err(e) => engine_error(e),
+    }
+}
+
+/// `CMS.INCRBY` (answers each item's estimate after the increments) and
+/// `TOPK.ADD`/`TOPK.INCRBY` (answers nil for each: Tally's list expels no item one
+/// increment at a time). The increments run as one batch; the counter must exist.
+async fn frequency_incr<S: Service>(svc: &S, key: &str, items: Vec<(String, i64)>, estimates: bool) -> Reply {
+    match svc.counter(key).await {
+        Ok(info) if info.spec.frequency.is_none() => {
+            return engine_error(TallyError::FrequencyOff(key.to_owned()))
+        }
+        Ok(_) => {}
+        Err(TallyError::NotFound(_)) => {
+            let module = if estimates { "CMS" } else { "TopK" };
+            return Reply::Error(format!("ERR {module}: key does not exist"));
+        }
+        Err(e) => return engine_error(e),
+    }
+    let batch =
+        items.iter().map(|(item, by)| (key.to_owned(), Increment::new(*by).item(item.clone()))).collect();
+    match svc.incr_many(batch).await {
+        Ok(results) => {
+            if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+                return engine_error(e);
+            }
+        }
+        Err(e) => return engine_error(e),
+    }
+    if !estimates {
+        return Reply::Array(items.iter().map(|_| Reply::Null).collect());
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (item, _) in &items {
+        match svc.frequency(key, item).await {
+            Ok(f) => out.push(Reply::Big(f.estimate.into())),
+            Err(e) => return engine_error(e),
+        }
+    }
+    Reply::Array(out)
+}
+
+/// `TOPK.QUERY` (1 for each item among the reserved k heaviest) and `TOPK.COUNT`
+/// (each item's estimate).
+async fn topk_query<S: Service>(svc: &S, key: &str, items: Vec<String>, count: bool) -> Reply {
+    let shape = match svc.counter(key).await {
+        Ok(info) => match info.spec.frequency {
+            Some(shape) => shape,
+            None => return engine_error(TallyError::FrequencyOff(key.to_owned())),
+        },
+        Err(TallyError::NotFound(_)) => return Reply::Error("ERR TopK: key does not exist".into()),
+        Err(e) => return engine_error(e),
+    };
+    if count {
+        let mut out = Vec::with_capacity(items.len());
+        for item in &items {
+            match svc.frequency(key, item).await {
+                Ok(f) => out.push(Reply::Big(f.estimate.into())),
+                Err(e) => return engine_error(e),
+            }
+        }
+        return Reply::Array(out);
+    }
+    match svc.top(key, reserved_k(shape)).await {
+        Ok(top) if top.complete => {
+            let listed: std::collections::BTreeSet<&str> =
+                top.items.iter().map(|e| e.item.as_str()).collect();
+            Reply::Array(items.iter().map(|i| Reply::Int(listed.contains(i.as_str()).into())).collect())
+        }
+        Ok(top) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", top.missing_shards)),
+        Err(e) => engine_error(e),
     }
 }
 

@@ -38,6 +38,8 @@
 pub mod auth;
 pub mod command;
 pub mod exec;
+pub mod glob;
+pub mod registry;
 pub mod wire;
 
 use crate::auth::Gate;
@@ -183,7 +185,7 @@ pub async fn serve_with<S: Service>(
         let tls = tls.clone();
         connections.spawn(async move {
             let _open = open;
-            let session = Session::new(id, auth::initial(&_open.0.gate));
+            let session = Session::connected(&_open.0, id, peer, auth::initial(&_open.0.gate));
             match tls {
                 None => connection(stream, svc, &_open.0, session, stop).await,
                 Some(tls) => {
@@ -433,6 +435,7 @@ async fn run_batch<S: Service>(
             }
             let mut replies = join_timed(timeout, running).await;
             exec::order_answers(&incrs, &mut replies);
+            session.note_written(&incrs);
             for reply in &replies {
                 encode(reply, session.proto, out);
             }
@@ -479,6 +482,7 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
             tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
+                _ = session.killed() => return,
                 read = stream.read_buf(&mut buf) => match read {
                     Ok(0) | Err(_) => return,
                     Ok(_) => continue,
