@@ -373,6 +373,52 @@ async fn metrics_are_valid_prometheus_text_with_engine_and_http_signals() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_the_wrong_shape_is_answered_with_the_field_and_what_it_takes() {
+    let (app, node) = app().await;
+    let cases: [(&str, &str, &str); 8] = [
+        (
+            "/v1/counters/c",
+            r#"{"shards": -4}"#,
+            r#"shards must be a whole number from 1 to 1024, or "auto" (got -4)"#,
+        ),
+        ("/v1/counters/c", "[]", "the body must be a JSON object of the documented fields (got an array)"),
+        ("/v1/counters/c", r#"{"durability": 5}"#, r#"durability must be "sync" or "batched" (got 5)"#),
+        (
+            "/v1/counters/c",
+            r#"{"frequency": {"epsilon": "x", "delta": 0.1}}"#,
+            r#"frequency.epsilon must be a number (got "x")"#,
+        ),
+        ("/v1/counters/c", r#"{"colour": 1}"#, r#"unknown field "colour"; the fields are "#),
+        (
+            "/v1/counters/c/increments",
+            r#"{"delta": 1, "seq": -1}"#,
+            "seq must be a whole number from 0 to 9223372036854775807 (got -1)",
+        ),
+        (
+            "/v1/increments",
+            r#"{"increments": [{"counter": 5, "delta": 1}]}"#,
+            "increments[0].counter must be a string (got 5)",
+        ),
+        (
+            "/v1/namespaces/ns:",
+            r#"{"ttl_ms": "soon"}"#,
+            r#"ttl_ms must be a whole number of milliseconds, at least 1 (got "soon")"#,
+        ),
+    ];
+    for (path, body, message) in cases {
+        let method = if path.ends_with("increments") { "POST" } else { "PUT" };
+        let a = call(&app, method, path, Some(body)).await;
+        assert_eq!(a.status, 400, "{body}: {}", a.text);
+        let got = a.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(got.starts_with(message), "{body}: {got:?}");
+        for internal in ["untagged", "struct", "u64", "i64", "expected "] {
+            assert!(!got.contains(internal), "{body}: the parser's words in {got:?}");
+        }
+    }
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_get_400_415_or_413_and_change_nothing() {
     let limits = HttpConfig { body_bytes_max: 4096, ..HttpConfig::default() };
     let node = mem_node(&limits).await;

@@ -102,7 +102,103 @@ fn parse<T: DeserializeOwned>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, Ap
     if !is_json(headers) {
         return Err(not_json());
     }
-    serde_json::from_slice(bytes).map_err(|e| ApiError::from_json(&e))
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(value) => {
+            de.end().map_err(|e| ApiError::from_json(&e))?;
+            Ok(value)
+        }
+        Err(e) => Err(describe(bytes, &e)),
+    }
+}
+
+/// What a body field accepts, in the words of the public interface.
+fn accepts(field: &str) -> &'static str {
+    match field {
+        "shards" => "a whole number from 1 to 1024, or \"auto\"",
+        "min_shards" | "max_shards" => "a whole number from 1 to 1024",
+        "durability" => "\"sync\" or \"batched\"",
+        "flush_ms" => "a whole number of milliseconds from 1 to 60000",
+        "rollup_ms" => "a whole number of milliseconds: 0 (no rollup) or 10 to 3600000",
+        "router" => "one of \"event\", \"writer\", \"round_robin\", \"random\"",
+        "distinct" => "true or false",
+        "dedup_window_s" => "a whole number of seconds from 0 to 2592000",
+        "frequency" => "an object {\"epsilon\": number, \"delta\": number}",
+        "epsilon" | "delta_" => "a number",
+        "windows" => "a list of durations such as [\"1m\", \"1h\", \"24h\"]",
+        "min" | "max" => "a whole number within the 64-bit range",
+        "limit" => "an object {\"window\": \"1m\", \"max\": whole number}",
+        "window" => "a duration such as \"1m\"",
+        "replicas" => "a whole number from 1 to 5",
+        "ttl_ms" => "a whole number of milliseconds, at least 1",
+        "expires_at_ms" => "a whole number of milliseconds since the Unix epoch",
+        "when" => "one of \"nx\", \"xx\", \"gt\", \"lt\"",
+        "event_id" | "writer" | "member" | "item" | "counter" => "a string",
+        "seq" => "a whole number from 0 to 9223372036854775807",
+        "increments" => "a list of increments, each an object with counter and delta",
+        "delta" => "a non-zero whole number within the 64-bit range",
+        "authoritative" => "a whole number (the counter's true total)",
+        _ => "a value of the documented type (see /v1/openapi.json)",
+    }
+}
+
+/// The JSON value at `path` (as `serde_path_to_error` writes it: `a.b[2].c`) of
+/// `bytes`, shortened for a message.
+fn value_at(bytes: &[u8], path: &str) -> Option<String> {
+    let root: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let mut v = &root;
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let (name, rest) = part.split_once('[').map_or((part, ""), |(n, r)| (n, r));
+        if !name.is_empty() {
+            v = v.get(name)?;
+        }
+        for index in rest.split('[').filter(|i| !i.is_empty()) {
+            v = v.get(index.trim_end_matches(']').parse::<usize>().ok()?)?;
+        }
+    }
+    Some(quote(&v.to_string()))
+}
+
+/// A body that did not decode, as an error that names the field and what it
+/// accepts (never the parser's own words for its types).
+fn describe(bytes: &[u8], e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    use serde_json::error::Category;
+    let inner = e.inner();
+    if !matches!(inner.classify(), Category::Data) {
+        return ApiError::from_json(inner);
+    }
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_BODY, m);
+    let path = e.path().to_string();
+    let message = inner.to_string();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let name = rest.split('`').next().unwrap_or("");
+        let known = rest.split_once("expected one of ").map_or("", |(_, k)| k);
+        let known = known.split(" at line").next().unwrap_or("").replace('`', "");
+        // The path names the unknown field itself; what it was found in comes before.
+        let at = path.rsplit_once('.').map(|(parent, _)| format!(" in {parent}")).unwrap_or_default();
+        return bad(format!("unknown field {name:?}{at}; the fields are {known}"));
+    }
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        let name = rest.split('`').next().unwrap_or("");
+        return bad(format!("{name} is required: {}", accepts(name)));
+    }
+    if path == "." {
+        let got = match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(serde_json::Value::Array(_)) => "an array",
+            Ok(serde_json::Value::String(_)) => "a string",
+            Ok(serde_json::Value::Number(_)) => "a number",
+            Ok(serde_json::Value::Bool(_)) => "a boolean",
+            Ok(serde_json::Value::Null) => "null",
+            _ => "something else",
+        };
+        return bad(format!("the body must be a JSON object of the documented fields (got {got})"));
+    }
+    let field = path.rsplit('.').next().unwrap_or(&path);
+    let field = field.split('[').next().unwrap_or(field);
+    // `delta` inside `frequency` is the count-min δ, not an increment's delta.
+    let key = if field == "delta" && path.contains("frequency") { "delta_" } else { field };
+    let got = value_at(bytes, &path).map(|v| format!(" (got {v})")).unwrap_or_default();
+    bad(format!("{path} must be {}{got}", accepts(key)))
 }
 
 /// A JSON request body, bounded by `http.body_bytes_max`. Every failure is an

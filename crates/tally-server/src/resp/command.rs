@@ -1095,6 +1095,16 @@ pub fn syntax_error() -> Reply {
     Reply::Error("ERR syntax error".into())
 }
 
+/// Redis's syntax error, naming the argument it stopped at.
+pub fn syntax_near(arg: &[u8]) -> Reply {
+    Reply::Error(format!("ERR syntax error: unexpected '{}'", quote(arg)))
+}
+
+/// Redis's syntax error for an option given without its value.
+pub fn needs_value(option: &[u8]) -> Reply {
+    Reply::Error(format!("ERR syntax error: '{}' needs a value after it", quote(option)))
+}
+
 fn spec_float(raw: &[u8], field: &str) -> Result<f64, Reply> {
     std::str::from_utf8(raw)
         .ok()
@@ -1148,15 +1158,6 @@ pub fn delta(raw: &[u8]) -> Result<i64, Reply> {
         codes::INVALID_DELTA,
         format!("value is not an integer or out of range (got '{}')", quote(raw)),
     ))
-}
-
-fn negate(d: i64, raw: &[u8]) -> Result<i64, Reply> {
-    d.checked_neg().ok_or_else(|| {
-        Reply::err(
-            codes::OUT_OF_RANGE,
-            format!("value is not an integer or out of range: -({}) is outside the 64-bit range", quote(raw)),
-        )
-    })
 }
 
 fn spec_number(raw: &[u8], field: &str) -> Result<u64, Reply> {
@@ -1256,8 +1257,13 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
         "unwatch" => Command::Unwatch,
         "incr" => Command::Incr { key: key(a[0])?, delta: 1 },
         "decr" => Command::Incr { key: key(a[0])?, delta: -1 },
-        "incrby" => Command::Incr { key: key(a[0])?, delta: delta(a[1])? },
-        "decrby" => Command::Incr { key: key(a[0])?, delta: negate(delta(a[1])?, a[1])? },
+        "incrby" => Command::Incr { key: key(a[0])?, delta: redis_int(a[1])? },
+        "decrby" => {
+            let by = redis_int(a[1])?;
+            let delta =
+                by.checked_neg().ok_or_else(|| Reply::Error("ERR decrement would overflow".into()))?;
+            Command::Incr { key: key(a[0])?, delta }
+        }
         "get" => Command::Get(key(a[0])?),
         "mget" => Command::MGet(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "exists" => Command::Exists(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
@@ -1293,7 +1299,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
         "getex" => Command::GetEx { key: key(a[0])?, ttl: parse_getex(&a[1..])? },
         "pfadd" => Command::PfAdd {
             key: key(a[0])?,
-            members: a[1..].iter().map(|m| text(m, "a member")).collect::<Result<_, _>>()?,
+            members: a[1..].iter().map(|m| member(m, "member")).collect::<Result<_, _>>()?,
         },
         "pfcount" => Command::PfCount(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "pfmerge" => Command::PfMerge {
@@ -1414,7 +1420,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
         }
         "topk.add" => Command::TopkIncrBy {
             key: key(a[0])?,
-            items: a[1..].iter().map(|i| text(i, "an item").map(|i| (i, 1))).collect::<Result<_, _>>()?,
+            items: a[1..].iter().map(|i| member(i, "item").map(|i| (i, 1))).collect::<Result<_, _>>()?,
         },
         "topk.incrby" => Command::TopkIncrBy { key: key(a[0])?, items: item_increments(&a[1..], "TopK")? },
         "topk.query" | "topk.count" => Command::TopkQuery {
@@ -1434,12 +1440,12 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                 match word.to_ascii_uppercase().as_slice() {
                     b"WITHCOUNT" => with_count = true,
                     b"K" => {
-                        let n = rest.next().ok_or_else(syntax_error)?;
+                        let n = rest.next().ok_or_else(|| needs_value(word))?;
                         k = Some(std::str::from_utf8(n).ok().and_then(|n| n.parse().ok()).ok_or_else(
                             || Reply::Error("ERR value is not an integer or out of range".into()),
                         )?);
                     }
-                    _ => return Err(syntax_error()),
+                    _ => return Err(syntax_near(word)),
                 }
             }
             Command::TopkList { key: key(a[0])?, with_count, k }
@@ -1454,7 +1460,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                     i += 1;
                     continue;
                 }
-                let value = a.get(i + 1).ok_or_else(syntax_error)?;
+                let value = a.get(i + 1).ok_or_else(|| needs_value(a[i]))?;
                 if upper(i).as_slice() == b"SEQ" {
                     let seq = std::str::from_utf8(value).ok().and_then(|n| n.parse::<u64>().ok());
                     inc.seq =
@@ -1469,11 +1475,12 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                     b"WRITER" => &mut inc.writer,
                     b"MEMBER" => &mut inc.member,
                     b"ITEM" => &mut inc.item,
-                    _ => return Err(syntax_error()),
+                    _ => return Err(syntax_near(a[i])),
                 };
                 *slot = Some(text(value, &String::from_utf8_lossy(a[i]).to_lowercase())?);
                 i += 2;
             }
+            check_increment(&inc)?;
             Command::TallyIncrBy { key: key(a[0])?, inc: Box::new(inc), with_value }
         }
         "tally.get" => Command::TallyGet {
@@ -1481,8 +1488,8 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
             consistency: match a.get(1).map(|c| c.to_ascii_uppercase()).as_deref() {
                 None | Some(b"CACHED") => Consistency::Cached,
                 Some(b"FRESH") => Consistency::Fresh,
-                Some(_) if a.len() > 2 => return Err(syntax_error()),
-                Some(_) => return Err(syntax_error()),
+                Some(_) if a.len() > 2 => return Err(syntax_near(a[2])),
+                Some(_) => return Err(syntax_near(a[1])),
             },
         },
         "tally.window" => Command::TallyWindow { key: key(a[0])?, window: text(a[1], "window")? },
@@ -1573,7 +1580,7 @@ fn expire_condition(words: &[&[u8]]) -> Result<Condition, Reply> {
 /// A time after `EX`, `PX`, `EXAT` or `PXAT`: a positive integer, else Redis's
 /// errors (`command` names the command in them).
 fn ttl_time(word: &[u8], raw: Option<&&[u8]>, command: &str) -> Result<When, Reply> {
-    let raw = raw.ok_or_else(syntax_error)?;
+    let raw = raw.ok_or_else(|| needs_value(word))?;
     let t = redis_int(raw)?;
     if t <= 0 {
         return Err(Reply::Error(format!("ERR invalid expire time in '{command}' command")));
@@ -1584,6 +1591,16 @@ fn ttl_time(word: &[u8], raw: Option<&&[u8]>, command: &str) -> Result<When, Rep
         b"EXAT" => When::AtSeconds(t),
         _ => When::AtMillis(t),
     })
+}
+
+/// A member or item: UTF-8 text of at most `MEMBER_LEN_MAX` bytes, checked before
+/// anything of the command runs (a `PFADD` never counts some members and refuses
+/// the rest).
+fn member(raw: &[u8], what: &'static str) -> Result<String, Reply> {
+    let t = text(raw, what)?;
+    tally_core::name::check_len(what, &t, tally_core::name::MEMBER_LEN_MAX)
+        .map_err(|e| Reply::err(codes::BAD_REQUEST, e))?;
+    Ok(t)
 }
 
 /// `item increment` pairs (`CMS.INCRBY`, `TOPK.INCRBY`): increments are positive
@@ -1597,7 +1614,7 @@ fn item_increments(a: &[&[u8]], module: &str) -> Result<Vec<(String, i64)>, Repl
     }
     a.chunks(2)
         .map(|pair| {
-            let item = text(pair[0], "an item")?;
+            let item = member(pair[0], "item")?;
             let by = redis_int(pair[1])
                 .ok()
                 .filter(|n| *n > 0)
@@ -1605,6 +1622,25 @@ fn item_increments(a: &[&[u8]], module: &str) -> Result<Vec<(String, i64)>, Repl
             Ok((item, by))
         })
         .collect()
+}
+
+/// The checks the engine makes of an increment's own fields, made before it runs:
+/// the same codes and messages, and a command refused whole.
+fn check_increment(inc: &Increment) -> Result<(), Reply> {
+    use tally_core::name::{check_len, check_token, EVENT_ID_LEN_MAX, MEMBER_LEN_MAX, WRITER_LEN_MAX};
+    let refused = |e: tally_core::name::NameError| Reply::err("invalid_name", e);
+    if let Some(id) = &inc.event_id {
+        check_token("event id", id, EVENT_ID_LEN_MAX).map_err(refused)?;
+    }
+    if let Some(w) = &inc.writer {
+        check_len("writer", w, WRITER_LEN_MAX).map_err(refused)?;
+    }
+    for (what, v) in [("member", &inc.member), ("item", &inc.item)] {
+        if let Some(v) = v {
+            check_len(what, v, MEMBER_LEN_MAX).map_err(refused)?;
+        }
+    }
+    Ok(())
 }
 
 /// `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]`, as Redis parses it.
@@ -1617,7 +1653,7 @@ fn parse_scan(a: &[&[u8]]) -> Result<ScanArgs, Reply> {
     let mut scan = ScanArgs { cursor, pattern: None, count: SCAN_COUNT_DEFAULT, kind: None };
     let mut i = 1;
     while i < a.len() {
-        let value = a.get(i + 1).ok_or_else(syntax_error)?;
+        let value = a.get(i + 1).ok_or_else(|| needs_value(a[i]))?;
         match a[i].to_ascii_uppercase().as_slice() {
             b"MATCH" => scan.pattern = Some(value.to_vec()),
             b"COUNT" => {
@@ -1628,7 +1664,7 @@ fn parse_scan(a: &[&[u8]]) -> Result<ScanArgs, Reply> {
                 scan.count = usize::try_from(n).unwrap_or(usize::MAX);
             }
             b"TYPE" => scan.kind = Some(String::from_utf8_lossy(value).to_lowercase()),
-            _ => return Err(syntax_error()),
+            _ => return Err(syntax_near(a[i])),
         }
         i += 2;
     }
@@ -1655,7 +1691,7 @@ fn parse_set(a: &[&[u8]]) -> Result<SetArgs, Reply> {
                 set.ttl = TtlChange::Set(ttl_time(&word, a.get(i + 1), "set")?);
                 i += 1;
             }
-            _ => return Err(syntax_error()),
+            _ => return Err(syntax_near(a[i])),
         }
         i += 1;
     }
@@ -1687,7 +1723,7 @@ fn spec_fields(a: &[&[u8]]) -> Result<SpecBody, Reply> {
     let upper = |i: usize| a[i].to_ascii_uppercase();
     let mut i = 0;
     while i < a.len() {
-        let value = a.get(i + 1).ok_or_else(syntax_error)?;
+        let value = a.get(i + 1).ok_or_else(|| needs_value(a[i]))?;
         match upper(i).as_slice() {
             // `SHARDS auto MIN n MAX m`: the count follows contention.
             b"SHARDS" if value.eq_ignore_ascii_case(b"auto") => {
@@ -1716,7 +1752,7 @@ fn spec_fields(a: &[&[u8]]) -> Result<SpecBody, Reply> {
             }
             // `LIMIT max window`: the HTTP body's `limit` object (a rate limit).
             b"LIMIT" => {
-                let window = a.get(i + 2).ok_or_else(syntax_error)?;
+                let window = a.get(i + 2).ok_or_else(|| needs_value(b"LIMIT max"))?;
                 let window = text(window, "limit.window")?;
                 let max = spec_number(value, "limit.max")?;
                 spec.limit = Some(crate::http::body::LimitBody { window, max });
@@ -1724,12 +1760,12 @@ fn spec_fields(a: &[&[u8]]) -> Result<SpecBody, Reply> {
             }
             // `FREQUENCY epsilon delta`: the HTTP body's `frequency` object.
             b"FREQUENCY" => {
-                let delta = a.get(i + 2).ok_or_else(syntax_error)?;
+                let delta = a.get(i + 2).ok_or_else(|| needs_value(b"FREQUENCY epsilon"))?;
                 let (epsilon, delta) = (spec_float(value, "epsilon")?, spec_float(delta, "delta")?);
                 spec.frequency = Some(tally_core::frequency::FrequencySpec { epsilon, delta });
                 i += 1;
             }
-            _ => return Err(syntax_error()),
+            _ => return Err(syntax_near(a[i])),
         }
         i += 2;
     }
@@ -1944,13 +1980,28 @@ mod tests {
     }
 
     #[test]
-    fn bad_integers_carry_the_http_codes() {
-        assert!(refused(&["incrby", "a", "x"]).starts_with("ERR invalid_delta value is not an integer"));
-        assert!(refused(&["incrby", "a", "1.5"]).starts_with("ERR invalid_delta"));
-        assert!(refused(&["incrby", "a", "+1"]).starts_with("ERR invalid_delta"));
-        assert!(refused(&["incrby", "a", ""]).starts_with("ERR invalid_delta"));
-        assert!(refused(&["incrby", "a", "9223372036854775808"]).starts_with("ERR out_of_range"));
-        assert!(refused(&["decrby", "a", "-9223372036854775808"]).starts_with("ERR out_of_range"));
+    fn bad_integers_answer_redis_texts_and_tally_commands_the_http_codes() {
+        for bad in ["x", "1.5", "+1", "", "9223372036854775808"] {
+            assert_eq!(
+                refused(&["incrby", "a", bad]),
+                "ERR value is not an integer or out of range",
+                "{bad:?}"
+            );
+        }
+        assert_eq!(refused(&["decrby", "a", "-9223372036854775808"]), "ERR decrement would overflow");
+        assert_eq!(parsed(&["incrby", "a", "0"]), Command::Incr { key: "a".into(), delta: 0 });
+        assert!(refused(&["tally.incrby", "a", "x"]).starts_with("ERR invalid_delta value is not an integer"));
+        assert!(refused(&["tally.incrby", "a", "9223372036854775808"]).starts_with("ERR out_of_range"));
+        // An increment's own fields are checked before anything runs.
+        assert!(
+            refused(&["tally.incrby", "a", "1", "ID", "no spaces"]).starts_with("ERR invalid_name event id")
+        );
+        let long = "m".repeat(tally_core::name::MEMBER_LEN_MAX + 1);
+        assert!(refused(&["tally.incrby", "a", "1", "MEMBER", &long]).starts_with("ERR invalid_name member"));
+        assert!(
+            refused(&["pfadd", "a", "ok", &long]).starts_with("ERR bad_request member"),
+            "no member is counted"
+        );
         assert!(refused(&["tally.reconcile", "a", "1e3"]).starts_with("ERR invalid_body"));
         assert!(refused(&["tally.reconcile", "a", &"9".repeat(50)]).starts_with("ERR out_of_range"));
         let big = i128::MAX.to_string();
@@ -2011,9 +2062,18 @@ mod tests {
             refused(&["tally.incrby", "c", "5", "SEQ", "-1"]),
             "ERR value is not an integer or out of range"
         );
-        assert_eq!(refused(&["tally.incrby", "c", "5", "SEQ"]), "ERR syntax error");
-        assert_eq!(refused(&["tally.incrby", "c", "5", "ID"]), "ERR syntax error");
-        assert_eq!(refused(&["tally.incrby", "c", "5", "COLOR", "red"]), "ERR syntax error");
+        assert_eq!(
+            refused(&["tally.incrby", "c", "5", "SEQ"]),
+            "ERR syntax error: 'SEQ' needs a value after it"
+        );
+        assert_eq!(
+            refused(&["tally.incrby", "c", "5", "ID"]),
+            "ERR syntax error: 'ID' needs a value after it"
+        );
+        assert_eq!(
+            refused(&["tally.incrby", "c", "5", "COLOR", "red"]),
+            "ERR syntax error: unexpected 'COLOR'"
+        );
         assert_eq!(
             parsed(&["tally.get", "c", "fresh"]),
             Command::TallyGet { key: "c".into(), consistency: Consistency::Fresh }
@@ -2022,7 +2082,7 @@ mod tests {
             parsed(&["tally.get", "c"]),
             Command::TallyGet { key: "c".into(), consistency: Consistency::Cached }
         );
-        assert_eq!(refused(&["tally.get", "c", "warm"]), "ERR syntax error");
+        assert_eq!(refused(&["tally.get", "c", "warm"]), "ERR syntax error: unexpected 'warm'");
         assert_eq!(
             parsed(&["TALLY.WINDOW", "c", "1h"]),
             Command::TallyWindow { key: "c".into(), window: "1h".into() }
@@ -2085,7 +2145,10 @@ mod tests {
         assert_eq!((patch.distinct, patch.rollup_ms), (Some(true), Some(0)));
         assert!(refused(&["tally.create", "c", "SHARDS", "-1"]).starts_with("ERR invalid_spec"));
         assert!(refused(&["tally.create", "c", "DISTINCT", "maybe"]).starts_with("ERR invalid_spec"));
-        assert_eq!(refused(&["tally.create", "c", "SHARDS"]), "ERR syntax error");
+        assert_eq!(
+            refused(&["tally.create", "c", "SHARDS"]),
+            "ERR syntax error: 'SHARDS' needs a value after it"
+        );
         let Ok(Command::TallyCreate { spec, .. }) =
             parse(&args(&["TALLY.CREATE", "c", "SHARDS", "AUTO", "MIN", "2", "max", "16"]))
         else {

@@ -467,9 +467,19 @@ fn counted_incomplete(missing: &[u16]) -> Reply {
 /// within a pipeline, so they touch no session state.
 pub async fn run_increment<S: Service>(svc: &S, cmd: Command) -> Reply {
     match cmd {
+        // Redis answers `INCRBY key 0` with the value, changing nothing.
+        Command::Incr { key, delta: 0 } => match svc.current_total(&key).await {
+            Ok(IncrTotal::Total(total)) => Reply::Big(total.value),
+            Ok(IncrTotal::Incomplete(missing)) => counted_incomplete(&missing),
+            Err(TallyError::NotFound(_)) => Reply::Int(0),
+            Err(e) => engine_error(e),
+        },
         Command::Incr { key, delta } => match svc.incr_total(&key, Increment::new(delta)).await {
             Ok((_, IncrTotal::Total(total))) => Reply::Big(total.value),
             Ok((_, IncrTotal::Incomplete(missing))) => counted_incomplete(&missing),
+            Err(TallyError::Overflow(o)) => {
+                Reply::Error(format!("ERR increment or decrement would overflow ({o})"))
+            }
             Err(e) => engine_error(e),
         },
         Command::TallyIncrBy { key, inc, with_value: false } => match svc.incr(&key, *inc).await {
