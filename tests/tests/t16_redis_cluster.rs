@@ -4,7 +4,8 @@
 //! through one node is the one `TTL` answers on another, an expired counter is
 //! missing on every node and reclaimed by the metadata leader; the cluster's
 //! `default_spec` reaches counters created under no namespace; and a node's `INCR`
-//! answers include other nodes' increments once its ledger read the shards.
+//! answers include other nodes' increments once its ledger read the shards; and
+//! `INCREX`'s bound holds for connections on every node racing for the last slots.
 
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
@@ -135,5 +136,34 @@ async fn namespaces_deadlines_and_answers_hold_across_nodes() -> Result<()> {
     n[0].call(&["INCR", "hits"]).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(n[0].call(&["INCR", "hits"]).await?, ":13", "node 1 counts node 2's increment");
+
+    eprintln!("phase: INCREX's bound holds for writers on every node at once");
+    // The first call creates the counter with the bound as its own; then three
+    // connections per node race for 20 slots.
+    assert_eq!(n[0].call(&["INCREX", "rl:1", "UBOUND", "20", "EX", "60", "ENX"]).await?, "*2 :1 :1");
+    let mut racers = Vec::new();
+    for node in 1..=3 {
+        for _ in 0..3 {
+            let port = c.node(node).ports.resp;
+            racers.push(tokio::spawn(async move {
+                let mut conn = Conn::open(port).await?;
+                let mut applied = 0;
+                for _ in 0..10 {
+                    let reply = conn.call(&["INCREX", "rl:1", "UBOUND", "20", "EX", "60", "ENX"]).await?;
+                    applied += i64::from(reply.ends_with(" :1"));
+                }
+                anyhow::Ok(applied)
+            }));
+        }
+    }
+    let mut applied = 0;
+    for r in racers {
+        applied += r.await??;
+    }
+    assert_eq!(applied, 19, "90 tries, 19 slots left");
+    let read = c.get(2, "/v1/counters/rl:1/value?consistency=fresh").await?;
+    assert_eq!(read["value"].as_i64(), Some(20), "{read}");
+    let ttl = |r: &str| r.strip_prefix(':').and_then(|t| t.parse::<i64>().ok());
+    until(&mut n[2], &["TTL", "rl:1"], |r| ttl(r).is_some_and(|t| (50..=60).contains(&t))).await?;
     Ok(())
 }

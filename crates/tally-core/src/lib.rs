@@ -74,6 +74,7 @@ pub mod spec;
 pub mod sweep;
 pub mod topk;
 pub mod window;
+pub mod within;
 
 pub use ids::{NodeId, ShardId};
 pub use name::CounterName;

@@ -222,6 +222,9 @@ pub(crate) struct Ctx {
     pub(crate) auto: crate::auto_book::AutoBook,
     /// The rollup's cached totals, read without a message to it (`rollup.rs`).
     pub(crate) rollup_view: crate::rollup::RollupView,
+    /// Turns taken by this node's bounded increments decided from the total
+    /// (`within.rs`).
+    pub(crate) within_turns: crate::within::Turns,
 }
 
 /// A shard's committed state as a read sees it.

@@ -209,6 +209,9 @@ pub enum TallyError {
     /// No namespace has this prefix.
     #[error("no namespace has the prefix {0:?}")]
     NamespaceNotFound(String),
+    /// Bounds named with an increment were refused ([`crate::Tally::incr_within`]).
+    #[error(transparent)]
+    Within(#[from] tally_core::within::WithinError),
 }
 
 impl From<tally_core::namespace::NamespaceError> for TallyError {
@@ -272,6 +275,7 @@ impl TallyError {
             Self::Namespace(_) => "invalid_namespace",
             Self::NamespaceNotFound(_) => "namespace_not_found",
             Self::NotDistinct(_) => "not_distinct",
+            Self::Within(_) => "invalid_bounds",
         }
     }
 
@@ -291,7 +295,7 @@ impl TallyError {
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,
             Self::BatchTooLarge { .. } => 413,
             Self::InvalidSpec(_) | Self::Meta(MetaError::Spec(_)) | Self::Overflow(_) => 422,
-            Self::DriftOutOfRange { .. } => 422,
+            Self::DriftOutOfRange { .. } | Self::Within(_) => 422,
             Self::Unavailable { .. } | Self::Store(_) | Self::ShuttingDown => 503,
         }
     }

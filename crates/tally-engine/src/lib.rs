@@ -73,6 +73,7 @@ mod shard;
 mod stats;
 mod supervisor;
 mod tally;
+mod within;
 
 pub use aggregator::{DRAINS_CONCURRENT_MAX, EVICTION_SWEEP_MS, SHUTDOWN_DELIVER_MS};
 pub use api::*;
@@ -105,3 +106,4 @@ pub use tally_core::autoshard::{
 };
 pub use tally_core::spec::{AutoPatch, AutoShards, CounterSpec, Durability, RouterPolicy, SpecPatch};
 pub use tally_store::{MemStore, SledConfig, SledStore, Store, StoreError, Upgrade};
+pub use within::{WithinOutcome, SATURATE_ATTEMPTS_MAX, WITHIN_TURNS};

@@ -138,6 +138,7 @@ impl Tally {
             creator,
             created_undrained: Arc::new(tokio::sync::Semaphore::new(crate::ctx::CREATED_UNDRAINED_MAX)),
             auto: Default::default(),
+            within_turns: Default::default(),
         });
         crate::reshard::watch(&ctx);
         crate::autoshard::start(&ctx)?;
@@ -957,6 +958,11 @@ impl Tally {
             }
         }
         report
+    }
+
+    /// The engine's shared state, for the `impl Tally` blocks of other modules.
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
     }
 
     /// Waits until every resharding in progress on this node has completed.

@@ -79,6 +79,17 @@ pub trait Service: Clone + Send + Sync + 'static {
         async move { self.engine().expire(name, at_ms, when).await }
     }
 
+    /// Adds `delta` if the counter's total stays within `within` (Redis's `INCREX`,
+    /// [`Tally::incr_within`]).
+    fn incr_within(
+        &self,
+        name: &str,
+        delta: i64,
+        within: tally_core::within::Within,
+    ) -> impl Future<Output = Result<tally_engine::WithinOutcome, TallyError>> + Send {
+        async move { self.engine().incr_within(name, delta, within).await }
+    }
+
     /// Removes the counter's deadline (`PERSIST`): true if it had one.
     fn persist(&self, name: &str) -> impl Future<Output = Result<bool, TallyError>> + Send {
         async move { self.engine().persist(name).await }

@@ -628,3 +628,120 @@ async fn hyperloglogs_count_min_and_top_k_answer_in_their_modules_shapes() {
     );
     assert!(answer.contains("$1\r\nk\r\n:2\r\n"), "{answer}");
 }
+
+#[tokio::test]
+async fn increx_answers_as_redis_8_8_states_it() {
+    let (port, _stop) = start(RespConfig::default()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut input = String::new();
+    for args in [
+        // By 1 by default, by BYINT otherwise; the reply is [new value, applied].
+        &["INCREX", "a"][..],
+        &["INCREX", "a", "BYINT", "5"],
+        &["INCREX", "a", "byint", "-10"],
+        // Out of bounds: skipped, [current, 0]; SATURATE stops at the bound.
+        &["INCREX", "b", "BYINT", "99", "UBOUND", "100"],
+        &["INCREX", "b", "BYINT", "5", "UBOUND", "100"],
+        &["INCREX", "b", "BYINT", "5", "UBOUND", "100", "SATURATE"],
+        &["INCREX", "b", "LBOUND", "-1", "BYINT", "-200", "UBOUND", "100"],
+        // A skip on a missing key creates nothing.
+        &["INCREX", "c", "BYINT", "7", "UBOUND", "5"],
+        &["EXISTS", "c"],
+        // The fixed-window limiter: the deadline set once per window with ENX.
+        &["INCREX", "rl", "BYINT", "1", "UBOUND", "2", "EX", "60", "ENX"],
+        &["TTL", "rl"],
+        &["INCREX", "rl", "BYINT", "1", "UBOUND", "2", "EX", "10", "ENX"],
+        &["TTL", "rl"],
+        &["INCREX", "rl", "BYINT", "1", "UBOUND", "2", "EX", "10"],
+        &["TTL", "rl"],
+        // The counter keeps the bound it was created with: held to both.
+        &["INCREX", "rl", "UBOUND", "3"],
+        &["INCREX", "p", "PXAT", "4102444800000"],
+        &["PEXPIRETIME", "p"],
+        &["INCREX", "p", "PERSIST"],
+        &["TTL", "p"],
+        // Refused whole: nothing counted.
+        &["INCREX", "d", "BYFLOAT", "0.5"],
+        &["INCREX", "d", "ENX"],
+        &["INCREX", "d", "EX", "10", "PERSIST"],
+        &["INCREX", "d", "PERSIST", "ENX"],
+        &["INCREX", "d", "LBOUND"],
+        &["INCREX", "d", "LBOUND", "5", "UBOUND", "4"],
+        &["INCREX", "d", "BYINT", "x"],
+        &["INCREX", "d", "EX", "0"],
+        &["INCREX", "d", "BYINT", "1", "BYINT", "2"],
+        &["INCREX", "d", "FOO"],
+        &["INCREX"],
+        &["EXISTS", "d"],
+        &["PING"],
+    ] {
+        input += &cmd(args);
+    }
+    let answer = until(&mut s, &input, "+PONG\r\n").await;
+    assert_eq!(
+        lines(&answer),
+        [
+            "*2",
+            ":1",
+            ":1",
+            "*2",
+            ":6",
+            ":5",
+            "*2",
+            ":-4",
+            ":-10",
+            "*2",
+            ":99",
+            ":99",
+            "*2",
+            ":99",
+            ":0",
+            "*2",
+            ":100",
+            ":1",
+            "*2",
+            ":100",
+            ":0",
+            "*2",
+            ":0",
+            ":0",
+            ":0",
+            "*2",
+            ":1",
+            ":1",
+            ":60",
+            "*2",
+            ":2",
+            ":1",
+            ":60",
+            "*2",
+            ":2",
+            ":0",
+            ":60",
+            "*2",
+            ":2",
+            ":0",
+            "*2",
+            ":1",
+            ":1",
+            ":4102444800000",
+            "*2",
+            ":2",
+            ":1",
+            ":-1",
+            "-ERR BYFLOAT is not supported: Tally counters hold integers; use BYINT",
+            "-ERR ENX flag requires an expiration",
+            "-ERR syntax error",
+            "-ERR syntax error",
+            "-ERR syntax error",
+            "-ERR LBOUND 5 is above UBOUND 4",
+            "-ERR value is not an integer or out of range",
+            "-ERR invalid expire time in 'increx' command",
+            "-ERR syntax error",
+            "-ERR syntax error",
+            "-ERR wrong number of arguments for 'increx' command",
+            ":0",
+            "+PONG",
+        ]
+    );
+}

@@ -102,6 +102,7 @@ fn need(cmd: &Command) -> Need<'_> {
         C::PfMerge { dest, .. } => Need::Counters(Scope::Write, std::slice::from_ref(dest)),
         C::CmsMerge { dest, .. } => Need::Counters(Scope::Admin, std::slice::from_ref(dest)),
         C::Incr { key, .. }
+        | C::IncrEx { key, .. }
         | C::TallyIncrBy { key, .. }
         | C::PfAdd { key, .. }
         | C::Expire { key, .. }

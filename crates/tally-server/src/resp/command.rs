@@ -261,6 +261,25 @@ pub const COMMANDS: &[CommandSpec] = &[
         &[arg("key", Key), arg("decrement", Integer)],
     ),
     cmd(
+        "increx",
+        -2,
+        &["write", "denyoom", "fast"],
+        (1, 1, 1),
+        "string",
+        "Adds increment (BYINT, 1 by default) if the result stays within LBOUND..UBOUND (else adds nothing, or with SATURATE \
+         what reaches the bound) and sets the deadline (EX, PX, EXAT, PXAT, PERSIST; ENX only if it has none); answers \
+         [new value, applied increment]. BYFLOAT is refused: counters hold integers.",
+        &[
+            arg("key", Key),
+            opt_tok("BYINT", "increment", Integer),
+            opt_tok("LBOUND", "lowerbound", Integer),
+            opt_tok("UBOUND", "upperbound", Integer),
+            opt("SATURATE", Token),
+            opt("EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|PERSIST", Str),
+            opt("ENX", Token),
+        ],
+    ),
+    cmd(
         "get",
         2,
         R,
@@ -791,6 +810,20 @@ pub struct SetArgs {
     pub ttl: TtlChange,
 }
 
+/// `INCREX`'s arguments (Redis 8.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IncrExArgs {
+    /// The increment asked for (`BYINT`, 1 without it).
+    pub delta: i64,
+    /// `LBOUND`, `UBOUND` and `SATURATE`.
+    pub within: tally_core::within::Within,
+    /// What becomes of the deadline when the increment is not skipped: kept
+    /// without an option, cleared by `PERSIST`, set by `EX`/`PX`/`EXAT`/`PXAT`.
+    pub ttl: TtlChange,
+    /// `ENX`: set the deadline only if the counter has none.
+    pub enx: bool,
+}
+
 /// How many items `TOPK.LIST` answers without `K`.
 pub const TOPK_LIST_DEFAULT: u32 = 10;
 
@@ -859,6 +892,13 @@ pub enum Command {
         key: String,
         /// The signed amount.
         delta: i64,
+    },
+    /// `INCREX key [BYINT n] [LBOUND l] [UBOUND u] [SATURATE] [EX|PX|EXAT|PXAT t|PERSIST] [ENX]`.
+    IncrEx {
+        /// The counter.
+        key: String,
+        /// The rest.
+        args: Box<IncrExArgs>,
     },
     /// `GET key`.
     Get(String),
@@ -1264,6 +1304,7 @@ fn parse_spec(spec: &'static CommandSpec, args: &[&[u8]]) -> Result<Command, Rep
                 by.checked_neg().ok_or_else(|| Reply::Error("ERR decrement would overflow".into()))?;
             Command::Incr { key: key(a[0])?, delta }
         }
+        "increx" => Command::IncrEx { key: key(a[0])?, args: Box::new(parse_increx(&a[1..])?) },
         "get" => Command::Get(key(a[0])?),
         "mget" => Command::MGet(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
         "exists" => Command::Exists(a.iter().map(|k| key(k)).collect::<Result<_, _>>()?),
@@ -1698,6 +1739,58 @@ fn parse_set(a: &[&[u8]]) -> Result<SetArgs, Reply> {
     // The value is checked after the options, as Redis finds a syntax error first.
     set.value = set_value(a[0])?;
     Ok(set)
+}
+
+/// `INCREX key ...`'s options, in any order, each at most once (Redis 8.8's rules:
+/// one increment option, one expiration option, `ENX` only with a time).
+fn parse_increx(a: &[&[u8]]) -> Result<IncrExArgs, Reply> {
+    let (mut delta, mut by, mut min, mut max, mut saturate, mut enx) = (1, false, None, None, false, false);
+    let mut ttl: Option<TtlChange> = None;
+    let mut i = 0;
+    while i < a.len() {
+        let word = a[i].to_ascii_uppercase();
+        let value = a.get(i + 1);
+        let int = || value.ok_or_else(syntax_error).and_then(|v| redis_int(v));
+        match word.as_slice() {
+            b"BYINT" if !by => {
+                (delta, by) = (int()?, true);
+                i += 1;
+            }
+            b"BYFLOAT" if !by => {
+                return Err(Reply::Error(
+                    "ERR BYFLOAT is not supported: Tally counters hold integers; use BYINT".into(),
+                ))
+            }
+            b"LBOUND" if min.is_none() => {
+                min = Some(int()?);
+                i += 1;
+            }
+            b"UBOUND" if max.is_none() => {
+                max = Some(int()?);
+                i += 1;
+            }
+            b"SATURATE" if !saturate => saturate = true,
+            b"ENX" if !enx => enx = true,
+            b"PERSIST" if ttl.is_none() => ttl = Some(TtlChange::Clear),
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" if ttl.is_none() => {
+                if value.is_none() {
+                    return Err(syntax_error());
+                }
+                ttl = Some(TtlChange::Set(ttl_time(&word, value, "increx")?));
+                i += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 1;
+    }
+    match ttl {
+        Some(TtlChange::Clear) if enx => return Err(syntax_error()),
+        None if enx => return Err(Reply::Error("ERR ENX flag requires an expiration".into())),
+        _ => {}
+    }
+    let within =
+        tally_core::within::Within::new(min, max, saturate).map_err(|e| Reply::Error(format!("ERR {e}")))?;
+    Ok(IncrExArgs { delta, within, ttl: ttl.unwrap_or(TtlChange::Keep), enx })
 }
 
 /// `GETEX key ...`'s option.

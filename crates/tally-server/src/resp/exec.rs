@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_engine::{AutoPatch, Consistency, Increment, SpecPatch, TallyError, ValueRead};
 
-use super::command::{Command, NamespaceOp, SetArgs, TtlChange};
+use super::command::{Command, IncrExArgs, NamespaceOp, SetArgs, TtlChange};
 
 /// An auto counter's bounds and last change, for `TALLY.SHARDS`.
 fn auto_reply(a: &tally_engine::AutoStatus) -> Reply {
@@ -909,6 +909,12 @@ pub async fn run<S: Service>(
             Err(e) => engine_error(e),
         },
         Command::Set { key, set } => set_counter(svc, &key, *set).await,
+        Command::IncrEx { key, args } => {
+            let reply = increx(svc, &key, *args).await;
+            // What it counted may wait in this node's buffer: `WAIT` names it.
+            session.note_written(&[Some((key, 0))]);
+            reply
+        }
         Command::GetDel(key) => {
             let before = get(svc, &key).await;
             if !matches!(before, Reply::Bulk(_)) {
@@ -1422,6 +1428,59 @@ async fn change_ttl<S: Service>(svc: &S, key: &str, ttl: TtlChange) -> Result<()
         Ok(()) | Err(TallyError::NotFound(_)) => Ok(()),
         Err(e) => Err(engine_error(e)),
     }
+}
+
+/// `INCREX key ...` (Redis 8.8): the increment kept within the bounds
+/// ([`Service::incr_within`]), then its deadline changed as asked unless it was
+/// skipped. Answers `[new value, applied increment]`; a skipped increment answers
+/// `[current value, 0]` and leaves the counter and its deadline as they were.
+/// With `ENX` the deadline is set only if the counter has none, read from this
+/// node's metadata first, so a counter that has one costs no metadata round.
+async fn increx<S: Service>(svc: &S, key: &str, args: IncrExArgs) -> Reply {
+    let out = match svc.incr_within(key, args.delta, args.within).await {
+        Ok(out) => out,
+        Err(TallyError::Within(e)) => return Reply::Error(format!("ERR {e}")),
+        Err(e) => return engine_error(e),
+    };
+    let value = match out.total {
+        IncrTotal::Total(t) => t.value,
+        IncrTotal::Incomplete(missing) if out.applied != 0 => return counted_incomplete(&missing),
+        IncrTotal::Incomplete(missing) => {
+            return Reply::err(
+                INCOMPLETE,
+                format!("shards {missing:?} did not answer the read the bounds need; nothing was counted"),
+            )
+        }
+    };
+    if !out.skipped && out.exists {
+        let changed = match args.ttl {
+            TtlChange::Keep => Ok(()),
+            TtlChange::Clear => change_ttl(svc, key, TtlChange::Clear).await,
+            TtlChange::Set(when) => match tally_core::expiry::deadline(when, svc.engine().now_ms()) {
+                Err(_) => Err(Reply::Error("ERR invalid expire time in 'increx' command".into())),
+                Ok(at) => {
+                    let has_one = args.enx && matches!(svc.expiry(key).await, Ok((Some(_), _)));
+                    match has_one {
+                        true => Ok(()),
+                        false => {
+                            let cond = match args.enx {
+                                true => tally_core::expiry::Condition::Nx,
+                                false => tally_core::expiry::Condition::Always,
+                            };
+                            match svc.expire(key, at, cond).await {
+                                Ok(_) | Err(TallyError::NotFound(_)) => Ok(()),
+                                Err(e) => Err(engine_error(e)),
+                            }
+                        }
+                    }
+                }
+            },
+        };
+        if let Err(reply) = changed {
+            return reply;
+        }
+    }
+    Reply::Array(vec![Reply::Big(value), Reply::Int(out.applied)])
 }
 
 /// `SET key value ...` (and `GETSET`): the counter's total becomes `value` through
