@@ -15,7 +15,10 @@ UINT = {"type": "integer", "minimum": 0}
 NUM = {"type": "number"}
 STR = {"type": "string"}
 BOOL = {"type": "boolean"}
-NAME = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[A-Za-z0-9._:-]+$"}
+NAME = {"type": "string", "minLength": 1, "maxLength": 1536,
+        "description": "A counter name: any bytes, 1 to 512 (percent-encoded in a path); shown as itself when it is UTF-8, else in its escaped form."}
+# A name's escaped form: the bytes of [A-Za-z0-9._:-] as they are, every other byte as %XX.
+ESCAPED = {"type": "string", "minLength": 1, "maxLength": 1536, "pattern": "^([A-Za-z0-9._:-]|%[0-9A-F]{2})+$"}
 def nullable(s): return {"anyOf": [s, {"type": "null"}]}
 def json_body(schema): return {"content": {"application/json": {"schema": schema}}}
 
@@ -63,7 +66,7 @@ schemas = {
    "when": {"type": "string", "enum": ["nx", "xx", "gt", "lt"],
      "description": "Set only if the counter has no deadline (nx), has one (xx), the new one is later (gt) or earlier (lt); absent: always."}},
    desc="When the counter expires: exactly one of ttl_ms or expires_at_ms."),
- "Namespace": obj({"prefix": {"type": "string", "minLength": 1, "maxLength": 255},
+ "Namespace": obj({"prefix": {"type": "string", "minLength": 1, "maxLength": 1536},
    "spec": {"type": "object", "description": "The spec fields the namespace names (null: the default)."},
    "auto": nullable(ref("AutoShards")), "ttl_ms": nullable(UINT)}, ["prefix", "spec", "auto", "ttl_ms"],
    desc="What counters created implicitly under the prefix take (their first increment, SET, after DEL); the longest matching prefix wins."),
@@ -152,7 +155,7 @@ schemas = {
    "placement_epoch": UINT, "handoff": {"type": "array", "items": STR}, "data_lost": {"type": "array", "items": STR},
    "ranges": {"type": "array", "items": ref("RangeReport")}},
    ["nodes", "leader", "term", "placement_epoch", "handoff", "data_lost"]),
- "CounterPage": obj({"counters": {"type": "array", "items": NAME, "maxItems": 1000}, "next": nullable(NAME)}, ["counters", "next"],
+ "CounterPage": obj({"counters": {"type": "array", "items": NAME, "maxItems": 1000}, "next": nullable(ESCAPED)}, ["counters", "next"],
    desc="One page of counter names in byte order; pass `next` as `cursor` for the next page (null on the last)."),
  "CounterStats": obj({"name": NAME, "writes": UINT, "write_rate": {"type": "number", "minimum": 0}, "skew": {"type": "number", "minimum": 0},
    "value": nullable(INT), "staleness_ms": nullable(UINT), "complete": nullable(BOOL), "drift": nullable(INT), "error": nullable(STR)},
@@ -176,7 +179,7 @@ E422 = err("A value out of range.")
 E503 = err("A shard or the metadata group is unavailable, or the node is starting or shutting down; retry (with the same event id).")
 E415 = err("The body is not application/json.")
 name_param = {"name": "name", "in": "path", "required": True, "schema": NAME, "description": "The counter's name."}
-prefix_param = {"name": "prefix", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+prefix_param = {"name": "prefix", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 1536},
                 "description": "A name prefix, percent-encoded."}
 id_param = {"name": "id", "in": "path", "required": True, "schema": STR, "description": "A node id from the cluster config."}
 
@@ -189,9 +192,9 @@ def op(op_id, summary, responses, params=(), body=None, tag="counters"):
 paths = {
  "/v1/counters": {"get": op("listCounters", "One page of counter names, in byte order.", {
      "200": ok("A page of names and the cursor of the next.", ref("CounterPage")), "400": E400},
-     [{"name": "prefix", "in": "query", "schema": {"type": "string", "maxLength": 255}, "description": "Only names starting with this."},
+     [{"name": "prefix", "in": "query", "schema": {"type": "string", "maxLength": 512}, "description": "Only names starting with this."},
       {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
-      {"name": "cursor", "in": "query", "schema": NAME, "description": "The `next` of the previous page."}])},
+      {"name": "cursor", "in": "query", "schema": ESCAPED, "description": "The `next` of the previous page."}])},
  "/v1/counters/{name}": {
    "put": op("putCounter", "Create (201) or update (200) a counter.", {
      "200": ok("Updated.", ref("CounterInfo")), "201": ok("Created.", ref("CounterInfo")),

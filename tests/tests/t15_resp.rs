@@ -125,8 +125,8 @@ def refused(code, f, *args):
     else:
         raise AssertionError("expected %s from %s%r" % (code, f.__name__, args))
 
-refused("invalid_name", r.incrby, "bad name", 1)
-refused("invalid_name", r.get, "x" * 300)
+refused("invalid_name", r.incrby, "", 1)
+refused("invalid_name", r.get, "x" * 513)
 # Redis's own texts for Redis's commands; INCRBY 0 answers the value, as in Redis.
 refused("value is not an integer or out of range", r.incrby, "views:1", "abc")
 assert r.incrby("views:1", 0) == 1500

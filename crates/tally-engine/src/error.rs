@@ -18,10 +18,10 @@ pub enum ListError {
         /// `LIST_PAGE_COUNTERS_MAX`.
         max: usize,
     },
-    /// The prefix was longer than a name may be, or held a byte no name may hold.
-    #[error("prefix must be at most {max} bytes of [A-Za-z0-9._:-]")]
+    /// The prefix was longer than a name may be (in bytes of the name itself).
+    #[error("prefix must be at most {max} bytes, a counter name's limit")]
     Prefix {
-        /// `LIST_PREFIX_BYTES_MAX`.
+        /// `tally_core::name::NAME_BYTES_MAX`.
         max: usize,
     },
     /// The cursor was not a counter name (cursors are the last name of a page).

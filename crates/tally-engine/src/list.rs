@@ -9,8 +9,9 @@ use tally_core::CounterName;
 
 /// Most counters one page lists: bounds the work (and the answer) of one call.
 pub const LIST_PAGE_COUNTERS_MAX: usize = 1000;
-/// Longest prefix accepted, in bytes (a counter name's own limit).
-pub const LIST_PREFIX_BYTES_MAX: usize = 255;
+/// Longest prefix accepted, in bytes of its escaped form (a counter name's own
+/// limit: `tally_core::name::NAME_LEN_MAX`).
+pub const LIST_PREFIX_BYTES_MAX: usize = tally_core::name::NAME_LEN_MAX;
 
 /// One page of counter names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,9 +22,9 @@ pub struct CounterPage {
     pub next: Option<String>,
 }
 
+/// Whether `prefix` is the escaped form of a possible start of a name (or empty).
 fn prefix_ok(prefix: &str) -> bool {
-    prefix.len() <= LIST_PREFIX_BYTES_MAX
-        && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    prefix.is_empty() || (prefix.len() <= LIST_PREFIX_BYTES_MAX && CounterName::new(prefix).is_ok())
 }
 
 /// Lists up to `limit` names starting with `prefix` that sort after `after`,
@@ -40,7 +41,7 @@ pub(crate) fn list(
         return Err(ListError::Limit { got: limit, max: LIST_PAGE_COUNTERS_MAX }.into());
     }
     if !prefix_ok(prefix) {
-        return Err(ListError::Prefix { max: LIST_PREFIX_BYTES_MAX }.into());
+        return Err(ListError::Prefix { max: tally_core::name::NAME_BYTES_MAX }.into());
     }
     let after = after.map(CounterName::new).transpose().map_err(|_| ListError::Cursor)?;
     // One more than asked tells whether another page follows.

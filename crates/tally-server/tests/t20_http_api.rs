@@ -207,7 +207,7 @@ async fn a_batch_answers_one_result_per_item_in_order() {
     let body = json!({"increments": [
         {"counter": "likes:42", "delta": 1, "event_id": "x"},
         {"counter": "likes:42", "delta": 2, "writer": "w"},
-        {"counter": "bad name", "delta": 1},
+        {"counter": "", "delta": 1},
         {"counter": "likes:43", "delta": 0},
         {"counter": "likes:43", "delta": 4, "member": "m"},
     ]});
@@ -564,10 +564,13 @@ async fn bad_paths_methods_and_queries_get_json_errors() {
     call(&app, "GET", "/v1/counters/x/value?fresh=1", None).await.assert_error(400, "invalid_query");
     assert_eq!(call(&app, "GET", "/v1/counters/x/value?consistency=cached", None).await.status, 200);
 
-    call(&app, "GET", "/v1/counters/has%20space", None).await.assert_error(400, "invalid_name");
-    call(&app, "GET", "/v1/counters/a%2Fb", None).await.assert_error(400, "invalid_name");
-    call(&app, "GET", "/v1/counters/%FF%FE", None).await.assert_error(400, "invalid_path");
-    let long = format!("/v1/counters/{}", "n".repeat(256));
+    // A name is any bytes, percent-encoded; a `%` must start an escape.
+    call(&app, "GET", "/v1/counters/has%20space", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/a%2Fb", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/%FF%FE", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/bad%zz", None).await.assert_error(400, "invalid_path");
+    call(&app, "GET", "/v1/counters/bad%2", None).await.assert_error(400, "invalid_path");
+    let long = format!("/v1/counters/{}", "n".repeat(tally_core::name::NAME_BYTES_MAX + 1));
     call(&app, "PUT", &long, None).await.assert_error(400, "invalid_name");
     call(&app, "POST", &format!("{long}/increments"), Some(r#"{"delta": 1}"#))
         .await

@@ -228,7 +228,7 @@ async fn multi_queues_exec_runs_and_a_refused_command_discards_the_transaction()
     assert_eq!(
         answer,
         "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n\
-         *5\r\n:1\r\n:11\r\n$2\r\n11\r\n-ERR invalid_delta value is not an integer or out of range (got 'abc')\r\n:10\r\n",
+         *5\r\n:1\r\n:11\r\n$2\r\n11\r\n-ERR value is not an integer or out of range\r\n:10\r\n",
         "a value Redis finds bad only when it runs answers in its place"
     );
     // A command refused while queueing discards everything queued.
@@ -415,8 +415,8 @@ async fn expire_ttl_persist_and_set_answer_as_redis_does() {
             "$-1",
             "-ERR value is not an integer or out of range",
             "-ERR invalid expire time in 'set' command",
-            "-ERR syntax error",
-            "-ERR syntax error",
+            "-ERR syntax error: unexpected 'XX'",
+            "-ERR syntax error: 'EX' needs a value after it",
             ":0",
             "+PONG",
         ]

@@ -139,14 +139,27 @@ pub async fn access(
         return next.run(req).await;
     }
     let (mut parts, body) = req.into_parts();
-    let params = match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
-        Ok(Path(params)) => params,
-        Err(e) => {
-            return ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text()).into_response()
-        }
+    // A counter name may be any bytes: it is read from the path itself, in the
+    // escaped form token prefixes are compared in (`tally_core::name`).
+    let counter = match template.contains("{name}") {
+        true => match super::raw_segment(&parts, "counters") {
+            Ok(raw) => Some(tally_core::name::escape(&raw)),
+            Err(e) => return e.into_response(),
+        },
+        false => None,
+    };
+    let params = match template.contains("{id}") {
+        true => match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
+            Ok(Path(params)) => params,
+            Err(e) => {
+                return ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text())
+                    .into_response()
+            }
+        },
+        false => HashMap::new(),
     };
     let op = format!("{} {template}", parts.method);
-    let counter = params.get("name").map(String::as_str);
+    let counter = counter.as_deref();
     let node = params.get("id").map(String::as_str);
     let attempt = crate::auth::Attempt { transport: "http", op: &op, counter, node };
     let credentials = parts.headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes);

@@ -392,7 +392,8 @@ impl BatchBody {
                     member: item.member,
                     item: item.item,
                 };
-                Ok((item.counter, inc))
+                // The name itself, escaped as a path's is (`tally_core::name`).
+                Ok((tally_core::name::escape(item.counter.as_bytes()), inc))
             })
             .collect()
     }

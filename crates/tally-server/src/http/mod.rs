@@ -166,20 +166,35 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         .layer(middleware::from_fn_with_state(shared, guard))
 }
 
-/// A counter name from the path. The engine validates it; this only decodes it and
-/// names it in the request's span.
+/// A counter name from the path: the bytes its percent-encoding stands for (any
+/// bytes: spaces, `/` as `%2F`, `@`, `{…}`, UTF-8, `%FF`), held in its escaped form
+/// (`tally_core::name`), the one RESP keys take too, so both fronts reach the same
+/// counter. Names it in the request's span.
 pub struct CounterPath(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for CounterPath {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(name) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text()))?;
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let raw = raw_segment(parts, "counters")?;
+        let name = tally_core::name::CounterName::from_bytes(&raw)
+            .map_err(|e| ApiError::from(tally_engine::TallyError::InvalidName(e)))?;
         tracing::Span::current().record("counter", name.as_str());
-        Ok(Self(name))
+        Ok(Self(name.into()))
     }
+}
+
+/// The bytes of the path segment after `/v1/{collection}/`, percent-decoded from
+/// the request's own path: the router decodes parameters to UTF-8 text only, and a
+/// name may be any bytes.
+pub(crate) fn raw_segment(parts: &Parts, collection: &str) -> Result<Vec<u8>, ApiError> {
+    let bad = |message: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, message);
+    let mut segments = parts.uri.path().split('/');
+    let segment = match (segments.next(), segments.next(), segments.next(), segments.next()) {
+        (Some(""), Some("v1"), Some(c), Some(segment)) if c == collection => segment,
+        _ => return Err(bad(format!("the path has no /v1/{collection}/ segment"))),
+    };
+    tally_core::name::percent_decode(segment).map_err(|e| bad(e.to_string()))
 }
 
 /// `PUT /v1/counters/{name}`: creates (201) or updates (200) the counter and answers
@@ -194,6 +209,7 @@ async fn put_counter<S: Service>(
     let ttl = spec.ttl_ms.map(|t| body::ttl_ms_in_range("ttl_ms", t)).transpose()?;
     let (patch, auto) = spec.into_patch()?;
     let mut outcome = st.svc.put_counter(&name, patch, auto).await?;
+    outcome.counter.name = tally_core::name::shown(&outcome.counter.name);
     if let Some(ttl) = ttl {
         let at = st.svc.engine().now_ms().saturating_add(ttl as u64);
         st.svc.expire(&name, at, tally_core::expiry::Condition::Always).await?;
@@ -235,7 +251,9 @@ async fn get_counter<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
 ) -> Result<Json<CounterInfo>, ApiError> {
-    Ok(Json(st.svc.counter(&name).await?))
+    let mut info = st.svc.counter(&name).await?;
+    info.name = tally_core::name::shown(&info.name);
+    Ok(Json(info))
 }
 
 /// `DELETE /v1/counters/{name}`: 204; 404 if unknown.
@@ -545,7 +563,7 @@ pub struct NamespaceView {
 
 impl NamespaceView {
     fn of(prefix: &str, n: &tally_core::namespace::NamespaceSpec) -> Self {
-        Self { prefix: prefix.to_owned(), spec: n.patch, auto: n.auto, ttl_ms: n.ttl_ms }
+        Self { prefix: tally_core::name::shown(prefix), spec: n.patch, auto: n.auto, ttl_ms: n.ttl_ms }
     }
 }
 
@@ -556,17 +574,14 @@ pub struct NamespacesView {
     pub namespaces: Vec<NamespaceView>,
 }
 
-/// A namespace prefix from the path (percent-decoded).
+/// A namespace prefix from the path (percent-decoded, in its escaped form).
 struct PrefixPath(String);
 
 impl<S: Send + Sync> FromRequestParts<S> for PrefixPath {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(prefix) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text()))?;
-        Ok(Self(prefix))
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        Ok(Self(tally_core::name::escape(&raw_segment(parts, "namespaces")?)))
     }
 }
 

@@ -1153,13 +1153,12 @@ fn spec_float(raw: &[u8], field: &str) -> Result<f64, Reply> {
         .ok_or_else(|| Reply::err("invalid_spec", format!("{field} must be a number (got '{}')", quote(raw))))
 }
 
+/// A key: any bytes up to `NAME_BYTES_MAX`, as the counter name's escaped form
+/// (`tally_core::name`), which the engine and the HTTP front use too.
 fn key(raw: &[u8]) -> Result<String, Reply> {
-    String::from_utf8(raw.to_vec()).map_err(|_| {
-        Reply::err(
-            "invalid_name",
-            format!("counter names are UTF-8 text of [A-Za-z0-9._:-] (got '{}')", quote(raw)),
-        )
-    })
+    tally_core::name::CounterName::from_bytes(raw)
+        .map(String::from)
+        .map_err(|e| Reply::err("invalid_name", e))
 }
 
 fn text(raw: &[u8], what: &str) -> Result<String, Reply> {
@@ -1868,8 +1867,9 @@ fn spec_fields(a: &[&[u8]]) -> Result<SpecBody, Reply> {
 /// `TALLY.NAMESPACE SET prefix [FIELD value ...] | GET prefix | DEL prefix | LIST`.
 fn parse_namespace(a: &[&[u8]]) -> Result<Command, Reply> {
     let sub = a[0].to_ascii_uppercase();
-    let prefix =
-        |i: usize| a.get(i).ok_or_else(|| wrong_arity("tally.namespace")).and_then(|p| text(p, "prefix"));
+    let prefix = |i: usize| {
+        a.get(i).ok_or_else(|| wrong_arity("tally.namespace")).map(|p| tally_core::name::escape(p))
+    };
     Ok(Command::TallyNamespace(match sub.as_slice() {
         b"SET" => NamespaceOp::Set { prefix: prefix(1)?, spec: Box::new(spec_fields(&a[2..])?) },
         b"GET" if a.len() == 2 => NamespaceOp::Get(prefix(1)?),
@@ -2254,9 +2254,18 @@ mod tests {
     }
 
     #[test]
-    fn names_must_be_text_and_connection_commands_parse() {
-        let e = parse(&[b"get".as_slice(), &[0xff, 0xfe]]).expect_err("not UTF-8");
-        assert!(matches!(e, Reply::Error(ref t) if t.starts_with("ERR invalid_name")), "{e:?}");
+    fn keys_are_any_bytes_and_connection_commands_parse() {
+        // A key is any bytes up to the limit, held in its escaped form.
+        let Ok(Command::Get(name)) = parse(&[b"get".as_slice(), &[0xff, b' ', b'{', b'}']]) else {
+            panic!("a GET");
+        };
+        assert_eq!(name, "%FF%20%7B%7D");
+        let long = vec![0xC3; tally_core::name::NAME_BYTES_MAX];
+        assert!(parse(&[b"incr".as_slice(), &long]).is_ok());
+        for bad in [vec![], vec![b'x'; tally_core::name::NAME_BYTES_MAX + 1]] {
+            let e = parse(&[b"get".as_slice(), &bad]).expect_err("refused");
+            assert!(matches!(e, Reply::Error(ref t) if t.starts_with("ERR invalid_name")), "{e:?}");
+        }
         assert_eq!(
             parsed(&["hello", "3", "setname", "me"]),
             Command::Hello { proto: Some(3), auth: None, setname: Some(b"me".to_vec()) }

@@ -1042,7 +1042,7 @@ pub async fn run<S: Service>(
 /// `TALLY.CREATE`'s words.
 fn namespace_reply(prefix: &str, n: &tally_core::namespace::NamespaceSpec) -> Reply {
     let p = &n.patch;
-    let mut fields = vec![("prefix", Reply::text(prefix))];
+    let mut fields = vec![("prefix", name_reply(prefix))];
     let num = |v: u64| Reply::Big(v.into());
     if let Some(a) = n.auto {
         fields.push(("shards", Reply::text("auto")));
@@ -1091,7 +1091,7 @@ async fn namespace<S: Service>(svc: &S, op: NamespaceOp) -> Reply {
             Err(e) => engine_error(e),
         },
         NamespaceOp::List => match svc.engine().namespaces() {
-            Ok(all) => Reply::Array(all.keys().map(|p| Reply::text(p.clone())).collect()),
+            Ok(all) => Reply::Array(all.keys().map(|p| name_reply(p)).collect()),
             Err(e) => engine_error(e),
         },
     }
@@ -1124,11 +1124,11 @@ fn scan_page<S: Service>(
     after: Option<&str>,
     count: usize,
 ) -> Result<tally_engine::CounterPage, TallyError> {
-    let literal = pattern.map(super::glob::literal_prefix).unwrap_or_default();
-    let Ok(literal) = String::from_utf8(literal) else {
-        return Ok(tally_engine::CounterPage { counters: Vec::new(), next: None });
-    };
-    let literal: String = literal.chars().take(tally_engine::LIST_PREFIX_BYTES_MAX).collect();
+    let mut literal = pattern.map(super::glob::literal_prefix).unwrap_or_default();
+    // Names are listed by their escaped form, which keeps prefixes (a longer
+    // literal than a name can be matches nothing, as the listing answers).
+    literal.truncate(tally_core::name::NAME_BYTES_MAX + 1);
+    let literal = tally_core::name::escape(&literal);
     let limit = count.clamp(1, tally_engine::LIST_PAGE_COUNTERS_MAX);
     let tally = svc.engine();
     let principal = session.principal.as_deref();
@@ -1144,9 +1144,16 @@ fn scan_page<S: Service>(
     }
 }
 
-/// Whether a counter named `name` is what `SCAN`/`KEYS` asked for.
+/// Whether a counter named `name` (escaped) is what `SCAN`/`KEYS` asked for: the
+/// pattern is matched against the name's own bytes.
 fn wanted(name: &str, pattern: Option<&[u8]>, kind: Option<&str>) -> bool {
-    kind.is_none_or(|k| k == "string") && pattern.is_none_or(|p| super::glob::matches(p, name.as_bytes()))
+    kind.is_none_or(|k| k == "string")
+        && pattern.is_none_or(|p| super::glob::matches(p, &tally_core::name::unescaped(name)))
+}
+
+/// A counter name (escaped) as a reply: its own bytes.
+fn name_reply(name: &str) -> Reply {
+    Reply::Bulk(tally_core::name::unescaped(name))
 }
 
 /// `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]`: one page of at most
@@ -1179,7 +1186,7 @@ async fn scan<S: Service>(
         .counters
         .into_iter()
         .filter(|n| wanted(n, pattern, args.kind.as_deref()))
-        .map(Reply::text)
+        .map(|n| name_reply(&n))
         .collect();
     Reply::Array(vec![Reply::text(next.to_string()), Reply::Array(names)])
 }
@@ -1203,7 +1210,7 @@ async fn keys<S: Service>(svc: &S, session: &Session, pattern: &[u8]) -> Reply {
             Ok(page) => page,
             Err(e) => return engine_error(e),
         };
-        out.extend(page.counters.into_iter().filter(|n| wanted(n, Some(pattern), None)).map(Reply::text));
+        out.extend(page.counters.iter().filter(|n| wanted(n, Some(pattern), None)).map(|n| name_reply(n)));
         if out.len() > KEYS_COUNTERS_MAX {
             return Reply::Error(format!(
                 "ERR more than {KEYS_COUNTERS_MAX} counters match: page through them with SCAN"
