@@ -7,7 +7,9 @@
 #
 # Options (mostly for working on the suite itself):
 #   --only SECTIONS   comma-separated subset of: postgres,redis,tally1,tally3,tally3r,reads,
-#                     sketch,resp (tally3r: the 3-node cluster with replicas = 3)
+#                     sketch,resp (tally3r: the 3-node cluster with replicas = 3), or
+#                     scale (memory, disk and restarts per retained event id, one copy
+#                     and three; not in the default run: see bench/lib/scale.sh)
 #   --out DIR         where results go
 # Environment: BENCH_DURATION_S, BENCH_WRITERS ("1 8 64 256"), BENCH_TMPDIR (default
 # /var/tmp; data directories must be on a real disk, fsync on tmpfs is free),
@@ -22,6 +24,8 @@ REPO=$(dirname "$BENCH")
 source "$BENCH/lib/common.sh"
 # shellcheck source=lib/servers.sh
 source "$BENCH/lib/servers.sh"
+# shellcheck source=lib/scale.sh
+source "$BENCH/lib/scale.sh"
 
 MODE=full
 SECTIONS="postgres redis tally1 tally3 tally3r reads sketch resp"
@@ -45,6 +49,9 @@ while (($#)); do
   esac
   shift
 done
+
+# The scale section alone keeps its results apart (it writes no cells for the report).
+if [[ $SECTIONS == scale && -z $OUT ]]; then OUT=$BENCH/results/scale; fi
 
 # Cells stay shorter than a node's idle keep-alive limit (http.header_read_timeout_ms,
 # 5 s): `tally load --verify` reuses its control connection after the run, and when
@@ -566,7 +573,7 @@ write_meta start mode="$MODE" duration_s="$DURATION_S" writers="$WRITERS" read_d
 
 for section in $SECTIONS; do
   case $section in
-    postgres | redis | tally1 | tally3 | tally3r | reads | sketch | resp) ;;
+    postgres | redis | tally1 | tally3 | tally3r | reads | sketch | resp | scale) ;;
     *) die "unknown section $section" ;;
   esac
 done
@@ -579,10 +586,15 @@ for section in $SECTIONS; do
       ;;
     sketch) section_sketch ;;
     resp) section_resp ;;
+    scale) section_scale ;;
   esac
 done
 
 "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "at the end"
 write_meta end
+if [[ $SECTIONS == scale ]]; then
+  log "done: $OUT/scale.csv, $OUT/restarts.csv"
+  exit 0
+fi
 "$PY" "$BENCH/lib/report.py" "$OUT"
 log "done: $OUT/results.md"

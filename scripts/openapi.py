@@ -177,7 +177,9 @@ E429 = err("The writer is new and its shard keeps marks for the most writers it 
 E413 = err("Body or batch too large.")
 E422 = err("A value out of range.")
 E503 = err("A shard or the metadata group is unavailable, or the node is starting or shutting down; retry (with the same event id).")
-E415 = err("The body is not application/json.")
+E507 = err("A quota of the node would be exceeded (`quota_exceeded`: engine.counters_max, [[quotas]], "
+           "engine.event_ids_per_counter_max, engine.sketch_bytes_per_counter_max); nothing was created or counted.")
+E415 = err("The body is not application/json (every POST must declare a JSON body, `{}` when it has no fields).")
 name_param = {"name": "name", "in": "path", "required": True, "schema": NAME, "description": "The counter's name."}
 prefix_param = {"name": "prefix", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 1536},
                 "description": "A name prefix, percent-encoded."}
@@ -198,12 +200,12 @@ paths = {
  "/v1/counters/{name}": {
    "put": op("putCounter", "Create (201) or update (200) a counter.", {
      "200": ok("Updated.", ref("CounterInfo")), "201": ok("Created.", ref("CounterInfo")),
-     "400": E400, "409": E409, "413": E413, "415": E415, "422": E422, "503": E503}, [name_param], (ref("SpecPatch"), False)),
+     "400": E400, "409": E409, "413": E413, "415": E415, "422": E422, "503": E503, "507": E507}, [name_param], (ref("SpecPatch"), False)),
    "get": op("getCounter", "The counter's spec and a summary.", {"200": ok("The counter.", ref("CounterInfo")), "400": E400, "404": E404}, [name_param]),
    "delete": op("deleteCounter", "Delete the counter and its data.", {"204": {"description": "Deleted."}, "400": E400, "404": E404, "503": E503}, [name_param])},
  "/v1/counters/{name}/increments": {"post": op("increment", "Count one increment (an unknown counter is created with the defaults).", {
      "200": ok("Counted, or recognized as a duplicate.", ref("IncrOutcome")), "400": E400, "409": E409, "413": E413, "415": E415,
-     "422": E422, "429": E429, "503": E503}, [name_param], (ref("Increment"), True))},
+     "422": E422, "429": E429, "503": E503, "507": E507}, [name_param], (ref("Increment"), True))},
  "/v1/increments": {"post": op("incrementMany", "Count many increments; one result per item, in order.", {
      "200": ok("One result per item.", ref("BatchResults")), "400": E400, "413": E413, "415": E415, "503": E503}, body=(ref("Batch"), True))},
  "/v1/counters/{name}/value": {"get": op("readValue", "The counter's total.", {
@@ -256,7 +258,8 @@ paths = {
    "delete": op("removeMember", "Remove a node from the placement ring.", {"200": ok("The cluster after the change.", ref("ClusterView")),
      "400": E400, "404": E404, "409": E409, "503": E503}, [id_param], tag="cluster")},
  "/v1/cluster/nodes/{id}/accept-loss": {"post": op("acceptLoss", "Accept that a replaced disk lost a node's data.", {
-     "200": ok("The cluster after the change.", ref("ClusterView")), "400": E400, "404": E404, "409": E409, "503": E503}, [id_param], tag="cluster")},
+     "200": ok("The cluster after the change.", ref("ClusterView")), "400": E400, "404": E404, "409": E409, "415": E415, "503": E503},
+     [id_param], (obj({}, []), True), tag="cluster")},
  "/v1/openapi.json": {"get": op("openapi", "This document.", {"200": {"description": "The OpenAPI 3.1 document.",
      "content": {"application/json": {"schema": {"type": "object"}}}}}, tag="operations")},
  "/metrics": {"get": op("metrics", "Prometheus text exposition (version 0.0.4).", {"200": {"description": "The metrics.",
@@ -272,10 +275,21 @@ paths = {
 E401 = {**err("No token, a malformed Authorization header, or a token this node does not accept "
                "(the answer carries WWW-Authenticate: Bearer realm=\"tally\")."),
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer realm=\"tally\", with error=\"invalid_token\" for a wrong token."}}}
-E403 = err("The token's scopes or counter prefixes do not allow this.")
+E403 = err("The token's scopes or counter prefixes do not allow this, or (a write) a browser sent it from a page of "
+           "another origin (`cross_origin`).")
 OPEN = {"/v1/openapi.json", "/healthz", "/ui"}
+# Browsers (http::browser): a Host the node does not answer to is refused on every
+# route; a write from a page of another origin, and a POST without a JSON body, too.
+E421 = err("The Host header names a host this node does not answer to (`host_not_allowed`: not an IP literal, "
+           "localhost, nor one of http.allowed_hosts), which is how DNS rebinding looks.")
+E403_CROSS = err("A browser sent this write from a page of another origin (`cross_origin`).")
 for path, ops in paths.items():
-    for o in ops.values():
+    for method, o in ops.items():
+        o["responses"]["421"] = E421
+        if method != "get":
+            o["responses"]["403"] = E403_CROSS
+        if method == "post":
+            o["responses"]["415"] = E415
         if path in OPEN:
             o["security"] = []
         else:

@@ -13,7 +13,7 @@ use tally_server::resp::wire::{next_request_spans, WireLimits, INLINE_BYTES_MAX}
 use tally_server::resp::{command, PIPELINE_COMMANDS_MAX};
 
 /// Small limits, within reach of short inputs.
-const SMALL: WireLimits = WireLimits { request_bytes_max: 64, args_max: 4 };
+const SMALL: WireLimits = WireLimits { request_bytes_max: 64, args_max: 4, arg_bytes_max: 32 };
 
 fn pipeline(data: &[u8], limits: &WireLimits) {
     let mut buf = data;
@@ -43,8 +43,11 @@ fn pipeline(data: &[u8], limits: &WireLimits) {
 
 fuzz_target!(|data: &[u8]| {
     let defaults = RespConfig::default();
-    let limits =
-        WireLimits { request_bytes_max: defaults.request_limit_bytes(), args_max: defaults.args_limit() };
+    let limits = WireLimits {
+        request_bytes_max: defaults.request_limit_bytes(),
+        args_max: defaults.args_limit(),
+        arg_bytes_max: defaults.arg_limit_bytes(),
+    };
     pipeline(data, &limits);
     pipeline(data, &SMALL);
 });

@@ -176,7 +176,21 @@ pub struct SimConfig {
     /// (`tally-replica`) of this many nodes whose voters follow membership changes,
     /// and some crashes lose the node's disk.
     pub replicas: u8,
+    /// Whether range groups snapshot often, in small frames (replicated runs):
+    /// every [`SMALL_SNAPSHOT_ENTRIES`] entries, keeping
+    /// [`SMALL_SNAPSHOT_LOGS_KEPT`] behind, in frames of
+    /// [`SMALL_SNAPSHOT_FRAME_BYTES`], so that replicas that fall behind or lose
+    /// their disk catch up by snapshots of many frames under the run's faults.
+    pub small_snapshots: bool,
 }
+
+/// Entries between two snapshots of a range group, with small snapshots (the
+/// cluster's groups snapshot every 5,000, more than a run writes).
+pub const SMALL_SNAPSHOT_ENTRIES: u64 = 10;
+/// Entries kept behind a snapshot, with small snapshots.
+pub const SMALL_SNAPSHOT_LOGS_KEPT: u64 = 2;
+/// Bytes of pairs per snapshot frame, with small snapshots (1 MiB in a cluster).
+pub const SMALL_SNAPSHOT_FRAME_BYTES: u64 = 512;
 
 /// Most copies of a shard a run may ask for (as the cluster allows).
 pub const REPLICAS_MAX: u8 = 5;
@@ -207,6 +221,7 @@ impl SimConfig {
             plant: None,
             tier: Tier::Model,
             replicas: 1,
+            small_snapshots: false,
         }
     }
 
@@ -215,9 +230,20 @@ impl SimConfig {
         Self { clients: 6, chaos_ms: 1_200, transitions: 2, ..Self::standard(seed, nodes, faults) }
     }
 
-    /// The same run with `replicas` copies of every shard (tier 2).
+    /// The same run with `replicas` copies of every shard (tier 2). Two copies are
+    /// refused by a cluster's config and by counters (a pair cannot replace a lost
+    /// disk), so two runs as three.
     pub fn replicated(self, replicas: u8) -> Self {
-        Self { replicas: replicas.clamp(1, REPLICAS_MAX), ..self }
+        let replicas = match replicas.clamp(1, REPLICAS_MAX) {
+            2 => 3,
+            r => r,
+        };
+        Self { replicas, ..self }
+    }
+
+    /// The same run with range groups that snapshot often, in small frames.
+    pub fn with_small_snapshots(self) -> Self {
+        Self { small_snapshots: true, ..self }
     }
 
     /// The same run on another tier.
@@ -246,6 +272,9 @@ impl SimConfig {
         }
         if self.replicas > 1 {
             cmd.push_str(&format!(" --replicas {}", self.replicas));
+        }
+        if self.small_snapshots {
+            cmd.push_str(" --small-snapshots");
         }
         if self.clients != STANDARD_CLIENTS
             || self.chaos_ms != STANDARD_CHAOS_MS

@@ -233,6 +233,9 @@ pub enum FaultKind {
     /// A range group's voters sit on other nodes than at the start, after
     /// membership changes (replicated runs, counted at the end).
     RangeMoved,
+    /// A snapshot a range replica installed (replicated runs, counted at the end
+    /// over the replicas of the nodes' last lives).
+    SnapshotInstalled,
     /// A range's leader left its group in a membership change and closed it; the
     /// remaining voters elect another once its lease runs out (replicated runs).
     LeaderHandedOver,
@@ -243,7 +246,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 19] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -260,6 +263,7 @@ impl FaultKind {
         FaultKind::LeaderIsolated,
         FaultKind::LeaderPaused,
         FaultKind::RangeMoved,
+        FaultKind::SnapshotInstalled,
         FaultKind::LeaderHandedOver,
         FaultKind::GroupRetired,
     ];
@@ -283,6 +287,7 @@ impl FaultKind {
             FaultKind::LeaderIsolated => "leader isolated",
             FaultKind::LeaderPaused => "leader paused",
             FaultKind::RangeMoved => "range moved",
+            FaultKind::SnapshotInstalled => "snapshot installed",
             FaultKind::LeaderHandedOver => "leader handed over",
             FaultKind::GroupRetired => "group retired",
         }

@@ -50,6 +50,10 @@ struct Args {
     /// node's disk.
     #[arg(long, default_value_t = 1)]
     replicas: u8,
+    /// With --replicas: range groups snapshot every 10 entries, in 512-byte frames,
+    /// so that catch-up goes through snapshots of many frames.
+    #[arg(long)]
+    small_snapshots: bool,
     /// With --reproduce: print the history of this counter (e.g. sync:0).
     #[arg(long)]
     dump: Option<String>,
@@ -71,6 +75,7 @@ impl Args {
     fn config(&self, seed: u64) -> SimConfig {
         let mut cfg =
             SimConfig::standard(seed, self.nodes, self.faults).on(self.tier).replicated(self.replicas);
+        cfg.small_snapshots = self.small_snapshots;
         if let Some(c) = self.clients {
             cfg.clients = c;
         }

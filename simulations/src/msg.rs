@@ -44,9 +44,10 @@ impl Answer {
             Outcome::Duplicate => Answer::Duplicate,
             Outcome::Conflict { .. } => Answer::Conflict,
             Outcome::Overflow(_) => Answer::Overflow,
-            Outcome::OutOfOrder { .. } | Outcome::TooManyWriters | Outcome::BoundExceeded { .. } => {
-                Answer::Refused
-            }
+            Outcome::OutOfOrder { .. }
+            | Outcome::TooManyWriters
+            | Outcome::TooManyEventIds
+            | Outcome::BoundExceeded { .. } => Answer::Refused,
         }
     }
 }

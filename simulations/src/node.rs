@@ -27,9 +27,9 @@ use tally_core::handoff_machine::{
     admit, seal_marker, shard_of_seal_marker, Admission, AdoptEffect, AdoptInput, Adoption, HandOffPass,
     PassEffect, PassInput, PullAnswer, PullEffect, PullInput, SEAL_MARKER_PREFIX,
 };
-use tally_core::hash::hash64;
 use tally_core::limits::bufferable;
 use tally_core::meta::CounterMeta;
+use tally_core::reconcile::{correction_delta, CorrectionIds};
 use tally_core::rollup::refresh_due;
 use tally_core::router::{route, shard_of_event, RouteKey};
 use tally_core::shard::{Outcome, ShardReply, Submission, COMMIT_SUBMISSIONS_MAX};
@@ -38,9 +38,6 @@ use tally_core::sketch::{member_hash, DistinctSketch};
 use tally_core::spec::Durability;
 use tally_core::{CounterName, ShardId};
 use tally_store::{MemStore, ShardImage, Store};
-
-/// Seed of the hash that names reconciliation corrections.
-const CORRECTION_SEED: u64 = 0x7265_636f_6e63_696c;
 
 /// A submission waiting for its shard's next commit.
 #[derive(Debug, Clone)]
@@ -87,6 +84,8 @@ pub(crate) struct Node {
     acc: BTreeMap<(CounterName, u16), Acc>,
     /// Drained sums not yet answered (the engine's drain book).
     drains: DrainBook,
+    /// The event ids of this life's reconciliation runs (the engine's reconciler's).
+    corrections: CorrectionIds,
     rollup: BTreeMap<CounterName, Cached>,
     changed: BTreeMap<CounterName, u64>,
     sequence: BTreeMap<CounterName, u64>,
@@ -113,6 +112,7 @@ impl Node {
             flush_at: None,
             acc: BTreeMap::new(),
             drains: DrainBook::new(&idx.to_string(), 0),
+            corrections: CorrectionIds::new(&idx.to_string(), 0),
             rollup: BTreeMap::new(),
             changed: BTreeMap::new(),
             sequence: BTreeMap::new(),
@@ -129,6 +129,7 @@ impl Node {
         self.store = store;
         self.incarnation = incarnation;
         self.drains = DrainBook::new(&idx.to_string(), incarnation);
+        self.corrections = CorrectionIds::new(&idx.to_string(), incarnation);
     }
 }
 
@@ -504,13 +505,10 @@ impl Sim {
         if drift == 0 {
             return reply(self, Some((before, 0)));
         }
-        let Ok(delta) = i64::try_from(drift) else { return reply(self, None) };
-        // The id is a function of (counter, authoritative, before): a retried or
-        // duplicated correction is deduplicated like any event id.
-        let mut key = counter.as_str().as_bytes().to_vec();
-        key.extend_from_slice(&authoritative.to_be_bytes());
-        key.extend_from_slice(&before.to_be_bytes());
-        let id = format!("~reconcile:{:016x}", hash64(CORRECTION_SEED, &key));
+        let Some(delta) = correction_delta(authoritative, before) else { return reply(self, None) };
+        // The run's own id: a resent or duplicated correction is deduplicated like
+        // any event id, and a later run is a correction of its own.
+        let id = self.node(n).corrections.next_run();
         let ctx = SubmitCtx::Reconcile { client, op, before, drift, authoritative, hops: 0 };
         if bug!(ReconcileTwice) {
             let sub = Submission::Single {
@@ -546,9 +544,10 @@ impl Sim {
             // Every drained sum carries an id and stays in the book until answered,
             // as in the engine; a remote one is in doubt at once (its answer may be
             // lost) and resent unchanged until answered.
+            let born = meta.created_at_ms;
             let sub = self.node(n).drains.open(
                 now,
-                &counter,
+                (&counter, born),
                 target,
                 shards,
                 (acc.sum, acc.increments, acc.members),
@@ -567,8 +566,13 @@ impl Sim {
         }
         let (resend, lost) = self.node(n).drains.due(now, None);
         assert!(lost.is_empty(), "a simulated drain stayed in doubt past the resend limit");
-        for (counter, sub) in resend {
-            self.route_submission(n, &counter, None, sub, SubmitCtx::RemoteDrain);
+        for (counter, born, sub) in resend {
+            // A sum of a counter since deleted is never resent to its namesake.
+            if self.meta.counters.get(&counter).is_some_and(|m| m.created_at_ms == born) {
+                self.route_submission(n, &counter, None, sub, SubmitCtx::RemoteDrain);
+            } else if let Some(id) = sub.drain_id() {
+                self.node(n).drains.close(id);
+            }
         }
     }
 
@@ -986,7 +990,8 @@ impl Sim {
         }
         let mut answer = PullAnswer::new(after.clone());
         let owns = self.meta.owner(&shard) == n;
-        let mut effects: VecDeque<PullEffect> = answer.step(PullInput::Asked { owns }).into();
+        // Tier 1 loses no disk, so no node's shards are ever marked lost.
+        let mut effects: VecDeque<PullEffect> = answer.step(PullInput::Asked { owns, lost: false }).into();
         while let Some(effect) = effects.pop_front() {
             let next = match effect {
                 PullEffect::Refuse => return,

@@ -194,3 +194,29 @@ fn replicated_found_seeds_violate_nothing() {
         assert!(violations(&r).is_empty(), "{}: {:?}", r.config.reproduce_command(), violations(&r));
     }
 }
+
+/// Standard runs searched for a snapshot installed with small snapshots.
+const SNAPSHOT_SEEDS_MAX: u64 = 12;
+
+/// Range groups that snapshot every ten entries, in 512-byte frames: replicas
+/// that fall behind (a crash, a partition) or lose their disk catch up by
+/// snapshots of many frames streamed while their range goes on applying, under
+/// the run's message loss, partitions and crashes, and break nothing.
+#[test]
+fn snapshots_of_many_frames_catch_replicas_up() {
+    let (mut installed, mut runs) = (0, 0);
+    for seed in 0..SNAPSHOT_SEEDS_MAX {
+        let cfg = SimConfig::standard(seed, NODES, FaultLevel::Heavy)
+            .on(Tier::Engine)
+            .replicated(REPLICAS)
+            .with_small_snapshots();
+        let r = run(cfg);
+        assert!(violations(&r).is_empty(), "{}: {:?}", r.config.reproduce_command(), violations(&r));
+        installed += r.faults.get(&FaultKind::SnapshotInstalled).copied().unwrap_or(0);
+        runs += 1;
+        if installed > 0 {
+            break;
+        }
+    }
+    assert!(installed > 0, "no snapshot was installed in {runs} runs");
+}

@@ -8,6 +8,8 @@
 //! cluster.node(3).pause();         // SIGSTOP (a silent failure), .resume() = SIGCONT
 //! ```
 
+pub mod netns;
+
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -731,7 +733,18 @@ impl Postgres {
     /// error in CI (`CI=true`), else `Ok(None)` after a message that the test is
     /// skipped.
     pub fn start() -> Result<Option<Self>> {
-        match Self::try_start() {
+        Self::start_with(None)
+    }
+
+    /// Like [`Postgres::start`], serving TLS with the certificate chain `cert` and
+    /// key `key`, and taking TCP connections over TLS only (`hostssl` in
+    /// `pg_hba.conf`): a plaintext client is refused.
+    pub fn start_tls(cert: &Path, key: &Path) -> Result<Option<Self>> {
+        Self::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&Path, &Path)>) -> Result<Option<Self>> {
+        match Self::try_start(tls) {
             Ok(pg) => Ok(Some(pg)),
             Err(e) if !in_ci() => {
                 eprintln!("SKIPPED: cannot start PostgreSQL ({e:#}); install it with `apt-get install postgresql`; CI=true makes this a failure");
@@ -743,7 +756,7 @@ impl Postgres {
         }
     }
 
-    fn try_start() -> Result<Self> {
+    fn try_start(tls: Option<(&Path, &Path)>) -> Result<Self> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .context("no /usr/lib/postgresql")?
@@ -780,6 +793,25 @@ impl Postgres {
         if !out.status.success() {
             bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
         }
+        let mut settings = Vec::new();
+        if let Some((cert, key)) = tls {
+            // The server's key must be its own and private to it.
+            for (from, to) in [(cert, "server.pem"), (key, "server-key.pem")] {
+                let to = data.join(to);
+                std::fs::copy(from, &to)?;
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))?;
+                if root && !Command::new("chown").arg("postgres:").arg(&to).status()?.success() {
+                    bail!("chown of {} to postgres failed", to.display());
+                }
+            }
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+            )?;
+            for s in ["ssl=on", "ssl_cert_file=server.pem", "ssl_key_file=server-key.pem"] {
+                settings.extend(["-c".to_string(), s.to_string()]);
+            }
+        }
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("postgres.log"))?;
         let launcher = as_pg(&bin.join("postgres"))
@@ -788,6 +820,7 @@ impl Postgres {
             .arg("-k")
             .arg(dir.path())
             .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .args(&settings)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -814,6 +847,12 @@ impl Postgres {
     /// The connection URL (user `postgres`, database `postgres`, no password).
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A connection string through the server's Unix socket (open to the test's
+    /// own client when TCP takes TLS only).
+    pub fn socket_url(&self) -> String {
+        format!("host={} port={} user=postgres dbname=postgres", self.dir.path().display(), self.port)
     }
 
     /// Stops the server: SIGINT (fast shutdown) to the postmaster by its PID, then

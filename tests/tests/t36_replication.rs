@@ -302,18 +302,18 @@ async fn shards_and_cluster_show_replicas_leaders_and_failovers() -> anyhow::Res
 /// nothing, and started again as before it reads every counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_refuses_data_kept_with_another_number_of_copies() -> anyhow::Result<()> {
-    let c = TestCluster::start_configured(2, &[], "cluster.replicas = 1\n").await?;
+    let c = TestCluster::start_configured(3, &[], "cluster.replicas = 1\n").await?;
     c.put_counter(1, "kept", json!({"shards": 4, "durability": "sync"})).await?;
     for i in 0..8 {
         let (status, body) =
-            c.incr(1 + i % 2, "kept", json!({"delta": 1, "event_id": format!("k{i}")})).await?;
+            c.incr(1 + i % 3, "kept", json!({"delta": 1, "event_id": format!("k{i}")})).await?;
         assert_eq!(status, 200, "{body}");
     }
     assert_eq!(c.node(1).stop(), Some(0), "{}", c.node(1).log_tail());
     let config = std::fs::read_to_string(c.config_path(1))?;
     assert!(config.contains("\nreplicas = 1\n"), "{config}");
     for changed in
-        [config.replace("\nreplicas = 1\n", "\n"), config.replace("\nreplicas = 1\n", "\nreplicas = 2\n")]
+        [config.replace("\nreplicas = 1\n", "\n"), config.replace("\nreplicas = 1\n", "\nreplicas = 3\n")]
     {
         let path = c.dir().join("node1-changed.toml");
         std::fs::write(&path, &changed)?;
@@ -327,8 +327,65 @@ async fn a_node_refuses_data_kept_with_another_number_of_copies() -> anyhow::Res
         }
     }
     c.restart(1).await?;
-    for node in 1..=2 {
+    for node in 1..=3 {
         assert_eq!(c.value(node, "kept").await?, 8, "node{node}");
     }
+    Ok(())
+}
+
+/// Two copies cannot replace a lost disk: a group of two voters needs both for
+/// every majority, so once one disk is gone its replacement can never be added
+/// under the pair. A counter asking for two copies is refused with the reason, and
+/// so is a config that would give range groups of two voters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_are_refused_with_the_reason() -> anyhow::Result<()> {
+    let c = TestCluster::start_configured(3, &[], REPLICATED).await?;
+    let (status, body) = c.send(1, "PUT", "/v1/counters/pair", json!({"shards": 8, "replicas": 2})).await?;
+    assert_eq!(status, 422, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("lost disk"), "{body}");
+    let (status, body) = c.send(1, "PUT", "/v1/counters/triple", json!({"shards": 8, "replicas": 3})).await?;
+    assert_eq!(status, 201, "{body}");
+    // A config with two copies is refused before the node starts.
+    assert_eq!(c.node(1).stop(), Some(0), "{}", c.node(1).log_tail());
+    let config = std::fs::read_to_string(c.config_path(1))?;
+    let path = c.dir().join("node1-two-copies.toml");
+    std::fs::write(&path, config.replace("\nreplicas = 3\n", "\nreplicas = 2\n"))?;
+    let run = tokio::process::Command::new(tally_tests::tallyd()?).arg("--config").arg(&path).output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), run).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with two copies: {stderr}");
+    assert!(stderr.contains("cluster.replicas") && stderr.contains("lost disk"), "{stderr}");
+    Ok(())
+}
+
+/// A node becomes ready for the ranges it can serve while another of its ranges
+/// cannot form. Five nodes, three copies; node5 is stopped and node1 comes back with
+/// an empty disk: every range whose replicas are node1, node5 and one other cannot
+/// add node1's new replica (the old pair's majority needs node5), while the metadata
+/// group and the other ranges go on. Node1 must answer `/healthz` again and serve
+/// the counters whose shards are in ranges it could join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_ready_while_one_of_its_ranges_cannot_form() -> anyhow::Result<()> {
+    let c = TestCluster::start_configured(5, &[], REPLICATED).await?;
+    for i in 0..16 {
+        c.put_counter(1, &format!("one:{i}"), json!({"shards": 1, "durability": "sync"})).await?;
+        let (status, body) = c.incr(1, &format!("one:{i}"), json!({"delta": 1, "event_id": "a"})).await?;
+        assert_eq!(status, 200, "{body}");
+    }
+    c.node(5).stop();
+    c.node(1).kill();
+    c.wipe(1)?;
+    c.restart(1).await?;
+    let mut served = 0;
+    for i in 0..16 {
+        let (status, body) = c.incr(1, &format!("one:{i}"), json!({"delta": 1, "event_id": "b"})).await?;
+        match status {
+            200 => served += 1,
+            503 => {}
+            _ => anyhow::bail!("one:{i}: {status} {body}"),
+        }
+    }
+    assert!(served > 0, "no range with a majority served an increment");
     Ok(())
 }

@@ -144,3 +144,75 @@ async fn futures_reads(c: &TestCluster) -> Vec<serde_json::Value> {
     }
     out
 }
+
+/// Runs node `i`'s `tallyd` on its config in the foreground and answers whether it
+/// exited, with its standard error; `None` if it was still running after `wait`
+/// (then it is killed).
+async fn run_to_exit(c: &TestCluster, i: usize, wait: Duration) -> anyhow::Result<Option<String>> {
+    let mut child = tokio::process::Command::new(tally_tests::tallyd()?)
+        .arg("--config")
+        .arg(c.config_path(i))
+        .current_dir(c.dir())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    match tokio::time::timeout(wait, child.wait()).await {
+        Ok(status) => {
+            let status = status?;
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                tokio::io::AsyncReadExt::read_to_string(&mut e, &mut stderr).await?;
+            }
+            anyhow::ensure!(!status.success(), "it exited with success: {stderr}");
+            Ok(Some(stderr))
+        }
+        Err(_) => {
+            child.kill().await?;
+            Ok(None)
+        }
+    }
+}
+
+/// A node whose data directory lost one of its stores but kept the others (the
+/// range replicas' `replica`, the shard store `store` or the metadata store `raft`,
+/// emptied alone) must not start: under its old identity a replica with no vote and no log
+/// could vote for a stale candidate, and entries only it and the old leader held
+/// would be lost; an emptied shard store would read as complete zeros. It refuses,
+/// says to start with a whole empty directory, and once it is given one it rejoins
+/// as a new incarnation and every acknowledged increment is still counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_part_of_its_data_directory_refuses_its_old_identity() -> anyhow::Result<()> {
+    let c = TestCluster::start_configured(3, &[], "cluster.replicas = 3\n").await?;
+    c.put_counter(1, "parts", json!({"shards": 8, "durability": "sync"})).await?;
+    for n in 0..60 {
+        let (status, body) =
+            c.incr(1 + n % 3, "parts", json!({"delta": 1, "event_id": format!("p{n}")})).await?;
+        assert_eq!(status, 200, "{body}");
+    }
+    for part in ["replica", "store", "raft"] {
+        c.node(3).kill();
+        let kept = c.dir().join(format!("kept-{part}"));
+        std::fs::rename(c.data_dir(3).join(part), &kept)?;
+        let stderr = run_to_exit(&c, 3, Duration::from_secs(60))
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("node3 started with its `{part}` store emptied alone"))?;
+        for needle in [part, "empty data directory"] {
+            assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+        }
+        // Put back (over what the refused start created), the node starts as before.
+        let _ = std::fs::remove_dir_all(c.data_dir(3).join(part));
+        std::fs::rename(&kept, c.data_dir(3).join(part))?;
+        c.restart(3).await?;
+    }
+    // With the whole directory emptied it is a new incarnation; nothing is lost.
+    c.node(3).kill();
+    c.wipe(3)?;
+    c.restart(3).await?;
+    for i in 1..=3 {
+        assert_eq!(c.value(i, "parts").await?, 60, "node{i}");
+    }
+    let p = panics(&c);
+    assert!(p.is_empty(), "a node panicked:\n{}", p.join("\n"));
+    Ok(())
+}

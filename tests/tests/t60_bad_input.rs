@@ -29,7 +29,7 @@ async fn raw(addr: &str, head: &str, body: &[u8]) -> Result<(u16, Value)> {
 
 fn post(path: &str, content_type: &str, len: usize) -> String {
     format!(
-        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
     )
 }
 
@@ -90,7 +90,7 @@ async fn bad_input_gets_the_right_4xx_and_leaves_nodes_healthy() -> Result<()> {
     }
     chunked += "0\r\n\r\n";
     let head = format!(
-        "POST {incr} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        "POST {incr} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     );
     let (status, answer) = raw(a, &head, chunked.as_bytes()).await?;
     assert_eq!((status, &answer["error"]["code"]), (413, &json!("body_too_large")), "{answer}");
@@ -134,7 +134,7 @@ async fn bad_input_gets_the_right_4xx_and_leaves_nodes_healthy() -> Result<()> {
     // Read the raw text: a JSON number past 64 bits is exact on the wire.
     let mut s = TcpStream::connect(a).await?;
     let get =
-        "GET /v1/counters/huge/value?consistency=fresh HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+        "GET /v1/counters/huge/value?consistency=fresh HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     s.write_all(get.as_bytes()).await?;
     let mut out = String::new();
     s.read_to_string(&mut out).await?;
@@ -171,7 +171,7 @@ async fn bad_input_gets_the_right_4xx_and_leaves_nodes_healthy() -> Result<()> {
     let mut slow = Vec::new();
     for _ in 0..20 {
         let mut s = TcpStream::connect(a).await?;
-        s.write_all(b"POST /v1/counters/good/increments HTTP/1.1\r\nHost: t\r\nContent-Le").await?;
+        s.write_all(b"POST /v1/counters/good/increments HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le").await?;
         slow.push(s);
     }
     let stalled_body = tokio::spawn({

@@ -406,6 +406,40 @@ fn tallyd_refuses_exposed_listeners_without_tokens_or_with_the_dev_secret() -> R
     Ok(())
 }
 
+#[test]
+fn tallyd_wants_tls_and_a_long_random_secret_beyond_loopback() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let outside = "192.0.2.1:17999";
+    let tokens = tally_auth::config_lines(OPS, "ops", &[Scope::Admin], &[]).expect("valid");
+    // Tokens, but a secret of 24 bytes: brute-forced from one captured handshake.
+    let (code, err) = run_tallyd(
+        dir.path(),
+        &config(3, "peer", outside, "t65-a-long-random-secret", &tokens),
+        &["--check"],
+    )?;
+    assert_eq!(code, Some(1), "{err}");
+    for needle in
+        ["refusing to start", "cluster.nodes[0].peer", "at least 32 random bytes", "openssl rand -hex 32"]
+    {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    // A long random secret, but no TLS.
+    let strong = "6f1c0e9a4b7d2385f0a1c3e5b7d9f1a2c4e6f8091b3d5f7a9c1e3f5a7b9d1f3a";
+    let (code, err) = run_tallyd(dir.path(), &config(1, "http", outside, strong, &tokens), &["--check"])?;
+    assert_eq!(code, Some(1), "{err}");
+    for needle in ["refusing to start", "cluster.nodes[0].http", "without TLS", "[tls]", "insecure_plaintext"]
+    {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    // Said out loud, plaintext is let through, with a warning.
+    let insecure = config(1, "http", outside, strong, &tokens)
+        .replace("[node]\n", "[node]\ninsecure_plaintext = true\n");
+    let (code, err) = run_tallyd(dir.path(), &insecure, &["--check"])?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("WITHOUT TLS") && err.contains("insecure_plaintext"), "no warning: {err}");
+    Ok(())
+}
+
 /// One `[[tokens]]` entry for `token`.
 fn token_entry(token: &str, name: &str, scopes: &[Scope], prefixes: &[&str]) -> String {
     let prefixes: Vec<String> = prefixes.iter().map(|p| p.to_string()).collect();
@@ -494,5 +528,58 @@ async fn sighup_reloads_the_tokens_without_a_restart() -> Result<()> {
     assert_eq!(call(&http, "POST", &incr, Some(INGEST), Some(json!({"delta": 1}))).await?.0, 200);
     assert_eq!(call(&http, "GET", &read, Some(READER), None).await?.0, 401);
     assert_eq!(c.node(1).pid(), pid);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frequency_reads_need_read_on_both_front_ends_and_pfadd_creates_only_with_admin() -> Result<()> {
+    let ops = token_entry(OPS, "ops", &[Scope::Admin], &[]);
+    let reader = token_entry(READER, "reader", &[Scope::Read], &[]);
+    let ingest = token_entry(INGEST, "ingest", &[Scope::Write], &["likes:"]);
+    let c = TestCluster::start_secured(1, &[], &format!("{ops}\n{reader}\n{ingest}"), OPS).await?;
+    let http = reqwest::Client::new();
+    let base = c.node(1).url();
+    c.put_counter(
+        1,
+        "likes:pages",
+        json!({"frequency": {"epsilon": 0.01, "delta": 0.01}, "durability": "sync"}),
+    )
+    .await?;
+    c.send(1, "POST", "/v1/counters/likes:pages/increments", json!({"delta": 3, "item": "/home"})).await?;
+    // A read token reads frequencies over HTTP, as over RESP (CMS.QUERY, TOPK.LIST).
+    for path in ["/v1/counters/likes:pages/frequency?item=/home", "/v1/counters/likes:pages/top?k=5"] {
+        let (status, _, body) = call(&http, "GET", &format!("{base}{path}"), Some(READER), None).await?;
+        assert_eq!(status, 200, "GET {path} with a read token: {body}");
+    }
+    let (status, _, body) =
+        call(&http, "GET", &format!("{base}/v1/counters/likes:pages/top"), Some(INGEST), None).await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "a write token reads no top"
+    );
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", c.node(1).ports.resp)).await?;
+    assert_eq!(resp_line(&mut conn, &["AUTH", READER]).await?, "+OK");
+    assert_eq!(
+        resp_line(&mut conn, &["CMS.QUERY", "likes:pages", "/home"]).await?.lines().next(),
+        Some("*1")
+    );
+
+    // PFADD: a write token adds members to a distinct counter that exists, but does
+    // not create one (a counter with a spec of its own); an admin token does.
+    c.put_counter(1, "likes:visitors", json!({"distinct": true})).await?;
+    let mut writer = tokio::net::TcpStream::connect(("127.0.0.1", c.node(1).ports.resp)).await?;
+    assert_eq!(resp_line(&mut writer, &["AUTH", INGEST]).await?, "+OK");
+    assert_eq!(resp_line(&mut writer, &["PFADD", "likes:visitors", "u1"]).await?, ":1");
+    let refused = resp_line(&mut writer, &["PFADD", "likes:new", "u1"]).await?;
+    assert!(refused.starts_with("-NOPERM") && refused.contains("TALLY.CREATE"), "{refused}");
+    let (status, _, _) =
+        call(&http, "GET", &format!("{base}/v1/counters/likes:new"), Some(OPS), None).await?;
+    assert_eq!(status, 404, "the refused PFADD created the counter");
+    // Incrementing an unknown counter creates it with the node's spec: write suffices.
+    assert_eq!(resp_line(&mut writer, &["INCR", "likes:plain"]).await?, ":1");
+    let mut admin = tokio::net::TcpStream::connect(("127.0.0.1", c.node(1).ports.resp)).await?;
+    assert_eq!(resp_line(&mut admin, &["AUTH", OPS]).await?, "+OK");
+    assert_eq!(resp_line(&mut admin, &["PFADD", "likes:new", "u1"]).await?, ":1");
     Ok(())
 }

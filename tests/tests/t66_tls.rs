@@ -172,6 +172,49 @@ async fn a_node_with_a_certificate_from_another_ca_cannot_join() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_of_the_cluster_ca_open_node_links_only_for_the_node_they_name() -> Result<()> {
+    let dir7 = tempfile::tempdir()?;
+    // The cluster CA also signed a certificate for something that is no node.
+    let certs = make_certs(dir7.path(), "t66 CA", &["node1", "node2", "intruder"])?;
+    let ca = certs.join("ca.pem");
+    let c = TestCluster::start_tls(2, &TlsSetup { ca: &ca, certs: &certs_of(&certs) }).await?;
+    let pem = |name: &str| std::fs::read(certs.join(name));
+    let intruder = [pem("intruder.pem")?, pem("intruder-key.pem")?].concat();
+    let client = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&pem("ca.pem")?)?])
+        .identity(reqwest::Identity::from_pem(&intruder)?)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    // It cannot reach a raft endpoint: the handshake wants a certificate naming a node.
+    let url = format!("https://127.0.0.1:{}/raft/identity", c.node(1).ports.raft);
+    let sent = client.post(&url).header("tally-raft-protocol", "1").json(&serde_json::json!({})).send().await;
+    assert!(
+        sent.is_err(),
+        "a certificate naming no node reached the raft endpoint: {:?}",
+        sent.map(|r| r.status())
+    );
+    wait_logged(&c, 1, "raft: refused a connection: TLS handshake failed").await?;
+    // A node started with a certificate that names another node refuses to start.
+    let config = c.config_path(2).to_path_buf();
+    let text = std::fs::read_to_string(&config)?;
+    c.node(2).kill();
+    std::fs::write(
+        &config,
+        text.replace("node2.pem", "node1.pem").replace("node2-key.pem", "node1-key.pem"),
+    )?;
+    let out = Command::new("timeout")
+        .arg("20")
+        .arg(tally_tests::tallyd()?)
+        .arg("--config")
+        .arg(&config)
+        .current_dir(c.dir())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("does not name node \"node2\""), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_the_wrong_secret_cannot_join_a_tls_cluster() -> Result<()> {
     let dir5 = tempfile::tempdir()?;
     let certs = make_certs(dir5.path(), "t66 CA", &["node1", "node2", "node3"])?;
@@ -239,7 +282,7 @@ print("python tls ok")
 async fn resp_over_tls_serves_redis_clients_and_refuses_plaintext() -> Result<()> {
     let Some(_) = require_tool("redis-cli", "apt-get install redis-tools")? else { return Ok(()) };
     let dir6 = tempfile::tempdir()?;
-    let certs = make_certs(dir6.path(), "t66 CA", &["node1", "client"])?;
+    let certs = make_certs(dir6.path(), "t66 CA", &["node1"])?;
     let ca = certs.join("ca.pem");
     let ca_arg = ca.display().to_string();
     let c = TestCluster::start_tls(1, &TlsSetup { ca: &ca, certs: &certs_of(&certs) }).await?;
@@ -280,7 +323,8 @@ async fn resp_over_tls_serves_redis_clients_and_refuses_plaintext() -> Result<()
     c.node(1).kill();
     let config = c.config_path(1).to_path_buf();
     let text = std::fs::read_to_string(&config)?;
-    std::fs::write(&config, text.replace("[tls]\n", &format!("[tls]\nclient_ca = {:?}\n", ca)))?;
+    let client_ca = certs.join("client-ca.pem");
+    std::fs::write(&config, text.replace("[tls]\n", &format!("[tls]\nclient_ca = {client_ca:?}\n")))?;
     let before = c.log(1).len();
     c.spawn(1)?;
     // HTTP now wants a client certificate too, so the fixture's health check cannot

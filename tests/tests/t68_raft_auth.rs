@@ -2,7 +2,9 @@
 //! they hold the cluster secret. Raw HTTP requests to every node's raft port — the
 //! identity probe, a forwarded write deleting a counter, a vote — without the
 //! secret's proof or with a wrong one are refused with 401, logged and counted by
-//! reason on `/metrics`; the counter survives and the cluster goes on serving.
+//! reason on `/metrics`; the counter survives and the cluster goes on serving. A
+//! request signed as a node signs it, seen on the wire, cannot be sent again nor
+//! with another body.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -79,5 +81,46 @@ async fn raft_rpcs_without_the_cluster_secret_are_refused() -> Result<()> {
     let (status, body) = c.incr(3, "credits", json!({"delta": 1})).await?;
     assert_eq!(status, 200, "{body}");
     assert_eq!(c.fresh(1, "credits").await?["value"], 101);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_request_seen_on_the_wire_cannot_be_replayed_or_altered() -> Result<()> {
+    let c = TestCluster::start(3).await?;
+    c.put_counter(1, "credits", json!({"shards": 4})).await?;
+    // What an observer of the plaintext link captures: a request with its proof.
+    let secret = tally_raft::auth::RaftSecret::new("tally-test-secret");
+    let now_ms = tally_raft::auth::unix_ms();
+    let identity = serde_json::to_vec(&json!({}))?;
+    let proof = secret.sign("/raft/identity", &identity, now_ms);
+    let raft = c.node(2).ports.raft;
+    let send = |path: &'static str, body: Vec<u8>, proof: reqwest::header::HeaderValue| async move {
+        let r = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{raft}{path}"))
+            .header(PROTOCOL_HEADER, RAFT_PROTOCOL.to_string())
+            .header(AUTH_HEADER, proof)
+            .header("content-type", "application/json")
+            .body(body)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?;
+        anyhow::Ok((r.status().as_u16(), r.text().await.unwrap_or_default()))
+    };
+    let (status, text) = send("/raft/identity", identity.clone(), proof.clone()).await?;
+    assert_eq!(status, 200, "the original request: {text}");
+    // Sent again, as captured.
+    let (status, text) = send("/raft/identity", identity, proof.clone()).await?;
+    assert_eq!(status, 401, "a replayed request was served: {text}");
+    // Its proof on another request: a forwarded delete.
+    let delete = json!({"Counter": {"name": "credits", "cmd": "Delete", "now_ms": now_ms}});
+    let (status, text) = send("/raft/client-write", serde_json::to_vec(&delete)?, proof).await?;
+    assert_eq!(status, 401, "a captured proof carried another request: {text}");
+    let metrics = reqwest::get(format!("{}/metrics", c.node(2).url())).await?.text().await?;
+    for (reason, n) in [("proof_replayed", 2), ("proof_wrong", 0)] {
+        let line = format!("tally_listener_refusals_total{{listener=\"raft\",reason=\"{reason}\"}} {n}\n");
+        assert!(metrics.contains(&line), "node2 lacks {line:?}");
+    }
+    assert!(c.log(2).contains("its proof was seen before or is out of time"));
+    assert_eq!(c.get(1, "/v1/counters/credits").await?["name"], "credits", "the counter survived");
     Ok(())
 }

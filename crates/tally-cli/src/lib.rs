@@ -170,7 +170,8 @@ async fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
                 }
                 Some(MembershipChange::AcceptLoss { id }) => {
                     let url = client.url(&["v1", "cluster", "nodes", id, "accept-loss"]);
-                    client.call::<()>(Method::POST, url, None).await?
+                    // An empty JSON body: every POST declares one (a browser guard).
+                    client.call(Method::POST, url, Some(&serde_json::json!({}))).await?
                 }
             };
             let c: ClusterView = answer.parse()?;

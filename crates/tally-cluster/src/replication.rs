@@ -71,8 +71,14 @@ impl RangeNetwork for SessionNet {
             let to = envelope.to;
             let bytes = codec::encode(&PeerRequest::Range(envelope));
             let timeout = Duration::from_millis(RANGE_CALL_TIMEOUT_MS);
-            let answer =
-                transport.call(&node, bytes, timeout).await.map_err(|_| NetError::Unreachable(to))?;
+            // A message the transport refuses for its size would be refused again:
+            // said as such, so openraft sends fewer entries instead of retrying.
+            let answer = transport.call(&node, bytes, timeout).await.map_err(|e| match e {
+                tally_transport::TransportError::TooLarge { bytes, bytes_max, .. } => {
+                    NetError::TooLarge { bytes, bytes_max }
+                }
+                _ => NetError::Unreachable(to),
+            })?;
             tally_replica::network::decode_reply(&answer)
         })
     }

@@ -8,6 +8,12 @@ use serde::{de::DeserializeOwned, Serialize};
 /// allocation, so a corrupt length prefix cannot exhaust memory.
 pub const DECODE_BYTES_MAX: usize = 64 << 20;
 
+/// Largest request or reply body one node sends another over the node-to-node
+/// transport, in bytes: the transport refuses bigger ones, so whatever travels in
+/// one request (a raft append of a range group, a snapshot frame) is bounded to
+/// fit, with room for the envelopes around it.
+pub const NODE_MESSAGE_BYTES_MAX: usize = 8 << 20;
+
 /// Why bytes could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot decode {what}: {reason}")]
@@ -25,6 +31,14 @@ fn config() -> impl bincode::config::Config {
 /// Encodes `value`. Encoding plain data into a `Vec` cannot fail.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, config()).expect("encoding plain data into a Vec cannot fail")
+}
+
+/// How many bytes [`encode`] makes of `value`, counted without building them.
+pub fn encoded_len<T: Serialize>(value: &T) -> usize {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(value, &mut size, config())
+        .expect("encoding plain data into a counter cannot fail");
+    size.bytes_written
 }
 
 /// Decodes a `T` that must span all of `bytes`.
@@ -60,6 +74,7 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(decode::<(u32, String, i64)>("tuple", &long).is_err());
-        assert_eq!(decode_prefix::<(u32, String, i64)>("tuple", &long), Ok((v, bytes.len())));
+        assert_eq!(decode_prefix::<(u32, String, i64)>("tuple", &long), Ok((v.clone(), bytes.len())));
+        assert_eq!(encoded_len(&v), bytes.len());
     }
 }

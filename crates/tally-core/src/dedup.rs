@@ -53,6 +53,13 @@ pub fn is_mark_id(id: &str) -> bool {
     id.starts_with(MARK_ID_PREFIX)
 }
 
+/// Whether a dedup record's id is a client's event id, which counts against the
+/// counter's event-id quota: the ids the node makes itself (writer marks, drains,
+/// corrections) start with `~`, which a client's id cannot.
+pub fn is_client_event_id(id: &str) -> bool {
+    !id.starts_with('~')
+}
+
 /// A writer's high-water mark: the highest sequence applied for it in a shard, and
 /// when. Stored as a [`DedupRecord`] under [`mark_id`] (`delta` holds the sequence),
 /// so every path that carries dedup records — the commit, a hand-off, the lookups in

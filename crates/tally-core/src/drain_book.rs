@@ -16,6 +16,14 @@
 //!   never resent, because the record of its id lives only [`DRAIN_DEDUP_WINDOW_MS`]
 //!   after it was applied and a later resend could count it twice.
 //!
+//! A drain id names its sender (node and incarnation), its number and, after `@`,
+//! the sender's clock when it was first sent: `~drain:{node}:{incarnation}:{seq}:
+//! {salt}@{sent_at_ms}`. A shard ages a sender's drain records against the newest
+//! first send of that sender it holds, so whether a record has lived its window is
+//! measured in the sender's clock alone, the clock that also decides when the sender
+//! stops resending: a shard whose leader's clock runs ahead of the sender's (after a
+//! failover, say) never forgets a record early ([`crate::sweep`]).
+//!
 //! The engine's aggregator and the simulator's both keep their drained sums here.
 
 use crate::router::shard_of_event;
@@ -32,11 +40,26 @@ pub const DRAIN_RESEND_MS: u64 = 40;
 /// the first send); half of it leaves the other half for the resend itself to arrive.
 pub const IN_DOUBT_RETRY_MS_MAX: u64 = DRAIN_DEDUP_WINDOW_MS / 2;
 
+/// The sender (`~drain:{node}:{incarnation}`) and the sender's clock at its first
+/// send, of a drain id that names them; `None` for an id written before drain ids
+/// carried the time.
+pub fn drain_sender_and_time(id: &str) -> Option<(&str, u64)> {
+    let (rest, sent) = id.rsplit_once('@')?;
+    let sent_at_ms = sent.parse().ok()?;
+    let (rest, _salt) = rest.rsplit_once(':')?;
+    let (sender, _seq) = rest.rsplit_once(':')?;
+    sender.starts_with(DRAIN_ID_PREFIX).then_some((sender, sent_at_ms))
+}
+
 /// One drained sum not yet answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenDrain {
     /// Its counter.
     pub counter: CounterName,
+    /// When the counter it was drained for was created (`CounterMeta::created_at_ms`):
+    /// its incarnation. A counter deleted and created again under the same name is
+    /// another one, and a sum of the first is never resent to the second.
+    pub born_ms: u64,
     /// The submission, with its drain id.
     pub sub: Submission,
     /// When it was first sent.
@@ -67,7 +90,7 @@ impl DrainBook {
     pub fn open(
         &mut self,
         now_ms: u64,
-        counter: &CounterName,
+        (counter, born_ms): (&CounterName, u64),
         index: u16,
         shards: u16,
         (sum, increments, members): (i64, u64, Vec<u64>),
@@ -75,12 +98,13 @@ impl DrainBook {
         self.seq += 1;
         let base = format!("{}{}", self.prefix, self.seq);
         let id = (0u32..)
-            .map(|salt| format!("{base}:{salt}"))
+            .map(|salt| format!("{base}:{salt}@{now_ms}"))
             .find(|id| shard_of_event(id, shards) == index)
             .expect("some salt routes to every shard");
         let sub = Submission::Buffered { sum, increments, members, drain_id: Some(id.clone()) };
         let entry = OpenDrain {
             counter: counter.clone(),
+            born_ms,
             sub: sub.clone(),
             first_sent_ms: now_ms,
             in_doubt_since_ms: None,
@@ -112,13 +136,15 @@ impl DrainBook {
     }
 
     /// The sums to resend now (in doubt, last sent at least [`DRAIN_RESEND_MS`] ago),
-    /// optionally of one counter only — each is counted as sent now — and the sums
-    /// given up (in doubt past [`IN_DOUBT_RETRY_MS_MAX`]), which leave the book.
+    /// optionally of one counter only — each is counted as sent now, and comes with
+    /// its counter's incarnation (`born_ms`), which the resend must still find — and
+    /// the sums given up (in doubt past [`IN_DOUBT_RETRY_MS_MAX`]), which leave the
+    /// book.
     pub fn due(
         &mut self,
         now_ms: u64,
         only: Option<&CounterName>,
-    ) -> (Vec<(CounterName, Submission)>, Vec<OpenDrain>) {
+    ) -> (Vec<(CounterName, u64, Submission)>, Vec<OpenDrain>) {
         let given_up: Vec<String> = self
             .open
             .iter()
@@ -132,7 +158,7 @@ impl DrainBook {
             let Some(since) = d.in_doubt_since_ms else { continue };
             if since.saturating_add(DRAIN_RESEND_MS) <= now_ms && only.is_none_or(|c| &d.counter == c) {
                 d.in_doubt_since_ms = Some(now_ms);
-                resend.push((d.counter.clone(), d.sub.clone()));
+                resend.push((d.counter.clone(), d.born_ms, d.sub.clone()));
             }
         }
         (resend, lost)
@@ -169,29 +195,34 @@ mod tests {
     #[test]
     fn ids_route_to_their_shard_and_never_repeat() {
         let mut book = DrainBook::new("node1", 7);
-        let a = book.open(0, &name("c"), 3, 8, (5, 2, vec![]));
-        let b = book.open(0, &name("c"), 3, 8, (5, 2, vec![]));
+        let a = book.open(0, (&name("c"), 1), 3, 8, (5, 2, vec![]));
+        let b = book.open(0, (&name("c"), 1), 3, 8, (5, 2, vec![]));
         assert_ne!(id_of(&a), id_of(&b));
         assert!(id_of(&a).starts_with("~drain:node1:7:"));
+        assert_eq!(drain_sender_and_time(&id_of(&a)), Some(("~drain:node1:7", 0)));
+        assert_eq!(drain_sender_and_time("~drain:n:1000.2:5:0"), None, "written before ids carried the time");
         assert_eq!(shard_of_event(&id_of(&a), 8), 3);
         assert_eq!(
             a,
             Submission::Buffered { sum: 5, increments: 2, members: vec![], drain_id: Some(id_of(&a)) }
         );
-        assert_ne!(id_of(&DrainBook::new("node1", 8).open(0, &name("c"), 3, 8, (1, 1, vec![]))), id_of(&a));
+        assert_ne!(
+            id_of(&DrainBook::new("node1", 8).open(0, (&name("c"), 1), 3, 8, (1, 1, vec![]))),
+            id_of(&a)
+        );
     }
 
     #[test]
     fn a_sum_in_flight_is_not_resent_until_it_is_in_doubt() {
         let mut book = DrainBook::new("n", 1);
-        let sub = book.open(1_000, &name("c"), 0, 1, (4, 4, vec![]));
+        let sub = book.open(1_000, (&name("c"), 1), 0, 1, (4, 4, vec![]));
         assert_eq!(book.due(1_000 + DRAIN_RESEND_MS * 10, None), (vec![], vec![]));
         assert_eq!((book.increments(), book.in_doubt_increments()), (4, 0));
         book.unanswered(&id_of(&sub), 2_000);
         assert_eq!(book.in_doubt_increments(), 4);
         assert_eq!(book.due(2_000 + DRAIN_RESEND_MS - 1, None), (vec![], vec![]));
         let (resend, lost) = book.due(2_000 + DRAIN_RESEND_MS, None);
-        assert_eq!((resend, lost), (vec![(name("c"), sub.clone())], vec![]));
+        assert_eq!((resend, lost), (vec![(name("c"), 1, sub.clone())], vec![]));
         assert_eq!(book.due(2_000 + DRAIN_RESEND_MS + 1, None), (vec![], vec![]), "just resent");
         assert!(book.close(&id_of(&sub)).is_some());
         assert_eq!(book.increments(), 0);
@@ -201,21 +232,32 @@ mod tests {
     #[test]
     fn resends_can_be_asked_for_one_counter() {
         let mut book = DrainBook::new("n", 1);
-        let a = book.open(0, &name("a"), 0, 1, (1, 1, vec![]));
-        let b = book.open(0, &name("b"), 0, 1, (2, 2, vec![]));
+        let a = book.open(0, (&name("a"), 1), 0, 1, (1, 1, vec![]));
+        let b = book.open(0, (&name("b"), 1), 0, 1, (2, 2, vec![]));
         book.unanswered(&id_of(&a), 0);
         book.unanswered(&id_of(&b), 0);
         assert_eq!(book.increments_of(&name("b")), 2);
         let (resend, _) = book.due(DRAIN_RESEND_MS, Some(&name("b")));
-        assert_eq!(resend, vec![(name("b"), b)]);
+        assert_eq!(resend, vec![(name("b"), 1, b)]);
         let (resend, _) = book.due(DRAIN_RESEND_MS, None);
-        assert_eq!(resend, vec![(name("a"), a)]);
+        assert_eq!(resend, vec![(name("a"), 1, a)]);
+    }
+
+    #[test]
+    fn a_resend_names_the_incarnation_its_sum_was_drained_for() {
+        let mut book = DrainBook::new("n", 1);
+        let old = book.open(0, (&name("c"), 1_000), 0, 1, (1, 1, vec![]));
+        let new = book.open(5, (&name("c"), 2_000), 0, 1, (2, 2, vec![]));
+        book.unanswered(&id_of(&old), 0);
+        book.unanswered(&id_of(&new), 5);
+        let (resend, _) = book.due(5 + DRAIN_RESEND_MS, None);
+        assert_eq!(resend, vec![(name("c"), 1_000, old), (name("c"), 2_000, new)]);
     }
 
     #[test]
     fn a_sum_in_doubt_past_the_limit_is_given_up_not_resent() {
         let mut book = DrainBook::new("n", 1);
-        let sub = book.open(1_000, &name("c"), 0, 1, (3, 3, vec![]));
+        let sub = book.open(1_000, (&name("c"), 1), 0, 1, (3, 3, vec![]));
         book.unanswered(&id_of(&sub), 1_000);
         let (resend, lost) = book.due(1_000 + IN_DOUBT_RETRY_MS_MAX, None);
         assert_eq!((resend.len(), lost.len()), (1, 0));

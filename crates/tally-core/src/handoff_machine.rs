@@ -332,10 +332,14 @@ impl<N: Clone> Adoption<N> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PullInput {
     /// The pull arrived, and this node has applied the change it names: whether this
-    /// node still owns the shard (then the pull is refused).
+    /// node still owns the shard, and whether its store lost the shards' earlier
+    /// values (a replaced disk whose loss is not accepted). Either refuses the pull:
+    /// a lost shard handed over would reach its new owner as a complete value.
     Asked {
         /// This node owns the shard.
         owns: bool,
+        /// This node's shards lack values they had.
+        lost: bool,
     },
     /// Whether making the state durable succeeded.
     Durable {
@@ -390,11 +394,13 @@ impl PullAnswer {
     /// Takes one input; returns what is now to do.
     pub fn step(&mut self, input: PullInput) -> Vec<PullEffect> {
         match input {
-            PullInput::Asked { owns: true } => vec![PullEffect::Refuse],
-            PullInput::Asked { owns: false } if self.after.is_none() => {
+            PullInput::Asked { owns: true, .. } | PullInput::Asked { lost: true, .. } => {
+                vec![PullEffect::Refuse]
+            }
+            PullInput::Asked { .. } if self.after.is_none() => {
                 vec![PullEffect::StopShard, PullEffect::MakeDurable]
             }
-            PullInput::Asked { owns: false } => vec![PullEffect::MakeDurable],
+            PullInput::Asked { .. } => vec![PullEffect::MakeDurable],
             // Only what a crash cannot take back leaves this node: the new owner
             // keeps what it imports, while a state this node then lost would differ.
             PullInput::Durable { ok: false } => vec![PullEffect::Refuse],
@@ -841,16 +847,28 @@ mod tests {
 
     #[test]
     fn a_pull_is_refused_by_the_owner_and_the_first_stops_the_writer() {
-        assert_eq!(PullAnswer::new(None).step(PullInput::Asked { owns: true }), vec![PullEffect::Refuse]);
+        let asked = |owns| PullInput::Asked { owns, lost: false };
+        assert_eq!(PullAnswer::new(None).step(asked(true)), vec![PullEffect::Refuse]);
         assert_eq!(
-            PullAnswer::new(None).step(PullInput::Asked { owns: false }),
+            PullAnswer::new(None).step(asked(false)),
             vec![PullEffect::StopShard, PullEffect::MakeDurable]
         );
         assert_eq!(
-            PullAnswer::new(Some("k".into())).step(PullInput::Asked { owns: false }),
+            PullAnswer::new(Some("k".into())).step(asked(false)),
             vec![PullEffect::MakeDurable],
             "later pages find the writer stopped"
         );
+    }
+
+    /// Fixed defect: a previous owner whose disk was replaced (its loss not accepted)
+    /// handed over its empty shards, which then read as complete zeros on the new
+    /// owner.
+    #[test]
+    fn a_pull_from_a_node_that_lost_its_data_is_refused() {
+        for after in [None, Some("k".to_owned())] {
+            let mut p = PullAnswer::new(after);
+            assert_eq!(p.step(PullInput::Asked { owns: false, lost: true }), vec![PullEffect::Refuse]);
+        }
     }
 
     /// Fixed defect: a previous owner whose flush had failed (poisoned) answered

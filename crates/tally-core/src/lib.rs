@@ -36,6 +36,7 @@
 //! * [`shard_machine`], [`drain_book`], [`reshard_machine`], [`handoff_machine`] — the
 //!   shard, the aggregator's drains, the resharding and the membership hand-off as
 //!   pure state machines that the engine's actors and the simulator both run.
+//! * [`reconcile`] — a reconciliation's correction: its delta and its per-run event id.
 //! * [`rollup`] — when a cached total must be refreshed.
 //! * [`window`] — sliding windows: time buckets of totals and distinct members, their
 //!   arithmetic (which bucket, which span a read sums, expiry) and their merge.
@@ -63,6 +64,7 @@ pub mod namespace;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
 pub mod ranges;
+pub mod reconcile;
 pub mod reshard_machine;
 pub mod ring;
 pub mod rollup;

@@ -137,6 +137,22 @@ impl CounterMeta {
         crate::expiry::expired(self.expires_at_ms, now_ms)
     }
 
+    /// This new counter moved past every generation of `tombstone`, the deleted
+    /// counter of the same name whose data may still exist somewhere (its deletion
+    /// not finished): its shards' ids then never name a shard of that counter, so
+    /// the cleanup of the old one can never delete the new one's data, and the new
+    /// one never reads what the old one left. `None` if no generation is left past
+    /// them.
+    pub fn born_after(mut self, tombstone: &[(u32, u16)]) -> Option<Self> {
+        assert_eq!(self.version, 1, "only a counter just created is moved");
+        let last = tombstone.iter().map(|(word, _)| crate::ids::split_generation_word(*word).0).max();
+        if let Some(last) = last {
+            let first = last.checked_add(1).filter(|g| *g <= crate::ids::GENERATION_MAX)?;
+            self.layout.generation = first;
+        }
+        Some(self)
+    }
+
     /// A counter created with the defaults plus `patch`.
     pub fn create_patched(patch: &SpecPatch, now_ms: u64) -> Result<Self, MetaError> {
         Self::create(CounterSpec::default().patched(patch)?, now_ms)

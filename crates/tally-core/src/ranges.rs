@@ -72,6 +72,20 @@ pub const REPLICAS_MAX: u8 = 5;
 /// fewer members).
 pub const REPLICAS_DEFAULT: u8 = 3;
 
+/// The voters a range group of `replicas` copies has on `members` members:
+/// `min(replicas, members)`, except that a group never has two voters while a third
+/// member exists. Two voters cannot replace a lost disk: every majority of two
+/// needs both, so once one disk is gone its replacement can never be added under
+/// the pair. A count of two (stated by a counter before it was refused) gets three.
+/// Two members give two voters whatever is asked; a cluster of two members keeps one
+/// copy of each shard (configs that ask for more are refused).
+pub fn group_voters(replicas: u8, members: usize) -> usize {
+    match usize::from(replicas).min(members) {
+        2 if members > 2 => 3,
+        r => r,
+    }
+}
+
 /// The replica class of the cluster's own replica count.
 const CLUSTER_CLASS: u8 = crate::ids::CLUSTER_REPLICAS;
 
@@ -503,7 +517,7 @@ impl Directory {
     ) -> Result<Self, RangeError> {
         let members = members_of(members)?;
         let replicas = replicas_of(replicas)?;
-        let r = usize::from(replicas).min(members.len());
+        let r = group_voters(replicas, members.len());
         let ranges = assign(layout, CLUSTER_CLASS, r, &members, &[]);
         Ok(Self { layout, replicas, members, ranges, classes: BTreeMap::new() })
     }
@@ -522,7 +536,7 @@ impl Directory {
         let count = replicas_of(Some(class))?;
         let members = members_of(members)?;
         let mut next = self.clone();
-        let r = usize::from(count).min(members.len());
+        let r = group_voters(count, members.len());
         next.classes.entry(class).or_insert_with(|| assign(self.layout, class, r, &members, &[]));
         Ok(next)
     }
@@ -555,13 +569,13 @@ impl Directory {
             Some(r) => replicas_of(Some(r))?,
             None => self.replicas,
         };
-        let r = usize::from(replicas).min(members.len());
+        let r = group_voters(replicas, members.len());
         let ranges = assign(self.layout, CLUSTER_CLASS, r, &members, &self.ranges);
         let classes = self
             .classes
             .iter()
             .map(|(&class, previous)| {
-                let r = usize::from(class).min(members.len());
+                let r = group_voters(class, members.len());
                 (class, assign(self.layout, class, r, &members, previous))
             })
             .collect();
@@ -580,9 +594,9 @@ impl Directory {
         self.replicas
     }
 
-    /// The replicas each range has: `min(configured, members)`.
+    /// The replicas each range has: [`group_voters`] of the configured count.
     pub fn replicas_per_range(&self) -> usize {
-        usize::from(self.replicas).min(self.members.len())
+        group_voters(self.replicas, self.members.len())
     }
 
     /// The distinct members, sorted.
@@ -689,6 +703,23 @@ pub fn changes(before: &Directory, after: &Directory) -> Result<Vec<RangeChange>
 }
 
 #[cfg(test)]
+mod voter_tests {
+    use super::group_voters;
+
+    #[test]
+    fn a_group_never_has_two_voters_while_a_third_member_exists() {
+        assert_eq!(group_voters(1, 5), 1);
+        assert_eq!(group_voters(2, 5), 3);
+        assert_eq!(group_voters(2, 3), 3);
+        assert_eq!(group_voters(2, 2), 2);
+        assert_eq!(group_voters(3, 2), 2);
+        assert_eq!(group_voters(3, 1), 1);
+        assert_eq!(group_voters(4, 3), 3);
+        assert_eq!(group_voters(5, 7), 5);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::name::CounterName;
@@ -721,7 +752,7 @@ mod tests {
             assert_eq!(rest, reps[1..], "non-leaders are sorted");
         }
         let classes: usize =
-            d.classes.iter().map(|(&c, ranges)| ranges.len() * usize::from(c).min(d.members.len())).sum();
+            d.classes.iter().map(|(&c, ranges)| ranges.len() * group_voters(c, d.members.len())).sum();
         assert_eq!(d.replica_load().values().sum::<usize>(), r * d.layout.count() as usize + classes);
     }
 
@@ -817,7 +848,7 @@ mod tests {
             for r in 1..=REPLICAS_MAX {
                 let d = Directory::new(nodes(n), Some(r)).unwrap();
                 check_shape(&d);
-                assert_eq!(d.replicas_per_range(), usize::from(r).min(n));
+                assert_eq!(d.replicas_per_range(), group_voters(r, n));
                 assert!(spread(&d.replica_load()) <= 1, "n={n} r={r}: {:?}", d.replica_load());
                 assert!(spread(&d.leader_load()) <= 1, "n={n} r={r}: {:?}", d.leader_load());
             }
@@ -867,7 +898,7 @@ mod tests {
             let received = after.replica_load()[&newcomer];
             assert_eq!(replica_moves(&plan), received, "n={n} r={r}: every move is one the newcomer needs");
             // The newcomer carries its share: total / (n + 1), rounded either way.
-            let total = usize::from(r).min(n + 1) * after.layout.count() as usize;
+            let total = group_voters(r, n + 1) * after.layout.count() as usize;
             assert!(received >= total / (n + 1), "n={n} r={r}: {received} of {total}");
             println!("join {n}->{}: r={r}, {} replica moves of {total}", n + 1, replica_moves(&plan));
         }
@@ -944,7 +975,7 @@ mod tests {
     #[test]
     fn directory_is_pinned() {
         // If this changes, nodes running different builds disagree about replicas.
-        let d = Directory::new(nodes(3), Some(2)).unwrap();
+        let d = Directory::new(nodes(4), Some(3)).unwrap();
         let got: Vec<String> = (0..4)
             .map(|i| d.replicas(RangeId(i)).iter().map(NodeId::as_str).collect::<Vec<_>>().join(","))
             .collect();
@@ -968,7 +999,8 @@ mod tests {
         }
     }
 
-    const PINNED_REPLICAS: [&str; 4] = ["node2,node3", "node1,node2", "node3,node1", "node3,node2"];
+    const PINNED_REPLICAS: [&str; 4] =
+        ["node2,node1,node3", "node4,node2,node3", "node2,node1,node4", "node3,node1,node4"];
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
@@ -1007,7 +1039,7 @@ mod tests {
     /// Per class: every range of the class has `min(class, members)` distinct
     /// member replicas, and the class's replica loads are within one.
     fn check_class(d: &Directory, class: u8) {
-        let r = usize::from(class).min(d.members.len());
+        let r = group_voters(class, d.members.len());
         let mut load: BTreeMap<NodeId, usize> = d.members.iter().map(|n| (n.clone(), 0)).collect();
         for range in d.layout.ranges_in(class) {
             let reps = d.replicas(range);

@@ -118,6 +118,10 @@ pub enum Outcome {
     /// A sequenced increment from a writer with no mark in a shard that keeps
     /// [`crate::dedup::WRITERS_PER_SHARD_MAX`] marks already: refused, nothing counted.
     TooManyWriters,
+    /// An increment with a new event id in a shard that keeps its share of the
+    /// counter's event-id quota already ([`ShardState::event_ids_max`]): refused,
+    /// nothing counted (an id seen before is still judged).
+    TooManyEventIds,
     /// Counting it would take a bounded counter past its bound, as far as this shard
     /// could tell within its wait for headroom: refused, nothing counted.
     BoundExceeded {
@@ -207,6 +211,12 @@ pub struct ShardState {
     /// as this copy knows; bounds new writers at
     /// [`crate::dedup::WRITERS_PER_SHARD_MAX`].
     pub writer_marks: u64,
+    /// How many event-id records the shard's store holds (live or not yet swept), as
+    /// far as this copy knows.
+    pub event_ids: u64,
+    /// The most event-id records the shard may hold (its share of the counter's
+    /// quota); `None` for no bound.
+    pub event_ids_max: Option<u64>,
 }
 
 /// Everything a batch of submissions changes.
@@ -275,13 +285,12 @@ pub fn decide(
     };
     for sub in batch {
         let outcome = match sub {
+            // A drain id never repeats, so a record found for one is always its
+            // earlier delivery, however old: only a sweep retires drain records, by
+            // the sender's clock (`crate::sweep`), never a look at this node's.
             Submission::Buffered { drain_id: Some(id), sum, .. }
-                if judge(
-                    created.get(id.as_str()).or_else(|| prior.get(id)),
-                    *sum,
-                    now_ms,
-                    DRAIN_DEDUP_WINDOW_MS,
-                ) != Verdict::Fresh =>
+                if judge(created.get(id.as_str()).or_else(|| prior.get(id)), *sum, now_ms, u64::MAX)
+                    != Verdict::Fresh =>
             {
                 // Delivered before and retried after a lost answer: counted once.
                 Outcome::Duplicate
@@ -307,6 +316,12 @@ pub fn decide(
                     (None, _) => Verdict::Fresh,
                     (Some(id), None) => {
                         let rec = created.get(id.as_str()).or_else(|| prior.get(id));
+                        // A new id is one more record to keep: the shard's bound applies.
+                        let bounded = state.event_ids_max.is_some_and(|max| state.event_ids >= max);
+                        if rec.is_none() && bounded && crate::dedup::is_client_event_id(id) {
+                            d.outcomes.push(Outcome::TooManyEventIds);
+                            continue;
+                        }
                         judge(rec, *delta, now_ms, window_ms)
                     }
                     (Some(id), Some(seq)) => {
@@ -350,6 +365,11 @@ pub fn decide(
                             d.change_abs = d.change_abs.saturating_add(delta.unsigned_abs());
                             match (event_id, seq) {
                                 (Some(id), None) => {
+                                    if crate::dedup::is_client_event_id(id)
+                                        && !prior.contains_key(id.as_str())
+                                    {
+                                        state.event_ids += 1;
+                                    }
                                     created.insert(id, DedupRecord { delta: *delta, applied_at_ms: now_ms });
                                 }
                                 (Some(id), Some(seq)) => {
@@ -491,6 +511,8 @@ mod tests {
             frequency: None,
             writer_marks: 0,
             windows: None,
+            event_ids: 0,
+            event_ids_max: None,
         };
         let d = decide(
             &mut s,
@@ -514,6 +536,8 @@ mod tests {
             frequency: None,
             writer_marks: 0,
             windows: None,
+            event_ids: 0,
+            event_ids_max: None,
         };
         let batch = [
             Submission::Single {
@@ -540,6 +564,22 @@ mod tests {
         let d = decide(&mut s, &batch, &BTreeMap::new(), 0, W, &mut |_| Ok(()));
         assert!(d.sketch_changed);
         assert_eq!(s.sketch.as_ref().unwrap().estimate(), 2);
+    }
+
+    /// Fixed defect: a drain record found past its window by this node's clock
+    /// (one ahead of the clock that stamped it) was judged fresh, and the resent sum
+    /// counted twice. A drain id never repeats: a record found is its earlier
+    /// delivery, whatever its age.
+    #[test]
+    fn a_drain_found_is_a_duplicate_however_old_its_record_looks() {
+        let mut s = ShardState::default();
+        let id = "~drain:n1:5.1:1:0@0";
+        let prior = BTreeMap::from([(id.to_owned(), DedupRecord { delta: 4, applied_at_ms: 0 })]);
+        let batch =
+            [Submission::Buffered { sum: 4, increments: 4, members: vec![], drain_id: Some(id.into()) }];
+        let d = decide(&mut s, &batch, &prior, 10 * DRAIN_DEDUP_WINDOW_MS, W, &mut |_| Ok(()));
+        assert_eq!(d.outcomes, vec![Outcome::Duplicate]);
+        assert_eq!(d.value, 0);
     }
 
     #[test]
@@ -630,6 +670,31 @@ mod tests {
         let d = decide(&mut s, &[sequenced(1, "w", 9), sequenced(1, "w", 1)], &prior, 9, W, &mut |_| Ok(()));
         assert_eq!(d.outcomes, vec![Outcome::OutOfOrder { expected: 3 }, Outcome::Duplicate]);
         assert!(!d.writes(8));
+    }
+
+    #[test]
+    fn a_shard_at_its_event_id_quota_refuses_new_ids_only() {
+        let mut s = ShardState { event_ids: 1, event_ids_max: Some(2), ..ShardState::default() };
+        let prior = BTreeMap::from([("seen".to_owned(), DedupRecord { delta: 1, applied_at_ms: 1 })]);
+        let batch = [single(1, Some("a")), single(1, Some("b")), single(1, Some("seen")), single(1, None)];
+        let d = decide(&mut s, &batch, &prior, 2, W, &mut |_| Ok(()));
+        // "a" takes the last place; "b" is refused; a retry of a kept id is judged as
+        // ever, and an increment without an id is counted.
+        assert_eq!(
+            d.outcomes,
+            vec![Outcome::Applied, Outcome::TooManyEventIds, Outcome::Duplicate, Outcome::Applied]
+        );
+        assert_eq!((d.value, s.event_ids), (2, 2));
+        assert!(d.dedup_put.iter().all(|(id, _)| id != "b"), "a refused id leaves no record");
+        // Ids the node makes itself (drains) are not the client's and not bounded.
+        let drain = Submission::Buffered {
+            sum: 5,
+            increments: 5,
+            members: vec![],
+            drain_id: Some("~drain:n:1:1:0".into()),
+        };
+        let d = decide(&mut s, &[drain], &prior, 3, W, &mut |_| Ok(()));
+        assert_eq!((d.outcomes[0], s.event_ids), (Outcome::Applied, 2));
     }
 
     #[test]

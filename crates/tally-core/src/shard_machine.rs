@@ -226,7 +226,7 @@ enum Phase<R> {
     /// The write of a merge.
     Merging,
     /// The write of a sweep, removing this many writer marks.
-    Sweeping(u64),
+    Sweeping(u64, u64),
     /// The write of the escrow ledger alone.
     Persisting,
     /// The image, after a failed write.
@@ -292,7 +292,15 @@ impl<R> ShardMachine<R> {
         let escrow = ledger_of(&params, image.escrow.as_deref());
         Self {
             params,
-            state: ShardState { value: image.value, sketch, frequency, windows, writer_marks: 0 },
+            state: ShardState {
+                value: image.value,
+                sketch,
+                frequency,
+                windows,
+                writer_marks: 0,
+                event_ids: 0,
+                event_ids_max: None,
+            },
             sketch_bytes: image.sketch,
             frequency_bytes: image.frequency,
             windows_bytes,
@@ -323,6 +331,20 @@ impl<R> ShardMachine<R> {
     /// How many writer marks this copy counts.
     pub fn writer_marks(&self) -> u64 {
         self.state.writer_marks
+    }
+
+    /// Tells the machine how many event-id records the store holds for this shard
+    /// (the shell counts them when the shard starts) and the most it may hold
+    /// (`None`: no bound). A new event id beyond it is refused with
+    /// [`crate::shard::Outcome::TooManyEventIds`].
+    pub fn set_event_ids(&mut self, ids: u64, max: Option<u64>) {
+        self.state.event_ids = ids;
+        self.state.event_ids_max = max;
+    }
+
+    /// How many event-id records this copy counts.
+    pub fn event_ids(&self) -> u64 {
+        self.state.event_ids
     }
 
     /// The shard's value as decided.
@@ -435,7 +457,7 @@ impl<R> ShardMachine<R> {
                 let phase = std::mem::replace(&mut self.phase, Phase::Idle);
                 let written = matches!(
                     phase,
-                    Phase::Writing(_) | Phase::Merging | Phase::Sweeping(_) | Phase::Persisting
+                    Phase::Writing(_) | Phase::Merging | Phase::Sweeping(..) | Phase::Persisting
                 );
                 if written && ok && !self.outbox_applied.is_empty() {
                     let sends = std::mem::take(&mut self.outbox_applied);
@@ -446,11 +468,12 @@ impl<R> ShardMachine<R> {
                         out.extend(replies.into_iter().map(|(to, reply)| Effect::Reply { to, reply }));
                     }
                     Phase::Merging if ok => out.push(Effect::Merged),
-                    Phase::Sweeping(marks) if ok => {
+                    Phase::Sweeping(marks, ids) if ok => {
                         self.state.writer_marks = self.state.writer_marks.saturating_sub(marks);
+                        self.state.event_ids = self.state.event_ids.saturating_sub(ids);
                     }
                     Phase::Persisting if ok => {}
-                    Phase::Writing(_) | Phase::Merging | Phase::Sweeping(_) | Phase::Persisting => {
+                    Phase::Writing(_) | Phase::Merging | Phase::Sweeping(..) | Phase::Persisting => {
                         self.phase = Phase::Reloading;
                         out.push(Effect::Reload);
                     }
@@ -467,10 +490,18 @@ impl<R> ShardMachine<R> {
                             let windows = windows_of(&self.params, &image);
                             // The store's mark count is not read back: the count stays
                             // as decided (at worst high, refusing new writers early).
-                            let writer_marks = self.state.writer_marks;
+                            let (writer_marks, event_ids, event_ids_max) =
+                                (self.state.writer_marks, self.state.event_ids, self.state.event_ids_max);
                             self.windows_bytes = encoded_windows(&self.params, &windows, image.windows);
-                            self.state =
-                                ShardState { value: image.value, sketch, frequency, windows, writer_marks };
+                            self.state = ShardState {
+                                value: image.value,
+                                sketch,
+                                frequency,
+                                windows,
+                                writer_marks,
+                                event_ids,
+                                event_ids_max,
+                            };
                             self.sketch_bytes = image.sketch;
                             self.frequency_bytes = image.frequency;
                             // The ledger goes back to what is stored; messages from
@@ -572,8 +603,9 @@ impl<R> ShardMachine<R> {
             // follow each other without a pause would otherwise never sweep.
             let expired = std::mem::take(&mut self.sweep_waiting);
             let marks = expired.iter().filter(|id| is_mark_id(id)).count() as u64;
+            let ids = expired.iter().filter(|id| crate::dedup::is_client_event_id(id)).count() as u64;
             let write = ShardWrite { image: self.image(), dedup_put: Vec::new(), dedup_remove: expired };
-            self.phase = Phase::Sweeping(marks);
+            self.phase = Phase::Sweeping(marks, ids);
             let sends = self.escrow_written();
             out.push(Effect::Write { write, durable: Vec::new(), sends, change_abs: 0, submissions: 0 });
             return;

@@ -442,6 +442,12 @@ pub enum SpecError {
         /// The count asked for.
         asked: u8,
     },
+    /// Two copies: a group of two voters cannot replace a lost disk.
+    #[error(
+        "replicas 2: two copies cannot survive a lost disk (every majority of two needs both, so a \
+         replaced disk can never rejoin its ranges); ask for 3, or 1"
+    )]
+    TwoCopies,
     /// The counter was resharded as many times as its shards' ids can number.
     #[error("the counter was resharded {max} times, the most a counter may be; create a new counter")]
     GenerationsExhausted {
@@ -549,6 +555,11 @@ impl CounterSpec {
             replicas: patch.replicas.or(self.replicas),
         };
         next.validate()?;
+        // A counter that stated two copies before they were refused keeps them (its
+        // groups have three voters: `ranges::group_voters`); no counter asks anew.
+        if patch.replicas == Some(2) && self.replicas != Some(2) {
+            return Err(SpecError::TwoCopies);
+        }
         Ok(next)
     }
 
@@ -799,5 +810,12 @@ mod tests {
         assert!(matches!(plain.updated(&p), Err(SpecError::ReplicasFixed { .. })));
         let back: SpecPatch = serde_json::from_str(r#"{"replicas": 5}"#).unwrap();
         assert_eq!(back.replicas, Some(5));
+        // Two copies are refused anew; a counter that stated them before keeps them.
+        let two = SpecPatch { replicas: Some(2), ..Default::default() };
+        assert_eq!(CounterSpec::default().patched(&two), Err(SpecError::TwoCopies));
+        let kept = CounterSpec { replicas: Some(2), ..CounterSpec::default() };
+        assert_eq!(kept.updated(&two).map(|s| s.replicas), Ok(Some(2)));
+        let other = SpecPatch { rollup_ms: Some(500), ..Default::default() };
+        assert_eq!(kept.updated(&other).map(|s| s.replicas), Ok(Some(2)));
     }
 }

@@ -22,14 +22,34 @@
 //! before marks, so each lane is a range of keys: the records lane steps over the
 //! block of drain ids, and the drains lane ends at the first key after it.
 //!
+//! A drain record is aged in its *sender's* clock: its id carries the sender's clock
+//! at its first send ([`crate::drain_book::drain_sender_and_time`]), and it expires
+//! once the sender has first-sent another drain to the shard a whole
+//! [`DRAIN_DEDUP_WINDOW_MS`] later — so the sender, which stops resending a sum
+//! [`crate::drain_book::IN_DOUBT_RETRY_MS_MAX`] after its first send by the same
+//! clock, can no longer resend it. Which node's clock stamped the record (the range
+//! leader before a failover, or after) does not matter. A sender that stops sending
+//! to the shard leaves its last records to the shard's own clock, for
+//! [`DRAIN_QUIET_SENDER_WINDOW_MS`]: only a shard clock ahead of the sender's by
+//! more than that window less the resend limit could forget one of them early.
+//!
 //! The sweeper is pure: the shard's actor reads the page [`Sweeper::due`] names and
 //! hands it to [`Sweeper::take`], which answers the ids to remove.
 
 use crate::dedup::{expired, DedupRecord};
+use crate::drain_book::drain_sender_and_time;
 use crate::shard::{DRAIN_DEDUP_WINDOW_MS, DRAIN_ID_PREFIX};
+use std::collections::BTreeMap;
 
 /// A record is due for a sweep once it is past its window by `window / 8`.
 pub const SWEEP_SLACK_DIVISOR: u64 = 8;
+
+/// How long, by the shard's clock, a drain record stays when its sender sent the
+/// shard nothing newer to age it by (see the module docs), in milliseconds: an
+/// hour, six drain windows, so only a shard clock more than 55 minutes ahead of a
+/// quiet sender's could count one of its last sums twice, while the records a
+/// quiet sender leaves behind (at most a drain window's) still go within the hour.
+pub const DRAIN_QUIET_SENDER_WINDOW_MS: u64 = 60 * 60 * 1000;
 
 /// The first key after every drain id: `;` follows `:`, so every id that starts
 /// with `~drain:` sorts before it.
@@ -39,6 +59,52 @@ const DRAINS_END: &str = "~drain;";
 /// for a sweep: an eighth of its window after it expired.
 pub fn sweep_due_ms(applied_at_ms: u64, window_ms: u64) -> u64 {
     applied_at_ms.saturating_add(window_ms).saturating_add(window_ms / SWEEP_SLACK_DIVISOR)
+}
+
+/// The newest first send of each sender among the drain records of `page`: its
+/// drains age by it.
+fn newest_sends(page: &[(String, DedupRecord)]) -> BTreeMap<&str, u64> {
+    let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+    for (sender, sent) in page.iter().filter_map(|(id, _)| drain_sender_and_time(id)) {
+        let at = newest.entry(sender).or_insert(sent);
+        *at = (*at).max(sent);
+    }
+    newest
+}
+
+/// Whether record `id` is past its window at `now_ms` (`window_ms` is its lane's),
+/// and the window by which it is next due if it stays. A drain that names its first
+/// send ages by its sender's newest first send on the page, or else by the shard's
+/// clock over [`DRAIN_QUIET_SENDER_WINDOW_MS`]; newer drains of its sender, written
+/// after a pass began, bring the next pass soon enough to age it by them.
+fn judge_record(
+    newest: &BTreeMap<&str, u64>,
+    id: &str,
+    record: &DedupRecord,
+    now_ms: u64,
+    window_ms: u64,
+) -> (bool, u64) {
+    match drain_sender_and_time(id) {
+        Some((sender, sent)) => {
+            let aged = newest.get(sender).is_some_and(|n| expired(sent, *n, DRAIN_DEDUP_WINDOW_MS));
+            let quiet = DRAIN_QUIET_SENDER_WINDOW_MS;
+            (aged || expired(record.applied_at_ms, now_ms, quiet), quiet)
+        }
+        None => (expired(record.applied_at_ms, now_ms, window_ms), window_ms),
+    }
+}
+
+/// Whether a sweep of `page` (a shard's first page of records, of a counter whose
+/// window is `window_ms`) would find a record due at `now_ms`: what wakes a shard
+/// that no actor runs, so that it sweeps.
+pub fn any_due(page: &[(String, DedupRecord)], now_ms: u64, window_ms: u64) -> bool {
+    let newest = newest_sends(page);
+    page.iter().any(|(id, record)| {
+        let window = crate::shard::window_for(id, window_ms);
+        let (aged, due_window) = judge_record(&newest, id, record, now_ms, window);
+        let by_sender = aged && drain_sender_and_time(id).is_some();
+        by_sender || sweep_due_ms(record.applied_at_ms, due_window) <= now_ms
+    })
 }
 
 /// The two ranges of a shard's records, each swept on its own schedule.
@@ -145,6 +211,7 @@ impl Sweeper {
         };
         let mut expired_ids = Vec::new();
         let mut ended = page.len() < limit;
+        let newest = newest_sends(page);
         for (id, record) in page {
             let drain = id.starts_with(DRAIN_ID_PREFIX);
             if lane == Lane::Drains && !drain {
@@ -155,11 +222,12 @@ impl Sweeper {
             if lane == Lane::Records && drain {
                 continue;
             }
-            if expired(record.applied_at_ms, now_ms, lane_window) {
+            let (gone, due_window) = judge_record(&newest, id, record, now_ms, lane_window);
+            if gone {
                 expired_ids.push(id.clone());
             } else {
                 pass.earliest_due_ms =
-                    pass.earliest_due_ms.min(sweep_due_ms(record.applied_at_ms, lane_window));
+                    pass.earliest_due_ms.min(sweep_due_ms(record.applied_at_ms, due_window));
             }
         }
         match page.last() {
@@ -232,6 +300,44 @@ mod tests {
         assert_eq!(read, 1000);
         // Every expired record goes, due or not.
         assert_eq!(removed.len(), 1000);
+    }
+
+    /// Fixed defect: drain records aged by the shard's clock, which after a
+    /// failover is another node's: a leader whose clock ran ahead of the one that
+    /// stamped a record (or of the sender's) forgot it early, and a resend near the
+    /// sender's limit counted twice. A record now lives until its own sender has
+    /// first-sent another drain a whole window later, however far ahead the shard's
+    /// clock is.
+    #[test]
+    fn a_drain_record_lives_its_window_in_its_senders_clock_whatever_the_shards() {
+        const W: u64 = DRAIN_DEDUP_WINDOW_MS;
+        let id = |seq: u64, sent: u64| format!("~drain:n1:5.1:{seq}:0@{sent}");
+        // Stamped at 0 by a leader; the shard's clock now reads 40 minutes later,
+        // while its sender has sent nothing newer than half a window on.
+        let mut records = vec![rec(&id(1, 0), 0), rec(&id(2, W / 2), W / 2)];
+        let mut s = Sweeper::new(0, 1);
+        let (removed, _) = sweep(&mut s, 4 * W, &mut records, 100);
+        assert!(
+            removed.is_empty(),
+            "aged by the sender's clock, neither record's window passed: {removed:?}"
+        );
+        // The sender's next drain, a window after the first: at the pass its write
+        // brings, the first goes.
+        records.push(rec(&id(3, W), 4 * W));
+        let (removed, _) = sweep(&mut s, sweep_due_ms(4 * W, W), &mut records, 100);
+        assert_eq!(removed, vec![id(1, 0)]);
+        // Another sender's drains do not age this one's.
+        records.push(rec("~drain:n2:9.1:1:0@99999999", 5 * W));
+        let (removed, _) = sweep(&mut s, sweep_due_ms(sweep_due_ms(4 * W, W), W), &mut records, 100);
+        assert!(removed.is_empty(), "{removed:?}");
+        // A quiet sender's last records go by the shard's clock after an hour.
+        let quiet = sweep_due_ms(W / 2, DRAIN_QUIET_SENDER_WINDOW_MS);
+        let (removed, _) = sweep(&mut s, quiet, &mut records, 100);
+        assert_eq!(removed, vec![id(2, W / 2)]);
+        // Ids written before they carried the time age as before.
+        let mut old = vec![rec("~drain:n3:1.1:4:0", 0)];
+        let (removed, _) = sweep(&mut Sweeper::new(0, 1), W, &mut old, 100);
+        assert_eq!(removed.len(), 1);
     }
 
     #[test]

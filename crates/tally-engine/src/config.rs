@@ -66,7 +66,30 @@ pub struct TallyConfig {
     /// The copies of each shard of a counter that states none: the cluster's
     /// `replicas` (1 on a single node). What `WAIT` counts on.
     pub replicas_default: u8,
+    /// Most counters on the node (a rule over every name); counted from the catalog
+    /// (`crate::quota`), so in a cluster it bounds the cluster's counters as this
+    /// node sees them. A creation beyond it answers 507 `quota_exceeded`.
+    pub counters_max: u64,
+    /// Most counters under a name prefix, per prefix (a token's prefixes, a tenant's).
+    pub counter_quotas: Vec<crate::CounterQuota>,
+    /// Most event ids a counter keeps (within its dedup window), split evenly over
+    /// its shards: each costs a record on disk and some of the store's memory for
+    /// the whole window. A new id beyond it answers 507 `quota_exceeded`.
+    pub event_ids_per_counter_max: u64,
+    /// Most bytes a counter's sketches may take (count-min tables of every shard, the
+    /// distinct sketch, window buckets); a spec beyond it is refused with 507.
+    pub sketch_bytes_per_counter_max: u64,
 }
+
+/// Counters a node holds at most by default: ten million counters' metadata, each a
+/// few hundred bytes in the catalog and a raft log entry when created.
+pub const COUNTERS_MAX_DEFAULT: u64 = 10_000_000;
+/// Event ids a counter keeps at most by default: about 1.5 GB on disk at ~150 bytes
+/// a record, and some 140 MB of the store's memory, for one counter's window.
+pub const EVENT_IDS_PER_COUNTER_MAX_DEFAULT: u64 = 10_000_000;
+/// Bytes a counter's sketches take at most by default (64 MiB): the largest
+/// count-min table (1 MiB a shard) on 64 shards.
+pub const SKETCH_BYTES_PER_COUNTER_MAX_DEFAULT: u64 = 64 << 20;
 
 impl Default for TallyConfig {
     fn default() -> Self {
@@ -90,6 +113,10 @@ impl Default for TallyConfig {
             autoshard: tally_core::autoshard::Tuning::default(),
             replicas_max: 1,
             replicas_default: 1,
+            counters_max: COUNTERS_MAX_DEFAULT,
+            counter_quotas: Vec::new(),
+            event_ids_per_counter_max: EVENT_IDS_PER_COUNTER_MAX_DEFAULT,
+            sketch_bytes_per_counter_max: SKETCH_BYTES_PER_COUNTER_MAX_DEFAULT,
         }
     }
 }

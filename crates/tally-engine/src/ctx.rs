@@ -216,6 +216,8 @@ pub(crate) struct Ctx {
     pub(crate) lost: crate::lost::LostData,
     /// Creations of counters by their first increment, batched into shared commits.
     pub(crate) creator: Arc<crate::create::Creator>,
+    /// The node's quotas and their counts (`crate::quota`).
+    pub(crate) quotas: Arc<crate::quota::Quotas>,
     /// Places for created counters not drained yet ([`CREATED_UNDRAINED_MAX`]).
     pub(crate) created_undrained: Arc<tokio::sync::Semaphore>,
     /// The auto counters this engine follows (`autoshard.rs`).
@@ -300,6 +302,7 @@ impl Ctx {
                 // Shares one metadata commit with the creations queued meanwhile
                 // (or, with a local catalog, is answered before it is written). A
                 // counter that expired meanwhile is reclaimed, then created.
+                self.quotas.admit_counter(&name).inspect_err(|_| self.stats.quota_counters_refused.inc())?;
                 let (meta, effect, _) = match self.creator.ensure(name.clone()).await {
                     Err(TallyError::Meta(tally_core::meta::MetaError::Expired { .. })) => {
                         crate::expire::reap(self, &name).await?;
@@ -307,6 +310,9 @@ impl Ctx {
                     }
                     other => other?,
                 };
+                if effect == MetaEffect::Created {
+                    self.quotas.created(&name);
+                }
                 // A counter this call created holds nothing anywhere (a deleted one's
                 // data is gone: `finish_delete`), so its slots may take increments at
                 // once instead of waiting for a first direct write to learn the value.
@@ -620,6 +626,19 @@ impl Ctx {
                 writer: inc.writer.clone().unwrap_or_default(),
                 max: tally_core::dedup::WRITERS_PER_SHARD_MAX,
             }),
+            Outcome::TooManyEventIds => {
+                self.stats.quota_event_ids_refused.inc();
+                Err(TallyError::QuotaExceeded {
+                    quota: "engine.event_ids_per_counter_max",
+                    what: format!(
+                        "event id {:?} would be one more than counter {:?} keeps ({} over its shards, each until \
+                         its dedup window passes)",
+                        inc.event_id.clone().unwrap_or_default(),
+                        rt.name.as_str(),
+                        self.quotas.event_ids_per_counter()
+                    ),
+                })
+            }
             Outcome::BoundExceeded { headroom } => {
                 self.stats.bound_refusals.inc();
                 Err(TallyError::bound_exceeded(&rt.name, &rt.meta.spec, inc.delta, headroom))
@@ -823,12 +842,15 @@ impl Ctx {
         self.seal_local(id, meta).await
     }
 
-    /// Seals the local actor of shard `id`.
+    /// Seals the local actor of shard `id`. Refused while this node's shards lack
+    /// values they had (a replaced disk, its loss not accepted): the sealed value
+    /// goes into the next generation's base, which no read checks again.
     pub(crate) async fn seal_local(
         &self,
         id: &ShardId,
         meta: &Arc<CounterMeta>,
     ) -> Result<tally_store::ShardImage, TallyError> {
+        self.lost.check(id)?;
         let actor = self.shard(id, meta).await?;
         let (tx, rx) = ractor::concurrency::oneshot();
         actor
@@ -1188,7 +1210,7 @@ impl Ctx {
             // resent as it is, never merged into another sum.
             let sub = self.drains.lock().open(
                 now,
-                &target.name,
+                (&target.name, target.meta.created_at_ms),
                 index,
                 target.meta.layout.shards,
                 (d.sum, d.increments, d.members.clone()),
@@ -1249,21 +1271,22 @@ impl Ctx {
             );
         }
         futures::stream::iter(due)
-            .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |(name, sub)| async move {
-                if self.resend(&name, &sub).await {
+            .for_each_concurrent(IN_DOUBT_RESENDS_CONCURRENT_MAX, |(name, born_ms, sub)| async move {
+                if self.resend(&name, born_ms, &sub).await {
                     self.drains.lock().close(sub.drain_id().unwrap_or_default());
                 }
             })
             .await;
     }
 
-    /// Resends one in-doubt sum; true once it is answered (or moot: its counter is
-    /// gone).
-    async fn resend(self: &Arc<Self>, name: &CounterName, sub: &Submission) -> bool {
+    /// Resends one in-doubt sum of the incarnation of `name` created at `born_ms`;
+    /// true once it is answered (or moot: that counter is gone, perhaps replaced by a
+    /// namesake, which never counts another counter's sums).
+    async fn resend(self: &Arc<Self>, name: &CounterName, born_ms: u64, sub: &Submission) -> bool {
         let Submission::Buffered { drain_id: Some(drain_id), increments, .. } = sub else { return true };
         let rt = match self.runtime(name.as_str(), false).await {
-            Ok(rt) => rt,
-            Err(TallyError::NotFound(_)) => {
+            Ok(rt) if rt.meta.created_at_ms == born_ms => rt,
+            Ok(_) | Err(TallyError::NotFound(_)) => {
                 tracing::warn!(counter = %name, "dropping a drained sum of a deleted counter");
                 return true;
             }
@@ -1321,14 +1344,53 @@ impl Ctx {
         Ok(())
     }
 
-    /// Deletes shard `id`'s data wherever it lives.
-    pub(crate) async fn delete_shard_anywhere(&self, id: &ShardId) -> Result<(), TallyError> {
+    /// Refuses to delete shard `id` for another node while this node's metadata
+    /// gives it to a live counter: for a deleted counter's cleanup (`prune_of` is
+    /// `None`), unless a tombstone here lists its generation; for a prune, unless
+    /// the live counter is the incarnation `prune_of` names and holds the generation
+    /// sealed. The sender's view may lag this node's (see [`ShardRequest::Delete`]);
+    /// a refusal is retried once the views agree.
+    pub(crate) fn check_deletable(&self, id: &ShardId, prune_of: Option<u64>) -> Result<(), TallyError> {
+        let Some(live) = self.catalog.get(id.counter.as_str())? else { return Ok(()) };
+        let layout = &live.layout;
+        let sealed = layout.sealed.iter().any(|g| g.generation == id.generation);
+        let allowed = match prune_of {
+            Some(born) => live.created_at_ms == born && sealed,
+            None => {
+                let claimed = sealed
+                    || id.generation == layout.generation
+                    || (layout.resharding.is_some() && id.generation == layout.generation + 1);
+                let listed = self.catalog.tombstone(id.counter.as_str())?.is_some_and(|t| {
+                    t.iter().any(|(word, shards)| *word == id.generation_word() && id.index < *shards)
+                });
+                !claimed || listed
+            }
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(unavailable(
+            id,
+            "this node's metadata gives the shard to a live counter: the deletion was decided on an older \
+             view, and is retried once the views agree",
+        ))
+    }
+
+    /// Deletes shard `id`'s data wherever it lives (`prune_of`: see
+    /// [`ShardRequest::Delete`]).
+    pub(crate) async fn delete_shard_anywhere(
+        &self,
+        id: &ShardId,
+        prune_of: Option<u64>,
+    ) -> Result<(), TallyError> {
         match self.remote(id) {
             None => self.delete_local(id).await,
-            Some((p, node)) => match p.call(&node, ShardRequest::Delete { id: id.clone() }).await? {
-                ShardResponse::Done => Ok(()),
-                other => Err(unexpected(&node, id, other)),
-            },
+            Some((p, node)) => {
+                match p.call(&node, ShardRequest::Delete { id: id.clone(), prune_of }).await? {
+                    ShardResponse::Done => Ok(()),
+                    other => Err(unexpected(&node, id, other)),
+                }
+            }
         }
     }
 
@@ -1339,7 +1401,7 @@ impl Ctx {
         // the counter's shards.
         for (word, shards) in generations {
             for index in 0..shards {
-                self.delete_shard_anywhere(&ShardId::from_word(name.clone(), word, index)).await?;
+                self.delete_shard_anywhere(&ShardId::from_word(name.clone(), word, index), None).await?;
             }
         }
         self.flusher.flush().await?;

@@ -15,8 +15,6 @@ use crate::ctx::Ctx;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
-use tally_core::shard::window_for;
-use tally_core::sweep::sweep_due_ms;
 use tally_core::ShardId;
 
 /// Stored shards one housekeeping tick looks at, at most.
@@ -87,7 +85,7 @@ async fn wake_if_expired(ctx: &Arc<Ctx>, id: &ShardId, now_ms: u64) {
             return;
         }
     };
-    if !page.iter().any(|(event, r)| sweep_due_ms(r.applied_at_ms, window_for(event, window)) <= now_ms) {
+    if !tally_core::sweep::any_due(&page, now_ms, window) {
         return;
     }
     ctx.stats.dormant_wakes.inc();

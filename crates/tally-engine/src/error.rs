@@ -149,6 +149,16 @@ pub enum TallyError {
         /// The bound.
         max: u64,
     },
+    /// A quota of the node's config would be exceeded (`crate::quota`): nothing was
+    /// created or counted. Retrying does not help until counters are deleted, ids
+    /// expire, or the quota is raised.
+    #[error("{what} ({quota})")]
+    QuotaExceeded {
+        /// The config field of the quota.
+        quota: &'static str,
+        /// What would exceed it.
+        what: String,
+    },
     /// The increment would take a bounded counter past its bound, as far as the shard
     /// it reached could tell within its wait for headroom: nothing was counted.
     #[error(
@@ -270,6 +280,7 @@ impl TallyError {
             Self::InvalidSequence(_) => "invalid_sequence",
             Self::OutOfOrderSequence { .. } => "out_of_order_sequence",
             Self::TooManyWriters { .. } => "too_many_writers",
+            Self::QuotaExceeded { .. } => "quota_exceeded",
             Self::BoundExceeded { .. } => "bound_exceeded",
             Self::Window(e) => e.code(),
             Self::Namespace(_) => "invalid_namespace",
@@ -288,6 +299,7 @@ impl TallyError {
             Self::InvalidSequence(_) | Self::Window(_) => 400,
             Self::OutOfOrderSequence { .. } | Self::BoundExceeded { .. } => 409,
             Self::TooManyWriters { .. } => 429,
+            Self::QuotaExceeded { .. } => 507,
             Self::NegativeWeight { .. } | Self::LimitNegative { .. } => 422,
             Self::NotFound(_) | Self::Meta(MetaError::Expired { .. }) | Self::NamespaceNotFound(_) => 404,
             Self::Namespace(_) => 422,

@@ -142,13 +142,14 @@ impl Ctx {
         self.wait_epoch(id, epoch).await?;
         let mut answer = PullAnswer::new(after.map(str::to_owned));
         let mut not_durable = None;
-        let mut effects: VecDeque<PullEffect> =
-            answer.step(PullInput::Asked { owns: self.remote(id).is_none() }).into();
+        let (owns, lost) = (self.remote(id).is_none(), self.lost.get());
+        let mut effects: VecDeque<PullEffect> = answer.step(PullInput::Asked { owns, lost }).into();
         while let Some(effect) = effects.pop_front() {
             let next = match effect {
                 PullEffect::Refuse => {
                     return Err(match not_durable.take() {
                         Some(e) => TallyError::from(e),
+                        None if lost => self.lost.check(id).expect_err("marked lost"),
                         None => unavailable(id, "this node still owns the shard"),
                     });
                 }

@@ -22,6 +22,8 @@
 //! * `read.rs` — sums, sketches and shard reports.
 //! * `lost.rs` — refuses reads of shards whose earlier values this node lost.
 //! * `expire.rs` — expired counters: missing for reads at once, reclaimed by a sweep.
+//! * `quota.rs` — the quotas: counters on the node and per prefix, event ids a
+//!   counter keeps, bytes its sketches take.
 //!
 //! Actors talk by messages and reply in them; a handler returns `Err` only for a
 //! fatal condition. The decisions themselves are `tally_core`'s pure functions.
@@ -64,6 +66,7 @@ mod list;
 mod lost;
 mod messages;
 mod placement;
+mod quota;
 mod read;
 mod reconciler;
 mod reshard;
@@ -94,6 +97,7 @@ pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCA
 pub use ledger::LEDGER_REFRESH_MS;
 pub use list::{CounterPage, LIST_PAGE_COUNTERS_MAX, LIST_PREFIX_BYTES_MAX};
 pub use placement::{Placement, ShardRequest, ShardResponse};
+pub use quota::{CounterQuota, QUOTA_RECOUNT_MS};
 pub use read::{skew, SUM_MANY_CONCURRENT_MAX};
 pub use reconciler::RECONCILE_DRIFT_ABS_MAX;
 pub use rollup::ROLLUP_REFRESH_BATCH_MAX;

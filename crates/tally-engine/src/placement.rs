@@ -47,10 +47,18 @@ pub enum ShardRequest {
         /// The event id.
         event_id: String,
     },
-    /// Stop the shard and delete its data (its counter was deleted).
+    /// Stop the shard and delete its data: its counter was deleted (a tombstone's
+    /// cleanup), or its sealed generation expired (`prune_of`). The owner deletes
+    /// nothing that its own view of the metadata gives to a live counter: the
+    /// sender's view may lag (a tombstone cleared meanwhile, and a namesake created
+    /// since), and only the owner's is sure to know every counter whose data it
+    /// holds.
     Delete {
         /// The shard.
         id: ShardId,
+        /// For a prune, the incarnation (`created_at_ms`) of the counter whose
+        /// sealed generation it is; `None` for a deleted counter's cleanup.
+        prune_of: Option<u64>,
     },
     /// Merge a sketch into a shard of a generation that is not open yet.
     MergeSketch {
@@ -108,7 +116,7 @@ impl ShardRequest {
             | ShardRequest::Read { id }
             | ShardRequest::Seal { id, .. }
             | ShardRequest::DedupGet { id, .. }
-            | ShardRequest::Delete { id }
+            | ShardRequest::Delete { id, .. }
             | ShardRequest::MergeSketch { id, .. }
             | ShardRequest::HandOff { id, .. }
             | ShardRequest::Adopt { id, .. }

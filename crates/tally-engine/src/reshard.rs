@@ -131,7 +131,8 @@ pub(crate) async fn prune(ctx: &Arc<Ctx>, name: &CounterName) -> Result<(), Tall
         meta.layout.sealed.iter().filter(|g| tally_core::dedup::expired(g.sealed_at_ms, now, retention_ms))
     {
         for index in 0..g.shards {
-            ctx.delete_shard_anywhere(&meta.shard_id(name, g.generation, index)).await?;
+            ctx.delete_shard_anywhere(&meta.shard_id(name, g.generation, index), Some(meta.created_at_ms))
+                .await?;
         }
     }
     ctx.flusher.flush().await?;

@@ -97,6 +97,24 @@ fn count_marks(ctx: &Ctx, id: &ShardId) -> Result<u64, StoreError> {
     Ok(page.iter().take_while(|(k, _)| is_mark_id(k)).count() as u64)
 }
 
+/// Dedup records one page of [`count_event_ids`] reads.
+const EVENT_ID_COUNT_PAGE: usize = 4096;
+
+/// The shard's records of clients' event ids, counted up to `max` (a shard that
+/// holds that many refuses new ids anyway, so counting further is wasted).
+fn count_event_ids(ctx: &Ctx, id: &ShardId, max: u64) -> Result<u64, StoreError> {
+    let mut count = 0u64;
+    let mut after: Option<String> = None;
+    loop {
+        let page = ctx.store.dedup_scan(id, after.as_deref(), EVENT_ID_COUNT_PAGE)?;
+        count += page.iter().filter(|(k, _)| tally_core::dedup::is_client_event_id(k)).count() as u64;
+        if page.len() < EVENT_ID_COUNT_PAGE || count >= max {
+            return Ok(count);
+        }
+        after = page.last().map(|(k, _)| k.clone());
+    }
+}
+
 fn store_failure(what: &str) -> TallyError {
     StoreError::Io { op: "flush", message: what.into() }.into()
 }
@@ -121,6 +139,13 @@ impl Actor for ShardActor {
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
         let mut machine = ShardMachine::new(ShardParams::of(&meta, &id), image, sketch, sealed);
         machine.set_writer_marks(count_marks(&ctx, &id)?);
+        // Its share of the counter's event-id quota, and what it holds of it.
+        let ids_max = ctx.quotas.event_ids_per_shard(meta.layout.shards);
+        let ids = match ids_max {
+            Some(max) => count_event_ids(&ctx, &id, max)?,
+            None => 0,
+        };
+        machine.set_event_ids(ids, ids_max);
         Ok(ShardActorState {
             machine,
             id,

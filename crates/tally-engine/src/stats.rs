@@ -96,6 +96,12 @@ pub struct Stats {
     pub conflicts: Count,
     /// Increments refused because they would cross their counter's bound.
     pub bound_refusals: Count,
+    /// Creations refused by a counters quota (`engine.counters_max`, `[[quotas]]`).
+    pub quota_counters_refused: Count,
+    /// Increments refused by the event-id quota.
+    pub quota_event_ids_refused: Count,
+    /// Specs refused by the sketch-bytes quota.
+    pub quota_sketch_bytes_refused: Count,
     /// Headroom transfers (escrow grants) this node's shards sent, counting resends.
     pub escrow_grants_sent: Count,
     /// Escrow messages (borrow requests, grants, acknowledgements) this node's shards

@@ -100,6 +100,7 @@ impl Tally {
         let EngineParts { store, clock, config, catalog, placement } = parts;
         open_format(&*store)?;
         let incarnation = next_incarnation(&*store, clock.now_ms())?;
+        let corrections = tally_core::reconcile::CorrectionIds::new(config.node_id.as_str(), &incarnation);
         let drains = tally_core::drain_book::DrainBook::new(config.node_id.as_str(), incarnation);
         let stats = Arc::new(Stats::default());
         let flusher = Flusher::start(store.clone(), stats.clone());
@@ -108,6 +109,8 @@ impl Tally {
             None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())?),
         };
         let creator = crate::create::Creator::new(catalog.clone(), clock.clone(), config.default_spec);
+        let quotas = Arc::new(crate::quota::Quotas::new(&config));
+        quotas.recount(&*catalog, clock.now_ms())?;
         let ctx = Arc::new(Ctx {
             engine_id: crate::ctx::next_engine_id(),
             catalog,
@@ -136,17 +139,19 @@ impl Tally {
             adopting: Default::default(),
             lost: Default::default(),
             creator,
+            quotas,
             created_undrained: Arc::new(tokio::sync::Semaphore::new(crate::ctx::CREATED_UNDRAINED_MAX)),
             auto: Default::default(),
             within_turns: Default::default(),
         });
         crate::reshard::watch(&ctx);
+        crate::quota::recount_every_interval(&ctx);
         crate::autoshard::start(&ctx)?;
         let weak = Arc::downgrade(&ctx);
         let (supervisor, _) = Actor::spawn(None, Supervisor, weak.clone()).await.map_err(spawn_err)?;
         let (aggregator, _) = Actor::spawn(None, Aggregator, weak.clone()).await.map_err(spawn_err)?;
         let (rollup, _) = Actor::spawn(None, Rollup, weak.clone()).await.map_err(spawn_err)?;
-        let (reconciler, _) = Actor::spawn(None, Reconciler, weak).await.map_err(spawn_err)?;
+        let (reconciler, _) = Actor::spawn(None, Reconciler, (weak, corrections)).await.map_err(spawn_err)?;
         let _ = ctx.supervisor.set(supervisor.clone());
         let _ = ctx.aggregator.set(aggregator.clone());
         let _ = ctx.rollup.set(rollup.clone());
@@ -197,6 +202,31 @@ impl Tally {
         self.ctx.finish_delete(&name).await?;
         let current_auto = self.ctx.catalog.auto_shards(name.as_str())?;
         let next_auto = auto.resolve(current_auto, patch.shards)?;
+        // Quotas: one more counter, and sketches of the size the spec asks for.
+        let current = self.ctx.catalog.get(name.as_str())?;
+        let stats = &self.ctx.stats;
+        if current.is_none() {
+            self.ctx.quotas.admit_counter(&name).inspect_err(|_| stats.quota_counters_refused.inc())?;
+        }
+        let spec = current.map(|m| m.spec).unwrap_or_default();
+        let shards_max = next_auto.map_or(0, |b| b.max_shards);
+        let quota = self.ctx.quotas.admit_spec(&name, &spec, &patch, shards_max);
+        quota.inspect_err(|_| stats.quota_sketch_bytes_refused.inc())?;
+        let put = self.put_checked(name.clone(), patch, current_auto, next_auto).await?;
+        if put.created {
+            self.ctx.quotas.created(&name);
+        }
+        Ok(put)
+    }
+
+    /// [`Tally::put_counter_auto`] once the quotas let it through.
+    async fn put_checked(
+        &self,
+        name: CounterName,
+        patch: SpecPatch,
+        current_auto: Option<tally_core::spec::AutoShards>,
+        next_auto: Option<tally_core::spec::AutoShards>,
+    ) -> Result<PutOutcome, TallyError> {
         if next_auto.is_none() && current_auto.is_none() {
             return self.put_fixed(name, patch).await;
         }
@@ -913,24 +943,23 @@ impl Tally {
         crate::list::list(self.ctx.catalog.as_ref(), prefix, after, limit, self.ctx.now_ms())
     }
 
-    /// Brings the counter to `authoritative` by writing the drift as an idempotent
-    /// correction.
+    /// Brings the counter to `authoritative` by writing the drift as a correction,
+    /// a run of its own (`tally_core::reconcile`).
     #[tracing::instrument(level = "debug", skip_all, fields(counter = name, authoritative))]
     pub async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
-        self.correct(name, authoritative, None).await
+        self.reconcile_as(name, authoritative, None).await
     }
 
     /// Sets the counter's total to `value` (Redis's `SET key value`): an absolute
-    /// write, made as a correction of the drift found by a complete read, under an id
-    /// of its own (so a second `SET` that finds the same totals is a second
-    /// correction, never a duplicate of the first). Writing it again leaves the same
-    /// total, so a `SET` retried after a lost answer is safe; increments that race
-    /// with it count after it or are absorbed by it, as with Redis. Creates an
-    /// unknown counter first, as an increment would (its namespace's spec).
+    /// write, made as a reconciliation run of its own (its correction's id is the
+    /// run's, so a second `SET` that finds the same totals is a second correction,
+    /// never a duplicate of the first). Writing it again leaves the same total, so a
+    /// `SET` retried after a lost answer is safe; increments that race with it count
+    /// after it or are absorbed by it, as with Redis. Creates an unknown counter
+    /// first, as an increment would (its namespace's spec).
     pub async fn set_total(&self, name: &str, value: i128) -> Result<ReconcileReport, TallyError> {
         self.ctx.runtime(name, true).await?;
-        let occasion = self.ctx.drains.lock().unique_token();
-        self.correct(name, value, Some(occasion)).await
+        self.reconcile_as(name, value, None).await
     }
 
     /// Creates the counter as its first increment would (its namespace's spec, or
@@ -939,15 +968,29 @@ impl Tally {
         self.ctx.runtime(name, true).await.map(|_| ())
     }
 
-    async fn correct(
+    /// [`Tally::reconcile`] as the run of a scheduled `source` at `instant_ms`: every
+    /// node that runs that instant writes the same correction, so two of them write
+    /// it once ([`tally_core::reconcile::scheduled_correction_id`]).
+    pub async fn reconcile_scheduled(
         &self,
         name: &str,
         authoritative: i128,
-        occasion: Option<String>,
+        source: &str,
+        instant_ms: u64,
+    ) -> Result<ReconcileReport, TallyError> {
+        let id = tally_core::reconcile::scheduled_correction_id(source, instant_ms);
+        self.reconcile_as(name, authoritative, Some(id)).await
+    }
+
+    async fn reconcile_as(
+        &self,
+        name: &str,
+        authoritative: i128,
+        event_id: Option<String>,
     ) -> Result<ReconcileReport, TallyError> {
         let name = CounterName::new(name)?;
         let (tx, rx) = ractor::concurrency::oneshot();
-        let msg = ReconcilerMsg::Reconcile { name: name.clone(), authoritative, occasion, reply: tx.into() };
+        let msg = ReconcilerMsg::Reconcile { name: name.clone(), authoritative, event_id, reply: tx.into() };
         self.actors.reconciler.send_message(msg).map_err(|_| TallyError::ShuttingDown)?;
         let report = rx.await.map_err(|_| TallyError::ShuttingDown)?;
         if report.as_ref().is_ok_and(|r| r.corrected) {
@@ -1087,7 +1130,8 @@ impl Tally {
             ShardRequest::DedupGet { id, event_id } => {
                 Ok(ShardResponse::Record(ctx.dedup_get(&id, &event_id).await?))
             }
-            ShardRequest::Delete { id } => {
+            ShardRequest::Delete { id, prune_of } => {
+                ctx.check_deletable(&id, prune_of)?;
                 ctx.delete_local(&id).await?;
                 ctx.flusher.flush().await?;
                 Ok(ShardResponse::Done)

@@ -249,3 +249,42 @@ async fn a_sum_in_doubt_past_the_resend_limit_is_reported_not_resent() {
     store.stall_commit_path(0);
     tally.shutdown().await.unwrap();
 }
+
+/// A sum in doubt belongs to the counter it was drained from. Its counter deleted
+/// and a namesake created before the resend, the resend must not count the first
+/// counter's increments in the second (its drain id is new to the namesake's
+/// shard, so the shard cannot tell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sum_in_doubt_is_never_resent_to_a_namesake_of_its_deleted_counter() {
+    let clock = ManualClock::new(1_000_000);
+    let config = TallyConfig { call_timeout_ms: 200, ..quick_config() };
+    let (tally, store) = hooked(config, Arc::new(clock.clone())).await;
+    let patch = SpecPatch { flush_ms: Some(10), ..spec(1, Durability::Batched) };
+    tally.put_counter("v", patch).await.unwrap();
+    tally.incr("v", Increment::new(1)).await.unwrap();
+    store.stall_commit_path(1_500);
+    for _ in 0..10 {
+        tally.incr("v", Increment::new(1)).await.unwrap();
+    }
+    for _ in 0..100 {
+        clock.advance(5);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if tally.in_doubt_increments() == 10 {
+            break;
+        }
+    }
+    assert_eq!(tally.in_doubt_increments(), 10, "the drain is in doubt");
+    // The counter is deleted (its shard applies the stalled sum, then goes) and
+    // created again before the sum's resend is due.
+    store.stall_commit_path(0);
+    tally.delete_counter("v").await.unwrap();
+    tally.put_counter("v", patch).await.unwrap();
+    for _ in 0..50 {
+        clock.advance(50);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tally.in_doubt_increments(), 0);
+    let r = tally.read("v", Consistency::Fresh).await.unwrap();
+    assert_eq!((r.value, r.complete), (0, true), "the new counter holds none of the old one's increments");
+    tally.shutdown().await.unwrap();
+}

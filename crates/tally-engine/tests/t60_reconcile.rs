@@ -47,6 +47,51 @@ async fn a_correction_delivered_twice_counts_once() {
     tally.shutdown().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_reconcile_to_the_same_total_from_the_same_sum_corrects_again() {
+    // +10, brought to 5; +5 makes it 10 again: the second reconciliation finds the
+    // same (authoritative, before) pair as the first, yet it is a new correction and
+    // must change the value, not be dropped as a repeat of the first.
+    let (tally, _) = mem_engine().await;
+    tally.put_counter("c", spec(1, Durability::Sync)).await.unwrap();
+    tally.incr("c", Increment::new(10).event_id("a")).await.unwrap();
+    let first = tally.reconcile("c", 5).await.unwrap();
+    assert_eq!((first.before, first.drift, first.corrected), (10, -5, true));
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 5);
+    tally.incr("c", Increment::new(5).event_id("b")).await.unwrap();
+    let second = tally.reconcile("c", 5).await.unwrap();
+    assert_eq!((second.before, second.drift, second.corrected), (10, -5, true));
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 5, "corrected means changed");
+    let third = tally.reconcile("c", 5).await.unwrap();
+    assert_eq!((third.before, third.drift, third.corrected), (5, 0, false));
+    tally.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_instant_corrects_once_and_the_next_instant_again() {
+    // Two nodes running the same scheduled instant (a leader change between them)
+    // name one correction: the second run's is a duplicate and says it changed
+    // nothing. The next instant is a correction of its own.
+    let (tally, _) = mem_engine().await;
+    tally.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    tally.incr("c", Increment::new(10).event_id("a")).await.unwrap();
+    let first = tally.reconcile_scheduled("c", 5, "ledger", 60_000).await.unwrap();
+    assert_eq!((first.before, first.drift, first.corrected), (10, -5, true));
+    tally.incr("c", Increment::new(5).event_id("b")).await.unwrap();
+    let again = tally.reconcile_scheduled("c", 5, "ledger", 60_000).await.unwrap();
+    assert_eq!((again.before, again.drift, again.corrected), (10, -5, false), "written by the first run");
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 10);
+    let next = tally.reconcile_scheduled("c", 5, "ledger", 120_000).await.unwrap();
+    assert_eq!((next.before, next.drift, next.corrected), (10, -5, true));
+    assert_eq!(tally.read("c", Consistency::Fresh).await.unwrap().value, 5);
+    assert_eq!(
+        tally.stats().reconcile_corrections.get(),
+        2,
+        "a correction is counted when it changed the value"
+    );
+    tally.shutdown().await.unwrap();
+}
+
 struct Ledger;
 
 impl AuthoritativeSource for Ledger {

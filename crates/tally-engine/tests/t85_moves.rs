@@ -308,3 +308,106 @@ async fn a_sealed_shard_that_never_took_a_write_moves_with_its_seal() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// The node of a one-copy cluster that came back with an empty disk, its loss not
+/// accepted: it holds `b`'s shards of a counter with acknowledged increments.
+async fn lost_disk_on_b(c: &Cluster, shards: u16) -> (Tally, Tally, i128) {
+    let never = Arc::new(AtomicBool::new(false));
+    let a = c.open("a", HookStore::new(MemStore::new()), never.clone()).await;
+    let _b = c.open("b", HookStore::new(MemStore::new()), never.clone()).await;
+    a.put_counter("c", spec(shards, Durability::Sync)).await.unwrap();
+    for i in 0..40 {
+        a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    c.crash("b");
+    let b = c.open("b", HookStore::new(MemStore::new()), never).await;
+    b.set_data_lost(true);
+    (a, b, 40)
+}
+
+/// A read is either complete and exact, or lists what is missing: never a short
+/// total called complete.
+async fn assert_honest(t: &Tally, acknowledged: i128, when: &str) {
+    let r = t.read("c", Consistency::Fresh).await.unwrap();
+    assert!(!r.complete || r.value == acknowledged, "{when}: a complete read of a short total: {r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resharding_never_seals_a_lost_disk_into_a_complete_total() {
+    // Epoch 2: odd shards on b, whose disk is lost. Resharding to one shard (on a)
+    // would seal b's empty shards into the new generation's base, after which no
+    // read asks b anything.
+    let c = Cluster::new(2);
+    let (a, b, acknowledged) = lost_disk_on_b(&c, 4).await;
+    assert_honest(&a, acknowledged, "before the resharding").await;
+    a.put_counter("c", SpecPatch { shards: Some(1), ..Default::default() }).await.unwrap();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_honest(&a, acknowledged, "during the resharding").await;
+    }
+    // The loss accepted, the resharding completes from what the shards hold now.
+    b.set_data_lost(false);
+    a.settle().await;
+    let r = a.read("c", Consistency::Fresh).await.unwrap();
+    assert!(r.complete && r.value < acknowledged, "{r:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_never_carries_a_lost_disk_into_a_complete_shard() {
+    // Epoch 1: every shard on a; a's disk is lost; epoch 2 moves the odd shards to
+    // b, which adopts them from a. They must not arrive as complete zeros.
+    let c = Cluster::new(1);
+    let never = Arc::new(AtomicBool::new(false));
+    let a = c.open("a", HookStore::new(MemStore::new()), never.clone()).await;
+    let b = c.open("b", HookStore::new(MemStore::new()), never.clone()).await;
+    a.put_counter("c", spec(4, Durability::Sync)).await.unwrap();
+    for i in 0..40 {
+        a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    c.crash("a");
+    let a = c.open("a", HookStore::new(MemStore::new()), never).await;
+    a.set_data_lost(true);
+    c.net.epoch.store(2, SeqCst);
+    let _ = a.hand_off_foreign(2).await;
+    for t in [&a, &b] {
+        let r = t.read("c", Consistency::Fresh).await.unwrap();
+        assert!(!r.complete, "{r:?}");
+        assert_eq!(r.missing_shards, vec![0, 1, 2, 3], "every shard's value is lost: {r:?}");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A node whose metadata lags may still hold a deleted counter's tombstone after
+/// the deletion was finished and a namesake created under the same shard ids: its
+/// cleanup then asks the owners to delete shards that belong to the namesake. An
+/// owner deletes nothing its own metadata gives to a live counter (it deletes what
+/// a tombstone there lists, or what nothing claims: t12 and the process tests
+/// delete counters for real).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_never_deletes_a_live_counters_shard_for_a_stale_cleanup() {
+    let c = Cluster::new(2);
+    let never = Arc::new(AtomicBool::new(false));
+    let a = c.open("a", HookStore::new(MemStore::new()), never.clone()).await;
+    let b = c.open("b", HookStore::new(MemStore::new()), never).await;
+    a.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    for i in 0..20 {
+        a.incr("c", Increment::new(1).event_id(format!("e{i}"))).await.unwrap();
+    }
+    let odd = ShardId::new(tally_core::CounterName::new("c").unwrap(), 0, 1);
+    let stale = ShardRequest::Delete { id: odd.clone(), prune_of: None };
+    let answer = b.serve_shard_request(stale).await;
+    assert!(matches!(answer, ShardResponse::Failed { .. }), "{answer:?}");
+    let r = a.read("c", Consistency::Fresh).await.unwrap();
+    assert_eq!((r.value, r.complete), (20, true), "{r:?}");
+    // A prune of a generation the live counter does not hold sealed is refused too.
+    let created = a.counter("c").await.unwrap().created_at_ms;
+    let prune = ShardRequest::Delete { id: odd, prune_of: Some(created) };
+    assert!(matches!(b.serve_shard_request(prune).await, ShardResponse::Failed { .. }));
+    let r = b.read("c", Consistency::Fresh).await.unwrap();
+    assert_eq!((r.value, r.complete), (20, true), "{r:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

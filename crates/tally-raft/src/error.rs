@@ -23,9 +23,9 @@ pub enum RaftError {
     #[error("raft node stopped: {0}")]
     Stopped(String),
     /// No leader accepted the operation within the bound. For a write the outcome is
-    /// unknown: it may still be applied. Every [`crate::Request`] may be retried:
-    /// applying one twice answers `Unchanged`/`Missing`/`StaleGeneration`/
-    /// `existed: false`/`changed: false` instead of changing anything twice.
+    /// unknown: it may still be applied (once: `MetaRaft::write` resends a proposal
+    /// under one identity, which the state machine applies once). A caller that
+    /// writes again makes a new proposal.
     #[error("no leader completed the operation within {waited_ms} ms (last problem: {last})")]
     Timeout {
         /// How long it was tried, in milliseconds.

@@ -14,7 +14,9 @@
 //! this node knows that its earlier data is lost and the metadata group has not
 //! recorded the loss as accepted, `format` → the raft database's format marker
 //! ([`tally_core::format::RAFT_STORE_FORMAT`]; absent in databases of the first
-//! format).
+//! format), `bound` → present once the node's other stores (its shard store, its
+//! range replicas) were marked as this identity's, so a store that is later found
+//! without the mark was emptied on its own (tally-cluster's `parts`).
 
 use crate::log_store::LOG_TREE;
 use crate::store_id::StoreId;
@@ -25,6 +27,7 @@ pub const IDENTITY_TREE: &str = "raft_identity";
 const KEY_STORE: &[u8] = b"store";
 const KEY_REPLACED: &[u8] = b"replaced";
 const KEY_FORMAT: &[u8] = b"format";
+const KEY_BOUND: &[u8] = b"bound";
 
 /// This node's identity as stored in its raft database.
 #[derive(Debug, Clone)]
@@ -74,9 +77,10 @@ impl Identity {
                 4 => crate::upgrade::from_v4(db, &tree, KEY_FORMAT, &current)?,
                 5 => crate::upgrade::from_v5(db, &tree, KEY_FORMAT, &current)?,
                 6 => crate::upgrade::from_v6(db, &tree, KEY_FORMAT, &current)?,
+                7 => crate::upgrade::from_v7(db, &tree, KEY_FORMAT, &current)?,
                 found => {
-                    assert_eq!(found, 7, "readable formats are 1..={RAFT_STORE_FORMAT}");
-                    crate::upgrade::from_v7(db, &tree, KEY_FORMAT, &current)?
+                    assert_eq!(found, 8, "readable formats are 1..={RAFT_STORE_FORMAT}");
+                    crate::upgrade::from_v8(db, &tree, KEY_FORMAT, &current)?
                 }
             };
             tracing::info!(
@@ -103,6 +107,20 @@ impl Identity {
     /// Whether this node has recorded that its earlier data is lost.
     pub fn replaced(&self) -> Result<bool, IdentityError> {
         Ok(self.tree.contains_key(KEY_REPLACED)?)
+    }
+
+    /// Whether the node's other stores were marked as this identity's
+    /// ([`Identity::set_bound`]).
+    pub fn bound(&self) -> Result<bool, IdentityError> {
+        Ok(self.tree.contains_key(KEY_BOUND)?)
+    }
+
+    /// Records (durably) that every other store of the data directory carries this
+    /// identity's mark: from now on a store found without it was emptied on its own.
+    pub fn set_bound(&self) -> Result<(), IdentityError> {
+        self.tree.insert(KEY_BOUND, &[])?;
+        self.tree.flush()?;
+        Ok(())
     }
 
     /// Records (durably) whether this node's earlier data is lost.
@@ -154,6 +172,9 @@ mod tests {
         assert!(again.replaced().unwrap());
         again.set_replaced(false).unwrap();
         assert!(!again.replaced().unwrap());
+        assert!(!again.bound().unwrap());
+        again.set_bound().unwrap();
+        assert!(again.bound().unwrap());
         let other = sled::open(tempfile::tempdir().unwrap().path()).unwrap();
         assert_ne!(Identity::open(&other).unwrap().store, first);
     }

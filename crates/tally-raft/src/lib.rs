@@ -58,6 +58,6 @@ pub use state::MetaState;
 pub use state_machine::SledStateMachine;
 pub use store_id::StoreId;
 pub use types::{
-    Effect, MemberRejection, MembersView, MetaChange, NodeId, Raft, Rejection, Request, Response,
+    Effect, MemberRejection, MembersView, MetaChange, NodeId, ProposalId, Raft, Rejection, Request, Response,
     StoreRecord, StoreRejection, TypeConfig,
 };

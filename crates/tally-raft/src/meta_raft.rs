@@ -1,7 +1,7 @@
 //! [`MetaRaft`]: one node of the metadata group, ready to use — storage, network,
 //! endpoints, cluster initialization, forwarding and local reads behind one handle.
 
-use crate::auth::{RaftPeer, RaftSecret};
+use crate::auth::RaftSecret;
 use crate::error::RaftError;
 use crate::identity::Identity;
 use crate::log_store::SledLogStore;
@@ -172,7 +172,11 @@ impl MetaRaftConfig {
 
 /// Opens the database at `path`, waiting up to [`SLED_LOCK_WAIT_MS`] for a previous
 /// instance in this process to release it.
-async fn open_db(path: &std::path::Path) -> Result<sled::Db, RaftError> {
+/// Opens the raft database at `path`, waiting a moment for a file lock that a
+/// database dropped just before still holds. A node opens it before starting raft
+/// to check its data directory ([`crate::identity::Identity`]), then hands it over
+/// as [`RaftStorage::Db`].
+pub async fn open_db(path: &std::path::Path) -> Result<sled::Db, RaftError> {
     let deadline = Instant::now() + Duration::from_millis(SLED_LOCK_WAIT_MS);
     loop {
         let opened = sled::Config::new().path(path).cache_capacity(SLED_CACHE_BYTES).open();
@@ -216,32 +220,6 @@ struct Serving {
 /// milliseconds.
 pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 
-/// [`TlsIncoming`] as a listener `axum::serve` drives.
-struct TlsListener(TlsIncoming);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for RaftPeer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        RaftPeer(*stream.remote_addr())
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.0.next().await {
-            Some(accepted) => accepted,
-            // The accept task stopped (only when dropped): accept nothing more.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.0.local_addr())
-    }
-}
-
 /// One node of the metadata group: it persists the log and state machine in sled,
 /// serves the raft endpoints on its raft address, forwards writes to the leader and
 /// answers local reads of the applied metadata.
@@ -277,6 +255,10 @@ pub struct MetaRaft {
     identity: Identity,
     voters: BTreeMap<NodeId, String>,
     joining: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
+    /// This run's identity as a proposer, and the number of its last proposal
+    /// (see [`MetaRaft::write`]).
+    proposer: u128,
+    proposed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What one probe round of the peers found (see [`MetaRaft::readiness`]).
@@ -338,30 +320,21 @@ impl MetaRaft {
             .map_err(|e| RaftError::Stopped(e.to_string()))?;
 
         let (stop, stopped) = oneshot::channel::<()>();
-        let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store, secret)
-            .into_make_service_with_connect_info::<RaftPeer>();
+        let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store, secret);
         let stopped = async move {
             let _ = stopped.await;
         };
-        let task = match &cfg.tls {
-            None => tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(stopped).await {
-                    tracing::warn!(error = %e, "raft endpoint server failed");
-                }
-            }),
+        let incoming = match &cfg.tls {
+            None => crate::server::RaftIncoming::Plain(listener),
             Some(tls) => {
                 let handshake = Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS);
                 let incoming =
                     TlsIncoming::start(listener, tls.acceptor(), handshake, tally_tls::Listener::Raft)
                         .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
-                tokio::spawn(async move {
-                    let served = axum::serve(TlsListener(incoming), router).with_graceful_shutdown(stopped);
-                    if let Err(e) = served.await {
-                        tracing::warn!(error = %e, "raft endpoint server failed");
-                    }
-                })
+                crate::server::RaftIncoming::Tls(incoming, tls.clone())
             }
         };
+        let task = tokio::spawn(crate::server::serve(incoming, router, stopped));
 
         let store = identity.store;
         let node = Self {
@@ -374,6 +347,8 @@ impl MetaRaft {
             serving: Arc::new(Mutex::new(Some(Serving { stop, task }))),
             identity,
             voters: cfg.voters.clone(),
+            proposer: StoreId::random().0,
+            proposed: Default::default(),
             joining: Default::default(),
         };
         // Ends once this node is in the group with its store registered; shutdown
@@ -580,13 +555,33 @@ impl MetaRaft {
     /// Proposes `req` and waits until it is applied, on any node: on a follower the
     /// request is forwarded to the leader (`POST /raft/client-write`). Elections and
     /// unreachable leaders are retried with backoff for up to the configured
-    /// operation timeout. A retried request may apply twice; every [`Request`] is
-    /// safe to apply twice (see [`RaftError::Timeout`]).
+    /// operation timeout. An attempt whose outcome is unknown (a local timeout, a
+    /// forwarded write whose answer was lost) may still commit, so `req` goes out as
+    /// a [`Request::Proposal`] under this run's proposer identity and a fresh
+    /// number, and every attempt carries the same one: the state machine applies it
+    /// once and answers the copies with the first answer. A resend the group had
+    /// forgotten is refused as [`RaftError::Timeout`] (its outcome unknown).
     ///
     /// When it returns, this node has applied the write too, so the local reads
     /// ([`MetaRaft::counter`], ...) see it — unless this node fell so far behind that
     /// catching up took longer than the operation timeout (logged as a warning).
     pub async fn write(&self, req: Request) -> Result<Response, RaftError> {
+        let seq = self.proposed.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = crate::types::ProposalId { proposer: self.proposer, seq };
+        let req = Request::Proposal { id, request: Box::new(req) };
+        let answer = self.propose(req).await?;
+        if answer == Response::Forgotten {
+            return Err(RaftError::Timeout {
+                waited_ms: self.operation_timeout.as_millis() as u64,
+                last: "the proposal was resent after the group had forgotten it: its outcome is unknown"
+                    .into(),
+            });
+        }
+        Ok(answer)
+    }
+
+    /// Applies `req` through the leader, retrying attempts whose outcome is unknown.
+    async fn propose(&self, req: Request) -> Result<Response, RaftError> {
         self.retrying(|deadline| {
             let req = req.clone();
             async move {

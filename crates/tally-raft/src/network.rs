@@ -16,7 +16,7 @@
 
 use crate::auth::RaftSecret;
 use crate::rpc::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
-use crate::state_machine::Shared;
+use crate::state_machine::{Applied, Shared};
 use crate::store_id::StoreId;
 use crate::types::{NodeId, StoreRecord, TypeConfig};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -58,6 +58,12 @@ pub struct Guarded<T> {
     pub from_store: StoreId,
     /// The incarnation the sender has recorded for the target (`None`: none yet).
     pub to_store: Option<StoreId>,
+    /// The index of the last log entry the sender applied, if its applied state
+    /// records the sender's own current store (`None`: the sender has not rejoined
+    /// with this store yet, or knows nothing). A receiver whose record of the
+    /// sender differs but which applied less than this is behind, not the sender.
+    #[serde(default)]
+    pub from_applied: Option<u64>,
     /// The openraft request.
     pub rpc: T,
 }
@@ -88,10 +94,19 @@ pub enum IncarnationError {
 }
 
 /// Checks an RPC's incarnations against this node's store `own` and the records it
-/// has applied (`stores`). A missing record or expectation lets the RPC through:
-/// nodes register their store once a leader is known.
+/// has applied (`stores`, up to log index `applied`). A missing record or
+/// expectation lets the RPC through: nodes register their store once a leader is
+/// known.
+///
+/// A sender whose store differs from the one recorded here is refused unless it
+/// has applied the record of its own store ([`Guarded::from_applied`]) at a log
+/// index past what this node applied: then the record committed and this node,
+/// not the sender, is behind (an emptied node replaying the log meets a leader's
+/// earlier incarnation before the entry that replaced it, and must take that
+/// leader's appends to ever reach it).
 pub fn check_incarnation<T>(
     own: StoreId,
+    applied: Option<u64>,
     stores: &BTreeMap<NodeId, StoreRecord>,
     rpc: &Guarded<T>,
 ) -> Result<(), IncarnationError> {
@@ -100,10 +115,26 @@ pub fn check_incarnation<T>(
     }
     match stores.get(&rpc.from) {
         Some(r) if r.store != rpc.from_store => {
-            Err(IncarnationError::SenderReplaced { node: rpc.from, recorded: r.store, got: rpc.from_store })
+            let behind = matches!(rpc.from_applied, Some(theirs) if applied.is_none_or(|ours| ours < theirs));
+            if behind {
+                Ok(())
+            } else {
+                Err(IncarnationError::SenderReplaced {
+                    node: rpc.from,
+                    recorded: r.store,
+                    got: rpc.from_store,
+                })
+            }
         }
         _ => Ok(()),
     }
+}
+
+/// What a sender states in [`Guarded::from_applied`]: its last applied index if its
+/// applied records hold its own current store.
+pub fn own_applied(me: NodeId, store: StoreId, applied: &Applied) -> Option<u64> {
+    let recorded = applied.state.stores.get(&me).is_some_and(|r| r.store == store);
+    recorded.then(|| applied.last_applied.map_or(0, |l| l.index))
 }
 
 /// Why an HTTP call to a peer failed.
@@ -148,11 +179,17 @@ pub struct PeerClient {
     http: reqwest::Client,
     scheme: &'static str,
     secret: Option<Arc<RaftSecret>>,
+    /// With TLS: the node id at each address, which URLs name (and the client
+    /// resolves back to the address) so that the peer's certificate is checked
+    /// against the node dialed.
+    names: Arc<std::collections::HashMap<String, String>>,
 }
 
 /// Builds the HTTP client shared by the raft network and request forwarding.
-/// With `tls`, it speaks `https://` only, trusts only the cluster CA (the peer's
-/// certificate must name its raft IP) and presents this node's certificate. With
+/// With `tls`, it speaks `https://` only, trusts only the cluster CA, checks that
+/// the peer's certificate names the node it dials (URLs name the node id, which
+/// the client resolves to the node's address) and presents this node's
+/// certificate, which is what proves this node to the peer. Without TLS, with
 /// `secret`, every call carries its proof ([`crate::auth::AUTH_HEADER`]).
 pub fn http_client(
     tls: Option<&tally_tls::ClusterTls>,
@@ -164,12 +201,19 @@ pub fn http_client(
         .pool_idle_timeout(Duration::from_millis(POOL_IDLE_MS))
         .no_proxy();
     Ok(match tls {
-        Some(tls) => PeerClient {
-            http: builder.https_only(true).tls_backend_preconfigured(tls.client_config()).build()?,
-            scheme: "https",
-            secret,
-        },
-        None => PeerClient { http: builder.build()?, scheme: "http", secret },
+        Some(tls) => {
+            let mut names = std::collections::HashMap::new();
+            let mut builder = builder.https_only(true).tls_backend_preconfigured(tls.client_config());
+            // A node's first address is its raft address (`tally_tls::NodeNames`).
+            for (id, addrs) in tls.nodes() {
+                if let Some(raft) = addrs.first() {
+                    names.insert(raft.to_string(), format!("{id}:{}", raft.port()));
+                    builder = builder.resolve(id, *raft);
+                }
+            }
+            PeerClient { http: builder.build()?, scheme: "https", secret: None, names: Arc::new(names) }
+        }
+        None => PeerClient { http: builder.build()?, scheme: "http", secret, names: Default::default() },
     })
 }
 
@@ -183,17 +227,23 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
     timeout: Duration,
 ) -> Result<Resp, CallError> {
     let failed = |reason: String| CallError::Failed { addr: addr.to_owned(), path, reason };
-    let url = format!("{}://{addr}{path}", client.scheme);
+    let host = client.names.get(addr).map_or(addr, String::as_str);
+    let url = format!("{}://{host}{path}", client.scheme);
     let call = async {
+        let bytes =
+            serde_json::to_vec(body).map_err(|e| failed(format!("cannot encode the request: {e}")))?;
         let mut request = client
             .http
             .post(url)
             .header(crate::rpc::PROTOCOL_HEADER, tally_core::format::RAFT_PROTOCOL.to_string())
-            .json(body)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .timeout(timeout);
+        // Plaintext: a proof bound to this one request (TLS: the certificate proves us).
         if let Some(secret) = &client.secret {
-            request = request.header(crate::auth::AUTH_HEADER, secret.header_value().clone());
+            request =
+                request.header(crate::auth::AUTH_HEADER, secret.sign(path, &bytes, crate::auth::unix_ms()));
         }
+        let request = request.body(bytes);
         let mut resp = request.send().await.map_err(|e| {
             if e.is_connect() {
                 CallError::Connect { addr: addr.to_owned(), source: e }
@@ -277,8 +327,11 @@ impl HttpNetwork {
     {
         let timeout_ms = (option.hard_ttl().as_millis() as u64).clamp(RPC_TIMEOUT_MIN_MS, RPC_TIMEOUT_MAX_MS);
         let f = &self.factory;
-        let to_store = f.shared.read().state.stores.get(&self.target).map(|r| r.store);
-        let envelope = Guarded { from: f.me, from_store: f.store, to_store, rpc: req };
+        let (to_store, from_applied) = {
+            let applied = f.shared.read();
+            (applied.state.stores.get(&self.target).map(|r| r.store), own_applied(f.me, f.store, &applied))
+        };
+        let envelope = Guarded { from: f.me, from_store: f.store, to_store, from_applied, rpc: req };
         let answer: Result<Resp, RaftError<NodeId, E>> =
             post_json(&f.client, &self.node.addr, path, &envelope, Duration::from_millis(timeout_ms))
                 .await
@@ -333,31 +386,70 @@ mod tests {
     use super::*;
 
     fn rpc(from: NodeId, from_store: u128, to_store: Option<u128>) -> Guarded<()> {
-        Guarded { from, from_store: StoreId(from_store), to_store: to_store.map(StoreId), rpc: () }
+        Guarded {
+            from,
+            from_store: StoreId(from_store),
+            to_store: to_store.map(StoreId),
+            from_applied: None,
+            rpc: (),
+        }
+    }
+
+    fn stores() -> BTreeMap<NodeId, StoreRecord> {
+        [
+            (1, StoreRecord { store: StoreId(10), data_lost: false }),
+            (3, StoreRecord { store: StoreId(30), data_lost: false }),
+        ]
+        .into()
     }
 
     #[test]
     fn the_guard_refuses_a_replaced_receiver_and_a_replaced_sender() {
-        let own = StoreId(30);
-        let stores: BTreeMap<NodeId, StoreRecord> = [
-            (1, StoreRecord { store: StoreId(10), data_lost: false }),
-            (3, StoreRecord { store: StoreId(30), data_lost: false }),
-        ]
-        .into();
+        let (own, stores, at) = (StoreId(30), stores(), Some(500));
         // Agreeing ends, and ends that have not registered yet, pass.
-        assert_eq!(check_incarnation(own, &stores, &rpc(1, 10, Some(30))), Ok(()));
-        assert_eq!(check_incarnation(own, &stores, &rpc(1, 10, None)), Ok(()));
-        assert_eq!(check_incarnation(own, &stores, &rpc(2, 99, Some(30))), Ok(()));
-        assert_eq!(check_incarnation(own, &BTreeMap::new(), &rpc(1, 11, None)), Ok(()));
+        assert_eq!(check_incarnation(own, at, &stores, &rpc(1, 10, Some(30))), Ok(()));
+        assert_eq!(check_incarnation(own, at, &stores, &rpc(1, 10, None)), Ok(()));
+        assert_eq!(check_incarnation(own, at, &stores, &rpc(2, 99, Some(30))), Ok(()));
+        assert_eq!(check_incarnation(own, None, &BTreeMap::new(), &rpc(1, 11, None)), Ok(()));
         // The leader expects this node's old disk.
         assert_eq!(
-            check_incarnation(StoreId(31), &stores, &rpc(1, 10, Some(30))),
+            check_incarnation(StoreId(31), at, &stores, &rpc(1, 10, Some(30))),
             Err(IncarnationError::NotThisStore { own: StoreId(31), expected: StoreId(30) })
         );
-        // A sender with a new disk under its old id.
-        assert_eq!(
-            check_incarnation(own, &stores, &rpc(1, 12, Some(30))),
-            Err(IncarnationError::SenderReplaced { node: 1, recorded: StoreId(10), got: StoreId(12) })
-        );
+        // A sender with a new disk under its old id, which has not rejoined with it.
+        let replaced = IncarnationError::SenderReplaced { node: 1, recorded: StoreId(10), got: StoreId(12) };
+        assert_eq!(check_incarnation(own, at, &stores, &rpc(1, 12, Some(30))), Err(replaced.clone()));
+        // A sender that claims a record of its store this node already applied past:
+        // this node's record is the newer one, the sender a stale incarnation.
+        let stale = Guarded { from_applied: Some(400), ..rpc(1, 12, Some(30)) };
+        assert_eq!(check_incarnation(own, at, &stores, &stale), Err(replaced.clone()));
+        let even = Guarded { from_applied: Some(500), ..rpc(1, 12, Some(30)) };
+        assert_eq!(check_incarnation(own, at, &stores, &even), Err(replaced));
+    }
+
+    #[test]
+    fn a_receiver_behind_the_record_of_the_senders_new_store_takes_its_rpcs() {
+        // An emptied node replaying the log has applied the leader's first store
+        // record (10) but not yet the one of its replaced disk (12), which the
+        // leader applied by index 900.
+        let (own, stores) = (StoreId(30), stores());
+        let leader = Guarded { from_applied: Some(900), ..rpc(1, 12, Some(30)) };
+        assert_eq!(check_incarnation(own, Some(350), &stores, &leader), Ok(()));
+        assert_eq!(check_incarnation(own, None, &stores, &leader), Ok(()));
+    }
+
+    #[test]
+    fn a_sender_states_an_applied_index_only_once_its_own_store_is_recorded() {
+        let mut applied = Applied {
+            state: crate::state::MetaState::default(),
+            last_applied: None,
+            membership: Default::default(),
+        };
+        assert_eq!(own_applied(1, StoreId(12), &applied), None);
+        applied.state.stores = stores();
+        assert_eq!(own_applied(1, StoreId(12), &applied), None);
+        assert_eq!(own_applied(1, StoreId(10), &applied), Some(0));
+        applied.last_applied = Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 77));
+        assert_eq!(own_applied(1, StoreId(10), &applied), Some(77));
     }
 }

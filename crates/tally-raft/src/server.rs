@@ -77,9 +77,8 @@ struct Ctx {
 }
 
 /// The router of a node's raft endpoints (see the module docs), for node `me` on
-/// store `store`, for the caller to serve on the node's raft address (with
-/// `into_make_service_with_connect_info::<RaftPeer>` (see [`crate::auth::RaftPeer`]) for
-/// refusals to name the peer). With `secret`, every RPC must prove it; without, any caller is served.
+/// store `store`, for [`serve`] on the node's raft address (which tells each
+/// request its peer, [`crate::auth::RaftPeer`], for refusals to name it). With `secret`, every RPC must prove it; without, any caller is served.
 /// [`crate::MetaRaft::start`] serves it itself.
 pub fn raft_router(
     raft: Raft,
@@ -125,7 +124,10 @@ async fn same_protocol(request: axum::extract::Request, next: axum::middleware::
 
 /// The 409 answer to an RPC meant for another incarnation, or `None` to serve it.
 fn refused<T>(ctx: &Ctx, rpc: &Guarded<T>) -> Option<Response> {
-    let checked = check_incarnation(ctx.store, &ctx.shared.read().state.stores, rpc);
+    let checked = {
+        let applied = ctx.shared.read();
+        check_incarnation(ctx.store, applied.last_applied.map(|l| l.index), &applied.state.stores, rpc)
+    };
     checked.err().map(|e| {
         tracing::warn!(node = ctx.me, from = rpc.from, error = %e, "refused a raft RPC");
         (StatusCode::CONFLICT, e.to_string()).into_response()
@@ -208,6 +210,174 @@ async fn read(State(ctx): State<Ctx>, Json(req): Json<ReadRequest>) -> Response 
             Json(answer).into_response()
         }
         Err(_) => timed_out(),
+    }
+}
+
+/// Most simultaneous connections on a node's raft listener. Peers keep a few
+/// pooled connections each (at most 32 nodes); a full listener closes one that
+/// serves nobody to make room (`tally_tls::admission`), so silent sockets never
+/// shut peers out.
+pub const RAFT_CONNECTIONS_MAX: usize = 256;
+/// How long a raft connection may take to send a request's headers, and stay idle
+/// between requests, in milliseconds: longer than peers keep an idle pooled
+/// connection (`network::POOL_IDLE_MS`), so it is the client that drops it first.
+pub const RAFT_HEADER_READ_TIMEOUT_MS: u64 = 15_000;
+/// How long a connection must have been idle between requests before a full raft
+/// listener may close it to make room, in milliseconds.
+pub const RAFT_IDLE_EVICT_MIN_MS: u64 = 1_000;
+/// How long the raft listener lets requests in flight finish after it was told to
+/// stop, in milliseconds.
+pub const RAFT_SHUTDOWN_GRACE_MS: u64 = 2_000;
+/// How long the accept loop pauses after an accept error, in milliseconds.
+const ACCEPT_BACKOFF_MS: u64 = 100;
+
+/// Where raft connections come from: plain TCP, or TCP behind TLS handshakes.
+pub enum RaftIncoming {
+    /// Plaintext (loopback, or `insecure_plaintext`).
+    Plain(tokio::net::TcpListener),
+    /// Mutual TLS with the cluster CA; the handshakes ran in their own tasks, and
+    /// each peer's certificate names a node of the cluster.
+    Tls(tally_tls::TlsIncoming, tally_tls::ClusterTls),
+}
+
+impl RaftIncoming {
+    /// The next connection, its peer's address and, under TLS, the node its
+    /// certificate names.
+    async fn next(&mut self) -> Option<(RaftStream, std::net::SocketAddr, Option<String>)> {
+        match self {
+            RaftIncoming::Plain(listener) => loop {
+                match listener.accept().await {
+                    Ok((stream, peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        return Some((RaftStream::Plain(stream), peer, None));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "raft: accept failed; backing off");
+                        tokio::time::sleep(Duration::from_millis(ACCEPT_BACKOFF_MS)).await;
+                    }
+                }
+            },
+            RaftIncoming::Tls(incoming, tls) => incoming.next().await.map(|(s, p)| {
+                let node = tls.node_of(s.get_ref().1.peer_certificates());
+                (RaftStream::Tls(Box::new(s)), p, node)
+            }),
+        }
+    }
+}
+
+/// One raft connection.
+enum RaftStream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tally_tls::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// Serves `router` (see [`raft_router`]) on `incoming` until `stopped` completes:
+/// hyper's HTTP/1 with a header-read timeout ([`RAFT_HEADER_READ_TIMEOUT_MS`]), at
+/// most [`RAFT_CONNECTIONS_MAX`] connections, each request told its peer's address
+/// ([`crate::auth::RaftPeer`]) and, under TLS, the node its certificate names
+/// ([`crate::auth::PeerNode`], which proves the caller); then lets requests in flight finish for at most
+/// [`RAFT_SHUTDOWN_GRACE_MS`]. `axum::serve` has neither the timeout nor the cap.
+pub async fn serve(
+    mut incoming: RaftIncoming,
+    router: Router,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    use tally_tls::refusals::{self, Listener, Reason};
+    let admission =
+        tally_tls::Admission::new(RAFT_CONNECTIONS_MAX, Duration::from_millis(RAFT_IDLE_EVICT_MIN_MS));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(RAFT_HEADER_READ_TIMEOUT_MS))
+        .keep_alive(true);
+    let builder = Arc::new(builder);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(stopped);
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (stream, peer, node) = tokio::select! {
+            _ = &mut stopped => break,
+            next = incoming.next() => match next {
+                Some(accepted) => accepted,
+                None => break,
+            },
+        };
+        let evicted_before = admission.evictions();
+        let slot = tokio::select! {
+            _ = &mut stopped => break,
+            slot = admission.admit() => Arc::new(slot),
+        };
+        if admission.evictions() > evicted_before {
+            refusals::count(Listener::Raft, Reason::Evicted);
+        }
+        let (builder, router, mut stop) = (builder.clone(), router.clone(), stop_rx.clone());
+        connections.spawn(async move {
+            let marks = slot.clone();
+            let service =
+                hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(axum::extract::ConnectInfo(crate::auth::RaftPeer(peer)));
+                    if let Some(node) = &node {
+                        req.extensions_mut().insert(crate::auth::PeerNode(node.clone()));
+                    }
+                    let busy = marks.begin();
+                    let answer = tower::ServiceExt::oneshot(router.clone(), req);
+                    async move {
+                        let answer = answer.await;
+                        drop(busy);
+                        answer
+                    }
+                });
+            match stream {
+                RaftStream::Plain(s) => {
+                    drive(&builder, hyper_util::rt::TokioIo::new(s), service, &slot, &mut stop).await
+                }
+                RaftStream::Tls(s) => {
+                    drive(&builder, hyper_util::rt::TokioIo::new(s), service, &slot, &mut stop).await
+                }
+            }
+        });
+    }
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_millis(RAFT_SHUTDOWN_GRACE_MS);
+    if tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await.is_err()
+    {
+        connections.shutdown().await;
+    }
+}
+
+/// Serves one connection until it ends, its listener evicts it (when idle), or
+/// `stop` is set (then it finishes the request in flight).
+async fn drive<IO, S>(
+    builder: &hyper::server::conn::http1::Builder,
+    io: IO,
+    service: S,
+    slot: &tally_tls::Slot,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as axum::body::HttpBody>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            _ = &mut conn => break,
+            _ = slot.evicted(), if !draining => {
+                if !slot.is_busy() {
+                    break;
+                }
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = stop.wait_for(|s| *s), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
     }
 }
 

@@ -6,20 +6,45 @@
 //! persistence; unit tests drive it directly.
 
 use crate::types::{
-    Effect, MemberRejection, MembersView, MetaChange, NodeId, Rejection, Request, Response, StoreRecord,
-    StoreRejection,
+    Effect, MemberRejection, MembersView, MetaChange, NodeId, ProposalId, Rejection, Request, Response,
+    StoreRecord, StoreRejection,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use tally_core::meta::MetaCommand;
-use tally_core::meta::{apply_command_in, CounterMeta, MetaEffect};
+use tally_core::meta::{apply_command_in, CounterMeta, MetaEffect, MetaError};
 use tally_core::name::CounterName;
 use tally_core::namespace::Namespaces;
 use tally_core::ring::RING_NODES_MAX;
+use tally_core::spec::SpecError;
 use tally_core::spec::{AutoShards, SpecPatch};
 
 /// Longest accepted data-plane node id, in bytes.
 pub const NODE_ID_LEN_MAX: usize = 255;
+
+/// Answers the proposal book keeps per proposer: its latest proposals'. A proposer
+/// resends one only while it waits for it (a few seconds), and has at most a few
+/// hundred in flight at once (its grouped creations, its resharding steps), so a
+/// resend that finds its proposal forgotten is one that waited behind this many
+/// later ones of the same proposer.
+pub const PROPOSALS_REMEMBERED_MAX: usize = 1024;
+
+/// Proposers the book keeps: the most recently heard from. A proposer is one run
+/// of one node's metadata member, so a node that restarts is a new one and its
+/// earlier runs fall out of the book after this many newer proposers were heard.
+pub const PROPOSERS_REMEMBERED_MAX: usize = 64;
+
+/// What the book remembers of one proposer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposer {
+    /// The answers of its latest proposals, by number.
+    pub answered: BTreeMap<u64, Response>,
+    /// Proposals numbered below this were forgotten (their answers dropped).
+    pub forgotten_below: u64,
+    /// The state's request count when it was last heard from (which proposer to
+    /// forget first).
+    pub heard_at: u64,
+}
 
 /// Everything the metadata group agrees on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +77,10 @@ pub struct MetaState {
     /// The voters each range group of those classes started with
     /// ([`Request::FormRange`]), by range number.
     pub formations: BTreeMap<u32, Vec<(u64, String)>>,
+    /// The proposal book: per proposer, the answers of its latest proposals, so a
+    /// proposal resent after an unknown outcome is applied once
+    /// ([`Request::Proposal`]).
+    pub proposals: BTreeMap<u128, Proposer>,
     /// The namespaces, by prefix: the spec counters created implicitly under each
     /// take ([`tally_core::namespace`]).
     pub namespaces: Namespaces,
@@ -79,6 +108,8 @@ pub(crate) enum Touched {
     Classes,
     /// The first voters of the classes' range groups.
     Formations,
+    /// One proposer's entry in the proposal book.
+    Proposer(u128),
     /// A namespace, by prefix.
     Namespace(String),
 }
@@ -89,6 +120,7 @@ impl MetaState {
     pub(crate) fn apply(&mut self, req: &Request) -> (Response, Vec<Touched>, Vec<MetaChange>) {
         self.applied_requests += 1;
         match req {
+            Request::Proposal { id, request } => self.proposal(*id, request),
             Request::Counter { name, cmd, now_ms } => self.counter(name, cmd, None, *now_ms),
             Request::CounterAuto { name, cmd, auto, now_ms } => self.counter(name, cmd, Some(*auto), *now_ms),
             Request::AutoReshard { name, version, shards, now_ms } => {
@@ -181,6 +213,51 @@ impl MetaState {
         }
     }
 
+    /// Applies a proposal once: a copy of one already applied answers what the first
+    /// answered and changes nothing; one whose answer was forgotten is not applied.
+    fn proposal(&mut self, id: ProposalId, request: &Request) -> (Response, Vec<Touched>, Vec<MetaChange>) {
+        let heard_at = self.applied_requests;
+        if let Some(p) = self.proposals.get(&id.proposer) {
+            if let Some(first) = p.answered.get(&id.seq) {
+                return (first.clone(), vec![], vec![]);
+            }
+            if id.seq < p.forgotten_below {
+                return (Response::Forgotten, vec![], vec![]);
+            }
+        }
+        // A proposal wraps one request; should one wrap another, the inner one is
+        // applied as itself (never recorded twice).
+        let inner: &Request = match request {
+            Request::Proposal { request, .. } => request,
+            other => other,
+        };
+        let (response, mut touched, changes) = self.apply_unrecorded(inner);
+        let proposer = self.proposals.entry(id.proposer).or_default();
+        proposer.heard_at = heard_at;
+        proposer.answered.insert(id.seq, response.clone());
+        while proposer.answered.len() > PROPOSALS_REMEMBERED_MAX {
+            let (oldest, _) = proposer.answered.pop_first().expect("over the bound, so not empty");
+            proposer.forgotten_below = proposer.forgotten_below.max(oldest + 1);
+        }
+        touched.push(Touched::Proposer(id.proposer));
+        if self.proposals.len() > PROPOSERS_REMEMBERED_MAX {
+            let quietest = self.proposals.iter().min_by_key(|(key, p)| (p.heard_at, **key)).map(|(k, _)| *k);
+            if let Some(key) = quietest {
+                self.proposals.remove(&key);
+                touched.push(Touched::Proposer(key));
+            }
+        }
+        assert!(self.proposals.len() <= PROPOSERS_REMEMBERED_MAX, "the proposal book is bounded");
+        (response, touched, changes)
+    }
+
+    /// [`MetaState::apply`] of the request inside a proposal: the request count was
+    /// bumped once for the proposal.
+    fn apply_unrecorded(&mut self, req: &Request) -> (Response, Vec<Touched>, Vec<MetaChange>) {
+        self.applied_requests -= 1;
+        self.apply(req)
+    }
+
     /// Applies `cmd` to counter `name` and, when `auto` is given, sets its auto
     /// bounds (`Some(None)`: fixed) in the same change. A deleted counter loses them.
     fn counter(
@@ -191,10 +268,23 @@ impl MetaState {
         now_ms: u64,
     ) -> (Response, Vec<Touched>, Vec<MetaChange>) {
         let current = self.counters.get(name).cloned();
-        let (next, effect) = match apply_command_in(name.as_str(), current, cmd, now_ms, &self.namespaces) {
+        let (mut next, effect) = match apply_command_in(name.as_str(), current, cmd, now_ms, &self.namespaces)
+        {
             Err(e) => return (Response::Counter(Err(Rejection::from(e))), vec![], vec![]),
             Ok(r) => r,
         };
+        // A name whose deletion is not finished: the new counter's shards take
+        // generations the old one never had, so its cleanup never meets them.
+        if let (MetaEffect::Created, Some(tombstone)) = (&effect, self.tombstones.get(name)) {
+            match next.take().and_then(|meta| meta.born_after(tombstone)) {
+                Some(meta) => next = Some(meta),
+                None => {
+                    let max = tally_core::ids::GENERATION_MAX;
+                    let refused = MetaError::Spec(SpecError::GenerationsExhausted { max });
+                    return (Response::Counter(Err(Rejection::from(refused))), vec![], vec![]);
+                }
+            }
+        }
         // A counter created implicitly under an auto namespace follows contention.
         let auto = match (&effect, auto) {
             (MetaEffect::Created, None) => {
@@ -370,6 +460,93 @@ mod tests {
             Response::TombstoneCleared { existed: false }
         );
         assert_eq!(s.applied_requests, 4);
+    }
+
+    /// Fixed defect: a counter created again while its deleted namesake's cleanup
+    /// was still pending took generation 0 again, so the cleanup (run late by a
+    /// node whose view lagged) deleted the new counter's shards, and the new
+    /// counter read what the old one left.
+    #[test]
+    fn a_counter_created_while_its_namesakes_cleanup_is_pending_takes_new_generations() {
+        let mut s = MetaState::default();
+        let reshard = MetaCommand::Put(SpecPatch { shards: Some(4), ..Default::default() });
+        s.apply(&counter("a", MetaCommand::Ensure, 1));
+        s.apply(&counter("a", reshard, 2));
+        s.apply(&counter("a", MetaCommand::CompleteReshard { generation: 0, sealed_sum: 0 }, 3));
+        s.apply(&counter("a", MetaCommand::Delete, 4));
+        let tombstone = s.tombstones["a"].clone();
+        assert_eq!(tombstone.iter().map(|(w, _)| *w).max(), Some(1));
+        let (r, _, _) = s.apply(&counter("a", MetaCommand::Ensure, 5));
+        let Response::Counter(Ok((Some(meta), Effect::Created))) = r else { panic!("{r:?}") };
+        assert_eq!(meta.layout.generation, 2, "past every generation the tombstone lists");
+        assert_eq!(s.counters["a"].layout.generation, 2);
+        // Once the cleanup is done, a later namesake starts at 0 again.
+        s.apply(&counter("a", MetaCommand::Delete, 6));
+        s.apply(&Request::ClearTombstone { name: name("a") });
+        s.apply(&counter("a", MetaCommand::Ensure, 7));
+        assert_eq!(s.counters["a"].layout.generation, 0);
+    }
+
+    fn proposal(proposer: u128, seq: u64, request: Request) -> Request {
+        Request::Proposal { id: ProposalId { proposer, seq }, request: Box::new(request) }
+    }
+
+    /// Fixed defect: `MetaRaft::write` resends a request whose first attempt may
+    /// still commit. A resent `Delete` answered `Missing` (its caller answered 404
+    /// and skipped the deletion's cleanup), and a resent `ClearTombstone` cleared
+    /// the tombstone of a later deletion of the same name, whose data was then
+    /// never deleted.
+    #[test]
+    fn a_resent_proposal_is_applied_once_and_answered_as_the_first_time() {
+        let mut s = MetaState::default();
+        s.apply(&counter("a", MetaCommand::Ensure, 1));
+        // The bare request, as resent before: the second answer differs.
+        let mut bare = s.clone();
+        let first = bare.apply(&counter("a", MetaCommand::Delete, 2)).0;
+        assert_eq!(
+            bare.apply(&counter("a", MetaCommand::Delete, 2)).0,
+            Response::Counter(Ok((None, Effect::Missing)))
+        );
+        // Under one identity: the same answer, applied once.
+        let delete = proposal(7, 1, counter("a", MetaCommand::Delete, 2));
+        assert_eq!(s.apply(&delete).0, first);
+        let before = s.clone();
+        let (again, touched, changes) = s.apply(&delete);
+        assert_eq!(again, first);
+        assert!(touched.is_empty() && changes.is_empty());
+        assert_eq!(s.counters, before.counters);
+        assert_eq!(s.tombstones, before.tombstones);
+
+        // A clear resent after the counter was created and deleted again leaves the
+        // later tombstone.
+        let clear = proposal(7, 2, Request::ClearTombstone { name: name("a") });
+        assert_eq!(s.apply(&clear).0, Response::TombstoneCleared { existed: true });
+        s.apply(&proposal(9, 1, counter("a", MetaCommand::Ensure, 3)));
+        s.apply(&proposal(9, 2, counter("a", MetaCommand::Delete, 4)));
+        assert_eq!(s.apply(&clear).0, Response::TombstoneCleared { existed: true });
+        assert!(s.tombstones.contains_key("a"), "the later deletion's tombstone stays");
+        assert_eq!(s.applied_requests, 7, "every copy counts as one request");
+    }
+
+    #[test]
+    fn the_proposal_book_is_bounded_and_says_when_it_forgot() {
+        let mut s = MetaState::default();
+        let ensure = |seq: u64| proposal(1, seq, counter(&format!("c{seq}"), MetaCommand::Ensure, seq));
+        for seq in 1..=(PROPOSALS_REMEMBERED_MAX as u64 + 10) {
+            s.apply(&ensure(seq));
+        }
+        assert_eq!(s.proposals[&1].answered.len(), PROPOSALS_REMEMBERED_MAX);
+        let counters = s.counters.len();
+        assert_eq!(s.apply(&ensure(3)).0, Response::Forgotten);
+        assert_eq!(s.counters.len(), counters, "a forgotten proposal is not applied");
+        let last = PROPOSALS_REMEMBERED_MAX as u64 + 10;
+        assert!(matches!(s.apply(&ensure(last)).0, Response::Counter(Ok(_))));
+        // Proposers: the quietest is forgotten first.
+        for proposer in 2..=(PROPOSERS_REMEMBERED_MAX as u128 + 1) {
+            s.apply(&proposal(proposer, 1, counter("x", MetaCommand::Ensure, 1)));
+        }
+        assert_eq!(s.proposals.len(), PROPOSERS_REMEMBERED_MAX);
+        assert!(!s.proposals.contains_key(&1), "the quietest proposer was forgotten");
     }
 
     #[test]

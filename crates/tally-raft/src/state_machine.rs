@@ -11,6 +11,8 @@
 //!     `a/<name>` → the auto bounds of a counter whose shard count follows contention,
 //!   * `members` → `(members, placement_epoch, previous, handoff)`, `requests` → applied-request count,
 //!   * `stores` → every raft node's store record (raft id → incarnation, data lost),
+//!   * `p/<proposer>` → the answers of the proposer's latest proposals (the
+//!     proposal book, [`crate::state::Proposer`]),
 //!   * `applied` → `Option<LogId>`, `membership` → `StoredMembership`.
 //! * tree [`SNAPSHOT_TREE`]: `current` → the last built or installed snapshot (its
 //!   meta and the encoded [`MetaState`]), `seq` → a counter that makes snapshot ids
@@ -64,7 +66,10 @@ const KEY_FORMATIONS: &[u8] = b"formations";
 pub(crate) const PREFIX_COUNTER: &[u8] = b"c/";
 const PREFIX_TOMBSTONE: &[u8] = b"t/";
 const PREFIX_AUTO: &[u8] = b"a/";
+/// `n/<prefix>` → the namespace of that prefix.
 const PREFIX_NAMESPACE: &[u8] = b"n/";
+/// `p/<proposer, 16 bytes big-endian>` → that proposer's entry in the proposal book.
+pub(crate) const PREFIX_PROPOSER: &[u8] = b"p/";
 pub(crate) const KEY_SNAPSHOT: &[u8] = b"current";
 const KEY_SNAPSHOT_SEQ: &[u8] = b"seq";
 
@@ -184,6 +189,16 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
                     .map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
                 applied.state.namespaces.insert(prefix.to_owned(), decode("namespace", &value)?);
             }
+            k if k.starts_with(PREFIX_PROPOSER) => {
+                let raw = <[u8; 16]>::try_from(&k[PREFIX_PROPOSER.len()..]).map_err(|_| {
+                    let e = tally_core::codec::DecodeError {
+                        what: "proposer key",
+                        reason: format!("{} bytes", k.len() - PREFIX_PROPOSER.len()),
+                    };
+                    read_err(ErrorSubject::StateMachine, e)
+                })?;
+                applied.state.proposals.insert(u128::from_be_bytes(raw), decode("proposer", &value)?);
+            }
             other => {
                 tracing::warn!(key = ?String::from_utf8_lossy(other), "unknown key in raft state machine")
             }
@@ -222,6 +237,13 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
                 None => batch.remove(key),
             }
         }
+        Touched::Proposer(key) => {
+            let k = [PREFIX_PROPOSER, &key.to_be_bytes()].concat();
+            match state.proposals.get(key) {
+                Some(p) => batch.insert(k, tally_core::codec::encode(p)),
+                None => batch.remove(k),
+            }
+        }
     }
 }
 
@@ -239,6 +261,9 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) {
     }
     for prefix in s.namespaces.keys() {
         stage(batch, s, &Touched::Namespace(prefix.clone()));
+    }
+    for key in s.proposals.keys() {
+        stage(batch, s, &Touched::Proposer(*key));
     }
     stage(batch, s, &Touched::Members);
     stage(batch, s, &Touched::Stores);

@@ -149,6 +149,18 @@ pub enum Request {
         /// The proposer's clock, in milliseconds since the Unix epoch.
         now_ms: u64,
     },
+    /// `request` under the identity its proposer gave it. A proposer that resends a
+    /// proposal whose outcome it does not know (a local timeout, a forwarded write
+    /// whose answer was lost) resends it under the same identity: the state machine
+    /// applies it once and answers every copy with the first answer
+    /// ([`crate::state::MetaState`]'s proposal book). Proposals written before the
+    /// book existed are the bare requests above.
+    Proposal {
+        /// Who proposed it, and its number among their proposals.
+        id: ProposalId,
+        /// What it asks.
+        request: Box<Request>,
+    },
     /// Declare (or replace) the namespace `prefix`: counters created implicitly
     /// under it take `spec` ([`tally_core::namespace`]). The proposer checked the
     /// spec; the state refuses a new prefix past `NAMESPACES_MAX`.
@@ -163,6 +175,17 @@ pub enum Request {
         /// The name prefix.
         prefix: String,
     },
+}
+
+/// The identity of one proposal: its proposer (one run of one node's metadata
+/// member: drawn at random when it starts, so no two runs share one) and its
+/// number among that proposer's proposals, counting from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ProposalId {
+    /// The proposer.
+    pub proposer: u128,
+    /// The proposal's number.
+    pub seq: u64,
 }
 
 /// What the metadata group knows of one raft node's data directory.
@@ -219,6 +242,11 @@ pub enum Response {
     /// The answer to [`Request::FormRange`]: the voters the range's group starts
     /// with, as first recorded.
     Formation(Vec<(u64, String)>),
+    /// A [`Request::Proposal`] resent after its proposer's book forgot it (more
+    /// than [`crate::state::PROPOSALS_REMEMBERED_MAX`] later proposals of the same
+    /// proposer were applied meanwhile): it may or may not have been applied before,
+    /// and it was not applied now.
+    Forgotten,
     /// The answer to the namespace requests: whether the prefix was declared before,
     /// or why the request was refused.
     Namespace(Result<bool, String>),
@@ -370,8 +398,8 @@ pub enum Rejection {
     /// `BoundedNeedsSync`, `BoundsFixed`), or a window limit that names a window not
     /// kept, comes with bounds, or would change (`LimitWindowNotKept`,
     /// `LimitWithBounds`, `LimitFixed`), a replica count that would change
-    /// (`ReplicasFixed`), or a resharding past the last generation
-    /// (`GenerationsExhausted`), with core's message.
+    /// (`ReplicasFixed`) or of two (`TwoCopies`), or a resharding past the last
+    /// generation (`GenerationsExhausted`), with core's message.
     #[error("{message}")]
     Frequency {
         /// tally-core's message.
@@ -439,6 +467,7 @@ impl From<MetaError> for Rejection {
                 | SpecError::LimitFixed { .. }
                 | SpecError::ReplicasFixed { .. }
                 | SpecError::Unreplicated { .. }
+                | SpecError::TwoCopies
                 | SpecError::GenerationsExhausted { .. }),
             ) => Rejection::Frequency { message: e.to_string() },
             // Auto bounds are resolved by the engine before any command is proposed,

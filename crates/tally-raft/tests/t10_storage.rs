@@ -110,6 +110,46 @@ async fn t13_snapshot_replaces_the_whole_state() {
     assert_eq!(current.meta, snap.meta);
 }
 
+/// The proposal book outlives a restart and travels in snapshots: a proposal
+/// resent to a node that reopened its store, or that installed a snapshot, is
+/// answered as the first time and applied nowhere twice.
+#[tokio::test]
+async fn t14_the_proposal_book_survives_a_reopen_and_a_snapshot() {
+    let proposal = |seq, request| Request::Proposal {
+        id: tally_raft::ProposalId { proposer: 42, seq },
+        request: Box::new(request),
+    };
+    let delete =
+        || Request::Counter { name: CounterName::new("a").unwrap(), cmd: MetaCommand::Delete, now_ms: 2 };
+    let dir = tempfile::tempdir().unwrap();
+    let first = {
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let mut sm = SledStateMachine::open(&db).unwrap();
+        let replies = sm
+            .apply(vec![entry(1, proposal(1, put("a", 2, 1))), entry(2, proposal(2, delete()))])
+            .await
+            .unwrap();
+        db.flush_async().await.unwrap();
+        replies[1].clone()
+    };
+    assert!(matches!(first, Response::Counter(Ok((None, _)))), "{first:?}");
+    let db = reopen(dir.path()).await;
+    let mut sm = SledStateMachine::open(&db).unwrap();
+    let again = sm.apply(vec![entry(3, proposal(2, delete()))]).await.unwrap();
+    assert_eq!(again[0], first, "answered as the first time after a reopen");
+
+    let (_d, _l, mut follower) = SledBuilder.build().await.unwrap();
+    let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let mut receiving = follower.begin_receiving_snapshot().await.unwrap();
+    *receiving = *snap.snapshot;
+    follower.install_snapshot(&snap.meta, receiving).await.unwrap();
+    let resent = follower.apply(vec![entry(4, proposal(2, delete()))]).await.unwrap();
+    assert_eq!(resent[0], first, "answered as the first time after a snapshot");
+    let state = follower.shared().read().state.clone();
+    assert_eq!(state.tombstones.len(), 1);
+    assert_eq!(state.proposals[&42].answered.len(), 2);
+}
+
 /// Opens the database at `path` once sled's background threads of the previous
 /// handle have let go of its lock (they can outlive the drop by a moment on a busy
 /// machine).

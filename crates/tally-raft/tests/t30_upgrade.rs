@@ -36,6 +36,10 @@
 //! format 6 (window limits, before counters had a replica count of their own), made
 //! on that release (commit 845ee8c) with
 //! `TALLY_WRITE_FIXTURE=tests/fixtures/raft-format-6 cargo test -p tally-raft --test t30_upgrade -- --ignored --exact write_fixture_with_auto`.
+//!
+//! `tests/fixtures/raft-format-7.tar.gz` is the same story written in raft store
+//! format 7 (counters' own replica counts, before the proposal book), made on that
+//! release (commit 65ab1a4) the same way.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -378,6 +382,13 @@ async fn a_raft_database_of_format_5_holds_the_same_state_with_its_bounds_and_au
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_database_of_format_6_holds_the_same_state_with_the_clusters_replicas() {
     holds_the_same_state_as_format_5("raft-format-6", 6).await;
+}
+
+/// Format 7's story is format 5's too, written before the proposal book: the
+/// upgrade rewrites its snapshot with an empty book, and proposals go on from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_format_7_holds_the_same_state_and_starts_a_proposal_book() {
+    holds_the_same_state_as_format_5("raft-format-7", 7).await;
 }
 
 /// Opens the fixture `name`, of `format`, holding the story with auto counters

@@ -1,10 +1,11 @@
 //! [`RangeGroups`]: the range groups one node replicates, behind one facade.
 
 use crate::log_store::LogStore;
+use crate::network::ENTRY_BYTES_MAX;
 use crate::network::{
     GroupNetworkFactory, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc,
 };
-use crate::state_machine::{Shared, StateMachine};
+use crate::state_machine::{Shared, StateError, StateMachine};
 use crate::storage::{KvError, KvStore, KvTree};
 use crate::types::{
     Batch, BatchReport, LogId, Raft, RangeConfig, ReplicaId, ReplicaNode, ShardEntry, StoredShard,
@@ -21,9 +22,6 @@ use std::time::Duration;
 use tally_core::dedup::DedupRecord;
 use tally_core::ranges::{RangeId, RangeLayout};
 use tally_core::ShardId;
-
-/// One shard's image and its dedup records, as a replica holds them.
-pub type ShardCopy = (StoredShard, BTreeMap<String, DedupRecord>);
 
 /// Leader heartbeat interval, in milliseconds.
 pub const HEARTBEAT_MS: u64 = 100;
@@ -63,8 +61,22 @@ pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
 pub const LOGS_KEPT_BEHIND_SNAPSHOT: u64 = 1_000;
 /// Longest time one snapshot chunk may take, in milliseconds.
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
-/// Bytes per snapshot chunk.
+/// Bytes of keys and values per snapshot frame (one `install_snapshot` call): a
+/// frame is read, sent, staged and acknowledged before the next, so this bounds
+/// what a snapshot holds in memory on either side, and one lost frame costs one
+/// resend of this much.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+/// Most log entries purged at once behind a snapshot (openraft's default): the
+/// log is purged only once this many can go.
+pub const PURGE_BATCH_ENTRIES_MAX: u64 = 256;
+
+/// Entries purged at once for groups that snapshot every `since_last` entries: a
+/// quarter of that, at most [`PURGE_BATCH_ENTRIES_MAX`], so that groups that
+/// snapshot often (tests, simulations) purge their log too.
+fn purge_batch_entries(since_last: u64) -> u64 {
+    (since_last / 4).clamp(1, PURGE_BATCH_ENTRIES_MAX)
+}
+
 /// Most groups one node runs: every range of the largest layout, in every replica
 /// class.
 pub const GROUPS_PER_NODE_MAX: usize =
@@ -102,6 +114,9 @@ pub struct GroupsConfig {
     pub write_timeout_ms: u64,
     /// Fresh-read timeout, in milliseconds.
     pub read_timeout_ms: u64,
+    /// Bytes of pairs per snapshot frame (tests and simulations use small ones,
+    /// so that a snapshot takes many frames).
+    pub snapshot_chunk_bytes: u64,
 }
 
 impl Default for GroupsConfig {
@@ -114,6 +129,7 @@ impl Default for GroupsConfig {
             logs_kept: LOGS_KEPT_BEHIND_SNAPSHOT,
             write_timeout_ms: WRITE_TIMEOUT_MS,
             read_timeout_ms: READ_TIMEOUT_MS,
+            snapshot_chunk_bytes: SNAPSHOT_CHUNK_BYTES,
         }
     }
 }
@@ -157,6 +173,17 @@ pub enum ReplicaError {
     /// A write outside the bounds or the range.
     #[error("invalid write: {0}")]
     Invalid(String),
+    /// The entry would be larger than one message between nodes may carry
+    /// ([`crate::network::ENTRY_BYTES_MAX`]): it could never reach a follower.
+    #[error("{range}: an entry of {bytes} bytes; at most {bytes_max}")]
+    TooLarge {
+        /// The range.
+        range: RangeId,
+        /// The entry's encoded size.
+        bytes: usize,
+        /// The most an entry may be.
+        bytes_max: usize,
+    },
     /// The node would run more groups than [`GROUPS_PER_NODE_MAX`].
     #[error("this node runs {0} groups already")]
     TooManyGroups(usize),
@@ -204,6 +231,12 @@ impl From<KvError> for ReplicaError {
     }
 }
 
+impl From<StateError> for ReplicaError {
+    fn from(e: StateError) -> Self {
+        ReplicaError::Storage(e.to_string())
+    }
+}
+
 /// A write that a quorum holds durably.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteAck {
@@ -216,10 +249,9 @@ pub struct WriteAck {
 /// A shard as a leader read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardRead {
-    /// The shard's image (`None`: the range holds nothing for it).
+    /// The shard's image (`None`: the range holds nothing for it). Its dedup
+    /// records stay in the store: [`RangeGroups::dedup_get`] reads one.
     pub shard: Option<StoredShard>,
-    /// Its dedup records.
-    pub dedup: BTreeMap<String, DedupRecord>,
     /// The leader's log position the read reflects.
     pub read_at: Option<LogId>,
 }
@@ -305,6 +337,15 @@ pub struct RangeGroups {
     opening: tokio::sync::Mutex<()>,
 }
 
+/// Bytes a log entry adds around its images (log id, payload tag, range).
+pub const ENTRY_OVERHEAD_BYTES: usize = 64;
+
+/// The encoded size of a log entry carrying `images`, at most (images counted
+/// one by one, without encoding the entry).
+pub fn batch_bytes(images: &[ShardEntry]) -> usize {
+    ENTRY_OVERHEAD_BYTES + images.iter().map(tally_core::codec::encoded_len).sum::<usize>()
+}
+
 /// Where a range's trees live in the node's store.
 fn range_prefix(range: RangeId) -> String {
     format!("replica/{}/", range.0)
@@ -342,6 +383,11 @@ fn be_u32(bytes: &[u8], what: &str) -> Result<u32, ReplicaError> {
     Ok(u32::from_be_bytes(bytes))
 }
 
+fn be_u64(bytes: &[u8], what: &str) -> Result<u64, ReplicaError> {
+    let bytes = bytes.try_into().map_err(|_| ReplicaError::Storage(format!("corrupt {what}")))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
 /// Refuses a store this release cannot read: one of a later format, or one of an
 /// earlier format — the first (a replica id without a format mark), whose shard
 /// images predate window buckets, or format 2, whose images predate the escrow
@@ -357,14 +403,22 @@ fn check_format(identity: &dyn KvTree) -> Result<(), ReplicaError> {
         REPLICA_FORMAT => return Ok(()),
         f if f > REPLICA_FORMAT => "it was written by a later release; run that release",
         _ => {
-            "it was written by an earlier release; start this node with an empty `replica` \
-             directory only while the other replicas of its ranges run this format and hold the data"
+            "it was written by an earlier release; start this node with an empty data directory \
+             (it rejoins as a new incarnation) only while the other replicas of its ranges run this \
+             format and hold the data"
         }
     };
     Err(ReplicaError::Format { found, known: REPLICA_FORMAT, reason })
 }
 
 impl RangeGroups {
+    /// The replica id `kv` names, if it holds one: `None` for a store that never held
+    /// a group (new, or emptied).
+    pub fn stored_replica_id(kv: &dyn KvStore) -> Result<Option<ReplicaId>, ReplicaError> {
+        let identity = kv.tree(IDENTITY_TREE)?;
+        identity.get(KEY_REPLICA_ID)?.map(|b| be_u64(&b, "replica id")).transpose()
+    }
+
     /// Opens the node's groups on `kv`. A store that names a replica id keeps it;
     /// an empty store takes `fresh_id`, which must never have been used by any
     /// store in the cluster (a node that lost its disk comes back as a new replica).
@@ -379,12 +433,7 @@ impl RangeGroups {
         let identity = kv.tree(IDENTITY_TREE)?;
         check_format(identity.as_ref())?;
         let id = match identity.get(KEY_REPLICA_ID)? {
-            Some(bytes) => u64::from_be_bytes(
-                bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| ReplicaError::Storage("corrupt replica id".into()))?,
-            ),
+            Some(bytes) => be_u64(&bytes, "replica id")?,
             None => {
                 identity.apply(vec![
                     (KEY_FORMAT.to_vec(), Some(REPLICA_FORMAT.to_be_bytes().to_vec())),
@@ -443,7 +492,8 @@ impl RangeGroups {
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(c.snapshot_logs_since_last),
             max_in_snapshot_log_to_keep: c.logs_kept,
-            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            purge_batch_size: purge_batch_entries(c.snapshot_logs_since_last),
+            snapshot_max_chunk_size: c.snapshot_chunk_bytes,
             ..Default::default()
         };
         Ok(Arc::new(config.validate().map_err(fatal)?))
@@ -588,6 +638,10 @@ impl RangeGroups {
                 return Err(ReplicaError::Invalid(format!("{} is not in {range}", e.shard)));
             }
         }
+        let bytes = batch_bytes(images);
+        if bytes > ENTRY_BYTES_MAX {
+            return Err(ReplicaError::TooLarge { range, bytes, bytes_max: ENTRY_BYTES_MAX });
+        }
         Ok(())
     }
 
@@ -672,14 +726,14 @@ impl RangeGroups {
     pub async fn read_fresh(&self, range: RangeId, shard: &ShardId) -> Result<ShardRead, ReplicaError> {
         let g = self.group(range)?;
         let read_at = self.linearize(range, &g).await?;
-        let (shard, dedup) = g.shared.shard(shard).map_or((None, BTreeMap::new()), |(s, d)| (Some(s), d));
-        Ok(ShardRead { shard, dedup, read_at })
+        Ok(ShardRead { shard: g.shared.shard(shard)?, read_at })
     }
 
     /// What this replica has applied of `range`, without asking anyone (may be
-    /// behind the leader).
+    /// behind the leader): a copy of the whole range in memory, for tests and
+    /// tools.
     pub fn read_local(&self, range: RangeId) -> Result<crate::state_machine::RangeState, ReplicaError> {
-        Ok(self.group(range)?.shared.state())
+        Ok(self.group(range)?.shared.state()?)
     }
 
     /// The leader of `range` as this replica knows it.
@@ -769,24 +823,43 @@ impl RangeGroups {
         self.linearize(range, &g).await.map(|_| ())
     }
 
-    /// One shard and its dedup records as applied here (`None`: never written).
-    pub fn shard(&self, range: RangeId, shard: &ShardId) -> Result<Option<ShardCopy>, ReplicaError> {
-        Ok(self.group(range)?.shared.shard(shard))
+    /// One shard's image as applied here (`None`: never written), read from the
+    /// store (its dedup records stay there).
+    pub fn shard(&self, range: RangeId, shard: &ShardId) -> Result<Option<StoredShard>, ReplicaError> {
+        Ok(self.group(range)?.shared.shard(shard)?)
     }
 
-    /// Applies `f` to one shard's dedup records as applied here, without copying them.
-    pub fn with_dedup<T>(
+    /// One dedup record of a shard as applied here.
+    pub fn dedup_get(
         &self,
         range: RangeId,
         shard: &ShardId,
-        f: impl FnOnce(Option<&BTreeMap<String, DedupRecord>>) -> T,
-    ) -> Result<T, ReplicaError> {
-        Ok(self.group(range)?.shared.with_dedup(shard, f))
+        event_id: &str,
+    ) -> Result<Option<DedupRecord>, ReplicaError> {
+        Ok(self.group(range)?.shared.dedup_get(shard, event_id)?)
     }
 
-    /// The ids of the shards of `range` as applied here.
-    pub fn shard_ids(&self, range: RangeId) -> Result<Vec<ShardId>, ReplicaError> {
-        Ok(self.group(range)?.shared.shard_ids())
+    /// Up to `limit` dedup records of a shard as applied here, in event-id order,
+    /// after `after`.
+    pub fn dedup_scan(
+        &self,
+        range: RangeId,
+        shard: &ShardId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, DedupRecord)>, ReplicaError> {
+        Ok(self.group(range)?.shared.dedup_scan(shard, after, limit)?)
+    }
+
+    /// Up to `limit` ids of the shards of `range` as applied here, in the store's
+    /// key order, after `after`.
+    pub fn shard_ids(
+        &self,
+        range: RangeId,
+        after: Option<&ShardId>,
+        limit: usize,
+    ) -> Result<Vec<ShardId>, ReplicaError> {
+        Ok(self.group(range)?.shared.shard_ids(after, limit)?)
     }
 
     /// The range layout the groups are cut by.

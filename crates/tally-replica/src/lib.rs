@@ -10,22 +10,37 @@
 //! # Pieces
 //!
 //! * [`storage`] — the ordered key-value storage underneath: [`SledKv`] (every group
-//!   of a node in one `sled::Db`, trees `replica/<range>/{log,vote,sm,snap}`, one
-//!   shared flusher) and [`MemKv`] (same contract, with simulated crashes that keep
-//!   any prefix of the unflushed writes, and failing flushes);
+//!   of a node in one `sled::Db` with a bounded page cache, trees
+//!   `replica/<range>/{log,vote,sm…,snap}`, one shared flusher) and [`MemKv`] (same
+//!   contract, with simulated crashes that keep any prefix of the unflushed writes,
+//!   and failing flushes);
 //! * [`log_store`] — the log and vote, flushed before an append or a vote is
 //!   reported, so nothing is acknowledged that a crash can take back;
-//! * [`state_machine`] — the range's shards and dedup records, stored by each apply
-//!   before its apply position (one atomic batch when dedup records change);
-//!   snapshots hold every shard of the range, so a replica with an empty disk
-//!   catches up by installing one;
+//! * [`state_machine`] — the range's shards and dedup records, on disk in the
+//!   range's state tree, stored by each apply with its apply position (one atomic
+//!   batch when dedup records change); reads go to the tree, one image or record
+//!   at a time;
+//! * [`snapshot`] — a range's snapshot as it travels: frames of the state tree's
+//!   pairs read from the live tree (every image before every record; the log after
+//!   the snapshot's id makes the fuzzy read exact), staged frame by frame in the
+//!   next generation of the state tree on the receiver, resumable;
 //! * [`network`] — [`RangeNetwork`], multiplexed by range so all groups of a node
-//!   share one connection per node pair, and [`MemRouter`], an in-memory network
-//!   with cut links, isolated and dropped replicas;
+//!   share one connection per node pair, with appends and snapshot frames bounded
+//!   to one node-to-node message, and [`MemRouter`], an in-memory network with cut
+//!   links, isolated and dropped replicas, lost snapshot frames;
 //! * [`groups`] — [`RangeGroups`], one node's groups: open, initialize, `write`
 //!   (Ok only once a quorum has the entry durably; `NotLeader` with a hint
 //!   otherwise), `read_fresh` (leader read through openraft's read index),
-//!   learners promoted only once caught up, removal, by joint consensus.
+//!   learners promoted only once caught up, removal, by joint consensus;
+//! * [`store`] — [`RangeStore`], the engine's `Store` over a node's groups: the
+//!   shard writes of a commit cycle become one entry per range (more if they
+//!   exceed one message), applied only over the state their writer built on (see
+//!   its docs); `tally-cluster` runs it, with the groups over the node-to-node
+//!   sessions, when `cluster.replicas` > 1;
+//! * [`runtime`] — openraft's tokio runtime with a generator of election timeouts
+//!   that a simulation seeds ([`runtime::seed_thread_rng`]);
+//! * [`replication`] — [`Replication`], the driver: routing to range leaders,
+//!   forming groups, following membership changes, replacing emptied replicas.
 //!
 //! # Identities
 //!
@@ -37,18 +52,22 @@
 //!
 //! # Limits of this version
 //!
-//! A replica keeps a copy of its range's images and dedup records in memory (read
-//! by `read_fresh` and `read_local`), and a snapshot is built, sent and installed as
-//! one encoded `RangeState` in memory (sent in `SNAPSHOT_CHUNK_BYTES` chunks). Both
-//! are fine for ranges of thousands of shards; before ranges hold millions of dedup
-//! records, reads should go to the state tree and snapshots should stream it.
-//! openraft draws its election timeouts from its runtime's thread-local generator;
-//! [`runtime::RangeRuntime`] lets a simulation seed it ([`runtime::seed_thread_rng`]).
-//!
-//! * [`store`] — [`RangeStore`], the engine's `Store` over a node's groups: the
-//!   shard writes of a commit cycle become one entry per range, applied only over
-//!   the state their writer built on (see its docs); `tally-cluster` runs it, with
-//!   the groups over the node-to-node sessions, when `cluster.replicas` > 1.
+//! What a replica holds in memory does not grow with its ranges: images and
+//! dedup records are read from the state tree through sled's page cache
+//! ([`storage::SLED_CACHE_BYTES`]), and a snapshot, of any size, is built by
+//! recording its log id and streamed a frame ([`groups::SNAPSHOT_CHUNK_BYTES`])
+//! at a time. What is bounded is one message: an entry may not exceed
+//! [`network::ENTRY_BYTES_MAX`] (a commit cycle is cut into entries that fit; a
+//! single shard write past it is refused), and an append carries the entries that
+//! fit in [`network::RANGE_MESSAGE_BYTES_MAX`]. A snapshot is streamed while the
+//! leader keeps applying, and the receiver needs the log from the snapshot's id
+//! on: a stream that takes longer than the leader needs to apply
+//! [`groups::SNAPSHOT_LOGS_SINCE_LAST`] entries beyond the kept log finds that log
+//! purged and starts again from a newer snapshot (bench/README.md, "Scale", has
+//! the times). Deleting a shard removes its records in pages of
+//! [`state_machine::CLEAR_PAGE_RECORDS_MAX`] before its image, atomically only in
+//! effect (a crash between pages leaves fewer records under the old image, and the
+//! replay finishes the deletion).
 //!
 //! # Boundary of this version
 //!
@@ -66,6 +85,7 @@ pub mod log_store;
 pub mod network;
 pub mod replication;
 pub mod runtime;
+pub mod snapshot;
 pub mod state_machine;
 pub mod storage;
 pub mod store;

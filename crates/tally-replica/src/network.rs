@@ -15,16 +15,24 @@
 
 use crate::types::{RangeConfig, ReplicaId, ReplicaNode};
 use futures::future::BoxFuture;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    Fatal, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    ReplicationClosed, StreamingError, Unreachable,
+};
 use openraft::network::RPCOption;
+use openraft::raft::SnapshotResponse;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{RaftNetwork, RaftNetworkFactory};
+use openraft::{
+    AnyError, ErrorSubject, ErrorVerb, OptionalSend, RaftNetwork, RaftNetworkFactory, Snapshot, StorageError,
+    StorageIOError, Vote,
+};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tally_core::ranges::RangeId;
@@ -70,10 +78,16 @@ pub struct RangeEnvelope {
     pub rpc: RangeRpc,
 }
 
-/// Largest encoded message or reply a byte transport should accept: a snapshot
-/// chunk (`SNAPSHOT_CHUNK_BYTES`) or an append of openraft's largest payload of
-/// full batches fits well within it.
+/// Largest encoded message or reply a byte transport should accept.
 pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
+
+/// Bytes a node-to-node request adds around an encoded range message (the peer
+/// request's tag, the transport's envelope with the sender's name).
+pub const ENVELOPE_HEADROOM_BYTES: usize = 64 << 10;
+/// Largest encoded range message sent to another node, in bytes: what fits in one
+/// node-to-node request with its envelopes.
+pub const RANGE_MESSAGE_BYTES_MAX: usize =
+    tally_core::codec::NODE_MESSAGE_BYTES_MAX - ENVELOPE_HEADROOM_BYTES;
 
 /// The bytes of `envelope`, for a byte transport.
 pub fn encode_envelope(envelope: &RangeEnvelope) -> Vec<u8> {
@@ -135,6 +149,15 @@ pub enum NetError {
     /// The bytes of a message or answer did not decode.
     #[error("undecodable range message: {0}")]
     Undecodable(String),
+    /// The message is larger than one node-to-node message may be: sent again as
+    /// it is, it would be refused again.
+    #[error("range message of {bytes} bytes; at most {bytes_max}")]
+    TooLarge {
+        /// The message's size.
+        bytes: usize,
+        /// The most a message may carry ([`RANGE_MESSAGE_BYTES_MAX`]).
+        bytes_max: usize,
+    },
 }
 
 /// Sends a group's messages to other replicas.
@@ -155,6 +178,29 @@ pub trait RangeInbound: Send + Sync + 'static {
     fn handle(&self, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>>;
 }
 
+/// Bytes an append request adds around its entries (vote, log ids, the envelope).
+const APPEND_OVERHEAD_BYTES: usize = 4 << 10;
+/// Largest encoded log entry a range group takes: an append of it alone fits in
+/// one message ([`RANGE_MESSAGE_BYTES_MAX`]), so every entry can reach every
+/// replica, and [`crate::RangeStore`] cuts a commit cycle's batches to it.
+pub const ENTRY_BYTES_MAX: usize = RANGE_MESSAGE_BYTES_MAX - APPEND_OVERHEAD_BYTES;
+
+/// How many of `entries`, from the first, fit in one append message, if not all
+/// of them (at least one: no entry is larger than [`ENTRY_BYTES_MAX`]).
+fn entries_that_fit(entries: &[crate::types::Entry]) -> Option<u64> {
+    if entries.len() <= 1 {
+        return None;
+    }
+    let mut bytes = APPEND_OVERHEAD_BYTES;
+    for (n, e) in entries.iter().enumerate() {
+        bytes += tally_core::codec::encoded_len(e);
+        if bytes > RANGE_MESSAGE_BYTES_MAX {
+            return Some((n as u64).max(1));
+        }
+    }
+    None
+}
+
 // ------------------------------------------------------------ openraft adapters
 
 /// openraft's network factory of one group: every client goes through the node's
@@ -171,13 +217,32 @@ pub struct GroupNetwork {
     factory: GroupNetworkFactory,
     target: ReplicaId,
     node: ReplicaNode,
+    /// Where the last snapshot sent to the target stopped, if it did not finish:
+    /// the next attempt at the same snapshot resumes there.
+    resume: Option<Resume>,
 }
+
+/// The point a snapshot stream reached: its id, the byte offset and the last key
+/// of the frames the receiver acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Resume {
+    snapshot_id: String,
+    offset: u64,
+    after: Option<Vec<u8>>,
+}
+
+/// Consecutive failed attempts at one snapshot frame before the stream gives up
+/// (openraft tries again later, and the stream resumes from the last frame
+/// received).
+pub const SNAPSHOT_FRAME_ATTEMPTS_MAX: u32 = 5;
+/// Pause before a snapshot frame is sent again, in milliseconds.
+pub const SNAPSHOT_FRAME_RETRY_MS: u64 = 100;
 
 impl RaftNetworkFactory<RangeConfig> for GroupNetworkFactory {
     type Network = GroupNetwork;
 
     async fn new_client(&mut self, target: ReplicaId, node: &ReplicaNode) -> GroupNetwork {
-        GroupNetwork { factory: self.clone(), target, node: node.clone() }
+        GroupNetwork { factory: self.clone(), target, node: node.clone(), resume: None }
     }
 }
 
@@ -203,9 +268,10 @@ impl GroupNetwork {
             NetError::Unreachable(_) | NetError::NoGroup { .. } | NetError::NotThisReplica { .. } => {
                 RPCError::Unreachable(Unreachable::new(&e))
             }
-            NetError::Timeout(_) | NetError::Mismatch(_) | NetError::Undecodable(_) => {
-                RPCError::Network(NetworkError::new(&e))
-            }
+            NetError::Timeout(_)
+            | NetError::Mismatch(_)
+            | NetError::Undecodable(_)
+            | NetError::TooLarge { .. } => RPCError::Network(NetworkError::new(&e)),
         }
     }
 
@@ -220,9 +286,30 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
         rpc: AppendEntriesRequest<RangeConfig>,
         option: RPCOption,
     ) -> Rpc<AppendEntriesResponse<ReplicaId>> {
-        match self.send(RangeRpc::Append(rpc), &option).await.map_err(|e| self.net_err(e))? {
-            RangeReply::Append(r) => self.remote(r),
-            _ => Err(self.net_err(NetError::Mismatch(self.target))),
+        // openraft hands over up to `max_payload_entries` entries at once; sent whole
+        // they may exceed what one message carries. The ones that fit go, the rest
+        // follow: openraft sends again at once with the entries hinted.
+        if let Some(fit) = entries_that_fit(&rpc.entries) {
+            let e = NetError::TooLarge {
+                bytes: tally_core::codec::encoded_len(&rpc.entries),
+                bytes_max: RANGE_MESSAGE_BYTES_MAX,
+            };
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(fit).with_source_error(&e),
+            ));
+        }
+        let entries = rpc.entries.len();
+        match self.send(RangeRpc::Append(rpc), &option).await {
+            Err(e @ NetError::TooLarge { .. }) => {
+                // Refused by the transport after all: fewer entries next time.
+                let hint = (entries as u64 / 2).max(1);
+                Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint).with_source_error(&e)))
+            }
+            Err(e) => Err(self.net_err(e)),
+            Ok(reply) => match reply {
+                RangeReply::Append(r) => self.remote(r),
+                _ => Err(self.net_err(NetError::Mismatch(self.target))),
+            },
         }
     }
 
@@ -244,6 +331,94 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
         }
     }
 
+    /// Streams the snapshot frame by frame ([`crate::snapshot`]): each frame is
+    /// one `install_snapshot` call at the stream's byte offset, sent again after a
+    /// failure; a stream that gives up is resumed from its last acknowledged frame
+    /// by the next attempt at the same snapshot, and one the receiver lost track
+    /// of (it restarted) starts over.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote<ReplicaId>,
+        snapshot: Snapshot<RangeConfig>,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<ReplicaId>, StreamingError<RangeConfig, Fatal<ReplicaId>>> {
+        let Snapshot { meta, snapshot } = snapshot;
+        let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
+        let Some(source) = snapshot.into_source() else {
+            let e = std::io::Error::other("a snapshot to send must be read from a state tree");
+            return Err(StorageError::from(StorageIOError::new(
+                subject(),
+                ErrorVerb::Read,
+                AnyError::new(&e),
+            ))
+            .into());
+        };
+        let chunk = option.snapshot_chunk_size().unwrap_or(crate::groups::SNAPSHOT_CHUNK_BYTES as usize);
+        let mut at = match self.resume.take() {
+            Some(r) if r.snapshot_id == meta.snapshot_id => r,
+            _ => Resume { snapshot_id: meta.snapshot_id.clone(), offset: 0, after: None },
+        };
+        let mut cancel = std::pin::pin!(cancel);
+        'stream: loop {
+            let frame = source.frame(at.after.clone(), chunk).map_err(|e| {
+                StorageError::from(StorageIOError::new(subject(), ErrorVerb::Read, AnyError::new(&e)))
+            })?;
+            let (last, end) = (frame.last, frame.end());
+            let data = frame.to_bytes();
+            let len = data.len() as u64;
+            let req =
+                InstallSnapshotRequest { vote, meta: meta.clone(), offset: at.offset, data, done: last };
+            let mut failures = 0;
+            let resp = loop {
+                if let Some(closed) = futures::FutureExt::now_or_never(cancel.as_mut()) {
+                    self.resume = Some(at);
+                    return Err(closed.into());
+                }
+                let err = match self.install_snapshot(req.clone(), option.clone()).await {
+                    Ok(resp) => break resp,
+                    Err(RPCError::RemoteError(RemoteError {
+                        source: RaftError::APIError(InstallSnapshotError::SnapshotMismatch(_)),
+                        ..
+                    })) if at.offset > 0 => {
+                        // The receiver lost the stream (it restarted): start over.
+                        tracing::info!(range = %self.factory.range, target = self.target, "snapshot stream starts over");
+                        (at.offset, at.after) = (0, None);
+                        continue 'stream;
+                    }
+                    Err(RPCError::RemoteError(e)) => match e.source {
+                        RaftError::Fatal(f) => {
+                            return Err(RemoteError {
+                                target: e.target,
+                                target_node: e.target_node,
+                                source: f,
+                            }
+                            .into())
+                        }
+                        RaftError::APIError(api) => {
+                            return Err(NetworkError::new(&api).into());
+                        }
+                    },
+                    Err(RPCError::PayloadTooLarge(e)) => return Err(NetworkError::new(&e).into()),
+                    Err(RPCError::Timeout(e)) => StreamingError::Timeout(e),
+                    Err(RPCError::Unreachable(e)) => StreamingError::Unreachable(e),
+                    Err(RPCError::Network(e)) => StreamingError::Network(e),
+                };
+                failures += 1;
+                if failures >= SNAPSHOT_FRAME_ATTEMPTS_MAX {
+                    self.resume = Some(at);
+                    return Err(err);
+                }
+                tokio::time::sleep(Duration::from_millis(SNAPSHOT_FRAME_RETRY_MS)).await;
+            };
+            if resp.vote > vote || last {
+                return Ok(SnapshotResponse::new(resp.vote));
+            }
+            at.offset += len;
+            at.after = end;
+        }
+    }
+
     fn backoff(&self) -> openraft::network::Backoff {
         openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(UNREACHABLE_BACKOFF_MS)))
     }
@@ -259,6 +434,12 @@ struct RouterState {
     isolated: BTreeSet<ReplicaId>,
     /// Whether messages and answers travel as bytes.
     encode: bool,
+    /// Snapshot frames sent so far (numbered from 0 in the order sent).
+    snapshot_frames: u64,
+    /// Numbers of the snapshot frames whose message is lost on the way.
+    lost_frames: BTreeSet<u64>,
+    /// Numbers of the snapshot frames delivered whose answer is lost.
+    lost_frame_answers: BTreeSet<u64>,
 }
 
 impl RouterState {
@@ -315,6 +496,24 @@ impl MemRouter {
         self.state.lock().encode = on;
     }
 
+    /// Loses the messages of the snapshot frames numbered `frames` (counted from 0
+    /// over every frame this router carries), and the answers to `answers` once
+    /// delivered: the sender sees a timeout either way.
+    pub fn lose_snapshot_frames(
+        &self,
+        frames: impl IntoIterator<Item = u64>,
+        answers: impl IntoIterator<Item = u64>,
+    ) {
+        let mut s = self.state.lock();
+        s.lost_frames.extend(frames);
+        s.lost_frame_answers.extend(answers);
+    }
+
+    /// How many snapshot frames this router carried or lost.
+    pub fn snapshot_frames(&self) -> u64 {
+        self.state.lock().snapshot_frames
+    }
+
     /// Restores every cut link and isolated replica.
     pub fn heal_all(&self) {
         let mut s = self.state.lock();
@@ -334,16 +533,33 @@ impl RangeNetwork for MemRouter {
             let (from, to) = (envelope.from, envelope.to);
             let latency = Duration::from_millis(MEM_LINK_LATENCY_MS);
             tokio::time::sleep(latency).await;
-            let (target, encode) = {
-                let s = state.lock();
+            let (target, encode, lose_answer) = {
+                let mut s = state.lock();
                 if !s.linked(from, to) {
                     return Err(NetError::Unreachable(to));
                 }
-                (s.nodes.get(&to).and_then(Weak::upgrade), s.encode)
+                let mut lose_answer = false;
+                if matches!(envelope.rpc, RangeRpc::Snapshot(_)) {
+                    let n = s.snapshot_frames;
+                    s.snapshot_frames += 1;
+                    if s.lost_frames.contains(&n) {
+                        return Err(NetError::Timeout(to));
+                    }
+                    lose_answer = s.lost_frame_answers.contains(&n);
+                }
+                (s.nodes.get(&to).and_then(Weak::upgrade), s.encode, lose_answer)
             };
             let target = target.ok_or(NetError::Unreachable(to))?;
             let reply = if encode {
-                let envelope = decode_envelope(&encode_envelope(&envelope))?;
+                let bytes = encode_envelope(&envelope);
+                if bytes.len() > RANGE_MESSAGE_BYTES_MAX {
+                    // As the node-to-node transport refuses a request too large.
+                    return Err(NetError::TooLarge {
+                        bytes: bytes.len(),
+                        bytes_max: RANGE_MESSAGE_BYTES_MAX,
+                    });
+                }
+                let envelope = decode_envelope(&bytes)?;
                 let reply = target.handle(envelope).await;
                 decode_reply(&encode_reply(&reply))
             } else {
@@ -353,6 +569,9 @@ impl RangeNetwork for MemRouter {
             let s = state.lock();
             if !s.linked(from, to) || !s.nodes.contains_key(&to) {
                 return Err(NetError::Unreachable(to));
+            }
+            if lose_answer {
+                return Err(NetError::Timeout(to));
             }
             reply
         })

@@ -70,6 +70,10 @@ pub trait KvStore: Send + Sync + 'static {
     /// Makes every write made before the call durable: the returned future
     /// resolves once a flush that began after the call completed.
     fn flush(&self) -> BoxFuture<'static, Result<(), KvError>>;
+    /// Removes the tree called `name` and everything in it, atomically (after a
+    /// crash it is either whole or gone; durable at the next flush). Handles of the
+    /// tree must not be used afterwards. Answers whether there was such a tree.
+    fn drop_tree(&self, name: &str) -> Result<bool, KvError>;
 }
 
 /// One ordered tree of byte keys.
@@ -84,19 +88,41 @@ pub trait KvTree: Send + Sync + 'static {
     /// [`KvTree::apply`] of several keys in sled (no batch).
     fn write_in_order(&self, writes: Vec<KvWrite>) -> Result<(), KvError>;
     /// Every pair with a key in `(from, to)`, in key order.
-    fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError>;
+    fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
+        self.scan_page(from, to, usize::MAX, usize::MAX)
+    }
+    /// The first pairs with a key in `(from, to)`, in key order: at most
+    /// `pairs_max` of them, and no more once their keys and values add up to
+    /// `bytes_max` (the first pair is always included, however large). A page of a
+    /// large range, read without holding the rest in memory.
+    fn scan_page(
+        &self,
+        from: Bound<Vec<u8>>,
+        to: Bound<Vec<u8>>,
+        pairs_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<KvPair>, KvError>;
     /// The pair with the largest key.
     fn last(&self) -> Result<Option<KvPair>, KvError>;
 }
 
 /// Every pair whose key starts with `prefix`.
 pub fn scan_prefix(tree: &dyn KvTree, prefix: &[u8]) -> Result<Vec<KvPair>, KvError> {
-    let to = prefix_end(prefix).map_or(Bound::Unbounded, Bound::Excluded);
-    tree.scan(Bound::Included(prefix.to_vec()), to)
+    tree.scan(Bound::Included(prefix.to_vec()), prefix_bound(prefix))
+}
+
+/// The bound past every key starting with `prefix`.
+pub fn prefix_bound(prefix: &[u8]) -> Bound<Vec<u8>> {
+    prefix_end(prefix).map_or(Bound::Unbounded, Bound::Excluded)
+}
+
+/// Whether a page holding `pairs` pairs of `bytes` bytes is full.
+fn page_full(pairs: usize, bytes: usize, pairs_max: usize, bytes_max: usize) -> bool {
+    pairs >= pairs_max || (pairs > 0 && bytes >= bytes_max)
 }
 
 /// The smallest key greater than every key starting with `prefix`, if any.
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < u8::MAX {
@@ -108,6 +134,13 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 // ------------------------------------------------------------------------- sled
+
+/// Bytes of page cache the range groups' sled database keeps: the bounded cache
+/// in front of every range's shard images and dedup records, which live on disk.
+/// sled's default (1 GiB) would let the cache, not the data, set a node's memory;
+/// as for the node's own store (`tally_store::SledConfig`), a small cache costs hot
+/// shards nothing and cold lookups go to the OS page cache, outside the process.
+pub const SLED_CACHE_BYTES: u64 = 8 << 20;
 
 /// The production store: trees of one `sled::Db`, shared by every group of a node
 /// (and by the rest of the node's data, under other tree names).
@@ -125,9 +158,10 @@ impl SledKv {
         Self { db, flusher }
     }
 
-    /// Opens (or creates) the database in directory `path`.
+    /// Opens (or creates) the database in directory `path`, with a page cache of
+    /// [`SLED_CACHE_BYTES`].
     pub fn open(path: &std::path::Path) -> Result<Self, KvError> {
-        Ok(Self::new(sled::Config::new().path(path).open()?))
+        Ok(Self::new(sled::Config::new().path(path).cache_capacity(SLED_CACHE_BYTES).open()?))
     }
 
     /// How many whole-store flushes this store ran.
@@ -159,6 +193,10 @@ impl KvStore for SledKv {
         // #1241, #1308). The gate runs one at a time for every group of the node.
         self.flusher.flush()
     }
+
+    fn drop_tree(&self, name: &str) -> Result<bool, KvError> {
+        Ok(self.db.drop_tree(name)?)
+    }
 }
 
 impl KvTree for SledTree {
@@ -185,10 +223,23 @@ impl KvTree for SledTree {
         writes.into_iter().try_for_each(|(key, value)| self.write_one(key, value))
     }
 
-    fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
-        let mut out = Vec::new();
+    fn scan_page(
+        &self,
+        from: Bound<Vec<u8>>,
+        to: Bound<Vec<u8>>,
+        pairs_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<KvPair>, KvError> {
+        let (mut out, mut bytes) = (Vec::new(), 0usize);
+        if inverted(&from, &to) {
+            return Ok(out);
+        }
         for item in self.0.range::<Vec<u8>, _>((from, to)) {
+            if page_full(out.len(), bytes, pairs_max, bytes_max) {
+                break;
+            }
             let (k, v) = item?;
+            bytes += k.len() + v.len();
             out.push((k.to_vec(), v.to_vec()));
         }
         Ok(out)
@@ -426,11 +477,28 @@ impl MemInner {
         if self.fail_flushes {
             return Err(KvError::FlushFailed);
         }
-        self.durable = self.live.clone();
+        if self.pending_lost {
+            self.durable = self.live.clone();
+        } else {
+            // What the units since the last flush wrote, without copying every tree.
+            for (tree, writes) in std::mem::take(&mut self.pending) {
+                write_to(self.durable.entry(tree).or_default(), &writes);
+            }
+        }
         self.pending = Vec::new();
         self.pending_lost = false;
         self.flushes += 1;
         Ok(())
+    }
+}
+
+/// Whether `(from, to)` is a range that holds no key because it is inverted (or
+/// empty with an excluded end).
+fn inverted(from: &Bound<Vec<u8>>, to: &Bound<Vec<u8>>) -> bool {
+    match (from, to) {
+        (Bound::Included(a), Bound::Included(b)) => a > b,
+        (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => a >= b,
+        _ => false,
     }
 }
 
@@ -527,6 +595,19 @@ impl KvStore for MemKv {
         let result = self.inner.lock().flush();
         Box::pin(async move { result })
     }
+
+    /// One unit that removes every key of the tree: a crash keeps all of it or
+    /// none, as sled's drop does.
+    fn drop_tree(&self, name: &str) -> Result<bool, KvError> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(KvError::Closed);
+        }
+        let Some(tree) = inner.live.remove(name) else { return Ok(false) };
+        let removals: Vec<KvWrite> = tree.into_keys().map(|k| (k, None)).collect();
+        inner.record((name.to_owned(), removals));
+        Ok(true)
+    }
 }
 
 impl MemTree {
@@ -565,16 +646,28 @@ impl KvTree for MemTree {
         self.write_units(writes.into_iter().map(|w| vec![w]).collect())
     }
 
-    fn scan(&self, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Result<Vec<KvPair>, KvError> {
-        if let (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) =
-            (&from, &to)
-        {
+    fn scan_page(
+        &self,
+        from: Bound<Vec<u8>>,
+        to: Bound<Vec<u8>>,
+        pairs_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<KvPair>, KvError> {
+        if inverted(&from, &to) {
             // BTreeMap::range panics on an inverted range; an empty answer is right.
-            if a > b {
-                return Ok(Vec::new());
-            }
+            return Ok(Vec::new());
         }
-        self.with(|t| t.range((from, to)).map(|(k, v)| (k.clone(), v.clone())).collect())
+        self.with(|t| {
+            let (mut out, mut bytes) = (Vec::new(), 0usize);
+            for (k, v) in t.range((from, to)) {
+                if page_full(out.len(), bytes, pairs_max, bytes_max) {
+                    break;
+                }
+                bytes += k.len() + v.len();
+                out.push((k.clone(), v.clone()));
+            }
+            out
+        })
     }
 
     fn last(&self) -> Result<Option<KvPair>, KvError> {
@@ -592,6 +685,8 @@ mod tests {
         Apply(Vec<(u8, Option<u8>)>),
         InOrder(Vec<(u8, Option<u8>)>),
         Scan(u8, u8),
+        Page(u8, u8, usize, usize),
+        Drop,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -600,6 +695,8 @@ mod tests {
             proptest::collection::vec((0u8..16, proptest::option::of(any::<u8>())), 0..6)
                 .prop_map(Op::InOrder),
             (0u8..18, 0u8..18).prop_map(|(a, b)| Op::Scan(a, b)),
+            (0u8..18, 0u8..18, 0usize..5, 0usize..12).prop_map(|(a, b, n, bytes)| Op::Page(a, b, n, bytes)),
+            Just(Op::Drop),
         ]
     }
 
@@ -618,8 +715,16 @@ mod tests {
             let sled = SledKv::new(sled::open(dir.path()).unwrap());
             let mem = MemKv::new();
             let trees = |s: &dyn KvStore| [s.tree("a").unwrap(), s.tree("b").unwrap()];
-            let (st, mt) = (trees(&sled), trees(&mem));
+            let (mut st, mut mt) = (trees(&sled), trees(&mem));
             for (which, op) in ops {
+                if let Op::Drop = op {
+                    // The tree is gone with its keys, and opens again empty.
+                    let name = ["a", "b"][usize::from(which)];
+                    prop_assert_eq!(sled.drop_tree(name).unwrap(), mem.drop_tree(name).unwrap());
+                    st[usize::from(which)] = sled.tree(name).unwrap();
+                    mt[usize::from(which)] = mem.tree(name).unwrap();
+                    continue;
+                }
                 let (s, m) = (&st[usize::from(which)], &mt[usize::from(which)]);
                 match op {
                     Op::Apply(writes) => {
@@ -638,6 +743,18 @@ mod tests {
                         let (m1, m2) = range();
                         prop_assert_eq!(s.scan(r1, r2).unwrap(), m.scan(m1, m2).unwrap());
                     }
+                    Op::Page(a, b, n, bytes) => {
+                        let range = || (Bound::Excluded(key(a)), Bound::Included(key(b)));
+                        let (r1, r2) = range();
+                        let page = s.scan_page(r1, r2, n, bytes).unwrap();
+                        let (m1, m2) = range();
+                        prop_assert_eq!(&page, &m.scan_page(m1, m2, n, bytes).unwrap());
+                        prop_assert!(page.len() <= n);
+                        let size: usize = page.iter().map(|(k, v)| k.len() + v.len()).sum();
+                        let last = page.last().map_or(0, |(k, v)| k.len() + v.len());
+                        prop_assert!(page.len() <= 1 || size - last < bytes, "a page stops once full");
+                    }
+                    Op::Drop => unreachable!("handled above"),
                 }
                 prop_assert_eq!(s.last().unwrap(), m.last().unwrap());
                 prop_assert_eq!(scan_prefix(&**s, b"k").unwrap(), scan_prefix(&**m, b"k").unwrap());

@@ -18,10 +18,11 @@
 //! its commit refused ([`StoreError::Unavailable`]), reloads, and can never
 //! overwrite an increment another writer had acknowledged.
 
-use crate::groups::RangeGroups;
-use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX};
+use crate::groups::{RangeGroups, ReplicaError, ENTRY_OVERHEAD_BYTES};
+use crate::network::ENTRY_BYTES_MAX;
+use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX, IMAGE_RECORDS_MAX};
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use tally_core::dedup::DedupRecord;
@@ -75,20 +76,10 @@ impl RangeStore {
         }
     }
 
+    /// The shard's image as its range holds it here: its dedup records stay in
+    /// the store, read one by one ([`Store::dedup_get`]) or a page at a time.
     fn stored(&self, op: &'static str, id: &ShardId) -> Result<Option<StoredShard>, StoreError> {
-        match self.groups.shard(self.range(id), id) {
-            Ok(s) => Ok(s.map(|(s, _)| s)),
-            Err(e) => Err(unavailable(op, e)),
-        }
-    }
-
-    fn dedup<T>(
-        &self,
-        op: &'static str,
-        id: &ShardId,
-        f: impl FnOnce(Option<&std::collections::BTreeMap<String, DedupRecord>>) -> T,
-    ) -> Result<T, StoreError> {
-        self.groups.with_dedup(self.range(id), id, f).map_err(|e| unavailable(op, e))
+        self.groups.shard(self.range(id), id).map_err(|e| unavailable(op, e))
     }
 
     /// Replicates one entry that is not a writer's commit (a seal, an unseal, a
@@ -104,8 +95,9 @@ impl RangeStore {
     }
 
     /// The entries of one commit cycle, one batch per range (split at
-    /// [`BATCH_IMAGES_MAX`]), with the position of every image's write; writes that
-    /// cannot be sent are answered at once.
+    /// [`BATCH_IMAGES_MAX`] images and at [`ENTRY_BYTES_MAX`] bytes, so that every
+    /// entry fits in one message between nodes), with the position of every
+    /// image's write; writes that cannot be sent are answered at once.
     #[allow(clippy::type_complexity)]
     fn plan(
         &self,
@@ -113,7 +105,8 @@ impl RangeStore {
     ) -> (Vec<Result<(), StoreError>>, Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)>) {
         let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); writes.len()];
         let mut batches: Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)> = Vec::new();
-        let mut open: HashMap<RangeId, usize> = HashMap::new();
+        // The batch of each range being filled, and its bytes so far.
+        let mut open: HashMap<RangeId, (usize, usize)> = HashMap::new();
         for (at, (id, write)) in writes.iter().enumerate() {
             let Some(base) = self.base(id) else {
                 results[at] = Err(unavailable("commit", "the shard's writer must reload it first"));
@@ -127,16 +120,33 @@ impl RangeStore {
                 }
             };
             let range = self.range(id);
+            let entry =
+                ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
+            let records = write.dedup_put.len() + write.dedup_remove.len();
+            if records > IMAGE_RECORDS_MAX {
+                let e = format!("{records} dedup changes in one write; at most {IMAGE_RECORDS_MAX}");
+                results[at] = Err(unavailable("commit", e));
+                continue;
+            }
+            let bytes = tally_core::codec::encoded_len(&entry);
+            if bytes + ENTRY_OVERHEAD_BYTES > ENTRY_BYTES_MAX {
+                let e = ReplicaError::TooLarge { range, bytes, bytes_max: ENTRY_BYTES_MAX };
+                results[at] = Err(unavailable("commit", e));
+                continue;
+            }
             let slot = match open.get(&range) {
-                Some(&i) if batches[i].2.len() < BATCH_IMAGES_MAX => i,
+                Some(&(i, held))
+                    if batches[i].2.len() < BATCH_IMAGES_MAX && held + bytes <= ENTRY_BYTES_MAX =>
+                {
+                    open.insert(range, (i, held + bytes));
+                    i
+                }
                 _ => {
                     batches.push((range, Vec::new(), Vec::new()));
-                    open.insert(range, batches.len() - 1);
+                    open.insert(range, (batches.len() - 1, ENTRY_OVERHEAD_BYTES + bytes));
                     batches.len() - 1
                 }
             };
-            let entry =
-                ShardEntry { shard: id.clone(), seq: base + 1, write: write.clone(), sealed, clear: false };
             batches[slot].1.push(at);
             batches[slot].2.push(entry);
         }
@@ -196,7 +206,7 @@ impl Store for RangeStore {
     }
 
     fn dedup_get(&self, id: &ShardId, event_id: &str) -> Result<Option<DedupRecord>, StoreError> {
-        self.dedup("dedup_get", id, |d| d.and_then(|d| d.get(event_id).copied()))
+        self.groups.dedup_get(self.range(id), id, event_id).map_err(|e| unavailable("dedup_get", e))
     }
 
     fn dedup_scan(
@@ -205,23 +215,24 @@ impl Store for RangeStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, DedupRecord)>, StoreError> {
-        use std::ops::Bound;
-        self.dedup("dedup_scan", id, |d| {
-            let Some(d) = d else { return Vec::new() };
-            let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.to_owned()));
-            d.range::<String, _>((from, Bound::Unbounded)).take(limit).map(|(k, r)| (k.clone(), *r)).collect()
-        })
+        self.groups.dedup_scan(self.range(id), id, after, limit).map_err(|e| unavailable("dedup_scan", e))
     }
 
-    /// The shards of the ranges this node leads, in shard order.
+    /// The shards of the ranges this node leads: range by range in range order,
+    /// each range's in its store's key order (a page resumes in the range of the
+    /// last id it returned).
     fn shard_ids(&self, after: Option<&ShardId>, limit: usize) -> Result<Vec<ShardId>, StoreError> {
-        let mut ids = BTreeSet::new();
+        let from = after.map(|a| self.range(a));
+        let mut ids = Vec::new();
         for range in self.groups.ranges() {
-            if self.groups.leads(range) {
-                ids.extend(self.groups.shard_ids(range).map_err(|e| unavailable("shard_ids", e))?);
+            if ids.len() >= limit || from.is_some_and(|f| range < f) || !self.groups.leads(range) {
+                continue;
             }
+            let resume = after.filter(|_| from == Some(range));
+            let page = self.groups.shard_ids(range, resume, limit - ids.len());
+            ids.extend(page.map_err(|e| unavailable("shard_ids", e))?);
         }
-        Ok(ids.into_iter().filter(|id| after.is_none_or(|a| id > a)).take(limit).collect())
+        Ok(ids)
     }
 
     fn commit(&self, id: &ShardId, write: &ShardWrite) -> Result<(), StoreError> {

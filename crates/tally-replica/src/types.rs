@@ -2,21 +2,20 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::Cursor;
 use tally_core::ranges::RangeId;
 use tally_core::shard::ShardWrite;
 use tally_core::ShardId;
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of a range group: `u64` replica ids (one per
-    /// store incarnation of a node), [`ReplicaNode`] naming the node, snapshots held
-    /// in memory as bytes.
+    /// store incarnation of a node), [`ReplicaNode`] naming the node, snapshots
+    /// streamed from and into the store in frames ([`crate::snapshot`]).
     pub RangeConfig:
         D = Batch,
         R = BatchReport,
         NodeId = ReplicaId,
         Node = ReplicaNode,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = crate::snapshot::RangeSnapshot,
         AsyncRuntime = crate::runtime::RangeRuntime,
 );
 
@@ -40,8 +39,14 @@ pub type StorageError = openraft::StorageError<ReplicaId>;
 
 /// Most shard images one entry carries: one group commit's worth.
 pub const BATCH_IMAGES_MAX: usize = 1_024;
-/// Most dedup record changes (puts plus removals) one image carries.
-pub const IMAGE_RECORDS_MAX: usize = tally_core::handoff_machine::HANDOFF_RECORDS_MAX;
+/// Most dedup record changes (puts plus removals) one image carries: a bound on
+/// garbage, above any write the engine makes (a dedup sweep page, up to
+/// `dedup_sweep_records_max` expired ids, 10,000 by default; a hand-off page of
+/// `HANDOFF_RECORDS_MAX`, 4,096). What an entry may carry is bounded by its bytes
+/// (`network::ENTRY_BYTES_MAX`), and a write past either bound is refused alone,
+/// never with the other writes of its cycle.
+pub const IMAGE_RECORDS_MAX: usize = 1 << 16;
+const _: () = assert!(IMAGE_RECORDS_MAX >= tally_core::handoff_machine::HANDOFF_RECORDS_MAX);
 
 /// The node a replica runs on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

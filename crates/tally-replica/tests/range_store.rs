@@ -147,3 +147,92 @@ async fn a_seal_by_a_writer_that_missed_a_commit_is_refused() {
     .await
     .unwrap();
 }
+
+/// A write of `records` new records with 200-byte ids: about 215 bytes each.
+fn big_write(value: i64, records: usize) -> ShardWrite {
+    let ids: Vec<String> = (0..records).map(|r| format!("{value:04}-{r:06}-{}", "x".repeat(189))).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    write(value, &refs)
+}
+
+/// A commit cycle whose writes to one range add up to more than one entry may
+/// carry (twelve shards of 4,000 new records, about 10 MB) is cut into entries
+/// that each fit in a message between nodes, and every write is answered Ok; a
+/// group refuses, as too large, one entry of them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_cycle_larger_than_an_entry_is_cut_into_entries_that_fit() {
+    let (groups, range) = one_replica_group().await;
+    let store = RangeStore::new(groups.clone(), Arc::new(MemStore::new()), tokio::runtime::Handle::current());
+    let shards: Vec<ShardId> =
+        (0..12).map(|i| ShardId::new(CounterName::new("big").unwrap(), 0, i)).collect();
+    let writes: Vec<(ShardId, ShardWrite)> =
+        shards.iter().map(|s| (s.clone(), big_write(1, 4_000))).collect();
+    let before = groups.status(range).unwrap().last_log_index.unwrap_or(0);
+    let store = Arc::new(store);
+    let (s, w) = (store.clone(), writes.clone());
+    let results = tokio::task::spawn_blocking(move || {
+        for (id, _) in &w {
+            s.open_shard(id).unwrap();
+        }
+        s.commit_many(&w)
+    })
+    .await
+    .unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let entries = groups.status(range).unwrap().last_log_index.unwrap_or(0) - before;
+    assert!(entries >= 2, "one cycle, {entries} entries");
+    assert!(store.dedup_get(&shards[11], &writes[11].1.dedup_put[3999].0).unwrap().is_some());
+
+    let images: Vec<tally_replica::ShardEntry> = writes
+        .iter()
+        .map(|(id, w)| tally_replica::ShardEntry {
+            shard: id.clone(),
+            seq: 9,
+            write: w.clone(),
+            sealed: false,
+            clear: false,
+        })
+        .collect();
+    match groups.write(range, images).await {
+        Err(tally_replica::ReplicaError::TooLarge { bytes, bytes_max, .. }) => assert!(bytes > bytes_max),
+        other => panic!("an entry too large answered {other:?}"),
+    }
+}
+
+/// A dedup sweep page can hold up to `dedup_sweep_records_max` (10,000 by default)
+/// expired ids, written as one image. A shard with 5,000 expired ids in one page
+/// sweeps them in one commit, and the other writes of its cycle, in the same
+/// range, are applied beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_page_of_more_than_4096_expired_ids_commits_beside_other_writes() {
+    let (groups, _) = one_replica_group().await;
+    let store =
+        Arc::new(RangeStore::new(groups, Arc::new(MemStore::new()), tokio::runtime::Handle::current()));
+    let (a, b) = (
+        ShardId::new(CounterName::new("swept").unwrap(), 0, 0),
+        ShardId::new(CounterName::new("other").unwrap(), 0, 0),
+    );
+    let s = store.clone();
+    tokio::task::spawn_blocking(move || {
+        s.open_shard(&a).unwrap();
+        s.open_shard(&b).unwrap();
+        let ids: Vec<String> = (0..5_000).map(|i| format!("old-{i:05}")).collect();
+        for (n, half) in ids.chunks(2_500).enumerate() {
+            let refs: Vec<&str> = half.iter().map(String::as_str).collect();
+            s.commit(&a, &write(n as i64 + 1, &refs)).unwrap();
+        }
+        assert_eq!(s.dedup_scan(&a, None, usize::MAX).unwrap().len(), 5_000);
+        let sweep = ShardWrite {
+            image: ShardImage { value: 2, ..Default::default() },
+            dedup_put: vec![],
+            dedup_remove: ids,
+        };
+        let results = s.commit_many(&[(a.clone(), sweep), (b.clone(), write(7, &["b-1"]))]);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert!(s.dedup_scan(&a, None, usize::MAX).unwrap().is_empty(), "every expired id swept");
+        assert_eq!(s.load_shard(&b).unwrap().value, 7);
+        assert!(s.dedup_get(&b, "b-1").unwrap().is_some());
+    })
+    .await
+    .unwrap();
+}

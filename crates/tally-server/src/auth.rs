@@ -141,18 +141,20 @@ impl Gate {
             return;
         }
         self.stats.refused_n(first.reason(), items);
-        tracing::warn!(
-            target: AUDIT_TARGET,
-            event = "refused",
-            transport = attempt.transport,
-            token = first.token().unwrap_or("-"),
-            reason = first.reason(),
-            request = attempt.op,
-            counter = attempt.counter.unwrap_or("-"),
-            node = attempt.node.unwrap_or("-"),
-            items,
-            "{items} item(s) of the request refused, the first: {first}"
-        );
+        tally_tls::refusals::log_limited(|| {
+            tracing::warn!(
+                target: AUDIT_TARGET,
+                event = "refused",
+                transport = attempt.transport,
+                token = first.token().unwrap_or("-"),
+                reason = first.reason(),
+                request = attempt.op,
+                counter = attempt.counter.unwrap_or("-"),
+                node = attempt.node.unwrap_or("-"),
+                items,
+                "{items} item(s) of the request refused, the first: {first}"
+            )
+        });
     }
 
     /// Records that `principal` ran the admin operation `op`, answered with HTTP
@@ -183,19 +185,25 @@ impl Gate {
         );
     }
 
+    /// Counts a refusal and logs it, at most
+    /// `tally_tls::refusals::REFUSAL_LOG_LINES_PER_S_MAX` lines a second across the
+    /// process (a client sending bad tokens in a loop must not fill the disk; the
+    /// count on `/metrics` stays exact).
     fn refused(&self, e: &AuthError, attempt: &Attempt<'_>) {
         self.stats.refused(e.reason());
-        tracing::warn!(
-            target: AUDIT_TARGET,
-            event = "refused",
-            transport = attempt.transport,
-            token = e.token().unwrap_or("-"),
-            reason = e.reason(),
-            request = attempt.op,
-            counter = attempt.counter.unwrap_or("-"),
-            node = attempt.node.unwrap_or("-"),
-            "request refused: {e}"
-        );
+        tally_tls::refusals::log_limited(|| {
+            tracing::warn!(
+                target: AUDIT_TARGET,
+                event = "refused",
+                transport = attempt.transport,
+                token = e.token().unwrap_or("-"),
+                reason = e.reason(),
+                request = attempt.op,
+                counter = attempt.counter.unwrap_or("-"),
+                node = attempt.node.unwrap_or("-"),
+                "request refused: {e}"
+            );
+        });
     }
 }
 

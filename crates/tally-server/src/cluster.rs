@@ -34,7 +34,15 @@ pub struct ClusterService {
 /// files of `[tls]`, if any.
 pub fn cluster_node_config(config: &Config) -> Result<ClusterNodeConfig, tally_tls::TlsError> {
     let c = &config.cluster;
-    let tls = config.tls.as_ref().map(tally_tls::ClusterTls::load).transpose()?;
+    // Every node's certificate names its id; its addresses, raft first, tell a
+    // dialer whom it reaches.
+    let names: tally_tls::NodeNames = c
+        .nodes
+        .iter()
+        .map(|n| (n.id.clone(), [n.raft, n.peer, n.http].into_iter().chain(n.resp).collect()))
+        .collect();
+    let tls =
+        config.tls.as_ref().map(|t| tally_tls::ClusterTls::load(t, &config.node.id, names)).transpose()?;
     Ok(ClusterNodeConfig {
         node_id: config.node.id.clone(),
         data_dir: config.node.data_dir.clone(),
@@ -235,6 +243,9 @@ impl Service for ClusterService {
                 Err(ApiError::new(StatusCode::CONFLICT, "membership_changed", e.to_string()))
             }
             Err(MembershipError::Refused(e)) => {
+                Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_membership", e.to_string()))
+            }
+            Err(e @ MembershipError::TwoVoters) => {
                 Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_membership", e.to_string()))
             }
             Err(e @ MembershipError::Unavailable(_)) => {

@@ -42,8 +42,15 @@ pub const FINGERPRINT_FORMAT: u32 = 1;
 pub const NODE_ID_LEN_MAX: usize = 64;
 /// Longest cluster name, in bytes.
 pub const CLUSTER_NAME_LEN_MAX: usize = 64;
-/// Shortest shared secret, in bytes: anything shorter is guessable.
+/// Shortest shared secret, in bytes, on loopback: anything shorter is guessable.
 pub const SECRET_LEN_MIN: usize = 8;
+/// Shortest shared secret of a node with a listener beyond loopback, in bytes: 32
+/// random bytes (or 64 hex digits of `openssl rand -hex 32`) cannot be found by
+/// trying, even from a captured node-to-node handshake, which a short secret can.
+pub const SECRET_LEN_MIN_EXPOSED: usize = 32;
+/// Fewest distinct bytes in the secret of a node beyond loopback: a long secret of
+/// a few repeated characters is not random (hex digits of a random secret use 16).
+pub const SECRET_DISTINCT_BYTES_MIN: usize = 10;
 /// Longest shared secret, in bytes.
 pub const SECRET_LEN_MAX: usize = 1024;
 /// Most nodes in one cluster (the engine's overflow reserve is sized for this many).
@@ -59,6 +66,10 @@ pub const BODY_BYTES_MAX_CEILING: u64 = 64 << 20;
 pub const BODY_BYTES_MAX_FLOOR: u64 = 1024;
 /// Most items a batch may be configured to hold.
 pub const BATCH_ITEMS_MAX_CEILING: u64 = 1_000_000;
+/// Most names in `http.allowed_hosts`.
+pub const ALLOWED_HOSTS_MAX: usize = 64;
+/// Longest host name, in bytes (DNS's limit).
+pub const HOST_NAME_LEN_MAX: usize = 253;
 /// Most simultaneous HTTP connections a node may be configured to hold.
 pub const CONNECTIONS_MAX_CEILING: u64 = 1_000_000;
 
@@ -133,6 +144,18 @@ pub enum ConfigError {
         /// Longest allowed.
         max: usize,
     },
+    /// Range groups of two voters: they cannot replace a lost disk.
+    #[error(
+        "cluster.replicas = {replicas} on {members} initial members gives range groups of two voters, \
+         which cannot survive a lost disk (every majority of two needs both, so a replaced disk can \
+         never rejoin its ranges): use replicas = 3 on three or more members, or replicas = 1"
+    )]
+    TwoVoters {
+        /// The replica count asked for.
+        replicas: u8,
+        /// The initial members.
+        members: usize,
+    },
     /// A numeric field is outside its range.
     #[error("{field} must be between {min} and {max} (got {got})")]
     OutOfRange {
@@ -161,6 +184,14 @@ pub enum ConfigError {
     /// `node.data_dir` is empty.
     #[error("node.data_dir must not be empty")]
     EmptyDataDir,
+    /// A field holds a value of the right type that is not allowed.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field, e.g. `http.allowed_hosts[0]`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A `[[reconcile]]` section is invalid.
     #[error(transparent)]
     Source(#[from] SourceConfigError),
@@ -191,6 +222,36 @@ pub enum ExposureError {
         /// Its address.
         addr: SocketAddr,
     },
+    /// A listener binds a non-loopback address without TLS, and the node does not
+    /// say `node.insecure_plaintext = true`.
+    #[error(
+        "{listener} listens on {addr}, beyond loopback, without TLS: tokens, the cluster's raft \
+         traffic and counter data would cross the network in clear. Add a [tls] section \
+         (scripts/tls-local-ca.sh makes a local CA; cluster-config/README.md, [tls]), bind 127.0.0.1, or \
+         set node.insecure_plaintext = true on a network you trust"
+    )]
+    Plaintext {
+        /// The listener's field.
+        listener: String,
+        /// Its address.
+        addr: SocketAddr,
+    },
+    /// A listener binds a non-loopback address with a short or repetitive secret.
+    #[error(
+        "{listener} listens on {addr}, beyond loopback, with a cluster.secret of {len} bytes and {distinct} \
+         distinct ones: it must be at least {SECRET_LEN_MIN_EXPOSED} random bytes ({SECRET_DISTINCT_BYTES_MIN} \
+         distinct or more) so it cannot be found by trying; e.g. `openssl rand -hex 32`, the same on every node"
+    )]
+    WeakSecret {
+        /// The listener's field.
+        listener: String,
+        /// Its address.
+        addr: SocketAddr,
+        /// The secret's length in bytes.
+        len: usize,
+        /// How many distinct bytes it has.
+        distinct: usize,
+    },
     /// A listener binds a non-loopback address with the shipped development secret.
     #[error(
         "{listener} listens on {addr}, beyond loopback, with cluster.secret set to the development \
@@ -203,6 +264,40 @@ pub enum ExposureError {
         /// Its address.
         addr: SocketAddr,
     },
+}
+
+/// How an item of [`Config::checklist`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckLevel {
+    /// As a node reachable by others should be.
+    Ok,
+    /// Worth knowing; nothing to change.
+    Info,
+    /// Allowed, but weaker than a production node should run.
+    Warn,
+    /// The node refuses to start like this.
+    Fail,
+}
+
+impl CheckLevel {
+    /// How the checklist prints it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Fail => "FAIL",
+        }
+    }
+}
+
+/// One item of [`Config::checklist`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// How it stands.
+    pub level: CheckLevel,
+    /// What it says.
+    pub text: String,
 }
 
 /// One socket a running node listens on, for the exposure check.
@@ -242,11 +337,29 @@ pub struct Config {
     /// can be rotated one node at a time.
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
+    /// Most counters under a name prefix (`[[quotas]]`): a tenant's, or what a
+    /// token with that prefix may fill. Per node, like `engine.counters_max`.
+    #[serde(default)]
+    pub quotas: Vec<QuotaConfig>,
     /// TLS on this node's listeners and, in a cluster, between nodes (`[tls]`);
     /// plaintext when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<tally_tls::TlsConfig>,
 }
+
+/// One `[[quotas]]` entry: at most `counters_max` counters whose names start with
+/// `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// The names it covers (`likes:`).
+    pub prefix: String,
+    /// Most counters with such names.
+    pub counters_max: u64,
+}
+
+/// Most `[[quotas]]` entries.
+pub const QUOTAS_MAX: usize = 256;
 
 /// The cluster-wide section: identical on every node, fingerprinted at handshake.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,9 +391,10 @@ pub struct ClusterConfig {
     /// Longest raft election timeout, in milliseconds.
     #[serde(default = "default_raft_election_timeout_max_ms")]
     pub raft_election_timeout_max_ms: u64,
-    /// Copies of every shard (1–5); unset, `min(3, initial members)` (see
-    /// [`ClusterConfig::replicas`]). 1 keeps one copy, on the ring owner; more puts
-    /// each shard in a range group replicated on `min(replicas, members)` nodes,
+    /// Copies of every shard (1, 3, 4 or 5); unset, 3 with three initial members
+    /// or more and 1 below (see [`ClusterConfig::replicas`]). 1 keeps one copy, on
+    /// the ring owner; more puts each shard in a range group replicated on
+    /// `min(replicas, members)` nodes,
     /// whose leader serves it: a node's death or the loss of its disk loses nothing
     /// and shards stay available while a majority of each group is up. Fixed when
     /// the cluster first starts: a node refuses data kept the other way (one copy
@@ -346,6 +460,12 @@ pub struct NodeConfig {
     /// Where the node keeps its data (the engine's store is `<data_dir>/store`).
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
+    /// Lets listeners beyond loopback run without TLS (tokens and raft traffic then
+    /// cross the network in clear, and a raft proof seen on the wire can be
+    /// replayed): for a network the operator trusts. Off by default; when it takes
+    /// effect, `tallyd` logs a warning at every start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_plaintext: bool,
 }
 
 /// Limits of the HTTP front end. Every one bounds what a client can make the node
@@ -371,6 +491,11 @@ pub struct HttpConfig {
     /// tokens (for a scraper that cannot send one). Off by default: metrics name
     /// counters, so they then need a `read` token without prefixes.
     pub metrics_public: bool,
+    /// Host names clients reach this node by, beyond IP literals, `localhost` and
+    /// `*.localhost` (always answered). A request naming another host in `Host` is
+    /// refused with 421: a web page that points a name of its own at the node (DNS
+    /// rebinding) would otherwise be same-origin with it. `["*"]` answers any name.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -383,6 +508,7 @@ impl Default for HttpConfig {
             connections_max: 1024,
             shutdown_grace_ms: 15_000,
             metrics_public: false,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -419,6 +545,8 @@ impl HttpConfig {
 pub const RESP_REQUEST_BYTES_MAX_CEILING: u64 = BODY_BYTES_MAX_CEILING;
 /// Smallest RESP request limit, in bytes: every documented command must fit.
 pub const RESP_REQUEST_BYTES_MAX_FLOOR: u64 = 1024;
+/// Smallest largest-argument limit, in bytes: every name and item must fit.
+pub const RESP_ARG_BYTES_MAX_FLOOR: u64 = 1024;
 /// Most arguments one RESP command may be configured to carry.
 pub const RESP_ARGS_MAX_CEILING: u64 = 1_000_000;
 
@@ -434,14 +562,47 @@ pub struct RespConfig {
     pub request_bytes_max: u64,
     /// Most arguments in one command (the command's name included).
     pub args_max: u64,
-    /// Most simultaneous RESP connections; one more is answered
+    /// Largest single argument, in bytes. No argument of any command needs more than
+    /// a few kilobytes (names are at most 255, items 1024); a longer declared length
+    /// is refused as soon as its header arrives (`request_too_large`) and the
+    /// connection is closed, so a client cannot make the node read, check and keep a
+    /// megabyte name (`CLIENT SETNAME`).
+    pub arg_bytes_max: u64,
+    /// Most simultaneous authenticated RESP connections (on a node without tokens:
+    /// connections that sent a command); one more is answered
     /// `-ERR max number of clients reached` and closed, as Redis does.
     pub connections_max: u64,
+    /// Most connections waiting to authenticate (on a node without tokens: to send
+    /// their first command), TLS handshakes included. They do not count against
+    /// `connections_max`, so sockets that say nothing never lock clients out; when
+    /// this many wait, a new one closes the oldest waiting one.
+    pub connections_unauthenticated_max: u64,
+    /// How long a connection may wait to authenticate (to send its first command on
+    /// a node without tokens), TLS handshake included, in milliseconds; then it is
+    /// closed.
+    pub auth_timeout_ms: u64,
+    /// How long a command may take to arrive once its first byte has, in
+    /// milliseconds: a client that trickles a command (slowloris) is closed.
+    pub read_timeout_ms: u64,
+    /// How long an authenticated connection may send nothing before it is closed,
+    /// in milliseconds; 0 keeps idle connections open forever (Redis's `timeout 0`,
+    /// the default: pooled clients keep connections idle). Set it on a node that
+    /// clients it does not control reach.
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for RespConfig {
     fn default() -> Self {
-        Self { request_bytes_max: 1 << 20, args_max: 10_001, connections_max: 1024 }
+        Self {
+            request_bytes_max: 1 << 20,
+            args_max: 10_001,
+            arg_bytes_max: 64 << 10,
+            connections_max: 1024,
+            connections_unauthenticated_max: 512,
+            auth_timeout_ms: 10_000,
+            read_timeout_ms: 10_000,
+            idle_timeout_ms: 0,
+        }
     }
 }
 
@@ -454,9 +615,29 @@ impl RespConfig {
     pub fn args_limit(&self) -> usize {
         usize::try_from(self.args_max).unwrap_or(usize::MAX)
     }
+    /// [`Self::arg_bytes_max`] as a `usize`.
+    pub fn arg_limit_bytes(&self) -> usize {
+        usize::try_from(self.arg_bytes_max).unwrap_or(usize::MAX)
+    }
     /// [`Self::connections_max`] as a `usize`.
     pub fn connection_limit(&self) -> usize {
         usize::try_from(self.connections_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::connections_unauthenticated_max`] as a `usize`.
+    pub fn unauthenticated_limit(&self) -> usize {
+        usize::try_from(self.connections_unauthenticated_max).unwrap_or(usize::MAX)
+    }
+    /// [`Self::auth_timeout_ms`] as a duration.
+    pub fn auth_timeout(&self) -> Duration {
+        Duration::from_millis(self.auth_timeout_ms)
+    }
+    /// [`Self::read_timeout_ms`] as a duration.
+    pub fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
+    }
+    /// [`Self::idle_timeout_ms`] as a duration, `None` for never.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        (self.idle_timeout_ms > 0).then(|| Duration::from_millis(self.idle_timeout_ms))
     }
 }
 
@@ -502,6 +683,15 @@ pub struct EngineConfig {
     pub auto_rate_up_per_shard: u64,
     /// Increments waiting at one shard at once that make a sample hot.
     pub auto_queue_up: u32,
+    /// Most counters on the node (as its catalog counts them: in a cluster, the
+    /// cluster's); a creation beyond it answers 507 `quota_exceeded`.
+    pub counters_max: u64,
+    /// Most event ids a counter keeps within its dedup window, split evenly over
+    /// its shards; a new id beyond it answers 507 `quota_exceeded`.
+    pub event_ids_per_counter_max: u64,
+    /// Most bytes a counter's sketches may take (count-min tables, the distinct
+    /// sketch, window buckets); a spec beyond it answers 507 `quota_exceeded`.
+    pub sketch_bytes_per_counter_max: u64,
 }
 
 impl EngineConfig {
@@ -539,6 +729,9 @@ impl Default for EngineConfig {
             auto_hot_samples: t.autoshard.hot_samples,
             auto_rate_up_per_shard: t.autoshard.rate_up_per_shard,
             auto_queue_up: t.autoshard.queue_up,
+            counters_max: t.counters_max,
+            event_ids_per_counter_max: t.event_ids_per_counter_max,
+            sketch_bytes_per_counter_max: t.sketch_bytes_per_counter_max,
         }
     }
 }
@@ -570,6 +763,12 @@ fn default_raft_election_timeout_max_ms() -> u64 {
 }
 fn default_data_dir() -> PathBuf {
     PathBuf::from("./data")
+}
+
+/// A secret's length and how many distinct bytes it has.
+fn secret_strength(secret: &str) -> (usize, usize) {
+    let distinct = secret.bytes().collect::<BTreeSet<u8>>().len();
+    (secret.len(), distinct)
 }
 
 /// Whether `addr` is reachable from this machine only (`127.0.0.0/8`, `::1`, or an
@@ -643,6 +842,20 @@ impl Config {
         range("http.batch_items_max", h.batch_items_max, 1, BATCH_ITEMS_MAX_CEILING)?;
         range("http.connections_max", h.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
         interval("http.shutdown_grace_ms", h.shutdown_grace_ms)?;
+        range("http.allowed_hosts", h.allowed_hosts.len() as u64, 0, ALLOWED_HOSTS_MAX as u64)?;
+        for (i, host) in h.allowed_hosts.iter().enumerate() {
+            let bad = host.is_empty()
+                || host.len() > HOST_NAME_LEN_MAX
+                || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._*".contains(&b));
+            if bad {
+                return Err(ConfigError::Invalid {
+                    field: format!("http.allowed_hosts[{i}]"),
+                    reason: format!(
+                        "{host:?} is not a host name (letters, digits, '-', '.'), nor \"*\" for any"
+                    ),
+                });
+            }
+        }
         let r = &self.resp;
         range(
             "resp.request_bytes_max",
@@ -651,7 +864,17 @@ impl Config {
             RESP_REQUEST_BYTES_MAX_CEILING,
         )?;
         range("resp.args_max", r.args_max, 2, RESP_ARGS_MAX_CEILING)?;
+        range("resp.arg_bytes_max", r.arg_bytes_max, RESP_ARG_BYTES_MAX_FLOOR, r.request_bytes_max)?;
         range("resp.connections_max", r.connections_max, 1, CONNECTIONS_MAX_CEILING)?;
+        range(
+            "resp.connections_unauthenticated_max",
+            r.connections_unauthenticated_max,
+            1,
+            CONNECTIONS_MAX_CEILING,
+        )?;
+        interval("resp.auth_timeout_ms", r.auth_timeout_ms)?;
+        interval("resp.read_timeout_ms", r.read_timeout_ms)?;
+        range("resp.idle_timeout_ms", r.idle_timeout_ms, 0, INTERVAL_MS_CEILING)?;
         if self.reconcile.len() > SOURCES_MAX {
             return Err(ConfigError::OutOfRange {
                 field: "reconcile",
@@ -679,6 +902,22 @@ impl Config {
             if self.cluster.nodes.len() > 1 && tls.cluster_ca.is_none() {
                 return Err(tally_tls::TlsError::NoClusterCa.into());
             }
+            // Clients get certificates of their own CA: one the cluster CA signed
+            // for a client would be one step from a node's.
+            if tls.client_ca.is_some() && tls.client_ca == tls.cluster_ca {
+                return Err(ConfigError::Invalid {
+                    field: "tls.client_ca".into(),
+                    reason: "names the cluster CA's file: give clients certificates of a CA of their own \
+                             (scripts/tls-local-ca.sh makes client-ca.pem beside ca.pem)"
+                        .into(),
+                });
+            }
+            // Each node's certificate names its id, as a DNS name.
+            if self.cluster.nodes.len() > 1 {
+                for n in &self.cluster.nodes {
+                    tally_tls::node_server_name(&n.id)?;
+                }
+            }
         }
         let e = &self.engine;
         e.auto_tuning().validate().map_err(|t| ConfigError::OutOfRange {
@@ -705,6 +944,23 @@ impl Config {
         range("engine.dedup_sweep_records_max", e.dedup_sweep_records_max, 1, u32::MAX.into())?;
         range("engine.store_cache_bytes", e.store_cache_bytes, 1 << 20, 1 << 40)?;
         range("engine.store_flush_every_ms", e.store_flush_every_ms, 0, INTERVAL_MS_CEILING)?;
+        range("engine.counters_max", e.counters_max, 1, u64::MAX)?;
+        range("engine.event_ids_per_counter_max", e.event_ids_per_counter_max, 1, u64::MAX)?;
+        range("engine.sketch_bytes_per_counter_max", e.sketch_bytes_per_counter_max, 1, u64::MAX)?;
+        range("quotas", self.quotas.len() as u64, 0, QUOTAS_MAX as u64)?;
+        for (i, q) in self.quotas.iter().enumerate() {
+            let listable = q.prefix.len() <= tally_engine::LIST_PREFIX_BYTES_MAX
+                && q.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+            if q.prefix.is_empty() || !listable || q.counters_max == 0 {
+                return Err(ConfigError::Invalid {
+                    field: format!("quotas[{i}]"),
+                    reason:
+                        "prefix must be 1 to 255 bytes of [A-Za-z0-9._:-] (engine.counters_max bounds every \
+                             counter) and counters_max at least 1"
+                            .into(),
+                });
+            }
+        }
         // An engine call must give up before the HTTP request waiting for it does, so
         // the client learns which shard failed instead of seeing a generic timeout;
         // and a graceful shutdown must outlast any request it waits for.
@@ -756,8 +1012,147 @@ impl Config {
             if self.cluster.secret == DEV_SECRET {
                 return Err(ExposureError::DevSecret { listener: l.field, addr: l.addr }.into());
             }
+            let (len, distinct) = secret_strength(&self.cluster.secret);
+            if len < SECRET_LEN_MIN_EXPOSED || distinct < SECRET_DISTINCT_BYTES_MIN {
+                return Err(
+                    ExposureError::WeakSecret { listener: l.field, addr: l.addr, len, distinct }.into()
+                );
+            }
+            if self.tls.is_none() && !self.node.insecure_plaintext {
+                return Err(ExposureError::Plaintext { listener: l.field, addr: l.addr }.into());
+            }
         }
         Ok(())
+    }
+
+    /// The listeners beyond loopback that run in plaintext because of
+    /// `node.insecure_plaintext` (what `tallyd` warns about at every start).
+    pub fn insecure_listeners(&self) -> Vec<Listener> {
+        if self.tls.is_some() || !self.node.insecure_plaintext {
+            return Vec::new();
+        }
+        self.listeners().unwrap_or_default().into_iter().filter(|l| !is_loopback(l.addr)).collect()
+    }
+
+    /// What this configuration exposes and what a node reachable by others must set,
+    /// item by item: what `tallyd --check-config` prints (README, "Running it safely").
+    pub fn checklist(&self) -> Vec<Check> {
+        let mut out = Vec::new();
+        let mut add = |level: CheckLevel, text: String| out.push(Check { level, text });
+        let listeners = self.listeners().unwrap_or_default();
+        let exposed: Vec<&Listener> = listeners.iter().filter(|l| !is_loopback(l.addr)).collect();
+        for l in &listeners {
+            let level = if is_loopback(l.addr) { CheckLevel::Ok } else { CheckLevel::Info };
+            let reach = if is_loopback(l.addr) {
+                "loopback: this machine's processes only (and web pages its users open, which the browser \
+                 guards refuse)"
+            } else {
+                "beyond loopback: reachable from the network"
+            };
+            add(level, format!("{} listens on {}: {reach}", l.field, l.addr));
+        }
+        let any = !exposed.is_empty();
+        match (self.tokens.is_empty(), any) {
+            (true, true) => {
+                add(CheckLevel::Fail, "no [[tokens]]: a listener beyond loopback needs client tokens".into())
+            }
+            (true, false) => add(
+                CheckLevel::Warn,
+                "no [[tokens]]: the node is open to every local process (fine for development)".into(),
+            ),
+            (false, _) => add(CheckLevel::Ok, format!("{} client token(s) declared", self.tokens.len())),
+        }
+        let (len, distinct) = secret_strength(&self.cluster.secret);
+        let strong = len >= SECRET_LEN_MIN_EXPOSED && distinct >= SECRET_DISTINCT_BYTES_MIN;
+        let secret = match (self.cluster.secret == DEV_SECRET, strong, any) {
+            (true, _, true) => (CheckLevel::Fail, "cluster.secret is the development secret".to_string()),
+            (true, _, false) => {
+                (CheckLevel::Warn, "cluster.secret is the development secret (loopback only)".into())
+            }
+            (false, false, true) => (
+                CheckLevel::Fail,
+                format!("cluster.secret has {len} bytes ({distinct} distinct): 32 random bytes at least"),
+            ),
+            (false, false, false) => (
+                CheckLevel::Warn,
+                format!("cluster.secret has {len} bytes: use 32 random ones before exposing the node"),
+            ),
+            (false, true, _) => (CheckLevel::Ok, format!("cluster.secret: {len} bytes")),
+        };
+        add(secret.0, secret.1);
+        match (&self.tls, self.node.insecure_plaintext, any) {
+            (Some(tls), _, _) => {
+                add(CheckLevel::Ok, "TLS on every listener; node certificates must name their node ids".into());
+                match &tls.client_ca {
+                    Some(_) => add(CheckLevel::Ok, "client certificates required (tls.client_ca)".into()),
+                    None => add(CheckLevel::Info, "no tls.client_ca: clients authenticate by token only".into()),
+                }
+            }
+            (None, true, true) => add(
+                CheckLevel::Warn,
+                "node.insecure_plaintext: listeners beyond loopback run without TLS (tokens and raft traffic in clear)"
+                    .into(),
+            ),
+            (None, false, true) => add(CheckLevel::Fail, "no [tls]: a listener beyond loopback needs TLS".into()),
+            (None, _, false) => add(CheckLevel::Info, "no [tls]: plaintext on loopback".into()),
+        }
+        let resp_exposed = exposed.iter().any(|l| l.field.contains(".resp "));
+        if resp_exposed && self.resp.idle_timeout_ms == 0 {
+            add(
+                CheckLevel::Warn,
+                "resp.idle_timeout_ms is 0: idle authenticated RESP connections never close".into(),
+            );
+        }
+        if any && self.http.metrics_public {
+            add(
+                CheckLevel::Warn,
+                "http.metrics_public: /metrics (which names counters) needs no token".into(),
+            );
+        }
+        if self.http.allowed_hosts.iter().any(|h| h == "*") {
+            add(
+                CheckLevel::Warn,
+                "http.allowed_hosts has \"*\": DNS rebinding is checked by nothing in front".into(),
+            );
+        }
+        add(
+            CheckLevel::Ok,
+            "browser guards: Host names, cross-origin writes, JSON POSTs, RESP cross-protocol".into(),
+        );
+        for (i, source) in self.reconcile.iter().enumerate() {
+            let Some(pg) = &source.postgres else { continue };
+            if !pg.url.contains("sslmode=verify-") {
+                add(
+                    CheckLevel::Warn,
+                    format!(
+                        "reconcile[{i}].postgres.url has no sslmode=verify-full: plaintext to the database"
+                    ),
+                );
+            }
+        }
+        let e = &self.engine;
+        add(
+            CheckLevel::Info,
+            format!(
+                "quotas: {} counters on the node, {} per-prefix rule(s), {} event ids and {} sketch bytes per counter",
+                e.counters_max,
+                self.quotas.len(),
+                e.event_ids_per_counter_max,
+                e.sketch_bytes_per_counter_max
+            ),
+        );
+        add(
+            CheckLevel::Info,
+            format!(
+                "connections: HTTP {} (header timeout {} ms), RESP {} + {} unauthenticated (auth timeout {} ms)",
+                self.http.connections_max,
+                self.http.header_read_timeout_ms,
+                self.resp.connections_max,
+                self.resp.connections_unauthenticated_max,
+                self.resp.auth_timeout_ms
+            ),
+        );
+        out
     }
 
     /// This node's entry in `cluster.nodes`.
@@ -793,6 +1188,18 @@ impl Config {
             // Checked by `validate`; a config not validated gets the built-in defaults.
             default_spec: self.cluster.default_spec().unwrap_or_default(),
             replicas_default: self.cluster.replicas(),
+            counters_max: e.counters_max,
+            counter_quotas: self
+                .quotas
+                .iter()
+                .map(|q| tally_engine::CounterQuota {
+                    // Names are compared in their escaped form (`tally_core::name`).
+                    prefix: tally_core::name::escape(q.prefix.as_bytes()),
+                    counters_max: q.counters_max,
+                })
+                .collect(),
+            event_ids_per_counter_max: e.event_ids_per_counter_max,
+            sketch_bytes_per_counter_max: e.sketch_bytes_per_counter_max,
             ..TallyConfig::default()
         }
     }
@@ -868,13 +1275,19 @@ impl ClusterConfig {
     }
 
     /// Copies of every shard: `replicas` as configured, or else
-    /// `min(REPLICAS_DEFAULT, initial members)` — three copies once the cluster
-    /// starts with three members, one on a single node. Only the list's initial
-    /// members count, so adding nodes later never changes it.
+    /// [`REPLICAS_DEFAULT`](tally_core::ranges::REPLICAS_DEFAULT) once the cluster
+    /// starts with that many members, and one copy below: two members cannot keep
+    /// range groups that survive a lost disk ([`ConfigError::TwoVoters`]). Only the
+    /// list's initial members count, so adding nodes later never changes it.
     pub fn replicas(&self) -> u8 {
         self.replicas.unwrap_or_else(|| {
-            let members = u8::try_from(self.initial_members()).unwrap_or(u8::MAX);
-            tally_core::ranges::REPLICAS_DEFAULT.min(members)
+            let members = self.initial_members();
+            let default = tally_core::ranges::REPLICAS_DEFAULT;
+            if members >= usize::from(default) {
+                default
+            } else {
+                1
+            }
         })
     }
 
@@ -909,6 +1322,10 @@ impl ClusterConfig {
         range("cluster.vnodes_per_node", self.vnodes_per_node.into(), 1, vnodes_max.into())?;
         if let Some(replicas) = self.replicas {
             range("cluster.replicas", replicas.into(), 1, tally_core::ranges::REPLICAS_MAX.into())?;
+        }
+        let (replicas, members) = (self.replicas(), self.initial_members());
+        if replicas > 1 && tally_core::ranges::group_voters(replicas, members) == 2 || replicas == 2 {
+            return Err(ConfigError::TwoVoters { replicas, members });
         }
         let per_node_max = tally_core::ranges::RANGES_PER_NODE_MAX;
         range("cluster.ranges_per_node", self.ranges_per_node.into(), 1, per_node_max.into())?;
@@ -1028,12 +1445,19 @@ mod tests {
     fn replicas_default_to_three_or_the_initial_members() {
         let mut c = good().cluster;
         assert_eq!(c.replicas, None);
-        assert_eq!(c.replicas(), 2, "two members: two copies");
+        assert_eq!(c.replicas(), 1, "two members: one copy (two voters cannot replace a lost disk)");
+        c.replicas = Some(3);
+        assert!(matches!(c.validate(), Err(ConfigError::TwoVoters { replicas: 3, members: 2 })));
+        c.replicas = None;
         let mut third = c.nodes[1].clone();
         (third.id, third.raft_id) = ("n3".into(), 3);
         third.http.set_port(7072);
         c.nodes.push(third.clone());
         assert_eq!(c.replicas(), 3);
+        c.replicas = Some(2);
+        let refused = c.validate().unwrap_err().to_string();
+        assert!(refused.contains("lost disk") && refused.contains("cluster.replicas = 2"), "{refused}");
+        c.replicas = None;
         for i in 4..=6u16 {
             let mut more = third.clone();
             (more.id, more.raft_id) = (format!("n{i}"), u64::from(i));
@@ -1336,6 +1760,8 @@ mod tests {
         assert_eq!(names, ["ops", "dashboards", "ingest"]);
         let mut exposed_node = c.clone();
         exposed(&mut exposed_node, "http", "0.0.0.0:7070");
+        exposed_node.cluster.secret = STRONG.into();
+        exposed_node.node.insecure_plaintext = true;
         assert_eq!(exposed_node.check_exposure(), Ok(()));
     }
 
@@ -1352,6 +1778,84 @@ mod tests {
             exposed(&mut c, "http", addr);
             assert_eq!(c.check_exposure(), Ok(()), "{addr} is loopback");
         }
+    }
+
+    /// A secret as `openssl rand -hex 32` makes one.
+    const STRONG: &str = "6f1c0e9a4b7d2385f0a1c3e5b7d9f1a2c4e6f8091b3d5f7a9c1e3f5a7b9d1f3a";
+
+    /// `[tls]` files (not read by validation).
+    fn with_tls(c: &mut Config) {
+        c.tls = Some(tally_tls::TlsConfig {
+            cert: "certs/n1.pem".into(),
+            key: "certs/n1-key.pem".into(),
+            client_ca: None,
+            cluster_ca: Some("certs/ca.pem".into()),
+        });
+    }
+
+    #[test]
+    fn beyond_loopback_a_node_needs_tls_and_a_long_random_secret_unless_it_says_insecure_plaintext() {
+        for field in ["http", "peer", "raft"] {
+            let mut c = Config::from_toml(&format!(
+                "{GOOD}\n{}",
+                token_lines("ops", "t-admin", &[tally_auth::Scope::Admin])
+            ))
+            .expect("valid");
+            exposed(&mut c, field, "0.0.0.0:7070");
+            // Tokens, but a secret of 20 bytes (what GOOD carries), then 32 bytes of one letter.
+            for weak in ["a-long-enough-secret", &"x".repeat(40)] {
+                c.cluster.secret = weak.to_string();
+                let err = c.check_exposure().expect_err("a weak secret");
+                assert!(matches!(err, ConfigError::Exposure(ExposureError::WeakSecret { .. })), "{err}");
+                assert!(err.to_string().contains("openssl rand -hex 32"), "{err}");
+            }
+            c.cluster.secret = STRONG.into();
+            let err = c.check_exposure().expect_err("plaintext beyond loopback");
+            assert!(matches!(err, ConfigError::Exposure(ExposureError::Plaintext { .. })), "{err}");
+            assert!(err.to_string().contains("insecure_plaintext"), "{err}");
+            assert!(c.insecure_listeners().is_empty());
+            let mut insecure = c.clone();
+            insecure.node.insecure_plaintext = true;
+            assert_eq!(insecure.check_exposure(), Ok(()));
+            assert_eq!(insecure.insecure_listeners().len(), 1, "{field}: the one to warn about");
+            with_tls(&mut c);
+            assert_eq!(c.check_exposure(), Ok(()), "{field} with tokens, a strong secret and TLS");
+            assert!(c.insecure_listeners().is_empty());
+        }
+    }
+
+    #[test]
+    fn the_checklist_fails_what_the_node_refuses_and_warns_of_what_it_allows() {
+        let levels = |c: &Config, needle: &str| {
+            c.checklist().into_iter().filter(|k| k.text.contains(needle)).map(|k| k.level).collect::<Vec<_>>()
+        };
+        let builtin = Config::single_node().expect("built-in");
+        assert!(builtin.checklist().iter().all(|k| k.level != CheckLevel::Fail), "{:?}", builtin.checklist());
+        assert_eq!(levels(&builtin, "no [[tokens]]"), [CheckLevel::Warn]);
+        assert_eq!(levels(&builtin, "development secret"), [CheckLevel::Warn]);
+        let mut exposed = good();
+        exposed.cluster.nodes[0].http = "0.0.0.0:7070".parse().expect("address");
+        for needle in ["no [[tokens]]", "no [tls]", "cluster.secret has 20 bytes"] {
+            assert_eq!(levels(&exposed, needle), [CheckLevel::Fail], "{needle}: {:?}", exposed.checklist());
+        }
+        exposed.node.insecure_plaintext = true;
+        assert_eq!(levels(&exposed, "insecure_plaintext"), [CheckLevel::Warn]);
+    }
+
+    #[test]
+    fn clients_get_a_ca_of_their_own_and_node_ids_are_names_a_certificate_can_carry() {
+        let mut c = good();
+        with_tls(&mut c);
+        c.validate().expect("valid");
+        let tls = c.tls.as_mut().expect("tls");
+        tls.client_ca = tls.cluster_ca.clone();
+        let err = c.validate().expect_err("the cluster CA as the client CA");
+        assert!(matches!(&err, ConfigError::Invalid { field, .. } if field == "tls.client_ca"), "{err}");
+        let mut c = good();
+        with_tls(&mut c);
+        c.cluster.nodes[1].id = "n:2".into();
+        c.node.id = "n1".into();
+        assert!(matches!(c.validate(), Err(ConfigError::Tls(tally_tls::TlsError::NodeName(_)))));
     }
 
     #[test]
@@ -1371,7 +1875,9 @@ mod tests {
                 ))
                 .expect("valid");
                 exposed(&mut c, field, addr);
-                assert_eq!(c.check_exposure(), Ok(()), "{field} {addr} with tokens and a real secret");
+                c.cluster.secret = STRONG.into();
+                with_tls(&mut c);
+                assert_eq!(c.check_exposure(), Ok(()), "{field} {addr} with tokens, a real secret and TLS");
                 c.cluster.secret = DEV_SECRET.into();
                 let err = c.check_exposure().expect_err("exposed with the dev secret");
                 assert!(matches!(err, ConfigError::Exposure(ExposureError::DevSecret { .. })), "{err}");

@@ -12,12 +12,14 @@
 //!   The router is generic over it so a cluster member can replace the single node.
 //! * [`single`] — [`SingleNode`], the service of a one-node deployment over the
 //!   embedded engine.
-//! * [`http`] — the router: routes, JSON bodies and errors, and the guard that bounds
-//!   every request's time and turns every failure into `{"error": {...}}`.
+//! * [`http`] — the router: routes, JSON bodies and errors, the guard that bounds
+//!   every request's time and turns every failure into `{"error": {...}}`, the
+//!   access table over client tokens, and the browser guard (`http::browser`).
 //! * [`resp`] — the Redis-protocol (RESP2/RESP3) front end over the same
 //!   [`Service`]: `redis-cli`, `redis-benchmark` and Redis client libraries.
 //! * [`server`] — [`serve`]: the accept loop with header-read timeout, connection
-//!   limit and graceful shutdown.
+//!   limit (a full listener closes a connection that serves nobody, by
+//!   `tally_tls::Admission`) and graceful shutdown.
 //! * [`repoll`] — [`repoll::Repoll`]: a connection that wakes its own task while it
 //!   runs is polled again at once instead of being rescheduled as a yield.
 //! * [`metrics`] — Prometheus text written by hand from the engine's statistics.

@@ -349,6 +349,16 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         &[(&[], s.bound_refusals.get())],
     );
     w.counter(
+        "tally_quota_refusals_total",
+        "Requests refused with 507 quota_exceeded, by quota: counters (engine.counters_max, [[quotas]]), \
+         event_ids (engine.event_ids_per_counter_max), sketch_bytes (engine.sketch_bytes_per_counter_max).",
+        &[
+            (&[("quota", "counters")], s.quota_counters_refused.get()),
+            (&[("quota", "event_ids")], s.quota_event_ids_refused.get()),
+            (&[("quota", "sketch_bytes")], s.quota_sketch_bytes_refused.get()),
+        ],
+    );
+    w.counter(
         "tally_escrow_grants_total",
         "Headroom transfers between shards of bounded counters sent by this node (resends included).",
         &[(&[], s.escrow_grants_sent.get())],

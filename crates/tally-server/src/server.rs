@@ -5,7 +5,11 @@
 //! (slowloris) would hold a connection and a task forever. This loop builds each
 //! connection with hyper's own HTTP/1 builder instead, which closes a connection
 //! whose headers do not arrive within `http.header_read_timeout_ms` (the same bound
-//! closes idle keep-alive connections). It also caps simultaneous connections and
+//! closes idle keep-alive connections). It also caps simultaneous connections at
+//! `http.connections_max` without letting silent sockets lock clients out: a full
+//! listener closes the oldest connection that has not sent a request (or one idle
+//! between requests for [`IDLE_EVICT_MIN_MS`]) to make room for a new one
+//! (`tally_tls::admission`), and waits only while every connection is busy. It
 //! shuts down gracefully: on the shutdown signal it stops accepting, lets every
 //! in-flight request finish (bounded by `http.shutdown_grace_ms`), then returns.
 //!
@@ -24,6 +28,7 @@
 use crate::config::HttpConfig;
 use crate::repoll::Repoll;
 use axum::Router;
+use futures::FutureExt;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
@@ -31,14 +36,21 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tally_tls::admission::{Admission, Slot};
+use tally_tls::refusals;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 /// How long the accept loop pauses after an accept error (for example running out
 /// of file descriptors), so it does not spin.
 const ACCEPT_BACKOFF_MS: u64 = 100;
+/// How long a connection must have been idle between requests before a full
+/// listener may close it to make room, in milliseconds (one that never sent a
+/// request may be closed at once): long enough that an answer just handed to
+/// hyper has been written.
+pub const IDLE_EVICT_MIN_MS: u64 = 1_000;
 /// Bytes copied from the socket per read into hyper's buffer.
 const READ_CHUNK_BYTES: usize = 8 * 1024;
 
@@ -80,7 +92,7 @@ async fn serve_with(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer).header_read_timeout(limits.header_read_timeout()).keep_alive(true);
     let builder = Arc::new(builder);
-    let permits = Arc::new(Semaphore::new(limits.connection_limit()));
+    let admission = Admission::new(limits.connection_limit(), Duration::from_millis(IDLE_EVICT_MIN_MS));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -89,13 +101,6 @@ async fn serve_with(
     loop {
         // Reap finished connection tasks so the set stays as small as the live ones.
         while connections.try_join_next().is_some() {}
-        let permit = tokio::select! {
-            _ = &mut shutdown => break,
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
         let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
@@ -107,6 +112,16 @@ async fn serve_with(
                 }
             },
         };
+        // A full listener closes a connection that serves nobody to make room, or
+        // waits for one to end (see `tally_tls::admission`).
+        let evicted_before = admission.evictions();
+        let permit = tokio::select! {
+            _ = &mut shutdown => break,
+            slot = admission.admit() => Arc::new(slot),
+        };
+        if admission.evictions() > evicted_before {
+            refusals::count(tally_tls::Listener::Http, refusals::Reason::Evicted);
+        }
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
@@ -115,12 +130,15 @@ async fn serve_with(
         let mut stop = stop_rx.clone();
         let tls = tls.clone();
         connections.spawn(async move {
-            let _permit = permit;
             match tls {
-                None => drive(stream, peer, &builder, app, &mut stop).await,
+                None => drive(stream, peer, &builder, app, &mut stop, permit).await,
                 Some(acceptor) => {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => drive(stream, peer, &builder, app, &mut stop).await,
+                    let shaken = tokio::select! {
+                        shaken = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => shaken,
+                        _ = permit.evicted() => return,
+                    };
+                    match shaken {
+                        Ok(Ok(stream)) => drive(stream, peer, &builder, app, &mut stop, permit).await,
                         Ok(Err(e)) => tally_tls::refused_handshake(tally_tls::Listener::Http, peer, &e),
                         Err(_) => {
                             tally_tls::timed_out_handshake(tally_tls::Listener::Http, peer, handshake_timeout)
@@ -147,18 +165,27 @@ async fn serve_with(
     Ok(())
 }
 
-/// Serves HTTP/1.1 on one connection until it ends, or drains it once `stop` is set.
+/// Serves HTTP/1.1 on one connection until it ends, or drains it once `stop` is
+/// set, or drops it when its listener evicts it to make room (only while no
+/// request is in flight on it: see `tally_tls::admission`).
 async fn drive<S>(
     stream: S,
     peer: std::net::SocketAddr,
     builder: &hyper::server::conn::http1::Builder,
     app: Router,
     stop: &mut watch::Receiver<bool>,
+    slot: Arc<Slot>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let marks = slot.clone();
     let service = hyper::service::service_fn(move |req: axum::http::Request<hyper::body::Incoming>| {
-        tower::ServiceExt::oneshot(app.clone(), req)
+        // In flight from its headers to its answer: no candidate for eviction.
+        let busy = marks.begin();
+        tower::ServiceExt::oneshot(app.clone(), req).map(move |answer| {
+            drop(busy);
+            answer
+        })
     });
     // Repolled: hyper wakes the connection's own task on every request with a body
     // (see `repoll`), which the scheduler would otherwise treat as a yield.
@@ -171,6 +198,15 @@ async fn drive<S>(
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
                 break;
+            }
+            _ = slot.evicted(), if !draining => {
+                tracing::debug!(%peer, "connection closed to make room for a new one");
+                if !slot.is_busy() {
+                    break;
+                }
+                // A request began as it was chosen: answer it, then close.
+                draining = true;
+                conn.inner().graceful_shutdown();
             }
             changed = stop.wait_for(|stop| *stop), if !draining => {
                 // Finish the request in flight, if any, then close; an idle

@@ -74,7 +74,7 @@ async fn slow_headers_and_idle_connections_are_cut_off_while_others_are_served()
 
     // A slowloris: a request line, then one header byte every 50 ms, forever.
     let mut slow = TcpStream::connect(server.addr).await.expect("connect");
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n").await.expect("write");
     let (mut slow_read, mut slow_write) = slow.into_split();
     let dripper = tokio::spawn(async move {
         for _ in 0..200 {
@@ -121,7 +121,8 @@ async fn a_stalled_body_gets_408_and_the_connection_is_closed() {
     let server = start(node.clone(), limits).await;
 
     let mut stream = TcpStream::connect(server.addr).await.expect("connect");
-    let head = "POST /v1/counters/c/increments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+    let head =
+        "POST /v1/counters/c/increments HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
                 Content-Length: 100\r\n\r\n{\"delta\": ";
     stream.write_all(head.as_bytes()).await.expect("write");
     let (took, got) = until_closed(&mut stream, Duration::from_secs(5)).await;
@@ -137,20 +138,37 @@ async fn a_stalled_body_gets_408_and_the_connection_is_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_limit_wait_for_a_free_slot() {
-    let limits = HttpConfig { connections_max: 1, ..quick_limits() };
-    let node = mem_node(&limits).await;
-    let server = start(node.clone(), limits).await;
+async fn a_full_listener_closes_a_silent_connection_for_a_new_one_and_waits_only_behind_busy_ones() {
+    let limits = HttpConfig { connections_max: 1, request_timeout_ms: 5_000, ..quick_limits() };
+    let inner = mem_node(&limits).await;
+    let svc = Faulty { inner: inner.clone(), incr_delay: Duration::from_millis(600) };
+    let server = start(svc, limits).await;
 
-    let _hog = TcpStream::connect(server.addr).await.expect("connect");
+    // A socket that says nothing holds the one slot: a newcomer takes it at once.
+    let mut hog = TcpStream::connect(server.addr).await.expect("connect");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     let a = raw_http(server.addr, "GET", "/healthz", None).await.expect("answer");
     assert_eq!(a.status, 200);
-    // Served only once the idle hog was cut off by the header-read timeout.
-    assert!(started.elapsed() >= Duration::from_millis(150), "served after {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_millis(150), "served after {:?}", started.elapsed());
+    let (closed_after, _) = until_closed(&mut hog, Duration::from_secs(1)).await;
+    assert!(closed_after < Duration::from_millis(100), "the silent socket was kept {closed_after:?}");
+
+    // A connection with a request in flight is never closed for a newcomer, which
+    // waits for it instead.
+    let addr = server.addr;
+    let busy = tokio::spawn(async move {
+        raw_http(addr, "POST", "/v1/counters/c/increments", Some(r#"{"delta": 1, "event_id": "e"}"#)).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let a = raw_http(server.addr, "GET", "/healthz", None).await.expect("answer");
+    assert_eq!(a.status, 200);
+    assert!(started.elapsed() >= Duration::from_millis(300), "served after {:?}", started.elapsed());
+    let b = busy.await.expect("task").expect("the busy request was answered");
+    assert_eq!((b.status.as_u16(), b.json()), (200, serde_json::json!({"applied": true})));
     server.stop().await;
-    node.shutdown().await.expect("shutdown");
+    inner.shutdown().await.expect("shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,7 +183,7 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_closes_idle_connectio
 
     // An idle keep-alive connection that has been served once.
     let mut idle = TcpStream::connect(addr).await.expect("connect");
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.expect("write");
     let mut buf = [0u8; 512];
     let n = idle.read(&mut buf).await.expect("read");
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));

@@ -8,12 +8,16 @@
 //! | function | used by | what it verifies |
 //! | --- | --- | --- |
 //! | [`acceptor`] / [`stream_acceptor`] | client listeners (HTTP / RESP) | clients' certificates against `client_ca` when set, none otherwise |
-//! | [`ClusterTls::load`] → [`ClusterTls::acceptor`] | node-to-node and raft listeners | every client presents a certificate signed by `cluster_ca` |
-//! | [`ClusterTls::load`] → [`ClusterTls::client_config`] / [`ClusterTls::connector`] | node-to-node dials, raft RPCs | the server's certificate is signed by `cluster_ca` and names the dialed address |
+//! | [`ClusterTls::load`] → [`ClusterTls::acceptor`] | node-to-node and raft listeners | every client presents a certificate signed by `cluster_ca` that names a node of the cluster (its node id as a DNS name) |
+//! | [`ClusterTls::load`] → [`ClusterTls::client_config`] / [`ClusterTls::connector`] | node-to-node dials, raft RPCs | the server's certificate is signed by `cluster_ca` and names the node dialed ([`node_server_name`]) |
 //!
 //! [`TlsIncoming`] accepts TCP connections and runs their handshakes in their own
 //! tasks, each bounded by a timeout, so one silent or plaintext client can neither
 //! stall the listener nor hold a task forever; a refused handshake is logged.
+//!
+//! Two modules serve every listener of a node, TLS or not: [`admission`] decides
+//! who keeps a connection when a listener is full, and [`refusals`] counts (and logs
+//! within a budget) what listeners refuse.
 //!
 //! Files are read when a node starts, not when its config is validated: a config is
 //! checked on machines where the certificates do not exist yet.
@@ -34,7 +38,9 @@ use tokio::sync::{mpsc, Semaphore};
 pub use tokio_rustls::server::TlsStream;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+pub mod admission;
 pub mod refusals;
+pub use admission::{Admission, Slot};
 pub use refusals::Listener;
 
 /// Most certificates read from one PEM file: a chain or a CA bundle is a handful;
@@ -111,6 +117,25 @@ pub enum TlsError {
     /// The node-to-node links need `tls.cluster_ca`.
     #[error("tls.cluster_ca is required for TLS between nodes")]
     NoClusterCa,
+    /// A node id that cannot be a certificate's DNS name, which TLS between nodes
+    /// binds each node's certificate to.
+    #[error(
+        "node id {0:?} cannot be named by a certificate: with TLS between nodes, node ids must be DNS \
+         names (letters, digits, '-' and '.')"
+    )]
+    NodeName(String),
+    /// This node's certificate does not name this node's id.
+    #[error(
+        "{path}: the certificate does not name node {node:?}: with TLS between nodes, each node's \
+         certificate carries its node id as a DNS subject alternative name (scripts/tls-local-ca.sh \
+         adds it)"
+    )]
+    NotThisNode {
+        /// The certificate file.
+        path: PathBuf,
+        /// This node's id.
+        node: String,
+    },
     /// rustls refused the certificates or the key (for example a key that does not
     /// match the certificate).
     #[error("TLS setup: {0}")]
@@ -208,12 +233,85 @@ pub fn stream_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(server_config(cfg, cfg.client_ca.as_deref())?)))
 }
 
-/// Mutual TLS between nodes: the cluster CA is the only root, both ways.
+/// The cluster's nodes as TLS knows them: each node id (which its certificate
+/// must name, as a DNS name) and the addresses it listens on, its raft address
+/// first (raft RPCs name the node in their URLs and resolve it to that address).
+pub type NodeNames = std::collections::BTreeMap<String, Vec<SocketAddr>>;
+
+/// Mutual TLS between nodes: the cluster CA is the only root, both ways, and every
+/// node's certificate names its node id (a DNS subject alternative name equal to
+/// the id), checked in the handshake: a dialer accepts only the certificate of the
+/// node it dials, a node listener only a certificate that names a node of the
+/// cluster. A certificate the cluster CA signed for anything else (a client, a
+/// service, a node of another cluster) opens nothing between nodes.
 #[derive(Clone)]
 pub struct ClusterTls {
     files: TlsConfig,
+    nodes: Arc<NodeNames>,
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
+}
+
+/// The name a node's certificate must carry: its id, as a DNS name (`node1`).
+pub fn node_server_name(id: &str) -> Result<ServerName<'static>, TlsError> {
+    ServerName::try_from(id.to_string()).map_err(|_| TlsError::NodeName(id.to_string()))
+}
+
+/// Which of `nodes` the end-entity certificate `cert` names, if any.
+fn node_named<'n>(cert: &CertificateDer<'_>, nodes: &'n NodeNames) -> Option<&'n str> {
+    let cert = webpki::EndEntityCert::try_from(cert).ok()?;
+    nodes.keys().map(String::as_str).find(|id| {
+        node_server_name(id).is_ok_and(|name| cert.verify_is_valid_for_subject_name(&name).is_ok())
+    })
+}
+
+/// The verifier of a node listener: the client certificate must chain to the
+/// cluster CA (rustls's own verifier) and name a node of the cluster.
+#[derive(Debug)]
+struct NodeClientVerifier {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    nodes: Arc<NodeNames>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for NodeClientVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        match node_named(end_entity, &self.nodes) {
+            Some(_) => Ok(verified),
+            None => Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 impl std::fmt::Debug for ClusterTls {
@@ -232,18 +330,53 @@ impl PartialEq for ClusterTls {
 impl Eq for ClusterTls {}
 
 impl ClusterTls {
-    /// Reads the files of `cfg` (which must name `cluster_ca`).
-    pub fn load(cfg: &TlsConfig) -> Result<Self, TlsError> {
+    /// Reads the files of `cfg` (which must name `cluster_ca`) for a cluster of
+    /// `nodes`; `me`'s own certificate must name it.
+    pub fn load(cfg: &TlsConfig, me: &str, nodes: NodeNames) -> Result<Self, TlsError> {
         cfg.validate()?;
+        for id in nodes.keys() {
+            node_server_name(id)?;
+        }
+        let nodes = Arc::new(nodes);
         let ca = cfg.cluster_ca.as_deref().ok_or(TlsError::NoClusterCa)?;
-        let server = server_config(cfg, Some(ca))?;
+        let certs = load_certs(&cfg.cert)?;
+        let mine = std::collections::BTreeMap::from([(me.to_string(), Vec::new())]);
+        if certs.first().and_then(|leaf| node_named(leaf, &mine)).is_none() {
+            return Err(TlsError::NotThisNode { path: cfg.cert.clone(), node: me.to_string() });
+        }
+        let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(ca)?), provider())
+            .build()
+            .map_err(|e| TlsError::Rustls(e.to_string()))?;
+        let verifier = Arc::new(NodeClientVerifier { inner, nodes: nodes.clone() });
+        let server = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(rustls_err)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs.clone(), load_key(&cfg.key)?)
+            .map_err(rustls_err)?;
         let client = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(rustls_err)?
             .with_root_certificates(load_roots(ca)?)
-            .with_client_auth_cert(load_certs(&cfg.cert)?, load_key(&cfg.key)?)
+            .with_client_auth_cert(certs, load_key(&cfg.key)?)
             .map_err(rustls_err)?;
-        Ok(Self { files: cfg.clone(), server: Arc::new(server), client: Arc::new(client) })
+        Ok(Self { files: cfg.clone(), nodes, server: Arc::new(server), client: Arc::new(client) })
+    }
+
+    /// The cluster's nodes, by id, with their addresses.
+    pub fn nodes(&self) -> &NodeNames {
+        &self.nodes
+    }
+
+    /// The node listening on `addr`, if the cluster has one there.
+    pub fn node_at(&self, addr: SocketAddr) -> Option<&str> {
+        self.nodes.iter().find(|(_, addrs)| addrs.contains(&addr)).map(|(id, _)| id.as_str())
+    }
+
+    /// The node a peer's certificate chain (leaf first, as a TLS session reports
+    /// it) names: a node listener let it in only if it names one.
+    pub fn node_of(&self, chain: Option<&[CertificateDer<'_>]>) -> Option<String> {
+        chain.and_then(|c| c.first()).and_then(|leaf| node_named(leaf, &self.nodes)).map(str::to_string)
     }
 
     /// The files it was loaded from.
@@ -269,8 +402,9 @@ impl ClusterTls {
     }
 }
 
-/// The name a dialer checks the peer's certificate against: its IP address (the
-/// certificate must list it as an IP SAN).
+/// The name a client checks a client listener's certificate against when it dials
+/// an address: its IP (the certificate lists it as an IP SAN). Between nodes the
+/// name is the node id ([`node_server_name`]).
 pub fn server_name(addr: SocketAddr) -> ServerName<'static> {
     ServerName::IpAddress(addr.ip().into())
 }
@@ -278,17 +412,21 @@ pub fn server_name(addr: SocketAddr) -> ServerName<'static> {
 /// Logs and counts a TLS handshake that `what` refused from `peer`.
 pub fn refused_handshake(what: Listener, peer: SocketAddr, error: &std::io::Error) {
     refusals::count(what, refusals::Reason::TlsHandshake);
-    tracing::warn!(target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_handshake", %error, listener = what.as_str(), "{}: refused a connection: TLS handshake failed", what.describe());
+    refusals::log_limited(
+        || tracing::warn!(target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_handshake", %error, listener = what.as_str(), "{}: refused a connection: TLS handshake failed", what.describe()),
+    );
 }
 
 /// Logs and counts a connection to `what` from `peer` that did not complete its TLS
 /// handshake within `timeout`.
 pub fn timed_out_handshake(what: Listener, peer: SocketAddr, timeout: Duration) {
     refusals::count(what, refusals::Reason::TlsTimeout);
-    tracing::warn!(
-        target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_timeout", listener = what.as_str(), timeout_ms = timeout.as_millis() as u64,
-        "{}: refused a connection: no TLS handshake in time", what.describe()
-    );
+    refusals::log_limited(|| {
+        tracing::warn!(
+            target: refusals::AUDIT_TARGET, %peer, outcome = "refused", reason = "tls_timeout", listener = what.as_str(), timeout_ms = timeout.as_millis() as u64,
+            "{}: refused a connection: no TLS handshake in time", what.describe()
+        )
+    });
 }
 
 /// Connections accepted on a listener whose TLS handshakes succeeded.

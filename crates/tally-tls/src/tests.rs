@@ -1,6 +1,7 @@
 //! Handshakes between configs built from generated certificates: the cluster CA is
-//! the only root, a certificate from another CA is refused, and a plaintext client
-//! fails the handshake without stopping the listener.
+//! the only root, a certificate from another CA is refused, a certificate of the
+//! cluster CA that names no node (or another node than the one dialed) is refused,
+//! and a plaintext client fails the handshake without stopping the listener.
 
 use super::refusals::Reason;
 use super::*;
@@ -22,10 +23,21 @@ fn ca(name: &str) -> Ca {
     Ca { pem: cert.pem(), issuer: Issuer::new(params, key) }
 }
 
-/// A node certificate for 127.0.0.1 signed by `ca`, written with the CA into `dir`.
+/// A node certificate for 127.0.0.1 and node id `name` signed by `ca`, written with
+/// the CA into `dir`.
 fn node_files(dir: &Path, name: &str, ca: &Ca) -> TlsConfig {
-    let params =
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("params");
+    cert_files(dir, name, &["127.0.0.1", "localhost", name], ca)
+}
+
+/// The nodes `a` and `b` of the tests' cluster, on no address.
+fn ab() -> NodeNames {
+    NodeNames::from([("a".to_string(), Vec::new()), ("b".to_string(), Vec::new())])
+}
+
+/// A certificate for `names` signed by `ca`, written with the CA into `dir`.
+fn cert_files(dir: &Path, name: &str, names: &[&str], ca: &Ca) -> TlsConfig {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let params = CertificateParams::new(names).expect("params");
     let key = KeyPair::generate().expect("key");
     let cert = params.signed_by(&key, &ca.issuer).expect("signed");
     let write = |file: String, text: &str| {
@@ -42,8 +54,17 @@ fn node_files(dir: &Path, name: &str, ca: &Ca) -> TlsConfig {
 }
 
 /// Runs one handshake between `client` and `server` over a local socket and
-/// exchanges a byte; returns the client's and the server's outcome.
+/// exchanges a byte; returns the client's and the server's outcome. The client
+/// expects node `b`'s certificate.
 async fn handshake(client: TlsConnector, server: TlsAcceptor) -> (Result<(), String>, Result<(), String>) {
+    handshake_named(client, server, |_| node_server_name("b").expect("name")).await
+}
+
+async fn handshake_named(
+    client: TlsConnector,
+    server: TlsAcceptor,
+    name: impl FnOnce(SocketAddr) -> ServerName<'static>,
+) -> (Result<(), String>, Result<(), String>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let served = tokio::spawn(async move {
@@ -56,7 +77,7 @@ async fn handshake(client: TlsConnector, server: TlsAcceptor) -> (Result<(), Str
     });
     let dialed = async {
         let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let mut tls = client.connect(server_name(addr), tcp).await.map_err(|e| e.to_string())?;
+        let mut tls = client.connect(name(addr), tcp).await.map_err(|e| e.to_string())?;
         tls.write_all(b"x").await.map_err(|e| e.to_string())?;
         let mut byte = [0u8; 1];
         tls.read_exact(&mut byte).await.map_err(|e| e.to_string())?;
@@ -70,12 +91,12 @@ async fn handshake(client: TlsConnector, server: TlsAcceptor) -> (Result<(), Str
 async fn nodes_of_one_ca_connect_and_a_node_of_another_ca_is_refused_both_ways() {
     let dir = tempfile_dir();
     let (ours, theirs) = (ca("cluster"), ca("elsewhere"));
-    let a = ClusterTls::load(&node_files(dir.path(), "a", &ours)).expect("a");
-    let b = ClusterTls::load(&node_files(dir.path(), "b", &ours)).expect("b");
-    // A stranger trusts our CA but holds a certificate from another one.
-    let mut stranger_files = node_files(dir.path(), "stranger", &theirs);
+    let a = ClusterTls::load(&node_files(dir.path(), "a", &ours), "a", ab()).expect("a");
+    let b = ClusterTls::load(&node_files(dir.path(), "b", &ours), "b", ab()).expect("b");
+    // A stranger trusts our CA but holds a certificate from another one (naming b).
+    let mut stranger_files = node_files(dir.path(), "b", &theirs);
     stranger_files.cluster_ca = a.files().cluster_ca.clone();
-    let stranger = ClusterTls::load(&stranger_files).expect("stranger");
+    let stranger = ClusterTls::load(&stranger_files, "b", ab()).expect("stranger");
 
     let (client, server) = handshake(a.connector(), b.acceptor()).await;
     assert_eq!((client, server), (Ok(()), Ok(())));
@@ -89,6 +110,35 @@ async fn nodes_of_one_ca_connect_and_a_node_of_another_ca_is_refused_both_ways()
     let (client, _) = handshake(a.connector(), stranger.acceptor()).await;
     let refused = client.expect_err("the stranger's server certificate is refused");
     assert!(refused.contains("UnknownIssuer") || refused.contains("issuer"), "{refused}");
+}
+
+#[tokio::test]
+async fn certificates_of_the_cluster_ca_open_node_links_only_for_the_node_they_name() {
+    let dir = tempfile_dir();
+    let ours = ca("cluster");
+    let a = ClusterTls::load(&node_files(dir.path(), "a", &ours), "a", ab()).expect("a");
+    let b = ClusterTls::load(&node_files(dir.path(), "b", &ours), "b", ab()).expect("b");
+    // A client certificate the cluster CA signed, naming no node (127.0.0.1 only).
+    let client = cert_files(dir.path(), "client", &["127.0.0.1"], &ours);
+    let mine = NodeNames::from([("client".to_string(), Vec::new())]);
+    assert!(matches!(ClusterTls::load(&client, "client", mine.clone()), Err(TlsError::NotThisNode { .. })));
+    let client_tls =
+        ClusterTls::load(&cert_files(dir.path(), "c2", &["127.0.0.1", "client"], &ours), "client", mine)
+            .expect("a node of another cluster");
+    let (_, server) = handshake(client_tls.connector(), b.acceptor()).await;
+    let refused = server.expect_err("a certificate naming no node of the cluster is refused");
+    assert!(refused.contains("NotValidForName") || refused.contains("name"), "{refused}");
+    // The dialer expects the node it dials: a's certificate does not pass for b.
+    let (client, _) = handshake(b.connector(), a.acceptor()).await;
+    let refused = client.expect_err("a's certificate presented when b was dialed");
+    assert!(refused.contains("NotValidForName") || refused.contains("name"), "{refused}");
+    // What each side learns of the other.
+    assert_eq!(handshake(a.connector(), b.acceptor()).await, (Ok(()), Ok(())));
+    let chain = load_certs(&a.files().cert).expect("chain");
+    assert_eq!(b.node_of(Some(&chain)), Some("a".to_string()));
+    let ids: Vec<&str> = b.nodes().keys().map(String::as_str).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert!(matches!(node_server_name("has:colon"), Err(TlsError::NodeName(_))));
 }
 
 #[tokio::test]
@@ -107,18 +157,19 @@ async fn a_client_listener_with_a_client_ca_refuses_clients_without_a_certificat
         .with_root_certificates(roots)
         .with_no_client_auth();
     let bare = TlsConnector::from(Arc::new(bare));
-    assert_eq!(handshake(bare.clone(), anyone).await, (Ok(()), Ok(())));
-    let (_, server) = handshake(bare, picky.clone()).await;
+    let by_ip = |addr: SocketAddr| server_name(addr);
+    assert_eq!(handshake_named(bare.clone(), anyone, by_ip).await, (Ok(()), Ok(())));
+    let (_, server) = handshake_named(bare, picky.clone(), by_ip).await;
     assert!(server.is_err(), "a client without a certificate was let in");
-    let with_cert = ClusterTls::load(&files).expect("cluster tls").connector();
-    assert_eq!(handshake(with_cert, picky).await, (Ok(()), Ok(())));
+    let with_cert = ClusterTls::load(&files, "a", ab()).expect("cluster tls").connector();
+    assert_eq!(handshake_named(with_cert, picky, by_ip).await, (Ok(()), Ok(())));
 }
 
 #[tokio::test]
 async fn plaintext_and_silent_clients_are_refused_and_the_listener_goes_on() {
     let dir = tempfile_dir();
     let ours = ca("cluster");
-    let tls = ClusterTls::load(&node_files(dir.path(), "a", &ours)).expect("tls");
+    let tls = ClusterTls::load(&node_files(dir.path(), "a", &ours), "a", ab()).expect("tls");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let refused = |reason| refusals::get(Listener::Node, reason);
@@ -138,7 +189,7 @@ async fn plaintext_and_silent_clients_are_refused_and_the_listener_goes_on() {
     // A real client still gets in.
     let dial = async {
         let tcp = TcpStream::connect(addr).await.expect("connect");
-        tls.connector().connect(server_name(addr), tcp).await.expect("handshake")
+        tls.connector().connect(node_server_name("a").expect("name"), tcp).await.expect("handshake")
     };
     let (_client, accepted) = tokio::join!(dial, incoming.next());
     assert!(accepted.is_some());
@@ -166,7 +217,7 @@ fn bad_files_are_clear_errors() {
     assert!(matches!(load_certs(&junk), Err(TlsError::Pem { .. })));
     assert!(matches!(load_key(&junk), Err(TlsError::Pem { .. })));
     let files = TlsConfig { cert: junk.clone(), key: junk, client_ca: None, cluster_ca: None };
-    assert_eq!(ClusterTls::load(&files).err(), Some(TlsError::NoClusterCa));
+    assert_eq!(ClusterTls::load(&files, "a", ab()).err(), Some(TlsError::NoClusterCa));
     let empty = TlsConfig { cert: PathBuf::new(), ..files };
     assert_eq!(empty.validate(), Err(TlsError::EmptyPath("tls.cert")));
 }

@@ -172,10 +172,12 @@ impl Sessions {
                     refusals::count(Listener::Node, Reason::UnknownPeer);
                 }
                 record.refused = true;
-                tracing::warn!(
-                    target: AUDIT_TARGET, node = %self.node_id, addr = %ses.peer_addr, outcome = "refused",
-                    reason = Reason::UnknownPeer.as_str(), "closing session from {full_name:?}: not in the peer list"
-                );
+                refusals::log_limited(|| {
+                    tracing::warn!(
+                        target: AUDIT_TARGET, node = %self.node_id, addr = %ses.peer_addr, outcome = "refused",
+                        reason = Reason::UnknownPeer.as_str(), "closing session from {full_name:?}: not in the peer list"
+                    )
+                });
                 record.stop_requested = Some(Instant::now());
                 record.actor.stop(Some("tally: unknown peer".into()));
             } else if dialed.as_deref().is_some_and(|d| d != peer) {
@@ -214,11 +216,13 @@ impl Sessions {
                     // A dialer that could not prove the cluster secret, or stayed
                     // silent until the handshake timeout.
                     refusals::count(Listener::Node, Reason::Unauthenticated);
-                    tracing::warn!(
-                        target: AUDIT_TARGET, node = %self.node_id, addr = %ses.peer_addr, outcome = "refused",
-                        reason = Reason::Unauthenticated.as_str(),
-                        "refused an inbound node-to-node session: it closed before proving the cluster secret"
-                    );
+                    refusals::log_limited(|| {
+                        tracing::warn!(
+                            target: AUDIT_TARGET, node = %self.node_id, addr = %ses.peer_addr, outcome = "refused",
+                            reason = Reason::Unauthenticated.as_str(),
+                            "refused an inbound node-to-node session: it closed before proving the cluster secret"
+                        )
+                    });
                 }
                 Some(r) => {
                     tracing::debug!(node = %self.node_id, peer = ?r.peer, "session closed before authenticating")

@@ -648,7 +648,7 @@ impl Inner {
             }
             seq += 1;
             let label = dial_label(&peer, seq);
-            let dialed = match tokio::time::timeout(handshake_timeout, self.dial(addr, &label)).await {
+            let dialed = match tokio::time::timeout(handshake_timeout, self.dial(&peer, addr, &label)).await {
                 Ok(Ok(stream)) => ractor_cluster::client_connect_external(&self.server, stream)
                     .await
                     .map_err(|e| e.to_string()),
@@ -693,19 +693,25 @@ impl Inner {
         }
     }
 
-    /// A connected stream to `addr`, labelled `label`: TCP, with a TLS handshake on
-    /// it when TLS is on (the peer's certificate must be signed by the cluster CA and
-    /// name `addr`'s IP).
-    async fn dial(&self, addr: SocketAddr, label: &str) -> Result<Box<dyn ClusterBidiStream>, String> {
+    /// A connected stream to `peer` at `addr`, labelled `label`: TCP, with a TLS
+    /// handshake on it when TLS is on (the peer's certificate must be signed by the
+    /// cluster CA and name the node id `peer`).
+    async fn dial(
+        &self,
+        peer: &str,
+        addr: SocketAddr,
+        label: &str,
+    ) -> Result<Box<dyn ClusterBidiStream>, String> {
         let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         let label = label.to_string();
         match &self.cfg.tls {
             None => Ok(Box::new(LabelledTcp { stream, label })),
             Some(tls) => {
+                let name = tally_tls::node_server_name(peer).map_err(|e| e.to_string())?;
                 let stream = tls
                     .connector()
-                    .connect(tally_tls::server_name(addr), stream)
+                    .connect(name, stream)
                     .await
                     .map_err(|e| format!("TLS handshake failed: {e}"))?;
                 Ok(Box::new(Labelled { stream, label }))

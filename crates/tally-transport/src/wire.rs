@@ -16,10 +16,11 @@ use tally_core::format::{split_versioned, versioned, FormatError, PEER_PROTOCOL}
 /// Variant tag of [`GatewayMsg`] on the wire; bump the suffix on an incompatible change.
 pub const GATEWAY_VARIANT: &str = "tally.transport.v1";
 
-/// Largest request body a caller may send, in bytes.
-pub const REQUEST_BYTES_MAX: usize = 8 << 20;
+/// Largest request body a caller may send, in bytes (what the callers bound their
+/// messages to: [`tally_core::codec::NODE_MESSAGE_BYTES_MAX`]).
+pub const REQUEST_BYTES_MAX: usize = tally_core::codec::NODE_MESSAGE_BYTES_MAX;
 /// Largest reply body a handler may return, in bytes (a bigger one is replaced by an error).
-pub const REPLY_BYTES_MAX: usize = 8 << 20;
+pub const REPLY_BYTES_MAX: usize = tally_core::codec::NODE_MESSAGE_BYTES_MAX;
 /// Largest inbound ractor_cluster frame, in bytes: a body plus envelope must fit.
 pub const FRAME_BYTES_MAX: u64 = 16 << 20;
 

@@ -267,6 +267,17 @@ fn count_replica_changes(w: &Shared) {
     for _ in 0..replaced {
         g.count(FaultKind::ReplicaReplaced);
     }
+    let installed: u64 = g
+        .nodes
+        .iter()
+        .filter_map(|n| n.replication.as_ref())
+        .flat_map(|r| {
+            r.groups().ranges().into_iter().map(|range| r.groups().snapshots_installed(range).unwrap_or(0))
+        })
+        .sum();
+    for _ in 0..installed {
+        g.count(FaultKind::SnapshotInstalled);
+    }
 }
 
 /// Opens node `n`'s range groups for its incarnation, once; `None` if the node

@@ -232,23 +232,27 @@ pub(crate) async fn open(
     incarnation: u64,
     kv: MemKv,
 ) -> Result<(Arc<Replication>, tokio::task::JoinHandle<()>), String> {
-    let (nodes, replicas, disk) = {
+    let (nodes, replicas, disk, small_snapshots) = {
         let g = lock(w);
-        (g.cfg.nodes, g.cfg.replicas, g.nodes[usize::from(n)].disk)
+        (g.cfg.nodes, g.cfg.replicas, g.nodes[usize::from(n)].disk, g.cfg.small_snapshots)
+    };
+    let config = if small_snapshots {
+        GroupsConfig {
+            snapshot_logs_since_last: crate::config::SMALL_SNAPSHOT_ENTRIES,
+            logs_kept: crate::config::SMALL_SNAPSHOT_LOGS_KEPT,
+            snapshot_chunk_bytes: crate::config::SMALL_SNAPSHOT_FRAME_BYTES,
+            ..GroupsConfig::default()
+        }
+    } else {
+        GroupsConfig::default()
     };
     let directory = directory(nodes, replicas);
     let net = Arc::new(SimRangeNet { world: w.clone(), me: n, incarnation });
     let name = node_name(n);
-    let groups = RangeGroups::open(
-        name.as_str(),
-        replica_id(n, disk),
-        Arc::new(kv),
-        net,
-        directory.layout(),
-        GroupsConfig::default(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let groups =
+        RangeGroups::open(name.as_str(), replica_id(n, disk), Arc::new(kv), net, directory.layout(), config)
+            .await
+            .map_err(|e| e.to_string())?;
     for range in directory.ranges_of(&name) {
         groups.open_range(range).await.map_err(|e| e.to_string())?;
     }

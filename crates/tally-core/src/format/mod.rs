@@ -14,7 +14,8 @@
 //! that format 4 laid out anew; [`v4`] the records of format 4 that format 5 laid out
 //! anew; [`v5`] the records of format 5 that format 6 laid out anew; [`v6`] the
 //! records of format 6 (and 7) that format 8 laid out anew; [`v8`] the records of
-//! format 8 that format 9 laid out anew.
+//! engine store format 8 (raft store formats 7 and 8) that engine store format 9
+//! (raft store format 9) laid out anew.
 
 use std::ops::RangeInclusive;
 
@@ -58,12 +59,15 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// format 6 added window limits, a `limit` in counter specs and spec patches (see
 /// [`v5`]); format 7 added a counter's own replica count, `replicas` in counter specs
 /// and spec patches (see [`v6`]), and tombstones name a deleted counter's generations
-/// by their words, which carry that count (a counter without one: the generation).
-/// Format 8 added a counter's expiry, `expires_at_ms` in counter metadata (see
-/// [`v8`]), and the namespaces table to the state and its snapshots; its entries may
-/// hold the commands that set them (added after the earlier ones, so format 7's
-/// entries decode as they are).
-pub const RAFT_STORE_FORMAT: u32 = 8;
+/// by their words, which carry that count (a counter without one: the generation);
+/// format 8 added the proposal book to the state and its snapshots, and a request
+/// (and an answer) after the others: a proposal under its proposer's identity,
+/// applied once however often it is resent; format 9 added a counter's expiry, `expires_at_ms` in counter metadata (see
+/// [`v8`]) and in the answers the proposal book keeps, and the namespaces table to
+/// the state and its snapshots; its entries may hold the requests that set them and
+/// the commands that expire, persist or reclaim a counter (added after the earlier
+/// ones, so the entries of formats 7 and 8 decode as they are).
+pub const RAFT_STORE_FORMAT: u32 = 9;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -86,19 +90,22 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// shard's failed answer names the shard's owner when the answering node knows it
 /// is another node. Protocol 11: counter specs carry the counter's own replica
 /// count (`replicas`), and a shard id's generation word its replica class.
-/// Protocol 12: a shard's answer to a submission carries the value that submission
+/// Protocol 12: a request to delete a shard says whether it prunes a sealed
+/// generation, and of which incarnation of its counter.
+/// Protocol 13: a shard's answer to a submission carries the value that submission
 /// left the shard at (`ShardReply::Done::after`).
-pub const PEER_PROTOCOL: u32 = 12;
+pub const PEER_PROTOCOL: u32 = 13;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
 /// carry bounds (`min`, `max`) too. Protocol 5: snapshots carry counters' auto bounds,
 /// and entries may set them or reshard an auto counter. Protocol 6: counter specs and
 /// spec patches carry a window limit (`limit`). Protocol 7: they carry a replica
-/// count (`replicas`). Protocol 8: counter metadata carries its expiry, snapshots the
-/// namespaces, and entries may expire, persist or reclaim a counter, or declare and
-/// drop namespaces.
-pub const RAFT_PROTOCOL: u32 = 8;
+/// count (`replicas`). Protocol 8: entries may be proposals under their proposer's
+/// identity, snapshots carry the proposal book, and an answer may be `Forgotten`.
+/// Protocol 9: counter metadata carries its expiry, snapshots the namespaces, and
+/// entries may expire, persist or reclaim a counter, or declare and drop namespaces.
+pub const RAFT_PROTOCOL: u32 = 9;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;

@@ -1,9 +1,10 @@
-//! The stored records of engine store format 8 (raft store format 7) whose layout
-//! changed in format 9 (raft store format 8), frozen, and their upgrade to today's.
+//! The stored records of engine store format 8 (raft store formats 7 and 8) whose
+//! layout changed in format 9 (raft store format 9), frozen, and their upgrade to
+//! today's.
 //!
 //! Format 9 added a counter's expiry: `expires_at_ms` in counter metadata. Counter
 //! specs, spec patches and shard images did not change, and a raft log entry of
-//! format 7 holds a command today's release decodes as it is (later commands were
+//! formats 7 and 8 holds a command today's release decodes as it is (later commands were
 //! added after the earlier ones). A converted record has no deadline, which is what
 //! it meant. Nothing here is ever edited: a later format adds a module.
 
@@ -12,7 +13,7 @@ use crate::meta::{CounterMeta, Layout};
 use crate::spec::CounterSpec;
 use serde::{Deserialize, Serialize};
 
-/// [`CounterMeta`] as engine store format 8 (raft store format 7) stored it.
+/// [`CounterMeta`] as engine store format 8 (raft store formats 7 and 8) stored it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterMetaV8 {
     /// See [`CounterMeta::spec`].
@@ -38,8 +39,8 @@ impl From<CounterMetaV8> for CounterMeta {
     }
 }
 
-/// A counter's metadata of engine store format 8 (or a raft store format 7 counter
-/// record), as today's bytes.
+/// A counter's metadata of engine store format 8 (or a raft store format 7 or 8
+/// counter record), as today's bytes.
 pub fn upgrade_counter_meta(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     super::v1::upgrade::<CounterMetaV8, CounterMeta>("format-8 counter metadata", bytes)
 }

@@ -5,6 +5,7 @@
 //!                                          # RESP 127.0.0.1:6380, data ./data
 //! tallyd --config FILE [--data-dir DIR]    # a node from a configuration file
 //! tallyd --config FILE --check             # validate, print the cluster fingerprint, exit
+//! tallyd --config FILE --check-config      # print the security checklist, exit
 //! ```
 //!
 //! On SIGTERM or SIGINT the node stops accepting connections, finishes the requests
@@ -49,6 +50,11 @@ struct Args {
     /// with the cluster fingerprint, and exits.
     #[arg(long)]
     check: bool,
+    /// Prints the security checklist of the configuration — what it exposes, what
+    /// a node reachable by others must set, each item ok / info / warn / FAIL — and
+    /// exits: 1 when the node would refuse to start, 0 otherwise.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn load(args: &Args) -> Result<Config> {
@@ -184,12 +190,41 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--check-config`: the checklist of [`Config::checklist`], one item a line.
+fn print_checklist(config: &Config) -> Result<()> {
+    let me = config.this_node()?;
+    println!("security checklist of node {:?} (cluster {:?}):", me.id, config.cluster.name);
+    for check in config.checklist() {
+        println!("[{:>4}] {}", check.level.label(), check.text);
+    }
+    match config.check_exposure() {
+        Ok(()) => Ok(()),
+        Err(e) => Err(anyhow::Error::from(e).context("the node would refuse to start")),
+    }
+}
+
 async fn run(args: Args) -> Result<()> {
     let config = load(&args)?;
+    if args.check_config {
+        return print_checklist(&config);
+    }
     let me = config.this_node()?.clone();
     let nodes = config.cluster.nodes.len();
-    // Before anything binds: a listener beyond loopback needs tokens and a real secret.
+    // Before anything binds: a listener beyond loopback needs tokens, a long random
+    // secret and TLS (or an explicit node.insecure_plaintext, said at every start).
     config.check_exposure().context("refusing to start")?;
+    for l in config.insecure_listeners() {
+        tracing::warn!(
+            target: tally_server::auth::AUDIT_TARGET,
+            listener = %l.field,
+            addr = %l.addr,
+            "{} listens on {} beyond loopback WITHOUT TLS (node.insecure_plaintext = true): tokens, raft \
+             traffic and counter data cross the network in clear, and a raft request seen on the wire can \
+             be replayed",
+            l.field,
+            l.addr
+        );
+    }
     let gate = Arc::new(Gate::from_config(&config).context("loading [[tokens]]")?);
     if args.check {
         println!(

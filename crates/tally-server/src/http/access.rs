@@ -12,7 +12,7 @@
 //! | --- | --- |
 //! | `GET /healthz`, `/v1/openapi.json`, `/ui` and its assets | nothing (no data: the page reads the API with the token typed into it) |
 //! | `GET /metrics` | `read` without prefixes (it names counters), or nothing with `http.metrics_public` |
-//! | `GET /v1/counters/{name}` and its `value`, `distinct`, `shards`, `reconciliations`, `expiry` | `read` on the counter |
+//! | `GET /v1/counters/{name}` and its `value`, `distinct`, `frequency`, `top`, `shards`, `reconciliations`, `expiry` | `read` on the counter |
 //! | `POST /v1/counters/{name}/increments`, `PUT`/`DELETE …/expiry` | `write` on the counter |
 //! | `POST /v1/increments` | `write`; each item is checked against the prefixes on its own |
 //! | `PUT`, `DELETE /v1/counters/{name}`, `POST …/reconcile` | `admin` on the counter |
@@ -88,6 +88,8 @@ pub fn need(method: &Method, path: &str) -> Need {
             "/v1/counters/{name}"
             | "/v1/counters/{name}/value"
             | "/v1/counters/{name}/distinct"
+            | "/v1/counters/{name}/frequency"
+            | "/v1/counters/{name}/top"
             | "/v1/counters/{name}/shards"
             | "/v1/counters/{name}/reconciliations"
             | "/v1/counters/{name}/expiry",
@@ -132,6 +134,12 @@ pub async fn access(
 ) -> Response {
     let template = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     let need = need(req.method(), &template);
+    // A route the table knows (a method the path does not take still gets 405).
+    if need.on != On::AllCounters {
+        if let Some(refused) = super::browser::unless_json_post(req.method(), req.headers()) {
+            return refused;
+        }
+    }
     let public = need.on == On::Public || (need.on == On::Metrics && metrics_public);
     if public {
         let mut req = req;
@@ -204,7 +212,12 @@ mod tests {
             assert_eq!((n.scope, n.admin), (Scope::Admin, Some(op)), "{m} {path}");
         }
         assert_eq!(need(&Method::POST, "/v1/counters/{name}/increments").scope, Scope::Write);
-        assert_eq!(need(&Method::GET, "/v1/counters/{name}/value"), needs(Scope::Read, On::Counter, None));
+        // Every read of a counter needs read on it, whichever front end it comes through
+        // (RESP's CMS.QUERY and TOPK.LIST need read too).
+        for read in ["", "/value", "/distinct", "/frequency", "/top", "/shards", "/reconciliations"] {
+            let path = format!("/v1/counters/{{name}}{read}");
+            assert_eq!(need(&Method::GET, &path), needs(Scope::Read, On::Counter, None), "GET {path}");
+        }
         assert_eq!(need(&Method::GET, "/healthz").on, On::Public);
         assert_eq!(need(&Method::GET, "/metrics").on, On::Metrics);
         // Anything the table does not know fails closed.

@@ -82,7 +82,7 @@ async fn read_body(req: Request) -> Result<Bytes, ApiError> {
 
 /// Whether the request declares a JSON body (`application/json`, any parameters,
 /// or any `+json` media type).
-fn is_json(headers: &HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };

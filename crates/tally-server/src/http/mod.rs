@@ -28,6 +28,8 @@
 //! | `GET /metrics` | `metrics`: Prometheus text |
 //! | `GET /healthz` | `healthz`: 200 while the node serves |
 //!
+//! Every request first passes through [`browser`]: a `Host` the node answers to,
+//! no write from a web page of another origin, a JSON body on every `POST`.
 //! Every matched route also passes through [`access`]: the client's token, its
 //! scopes and prefixes (see that module's table), and the audit of admin
 //! operations. With no tokens configured every request is let through.
@@ -40,6 +42,7 @@
 
 pub mod access;
 pub mod body;
+pub mod browser;
 pub mod error;
 pub mod ops;
 
@@ -163,6 +166,10 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         .route_layer(middleware::from_fn_with_state((gate, limits.metrics_public), access::access))
         .fallback(not_found)
         .with_state(state)
+        .layer(middleware::from_fn_with_state(
+            Arc::new(browser::BrowserPolicy::new(&limits.allowed_hosts)),
+            browser::guard,
+        ))
         .layer(middleware::from_fn_with_state(shared, guard))
 }
 
@@ -640,6 +647,10 @@ async fn reconcile<S: Service>(
     Ok(Json(crate::service::reconcile_recorded(&st.svc, &name, authoritative).await?))
 }
 
+/// What a token without `admin` on the counter reads instead of a source's error.
+pub const REDACTED_SOURCE_ERROR: &str =
+    "the source failed; why is shown to admin tokens and in the node's log (it may name hosts, users or files)";
+
 /// The answer of `GET /v1/counters/{name}/reconciliations`.
 #[derive(Debug, Serialize)]
 struct ReconciliationsView {
@@ -656,10 +667,20 @@ struct ReconciliationsView {
 #[tracing::instrument(level = "debug", name = "reconciliations", skip_all)]
 async fn reconciliations<S: Service>(
     State(st): State<AppState<S>>,
+    Extension(Caller(caller)): Extension<Caller>,
     CounterPath(name): CounterPath,
 ) -> Result<Json<ReconciliationsView>, ApiError> {
     tally_core::CounterName::new(name.as_str()).map_err(TallyError::from)?;
-    let runs = st.svc.runs().runs(&name);
+    let mut runs = st.svc.runs().runs(&name);
+    // A source's error may name its hosts, users, files or database: an admin's to
+    // read, not every reader's.
+    if authorize(&caller, Scope::Admin, Resource::Counter(&name)).is_err() {
+        for run in &mut runs {
+            if run.error.is_some() {
+                run.error = Some(REDACTED_SOURCE_ERROR.into());
+            }
+        }
+    }
     Ok(Json(ReconciliationsView { counter: name, node: st.svc.node_id().to_string(), runs }))
 }
 
@@ -783,12 +804,18 @@ async fn guard(State(shared): State<Arc<Shared>>, mut req: Request, next: Next) 
         Ok(Ok(response)) => json_errors(response, &method).await,
         Ok(Err(panic)) => {
             shared.stats.panics.inc();
+            let number = shared.stats.panics.get();
             let message = panic_message(panic.as_ref());
-            tracing::error!(parent: &span, %method, %path, %message, "handler panicked");
+            tracing::error!(parent: &span, %method, %path, %message, panic = number, "handler panicked");
+            // The panic's text may name source files, values or internals: it stays in
+            // the log, and the answer says which line to look for.
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 codes::INTERNAL,
-                format!("internal error: {message}"),
+                format!(
+                    "internal error (panic {number} on this node, logged with its details); the request may \
+                     or may not have taken effect"
+                ),
             )
             .into_response()
         }

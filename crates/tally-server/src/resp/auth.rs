@@ -136,6 +136,23 @@ fn need(cmd: &Command) -> Need<'_> {
     }
 }
 
+/// Whether the connection running as `principal` may create `key` with a spec of
+/// its own, as `PFADD` does with an unknown counter (`distinct: true`, where
+/// incrementing an unknown counter takes its namespace's or the node's spec): that
+/// is a spec change, so it needs `admin` on the counter as `TALLY.CREATE` does; a
+/// `write` token gets `-NOPERM`, audited, and nothing is created.
+pub fn may_create(gate: &Gate, principal: Option<&Principal>, key: &str) -> Result<(), Reply> {
+    let Some(principal) = principal else { return Err(Reply::Error(NOAUTH.into())) };
+    let attempt = Attempt { transport: "resp", op: "PFADD", counter: Some(key), node: None };
+    gate.authorize(principal, Scope::Admin, Resource::Counter(key), &attempt).map_err(|e| {
+        Reply::Error(format!(
+            "NOPERM this token has no permission to create counter {key:?} with DISTINCT (pfadd on an \
+             unknown counter creates it with a spec of its own): {e}; create it first with TALLY.CREATE \
+             {key} DISTINCT true"
+        ))
+    })
+}
+
 /// The admin operation a command is, for the audit trail.
 pub fn admin_op(cmd: &Command) -> Option<AdminOp> {
     match cmd {
@@ -263,9 +280,15 @@ mod tests {
         assert_eq!(admit(&g, Some(&root), "DEL", &del), Ok(()));
         assert_eq!(admit(&g, Some(&reader), "PING", &Command::Ping(None)), Ok(()));
         assert_eq!(admin_op(&del), Some(AdminOp::DeleteCounter));
+        // PFADD creating an unknown counter (distinct) is a spec change: admin only.
+        assert!(
+            matches!(may_create(&g, Some(&likes), "likes:new"), Err(Reply::Error(ref e)) if e.starts_with("NOPERM"))
+        );
+        assert_eq!(may_create(&g, Some(&root), "likes:new"), Ok(()));
+        assert_eq!(may_create(&Gate::open(), Some(&Principal::open()), "x"), Ok(()));
         assert_eq!(admin_op(&incr("x")), None);
         // Every refusal was counted by the gate.
         let refused: u64 = g.stats().refusals.iter().map(|c| c.get()).sum();
-        assert_eq!(refused, 4);
+        assert_eq!(refused, 5);
     }
 }

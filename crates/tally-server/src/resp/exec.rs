@@ -766,7 +766,12 @@ pub async fn run<S: Service>(
             Ok(d) => Reply::err(INCOMPLETE, format!("shards {:?} did not answer", d.missing_shards)),
             Err(e) => engine_error(e),
         },
-        Command::PfMerge { dest, sources } => pfmerge(svc, &dest, &sources).await,
+        Command::PfMerge { dest, sources } => {
+            // Creating an unknown destination (distinct) needs admin, as PFADD's does.
+            let (gate, principal, name) = (&front.gate, session.principal.clone(), dest.clone());
+            let may_create = move || super::auth::may_create(gate, principal.as_deref(), &name);
+            pfmerge(svc, &dest, &sources, may_create).await
+        }
         Command::Scan(args) => scan(svc, front, session, *args).await,
         Command::Keys(pattern) => keys(svc, session, &pattern).await,
         Command::Type(key) => match svc.counter(&key).await {
@@ -936,7 +941,12 @@ pub async fn run<S: Service>(
                 Err(reply) => reply,
             }
         }
-        Command::PfAdd { key, members } => pfadd(svc, key, members).await,
+        Command::PfAdd { key, members } => {
+            // Creating an unknown counter (distinct) needs admin: asked only if it is unknown.
+            let (gate, principal, name) = (&front.gate, session.principal.clone(), key.clone());
+            let may_create = move || super::auth::may_create(gate, principal.as_deref(), &name);
+            pfadd(svc, key, members, may_create).await
+        }
         Command::CmsQuery { key, items } => {
             let mut counts = Vec::with_capacity(items.len());
             for item in items {
@@ -1098,9 +1108,15 @@ async fn namespace<S: Service>(svc: &S, op: NamespaceOp) -> Reply {
 }
 
 /// `PFMERGE dest src ...`: `dest` keeps distinct members (created so if unknown, as
-/// `PFADD` creates it), and the sources' members are merged into it.
-async fn pfmerge<S: Service>(svc: &S, dest: &str, sources: &[String]) -> Reply {
-    let created = pfadd(svc, dest.to_owned(), Vec::new()).await;
+/// `PFADD` creates it, with `may_create`'s leave), and the sources' members are
+/// merged into it.
+async fn pfmerge<S: Service>(
+    svc: &S,
+    dest: &str,
+    sources: &[String],
+    may_create: impl FnOnce() -> Result<(), Reply>,
+) -> Reply {
+    let created = pfadd(svc, dest.to_owned(), Vec::new(), may_create).await;
     if created.is_error() {
         return created;
     }
@@ -1523,7 +1539,12 @@ async fn set_counter<S: Service>(svc: &S, key: &str, set: SetArgs) -> Reply {
 /// `PFADD`: each member is one increment of 1 carrying it, on a counter that keeps
 /// distinct members (an unknown counter is created with `distinct`). Answers 1 when
 /// the counter was created or its estimate moved, 0 otherwise, as Redis does.
-async fn pfadd<S: Service>(svc: &S, key: String, members: Vec<String>) -> Reply {
+async fn pfadd<S: Service>(
+    svc: &S,
+    key: String,
+    members: Vec<String>,
+    may_create: impl FnOnce() -> Result<(), Reply>,
+) -> Reply {
     let created = match svc.counter(&key).await {
         Ok(info) if !info.spec.distinct => {
             return Reply::err(
@@ -1533,6 +1554,9 @@ async fn pfadd<S: Service>(svc: &S, key: String, members: Vec<String>) -> Reply 
         }
         Ok(_) => false,
         Err(TallyError::NotFound(_)) => {
+            if let Err(refused) = may_create() {
+                return refused;
+            }
             match svc
                 .put_counter(
                     &key,

@@ -54,6 +54,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
+use tally_tls::refusals::{self, Reason};
+use tally_tls::{Admission, Slot};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -63,6 +65,12 @@ use wire::{encode, Reply, WireLimits};
 /// Most commands run between two writes of one connection: a longer pipeline is
 /// answered in several writes, so the output buffer stays bounded.
 pub const PIPELINE_COMMANDS_MAX: usize = 1024;
+/// Longest a connection runs commands of one pipeline before it lets the other
+/// tasks of its worker run, in microseconds: a pipeline of heavy commands
+/// (`COMMAND DOCS`, huge names) would otherwise hold a worker for tens of
+/// milliseconds, and the engine's actors that other clients' requests wait on
+/// with it.
+pub const COMMAND_SLICE_US: u64 = 1_000;
 /// Bytes reserved in a connection's read buffer before each read.
 pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// How long the accept loop pauses after an accept error (for example running out
@@ -70,6 +78,29 @@ pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 const ACCEPT_BACKOFF_MS: u64 = 100;
 /// Redis's answer to a client over the connection limit.
 const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
+/// Request methods of HTTP/1.1 (RFC 9110 §9 and PATCH): a request line that starts
+/// with one and ends in `HTTP/…` is a web client's, not a Redis client's.
+const HTTP_METHODS: [&[u8]; 9] =
+    [b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH"];
+/// What is logged when a connection is closed as a cross-protocol attack (Redis's
+/// own warning, naming this node).
+const CROSS_PROTOCOL_WARNING: &str = "Possible SECURITY ATTACK detected. It looks like somebody is sending \
+     POST or Host: commands to the RESP port. This is likely due to an attacker attempting to use Cross \
+     Protocol Scripting to compromise the node (a web page posting to 127.0.0.1). Connection aborted.";
+
+/// Whether a request is what a browser or any HTTP client sends: a command named
+/// `POST` or `Host:` (as Redis checks: every browser request carries a `Host:` line,
+/// and a form post or a `fetch` in `no-cors` mode can only `POST`), or an HTTP
+/// request line (`GET /x HTTP/1.1`). A web page can make a browser send such bytes
+/// to any port on 127.0.0.1, with a body of Redis commands after the headers; the
+/// connection is closed before any of them runs.
+pub fn is_cross_protocol(args: &[&[u8]]) -> bool {
+    let Some(first) = args.first() else { return false };
+    if first.eq_ignore_ascii_case(b"post") || first.eq_ignore_ascii_case(b"host:") {
+        return true;
+    }
+    args.len() == 3 && HTTP_METHODS.contains(first) && args[2].starts_with(b"HTTP/")
+}
 
 /// Decrements the open-connection count however the connection task ends.
 struct Open(Arc<Front>);
@@ -78,6 +109,33 @@ impl Drop for Open {
     fn drop(&mut self) {
         self.0.connected.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// A connection that has not authenticated yet: its place among those waiting
+/// (`resp.connections_unauthenticated_max`) and since when it waits.
+struct Waiting {
+    slot: Slot,
+    since: Instant,
+}
+
+/// Why a connection was closed by its listener rather than by its client.
+fn closed(reason: Reason, id: u64, timeout: Duration) {
+    refusals::count(tally_tls::Listener::Resp, reason);
+    refusals::log_limited(|| {
+        tracing::info!(
+            target: crate::auth::AUDIT_TARGET,
+            id,
+            outcome = "refused",
+            reason = reason.as_str(),
+            timeout_ms = timeout.as_millis() as u64,
+            "RESP: closed a connection: {}",
+            match reason {
+                Reason::AuthTimeout => "it did not authenticate (or send a command) in time",
+                Reason::ReadTimeout => "its command did not arrive whole in time",
+                _ => "a new connection needed its place among those waiting to authenticate",
+            }
+        );
+    });
 }
 
 /// Serves RESP on `listener` over `svc` until `shutdown` completes, then lets each
@@ -138,11 +196,14 @@ pub async fn serve_with<S: Service>(
     let front = Arc::new(Front::new(svc.node_id().to_string(), local, limits.clone(), command_timeout, gate));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    // Connections waiting to authenticate: never more than their own small cap,
+    // the oldest closed to make room (none of them has sent a request).
+    let lobby = Admission::new(limits.unauthenticated_limit(), Duration::ZERO);
     tokio::pin!(shutdown);
     tracing::info!(%local, tls = tls.is_some(), "serving RESP");
     loop {
         while connections.try_join_next().is_some() {}
-        let (mut stream, peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -153,44 +214,34 @@ pub async fn serve_with<S: Service>(
                 }
             },
         };
-        if front.connected.load(Ordering::Relaxed) >= limits.connections_max {
-            front.rejected.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(%peer, "RESP connection refused: resp.connections_max reached");
-            let tls = tls.clone();
-            connections.spawn(async move {
-                match tls {
-                    None => {
-                        let _ = tokio::time::timeout(command_timeout, stream.write_all(MAX_CLIENTS)).await;
-                    }
-                    Some(tls) => {
-                        if let Some(mut stream) = handshake(&tls, stream, peer).await {
-                            let _ =
-                                tokio::time::timeout(command_timeout, stream.write_all(MAX_CLIENTS)).await;
-                            let _ = stream.shutdown().await;
-                        }
-                    }
-                }
-            });
-            continue;
+        let evicted_before = lobby.evictions();
+        let waiting = lobby.admit().await;
+        if lobby.evictions() > evicted_before {
+            refusals::count(tally_tls::Listener::Resp, Reason::Evicted);
         }
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
-        front.connected.fetch_add(1, Ordering::Relaxed);
         let id = front.last_id.fetch_add(1, Ordering::Relaxed) + 1;
-        front.accepted.fetch_add(1, Ordering::Relaxed);
-        let open = Open(front.clone());
+        let front = front.clone();
         let svc = svc.clone();
         let stop = stop_rx.clone();
         let tls = tls.clone();
         connections.spawn(async move {
-            let _open = open;
-            let session = Session::connected(&_open.0, id, peer, auth::initial(&_open.0.gate));
+            let session = Session::connected(&front, id, peer, auth::initial(&front.gate));
+            let waiting = Waiting { slot: waiting, since: Instant::now() };
+            let deadline = waiting.since + front.limits.auth_timeout();
             match tls {
-                None => connection(stream, svc, &_open.0, session, stop).await,
+                None => connection(stream, svc, &front, session, stop, Some(waiting)).await,
                 Some(tls) => {
-                    let Some(stream) = handshake(&tls, stream, peer).await else { return };
-                    connection(stream, svc, &_open.0, session, stop).await
+                    // The handshake counts against the wait to authenticate.
+                    let shaken = tokio::select! {
+                        s = handshake(&tls, stream, peer) => s,
+                        _ = waiting.slot.evicted() => None,
+                        _ = tokio::time::sleep_until(deadline.into()) => None,
+                    };
+                    let Some(stream) = shaken else { return };
+                    connection(stream, svc, &front, session, stop, Some(waiting)).await
                 }
             }
             tracing::debug!(%peer, id, "RESP connection closed");
@@ -245,6 +296,15 @@ struct Batch {
 impl Batch {
     fn is_empty(&self) -> bool {
         self.requests.is_empty()
+    }
+
+    /// The first request that [`is_cross_protocol`], if any.
+    fn cross_protocol(&self, buf: &[u8]) -> Option<usize> {
+        let mut args = Vec::new();
+        (0..self.requests.len()).find(|&i| {
+            self.args(i, buf, &mut args);
+            is_cross_protocol(&args)
+        })
     }
 
     /// Request `i`'s arguments, read from `buf`, into `args` (emptied first).
@@ -361,6 +421,7 @@ async fn run_batch<S: Service>(
     let gate = &front.gate;
     let mut args = Vec::new();
     let (mut next, mut held) = (0, None);
+    let mut slice = Instant::now();
     // Each command is parsed and admitted when its turn comes, in order: an `AUTH`
     // earlier in the pipeline counts only once it ran.
     let mut take = |held: &mut Option<_>| {
@@ -455,43 +516,144 @@ async fn run_batch<S: Service>(
         if flow == Flow::Close {
             return Flow::Close;
         }
+        // A pipeline of heavy commands (`COMMAND DOCS`, megabyte names) must not hold
+        // a worker for long: every other connection and the engine's actors share it.
+        if slice.elapsed() >= Duration::from_micros(COMMAND_SLICE_US) {
+            tokio::task::yield_now().await;
+            slice = Instant::now();
+        }
     }
     Flow::Continue
 }
 
 /// One connection: read, decode every complete command, run them, write every
-/// reply at once; until the client leaves, `QUIT`, a protocol error or shutdown.
+/// reply at once; until the client leaves, `QUIT`, a protocol error, a timeout or
+/// shutdown.
+///
+/// A connection starts `waiting` to authenticate (on a node without tokens, to send
+/// its first command): it holds a place among the waiting ones, which a newer one
+/// may take, for at most `resp.auth_timeout_ms`. Once authenticated it counts
+/// against `resp.connections_max` (one too many is answered Redis's `max number of
+/// clients reached` and closed), may stay idle for `resp.idle_timeout_ms` (forever
+/// at 0), and a command whose first byte arrived must arrive whole within
+/// `resp.read_timeout_ms`.
 async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
     mut stream: IO,
     svc: S,
-    front: &Front,
+    front: &Arc<Front>,
     mut session: Session,
     mut stop: watch::Receiver<bool>,
+    mut waiting: Option<Waiting>,
 ) {
     let limits = WireLimits {
         request_bytes_max: front.limits.request_limit_bytes(),
         args_max: front.limits.args_limit(),
+        arg_bytes_max: front.limits.arg_limit_bytes(),
     };
+    let (auth_timeout, read_timeout) = (front.limits.auth_timeout(), front.limits.read_timeout());
+    let idle_timeout = front.limits.idle_timeout();
+    let mut _open: Option<Open> = None;
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::new();
+    // When the bytes of the request at the front of the buffer began to arrive, and
+    // when the connection last finished a batch.
+    let mut partial_since: Option<Instant> = None;
+    let mut active = Instant::now();
     loop {
-        let (batch, fatal) = take_batch(&buf, &limits);
-        if batch.is_empty() && fatal.is_none() {
+        let (mut batch, fatal) = take_batch(&buf, &limits);
+        // Nothing from a cross-protocol request on runs: not it, not what follows.
+        let attack = batch.cross_protocol(&buf);
+        if let Some(i) = attack {
+            batch.requests.truncate(i);
+        }
+        if batch.is_empty() && fatal.is_none() && attack.is_none() {
             buf.drain(..batch.used);
+            if buf.is_empty() {
+                partial_since = None;
+            }
             buf.reserve(READ_CHUNK_BYTES);
+            // When to give up on the connection, and the refusal it counts as (none for
+            // an idle one, closed quietly as Redis closes one).
+            let deadline = match (&waiting, partial_since) {
+                (Some(w), _) => Some((w.since + auth_timeout, Some(Reason::AuthTimeout), auth_timeout)),
+                (None, Some(since)) => Some((since + read_timeout, Some(Reason::ReadTimeout), read_timeout)),
+                (None, None) => idle_timeout.map(|t| (active + t, None, t)),
+            };
+            let evicted = async {
+                match &waiting {
+                    Some(w) => w.slot.evicted().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let timer = async {
+                match deadline {
+                    Some((at, ..)) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
                 _ = session.killed() => return,
+                _ = evicted => {
+                    closed(Reason::Evicted, session.id, auth_timeout);
+                    return;
+                }
+                _ = timer => {
+                    if let Some((_, Some(reason), timeout)) = deadline {
+                        closed(reason, session.id, timeout);
+                    }
+                }
                 read = stream.read_buf(&mut buf) => match read {
                     Ok(0) | Err(_) => return,
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        partial_since.get_or_insert_with(Instant::now);
+                        continue;
+                    }
                 },
+            }
+            // Timed out.
+            let _ = stream.shutdown().await;
+            return;
+        }
+        // A node without tokens admits a connection at its first command; one with
+        // tokens once it authenticated (below, after the batch that did).
+        if waiting.is_some() && session.principal.is_some() && !batch.is_empty() {
+            match admit(front) {
+                Some(admitted) => (_open, waiting) = (Some(admitted), None),
+                None => {
+                    let _ = tokio::time::timeout(front.command_timeout, stream.write_all(MAX_CLIENTS)).await;
+                    let _ = stream.shutdown().await;
+                    return;
+                }
             }
         }
         let mut flow = run_batch(&svc, front, &mut session, (&batch, &buf), &mut out).await;
         buf.drain(..batch.used);
-        if let Some(e) = fatal {
+        partial_since = (!buf.is_empty()).then(Instant::now);
+        active = Instant::now();
+        if waiting.is_some() && session.principal.is_some() && flow == Flow::Continue {
+            match admit(front) {
+                Some(admitted) => (_open, waiting) = (Some(admitted), None),
+                None => {
+                    out.extend_from_slice(MAX_CLIENTS);
+                    flow = Flow::Close;
+                }
+            }
+        }
+        if attack.is_some() {
+            refusals::count(tally_tls::Listener::Resp, Reason::CrossProtocol);
+            refusals::log_limited(|| {
+                tracing::warn!(
+                    target: crate::auth::AUDIT_TARGET,
+                    id = session.id,
+                    outcome = "refused",
+                    reason = "cross_protocol",
+                    "{CROSS_PROTOCOL_WARNING}"
+                );
+            });
+            flow = Flow::Close;
+        } else if let Some(e) = fatal {
             tracing::debug!(id = session.id, error = %e, "RESP protocol error; closing");
             encode(&Reply::Error(format!("ERR {e}")), session.proto, &mut out);
             flow = Flow::Close;
@@ -503,6 +665,23 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
     }
+}
+
+/// Counts an authenticated connection against `resp.connections_max`: its guard,
+/// or `None` when the node holds that many already (counted as rejected).
+fn admit(front: &Arc<Front>) -> Option<Open> {
+    let max = front.limits.connections_max;
+    let admitted = front
+        .connected
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+        .is_ok();
+    if !admitted {
+        front.rejected.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!("RESP connection refused: resp.connections_max reached");
+        return None;
+    }
+    front.accepted.fetch_add(1, Ordering::Relaxed);
+    Some(Open(front.clone()))
 }
 
 #[cfg(test)]
@@ -525,7 +704,7 @@ mod tests {
 
     #[test]
     fn a_batch_reads_each_request_from_the_buffer_in_order() {
-        let limits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+        let limits = WireLimits { request_bytes_max: 1024, args_max: 8, arg_bytes_max: 1024 };
         let buf = b"*2\r\n$4\r\nINCR\r\n$1\r\na\r\n\r\nGET b\r\n*3\r\n$6\r\nINCRBY\r\n$2\r\ncc\r\n$1\r\n5\r\n*1\r\n$4\r\nPI";
         let (batch, fatal) = take_batch(buf, &limits);
         assert!(fatal.is_none());
@@ -541,6 +720,33 @@ mod tests {
         // Garbage stops the batch; what came before it still runs.
         let (batch, fatal) = take_batch(b"PING\r\n*x\r\n", &limits);
         assert_eq!((batch.requests.len(), fatal.map(|e| e.code)), (1, Some(wire::PROTOCOL_ERROR)));
+    }
+
+    #[test]
+    fn what_a_browser_sends_is_told_apart_from_redis_commands() {
+        fn words(line: &str) -> Vec<&[u8]> {
+            line.split(' ').map(str::as_bytes).collect()
+        }
+        for line in [
+            "POST / HTTP/1.1",
+            "post /x",
+            "Host: 127.0.0.1:6380",
+            "HOST: x",
+            "GET / HTTP/1.1",
+            "PUT /v1 HTTP/2",
+        ] {
+            assert!(is_cross_protocol(&words(line)), "{line}");
+        }
+        for line in ["GET likes:1", "INCR post", "GET /x HTTP", "get / HTTP/1.1", "PING", "SET a HTTP/1.1 x"]
+        {
+            assert!(!is_cross_protocol(&words(line)), "{line}");
+        }
+        // In a pipeline, what comes before the attack runs; it and what follows do not.
+        let limits = WireLimits { request_bytes_max: 1024, args_max: 8, arg_bytes_max: 1024 };
+        let buf = b"PING\r\nPOST / HTTP/1.1\r\nHost: 127.0.0.1:6380\r\n\r\nDEL likes:1\r\n";
+        let (batch, fatal) = take_batch(buf, &limits);
+        assert!(fatal.is_none());
+        assert_eq!((batch.requests.len(), batch.cross_protocol(buf)), (4, Some(1)));
     }
 
     #[tokio::test(start_paused = true)]

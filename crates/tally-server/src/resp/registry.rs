@@ -19,10 +19,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Most `SCAN` cursors a listener remembers: each is one counter name (at most a
-/// name's length), so they take a few hundred kilobytes at most; the oldest go
-/// first.
+/// Most `SCAN` cursors a listener remembers: each is one counter name (at most
+/// `tally_core::name::NAME_LEN_MAX`, 1,536 bytes, escaped), so they take about
+/// 6 MiB at most and far less for realistic names; the oldest go first.
 pub const SCAN_CURSORS_MAX: usize = 4_096;
+
+/// A connection's `CLIENT SETNAME` name, and `CLIENT SETINFO`'s library name and
+/// version.
+pub type ClientNames = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// One connection, as `CLIENT LIST` shows it.
 #[derive(Debug)]
@@ -38,7 +42,7 @@ pub struct ClientRecord {
     /// Milliseconds after `since` of its last command.
     pub last_ms: AtomicU64,
     /// `CLIENT SETNAME`'s name, `CLIENT SETINFO`'s library name and version.
-    pub names: parking_lot::Mutex<(Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>)>,
+    pub names: parking_lot::Mutex<ClientNames>,
     /// The last command's name, lowercase.
     pub last_cmd: parking_lot::Mutex<&'static str>,
     /// The protocol in use (2 or 3).

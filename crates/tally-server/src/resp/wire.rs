@@ -31,6 +31,10 @@ pub struct WireLimits {
     pub request_bytes_max: usize,
     /// Most elements in a request's array.
     pub args_max: usize,
+    /// Largest single argument (bulk string), in bytes: no argument of any command
+    /// needs more than a few kilobytes, and a client announcing a bigger one (a
+    /// megabyte `CLIENT SETNAME`) is refused before its bytes arrive.
+    pub arg_bytes_max: usize,
 }
 
 /// A request the decoder cannot make sense of, or one over a limit. The connection
@@ -177,6 +181,12 @@ fn walk_array(
             return Err(too_large(format!(
                 "invalid bulk length: {len} bytes; the limit is {} (resp.request_bytes_max)",
                 limits.request_bytes_max
+            )));
+        }
+        if len as u64 > limits.arg_bytes_max as u64 {
+            return Err(too_large(format!(
+                "an argument of {len} bytes; the limit is {} (resp.arg_bytes_max)",
+                limits.arg_bytes_max
             )));
         }
         let end = body + len as usize;
@@ -374,7 +384,7 @@ pub fn encode(reply: &Reply, proto: Proto, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
-    const LIMITS: WireLimits = WireLimits { request_bytes_max: 1024, args_max: 8 };
+    const LIMITS: WireLimits = WireLimits { request_bytes_max: 1024, args_max: 8, arg_bytes_max: 1024 };
 
     /// The next request's arguments, copied out, and the bytes it took.
     #[allow(clippy::type_complexity)]
@@ -428,6 +438,10 @@ mod tests {
         assert!(e.message.contains("1000000000"), "{e}");
         let e = next_request(b"*9\r\n", &LIMITS).expect_err("too many arguments");
         assert_eq!(e.code, REQUEST_TOO_LARGE);
+        // One argument over its own bound, in a request under the request's.
+        let small = WireLimits { arg_bytes_max: 8, ..LIMITS };
+        let e = next_request(b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$9\r\n", &small).expect_err("too long");
+        assert!(e.code == REQUEST_TOO_LARGE && e.message.contains("resp.arg_bytes_max"), "{e}");
         // Exactly at the limits passes.
         assert_eq!(next_request(b"*8\r\n", &LIMITS), Ok(None));
         assert_eq!(next_request(b"*1\r\n$1024\r\n", &LIMITS), Ok(None));
@@ -601,7 +615,7 @@ mod tests {
         /// the same refusals, as the crate's decoder behind the limit check.
         #[test]
         fn the_walk_agrees_with_the_crates_decoder(buf in request_bytes(), small in proptest::bool::ANY) {
-            let limits = if small { WireLimits { request_bytes_max: 16, args_max: 3 } } else { LIMITS };
+            let limits = if small { WireLimits { request_bytes_max: 16, args_max: 3, arg_bytes_max: 16 } } else { LIMITS };
             let mut spans: Vec<Span> = std::iter::once(0..0).collect();
             let walked = next_request_spans(&buf, &limits, &mut spans).map_err(|e| e.code);
             let walked = walked.map(|used| used.map(|used| (spans[1..].to_vec(), used)));

@@ -73,7 +73,10 @@ pub struct SourceConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresSource {
-    /// A libpq-style connection string or `postgres://` URL.
+    /// A libpq-style connection string or `postgres://` URL. With
+    /// `sslmode=verify-full` (or `verify-ca`) and `sslrootcert=FILE`, TLS that checks
+    /// the server's certificate; `prefer` and `require`, which check nothing, are
+    /// refused.
     pub url: String,
     /// The query, e.g. `SELECT count(*) FROM likes WHERE post_id = $1`.
     pub query: String,
@@ -296,7 +299,9 @@ impl SourceConfig {
 
 impl PostgresSource {
     fn validate(&self) -> Result<(), (&'static str, String)> {
-        self.url
+        let params = super::pg_tls::TlsParams::split(&self.url).map_err(|e| ("url", e))?;
+        params
+            .url
             .parse::<tokio_postgres::Config>()
             .map_err(|e| ("url", format!("not a connection string: {e}")))?;
         if self.query.trim().is_empty() || self.query.len() > PG_QUERY_BYTES_MAX {

@@ -4,6 +4,7 @@
 //!
 //! * [`config`] — the `[[reconcile]]` sections: counter pattern, schedule, backend.
 //! * [`postgres`] — one parameterized query per counter, pooled and time-bounded.
+//! * [`pg_tls`] — TLS to PostgreSQL (`sslmode=verify-full` / `verify-ca`) over rustls.
 //! * [`event_log`] — a streaming recount of a directory of JSON-lines events.
 //! * [`runs`] — the bounded, persisted [`RunBook`] of every run.
 //!
@@ -15,6 +16,7 @@
 
 pub mod config;
 pub mod event_log;
+pub mod pg_tls;
 pub mod postgres;
 pub mod runs;
 
@@ -92,7 +94,7 @@ impl Scheduler {
                         tracing::debug!(source = %source.cfg.name, "not the owner of the schedule; skipping this run");
                         continue;
                     }
-                    run_once(&source, &ctx).await;
+                    run_once(&source, &ctx, next).await;
                     let book = ctx.book.clone();
                     let _ = tokio::task::spawn_blocking(move || book.persist()).await;
                 }
@@ -151,10 +153,11 @@ fn matching_counters(
     }
 }
 
-/// Reconciles `name` against `authoritative` and records the run.
-async fn reconcile_one(ctx: &RunContext, source: &str, name: &str, authoritative: i128) {
+/// Reconciles `name` against `authoritative` as `source`'s run of `instant_ms` and
+/// records the run.
+async fn reconcile_one(ctx: &RunContext, source: &str, instant_ms: u64, name: &str, authoritative: i128) {
     let at_ms = now_ms();
-    let result = ctx.tally.reconcile(name, authoritative).await;
+    let result = ctx.tally.reconcile_scheduled(name, authoritative, source, instant_ms).await;
     match &result {
         Ok(r) if r.corrected => tracing::info!(source, counter = name, drift = %r.drift, "corrected drift"),
         Ok(_) => tracing::debug!(source, counter = name, "no drift"),
@@ -165,8 +168,8 @@ async fn reconcile_one(ctx: &RunContext, source: &str, name: &str, authoritative
     ctx.book.record(name, RunRecord::from_engine(at_ms, source, &ctx.node, authoritative, &result));
 }
 
-/// One run of `source` over every matching counter.
-async fn run_once(source: &Source, ctx: &RunContext) {
+/// One run of `source` over every matching counter, for its instant `instant_ms`.
+async fn run_once(source: &Source, ctx: &RunContext, instant_ms: u64) {
     let name = source.cfg.name.as_str();
     let counters = match matching_counters(&ctx.tally, &source.pattern, name) {
         Ok(c) => c,
@@ -186,7 +189,7 @@ async fn run_once(source: &Source, ctx: &RunContext) {
                 Err(e) => Err(e.clone()),
             };
             match total {
-                Ok(total) => reconcile_one(ctx, name, counter, total).await,
+                Ok(total) => reconcile_one(ctx, name, instant_ms, counter, total).await,
                 Err(e) => {
                     tracing::warn!(source = name, counter = %counter, error = %e, "source gave no total; nothing written");
                     ctx.book.record(counter, RunRecord::source_failed(now_ms(), name, &ctx.node, &e));
@@ -210,7 +213,7 @@ async fn run_once(source: &Source, ctx: &RunContext) {
                 );
                 for (counter, _) in &counters {
                     let total = r.totals.get(counter).copied().unwrap_or(0);
-                    reconcile_one(ctx, name, counter, total).await;
+                    reconcile_one(ctx, name, instant_ms, counter, total).await;
                 }
             }
             Err(e) => {

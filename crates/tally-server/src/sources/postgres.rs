@@ -6,8 +6,13 @@
 //! `integer`, `bigint`, or any text type). Its one row's one column is the total:
 //! `smallint`, `integer` or `bigint` (a `NULL`, as `sum` gives over no rows, is 0).
 //! Cast a `numeric` (what `sum(bigint)` returns) with `::bigint`.
+//!
+//! With `sslmode=verify-full` (or `verify-ca`) and `sslrootcert=FILE` in the
+//! connection string, every connection runs TLS and checks the server's certificate
+//! ([`super::pg_tls`]).
 
 use super::config::PostgresSource;
+use super::pg_tls::{RustlsConnect, TlsParams};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
@@ -52,15 +57,22 @@ enum Param {
 impl PgSource {
     /// Builds the pool; no connection is opened until the first run.
     pub fn new(cfg: &PostgresSource) -> Result<Self, PgSourceError> {
+        let params = TlsParams::split(&cfg.url).map_err(PgSourceError::Pool)?;
         let mut pg: tokio_postgres::Config =
-            cfg.url.parse().map_err(|e| PgSourceError::Pool(format!("{e}")))?;
+            params.url.parse().map_err(|e| PgSourceError::Pool(format!("{e}")))?;
         let connect = Duration::from_millis(cfg.connect_timeout_ms);
         pg.connect_timeout(connect);
         if pg.get_application_name().is_none() {
             pg.application_name("tallyd-reconciler");
         }
-        let manager =
-            Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let recycling = || ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = match &params.tls {
+            None => Manager::from_config(pg, NoTls, recycling()),
+            Some((mode, root)) => {
+                let tls = RustlsConnect::new(*mode, root).map_err(PgSourceError::Pool)?;
+                Manager::from_config(pg, tls, recycling())
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(usize::try_from(cfg.pool_size).unwrap_or(1))
             .runtime(Runtime::Tokio1)
@@ -74,7 +86,7 @@ impl PgSource {
 
     /// The authoritative total for one counter whose placeholders are `values`.
     pub async fn total(&self, values: &[String]) -> Result<i128, PgSourceError> {
-        let client = self.pool.get().await.map_err(|e| PgSourceError::Connect(e.to_string()))?;
+        let client = self.pool.get().await.map_err(|e| PgSourceError::Connect(causes(&e)))?;
         let timeout = Duration::from_millis(self.query_timeout_ms);
         let work = async {
             let stmt =
@@ -133,6 +145,21 @@ impl PgSource {
             .await
             .map_err(|_| PgSourceError::Timeout(self.query_timeout_ms))?
     }
+}
+
+/// An error with every cause under it (`error performing TLS handshake: invalid
+/// peer certificate: UnknownIssuer`), for the run record and the log.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        next = cause.source();
+    }
+    text
 }
 
 /// The placeholder value `v` as parameter `$n` of type `t`.

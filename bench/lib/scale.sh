@@ -1,0 +1,152 @@
+# shellcheck shell=bash
+# The `scale` section of bench/run.sh: memory, disk and restart time per retained
+# event id, for one node keeping one copy and for three nodes keeping three copies,
+# in one run. Each cell feeds N unique idempotent increments (`TALLY.INCRBY … ID`,
+# bench/lib/dedup_feed.py) to one sync counter, lets the nodes settle for a minute,
+# samples every node's RSS and data directory, then kills a node with SIGKILL and
+# starts it again (time until healthy and, with copies, until its replicas hold
+# the leaders' logs again), and with copies kills another, empties its data
+# directory and starts it again (time until its new replicas are voters holding
+# everything). Results: $OUT/<topology>-<ids>.csv (the feed's samples), one line
+# per node in $OUT/scale.csv, one per restart in $OUT/restarts.csv ($OUT is
+# bench/results/scale when the section runs alone); a summary on stderr.
+#
+# Not in the default sections (a cell of 1 M ids takes minutes, 10 M an hour):
+#   bench/run.sh --only scale                      SCALE_IDS="1000000" by default
+#   SCALE_IDS="1000000 10000000" bench/run.sh --only scale
+#   SCALE_TOPOLOGIES=three (default "one three") runs one topology only
+
+# scale_since START: seconds since START (a `date +%s.%N`), to a tenth.
+scale_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
+
+# scale_caught_up URLS NODE: whether every range that NODE's current store
+# replicates is, as its leader reports it, a voter that holds the leader's whole log.
+scale_caught_up() {
+  local urls=$1 node=$2 url
+  for url in $urls; do curl -fsS -m 5 "$url/v1/cluster" || echo '{}'; echo; done | "$PY" -c '
+import json, sys
+node = sys.argv[1]
+ranges = {}
+for line in sys.stdin:
+    line = line.strip()
+    if not line:
+        continue
+    for r in json.loads(line).get("ranges", []):
+        if r.get("leader_last_log") is not None:  # the leader view
+            ranges[r["range"]] = r
+held = 0
+for r in ranges.values():
+    mine = [p for p in r["replicas"] if p["node"] == node and p.get("current") is not False]
+    if not mine:
+        continue
+    held += 1
+    p = mine[0]
+    if p["role"] != "voter" or r["joint"] or (p.get("matched") or 0) < r["leader_last_log"]:
+        sys.exit(1)
+sys.exit(0 if held else 1)' "$node"
+}
+
+# scale_cell TOPOLOGY IDS: one cell (TOPOLOGY one: a single node, one copy; three:
+# three nodes, three copies).
+scale_cell() {
+  local topo=$1 ids=$2 urls pids ports dirs counter=scale:ids i start elapsed
+  if [[ $topo == one ]]; then
+    start_tally_single
+    urls=$TALLY_URLS
+    pids=$TALLY_PIDS
+    ports=$TALLY_RESP_PORT
+    dirs="$(ls -td "$TMP_ROOT"/tally1.* | head -n 1)/data"
+  else
+    start_tally_cluster 3
+    urls=$TALLY_URLS
+    pids=$TALLY_PIDS
+    ports=$TALLY_RESP_PORTS
+    local cdir
+    cdir=$(ls -td "$TMP_ROOT"/tally3r3.* | head -n 1)
+    dirs="$cdir/node1 $cdir/node2 $cdir/node3"
+  fi
+  local -a url_a pid_a port_a dir_a
+  read -r -a url_a <<<"$urls"
+  read -r -a pid_a <<<"$pids"
+  read -r -a port_a <<<"$ports"
+  read -r -a dir_a <<<"$dirs"
+  curl -fsS -X PUT "${url_a[0]}/v1/counters/$counter" --json '{"durability": "sync", "shards": 16}' >/dev/null
+  wait_until 30 "counter $counter" tally_read_complete "${url_a[0]}" "$counter"
+  local -a rss0 disk0
+  for i in "${!pid_a[@]}"; do
+    rss0[i]=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    disk0[i]=$(du -sb "${dir_a[i]}" | cut -f1)
+  done
+  log "scale $topo: feeding $ids ids to $counter through ${url_a[0]}"
+  "$PY" "$BENCH/lib/dedup_feed.py" --port "${port_a[0]}" --pid "${pid_a[0]}" --data-dir "${dir_a[0]}" \
+    --counter "$counter" --ids "$ids" --connections 32 --pipeline 64 --every 30 \
+    >"$OUT/$topo-$ids.csv"
+  local fed
+  fed=$(tail -n 1 "$OUT/$topo-$ids.csv" | cut -d, -f1)
+  # A quiet minute: sled's page-out and segment cleaning settle.
+  sleep 60
+  for i in "${!pid_a[@]}"; do
+    local rss disk
+    rss=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    disk=$(du -sb "${dir_a[i]}" | cut -f1)
+    echo "$topo,$ids,node$((i + 1)),${rss0[i]},$rss,${disk0[i]},$disk,$fed" >>"$OUT/scale.csv"
+    log "scale $topo node$((i + 1)): RAM $(((rss - rss0[i]) * 1024 / ids)) B/id, disk $(((disk - disk0[i]) / ids)) B/id (RSS ${rss} kB, data ${disk} B)"
+  done
+  # A restart over the retained ids: SIGKILL, start again, time until it serves
+  # (and, with copies, until its replicas hold the leaders' logs again).
+  local victim=$((${#pid_a[@]} > 1 ? 1 : 0)) conf
+  conf=${dir_a[victim]%/*}/node$((victim + 1)).toml
+  [[ $topo == one ]] && conf=${dir_a[0]%/data}/node1.toml
+  kill -KILL "${pid_a[victim]}"
+  stop_pid "${pid_a[victim]}" KILL 30
+  start=$(date +%s.%N)
+  "$TALLYD" --config "$conf" --data-dir "${dir_a[victim]}" >>"${conf%.toml}.log" 2>&1 &
+  pid_a[victim]=$!
+  register_pid "${pid_a[victim]}"
+  wait_until 600 "node$((victim + 1)) healthy again" tally_healthy "${url_a[victim]}"
+  elapsed=$(scale_since "$start")
+  if [[ $topo == three ]]; then
+    wait_until 600 "node2's replicas caught up" scale_caught_up "${url_a[*]}" node2
+    local caught
+    caught=$(scale_since "$start")
+    log "scale $topo: node2 restarted over $ids ids: healthy after ${elapsed}s, replicas caught up after ${caught}s"
+    echo "$topo,$ids,restart,node2,$elapsed,$caught" >>"$OUT/restarts.csv"
+    # An empty disk: node3 killed, its data directory deleted, started again.
+    kill -KILL "${pid_a[2]}"
+    stop_pid "${pid_a[2]}" KILL 30
+    rm -rf "${dir_a[2]}"
+    start=$(date +%s.%N)
+    "$TALLYD" --config "${dir_a[2]%/*}/node3.toml" --data-dir "${dir_a[2]}" >>"${dir_a[2]%/*}/node3.log" 2>&1 &
+    pid_a[2]=$!
+    register_pid "${pid_a[2]}"
+    wait_until 900 "node3 healthy again" tally_healthy "${url_a[2]}"
+    elapsed=$(scale_since "$start")
+    wait_until 900 "node3's new replicas voters holding everything" scale_caught_up "${url_a[*]}" node3
+    caught=$(scale_since "$start")
+    local disk3 rss3
+    disk3=$(du -sb "${dir_a[2]}" | cut -f1)
+    rss3=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[2]}/status")
+    log "scale $topo: node3 back with an empty disk: healthy after ${elapsed}s, replicas voters and caught up after ${caught}s (RSS ${rss3} kB, data ${disk3} B)"
+    echo "$topo,$ids,empty-disk,node3,$elapsed,$caught,$rss3,$disk3" >>"$OUT/restarts.csv"
+  else
+    log "scale $topo: restarted over $ids ids: healthy after ${elapsed}s"
+    echo "$topo,$ids,restart,node1,$elapsed,$elapsed" >>"$OUT/restarts.csv"
+  fi
+  local value
+  value=$(curl -fsS "${url_a[0]}/v1/counters/$counter/value?consistency=fresh")
+  log "scale $topo: value after the restarts: $value"
+  TALLY_PIDS=${pid_a[*]}
+  stop_tally
+}
+
+section_scale() {
+  echo "topology,ids,node,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after,feed_seconds" >"$OUT/scale.csv"
+  echo "topology,ids,event,node,healthy_s,caught_up_s,rss_kb,disk_bytes" >"$OUT/restarts.csv"
+  local ids
+  local topo
+  for ids in ${SCALE_IDS:-1000000}; do
+    for topo in ${SCALE_TOPOLOGIES:-one three}; do
+      scale_cell "$topo" "$ids"
+    done
+  done
+}
