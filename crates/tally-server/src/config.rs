@@ -949,15 +949,15 @@ impl Config {
         range("engine.sketch_bytes_per_counter_max", e.sketch_bytes_per_counter_max, 1, u64::MAX)?;
         range("quotas", self.quotas.len() as u64, 0, QUOTAS_MAX as u64)?;
         for (i, q) in self.quotas.iter().enumerate() {
-            let listable = q.prefix.len() <= tally_engine::LIST_PREFIX_BYTES_MAX
-                && q.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
-            if q.prefix.is_empty() || !listable || q.counters_max == 0 {
+            // A prefix is the start of a name: any text of 1 to NAME_BYTES_MAX bytes.
+            let max = tally_core::name::NAME_BYTES_MAX;
+            if q.prefix.is_empty() || q.prefix.len() > max || q.counters_max == 0 {
                 return Err(ConfigError::Invalid {
                     field: format!("quotas[{i}]"),
-                    reason:
-                        "prefix must be 1 to 255 bytes of [A-Za-z0-9._:-] (engine.counters_max bounds every \
-                             counter) and counters_max at least 1"
-                            .into(),
+                    reason: format!(
+                        "prefix must be 1 to {max} bytes (engine.counters_max bounds every counter) and \
+                         counters_max at least 1"
+                    ),
                 });
             }
         }
