@@ -320,6 +320,7 @@ pub fn decide(
                         let bounded = state.event_ids_max.is_some_and(|max| state.event_ids >= max);
                         if rec.is_none() && bounded && crate::dedup::is_client_event_id(id) {
                             d.outcomes.push(Outcome::TooManyEventIds);
+                            d.values.push(d.value);
                             continue;
                         }
                         judge(rec, *delta, now_ms, window_ms)
@@ -406,7 +407,7 @@ pub fn decide(
         d.outcomes.push(outcome);
         d.values.push(d.value);
     }
-    debug_assert_eq!(d.values.len(), d.outcomes.len());
+    assert_eq!(d.values.len(), d.outcomes.len(), "every outcome has the value it left the shard at");
     d.dedup_put = created.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     state.value = d.value;
     debug_assert!(d.writes(before) || d.applied_increments == 0 || d.change_abs == 0);
@@ -685,6 +686,7 @@ mod tests {
             vec![Outcome::Applied, Outcome::TooManyEventIds, Outcome::Duplicate, Outcome::Applied]
         );
         assert_eq!((d.value, s.event_ids), (2, 2));
+        assert_eq!(d.values, vec![1, 1, 1, 2], "each outcome with the value it left the shard at");
         assert!(d.dedup_put.iter().all(|(id, _)| id != "b"), "a refused id leaves no record");
         // Ids the node makes itself (drains) are not the client's and not bounded.
         let drain = Submission::Buffered {
