@@ -15,7 +15,10 @@ UINT = {"type": "integer", "minimum": 0}
 NUM = {"type": "number"}
 STR = {"type": "string"}
 BOOL = {"type": "boolean"}
-NAME = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[A-Za-z0-9._:-]+$"}
+NAME = {"type": "string", "minLength": 1, "maxLength": 1536,
+        "description": "A counter name: any bytes, 1 to 512 (percent-encoded in a path); shown as itself when it is UTF-8, else in its escaped form."}
+# A name's escaped form: the bytes of [A-Za-z0-9._:-] as they are, every other byte as %XX.
+ESCAPED = {"type": "string", "minLength": 1, "maxLength": 1536, "pattern": "^([A-Za-z0-9._:-]|%[0-9A-F]{2})+$"}
 def nullable(s): return {"anyOf": [s, {"type": "null"}]}
 def json_body(schema): return {"content": {"application/json": {"schema": schema}}}
 
@@ -54,10 +57,26 @@ schemas = {
    "max": {**INT, "description": "On create (with `durability: sync`): an increment that would take the value higher is refused. Must be ≥ 0; never changes."},
    "limit": ref("WindowLimit"),
    "replicas": {**INT, "description": "On create: copies of each shard, 1-5, in range groups shared with the counters that state the same "
-     "(above 1 only where shards are replicated, `cluster.replicas` > 1). Never changes."}},
+     "(above 1 only where shards are replicated, `cluster.replicas` > 1). Never changes."},
+   "ttl_ms": {"type": "integer", "minimum": 1, "maximum": 3153600000000,
+     "description": "The counter expires this many milliseconds from now, as Redis's EXPIRE (see PUT .../expiry)."}},
    desc="Fields to set; all optional."),
+ "Expiry": obj({"ttl_ms": {"type": "integer", "minimum": 1, "maximum": 3153600000000, "description": "Milliseconds from now."},
+   "expires_at_ms": {**UINT, "description": "A deadline in milliseconds since the Unix epoch; one already passed deletes the counter at once."},
+   "when": {"type": "string", "enum": ["nx", "xx", "gt", "lt"],
+     "description": "Set only if the counter has no deadline (nx), has one (xx), the new one is later (gt) or earlier (lt); absent: always."}},
+   desc="When the counter expires: exactly one of ttl_ms or expires_at_ms."),
+ "Namespace": obj({"prefix": {"type": "string", "minLength": 1, "maxLength": 1536},
+   "spec": {"type": "object", "description": "The spec fields the namespace names (null: the default)."},
+   "auto": nullable(ref("AutoShards")), "ttl_ms": nullable(UINT)}, ["prefix", "spec", "auto", "ttl_ms"],
+   desc="What counters created implicitly under the prefix take (their first increment, SET, after DEL); the longest matching prefix wins."),
+ "Namespaces": obj({"namespaces": {"type": "array", "items": ref("Namespace")}}, ["namespaces"]),
+ "ExpiryView": obj({"expires_at_ms": nullable(UINT), "ttl_ms": {"type": "integer", "minimum": -1, "description": "Milliseconds left; -1 for never."},
+   "changed": {**BOOL, "description": "PUT: whether the deadline was set; DELETE: whether there was one to remove."}},
+   ["expires_at_ms", "ttl_ms"], desc="A counter's deadline: from it on the counter does not exist (reads answer 404; an increment creates it anew)."),
  "CounterInfo": obj({"name": NAME, "spec": ref("CounterSpec"), "generation": UINT, "layout_shards": UINT,
-   "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards"))},
+   "resharding": nullable(UINT), "created_at_ms": UINT, "auto": nullable(ref("AutoShards")),
+   "expires_at_ms": nullable({**UINT, "description": "When the counter expires, in milliseconds since the Unix epoch; null for never."})},
    ["name", "spec", "generation", "layout_shards", "resharding", "created_at_ms", "auto"]),
  "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "seq": {"type": "integer", "minimum": 0, "maximum": 9223372036854775807, "description": "The writer's sequence number (needs `writer`, excludes `event_id`): idempotent by sequence, see docs/SEMANTICS.md."}, "member": STR, "item": STR}, ["delta"],
    desc="On a counter with `frequency`, `item` (or `member` without one) is counted with the delta as its weight; the delta must then be positive."),
@@ -136,7 +155,7 @@ schemas = {
    "placement_epoch": UINT, "handoff": {"type": "array", "items": STR}, "data_lost": {"type": "array", "items": STR},
    "ranges": {"type": "array", "items": ref("RangeReport")}},
    ["nodes", "leader", "term", "placement_epoch", "handoff", "data_lost"]),
- "CounterPage": obj({"counters": {"type": "array", "items": NAME, "maxItems": 1000}, "next": nullable(NAME)}, ["counters", "next"],
+ "CounterPage": obj({"counters": {"type": "array", "items": NAME, "maxItems": 1000}, "next": nullable(ESCAPED)}, ["counters", "next"],
    desc="One page of counter names in byte order; pass `next` as `cursor` for the next page (null on the last)."),
  "CounterStats": obj({"name": NAME, "writes": UINT, "write_rate": {"type": "number", "minimum": 0}, "skew": {"type": "number", "minimum": 0},
    "value": nullable(INT), "staleness_ms": nullable(UINT), "complete": nullable(BOOL), "drift": nullable(INT), "error": nullable(STR)},
@@ -162,6 +181,8 @@ E507 = err("A quota of the node would be exceeded (`quota_exceeded`: engine.coun
            "engine.event_ids_per_counter_max, engine.sketch_bytes_per_counter_max); nothing was created or counted.")
 E415 = err("The body is not application/json (every POST must declare a JSON body, `{}` when it has no fields).")
 name_param = {"name": "name", "in": "path", "required": True, "schema": NAME, "description": "The counter's name."}
+prefix_param = {"name": "prefix", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 1536},
+                "description": "A name prefix, percent-encoded."}
 id_param = {"name": "id", "in": "path", "required": True, "schema": STR, "description": "A node id from the cluster config."}
 
 def op(op_id, summary, responses, params=(), body=None, tag="counters"):
@@ -173,9 +194,9 @@ def op(op_id, summary, responses, params=(), body=None, tag="counters"):
 paths = {
  "/v1/counters": {"get": op("listCounters", "One page of counter names, in byte order.", {
      "200": ok("A page of names and the cursor of the next.", ref("CounterPage")), "400": E400},
-     [{"name": "prefix", "in": "query", "schema": {"type": "string", "maxLength": 255}, "description": "Only names starting with this."},
+     [{"name": "prefix", "in": "query", "schema": {"type": "string", "maxLength": 512}, "description": "Only names starting with this."},
       {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
-      {"name": "cursor", "in": "query", "schema": NAME, "description": "The `next` of the previous page."}])},
+      {"name": "cursor", "in": "query", "schema": ESCAPED, "description": "The `next` of the previous page."}])},
  "/v1/counters/{name}": {
    "put": op("putCounter", "Create (201) or update (200) a counter.", {
      "200": ok("Updated.", ref("CounterInfo")), "201": ok("Created.", ref("CounterInfo")),
@@ -206,6 +227,21 @@ paths = {
      [name_param, {"name": "k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 256, "default": 10}}])},
  "/v1/counters/{name}/shards": {"get": op("readShards", "Per-shard values, owners, writes and skew.", {
      "200": ok("The shards.", ref("ShardsReport")), "400": E400, "404": E404, "503": E503}, [name_param])},
+ "/v1/counters/{name}/expiry": {
+   "get": op("getExpiry", "The counter's deadline (as TTL).", {"200": ok("The deadline.", ref("ExpiryView")), "400": E400, "404": E404}, [name_param]),
+   "put": op("putExpiry", "Set the counter's deadline (as EXPIRE with NX, XX, GT, LT).", {
+     "200": ok("The deadline after the change.", ref("ExpiryView")), "400": E400, "404": E404, "415": E415, "422": E422, "503": E503},
+     [name_param], (ref("Expiry"), True)),
+   "delete": op("deleteExpiry", "Remove the counter's deadline (as PERSIST).", {
+     "200": ok("The deadline after the change.", ref("ExpiryView")), "400": E400, "404": E404, "503": E503}, [name_param])},
+ "/v1/namespaces": {"get": op("listNamespaces", "Every namespace, by prefix.", {"200": ok("The namespaces.", ref("Namespaces"))}, tag="namespaces")},
+ "/v1/namespaces/{prefix}": {
+   "put": op("putNamespace", "Declare (201) or replace (200) the spec counters created implicitly under the prefix take.", {
+     "200": ok("Replaced.", ref("Namespace")), "201": ok("Declared.", ref("Namespace")), "400": E400, "415": E415, "422": E422, "503": E503},
+     [prefix_param], (ref("SpecPatch"), False), tag="namespaces"),
+   "get": op("getNamespace", "The namespace.", {"200": ok("The namespace.", ref("Namespace")), "404": E404}, [prefix_param], tag="namespaces"),
+   "delete": op("deleteNamespace", "Drop the namespace (counters created under it keep their specs).", {
+     "204": {"description": "Dropped."}, "404": E404, "503": E503}, [prefix_param], tag="namespaces")},
  "/v1/counters/{name}/reconcile": {"post": op("reconcile", "Bring the counter to an authoritative total.", {
      "200": ok("What was found and corrected.", ref("ReconcileReport")), "400": E400, "404": E404, "415": E415, "422": E422, "503": E503},
      [name_param], (ref("Reconcile"), True))},
@@ -267,7 +303,7 @@ doc = {
  "info": {"title": "Tally", "version": "0.1.0", "summary": "A distributed counter service: sharded, batched, durable counters over HTTP/JSON.",
           "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}},
  "servers": [{"url": "http://127.0.0.1:7070", "description": "the built-in single-node config"}],
- "tags": [{"name": "counters"}, {"name": "cluster"}, {"name": "operations"}],
+ "tags": [{"name": "counters"}, {"name": "namespaces"}, {"name": "cluster"}, {"name": "operations"}],
  "paths": paths,
  "security": [{"bearer": []}],
  "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",

@@ -1,4 +1,10 @@
-//! t15: the Redis protocol with real clients. A real `tallyd` is driven by
+//! t15: the Redis protocol with real clients. What `INCR` answers is checked first:
+//! one client's increments answer 1, 2, 3, … (alone, in a pipeline of a thousand,
+//! mixed with `INCRBY`/`DECR`), and a `sync` counter of one shard answers unique,
+//! gap-free values to many concurrent clients. Transactions (`MULTI`/`EXEC`, which
+//! redis-py's `pipeline()` sends by default) count each increment once, and a
+//! fixed-window rate limiter's counters expire as Redis's would, and a namespace
+//! keeps a bounded counter bounded across `DEL`. A real `tallyd` is driven by
 //! `redis-cli` (one command per call — a windowed counter's `TALLY.WINDOW` among them —
 //! `--pipe` for a pipeline of 1,000 `INCRBY`, `-3` for RESP3) and by the Python `redis`
 //! package (a pipeline, idempotent `TALLY.INCRBY` retries, `PFADD`/`PFCOUNT`, the
@@ -119,22 +125,223 @@ def refused(code, f, *args):
     else:
         raise AssertionError("expected %s from %s%r" % (code, f.__name__, args))
 
-refused("invalid_name", r.incrby, "bad name", 1)
-refused("invalid_name", r.get, "x" * 300)
-refused("invalid_delta", r.incrby, "views:1", "abc")
-refused("invalid_delta", r.incrby, "views:1", 0)
-refused("out_of_range", r.incrby, "views:1", "9223372036854775808")
+refused("invalid_name", r.incrby, "", 1)
+refused("invalid_name", r.get, "x" * 513)
+# Redis's own texts for Redis's commands; INCRBY 0 answers the value, as in Redis.
+refused("value is not an integer or out of range", r.incrby, "views:1", "abc")
+assert r.incrby("views:1", 0) == 1500
+refused("value is not an integer or out of range", r.incrby, "views:1", "9223372036854775808")
 refused("invalid_spec", r.execute_command, "TALLY.CREATE", "c:2", "SHARDS", "5000")
 refused("counter_not_found", r.execute_command, "TALLY.GET", "never:seen")
 refused("event_id_conflict", r.execute_command, "TALLY.INCRBY", "credits:7", "7", "ID", "purchase-1")
 assert r.execute_command("TALLY.CREATE", "big:1", "SHARDS", "1", "DURABILITY", "sync") == b"created"
 assert r.incrby("big:1", 8000000000000000000) == 8000000000000000000
-refused("overflow", r.incrby, "big:1", 8000000000000000000)
-refused("overflow", r.incrby, "big:1", 9223372036854775807)
+refused("increment or decrement would overflow", r.incrby, "big:1", 8000000000000000000)
+refused("increment or decrement would overflow", r.incrby, "big:1", 9223372036854775807)
 refused("unknown command", r.execute_command, "NOSUCH", "a")
 refused("wrong number of arguments", r.execute_command, "INCR")
 print("python ok")
 "#;
+
+/// What `INCR` answers, through the Python client: every answer includes its own
+/// increment and every one before it.
+const PYTHON_INCR: &str = r#"
+import sys, threading, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+
+got = [r.incr("fresh:a") for _ in range(5)]
+assert got == [1, 2, 3, 4, 5], got
+got = [r.incr("mixed"), r.incrby("mixed", 10), r.decr("mixed"), r.decrby("mixed", 3)]
+assert got == [1, 11, 10, 7], got
+
+# A thousand INCR in one pipeline, on a batched counter and on a sync one.
+assert r.execute_command("TALLY.CREATE", "pipe:sync", "DURABILITY", "sync") == b"created"
+for key in ["pipe:batched", "pipe:sync"]:
+    p = r.pipeline(transaction=False)
+    for _ in range(1000):
+        p.incr(key)
+    got = p.execute()
+    assert got == list(range(1, 1001)), (key, got[:5], got[-5:], len(set(got)))
+
+# A sync counter of one shard issues ids: 8 clients, 100 INCR each, every value once.
+assert r.execute_command("TALLY.CREATE", "ids", "DURABILITY", "sync", "SHARDS", "1") == b"created"
+seen, lock = [], threading.Lock()
+def client():
+    c = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+    mine = [c.incr("ids") for _ in range(100)]
+    assert mine == sorted(mine), mine
+    with lock:
+        seen.extend(mine)
+threads = [threading.Thread(target=client) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert sorted(seen) == list(range(1, 801)), (len(seen), len(set(seen)), min(seen), max(seen))
+
+# TALLY.INCRBY ... WITHVALUE says whether the value is exact (a single node: it is).
+got = r.execute_command("TALLY.INCRBY", "ids", "1", "ID", "e-1", "WITHVALUE")
+assert got == [b"outcome", b"applied", b"value", 801, b"exact", 1], got
+got = r.execute_command("TALLY.INCRBY", "ids", "1", "ID", "e-1", "WITHVALUE")
+assert got[:2] == [b"outcome", b"duplicate"] and got[3] == 801, got
+print("python incr ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incr_answers_count_one_two_three() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_INCR, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The answers were the totals: the counters hold them.
+    assert_eq!(c.value(1, "pipe:batched").await?, 1000);
+    assert_eq!(c.value(1, "mixed").await?, 7);
+    Ok(())
+}
+
+/// Transactions through the Python client: `pipeline()` wraps its commands in
+/// `MULTI`/`EXEC` by default; each increment counts once, and a transaction with a
+/// command refused while queueing counts nothing.
+const PYTHON_MULTI: &str = r#"
+import sys, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+p = r.pipeline()
+p.incr("tx:a").incr("tx:a").incrby("tx:a", 5).get("tx:a")
+assert p.execute() == [1, 2, 7, b"7"]
+assert r.get("tx:a") == b"7"
+p = r.pipeline()
+p.incr("tx:a").execute_command("NOSUCH", "x").incr("tx:a")
+try:
+    p.execute()
+except redis.exceptions.ResponseError as e:
+    assert "EXECABORT" in str(e) or "unknown command" in str(e), str(e)
+else:
+    raise AssertionError("a transaction with an unknown command ran")
+assert r.get("tx:a") == b"7", r.get("tx:a")
+with r.pipeline() as p:
+    try:
+        p.watch("tx:a")
+    except redis.exceptions.ResponseError as e:
+        assert "WATCH is not supported" in str(e), str(e)
+    else:
+        raise AssertionError("WATCH answered as if it worked")
+print("python multi ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_count_each_increment_once() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_MULTI, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.value(1, "tx:a").await?, 7);
+    Ok(())
+}
+
+/// Expiry and absolute writes through the Python client: the fixed-window rate
+/// limiter (`INCR`, then `EXPIRE` on the first hit), its pipelined form, and
+/// `SET`/`GETSET`/`GETDEL`/`PERSIST`.
+const PYTHON_EXPIRY: &str = r#"
+import sys, time, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+def allowed(user, limit=3):
+    key = "rl:" + user
+    n = r.incr(key)
+    if n == 1:
+        r.expire(key, 60)
+    return n <= limit
+assert [allowed("u1") for _ in range(5)] == [True, True, True, False, False]
+assert 55 <= r.ttl("rl:u1") <= 60, r.ttl("rl:u1")
+p = r.pipeline()
+p.incr("rl:u2").expire("rl:u2", 1)
+assert p.execute() == [1, True]
+time.sleep(1.5)
+assert r.get("rl:u2") is None and r.ttl("rl:u2") == -2
+assert r.incr("rl:u2") == 1, "a new window starts from 1"
+assert r.set("s", 10) is True and r.get("s") == b"10"
+assert r.getset("s", 3) == b"10" and r.getdel("s") == b"3" and r.get("s") is None
+assert r.set("s", 5, ex=100) and 95 <= r.ttl("s") <= 100
+assert r.persist("s") and r.ttl("s") == -1
+print("python expiry ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_limiter_expires_its_counters() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_EXPIRY, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The deadline is metadata: HTTP shows it too.
+    let info = c.get(1, "/v1/counters/rl:u1").await?;
+    assert!(info["expires_at_ms"].as_u64().is_some(), "{info}");
+    let expiry = c.get(1, "/v1/counters/rl:u1/expiry").await?;
+    assert!(expiry["ttl_ms"].as_i64().is_some_and(|t| t > 50_000), "{expiry}");
+    Ok(())
+}
+
+/// A namespace keeps a counter's contract across `DEL`: a bounded sync counter
+/// deleted and decremented again is still bounded at 0.
+const PYTHON_NAMESPACE: &str = r#"
+import sys, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+assert r.execute_command("TALLY.NAMESPACE", "SET", "stock:", "DURABILITY", "sync", "FLOOR", "0") == b"created"
+def decrements(key, n):
+    done = 0
+    for _ in range(n):
+        try:
+            r.decr(key)
+            done += 1
+        except redis.ResponseError as e:
+            assert "bound_exceeded" in str(e), str(e)
+    return done
+assert r.incrby("stock:sku-1", 5) == 5
+assert decrements("stock:sku-1", 8) == 5
+assert r.get("stock:sku-1") == b"0"
+assert r.delete("stock:sku-1") == 1
+assert decrements("stock:sku-1", 20) == 0, "a deleted counter comes back with its namespace's floor"
+assert r.get("stock:sku-1") == b"0"
+assert r.incr("stock:sku-1") == 1
+got = r.execute_command("TALLY.NAMESPACE", "GET", "stock:")
+fields = dict(zip(got[::2], got[1::2]))
+assert fields[b"durability"] == b"sync" and fields[b"floor"] == 0, fields
+assert r.execute_command("TALLY.NAMESPACE", "LIST") == [b"stock:"]
+print("python namespace ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_keeps_a_counters_contract_across_del() -> Result<()> {
+    let Some(python) = python_redis()? else { return Ok(()) };
+    let c = TestCluster::start(1).await?;
+    let port = c.node(1).ports.resp;
+    let out = Command::new(python).args(["-c", PYTHON_NAMESPACE, &port.to_string()]).output()?;
+    assert!(
+        out.status.success(),
+        "python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec = c.get(1, "/v1/counters/stock:sku-1").await?;
+    assert_eq!((spec["spec"]["min"].as_i64(), spec["spec"]["durability"].as_str()), (Some(0), Some("sync")));
+    let ns = c.get(1, "/v1/namespaces/stock:").await?;
+    assert_eq!(ns["spec"]["min"].as_i64(), Some(0), "{ns}");
+    Ok(())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_redis_clients_drive_a_node() -> Result<()> {

@@ -99,9 +99,9 @@ async fn bad_input_gets_the_right_4xx_and_leaves_nodes_healthy() -> Result<()> {
     assert_eq!((status, &answer["error"]["code"]), (415, &json!("unsupported_media_type")), "{answer}");
 
     // Names, unknown counters, specs, paths and methods.
-    let long = format!("/v1/counters/{}", "n".repeat(300));
+    let long = format!("/v1/counters/{}", "n".repeat(513));
     expect(a, "PUT", &long, "{}", 400, "invalid_name").await?;
-    expect(a, "PUT", "/v1/counters/has%20space", "{}", 400, "invalid_name").await?;
+    expect(a, "PUT", "/v1/counters/has%zzescape", "{}", 400, "invalid_path").await?;
     expect(a, "PUT", "/v1/counters/x", r#"{"shards": 0}"#, 422, "invalid_spec").await?;
     expect(a, "PUT", "/v1/counters/x", r#"{"shards": 70000}"#, 422, "invalid_spec").await?;
     expect(a, "GET", "/v1/counters/never-made/value", "", 404, "counter_not_found").await?;

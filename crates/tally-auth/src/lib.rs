@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use subtle::{ConditionallySelectable, ConstantTimeEq};
-use tally_core::name::{check_token, NameError, NAME_LEN_MAX};
+use tally_core::name::{check_token, NameError, NAME_BYTES_MAX};
 
 /// Most tokens one node may declare: verification compares against every one.
 pub const TOKENS_MAX: usize = 256;
@@ -469,7 +469,11 @@ impl Tokens {
             if let Some(first) = entries.iter().position(|(h, _)| *h == hash) {
                 return Err(TokenConfigError::DuplicateHash { index, first });
             }
-            entries.push((hash, Arc::new(Principal::token(&t.name, &t.scopes, &t.prefixes))));
+            // Names are compared in their escaped form (`tally_core::name`), which
+            // keeps prefixes.
+            let prefixes: Vec<String> =
+                t.prefixes.iter().map(|p| tally_core::name::escape(p.as_bytes())).collect();
+            entries.push((hash, Arc::new(Principal::token(&t.name, &t.scopes, &prefixes))));
         }
         Ok(Self { entries })
     }
@@ -551,9 +555,12 @@ fn validate_entry(
             reason: format!("{} prefixes; at most {PREFIXES_PER_TOKEN_MAX}", prefixes.len()),
         });
     }
+    // A prefix is the start of a name: any text of 1 to NAME_BYTES_MAX bytes.
     for p in prefixes {
-        check_token("counter prefix", p, NAME_LEN_MAX)
-            .map_err(|e| TokenConfigError::Prefixes { index, reason: e.to_string() })?;
+        if p.is_empty() || p.len() > NAME_BYTES_MAX {
+            let reason = format!("a prefix is 1 to {NAME_BYTES_MAX} bytes (got {} bytes)", p.len());
+            return Err(TokenConfigError::Prefixes { index, reason });
+        }
     }
     Ok(())
 }
@@ -575,7 +582,7 @@ pub fn config_lines(
     prefixes: &[String],
 ) -> Result<String, TokenConfigError> {
     validate_entry(0, name, scopes, prefixes)?;
-    let quoted = |items: Vec<&str>| items.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ");
+    let quoted = |items: Vec<&str>| items.iter().map(|s| toml_string(s)).collect::<Vec<_>>().join(", ");
     let mut text = format!(
         "[[tokens]]\nname = \"{name}\"\nhash = \"{}\"\nscopes = [{}]\n",
         TokenHash::of(token).to_config(),
@@ -585,6 +592,23 @@ pub fn config_lines(
         text += &format!("prefixes = [{}]\n", quoted(prefixes.iter().map(String::as_str).collect()));
     }
     Ok(text)
+}
+
+/// `s` as a TOML basic string: quoted, with `"`, `\\` and control characters escaped
+/// (a prefix may hold any text).
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -778,7 +802,10 @@ mod tests {
             refused(|c| c[1].prefixes = vec![String::new()]),
             TokenConfigError::Prefixes { index: 1, .. }
         ));
-        assert!(matches!(refused(|c| c[1].prefixes = vec!["a/b".into()]), TokenConfigError::Prefixes { .. }));
+        assert!(matches!(
+            refused(|c| c[1].prefixes = vec!["x".repeat(NAME_BYTES_MAX + 1)]),
+            TokenConfigError::Prefixes { .. }
+        ));
         let many = vec![ok.clone(); TOKENS_MAX + 1];
         assert!(matches!(Tokens::from_config(&many), Err(TokenConfigError::TooMany { .. })));
         let err = refused(|c| c[0].hash = "plain-token".into()).to_string();
@@ -803,6 +830,16 @@ mod tests {
         let p = t.verify(&a).expect("the token verifies against its own line");
         assert_eq!((p.label(), p.prefixes()), ("ingest", &["likes:".to_string()][..]));
         assert!(t.verify(&b).is_err());
+        // A prefix may be any text; the lines quote it, the principal compares it
+        // with names in their escaped form.
+        let odd = "tenant \"a\"\\/{ü}\t".to_string();
+        let lines = config_lines(&a, "odd", &[Scope::Read], std::slice::from_ref(&odd)).expect("valid");
+        let file: File = toml::from_str(&lines).expect("the lines are TOML");
+        assert_eq!(file.tokens[0].prefixes, vec![odd.clone()]);
+        let p = Tokens::from_config(&file.tokens).expect("valid").verify(&a).expect("verifies");
+        let inside = tally_core::name::CounterName::from_bytes(format!("{odd}:1").as_bytes()).unwrap();
+        let outside = tally_core::name::CounterName::from_bytes(b"tenant b:1").unwrap();
+        assert!(p.sees(inside.as_str()) && !p.sees(outside.as_str()));
         assert!(config_lines(&a, "bad name", &[Scope::Read], &[]).is_err());
         assert!(config_lines(&a, "x", &[], &[]).is_err());
     }

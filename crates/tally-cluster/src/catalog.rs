@@ -2,7 +2,7 @@
 
 use futures::future::BoxFuture;
 use std::sync::Arc;
-use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect, MetaError};
+use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError};
 use tally_core::spec::AutoShards;
 use tally_core::CounterName;
 use tally_engine::{Catalog, Generations, TallyError};
@@ -19,10 +19,23 @@ fn rejection(e: Rejection, name: &CounterName) -> TallyError {
         Rejection::Resharding { target } => MetaError::Resharding { target }.into(),
         Rejection::TooManyGenerations { count } => MetaError::TooManyGenerations { count }.into(),
         Rejection::StaleGeneration { current, got } => MetaError::StaleGeneration { current, got }.into(),
+        Rejection::Expired { expires_at_ms } => MetaError::Expired { expires_at_ms }.into(),
         Rejection::AutoStale { version, found } => {
             TallyError::AutoProposalStale { counter: name.to_string(), version, found }
         }
         other => TallyError::Unavailable { shard: "metadata".into(), reason: other.to_string() },
+    }
+}
+
+/// The answer to a namespace request: whether the prefix was declared before.
+fn namespace_answer(response: tally_raft::Response) -> Result<bool, TallyError> {
+    match response {
+        tally_raft::Response::Namespace(Ok(existed)) => Ok(existed),
+        tally_raft::Response::Namespace(Err(why)) => Err(TallyError::Namespace(why)),
+        other => Err(TallyError::Unavailable {
+            shard: "metadata".into(),
+            reason: format!("unexpected answer to a namespace request: {other:?}"),
+        }),
     }
 }
 
@@ -65,7 +78,7 @@ impl Catalog for RaftCatalog {
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(async move {
             // Refuse a bad command here, with the exact error, before replicating it.
-            apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
+            self.raft.check(name, cmd, now_ms)?;
             self.write_counter(name, Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms }).await
         })
     }
@@ -86,7 +99,7 @@ impl Catalog for RaftCatalog {
         now_ms: u64,
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(async move {
-            apply_command(self.raft.counter(name.as_str()), cmd, now_ms)?;
+            self.raft.check(name, cmd, now_ms)?;
             let req = Request::CounterAuto { name: name.clone(), cmd: cmd.clone(), auto, now_ms };
             self.write_counter(name, req).await
         })
@@ -107,6 +120,40 @@ impl Catalog for RaftCatalog {
 
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
         Ok(self.raft.pending_reshards())
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<CounterName>, TallyError> {
+        Ok(self.raft.expired_counters(now_ms, limit))
+    }
+
+    fn reclaims_expired(&self) -> bool {
+        self.raft.is_leader()
+    }
+
+    fn count(&self) -> Result<(u64, u64), TallyError> {
+        Ok(self.raft.counter_count())
+    }
+
+    fn namespaces(&self) -> Result<tally_core::namespace::Namespaces, TallyError> {
+        Ok(self.raft.namespaces())
+    }
+
+    fn put_namespace<'a>(
+        &'a self,
+        prefix: &'a str,
+        spec: tally_core::namespace::NamespaceSpec,
+    ) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let req = Request::PutNamespace { prefix: prefix.to_owned(), spec };
+            namespace_answer(self.raft.write(req).await.map_err(raft_error)?)
+        })
+    }
+
+    fn delete_namespace<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let req = Request::DeleteNamespace { prefix: prefix.to_owned() };
+            namespace_answer(self.raft.write(req).await.map_err(raft_error)?)
+        })
     }
 
     fn tombstones(&self) -> Result<Vec<(CounterName, Generations)>, TallyError> {

@@ -156,6 +156,13 @@ impl CountMin {
         Self::new(width as u32, depth as u32)
     }
 
+    /// This sketch with every count multiplied by `weight` (saturating).
+    pub fn scaled(&self, weight: u64) -> Self {
+        let mut out = self.clone();
+        out.counters.iter_mut().for_each(|c| *c = c.saturating_mul(weight));
+        out
+    }
+
     /// Counters per row.
     pub fn width(&self) -> u32 {
         self.width

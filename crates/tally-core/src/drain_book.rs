@@ -113,6 +113,15 @@ impl DrainBook {
         sub
     }
 
+    /// A token no other call on any node, in any of its lives, ever answers (it takes
+    /// a number from the drain ids' sequence): what makes an absolute write of a
+    /// counter (`SET`) a correction of its own, never deduplicated against an earlier
+    /// one that happened to find the same totals.
+    pub fn unique_token(&mut self) -> String {
+        self.seq += 1;
+        format!("{}{}", self.prefix, self.seq)
+    }
+
     /// Its shard answered, refused it at the door, or it was never sent: it leaves
     /// the book.
     pub fn close(&mut self, drain_id: &str) -> Option<OpenDrain> {

@@ -200,6 +200,17 @@ impl FrequencySketch {
         Ok(true)
     }
 
+    /// This sketch with every weight multiplied by `weight`: what RedisBloom's
+    /// `CMS.MERGE ... WEIGHTS` adds of each source.
+    pub fn scaled(&self, weight: u64) -> Self {
+        Self { cms: self.cms.scaled(weight), top: self.top.scaled(weight), carried: self.carried }
+    }
+
+    /// The count-min table's width and depth.
+    pub fn shape(&self) -> (u32, u32) {
+        (self.cms.width(), self.cms.depth())
+    }
+
     /// Total weight added.
     pub fn total(&self) -> u64 {
         self.cms.total()
@@ -255,6 +266,29 @@ impl FrequencySketch {
     /// Decodes [`Self::to_bytes`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, FrequencyError> {
         Ok(crate::codec::decode("frequency sketch", bytes)?)
+    }
+}
+
+#[cfg(test)]
+mod scale_tests {
+    use super::*;
+
+    #[test]
+    fn a_scaled_sketch_is_the_sketch_of_each_increment_counted_that_many_times() {
+        let spec = FrequencySpec { epsilon: 0.01, delta: 0.01 };
+        let (mut once, mut thrice) =
+            (FrequencySketch::new(&spec).unwrap(), FrequencySketch::new(&spec).unwrap());
+        for (item, w) in [("a", 5), ("b", 2), ("c", 1)] {
+            once.add(item, w);
+            thrice.add(item, 3 * w);
+        }
+        let scaled = once.scaled(3);
+        assert_eq!(scaled.total(), thrice.total());
+        for item in ["a", "b", "c", "d"] {
+            assert_eq!(scaled.estimate(item, &spec), thrice.estimate(item, &spec), "{item}");
+        }
+        assert_eq!(scaled.top(3, &spec), thrice.top(3, &spec));
+        assert_eq!(once.shape(), (272, 5));
     }
 }
 

@@ -15,6 +15,9 @@
 //! * [`spec`] — the per-counter contract and its validation.
 //! * [`meta`] — counter metadata (spec + shard layout) and its transitions,
 //!   including resharding by layout generations.
+//! * [`expiry`] — a counter's deadline: `EXPIRE`'s conditions and `TTL`'s arithmetic.
+//! * [`namespace`] — the spec counters created under a name prefix take, and which
+//!   prefix a name falls under.
 //! * [`autoshard`] — when an auto counter's shard count should change: contention
 //!   samples in, proposals out.
 //! * [`router`] — which shard an increment goes to.
@@ -48,6 +51,7 @@ pub mod codec;
 pub mod dedup;
 pub mod drain_book;
 pub mod escrow;
+pub mod expiry;
 pub mod format;
 pub mod frequency;
 pub mod handoff_machine;
@@ -56,6 +60,7 @@ pub mod ids;
 pub mod limits;
 pub mod meta;
 pub mod name;
+pub mod namespace;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
 pub mod ranges;
@@ -71,6 +76,7 @@ pub mod spec;
 pub mod sweep;
 pub mod topk;
 pub mod window;
+pub mod within;
 
 pub use ids::{NodeId, ShardId};
 pub use name::CounterName;

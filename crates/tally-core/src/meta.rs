@@ -69,6 +69,10 @@ pub struct CounterMeta {
     pub created_at_ms: u64,
     /// Bumped by every transition, so caches can tell stale copies apart.
     pub version: u64,
+    /// When the counter stops existing, in milliseconds since the Unix epoch
+    /// ([`crate::expiry`]); `None` for never. Set by `EXPIRE` and its family, or at
+    /// creation by a namespace's `ttl_ms`.
+    pub expires_at_ms: Option<u64>,
 }
 
 /// Why a metadata transition was refused.
@@ -97,6 +101,13 @@ pub enum MetaError {
         /// The generation named.
         got: u32,
     },
+    /// The counter expired: it exists no more for any command but its deletion
+    /// (`DeleteExpired`), which must run first (its shards' data goes with it).
+    #[error("the counter expired at {expires_at_ms} ms since the Unix epoch")]
+    Expired {
+        /// Its deadline.
+        expires_at_ms: u64,
+    },
 }
 
 impl CounterMeta {
@@ -117,7 +128,13 @@ impl CounterMeta {
             },
             created_at_ms: now_ms,
             version: 1,
+            expires_at_ms: None,
         })
+    }
+
+    /// Whether the counter has expired at `now_ms` ([`crate::expiry::expired`]).
+    pub fn expired(&self, now_ms: u64) -> bool {
+        crate::expiry::expired(self.expires_at_ms, now_ms)
     }
 
     /// This new counter moved past every generation of `tombstone`, the deleted
@@ -350,6 +367,25 @@ pub enum MetaCommand {
     PruneSealed,
     /// Delete the counter.
     Delete,
+    /// Set the counter's deadline to `at_ms` if `when` allows it (`EXPIRE` and its
+    /// family); a deadline at or before the command's time deletes the counter.
+    Expire {
+        /// The deadline, in milliseconds since the Unix epoch.
+        at_ms: u64,
+        /// `NX`, `XX`, `GT`, `LT` or none.
+        when: crate::expiry::Condition,
+    },
+    /// Remove the counter's deadline (`PERSIST`).
+    Persist,
+    /// Delete the counter if it has expired by the command's time, else nothing: the
+    /// reclaim of an expired counter, which never deletes one whose deadline moved
+    /// meanwhile.
+    DeleteExpired,
+    /// Create the counter unless it exists (an increment to an unknown counter), with
+    /// the spec of the longest namespace its name falls under in the table the
+    /// command is applied against ([`apply_command_in`]), else this one: the
+    /// proposing node's default. `Ensure` is this with the built-in defaults.
+    EnsureWith(crate::namespace::NamespaceSpec),
 }
 
 /// What a command did.
@@ -379,6 +415,23 @@ pub fn apply_command(
     cmd: &MetaCommand,
     now_ms: u64,
 ) -> Result<(Option<CounterMeta>, MetaEffect), MetaError> {
+    // An expired counter exists only to be deleted: every other command about it is
+    // answered as about a missing one (the expiry commands), or refused until it is
+    // deleted (a creation or update would meet its old shards' data).
+    if let Some(m) = current.as_ref().filter(|m| m.expired(now_ms)) {
+        let at = m.expires_at_ms.unwrap_or_default();
+        match cmd {
+            MetaCommand::Delete | MetaCommand::DeleteExpired => {
+                return Ok((None, MetaEffect::Deleted(m.generation_words())))
+            }
+            MetaCommand::Expire { .. } | MetaCommand::Persist => return Ok((current, MetaEffect::Missing)),
+            MetaCommand::Put(_) | MetaCommand::Ensure | MetaCommand::EnsureWith(_) => {
+                return Err(MetaError::Expired { expires_at_ms: at })
+            }
+            // What the engine does to a counter's layout goes on until it is deleted.
+            MetaCommand::CompleteReshard { .. } | MetaCommand::PruneSealed => {}
+        }
+    }
     match (current, cmd) {
         (None, MetaCommand::Put(patch)) => {
             Ok((Some(CounterMeta::create_patched(patch, now_ms)?), MetaEffect::Created))
@@ -386,12 +439,13 @@ pub fn apply_command(
         (None, MetaCommand::Ensure) => {
             Ok((Some(CounterMeta::create(CounterSpec::default(), now_ms)?), MetaEffect::Created))
         }
+        (None, MetaCommand::EnsureWith(spec)) => Ok((Some(spec.create(now_ms)?), MetaEffect::Created)),
         (None, _) => Ok((None, MetaEffect::Missing)),
         (Some(mut m), MetaCommand::Put(patch)) => {
             let changed = m.update(patch)?;
             Ok((Some(m), if changed { MetaEffect::Updated } else { MetaEffect::Unchanged }))
         }
-        (Some(m), MetaCommand::Ensure) => Ok((Some(m), MetaEffect::Unchanged)),
+        (Some(m), MetaCommand::Ensure | MetaCommand::EnsureWith(_)) => Ok((Some(m), MetaEffect::Unchanged)),
         (Some(mut m), MetaCommand::CompleteReshard { generation, sealed_sum }) => {
             m.complete_reshard(*generation, *sealed_sum, now_ms)?;
             Ok((Some(m), MetaEffect::Updated))
@@ -402,6 +456,66 @@ pub fn apply_command(
             Ok((Some(m), effect))
         }
         (Some(m), MetaCommand::Delete) => Ok((None, MetaEffect::Deleted(m.generation_words()))),
+        (Some(mut m), MetaCommand::Expire { at_ms, when }) => {
+            if !when.allows(m.expires_at_ms, *at_ms) {
+                return Ok((Some(m), MetaEffect::Unchanged));
+            }
+            if *at_ms <= now_ms {
+                // A deadline already passed: the counter goes at once, as Redis
+                // deletes a key given a timeout of zero or less.
+                return Ok((None, MetaEffect::Deleted(m.generation_words())));
+            }
+            if m.expires_at_ms == Some(*at_ms) {
+                return Ok((Some(m), MetaEffect::Unchanged));
+            }
+            m.expires_at_ms = Some(*at_ms);
+            m.version += 1;
+            Ok((Some(m), MetaEffect::Updated))
+        }
+        (Some(mut m), MetaCommand::Persist) => {
+            if m.expires_at_ms.take().is_none() {
+                return Ok((Some(m), MetaEffect::Unchanged));
+            }
+            m.version += 1;
+            Ok((Some(m), MetaEffect::Updated))
+        }
+        // Not expired (that was answered above): it stays.
+        (Some(m), MetaCommand::DeleteExpired) => Ok((Some(m), MetaEffect::Unchanged)),
+    }
+}
+
+/// [`apply_command`] for counter `name`, against the namespaces `namespaces`: an
+/// implicit creation (`Ensure`, `EnsureWith`) takes the spec of the longest
+/// namespace `name` falls under, else the command's default. What the catalog and
+/// the replicated state machine call, each with the table it holds, so a creation
+/// through a namespace needs no metadata round of its own.
+pub fn apply_command_in(
+    name: &str,
+    current: Option<CounterMeta>,
+    cmd: &MetaCommand,
+    now_ms: u64,
+    namespaces: &crate::namespace::Namespaces,
+) -> Result<(Option<CounterMeta>, MetaEffect), MetaError> {
+    let default = match cmd {
+        MetaCommand::Ensure => crate::namespace::NamespaceSpec::default(),
+        MetaCommand::EnsureWith(d) => *d,
+        other => return apply_command(current, other, now_ms),
+    };
+    let spec = crate::namespace::spec_for(namespaces, name, &default);
+    apply_command(current, &MetaCommand::EnsureWith(*spec), now_ms)
+}
+
+/// The auto bounds a counter created by `cmd` under `namespaces` takes (an implicit
+/// creation under a namespace, or with a default, that says `shards: "auto"`).
+pub fn creation_auto(
+    name: &str,
+    cmd: &MetaCommand,
+    namespaces: &crate::namespace::Namespaces,
+) -> Option<crate::spec::AutoShards> {
+    match cmd {
+        MetaCommand::Ensure => crate::namespace::longest_match(namespaces, name).and_then(|(_, s)| s.auto),
+        MetaCommand::EnsureWith(d) => crate::namespace::spec_for(namespaces, name, d).auto,
+        _ => None,
     }
 }
 
@@ -441,6 +555,86 @@ mod command_tests {
         let back: Vec<crate::ShardId> =
             words.iter().map(|&(w, _)| crate::ShardId::from_word(name.clone(), w, 1)).collect();
         assert_eq!(back, vec![id], "the tombstone names the shards in their class");
+    }
+
+    #[test]
+    fn a_deadline_is_set_kept_and_reached_as_redis_states_it() {
+        use crate::expiry::Condition::*;
+        let expire = |at_ms, when| MetaCommand::Expire { at_ms, when };
+        let (m, _) = apply_command(None, &MetaCommand::Ensure, 1_000).unwrap();
+        assert_eq!(apply_command(None, &expire(5_000, Always), 1_000).unwrap().1, MetaEffect::Missing);
+        // XX needs a deadline, NX none; a set one moves the version.
+        assert_eq!(apply_command(m.clone(), &expire(5_000, Xx), 1_000).unwrap().1, MetaEffect::Unchanged);
+        let (m, e) = apply_command(m, &expire(5_000, Nx), 1_000).unwrap();
+        let version = m.as_ref().unwrap().version;
+        assert_eq!((e, m.as_ref().unwrap().expires_at_ms, version), (MetaEffect::Updated, Some(5_000), 2));
+        assert_eq!(apply_command(m.clone(), &expire(9_000, Nx), 1_000).unwrap().1, MetaEffect::Unchanged);
+        assert_eq!(apply_command(m.clone(), &expire(4_000, Gt), 1_000).unwrap().1, MetaEffect::Unchanged);
+        assert_eq!(apply_command(m.clone(), &expire(5_000, Always), 1_000).unwrap().1, MetaEffect::Unchanged);
+        let (m, _) = apply_command(m, &expire(6_000, Gt), 1_000).unwrap();
+        assert_eq!(m.as_ref().unwrap().expires_at_ms, Some(6_000));
+        // Before its deadline nothing reclaims it; PERSIST removes the deadline once.
+        assert_eq!(
+            apply_command(m.clone(), &MetaCommand::DeleteExpired, 5_999).unwrap().1,
+            MetaEffect::Unchanged
+        );
+        let (kept, e) = apply_command(m.clone(), &MetaCommand::Persist, 2_000).unwrap();
+        assert_eq!((e, kept.as_ref().unwrap().expires_at_ms), (MetaEffect::Updated, None));
+        assert_eq!(apply_command(kept, &MetaCommand::Persist, 2_000).unwrap().1, MetaEffect::Unchanged);
+        // From its deadline on it exists only to be deleted.
+        assert_eq!(apply_command(m.clone(), &MetaCommand::Persist, 6_000).unwrap().1, MetaEffect::Missing);
+        assert_eq!(
+            apply_command(m.clone(), &MetaCommand::Ensure, 6_000),
+            Err(MetaError::Expired { expires_at_ms: 6_000 }),
+            "a creation must wait for its old data to go"
+        );
+        assert_eq!(
+            apply_command(m.clone(), &MetaCommand::DeleteExpired, 6_000).unwrap(),
+            (None, MetaEffect::Deleted(vec![(0, 8)]))
+        );
+        // A deadline already passed deletes at once (Redis's non-positive timeout).
+        assert_eq!(
+            apply_command(m, &expire(500, Always), 1_000).unwrap(),
+            (None, MetaEffect::Deleted(vec![(0, 8)]))
+        );
+    }
+
+    #[test]
+    fn an_implicit_creation_takes_its_namespaces_spec_again_after_a_delete() {
+        use crate::namespace::{NamespaceSpec, Namespaces};
+        use crate::spec::Durability;
+        let mut table = Namespaces::new();
+        let stock = NamespaceSpec {
+            patch: SpecPatch { durability: Some(Durability::Sync), min: Some(0), ..Default::default() },
+            ..Default::default()
+        };
+        table.insert("stock:".into(), stock);
+        let (m, e) = apply_command_in("stock:1", None, &MetaCommand::Ensure, 5, &table).unwrap();
+        let m = m.unwrap();
+        assert_eq!((e, m.spec.min, m.spec.durability), (MetaEffect::Created, Some(0), Durability::Sync));
+        let (gone, _) = apply_command_in("stock:1", Some(m), &MetaCommand::Delete, 6, &table).unwrap();
+        assert!(gone.is_none());
+        let (again, _) = apply_command_in("stock:1", None, &MetaCommand::Ensure, 7, &table).unwrap();
+        assert_eq!(again.unwrap().spec.min, Some(0), "deleting a counter never loses its contract");
+        // A name under no namespace takes the proposer's default.
+        let default = NamespaceSpec {
+            patch: SpecPatch { shards: Some(2), ..Default::default() },
+            ttl_ms: Some(1_000),
+            ..Default::default()
+        };
+        let (m, _) = apply_command_in("likes:1", None, &MetaCommand::EnsureWith(default), 9, &table).unwrap();
+        let m = m.unwrap();
+        assert_eq!((m.spec.shards, m.expires_at_ms), (2, Some(1_009)));
+        let (m, _) = apply_command_in("stock:2", None, &MetaCommand::EnsureWith(default), 9, &table).unwrap();
+        assert_eq!(m.unwrap().spec.min, Some(0), "a namespace wins over the default");
+        let auto = NamespaceSpec {
+            auto: Some(crate::spec::AutoShards { min_shards: 2, max_shards: 9 }),
+            ..Default::default()
+        };
+        table.insert("hot:".into(), auto);
+        assert_eq!(creation_auto("hot:1", &MetaCommand::Ensure, &table), auto.auto);
+        assert_eq!(creation_auto("stock:1", &MetaCommand::Ensure, &table), None);
+        assert_eq!(creation_auto("hot:1", &MetaCommand::Delete, &table), None);
     }
 
     #[test]

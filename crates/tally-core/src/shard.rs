@@ -184,6 +184,12 @@ pub enum ShardReply {
         outcome: Outcome,
         /// The shard's value after the commit (it opens or closes accumulator slots).
         value: i64,
+        /// The shard's value right after this submission within the commit: for an
+        /// applied increment, the value it produced, whatever else the commit held.
+        /// On a counter of one shard that is the counter's total after it, so these
+        /// are unique and gap-free across concurrent increments of 1 (Redis's `INCR`
+        /// answers them: `docs/SEMANTICS.md`, "The Redis protocol").
+        after: i64,
     },
     /// This shard's generation is sealed; resubmit on the current layout.
     Sealed,
@@ -222,6 +228,10 @@ pub struct Decision {
     pub dedup_put: Vec<(String, DedupRecord)>,
     /// One outcome per submission, in order.
     pub outcomes: Vec<Outcome>,
+    /// The shard's value right after each submission was decided, in order (for one
+    /// that was not applied, the value it found): each applied increment's own place
+    /// in the shard's history, which the answer carries ([`ShardReply::Done`]).
+    pub values: Vec<i64>,
     /// Whether the sketch changed and must be written.
     pub sketch_changed: bool,
     /// Whether the frequency sketch changed and must be written.
@@ -310,6 +320,7 @@ pub fn decide(
                         let bounded = state.event_ids_max.is_some_and(|max| state.event_ids >= max);
                         if rec.is_none() && bounded && crate::dedup::is_client_event_id(id) {
                             d.outcomes.push(Outcome::TooManyEventIds);
+                            d.values.push(d.value);
                             continue;
                         }
                         judge(rec, *delta, now_ms, window_ms)
@@ -320,6 +331,7 @@ pub fn decide(
                             SeqVerdict::Duplicate => Verdict::Duplicate,
                             SeqVerdict::OutOfOrder { expected } => {
                                 d.outcomes.push(Outcome::OutOfOrder { expected });
+                                d.values.push(d.value);
                                 continue;
                             }
                             // A writer with no record at all is a new mark: the
@@ -332,6 +344,7 @@ pub fn decide(
                                     && state.writer_marks >= WRITERS_PER_SHARD_MAX =>
                             {
                                 d.outcomes.push(Outcome::TooManyWriters);
+                                d.values.push(d.value);
                                 continue;
                             }
                             SeqVerdict::Fresh => Verdict::Fresh,
@@ -392,7 +405,9 @@ pub fn decide(
             }
         };
         d.outcomes.push(outcome);
+        d.values.push(d.value);
     }
+    assert_eq!(d.values.len(), d.outcomes.len(), "every outcome has the value it left the shard at");
     d.dedup_put = created.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     state.value = d.value;
     debug_assert!(d.writes(before) || d.applied_increments == 0 || d.change_abs == 0);
@@ -425,6 +440,30 @@ mod tests {
         assert_eq!(d.outcomes, vec![Outcome::Applied; 3]);
         assert_eq!(d.applied_increments, 302);
         assert_eq!(d.dedup_put, vec![("e-1".to_string(), DedupRecord { delta: 7, applied_at_ms: 10 })]);
+    }
+
+    /// Concurrent increments of 1 committed together each learn their own place:
+    /// on a one-shard counter these are the totals Redis's `INCR` would answer,
+    /// unique and without gaps, whatever else the commit held.
+    #[test]
+    fn each_submission_learns_the_value_it_produced() {
+        let mut s = ShardState { value: 10, ..ShardState::default() };
+        let batch = [
+            single(1, None),
+            single(1, Some("e")),
+            single(1, Some("e")),
+            single(-3, None),
+            Submission::Buffered { sum: 5, increments: 5, members: vec![], drain_id: None },
+            single(i64::MAX, None),
+        ];
+        let d = decide(&mut s, &batch, &BTreeMap::new(), 10, W, &mut |_| Ok(()));
+        assert_eq!(d.value, 14);
+        assert_eq!(
+            d.values,
+            vec![11, 12, 12, 9, 14, 14],
+            "a duplicate and an overflow name the value they found"
+        );
+        assert!(matches!(d.outcomes[5], Outcome::Overflow(_)));
     }
 
     #[test]
@@ -647,6 +686,7 @@ mod tests {
             vec![Outcome::Applied, Outcome::TooManyEventIds, Outcome::Duplicate, Outcome::Applied]
         );
         assert_eq!((d.value, s.event_ids), (2, 2));
+        assert_eq!(d.values, vec![1, 1, 1, 2], "each outcome with the value it left the shard at");
         assert!(d.dedup_put.iter().all(|(id, _)| id != "b"), "a refused id leaves no record");
         // Ids the node makes itself (drains) are not the client's and not bounded.
         let drain = Submission::Buffered {

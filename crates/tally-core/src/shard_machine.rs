@@ -727,13 +727,13 @@ impl<R> ShardMachine<R> {
         #[cfg(feature = "planted-bugs")]
         let sync = sync && !crate::planted::active(crate::planted::Bug::AckBeforeFlush);
         let (mut now, mut durable, mut short) = (Vec::new(), Vec::new(), Vec::new());
-        for ((sub, reply, since), outcome) in batch.into_iter().zip(d.outcomes) {
+        for (((sub, reply, since), outcome), after) in batch.into_iter().zip(d.outcomes).zip(d.values) {
             if let Outcome::BoundExceeded { .. } = outcome {
                 // Short of headroom: nothing was counted; it waits for grants.
                 short.push((sub, reply, since));
                 continue;
             }
-            let done = ShardReply::Done { outcome, value: d.value };
+            let done = ShardReply::Done { outcome, value: d.value, after };
             if sync && matches!(sub, Submission::Single { .. }) {
                 durable.push((reply, done));
             } else {
@@ -808,7 +808,8 @@ impl<R> ShardMachine<R> {
             if self.params.limit.is_some() && delta <= 0 {
                 // Not an addition: no headroom could ever cover it.
                 let outcome = Outcome::BoundExceeded { headroom: ledger.share(escrow::Side::Up) };
-                let reply_now = ShardReply::Done { outcome, value: self.state.value };
+                let reply_now =
+                    ShardReply::Done { outcome, value: self.state.value, after: self.state.value };
                 out.push(Effect::Reply { to: reply, reply: reply_now });
                 continue;
             }
@@ -833,7 +834,7 @@ impl<R> ShardMachine<R> {
                     let outcome = Outcome::BoundExceeded { headroom };
                     out.push(Effect::Reply {
                         to,
-                        reply: ShardReply::Done { outcome, value: self.state.value },
+                        reply: ShardReply::Done { outcome, value: self.state.value, after: self.state.value },
                     });
                 }
                 escrow::Effect::Persist => self.escrow_dirty = true,
@@ -994,7 +995,13 @@ mod tests {
     }
 
     fn done(outcome: Outcome, value: i64) -> ShardReply {
-        ShardReply::Done { outcome, value }
+        ShardReply::Done { outcome, value, after: value }
+    }
+
+    /// An answer within a commit that ends at `value`: the submission left the shard
+    /// at `after`.
+    fn done_at(outcome: Outcome, value: i64, after: i64) -> ShardReply {
+        ShardReply::Done { outcome, value, after }
     }
 
     fn record(delta: i64) -> DedupRecord {
@@ -1016,12 +1023,12 @@ mod tests {
             effects,
             vec![Effect::Write { write, durable: vec![], sends: vec![], change_abs: 3, submissions: 2 }]
         );
-        // Batched answers go out once applied.
+        // Batched answers go out once applied; each names the value it produced.
         assert_eq!(
             m.step(NOW, Input::Applied { ok: true }),
             vec![
-                Effect::Reply { to: 1, reply: done(Outcome::Applied, 13) },
-                Effect::Reply { to: 2, reply: done(Outcome::Applied, 13) },
+                Effect::Reply { to: 1, reply: done_at(Outcome::Applied, 13, 11) },
+                Effect::Reply { to: 2, reply: done_at(Outcome::Applied, 13, 13) },
             ]
         );
         assert!(m.quiet());
@@ -1052,9 +1059,9 @@ mod tests {
             vec![Effect::Write {
                 write,
                 durable: vec![
-                    (1, done(Outcome::Applied, 9)),
-                    (2, done(Outcome::Duplicate, 9)),
-                    (3, done(Outcome::Duplicate, 9)),
+                    (1, done_at(Outcome::Applied, 9, 5)),
+                    (2, done_at(Outcome::Duplicate, 9, 5)),
+                    (3, done_at(Outcome::Duplicate, 9, 5)),
                 ],
                 sends: vec![],
                 change_abs: 9,
@@ -1583,7 +1590,8 @@ mod escrow_tests {
         assert_eq!(m.value(), 10, "nothing counted");
         let wait = Tuning::default().borrow_wait_ms;
         let e = m.step(NOW + wait, Input::EscrowTick);
-        let refused = ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 2 }, value: 10 };
+        let refused =
+            ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 2 }, value: 10, after: 10 };
         assert_eq!(e, vec![Effect::Reply { to: 1, reply: refused }]);
         assert!(m.escrow_settled() && m.quiet());
     }
@@ -1654,7 +1662,8 @@ mod escrow_tests {
         m.params.shards = 1;
         m.escrow = ledger_of(&m.params, Some(&Durable::with_shares([1, 0]).to_bytes()));
         let e = commit(&mut m, NOW, &[(-2, 7)]);
-        let refused = ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 1 }, value: 1 };
+        let refused =
+            ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 1 }, value: 1, after: 1 };
         assert_eq!(e, vec![Effect::Reply { to: 7, reply: refused }]);
     }
 
@@ -1731,7 +1740,8 @@ mod escrow_tests {
     fn a_window_limit_refuses_what_is_not_an_addition_at_once() {
         let mut m = limited(0, 5);
         let e = commit(&mut m, 1_000, &[(-2, 1)]);
-        let refused = ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 5 }, value: 0 };
+        let refused =
+            ShardReply::Done { outcome: Outcome::BoundExceeded { headroom: 5 }, value: 0, after: 0 };
         assert_eq!(e, vec![Effect::Reply { to: 1, reply: refused }]);
         assert!(m.escrow_settled(), "nothing waits");
     }

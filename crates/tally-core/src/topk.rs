@@ -145,6 +145,21 @@ impl HeavyHitters {
         self.total
     }
 
+    /// This summary with every weight multiplied by `weight` (saturating): the
+    /// summary of the same increments each counted `weight` times, bounds included.
+    pub fn scaled(&self, weight: u64) -> Self {
+        let mut out = Self::new(self.capacity).expect("capacity was valid");
+        out.floor = self.floor.saturating_mul(weight);
+        out.merged_undercount = self.merged_undercount.saturating_mul(weight);
+        out.total = self.total.saturating_mul(weight);
+        for (item, &s) in &self.stored {
+            let stored = (s - self.floor).saturating_mul(weight).saturating_add(out.floor);
+            out.by_count.insert((stored, item.clone()));
+            out.stored.insert(item.clone(), stored);
+        }
+        out
+    }
+
     /// `D`: the most any item's count is below its true weight, and the most weight an
     /// item that is not kept can have.
     pub fn undercount(&self) -> u64 {

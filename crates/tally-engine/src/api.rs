@@ -121,20 +121,48 @@ pub struct ValueRead {
 }
 
 /// What an increment that answers with its counter's new total (Redis's `INCR`)
-/// reports, besides its outcome: the total of [`ValueRead`] without its age.
+/// reports, besides its outcome ([`crate::Tally::incr_value`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Total {
+    /// The total right after the increment: it includes the increment and every
+    /// increment this node acknowledged before it (`docs/SEMANTICS.md`, "What INCR
+    /// returns").
+    pub value: i128,
+    /// Whether it is the counter's exact total at that point, increments every
+    /// other node acknowledged included: always on a `sync` counter of one shard
+    /// (the value the shard's commit gave this increment) and on a single node; in
+    /// a cluster, other nodes' increments are included as of this node's last look
+    /// at the shards (at most [`crate::LEDGER_REFRESH_MS`] old while the counter is
+    /// incremented here).
+    pub exact: bool,
+}
+
+/// What an increment that answers with its counter's new total reports, besides its
+/// outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IncrTotal {
-    /// The total, computed as `docs/SEMANTICS.md` ("What INCR returns") says.
-    Total(i128),
+    /// The total.
+    Total(Total),
     /// The increment was counted but the total cannot be given: these shards did
-    /// not answer the read that followed it (a partial sum is never reported).
+    /// not answer the read it needed (a partial sum is never reported).
     Incomplete(Vec<u16>),
+}
+
+impl IncrTotal {
+    /// The total's value, if it could be given.
+    pub fn value(&self) -> Option<i128> {
+        match self {
+            IncrTotal::Total(t) => Some(t.value),
+            IncrTotal::Incomplete(_) => None,
+        }
+    }
 }
 
 impl From<&ValueRead> for IncrTotal {
     fn from(read: &ValueRead) -> Self {
         if read.complete {
-            IncrTotal::Total(read.value)
+            let exact = read.consistency == Consistency::Fresh;
+            IncrTotal::Total(Total { value: read.value, exact })
         } else {
             IncrTotal::Incomplete(read.missing_shards.clone())
         }
@@ -386,6 +414,9 @@ pub struct CounterInfo {
     /// The bounds of a counter whose shard count follows contention (`shards:
     /// "auto"`); `None` for a fixed count.
     pub auto: Option<tally_core::spec::AutoShards>,
+    /// When it expires, in milliseconds since the Unix epoch; `None` for never.
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
 }
 
 /// Whether a create-or-update created the counter.

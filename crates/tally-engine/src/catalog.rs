@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use tally_core::codec;
-use tally_core::meta::{apply_command, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::meta::{apply_command_in, creation_auto, CounterMeta, MetaCommand, MetaEffect};
+use tally_core::namespace::{NamespaceSpec, Namespaces};
 use tally_core::spec::{AutoShards, Durability};
 use tally_core::CounterName;
 use tally_store::{Store, StoreError};
@@ -25,11 +26,22 @@ const TOMBSTONE_PREFIX: &[u8] = b"tombstone/";
 /// before auto counters) is unchanged. A release that predates it ignores these keys,
 /// and such a counter keeps the shard count it has.
 const AUTO_PREFIX: &[u8] = b"autoshard/";
+/// The deadlines of counters that expire, as keys: the prefix, the deadline
+/// (8 bytes, big-endian, so keys sort by it) and the name. Values are empty. The
+/// reclaim of expired counters scans from the front.
+const EXPIRY_PREFIX: &[u8] = b"expiry/";
+/// The namespaces: `namespace/PREFIX` → the spec counters created under it take.
+const NAMESPACE_PREFIX: &[u8] = b"namespace/";
 /// Most keys one catalog scan returns per page.
 const SCAN_PAGE_KEYS: usize = 1024;
 
 fn key(prefix: &[u8], name: &str) -> Vec<u8> {
     [prefix, name.as_bytes()].concat()
+}
+
+/// The index key of `name`'s deadline `at_ms`.
+fn expiry_key(at_ms: u64, name: &str) -> Vec<u8> {
+    [EXPIRY_PREFIX, &at_ms.to_be_bytes(), name.as_bytes()].concat()
 }
 
 /// The (generation, shard count) pairs whose data a deleted counter left behind.
@@ -69,9 +81,14 @@ pub trait Catalog: Send + Sync + 'static {
     /// that shares its commits among concurrent changes (a replicated log that
     /// appends what is queued together) shares them here too; [`LocalCatalog`] writes
     /// them all in one store batch and one flush.
-    fn ensure_many<'a>(&'a self, names: &'a [CounterName], now_ms: u64) -> BoxFuture<'a, EnsureResults> {
+    fn ensure_many<'a>(
+        &'a self,
+        names: &'a [CounterName],
+        now_ms: u64,
+        default: &'a NamespaceSpec,
+    ) -> BoxFuture<'a, EnsureResults> {
         Box::pin(async move {
-            let ensure = MetaCommand::Ensure;
+            let ensure = MetaCommand::EnsureWith(*default);
             let each = names.iter().map(|n| self.apply(n, &ensure, now_ms));
             futures::future::join_all(each).await
         })
@@ -94,6 +111,7 @@ pub trait Catalog: Send + Sync + 'static {
         &self,
         _name: &CounterName,
         _now_ms: u64,
+        _default: &NamespaceSpec,
     ) -> Option<Result<(CounterMeta, MetaEffect), TallyError>> {
         None
     }
@@ -146,6 +164,57 @@ pub trait Catalog: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(Option<CounterMeta>, MetaEffect), TallyError>> {
         Box::pin(async { Err(TallyError::AutoShardsUnsupported) })
     }
+    /// Up to `limit` counters whose deadline is at or before `now_ms`, earliest
+    /// first: what the reclaim of expired counters deletes next. A catalog that keeps
+    /// no deadlines answers none.
+    fn expired(&self, _now_ms: u64, _limit: usize) -> Result<Vec<CounterName>, TallyError> {
+        Ok(Vec::new())
+    }
+    /// Whether this node reclaims expired counters now: every node of its own
+    /// catalog; in a cluster, the one node that leads the metadata group (the others
+    /// would only propose the same deletions again).
+    fn reclaims_expired(&self) -> bool {
+        true
+    }
+    /// How many counters exist, and how many have a deadline. The default pages
+    /// through [`Catalog::list`] (a catalog that keeps its counters in memory answers
+    /// at once).
+    fn count(&self) -> Result<(u64, u64), TallyError> {
+        let (mut n, mut expiring) = (0u64, 0u64);
+        let mut after: Option<CounterName> = None;
+        loop {
+            let page = self.list("", after.as_ref(), SCAN_PAGE_KEYS)?;
+            for name in &page {
+                n += 1;
+                if self.get(name.as_str())?.is_some_and(|m| m.expires_at_ms.is_some()) {
+                    expiring += 1;
+                }
+            }
+            if page.len() < SCAN_PAGE_KEYS {
+                return Ok((n, expiring));
+            }
+            after = page.last().cloned();
+        }
+    }
+    /// The namespaces, by prefix ([`tally_core::namespace`]): what implicit
+    /// creations resolve against (the catalog applies them itself; this answers
+    /// `GET /v1/namespaces`).
+    fn namespaces(&self) -> Result<Namespaces, TallyError> {
+        Ok(Namespaces::new())
+    }
+    /// Declares (or replaces) the namespace `prefix`, checked by the caller:
+    /// true if it existed. Durable when it returns.
+    fn put_namespace<'a>(
+        &'a self,
+        _prefix: &'a str,
+        _spec: NamespaceSpec,
+    ) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async { Err(TallyError::Namespace("this catalog keeps no namespaces".into())) })
+    }
+    /// Drops the namespace `prefix`: true if it existed.
+    fn delete_namespace<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async { Ok(false) })
+    }
     /// Counters with a resharding that has not completed.
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError>;
     /// Deleted counters whose data may still be in stores, with their generations.
@@ -191,18 +260,38 @@ pub struct LocalCatalog {
     unwritten: AtomicUsize,
     /// Every ticket up to this one is written.
     written: AtomicU64,
+    /// The namespaces, as stored (read at open, changed under the write lock).
+    namespaces: parking_lot::RwLock<Namespaces>,
 }
 
 impl LocalCatalog {
-    pub(crate) fn new(store: Arc<dyn Store>, flusher: Flusher) -> Self {
-        Self {
+    pub(crate) fn new(store: Arc<dyn Store>, flusher: Flusher) -> Result<Self, TallyError> {
+        let mut namespaces = Namespaces::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = store.meta_scan(NAMESPACE_PREFIX, after.as_deref(), SCAN_PAGE_KEYS)?;
+            for (k, v) in &page {
+                let prefix = String::from_utf8_lossy(&k[NAMESPACE_PREFIX.len()..]).into_owned();
+                let spec = codec::decode("namespace", v).map_err(|source| StoreError::Corrupt {
+                    location: format!("namespace {prefix:?}"),
+                    source,
+                })?;
+                namespaces.insert(prefix, spec);
+            }
+            after = page.last().map(|(k, _)| k.clone());
+            if page.len() < SCAN_PAGE_KEYS {
+                break;
+            }
+        }
+        Ok(Self {
             store,
             flusher,
             write: Mutex::new(()),
             deferred: Default::default(),
             unwritten: AtomicUsize::new(0),
             written: AtomicU64::new(0),
-        }
+            namespaces: parking_lot::RwLock::new(namespaces),
+        })
     }
 
     /// The unwritten creation of `name`, with its ticket.
@@ -283,6 +372,7 @@ impl Catalog for LocalCatalog {
         &self,
         name: &CounterName,
         now_ms: u64,
+        default: &NamespaceSpec,
     ) -> Option<Result<(CounterMeta, MetaEffect), TallyError>> {
         let mut d = self.deferred.lock();
         if let Some((meta, _)) = d.unwritten.get(name.as_str()) {
@@ -298,13 +388,21 @@ impl Catalog for LocalCatalog {
             Ok(None) => {}
             Err(e) => return Some(Err(e)),
         }
-        let meta = match apply_command(None, &MetaCommand::Ensure, now_ms) {
+        let ensure = MetaCommand::EnsureWith(*default);
+        let namespaces = self.namespaces.read();
+        // A counter created under an auto namespace has a record of its own to write.
+        if creation_auto(name.as_str(), &ensure, &namespaces).is_some() {
+            return None;
+        }
+        let meta = match apply_command_in(name.as_str(), None, &ensure, now_ms, &namespaces) {
             Ok((Some(meta), MetaEffect::Created)) => meta,
             Ok(_) => return None,
             Err(e) => return Some(Err(e.into())),
         };
-        // Only a `batched` creation may be answered before it is durable.
-        if meta.spec.durability != Durability::Batched {
+        drop(namespaces);
+        // Only a `batched` creation may be answered before it is durable (and one
+        // without a deadline: a deadline is written with its index record).
+        if meta.spec.durability != Durability::Batched || meta.expires_at_ms.is_some() {
             return None;
         }
         d.last_ticket += 1;
@@ -345,12 +443,80 @@ impl Catalog for LocalCatalog {
         Box::pin(self.apply_local(name, cmd, now_ms))
     }
 
-    fn ensure_many<'a>(&'a self, names: &'a [CounterName], now_ms: u64) -> BoxFuture<'a, EnsureResults> {
-        Box::pin(self.ensure_local(names, now_ms))
+    fn ensure_many<'a>(
+        &'a self,
+        names: &'a [CounterName],
+        now_ms: u64,
+        default: &'a NamespaceSpec,
+    ) -> BoxFuture<'a, EnsureResults> {
+        Box::pin(self.ensure_local(names, now_ms, default))
+    }
+
+    fn namespaces(&self) -> Result<Namespaces, TallyError> {
+        Ok(self.namespaces.read().clone())
+    }
+
+    fn put_namespace<'a>(
+        &'a self,
+        prefix: &'a str,
+        spec: NamespaceSpec,
+    ) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let guard = self.write.lock().await;
+            let existed = self.namespaces.read().contains_key(prefix);
+            if !existed && self.namespaces.read().len() >= tally_core::namespace::NAMESPACES_MAX {
+                return Err(tally_core::namespace::NamespaceError::TooMany.into());
+            }
+            self.store.meta_batch(&[(key(NAMESPACE_PREFIX, prefix), codec::encode(&spec))], &[])?;
+            self.namespaces.write().insert(prefix.to_owned(), spec);
+            drop(guard);
+            self.flusher.flush().await?;
+            Ok(existed)
+        })
+    }
+
+    fn delete_namespace<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<bool, TallyError>> {
+        Box::pin(async move {
+            let guard = self.write.lock().await;
+            if !self.namespaces.read().contains_key(prefix) {
+                return Ok(false);
+            }
+            self.store.meta_batch(&[], &[key(NAMESPACE_PREFIX, prefix)])?;
+            self.namespaces.write().remove(prefix);
+            drop(guard);
+            self.flusher.flush().await?;
+            Ok(true)
+        })
     }
 
     fn pending_reshards(&self) -> Result<Vec<CounterName>, TallyError> {
         self.names(RESHARD_PREFIX)
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<CounterName>, TallyError> {
+        let page = self.store.meta_scan(EXPIRY_PREFIX, None, limit)?;
+        let mut out = Vec::new();
+        let mut stale = Vec::new();
+        for (k, _) in &page {
+            let Some(at) = k.get(EXPIRY_PREFIX.len()..EXPIRY_PREFIX.len() + 8) else { continue };
+            let at = u64::from_be_bytes(at.try_into().expect("8 bytes"));
+            if at > now_ms {
+                break;
+            }
+            let name = std::str::from_utf8(&k[EXPIRY_PREFIX.len() + 8..])
+                .ok()
+                .and_then(|n| CounterName::new(n).ok());
+            // A record whose counter is gone, or has another deadline now (a crash
+            // between the writes of a creation), is dropped here.
+            match name {
+                Some(n) if self.get(n.as_str())?.and_then(|m| m.expires_at_ms) == Some(at) => out.push(n),
+                _ => stale.push(k.clone()),
+            }
+        }
+        if !stale.is_empty() {
+            self.store.meta_batch(&[], &stale)?;
+        }
+        Ok(out)
     }
 
     fn auto_shards(&self, name: &str) -> Result<Option<AutoShards>, TallyError> {
@@ -509,10 +675,20 @@ impl LocalCatalog {
         now_ms: u64,
     ) -> Result<(Option<CounterMeta>, MetaEffect), TallyError> {
         let current = self.stored(name.as_str())?;
-        let (next, effect) = apply_command(current, cmd, now_ms)?;
+        let deadline_before = current.as_ref().and_then(|m| m.expires_at_ms);
+        let (next, effect) = {
+            let namespaces = self.namespaces.read();
+            apply_command_in(name.as_str(), current, cmd, now_ms, &namespaces)?
+        };
         let ck = key(COUNTER_PREFIX, name.as_str());
         let rk = key(RESHARD_PREFIX, name.as_str());
         let ak = key(AUTO_PREFIX, name.as_str());
+        // The deadline's index record follows the counter's in the same batch.
+        let deadline_after = next.as_ref().and_then(|m| m.expires_at_ms);
+        let old_deadline = deadline_before.filter(|at| Some(*at) != deadline_after);
+        let xk_gone = old_deadline.map(|at| expiry_key(at, name.as_str()));
+        let xk_new =
+            deadline_after.filter(|at| Some(*at) != deadline_before).map(|at| expiry_key(at, name.as_str()));
         let auto_changed = match auto {
             Some(a) if next.is_some() => a != self.auto_shards(name.as_str())?,
             _ => false,
@@ -528,11 +704,13 @@ impl LocalCatalog {
             (None, MetaEffect::Deleted(generations)) => {
                 // The tombstone lists the data to delete; it outlives a crash mid-cleanup.
                 let tombstone = (key(TOMBSTONE_PREFIX, name.as_str()), codec::encode(generations));
-                self.store.meta_batch(&[tombstone], &[ck, rk, ak])?;
+                let deletes: Vec<Vec<u8>> = [ck, rk, ak].into_iter().chain(xk_gone).collect();
+                self.store.meta_batch(&[tombstone], &deletes)?;
             }
             (Some(meta), _) => {
                 let mut puts = vec![(ck, codec::encode(meta))];
-                let mut deletes = Vec::new();
+                let mut deletes: Vec<Vec<u8>> = xk_gone.into_iter().collect();
+                puts.extend(xk_new.map(|k| (k, Vec::new())));
                 if meta.layout.resharding.is_some() {
                     puts.push((rk, Vec::new()));
                 } else {
@@ -557,7 +735,12 @@ impl LocalCatalog {
     /// Every creation in one store batch and one flush: the counters that do not
     /// exist yet are written together, so a burst of first increments to new
     /// counters costs one metadata commit, not one each.
-    async fn ensure_local(&self, names: &[CounterName], now_ms: u64) -> EnsureResults {
+    async fn ensure_local(
+        &self,
+        names: &[CounterName],
+        now_ms: u64,
+        default: &NamespaceSpec,
+    ) -> EnsureResults {
         let guard = self.write.lock().await;
         // A name deferred meanwhile is found written, not created twice.
         if let Err(e) = self.write_unwritten(&guard).await {
@@ -572,8 +755,24 @@ impl LocalCatalog {
                 Some(m) => Ok(Some(m.clone())),
                 None => self.stored(name.as_str()),
             };
-            let result = current.and_then(|c| Ok(apply_command(c, &MetaCommand::Ensure, now_ms)?));
+            let ensure = MetaCommand::EnsureWith(*default);
+            let result = current.and_then(|c| {
+                let namespaces = self.namespaces.read();
+                Ok(apply_command_in(name.as_str(), c, &ensure, now_ms, &namespaces)?)
+            });
+            if let Ok((Some(_), MetaEffect::Created)) = &result {
+                // A counter created under an auto namespace follows contention.
+                if let Some(bounds) = creation_auto(name.as_str(), &ensure, &self.namespaces.read()) {
+                    puts.push((key(AUTO_PREFIX, name.as_str()), codec::encode(&bounds)));
+                }
+            }
             if let Ok((Some(meta), MetaEffect::Created)) = &result {
+                // The deadline's index record first: one that outlives a crash
+                // without its counter is dropped by the next reclaim pass, while a
+                // counter without its record would never be reclaimed.
+                if let Some(at) = meta.expires_at_ms {
+                    puts.push((expiry_key(at, name.as_str()), Vec::new()));
+                }
                 puts.push((key(COUNTER_PREFIX, name.as_str()), codec::encode(meta)));
                 created.insert(name.as_str(), meta.clone());
             }

@@ -47,6 +47,15 @@ pub struct TallyConfig {
     pub authority: Option<Arc<dyn AuthoritativeSource>>,
     /// Most items in one `incr_many` batch.
     pub batch_items_max: usize,
+    /// What a counter created implicitly (by its first increment, or a `SET`) takes
+    /// when its name falls under no namespace: the node config's default spec
+    /// (`[cluster] default_spec`). Carried in every creation command, so every
+    /// replica applies the same.
+    pub default_spec: tally_core::namespace::NamespaceSpec,
+    /// How often expired counters are looked for and reclaimed, in milliseconds:
+    /// how late after its deadline an expired counter's memory and disk may still
+    /// be held (reads answer it missing from the deadline on regardless).
+    pub expiry_sweep_ms: u64,
     /// Thresholds and timers of counters whose shard count follows contention
     /// (checked with [`tally_core::autoshard::Tuning::validate`] where configured).
     pub autoshard: tally_core::autoshard::Tuning,
@@ -54,6 +63,9 @@ pub struct TallyConfig {
     /// each shard has one copy (embedded, or a cluster without range groups); a
     /// node that runs range groups allows [`tally_core::ranges::REPLICAS_MAX`].
     pub replicas_max: u8,
+    /// The copies of each shard of a counter that states none: the cluster's
+    /// `replicas` (1 on a single node). What `WAIT` counts on.
+    pub replicas_default: u8,
     /// Most counters on the node (a rule over every name); counted from the catalog
     /// (`crate::quota`), so in a cluster it bounds the cluster's counters as this
     /// node sees them. A creation beyond it answers 507 `quota_exceeded`.
@@ -96,8 +108,11 @@ impl Default for TallyConfig {
             reconcile_interval_ms: 0,
             authority: None,
             batch_items_max: 10_000,
+            expiry_sweep_ms: 1_000,
+            default_spec: tally_core::namespace::NamespaceSpec::default(),
             autoshard: tally_core::autoshard::Tuning::default(),
             replicas_max: 1,
+            replicas_default: 1,
             counters_max: COUNTERS_MAX_DEFAULT,
             counter_quotas: Vec::new(),
             event_ids_per_counter_max: EVENT_IDS_PER_COUNTER_MAX_DEFAULT,

@@ -1,7 +1,8 @@
 //! Creating counters on their first increment, many per metadata commit.
 //!
-//! An increment to a counter nobody created gives it the default spec
-//! (`MetaCommand::Ensure`). Every counter keeps its metadata entry — listing,
+//! An increment to a counter nobody created gives it the spec of the namespace its
+//! name falls under, or the node's default (`MetaCommand::EnsureWith`, resolved by
+//! the catalog against the namespaces it holds). Every counter keeps its metadata entry — listing,
 //! deletion and resharding see it exactly as if it had been created with `PUT` —
 //! but the creations that arrive while one commit is under way wait for the next
 //! one and share it: [`Catalog::ensure_many`] writes them together (one store batch
@@ -29,6 +30,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use tally_core::meta::{CounterMeta, MetaEffect};
+use tally_core::namespace::NamespaceSpec;
 use tally_core::CounterName;
 use tokio::sync::oneshot;
 
@@ -44,6 +46,8 @@ type Answer = Result<(CounterMeta, MetaEffect, u64), TallyError>;
 pub(crate) struct Creator {
     catalog: Arc<dyn Catalog>,
     clock: Arc<dyn Clock>,
+    /// What a counter under no namespace takes (`TallyConfig::default_spec`).
+    default: NamespaceSpec,
     queue: Mutex<Vec<(CounterName, oneshot::Sender<Answer>)>>,
     running: AtomicBool,
     /// Creations the catalog deferred ([`Catalog::ensure_deferred`]), counted; the
@@ -54,10 +58,11 @@ pub(crate) struct Creator {
 }
 
 impl Creator {
-    pub(crate) fn new(catalog: Arc<dyn Catalog>, clock: Arc<dyn Clock>) -> Arc<Self> {
+    pub(crate) fn new(catalog: Arc<dyn Catalog>, clock: Arc<dyn Clock>, default: NamespaceSpec) -> Arc<Self> {
         Arc::new(Self {
             catalog,
             clock,
+            default,
             queue: Mutex::new(Vec::new()),
             running: AtomicBool::new(false),
             deferred: AtomicU64::new(0),
@@ -69,7 +74,7 @@ impl Creator {
     /// created it, and when that commit started.
     pub(crate) async fn ensure(self: &Arc<Self>, name: CounterName) -> Answer {
         let before_ms = self.clock.now_ms();
-        match self.catalog.ensure_deferred(&name, before_ms) {
+        match self.catalog.ensure_deferred(&name, before_ms, &self.default) {
             Some(Ok((meta, effect))) => {
                 if effect == MetaEffect::Created {
                     self.deferred.fetch_add(1, SeqCst);
@@ -136,7 +141,8 @@ impl Creator {
             let (names, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             // A catalog that panics fails this batch, not every later creation.
             let before_ms = self.clock.now_ms();
-            let commit = std::panic::AssertUnwindSafe(self.catalog.ensure_many(&names, before_ms));
+            let commit =
+                std::panic::AssertUnwindSafe(self.catalog.ensure_many(&names, before_ms, &self.default));
             let results = futures::FutureExt::catch_unwind(commit).await.unwrap_or_default();
             let mut results = results.into_iter();
             for (name, reply) in names.iter().zip(replies) {

@@ -98,6 +98,17 @@ fn next_random() -> u64 {
     })
 }
 
+/// An increment the write path counted.
+pub(crate) struct Written {
+    /// Applied or duplicate.
+    pub(crate) outcome: IncrOutcome,
+    /// The runtime it went through, when asked for.
+    pub(crate) rt: Option<Arc<CounterRuntime>>,
+    /// The value its shard was left at right after it, when it was written to its
+    /// shard directly ([`ShardReply::Done`]'s `after`).
+    pub(crate) after: Option<i64>,
+}
+
 /// What the per-thread fast path did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fast {
@@ -194,6 +205,8 @@ pub(crate) struct Ctx {
     /// Whether a resend of in-doubt sums is running (one at a time).
     pub(crate) resending: AtomicBool,
     pub(crate) aggregator: OnceLock<ActorRef<AggregatorMsg>>,
+    /// The rollup actor, told when a counter is deleted.
+    pub(crate) rollup: OnceLock<ActorRef<crate::rollup::RollupMsg>>,
     pub(crate) closing: AtomicBool,
     /// Shards adopted after a membership change, by placement epoch.
     pub(crate) adopted: dashmap::DashSet<(u64, ShardId)>,
@@ -211,6 +224,9 @@ pub(crate) struct Ctx {
     pub(crate) auto: crate::auto_book::AutoBook,
     /// The rollup's cached totals, read without a message to it (`rollup.rs`).
     pub(crate) rollup_view: crate::rollup::RollupView,
+    /// Turns taken by this node's bounded increments decided from the total
+    /// (`within.rs`).
+    pub(crate) within_turns: crate::within::Turns,
 }
 
 /// A shard's committed state as a read sees it.
@@ -250,10 +266,22 @@ impl Ctx {
         create: bool,
     ) -> Result<Arc<CounterRuntime>, TallyError> {
         if let Some(rt) = self.registry.get(name) {
-            return Ok(rt.clone());
+            if !self.expired(&rt.meta) {
+                return Ok(rt.clone());
+            }
         }
         let name = CounterName::new(name)?;
-        let meta = match self.catalog.get(name.as_str())? {
+        let mut found = self.catalog.get(name.as_str())?;
+        if found.as_ref().is_some_and(|m| self.expired(m)) {
+            // Gone for reads from its deadline on; a write deletes it first and
+            // creates it anew, as Redis's `INCR` does with a key that expired.
+            if !create {
+                return Err(TallyError::NotFound(name.to_string()));
+            }
+            crate::expire::reap(self, &name).await?;
+            found = self.catalog.get(name.as_str())?;
+        }
+        let meta = match found {
             Some(m) => m,
             None if !create => return Err(TallyError::NotFound(name.to_string())),
             None => {
@@ -272,9 +300,16 @@ impl Ctx {
                     }
                 };
                 // Shares one metadata commit with the creations queued meanwhile
-                // (or, with a local catalog, is answered before it is written).
+                // (or, with a local catalog, is answered before it is written). A
+                // counter that expired meanwhile is reclaimed, then created.
                 self.quotas.admit_counter(&name).inspect_err(|_| self.stats.quota_counters_refused.inc())?;
-                let (meta, effect, _) = self.creator.ensure(name.clone()).await?;
+                let (meta, effect, _) = match self.creator.ensure(name.clone()).await {
+                    Err(TallyError::Meta(tally_core::meta::MetaError::Expired { .. })) => {
+                        crate::expire::reap(self, &name).await?;
+                        self.creator.ensure(name.clone()).await?
+                    }
+                    other => other?,
+                };
                 if effect == MetaEffect::Created {
                     self.quotas.created(&name);
                 }
@@ -300,6 +335,30 @@ impl Ctx {
         Ok(self.install(name, meta))
     }
 
+    /// Whether a counter of `meta` has expired now. Reads the clock only for a
+    /// counter with a deadline.
+    pub(crate) fn expired(&self, meta: &CounterMeta) -> bool {
+        meta.expires_at_ms.is_some_and(|at| at <= self.now_ms())
+    }
+
+    /// Forgets what this node holds in memory of a counter the catalog deleted: its
+    /// runtimes (whose buffered increments are dropped at their next drain, so a
+    /// counter created anew under the name starts from zero), its auto state and its
+    /// cached total (at once from what readers see, then from the rollup).
+    pub(crate) fn forget_deleted(&self, name: &CounterName) {
+        crate::autoshard::forget(self, name);
+        if let Some((_, rt)) = self.registry.remove(name.as_str()) {
+            for r in rt.lineage(PREDECESSORS_MAX) {
+                r.deleted.store(true, SeqCst);
+            }
+            rt.retired.store(true, SeqCst);
+        }
+        self.rollup_view.forget(name);
+        if let Some(rollup) = self.rollup.get() {
+            let _ = rollup.send_message(crate::rollup::RollupMsg::Forget(name.clone()));
+        }
+    }
+
     /// Makes `meta` the counter's current metadata on this node: a new runtime if it
     /// changed, the old one retired (it still drains what it holds).
     pub(crate) fn install(self: &Arc<Self>, name: CounterName, meta: CounterMeta) -> Arc<CounterRuntime> {
@@ -319,15 +378,22 @@ impl Ctx {
         let rt = match self.registry.entry(name.clone()) {
             dashmap::Entry::Occupied(e) if e.get().meta.version >= meta.version => e.get().clone(),
             dashmap::Entry::Occupied(mut e) => {
-                let rt = Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now));
+                let ledger = e.get().ledger.clone();
+                let rt = Arc::new(CounterRuntime::new(name.clone(), Arc::new(meta), now, ledger));
                 // The old runtime may still buffer acknowledged increments: a fresh
                 // read must find it.
                 *rt.predecessor.lock() = Some(e.get().clone());
+                // What it acknowledged stays in the answers to `INCR` (`ledger.rs`).
+                e.get().hand_over_ledger();
                 replaced = Some(e.insert(rt.clone()));
                 rt
             }
             dashmap::Entry::Vacant(e) => {
-                let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now);
+                // A counter this call created holds nothing anywhere: its answers
+                // start from an exact zero; any other reads its shards first.
+                let ledger =
+                    if created { crate::ledger::Ledger::empty() } else { crate::ledger::Ledger::new() };
+                let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now, Arc::new(ledger));
                 if created {
                     rt.open_empty_slots();
                     // Every increment it takes lands here first, and no other node
@@ -424,7 +490,7 @@ impl Ctx {
         }
         // Boxed: the future of a call that took the fast path stays a few words
         // instead of the general path's whole state, which callers would move.
-        Box::pin(self.incr_after(name, inc, fast, false)).await.map(|(outcome, _)| outcome)
+        Box::pin(self.incr_after(name, inc, fast, false)).await.map(|w| w.outcome)
     }
 
     /// The thread's last runtime: the one [`Ctx::try_fast`] counted on when it
@@ -444,14 +510,14 @@ impl Ctx {
         inc: Increment,
         fast: Fast,
         want_rt: bool,
-    ) -> Result<(IncrOutcome, Option<Arc<CounterRuntime>>), TallyError> {
+    ) -> Result<Written, TallyError> {
         if fast == Fast::Applied {
             let rt = if want_rt { Self::last_runtime() } else { None };
             // The fast path never waits, so a writer looping on it would never give
             // the runtime back to the aggregator and the other actors. Spend tokio's
             // cooperative budget like any other resource: every so often, yield.
             tokio::task::consume_budget().await;
-            return Ok((IncrOutcome::APPLIED, rt));
+            return Ok(Written { outcome: IncrOutcome::APPLIED, rt, after: None });
         }
         let mut rt = self.runtime(name, true).await?;
         LAST_RUNTIME.with(|c| *c.borrow_mut() = Some((self.id(), rt.clone())));
@@ -475,7 +541,7 @@ impl Ctx {
         };
         if fast_eligible(&rt, &inc) && self.try_buffer(&rt, index, inc.delta, member) {
             tokio::task::consume_budget().await;
-            return Ok((IncrOutcome::APPLIED, want_rt.then_some(rt)));
+            return Ok(Written { outcome: IncrOutcome::APPLIED, rt: want_rt.then_some(rt), after: None });
         }
         // The direct path: the shard decides, then answers.
         let sub =
@@ -488,10 +554,18 @@ impl Ctx {
             rt.last_used_ms.store(self.now_ms(), Relaxed);
             let id = rt.meta.shard_id(&rt.name, rt.meta.layout.generation, index);
             let queued = crate::runtime::InFlight::enter(&rt.slots[usize::from(index)]);
+            // Until its answer is counted, a base of `INCR` answers waits (`ledger.rs`).
+            let ledger = rt.ledger.clone();
+            let delivery = ledger.deliver().await;
             let reply = self.submit(&id, &rt.meta, sub.clone()).await;
             drop(queued);
             match reply? {
-                ShardReply::Done { outcome, value } => {
+                ShardReply::Done { outcome, value, after } => {
+                    if outcome == Outcome::Applied {
+                        rt.ack(index, inc.delta);
+                        delivery.confirm(inc.delta);
+                    }
+                    drop(delivery);
                     rt.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                     // A batched commit is not flushed here; queueing the counter makes
                     // the aggregator flush within the window, as for buffered sums.
@@ -499,7 +573,7 @@ impl Ctx {
                         self.queue_dirty(&rt);
                     }
                     let outcome = self.outcome(&rt, &inc, outcome)?;
-                    return Ok((outcome, want_rt.then_some(rt)));
+                    return Ok(Written { outcome, rt: want_rt.then_some(rt), after: Some(after) });
                 }
                 ShardReply::Sealed => {
                     if attempt > 0 {
@@ -587,6 +661,9 @@ impl Ctx {
             if *engine != self.id() || rt.name.as_str() != name || rt.retired.load(Relaxed) {
                 return Fast::Miss;
             }
+            if self.expired(&rt.meta) {
+                return Fast::Miss;
+            }
             if !fast_eligible(rt, inc) {
                 return Fast::Miss;
             }
@@ -617,7 +694,7 @@ impl Ctx {
         inc: &Increment,
     ) -> Result<bool, TallyError> {
         self.admit(inc)?;
-        if rt.retired.load(Relaxed) || !fast_eligible(rt, inc) {
+        if rt.retired.load(Relaxed) || !fast_eligible(rt, inc) || self.expired(&rt.meta) {
             return Ok(false);
         }
         let member = match (&inc.member, rt.meta.spec.distinct) {
@@ -647,6 +724,7 @@ impl Ctx {
             slot.members.lock().push(h);
         }
         slot.sum.fetch_add(delta, SeqCst);
+        rt.ack(index, delta);
         slot.writes.fetch_add(1, Relaxed);
         if rt.claim_dirty() {
             self.queue_dirty(rt);
@@ -1119,6 +1197,9 @@ impl Ctx {
         };
         let mut delivered = true;
         let mut waiting = Vec::with_capacity(drained.len());
+        // Until every answer is counted, a base of `INCR` answers waits (`ledger.rs`).
+        // The sums are `rt`'s: its ledger acknowledged them.
+        let delivery = rt.ledger.deliver().await;
         let now = self.now_ms();
         for d in drained {
             let index = d.index % target.meta.layout.shards;
@@ -1156,6 +1237,7 @@ impl Ctx {
             match self.await_reply(&id, rx).await {
                 Ok(ShardReply::Done { value, .. }) => {
                     self.drains.lock().close(drain_id);
+                    delivery.confirm(d.sum);
                     self.stats.increments_batched.add(d.increments);
                     target.slots[usize::from(index)].open.store(slot_open(value), SeqCst);
                 }
@@ -1212,10 +1294,14 @@ impl Ctx {
         };
         let index = tally_core::router::shard_of_event(drain_id, rt.meta.layout.shards);
         let id = rt.meta.shard_id(name, rt.meta.layout.generation, index);
+        let delivery = rt.ledger.deliver().await;
         match self.submit(&id, &rt.meta, sub.clone()).await {
             Ok(ShardReply::Done { outcome, .. }) => {
                 if outcome == Outcome::Applied {
                     self.stats.increments_batched.add(*increments);
+                }
+                if let Submission::Buffered { sum, .. } = sub {
+                    delivery.confirm(*sum);
                 }
                 true
             }

@@ -18,10 +18,10 @@ pub enum ListError {
         /// `LIST_PAGE_COUNTERS_MAX`.
         max: usize,
     },
-    /// The prefix was longer than a name may be, or held a byte no name may hold.
-    #[error("prefix must be at most {max} bytes of [A-Za-z0-9._:-]")]
+    /// The prefix was longer than a name may be (in bytes of the name itself).
+    #[error("prefix must be at most {max} bytes, a counter name's limit")]
     Prefix {
-        /// `LIST_PREFIX_BYTES_MAX`.
+        /// `tally_core::name::NAME_BYTES_MAX`.
         max: usize,
     },
     /// The cursor was not a counter name (cursors are the last name of a page).
@@ -210,6 +210,27 @@ pub enum TallyError {
     /// A window read named a window the counter does not keep (or no duration).
     #[error(transparent)]
     Window(#[from] tally_core::window::WindowError),
+    /// A namespace was refused: its prefix, its spec, or one too many.
+    #[error("{0}")]
+    Namespace(String),
+    /// A distinct-count read or merge named a counter without `distinct`.
+    #[error("counter {0:?} does not keep distinct members (create it with \"distinct\": true)")]
+    NotDistinct(String),
+    /// No namespace has this prefix.
+    #[error("no namespace has the prefix {0:?}")]
+    NamespaceNotFound(String),
+    /// Bounds named with an increment were refused ([`crate::Tally::incr_within`]).
+    #[error(transparent)]
+    Within(#[from] tally_core::within::WithinError),
+}
+
+impl From<tally_core::namespace::NamespaceError> for TallyError {
+    fn from(e: tally_core::namespace::NamespaceError) -> Self {
+        match e {
+            tally_core::namespace::NamespaceError::Spec(s) => TallyError::InvalidSpec(s),
+            other => TallyError::Namespace(other.to_string()),
+        }
+    }
 }
 
 impl TallyError {
@@ -238,6 +259,9 @@ impl TallyError {
             Self::EventIdConflict { .. } => "event_id_conflict",
             Self::Overflow(_) => "overflow",
             Self::Meta(MetaError::Spec(_)) => "invalid_spec",
+            // An expired counter does not exist (the engine reaps it before it
+            // creates it anew; this answers only a race it lost).
+            Self::Meta(MetaError::Expired { .. }) => "counter_not_found",
             Self::Meta(_) => "resharding_in_progress",
             Self::Unavailable { .. } => "shard_unavailable",
             Self::Store(StoreError::Unavailable { .. }) => "shard_unavailable",
@@ -259,6 +283,10 @@ impl TallyError {
             Self::QuotaExceeded { .. } => "quota_exceeded",
             Self::BoundExceeded { .. } => "bound_exceeded",
             Self::Window(e) => e.code(),
+            Self::Namespace(_) => "invalid_namespace",
+            Self::NamespaceNotFound(_) => "namespace_not_found",
+            Self::NotDistinct(_) => "not_distinct",
+            Self::Within(_) => "invalid_bounds",
         }
     }
 
@@ -266,19 +294,20 @@ impl TallyError {
     pub fn http_status(&self) -> u16 {
         match self {
             Self::InvalidName(_) | Self::ZeroDelta | Self::InvalidListing(_) | Self::TopK { .. } => 400,
-            Self::FrequencyOff(_) | Self::AutoProposalStale { .. } => 409,
+            Self::FrequencyOff(_) | Self::AutoProposalStale { .. } | Self::NotDistinct(_) => 409,
             Self::AutoShardsUnsupported | Self::AutoCountersFull { .. } => 422,
             Self::InvalidSequence(_) | Self::Window(_) => 400,
             Self::OutOfOrderSequence { .. } | Self::BoundExceeded { .. } => 409,
             Self::TooManyWriters { .. } => 429,
             Self::QuotaExceeded { .. } => 507,
             Self::NegativeWeight { .. } | Self::LimitNegative { .. } => 422,
-            Self::NotFound(_) => 404,
+            Self::NotFound(_) | Self::Meta(MetaError::Expired { .. }) | Self::NamespaceNotFound(_) => 404,
+            Self::Namespace(_) => 422,
             Self::EventIdConflict { .. } | Self::Meta(MetaError::Resharding { .. }) => 409,
             Self::Meta(MetaError::TooManyGenerations { .. } | MetaError::StaleGeneration { .. }) => 409,
             Self::BatchTooLarge { .. } => 413,
             Self::InvalidSpec(_) | Self::Meta(MetaError::Spec(_)) | Self::Overflow(_) => 422,
-            Self::DriftOutOfRange { .. } => 422,
+            Self::DriftOutOfRange { .. } | Self::Within(_) => 422,
             Self::Unavailable { .. } | Self::Store(_) | Self::ShuttingDown => 503,
         }
     }

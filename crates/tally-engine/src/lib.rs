@@ -7,6 +7,8 @@
 //! * `ctx.rs` — what every actor shares: the store, the catalog, the registry of
 //!   active counters, the directory of running shard actors, and the write path.
 //! * `runtime.rs` — a counter's accumulator slots (the lock-free fast path).
+//! * `ledger.rs` — what `INCR` answers: this node's acknowledged increments over
+//!   one sum of the shards, without a read per increment.
 //! * `shard.rs` — the shard actor, sole writer of one shard.
 //! * `supervisor.rs` — starts shard actors on demand and stops idle ones.
 //! * `aggregator.rs` — drains accumulators into shard messages every `flush_ms`.
@@ -19,6 +21,7 @@
 //! * `catalog.rs` — counter metadata in the node's store.
 //! * `read.rs` — sums, sketches and shard reports.
 //! * `lost.rs` — refuses reads of shards whose earlier values this node lost.
+//! * `expire.rs` — expired counters: missing for reads at once, reclaimed by a sweep.
 //! * `quota.rs` — the quotas: counters on the node and per prefix, event ids a
 //!   counter keeps, bytes its sketches take.
 //!
@@ -54,9 +57,11 @@ mod create;
 mod ctx;
 mod dormant;
 mod error;
+mod expire;
 mod flusher;
 mod handle;
 mod handoff;
+mod ledger;
 mod list;
 mod lost;
 mod messages;
@@ -71,6 +76,7 @@ mod shard;
 mod stats;
 mod supervisor;
 mod tally;
+mod within;
 
 pub use aggregator::{DRAINS_CONCURRENT_MAX, EVICTION_SWEEP_MS, SHUTDOWN_DELIVER_MS};
 pub use api::*;
@@ -85,8 +91,10 @@ pub use ctx::{
 };
 pub use error::ListError;
 pub use error::TallyError;
+pub use expire::EXPIRED_RECLAIMS_PER_SWEEP_MAX;
 pub use handle::CounterHandle;
 pub use handoff::{HandoffReport, EPOCH_WAIT_MS, HANDOFF_RECORDS_MAX, HANDOFF_SCAN_PAGE};
+pub use ledger::LEDGER_REFRESH_MS;
 pub use list::{CounterPage, LIST_PAGE_COUNTERS_MAX, LIST_PREFIX_BYTES_MAX};
 pub use placement::{Placement, ShardRequest, ShardResponse};
 pub use quota::{CounterQuota, QUOTA_RECOUNT_MS};
@@ -102,3 +110,4 @@ pub use tally_core::autoshard::{
 };
 pub use tally_core::spec::{AutoPatch, AutoShards, CounterSpec, Durability, RouterPolicy, SpecPatch};
 pub use tally_store::{MemStore, SledConfig, SledStore, Store, StoreError, Upgrade};
+pub use within::{WithinOutcome, SATURATE_ATTEMPTS_MAX, WITHIN_TURNS};

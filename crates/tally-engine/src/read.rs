@@ -308,6 +308,24 @@ pub(crate) async fn distinct(
     meta: &Arc<CounterMeta>,
     name: &CounterName,
 ) -> Result<DistinctRead, TallyError> {
+    let (merged, counter_bytes, missing_shards, current) = distinct_sketch(ctx, meta, name).await?;
+    Ok(DistinctRead {
+        estimate: merged.estimate(),
+        relative_error: DistinctSketch::relative_error(),
+        sketch_bytes: merged.encoded_len() as u64,
+        counter_bytes,
+        complete: missing_shards.is_empty() && current,
+        missing_shards,
+    })
+}
+
+/// Every current shard's distinct sketch merged, the bytes the shards' sketches
+/// take, the shards that did not answer, and whether the generation read is current.
+pub(crate) async fn distinct_sketch(
+    ctx: &Arc<Ctx>,
+    meta: &Arc<CounterMeta>,
+    name: &CounterName,
+) -> Result<(DistinctSketch, u64, Vec<u16>, bool), TallyError> {
     let Snapshot { meta, images, current } = snapshot(ctx, meta, name).await;
     let mut merged = DistinctSketch::new();
     let mut counter_bytes = 0u64;
@@ -322,15 +340,7 @@ pub(crate) async fn distinct(
             merged.merge(&s);
         }
     }
-    let missing_shards = missing(&images);
-    Ok(DistinctRead {
-        estimate: merged.estimate(),
-        relative_error: DistinctSketch::relative_error(),
-        sketch_bytes: merged.encoded_len() as u64,
-        counter_bytes,
-        complete: missing_shards.is_empty() && current,
-        missing_shards,
-    })
+    Ok((merged, counter_bytes, missing(&images), current))
 }
 
 /// One window of the current generation, merged over every shard at this node's

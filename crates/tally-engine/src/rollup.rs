@@ -18,7 +18,7 @@
 //! a few passes may run at once. It skips the read of a counter that nothing can
 //! have changed since its total was taken.
 
-use crate::api::{Consistency, IncrTotal, ValueRead};
+use crate::api::{Consistency, ValueRead};
 use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::runtime::CounterRuntime;
@@ -93,11 +93,6 @@ impl RollupView {
     /// The cached total of `name`, aged to `now`, if the rollup holds one.
     pub(crate) fn get(&self, name: &CounterName, now: u64) -> Option<ValueRead> {
         self.with_published(name, |read| aged(read, now))
-    }
-
-    /// The cached total of `name`, as [`RollupView::get`] answers it, without its age.
-    pub(crate) fn total(&self, name: &CounterName) -> Option<IncrTotal> {
-        self.with_published(name, |read| IncrTotal::from(read))
     }
 
     /// Answers `f` of `name`'s published total, and notes the read for the rollup's

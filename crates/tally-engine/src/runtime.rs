@@ -28,6 +28,11 @@ use tally_core::CounterName;
 pub(crate) struct Slot {
     /// Sum of buffered deltas since the last drain.
     pub(crate) sum: AtomicI64,
+    /// Every delta this runtime acknowledged through this slot, buffered or written
+    /// to the shard directly (wrapping): this node's part of the answers to `INCR`
+    /// (`ledger.rs`). On the same cache line as `sum`, so the fast path touches no
+    /// other line for it.
+    pub(crate) acked: AtomicI64,
     /// Increments buffered since the last drain (for the size threshold and the
     /// bound of [`tally_core::limits::SLOT_INCREMENTS_MAX`]).
     pub(crate) count: AtomicU64,
@@ -117,10 +122,21 @@ pub(crate) struct CounterRuntime {
     /// Fresh reads of the counter waiting for the next shared round
     /// ([`crate::read::fresh_shared`]).
     pub(crate) fresh_rounds: Mutex<crate::read::FreshRounds>,
+    /// The counter's answer book on this node, shared with the runtimes it replaced
+    /// and the one that replaces it (`ledger.rs`).
+    pub(crate) ledger: Arc<crate::ledger::Ledger>,
+    /// Set once a newer runtime took over the ledger: what the slots acknowledged is
+    /// carried into it, and a late writer carries its own delta.
+    pub(crate) carried: AtomicBool,
 }
 
 impl CounterRuntime {
-    pub(crate) fn new(name: CounterName, meta: Arc<CounterMeta>, now_ms: u64) -> Self {
+    pub(crate) fn new(
+        name: CounterName,
+        meta: Arc<CounterMeta>,
+        now_ms: u64,
+        ledger: Arc<crate::ledger::Ledger>,
+    ) -> Self {
         let slots = (0..meta.layout.shards).map(|_| CachePadded::new(Slot::default())).collect();
         Self {
             name,
@@ -139,6 +155,29 @@ impl CounterRuntime {
             predecessor: Mutex::new(None),
             pristine: AtomicBool::new(false),
             fresh_rounds: Mutex::new(crate::read::FreshRounds::default()),
+            ledger,
+            carried: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts `delta` as acknowledged through slot `index`. A writer that acknowledged
+    /// on this runtime after a newer one took its ledger over carries its own delta
+    /// (the slot's `acked` is swapped out, so each delta is carried exactly once:
+    /// by [`CounterRuntime::hand_over_ledger`] or here).
+    pub(crate) fn ack(&self, index: u16, delta: i64) {
+        let slot = &self.slots[usize::from(index) % self.slots.len()];
+        slot.acked.fetch_add(delta, SeqCst);
+        if self.carried.load(SeqCst) {
+            self.ledger.carry(slot.acked.swap(0, SeqCst));
+        }
+    }
+
+    /// Hands the ledger over to the runtime replacing this one: what the slots
+    /// acknowledged moves into the ledger's carried sum.
+    pub(crate) fn hand_over_ledger(&self) {
+        self.carried.store(true, SeqCst);
+        for slot in self.slots.iter() {
+            self.ledger.carry(slot.acked.swap(0, SeqCst));
         }
     }
 

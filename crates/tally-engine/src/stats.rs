@@ -129,6 +129,8 @@ pub struct Stats {
     pub read_cached_us: Histogram,
     /// Reconciliations that found drift.
     pub reconcile_corrections: Count,
+    /// Expired counters this node deleted (its sweep, or a write that met one).
+    pub expired_reclaimed: Count,
     /// Acknowledged buffered increments given up on: their drained sum stayed in doubt
     /// past the resend limit, or a shutdown could not deliver them. Should stay 0.
     pub buffered_lost: Count,

@@ -106,9 +106,9 @@ impl Tally {
         let flusher = Flusher::start(store.clone(), stats.clone());
         let catalog: Arc<dyn Catalog> = match catalog {
             Some(c) => c,
-            None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())),
+            None => Arc::new(LocalCatalog::new(store.clone(), flusher.clone())?),
         };
-        let creator = crate::create::Creator::new(catalog.clone(), clock.clone());
+        let creator = crate::create::Creator::new(catalog.clone(), clock.clone(), config.default_spec);
         let quotas = Arc::new(crate::quota::Quotas::new(&config));
         quotas.recount(&*catalog, clock.now_ms())?;
         let ctx = Arc::new(Ctx {
@@ -133,6 +133,7 @@ impl Tally {
             pruning: Default::default(),
             supervisor: OnceLock::new(),
             aggregator: OnceLock::new(),
+            rollup: OnceLock::new(),
             closing: Default::default(),
             adopted: Default::default(),
             adopting: Default::default(),
@@ -141,6 +142,7 @@ impl Tally {
             quotas,
             created_undrained: Arc::new(tokio::sync::Semaphore::new(crate::ctx::CREATED_UNDRAINED_MAX)),
             auto: Default::default(),
+            within_turns: Default::default(),
         });
         crate::reshard::watch(&ctx);
         crate::quota::recount_every_interval(&ctx);
@@ -152,6 +154,8 @@ impl Tally {
         let (reconciler, _) = Actor::spawn(None, Reconciler, (weak, corrections)).await.map_err(spawn_err)?;
         let _ = ctx.supervisor.set(supervisor.clone());
         let _ = ctx.aggregator.set(aggregator.clone());
+        let _ = ctx.rollup.set(rollup.clone());
+        crate::expire::watch(&ctx);
         // Finish what a crash interrupted: deletions, then reshardings.
         // (In a cluster other nodes may not be up yet: what fails here is finished
         // later, by the next write to the counter or the next restart.)
@@ -188,6 +192,7 @@ impl Tally {
         auto: AutoPatch,
     ) -> Result<PutOutcome, TallyError> {
         let name = CounterName::new(name)?;
+        self.reap_if_expired(&name).await?;
         if let Some(asked) = patch.replicas.filter(|r| *r > self.ctx.config.replicas_max) {
             // A count out of 1..=REPLICAS_MAX gets the spec's own answer.
             if asked <= tally_core::ranges::REPLICAS_MAX {
@@ -272,33 +277,181 @@ impl Tally {
         Ok(PutOutcome { created: effect == MetaEffect::Created, counter: info(&name, &rt.meta, None) })
     }
 
-    /// The counter's spec and layout.
+    /// The counter's spec and layout (and deadline, if it expires).
     pub async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
         let name = CounterName::new(name)?;
         match self.ctx.catalog.get(name.as_str())? {
-            Some(meta) => Ok(info(&name, &meta, self.ctx.catalog.auto_shards(name.as_str())?)),
-            None => Err(TallyError::NotFound(name.to_string())),
+            Some(meta) if !self.ctx.expired(&meta) => {
+                Ok(info(&name, &meta, self.ctx.catalog.auto_shards(name.as_str())?))
+            }
+            _ => Err(TallyError::NotFound(name.to_string())),
         }
     }
 
-    /// Deletes the counter and all its data.
+    /// Reclaims `name` now if it has expired, so a change made next applies to a
+    /// counter that exists (or creates it anew).
+    async fn reap_if_expired(&self, name: &CounterName) -> Result<(), TallyError> {
+        if self.ctx.catalog.get(name.as_str())?.is_some_and(|m| self.ctx.expired(&m)) {
+            crate::expire::reap(&self.ctx, name).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the counter and all its data. A counter that expired is reclaimed and
+    /// answered missing, as Redis's `DEL` answers for an expired key.
     pub async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
         let name = CounterName::new(name)?;
+        if self.ctx.catalog.get(name.as_str())?.is_some_and(|m| self.ctx.expired(&m)) {
+            crate::expire::reap(&self.ctx, &name).await?;
+            return Err(TallyError::NotFound(name.to_string()));
+        }
         let (_, effect) = self.ctx.catalog.apply(&name, &MetaCommand::Delete, self.ctx.now_ms()).await?;
         if effect == MetaEffect::Missing {
             return Err(TallyError::NotFound(name.to_string()));
         }
-        crate::autoshard::forget(&self.ctx, &name);
-        if let Some((_, rt)) = self.ctx.registry.remove(name.as_str()) {
-            // Its buffers (and its predecessors') are dropped at their next drain: a
-            // counter created anew by a later increment starts from zero.
-            for r in rt.lineage(crate::ctx::PREDECESSORS_MAX) {
-                r.deleted.store(true, SeqCst);
-            }
-            rt.retired.store(true, SeqCst);
-        }
-        self.forget_cached(name.clone());
+        self.ctx.forget_deleted(&name);
         self.ctx.finish_delete(&name).await
+    }
+
+    /// Sets the counter's deadline to `at_ms` (milliseconds since the Unix epoch) if
+    /// `when` allows it, as Redis's `EXPIRE` family does: true if the deadline was
+    /// set (a deadline at or before now deletes the counter at once), false if
+    /// `when` kept the current one. A missing (or expired) counter is
+    /// [`TallyError::NotFound`]. The deadline is counter metadata: replicated and
+    /// durable like its spec.
+    pub async fn expire(
+        &self,
+        name: &str,
+        at_ms: u64,
+        when: tally_core::expiry::Condition,
+    ) -> Result<bool, TallyError> {
+        let name = CounterName::new(name)?;
+        let current = match self.ctx.catalog.get(name.as_str())? {
+            Some(m) if !self.ctx.expired(&m) => m,
+            Some(_) => {
+                crate::expire::reap(&self.ctx, &name).await?;
+                return Err(TallyError::NotFound(name.to_string()));
+            }
+            None => return Err(TallyError::NotFound(name.to_string())),
+        };
+        if !when.allows(current.expires_at_ms, at_ms) {
+            return Ok(false);
+        }
+        let cmd = MetaCommand::Expire { at_ms, when };
+        let (meta, effect) = self.ctx.catalog.apply(&name, &cmd, self.ctx.now_ms()).await?;
+        match (meta, effect) {
+            (_, MetaEffect::Missing) => Err(TallyError::NotFound(name.to_string())),
+            (_, MetaEffect::Deleted(_)) => {
+                self.ctx.forget_deleted(&name);
+                self.ctx.finish_delete(&name).await?;
+                Ok(true)
+            }
+            (Some(meta), MetaEffect::Updated) => {
+                self.ctx.install(name, meta);
+                Ok(true)
+            }
+            // Unchanged: the same deadline (set, as Redis answers), or a change that
+            // crossed this one made `when` false.
+            (meta, _) => Ok(meta.and_then(|m| m.expires_at_ms) == Some(at_ms)),
+        }
+    }
+
+    /// Removes the counter's deadline (Redis's `PERSIST`): true if it had one.
+    pub async fn persist(&self, name: &str) -> Result<bool, TallyError> {
+        let name = CounterName::new(name)?;
+        self.reap_if_expired(&name).await?;
+        let (meta, effect) = self.ctx.catalog.apply(&name, &MetaCommand::Persist, self.ctx.now_ms()).await?;
+        match (meta, effect) {
+            (_, MetaEffect::Missing) => Err(TallyError::NotFound(name.to_string())),
+            (Some(meta), MetaEffect::Updated) => {
+                self.ctx.install(name, meta);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// The counter's deadline, if it has one (missing and expired counters are
+    /// [`TallyError::NotFound`]), with the time it was read at.
+    pub async fn expiry(&self, name: &str) -> Result<(Option<u64>, u64), TallyError> {
+        let name = CounterName::new(name)?;
+        let now = self.ctx.now_ms();
+        match self.ctx.catalog.get(name.as_str())? {
+            Some(m) if !tally_core::expiry::expired(m.expires_at_ms, now) => Ok((m.expires_at_ms, now)),
+            _ => Err(TallyError::NotFound(name.to_string())),
+        }
+    }
+
+    /// Delivers what this node buffers for the counter to its shards (Redis's `WAIT`):
+    /// whether everything this node acknowledged for it is in its shards now, and
+    /// how many copies each of its shards has ([`Tally::copies_of`]).
+    pub async fn settle_counter(&self, name: &str) -> Result<(bool, u8), TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        let settled = self.ctx.deliver_for_read(&rt).await;
+        Ok((settled, self.copies_of(rt.meta.spec.replicas)))
+    }
+
+    /// How many copies a shard of a counter stating `replicas` has: its own count or
+    /// the cluster's (`TallyConfig::replicas_default`), at most one per node.
+    pub fn copies_of(&self, replicas: Option<u8>) -> u8 {
+        let nodes = self.ctx.placement.as_ref().map_or(1, |p| p.peers().len() + 1);
+        let wanted = replicas.unwrap_or(self.ctx.config.replicas_default).max(1);
+        wanted.min(u8::try_from(nodes).unwrap_or(u8::MAX))
+    }
+
+    /// How many counters exist, and how many of them have a deadline (Redis's
+    /// `DBSIZE` and `INFO keyspace`). Expired counters not yet reclaimed are counted
+    /// until the sweep reclaims them (within `expiry_sweep_ms`).
+    pub fn count_counters(&self) -> Result<(u64, u64), TallyError> {
+        self.ctx.catalog.count()
+    }
+
+    /// Declares (or replaces) the namespace `prefix`: counters created implicitly
+    /// from now on under it (their first increment, a `SET`, after a `DEL` too)
+    /// take `spec` (`tally_core::namespace`); the longest matching prefix wins.
+    /// Counters that exist keep their specs. True if it was created. Checked as a
+    /// creation would check it; replicated and durable like counter metadata.
+    pub async fn put_namespace(
+        &self,
+        prefix: &str,
+        spec: tally_core::namespace::NamespaceSpec,
+    ) -> Result<bool, TallyError> {
+        tally_core::namespace::check_prefix(prefix)?;
+        spec.counter_spec()?;
+        if let Some(asked) = spec.patch.replicas.filter(|r| *r > self.ctx.config.replicas_max) {
+            return Err(TallyError::InvalidSpec(tally_core::spec::SpecError::Unreplicated { asked }));
+        }
+        let existed = self.ctx.catalog.put_namespace(prefix, spec).await?;
+        Ok(!existed)
+    }
+
+    /// The namespace `prefix`'s spec.
+    pub fn namespace(&self, prefix: &str) -> Result<tally_core::namespace::NamespaceSpec, TallyError> {
+        self.ctx
+            .catalog
+            .namespaces()?
+            .get(prefix)
+            .copied()
+            .ok_or_else(|| TallyError::NamespaceNotFound(prefix.to_owned()))
+    }
+
+    /// Every namespace, by prefix.
+    pub fn namespaces(&self) -> Result<tally_core::namespace::Namespaces, TallyError> {
+        self.ctx.catalog.namespaces()
+    }
+
+    /// Drops the namespace `prefix`; counters created under it keep their specs.
+    pub async fn delete_namespace(&self, prefix: &str) -> Result<(), TallyError> {
+        match self.ctx.catalog.delete_namespace(prefix).await? {
+            true => Ok(()),
+            false => Err(TallyError::NamespaceNotFound(prefix.to_owned())),
+        }
+    }
+
+    /// This engine's clock, in milliseconds since the Unix epoch: what deadlines
+    /// given as spans (`EXPIRE key 60`) count from.
+    pub fn now_ms(&self) -> u64 {
+        self.ctx.now_ms()
     }
 
     /// Counts one increment. An unknown counter is created with the defaults.
@@ -369,70 +522,30 @@ impl Tally {
     /// runtime the increment went through (no second lookup of the name or of the
     /// spec): a `sync` counter's fresh total, read once the increment is durable; a
     /// `batched` counter's cached total (fresh without a rollup), which may or may not
-    /// include this increment yet. What Redis's `INCR` answers
-    /// (`docs/SEMANTICS.md`, "The Redis protocol").
+    /// include this increment yet. For what Redis's `INCR` answers, see
+    /// [`Tally::incr_value`].
     #[tracing::instrument(level = "trace", skip_all, fields(counter = name, delta = inc.delta))]
     pub async fn incr_total(
         &self,
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, ValueRead), TallyError> {
-        self.incr_answering(name, inc, Self::cached_now, |read| read).await
-    }
-
-    /// Counts one increment and answers the total [`Tally::incr_total`] reads,
-    /// without its age: what Redis's `INCR` returns. A batched increment answered
-    /// from the rollup's cache reads no clock.
-    pub async fn incr_value(
-        &self,
-        name: &str,
-        inc: Increment,
-    ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-        self.incr_answering(name, inc, Self::cached_total, |read| IncrTotal::from(&read)).await
-    }
-
-    /// Counts one increment and answers its counter's total: `cached` of the
-    /// rollup's cache when the increment was buffered on a batched counter whose
-    /// total the rollup holds (nothing to wait for), else `of_read` of the read
-    /// [`Tally::incr_total`] describes.
-    async fn incr_answering<T>(
-        &self,
-        name: &str,
-        inc: Increment,
-        cached: impl FnOnce(&Self, &crate::runtime::CounterRuntime) -> Option<T>,
-        of_read: impl FnOnce(ValueRead) -> T,
-    ) -> Result<(IncrOutcome, T), TallyError> {
         self.ctx.admit(&inc)?;
         let fast = self.ctx.try_fast(name, &inc);
         if fast == Fast::Applied {
-            if let Some(answer) = Self::batched_last_runtime().and_then(|rt| cached(self, &rt)) {
+            let cached = Ctx::last_runtime()
+                .filter(|rt| rt.meta.spec.durability == Durability::Batched)
+                .and_then(|rt| self.cached_now(&rt));
+            if let Some(read) = cached {
                 tokio::task::consume_budget().await;
-                return Ok((IncrOutcome::APPLIED, answer));
+                return Ok((IncrOutcome::APPLIED, read));
             }
         }
-        let (outcome, read) = self.incr_then_read(name, inc, fast).await?;
-        Ok((outcome, of_read(read)))
-    }
-
-    /// The runtime the thread's last fast increment was buffered on, if its counter
-    /// is batched: one whose total the rollup holds answers without waiting.
-    fn batched_last_runtime() -> Option<Arc<crate::runtime::CounterRuntime>> {
-        Ctx::last_runtime().filter(|rt| rt.meta.spec.durability == Durability::Batched)
-    }
-
-    /// The rest of an increment that answers its counter's total, once the fast
-    /// path did not answer it.
-    async fn incr_then_read(
-        &self,
-        name: &str,
-        inc: Increment,
-        fast: Fast,
-    ) -> Result<(IncrOutcome, ValueRead), TallyError> {
         // Boxed, as in `Ctx::incr`: a call answered by the fast path builds a small future.
         Box::pin(async move {
-            let (outcome, rt) = self.ctx.incr_after(name, inc, fast, true).await?;
+            let written = self.ctx.incr_after(name, inc, fast, true).await?;
             let started = Instant::now();
-            let rt = match rt {
+            let rt = match written.rt {
                 Some(rt) => rt,
                 None => self.ctx.runtime(name, false).await?,
             };
@@ -441,9 +554,106 @@ impl Tally {
                 Durability::Batched => Consistency::Cached,
             };
             let read = self.read_rt(name, &rt, consistency, started).await?;
-            Ok((outcome, read))
+            Ok((written.outcome, read))
         })
         .await
+    }
+
+    /// Counts one increment and answers the counter's total right after it: what
+    /// Redis's `INCR` answers. The total includes this increment and every increment
+    /// this node acknowledged before it, each once, so one client's increments on
+    /// one node answer 1, 2, 3, … (`docs/SEMANTICS.md`, "What INCR returns"):
+    ///
+    /// * a `sync` counter of one shard answers the value the shard's commit gave
+    ///   this increment: exact, and unique and gap-free across concurrent increments
+    ///   of 1 from any node (ids may be issued from it);
+    /// * any other counter answers from this node's ledger (`ledger.rs`): what this
+    ///   node acknowledged, over one sum of the shards taken when the counter first
+    ///   answered here (and again in the background, in a cluster, while it is older
+    ///   than [`crate::LEDGER_REFRESH_MS`]). It costs no read per increment: a
+    ///   buffered increment answers from memory.
+    pub async fn incr_value(
+        &self,
+        name: &str,
+        inc: Increment,
+    ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
+        self.ctx.admit(&inc)?;
+        let fast = self.ctx.try_fast(name, &inc);
+        if fast == Fast::Applied {
+            if let Some(total) = Ctx::last_runtime().and_then(|rt| self.answer(&rt, None)) {
+                tokio::task::consume_budget().await;
+                return Ok((IncrOutcome::APPLIED, total));
+            }
+        }
+        // Boxed, as in `Ctx::incr`: a call answered by the fast path builds a small future.
+        Box::pin(async move {
+            let written = self.ctx.incr_after(name, inc, fast, true).await?;
+            let rt = match written.rt {
+                Some(rt) => rt,
+                None => self.ctx.runtime(name, false).await?,
+            };
+            Ok((written.outcome, self.answer_or_read(&rt, written.after).await?))
+        })
+        .await
+    }
+
+    /// The counter's total as this node's `INCR` answers would see it now (Redis's
+    /// `GET`): every increment this node acknowledged, each once, over the ledger's
+    /// base (read first if the counter has none here yet). Exact on a single node;
+    /// in a cluster, other nodes' increments show as of the base, which is read
+    /// again in the background while it is older than [`crate::LEDGER_REFRESH_MS`].
+    /// Unlike a cached read it never misses an increment this node acknowledged
+    /// before it, so a client that increments and then reads sees its increment.
+    pub async fn current_total(&self, name: &str) -> Result<IncrTotal, TallyError> {
+        let rt = self.ctx.runtime(name, false).await?;
+        self.answer_or_read(&rt, None).await
+    }
+
+    /// [`Tally::answer`], reading the ledger's base first when it has none.
+    async fn answer_or_read(
+        &self,
+        rt: &Arc<crate::runtime::CounterRuntime>,
+        after: Option<i64>,
+    ) -> Result<IncrTotal, TallyError> {
+        if let Some(total) = self.answer(rt, after) {
+            return Ok(total);
+        }
+        if let Err(missing) = rt.ledger.take_base(&self.ctx, rt, false).await? {
+            return Ok(IncrTotal::Incomplete(missing));
+        }
+        Ok(self.answer(rt, after).expect("a base was just taken"))
+    }
+
+    /// The total right after an increment through `rt` whose shard was left at
+    /// `after` (when it was written directly): the shard's own value on a `sync`
+    /// counter of one shard, else the ledger's answer; `None` while the ledger has
+    /// no base.
+    fn answer(&self, rt: &Arc<crate::runtime::CounterRuntime>, after: Option<i64>) -> Option<IncrTotal> {
+        let meta = &rt.meta;
+        let one_shard = meta.layout.shards == 1 && meta.layout.resharding.is_none();
+        if let Some(after) = after.filter(|_| one_shard && meta.spec.durability == Durability::Sync) {
+            let value = meta.spec.clamp(meta.layout.base + i128::from(after));
+            return Some(IncrTotal::Total(Total { value, exact: true }));
+        }
+        // What a replaced runtime acknowledged is in the ledger; the current one's
+        // slots hold the rest.
+        let current = if rt.carried.load(SeqCst) {
+            self.ctx
+                .registry
+                .get(rt.name.as_str())
+                .map(|r| r.clone())
+                .filter(|r| Arc::ptr_eq(&r.ledger, &rt.ledger))
+                .unwrap_or_else(|| rt.clone())
+        } else {
+            rt.clone()
+        };
+        let answer = rt.ledger.answer(rt.ledger.acked(&current))?;
+        let alone = self.ctx.placement.is_none();
+        if !alone && rt.ledger.claim_refresh(self.ctx.now_ms()) {
+            crate::ledger::Ledger::refresh(&self.ctx, &current);
+        }
+        let value = meta.spec.clamp(answer.value);
+        Some(IncrTotal::Total(Total { value, exact: answer.exact && alone }))
     }
 
     /// A resolved handle on the counter (created with the defaults if unknown, like a
@@ -467,11 +677,6 @@ impl Tally {
     /// clock reads would cost more than the read.
     fn cached_now(&self, rt: &crate::runtime::CounterRuntime) -> Option<ValueRead> {
         self.cached(rt, |view, name| view.get(name, self.ctx.now_ms()))
-    }
-
-    /// [`Tally::cached_now`]'s total, without reading the clock to age it.
-    fn cached_total(&self, rt: &crate::runtime::CounterRuntime) -> Option<IncrTotal> {
-        self.cached(rt, crate::rollup::RollupView::total)
     }
 
     /// `answer` of the rollup's view, if `rt`'s counter has a rollup and its total
@@ -533,6 +738,118 @@ impl Tally {
         let mut read = crate::read::distinct(&self.ctx, &rt.meta, &rt.name).await?;
         read.complete &= settled;
         Ok(read)
+    }
+
+    /// The distinct-member estimate of the union of several counters' members (Redis's
+    /// `PFCOUNT` of several keys): their sketches merged register by register, which
+    /// loses nothing. A counter that does not exist adds no member; one without
+    /// `distinct` is [`TallyError::NotDistinct`].
+    pub async fn distinct_union(&self, names: &[String]) -> Result<DistinctRead, TallyError> {
+        let mut union = tally_core::sketch::DistinctSketch::new();
+        let (mut complete, mut missing_shards, mut counter_bytes) = (true, Vec::new(), 0);
+        for name in names {
+            let rt = match self.ctx.runtime(name, false).await {
+                Ok(rt) => rt,
+                Err(TallyError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            if !rt.meta.spec.distinct {
+                return Err(TallyError::NotDistinct(name.clone()));
+            }
+            let settled = self.ctx.deliver_for_read(&rt).await;
+            let (sketch, bytes, missing, current) =
+                crate::read::distinct_sketch(&self.ctx, &rt.meta, &rt.name).await?;
+            union.merge(&sketch);
+            counter_bytes += bytes;
+            complete &= settled && current && missing.is_empty();
+            missing_shards.extend(missing);
+        }
+        Ok(DistinctRead {
+            estimate: union.estimate(),
+            relative_error: tally_core::sketch::DistinctSketch::relative_error(),
+            sketch_bytes: union.encoded_len() as u64,
+            counter_bytes,
+            complete,
+            missing_shards,
+        })
+    }
+
+    /// Merges the distinct members of `sources` into `dest` (Redis's `PFMERGE`): the
+    /// union of their sketches is merged into one shard of `dest`'s current
+    /// generation (register-wise, so merging again changes nothing). `dest` must keep
+    /// distinct members. Answers whether every source's shards answered.
+    pub async fn merge_distinct(&self, dest: &str, sources: &[String]) -> Result<bool, TallyError> {
+        let union = self.distinct_union(sources).await?;
+        let complete = union.complete;
+        let mut merged = tally_core::sketch::DistinctSketch::new();
+        for name in sources {
+            if let Ok(rt) = self.ctx.runtime(name, false).await {
+                merged.merge(&crate::read::distinct_sketch(&self.ctx, &rt.meta, &rt.name).await?.0);
+            }
+        }
+        let rt = self.ctx.runtime(dest, false).await?;
+        if !rt.meta.spec.distinct {
+            return Err(TallyError::NotDistinct(dest.to_owned()));
+        }
+        if merged.estimate() == 0 {
+            return Ok(complete);
+        }
+        let id = rt.meta.shard_id(&rt.name, rt.meta.layout.generation, 0);
+        self.ctx.merge_sketch(&id, Some(merged.to_bytes()), None, None).await?;
+        Ok(complete)
+    }
+
+    /// Replaces `dest`'s frequencies with the sum of `sources`' (each counted `weight`
+    /// times), as RedisBloom's `CMS.MERGE`: every counter must keep frequencies of
+    /// `dest`'s shape. `dest` is deleted and created anew with its spec, then the sum
+    /// is carried into one of its shards, so its earlier frequencies (and total) are
+    /// gone unless it is among the sources. Not atomic: a crash between the two
+    /// steps leaves `dest` empty.
+    pub async fn merge_frequencies(&self, dest: &str, sources: &[(String, u64)]) -> Result<(), TallyError> {
+        let target = self.ctx.runtime(dest, false).await?;
+        let Some(shape) = target.meta.spec.frequency else {
+            return Err(TallyError::FrequencyOff(dest.to_owned()));
+        };
+        let mut sum = tally_core::frequency::FrequencySketch::new(&shape)
+            .map_err(|e| TallyError::InvalidSpec(e.into()))?;
+        for (name, weight) in sources {
+            let rt = self.ctx.runtime(name, false).await?;
+            if rt.meta.spec.frequency != Some(shape) {
+                return Err(TallyError::Namespace(format!(
+                    "CMS: {name:?} keeps frequencies of another shape than {dest:?}: only sketches of one width and depth merge"
+                )));
+            }
+            self.ctx.deliver_for_read(&rt).await;
+            let (sketch, _, missing, _) = crate::read::frequencies(&self.ctx, &rt.meta, &rt.name).await?;
+            if !missing.is_empty() {
+                return Err(TallyError::Unavailable {
+                    shard: name.clone(),
+                    reason: format!("shards {missing:?} did not answer: a partial sketch would be merged"),
+                });
+            }
+            sum.merge(&sketch.scaled(*weight)).map_err(|e| TallyError::InvalidSpec(e.into()))?;
+        }
+        let spec = target.meta.spec;
+        let patch = SpecPatch {
+            shards: Some(spec.shards),
+            durability: Some(spec.durability),
+            flush_ms: Some(spec.flush_ms),
+            rollup_ms: Some(spec.rollup_ms),
+            router: Some(spec.router),
+            distinct: Some(spec.distinct),
+            dedup_window_s: Some(spec.dedup_window_s),
+            frequency: spec.frequency,
+            windows: Some(spec.windows),
+            min: spec.min,
+            max: spec.max,
+            limit: spec.limit,
+            replicas: spec.replicas,
+        };
+        self.delete_counter(dest).await?;
+        self.put_counter(dest, patch).await?;
+        let rt = self.ctx.runtime(dest, false).await?;
+        let id = rt.meta.shard_id(&rt.name, rt.meta.layout.generation, 0);
+        self.ctx.merge_sketch(&id, None, Some(sum.to_bytes()), None).await
     }
 
     /// One of the counter's sliding windows (`"1h"`, `"60m"`: any spelling of a kept
@@ -623,7 +940,7 @@ impl Tally {
         after: Option<&str>,
         limit: usize,
     ) -> Result<crate::CounterPage, TallyError> {
-        crate::list::list(self.ctx.catalog.as_ref(), prefix, after, limit)
+        crate::list::list(self.ctx.catalog.as_ref(), prefix, after, limit, self.ctx.now_ms())
     }
 
     /// Brings the counter to `authoritative` by writing the drift as a correction,
@@ -631,6 +948,24 @@ impl Tally {
     #[tracing::instrument(level = "debug", skip_all, fields(counter = name, authoritative))]
     pub async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
         self.reconcile_as(name, authoritative, None).await
+    }
+
+    /// Sets the counter's total to `value` (Redis's `SET key value`): an absolute
+    /// write, made as a reconciliation run of its own (its correction's id is the
+    /// run's, so a second `SET` that finds the same totals is a second correction,
+    /// never a duplicate of the first). Writing it again leaves the same total, so a
+    /// `SET` retried after a lost answer is safe; increments that race with it count
+    /// after it or are absorbed by it, as with Redis. Creates an unknown counter
+    /// first, as an increment would (its namespace's spec).
+    pub async fn set_total(&self, name: &str, value: i128) -> Result<ReconcileReport, TallyError> {
+        self.ctx.runtime(name, true).await?;
+        self.reconcile_as(name, value, None).await
+    }
+
+    /// Creates the counter as its first increment would (its namespace's spec, or
+    /// the node's default), unless it exists.
+    pub async fn ensure(&self, name: &str) -> Result<(), TallyError> {
+        self.ctx.runtime(name, true).await.map(|_| ())
     }
 
     /// [`Tally::reconcile`] as the run of a scheduled `source` at `instant_ms`: every
@@ -655,11 +990,22 @@ impl Tally {
     ) -> Result<ReconcileReport, TallyError> {
         let name = CounterName::new(name)?;
         let (tx, rx) = ractor::concurrency::oneshot();
-        self.actors
-            .reconciler
-            .send_message(ReconcilerMsg::Reconcile { name, authoritative, event_id, reply: tx.into() })
-            .map_err(|_| TallyError::ShuttingDown)?;
-        rx.await.map_err(|_| TallyError::ShuttingDown)?
+        let msg = ReconcilerMsg::Reconcile { name: name.clone(), authoritative, event_id, reply: tx.into() };
+        self.actors.reconciler.send_message(msg).map_err(|_| TallyError::ShuttingDown)?;
+        let report = rx.await.map_err(|_| TallyError::ShuttingDown)?;
+        if report.as_ref().is_ok_and(|r| r.corrected) {
+            // The correction is no increment of this node's: `INCR` answers read the
+            // shards again before they count on.
+            if let Some(rt) = self.ctx.registry.get(name.as_str()) {
+                rt.ledger.forget_base();
+            }
+        }
+        report
+    }
+
+    /// The engine's shared state, for the `impl Tally` blocks of other modules.
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
     }
 
     /// Waits until every resharding in progress on this node has completed.
@@ -880,7 +1226,7 @@ pub const STORE_FORMAT_KEY: &[u8] = b"store:format";
 /// missing marker means the first format.
 fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     use tally_core::format::{
-        encode_version, judge_store, v1, v2, v3, v4, v5, v6, STORE_FORMAT, STORE_FORMATS_READABLE,
+        encode_version, judge_store, v1, v2, v3, v4, v5, v6, v8, STORE_FORMAT, STORE_FORMATS_READABLE,
     };
     let marker = store.meta_get(STORE_FORMAT_KEY)?;
     let holds_data = store.meta_get(OPENS_KEY)?.is_some();
@@ -901,7 +1247,8 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
     // lack format 5's bounds and escrow ledger; format 5's catalog entries lack format
     // 6's window limit (its shard images are today's); the catalog entries of formats
     // 6 and 7 lack format 8's replica count (format 7 only let an image carry records;
-    // their images are today's). Each rewrite goes straight to today's records.
+    // their images are today's); those of format 8 lack format 9's expiry. Each
+    // rewrite goes straight to today's records.
     let plan = match verdict.found {
         1 => tally_store::Upgrade {
             shard_image: Some(&v2::upgrade_shard_image_from_v1),
@@ -928,11 +1275,16 @@ fn open_format(store: &dyn Store) -> Result<(), TallyError> {
             meta: vec![(crate::catalog::COUNTER_PREFIX, &v5::upgrade_counter_meta)],
             marker: (STORE_FORMAT_KEY, &current),
         },
+        6 | 7 => tally_store::Upgrade {
+            shard_image: None,
+            meta: vec![(crate::catalog::COUNTER_PREFIX, &v6::upgrade_counter_meta)],
+            marker: (STORE_FORMAT_KEY, &current),
+        },
         found => {
-            assert!(matches!(found, 6 | 7), "readable formats are 1..={STORE_FORMAT}");
+            assert_eq!(found, 8, "readable formats are 1..={STORE_FORMAT}");
             tally_store::Upgrade {
                 shard_image: None,
-                meta: vec![(crate::catalog::COUNTER_PREFIX, &v6::upgrade_counter_meta)],
+                meta: vec![(crate::catalog::COUNTER_PREFIX, &v8::upgrade_counter_meta)],
                 marker: (STORE_FORMAT_KEY, &current),
             }
         }
@@ -985,6 +1337,7 @@ fn info(name: &CounterName, meta: &tally_core::meta::CounterMeta, auto: Option<A
         resharding: meta.layout.resharding,
         created_at_ms: meta.created_at_ms,
         auto,
+        expires_at_ms: meta.expires_at_ms,
     }
 }
 

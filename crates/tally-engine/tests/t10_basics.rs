@@ -59,11 +59,13 @@ async fn batched_and_sync_counters_sum_positive_and_negative_deltas_exactly() {
 async fn bad_input_gets_a_clear_error_and_changes_nothing() {
     let (tally, _) = mem_engine().await;
     tally.incr("ok", Increment::new(1)).await.unwrap();
-    let long = "x".repeat(256);
+    // The engine takes names in their escaped form (`tally_core::name`).
+    let long = "x".repeat(tally_core::name::NAME_BYTES_MAX + 1);
     let cases: Vec<(&str, Increment, &str)> = vec![
         ("ok", Increment::new(0), "invalid_delta"),
         ("", Increment::new(1), "invalid_name"),
         ("has space", Increment::new(1), "invalid_name"),
+        ("a%2f", Increment::new(1), "invalid_name"),
         (&long, Increment::new(1), "invalid_name"),
         ("ok", Increment::new(1).event_id("bad id"), "invalid_name"),
         ("ok", Increment::new(1).event_id("e".repeat(256)), "invalid_name"),

@@ -728,6 +728,45 @@ impl MetaRaft {
         self.shared.read().state.auto.iter().map(|(n, b)| (n.clone(), *b)).collect()
     }
 
+    /// Up to `limit` counters whose deadline is at or before `now_ms`, earliest
+    /// first: what the reclaim of expired counters deletes next.
+    pub fn expired_counters(&self, now_ms: u64, limit: usize) -> Vec<CounterName> {
+        self.shared.read().state.expired(now_ms, limit)
+    }
+
+    /// Applies `cmd` to counter `name` against this node's applied state (its
+    /// metadata and the namespaces), without changing anything: the proposer's check
+    /// that refuses a bad command with its exact error before it is replicated.
+    pub fn check(
+        &self,
+        name: &CounterName,
+        cmd: &tally_core::meta::MetaCommand,
+        now_ms: u64,
+    ) -> Result<(), tally_core::meta::MetaError> {
+        let applied = self.shared.read();
+        let current = applied.state.counters.get(name).cloned();
+        tally_core::meta::apply_command_in(name.as_str(), current, cmd, now_ms, &applied.state.namespaces)
+            .map(|_| ())
+    }
+
+    /// How many counters are applied here, and how many of them have a deadline.
+    pub fn counter_count(&self) -> (u64, u64) {
+        let applied = self.shared.read();
+        (applied.state.counters.len() as u64, applied.state.expiring.len() as u64)
+    }
+
+    /// The namespaces as applied here, by prefix.
+    pub fn namespaces(&self) -> tally_core::namespace::Namespaces {
+        self.shared.read().state.namespaces.clone()
+    }
+
+    /// Whether this node is the metadata group's leader now (as far as it knows):
+    /// the one node that runs the cluster's chores, such as reclaiming expired
+    /// counters.
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.id)
+    }
+
     /// Counters with a resharding in progress, which the data plane must complete
     /// (seal the old generation, then write `CompleteReshard`).
     pub fn pending_reshards(&self) -> Vec<CounterName> {

@@ -10,10 +10,11 @@ use crate::types::{
     StoreRecord, StoreRejection,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tally_core::meta::MetaCommand;
-use tally_core::meta::{apply_command, CounterMeta, MetaEffect, MetaError};
+use tally_core::meta::{apply_command_in, CounterMeta, MetaEffect, MetaError};
 use tally_core::name::CounterName;
+use tally_core::namespace::Namespaces;
 use tally_core::ring::RING_NODES_MAX;
 use tally_core::spec::SpecError;
 use tally_core::spec::{AutoShards, SpecPatch};
@@ -80,6 +81,14 @@ pub struct MetaState {
     /// proposal resent after an unknown outcome is applied once
     /// ([`Request::Proposal`]).
     pub proposals: BTreeMap<u128, Proposer>,
+    /// The namespaces, by prefix: the spec counters created implicitly under each
+    /// take ([`tally_core::namespace`]).
+    pub namespaces: Namespaces,
+    /// Every counter with a deadline, by deadline: what the reclaim of expired
+    /// counters walks. Derived from `counters` (never stored or sent; rebuilt by
+    /// [`MetaState::reindex`] when a state is loaded or installed).
+    #[serde(skip)]
+    pub expiring: BTreeSet<(u64, CounterName)>,
 }
 
 /// One item of the state, as persisted under its own key.
@@ -101,6 +110,8 @@ pub(crate) enum Touched {
     Formations,
     /// One proposer's entry in the proposal book.
     Proposer(u128),
+    /// A namespace, by prefix.
+    Namespace(String),
 }
 
 impl MetaState {
@@ -122,6 +133,22 @@ impl MetaState {
                 let cmd = MetaCommand::Put(SpecPatch { shards: Some(*shards), ..Default::default() });
                 self.counter(name, &cmd, None, *now_ms)
             }
+            Request::PutNamespace { prefix, spec } => {
+                let existed = self.namespaces.contains_key(prefix);
+                if !existed && self.namespaces.len() >= tally_core::namespace::NAMESPACES_MAX {
+                    let refused = tally_core::namespace::NamespaceError::TooMany.to_string();
+                    return (Response::Namespace(Err(refused)), vec![], vec![]);
+                }
+                if self.namespaces.get(prefix) == Some(spec) {
+                    return (Response::Namespace(Ok(true)), vec![], vec![]);
+                }
+                self.namespaces.insert(prefix.clone(), *spec);
+                (Response::Namespace(Ok(existed)), vec![Touched::Namespace(prefix.clone())], vec![])
+            }
+            Request::DeleteNamespace { prefix } => match self.namespaces.remove(prefix) {
+                Some(_) => (Response::Namespace(Ok(true)), vec![Touched::Namespace(prefix.clone())], vec![]),
+                None => (Response::Namespace(Ok(false)), vec![], vec![]),
+            },
             Request::FormRange { range, voters } => {
                 if voters.is_empty() || self.formations.contains_key(range) {
                     let first = self.formations.get(range).cloned().unwrap_or_default();
@@ -241,7 +268,8 @@ impl MetaState {
         now_ms: u64,
     ) -> (Response, Vec<Touched>, Vec<MetaChange>) {
         let current = self.counters.get(name).cloned();
-        let (mut next, effect) = match apply_command(current, cmd, now_ms) {
+        let (mut next, effect) = match apply_command_in(name.as_str(), current, cmd, now_ms, &self.namespaces)
+        {
             Err(e) => return (Response::Counter(Err(Rejection::from(e))), vec![], vec![]),
             Ok(r) => r,
         };
@@ -257,13 +285,26 @@ impl MetaState {
                 }
             }
         }
+        // A counter created implicitly under an auto namespace follows contention.
+        let auto = match (&effect, auto) {
+            (MetaEffect::Created, None) => {
+                tally_core::meta::creation_auto(name.as_str(), cmd, &self.namespaces).map(Some).or(auto)
+            }
+            _ => auto,
+        };
         let mut touched = vec![];
         if !matches!(effect, MetaEffect::Unchanged | MetaEffect::Missing) {
             touched.push(Touched::Counter(name.clone()));
-            match &next {
+            let before = match &next {
                 Some(meta) => self.counters.insert(name.clone(), meta.clone()),
                 None => self.counters.remove(name),
             };
+            if let Some(at) = before.and_then(|m| m.expires_at_ms) {
+                self.expiring.remove(&(at, name.clone()));
+            }
+            if let Some(at) = next.as_ref().and_then(|m| m.expires_at_ms) {
+                self.expiring.insert((at, name.clone()));
+            }
         }
         if let MetaEffect::Deleted(generations) = &effect {
             let tomb = self.tombstones.entry(name.clone()).or_default();
@@ -362,6 +403,21 @@ impl MetaState {
         self.placement_epoch += 1;
         let view = self.view(true);
         (Response::Members(Ok(view.clone())), vec![Touched::Members], vec![MetaChange::Members(view)])
+    }
+
+    /// Rebuilds what is derived from the counters (the deadlines' index) after the
+    /// state was loaded or installed whole.
+    pub fn reindex(&mut self) {
+        self.expiring = self
+            .counters
+            .iter()
+            .filter_map(|(name, m)| m.expires_at_ms.map(|at| (at, name.clone())))
+            .collect();
+    }
+
+    /// Up to `limit` counters whose deadline is at or before `now_ms`, earliest first.
+    pub fn expired(&self, now_ms: u64, limit: usize) -> Vec<CounterName> {
+        self.expiring.iter().take_while(|(at, _)| *at <= now_ms).take(limit).map(|(_, n)| n.clone()).collect()
     }
 
     /// Counters with a resharding in progress (`layout.resharding` is set), which the
@@ -706,10 +762,35 @@ mod tests {
                     now_ms,
                 }
             ),
-            (names, 0u64..6, 1u16..9, 0u64..1_000_000).prop_map(|(n, version, shards, now_ms)| {
+            (names.clone(), 0u64..6, 1u16..9, 0u64..1_000_000).prop_map(|(n, version, shards, now_ms)| {
                 Request::AutoReshard { name: name(n), version, shards, now_ms }
             }),
+            (names.clone(), 0u64..1_000_000, 0u64..1_000_000).prop_map(|(n, at_ms, t)| counter(
+                n,
+                MetaCommand::Expire { at_ms, when: tally_core::expiry::Condition::Always },
+                t
+            )),
+            (names.clone(), 0u64..1_000_000).prop_map(|(n, t)| counter(n, MetaCommand::Persist, t)),
+            (names, 0u64..1_000_000).prop_map(|(n, t)| counter(n, MetaCommand::DeleteExpired, t)),
         ]
+    }
+
+    #[test]
+    fn expiring_counters_are_indexed_by_deadline_and_reclaimed_once_due() {
+        let mut s = MetaState::default();
+        let expire = |at_ms| MetaCommand::Expire { at_ms, when: tally_core::expiry::Condition::Always };
+        for (n, at) in [("a", 5_000), ("b", 3_000), ("c", 9_000)] {
+            s.apply(&counter(n, MetaCommand::Ensure, 1));
+            s.apply(&counter(n, expire(at), 1));
+        }
+        s.apply(&counter("c", MetaCommand::Persist, 2));
+        assert_eq!(s.expired(4_999, 10), vec![name("b")]);
+        assert_eq!(s.expired(5_000, 10), vec![name("b"), name("a")]);
+        assert_eq!(s.expired(5_000, 1), vec![name("b")], "at most the limit");
+        let (r, _, _) = s.apply(&counter("b", MetaCommand::DeleteExpired, 4_000));
+        assert_eq!(r, Response::Counter(Ok((None, Effect::Deleted(vec![(0, 8)])))));
+        assert_eq!(s.expired(5_000, 10), vec![name("a")]);
+        assert!(s.tombstones.contains_key("b"), "its data goes as a deleted counter's does");
     }
 
     proptest! {
@@ -723,7 +804,9 @@ mod tests {
             }
             prop_assert_eq!(&a, &b);
             let bytes = tally_core::codec::encode(&a);
-            prop_assert_eq!(tally_core::codec::decode::<MetaState>("state", &bytes).unwrap(), a);
+            let mut back = tally_core::codec::decode::<MetaState>("state", &bytes).unwrap();
+            back.reindex();
+            prop_assert_eq!(back, a);
         }
     }
 }

@@ -66,8 +66,10 @@ const KEY_FORMATIONS: &[u8] = b"formations";
 pub(crate) const PREFIX_COUNTER: &[u8] = b"c/";
 const PREFIX_TOMBSTONE: &[u8] = b"t/";
 const PREFIX_AUTO: &[u8] = b"a/";
+/// `n/<prefix>` → the namespace of that prefix.
+const PREFIX_NAMESPACE: &[u8] = b"n/";
 /// `p/<proposer, 16 bytes big-endian>` → that proposer's entry in the proposal book.
-const PREFIX_PROPOSER: &[u8] = b"p/";
+pub(crate) const PREFIX_PROPOSER: &[u8] = b"p/";
 pub(crate) const KEY_SNAPSHOT: &[u8] = b"current";
 const KEY_SNAPSHOT_SEQ: &[u8] = b"seq";
 
@@ -182,6 +184,11 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
             k if k.starts_with(PREFIX_AUTO) => {
                 applied.state.auto.insert(name_at(PREFIX_AUTO)?, decode("auto shard bounds", &value)?);
             }
+            k if k.starts_with(PREFIX_NAMESPACE) => {
+                let prefix = std::str::from_utf8(&k[PREFIX_NAMESPACE.len()..])
+                    .map_err(|e| read_err(ErrorSubject::StateMachine, e))?;
+                applied.state.namespaces.insert(prefix.to_owned(), decode("namespace", &value)?);
+            }
             k if k.starts_with(PREFIX_PROPOSER) => {
                 let raw = <[u8; 16]>::try_from(&k[PREFIX_PROPOSER.len()..]).map_err(|_| {
                     let e = tally_core::codec::DecodeError {
@@ -197,6 +204,7 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
             }
         }
     }
+    applied.state.reindex();
     Ok(applied)
 }
 
@@ -222,6 +230,13 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
             Some(b) => batch.insert(prefixed(PREFIX_AUTO, name), tally_core::codec::encode(b)),
             None => batch.remove(prefixed(PREFIX_AUTO, name)),
         },
+        Touched::Namespace(prefix) => {
+            let key = [PREFIX_NAMESPACE, prefix.as_bytes()].concat();
+            match state.namespaces.get(prefix) {
+                Some(spec) => batch.insert(key, tally_core::codec::encode(spec)),
+                None => batch.remove(key),
+            }
+        }
         Touched::Proposer(key) => {
             let k = [PREFIX_PROPOSER, &key.to_be_bytes()].concat();
             match state.proposals.get(key) {
@@ -243,6 +258,9 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) {
     }
     for name in s.auto.keys() {
         stage(batch, s, &Touched::Auto(name.clone()));
+    }
+    for prefix in s.namespaces.keys() {
+        stage(batch, s, &Touched::Namespace(prefix.clone()));
     }
     for key in s.proposals.keys() {
         stage(batch, s, &Touched::Proposer(*key));
@@ -403,8 +421,9 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
-        let state: MetaState =
+        let mut state: MetaState =
             tally_core::codec::decode("snapshot", &data).map_err(|e| read_err(subject.clone(), e))?;
+        state.reindex();
         let next =
             Applied { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
         // Replace the whole tree in one atomic batch: remove every key, then write

@@ -161,6 +161,20 @@ pub enum Request {
         /// What it asks.
         request: Box<Request>,
     },
+    /// Declare (or replace) the namespace `prefix`: counters created implicitly
+    /// under it take `spec` ([`tally_core::namespace`]). The proposer checked the
+    /// spec; the state refuses a new prefix past `NAMESPACES_MAX`.
+    PutNamespace {
+        /// The name prefix.
+        prefix: String,
+        /// What counters created under it take.
+        spec: tally_core::namespace::NamespaceSpec,
+    },
+    /// Drop the namespace `prefix` (counters created under it keep their specs).
+    DeleteNamespace {
+        /// The name prefix.
+        prefix: String,
+    },
 }
 
 /// The identity of one proposal: its proposer (one run of one node's metadata
@@ -233,6 +247,9 @@ pub enum Response {
     /// proposer were applied meanwhile): it may or may not have been applied before,
     /// and it was not applied now.
     Forgotten,
+    /// The answer to the namespace requests: whether the prefix was declared before,
+    /// or why the request was refused.
+    Namespace(Result<bool, String>),
 }
 
 impl Response {
@@ -418,6 +435,12 @@ pub enum Rejection {
         /// The counter's version now, if it exists and is auto.
         found: Option<u64>,
     },
+    /// The counter expired: it must be reclaimed before it is created anew.
+    #[error("the counter expired at {expires_at_ms} ms since the Unix epoch")]
+    Expired {
+        /// Its deadline.
+        expires_at_ms: u64,
+    },
 }
 
 impl From<MetaError> for Rejection {
@@ -457,6 +480,7 @@ impl From<MetaError> for Rejection {
             MetaError::Resharding { target } => Rejection::Resharding { target },
             MetaError::TooManyGenerations { count } => Rejection::TooManyGenerations { count },
             MetaError::StaleGeneration { current, got } => Rejection::StaleGeneration { current, got },
+            MetaError::Expired { expires_at_ms } => Rejection::Expired { expires_at_ms },
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Upgrading a raft database of format 1 to 7 to today's format, in place.
+//! Upgrading a raft database of format 1 to 8 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
 //! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
@@ -7,8 +7,12 @@
 //! those of format 5 (`tally_core::format::v5`: format 6 added window limits), and
 //! format 6's those of format 6 (`tally_core::format::v6`: format 7 added counters'
 //! own replica counts). Format 7's snapshot state has no proposal book (format 8
-//! added it, and the request that carries a proposal's identity); its entries and
-//! counter records are read as they are.
+//! added it, and the request that carries a proposal's identity). Formats 7 and 8
+//! hold counter metadata of their layout (`tally_core::format::v8`: format 9 added
+//! a counter's expiry) in their counter records, their snapshots and, in format 8,
+//! the answers their proposal book keeps; their snapshot state has no namespaces
+//! (format 9 added them, and the requests that set them, after the others, so their
+//! log entries decode as today's).
 //! Format 4's snapshot state has no auto bounds either (format 5 added them, and two
 //! requests its entries may hold, [`RequestAuto`]). An upgrade decodes each with the
 //! frozen types, converts it and writes it back, together with the new format
@@ -16,13 +20,16 @@
 //! old format or all today's.
 
 use crate::log_store::LOG_TREE;
-use crate::state::MetaState;
-use crate::state_machine::{KEY_SNAPSHOT, PREFIX_COUNTER, SM_TREE, SNAPSHOT_TREE};
+use crate::state::{MetaState, Proposer};
+use crate::state_machine::{KEY_SNAPSHOT, PREFIX_COUNTER, PREFIX_PROPOSER, SM_TREE, SNAPSHOT_TREE};
 use crate::store_id::StoreId;
-use crate::types::{NodeId, Request, StoreRecord, TypeConfig};
+use crate::types::{
+    Effect, MemberRejection, MembersView, NodeId, Rejection, Request, Response, StoreRecord, StoreRejection,
+    TypeConfig,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use tally_core::codec::{decode, encode, DecodeError};
 use tally_core::format::v1::{CounterMetaV1, MetaCommandV1};
@@ -30,7 +37,8 @@ use tally_core::format::v3::{CounterMetaV3, MetaCommandV3};
 use tally_core::format::v4::{CounterMetaV4, MetaCommandV4};
 use tally_core::format::v5::{CounterMetaV5, MetaCommandV5};
 use tally_core::format::v6::{CounterMetaV6, MetaCommandV6};
-use tally_core::format::{v1, v3, v4, v5, v6, Rewrite};
+use tally_core::format::v8::CounterMetaV8;
+use tally_core::format::{v1, v3, v4, v5, v6, v8, Rewrite};
 use tally_core::meta::{CounterMeta, MetaCommand};
 use tally_core::name::CounterName;
 use tally_core::spec::AutoShards;
@@ -193,6 +201,8 @@ impl<M: Into<CounterMeta>> From<MetaStateOld<M>> for MetaState {
             auto: BTreeMap::new(),
             classes: BTreeMap::new(),
             formations: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            expiring: BTreeSet::new(),
         }
     }
 }
@@ -230,15 +240,17 @@ impl<M: Into<CounterMeta>> From<MetaStateAuto<M>> for MetaState {
             auto: v.auto,
             classes: BTreeMap::new(),
             formations: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            expiring: BTreeSet::new(),
         }
     }
 }
 
-/// [`MetaState`] as format 7 stored it (inside snapshots): today's, without the
+/// [`MetaState`] as format 7 stored it (inside snapshots): format 8's without the
 /// proposal book, which format 8 added.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct MetaStateV7 {
-    counters: BTreeMap<CounterName, CounterMeta>,
+    counters: BTreeMap<CounterName, CounterMetaV8>,
     tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
     members: Vec<String>,
     placement_epoch: u64,
@@ -253,8 +265,8 @@ struct MetaStateV7 {
 
 impl From<MetaStateV7> for MetaState {
     fn from(v: MetaStateV7) -> Self {
-        MetaState {
-            counters: v.counters,
+        let mut state = MetaState {
+            counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
             tombstones: v.tombstones,
             members: v.members,
             placement_epoch: v.placement_epoch,
@@ -266,7 +278,99 @@ impl From<MetaStateV7> for MetaState {
             classes: v.classes,
             formations: v.formations,
             proposals: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            expiring: BTreeSet::new(),
+        };
+        state.reindex();
+        state
+    }
+}
+
+/// [`Response`] as format 8 stored it (in the proposal book): today's, with format
+/// 8's counters and without the answers format 9 added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum ResponseV8 {
+    Nothing,
+    Counter(Result<(Option<CounterMetaV8>, Effect), Rejection>),
+    TombstoneCleared { existed: bool },
+    Members(Result<MembersView, MemberRejection>),
+    Store(Result<StoreRecord, StoreRejection>),
+    Formation(Vec<(u64, String)>),
+    Forgotten,
+}
+
+impl From<ResponseV8> for Response {
+    fn from(v: ResponseV8) -> Self {
+        match v {
+            ResponseV8::Nothing => Response::Nothing,
+            ResponseV8::Counter(r) => {
+                Response::Counter(r.map(|(meta, effect)| (meta.map(Into::into), effect)))
+            }
+            ResponseV8::TombstoneCleared { existed } => Response::TombstoneCleared { existed },
+            ResponseV8::Members(r) => Response::Members(r),
+            ResponseV8::Store(r) => Response::Store(r),
+            ResponseV8::Formation(f) => Response::Formation(f),
+            ResponseV8::Forgotten => Response::Forgotten,
         }
+    }
+}
+
+/// [`Proposer`] as format 8 stored it, with format 8's answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ProposerV8 {
+    answered: BTreeMap<u64, ResponseV8>,
+    forgotten_below: u64,
+    heard_at: u64,
+}
+
+impl From<ProposerV8> for Proposer {
+    fn from(v: ProposerV8) -> Self {
+        Proposer {
+            answered: v.answered.into_iter().map(|(seq, r)| (seq, r.into())).collect(),
+            forgotten_below: v.forgotten_below,
+            heard_at: v.heard_at,
+        }
+    }
+}
+
+/// [`MetaState`] as format 8 stored it (inside snapshots): today's without the
+/// namespaces, with format 8's counters and proposal book.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MetaStateV8 {
+    counters: BTreeMap<CounterName, CounterMetaV8>,
+    tombstones: BTreeMap<CounterName, Vec<(u32, u16)>>,
+    members: Vec<String>,
+    placement_epoch: u64,
+    previous: Vec<String>,
+    handoff: Vec<String>,
+    stores: BTreeMap<NodeId, StoreRecord>,
+    applied_requests: u64,
+    auto: BTreeMap<CounterName, AutoShards>,
+    classes: BTreeMap<u8, Vec<String>>,
+    formations: BTreeMap<u32, Vec<(u64, String)>>,
+    proposals: BTreeMap<u128, ProposerV8>,
+}
+
+impl From<MetaStateV8> for MetaState {
+    fn from(v: MetaStateV8) -> Self {
+        let mut state = MetaState {
+            counters: v.counters.into_iter().map(|(name, meta)| (name, meta.into())).collect(),
+            tombstones: v.tombstones,
+            members: v.members,
+            placement_epoch: v.placement_epoch,
+            previous: v.previous,
+            handoff: v.handoff,
+            stores: v.stores,
+            applied_requests: v.applied_requests,
+            auto: v.auto,
+            classes: v.classes,
+            formations: v.formations,
+            proposals: v.proposals.into_iter().map(|(key, p)| (key, p.into())).collect(),
+            namespaces: BTreeMap::new(),
+            expiring: BTreeSet::new(),
+        };
+        state.reindex();
+        state
     }
 }
 
@@ -305,13 +409,8 @@ where
     Ok(encode(&StoredSnapshot { meta: old.meta, data: encode(&state.into()) }))
 }
 
-fn upgrade_snapshot_v7(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    upgrade_snapshot::<MetaStateV7>(("format-7 snapshot", "format-7 snapshot state"), bytes)
-}
-
-/// A record format 8 reads as format 7 wrote it: format 8 only added requests and
-/// answers after the others (so format 7's entries decode as they are) and the
-/// proposal book to the state (so only snapshots change).
+/// A record kept as it is: the proposal book's records of formats before 8, which
+/// had none.
 fn unchanged(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     Ok(bytes.to_vec())
 }
@@ -362,6 +461,31 @@ fn upgrade_entry_v6(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
 
 fn upgrade_snapshot_v6(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     upgrade_snapshot::<MetaStateAuto<CounterMetaV6>>(("format-6 snapshot", "format-6 snapshot state"), bytes)
+}
+
+/// A format-7 log entry, checked to decode as today's (formats 8 and 9 only added
+/// requests after the others), as today's bytes.
+fn upgrade_entry_v7(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfig>("format-7 raft log entry", bytes)
+}
+
+/// A format-8 log entry, checked to decode as today's, as today's bytes.
+fn upgrade_entry_v8(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfig>("format-8 raft log entry", bytes)
+}
+
+/// A format-8 record of the proposal book, as today's bytes.
+fn upgrade_proposer_v8(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    let old: ProposerV8 = decode("format-8 proposer", bytes)?;
+    Ok(encode(&Proposer::from(old)))
+}
+
+fn upgrade_snapshot_v8(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<MetaStateV8>(("format-8 snapshot", "format-8 snapshot state"), bytes)
+}
+
+fn upgrade_snapshot_v7(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_snapshot::<MetaStateV7>(("format-7 snapshot", "format-7 snapshot state"), bytes)
 }
 
 /// Why an upgrade failed; nothing was changed.
@@ -419,6 +543,7 @@ pub(crate) fn from_v1(
     let rewrites = Rewrites {
         entry: &upgrade_entry_v1,
         counter: &v1::upgrade_counter_meta,
+        proposer: &unchanged,
         snapshot: &upgrade_snapshot_v1,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
@@ -434,6 +559,7 @@ pub(crate) fn from_v2(
     let rewrites = Rewrites {
         entry: &upgrade_entry_v2,
         counter: &v3::upgrade_counter_meta,
+        proposer: &unchanged,
         snapshot: &upgrade_snapshot_v2,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
@@ -449,6 +575,7 @@ pub(crate) fn from_v3(
     let rewrites = Rewrites {
         entry: &upgrade_entry_v3,
         counter: &v4::upgrade_counter_meta,
+        proposer: &unchanged,
         snapshot: &upgrade_snapshot_v3,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
@@ -464,6 +591,7 @@ pub(crate) fn from_v4(
     let rewrites = Rewrites {
         entry: &upgrade_entry_v4,
         counter: &v5::upgrade_counter_meta,
+        proposer: &unchanged,
         snapshot: &upgrade_snapshot_v4,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
@@ -479,6 +607,7 @@ pub(crate) fn from_v5(
     let rewrites = Rewrites {
         entry: &upgrade_entry_v5,
         counter: &v5::upgrade_counter_meta,
+        proposer: &unchanged,
         snapshot: &upgrade_snapshot_v5,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
@@ -494,20 +623,41 @@ pub(crate) fn from_v6(
     let rewrites = Rewrites {
         entry: &upgrade_entry_v6,
         counter: &v6::upgrade_counter_meta,
+        proposer: &unchanged,
         snapshot: &upgrade_snapshot_v6,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 
-/// Rewrites every format-7 record of `db` in today's format, as [`from_v1`] does:
-/// only its snapshot changes.
+/// Rewrites every format-7 record of `db` in today's format, as [`from_v1`] does.
 pub(crate) fn from_v7(
     db: &sled::Db,
     marker_tree: &sled::Tree,
     marker_key: &[u8],
     marker: &[u8],
 ) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites { entry: &unchanged, counter: &unchanged, snapshot: &upgrade_snapshot_v7 };
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v7,
+        counter: &v8::upgrade_counter_meta,
+        proposer: &unchanged,
+        snapshot: &upgrade_snapshot_v7,
+    };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Rewrites every format-8 record of `db` in today's format, as [`from_v1`] does.
+pub(crate) fn from_v8(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v8,
+        counter: &v8::upgrade_counter_meta,
+        proposer: &upgrade_proposer_v8,
+        snapshot: &upgrade_snapshot_v8,
+    };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 
@@ -515,6 +665,8 @@ pub(crate) fn from_v7(
 struct Rewrites<'a> {
     entry: Rewrite<'a>,
     counter: Rewrite<'a>,
+    /// The proposal book's records (format 8 on).
+    proposer: Rewrite<'a>,
     snapshot: Rewrite<'a>,
 }
 
@@ -533,6 +685,8 @@ fn from_old(
     rewrite(&mut records, (0, &log, LOG_TREE), &|_| true, f.entry)?;
     let counters = |k: &[u8]| k.starts_with(PREFIX_COUNTER);
     rewrite(&mut records, (1, &sm, SM_TREE), &counters, f.counter)?;
+    let proposers = |k: &[u8]| k.starts_with(PREFIX_PROPOSER);
+    rewrite(&mut records, (1, &sm, SM_TREE), &proposers, f.proposer)?;
     let snapshot = |k: &[u8]| k == KEY_SNAPSHOT;
     rewrite(&mut records, (2, &snapshots, SNAPSHOT_TREE), &snapshot, f.snapshot)?;
     let trees = [&log, &sm, &snapshots, marker_tree];
@@ -864,5 +1018,37 @@ mod tests {
         let marker_tree = db.open_tree("identity").unwrap();
         assert!(from_v6(&db, &marker_tree, b"format", b"7").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
+    }
+
+    #[test]
+    fn a_format_seven_database_upgrades_without_deadlines_or_namespaces() {
+        let spec = tally_core::spec::CounterSpec { replicas: Some(3), ..Default::default() };
+        let meta = CounterMetaV8 { spec, layout: layout(), created_at_ms: 3, version: 4 };
+        let state = MetaStateV7 {
+            counters: [(name(), meta.clone())].into(),
+            tombstones: BTreeMap::new(),
+            members: vec!["node1".into()],
+            placement_epoch: 1,
+            previous: vec![],
+            handoff: vec![],
+            stores: BTreeMap::new(),
+            applied_requests: 5,
+            auto: BTreeMap::new(),
+            classes: [(3, vec!["node1".to_owned()])].into(),
+            formations: [(7, vec![(1, "node1".to_owned())])].into(),
+        };
+        let request = Request::Counter { name: name(), cmd: MetaCommand::Ensure, now_ms: 9 };
+        let db = database_of::<TypeConfig, _, _>(request.clone(), &meta, &state);
+        let marker_tree = db.open_tree("identity").unwrap();
+        assert_eq!(from_v7(&db, &marker_tree, b"format", b"8").unwrap(), 3);
+        assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"8"[..]));
+        let (up_request, up, up_state) = read_all(&db);
+        assert_eq!(up_request, request, "format 7's entries are today's");
+        assert_eq!((up.spec, &up.layout, up.version, up.expires_at_ms), (spec, &layout(), 4, None));
+        assert_eq!(up_state.counters[&name()], up);
+        assert_eq!((up_state.classes, up_state.formations), (state.classes, state.formations));
+        assert!(up_state.namespaces.is_empty());
+        // Today's records are not format 7's.
+        assert!(from_v7(&db, &marker_tree, b"format", b"8").is_err());
     }
 }

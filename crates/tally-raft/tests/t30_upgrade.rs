@@ -40,6 +40,12 @@
 //! `tests/fixtures/raft-format-7.tar.gz` is the same story written in raft store
 //! format 7 (counters' own replica counts, before the proposal book), made on that
 //! release (commit 65ab1a4) the same way.
+//!
+//! `tests/fixtures/raft-format-8.tar.gz` is the same story written in raft store
+//! format 8 (the proposal book, before counters' expiry and namespaces), made on that
+//! release (commit a0f8dd4) the same way: every request went out as a proposal, so
+//! its snapshot and state machine hold a proposal book whose answers carry counters
+//! of format 8's layout.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -389,6 +395,48 @@ async fn a_raft_database_of_format_6_holds_the_same_state_with_the_clusters_repl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_database_of_format_7_holds_the_same_state_and_starts_a_proposal_book() {
     holds_the_same_state_as_format_5("raft-format-7", 7).await;
+}
+
+/// Format 8's story is format 5's too, written with the proposal book: the upgrade
+/// rewrites its counters (in records, the snapshot and the book's answers) without
+/// deadlines, the book keeps every answer, and deadlines and namespaces go on from
+/// there across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_format_8_keeps_its_proposal_book_and_takes_deadlines_and_namespaces() {
+    holds_the_same_state_as_format_5("raft-format-8", 8).await;
+
+    let (_keep, dir) = fixture_copy("raft-format-8");
+    let node = one_node(&dir).await;
+    let state = node.state();
+    let answered: Vec<&tally_raft::Response> =
+        state.proposals.values().flat_map(|p| p.answered.values()).collect();
+    assert!(answered.len() >= 30, "the story's proposals are remembered: {}", answered.len());
+    let counters_answered = answered
+        .iter()
+        .filter_map(|r| match r {
+            tally_raft::Response::Counter(Ok((Some(meta), _))) => Some(meta),
+            _ => None,
+        })
+        .inspect(|meta| assert_eq!(meta.expires_at_ms, None, "an upgraded answer has no deadline"))
+        .count();
+    assert!(counters_answered > 10, "{counters_answered}");
+    assert!(state.counters.values().all(|m| m.expires_at_ms.is_none()));
+    assert!(state.namespaces.is_empty());
+
+    let deadline = NOW_MS + 3_600_000;
+    let when = tally_core::expiry::Condition::Always;
+    node.write(counter("plain", MetaCommand::Expire { at_ms: deadline, when })).await.unwrap();
+    let spec = tally_core::namespace::NamespaceSpec {
+        patch: SpecPatch { durability: Some(Durability::Sync), min: Some(0), ..SpecPatch::default() },
+        ..Default::default()
+    };
+    node.write(Request::PutNamespace { prefix: "stock:".into(), spec }).await.unwrap();
+    node.shutdown().await;
+    drop(node);
+    let node = one_node(&dir).await;
+    assert_eq!(node.counter("plain").unwrap().expires_at_ms, Some(deadline));
+    assert_eq!(node.state().namespaces.get("stock:"), Some(&spec));
+    node.shutdown().await;
 }
 
 /// Opens the fixture `name`, of `format`, holding the story with auto counters

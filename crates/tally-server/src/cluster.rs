@@ -137,6 +137,10 @@ impl Service for ClusterService {
         self.node.tally().incr_value(name, inc).await
     }
 
+    async fn current_total(&self, name: &str) -> Result<IncrTotal, TallyError> {
+        self.node.tally().current_total(name).await
+    }
+
     async fn incr_many(
         &self,
         items: Vec<(String, Increment)>,

@@ -113,6 +113,9 @@ pub enum ConfigError {
     /// Two entries of `cluster.nodes` share a raft id.
     #[error("cluster.nodes: raft_id {0} appears more than once")]
     DuplicateRaftId(u64),
+    /// `cluster.default_spec` would not make a valid counter.
+    #[error("cluster.default_spec: {0}")]
+    DefaultSpec(String),
     /// Two listeners in the cluster share an address.
     #[error("address {addr} is used by both {first} and {second}")]
     DuplicateAddress {
@@ -406,6 +409,14 @@ pub struct ClusterConfig {
     /// another way.
     #[serde(default = "default_ranges_per_node")]
     pub ranges_per_node: u32,
+    /// What a counter created implicitly (by its first increment or a `SET`) takes
+    /// when its name falls under no namespace: the fields of `PUT /v1/counters/{name}`
+    /// (`shards` or `"auto"`, `durability`, bounds, `windows`, `distinct`,
+    /// `frequency`, `replicas`, `ttl_ms`), e.g. `default_spec = { durability =
+    /// "sync", shards = 4 }`. Unset: the built-in defaults (8 shards, `batched`).
+    /// Cluster-wide: a creation carries it, and every node must create alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_spec: Option<crate::http::body::SpecBody>,
     /// Every node of the cluster, with its stable identities and addresses.
     pub nodes: Vec<NodeEntry>,
 }
@@ -938,15 +949,15 @@ impl Config {
         range("engine.sketch_bytes_per_counter_max", e.sketch_bytes_per_counter_max, 1, u64::MAX)?;
         range("quotas", self.quotas.len() as u64, 0, QUOTAS_MAX as u64)?;
         for (i, q) in self.quotas.iter().enumerate() {
-            let listable = q.prefix.len() <= tally_engine::LIST_PREFIX_BYTES_MAX
-                && q.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
-            if q.prefix.is_empty() || !listable || q.counters_max == 0 {
+            // A prefix is the start of a name: any text of 1 to NAME_BYTES_MAX bytes.
+            let max = tally_core::name::NAME_BYTES_MAX;
+            if q.prefix.is_empty() || q.prefix.len() > max || q.counters_max == 0 {
                 return Err(ConfigError::Invalid {
                     field: format!("quotas[{i}]"),
-                    reason:
-                        "prefix must be 1 to 255 bytes of [A-Za-z0-9._:-] (engine.counters_max bounds every \
-                             counter) and counters_max at least 1"
-                            .into(),
+                    reason: format!(
+                        "prefix must be 1 to {max} bytes (engine.counters_max bounds every counter) and \
+                         counters_max at least 1"
+                    ),
                 });
             }
         }
@@ -1174,12 +1185,16 @@ impl Config {
             dedup_sweep_records_max: usize::try_from(e.dedup_sweep_records_max).unwrap_or(usize::MAX),
             batch_items_max: self.http.batch_limit_items(),
             autoshard: e.auto_tuning(),
+            // Checked by `validate`; a config not validated gets the built-in defaults.
+            default_spec: self.cluster.default_spec().unwrap_or_default(),
+            replicas_default: self.cluster.replicas(),
             counters_max: e.counters_max,
             counter_quotas: self
                 .quotas
                 .iter()
                 .map(|q| tally_engine::CounterQuota {
-                    prefix: q.prefix.clone(),
+                    // Names are compared in their escaped form (`tally_core::name`).
+                    prefix: tally_core::name::escape(q.prefix.as_bytes()),
                     counters_max: q.counters_max,
                 })
                 .collect(),
@@ -1219,6 +1234,9 @@ struct Canonical<'a> {
     /// Left out at the default, so clusters that never set it kept their fingerprints.
     #[serde(skip_serializing_if = "is_default_ranges_per_node")]
     ranges_per_node: u32,
+    /// Left out when unset, so clusters that never set it kept their fingerprints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default_spec: Option<tally_core::namespace::NamespaceSpec>,
     nodes: &'a [NodeEntry],
 }
 
@@ -1247,6 +1265,10 @@ impl ClusterConfig {
             raft_election_timeout_max_ms: self.raft_election_timeout_max_ms,
             replicas: self.replicas(),
             ranges_per_node: self.ranges_per_node,
+            default_spec: self
+                .default_spec()
+                .ok()
+                .filter(|d| *d != tally_core::namespace::NamespaceSpec::default()),
             nodes: &self.nodes,
         };
         tally_core::hash::hash64(FINGERPRINT_SEED, &tally_core::codec::encode(&canonical))
@@ -1267,6 +1289,15 @@ impl ClusterConfig {
                 1
             }
         })
+    }
+
+    /// What a counter under no namespace takes (`default_spec`, or the built-in
+    /// defaults), checked as a creation would check it.
+    pub fn default_spec(&self) -> Result<tally_core::namespace::NamespaceSpec, ConfigError> {
+        let Some(body) = &self.default_spec else { return Ok(Default::default()) };
+        let spec = body.clone().into_namespace().map_err(|e| ConfigError::DefaultSpec(e.to_string()))?;
+        spec.counter_spec().map_err(|e| ConfigError::DefaultSpec(e.to_string()))?;
+        Ok(spec)
     }
 
     /// The nodes that start as members (`member = true`), at least one.
@@ -1298,6 +1329,7 @@ impl ClusterConfig {
         }
         let per_node_max = tally_core::ranges::RANGES_PER_NODE_MAX;
         range("cluster.ranges_per_node", self.ranges_per_node.into(), 1, per_node_max.into())?;
+        self.default_spec()?;
         interval("cluster.heartbeat_ms", self.heartbeat_ms)?;
         range(
             "cluster.heartbeat_misses_max",

@@ -417,6 +417,11 @@ pub fn engine_metrics(w: &mut PromWriter, tally: &Tally, node_id: &str) {
         &[(&[], s.reconcile_corrections.get())],
     );
     w.counter(
+        "tally_expired_reclaimed_total",
+        "Expired counters this node deleted (its sweep, or a write that met one).",
+        &[(&[], s.expired_reclaimed.get())],
+    );
+    w.counter(
         "tally_buffered_lost_total",
         "Acknowledged batched increments given up on: in doubt past the resend limit, or undeliverable at shutdown.",
         &[(&[], s.buffered_lost.get())],

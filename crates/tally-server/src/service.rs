@@ -10,8 +10,8 @@ use crate::sources::{RunBook, RunRecord};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use tally_engine::{
-    AutoPatch, Consistency, CounterInfo, DistinctRead, Durability, FrequencyRead, IncrOutcome, Increment,
-    PutOutcome, ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
+    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, PutOutcome,
+    ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
 };
 
 pub use tally_engine::IncrTotal;
@@ -41,20 +41,15 @@ pub trait Service: Clone + Send + Sync + 'static {
         inc: Increment,
     ) -> impl Future<Output = Result<IncrOutcome, TallyError>> + Send;
 
-    /// Counts one increment and reports the counter's total after it (Redis's `INCR`):
+    /// Counts one increment and reports the counter's total right after it (Redis's
+    /// `INCR`): it includes this increment and every increment this node
+    /// acknowledged before it, each once; on a `sync` counter of one shard it is the
+    /// value the shard's commit gave this increment (`docs/SEMANTICS.md`, "What INCR
+    /// returns", and [`Tally::incr_value`]).
     ///
-    /// * `sync`: the fresh sum of every shard, read after the increment is durable. It
-    ///   includes this increment and every one acknowledged before it, and may include
-    ///   concurrent ones (two concurrent increments may report the same total).
-    /// * `batched`: the total `GET` answers right after the increment was buffered —
-    ///   the rollup's cached total, at most `rollup_ms` plus one refresh old, which may
-    ///   or may not include this increment yet (it is acknowledged from memory and
-    ///   reaches its shard within `flush_ms`). With `rollup_ms = 0` that read is fresh:
-    ///   it delivers the buffered increments first, so it includes this one.
-    ///
-    /// The default composes [`Service::incr`], [`Service::counter`] and
-    /// [`Service::read`]; a node over an engine answers in one pass through the
-    /// counter's runtime ([`Tally::incr_value`]).
+    /// The default composes [`Service::incr`], [`Service::counter`] and a fresh
+    /// [`Service::read`] (exact, and a read per increment); a node over an engine
+    /// answers from its ledger instead ([`Tally::incr_value`]).
     fn incr_total(
         &self,
         name: &str,
@@ -62,13 +57,71 @@ pub trait Service: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(IncrOutcome, IncrTotal), TallyError>> + Send {
         async move {
             let outcome = self.incr(name, inc).await?;
-            let info = self.counter(name).await?;
-            let consistency = match info.spec.durability {
-                Durability::Sync => Consistency::Fresh,
-                Durability::Batched => Consistency::Cached,
-            };
-            Ok((outcome, IncrTotal::from(&self.read(name, consistency).await?)))
+            Ok((outcome, IncrTotal::from(&self.read(name, Consistency::Fresh).await?)))
         }
+    }
+
+    /// The counter's total as Redis's `GET` answers it: every increment this node
+    /// acknowledged before the call included ([`Tally::current_total`]). The
+    /// default answers a fresh read.
+    fn current_total(&self, name: &str) -> impl Future<Output = Result<IncrTotal, TallyError>> + Send {
+        async move { Ok(IncrTotal::from(&self.read(name, Consistency::Fresh).await?)) }
+    }
+
+    /// Sets the counter's deadline (Redis's `EXPIRE` family, [`Tally::expire`]):
+    /// true if set. A missing counter is [`TallyError::NotFound`].
+    fn expire(
+        &self,
+        name: &str,
+        at_ms: u64,
+        when: tally_core::expiry::Condition,
+    ) -> impl Future<Output = Result<bool, TallyError>> + Send {
+        async move { self.engine().expire(name, at_ms, when).await }
+    }
+
+    /// Adds `delta` if the counter's total stays within `within` (Redis's `INCREX`,
+    /// [`Tally::incr_within`]).
+    fn incr_within(
+        &self,
+        name: &str,
+        delta: i64,
+        within: tally_core::within::Within,
+    ) -> impl Future<Output = Result<tally_engine::WithinOutcome, TallyError>> + Send {
+        async move { self.engine().incr_within(name, delta, within).await }
+    }
+
+    /// Removes the counter's deadline (`PERSIST`): true if it had one.
+    fn persist(&self, name: &str) -> impl Future<Output = Result<bool, TallyError>> + Send {
+        async move { self.engine().persist(name).await }
+    }
+
+    /// The counter's deadline, if any, and the time it was read at (`TTL`).
+    fn expiry(&self, name: &str) -> impl Future<Output = Result<(Option<u64>, u64), TallyError>> + Send {
+        async move { self.engine().expiry(name).await }
+    }
+
+    /// Sets the counter's total (`SET`, [`Tally::set_total`]), creating it first as
+    /// an increment would.
+    fn set_total(
+        &self,
+        name: &str,
+        value: i128,
+    ) -> impl Future<Output = Result<ReconcileReport, TallyError>> + Send {
+        async move { self.engine().set_total(name, value).await }
+    }
+
+    /// Declares (or replaces) a namespace ([`Tally::put_namespace`]): true if created.
+    fn put_namespace(
+        &self,
+        prefix: &str,
+        spec: tally_core::namespace::NamespaceSpec,
+    ) -> impl Future<Output = Result<bool, TallyError>> + Send {
+        async move { self.engine().put_namespace(prefix, spec).await }
+    }
+
+    /// Drops a namespace.
+    fn delete_namespace(&self, prefix: &str) -> impl Future<Output = Result<(), TallyError>> + Send {
+        async move { self.engine().delete_namespace(prefix).await }
     }
 
     /// Counts many independent increments: one result per item, in order. The outer

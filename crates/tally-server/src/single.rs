@@ -118,6 +118,10 @@ impl Service for SingleNode {
         self.tally.incr_value(name, inc).await
     }
 
+    async fn current_total(&self, name: &str) -> Result<IncrTotal, TallyError> {
+        self.tally.current_total(name).await
+    }
+
     async fn incr_many(
         &self,
         items: Vec<(String, Increment)>,

@@ -56,6 +56,74 @@ async fn counters_are_created_updated_read_and_deleted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_is_set_read_and_removed_and_a_passed_one_deletes() {
+    let (app, node) = app().await;
+    let a = call(&app, "PUT", "/v1/counters/w", Some(r#"{"durability": "sync", "ttl_ms": 60000}"#)).await;
+    assert_eq!(a.status, 201, "{}", a.text);
+    let at = a.json()["expires_at_ms"].as_u64().expect("a deadline");
+    let j = call(&app, "GET", "/v1/counters/w/expiry", None).await.json();
+    assert_eq!(j["expires_at_ms"], at);
+    assert!(j["ttl_ms"].as_i64().is_some_and(|t| (1..=60_000).contains(&t)), "{j}");
+    let later = r#"{"ttl_ms": 120000, "when": "gt"}"#;
+    let j = call(&app, "PUT", "/v1/counters/w/expiry", Some(later)).await.json();
+    assert_eq!(j["changed"], true, "{j}");
+    let j =
+        call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"ttl_ms": 5000, "when": "nx"}"#)).await.json();
+    assert_eq!(j["changed"], false, "{j}");
+    let j = call(&app, "DELETE", "/v1/counters/w/expiry", None).await.json();
+    assert_eq!(
+        (j["changed"].clone(), j["ttl_ms"].clone(), j["expires_at_ms"].clone()),
+        (json!(true), json!(-1), Value::Null)
+    );
+    call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"ttl_ms": 0}"#))
+        .await
+        .assert_error(422, "invalid_spec");
+    call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{}"#)).await.assert_error(400, "invalid_body");
+    call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"ttl_ms": 5, "when": "often"}"#))
+        .await
+        .assert_error(400, "invalid_body");
+    call(&app, "GET", "/v1/counters/nope/expiry", None).await.assert_error(404, "counter_not_found");
+    // A deadline already passed deletes the counter at once.
+    let j = call(&app, "PUT", "/v1/counters/w/expiry", Some(r#"{"expires_at_ms": 1}"#)).await.json();
+    assert_eq!(j["changed"], true);
+    call(&app, "GET", "/v1/counters/w", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/w/value", None).await.assert_error(404, "counter_not_found");
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_declared_listed_used_and_dropped() {
+    let (app, node) = app().await;
+    let body = r#"{"durability": "sync", "min": 0, "shards": 2, "ttl_ms": 60000}"#;
+    let a = call(&app, "PUT", "/v1/namespaces/stock:", Some(body)).await;
+    assert_eq!(a.status, 201, "{}", a.text);
+    assert_eq!((a.json()["spec"]["min"].clone(), a.json()["ttl_ms"].clone()), (json!(0), json!(60000)));
+    assert_eq!(call(&app, "PUT", "/v1/namespaces/stock:", Some(body)).await.status, 200);
+    let auto = r#"{"shards": "auto", "min_shards": 2, "max_shards": 8}"#;
+    assert_eq!(call(&app, "PUT", "/v1/namespaces/hot%3A", Some(auto)).await.status, 201, "percent-encoded");
+    let list = call(&app, "GET", "/v1/namespaces", None).await.json();
+    let prefixes: Vec<&str> =
+        list["namespaces"].as_array().unwrap().iter().map(|n| n["prefix"].as_str().unwrap()).collect();
+    assert_eq!(prefixes, ["hot:", "stock:"]);
+    assert_eq!(call(&app, "GET", "/v1/namespaces/hot:", None).await.json()["auto"]["max_shards"], 8);
+    // A counter created by its first increment takes the namespace's spec.
+    call(&app, "POST", "/v1/counters/stock:1/increments", Some(r#"{"delta": 1}"#)).await;
+    let c = call(&app, "GET", "/v1/counters/stock:1", None).await.json();
+    assert_eq!((c["spec"]["min"].clone(), c["spec"]["shards"].clone()), (json!(0), json!(2)));
+    assert!(c["expires_at_ms"].as_u64().is_some(), "{c}");
+    call(&app, "PUT", "/v1/namespaces/bad:", Some(r#"{"min": 1, "durability": "sync"}"#))
+        .await
+        .assert_error(422, "invalid_spec");
+    call(&app, "PUT", "/v1/namespaces/bad:", Some(r#"{"ttl_ms": 0}"#))
+        .await
+        .assert_error(422, "invalid_spec");
+    assert_eq!(call(&app, "DELETE", "/v1/namespaces/stock:", None).await.status, 204);
+    call(&app, "GET", "/v1/namespaces/stock:", None).await.assert_error(404, "namespace_not_found");
+    call(&app, "DELETE", "/v1/namespaces/stock:", None).await.assert_error(404, "namespace_not_found");
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn increments_count_once_per_event_id_and_reads_report_their_freshness() {
     let (app, node) = app().await;
     call(&app, "PUT", "/v1/counters/c", Some(r#"{"durability": "sync", "rollup_ms": 10}"#)).await;
@@ -139,7 +207,7 @@ async fn a_batch_answers_one_result_per_item_in_order() {
     let body = json!({"increments": [
         {"counter": "likes:42", "delta": 1, "event_id": "x"},
         {"counter": "likes:42", "delta": 2, "writer": "w"},
-        {"counter": "bad name", "delta": 1},
+        {"counter": "", "delta": 1},
         {"counter": "likes:43", "delta": 0},
         {"counter": "likes:43", "delta": 4, "member": "m"},
     ]});
@@ -305,6 +373,52 @@ async fn metrics_are_valid_prometheus_text_with_engine_and_http_signals() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_the_wrong_shape_is_answered_with_the_field_and_what_it_takes() {
+    let (app, node) = app().await;
+    let cases: [(&str, &str, &str); 8] = [
+        (
+            "/v1/counters/c",
+            r#"{"shards": -4}"#,
+            r#"shards must be a whole number from 1 to 1024, or "auto" (got -4)"#,
+        ),
+        ("/v1/counters/c", "[]", "the body must be a JSON object of the documented fields (got an array)"),
+        ("/v1/counters/c", r#"{"durability": 5}"#, r#"durability must be "sync" or "batched" (got 5)"#),
+        (
+            "/v1/counters/c",
+            r#"{"frequency": {"epsilon": "x", "delta": 0.1}}"#,
+            r#"frequency.epsilon must be a number (got "x")"#,
+        ),
+        ("/v1/counters/c", r#"{"colour": 1}"#, r#"unknown field "colour"; the fields are "#),
+        (
+            "/v1/counters/c/increments",
+            r#"{"delta": 1, "seq": -1}"#,
+            "seq must be a whole number from 0 to 9223372036854775807 (got -1)",
+        ),
+        (
+            "/v1/increments",
+            r#"{"increments": [{"counter": 5, "delta": 1}]}"#,
+            "increments[0].counter must be a string (got 5)",
+        ),
+        (
+            "/v1/namespaces/ns:",
+            r#"{"ttl_ms": "soon"}"#,
+            r#"ttl_ms must be a whole number of milliseconds, at least 1 (got "soon")"#,
+        ),
+    ];
+    for (path, body, message) in cases {
+        let method = if path.ends_with("increments") { "POST" } else { "PUT" };
+        let a = call(&app, method, path, Some(body)).await;
+        assert_eq!(a.status, 400, "{body}: {}", a.text);
+        let got = a.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(got.starts_with(message), "{body}: {got:?}");
+        for internal in ["untagged", "struct", "u64", "i64", "expected "] {
+            assert!(!got.contains(internal), "{body}: the parser's words in {got:?}");
+        }
+    }
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_get_400_415_or_413_and_change_nothing() {
     let limits = HttpConfig { body_bytes_max: 4096, ..HttpConfig::default() };
     let node = mem_node(&limits).await;
@@ -450,10 +564,13 @@ async fn bad_paths_methods_and_queries_get_json_errors() {
     call(&app, "GET", "/v1/counters/x/value?fresh=1", None).await.assert_error(400, "invalid_query");
     assert_eq!(call(&app, "GET", "/v1/counters/x/value?consistency=cached", None).await.status, 200);
 
-    call(&app, "GET", "/v1/counters/has%20space", None).await.assert_error(400, "invalid_name");
-    call(&app, "GET", "/v1/counters/a%2Fb", None).await.assert_error(400, "invalid_name");
-    call(&app, "GET", "/v1/counters/%FF%FE", None).await.assert_error(400, "invalid_path");
-    let long = format!("/v1/counters/{}", "n".repeat(256));
+    // A name is any bytes, percent-encoded; a `%` must start an escape.
+    call(&app, "GET", "/v1/counters/has%20space", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/a%2Fb", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/%FF%FE", None).await.assert_error(404, "counter_not_found");
+    call(&app, "GET", "/v1/counters/bad%zz", None).await.assert_error(400, "invalid_path");
+    call(&app, "GET", "/v1/counters/bad%2", None).await.assert_error(400, "invalid_path");
+    let long = format!("/v1/counters/{}", "n".repeat(tally_core::name::NAME_BYTES_MAX + 1));
     call(&app, "PUT", &long, None).await.assert_error(400, "invalid_name");
     call(&app, "POST", &format!("{long}/increments"), Some(r#"{"delta": 1}"#))
         .await

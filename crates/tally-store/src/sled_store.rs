@@ -230,8 +230,9 @@ impl SledStore {
 /// `u16 BE name length ‖ name ‖ u32 BE generation ‖ u16 BE index`.
 fn shard_prefix(id: &ShardId) -> Vec<u8> {
     let name = id.counter.as_str().as_bytes();
-    // Counter names are validated to at most 255 bytes, so the length always fits.
-    let len = u16::try_from(name.len()).expect("counter names are at most 255 bytes");
+    // A counter name's escaped form is at most `NAME_LEN_MAX` (1,536) bytes, so the
+    // length always fits.
+    let len = u16::try_from(name.len()).expect("counter names are at most NAME_LEN_MAX bytes");
     let mut key = Vec::with_capacity(2 + name.len() + 4 + 2 + 1 + 32);
     key.extend_from_slice(&len.to_be_bytes());
     key.extend_from_slice(name);

@@ -13,7 +13,9 @@
 //! distinct-sketch bytes of format 2 and theirs; [`v3`] the records of formats 2 and 3
 //! that format 4 laid out anew; [`v4`] the records of format 4 that format 5 laid out
 //! anew; [`v5`] the records of format 5 that format 6 laid out anew; [`v6`] the
-//! records of format 6 (and 7) that format 8 laid out anew.
+//! records of format 6 (and 7) that format 8 laid out anew; [`v8`] the records of
+//! engine store format 8 (raft store formats 7 and 8) that engine store format 9
+//! (raft store format 9) laid out anew.
 
 use std::ops::RangeInclusive;
 
@@ -23,6 +25,7 @@ pub mod v3;
 pub mod v4;
 pub mod v5;
 pub mod v6;
+pub mod v8;
 
 /// The format of a store that predates format markers.
 pub const FIRST_FORMAT: u32 = 1;
@@ -41,8 +44,10 @@ pub const FIRST_FORMAT: u32 = 1;
 /// a format 7 store instead of reading carried records as corruption. Format 8 added
 /// a counter's own replica count: `replicas` in counter specs (see [`v6`]); the ids
 /// of shards of such counters carry it in their generation's word, and every id of
-/// a counter without one encodes as before.
-pub const STORE_FORMAT: u32 = 8;
+/// a counter without one encodes as before. Format 9 added a counter's expiry:
+/// `expires_at_ms` in counter metadata (see [`v8`]), and records of namespaces under
+/// a key prefix of their own.
+pub const STORE_FORMAT: u32 = 9;
 /// The engine store formats this release opens: it upgrades the older ones in place.
 pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FORMAT;
 
@@ -57,8 +62,12 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// by their words, which carry that count (a counter without one: the generation);
 /// format 8 added the proposal book to the state and its snapshots, and a request
 /// (and an answer) after the others: a proposal under its proposer's identity,
-/// applied once however often it is resent.
-pub const RAFT_STORE_FORMAT: u32 = 8;
+/// applied once however often it is resent; format 9 added a counter's expiry, `expires_at_ms` in counter metadata (see
+/// [`v8`]) and in the answers the proposal book keeps, and the namespaces table to
+/// the state and its snapshots; its entries may hold the requests that set them and
+/// the commands that expire, persist or reclaim a counter (added after the earlier
+/// ones, so the entries of formats 7 and 8 decode as they are).
+pub const RAFT_STORE_FORMAT: u32 = 9;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -83,7 +92,9 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// count (`replicas`), and a shard id's generation word its replica class.
 /// Protocol 12: a request to delete a shard says whether it prunes a sealed
 /// generation, and of which incarnation of its counter.
-pub const PEER_PROTOCOL: u32 = 12;
+/// Protocol 13: a shard's answer to a submission carries the value that submission
+/// left the shard at (`ShardReply::Done::after`).
+pub const PEER_PROTOCOL: u32 = 13;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
@@ -92,7 +103,9 @@ pub const PEER_PROTOCOL: u32 = 12;
 /// spec patches carry a window limit (`limit`). Protocol 7: they carry a replica
 /// count (`replicas`). Protocol 8: entries may be proposals under their proposer's
 /// identity, snapshots carry the proposal book, and an answer may be `Forgotten`.
-pub const RAFT_PROTOCOL: u32 = 8;
+/// Protocol 9: counter metadata carries its expiry, snapshots the namespaces, and
+/// entries may expire, persist or reclaim a counter, or declare and drop namespaces.
+pub const RAFT_PROTOCOL: u32 = 9;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;

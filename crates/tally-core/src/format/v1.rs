@@ -118,6 +118,7 @@ impl From<CounterMetaV1> for CounterMeta {
             layout: v.layout,
             created_at_ms: v.created_at_ms,
             version: v.version,
+            expires_at_ms: None,
         }
     }
 }

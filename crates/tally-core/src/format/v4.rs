@@ -145,6 +145,7 @@ impl From<CounterMetaV4> for CounterMeta {
             layout: v.layout,
             created_at_ms: v.created_at_ms,
             version: v.version,
+            expires_at_ms: None,
         }
     }
 }
@@ -292,6 +293,7 @@ mod tests {
             layout: Layout { generation: 0, shards: 8, base: 0, sealed: vec![], resharding: None },
             created_at_ms: 1,
             version: 1,
+            expires_at_ms: None,
         };
         assert!(upgrade_counter_meta(&encode(&bounded)).is_err());
         assert!(upgrade_counter_meta(&[0xff; 4]).is_err());

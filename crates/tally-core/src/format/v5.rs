@@ -156,6 +156,7 @@ impl From<CounterMetaV5> for CounterMeta {
             layout: v.layout,
             created_at_ms: v.created_at_ms,
             version: v.version,
+            expires_at_ms: None,
         }
     }
 }
@@ -259,10 +260,16 @@ mod tests {
         let windows = WindowSet::parse(&["1m"]).unwrap();
         let limit = Some(WindowLimit::parse("1m", 100).unwrap());
         let spec = CounterSpec { durability: Durability::Sync, windows, limit, ..CounterSpec::default() };
-        let limited = CounterMeta { spec, layout: layout(), created_at_ms: 1, version: 1 };
+        let limited =
+            CounterMeta { spec, layout: layout(), created_at_ms: 1, version: 1, expires_at_ms: None };
         assert!(upgrade_counter_meta(&encode(&limited)).is_err(), "today's record is refused");
-        let plain =
-            CounterMeta { spec: CounterSpec::default(), layout: layout(), created_at_ms: 1, version: 1 };
+        let plain = CounterMeta {
+            spec: CounterSpec::default(),
+            layout: layout(),
+            created_at_ms: 1,
+            version: 1,
+            expires_at_ms: None,
+        };
         assert!(upgrade_counter_meta(&encode(&plain)).is_err(), "today's record without a limit too");
         let format_4 = super::super::v4::CounterMetaV4 {
             spec: super::super::v4::CounterSpecV4 {

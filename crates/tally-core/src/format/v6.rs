@@ -164,6 +164,7 @@ impl From<CounterMetaV6> for CounterMeta {
             layout: v.layout,
             created_at_ms: v.created_at_ms,
             version: v.version,
+            expires_at_ms: None,
         }
     }
 }
@@ -261,10 +262,15 @@ mod tests {
     #[test]
     fn records_of_other_formats_are_not_format_six() {
         let spec = CounterSpec { replicas: Some(3), ..CounterSpec::default() };
-        let today = CounterMeta { spec, layout: layout(), created_at_ms: 1, version: 1 };
+        let today = CounterMeta { spec, layout: layout(), created_at_ms: 1, version: 1, expires_at_ms: None };
         assert!(upgrade_counter_meta(&encode(&today)).is_err(), "today's record is refused");
-        let plain =
-            CounterMeta { spec: CounterSpec::default(), layout: layout(), created_at_ms: 1, version: 1 };
+        let plain = CounterMeta {
+            spec: CounterSpec::default(),
+            layout: layout(),
+            created_at_ms: 1,
+            version: 1,
+            expires_at_ms: None,
+        };
         assert!(upgrade_counter_meta(&encode(&plain)).is_err(), "today's record without replicas too");
         let format_5 = super::super::v5::CounterMetaV5 {
             spec: super::super::v5::CounterSpecV5 {

@@ -12,12 +12,14 @@
 //! | --- | --- |
 //! | `GET /healthz`, `/v1/openapi.json`, `/ui` and its assets | nothing (no data: the page reads the API with the token typed into it) |
 //! | `GET /metrics` | `read` without prefixes (it names counters), or nothing with `http.metrics_public` |
-//! | `GET /v1/counters/{name}` and its `value`, `distinct`, `frequency`, `top`, `shards`, `reconciliations` | `read` on the counter |
-//! | `POST /v1/counters/{name}/increments` | `write` on the counter |
+//! | `GET /v1/counters/{name}` and its `value`, `distinct`, `frequency`, `top`, `shards`, `reconciliations`, `expiry` | `read` on the counter |
+//! | `POST /v1/counters/{name}/increments`, `PUT`/`DELETE …/expiry` | `write` on the counter |
 //! | `POST /v1/increments` | `write`; each item is checked against the prefixes on its own |
 //! | `PUT`, `DELETE /v1/counters/{name}`, `POST …/reconcile` | `admin` on the counter |
 //! | `GET /v1/counters`, `GET /v1/stats` | `read`; narrowed to the token's prefixes |
 //! | `GET /v1/cluster` | `read` |
+//! | `GET /v1/namespaces` and `/v1/namespaces/{prefix}` | `read` without prefixes |
+//! | `PUT`, `DELETE /v1/namespaces/{prefix}` | `admin` without prefixes (not in the table) |
 //! | `PUT`, `DELETE /v1/cluster/members/{id}`, `POST /v1/cluster/nodes/{id}/accept-loss` | `admin` without prefixes |
 
 use crate::auth::{AuthError, Gate, Principal, Resource, Scope};
@@ -78,6 +80,8 @@ pub fn need(method: &Method, path: &str) -> Need {
         }
         ("GET" | "HEAD", "/metrics") => needs(Read, On::Metrics, None),
         ("GET" | "HEAD", "/v1/counters" | "/v1/stats") => needs(Read, On::Narrowed, None),
+        // A namespace decides the contract of every counter under its prefix.
+        ("GET" | "HEAD", "/v1/namespaces" | "/v1/namespaces/{prefix}") => needs(Read, On::AllCounters, None),
         ("GET" | "HEAD", "/v1/cluster") => needs(Read, On::Cluster, None),
         (
             "GET" | "HEAD",
@@ -87,8 +91,12 @@ pub fn need(method: &Method, path: &str) -> Need {
             | "/v1/counters/{name}/frequency"
             | "/v1/counters/{name}/top"
             | "/v1/counters/{name}/shards"
-            | "/v1/counters/{name}/reconciliations",
+            | "/v1/counters/{name}/reconciliations"
+            | "/v1/counters/{name}/expiry",
         ) => needs(Read, On::Counter, None),
+        // A deadline is part of a counter's life as its increments are (`EXPIRE`
+        // needs `write` over RESP too).
+        ("PUT" | "DELETE", "/v1/counters/{name}/expiry") => needs(Write, On::Counter, None),
         ("POST", "/v1/counters/{name}/increments") => needs(Write, On::Counter, None),
         ("POST", "/v1/increments") => needs(Write, On::Narrowed, None),
         ("PUT", "/v1/counters/{name}") => needs(Admin, On::Counter, Some(AdminOp::PutCounter)),
@@ -139,14 +147,27 @@ pub async fn access(
         return next.run(req).await;
     }
     let (mut parts, body) = req.into_parts();
-    let params = match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
-        Ok(Path(params)) => params,
-        Err(e) => {
-            return ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text()).into_response()
-        }
+    // A counter name may be any bytes: it is read from the path itself, in the
+    // escaped form token prefixes are compared in (`tally_core::name`).
+    let counter = match template.contains("{name}") {
+        true => match super::raw_segment(&parts, "counters") {
+            Ok(raw) => Some(tally_core::name::escape(&raw)),
+            Err(e) => return e.into_response(),
+        },
+        false => None,
+    };
+    let params = match template.contains("{id}") {
+        true => match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
+            Ok(Path(params)) => params,
+            Err(e) => {
+                return ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text())
+                    .into_response()
+            }
+        },
+        false => HashMap::new(),
     };
     let op = format!("{} {template}", parts.method);
-    let counter = params.get("name").map(String::as_str);
+    let counter = counter.as_deref();
     let node = params.get("id").map(String::as_str);
     let attempt = crate::auth::Attempt { transport: "http", op: &op, counter, node };
     let credentials = parts.headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes);

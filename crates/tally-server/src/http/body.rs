@@ -13,7 +13,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap, StatusCode};
 use futures::StreamExt;
 use serde::de::{DeserializeOwned, IgnoredAny, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -102,7 +102,103 @@ fn parse<T: DeserializeOwned>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, Ap
     if !is_json(headers) {
         return Err(not_json());
     }
-    serde_json::from_slice(bytes).map_err(|e| ApiError::from_json(&e))
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(value) => {
+            de.end().map_err(|e| ApiError::from_json(&e))?;
+            Ok(value)
+        }
+        Err(e) => Err(describe(bytes, &e)),
+    }
+}
+
+/// What a body field accepts, in the words of the public interface.
+fn accepts(field: &str) -> &'static str {
+    match field {
+        "shards" => "a whole number from 1 to 1024, or \"auto\"",
+        "min_shards" | "max_shards" => "a whole number from 1 to 1024",
+        "durability" => "\"sync\" or \"batched\"",
+        "flush_ms" => "a whole number of milliseconds from 1 to 60000",
+        "rollup_ms" => "a whole number of milliseconds: 0 (no rollup) or 10 to 3600000",
+        "router" => "one of \"event\", \"writer\", \"round_robin\", \"random\"",
+        "distinct" => "true or false",
+        "dedup_window_s" => "a whole number of seconds from 0 to 2592000",
+        "frequency" => "an object {\"epsilon\": number, \"delta\": number}",
+        "epsilon" | "delta_" => "a number",
+        "windows" => "a list of durations such as [\"1m\", \"1h\", \"24h\"]",
+        "min" | "max" => "a whole number within the 64-bit range",
+        "limit" => "an object {\"window\": \"1m\", \"max\": whole number}",
+        "window" => "a duration such as \"1m\"",
+        "replicas" => "a whole number from 1 to 5",
+        "ttl_ms" => "a whole number of milliseconds, at least 1",
+        "expires_at_ms" => "a whole number of milliseconds since the Unix epoch",
+        "when" => "one of \"nx\", \"xx\", \"gt\", \"lt\"",
+        "event_id" | "writer" | "member" | "item" | "counter" => "a string",
+        "seq" => "a whole number from 0 to 9223372036854775807",
+        "increments" => "a list of increments, each an object with counter and delta",
+        "delta" => "a non-zero whole number within the 64-bit range",
+        "authoritative" => "a whole number (the counter's true total)",
+        _ => "a value of the documented type (see /v1/openapi.json)",
+    }
+}
+
+/// The JSON value at `path` (as `serde_path_to_error` writes it: `a.b[2].c`) of
+/// `bytes`, shortened for a message.
+fn value_at(bytes: &[u8], path: &str) -> Option<String> {
+    let root: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let mut v = &root;
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let (name, rest) = part.split_once('[').map_or((part, ""), |(n, r)| (n, r));
+        if !name.is_empty() {
+            v = v.get(name)?;
+        }
+        for index in rest.split('[').filter(|i| !i.is_empty()) {
+            v = v.get(index.trim_end_matches(']').parse::<usize>().ok()?)?;
+        }
+    }
+    Some(quote(&v.to_string()))
+}
+
+/// A body that did not decode, as an error that names the field and what it
+/// accepts (never the parser's own words for its types).
+fn describe(bytes: &[u8], e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    use serde_json::error::Category;
+    let inner = e.inner();
+    if !matches!(inner.classify(), Category::Data) {
+        return ApiError::from_json(inner);
+    }
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_BODY, m);
+    let path = e.path().to_string();
+    let message = inner.to_string();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let name = rest.split('`').next().unwrap_or("");
+        let known = rest.split_once("expected one of ").map_or("", |(_, k)| k);
+        let known = known.split(" at line").next().unwrap_or("").replace('`', "");
+        // The path names the unknown field itself; what it was found in comes before.
+        let at = path.rsplit_once('.').map(|(parent, _)| format!(" in {parent}")).unwrap_or_default();
+        return bad(format!("unknown field {name:?}{at}; the fields are {known}"));
+    }
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        let name = rest.split('`').next().unwrap_or("");
+        return bad(format!("{name} is required: {}", accepts(name)));
+    }
+    if path == "." {
+        let got = match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(serde_json::Value::Array(_)) => "an array",
+            Ok(serde_json::Value::String(_)) => "a string",
+            Ok(serde_json::Value::Number(_)) => "a number",
+            Ok(serde_json::Value::Bool(_)) => "a boolean",
+            Ok(serde_json::Value::Null) => "null",
+            _ => "something else",
+        };
+        return bad(format!("the body must be a JSON object of the documented fields (got {got})"));
+    }
+    let field = path.rsplit('.').next().unwrap_or(&path);
+    let field = field.split('[').next().unwrap_or(field);
+    // `delta` inside `frequency` is the count-min δ, not an increment's delta.
+    let key = if field == "delta" && path.contains("frequency") { "delta_" } else { field };
+    let got = value_at(bytes, &path).map(|v| format!(" (got {v})")).unwrap_or_default();
+    bad(format!("{path} must be {}{got}", accepts(key)))
 }
 
 /// A JSON request body, bounded by `http.body_bytes_max`. Every failure is an
@@ -296,7 +392,8 @@ impl BatchBody {
                     member: item.member,
                     item: item.item,
                 };
-                Ok((item.counter, inc))
+                // The name itself, escaped as a path's is (`tally_core::name`).
+                Ok((tally_core::name::escape(item.counter.as_bytes()), inc))
             })
             .collect()
     }
@@ -393,7 +490,7 @@ impl ReconcileBody {
 /// `PUT /v1/counters/{name}`: the spec fields to set, all optional. Numbers are read
 /// wide and words as text so that every out-of-range value or unknown word gets the
 /// engine's own `invalid_spec` error (422) rather than a JSON type error.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecBody {
     /// Shard count, or `"auto"`: the count follows contention within
@@ -429,10 +526,83 @@ pub struct SpecBody {
     /// How many nodes hold a copy of each shard, 1–5 (set on create only; without
     /// it, the cluster's `replicas`).
     pub replicas: Option<u64>,
+    /// The counter expires this many milliseconds from now (as `EXPIRE`); the
+    /// deadline is counter metadata (`GET …` answers it as `expires_at_ms`).
+    pub ttl_ms: Option<u64>,
+}
+
+/// Longest span a deadline may be set to from now, in milliseconds: 100 years,
+/// far beyond any window and well inside the deadlines' bound
+/// ([`tally_core::expiry::EXPIRES_AT_MS_MAX`]).
+pub const TTL_MS_MAX: u64 = 100 * 365 * 86_400_000;
+
+/// Checks a span given as `ttl_ms`: 1 to [`TTL_MS_MAX`].
+pub fn ttl_ms_in_range(field: &'static str, ttl_ms: u64) -> Result<i64, TallyError> {
+    if ttl_ms == 0 || ttl_ms > TTL_MS_MAX {
+        return Err(TallyError::InvalidSpec(tally_core::spec::SpecError::OutOfRange {
+            field,
+            min: 1,
+            max: TTL_MS_MAX,
+            got: ttl_ms,
+        }));
+    }
+    Ok(ttl_ms as i64)
+}
+
+/// `PUT /v1/counters/{name}/expiry`: when the counter expires — `ttl_ms` from now,
+/// or `expires_at_ms` (milliseconds since the Unix epoch; one already passed deletes
+/// the counter at once, as `EXPIRE` with a past time does) — and under which
+/// condition on its current deadline (`when`: `nx`, `xx`, `gt` or `lt`, as Redis's
+/// `EXPIRE` options).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpiryBody {
+    /// Milliseconds from now.
+    pub ttl_ms: Option<u64>,
+    /// A deadline in milliseconds since the Unix epoch.
+    pub expires_at_ms: Option<u64>,
+    /// `nx`, `xx`, `gt`, `lt`; absent: always.
+    pub when: Option<String>,
+}
+
+impl ExpiryBody {
+    /// The deadline asked for at `now_ms`, and the condition.
+    pub fn deadline(&self, now_ms: u64) -> Result<(u64, tally_core::expiry::Condition), ApiError> {
+        use tally_core::expiry::{deadline, Condition, When};
+        let bad = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_BODY, m.to_owned());
+        let when = match (self.ttl_ms, self.expires_at_ms) {
+            (Some(ttl), None) => When::InMillis(ttl_ms_in_range("ttl_ms", ttl)?),
+            (None, Some(at)) => When::AtMillis(i64::try_from(at).unwrap_or(i64::MAX)),
+            _ => return Err(bad("give exactly one of ttl_ms (milliseconds from now) or expires_at_ms (milliseconds since the Unix epoch)")),
+        };
+        let at = deadline(when, now_ms).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::OUT_OF_RANGE,
+                format!("expires_at_ms: {e}"),
+            )
+        })?;
+        let cond = match self.when.as_deref() {
+            None => Condition::Always,
+            Some("nx") => Condition::Nx,
+            Some("xx") => Condition::Xx,
+            Some("gt") => Condition::Gt,
+            Some("lt") => Condition::Lt,
+            Some(other) => {
+                let other: String = other.chars().take(QUOTE_BYTES_MAX).collect();
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    codes::INVALID_BODY,
+                    format!("when must be one of \"nx\", \"xx\", \"gt\", \"lt\" (got {other:?})"),
+                ));
+            }
+        };
+        Ok((at, cond))
+    }
 }
 
 /// `limit`: a window the counter keeps and the most it may hold.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitBody {
     /// A duration such as `"1m"`, one of the counter's `windows`.
@@ -443,7 +613,7 @@ pub struct LimitBody {
 
 /// `shards`: a number, or a word (only `"auto"` is accepted, by the engine's own
 /// error for any other).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ShardsField {
     /// A fixed count.
@@ -467,6 +637,16 @@ fn narrow<T: TryFrom<u64>>(
 }
 
 impl SpecBody {
+    /// The namespace these fields declare (`PUT /v1/namespaces/{prefix}`, the node
+    /// config's `default_spec`): the spec fields, `shards: "auto"` with its bounds,
+    /// and `ttl_ms`. The engine checks it as a creation would.
+    pub fn into_namespace(self) -> Result<tally_core::namespace::NamespaceSpec, TallyError> {
+        let ttl_ms = self.ttl_ms.map(|t| ttl_ms_in_range("ttl_ms", t).map(|t| t as u64)).transpose()?;
+        let (patch, auto) = self.into_patch()?;
+        let auto = auto.resolve(None, patch.shards)?;
+        Ok(tally_core::namespace::NamespaceSpec { patch, auto, ttl_ms })
+    }
+
     /// The engine's patches (the spec's, and whether the shard count follows
     /// contention); the engine validates the resulting spec as a whole.
     pub fn into_patch(self) -> Result<(SpecPatch, AutoPatch), TallyError> {

@@ -13,7 +13,9 @@
 //! | `GET /v1/counters/{name}/frequency` | `frequency`: `?item=X`, the estimate and its bound |
 //! | `GET /v1/counters/{name}/top` | `top`: `?k=10`, the heaviest items |
 //! | `GET /v1/counters/{name}/shards` | `shards` |
+//! | `GET`, `PUT`, `DELETE /v1/counters/{name}/expiry` | `get_expiry`, `put_expiry`, `delete_expiry`: the deadline, as `TTL`, `EXPIRE`, `PERSIST` |
 //! | `POST /v1/counters/{name}/reconcile` | `reconcile` (recorded as a run of source `request`) |
+//! | `PUT`, `GET`, `DELETE /v1/namespaces/{prefix}`, `GET /v1/namespaces` | `put_namespace` (201/200), `get_namespace`, `delete_namespace` (204), `list_namespaces`: the spec counters created implicitly under a prefix take |
 //! | `GET /v1/counters/{name}/reconciliations` | `reconciliations`: the recent runs on this node |
 //! | `GET /v1/cluster` | `cluster` |
 //! | `PUT /v1/cluster/members/{id}` | `add_member`: the cluster after adding the node |
@@ -145,7 +147,16 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         .route("/v1/counters/{name}/frequency", get(frequency::<S>))
         .route("/v1/counters/{name}/top", get(top::<S>))
         .route("/v1/counters/{name}/shards", get(shards::<S>))
+        .route(
+            "/v1/counters/{name}/expiry",
+            put(put_expiry::<S>).get(get_expiry::<S>).delete(delete_expiry::<S>),
+        )
         .route("/v1/counters/{name}/reconcile", post(reconcile::<S>))
+        .route("/v1/namespaces", get(list_namespaces::<S>))
+        .route(
+            "/v1/namespaces/{prefix}",
+            put(put_namespace::<S>).get(get_namespace::<S>).delete(delete_namespace::<S>),
+        )
         .route("/v1/counters/{name}/reconciliations", get(reconciliations::<S>))
         .route("/v1/cluster", get(cluster::<S>))
         .route("/v1/cluster/members/{id}", put(add_member::<S>).delete(remove_member::<S>))
@@ -162,32 +173,55 @@ pub fn router_with_gate<S: Service>(svc: S, limits: &HttpConfig, gate: Arc<Gate>
         .layer(middleware::from_fn_with_state(shared, guard))
 }
 
-/// A counter name from the path. The engine validates it; this only decodes it and
-/// names it in the request's span.
+/// A counter name from the path: the bytes its percent-encoding stands for (any
+/// bytes: spaces, `/` as `%2F`, `@`, `{…}`, UTF-8, `%FF`), held in its escaped form
+/// (`tally_core::name`), the one RESP keys take too, so both fronts reach the same
+/// counter. Names it in the request's span.
 pub struct CounterPath(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for CounterPath {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(name) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, e.body_text()))?;
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let raw = raw_segment(parts, "counters")?;
+        let name = tally_core::name::CounterName::from_bytes(&raw)
+            .map_err(|e| ApiError::from(tally_engine::TallyError::InvalidName(e)))?;
         tracing::Span::current().record("counter", name.as_str());
-        Ok(Self(name))
+        Ok(Self(name.into()))
     }
 }
 
+/// The bytes of the path segment after `/v1/{collection}/`, percent-decoded from
+/// the request's own path: the router decodes parameters to UTF-8 text only, and a
+/// name may be any bytes.
+pub(crate) fn raw_segment(parts: &Parts, collection: &str) -> Result<Vec<u8>, ApiError> {
+    let bad = |message: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_PATH, message);
+    let mut segments = parts.uri.path().split('/');
+    let segment = match (segments.next(), segments.next(), segments.next(), segments.next()) {
+        (Some(""), Some("v1"), Some(c), Some(segment)) if c == collection => segment,
+        _ => return Err(bad(format!("the path has no /v1/{collection}/ segment"))),
+    };
+    tally_core::name::percent_decode(segment).map_err(|e| bad(e.to_string()))
+}
+
 /// `PUT /v1/counters/{name}`: creates (201) or updates (200) the counter and answers
-/// with it. An empty body creates a counter with the defaults.
+/// with it. An empty body creates a counter with the defaults; `ttl_ms` sets its
+/// deadline that long from now.
 #[tracing::instrument(level = "debug", name = "put_counter", skip_all)]
 async fn put_counter<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
     OptionalJsonBody(spec): OptionalJsonBody<SpecBody>,
 ) -> Result<Response, ApiError> {
+    let ttl = spec.ttl_ms.map(|t| body::ttl_ms_in_range("ttl_ms", t)).transpose()?;
     let (patch, auto) = spec.into_patch()?;
-    let outcome = st.svc.put_counter(&name, patch, auto).await?;
+    let mut outcome = st.svc.put_counter(&name, patch, auto).await?;
+    outcome.counter.name = tally_core::name::shown(&outcome.counter.name);
+    if let Some(ttl) = ttl {
+        let at = st.svc.engine().now_ms().saturating_add(ttl as u64);
+        st.svc.expire(&name, at, tally_core::expiry::Condition::Always).await?;
+        outcome.counter.expires_at_ms = Some(at);
+    }
     if !outcome.created {
         return Ok(Json(outcome.counter).into_response());
     }
@@ -224,7 +258,9 @@ async fn get_counter<S: Service>(
     State(st): State<AppState<S>>,
     CounterPath(name): CounterPath,
 ) -> Result<Json<CounterInfo>, ApiError> {
-    Ok(Json(st.svc.counter(&name).await?))
+    let mut info = st.svc.counter(&name).await?;
+    info.name = tally_core::name::shown(&info.name);
+    Ok(Json(info))
 }
 
 /// `DELETE /v1/counters/{name}`: 204; 404 if unknown.
@@ -460,6 +496,144 @@ async fn shards<S: Service>(
     CounterPath(name): CounterPath,
 ) -> Result<Json<ShardsReport>, ApiError> {
     Ok(Json(st.svc.shards(&name).await?))
+}
+
+/// When a counter expires: its deadline and what is left of it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ExpiryView {
+    /// The deadline in milliseconds since the Unix epoch; `null` for never.
+    pub expires_at_ms: Option<u64>,
+    /// Milliseconds left, or -1 for never (as `PTTL`).
+    pub ttl_ms: i64,
+    /// `PUT`: whether the deadline was set (false when `when` kept the current one);
+    /// `DELETE`: whether there was one to remove. Absent on `GET`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed: Option<bool>,
+}
+
+async fn expiry_view<S: Service>(svc: &S, name: &str, changed: Option<bool>) -> Result<ExpiryView, ApiError> {
+    let (at, now) = svc.expiry(name).await?;
+    Ok(ExpiryView { expires_at_ms: at, ttl_ms: tally_core::expiry::remaining(at, now).millis(), changed })
+}
+
+/// `GET /v1/counters/{name}/expiry`: the counter's deadline (404 if it does not
+/// exist, or expired).
+#[tracing::instrument(level = "debug", name = "get_expiry", skip_all)]
+async fn get_expiry<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<ExpiryView>, ApiError> {
+    Ok(Json(expiry_view(&st.svc, &name, None).await?))
+}
+
+/// `PUT /v1/counters/{name}/expiry` with `{"ttl_ms": N}` or `{"expires_at_ms": T}`
+/// (and `"when": "nx"|"xx"|"gt"|"lt"`): sets the deadline, as `EXPIRE` does. A
+/// deadline already passed deletes the counter at once and answers
+/// `{"expires_at_ms": T, "ttl_ms": 0, "changed": true}`.
+#[tracing::instrument(level = "debug", name = "put_expiry", skip_all)]
+async fn put_expiry<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+    JsonBody(body): JsonBody<body::ExpiryBody>,
+) -> Result<Json<ExpiryView>, ApiError> {
+    let now = st.svc.engine().now_ms();
+    let (at, when) = body.deadline(now)?;
+    let changed = st.svc.expire(&name, at, when).await?;
+    if changed && at <= now {
+        return Ok(Json(ExpiryView { expires_at_ms: Some(at), ttl_ms: 0, changed: Some(true) }));
+    }
+    Ok(Json(expiry_view(&st.svc, &name, Some(changed)).await?))
+}
+
+/// `DELETE /v1/counters/{name}/expiry`: removes the deadline, as `PERSIST` does.
+#[tracing::instrument(level = "debug", name = "delete_expiry", skip_all)]
+async fn delete_expiry<S: Service>(
+    State(st): State<AppState<S>>,
+    CounterPath(name): CounterPath,
+) -> Result<Json<ExpiryView>, ApiError> {
+    let removed = st.svc.persist(&name).await?;
+    Ok(Json(expiry_view(&st.svc, &name, Some(removed)).await?))
+}
+
+/// A namespace as the API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NamespaceView {
+    /// The name prefix.
+    pub prefix: String,
+    /// The spec fields it sets (those it does not name take the defaults).
+    pub spec: tally_core::spec::SpecPatch,
+    /// `shards: "auto"`'s bounds, if its counters follow contention.
+    pub auto: Option<tally_core::spec::AutoShards>,
+    /// How long after creation its counters expire, if they do.
+    pub ttl_ms: Option<u64>,
+}
+
+impl NamespaceView {
+    fn of(prefix: &str, n: &tally_core::namespace::NamespaceSpec) -> Self {
+        Self { prefix: tally_core::name::shown(prefix), spec: n.patch, auto: n.auto, ttl_ms: n.ttl_ms }
+    }
+}
+
+/// `GET /v1/namespaces`: every namespace.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NamespacesView {
+    /// The namespaces, by prefix in byte order.
+    pub namespaces: Vec<NamespaceView>,
+}
+
+/// A namespace prefix from the path (percent-decoded, in its escaped form).
+struct PrefixPath(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PrefixPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        Ok(Self(tally_core::name::escape(&raw_segment(parts, "namespaces")?)))
+    }
+}
+
+/// `PUT /v1/namespaces/{prefix}` with the fields of `PUT /v1/counters/{name}`
+/// (`ttl_ms` included): counters created implicitly under the prefix from now on
+/// take them. 201 created, 200 replaced.
+#[tracing::instrument(level = "debug", name = "put_namespace", skip_all)]
+async fn put_namespace<S: Service>(
+    State(st): State<AppState<S>>,
+    PrefixPath(prefix): PrefixPath,
+    OptionalJsonBody(spec): OptionalJsonBody<SpecBody>,
+) -> Result<Response, ApiError> {
+    let spec = spec.into_namespace()?;
+    let created = st.svc.put_namespace(&prefix, spec).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(NamespaceView::of(&prefix, &spec))).into_response())
+}
+
+/// `GET /v1/namespaces/{prefix}`: the namespace; 404 `namespace_not_found`.
+#[tracing::instrument(level = "debug", name = "get_namespace", skip_all)]
+async fn get_namespace<S: Service>(
+    State(st): State<AppState<S>>,
+    PrefixPath(prefix): PrefixPath,
+) -> Result<Json<NamespaceView>, ApiError> {
+    let spec = st.svc.engine().namespace(&prefix)?;
+    Ok(Json(NamespaceView::of(&prefix, &spec)))
+}
+
+/// `DELETE /v1/namespaces/{prefix}`: 204; counters created under it keep their specs.
+#[tracing::instrument(level = "debug", name = "delete_namespace", skip_all)]
+async fn delete_namespace<S: Service>(
+    State(st): State<AppState<S>>,
+    PrefixPath(prefix): PrefixPath,
+) -> Result<StatusCode, ApiError> {
+    st.svc.delete_namespace(&prefix).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/namespaces`: every namespace (at most `NAMESPACES_MAX`).
+#[tracing::instrument(level = "debug", name = "list_namespaces", skip_all)]
+async fn list_namespaces<S: Service>(
+    State(st): State<AppState<S>>,
+) -> Result<Json<NamespacesView>, ApiError> {
+    let all = st.svc.engine().namespaces()?;
+    Ok(Json(NamespacesView { namespaces: all.iter().map(|(p, n)| NamespaceView::of(p, n)).collect() }))
 }
 
 /// `POST /v1/counters/{name}/reconcile` with `{"authoritative": N}`.

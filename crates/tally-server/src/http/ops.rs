@@ -67,19 +67,26 @@ pub async fn list<S: Service>(
 ) -> Result<Json<CounterPage>, ApiError> {
     let Query(q) = query.map_err(bad_query)?;
     let limit = q.limit.unwrap_or(LIST_LIMIT_DEFAULT);
-    let requested = q.prefix.as_deref().unwrap_or("");
+    // Names are listed by their escaped form (`tally_core::name`), which keeps
+    // prefixes; the page shows each name itself (escaped if it is not UTF-8) and
+    // keeps the cursor escaped, as `cursor` takes it back.
+    let requested = tally_core::name::escape(q.prefix.as_deref().unwrap_or("").as_bytes());
     let tally = svc.engine();
-    let Some(prefixes) = caller.narrow(requested) else {
-        return Ok(Json(tally.list_counters(requested, q.cursor.as_deref(), limit)?));
+    let page = match caller.narrow(&requested) {
+        None => tally.list_counters(&requested, q.cursor.as_deref(), limit)?,
+        Some(prefixes) => {
+            // Check the request as the engine would, even when nothing is left to list.
+            tally.list_counters(&requested, q.cursor.as_deref(), limit)?;
+            list_within(tally, &prefixes, q.cursor.as_deref(), limit)?
+        }
     };
-    // Check the request as the engine would, even when nothing is left to list.
-    tally.list_counters(requested, q.cursor.as_deref(), limit)?;
-    Ok(Json(list_within(tally, &prefixes, q.cursor.as_deref(), limit)?))
+    let counters = page.counters.iter().map(|n| tally_core::name::shown(n)).collect();
+    Ok(Json(CounterPage { counters, next: page.next }))
 }
 
 /// One page of the names under `prefixes` (in byte order, none a prefix of
 /// another, so their names are disjoint ranges in that order) after `cursor`.
-fn list_within(
+pub(crate) fn list_within(
     tally: &Tally,
     prefixes: &[String],
     cursor: Option<&str>,
@@ -297,6 +304,7 @@ pub async fn stats<S: Service>(
                 Ok(r) => (Some(r.value), Some(r.staleness_ms), Some(r.complete), None),
                 Err(e) => (None, None, None, Some(e)),
             };
+            let name = tally_core::name::shown(&name);
             CounterStats { name, writes, write_rate, skew, value, staleness_ms, complete, drift, error }
         })
         .collect();

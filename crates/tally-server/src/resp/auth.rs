@@ -12,7 +12,11 @@
 //!   counter it names: reads `read`, increments `write`, spec changes, deletions and
 //!   reconciliations `admin`; a refusal answers `-NOPERM` and is audited.
 
-use super::command::Command;
+use super::command::{Command, NamespaceOp};
+
+/// The prefix every counter name starts with: what a token needs to be without
+/// prefixes to cover.
+const ALL: &[String] = &[String::new()];
 use super::wire::Reply;
 use crate::auth::{Attempt, AuthError, Gate, Principal, Resource, Scope};
 use crate::metrics::AdminOp;
@@ -69,12 +73,56 @@ fn need(cmd: &Command) -> Need<'_> {
         | C::ClientSetInfo { .. }
         | C::ClientId
         | C::Command(_)
-        | C::Info(_) => Need::Authenticated,
-        C::Incr { key, .. } | C::TallyIncrBy { key, .. } | C::PfAdd { key, .. } => {
+        | C::Info(_)
+        | C::Multi
+        | C::Exec
+        | C::Discard
+        | C::Watch(_)
+        | C::Unwatch
+        | C::ClientInfo
+        | C::ConfigGet(_)
+        | C::ConfigOther(_)
+        | C::Wait { .. } => Need::Authenticated,
+        // Listings are narrowed to the token's prefixes by the command itself.
+        C::Scan(_) | C::Keys(_) => Need::Authenticated,
+        // Other connections' addresses and names, and closing them: an operator's.
+        C::ClientList | C::ClientKill(_) => Need::Counters(Scope::Admin, ALL),
+        C::DbSize => Need::Counters(Scope::Read, ALL),
+        C::Type(key) | C::CmsInfo(key) | C::TopkInfo(key) | C::TopkQuery { key, .. } => {
+            Need::Counters(Scope::Read, std::slice::from_ref(key))
+        }
+        C::PfCount(keys) => Need::Counters(Scope::Read, keys),
+        C::CmsIncrBy { key, .. } | C::TopkIncrBy { key, .. } => {
             Need::Counters(Scope::Write, std::slice::from_ref(key))
         }
+        // Creating a counter with a spec is `admin`, as `TALLY.CREATE` is.
+        C::CmsInit { key, .. } | C::TopkReserve { key, .. } => {
+            Need::Counters(Scope::Admin, std::slice::from_ref(key))
+        }
+        C::PfMerge { dest, .. } => Need::Counters(Scope::Write, std::slice::from_ref(dest)),
+        C::CmsMerge { dest, .. } => Need::Counters(Scope::Admin, std::slice::from_ref(dest)),
+        C::Incr { key, .. }
+        | C::IncrEx { key, .. }
+        | C::TallyIncrBy { key, .. }
+        | C::PfAdd { key, .. }
+        | C::Expire { key, .. }
+        | C::Persist(key)
+        | C::GetEx { key, .. } => Need::Counters(Scope::Write, std::slice::from_ref(key)),
+        C::Ttl { key, .. } => Need::Counters(Scope::Read, std::slice::from_ref(key)),
+        // An absolute write is a correction, and a deletion a deletion: `admin`, as
+        // `POST …/reconcile` and `DELETE` over HTTP.
+        C::Set { key, .. } | C::GetDel(key) => Need::Counters(Scope::Admin, std::slice::from_ref(key)),
+        // A namespace decides the contract of every counter under its prefix: as if
+        // the prefix were a counter (a token's prefixes must cover it); listing
+        // needs a token without prefixes, as `GET /v1/namespaces`.
+        C::TallyNamespace(NamespaceOp::Set { prefix, .. } | NamespaceOp::Del(prefix)) => {
+            Need::Counters(Scope::Admin, std::slice::from_ref(prefix))
+        }
+        C::TallyNamespace(NamespaceOp::Get(prefix)) => {
+            Need::Counters(Scope::Read, std::slice::from_ref(prefix))
+        }
+        C::TallyNamespace(NamespaceOp::List) => Need::Counters(Scope::Read, ALL),
         C::Get(key)
-        | C::PfCount(key)
         | C::CmsQuery { key, .. }
         | C::TopkList { key, .. }
         | C::TallyGet { key, .. }
@@ -108,7 +156,8 @@ pub fn may_create(gate: &Gate, principal: Option<&Principal>, key: &str) -> Resu
 /// The admin operation a command is, for the audit trail.
 pub fn admin_op(cmd: &Command) -> Option<AdminOp> {
     match cmd {
-        Command::Del(_) => Some(AdminOp::DeleteCounter),
+        Command::Del(_) | Command::GetDel(_) => Some(AdminOp::DeleteCounter),
+        Command::Set { .. } => Some(AdminOp::Reconcile),
         Command::TallyCreate { .. } => Some(AdminOp::PutCounter),
         Command::TallyReconcile { .. } => Some(AdminOp::Reconcile),
         _ => None,
@@ -143,7 +192,10 @@ pub fn audit_admin(gate: &Gate, principal: Option<&Principal>, op: &str, cmd: &C
     let (Some(admin), Some(principal)) = (admin_op(cmd), principal) else { return };
     let counter = match cmd {
         Command::Del(keys) => keys.first().map(String::as_str),
-        Command::TallyCreate { key, .. } | Command::TallyReconcile { key, .. } => Some(key.as_str()),
+        Command::TallyCreate { key, .. }
+        | Command::TallyReconcile { key, .. }
+        | Command::Set { key, .. }
+        | Command::GetDel(key) => Some(key.as_str()),
         _ => None,
     };
     let attempt = Attempt { transport: "resp", op, counter, node: None };

@@ -38,6 +38,8 @@
 pub mod auth;
 pub mod command;
 pub mod exec;
+pub mod glob;
+pub mod registry;
 pub mod wire;
 
 use crate::auth::Gate;
@@ -226,7 +228,7 @@ pub async fn serve_with<S: Service>(
         let stop = stop_rx.clone();
         let tls = tls.clone();
         connections.spawn(async move {
-            let session = Session::new(id, auth::initial(&front.gate));
+            let session = Session::connected(&front, id, peer, auth::initial(&front.gate));
             let waiting = Waiting { slot: waiting, since: Instant::now() };
             let deadline = waiting.since + front.limits.auth_timeout();
             match tls {
@@ -435,7 +437,7 @@ async fn run_batch<S: Service>(
         let (op, cmd) = match item {
             Ok(named) => named,
             Err(reply) => {
-                encode(&reply, session.proto, out);
+                encode(&session.refused(reply, false), session.proto, out);
                 continue;
             }
         };
@@ -446,17 +448,19 @@ async fn run_batch<S: Service>(
             session.auth_generation = generation;
         }
         if let Err(reply) = auth::admit(gate, session.principal.as_deref(), op, &cmd) {
-            encode(&reply, session.proto, out);
+            encode(&session.refused(reply, true), session.proto, out);
             continue;
         }
-        if cmd.is_increment() {
+        if cmd.is_increment() && !session.queueing() {
             let mut running = Vec::new();
+            let mut incrs = Vec::new();
             // A writer's sequenced increments must reach its shard in order: each
             // one starts once the one before it (same counter, same writer) answered.
             let mut last: HashMap<(String, String), tokio::sync::oneshot::Receiver<()>> = HashMap::new();
             let mut admitted = Ok(cmd);
             loop {
                 let c = admitted;
+                incrs.push(c.as_ref().ok().and_then(exec::answered_increment));
                 let (after, done) = match c.as_ref().ok().and_then(command::Command::sequenced_writer) {
                     Some(writer) => {
                         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -490,14 +494,17 @@ async fn run_batch<S: Service>(
                     }
                 };
             }
-            let replies = join_timed(timeout, running).await;
+            let mut replies = join_timed(timeout, running).await;
+            exec::order_answers(&incrs, &mut replies);
+            session.note_written(&incrs);
             for reply in &replies {
                 encode(reply, session.proto, out);
             }
             continue;
         }
-        let admin = auth::admin_op(&cmd).map(|_| cmd.clone());
-        let ran = tokio::time::timeout(timeout, exec::run(svc, front, session, cmd)).await;
+        // A command queued by `MULTI` is audited when `EXEC` runs it.
+        let admin = auth::admin_op(&cmd).filter(|_| !session.queueing()).map(|_| cmd.clone());
+        let ran = tokio::time::timeout(timeout, exec::run(svc, front, session, op, cmd)).await;
         let (reply, flow) = match ran {
             Ok(done) => done,
             Err(_) => (timed(Duration::ZERO, std::future::pending()).await, Flow::Continue),
@@ -587,6 +594,7 @@ async fn connection<S: Service, IO: AsyncRead + AsyncWrite + Unpin>(
             tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
+                _ = session.killed() => return,
                 _ = evicted => {
                     closed(Reason::Evicted, session.id, auth_timeout);
                     return;

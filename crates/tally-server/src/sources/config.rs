@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use tally_core::name::{check_token, NAME_LEN_MAX};
+use tally_core::name::{check_token, NAME_BYTES_MAX};
 
 /// Longest a source's name may be, in bytes (it appears in run records and logs).
 pub const SOURCE_NAME_LEN_MAX: usize = 64;
@@ -171,7 +171,7 @@ impl Pattern {
             return Err(format!("at most {PATTERN_PLACEHOLDERS_MAX} placeholders"));
         }
         let probe: String = p.literals.join("x");
-        check_token("counter pattern", &probe, NAME_LEN_MAX).map_err(|e| e.to_string())?;
+        check_token("counter pattern", &probe, NAME_BYTES_MAX).map_err(|e| e.to_string())?;
         Ok(p)
     }
 
