@@ -202,7 +202,7 @@ pub const SHORT_DEDUP_WINDOW_S: u32 = 1;
 pub const SHORT_DEDUP_SKEW_MS_MAX: u64 = 100;
 /// Seeds the coin that picks a heavy run's clock fault, apart from the run's own
 /// generator.
-const CLOCK_COIN_SALT: u64 = 0x5eed_c0_1;
+const CLOCK_COIN_SALT: u64 = 0x05ee_dc01;
 
 /// Largest wall-clock offset of a node in a heavy tier-2 run, in milliseconds:
 /// seconds of skew, and jumps. Two nodes' clocks are then at most twice this apart:

@@ -73,7 +73,7 @@ impl Clock for SimClock {
 
 /// Seeds the generator of clock offsets and jumps, apart from the run's own so that
 /// runs without skew draw as before.
-const CLOCK_RNG_SALT: u64 = 0x0c10_c4_5e_ed;
+const CLOCK_RNG_SALT: u64 = 0x000c_10c4_5eed;
 
 /// Each node's first clock offset within ±`skew_ms`, and the jumps of the chaos
 /// phase (time, node, new offset), in time order, from their own generator.
