@@ -127,7 +127,7 @@ async fn a_web_page_cannot_drive_a_default_node() -> Result<()> {
     ok.write_all(b"*2\r\n$3\r\nGET\r\n$7\r\nlikes:1\r\n").await?;
     let mut reply = [0u8; 64];
     let n = tokio::time::timeout(Duration::from_secs(10), ok.read(&mut reply)).await??;
-    assert_eq!(&reply[..n], b":5\r\n");
+    assert_eq!(&reply[..n], b"$1\r\n5\r\n");
 
     // The same from a real page in a real browser.
     let Some(exe) = require_tool("chromium", "apt-get install -y chromium")? else { return Ok(()) };
