@@ -28,10 +28,12 @@ use tally_core::within::{Step, Within};
 /// lock only wait for each other's read and increment.
 pub const WITHIN_TURNS: usize = 1024;
 
-/// How many times a saturating increment on a counter whose escrow refused it
-/// reads the total again and asks for what now fits, before it answers that
-/// nothing was added. Each retry follows a refusal caused by other increments
-/// that took the headroom meanwhile, so a few are enough.
+/// How many times an increment on a counter whose escrow refused it reads the
+/// total again and asks for what now fits (all of it again, if the total says it
+/// fits; what is left of it, saturating), before it answers that nothing was
+/// added. Each retry follows a refusal caused by other increments that took the
+/// headroom meanwhile, or by grants from other shards that came after the shard
+/// stopped waiting for them, so a few are enough.
 pub const SATURATE_ATTEMPTS_MAX: usize = 4;
 
 /// The turn locks ([`WITHIN_TURNS`]).
@@ -163,9 +165,11 @@ impl Tally {
                 // Saturating at the bound already: nothing to add, nothing skipped.
                 Step::Apply(0) => return Ok(WithinOutcome { skipped: false, ..skipped(now, true, true) }),
                 Step::Skip => return Ok(skipped(now, true, true)),
-                // The total says the increment fits, yet a shard lacked the headroom
-                // for it (the rest sits on other shards): nothing fits here now.
-                Step::Apply(d) if d == ask => return Ok(skipped(now, true, true)),
+                // The total says the increment fits, yet its shard lacked the
+                // headroom: the rest sits on other shards, and the grants it asked
+                // them for came too late (a loaded node) or went to other
+                // increments. What came late stays with the shard: ask again.
+                Step::Apply(d) if d == ask => continue,
                 Step::Apply(d) if within.saturate => ask = d,
                 Step::Apply(_) => return Ok(skipped(now, true, true)),
             }
