@@ -635,10 +635,13 @@ impl NsCluster {
     }
 }
 
+/// The cluster's secret: 32 bytes, as a node listening beyond loopback wants.
+const SECRET: &str = "7f3a9c1e5b2d8046af19c3e7d5b2086f4e1a7c9d3b5f2e80a6c4d1b9e3f70582";
+
 /// Node `me`'s config: every address on its namespace's interface.
 fn config_text(net: &Network, me: usize, data_dir: &Path, cluster_extra: &str, extra: &str) -> String {
-    let mut s = String::from(
-        "[cluster]\nname = \"nemesis\"\nsecret = \"tally-nemesis-secret\"\nvnodes_per_node = 64\n\
+    let mut s = format!(
+        "[cluster]\nname = \"nemesis\"\nsecret = \"{SECRET}\"\nvnodes_per_node = 64\n\
          heartbeat_ms = 200\nheartbeat_misses_max = 4\nraft_heartbeat_ms = 200\n\
          raft_election_timeout_min_ms = 800\nraft_election_timeout_max_ms = 1600\n",
     );
@@ -651,7 +654,11 @@ fn config_text(net: &Network, me: usize, data_dir: &Path, cluster_extra: &str, e
              peer = \"{a}:{PEER_PORT}\"\nraft = \"{a}:{RAFT_PORT}\"\nresp = \"{a}:{RESP_PORT}\"\n"
         );
     }
-    s += &format!("\n[node]\nid = \"node{me}\"\ndata_dir = {:?}\n", data_dir.display().to_string());
+    // The namespaces' links are the test's own: plaintext on them is stated.
+    s += &format!(
+        "\n[node]\nid = \"node{me}\"\ndata_dir = {:?}\ninsecure_plaintext = true\n",
+        data_dir.display().to_string()
+    );
     s += extra;
     s += "\n";
     s
