@@ -1351,7 +1351,19 @@ impl Ctx {
     /// sealed. The sender's view may lag this node's (see [`ShardRequest::Delete`]);
     /// a refusal is retried once the views agree.
     pub(crate) fn check_deletable(&self, id: &ShardId, prune_of: Option<u64>) -> Result<(), TallyError> {
-        let Some(live) = self.catalog.get(id.counter.as_str())? else { return Ok(()) };
+        let live = self.catalog.get(id.counter.as_str())?;
+        self.check_deletable_by(id, prune_of, live.as_ref())
+    }
+
+    /// [`Ctx::check_deletable`] against the metadata `live` (the latest, when this
+    /// node's view refused a deletion its sender decided on a newer one).
+    pub(crate) fn check_deletable_by(
+        &self,
+        id: &ShardId,
+        prune_of: Option<u64>,
+        live: Option<&CounterMeta>,
+    ) -> Result<(), TallyError> {
+        let Some(live) = live else { return Ok(()) };
         let layout = &live.layout;
         let sealed = layout.sealed.iter().any(|g| g.generation == id.generation);
         let allowed = match prune_of {

@@ -1131,7 +1131,12 @@ impl Tally {
                 Ok(ShardResponse::Record(ctx.dedup_get(&id, &event_id).await?))
             }
             ShardRequest::Delete { id, prune_of } => {
-                ctx.check_deletable(&id, prune_of)?;
+                if ctx.check_deletable(&id, prune_of).is_err() {
+                    // This node's view may lag the sender's (a deletion it has not
+                    // applied yet): judge by the group's latest metadata instead.
+                    let latest = ctx.catalog.current(id.counter.as_str()).await?;
+                    ctx.check_deletable_by(&id, prune_of, latest.as_ref())?;
+                }
                 ctx.delete_local(&id).await?;
                 ctx.flusher.flush().await?;
                 Ok(ShardResponse::Done)
