@@ -17,6 +17,7 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, Ini
 use openraft::Membership;
 use parking_lot::RwLock;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tally_core::dedup::DedupRecord;
@@ -306,6 +307,24 @@ pub struct GroupStatus {
 struct Group {
     raft: Raft,
     shared: Arc<Shared>,
+    reads: Arc<ReadRounds>,
+}
+
+/// The read-index rounds of one group: one leadership confirmation at a time,
+/// shared by every read that arrived before it began. openraft 0.9 confirms each
+/// `ensure_linearizable` call with a heartbeat round of its own, so a few thousand
+/// fresh reads at once sent a few thousand rounds to every follower, which timed
+/// out and cost the group its leader. A read that arrives while a round runs waits
+/// for the next one (the running one may have taken its commit position before
+/// the read arrived), which then answers every read queued behind it.
+#[derive(Default)]
+struct ReadRounds {
+    /// Held while a round runs; reads that arrive meanwhile queue on it.
+    running: tokio::sync::Mutex<()>,
+    /// How many rounds began.
+    begun: AtomicU64,
+    /// The latest round to finish: its number (counting from 1) and its answer.
+    last: parking_lot::Mutex<Option<(u64, Result<Option<LogId>, ReplicaError>)>>,
 }
 
 impl Group {
@@ -521,7 +540,8 @@ impl RangeGroups {
         let shared = sm.shared();
         let network = GroupNetworkFactory { me: self.id, range, net: self.net.clone() };
         let raft = Raft::new(self.id, self.openraft_config()?, network, log, sm).await.map_err(fatal)?;
-        self.groups.write().entry(range).or_insert(Group { raft, shared });
+        let reads = Arc::default();
+        self.groups.write().entry(range).or_insert(Group { raft, shared, reads });
         Ok(())
     }
 
@@ -698,9 +718,32 @@ impl RangeGroups {
     }
 
     /// The read index: the leader's committed position once a quorum confirmed it
-    /// still leads. Attempts that find no quorum, or whose round does not complete
-    /// within [`READ_INDEX_ATTEMPT_MS`], are tried again until the read timeout.
+    /// still leads, from the first of the group's rounds that began after this call
+    /// did ([`ReadRounds`]). Within the read timeout.
     async fn read_index(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
+        let arrived_after = g.reads.begun.load(SeqCst);
+        let ms = self.config.read_timeout_ms;
+        let shared = async {
+            let _turn = g.reads.running.lock().await;
+            if let Some((round, answer)) = &*g.reads.last.lock() {
+                if *round > arrived_after {
+                    return answer.clone();
+                }
+            }
+            let round = g.reads.begun.fetch_add(1, SeqCst) + 1;
+            let answer = self.read_index_round(range, g).await;
+            *g.reads.last.lock() = Some((round, answer.clone()));
+            answer
+        };
+        tokio::time::timeout(Duration::from_millis(ms), shared)
+            .await
+            .unwrap_or(Err(ReplicaError::Timeout { range, ms }))
+    }
+
+    /// One read-index round: attempts that find no quorum, or whose round does not
+    /// complete within [`READ_INDEX_ATTEMPT_MS`], are tried again until the read
+    /// timeout.
+    async fn read_index_round(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
         let ms = self.config.read_timeout_ms;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
         loop {

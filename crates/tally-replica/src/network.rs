@@ -436,6 +436,8 @@ struct RouterState {
     encode: bool,
     /// Snapshot frames sent so far (numbered from 0 in the order sent).
     snapshot_frames: u64,
+    /// Append requests (heartbeats included) sent so far.
+    appends: u64,
     /// Numbers of the snapshot frames whose message is lost on the way.
     lost_frames: BTreeSet<u64>,
     /// Numbers of the snapshot frames delivered whose answer is lost.
@@ -514,6 +516,11 @@ impl MemRouter {
         self.state.lock().snapshot_frames
     }
 
+    /// How many append requests (heartbeats included) this router carried or lost.
+    pub fn appends(&self) -> u64 {
+        self.state.lock().appends
+    }
+
     /// Restores every cut link and isolated replica.
     pub fn heal_all(&self) {
         let mut s = self.state.lock();
@@ -539,6 +546,9 @@ impl RangeNetwork for MemRouter {
                     return Err(NetError::Unreachable(to));
                 }
                 let mut lose_answer = false;
+                if matches!(envelope.rpc, RangeRpc::Append(_)) {
+                    s.appends += 1;
+                }
                 if matches!(envelope.rpc, RangeRpc::Snapshot(_)) {
                     let n = s.snapshot_frames;
                     s.snapshot_frames += 1;

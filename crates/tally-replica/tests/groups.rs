@@ -926,3 +926,34 @@ async fn the_successor_of_a_leaving_leader_stands_as_soon_as_the_lease_runs_out(
         }
     }
 }
+
+/// Fixed defect: every fresh read confirmed the leader's leadership with a
+/// heartbeat round of its own, so thousands of reads at once (the first answers of
+/// thousands of new counters) sent thousands of rounds to each follower, which
+/// timed out and cost the group its leader. Reads that arrive together now share
+/// rounds: the appends they cost stay near a round's worth per batch of reads, and
+/// every read still sees each write acknowledged before it began.
+#[tokio::test(start_paused = true)]
+async fn concurrent_fresh_reads_share_leadership_rounds() {
+    let c = Cluster::start(3, GroupsConfig::default()).await;
+    let range = RANGES[0];
+    let (l, _) = c.wait_leader(range, &[]).await;
+    let leader = c.node(l).clone();
+    let shard = shards_in(range)[0].clone();
+    leader.write(range, vec![entry(&shard, 1, 1)]).await.unwrap();
+    const READS: u64 = 2_000;
+    let before = c.router.appends();
+    let reads = (0..READS).map(|_| {
+        let (leader, shard) = (leader.clone(), shard.clone());
+        async move { leader.read_fresh(range, &shard).await.map(|r| r.shard.map(|s| s.seq)) }
+    });
+    let answers = futures::future::join_all(reads).await;
+    let appends = c.router.appends() - before;
+    for a in &answers {
+        assert_eq!(a, &Ok(Some(1)), "every read answers, and sees the write before it");
+    }
+    // Two followers, one append each per round; heartbeats on their own timer add
+    // a few more over the reads' span.
+    println!("{READS} concurrent fresh reads cost {appends} append requests");
+    assert!(appends < READS / 10, "{READS} reads cost {appends} append requests");
+}
