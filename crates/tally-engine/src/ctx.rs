@@ -391,8 +391,11 @@ impl Ctx {
             dashmap::Entry::Vacant(e) => {
                 // A counter this call created holds nothing anywhere: its answers
                 // start from an exact zero; any other reads its shards first.
-                let ledger =
-                    if created { crate::ledger::Ledger::empty() } else { crate::ledger::Ledger::new() };
+                let ledger = if created {
+                    crate::ledger::Ledger::empty(self.now_ms())
+                } else {
+                    crate::ledger::Ledger::new()
+                };
                 let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now, Arc::new(ledger));
                 if created {
                     rt.open_empty_slots();

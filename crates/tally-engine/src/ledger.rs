@@ -116,11 +116,12 @@ impl Ledger {
         }
     }
 
-    /// The ledger of a counter this node just created: it holds nothing anywhere,
-    /// so its base is an exact zero.
-    pub(crate) fn empty() -> Self {
+    /// The ledger of a counter this node created at `at_ms`: it held nothing
+    /// anywhere then, so its base is an exact zero taken at its creation (and is due
+    /// for a refresh no sooner than a base read then would be).
+    pub(crate) fn empty(at_ms: u64) -> Self {
         let ledger = Self::new();
-        ledger.base.store(Some(Base { read: 0, delivered: 0, exact: true, at_ms: 0 }));
+        ledger.base.store(Some(Base { read: 0, delivered: 0, exact: true, at_ms }));
         ledger
     }
 
@@ -236,7 +237,20 @@ mod tests {
         assert_eq!(ledger.answer(i64::MIN), Some(Answer { value: 1, exact: false }));
         ledger.forget_base();
         assert_eq!(ledger.answer(1), None);
-        assert_eq!(Ledger::empty().answer(3), Some(Answer { value: 3, exact: true }));
+        assert_eq!(Ledger::empty(7).answer(3), Some(Answer { value: 3, exact: true }));
+    }
+
+    /// Fixed defect: a counter's empty base was stamped at time 0, so in a cluster
+    /// the first `INCR` of every counter a node created claimed a refresh at once:
+    /// a fresh read of every new counter's shards, which at thousands of new
+    /// counters a second flooded the range groups with leadership confirmations.
+    #[test]
+    fn a_created_counters_empty_base_is_as_fresh_as_its_creation() {
+        let now = 1_800_000_000_000;
+        let ledger = Ledger::empty(now);
+        assert!(!ledger.claim_refresh(now), "no read right after the creation");
+        assert!(!ledger.claim_refresh(now + LEDGER_REFRESH_MS - 1));
+        assert!(ledger.claim_refresh(now + LEDGER_REFRESH_MS), "refreshed like any base");
     }
 
     #[test]
