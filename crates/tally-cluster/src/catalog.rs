@@ -3,9 +3,10 @@
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError};
+use tally_core::namespace::NamespaceSpec;
 use tally_core::spec::AutoShards;
 use tally_core::CounterName;
-use tally_engine::{Catalog, Generations, TallyError};
+use tally_engine::{Catalog, EnsureResults, Generations, TallyError};
 use tally_raft::{MetaRaft, Rejection, Request};
 
 /// Counter metadata replicated through the cluster's raft group.
@@ -80,6 +81,47 @@ impl Catalog for RaftCatalog {
             // Refuse a bad command here, with the exact error, before replicating it.
             self.raft.check(name, cmd, now_ms)?;
             self.write_counter(name, Request::Counter { name: name.clone(), cmd: cmd.clone(), now_ms }).await
+        })
+    }
+
+    fn ensure_many<'a>(
+        &'a self,
+        names: &'a [CounterName],
+        now_ms: u64,
+        default: &'a NamespaceSpec,
+    ) -> BoxFuture<'a, EnsureResults> {
+        Box::pin(async move {
+            // Refuse what the state would refuse here, with the exact error, and
+            // replicate the rest in one entry.
+            let ensure = MetaCommand::EnsureWith(*default);
+            // A placeholder for each name to send, replaced by its answer below.
+            let mut results: EnsureResults = names
+                .iter()
+                .map(|n| match self.raft.check(n, &ensure, now_ms) {
+                    Ok(()) => Ok((None, MetaEffect::Unchanged)),
+                    Err(e) => Err(e.into()),
+                })
+                .collect();
+            let send: Vec<CounterName> =
+                names.iter().zip(&results).filter(|(_, r)| r.is_ok()).map(|(n, _)| n.clone()).collect();
+            if send.is_empty() {
+                return results;
+            }
+            let mut answers = match self.raft.ensure_many(&send, *default, now_ms).await {
+                Ok(answers) => answers.into_iter(),
+                Err(e) => {
+                    let e = raft_error(e);
+                    return results.into_iter().map(|r| r.and_then(|_| Err(e.clone()))).collect();
+                }
+            };
+            for (name, result) in names.iter().zip(results.iter_mut()) {
+                if result.is_ok() {
+                    let answer = answers.next().expect("one answer per name sent");
+                    *result =
+                        answer.map(|(meta, effect)| (meta, effect.into())).map_err(|e| rejection(e, name));
+                }
+            }
+            results
         })
     }
 

@@ -78,9 +78,10 @@ impl Identity {
                 5 => crate::upgrade::from_v5(db, &tree, KEY_FORMAT, &current)?,
                 6 => crate::upgrade::from_v6(db, &tree, KEY_FORMAT, &current)?,
                 7 => crate::upgrade::from_v7(db, &tree, KEY_FORMAT, &current)?,
+                8 => crate::upgrade::from_v8(db, &tree, KEY_FORMAT, &current)?,
                 found => {
-                    assert_eq!(found, 8, "readable formats are 1..={RAFT_STORE_FORMAT}");
-                    crate::upgrade::from_v8(db, &tree, KEY_FORMAT, &current)?
+                    assert_eq!(found, 9, "readable formats are 1..={RAFT_STORE_FORMAT}");
+                    crate::upgrade::from_v9(db, &tree, KEY_FORMAT, &current)?
                 }
             };
             tracing::info!(

@@ -58,6 +58,6 @@ pub use state::MetaState;
 pub use state_machine::SledStateMachine;
 pub use store_id::StoreId;
 pub use types::{
-    Effect, MemberRejection, MembersView, MetaChange, NodeId, ProposalId, Raft, Rejection, Request, Response,
-    StoreRecord, StoreRejection, TypeConfig,
+    CounterAnswer, Effect, MemberRejection, MembersView, MetaChange, NodeId, ProposalId, Raft, Rejection,
+    Request, Response, StoreRecord, StoreRejection, TypeConfig, ENSURE_MANY_MAX,
 };

@@ -580,6 +580,31 @@ impl MetaRaft {
         Ok(answer)
     }
 
+    /// Creates every counter of `names` that does not exist (in order, with
+    /// `default` for a name under no namespace) in one log entry per
+    /// [`crate::ENSURE_MANY_MAX`] names, and answers per name. An ensure applied twice
+    /// changes nothing the second time, so it goes out bare, not as a proposal: a
+    /// resend whose first copy committed answers `Unchanged` for the counters that
+    /// copy created.
+    pub async fn ensure_many(
+        &self,
+        names: &[CounterName],
+        default: tally_core::namespace::NamespaceSpec,
+        now_ms: u64,
+    ) -> Result<Vec<crate::CounterAnswer>, RaftError> {
+        let mut answers = Vec::with_capacity(names.len());
+        for chunk in names.chunks(crate::ENSURE_MANY_MAX) {
+            let req = Request::EnsureMany { names: chunk.to_vec(), default, now_ms };
+            match self.propose(req).await? {
+                Response::Ensured(got) if got.len() == chunk.len() => answers.extend(got),
+                other => {
+                    return Err(RaftError::Refused(format!("unexpected answer to a creation: {other:?}")));
+                }
+            }
+        }
+        Ok(answers)
+    }
+
     /// Applies `req` through the leader, retrying attempts whose outcome is unknown.
     async fn propose(&self, req: Request) -> Result<Response, RaftError> {
         self.retrying(|deadline| {

@@ -6,8 +6,8 @@
 //! persistence; unit tests drive it directly.
 
 use crate::types::{
-    Effect, MemberRejection, MembersView, MetaChange, NodeId, ProposalId, Rejection, Request, Response,
-    StoreRecord, StoreRejection,
+    CounterAnswer, Effect, MemberRejection, MembersView, MetaChange, NodeId, ProposalId, Rejection, Request,
+    Response, StoreRecord, StoreRejection,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -108,8 +108,11 @@ pub(crate) enum Touched {
     Classes,
     /// The first voters of the classes' range groups.
     Formations,
-    /// One proposer's entry in the proposal book.
+    /// One proposer's entry in the proposal book: when it was last heard from and
+    /// what it forgot (its answers are items of their own).
     Proposer(u128),
+    /// One answer in the proposal book: the proposer, and the proposal's number.
+    Answer(u128, u64),
     /// A namespace, by prefix.
     Namespace(String),
 }
@@ -123,6 +126,18 @@ impl MetaState {
             Request::Proposal { id, request } => self.proposal(*id, request),
             Request::Counter { name, cmd, now_ms } => self.counter(name, cmd, None, *now_ms),
             Request::CounterAuto { name, cmd, auto, now_ms } => self.counter(name, cmd, Some(*auto), *now_ms),
+            Request::EnsureMany { names, default, now_ms } => {
+                let cmd = MetaCommand::EnsureWith(*default);
+                let (mut answers, mut touched, mut changes) =
+                    (Vec::with_capacity(names.len()), vec![], vec![]);
+                for name in names {
+                    let (answer, t, c) = self.counter_answer(name, &cmd, None, *now_ms);
+                    answers.push(answer);
+                    touched.extend(t);
+                    changes.extend(c);
+                }
+                (Response::Ensured(answers), touched, changes)
+            }
             Request::AutoReshard { name, version, shards, now_ms } => {
                 let found =
                     self.counters.get(name).map(|m| m.version).filter(|_| self.auto.contains_key(name));
@@ -235,15 +250,18 @@ impl MetaState {
         let proposer = self.proposals.entry(id.proposer).or_default();
         proposer.heard_at = heard_at;
         proposer.answered.insert(id.seq, response.clone());
+        touched.push(Touched::Answer(id.proposer, id.seq));
         while proposer.answered.len() > PROPOSALS_REMEMBERED_MAX {
             let (oldest, _) = proposer.answered.pop_first().expect("over the bound, so not empty");
             proposer.forgotten_below = proposer.forgotten_below.max(oldest + 1);
+            touched.push(Touched::Answer(id.proposer, oldest));
         }
         touched.push(Touched::Proposer(id.proposer));
         if self.proposals.len() > PROPOSERS_REMEMBERED_MAX {
             let quietest = self.proposals.iter().min_by_key(|(key, p)| (p.heard_at, **key)).map(|(k, _)| *k);
-            if let Some(key) = quietest {
-                self.proposals.remove(&key);
+            if let Some(gone) = quietest.and_then(|key| self.proposals.remove(&key).map(|p| (key, p))) {
+                let (key, p) = gone;
+                touched.extend(p.answered.keys().map(|seq| Touched::Answer(key, *seq)));
                 touched.push(Touched::Proposer(key));
             }
         }
@@ -267,10 +285,22 @@ impl MetaState {
         auto: Option<Option<AutoShards>>,
         now_ms: u64,
     ) -> (Response, Vec<Touched>, Vec<MetaChange>) {
+        let (answer, touched, changes) = self.counter_answer(name, cmd, auto, now_ms);
+        (Response::Counter(answer), touched, changes)
+    }
+
+    /// [`MetaState::counter`]'s work, answered as one counter's result.
+    fn counter_answer(
+        &mut self,
+        name: &CounterName,
+        cmd: &MetaCommand,
+        auto: Option<Option<AutoShards>>,
+        now_ms: u64,
+    ) -> (CounterAnswer, Vec<Touched>, Vec<MetaChange>) {
         let current = self.counters.get(name).cloned();
         let (mut next, effect) = match apply_command_in(name.as_str(), current, cmd, now_ms, &self.namespaces)
         {
-            Err(e) => return (Response::Counter(Err(Rejection::from(e))), vec![], vec![]),
+            Err(e) => return (Err(Rejection::from(e)), vec![], vec![]),
             Ok(r) => r,
         };
         // A name whose deletion is not finished: the new counter's shards take
@@ -281,7 +311,7 @@ impl MetaState {
                 None => {
                     let max = tally_core::ids::GENERATION_MAX;
                     let refused = MetaError::Spec(SpecError::GenerationsExhausted { max });
-                    return (Response::Counter(Err(Rejection::from(refused))), vec![], vec![]);
+                    return (Err(Rejection::from(refused)), vec![], vec![]);
                 }
             }
         }
@@ -332,7 +362,7 @@ impl MetaState {
             }
         }
         let changes = if touched.is_empty() { vec![] } else { vec![MetaChange::Counter(name.clone())] };
-        (Response::Counter(Ok((next, Effect::from(effect)))), touched, changes)
+        (Ok((next, Effect::from(effect))), touched, changes)
     }
 
     fn set_store(&mut self, node: NodeId, record: StoreRecord) -> (Response, Vec<Touched>, Vec<MetaChange>) {

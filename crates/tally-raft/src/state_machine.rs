@@ -68,8 +68,36 @@ const PREFIX_TOMBSTONE: &[u8] = b"t/";
 const PREFIX_AUTO: &[u8] = b"a/";
 /// `n/<prefix>` → the namespace of that prefix.
 const PREFIX_NAMESPACE: &[u8] = b"n/";
-/// `p/<proposer, 16 bytes big-endian>` → that proposer's entry in the proposal book.
+/// `p/<proposer, 16 bytes big-endian>` → that proposer's entry in the proposal book
+/// ([`BookEntry`]; format 9 kept the whole [`crate::state::Proposer`] there, answers
+/// and all, and rewrote it at every proposal).
 pub(crate) const PREFIX_PROPOSER: &[u8] = b"p/";
+/// `q/<proposer, 16 bytes><number, 8 bytes>`, both big-endian → one answer of the
+/// proposal book, so a proposal writes its own answer and not its proposer's book.
+pub(crate) const PREFIX_ANSWER: &[u8] = b"q/";
+
+/// A proposer's entry in the proposal book as stored, without its answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BookEntry {
+    /// [`crate::state::Proposer::forgotten_below`].
+    pub(crate) forgotten_below: u64,
+    /// [`crate::state::Proposer::heard_at`].
+    pub(crate) heard_at: u64,
+}
+
+/// The key of proposer `proposer`'s answer to its proposal `seq`.
+pub(crate) fn answer_key(proposer: u128, seq: u64) -> Vec<u8> {
+    [PREFIX_ANSWER, &proposer.to_be_bytes(), &seq.to_be_bytes()].concat()
+}
+
+/// The records that hold `proposer`'s entry `p` of the proposal book.
+pub(crate) fn book_records(proposer: u128, p: &crate::state::Proposer) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let entry = BookEntry { forgotten_below: p.forgotten_below, heard_at: p.heard_at };
+    let head = ([PREFIX_PROPOSER, &proposer.to_be_bytes()].concat(), tally_core::codec::encode(&entry));
+    let answers =
+        p.answered.iter().map(|(seq, r)| (answer_key(proposer, *seq), tally_core::codec::encode(r)));
+    std::iter::once(head).chain(answers).collect()
+}
 pub(crate) const KEY_SNAPSHOT: &[u8] = b"current";
 const KEY_SNAPSHOT_SEQ: &[u8] = b"seq";
 
@@ -148,6 +176,12 @@ fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> R
     tally_core::codec::decode(what, bytes).map_err(|e| read_err(ErrorSubject::StateMachine, e))
 }
 
+/// A key of the state machine tree whose length is not its prefix's.
+fn bad_key(what: &'static str, key: &[u8]) -> StorageError {
+    let e = tally_core::codec::DecodeError { what, reason: format!("a key of {} bytes", key.len()) };
+    read_err(ErrorSubject::StateMachine, e)
+}
+
 /// Reads a state machine tree back into memory.
 fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
     let mut applied = Applied::default();
@@ -190,14 +224,20 @@ fn load(tree: &sled::Tree) -> Result<Applied, StorageError> {
                 applied.state.namespaces.insert(prefix.to_owned(), decode("namespace", &value)?);
             }
             k if k.starts_with(PREFIX_PROPOSER) => {
-                let raw = <[u8; 16]>::try_from(&k[PREFIX_PROPOSER.len()..]).map_err(|_| {
-                    let e = tally_core::codec::DecodeError {
-                        what: "proposer key",
-                        reason: format!("{} bytes", k.len() - PREFIX_PROPOSER.len()),
-                    };
-                    read_err(ErrorSubject::StateMachine, e)
-                })?;
-                applied.state.proposals.insert(u128::from_be_bytes(raw), decode("proposer", &value)?);
+                let raw = <[u8; 16]>::try_from(&k[PREFIX_PROPOSER.len()..])
+                    .map_err(|_| bad_key("proposer key", k))?;
+                let entry: BookEntry = decode("proposer", &value)?;
+                let p = applied.state.proposals.entry(u128::from_be_bytes(raw)).or_default();
+                (p.forgotten_below, p.heard_at) = (entry.forgotten_below, entry.heard_at);
+            }
+            k if k.starts_with(PREFIX_ANSWER) => {
+                let raw =
+                    <[u8; 24]>::try_from(&k[PREFIX_ANSWER.len()..]).map_err(|_| bad_key("answer key", k))?;
+                let (proposer, seq) = raw.split_at(16);
+                let proposer = u128::from_be_bytes(proposer.try_into().expect("16 bytes"));
+                let seq = u64::from_be_bytes(seq.try_into().expect("8 bytes"));
+                let answer = decode("proposal answer", &value)?;
+                applied.state.proposals.entry(proposer).or_default().answered.insert(seq, answer);
             }
             other => {
                 tracing::warn!(key = ?String::from_utf8_lossy(other), "unknown key in raft state machine")
@@ -240,10 +280,17 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
         Touched::Proposer(key) => {
             let k = [PREFIX_PROPOSER, &key.to_be_bytes()].concat();
             match state.proposals.get(key) {
-                Some(p) => batch.insert(k, tally_core::codec::encode(p)),
+                Some(p) => {
+                    let entry = BookEntry { forgotten_below: p.forgotten_below, heard_at: p.heard_at };
+                    batch.insert(k, tally_core::codec::encode(&entry))
+                }
                 None => batch.remove(k),
             }
         }
+        Touched::Answer(key, seq) => match state.proposals.get(key).and_then(|p| p.answered.get(seq)) {
+            Some(r) => batch.insert(answer_key(*key, *seq), tally_core::codec::encode(r)),
+            None => batch.remove(answer_key(*key, *seq)),
+        },
     }
 }
 
@@ -262,8 +309,10 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) {
     for prefix in s.namespaces.keys() {
         stage(batch, s, &Touched::Namespace(prefix.clone()));
     }
-    for key in s.proposals.keys() {
-        stage(batch, s, &Touched::Proposer(*key));
+    for (key, p) in &s.proposals {
+        for (k, v) in book_records(*key, p) {
+            batch.insert(k, v);
+        }
     }
     stage(batch, s, &Touched::Members);
     stage(batch, s, &Touched::Stores);

@@ -175,7 +175,24 @@ pub enum Request {
         /// The name prefix.
         prefix: String,
     },
+    /// Create every counter of `names` that does not exist, in order, as
+    /// [`Request::Counter`] with `MetaCommand::EnsureWith(default)` would one by one:
+    /// the counters first incremented while one creation commits share the next
+    /// entry. Applying it twice changes nothing the second time (each name exists
+    /// then), so a proposer resends it bare, without a proposal identity.
+    EnsureMany {
+        /// The counters, at most [`ENSURE_MANY_MAX`].
+        names: Vec<CounterName>,
+        /// What a counter under no namespace takes.
+        default: tally_core::namespace::NamespaceSpec,
+        /// The proposer's clock, in milliseconds since the Unix epoch.
+        now_ms: u64,
+    },
 }
+
+/// Most counters one [`Request::EnsureMany`] creates: the engine's creation batch
+/// (`tally_engine::CREATE_BATCH_MAX`), so one entry stays within a few hundred KiB.
+pub const ENSURE_MANY_MAX: usize = 1024;
 
 /// The identity of one proposal: its proposer (one run of one node's metadata
 /// member: drawn at random when it starts, so no two runs share one) and its
@@ -229,7 +246,7 @@ pub enum Response {
     Nothing,
     /// The answer to [`Request::Counter`]: the counter's metadata after the command
     /// (`None` if it does not exist) and what happened, or why it was refused.
-    Counter(Result<(Option<CounterMeta>, Effect), Rejection>),
+    Counter(CounterAnswer),
     /// The answer to [`Request::ClearTombstone`].
     TombstoneCleared {
         /// Whether there was a tombstone to clear (false on a retried request).
@@ -250,7 +267,14 @@ pub enum Response {
     /// The answer to the namespace requests: whether the prefix was declared before,
     /// or why the request was refused.
     Namespace(Result<bool, String>),
+    /// The answer to [`Request::EnsureMany`]: per name, in order, what
+    /// [`Response::Counter`] would have answered.
+    Ensured(Vec<CounterAnswer>),
 }
+
+/// What applying a command to one counter answered: its metadata after the command
+/// (`None` if it does not exist) and what happened, or why it was refused.
+pub type CounterAnswer = Result<(Option<CounterMeta>, Effect), Rejection>;
 
 impl Response {
     /// The counter result, if this answers a [`Request::Counter`], converted back to

@@ -1,4 +1,4 @@
-//! Upgrading a raft database of format 1 to 8 to today's format, in place.
+//! Upgrading a raft database of format 1 to 9 to today's format, in place.
 //!
 //! Format 1's log entries, counter records and snapshot hold counter specs and spec
 //! patches of format 1's layout (`tally_core::format::v1`), format 2's those of
@@ -12,7 +12,10 @@
 //! a counter's expiry) in their counter records, their snapshots and, in format 8,
 //! the answers their proposal book keeps; their snapshot state has no namespaces
 //! (format 9 added them, and the requests that set them, after the others, so their
-//! log entries decode as today's).
+//! log entries decode as today's). Formats 8 and 9 keep each proposer's whole
+//! proposal book in one record; format 10 keeps its answers in records of their
+//! own, and its entries may create many counters at once (added last, so format 9's
+//! entries decode as they are).
 //! Format 4's snapshot state has no auto bounds either (format 5 added them, and two
 //! requests its entries may hold, [`RequestAuto`]). An upgrade decodes each with the
 //! frozen types, converts it and writes it back, together with the new format
@@ -21,7 +24,9 @@
 
 use crate::log_store::LOG_TREE;
 use crate::state::{MetaState, Proposer};
-use crate::state_machine::{KEY_SNAPSHOT, PREFIX_COUNTER, PREFIX_PROPOSER, SM_TREE, SNAPSHOT_TREE};
+use crate::state_machine::{
+    book_records, KEY_SNAPSHOT, PREFIX_COUNTER, PREFIX_PROPOSER, SM_TREE, SNAPSHOT_TREE,
+};
 use crate::store_id::StoreId;
 use crate::types::{
     Effect, MemberRejection, MembersView, NodeId, Rejection, Request, Response, StoreRecord, StoreRejection,
@@ -474,7 +479,13 @@ fn upgrade_entry_v8(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     upgrade_entry::<TypeConfig>("format-8 raft log entry", bytes)
 }
 
-/// A format-8 record of the proposal book, as today's bytes.
+/// A format-9 log entry, checked to decode as today's (format 10 only added a
+/// request after the others), as today's bytes.
+fn upgrade_entry_v9(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    upgrade_entry::<TypeConfig>("format-9 raft log entry", bytes)
+}
+
+/// A format-8 record of the proposal book, as format 9's bytes.
 fn upgrade_proposer_v8(bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
     let old: ProposerV8 = decode("format-8 proposer", bytes)?;
     Ok(encode(&Proposer::from(old)))
@@ -645,6 +656,23 @@ pub(crate) fn from_v7(
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
 
+/// Rewrites every format-9 record of `db` in today's format, as [`from_v1`] does:
+/// only the proposal book's layout changed (format 10 keeps each answer apart).
+pub(crate) fn from_v9(
+    db: &sled::Db,
+    marker_tree: &sled::Tree,
+    marker_key: &[u8],
+    marker: &[u8],
+) -> Result<u64, UpgradeError> {
+    let rewrites = Rewrites {
+        entry: &upgrade_entry_v9,
+        counter: &unchanged,
+        proposer: &unchanged,
+        snapshot: &unchanged,
+    };
+    from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
 /// Rewrites every format-8 record of `db` in today's format, as [`from_v1`] does.
 pub(crate) fn from_v8(
     db: &sled::Db,
@@ -659,6 +687,28 @@ pub(crate) fn from_v8(
         snapshot: &upgrade_snapshot_v8,
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
+}
+
+/// Adds to `out` the proposal book of `sm` in today's layout: each proposer's
+/// record (of the old format, which `f` rewrites into format 9's whole
+/// [`Proposer`]) becomes its entry and one record per answer.
+fn split_book(out: &mut Vec<Rewritten>, sm: &sled::Tree, f: Rewrite<'_>) -> Result<(), UpgradeError> {
+    for item in sm.scan_prefix(PREFIX_PROPOSER) {
+        let (key, value) = item?;
+        let corrupt = |source| UpgradeError::Corrupt {
+            tree: SM_TREE,
+            key: String::from_utf8_lossy(&key).into_owned(),
+            source,
+        };
+        let whole: Proposer = f(&value).and_then(|b| decode("format-9 proposer", &b)).map_err(corrupt)?;
+        let raw = <[u8; 16]>::try_from(&key[PREFIX_PROPOSER.len()..]).map_err(|_| {
+            corrupt(DecodeError { what: "proposer key", reason: format!("a key of {} bytes", key.len()) })
+        })?;
+        for (k, v) in book_records(u128::from_be_bytes(raw), &whole) {
+            out.push((1, k, v));
+        }
+    }
+    Ok(())
 }
 
 /// The rewrites of one older format's records.
@@ -685,8 +735,7 @@ fn from_old(
     rewrite(&mut records, (0, &log, LOG_TREE), &|_| true, f.entry)?;
     let counters = |k: &[u8]| k.starts_with(PREFIX_COUNTER);
     rewrite(&mut records, (1, &sm, SM_TREE), &counters, f.counter)?;
-    let proposers = |k: &[u8]| k.starts_with(PREFIX_PROPOSER);
-    rewrite(&mut records, (1, &sm, SM_TREE), &proposers, f.proposer)?;
+    split_book(&mut records, &sm, f.proposer)?;
     let snapshot = |k: &[u8]| k == KEY_SNAPSHOT;
     rewrite(&mut records, (2, &snapshots, SNAPSHOT_TREE), &snapshot, f.snapshot)?;
     let trees = [&log, &sm, &snapshots, marker_tree];

@@ -150,6 +150,86 @@ async fn t14_the_proposal_book_survives_a_reopen_and_a_snapshot() {
     assert_eq!(state.proposals[&42].answered.len(), 2);
 }
 
+/// The proposal book as stored holds what memory holds after proposals past both
+/// of its bounds (answers forgotten per proposer, quiet proposers dropped), and a
+/// proposal writes its own answer: the stored records of the book grow by one per
+/// proposal, never by a copy of its proposer's book.
+#[tokio::test]
+async fn t15_the_proposal_book_reopens_as_it_was_past_its_bounds() {
+    use tally_raft::state::{PROPOSALS_REMEMBERED_MAX, PROPOSERS_REMEMBERED_MAX};
+    let dir = tempfile::tempdir().unwrap();
+    let expected = {
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let mut sm = SledStateMachine::open(&db).unwrap();
+        let mut index = 0;
+        let mut next = |proposer: u128, seq: u64| {
+            index += 1;
+            let name = CounterName::new(format!("c{proposer}-{seq}")).unwrap();
+            let request = Request::Counter { name, cmd: MetaCommand::Ensure, now_ms: 1 };
+            entry(
+                index,
+                Request::Proposal {
+                    id: tally_raft::ProposalId { proposer, seq },
+                    request: Box::new(request),
+                },
+            )
+        };
+        // One busy proposer past its answers' bound, then more proposers than the
+        // book keeps.
+        let busy: Vec<_> = (1..=PROPOSALS_REMEMBERED_MAX as u64 + 10).map(|seq| next(1, seq)).collect();
+        for chunk in busy.chunks(100) {
+            sm.apply(chunk.to_vec()).await.unwrap();
+        }
+        let records = |db: &sled::Db| {
+            db.open_tree(tally_raft::state_machine::SM_TREE).unwrap().scan_prefix(b"q/").count()
+        };
+        let before = records(&db);
+        sm.apply(vec![next(2, 1)]).await.unwrap();
+        assert_eq!(records(&db), before + 1, "one proposal, one more answer record");
+        for proposer in 3..(PROPOSERS_REMEMBERED_MAX as u128 + 5) {
+            sm.apply(vec![next(proposer, 1), next(proposer, 2)]).await.unwrap();
+        }
+        db.flush_async().await.unwrap();
+        let state = sm.shared().read().state.clone();
+        assert_eq!(state.proposals.len(), PROPOSERS_REMEMBERED_MAX);
+        assert!(!state.proposals.contains_key(&1), "the busy proposer went quiet and was dropped");
+        let answers: usize = state.proposals.values().map(|p| p.answered.len()).sum();
+        assert_eq!(records(&db), answers, "no answer of a dropped proposer stays stored");
+        state.proposals
+    };
+    let db = reopen(dir.path()).await;
+    let sm = SledStateMachine::open(&db).unwrap();
+    assert_eq!(sm.shared().read().state.proposals, expected);
+}
+
+/// Creations grouped in one entry answer per counter, and reopen as created one by one.
+#[tokio::test]
+async fn t16_creations_share_an_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<_> = ["x", "y", "x", "z"].iter().map(|n| CounterName::new(*n).unwrap()).collect();
+    {
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let mut sm = SledStateMachine::open(&db).unwrap();
+        sm.apply(vec![entry(1, put("y", 3, 1))]).await.unwrap();
+        let default = tally_core::namespace::NamespaceSpec::default();
+        let replies = sm
+            .apply(vec![entry(2, Request::EnsureMany { names: names.clone(), default, now_ms: 5 })])
+            .await
+            .unwrap();
+        let Response::Ensured(answers) = &replies[0] else { panic!("{replies:?}") };
+        let effects: Vec<_> = answers.iter().map(|a| a.as_ref().unwrap().1.clone()).collect();
+        use tally_raft::Effect;
+        assert_eq!(effects, vec![Effect::Created, Effect::Unchanged, Effect::Unchanged, Effect::Created]);
+        assert_eq!(answers[1].as_ref().unwrap().0.as_ref().unwrap().spec.shards, 3, "y kept its spec");
+        db.flush_async().await.unwrap();
+    }
+    let db = reopen(dir.path()).await;
+    let sm = SledStateMachine::open(&db).unwrap();
+    let state = sm.shared().read().state.clone();
+    assert_eq!(state.counters.keys().map(|n| n.as_str()).collect::<Vec<_>>(), ["x", "y", "z"]);
+    assert_eq!(state.counters["x"].created_at_ms, 5);
+}
+
 /// Opens the database at `path` once sled's background threads of the previous
 /// handle have let go of its lock (they can outlive the drop by a moment on a busy
 /// machine).

@@ -66,8 +66,11 @@ pub const STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=STORE_FOR
 /// [`v8`]) and in the answers the proposal book keeps, and the namespaces table to
 /// the state and its snapshots; its entries may hold the requests that set them and
 /// the commands that expire, persist or reclaim a counter (added after the earlier
-/// ones, so the entries of formats 7 and 8 decode as they are).
-pub const RAFT_STORE_FORMAT: u32 = 9;
+/// ones, so the entries of formats 7 and 8 decode as they are); format 10 keeps each
+/// answer of the proposal book in a record of its own (a proposal wrote its
+/// proposer's whole book before), and its entries may create many counters at once
+/// (a request and an answer added after the others).
+pub const RAFT_STORE_FORMAT: u32 = 10;
 /// The raft store formats this release opens.
 pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT_STORE_FORMAT;
 
@@ -105,7 +108,9 @@ pub const PEER_PROTOCOL: u32 = 13;
 /// identity, snapshots carry the proposal book, and an answer may be `Forgotten`.
 /// Protocol 9: counter metadata carries its expiry, snapshots the namespaces, and
 /// entries may expire, persist or reclaim a counter, or declare and drop namespaces.
-pub const RAFT_PROTOCOL: u32 = 9;
+/// Protocol 10: entries may create many counters at once (`EnsureMany`), answered
+/// per counter.
+pub const RAFT_PROTOCOL: u32 = 10;
 
 /// Turns one record's bytes of an earlier format into today's bytes.
 pub type Rewrite<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>, crate::codec::DecodeError>;
