@@ -8,6 +8,8 @@ Each of C connections keeps one pipeline of K commands in flight:
   ids  TALLY.INCRBY NAME 1 ID e<run>-<conn>-<n>        (N unique event ids)
   seq  TALLY.INCRBY NAME 1 WRITER w<run>-<conn>-<slot> SEQ <round>
        (C*K writers, each one sequence per round: N increments, C*K marks)
+  counters  INCR NAME<run>-<conn>-<n>  (N new counters, each created by its first
+       increment with the default spec; acknowledged by the reply 1)
 A CSV row every S seconds (and at the end): seconds, increments acknowledged,
 duplicates, errors, the node's RSS (kB, /proc/PID/status) and the data directory's
 size (bytes). Errors are counted, not retried: the run reports them.
@@ -62,7 +64,9 @@ async def connection(args, conn, share, totals, run):
     rounds = 0
     while sent < share:
         k = min(args.pipeline, share - sent)
-        if args.mode == "ids":
+        if args.mode == "counters":
+            batch = b"".join(command(b"INCR", b"%s%s-%d-%d" % (key, run, conn, sent + i)) for i in range(k))
+        elif args.mode == "ids":
             batch = b"".join(
                 command(b"TALLY.INCRBY", key, b"1", b"ID", b"e%s-%d-%d" % (run, conn, sent + i)) for i in range(k)
             )
@@ -80,7 +84,7 @@ async def connection(args, conn, share, totals, run):
             if not line:
                 raise ConnectionError("the node closed the connection")
             got += 1
-            if line.startswith(b"+applied"):
+            if line.startswith(b"+applied") or (args.mode == "counters" and line == b":1\r\n"):
                 totals.acked += 1
             elif line.startswith(b"+duplicate"):
                 totals.duplicates += 1
@@ -123,7 +127,7 @@ async def main():
     p.add_argument("--data-dir", required=True)
     p.add_argument("--counter", required=True)
     p.add_argument("--ids", type=int, required=True)
-    p.add_argument("--mode", choices=["ids", "seq"], default="ids")
+    p.add_argument("--mode", choices=["ids", "seq", "counters"], default="ids")
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--pipeline", type=int, default=64)
     p.add_argument("--every", type=float, default=10.0)

@@ -15,6 +15,8 @@
 #   bench/run.sh --only scale                      SCALE_IDS="1000000" by default
 #   SCALE_IDS="1000000 10000000" bench/run.sh --only scale
 #   SCALE_TOPOLOGIES=three (default "one three") runs one topology only
+#   SCALE_COUNTERS="1000000" (default 200000) new counters per counters cell;
+#   SCALE_COUNTERS= or SCALE_IDS= (empty) skips those cells
 
 # scale_since START: seconds since START (a `date +%s.%N`), to a tenth.
 scale_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
@@ -139,12 +141,64 @@ scale_cell() {
   stop_tally
 }
 
+# scale_counters_cell TOPOLOGY COUNTERS: COUNTERS new counters, each created by its
+# first increment (`INCR` of a new key, the default spec) over RESP, through one
+# node; then a quiet minute; then every node's RSS and data directory per counter.
+# One line per node in $OUT/counters.csv; the feed's samples in
+# $OUT/counters-<topology>-<n>.csv.
+scale_counters_cell() {
+  local topo=$1 n=$2 dirs i
+  if [[ $topo == one ]]; then
+    start_tally_single
+    dirs="$(ls -td "$TMP_ROOT"/tally1.* | head -n 1)/data"
+  else
+    start_tally_cluster 3
+    local cdir
+    cdir=$(ls -td "$TMP_ROOT"/tally3r3.* | head -n 1)
+    dirs="$cdir/node1 $cdir/node2 $cdir/node3"
+  fi
+  local -a url_a pid_a port_a dir_a rss0 disk0
+  read -r -a url_a <<<"$TALLY_URLS"
+  read -r -a pid_a <<<"$TALLY_PIDS"
+  if [[ $topo == one ]]; then port_a=("$TALLY_RESP_PORT"); else read -r -a port_a <<<"$TALLY_RESP_PORTS"; fi
+  read -r -a dir_a <<<"$dirs"
+  for i in "${!pid_a[@]}"; do
+    rss0[i]=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    disk0[i]=$(du -sb "${dir_a[i]}" | cut -f1)
+  done
+  log "scale $topo: creating $n counters by their first increment through ${url_a[0]}"
+  "$PY" "$BENCH/lib/dedup_feed.py" --mode counters --port "${port_a[0]}" --pid "${pid_a[0]}" \
+    --data-dir "${dir_a[0]}" --counter "new:" --ids "$n" --connections 32 --pipeline 64 --every 10 \
+    >"$OUT/counters-$topo-$n.csv"
+  local last fed acked errors
+  last=$(tail -n 1 "$OUT/counters-$topo-$n.csv")
+  fed=$(cut -d, -f1 <<<"$last")
+  acked=$(cut -d, -f2 <<<"$last")
+  errors=$(cut -d, -f4 <<<"$last")
+  log "scale $topo: $acked of $n counters created in ${fed}s ($(awk -v a="$acked" -v s="$fed" 'BEGIN { printf "%d", a / s }')/s), $errors errors"
+  sleep 60
+  for i in "${!pid_a[@]}"; do
+    local rss disk
+    rss=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    disk=$(du -sb "${dir_a[i]}" | cut -f1)
+    echo "$topo,$n,node$((i + 1)),$acked,$errors,$fed,${rss0[i]},$rss,${disk0[i]},$disk" >>"$OUT/counters.csv"
+    log "scale $topo node$((i + 1)): RAM $(((rss - rss0[i]) * 1024 / n)) B/counter, disk $(((disk - disk0[i]) / n)) B/counter (RSS ${rss} kB)"
+  done
+  stop_tally
+}
+
 section_scale() {
   echo "topology,ids,node,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after,feed_seconds" >"$OUT/scale.csv"
   echo "topology,ids,event,node,healthy_s,caught_up_s,rss_kb,disk_bytes" >"$OUT/restarts.csv"
-  local ids
+  echo "topology,counters,node,acked,errors,feed_seconds,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after" >"$OUT/counters.csv"
+  local ids n
   local topo
-  for ids in ${SCALE_IDS:-1000000}; do
+  for n in ${SCALE_COUNTERS-200000}; do
+    for topo in ${SCALE_TOPOLOGIES:-one three}; do
+      scale_counters_cell "$topo" "$n"
+    done
+  done
+  for ids in ${SCALE_IDS-1000000}; do
     for topo in ${SCALE_TOPOLOGIES:-one three}; do
       scale_cell "$topo" "$ids"
     done
