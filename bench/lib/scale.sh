@@ -143,7 +143,7 @@ scale_cell() {
 
 # scale_counters_cell TOPOLOGY COUNTERS: COUNTERS new counters, each created by its
 # first increment (`INCR` of a new key, the default spec) over RESP, through one
-# node; then a quiet minute; then every node's RSS and data directory per counter.
+# node; then 90 quiet seconds; then every node's RSS and data directory per counter.
 # One line per node in $OUT/counters.csv; the feed's samples in
 # $OUT/counters-<topology>-<n>.csv.
 scale_counters_cell() {
@@ -166,22 +166,32 @@ scale_counters_cell() {
     rss0[i]=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
     disk0[i]=$(du -sb "${dir_a[i]}" | cut -f1)
   done
+  # Every node's CPU (user and system, clock ticks) over the feed: what one
+  # creation costs the cluster, whatever the load generator's own limits.
+  local pid_stats=() p
+  for p in "${pid_a[@]}"; do pid_stats+=("/proc/$p/stat"); done
+  local ticks0
+  ticks0=$(cat "${pid_stats[@]}" | awk '{ s += $14 + $15 } END { print s }')
   log "scale $topo: creating $n counters by their first increment through ${url_a[0]}"
   "$PY" "$BENCH/lib/dedup_feed.py" --mode counters --port "${port_a[0]}" --pid "${pid_a[0]}" \
     --data-dir "${dir_a[0]}" --counter "new:" --ids "$n" --connections 32 --pipeline 64 --every 10 \
     >"$OUT/counters-$topo-$n.csv"
-  local last fed acked errors
+  local last fed acked errors cpu_us
+  cpu_us=$(cat "${pid_stats[@]}" | awk -v t0="$ticks0" -v hz="$(getconf CLK_TCK)" -v n="$n" \
+    '{ s += $14 + $15 } END { printf "%d", (s - t0) * 1e6 / hz / n }')
   last=$(tail -n 1 "$OUT/counters-$topo-$n.csv")
   fed=$(cut -d, -f1 <<<"$last")
   acked=$(cut -d, -f2 <<<"$last")
   errors=$(cut -d, -f4 <<<"$last")
-  log "scale $topo: $acked of $n counters created in ${fed}s ($(awk -v a="$acked" -v s="$fed" 'BEGIN { printf "%d", a / s }')/s), $errors errors"
-  sleep 60
+  log "scale $topo: $acked of $n counters created in ${fed}s ($(awk -v a="$acked" -v s="$fed" 'BEGIN { printf "%d", a / s }')/s), $errors errors, ${cpu_us} µs of the nodes' CPU per counter"
+  # Past the engine's idle eviction of counters (`counter_idle_evict_ms`, 60 s), so
+  # what stays is what an idle counter costs.
+  sleep 90
   for i in "${!pid_a[@]}"; do
     local rss disk
     rss=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
     disk=$(du -sb "${dir_a[i]}" | cut -f1)
-    echo "$topo,$n,node$((i + 1)),$acked,$errors,$fed,${rss0[i]},$rss,${disk0[i]},$disk" >>"$OUT/counters.csv"
+    echo "$topo,$n,node$((i + 1)),$acked,$errors,$fed,$cpu_us,${rss0[i]},$rss,${disk0[i]},$disk" >>"$OUT/counters.csv"
     log "scale $topo node$((i + 1)): RAM $(((rss - rss0[i]) * 1024 / n)) B/counter, disk $(((disk - disk0[i]) / n)) B/counter (RSS ${rss} kB)"
   done
   stop_tally
@@ -190,7 +200,7 @@ scale_counters_cell() {
 section_scale() {
   echo "topology,ids,node,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after,feed_seconds" >"$OUT/scale.csv"
   echo "topology,ids,event,node,healthy_s,caught_up_s,rss_kb,disk_bytes" >"$OUT/restarts.csv"
-  echo "topology,counters,node,acked,errors,feed_seconds,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after" >"$OUT/counters.csv"
+  echo "topology,counters,node,acked,errors,feed_seconds,cpu_us_per_counter,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after" >"$OUT/counters.csv"
   local ids n
   local topo
   for n in ${SCALE_COUNTERS-200000}; do

@@ -46,6 +46,10 @@
 //! release (commit a0f8dd4) the same way: every request went out as a proposal, so
 //! its snapshot and state machine hold a proposal book whose answers carry counters
 //! of format 8's layout.
+//!
+//! `tests/fixtures/raft-format-9.tar.gz` is the same story written in raft store
+//! format 9 (counters' expiry and namespaces, each proposer's whole proposal book in
+//! one record), made on that release (commit 347ec11) the same way.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -436,6 +440,30 @@ async fn a_raft_database_of_format_8_keeps_its_proposal_book_and_takes_deadlines
     let node = one_node(&dir).await;
     assert_eq!(node.counter("plain").unwrap().expires_at_ms, Some(deadline));
     assert_eq!(node.state().namespaces.get("stock:"), Some(&spec));
+    node.shutdown().await;
+}
+
+/// Format 10 keeps each answer of the proposal book in a record of its own: the
+/// upgrade splits format 9's books, and the book reads back whole across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_database_of_format_9_keeps_its_proposal_book_in_one_record_per_answer() {
+    holds_the_same_state_as_format_5("raft-format-9", 9).await;
+
+    let (_keep, dir) = fixture_copy("raft-format-9");
+    let node = one_node(&dir).await;
+    let book = node.state().proposals;
+    let answered: usize = book.values().map(|p| p.answered.len()).sum();
+    assert!(answered >= 30, "the story's proposals are remembered: {answered}");
+    node.write(counter("after", MetaCommand::Ensure)).await.unwrap();
+    let grown = node.state().proposals;
+    node.shutdown().await;
+    drop(node);
+    let node = one_node(&dir).await;
+    assert_eq!(node.state().proposals, grown, "the book reads back as it was");
+    assert_eq!(grown.values().map(|p| p.answered.len()).sum::<usize>(), answered + 1);
+    for (proposer, p) in &book {
+        assert_eq!(grown[proposer].answered, p.answered, "the fixture's answers are kept as they were");
+    }
     node.shutdown().await;
 }
 
