@@ -80,7 +80,11 @@ schemas = {
    ["name", "spec", "generation", "layout_shards", "resharding", "created_at_ms", "auto"]),
  "Increment": obj({"delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "seq": {"type": "integer", "minimum": 0, "maximum": 9223372036854775807, "description": "The writer's sequence number (needs `writer`, excludes `event_id`): idempotent by sequence, see docs/SEMANTICS.md."}, "member": STR, "item": STR}, ["delta"],
    desc="On a counter with `frequency`, `item` (or `member` without one) is counted with the delta as its weight; the delta must then be positive."),
- "BatchItem": obj({"counter": NAME, "delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "seq": {"type": "integer", "minimum": 0, "maximum": 9223372036854775807, "description": "The writer's sequence number (needs `writer`, excludes `event_id`): idempotent by sequence, see docs/SEMANTICS.md."}, "member": STR, "item": STR}, ["counter", "delta"]),
+ "BatchItem": obj({"counter": {**NAME, "description": "The counter's name as text."},
+   "counter_encoded": {"type": "string", "minLength": 1, "maxLength": 1536,
+     "description": "The counter's name percent-encoded as in a path (`a%20b`, `%FF`): any bytes, such as a name that is not UTF-8, which listings show in this form. Exactly one of counter and counter_encoded."},
+   "delta": {"type": "integer", "not": {"const": 0}}, "event_id": STR, "writer": STR, "seq": {"type": "integer", "minimum": 0, "maximum": 9223372036854775807, "description": "The writer's sequence number (needs `writer`, excludes `event_id`): idempotent by sequence, see docs/SEMANTICS.md."}, "member": STR, "item": STR}, ["delta"],
+   desc="An increment and its counter, named by exactly one of `counter` and `counter_encoded`."),
  "Batch": obj({"increments": {"type": "array", "items": ref("BatchItem")}}, ["increments"]),
  "IncrOutcome": obj({"applied": BOOL, "duplicate": BOOL}, ["applied"]),
  "BatchResults": obj({"results": {"type": "array", "items": {"oneOf": [ref("IncrOutcome"), ref("Error")]}}}, ["results"]),
@@ -167,6 +171,8 @@ schemas = {
    ["node", "as_of_ms", "rate_window_ms", "increments", "increment_rate", "counters", "reads"]),
  "Health": obj({"status": {"const": "ok"}}, ["status"]),
 }
+
+schemas["BatchItem"]["oneOf"] = [{"required": ["counter"]}, {"required": ["counter_encoded"]}]
 
 def err(desc): return {"description": desc, **json_body(ref("Error"))}
 def ok(desc, schema): return {"description": desc, **json_body(schema)}

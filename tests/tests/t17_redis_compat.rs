@@ -1,8 +1,9 @@
 //! t17: code written for Redis runs unchanged against a node. Keys are any bytes
 //! (spaces, hash tags, `@`, `/`, UTF-8, bytes that are not text, up to the named
 //! limit) and reach the same counter as the HTTP API's percent-encoded paths, their
-//! bytes kept exactly. Then the clients people use, as they use them: redis-py
-//! (plain calls, pipelines with and without a transaction, the fixed-window rate
+//! bytes kept exactly; errors and bodies name a counter as it was given, and a
+//! batch item names any bytes with `counter_encoded`. Then the clients people use,
+//! as they use them: redis-py (plain calls, pipelines with and without a transaction, the fixed-window rate
 //! limiter, `PF*`, and RedisBloom's count-min and top-k through `r.cms()` and
 //! `r.topk()`), ioredis from npm (pipelines and `MULTI`), and `redis-benchmark -t incr`
 //! with and without pipelining, whose every request must be counted exactly once.
@@ -170,6 +171,115 @@ async fn keys_are_any_bytes_and_reach_the_same_counter_over_http() -> Result<()>
     for (i, key) in keys.iter().enumerate() {
         assert_eq!(r.call(&[b"GET", key]).await?, Resp::Bulk(Some((i + 11).to_string().into_bytes())));
     }
+    Ok(())
+}
+
+/// A name as an error message quotes it: the name itself when it is UTF-8 (its
+/// quotes, backslashes and control characters escaped), else its escaped form.
+fn quoted(raw: &[u8]) -> String {
+    match std::str::from_utf8(raw) {
+        Ok(text) => format!("{text:?}"),
+        Err(_) => format!("{:?}", tally_core::name::escape(raw)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_and_bodies_name_a_counter_as_it_was_given() -> Result<()> {
+    use tally_tests::openapi;
+    let c = TestCluster::start(1).await?;
+    let names: [&[u8]; 6] =
+        [b"a b", "ü".as_bytes(), b"100%", b"say \"hi\"", "tenant/ключ".as_bytes(), b"\xff\xfe"];
+
+    eprintln!("phase: an error about a counter quotes its name, not the name's escaped form");
+    for raw in names {
+        let path = format!("/v1/counters/{}", percent_encode(raw));
+        let (status, body) = c.send(1, "GET", &path, serde_json::json!(null)).await?;
+        assert_eq!(status, 404, "{raw:?}: {body}");
+        openapi::check("GET", "/v1/counters/{name}", status, &body)?;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&quoted(raw)),
+            "{raw:?}: the message {message:?} does not quote {}",
+            quoted(raw)
+        );
+    }
+    // A refusal the engine answers for one counter, over HTTP and over RESP.
+    let (status, body) = c.incr(1, "a%20b", serde_json::json!({"delta": 1})).await?;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) =
+        c.send(1, "GET", "/v1/counters/a%20b/frequency?item=x", serde_json::json!(null)).await?;
+    assert_eq!(status, 409, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("counter \"a b\" keeps no frequencies"), "{message}");
+    let mut r = Conn::open(c.node(1).ports.resp).await?;
+    assert_eq!(r.call(&[b"INCR", "ü x".as_bytes()]).await?, Resp::Int(1));
+    let Resp::Error(e) = r.call(&[b"CMS.QUERY", "ü x".as_bytes(), b"item"]).await? else {
+        bail!("CMS.QUERY of a counter without frequencies answered no error")
+    };
+    assert!(e.contains("counter \"ü x\" keeps no frequencies"), "{e}");
+    // Each failed item of a batch, the same.
+    c.put_counter(1, "f%C3%BC", serde_json::json!({"frequency": {"epsilon": 0.01, "delta": 0.01}})).await?;
+    let batch = serde_json::json!({"increments": [{"counter": "fü", "delta": -1, "item": "x"}]});
+    let (status, body) = c.send(1, "POST", "/v1/increments", batch).await?;
+    assert_eq!(status, 200, "{body}");
+    openapi::check("POST", "/v1/increments", status, &body)?;
+    let message = body["results"][0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("counter \"fü\" keeps frequencies"), "{body}");
+    // A body that names the counter names it as given too.
+    let runs = c.get(1, "/v1/counters/a%20b/reconciliations").await?;
+    assert_eq!(runs["counter"], "a b", "{runs}");
+
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_item_names_any_bytes_with_counter_encoded() -> Result<()> {
+    use tally_tests::openapi;
+    let c = TestCluster::start(1).await?;
+    let mut r = Conn::open(c.node(1).ports.resp).await?;
+    assert_eq!(c.incr(1, "a%20b", serde_json::json!({"delta": 1})).await?.0, 200);
+
+    eprintln!("phase: counter_encoded, percent-encoded as a path, reaches the counter of those bytes");
+    let batch = serde_json::json!({"increments": [
+        {"counter_encoded": "%FF%FE", "delta": 2},
+        {"counter_encoded": "a%20b", "delta": 3},
+        {"counter_encoded": "%c3%bc%20x", "delta": 4},
+        {"counter": "a b", "delta": 5},
+    ]});
+    let (status, body) = c.send(1, "POST", "/v1/increments", batch).await?;
+    assert_eq!(status, 200, "{body}");
+    openapi::check("POST", "/v1/increments", status, &body)?;
+    for result in body["results"].as_array().context("no results")? {
+        assert_eq!(result["applied"], true, "{body}");
+    }
+    assert_eq!(c.value(1, "%FF%FE").await?, 2);
+    assert_eq!(c.value(1, "a%20b").await?, 1 + 3 + 5);
+    assert_eq!(r.call(&[b"GET", "ü x".as_bytes()]).await?, Resp::Bulk(Some(b"4".to_vec())));
+    // A name a listing shows in its escaped form (not UTF-8) goes back as it is shown.
+    let page = c.get(1, "/v1/counters").await?;
+    let listed: Vec<&str> =
+        page["counters"].as_array().context("no counters")?.iter().filter_map(|n| n.as_str()).collect();
+    assert!(listed.contains(&"%FF%FE") && listed.contains(&"a b"), "{page}");
+    let batch = serde_json::json!({"increments": [{"counter_encoded": "%FF%FE", "delta": 1}]});
+    assert_eq!(c.send(1, "POST", "/v1/increments", batch).await?.0, 200);
+    assert_eq!(r.call(&[b"GET", b"\xff\xfe"]).await?, Resp::Bulk(Some(b"3".to_vec())));
+
+    eprintln!("phase: exactly one of counter and counter_encoded, a valid encoding");
+    let refused = [
+        (serde_json::json!({"counter": "a", "counter_encoded": "a", "delta": 1}), "not both"),
+        (serde_json::json!({"delta": 1}), "counter or counter_encoded is required"),
+        (serde_json::json!({"counter_encoded": "a%zz", "delta": 1}), "counter_encoded"),
+    ];
+    for (item, says) in refused {
+        let batch = serde_json::json!({"increments": [{"counter": "ok", "delta": 1}, item]});
+        let (status, body) = c.send(1, "POST", "/v1/increments", batch).await?;
+        openapi::check("POST", "/v1/increments", status, &body)?;
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_body")), "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with("increments[1]") && message.contains(says), "{message}");
+    }
+    let (status, _) = c.send(1, "GET", "/v1/counters/ok", serde_json::json!(null)).await?;
+    assert_eq!(status, 404, "a refused batch counts none of its items");
     Ok(())
 }
 

@@ -359,9 +359,10 @@ pub enum AuthError {
     Prefix {
         /// The token's name.
         token: String,
-        /// The counter asked for (cut to a few dozen characters).
+        /// The counter asked for as the client gave it (`tally_core::name::shown`),
+        /// cut to a few dozen characters.
         counter: String,
-        /// The token's prefixes.
+        /// The token's prefixes, as its config gives them.
         prefixes: Vec<String>,
     },
     /// The operation touches every counter and the token is limited to prefixes.
@@ -432,8 +433,8 @@ pub fn authorize(principal: &Principal, scope: Scope, resource: Resource<'_>) ->
     match resource {
         Resource::Counter(name) if !principal.sees(name) => Err(AuthError::Prefix {
             token: token(),
-            counter: name.chars().take(QUOTED_NAME_CHARS_MAX).collect(),
-            prefixes: principal.prefixes.clone(),
+            counter: tally_core::name::shown(name).chars().take(QUOTED_NAME_CHARS_MAX).collect(),
+            prefixes: principal.prefixes.iter().map(|p| tally_core::name::shown(p)).collect(),
         }),
         Resource::Cluster if scope == Scope::Admin && !principal.unrestricted() => {
             Err(AuthError::Restricted { token: token(), what: "changing the cluster" })
@@ -840,6 +841,12 @@ mod tests {
         let inside = tally_core::name::CounterName::from_bytes(format!("{odd}:1").as_bytes()).unwrap();
         let outside = tally_core::name::CounterName::from_bytes(b"tenant b:1").unwrap();
         assert!(p.sees(inside.as_str()) && !p.sees(outside.as_str()));
+        // A refusal names the counter and the prefixes as they were given.
+        let refused = authorize(&p, Scope::Read, Resource::Counter(outside.as_str())).unwrap_err();
+        assert!(matches!(&refused, AuthError::Prefix { counter, prefixes, .. }
+            if counter == "tenant b:1" && prefixes == std::slice::from_ref(&odd)));
+        let message = refused.to_string();
+        assert!(message.contains(r#"counter "tenant b:1""#), "{message}");
         assert!(config_lines(&a, "bad name", &[Scope::Read], &[]).is_err());
         assert!(config_lines(&a, "x", &[], &[]).is_err());
     }

@@ -118,6 +118,20 @@ impl fmt::Debug for ShardId {
     }
 }
 
+impl ShardId {
+    /// The id as a client's message shows it: the counter's name quoted as it was
+    /// given ([`crate::name::quoted`]), then the generation and index as in the
+    /// `Debug` form (`"a b"#g0/1`), which logs and metric labels keep.
+    pub fn shown(&self) -> String {
+        let mut id =
+            format!("{}#g{}/{}", crate::name::quoted(self.counter.as_str()), self.generation, self.index);
+        if self.replicas != CLUSTER_REPLICAS {
+            id.push_str(&format!("@r{}", self.replicas));
+        }
+        id
+    }
+}
+
 impl fmt::Display for ShardId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)

@@ -267,6 +267,14 @@ pub fn shown(escaped: &str) -> String {
     String::from_utf8(unescaped(escaped)).unwrap_or_else(|_| escaped.to_owned())
 }
 
+/// How an escaped counter name (or prefix) is quoted in a message (errors over
+/// HTTP and RESP, logs): [`shown`] in double quotes, its `"`, `\` and control
+/// characters escaped with a backslash, so a message stays one line whatever the
+/// name holds (`a b` is `"a b"`, `ü` is `"ü"`, the byte `FF` is `"%FF"`).
+pub fn quoted(escaped: &str) -> String {
+    format!("{:?}", shown(escaped))
+}
+
 impl TryFrom<String> for CounterName {
     type Error = NameError;
     fn try_from(s: String) -> Result<Self, NameError> {
@@ -364,6 +372,10 @@ mod tests {
         assert!(name.as_str().starts_with(&escape("tenant/ä".as_bytes())));
         assert_eq!(shown(name.as_str()), "tenant/ä:1");
         assert_eq!(shown("a%FF"), "a%FF", "not UTF-8: shown escaped");
+        assert_eq!(quoted("a%20b"), r#""a b""#);
+        assert_eq!(quoted("say%20%22hi%22%0A"), r#""say \"hi\"\n""#);
+        assert_eq!(quoted("%C3%BC%25"), r#""ü%""#);
+        assert_eq!(quoted("a%FF"), r#""a%FF""#);
     }
 
     #[test]

@@ -292,7 +292,7 @@ impl Ctx {
                     Ok(Err(_)) => return Err(TallyError::ShuttingDown),
                     Err(_) => {
                         return Err(TallyError::Unavailable {
-                            shard: name.to_string(),
+                            shard: tally_core::name::quoted(name.as_str()),
                             reason: format!(
                             "{CREATED_UNDRAINED_MAX} counters created here wait for their first drain; retry"
                         ),
@@ -587,7 +587,7 @@ impl Ctx {
             }
         }
         Err(TallyError::Unavailable {
-            shard: name.to_string(),
+            shard: tally_core::name::quoted(name),
             reason: "the counter is being resharded; retry with the same event id".into(),
         })
     }
@@ -634,10 +634,10 @@ impl Ctx {
                 Err(TallyError::QuotaExceeded {
                     quota: "engine.event_ids_per_counter_max",
                     what: format!(
-                        "event id {:?} would be one more than counter {:?} keeps ({} over its shards, each until \
+                        "event id {:?} would be one more than counter {} keeps ({} over its shards, each until \
                          its dedup window passes)",
                         inc.event_id.clone().unwrap_or_default(),
-                        rt.name.as_str(),
+                        tally_core::name::quoted(rt.name.as_str()),
                         self.quotas.event_ids_per_counter()
                     ),
                 })
@@ -1445,7 +1445,7 @@ impl Ctx {
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(TallyError::Unavailable {
-                    shard: name.to_string(),
+                    shard: tally_core::name::quoted(name.as_str()),
                     reason: format!("metadata version {version} has not reached this node"),
                 });
             }

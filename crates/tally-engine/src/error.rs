@@ -3,7 +3,7 @@
 
 use tally_core::limits::Overflow;
 use tally_core::meta::MetaError;
-use tally_core::name::NameError;
+use tally_core::name::{quoted, NameError};
 use tally_core::spec::SpecError;
 use tally_store::StoreError;
 
@@ -29,7 +29,9 @@ pub enum ListError {
     Cursor,
 }
 
-/// Why a request was refused or failed.
+/// Why a request was refused or failed. The counter names and prefixes it holds are
+/// escaped forms (`tally_core::name`); its messages quote them as the client gave
+/// them ([`quoted`]).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TallyError {
     /// A name, event id, writer or member was malformed.
@@ -42,7 +44,7 @@ pub enum TallyError {
     #[error("delta must be a non-zero integer")]
     ZeroDelta,
     /// The counter does not exist.
-    #[error("counter {0:?} does not exist")]
+    #[error("counter {} does not exist", quoted(.0))]
     NotFound(String),
     /// The event id was applied before with another delta.
     #[error("event id {event_id:?} was applied with delta {recorded_delta}; it cannot be reused with delta {delta}")]
@@ -102,7 +104,7 @@ pub enum TallyError {
     InvalidListing(#[from] ListError),
     /// An increment with a frequency item had a negative delta: an item's weight only
     /// grows (count-min's bounds hold for additions only).
-    #[error("counter {counter:?} keeps frequencies: an increment with an item (or member) must have a positive delta (got {delta})")]
+    #[error("counter {} keeps frequencies: an increment with an item (or member) must have a positive delta (got {delta})", quoted(.counter))]
     NegativeWeight {
         /// The counter.
         counter: String,
@@ -111,7 +113,7 @@ pub enum TallyError {
     },
     /// An increment of zero or less to a counter with a window limit: its buckets
     /// give back what they hold when they expire, which only additions keep exact.
-    #[error("counter {counter:?} has a window limit: an increment must have a positive delta (got {delta})")]
+    #[error("counter {} has a window limit: an increment must have a positive delta (got {delta})", quoted(.counter))]
     LimitNegative {
         /// The counter.
         counter: String,
@@ -119,7 +121,7 @@ pub enum TallyError {
         delta: i64,
     },
     /// A frequency read of a counter without the `frequency` option.
-    #[error("counter {0:?} keeps no frequencies; create it with \"frequency\": {{\"epsilon\": ..., \"delta\": ...}}")]
+    #[error("counter {} keeps no frequencies; create it with \"frequency\": {{\"epsilon\": ..., \"delta\": ...}}", quoted(.0))]
     FrequencyOff(String),
     /// A sequenced increment was malformed: a sequence without a writer, with an
     /// event id as well, or above `tally_core::dedup::SEQ_MAX`.
@@ -140,7 +142,7 @@ pub enum TallyError {
     },
     /// The shard a new writer's sequenced increments route to keeps marks for
     /// `tally_core::dedup::WRITERS_PER_SHARD_MAX` writers already: nothing was counted.
-    #[error("writer {writer:?} is new and its shard of counter {counter:?} keeps marks for {max} writers already; retry later (marks expire after the dedup window) or use event ids")]
+    #[error("writer {writer:?} is new and its shard of counter {} keeps marks for {max} writers already; retry later (marks expire after the dedup window) or use event ids", quoted(.counter))]
     TooManyWriters {
         /// The counter.
         counter: String,
@@ -162,8 +164,9 @@ pub enum TallyError {
     /// The increment would take a bounded counter past its bound, as far as the shard
     /// it reached could tell within its wait for headroom: nothing was counted.
     #[error(
-        "counter {counter:?} refused {delta}: it would cross the counter's {bound} ({limit}); \
-         the shard it reached held {headroom} of headroom on that side"
+        "counter {} refused {delta}: it would cross the counter's {bound} ({limit}); \
+         the shard it reached held {headroom} of headroom on that side",
+        quoted(.counter)
     )]
     BoundExceeded {
         /// The counter.
@@ -198,7 +201,7 @@ pub enum TallyError {
     /// An auto resharding was proposed from a look at the counter that is no longer
     /// current (it changed, or stopped being auto, meanwhile); the next sample decides
     /// again.
-    #[error("counter {counter:?} changed since version {version} (now {found:?}) or is no longer auto")]
+    #[error("counter {} changed since version {version} (now {found:?}) or is no longer auto", quoted(.counter))]
     AutoProposalStale {
         /// The counter.
         counter: String,
@@ -214,10 +217,10 @@ pub enum TallyError {
     #[error("{0}")]
     Namespace(String),
     /// A distinct-count read or merge named a counter without `distinct`.
-    #[error("counter {0:?} does not keep distinct members (create it with \"distinct\": true)")]
+    #[error("counter {} does not keep distinct members (create it with \"distinct\": true)", quoted(.0))]
     NotDistinct(String),
     /// No namespace has this prefix.
-    #[error("no namespace has the prefix {0:?}")]
+    #[error("no namespace has the prefix {}", quoted(.0))]
     NamespaceNotFound(String),
     /// Bounds named with an increment were refused ([`crate::Tally::incr_within`]).
     #[error(transparent)]
@@ -326,5 +329,5 @@ impl TallyError {
 
 /// A shard that could not be reached or did not answer, and why.
 pub(crate) fn unavailable(id: &tally_core::ShardId, reason: &str) -> TallyError {
-    TallyError::Unavailable { shard: id.to_string(), reason: reason.to_string() }
+    TallyError::Unavailable { shard: id.shown(), reason: reason.to_string() }
 }

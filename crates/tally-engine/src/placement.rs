@@ -218,5 +218,5 @@ pub(crate) fn unexpected(node: &NodeId, id: &ShardId, r: ShardResponse) -> Tally
         ShardResponse::Failed { code, message, .. } => format!("node {node} failed ({code}): {message}"),
         other => format!("node {node} answered {other:?}"),
     };
-    TallyError::Unavailable { shard: id.to_string(), reason }
+    TallyError::Unavailable { shard: id.shown(), reason }
 }

@@ -19,6 +19,7 @@
 use crate::catalog::Catalog;
 use crate::error::TallyError;
 use std::sync::atomic::{AtomicU64, Ordering};
+use tally_core::name::quoted;
 use tally_core::spec::{CounterSpec, SpecPatch};
 use tally_core::CounterName;
 
@@ -111,13 +112,13 @@ impl Quotas {
                 let (field, over) = if rule.quota.prefix.is_empty() {
                     ("engine.counters_max", "on this node".to_string())
                 } else {
-                    ("quotas.counters_max", format!("named {:?}…", rule.quota.prefix))
+                    ("quotas.counters_max", format!("named {}…", quoted(&rule.quota.prefix)))
                 };
                 return Err(TallyError::QuotaExceeded {
                     quota: field,
                     what: format!(
-                        "counter {:?} would be one more than the {} counters allowed {over}",
-                        name.as_str(),
+                        "counter {} would be one more than the {} counters allowed {over}",
+                        quoted(name.as_str()),
                         rule.quota.counters_max
                     ),
                 });
@@ -168,9 +169,9 @@ impl Quotas {
             return Err(TallyError::QuotaExceeded {
                 quota: "engine.sketch_bytes_per_counter_max",
                 what: format!(
-                    "counter {:?}'s sketches would take {bytes} bytes ({shards} shards); the quota is {} \
+                    "counter {}'s sketches would take {bytes} bytes ({shards} shards); the quota is {} \
                      (fewer shards, a larger epsilon or delta, or fewer windows fit)",
-                    name.as_str(),
+                    quoted(name.as_str()),
                     self.sketch_bytes_per_counter_max
                 ),
             });

@@ -480,7 +480,7 @@ pub(crate) async fn shards(
     for (index, image) in images.iter().enumerate() {
         let id = meta.shard_id(&rt.name, meta.layout.generation, index as u16);
         let Some(image) = image else {
-            return Err(TallyError::Unavailable { shard: id.to_string(), reason: "did not answer".into() });
+            return Err(TallyError::Unavailable { shard: id.shown(), reason: "did not answer".into() });
         };
         shards.push(ShardReport {
             index: index as u16,

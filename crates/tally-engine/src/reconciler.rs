@@ -136,7 +136,7 @@ async fn guarded(
     task.await.unwrap_or_else(|e| {
         tracing::error!(counter = %name, error = %e, "reconciliation task failed");
         Err(TallyError::Unavailable {
-            shard: name.to_string(),
+            shard: tally_core::name::quoted(name.as_str()),
             reason: format!("the reconciliation failed: {e}"),
         })
     })
@@ -169,7 +169,7 @@ pub(crate) async fn reconcile(
     let read = crate::read::fresh(ctx, &rt).await?;
     if !read.complete {
         return Err(TallyError::Unavailable {
-            shard: name.to_string(),
+            shard: tally_core::name::quoted(name.as_str()),
             reason: format!(
                 "the total cannot be read whole (shards {:?} did not answer, or buffered increments \
                  are still in doubt), and a correction from part of it would create drift; retry",
@@ -213,7 +213,10 @@ pub(crate) async fn reconcile(
             ShardReply::Done { outcome: Outcome::TooManyEventIds, .. } => {
                 return Err(TallyError::QuotaExceeded {
                     quota: "engine.event_ids_per_counter_max",
-                    what: format!("the correction of {:?} would be one event id too many", name.as_str()),
+                    what: format!(
+                        "the correction of {} would be one event id too many",
+                        tally_core::name::quoted(name.as_str())
+                    ),
                 })
             }
             ShardReply::Done { outcome: Outcome::OutOfOrder { .. } | Outcome::TooManyWriters, .. } => {

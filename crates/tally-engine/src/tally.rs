@@ -715,7 +715,7 @@ impl Tally {
             let r = tokio::time::timeout(Duration::from_millis(self.ctx.config.call_timeout_ms), rx)
                 .await
                 .map_err(|_| TallyError::Unavailable {
-                    shard: name.into(),
+                    shard: tally_core::name::quoted(name),
                     reason: "rollup timed out".into(),
                 })?
                 .map_err(|_| TallyError::ShuttingDown)??;
@@ -816,14 +816,16 @@ impl Tally {
             let rt = self.ctx.runtime(name, false).await?;
             if rt.meta.spec.frequency != Some(shape) {
                 return Err(TallyError::Namespace(format!(
-                    "CMS: {name:?} keeps frequencies of another shape than {dest:?}: only sketches of one width and depth merge"
+                    "CMS: {} keeps frequencies of another shape than {}: only sketches of one width and depth merge",
+                    tally_core::name::quoted(name),
+                    tally_core::name::quoted(dest)
                 )));
             }
             self.ctx.deliver_for_read(&rt).await;
             let (sketch, _, missing, _) = crate::read::frequencies(&self.ctx, &rt.meta, &rt.name).await?;
             if !missing.is_empty() {
                 return Err(TallyError::Unavailable {
-                    shard: name.clone(),
+                    shard: tally_core::name::quoted(name),
                     reason: format!("shards {missing:?} did not answer: a partial sketch would be merged"),
                 });
             }

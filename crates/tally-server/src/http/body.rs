@@ -134,8 +134,9 @@ fn accepts(field: &str) -> &'static str {
         "expires_at_ms" => "a whole number of milliseconds since the Unix epoch",
         "when" => "one of \"nx\", \"xx\", \"gt\", \"lt\"",
         "event_id" | "writer" | "member" | "item" | "counter" => "a string",
+        "counter_encoded" => "a string: the name's bytes percent-encoded, as in a path",
         "seq" => "a whole number from 0 to 9223372036854775807",
-        "increments" => "a list of increments, each an object with counter and delta",
+        "increments" => "a list of increments, each an object with counter (or counter_encoded) and delta",
         "delta" => "a non-zero whole number within the 64-bit range",
         "authoritative" => "a whole number (the counter's true total)",
         _ => "a value of the documented type (see /v1/openapi.json)",
@@ -339,12 +340,18 @@ impl IncrementBody {
     }
 }
 
-/// One item of `POST /v1/increments`: an increment plus the counter it goes to.
+/// One item of `POST /v1/increments`: an increment plus the counter it goes to,
+/// named by exactly one of `counter` and `counter_encoded`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchItem {
-    /// The counter.
-    pub counter: String,
+    /// The counter's name as text (its UTF-8 bytes).
+    #[serde(default)]
+    pub counter: Option<String>,
+    /// The counter's name percent-encoded as in a path (`%FF`, `a%20b`): any bytes,
+    /// such as a name that is not UTF-8, which a listing shows in this form.
+    #[serde(default)]
+    pub counter_encoded: Option<String>,
     /// The non-zero amount.
     #[serde(default)]
     pub delta: Option<Box<RawValue>>,
@@ -384,6 +391,8 @@ impl BatchBody {
             .map(|(i, item)| {
                 let delta =
                     delta_of(item.delta.as_deref()).map_err(|e| e.context(format!("increments[{i}]")))?;
+                let name = item_name(item.counter, item.counter_encoded)
+                    .map_err(|e| e.context(format!("increments[{i}]")))?;
                 let inc = Increment {
                     delta,
                     event_id: item.event_id,
@@ -392,10 +401,29 @@ impl BatchBody {
                     member: item.member,
                     item: item.item,
                 };
-                // The name itself, escaped as a path's is (`tally_core::name`).
-                Ok((tally_core::name::escape(item.counter.as_bytes()), inc))
+                Ok((name, inc))
             })
             .collect()
+    }
+}
+
+/// A batch item's counter, in its escaped form (`tally_core::name`), from exactly
+/// one of its two fields: `counter`'s UTF-8 bytes, or the bytes `counter_encoded`
+/// percent-encodes (as a path segment is decoded).
+fn item_name(counter: Option<String>, encoded: Option<String>) -> Result<String, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_BODY, m);
+    match (counter, encoded) {
+        (Some(text), None) => Ok(tally_core::name::escape(text.as_bytes())),
+        (None, Some(encoded)) => tally_core::name::percent_decode(&encoded)
+            .map(|raw| tally_core::name::escape(&raw))
+            .map_err(|e| bad(format!("counter_encoded: {e}"))),
+        (Some(_), Some(_)) => {
+            Err(bad("counter and counter_encoded name the same thing: give one of them, not both".into()))
+        }
+        (None, None) => Err(bad(
+            "counter or counter_encoded is required: the name as text, or its bytes percent-encoded as in a path"
+                .into(),
+        )),
     }
 }
 

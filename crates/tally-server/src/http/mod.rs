@@ -654,7 +654,7 @@ pub const REDACTED_SOURCE_ERROR: &str =
 /// The answer of `GET /v1/counters/{name}/reconciliations`.
 #[derive(Debug, Serialize)]
 struct ReconciliationsView {
-    /// The counter.
+    /// The counter, as the client gave it (`tally_core::name::shown`).
     counter: String,
     /// The node whose record this is (scheduled runs are on the one that ran them).
     node: String,
@@ -681,7 +681,8 @@ async fn reconciliations<S: Service>(
             }
         }
     }
-    Ok(Json(ReconciliationsView { counter: name, node: st.svc.node_id().to_string(), runs }))
+    let counter = tally_core::name::shown(&name);
+    Ok(Json(ReconciliationsView { counter, node: st.svc.node_id().to_string(), runs }))
 }
 
 /// `GET /v1/cluster`: membership, health and leader.

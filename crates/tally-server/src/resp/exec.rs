@@ -1549,7 +1549,11 @@ async fn pfadd<S: Service>(
         Ok(info) if !info.spec.distinct => {
             return Reply::err(
                 NOT_DISTINCT,
-                format!("counter {key:?} does not keep distinct members (TALLY.CREATE {key} DISTINCT true)"),
+                format!(
+                    "counter {} does not keep distinct members (TALLY.CREATE {} DISTINCT true)",
+                    tally_core::name::quoted(&key),
+                    tally_core::name::shown(&key)
+                ),
             )
         }
         Ok(_) => false,
