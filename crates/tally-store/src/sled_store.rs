@@ -56,7 +56,7 @@ pub const SHARD_TREES: usize = 16;
 /// write lock, which stops every read meanwhile. Plain inserts share the log buffer
 /// that the cycle's one flush writes. Measured with `redis-benchmark -c 64` sending
 /// `TALLY.INCRBY` with a new event id each to a 64-shard `sync` counter, the batch cost
-/// a third of the throughput (bench/README.md).
+/// a third of the throughput (the measurement is in the history of bench/README.md).
 pub const IMAGE_CARRIED_RECORDS_MAX: usize = 64;
 
 /// Name of the tree that holds metadata entries.
