@@ -11,7 +11,7 @@
 //! * [`ids`] — shard and node identities.
 //! * [`hash`] — the one specified hash function (XXH3-64 with fixed seeds).
 //! * [`codec`] — the byte encoding of everything stored or sent (bincode 2).
-//! * [`format`] — format markers of stores and protocol versions of peers; its
+//! * [`format`](mod@format) — format markers of stores and protocol versions of peers; its
 //!   submodules `v1`–`v6` and `v8` freeze the records of earlier store formats and
 //!   upgrade them to today's.
 //! * [`spec`] — the per-counter contract and its validation.

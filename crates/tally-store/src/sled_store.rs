@@ -561,7 +561,7 @@ impl Store for SledStore {
     /// and only writes with more records than an image carries share one atomic
     /// transaction over the trees they touch. Every atomic group costs sled two
     /// log-buffer writes of its own, each a synchronous `sync_file_range` (see
-    /// [`apply_staged`]): one `Batch` per tree cost up to 2 × [`SHARD_TREES`] disk
+    /// `apply_staged`): one `Batch` per tree cost up to 2 × [`SHARD_TREES`] disk
     /// writes per cycle, on top of its flush.
     fn commit_many(&self, writes: &[(ShardId, ShardWrite)]) -> Vec<Result<(), StoreError>> {
         fail::fail_point!("store::commit_many", |_| {
