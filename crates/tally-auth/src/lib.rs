@@ -11,6 +11,11 @@
 //! This crate does no I/O and knows nothing of HTTP: the server's HTTP layer and
 //! its RESP listener are thin shells over the same decisions.
 //!
+//! # Layout
+//!
+//! One file, `lib.rs`: the token configuration, verification, the authorization
+//! rules below, and their tests.
+//!
 //! # Why SHA-256 and not a password hash
 //!
 //! Tokens made by [`new_token`] carry 256 random bits, so no dictionary or brute

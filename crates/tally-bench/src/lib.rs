@@ -4,6 +4,21 @@
 //! side, and [`Report::render`] prints a Markdown table; the `tally-bench` binary and
 //! the `engine` bench target are thin wrappers around them.
 //!
+//! # Layout
+//!
+//! * [`cells`] — the measured cells: hot engine counters (plain, bounded and
+//!   windowed), the per-increment sled baseline, and reads.
+//! * [`hotpath`] — the hot-path cells, each beside the reference it is judged
+//!   against, so the report prints a ratio.
+//! * [`memory`] — memory per idle counter.
+//! * [`drive`] — the load driver: N writer tasks, acknowledgements and latency.
+//! * [`timed_store`] — a pass-through [`Store`](tally_store::Store) that times the
+//!   sled store's commits and flushes.
+//! * [`options`] — the command-line options, parsed by hand.
+//! * [`report`] — the Markdown report.
+//! * `main.rs` — the `tally-bench` binary; `benches/engine.rs` — the `engine` bench
+//!   target. Both are thin wrappers around [`run`].
+//!
 //! Every throughput cell ends with a check: the counter's fresh total must equal the
 //! number of increments its writers saw acknowledged (for a bounded counter, its
 //! stock less the acknowledged decrements).

@@ -13,6 +13,8 @@
 //! * [`render`] — the friendly text of each answer.
 //! * [`load`] — the load generator.
 //! * [`ops`] — `tally ls` and `tally top`, the operators' views.
+//! * `main.rs` — the `tally` binary: parses the command line and exits with the
+//!   library's exit code.
 //!
 //! # Output
 //!

@@ -1,6 +1,6 @@
 //! What a cluster node is started from ([`ClusterNodeConfig`]), why it may refuse to
 //! start ([`ClusterError`]), and the check that its data was kept the way the config
-//! asks ([`check_copies`]).
+//! asks (`check_copies`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -56,7 +56,7 @@ pub struct ClusterNodeConfig {
     /// Copies of every shard, `1..=`[`tally_core::ranges::REPLICAS_MAX`]: 1 keeps
     /// one copy on the ring owner (membership changes hand shards off); more puts
     /// each shard in a range group of `min(replicas, members)` nodes (see
-    /// [`replication`]; the membership is then fixed).
+    /// [`replication`](crate::replication); the membership is then fixed).
     pub replicas: u8,
     /// With `replicas` > 1, ranges per member
     /// ([`tally_core::ranges::RangeLayout::for_members_at`]); the same on every node.

@@ -6,7 +6,8 @@
 //! * [`RaftCatalog`] — counter metadata replicated by `tally-raft` (openraft 0.9), so
 //!   every node agrees on specs, layouts and reshardings;
 //! * [`RingPlacement`] — each shard's owner is its point's successor on a
-//!   consistent-hash ring of the cluster's nodes (virtual nodes), and requests for
+//!   consistent-hash ring of the cluster's nodes (virtual nodes; with range groups,
+//!   the leader of the shard's range), and requests for
 //!   shards owned elsewhere travel over `tally-transport` (ractor_cluster sessions
 //!   with heartbeats and reconnection);
 //! * [`ClusterNode`] — starts and stops all of it, serves other nodes' shard requests

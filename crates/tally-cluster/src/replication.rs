@@ -7,7 +7,7 @@
 //!   that comes back with an empty data directory is a new replica.
 //! * **Sessions.** Raft messages of every group and the question whether a peer's
 //!   group of a range is formed (or, from its leader, whether it still lists a
-//!   replica) travel as [`PeerRequest`]s on the one session per
+//!   replica) travel as `PeerRequest`s on the one session per
 //!   node pair.
 
 use crate::Member;

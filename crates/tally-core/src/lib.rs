@@ -11,7 +11,9 @@
 //! * [`ids`] — shard and node identities.
 //! * [`hash`] — the one specified hash function (XXH3-64 with fixed seeds).
 //! * [`codec`] — the byte encoding of everything stored or sent (bincode 2).
-//! * [`format`] — format markers of stores and protocol versions of peers.
+//! * [`format`](mod@format) — format markers of stores and protocol versions of peers; its
+//!   submodules `v1`–`v6` and `v8` freeze the records of earlier store formats and
+//!   upgrade them to today's.
 //! * [`spec`] — the per-counter contract and its validation.
 //! * [`meta`] — counter metadata (spec + shard layout) and its transitions,
 //!   including resharding by layout generations.
@@ -26,6 +28,12 @@
 //! * [`shard`] — a shard's decision function: given a batch of submissions and the
 //!   dedup records found, the new value, the records to write and every reply.
 //! * [`dedup`] — the dedup window: duplicate, conflict or fresh.
+//! * [`sweep`] — when a shard sweeps its expired dedup records, and which records a
+//!   sweep reads.
+//! * [`escrow`] — bounded counters: a `min`/`max` that holds across a counter's shards
+//!   without a global lock, by shares of the headroom.
+//! * [`within`] — the arithmetic of bounds named with each increment (Redis's
+//!   `INCREX`), as opposed to a spec's `min`/`max`.
 //! * [`ring`] — consistent-hash placement of shards on nodes, with virtual nodes.
 //! * [`ranges`] — the range directory of shard replication: the ring's circle cut
 //!   into a bounded number of ranges, each replicated on `R` nodes, and the

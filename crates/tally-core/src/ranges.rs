@@ -1,7 +1,7 @@
 //! The range directory of shard replication: which range of the ring a shard lies
 //! in, and which nodes replicate each range.
 //!
-//! Every shard sits at a point of the ring's 64-bit circle ([`ring::shard_point`]).
+//! Every shard sits at a point of the ring's 64-bit circle ([`ring::shard_point`](crate::ring::shard_point)).
 //! Replication cuts that circle into a bounded number of equal *ranges*; each range
 //! is one consensus group replicated on `R` nodes, so the number of groups depends
 //! on the cluster's size, never on how many counters or shards exist.

@@ -124,7 +124,7 @@ pub struct CounterSpec {
     /// holds across shards and nodes ([`crate::escrow`] spends it per window). Set
     /// when the counter is created, never changed.
     pub limit: Option<WindowLimit>,
-    /// How many nodes hold a copy of each shard, `1..=`[`REPLICAS_MAX`]: the shards
+    /// How many nodes hold a copy of each shard, `1..=`[`REPLICAS_MAX`](crate::ranges::REPLICAS_MAX): the shards
     /// live in the range groups of counters with the same count. `None` takes the
     /// cluster's `replicas`. On a node that does not replicate shards, only 1 (or
     /// none) is accepted. Set when the counter is created, never changed.

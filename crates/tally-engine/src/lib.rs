@@ -3,27 +3,66 @@
 //!
 //! # Layout
 //!
+//! The handle and what callers exchange with it:
+//!
 //! * [`Tally`] (`tally.rs`) — the handle callers hold.
+//! * [`CounterHandle`] (`handle.rs`) — a counter resolved once, so a hot loop skips
+//!   the name lookup.
+//! * `api.rs` — the types callers exchange with the engine, in the JSON shapes of
+//!   the public HTTP interface.
+//! * `config.rs` — [`TallyConfig`], every limit the engine enforces, and the
+//!   [`AuthoritativeSource`] the reconciler compares with.
+//! * `error.rs` — [`TallyError`] and [`ListError`]: one HTTP status and one stable
+//!   code each.
+//! * `clock.rs` — [`Clock`]: time as an input, so tests and simulations drive it.
+//! * `stats.rs` — [`Stats`]: write rates, flush batch sizes, dedup hits, drift, as
+//!   plain atomics the front ends export.
+//!
+//! The write path:
+//!
 //! * `ctx.rs` — what every actor shares: the store, the catalog, the registry of
 //!   active counters, the directory of running shard actors, and the write path.
 //! * `runtime.rs` — a counter's accumulator slots (the lock-free fast path).
 //! * `ledger.rs` — what `INCR` answers: this node's acknowledged increments over
 //!   one sum of the shards, without a read per increment.
+//! * `within.rs` — increments kept within bounds named with each call (Redis's
+//!   `INCREX`, [`Tally::incr_within`]).
+//! * `create.rs` — counters created by their first increment, many per metadata
+//!   commit.
+//! * `messages.rs` — the messages of the shard, supervisor and aggregator actors,
+//!   apart from the actors so that senders and handlers do not depend on each other.
 //! * `shard.rs` — the shard actor, sole writer of one shard.
+//! * `cold.rs` — the first write of a just-created shard, run through its machine
+//!   without starting an actor.
 //! * `supervisor.rs` — starts shard actors on demand and stops idle ones.
 //! * `aggregator.rs` — drains accumulators into shard messages every `flush_ms`.
-//! * `rollup.rs` — caches totals for constant-cost reads.
-//! * `reconciler.rs` — corrects drift against an authoritative total.
-//! * `reshard.rs` — changes a live counter's shard count by generations.
-//! * `handoff.rs` — shards move to their new owner after a membership change.
 //! * `flusher.rs` — the commit path: applies every shard write, then one fsync serves
 //!   every waiting write (group commit).
-//! * `catalog.rs` — counter metadata in the node's store.
+//!
+//! Reads, metadata and housekeeping:
+//!
 //! * `read.rs` — sums, sketches and shard reports.
-//! * `lost.rs` — refuses reads of shards whose earlier values this node lost.
-//! * `expire.rs` — expired counters: missing for reads at once, reclaimed by a sweep.
+//! * `rollup.rs` — caches totals for constant-cost reads.
+//! * `catalog.rs` — where counter metadata lives: the [`Catalog`] trait and
+//!   [`LocalCatalog`], in the node's own store (a cluster plugs in a replicated one).
+//! * `list.rs` — listing counters by name, one bounded page at a time.
 //! * `quota.rs` — the quotas: counters on the node and per prefix, event ids a
 //!   counter keeps, bytes its sketches take.
+//! * `expire.rs` — expired counters: missing for reads at once, reclaimed by a sweep.
+//! * `dormant.rs` — the dedup sweep of shards that no actor runs.
+//! * `lost.rs` — refuses reads of shards whose earlier values this node lost.
+//! * `reconciler.rs` — corrects drift against an authoritative total.
+//! * `reshard.rs` — changes a live counter's shard count by generations.
+//! * `autoshard.rs` — samples auto counters' contention and carries out the shard
+//!   counts `tally_core::autoshard` proposes, through resharding.
+//! * `auto_book.rs` — the auto counters this engine follows, with their machines.
+//!
+//! Other nodes:
+//!
+//! * `placement.rs` — where shards live: the [`Placement`] trait a cluster implements,
+//!   and the [`ShardRequest`]s and [`ShardResponse`]s it carries between nodes' engines
+//!   (an embedded engine owns every shard).
+//! * `handoff.rs` — shards move to their new owner after a membership change.
 //!
 //! Actors talk by messages and reply in them; a handler returns `Err` only for a
 //! fatal condition. The decisions themselves are `tally_core`'s pure functions.

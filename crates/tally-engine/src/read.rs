@@ -206,7 +206,7 @@ async fn numbered<T>(i: usize, f: impl Future<Output = T>) -> (usize, T) {
     (i, f.await)
 }
 
-/// Most counters whose shards [`sum_each`] reads at once.
+/// Most counters whose shards `sum_each` reads at once.
 pub const SUM_MANY_CONCURRENT_MAX: usize = 64;
 
 /// Where a reader waiting for a shared round is answered.

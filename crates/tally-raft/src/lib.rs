@@ -15,13 +15,18 @@
 //! * [`log_store`] — the raft log and vote in sled (`RaftLogStorage`).
 //! * [`state_machine`] — the state machine and snapshots in sled
 //!   (`RaftStateMachine`), one atomic batch per apply.
+//! * [`rpc`] — the raft endpoints' paths and the bodies that are not openraft's own,
+//!   shared by the server and its clients.
 //! * [`network`] — raft RPCs over HTTP/JSON with reqwest (`RaftNetwork`).
 //! * [`server`] — the axum endpoints every node serves on its raft address.
 //! * [`auth`] — the proof of the cluster secret every raft RPC carries and every
 //!   endpoint checks.
 //! * [`identity`] — the store incarnation of a node's data directory, which every
 //!   raft RPC names so that a node with a replaced disk is never taken for its
-//!   predecessor; `replace.rs` re-adds such a node as a new incarnation.
+//!   predecessor; [`store_id`] — that identity's type, apart from the code that keeps
+//!   it; `replace.rs` — the leader re-adds such a node as a new incarnation.
+//! * [`upgrade`] — a raft database of an earlier format upgraded in place.
+//! * [`error`] — the crate's error type.
 //! * [`meta_raft`] — [`MetaRaft`], the facade: start, initialize once, write from any
 //!   node (forwarded to the leader), read locally or linearizably, subscribe.
 //!

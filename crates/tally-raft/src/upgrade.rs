@@ -17,7 +17,7 @@
 //! own, and its entries may create many counters at once (added last, so format 9's
 //! entries decode as they are).
 //! Format 4's snapshot state has no auto bounds either (format 5 added them, and two
-//! requests its entries may hold, [`RequestAuto`]). An upgrade decodes each with the
+//! requests its entries may hold, `RequestAuto`). An upgrade decodes each with the
 //! frozen types, converts it and writes it back, together with the new format
 //! marker, in one sled transaction: a crash leaves the database either all of the
 //! old format or all today's.

@@ -7,7 +7,7 @@
 //! deltas, and applying keeps the image with the higher sequence: a replayed entry,
 //! or an older image after a newer one, changes nothing.
 //!
-//! # Pieces
+//! # Layout
 //!
 //! * [`storage`] — the ordered key-value storage underneath: [`SledKv`] (every group
 //!   of a node in one `sled::Db` with a bounded page cache, trees
@@ -41,6 +41,8 @@
 //!   that a simulation seeds ([`runtime::seed_thread_rng`]);
 //! * [`replication`] — [`Replication`], the driver: routing to range leaders,
 //!   forming groups, following membership changes, replacing emptied replicas.
+//! * [`types`] — what a group replicates: [`ShardEntry`] batches of absolute shard
+//!   images, and the openraft type configuration.
 //!
 //! # Identities
 //!
@@ -74,8 +76,10 @@
 //! A cluster's range directory is not stored: every node computes it from the
 //! initial members' directory and the current members the metadata group holds
 //! ([`Replication::set_members`]), and the ranges' leaders move the groups'
-//! voters to it (ARCHITECTURE.md, "Shard replication"). The number of copies is one
-//! setting of the cluster, not of each counter. The simulator runs these groups as
+//! voters to it (ARCHITECTURE.md, "Shard replication"). The number of copies is the
+//! cluster's setting, unless a counter states its own (`CounterSpec::replicas`, fixed
+//! at creation): counters that state the same count share the ranges of that replica
+//! class ([`tally_core::ranges::replica_classes`]). The simulator runs these groups as
 //! they are, over its simulated links and with openraft's generator seeded per run.
 
 #![forbid(unsafe_code)]

@@ -19,14 +19,14 @@
 //! current log buffer. A `sled::Batch`, like a sled transaction, is made atomic by
 //! `pin_log`, which rolls the log buffer before and after its manifest: each one
 //! is a synchronous log write (`pwrite` and `sync_file_range`) of its own. So
-//! [`SledTree`] writes one key with a plain insert or remove, and
+//! `SledTree` writes one key with a plain insert or remove, and
 //! [`KvTree::write_in_order`] writes each key so; only an [`KvTree::apply`] of
 //! several keys pays for a batch.
 //!
 //! # One flush at a time
 //!
 //! [`SledKv::flush`] does not flush per call: concurrent callers share the
-//! [`FlushGate`] of the store, which runs one flush at a time on the blocking pool
+//! `FlushGate` of the store, which runs one flush at a time on the blocking pool
 //! and lets every caller that arrives while one runs join the next one (a flush
 //! that began before a caller's writes never answers for them).
 

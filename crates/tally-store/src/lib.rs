@@ -7,6 +7,17 @@
 //!   made durable by [`Store::flush`] apart from what was only applied, so a simulated
 //!   crash ([`MemStore::crash`]) loses exactly what a real crash may lose.
 //!
+//! # Layout
+//!
+//! * `lib.rs` — the [`Store`] trait, [`Upgrade`] (a store of an earlier format
+//!   rewritten in place) and the shard types it re-exports from `tally_core`.
+//! * `sled_store.rs` — [`SledStore`] and [`SledConfig`]: shard images and dedup
+//!   records striped over [`SHARD_TREES`] sled trees, metadata in its own tree.
+//! * `mem.rs` — [`MemStore`], with its simulated crashes and failing flushes.
+//! * `error.rs` — [`StoreError`], the one error type of the layer.
+//! * `examples/dedup_rss.rs` — sled alone fed dedup records, to measure its memory
+//!   per record outside the engine.
+//!
 //! # What the store promises
 //!
 //! * **Atomic shard commits.** [`Store::commit`] writes a shard's new value, its sketch

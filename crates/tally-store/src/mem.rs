@@ -394,7 +394,7 @@ impl Store for MemStore {
     }
 
     /// Shard images live here as values, not bytes, so only metadata entries are
-    /// rewritten; they change in one [`Op::MetaBatch`], atomic like sled's.
+    /// rewritten; they change in one `Op::MetaBatch`, atomic like sled's.
     fn upgrade(&self, plan: &crate::Upgrade<'_>) -> Result<u64, StoreError> {
         let mut inner = self.inner.lock();
         inner.check_open(self.incarnation)?;

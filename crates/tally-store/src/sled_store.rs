@@ -56,7 +56,7 @@ pub const SHARD_TREES: usize = 16;
 /// write lock, which stops every read meanwhile. Plain inserts share the log buffer
 /// that the cycle's one flush writes. Measured with `redis-benchmark -c 64` sending
 /// `TALLY.INCRBY` with a new event id each to a 64-shard `sync` counter, the batch cost
-/// a third of the throughput (bench/README.md).
+/// a third of the throughput (the measurement is in the history of bench/README.md).
 pub const IMAGE_CARRIED_RECORDS_MAX: usize = 64;
 
 /// Name of the tree that holds metadata entries.
@@ -561,7 +561,7 @@ impl Store for SledStore {
     /// and only writes with more records than an image carries share one atomic
     /// transaction over the trees they touch. Every atomic group costs sled two
     /// log-buffer writes of its own, each a synchronous `sync_file_range` (see
-    /// [`apply_staged`]): one `Batch` per tree cost up to 2 × [`SHARD_TREES`] disk
+    /// `apply_staged`): one `Batch` per tree cost up to 2 × [`SHARD_TREES`] disk
     /// writes per cycle, on top of its flush.
     fn commit_many(&self, writes: &[(ShardId, ShardWrite)]) -> Vec<Result<(), StoreError>> {
         fail::fail_point!("store::commit_many", |_| {

@@ -19,6 +19,13 @@
 //! who keeps a connection when a listener is full, and [`refusals`] counts (and logs
 //! within a budget) what listeners refuse.
 //!
+//! # Layout
+//!
+//! * `lib.rs` — [`TlsConfig`], the acceptors, [`ClusterTls`] and [`TlsIncoming`].
+//! * [`admission`] — who keeps a connection when a listener is full.
+//! * [`refusals`] — what listeners refused, counted by listener and reason.
+//! * `tests.rs` — handshakes between configs built from generated certificates.
+//!
 //! Files are read when a node starts, not when its config is validated: a config is
 //! checked on machines where the certificates do not exist yet.
 //!

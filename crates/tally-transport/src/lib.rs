@@ -39,6 +39,7 @@
 //! - `gateway.rs` — the [`Handler`] trait and the gateway actor.
 //! - `sessions.rs` — the table of ractor_cluster sessions, fed by its event subscription.
 //! - `transport.rs` — [`Transport`]: start, call, and the heartbeat/connector/sweep tasks.
+//! - `error.rs` — every way starting the transport or calling a peer can fail.
 
 pub mod backoff;
 pub mod config;

@@ -1325,7 +1325,7 @@ fn topk_shape(k: u32) -> tally_core::frequency::FrequencySpec {
 const TOPK_EPSILON_BASE: f64 = 1000.0;
 
 /// The `k` a counter's list was reserved with (`TOPK.RESERVE`), or
-/// [`TOPK_LIST_DEFAULT`] for one made otherwise.
+/// [`TOPK_LIST_DEFAULT`](super::command::TOPK_LIST_DEFAULT) for one made otherwise.
 pub fn reserved_k(shape: tally_core::frequency::FrequencySpec) -> u32 {
     let k = (1.0 / shape.epsilon - TOPK_EPSILON_BASE).round();
     let exact = topk_shape(k as u32) == shape;

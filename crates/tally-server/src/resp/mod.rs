@@ -4,15 +4,19 @@
 //!
 //! # Layout
 //!
-//! * [`wire`] — requests out of the read buffer (the `redis-protocol` crate's
-//!   decoder behind a check of every declared length against the limits), replies
-//!   ([`wire::Reply`]) encoded as RESP2 or RESP3 by the same crate.
+//! * [`wire`] — requests out of the read buffer (one walk over the length headers
+//!   that checks every declared length against the limits and finds each argument
+//!   in place; tested against the `redis-protocol` crate's decoder), replies
+//!   ([`wire::Reply`]) encoded as RESP2 or RESP3 by that crate.
 //! * [`command`] — the command table (arity, flags, the docs `COMMAND DOCS` serves)
 //!   and parsing arguments into a [`command::Command`]. Pure.
 //! * [`exec`] — running a command against the [`Service`], the same calls the HTTP
 //!   handlers make; connection state in [`exec::Session`].
 //! * [`auth`] — `AUTH`, `HELLO ... AUTH` and each command's scope, over the node's
 //!   token gate (shared with HTTP).
+//! * [`registry`] — what a listener keeps about its connections (`CLIENT LIST`,
+//!   `CLIENT KILL`) and about `SCAN`'s cursors.
+//! * [`glob`] — Redis's glob patterns (`KEYS`, `SCAN ... MATCH`), matched on bytes.
 //! * this file — [`serve`]: the accept loop (connection limit, graceful shutdown)
 //!   and each connection's read–decode–run–write loop.
 //!
