@@ -593,7 +593,7 @@ done
 "$PY" "$BENCH/lib/fsync_probe.py" --dir "$TMP_ROOT" --out "$RAW" --label "at the end"
 write_meta end
 if [[ $SECTIONS == scale ]]; then
-  log "done: $OUT/scale.csv, $OUT/restarts.csv"
+  log "done: the CSV files in $OUT"
   exit 0
 fi
 "$PY" "$BENCH/lib/report.py" "$OUT"

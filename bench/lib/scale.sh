@@ -9,14 +9,17 @@
 # directory and starts it again (time until its new replicas are voters holding
 # everything). Results: $OUT/<topology>-<ids>.csv (the feed's samples), one line
 # per node in $OUT/scale.csv, one per restart in $OUT/restarts.csv ($OUT is
-# bench/results/scale when the section runs alone); a summary on stderr.
+# bench/results/scale when the section runs alone); a summary on stderr. Before
+# them, counters cells (scale_counters_cell): new counters created by their first
+# INCR, per second, the nodes' CPU per counter, RAM and disk per counter.
 #
 # Not in the default sections (a cell of 1 M ids takes minutes, 10 M an hour):
 #   bench/run.sh --only scale                      SCALE_IDS="1000000" by default
 #   SCALE_IDS="1000000 10000000" bench/run.sh --only scale
 #   SCALE_TOPOLOGIES=three (default "one three") runs one topology only
 #   SCALE_COUNTERS="1000000" (default 200000) new counters per counters cell;
-#   SCALE_COUNTERS= or SCALE_IDS= (empty) skips those cells
+#   SCALE_COUNTERS= or SCALE_IDS= (empty) skips those cells, e.g. the counters
+#   cells alone: SCALE_IDS= bench/run.sh --only scale --out bench/results/scale-counters
 
 # scale_since START: seconds since START (a `date +%s.%N`), to a tenth.
 scale_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
@@ -198,16 +201,19 @@ scale_counters_cell() {
 }
 
 section_scale() {
-  echo "topology,ids,node,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after,feed_seconds" >"$OUT/scale.csv"
-  echo "topology,ids,event,node,healthy_s,caught_up_s,rss_kb,disk_bytes" >"$OUT/restarts.csv"
-  echo "topology,counters,node,acked,errors,feed_seconds,cpu_us_per_counter,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after" >"$OUT/counters.csv"
-  local ids n
-  local topo
+  local ids n topo
+  if [[ -n ${SCALE_COUNTERS-200000} ]]; then
+    echo "topology,counters,node,acked,errors,feed_seconds,cpu_us_per_counter,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after" >"$OUT/counters.csv"
+  fi
   for n in ${SCALE_COUNTERS-200000}; do
     for topo in ${SCALE_TOPOLOGIES:-one three}; do
       scale_counters_cell "$topo" "$n"
     done
   done
+  if [[ -n ${SCALE_IDS-1000000} ]]; then
+    echo "topology,ids,node,rss_kb_before,rss_kb_after,disk_bytes_before,disk_bytes_after,feed_seconds" >"$OUT/scale.csv"
+    echo "topology,ids,event,node,healthy_s,caught_up_s,rss_kb,disk_bytes" >"$OUT/restarts.csv"
+  fi
   for ids in ${SCALE_IDS-1000000}; do
     for topo in ${SCALE_TOPOLOGIES:-one three}; do
       scale_cell "$topo" "$ids"
