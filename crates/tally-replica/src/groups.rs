@@ -324,8 +324,11 @@ struct ReadRounds {
     /// How many rounds began.
     begun: AtomicU64,
     /// The latest round to finish: its number (counting from 1) and its answer.
-    last: parking_lot::Mutex<Option<(u64, Result<Option<LogId>, ReplicaError>)>>,
+    last: parking_lot::Mutex<Option<(u64, ReadIndex)>>,
 }
+
+/// A read-index round's answer: the position reads may be served from.
+type ReadIndex = Result<Option<LogId>, ReplicaError>;
 
 impl Group {
     /// The fatal error that stopped this group's core, if one did.
@@ -720,7 +723,7 @@ impl RangeGroups {
     /// The read index: the leader's committed position once a quorum confirmed it
     /// still leads, from the first of the group's rounds that began after this call
     /// did ([`ReadRounds`]). Within the read timeout.
-    async fn read_index(&self, range: RangeId, g: &Group) -> Result<Option<LogId>, ReplicaError> {
+    async fn read_index(&self, range: RangeId, g: &Group) -> ReadIndex {
         let arrived_after = g.reads.begun.load(SeqCst);
         let ms = self.config.read_timeout_ms;
         let shared = async {
