@@ -51,35 +51,43 @@ for r in ranges.values():
 sys.exit(0 if held else 1)' "$node"
 }
 
+# scale_start TOPOLOGY: starts one node (one) or three nodes keeping three copies
+# (three), and sets SCALE_URLS, SCALE_PIDS, SCALE_PORTS (RESP) and SCALE_DIRS (data
+# directories), one word per node.
+scale_start() {
+  if [[ $1 == one ]]; then
+    start_tally_single
+    SCALE_PORTS=$TALLY_RESP_PORT
+    SCALE_DIRS="$(ls -td "$TMP_ROOT"/tally1.* | head -n 1)/data"
+  else
+    start_tally_cluster 3
+    SCALE_PORTS=$TALLY_RESP_PORTS
+    local cdir
+    cdir=$(ls -td "$TMP_ROOT"/tally3r3.* | head -n 1)
+    SCALE_DIRS="$cdir/node1 $cdir/node2 $cdir/node3"
+  fi
+  SCALE_URLS=$TALLY_URLS
+  SCALE_PIDS=$TALLY_PIDS
+}
+
+# scale_rss_kb PID: the process's resident memory, in kB.
+scale_rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+
 # scale_cell TOPOLOGY IDS: one cell (TOPOLOGY one: a single node, one copy; three:
 # three nodes, three copies).
 scale_cell() {
-  local topo=$1 ids=$2 urls pids ports dirs counter=scale:ids i start elapsed
-  if [[ $topo == one ]]; then
-    start_tally_single
-    urls=$TALLY_URLS
-    pids=$TALLY_PIDS
-    ports=$TALLY_RESP_PORT
-    dirs="$(ls -td "$TMP_ROOT"/tally1.* | head -n 1)/data"
-  else
-    start_tally_cluster 3
-    urls=$TALLY_URLS
-    pids=$TALLY_PIDS
-    ports=$TALLY_RESP_PORTS
-    local cdir
-    cdir=$(ls -td "$TMP_ROOT"/tally3r3.* | head -n 1)
-    dirs="$cdir/node1 $cdir/node2 $cdir/node3"
-  fi
+  local topo=$1 ids=$2 counter=scale:ids i start elapsed
+  scale_start "$topo"
   local -a url_a pid_a port_a dir_a
-  read -r -a url_a <<<"$urls"
-  read -r -a pid_a <<<"$pids"
-  read -r -a port_a <<<"$ports"
-  read -r -a dir_a <<<"$dirs"
+  read -r -a url_a <<<"$SCALE_URLS"
+  read -r -a pid_a <<<"$SCALE_PIDS"
+  read -r -a port_a <<<"$SCALE_PORTS"
+  read -r -a dir_a <<<"$SCALE_DIRS"
   curl -fsS -X PUT "${url_a[0]}/v1/counters/$counter" --json '{"durability": "sync", "shards": 16}' >/dev/null
   wait_until 30 "counter $counter" tally_read_complete "${url_a[0]}" "$counter"
   local -a rss0 disk0
   for i in "${!pid_a[@]}"; do
-    rss0[i]=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    rss0[i]=$(scale_rss_kb "${pid_a[i]}")
     disk0[i]=$(du -sb "${dir_a[i]}" | cut -f1)
   done
   log "scale $topo: feeding $ids ids to $counter through ${url_a[0]}"
@@ -92,7 +100,7 @@ scale_cell() {
   sleep 60
   for i in "${!pid_a[@]}"; do
     local rss disk
-    rss=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    rss=$(scale_rss_kb "${pid_a[i]}")
     disk=$(du -sb "${dir_a[i]}" | cut -f1)
     echo "$topo,$ids,node$((i + 1)),${rss0[i]},$rss,${disk0[i]},$disk,$fed" >>"$OUT/scale.csv"
     log "scale $topo node$((i + 1)): RAM $(((rss - rss0[i]) * 1024 / ids)) B/id, disk $(((disk - disk0[i]) / ids)) B/id (RSS ${rss} kB, data ${disk} B)"
@@ -130,7 +138,7 @@ scale_cell() {
     caught=$(scale_since "$start")
     local disk3 rss3
     disk3=$(du -sb "${dir_a[2]}" | cut -f1)
-    rss3=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[2]}/status")
+    rss3=$(scale_rss_kb "${pid_a[2]}")
     log "scale $topo: node3 back with an empty disk: healthy after ${elapsed}s, replicas voters and caught up after ${caught}s (RSS ${rss3} kB, data ${disk3} B)"
     echo "$topo,$ids,empty-disk,node3,$elapsed,$caught,$rss3,$disk3" >>"$OUT/restarts.csv"
   else
@@ -150,23 +158,15 @@ scale_cell() {
 # One line per node in $OUT/counters.csv; the feed's samples in
 # $OUT/counters-<topology>-<n>.csv.
 scale_counters_cell() {
-  local topo=$1 n=$2 dirs i
-  if [[ $topo == one ]]; then
-    start_tally_single
-    dirs="$(ls -td "$TMP_ROOT"/tally1.* | head -n 1)/data"
-  else
-    start_tally_cluster 3
-    local cdir
-    cdir=$(ls -td "$TMP_ROOT"/tally3r3.* | head -n 1)
-    dirs="$cdir/node1 $cdir/node2 $cdir/node3"
-  fi
+  local topo=$1 n=$2 i
+  scale_start "$topo"
   local -a url_a pid_a port_a dir_a rss0 disk0
-  read -r -a url_a <<<"$TALLY_URLS"
-  read -r -a pid_a <<<"$TALLY_PIDS"
-  if [[ $topo == one ]]; then port_a=("$TALLY_RESP_PORT"); else read -r -a port_a <<<"$TALLY_RESP_PORTS"; fi
-  read -r -a dir_a <<<"$dirs"
+  read -r -a url_a <<<"$SCALE_URLS"
+  read -r -a pid_a <<<"$SCALE_PIDS"
+  read -r -a port_a <<<"$SCALE_PORTS"
+  read -r -a dir_a <<<"$SCALE_DIRS"
   for i in "${!pid_a[@]}"; do
-    rss0[i]=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    rss0[i]=$(scale_rss_kb "${pid_a[i]}")
     disk0[i]=$(du -sb "${dir_a[i]}" | cut -f1)
   done
   # Every node's CPU (user and system, clock ticks) over the feed: what one
@@ -192,7 +192,7 @@ scale_counters_cell() {
   sleep 90
   for i in "${!pid_a[@]}"; do
     local rss disk
-    rss=$(awk '/^VmRSS:/ {print $2}' "/proc/${pid_a[i]}/status")
+    rss=$(scale_rss_kb "${pid_a[i]}")
     disk=$(du -sb "${dir_a[i]}" | cut -f1)
     echo "$topo,$n,node$((i + 1)),$acked,$errors,$fed,$cpu_us,${rss0[i]},$rss,${disk0[i]},$disk" >>"$OUT/counters.csv"
     log "scale $topo node$((i + 1)): RAM $(((rss - rss0[i]) * 1024 / n)) B/counter, disk $(((disk - disk0[i]) / n)) B/counter (RSS ${rss} kB)"

@@ -597,8 +597,9 @@ impl MetaRaft {
             let req = Request::EnsureMany { names: chunk.to_vec(), default, now_ms };
             match self.propose(req).await? {
                 Response::Ensured(got) if got.len() == chunk.len() => answers.extend(got),
-                other => {
-                    return Err(RaftError::Refused(format!("unexpected answer to a creation: {other:?}")));
+                _ => {
+                    let why = format!("a creation of {} counters had an answer of another kind", chunk.len());
+                    return Err(RaftError::Refused(why));
                 }
             }
         }
