@@ -85,6 +85,13 @@ pub(crate) struct BookEntry {
     pub(crate) heard_at: u64,
 }
 
+impl BookEntry {
+    /// What `p`'s record holds.
+    fn of(p: &crate::state::Proposer) -> Self {
+        Self { forgotten_below: p.forgotten_below, heard_at: p.heard_at }
+    }
+}
+
 /// The key of proposer `proposer`'s answer to its proposal `seq`.
 pub(crate) fn answer_key(proposer: u128, seq: u64) -> Vec<u8> {
     [PREFIX_ANSWER, &proposer.to_be_bytes(), &seq.to_be_bytes()].concat()
@@ -92,8 +99,8 @@ pub(crate) fn answer_key(proposer: u128, seq: u64) -> Vec<u8> {
 
 /// The records that hold `proposer`'s entry `p` of the proposal book.
 pub(crate) fn book_records(proposer: u128, p: &crate::state::Proposer) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let entry = BookEntry { forgotten_below: p.forgotten_below, heard_at: p.heard_at };
-    let head = ([PREFIX_PROPOSER, &proposer.to_be_bytes()].concat(), tally_core::codec::encode(&entry));
+    let head =
+        ([PREFIX_PROPOSER, &proposer.to_be_bytes()].concat(), tally_core::codec::encode(&BookEntry::of(p)));
     let answers =
         p.answered.iter().map(|(seq, r)| (answer_key(proposer, *seq), tally_core::codec::encode(r)));
     std::iter::once(head).chain(answers).collect()
@@ -280,10 +287,7 @@ fn stage(batch: &mut sled::Batch, state: &MetaState, item: &Touched) {
         Touched::Proposer(key) => {
             let k = [PREFIX_PROPOSER, &key.to_be_bytes()].concat();
             match state.proposals.get(key) {
-                Some(p) => {
-                    let entry = BookEntry { forgotten_below: p.forgotten_below, heard_at: p.heard_at };
-                    batch.insert(k, tally_core::codec::encode(&entry))
-                }
+                Some(p) => batch.insert(k, tally_core::codec::encode(&BookEntry::of(p))),
                 None => batch.remove(k),
             }
         }
