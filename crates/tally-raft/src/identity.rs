@@ -70,20 +70,8 @@ impl Identity {
         let verdict = judge_store("raft store", marker.as_deref(), holds_data, RAFT_STORE_FORMATS_READABLE)?;
         let current = encode_version(RAFT_STORE_FORMAT);
         if verdict.write_marker && holds_data && verdict.found != RAFT_STORE_FORMAT {
-            let rewritten = match verdict.found {
-                1 => crate::upgrade::from_v1(db, &tree, KEY_FORMAT, &current)?,
-                2 => crate::upgrade::from_v2(db, &tree, KEY_FORMAT, &current)?,
-                3 => crate::upgrade::from_v3(db, &tree, KEY_FORMAT, &current)?,
-                4 => crate::upgrade::from_v4(db, &tree, KEY_FORMAT, &current)?,
-                5 => crate::upgrade::from_v5(db, &tree, KEY_FORMAT, &current)?,
-                6 => crate::upgrade::from_v6(db, &tree, KEY_FORMAT, &current)?,
-                7 => crate::upgrade::from_v7(db, &tree, KEY_FORMAT, &current)?,
-                8 => crate::upgrade::from_v8(db, &tree, KEY_FORMAT, &current)?,
-                found => {
-                    assert_eq!(found, 9, "readable formats are 1..={RAFT_STORE_FORMAT}");
-                    crate::upgrade::from_v9(db, &tree, KEY_FORMAT, &current)?
-                }
-            };
+            assert!(verdict.found < RAFT_STORE_FORMAT, "readable formats are 1..={RAFT_STORE_FORMAT}");
+            let rewritten = crate::upgrade::from(verdict.found, db, &tree, KEY_FORMAT, &current)?;
             tracing::info!(
                 from = verdict.found,
                 to = RAFT_STORE_FORMAT,

@@ -542,149 +542,74 @@ fn rewrite(
     Ok(())
 }
 
-/// Rewrites every format-1 record of `db` in today's format and writes `marker`
-/// under `marker_key` in `marker_tree`, all in one transaction; returns how many
-/// records it rewrote.
-pub(crate) fn from_v1(
+/// Rewrites every record of `db`, of raft store format `found` (1 to the one
+/// before today's), in today's format and writes `marker` under `marker_key` in
+/// `marker_tree`, all in one transaction; returns how many records it rewrote.
+/// Format 2's records are of format 3's layout, formats 4 and 5 of format 5's, 7
+/// and 8 hold counters of format 8's, and format 10 only split the proposal book.
+pub(crate) fn from(
+    found: u32,
     db: &sled::Db,
     marker_tree: &sled::Tree,
     marker_key: &[u8],
     marker: &[u8],
 ) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v1,
-        counter: &v1::upgrade_counter_meta,
-        proposer: &unchanged,
-        snapshot: &upgrade_snapshot_v1,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-2 record of `db` in today's format, as [`from_v1`] does.
-pub(crate) fn from_v2(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v2,
-        counter: &v3::upgrade_counter_meta,
-        proposer: &unchanged,
-        snapshot: &upgrade_snapshot_v2,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-3 record of `db` in today's format, as [`from_v1`] does.
-pub(crate) fn from_v3(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v3,
-        counter: &v4::upgrade_counter_meta,
-        proposer: &unchanged,
-        snapshot: &upgrade_snapshot_v3,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-4 record of `db` in today's format, as [`from_v1`] does.
-pub(crate) fn from_v4(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v4,
-        counter: &v5::upgrade_counter_meta,
-        proposer: &unchanged,
-        snapshot: &upgrade_snapshot_v4,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-5 record of `db` in today's format, as [`from_v1`] does.
-pub(crate) fn from_v5(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v5,
-        counter: &v5::upgrade_counter_meta,
-        proposer: &unchanged,
-        snapshot: &upgrade_snapshot_v5,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-6 record of `db` in today's format, as [`from_v1`] does.
-pub(crate) fn from_v6(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v6,
-        counter: &v6::upgrade_counter_meta,
-        proposer: &unchanged,
-        snapshot: &upgrade_snapshot_v6,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-7 record of `db` in today's format, as [`from_v1`] does.
-pub(crate) fn from_v7(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v7,
-        counter: &v8::upgrade_counter_meta,
-        proposer: &unchanged,
-        snapshot: &upgrade_snapshot_v7,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-9 record of `db` in today's format, as [`from_v1`] does:
-/// only the proposal book's layout changed (format 10 keeps each answer apart).
-pub(crate) fn from_v9(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v9,
-        counter: &unchanged,
-        proposer: &unchanged,
-        snapshot: &unchanged,
-    };
-    from_old(db, marker_tree, (marker_key, marker), rewrites)
-}
-
-/// Rewrites every format-8 record of `db` in today's format, as [`from_v1`] does.
-pub(crate) fn from_v8(
-    db: &sled::Db,
-    marker_tree: &sled::Tree,
-    marker_key: &[u8],
-    marker: &[u8],
-) -> Result<u64, UpgradeError> {
-    let rewrites = Rewrites {
-        entry: &upgrade_entry_v8,
-        counter: &v8::upgrade_counter_meta,
-        proposer: &upgrade_proposer_v8,
-        snapshot: &upgrade_snapshot_v8,
+    let rewrites = match found {
+        1 => Rewrites {
+            entry: &upgrade_entry_v1,
+            counter: &v1::upgrade_counter_meta,
+            proposer: &unchanged,
+            snapshot: &upgrade_snapshot_v1,
+        },
+        2 => Rewrites {
+            entry: &upgrade_entry_v2,
+            counter: &v3::upgrade_counter_meta,
+            proposer: &unchanged,
+            snapshot: &upgrade_snapshot_v2,
+        },
+        3 => Rewrites {
+            entry: &upgrade_entry_v3,
+            counter: &v4::upgrade_counter_meta,
+            proposer: &unchanged,
+            snapshot: &upgrade_snapshot_v3,
+        },
+        4 => Rewrites {
+            entry: &upgrade_entry_v4,
+            counter: &v5::upgrade_counter_meta,
+            proposer: &unchanged,
+            snapshot: &upgrade_snapshot_v4,
+        },
+        5 => Rewrites {
+            entry: &upgrade_entry_v5,
+            counter: &v5::upgrade_counter_meta,
+            proposer: &unchanged,
+            snapshot: &upgrade_snapshot_v5,
+        },
+        6 => Rewrites {
+            entry: &upgrade_entry_v6,
+            counter: &v6::upgrade_counter_meta,
+            proposer: &unchanged,
+            snapshot: &upgrade_snapshot_v6,
+        },
+        7 => Rewrites {
+            entry: &upgrade_entry_v7,
+            counter: &v8::upgrade_counter_meta,
+            proposer: &unchanged,
+            snapshot: &upgrade_snapshot_v7,
+        },
+        8 => Rewrites {
+            entry: &upgrade_entry_v8,
+            counter: &v8::upgrade_counter_meta,
+            proposer: &upgrade_proposer_v8,
+            snapshot: &upgrade_snapshot_v8,
+        },
+        9 => Rewrites {
+            entry: &upgrade_entry_v9,
+            counter: &unchanged,
+            proposer: &unchanged,
+            snapshot: &unchanged,
+        },
+        other => unreachable!("no upgrade from raft store format {other}"),
     };
     from_old(db, marker_tree, (marker_key, marker), rewrites)
 }
@@ -886,7 +811,7 @@ mod tests {
         let put = MetaCommandV3::Put(SpecPatchV3 { distinct: Some(true), ..Default::default() });
         let db = old_database::<TypeConfigV2, _, _>(put, meta);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert_eq!(from_v2(&db, &marker_tree, b"format", b"4").unwrap(), 3);
+        assert_eq!(from(2, &db, &marker_tree, b"format", b"4").unwrap(), 3);
         assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"4"[..]));
 
         let (p, up, state) = read_back(&db);
@@ -898,7 +823,7 @@ mod tests {
         assert_eq!(state.counters[&name()], up);
         assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
         // Today's records are not format 2's: a second upgrade refuses them, changing nothing.
-        assert!(from_v2(&db, &marker_tree, b"format", b"4").is_err());
+        assert!(from(2, &db, &marker_tree, b"format", b"4").is_err());
     }
 
     #[test]
@@ -908,7 +833,7 @@ mod tests {
         let put = MetaCommandV4::Put(SpecPatchV4 { distinct: Some(true), windows, ..Default::default() });
         let db = old_database::<TypeConfigV3, _, _>(put, meta);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert_eq!(from_v3(&db, &marker_tree, b"format", b"4").unwrap(), 3);
+        assert_eq!(from(3, &db, &marker_tree, b"format", b"4").unwrap(), 3);
         assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"4"[..]));
 
         let (p, up, state) = read_back(&db);
@@ -920,11 +845,11 @@ mod tests {
         assert_eq!(state.counters[&name()], up);
         assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
         // Today's records are not format 3's, nor format 2's format 3's.
-        assert!(from_v3(&db, &marker_tree, b"format", b"4").is_err());
+        assert!(from(3, &db, &marker_tree, b"format", b"4").is_err());
         let meta = CounterMetaV3 { spec: spec_v3(), layout: layout(), created_at_ms: 3, version: 4 };
         let db = old_database::<TypeConfigV2, _, _>(MetaCommandV3::Ensure, meta);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert!(from_v3(&db, &marker_tree, b"format", b"4").is_err());
+        assert!(from(3, &db, &marker_tree, b"format", b"4").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
     }
 
@@ -950,7 +875,7 @@ mod tests {
         let put = MetaCommandV5::Put(SpecPatchV5 { min: Some(-1), max: Some(1), ..Default::default() });
         let db = old_database::<TypeConfigV4, _, _>(put, meta);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert_eq!(from_v4(&db, &marker_tree, b"format", b"6").unwrap(), 3);
+        assert_eq!(from(4, &db, &marker_tree, b"format", b"6").unwrap(), 3);
         assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"6"[..]));
 
         let (p, up, state) = read_back(&db);
@@ -961,11 +886,11 @@ mod tests {
         assert!(state.auto.is_empty());
         assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
         // Today's records are not format 4's, nor format 3's.
-        assert!(from_v4(&db, &marker_tree, b"format", b"6").is_err());
+        assert!(from(4, &db, &marker_tree, b"format", b"6").is_err());
         let meta = CounterMetaV4 { spec: spec_v4(), layout: layout(), created_at_ms: 3, version: 4 };
         let db = old_database::<TypeConfigV3, _, _>(MetaCommandV4::Put(SpecPatchV4::default()), meta);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert!(from_v4(&db, &marker_tree, b"format", b"6").is_err());
+        assert!(from(4, &db, &marker_tree, b"format", b"6").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
     }
 
@@ -989,7 +914,7 @@ mod tests {
         let request = RequestV5::CounterAuto { name: name(), cmd, auto: Some(bounds), now_ms: 9 };
         let db = database_of::<TypeConfigV5, _, _>(request, &meta, &state);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert_eq!(from_v5(&db, &marker_tree, b"format", b"6").unwrap(), 3);
+        assert_eq!(from(5, &db, &marker_tree, b"format", b"6").unwrap(), 3);
         assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"6"[..]));
 
         let (request, up, state) = read_all(&db);
@@ -1004,10 +929,10 @@ mod tests {
         assert_eq!((state.members, state.applied_requests), (vec!["node1".to_string()], 5));
         // Today's records are not format 5's, nor format 4's (its snapshot has no auto
         // bounds).
-        assert!(from_v5(&db, &marker_tree, b"format", b"6").is_err());
+        assert!(from(5, &db, &marker_tree, b"format", b"6").is_err());
         let db = old_database::<TypeConfigV4, _, _>(MetaCommandV5::Ensure, meta);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert!(from_v5(&db, &marker_tree, b"format", b"6").is_err());
+        assert!(from(5, &db, &marker_tree, b"format", b"6").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
     }
 
@@ -1047,7 +972,7 @@ mod tests {
         let request = RequestAuto::Counter { name: name(), cmd, now_ms: 9 };
         let db = database_of::<TypeConfigV6, _, _>(request, &meta, &state);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert_eq!(from_v6(&db, &marker_tree, b"format", b"7").unwrap(), 3);
+        assert_eq!(from(6, &db, &marker_tree, b"format", b"7").unwrap(), 3);
         assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"7"[..]));
 
         let (request, up, state) = read_all(&db);
@@ -1061,11 +986,11 @@ mod tests {
         assert_eq!(state.auto, BTreeMap::from([(name(), bounds)]), "auto bounds kept");
         assert_eq!(state.tombstones[&name()], vec![(0, 4)], "a tombstone's words are its generations");
         // Today's records are not format 6's, nor format 5's.
-        assert!(from_v6(&db, &marker_tree, b"format", b"7").is_err());
+        assert!(from(6, &db, &marker_tree, b"format", b"7").is_err());
         let meta5 = CounterMetaV5 { spec: spec_v5(), layout: layout(), created_at_ms: 3, version: 4 };
         let db = old_database::<TypeConfigV4, _, _>(MetaCommandV5::Ensure, meta5);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert!(from_v6(&db, &marker_tree, b"format", b"7").is_err());
+        assert!(from(6, &db, &marker_tree, b"format", b"7").is_err());
         assert_eq!(marker_tree.get(b"format").unwrap(), None, "nothing written");
     }
 
@@ -1089,7 +1014,7 @@ mod tests {
         let request = Request::Counter { name: name(), cmd: MetaCommand::Ensure, now_ms: 9 };
         let db = database_of::<TypeConfig, _, _>(request.clone(), &meta, &state);
         let marker_tree = db.open_tree("identity").unwrap();
-        assert_eq!(from_v7(&db, &marker_tree, b"format", b"8").unwrap(), 3);
+        assert_eq!(from(7, &db, &marker_tree, b"format", b"8").unwrap(), 3);
         assert_eq!(marker_tree.get(b"format").unwrap().as_deref(), Some(&b"8"[..]));
         let (up_request, up, up_state) = read_all(&db);
         assert_eq!(up_request, request, "format 7's entries are today's");
@@ -1098,6 +1023,6 @@ mod tests {
         assert_eq!((up_state.classes, up_state.formations), (state.classes, state.formations));
         assert!(up_state.namespaces.is_empty());
         // Today's records are not format 7's.
-        assert!(from_v7(&db, &marker_tree, b"format", b"8").is_err());
+        assert!(from(7, &db, &marker_tree, b"format", b"8").is_err());
     }
 }
