@@ -1,7 +1,8 @@
 //! The gateway: the one remote-capable actor per node. Peers find it in the process group
 //! `tally.gw.<node_id>` (scope [`PG_SCOPE`]) once their session has synchronized groups, and
 //! send it [`GatewayMsg`]s. It answers pings inline and runs each call on its own task, so a
-//! slow handler never delays a heartbeat.
+//! slow handler never delays a heartbeat. What it does with a request is
+//! `Gateway::serve`, which the in-memory backend (`mem.rs`, [`crate::MemNetwork`]) runs too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -13,6 +14,7 @@ use tally_core::format::FormatError;
 use tokio::sync::Semaphore;
 
 use crate::backoff::{unix_ms, LogLimiter};
+use crate::config::TransportConfig;
 use crate::wire::{
     decode_request, encode_reply, FrameError, GatewayMsg, Refusal, WireReply, WireRequest, REPLY_BYTES_MAX,
 };
@@ -105,30 +107,32 @@ impl Gateway {
     }
 }
 
-impl Actor for Gateway {
-    type Msg = GatewayMsg;
-    type State = GatewayState;
-    type Arguments = ();
+impl GatewayState {
+    /// A gateway with nothing in flight and nothing logged yet.
+    pub(crate) fn new() -> Self {
+        GatewayState { inflight: Arc::new(Semaphore::new(INFLIGHT_CALLS_MAX)), refusal_logs: BTreeMap::new() }
+    }
+}
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        _: (),
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(GatewayState {
-            inflight: Arc::new(Semaphore::new(INFLIGHT_CALLS_MAX)),
-            refusal_logs: BTreeMap::new(),
-        })
+impl Gateway {
+    /// Builds the gateway of the node `cfg` describes, serving calls on `handler`.
+    pub(crate) fn new(cfg: &TransportConfig, handler: Arc<dyn DynHandler>) -> Self {
+        Gateway {
+            node_id: cfg.node_id.clone(),
+            fingerprint: cfg.fingerprint,
+            peers: cfg.peers.keys().cloned().collect(),
+            handler,
+        }
     }
 
-    async fn handle(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        message: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let GatewayMsg { request, reply } = message;
-        let immediate = match decode_request(&request) {
+    /// Serves one request frame ([`crate::wire::encode_request`]) and hands the reply frame
+    /// to `reply`: at once for pings, refusals and bad frames, from the call's own task
+    /// once the handler is done for calls. Every backend's gateway runs this.
+    pub(crate) fn serve<R>(&self, state: &mut GatewayState, request: &[u8], reply: R)
+    where
+        R: FnOnce(Vec<u8>) + Send + 'static,
+    {
+        let immediate = match decode_request(request) {
             Err(FrameError::Protocol(FormatError::Protocol { ours, theirs, .. })) => {
                 let limiter = state
                     .refusal_logs
@@ -171,16 +175,42 @@ impl Actor for Gateway {
                                 WireReply::HandlerFailed
                             }
                         };
-                        // A failed send only means the caller gave up.
-                        let _ = reply.send(encode_reply(&wire));
+                        reply(encode_reply(&wire));
                     });
-                    return Ok(());
+                    return;
                 } else {
                     WireReply::Overloaded
                 }
             }
         };
-        let _ = reply.send(encode_reply(&immediate));
+        reply(encode_reply(&immediate));
+    }
+}
+
+impl Actor for Gateway {
+    type Msg = GatewayMsg;
+    type State = GatewayState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        _: (),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(GatewayState::new())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let GatewayMsg { request, reply } = message;
+        // A failed send only means the caller gave up.
+        self.serve(state, &request, move |frame| {
+            let _ = reply.send(frame);
+        });
         Ok(())
     }
 }

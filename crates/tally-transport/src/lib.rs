@@ -26,9 +26,12 @@
 //! ([`TransportConfig::detection_bound`]); calls to it time out (never hang) until then and
 //! fail fast with [`TransportError::Unreachable`] after.
 //!
-//! **One process is one node**: ractor's process groups and pid registry are process-global,
-//! so [`Transport::start`] refuses to run twice in one process. In-process multi-node tests
-//! must go through their own transport trait instead.
+//! **One process is one node** over ractor_cluster: its process groups and pid registry are
+//! process-global, so [`Transport::start`] refuses to run twice in one process. For several
+//! nodes in one process (a simulator, on a current-thread runtime with paused time),
+//! [`Transport::start_in`] starts a node on a [`MemNetwork`] instead: the same `Transport`,
+//! the same checks, limits, wire frames, gateway logic and failure detector, with messages
+//! carried in memory and each one's delay or loss decided by the network's [`Links`].
 //!
 //! # Layout
 //!
@@ -36,9 +39,12 @@
 //! - `health.rs` — the failure detector as a pure function ([`health::on_ping_result`]).
 //! - `backoff.rs` — seeded reconnect backoff and log rate limiting, pure.
 //! - `wire.rs` — the request/reply enums and the ractor message that carries them.
-//! - `gateway.rs` — the [`Handler`] trait and the gateway actor.
+//! - `gateway.rs` — the [`Handler`] trait, how a gateway serves a request, and the gateway
+//!   actor.
 //! - `sessions.rs` — the table of ractor_cluster sessions, fed by its event subscription.
-//! - `transport.rs` — [`Transport`]: start, call, and the heartbeat/connector/sweep tasks.
+//! - `mem.rs` — the in-memory backend: [`MemNetwork`], [`Links`], [`LinkFate`].
+//! - `transport.rs` — [`Transport`]: start (over ractor_cluster or in memory), call, and the
+//!   heartbeat/connector/sweep tasks.
 //! - `error.rs` — every way starting the transport or calling a peer can fail.
 
 pub mod backoff;
@@ -46,6 +52,7 @@ pub mod config;
 pub mod error;
 pub mod gateway;
 pub mod health;
+mod mem;
 mod sessions;
 mod transport;
 pub mod wire;
@@ -54,4 +61,5 @@ pub use config::TransportConfig;
 pub use error::TransportError;
 pub use gateway::Handler;
 pub use health::PeerState;
+pub use mem::{LinkFate, Links, MemNetwork};
 pub use transport::{PeerStatus, Transport};

@@ -1,5 +1,5 @@
-//! The runtime: starts ractor_cluster, runs the heartbeat, connector and sweep tasks, and
-//! serves `call`.
+//! The runtime: starts ractor_cluster (or joins a [`MemNetwork`]), runs the heartbeat,
+//! connector and sweep tasks, and serves `call`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,6 +26,7 @@ use crate::config::TransportConfig;
 use crate::error::TransportError;
 use crate::gateway::{gateway_group, DynHandler, Erased, Gateway, Handler, PG_SCOPE};
 use crate::health::{on_new_session, on_ping_result, HealthAction, PeerHealth, PeerState, PingOutcome};
+use crate::mem::{MemNetwork, MemNode};
 use crate::sessions::{dial_label, DialState, Events, Sessions};
 use crate::wire::{
     decode_reply, encode_request, FrameError, GatewayMsg, Refusal, WireReply, WireRequest, FRAME_BYTES_MAX,
@@ -69,13 +70,38 @@ struct PeerEntry {
     refusal_log: LogLimiter,
 }
 
+/// What carries this node's messages.
+enum Backend {
+    /// ractor_cluster sessions over TCP (optionally TLS).
+    Ractor(Ractor),
+    /// A [`MemNetwork`] in this process.
+    Mem {
+        /// The network this node joined.
+        net: MemNetwork,
+        /// This node on it: its gateway, and whether it still runs.
+        node: Arc<MemNode>,
+    },
+}
+
+/// The ractor_cluster backend's parts.
+struct Ractor {
+    sessions: Arc<Sessions>,
+    server: ActorRef<NodeServerMessage>,
+    gateway: ActorRef<GatewayMsg>,
+}
+
+/// Where one request goes: a gateway actor (local, or remote over a session), or a gateway
+/// on a [`MemNetwork`].
+enum Route {
+    Actor(ActorRef<GatewayMsg>),
+    Mem(Arc<MemNode>),
+}
+
 struct Inner {
     cfg: TransportConfig,
     peers: Mutex<BTreeMap<String, PeerEntry>>,
-    sessions: Arc<Sessions>,
+    backend: Backend,
     status: watch::Sender<Vec<PeerStatus>>,
-    server: ActorRef<NodeServerMessage>,
-    gateway: ActorRef<GatewayMsg>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     nonce: AtomicU64,
     shut: AtomicBool,
@@ -83,7 +109,8 @@ struct Inner {
 
 /// Node-to-node messaging for one node: sessions to every peer over ractor_cluster, a
 /// heartbeat failure detector, reconnects with backoff, and a cluster-config fingerprint check.
-/// Payload-agnostic: requests and replies are bytes. Cheap to clone; one per process.
+/// Payload-agnostic: requests and replies are bytes. Cheap to clone; one per process over
+/// ractor_cluster ([`Self::start`]), any number per process in memory ([`Self::start_in`]).
 ///
 /// Detection bound: a peer that goes silent (paused, partitioned, half-open TCP) is `Down`
 /// within [`TransportConfig::detection_bound`] = `heartbeat_ms × (heartbeat_misses_max + 1)`;
@@ -123,12 +150,7 @@ impl Transport {
         let mut slot = RunningSlot(true);
 
         let handler: Arc<dyn DynHandler> = Arc::new(Erased(handler));
-        let gateway = Gateway {
-            node_id: cfg.node_id.clone(),
-            fingerprint: cfg.fingerprint,
-            peers: cfg.peers.keys().cloned().collect(),
-            handler,
-        };
+        let gateway = Gateway::new(&cfg, handler);
         let (gateway, _) = Actor::spawn(None, gateway, ())
             .await
             .map_err(|e| TransportError::Start { what: "gateway actor", reason: e.to_string() })?;
@@ -193,32 +215,7 @@ impl Transport {
             return Err(TransportError::Start { what: "session subscription", reason: e.to_string() });
         }
 
-        let peers = cfg
-            .peers
-            .iter()
-            .map(|(name, addr)| {
-                let entry = PeerEntry {
-                    addr: *addr,
-                    health: PeerHealth::new(),
-                    was_up: false,
-                    last_session: None,
-                    refusal_log: LogLimiter::new(RECONNECT_LOG_INTERVAL_MS),
-                };
-                (name.clone(), entry)
-            })
-            .collect();
-        let inner = Arc::new(Inner {
-            status: watch::Sender::new(Vec::new()),
-            peers: Mutex::new(peers),
-            sessions,
-            server,
-            gateway,
-            tasks: Mutex::new(Vec::new()),
-            nonce: AtomicU64::new(unix_ms()),
-            shut: AtomicBool::new(false),
-            cfg,
-        });
-        inner.status.send_replace(inner.snapshot());
+        let inner = Inner::new(cfg, Backend::Ractor(Ractor { sessions, server, gateway }));
 
         let mut tasks = Vec::new();
         for peer in inner.cfg.peers.keys() {
@@ -243,6 +240,38 @@ impl Transport {
             "transport started"
         );
         slot.0 = false;
+        Ok(Transport { inner })
+    }
+
+    /// Starts this node on `net` instead of sockets: same call/peers/shutdown contract, same
+    /// limits, several per process.
+    ///
+    /// Requests and replies are encoded as on the wire and served by the same gateway logic;
+    /// `net`'s [`crate::Links`] decide the fate of every message between two nodes (calls to
+    /// this node itself skip them). A "session" to a peer exists while the peer is started
+    /// on `net` with the same secret and lists this node; each start of a node is a new
+    /// session. The heartbeat runs as over ractor_cluster, on tokio time, so a paused clock
+    /// drives it. A node id can be started again on `net` once its previous transport was
+    /// shut down (a restart); while it runs, starting it again fails with
+    /// [`TransportError::Listen`].
+    pub async fn start_in<H: Handler>(
+        cfg: TransportConfig,
+        handler: Arc<H>,
+        net: MemNetwork,
+    ) -> Result<Self, TransportError> {
+        cfg.validate()?;
+        let handler: Arc<dyn DynHandler> = Arc::new(Erased(handler));
+        let node = net.join(&cfg, Gateway::new(&cfg, handler))?;
+        let inner = Inner::new(cfg, Backend::Mem { net, node });
+        let tasks =
+            inner.cfg.peers.keys().map(|peer| tokio::spawn(Arc::clone(&inner).heartbeat_loop(peer.clone())));
+        *inner.lock_tasks() = tasks.collect();
+        tracing::info!(
+            node = %inner.cfg.node_id, peers = inner.cfg.peers.len(),
+            fingerprint = format_args!("{:#018x}", inner.cfg.fingerprint),
+            detection_bound_ms = inner.cfg.detection_bound().as_millis() as u64,
+            "transport started in memory"
+        );
         Ok(Transport { inner })
     }
 
@@ -282,8 +311,8 @@ impl Transport {
                 bytes_max: REQUEST_BYTES_MAX,
             });
         }
-        let gateway = if node == inner.cfg.node_id {
-            inner.gateway.clone()
+        let route = if node == inner.cfg.node_id {
+            inner.local_route()
         } else {
             let (state, refused) = {
                 let peers = inner.lock_peers();
@@ -307,7 +336,7 @@ impl Transport {
             fingerprint: inner.cfg.fingerprint,
             body: request,
         };
-        let bytes = inner.rpc(&gateway, node, encode_request(&wire), timeout).await?;
+        let bytes = inner.rpc(&route, node, encode_request(&wire), timeout).await?;
         match decode_reply(&bytes) {
             Ok(WireReply::Reply(body)) => Ok(body),
             Ok(WireReply::Refused(r)) => {
@@ -346,6 +375,10 @@ impl Transport {
     /// Stops the tasks, the NodeServer (closing every session) and the gateway, marks every
     /// peer `Down`, and frees the one-per-process slot. Idempotent. Dropping every handle
     /// without calling this leaves the node running: its tasks keep it alive.
+    ///
+    /// In memory: stops the heartbeat and takes the node off its [`MemNetwork`], so calls
+    /// to it fail as to a closed session and its id can be started again. Calls its handler
+    /// is still serving finish, but their answers are not delivered.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
         if inner.shut.swap(true, Ordering::SeqCst) {
@@ -354,24 +387,32 @@ impl Transport {
         for task in inner.lock_tasks().drain(..) {
             task.abort();
         }
-        let _ = inner.server.cast(NodeServerMessage::UnsubscribeToEvents(SUBSCRIPTION_ID.to_string()));
-        let wait = Some(Duration::from_millis(SHUTDOWN_WAIT_MS));
-        if inner.server.stop_and_wait(Some("tally: shutdown".into()), wait).await.is_err() {
-            inner.server.kill();
-        }
-        if inner.gateway.stop_and_wait(Some("tally: shutdown".into()), wait).await.is_err() {
-            inner.gateway.kill();
+        match &inner.backend {
+            Backend::Ractor(r) => {
+                let _ = r.server.cast(NodeServerMessage::UnsubscribeToEvents(SUBSCRIPTION_ID.to_string()));
+                let wait = Some(Duration::from_millis(SHUTDOWN_WAIT_MS));
+                if r.server.stop_and_wait(Some("tally: shutdown".into()), wait).await.is_err() {
+                    r.server.kill();
+                }
+                if r.gateway.stop_and_wait(Some("tally: shutdown".into()), wait).await.is_err() {
+                    r.gateway.kill();
+                }
+            }
+            Backend::Mem { net, node } => net.leave(node),
         }
         for entry in inner.lock_peers().values_mut() {
             entry.health.state = PeerState::Down;
             entry.health.misses = 0;
         }
         inner.publish();
-        // The listening socket belongs to the NodeServer's listener child (or to the aborted
-        // TLS accept task); both drop it after the stop returned. Wait, within the bound,
-        // until the address can be bound again, so a restart in this process finds it free.
-        wait_until_bindable(inner.cfg.listen, Duration::from_millis(SHUTDOWN_WAIT_MS)).await;
-        RUNNING.store(false, Ordering::SeqCst);
+        if let Backend::Ractor(_) = inner.backend {
+            // The listening socket belongs to the NodeServer's listener child (or to the
+            // aborted TLS accept task); both drop it after the stop returned. Wait, within
+            // the bound, until the address can be bound again, so a restart in this process
+            // finds it free.
+            wait_until_bindable(inner.cfg.listen, Duration::from_millis(SHUTDOWN_WAIT_MS)).await;
+            RUNNING.store(false, Ordering::SeqCst);
+        }
         tracing::info!(node = %inner.cfg.node_id, "transport shut down");
     }
 }
@@ -393,6 +434,43 @@ async fn wait_until_bindable(addr: SocketAddr, bound: Duration) {
 }
 
 impl Inner {
+    /// A node's runtime state, every peer `Down` and published as such.
+    fn new(cfg: TransportConfig, backend: Backend) -> Arc<Self> {
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|(name, addr)| {
+                let entry = PeerEntry {
+                    addr: *addr,
+                    health: PeerHealth::new(),
+                    was_up: false,
+                    last_session: None,
+                    refusal_log: LogLimiter::new(RECONNECT_LOG_INTERVAL_MS),
+                };
+                (name.clone(), entry)
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            status: watch::Sender::new(Vec::new()),
+            peers: Mutex::new(peers),
+            backend,
+            tasks: Mutex::new(Vec::new()),
+            nonce: AtomicU64::new(unix_ms()),
+            shut: AtomicBool::new(false),
+            cfg,
+        });
+        inner.status.send_replace(inner.snapshot());
+        inner
+    }
+
+    /// The ractor_cluster parts, unless this node runs in memory.
+    fn ractor(&self) -> Option<&Ractor> {
+        match &self.backend {
+            Backend::Ractor(r) => Some(r),
+            Backend::Mem { .. } => None,
+        }
+    }
+
     fn lock_peers(&self) -> MutexGuard<'_, BTreeMap<String, PeerEntry>> {
         self.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -430,15 +508,33 @@ impl Inner {
         });
     }
 
-    /// The peer's gateway as seen through its current session: a pg member whose remote id
-    /// belongs to a live authenticated session (ids from a torn-down session are stale).
-    fn route(&self, peer: &str) -> Option<ActorRef<GatewayMsg>> {
-        self.route_with_session(peer).map(|(gateway, _)| gateway)
+    /// This node's own gateway.
+    fn local_route(&self) -> Route {
+        match &self.backend {
+            Backend::Ractor(r) => Route::Actor(r.gateway.clone()),
+            Backend::Mem { node, .. } => Route::Mem(Arc::clone(node)),
+        }
     }
 
-    /// [`Self::route`], plus the ractor_cluster session node id the gateway was reached over.
-    fn route_with_session(&self, peer: &str) -> Option<(ActorRef<GatewayMsg>, u64)> {
-        let ids = self.sessions.route_ids(peer);
+    /// The peer's gateway as seen through its current session: a pg member whose remote id
+    /// belongs to a live authenticated session (ids from a torn-down session are stale).
+    fn route(&self, peer: &str) -> Option<Route> {
+        self.route_with_session(peer).map(|(route, _)| route)
+    }
+
+    /// [`Self::route`], plus the session the gateway was reached over (ractor_cluster's
+    /// session node id, or the peer's start on the [`MemNetwork`]).
+    fn route_with_session(&self, peer: &str) -> Option<(Route, u64)> {
+        let r = match &self.backend {
+            Backend::Ractor(r) => r,
+            Backend::Mem { net, node } => {
+                return net.route(node, peer).map(|to| {
+                    let session = to.session();
+                    (Route::Mem(to), session)
+                })
+            }
+        };
+        let ids = r.sessions.route_ids(peer);
         if ids.is_empty() {
             return None;
         }
@@ -447,18 +543,23 @@ impl Inner {
             members
                 .iter()
                 .find(|m| matches!(m.get_id(), ractor::ActorId::Remote { node_id, .. } if node_id == *id))
-                .map(|m| (ActorRef::from(m.clone()), *id))
+                .map(|m| (Route::Actor(ActorRef::from(m.clone())), *id))
         })
     }
 
-    /// One request/response with a hard deadline; maps every ractor outcome to our errors.
+    /// One request/response with a hard deadline; maps every ractor outcome to our errors
+    /// (in memory, the exchange maps its outcomes to the same ones).
     async fn rpc(
         &self,
-        gateway: &ActorRef<GatewayMsg>,
+        route: &Route,
         node: &str,
         request: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, TransportError> {
+        let gateway = match route {
+            Route::Actor(gateway) => gateway,
+            Route::Mem(to) => return to.exchange(&self.cfg.node_id, request, timeout).await,
+        };
         let timeout_err =
             || TransportError::Timeout { node: node.to_string(), timeout_ms: timeout.as_millis() as u64 };
         // ractor's own timeout covers the reply; the outer one also covers anything that
@@ -476,17 +577,17 @@ impl Inner {
 
     /// Pings `peer` once; also returns the session the ping went over, if any.
     async fn ping(&self, peer: &str) -> (PingOutcome, Option<u64>) {
-        let Some((gateway, session)) = self.route_with_session(peer) else {
+        let Some((route, session)) = self.route_with_session(peer) else {
             return (PingOutcome::NoRoute, None);
         };
-        (self.ping_over(peer, &gateway).await, Some(session))
+        (self.ping_over(peer, &route).await, Some(session))
     }
 
-    async fn ping_over(&self, peer: &str, gateway: &ActorRef<GatewayMsg>) -> PingOutcome {
+    async fn ping_over(&self, peer: &str, route: &Route) -> PingOutcome {
         let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
         let wire =
             WireRequest::Ping { from: self.cfg.node_id.clone(), fingerprint: self.cfg.fingerprint, nonce };
-        match self.rpc(gateway, peer, encode_request(&wire), self.cfg.ping_timeout()).await {
+        match self.rpc(route, peer, encode_request(&wire), self.cfg.ping_timeout()).await {
             Ok(bytes) => match decode_reply(&bytes) {
                 Ok(WireReply::Pong { node, fingerprint, nonce: n }) if n == nonce && node == peer => {
                     if fingerprint == self.cfg.fingerprint {
@@ -585,7 +686,18 @@ impl Inner {
             HealthAction::Nothing => {}
             HealthAction::Publish => self.publish(),
             HealthAction::TearDown => {
-                self.sessions.stop_peer(peer, "heartbeat failure detector");
+                match &self.backend {
+                    Backend::Ractor(r) => {
+                        r.sessions.stop_peer(peer, "heartbeat failure detector");
+                    }
+                    // Nothing to stop in memory: forget the session, so the next answered
+                    // ping counts as a new one, as after a redial.
+                    Backend::Mem { .. } => {
+                        if let Some(entry) = self.lock_peers().get_mut(peer) {
+                            entry.last_session = None;
+                        }
+                    }
+                }
                 self.publish();
             }
         }
@@ -608,6 +720,7 @@ impl Inner {
     /// fingerprint, mute peer) counts as a failure.
     async fn connector_loop(self: Arc<Self>, peer: String) {
         let Some(addr) = self.cfg.peers.get(&peer).copied() else { return };
+        let Some(Ractor { sessions, server, .. }) = self.ractor() else { return };
         let backoff = Backoff::for_pair(
             self.cfg.reconnect_backoff_min_ms,
             self.cfg.reconnect_backoff_max_ms,
@@ -616,7 +729,7 @@ impl Inner {
         );
         let handshake_timeout = self.cfg.handshake_timeout();
         let recheck = self.cfg.ping_timeout();
-        let mut changes = self.sessions.watch();
+        let mut changes = sessions.watch();
         // Separate limiters: "cannot connect" and "handshake failed" point at different causes.
         let mut connect_log = LogLimiter::new(RECONNECT_LOG_INTERVAL_MS);
         let mut handshake_log = LogLimiter::new(RECONNECT_LOG_INTERVAL_MS);
@@ -625,7 +738,7 @@ impl Inner {
         let mut had_session = false;
         loop {
             // Wait while a session exists (ours or one the peer opened).
-            while self.sessions.has_session(&peer) {
+            while sessions.has_session(&peer) {
                 let _ = tokio::time::timeout(recheck, changes.changed()).await;
             }
             // A session that ended without ever getting the peer up (refused fingerprint, mute
@@ -642,16 +755,16 @@ impl Inner {
             if failures > 0 {
                 let delay_ms = backoff.delay_ms(failures - 1);
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                if self.sessions.has_session(&peer) {
+                if sessions.has_session(&peer) {
                     continue;
                 }
             }
             seq += 1;
             let label = dial_label(&peer, seq);
             let dialed = match tokio::time::timeout(handshake_timeout, self.dial(&peer, addr, &label)).await {
-                Ok(Ok(stream)) => ractor_cluster::client_connect_external(&self.server, stream)
-                    .await
-                    .map_err(|e| e.to_string()),
+                Ok(Ok(stream)) => {
+                    ractor_cluster::client_connect_external(server, stream).await.map_err(|e| e.to_string())
+                }
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(format!("connect timed out after {} ms", handshake_timeout.as_millis())),
             };
@@ -668,12 +781,12 @@ impl Inner {
             tracing::debug!(node = %self.cfg.node_id, peer = %peer, %addr, "dialed {peer}, handshaking");
             let deadline = tokio::time::Instant::now() + handshake_timeout;
             let outcome = loop {
-                match self.sessions.dial_state(&peer, &label) {
+                match sessions.dial_state(&peer, &label) {
                     DialState::Pending => {}
                     done => break done,
                 }
                 if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
-                    self.sessions.stop_dial(&label);
+                    sessions.stop_dial(&label);
                     break DialState::Pending;
                 }
             };
@@ -724,14 +837,11 @@ impl Inner {
     /// the secret handshake on it as on any inbound session. Refused handshakes are
     /// logged by [`TlsIncoming`].
     async fn tls_accept_loop(self: Arc<Self>, mut incoming: TlsIncoming) {
+        let Some(Ractor { server, .. }) = self.ractor() else { return };
         while let Some((stream, peer)) = incoming.next().await {
             tracing::debug!(node = %self.cfg.node_id, %peer, "inbound TLS session, handshaking");
             let stream = Box::new(Labelled { stream, label: peer.to_string() });
-            if self
-                .server
-                .cast(NodeServerMessage::ConnectionOpenedExternal { stream, is_server: true })
-                .is_err()
-            {
+            if server.cast(NodeServerMessage::ConnectionOpenedExternal { stream, is_server: true }).is_err() {
                 return;
             }
         }
@@ -740,16 +850,17 @@ impl Inner {
     /// Once per heartbeat: session housekeeping, plus a reconciliation with the NodeServer's
     /// own list in case a session event was missed.
     async fn sweep_loop(self: Arc<Self>) {
+        let Some(Ractor { sessions, server, .. }) = self.ractor() else { return };
         let period = self.cfg.ping_timeout();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            self.sessions.sweep(self.cfg.handshake_timeout(), Duration::from_millis(SESSION_STOP_GRACE_MS));
+            sessions.sweep(self.cfg.handshake_timeout(), Duration::from_millis(SESSION_STOP_GRACE_MS));
             if let Ok(CallResult::Success(list)) =
-                self.server.call(NodeServerMessage::GetSessions, Some(period)).await
+                server.call(NodeServerMessage::GetSessions, Some(period)).await
             {
-                self.sessions.reconcile(list.into_values());
+                sessions.reconcile(list.into_values());
             }
         }
     }
