@@ -12,15 +12,19 @@
 //! A "session" to a peer is the peer's current start on the network: it exists while the
 //! peer runs there with the same secret and lists the caller as a peer (as a ractor_cluster
 //! session would be authenticated and admitted), and every start is a new one, so a restarted
-//! peer is a reconnect to the failure detector. Frames bigger than [`FRAME_BYTES_MAX`] close
-//! the session as ractor_cluster's reader does: the call fails as `Disconnected`.
+//! peer is a reconnect to the failure detector. A node that leaves (shuts down) closes its
+//! sessions: calls in flight to or from it fail as `Disconnected`. Frames bigger than
+//! [`FRAME_BYTES_MAX`] close the session as ractor_cluster's reader does: the call fails as
+//! `Disconnected`. Not modelled: the detector tearing a session down after missed pings
+//! only makes the next answered ping count as a new session; calls in flight on it run on
+//! to their answer or timeout.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::config::TransportConfig;
@@ -99,7 +103,7 @@ impl MemNetwork {
             state: Mutex::new(GatewayState::new()),
             secret: cfg.secret.clone(),
             session: self.inner.starts.fetch_add(1, Ordering::Relaxed) + 1,
-            live: AtomicBool::new(true),
+            stopped: watch::Sender::new(false),
             links: Arc::clone(&self.inner.links),
         });
         nodes.insert(cfg.node_id.clone(), Arc::clone(&node));
@@ -108,7 +112,7 @@ impl MemNetwork {
 
     /// Takes `node` off the network: messages to it are no longer delivered and its id is free.
     pub(crate) fn leave(&self, node: &Arc<MemNode>) {
-        node.live.store(false, Ordering::SeqCst);
+        node.stopped.send_replace(true);
         let mut nodes = self.lock_nodes();
         if nodes.get(node.node_id()).is_some_and(|n| Arc::ptr_eq(n, node)) {
             nodes.remove(node.node_id());
@@ -131,7 +135,8 @@ pub(crate) struct MemNode {
     state: Mutex<GatewayState>,
     secret: String,
     session: u64,
-    live: AtomicBool,
+    /// Set when the node leaves the network; every exchange with it then ends.
+    stopped: watch::Sender<bool>,
     links: Arc<dyn Links>,
 }
 
@@ -149,7 +154,12 @@ impl MemNode {
     }
 
     fn is_live(&self) -> bool {
-        self.live.load(Ordering::SeqCst)
+        !*self.stopped.borrow()
+    }
+
+    /// Resolves once the node has left the network.
+    async fn left(&self) {
+        let _ = self.stopped.subscribe().wait_for(|stopped| *stopped).await;
     }
 
     /// This start's session number (distinct for every start on the network).
@@ -166,47 +176,54 @@ impl MemNode {
     /// Sends the request frame `request` from node `from` to this node's gateway and returns
     /// the reply frame, with the errors the ractor backend gives: `Unreachable` if this node
     /// no longer runs (nothing was sent), `Timeout` when the request or the answer is lost or
-    /// late, `Disconnected` when this node stops (or a frame is too big) while the request is
-    /// in flight. A request that reached the gateway is served even if the caller gave up.
+    /// late, `Disconnected` when either node leaves the network (their session closes) or a
+    /// frame is too big while the request is in flight. A request that reached the gateway is
+    /// served even if the caller gave up.
     pub(crate) async fn exchange(
         self: &Arc<Self>,
-        from: &str,
+        from: &MemNode,
         request: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, TransportError> {
         let node = self.node_id().to_string();
         let deadline = Instant::now() + timeout;
-        let timeout_err =
-            || TransportError::Timeout { node: node.clone(), timeout_ms: timeout.as_millis() as u64 };
         if !self.is_live() {
             return Err(TransportError::Unreachable(node));
         }
         let (tx, rx) = oneshot::channel();
-        if from == node {
+        // `None`: the request is lost, so no answer ever comes.
+        let rx = if from.node_id() == node {
             // A call to this node itself crosses no link, as a local actor call.
             self.serve(&request, move |frame| {
                 let _ = tx.send(Answer::Frame(frame));
             });
+            Some(rx)
         } else {
-            match self.links.fate(from, &node) {
-                LinkFate::Lose => {
-                    tokio::time::sleep_until(deadline).await;
-                    return Err(timeout_err());
-                }
+            match self.links.fate(from.node_id(), &node) {
+                LinkFate::Lose => None,
                 LinkFate::Deliver(delay) => {
-                    tokio::spawn(Arc::clone(self).deliver(from.to_string(), request, delay, tx));
+                    tokio::spawn(Arc::clone(self).deliver(from.node_id().to_string(), request, delay, tx));
+                    Some(rx)
                 }
             }
-        }
-        match tokio::time::timeout_at(deadline, rx).await {
-            Err(_) => Err(timeout_err()),
-            Ok(Ok(Answer::Frame(frame))) => Ok(frame),
-            Ok(Ok(Answer::Lost)) => {
-                tokio::time::sleep_until(deadline).await;
-                Err(timeout_err())
+        };
+        let answered = async {
+            match rx {
+                Some(rx) => match rx.await {
+                    Ok(Answer::Frame(frame)) => Ok(frame),
+                    Ok(Answer::Lost) => std::future::pending().await,
+                    // The answer was dropped on the way: the session closed during the call.
+                    Err(_) => Err(TransportError::Disconnected(node.clone())),
+                },
+                None => std::future::pending().await,
             }
-            // The answer was dropped on the way: the session closed during the call.
-            Ok(Err(_)) => Err(TransportError::Disconnected(node)),
+        };
+        tokio::select! {
+            outcome = tokio::time::timeout_at(deadline, answered) => outcome.unwrap_or_else(|_| {
+                Err(TransportError::Timeout { node: node.clone(), timeout_ms: timeout.as_millis() as u64 })
+            }),
+            () = self.left() => Err(TransportError::Disconnected(node.clone())),
+            () = from.left() => Err(TransportError::Disconnected(node.clone())),
         }
     }
 
@@ -282,55 +299,73 @@ mod tests {
         }
     }
 
-    fn node1(net: &MemNetwork) -> Arc<MemNode> {
-        let cfg = sample();
-        net.join(&cfg, Gateway::new(&cfg, Arc::new(Erased(Arc::new(Echo))))).expect("join")
+    fn join(net: &MemNetwork, cfg: &TransportConfig) -> Arc<MemNode> {
+        net.join(cfg, Gateway::new(cfg, Arc::new(Erased(Arc::new(Echo))))).expect("join")
+    }
+
+    /// `node1` of the sample config, and `node2`, its peer.
+    fn pair(net: &MemNetwork) -> (Arc<MemNode>, Arc<MemNode>) {
+        let mut cfg2 = sample();
+        cfg2.node_id = "node2".into();
+        cfg2.peers = [("node1".to_string(), sample().listen)].into();
+        (join(net, &sample()), join(net, &cfg2))
+    }
+
+    fn call(body: &[u8]) -> Vec<u8> {
+        encode_request(&WireRequest::Call { from: "node2".into(), fingerprint: 0xfeed, body: body.to_vec() })
     }
 
     #[tokio::test(start_paused = true)]
     async fn frames_are_served_by_the_gateway_and_bad_ones_answered_as_such() {
         let net = MemNetwork::new(Arc::new(FastLinks));
-        let node = node1(&net);
+        let (node, peer) = pair(&net);
         let second = Duration::from_secs(1);
-        let call = encode_request(&WireRequest::Call {
-            from: "node2".into(),
-            fingerprint: 0xfeed,
-            body: b"hi".to_vec(),
-        });
-        let reply = node.exchange("node2", call, second).await.expect("answer");
+        let reply = node.exchange(&peer, call(b"hi"), second).await.expect("answer");
         assert_eq!(decode_reply(&reply), Ok(WireReply::Reply(b"hi".to_vec())));
         let garbage = tally_core::format::versioned(tally_core::format::PEER_PROTOCOL, vec![0xff; 9]);
-        let reply = node.exchange("node2", garbage, second).await.expect("answer");
+        let reply = node.exchange(&peer, garbage, second).await.expect("answer");
         assert!(matches!(decode_reply(&reply), Ok(WireReply::Malformed(_))), "{reply:?}");
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_oversized_frame_closes_the_session() {
         let net = MemNetwork::new(Arc::new(FastLinks));
-        let node = node1(&net);
+        let (node, peer) = pair(&net);
         let frame = vec![0; FRAME_BYTES_MAX as usize + 1];
         let started = Instant::now();
         assert_eq!(
-            node.exchange("node2", frame, Duration::from_secs(1)).await,
+            node.exchange(&peer, frame, Duration::from_secs(1)).await,
             Err(TransportError::Disconnected("node1".into()))
         );
         assert_eq!(started.elapsed(), Duration::from_millis(1));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_node_that_left_is_unreachable_and_its_id_free() {
+    async fn a_node_that_leaves_ends_its_exchanges_and_frees_its_id() {
         let net = MemNetwork::new(Arc::new(FastLinks));
-        let node = node1(&net);
+        let (node, peer) = pair(&net);
         assert!(matches!(
             net.join(&sample(), Gateway::new(&sample(), Arc::new(Erased(Arc::new(Echo))))),
             Err(TransportError::Listen { .. })
         ));
+        // A request in flight when the callee leaves: the session closes under it.
+        let started = Instant::now();
+        let in_flight = tokio::spawn({
+            let (node, peer) = (Arc::clone(&node), Arc::clone(&peer));
+            async move { node.exchange(&peer, call(b"hi"), Duration::from_secs(1)).await }
+        });
+        tokio::task::yield_now().await;
         net.leave(&node);
+        assert_eq!(in_flight.await.unwrap(), Err(TransportError::Disconnected("node1".into())));
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // Afterwards nothing is sent.
         assert_eq!(
-            node.exchange("node2", vec![], Duration::from_secs(1)).await,
+            node.exchange(&peer, call(b"hi"), Duration::from_secs(1)).await,
             Err(TransportError::Unreachable("node1".into()))
         );
-        let again = node1(&net);
+        assert!(net.route(&peer, "node1").is_none());
+        let again = join(&net, &sample());
         assert_ne!(again.session(), node.session());
+        assert!(net.route(&peer, "node1").is_some_and(|to| Arc::ptr_eq(&to, &again)));
     }
 }

@@ -94,7 +94,7 @@ struct Ractor {
 /// on a [`MemNetwork`].
 enum Route {
     Actor(ActorRef<GatewayMsg>),
-    Mem(Arc<MemNode>),
+    Mem { from: Arc<MemNode>, to: Arc<MemNode> },
 }
 
 struct Inner {
@@ -377,8 +377,8 @@ impl Transport {
     /// without calling this leaves the node running: its tasks keep it alive.
     ///
     /// In memory: stops the heartbeat and takes the node off its [`MemNetwork`], so calls
-    /// to it fail as to a closed session and its id can be started again. Calls its handler
-    /// is still serving finish, but their answers are not delivered.
+    /// to it fail as to a closed session and its id can be started again. Calls in flight
+    /// to or from it fail with `Disconnected`; requests its handler is serving still finish.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
         if inner.shut.swap(true, Ordering::SeqCst) {
@@ -512,7 +512,7 @@ impl Inner {
     fn local_route(&self) -> Route {
         match &self.backend {
             Backend::Ractor(r) => Route::Actor(r.gateway.clone()),
-            Backend::Mem { node, .. } => Route::Mem(Arc::clone(node)),
+            Backend::Mem { node, .. } => Route::Mem { from: Arc::clone(node), to: Arc::clone(node) },
         }
     }
 
@@ -530,7 +530,7 @@ impl Inner {
             Backend::Mem { net, node } => {
                 return net.route(node, peer).map(|to| {
                     let session = to.session();
-                    (Route::Mem(to), session)
+                    (Route::Mem { from: Arc::clone(node), to }, session)
                 })
             }
         };
@@ -558,7 +558,7 @@ impl Inner {
     ) -> Result<Vec<u8>, TransportError> {
         let gateway = match route {
             Route::Actor(gateway) => gateway,
-            Route::Mem(to) => return to.exchange(&self.cfg.node_id, request, timeout).await,
+            Route::Mem { from, to } => return to.exchange(from, request, timeout).await,
         };
         let timeout_err =
             || TransportError::Timeout { node: node.to_string(), timeout_ms: timeout.as_millis() as u64 };
