@@ -29,7 +29,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
-use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -80,7 +79,7 @@ impl Clone for RaftSecret {
     fn clone(&self) -> Self {
         Self {
             key: self.key,
-            nonce_seed: std::collections::hash_map::RandomState::new().build_hasher().finish(),
+            nonce_seed: tally_raft_kit::random_u64(),
             nonce_next: AtomicU64::new(0),
             seen: Mutex::default(),
         }
@@ -151,7 +150,7 @@ impl RaftSecret {
         let mut hash = Sha256::new();
         hash.update(DOMAIN);
         hash.update(secret.as_bytes());
-        let nonce_seed = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        let nonce_seed = tally_raft_kit::random_u64();
         Self {
             key: hash.finalize().into(),
             nonce_seed,

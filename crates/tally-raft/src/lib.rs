@@ -18,6 +18,9 @@
 //! * [`rpc`] — the raft endpoints' paths and the bodies that are not openraft's own,
 //!   shared by the server and its clients.
 //! * [`network`] — raft RPCs over HTTP/JSON with reqwest (`RaftNetwork`).
+//! * [`mem_net`] — [`MemRaftNet`], an in-memory network that carries the same
+//!   requests to the same routers without sockets, each message as a simulator's
+//!   [`RaftLinks`] says ([`MetaRaft::start_in`]).
 //! * [`server`] — the axum endpoints every node serves on its raft address.
 //! * [`auth`] — the proof of the cluster secret every raft RPC carries and every
 //!   endpoint checks.
@@ -36,6 +39,13 @@
 //! transition needs (`now_ms`) is chosen by the proposer and stored in the entry,
 //! maps are `BTreeMap`s and the member list is kept sorted, so every replica computes
 //! byte-identical state from the same log.
+//!
+//! A simulation runs several nodes on one current-thread runtime with paused time
+//! ([`MetaRaft::start_in`]). What the nodes draw at random — election timeouts,
+//! store incarnations, proposer identities, nonces of proofs — comes from one
+//! per-thread generator it seeds (`tally_raft_kit::seed_thread_rng`), and sled
+//! flushes run on the spot there ([`log_store::flush`]), so that the clock never
+//! jumps while another thread works.
 
 #![forbid(unsafe_code)]
 
@@ -43,6 +53,7 @@ pub mod auth;
 pub mod error;
 pub mod identity;
 pub mod log_store;
+pub mod mem_net;
 pub mod meta_raft;
 pub mod network;
 mod replace;
@@ -57,6 +68,7 @@ pub mod upgrade;
 pub use auth::RaftSecret;
 pub use error::RaftError;
 pub use log_store::SledLogStore;
+pub use mem_net::{LinkFate, MemRaftNet, RaftLinks};
 pub use meta_raft::{MetaRaft, MetaRaftConfig, RaftStorage};
 pub use server::raft_router;
 pub use state::MetaState;

@@ -10,8 +10,8 @@
 //!
 //! # Durability
 //!
-//! `save_vote` returns, and `append` calls its callback, only after
-//! `Db::flush_async` — an fsync of the whole database — completed. Truncation and
+//! `save_vote` returns, and `append` calls its callback, only after [`flush`] — an
+//! fsync of the whole database — completed. Truncation and
 //! purging are not flushed themselves: sled recovers a prefix of its writes, so a
 //! crash can only bring back entries that a later flush would have removed, which
 //! is the state before the truncate or purge and is as valid as it was then.
@@ -25,6 +25,22 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+
+/// Flushes `db` — an fsync of the whole database — and answers what sled's flush
+/// does. On a multi-threaded runtime it runs on sled's own threads
+/// (`Db::flush_async`). On a current-thread runtime it runs on the spot: there a
+/// simulation runs every node on paused time, whose clock jumps to the next timer
+/// whenever the runtime has nothing to run, as it would while it waited for another
+/// thread, and whose runs must not depend on when another thread finishes.
+pub async fn flush(db: &sled::Db) -> sled::Result<usize> {
+    let current_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+    if current_thread {
+        db.flush()
+    } else {
+        db.flush_async().await
+    }
+}
 
 /// Name of the sled tree holding the log entries.
 pub const LOG_TREE: &str = "raft_log";
@@ -136,7 +152,7 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
         self.vote
             .insert(KEY_VOTE, tally_core::codec::encode(vote))
             .map_err(|e| write_err(ErrorSubject::Vote, e))?;
-        self.db.flush_async().await.map_err(|e| write_err(ErrorSubject::Vote, e))?;
+        flush(&self.db).await.map_err(|e| write_err(ErrorSubject::Vote, e))?;
         Ok(())
     }
 
@@ -165,7 +181,7 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
             batch.insert(&index_key(entry.log_id.index), tally_core::codec::encode(&entry));
         }
         self.log.apply_batch(batch).map_err(|e| write_err(ErrorSubject::Logs, e))?;
-        match self.db.flush_async().await {
+        match flush(&self.db).await {
             Ok(_) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())

@@ -5,6 +5,7 @@ use crate::auth::RaftSecret;
 use crate::error::RaftError;
 use crate::identity::Identity;
 use crate::log_store::SledLogStore;
+use crate::mem_net::MemRaftNet;
 use crate::network::{http_client, post_json, CallError, HttpNetworkFactory, PeerClient};
 use crate::server::{
     raft_router, IdentityAnswer, ReadRequest, ReplaceRequest, PATH_CLIENT_WRITE, PATH_IDENTITY, PATH_READ,
@@ -133,7 +134,7 @@ impl MetaRaftConfig {
     }
 
     /// This node's raft address, checked.
-    fn own_addr(&self) -> Result<SocketAddr, RaftError> {
+    pub(crate) fn own_addr(&self) -> Result<SocketAddr, RaftError> {
         let addr = self
             .voters
             .get(&self.node_id)
@@ -142,7 +143,7 @@ impl MetaRaftConfig {
             .map_err(|e| RaftError::Config(format!("raft address {addr:?} of node {}: {e}", self.node_id)))
     }
 
-    fn validate(&self) -> Result<(), RaftError> {
+    pub(crate) fn validate(&self) -> Result<(), RaftError> {
         for (id, addr) in &self.voters {
             addr.parse::<SocketAddr>()
                 .map_err(|e| RaftError::Config(format!("raft address {addr:?} of node {id}: {e}")))?;
@@ -210,10 +211,20 @@ fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
-/// The running HTTP server of a node's raft endpoints.
-struct Serving {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<()>,
+/// Where a node serves its raft endpoints.
+pub(crate) enum Serve {
+    /// On a bound socket.
+    Socket(TcpListener),
+    /// On an in-memory network.
+    Memory(MemRaftNet),
+}
+
+/// A node's raft endpoints being served.
+enum Serving {
+    /// The running HTTP server.
+    Socket { stop: oneshot::Sender<()>, task: JoinHandle<()> },
+    /// The router registered in an in-memory network under `addr`.
+    Memory { net: MemRaftNet, addr: String, key: u64 },
 }
 
 /// How long a peer has to complete the TLS handshake on the raft address, in
@@ -242,7 +253,9 @@ pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 ///
 /// [`MetaRaft::start`] binds the node's raft address and serves
 /// [`crate::raft_router`] there until [`MetaRaft::shutdown`]; use
-/// [`MetaRaft::start_with_listener`] to hand it an already bound listener.
+/// [`MetaRaft::start_with_listener`] to hand it an already bound listener, or
+/// [`MetaRaft::start_in`] to serve it on an in-memory network instead
+/// ([`crate::mem_net`]).
 #[derive(Clone)]
 pub struct MetaRaft {
     id: NodeId,
@@ -301,6 +314,16 @@ impl MetaRaft {
                 cfg.own_addr()?
             )));
         }
+        Self::launch(cfg, addr, Serve::Socket(listener)).await
+    }
+
+    /// Starts the node at raft address `addr` (checked against `cfg`), serving as
+    /// `serve` says.
+    pub(crate) async fn launch(
+        cfg: MetaRaftConfig,
+        addr: SocketAddr,
+        serve: Serve,
+    ) -> Result<Self, RaftError> {
         let config = Arc::new(cfg.openraft_config()?);
         let db = match &cfg.storage {
             RaftStorage::Path(path) => open_db(path).await?,
@@ -312,29 +335,47 @@ impl MetaRaft {
         drop(db);
         let shared = sm.shared();
         let secret = cfg.secret.clone().map(Arc::new);
-        let client = http_client(cfg.tls.as_ref(), secret.clone())
-            .map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?;
+        let client = match &serve {
+            Serve::Socket(_) => http_client(cfg.tls.as_ref(), secret.clone())
+                .map_err(|e| RaftError::Config(format!("cannot build HTTP client: {e}")))?,
+            Serve::Memory(net) => PeerClient::in_memory(net.end(cfg.node_id, addr), secret.clone()),
+        };
         let network = HttpNetworkFactory::new(client.clone(), cfg.node_id, identity.store, shared.clone());
         let raft = Raft::new(cfg.node_id, config, network, log, sm)
             .await
             .map_err(|e| RaftError::Stopped(e.to_string()))?;
 
-        let (stop, stopped) = oneshot::channel::<()>();
         let router = raft_router(raft.clone(), shared.clone(), cfg.node_id, identity.store, secret);
-        let stopped = async move {
-            let _ = stopped.await;
-        };
-        let incoming = match &cfg.tls {
-            None => crate::server::RaftIncoming::Plain(listener),
-            Some(tls) => {
-                let handshake = Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS);
-                let incoming =
-                    TlsIncoming::start(listener, tls.acceptor(), handshake, tally_tls::Listener::Raft)
+        let serving = match serve {
+            Serve::Socket(listener) => {
+                let (stop, stopped) = oneshot::channel::<()>();
+                let stopped = async move {
+                    let _ = stopped.await;
+                };
+                let incoming = match &cfg.tls {
+                    None => crate::server::RaftIncoming::Plain(listener),
+                    Some(tls) => {
+                        let handshake = Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS);
+                        let incoming = TlsIncoming::start(
+                            listener,
+                            tls.acceptor(),
+                            handshake,
+                            tally_tls::Listener::Raft,
+                        )
                         .map_err(|e| RaftError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
-                crate::server::RaftIncoming::Tls(incoming, tls.clone())
+                        crate::server::RaftIncoming::Tls(incoming, tls.clone())
+                    }
+                };
+                let task = tokio::spawn(crate::server::serve(incoming, router, stopped));
+                Serving::Socket { stop, task }
+            }
+            Serve::Memory(net) => {
+                // `validate` checked that this node is among the voters.
+                let own = cfg.voters.get(&cfg.node_id).cloned().unwrap_or_else(|| addr.to_string());
+                let key = net.register(own.clone(), cfg.node_id, router);
+                Serving::Memory { net, addr: own, key }
             }
         };
-        let task = tokio::spawn(crate::server::serve(incoming, router, stopped));
 
         let store = identity.store;
         let node = Self {
@@ -344,10 +385,10 @@ impl MetaRaft {
             client,
             operation_timeout: Duration::from_millis(cfg.operation_timeout_ms),
             addr,
-            serving: Arc::new(Mutex::new(Some(Serving { stop, task }))),
+            serving: Arc::new(Mutex::new(Some(serving))),
             identity,
             voters: cfg.voters.clone(),
-            proposer: StoreId::random().0,
+            proposer: tally_raft_kit::random_u128(),
             proposed: Default::default(),
             joining: Default::default(),
         };
@@ -872,7 +913,8 @@ impl MetaRaft {
         metrics.current_leader.ok_or_else(|| RaftError::Stopped("leader vanished".into()))
     }
 
-    /// Stops raft and the endpoint server. Idempotent. After it returns the node's
+    /// Stops raft and the endpoint server (on an in-memory network: unregisters the
+    /// router, so that calls to this node fail to connect). Idempotent. After it returns the node's
     /// sled database is released once openraft's tasks have dropped their handles
     /// (reopening by path waits for that).
     pub async fn shutdown(&self) {
@@ -883,12 +925,16 @@ impl MetaRaft {
             tracing::warn!(node = self.id, error = %e, "raft core ended abnormally");
         }
         let serving = self.serving.lock().await.take();
-        if let Some(Serving { stop, mut task }) = serving {
-            let _ = stop.send(());
-            let wait = Duration::from_millis(SERVER_STOP_WAIT_MS);
-            if tokio::time::timeout(wait, &mut task).await.is_err() {
-                task.abort();
+        match serving {
+            Some(Serving::Socket { stop, mut task }) => {
+                let _ = stop.send(());
+                let wait = Duration::from_millis(SERVER_STOP_WAIT_MS);
+                if tokio::time::timeout(wait, &mut task).await.is_err() {
+                    task.abort();
+                }
             }
+            Some(Serving::Memory { net, addr, key }) => net.unregister(&addr, key),
+            None => {}
         }
         tracing::info!(node = self.id, "metadata raft node stopped");
     }

@@ -1,5 +1,7 @@
 //! The client side of raft's RPCs: HTTP/JSON POSTs to the peer's raft address,
-//! over mutual TLS when the node has a cluster CA ([`PeerClient`]).
+//! over mutual TLS when the node has a cluster CA ([`PeerClient`]), or through an
+//! in-memory network ([`crate::mem_net`]) that runs the same requests through the
+//! peer's router without a socket.
 //!
 //! Every call has a timeout (openraft's per-RPC TTL, clamped to
 //! [`RPC_TIMEOUT_MIN_MS`]..=[`RPC_TIMEOUT_MAX_MS`]) and a bounded answer size. A peer
@@ -19,6 +21,7 @@ use crate::rpc::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
 use crate::state_machine::{Applied, Shared};
 use crate::store_id::StoreId;
 use crate::types::{NodeId, StoreRecord, TypeConfig};
+use axum::http;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
@@ -142,12 +145,12 @@ pub fn own_applied(me: NodeId, store: StoreId, applied: &Applied) -> Option<u64>
 pub enum CallError {
     /// No connection could be made: the peer is down or not listening yet. The
     /// request was not delivered.
-    #[error("cannot connect to {addr}: {source}")]
+    #[error("cannot connect to {addr}: {reason}")]
     Connect {
         /// The peer's address.
         addr: String,
-        /// The client's error.
-        source: reqwest::Error,
+        /// The transport's explanation.
+        reason: String,
     },
     /// The peer refused the request without handing it to raft: the two nodes
     /// disagree about a store incarnation ([`IncarnationError`]), the raft protocol
@@ -172,17 +175,61 @@ pub enum CallError {
     },
 }
 
+/// Why a transport did not bring back an answer (see [`CallError`]).
+#[derive(Debug)]
+pub(crate) enum Transport {
+    /// [`CallError::Connect`]: the request was not delivered.
+    Connect(String),
+    /// [`CallError::Failed`]: it may have been.
+    Failed(String),
+}
+
 /// The HTTP client shared by the raft network and request forwarding, with the
 /// scheme it speaks.
 #[derive(Clone, Debug)]
 pub struct PeerClient {
-    http: reqwest::Client,
+    backend: Backend,
     scheme: &'static str,
     secret: Option<Arc<RaftSecret>>,
     /// With TLS: the node id at each address, which URLs name (and the client
     /// resolves back to the address) so that the peer's certificate is checked
     /// against the node dialed.
     names: Arc<std::collections::HashMap<String, String>>,
+}
+
+/// What carries a [`PeerClient`]'s requests: sockets, or an in-memory network.
+#[derive(Clone, Debug)]
+enum Backend {
+    Http(reqwest::Client),
+    Mem(crate::mem_net::MemEnd),
+}
+
+impl PeerClient {
+    /// A client whose calls go through `end`'s in-memory network, in plaintext,
+    /// each carrying its proof of `secret` as over a socket.
+    pub(crate) fn in_memory(end: crate::mem_net::MemEnd, secret: Option<Arc<RaftSecret>>) -> Self {
+        PeerClient { backend: Backend::Mem(end), scheme: "http", secret, names: Default::default() }
+    }
+
+    /// The request [`post_json`] sends to `path` at `addr` with the JSON `body`:
+    /// the raft protocol header, the content type and, in plaintext with a secret,
+    /// the proof bound to this one request (TLS: the certificate proves us).
+    fn request(
+        &self,
+        addr: &str,
+        path: &'static str,
+        body: Vec<u8>,
+    ) -> Result<http::Request<Vec<u8>>, String> {
+        let host = self.names.get(addr).map_or(addr, String::as_str);
+        let mut request = http::Request::post(format!("{}://{host}{path}", self.scheme))
+            .header(crate::rpc::PROTOCOL_HEADER, tally_core::format::RAFT_PROTOCOL.to_string())
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(secret) = &self.secret {
+            request =
+                request.header(crate::auth::AUTH_HEADER, secret.sign(path, &body, crate::auth::unix_ms()));
+        }
+        request.body(body).map_err(|e| format!("cannot build the request: {e}"))
+    }
 }
 
 /// Builds the HTTP client shared by the raft network and request forwarding.
@@ -211,14 +258,60 @@ pub fn http_client(
                     builder = builder.resolve(id, *raft);
                 }
             }
-            PeerClient { http: builder.build()?, scheme: "https", secret: None, names: Arc::new(names) }
+            let http = Backend::Http(builder.build()?);
+            PeerClient { backend: http, scheme: "https", secret: None, names: Arc::new(names) }
         }
-        None => PeerClient { http: builder.build()?, scheme: "http", secret, names: Default::default() },
+        None => {
+            let http = Backend::Http(builder.build()?);
+            PeerClient { backend: http, scheme: "http", secret, names: Default::default() }
+        }
     })
 }
 
+/// Sends `request` with reqwest, within `timeout`.
+async fn send_http(
+    http: &reqwest::Client,
+    request: http::Request<Vec<u8>>,
+    timeout: Duration,
+) -> Result<http::Response<axum::body::Body>, Transport> {
+    let mut request = reqwest::Request::try_from(request).map_err(|e| Transport::Failed(e.to_string()))?;
+    *request.timeout_mut() = Some(timeout);
+    let resp = http.execute(request).await.map_err(|e| {
+        if e.is_connect() {
+            Transport::Connect(e.to_string())
+        } else {
+            Transport::Failed(e.to_string())
+        }
+    })?;
+    Ok(http::Response::<reqwest::Body>::from(resp).map(axum::body::Body::new))
+}
+
+/// The body of `resp`, or why it cannot be had: longer than [`ANSWER_BYTES_MAX`],
+/// or broken off.
+async fn read_body(resp: http::Response<axum::body::Body>) -> Result<Vec<u8>, String> {
+    use futures::StreamExt;
+    let too_long = || format!("answer longer than {ANSWER_BYTES_MAX} bytes");
+    let body = resp.into_body();
+    if axum::body::HttpBody::size_hint(&body).exact().is_some_and(|n| n > ANSWER_BYTES_MAX as u64) {
+        return Err(too_long());
+    }
+    let mut chunks = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        if bytes.len() + chunk.len() > ANSWER_BYTES_MAX {
+            return Err(too_long());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
 /// POSTs `body` as JSON to `{scheme}://{addr}{path}` and decodes a JSON answer of
-/// at most [`ANSWER_BYTES_MAX`] bytes, all within `timeout`.
+/// at most [`ANSWER_BYTES_MAX`] bytes, all within `timeout`. Over a socket or
+/// through an in-memory network ([`crate::mem_net`]), the request is built and the
+/// answer judged the same way: 409 and 401 are refusals ([`CallError::Refused`]),
+/// any other status but success a failure.
 pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
     client: &PeerClient,
     addr: &str,
@@ -227,50 +320,28 @@ pub(crate) async fn post_json<Req: Serialize, Resp: DeserializeOwned>(
     timeout: Duration,
 ) -> Result<Resp, CallError> {
     let failed = |reason: String| CallError::Failed { addr: addr.to_owned(), path, reason };
-    let host = client.names.get(addr).map_or(addr, String::as_str);
-    let url = format!("{}://{host}{path}", client.scheme);
     let call = async {
         let bytes =
             serde_json::to_vec(body).map_err(|e| failed(format!("cannot encode the request: {e}")))?;
-        let mut request = client
-            .http
-            .post(url)
-            .header(crate::rpc::PROTOCOL_HEADER, tally_core::format::RAFT_PROTOCOL.to_string())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .timeout(timeout);
-        // Plaintext: a proof bound to this one request (TLS: the certificate proves us).
-        if let Some(secret) = &client.secret {
-            request =
-                request.header(crate::auth::AUTH_HEADER, secret.sign(path, &bytes, crate::auth::unix_ms()));
-        }
-        let request = request.body(bytes);
-        let mut resp = request.send().await.map_err(|e| {
-            if e.is_connect() {
-                CallError::Connect { addr: addr.to_owned(), source: e }
-            } else {
-                failed(e.to_string())
-            }
+        let request = client.request(addr, path, bytes).map_err(failed)?;
+        let sent = match &client.backend {
+            Backend::Http(http) => send_http(http, request, timeout).await,
+            Backend::Mem(end) => end.send(addr, request.map(axum::body::Body::from)).await,
+        };
+        let resp = sent.map_err(|e| match e {
+            Transport::Connect(reason) => CallError::Connect { addr: addr.to_owned(), reason },
+            Transport::Failed(reason) => failed(reason),
         })?;
-        if resp.status() == reqwest::StatusCode::CONFLICT
-            || resp.status() == reqwest::StatusCode::UNAUTHORIZED
-        {
-            let text = resp.text().await.unwrap_or_default();
-            let reason = text.chars().take(REFUSAL_BYTES_MAX).collect();
+        let status = resp.status();
+        if status == http::StatusCode::CONFLICT || status == http::StatusCode::UNAUTHORIZED {
+            let text = read_body(resp).await.unwrap_or_default();
+            let reason = String::from_utf8_lossy(&text).chars().take(REFUSAL_BYTES_MAX).collect();
             return Err(CallError::Refused { addr: addr.to_owned(), reason });
         }
-        if !resp.status().is_success() {
-            return Err(failed(format!("status {}", resp.status())));
+        if !status.is_success() {
+            return Err(failed(format!("status {status}")));
         }
-        if resp.content_length().is_some_and(|n| n > ANSWER_BYTES_MAX as u64) {
-            return Err(failed(format!("answer longer than {ANSWER_BYTES_MAX} bytes")));
-        }
-        let mut bytes = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| failed(e.to_string()))? {
-            if bytes.len() + chunk.len() > ANSWER_BYTES_MAX {
-                return Err(failed(format!("answer longer than {ANSWER_BYTES_MAX} bytes")));
-            }
-            bytes.extend_from_slice(&chunk);
-        }
+        let bytes = read_body(resp).await.map_err(failed)?;
         serde_json::from_slice(&bytes).map_err(|e| failed(format!("undecodable answer: {e}")))
     };
     // reqwest's timeout covers the body too, but keep one deadline for the whole call.

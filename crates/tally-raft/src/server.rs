@@ -105,7 +105,7 @@ pub fn raft_router(
 /// Serves an RPC only if it names this release's raft protocol
 /// ([`crate::rpc::PROTOCOL_HEADER`]); any other version, or none (a release before
 /// versioned RPCs), is refused with 409 and both versions, before its body is read.
-async fn same_protocol(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+pub(crate) async fn same_protocol(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use tally_core::format::{check_protocol, RAFT_PROTOCOL};
     let theirs = request
         .headers()

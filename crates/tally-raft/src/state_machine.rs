@@ -368,7 +368,7 @@ impl SledStateMachine {
         self.snapshots
             .insert(KEY_SNAPSHOT, tally_core::codec::encode(snapshot))
             .map_err(|e| write_err(subject.clone(), e))?;
-        self.db.flush_async().await.map_err(|e| write_err(subject, e))?;
+        crate::log_store::flush(&self.db).await.map_err(|e| write_err(subject, e))?;
         Ok(())
     }
 }

@@ -4,7 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 
 /// The random 128-bit identity of one data directory, created with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -12,22 +11,12 @@ use std::hash::{BuildHasher, Hasher};
 pub struct StoreId(pub u128);
 
 impl StoreId {
-    /// A new random identity. The bits come from the standard library's
-    /// per-process random hash keys (seeded by the operating system), mixed with the
-    /// clock and the process id, so two directories never share one in practice.
+    /// A new random identity, drawn from this thread's generator
+    /// ([`tally_raft_kit::random_u128`]): seeded by the operating system (a
+    /// cryptographically strong generator, so two directories never share one in
+    /// practice), or by a simulation that draws the same identities again.
     pub fn random() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let half = |salt: u64| {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u64(salt);
-            h.write_u128(nanos);
-            h.write_u32(std::process::id());
-            h.finish()
-        };
-        Self((u128::from(half(1)) << 64) | u128::from(half(2)))
+        Self(tally_raft_kit::random_u128())
     }
 }
 

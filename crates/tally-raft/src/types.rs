@@ -15,13 +15,16 @@ use tally_core::spec::{AutoShards, SpecError};
 openraft::declare_raft_types!(
     /// The openraft type configuration of Tally's metadata group: `u64` node ids,
     /// [`openraft::BasicNode`] whose `addr` is the node's raft RPC address
-    /// (`127.0.0.1:port`), snapshots held in memory as bytes.
+    /// (`127.0.0.1:port`), snapshots held in memory as bytes, and tokio as the
+    /// runtime with a random generator a simulation seeds
+    /// ([`tally_raft_kit::SeededRuntime`]).
     pub TypeConfig:
         D = Request,
         R = Response,
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = tally_raft_kit::SeededRuntime,
 );
 
 /// A raft node id. Stable for the life of a node's disk.
@@ -195,7 +198,8 @@ pub enum Request {
 pub const ENSURE_MANY_MAX: usize = 1024;
 
 /// The identity of one proposal: its proposer (one run of one node's metadata
-/// member: drawn at random when it starts, so no two runs share one) and its
+/// member: drawn at random when it starts, so no two runs share one —
+/// `tally_raft_kit::random_u128`, which a seeded simulation draws again) and its
 /// number among that proposer's proposals, counting from 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ProposalId {

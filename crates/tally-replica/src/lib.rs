@@ -38,7 +38,7 @@
 //!   its docs); `tally-cluster` runs it, with the groups over the node-to-node
 //!   sessions, when `cluster.replicas` > 1;
 //! * [`runtime`] — openraft's tokio runtime with a generator of election timeouts
-//!   that a simulation seeds ([`runtime::seed_thread_rng`]);
+//!   that a simulation seeds ([`runtime::seed_thread_rng`]), from `tally-raft-kit`;
 //! * [`replication`] — [`Replication`], the driver: routing to range leaders,
 //!   forming groups, following membership changes, replacing emptied replicas.
 //! * [`types`] — what a group replicates: [`ShardEntry`] batches of absolute shard

@@ -16,7 +16,7 @@ openraft::declare_raft_types!(
         NodeId = ReplicaId,
         Node = ReplicaNode,
         SnapshotData = crate::snapshot::RangeSnapshot,
-        AsyncRuntime = crate::runtime::RangeRuntime,
+        AsyncRuntime = tally_raft_kit::SeededRuntime,
 );
 
 /// A replica's raft id: chosen when a node's store is created and kept for the
