@@ -109,8 +109,8 @@ impl FromStr for FaultLevel {
     }
 }
 
-/// Which simulation runs: the runtime-free model of the shells (tier 1) or the real
-/// engine on a paused-time runtime (tier 2).
+/// Which simulation runs: the runtime-free model of the shells (tier 1), the real
+/// engine on a paused-time runtime (tier 2), or whole cluster nodes on it (tier 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Tier {
     /// Tier 1: the core's machines in modelled shells on an event queue.
@@ -118,6 +118,9 @@ pub enum Tier {
     Model,
     /// Tier 2: real `tally_engine::Tally` engines, their actors and tasks.
     Engine,
+    /// Tier 3: whole `tally_cluster::ClusterNode`s: the engine, the metadata group,
+    /// the range groups and the transport's contract, over in-memory networks.
+    Cluster,
 }
 
 impl Tier {
@@ -126,6 +129,7 @@ impl Tier {
         match self {
             Tier::Model => "model",
             Tier::Engine => "engine",
+            Tier::Cluster => "cluster",
         }
     }
 }
@@ -136,9 +140,9 @@ impl fmt::Display for Tier {
     }
 }
 
-/// A tier that is neither `model` nor `engine`.
+/// A tier that is not `model`, `engine` or `cluster`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tier must be model or engine (got {0:?})")]
+#[error("tier must be model, engine or cluster (got {0:?})")]
 pub struct BadTier(pub String);
 
 impl FromStr for Tier {
@@ -147,6 +151,7 @@ impl FromStr for Tier {
         match s {
             "model" => Ok(Tier::Model),
             "engine" => Ok(Tier::Engine),
+            "cluster" => Ok(Tier::Cluster),
             other => Err(BadTier(other.to_owned())),
         }
     }

@@ -249,11 +249,14 @@ pub enum FaultKind {
     /// the end over the nodes' last lives): with short dedup windows, records expire
     /// and are swept within a run.
     DedupRecordSwept,
+    /// A membership change the metadata group committed (tier 3, through a node's
+    /// `add_member` or `remove_member`).
+    MembershipChange,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 21] = [
+    pub const ALL: [FaultKind; 22] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -275,6 +278,7 @@ impl FaultKind {
         FaultKind::GroupRetired,
         FaultKind::ClockJump,
         FaultKind::DedupRecordSwept,
+        FaultKind::MembershipChange,
     ];
 
     /// A short name for tables.
@@ -301,6 +305,7 @@ impl FaultKind {
             FaultKind::GroupRetired => "group retired",
             FaultKind::ClockJump => "clock jump",
             FaultKind::DedupRecordSwept => "dedup record swept",
+            FaultKind::MembershipChange => "membership change",
         }
     }
 }

@@ -64,6 +64,6 @@ pub use sim::RunReport;
 pub fn run(cfg: SimConfig) -> RunReport {
     match cfg.tier {
         Tier::Model => sim::run(cfg),
-        Tier::Engine => engine::run(cfg),
+        Tier::Engine | Tier::Cluster => engine::run(cfg),
     }
 }

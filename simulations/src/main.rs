@@ -32,8 +32,9 @@ struct Args {
     /// Fault level: light or heavy.
     #[arg(long, default_value = "heavy")]
     faults: FaultLevel,
-    /// Which simulation: model (tier 1, the core's machines in modelled shells) or
-    /// engine (tier 2, real engines on a paused-time runtime).
+    /// Which simulation: model (tier 1, the core's machines in modelled shells),
+    /// engine (tier 2, real engines on a paused-time runtime) or cluster (tier 3,
+    /// whole cluster nodes: engine, metadata group, range groups, transport).
     #[arg(long, default_value = "model")]
     tier: Tier,
     /// Concurrent clients per run.
@@ -236,8 +237,8 @@ fn main() -> Result<()> {
             tally_sim::config::SHORT_DEDUP_SKEW_MS_MAX
         );
     }
-    if args.replicas > 1 && args.tier != Tier::Engine {
-        bail!("--replicas above 1 needs --tier engine (tier 1 models one copy per shard)");
+    if args.replicas > 1 && args.tier == Tier::Model {
+        bail!("--replicas above 1 needs --tier engine or cluster (tier 1 models one copy per shard)");
     }
     // `TALLY_SIM_LOG=tally_engine=debug` prints the engines' own log lines (tier 2) on
     // stderr, beside `TALLY_SIM_DEBUG`'s events; output only, no influence on a run.
@@ -249,7 +250,7 @@ fn main() -> Result<()> {
             .with_ansi(false)
             .init();
     }
-    if args.tier == Tier::Engine && !tally_sim::config::TOKIO_SEEDED {
+    if args.tier != Tier::Model && !tally_sim::config::TOKIO_SEEDED {
         eprintln!(
             "note: built without --cfg tokio_unstable, so tokio's own draws are not seeded and a tier-2 \
              run may not repeat exactly; build as `{} cargo run --release -p tally-sim -- …`",

@@ -95,10 +95,12 @@ const RANGE_GROUPS: &[u8] = b"range-groups";
 /// Refuses to start over data kept the other way than `config.replicas` asks:
 /// range groups would never see the local store's one-copy shards (every counter
 /// would read as empty), and one copy would never see the groups'. Data written
-/// before the record existed is recognized by what it holds.
+/// before the record existed is recognized by what it holds (`had_replicas`: the
+/// node already had a range replicas' store).
 pub(crate) fn check_copies(
     replicas: u8,
     data_dir: &std::path::Path,
+    had_replicas: bool,
     local: &dyn tally_store::Store,
 ) -> Result<(), ClusterError> {
     let want = if replicas > 1 { RANGE_GROUPS } else { ONE_COPY };
@@ -106,7 +108,7 @@ pub(crate) fn check_copies(
     let recorded = local.meta_get(SHARD_COPIES_KEY).map_err(storage)?;
     let stored = match &recorded {
         Some(v) => Some(v.as_slice()),
-        None if data_dir.join("replica").exists() => Some(RANGE_GROUPS),
+        None if had_replicas => Some(RANGE_GROUPS),
         None if !local.shard_ids(None, 1).map_err(storage)?.is_empty() => Some(ONE_COPY),
         None => None,
     };
@@ -158,7 +160,7 @@ mod tests {
     use tally_store::{MemStore, ShardWrite, Store};
 
     fn refused(replicas: u8, dir: &std::path::Path, store: &MemStore) -> String {
-        match check_copies(replicas, dir, store) {
+        match check_copies(replicas, dir, dir.join("replica").exists(), store) {
             Err(ClusterError::Config(why)) => why,
             other => panic!("replicas = {replicas} over {}: {other:?}", dir.display()),
         }
@@ -170,14 +172,16 @@ mod tests {
         // A new node records what it was started with, and keeps to it.
         for (first, other) in [(1u8, 3u8), (3, 1)] {
             let store = MemStore::new();
-            check_copies(first, dir.path(), &store).expect("a new node takes its config");
-            check_copies(first, dir.path(), &store).expect("and starts again the same way");
+            check_copies(first, dir.path(), dir.path().join("replica").exists(), &store)
+                .expect("a new node takes its config");
+            check_copies(first, dir.path(), dir.path().join("replica").exists(), &store)
+                .expect("and starts again the same way");
             let why = refused(other, dir.path(), &store);
             assert!(why.contains("would read as empty"), "{why}");
             let fix = if first == 1 { "replicas = 1" } else { "the replicas it first started with" };
             assert!(why.contains(fix), "{why}");
             if first > 1 {
-                check_copies(5, dir.path(), &store)
+                check_copies(5, dir.path(), dir.path().join("replica").exists(), &store)
                     .expect("another count of range groups is still range groups");
             }
         }
@@ -187,14 +191,16 @@ mod tests {
         let shard = ShardId::new(CounterName::new("likes").expect("name"), 0, 0);
         store.commit(&shard, &ShardWrite::default()).expect("commit");
         refused(3, dir.path(), &store);
-        check_copies(1, dir.path(), &store).expect("one copy reads them");
+        check_copies(1, dir.path(), dir.path().join("replica").exists(), &store)
+            .expect("one copy reads them");
         assert_eq!(store.meta_get(SHARD_COPIES_KEY).expect("meta").as_deref(), Some(ONE_COPY));
 
         // ... or range groups under data_dir/replica.
         std::fs::create_dir(dir.path().join("replica")).expect("mkdir");
         let store = MemStore::new();
         refused(1, dir.path(), &store);
-        check_copies(3, dir.path(), &store).expect("range groups read them");
+        check_copies(3, dir.path(), dir.path().join("replica").exists(), &store)
+            .expect("range groups read them");
         assert_eq!(store.meta_get(SHARD_COPIES_KEY).expect("meta").as_deref(), Some(RANGE_GROUPS));
     }
 }

@@ -35,8 +35,9 @@ pub mod replication;
 pub use catalog::RaftCatalog;
 pub use config::{ClusterError, ClusterNodeConfig, Member};
 pub use node::{
-    AcceptLossError, ClusterNode, MemberView, MembershipError, HANDOFF_RETRY_MAX_MS, HANDOFF_RETRY_MIN_MS,
-    MEMBERSHIP_ATTEMPTS_MAX, READY_GROUP_LEADERS_WAIT_MS, READY_POLL_MS,
+    AcceptLossError, ClusterNode, InMemoryWiring, MemberView, MembershipError, NodeWiring,
+    HANDOFF_RETRY_MAX_MS, HANDOFF_RETRY_MIN_MS, MEMBERSHIP_ATTEMPTS_MAX, READY_GROUP_LEADERS_WAIT_MS,
+    READY_POLL_MS,
 };
 pub use placement::RingPlacement;
 pub use tally_replica::{Replication, ReplicationFigures};

@@ -13,9 +13,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tally_core::{CounterName, NodeId, ShardId};
-use tally_engine::{EngineParts, SledConfig, SledStore, SystemClock, Tally, TallyError};
+use tally_engine::{Clock, EngineParts, SledConfig, SledStore, SystemClock, Tally, TallyError};
 use tally_raft::{MembersView, MetaChange, MetaRaft, MetaRaftConfig, RaftStorage, Request, StoreRecord};
+use tally_replica::storage::KvStore;
 use tally_replica::Replication;
+use tally_store::Store;
 use tally_transport::{PeerState, Transport, TransportConfig};
 
 /// First pause between hand-off passes that left shards behind.
@@ -32,6 +34,35 @@ pub struct MemberView {
     pub state: &'static str,
     /// Its HTTP address.
     pub http: SocketAddr,
+}
+
+/// What a node runs on.
+pub enum NodeWiring {
+    /// A process of its own (`tallyd`): the stores under the config's `data_dir`,
+    /// sockets on the members' addresses, the system clock.
+    Sockets,
+    /// Stores, a clock and networks handed in, so that several nodes run in one
+    /// process (a simulation of whole nodes on paused time).
+    InMemory(InMemoryWiring),
+}
+
+/// The parts of a node that [`NodeWiring::InMemory`] hands in. They stand for the
+/// data directory and the sockets; everything else is what `tallyd` runs.
+pub struct InMemoryWiring {
+    /// The metadata group's database (the directory's `raft` store), which holds
+    /// the node's identity: a new one is a new disk.
+    pub raft_db: sled::Db,
+    /// The engine's store (the directory's `store`).
+    pub store: Arc<dyn Store>,
+    /// The range replicas' store (the directory's `replica`); needed when the
+    /// config keeps more than one copy.
+    pub replica: Option<Arc<dyn KvStore>>,
+    /// The engine's clock.
+    pub clock: Arc<dyn Clock>,
+    /// The network the metadata group's RPCs cross.
+    pub raft_net: tally_raft::MemRaftNet,
+    /// The network node-to-node sessions cross (shard requests, range groups).
+    pub peers: tally_transport::MemNetwork,
 }
 
 /// A running cluster node.
@@ -52,6 +83,10 @@ pub struct ClusterNode {
     ready: Arc<std::sync::atomic::AtomicBool>,
     /// The task that keeps `ready` and the engine's lost-data mark current.
     watching: Arc<parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// The task that applies the metadata group's changes to the engine.
+    following: Arc<parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// Set once the node stops: its hand-off task ends.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Pause between readiness checks, in milliseconds.
@@ -106,34 +141,28 @@ pub enum MembershipError {
 pub const MEMBERSHIP_ATTEMPTS_MAX: usize = 5;
 
 impl ClusterNode {
-    /// Starts this node: its raft member, its transport and its engine.
+    /// Starts this node: its raft member, its transport and its engine, on its data
+    /// directory and sockets.
     pub async fn start(config: ClusterNodeConfig) -> Result<Self, ClusterError> {
+        Self::start_with(config, NodeWiring::Sockets).await
+    }
+
+    /// Starts this node on `wiring`: the same node [`ClusterNode::start`] runs, on
+    /// stores, a clock and networks handed in when `wiring` is
+    /// [`NodeWiring::InMemory`].
+    pub async fn start_with(config: ClusterNodeConfig, wiring: NodeWiring) -> Result<Self, ClusterError> {
         let me = config
             .members
             .iter()
             .find(|m| m.id == config.node_id)
             .cloned()
             .ok_or_else(|| ClusterError::Config(format!("node {:?} is not a member", config.node_id)))?;
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|e| ClusterError::Config(format!("cannot create {}: {e}", config.data_dir.display())))?;
-
+        let (raft_db, local, replica_kv, clock, nets) = Self::open_stores(&config, wiring).await?;
         // The data directory is one unit: checked whole before raft starts, so the
         // node never takes part in anything under an identity whose data it lacks.
-        let raft_db = tally_raft::meta_raft::open_db(&config.data_dir.join("raft")).await?;
         let identity = tally_raft::identity::Identity::open(&raft_db)
             .map_err(|e| ClusterError::DataDir(format!("raft store identity: {e}")))?;
-        let local: Arc<dyn tally_store::Store> =
-            Arc::new(SledStore::open(&SledConfig::new(config.data_dir.join("store")))?);
-        check_copies(config.replicas, &config.data_dir, local.as_ref())?;
-        let replica_kv = if config.replicas > 1 {
-            let kv = tally_replica::SledKv::open(&config.data_dir.join("replica"))
-                .map_err(|e| ClusterError::Config(format!("range groups: {e}")))?;
-            Some(Arc::new(kv))
-        } else {
-            None
-        };
-        let replica_parts = replica_kv.as_deref().map(|kv| kv as &dyn tally_replica::storage::KvStore);
-        parts::check(&config.data_dir, &identity, local.as_ref(), replica_parts)?;
+        parts::check(&config.data_dir, &identity, local.as_ref(), replica_kv.as_deref())?;
 
         let voters: BTreeMap<u64, String> =
             config.members.iter().map(|m| (m.raft_id, m.raft.to_string())).collect();
@@ -143,7 +172,14 @@ impl ClusterNode {
         raft_cfg.election_timeout_max_ms = config.raft_election_timeout_ms.1;
         raft_cfg.tls = config.tls.clone();
         raft_cfg.secret = Some(tally_raft::RaftSecret::new(&config.secret));
-        let raft = Arc::new(MetaRaft::start(raft_cfg).await?);
+        let raft = match &nets {
+            None => MetaRaft::start(raft_cfg).await?,
+            // No other party shares an in-memory network: nothing to prove.
+            Some((raft_net, _)) => {
+                MetaRaft::start_in(MetaRaftConfig { secret: None, ..raft_cfg }, raft_net.clone()).await?
+            }
+        };
+        let raft = Arc::new(raft);
 
         let handler = Arc::new(ShardHandler { engine: OnceLock::new(), replication: OnceLock::new() });
         let transport_cfg = TransportConfig {
@@ -159,7 +195,10 @@ impl ClusterNode {
             call_timeout_ms: config.engine.call_timeout_ms,
             tls: config.tls.clone(),
         };
-        let transport = Transport::start(transport_cfg, handler.clone()).await?;
+        let transport = match nets {
+            None => Transport::start(transport_cfg, handler.clone()).await?,
+            Some((_, peers)) => Transport::start_in(transport_cfg, handler.clone(), peers).await?,
+        };
 
         let view = PlacementView::new(&config, &raft.membership());
         let (replication, store) = if let Some(kv) = replica_kv {
@@ -192,7 +231,7 @@ impl ClusterNode {
         parts::bind(&identity, local.as_ref())?;
         let tally = Tally::open_parts(EngineParts {
             store,
-            clock: Arc::new(SystemClock),
+            clock,
             config: engine_cfg,
             catalog: Some(Arc::new(RaftCatalog { raft: raft.clone() })),
             placement: Some(placement.clone()),
@@ -213,6 +252,8 @@ impl ClusterNode {
             handing_off: Default::default(),
             ready: Default::default(),
             watching: Default::default(),
+            following: Default::default(),
+            stopping: Default::default(),
         };
 
         node.sync_data_lost();
@@ -224,7 +265,7 @@ impl ClusterNode {
         let mut changes = raft.subscribe();
         let engine = tally.clone();
         let watcher = node.clone();
-        tokio::spawn(async move {
+        *node.following.lock() = Some(tokio::spawn(async move {
             loop {
                 match changes.recv().await {
                     Ok(MetaChange::Counter(name)) => {
@@ -247,13 +288,63 @@ impl ClusterNode {
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
             }
-        });
+        }));
         // A hand-off a restart interrupted goes on.
         node.membership_changed();
         let checker = node.clone();
         *node.watching.lock() = Some(tokio::spawn(async move { checker.watch_ready().await }));
         tracing::info!(node = %me.id, nodes = node.config.members.len(), "cluster node started");
         Ok(node)
+    }
+
+    /// Opens the node's stores and picks its clock, as `wiring` says: the metadata
+    /// group's database, the engine's store, the range replicas' store (with more
+    /// than one copy) and, in memory, the two networks.
+    #[allow(clippy::type_complexity)]
+    async fn open_stores(
+        config: &ClusterNodeConfig,
+        wiring: NodeWiring,
+    ) -> Result<
+        (
+            sled::Db,
+            Arc<dyn Store>,
+            Option<Arc<dyn KvStore>>,
+            Arc<dyn Clock>,
+            Option<(tally_raft::MemRaftNet, tally_transport::MemNetwork)>,
+        ),
+        ClusterError,
+    > {
+        let dir = &config.data_dir;
+        let opened = match wiring {
+            NodeWiring::Sockets => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| ClusterError::Config(format!("cannot create {}: {e}", dir.display())))?;
+                let raft_db = tally_raft::meta_raft::open_db(&dir.join("raft")).await?;
+                let local: Arc<dyn Store> = Arc::new(SledStore::open(&SledConfig::new(dir.join("store")))?);
+                let had_replicas = dir.join("replica").exists();
+                check_copies(config.replicas, dir, had_replicas, local.as_ref())?;
+                let replica: Option<Arc<dyn KvStore>> = if config.replicas > 1 {
+                    let kv = tally_replica::SledKv::open(&dir.join("replica"))
+                        .map_err(|e| ClusterError::Config(format!("range groups: {e}")))?;
+                    Some(Arc::new(kv))
+                } else {
+                    None
+                };
+                (raft_db, local, replica, Arc::new(SystemClock) as Arc<dyn Clock>, None)
+            }
+            NodeWiring::InMemory(w) => {
+                check_copies(config.replicas, dir, w.replica.is_some(), w.store.as_ref())?;
+                if config.replicas > 1 && w.replica.is_none() {
+                    return Err(ClusterError::Config(format!(
+                        "{} copies of each shard need a replica store",
+                        config.replicas
+                    )));
+                }
+                let replica = w.replica.filter(|_| config.replicas > 1);
+                (w.raft_db, w.store, replica, w.clock, Some((w.raft_net, w.peers)))
+            }
+        };
+        Ok(opened)
     }
 
     /// Starts this node's range groups: the directory of the initial members, one
@@ -263,7 +354,7 @@ impl ClusterNode {
         me: &Member,
         raft: &Arc<MetaRaft>,
         transport: &Transport,
-        kv: Arc<tally_replica::SledKv>,
+        kv: Arc<dyn KvStore>,
     ) -> Result<Arc<Replication>, ClusterError> {
         let members = initial_members(config).into_iter().map(NodeId::new);
         let members: Vec<NodeId> = members.collect();
@@ -419,6 +510,9 @@ impl ClusterNode {
         let me = self.config.node_id.clone();
         let mut backoff = Duration::from_millis(HANDOFF_RETRY_MIN_MS);
         loop {
+            if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
             let m = self.raft.membership();
             if m.placement_epoch != epoch || !m.handoff.contains(&me) {
                 return;
@@ -578,18 +672,39 @@ impl ClusterNode {
 
     /// Flushes the engine, then stops raft and the transport.
     pub async fn shutdown(&self) -> Result<(), TallyError> {
-        if let Some(watching) = self.watching.lock().take() {
-            watching.abort();
-        }
-        if let Some(tending) = self.tending.lock().take() {
-            tending.abort();
-        }
+        self.stop_tasks();
         let r = self.tally.shutdown().await;
+        self.stop_members().await;
+        r
+    }
+
+    /// Stops the node the way a crash would, as far as one process can: the engine
+    /// is aborted without flushing (what it had not flushed is the store's to keep
+    /// or lose), then the range groups, raft and the transport stop. For nodes
+    /// started [`NodeWiring::InMemory`], whose process goes on.
+    pub async fn abort(&self) {
+        self.stop_tasks();
+        self.tally.abort();
+        self.stop_members().await;
+    }
+
+    /// Ends the node's own tasks: readiness, group tending, the metadata feed and
+    /// hand-offs.
+    fn stop_tasks(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        for task in [&self.watching, &self.tending, &self.following] {
+            if let Some(task) = task.lock().take() {
+                task.abort();
+            }
+        }
+    }
+
+    /// Stops the range groups, raft and the transport.
+    async fn stop_members(&self) {
         if let Some(r) = &self.replication {
             r.groups().shutdown().await;
         }
         self.raft.shutdown().await;
         self.transport.shutdown().await;
-        r
     }
 }

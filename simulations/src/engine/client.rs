@@ -157,21 +157,21 @@ fn gateway(w: &Shared) -> u8 {
 }
 
 async fn client_loop(w: Shared, c: u16) {
-    let (start, chaos_ms) = {
+    let (start, chaos_from, chaos_ms) = {
         let g = lock(&w);
-        (g.start, g.cfg.chaos_ms)
+        (g.start, g.chaos_from_ms, g.cfg.chaos_ms)
     };
     let first = lock(&w).rng.random_range(0..=CLIENT_THINK_MS_MAX);
     sleep_ms(first).await;
     loop {
         let draw = {
             let mut guard = lock(&w);
-            if guard.now() >= chaos_ms || guard.history.incrs.len() >= OPS_MAX {
+            let into_chaos = guard.now().saturating_sub(chaos_from);
+            if into_chaos >= chaos_ms || guard.history.incrs.len() >= OPS_MAX {
                 return;
             }
             let g = &mut *guard;
-            let now = g.now();
-            draw_engine_op(&mut g.rng, &g.history.counters, now, chaos_ms)
+            draw_engine_op(&mut g.rng, &g.history.counters, into_chaos, chaos_ms)
         };
         match draw {
             Draw::Incr { counter, delta, member, with_id } => {
@@ -475,6 +475,8 @@ fn idle(w: &Shared) -> bool {
     g.nodes.iter().all(|n| n.up && !n.poisoned && n.tally.is_some())
         && g.meta.values().all(|v| v.last().is_none_or(|m| m.meta.layout.resharding.is_none()))
         && g.placements.last().is_none_or(|p| p.handoff.is_empty())
+        // Tier 3: no membership change is still handed off, as every node sees it.
+        && g.nodes.iter().all(|n| n.cluster.as_ref().is_none_or(|c| c.placement().2.is_empty()))
 }
 
 /// The settle phase: clients resolve unknown outcomes, then the settler waits for the

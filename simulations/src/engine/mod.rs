@@ -11,11 +11,16 @@
 //! engine opened on the image later), partitions, pauses, lossy, slow and duplicating
 //! links, failing fsyncs and metadata failovers. The workload, history and checker
 //! are tier 1's.
+//!
+//! Tier 3 (`--tier cluster`, [`whole`]) runs the same world with whole cluster
+//! nodes in place of bare engines: each node is a `tally_cluster::ClusterNode` with
+//! the real metadata group, placement, range groups and transport contract.
 
 mod catalog;
 mod client;
 mod net;
 mod replica;
+mod whole;
 mod world;
 
 use crate::check::{self, Violation};
@@ -121,6 +126,9 @@ fn engine_config(n: u8) -> TallyConfig {
 
 /// Opens node `n`'s engine on its current store; `None` if it crashed meanwhile.
 async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
+    if lock(w).cfg.tier == Tier::Cluster {
+        return open_whole_node(w, n).await;
+    }
     for _ in 0..OPEN_ATTEMPTS_MAX {
         let (store, incarnation, start, replicated, kv, offset_ms, short_dedup) = {
             let w = lock(w);
@@ -195,6 +203,82 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
     None
 }
 
+/// Starts node `n` as a whole cluster node (tier 3) on its current stores; `None`
+/// if it crashed meanwhile.
+async fn open_whole_node(w: &Shared, n: u8) -> Option<Tally> {
+    let stopping = lock(w).nodes[usize::from(n)].stopping.take();
+    if let Some(stopping) = stopping {
+        let _ = stopping.await;
+    }
+    for _ in 0..OPEN_ATTEMPTS_MAX {
+        let (store, incarnation, short_dedup) = {
+            let g = lock(w);
+            let node = &g.nodes[usize::from(n)];
+            if !node.up {
+                return None;
+            }
+            (node.store.clone(), node.incarnation, g.cfg.short_dedup())
+        };
+        let engine = TallyConfig {
+            dedup_sweep_ms: if short_dedup {
+                SHORT_DEDUP_SWEEP_MS
+            } else {
+                TallyConfig::default().dedup_sweep_ms
+            },
+            ..engine_config(n)
+        };
+        let started = whole::start(w, n, store, engine).await;
+        let stray = {
+            let mut g = lock(w);
+            match started {
+                Ok(c) if g.alive(n, incarnation) => {
+                    let tally = c.tally().clone();
+                    let node = &mut g.nodes[usize::from(n)];
+                    node.tally = Some(tally.clone());
+                    node.replication = c.replication().cloned();
+                    node.cluster = Some(c);
+                    g.note("open", n);
+                    g.undisturb(n);
+                    return Some(tally);
+                }
+                Ok(c) => Some(c),
+                Err(e) => {
+                    g.note("open-failed", (n, e));
+                    None
+                }
+            }
+        };
+        if let Some(c) = stray {
+            let stopping = whole::abort(c);
+            lock(w).nodes[usize::from(n)].stopping = Some(stopping);
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(REOPEN_BACKOFF_MS)).await;
+    }
+    None
+}
+
+/// Node `m`'s current replica id: from its range groups in tier 3 (the cluster
+/// derives it from the disk's identity), from the run's registry of disks in tier 2.
+fn current_replica(g: &World, m: u8) -> Option<tally_replica::ReplicaId> {
+    let node = &g.nodes[usize::from(m)];
+    match g.cfg.tier {
+        Tier::Cluster => node.replication.as_ref().map(|r| r.groups().replica_id()),
+        _ => Some(replica::replica_id(m, node.disk)),
+    }
+}
+
+/// The directory whose ranges the run's faults aim at: the run's own in tier 2, the
+/// one the nodes' range groups follow in tier 3.
+fn run_directory(g: &World) -> Option<tally_core::ranges::Directory> {
+    match g.cfg.tier {
+        Tier::Cluster => {
+            g.nodes.iter().find_map(|n| n.replication.as_ref()).map(|r| r.directory().as_ref().clone())
+        }
+        _ => Some(replica::run_directory(g)),
+    }
+}
+
 /// Share of the crashes of a replicated run that lose the node's disk. Such a crash
 /// waits until the node's ranges can spare the copy ([`one_copy_may_go`]), up to
 /// [`DISK_LOSS_WAIT_MS`], and keeps the disk if that moment does not come.
@@ -224,13 +308,11 @@ const LEADER_FAULTS_PER_S_HEAVY: (f64, f64) = (0.1, 0.5);
 /// only two members left) survives no lost disk, and a second loss before the
 /// first is replaced is beyond what R = 3 survives.
 fn one_copy_may_go(g: &World, n: u8) -> bool {
-    let current = |id: tally_replica::ReplicaId| {
-        g.nodes.iter().enumerate().any(|(m, node)| replica::replica_id(m as u8, node.disk) == id)
-    };
+    let current = |id: tally_replica::ReplicaId| (0..g.cfg.nodes).any(|m| current_replica(g, m) == Some(id));
     if g.nodes.iter().any(|node| !node.up || node.replication.is_none()) {
         return false;
     }
-    let mine = replica::replica_id(n, g.nodes[usize::from(n)].disk);
+    let Some(mine) = current_replica(g, n) else { return false };
     let views = g.nodes.iter().filter_map(|node| node.replication.as_ref());
     views
         .flat_map(|r| r.groups().ranges().into_iter().filter_map(|range| r.groups().members(range).ok()))
@@ -283,7 +365,7 @@ fn stopped_groups(g: &World) -> Vec<String> {
 /// and the ranges whose voters sit on other nodes than at the start.
 fn count_replica_changes(w: &Shared) {
     let mut g = lock(w);
-    let initial = replica::run_directory(&g);
+    let Some(initial) = run_directory(&g) else { return };
     let mut moved = 0;
     for range in initial.all_ranges() {
         let leader = g.nodes.iter().filter_map(|n| n.replication.as_ref()).find(|r| r.groups().leads(range));
@@ -301,7 +383,7 @@ fn count_replica_changes(w: &Shared) {
     let mut replaced = 0;
     for (i, node) in g.nodes.iter().enumerate() {
         let (Some(r), true) = (&node.replication, node.disk > 0) else { continue };
-        let me = replica::replica_id(i as u8, node.disk);
+        let Some(me) = current_replica(&g, i as u8) else { continue };
         for range in r.groups().ranges() {
             if r.groups().members(range).is_ok_and(|m| m.voters.contains(&me)) {
                 replaced += 1;
@@ -404,6 +486,11 @@ fn crash_losing(w: &Shared, n: u8, disk_lost: bool) {
         if let Some(t) = node.tending.take() {
             t.abort();
         }
+        // A whole node stops as one; a lost disk takes its metadata database too.
+        let whole = node.cluster.take();
+        if disk_lost {
+            node.raft_db = None;
+        }
         // Whether the node comes back on the metadata it had when it crashed.
         node.meta_stale = stale.then_some((0, view));
         let tally = node.tally.take();
@@ -411,9 +498,14 @@ fn crash_losing(w: &Shared, n: u8, disk_lost: bool) {
         g.count(if disk_lost { FaultKind::DiskLost } else { FaultKind::Crash });
         g.note("crash", (n, keep, unflushed, disk_lost));
         g.disturb(n);
-        (tally, groups)
+        (tally, groups, whole)
     };
-    let (tally, groups) = tally;
+    let (tally, groups, whole) = tally;
+    if let Some(c) = whole {
+        let stopping = whole::abort(c);
+        lock(w).nodes[usize::from(n)].stopping = Some(stopping);
+        return;
+    }
     if let Some(t) = tally {
         t.abort();
     }
@@ -440,6 +532,10 @@ async fn restart(w: Shared, n: u8) {
         g.note("restart", n);
     }
     let Some(tally) = open_node(&w, n).await else { return };
+    if lock(&w).cfg.tier == Tier::Cluster {
+        // A whole node's metadata feed tells its engine of every change.
+        return;
+    }
     // When the node's view catches up with the log, it learns of every change it
     // missed, as the cluster's metadata apply loop tells its engine.
     let wait = {
@@ -604,8 +700,8 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
 /// The node leading the `pick`-th range of the run's classes (modulo their count),
 /// as the first node that is up and knows a leader sees it.
 fn range_leader(g: &World, pick: u32) -> Option<u8> {
-    let ranges: Vec<_> = replica::run_directory(g).all_ranges().collect();
-    let range = ranges[pick as usize % ranges.len()];
+    let ranges: Vec<_> = run_directory(g)?.all_ranges().collect();
+    let range = *ranges.get(pick as usize % ranges.len().max(1))?;
     g.nodes.iter().filter(|n| n.up).find_map(|n| {
         let leader = n.replication.as_ref()?.groups().leader_node(range)?;
         node_index(&tally_core::NodeId::new(&leader))
@@ -713,6 +809,13 @@ fn inject(w: &Shared, fault: Fault) {
                 restart(w, n).await;
             });
         }
+        Fault::MetaOutage(len) if lock(w).cfg.tier == Tier::Cluster => {
+            // A real failover: the metadata group's leader is cut off past an election.
+            let Some(n) = whole::meta_leader(&lock(w)) else { return };
+            let others = (0..lock(w).cfg.nodes).filter(|&b| b != n);
+            let links = others.flat_map(|b| [(n, b), (b, n)]).collect();
+            cut(w, links, FaultKind::MetaOutage, len + whole::ELECTION_MS_MAX);
+        }
         Fault::MetaOutage(len) => {
             let mut g = lock(w);
             let now = g.now();
@@ -738,6 +841,9 @@ fn inject(w: &Shared, fault: Fault) {
                 let patch = tally_core::spec::SpecPatch { shards: Some(target), ..Default::default() };
                 let _ = t.put_counter(&name, patch).await;
             });
+        }
+        Fault::Membership if lock(w).cfg.tier == Tier::Cluster => {
+            tokio::spawn(whole::change_membership(w.clone()));
         }
         Fault::Membership => {
             if let Some(epoch) = begin_membership(w) {
@@ -928,7 +1034,15 @@ async fn drive(w: Shared) -> Result<(), String> {
             return Err(format!("node{} did not open", n + 1));
         }
     }
+    if lock(&w).cfg.tier == Tier::Cluster {
+        whole::wait_ready(&w).await?;
+    }
     client::create_counters(&w).await?;
+    if lock(&w).cfg.tier == Tier::Cluster {
+        // The chaos phase begins once the cluster formed and holds the counters.
+        let mut g = lock(&w);
+        g.chaos_from_ms = g.now();
+    }
     let faults = {
         let mut g = lock(&w);
         let mut faults = schedule(&mut g);
@@ -937,13 +1051,17 @@ async fn drive(w: Shared) -> Result<(), String> {
         faults.sort_by_key(|(t, _)| *t);
         faults
     };
-    let chaos_ms = lock(&w).cfg.chaos_ms;
+    let (chaos_from, chaos_ms) = {
+        let g = lock(&w);
+        (g.chaos_from_ms, g.cfg.chaos_ms)
+    };
     let clients = client::start(&w);
     if lock(&w).cfg.replicas > 1 {
         tokio::spawn(watch_hand_overs(w.clone()));
     }
     let start = lock(&w).start;
     for (t, fault) in faults {
+        let t = chaos_from + t;
         let now = now_ms(start);
         if t > now {
             tokio::time::sleep(Duration::from_millis(t - now)).await;
@@ -951,7 +1069,7 @@ async fn drive(w: Shared) -> Result<(), String> {
         inject(&w, fault);
     }
     let now = now_ms(start);
-    tokio::time::sleep(Duration::from_millis(chaos_ms.saturating_sub(now))).await;
+    tokio::time::sleep(Duration::from_millis((chaos_from + chaos_ms).saturating_sub(now))).await;
     heal(&w).await;
     for c in clients {
         let _ = c.await;
@@ -1006,6 +1124,9 @@ fn run_inner(cfg: SimConfig) -> RunReport {
                 disk: 0,
                 replication: None,
                 tending: None,
+                cluster: None,
+                raft_db: None,
+                stopping: None,
             })
             .collect();
         // A refresh reads remote shards over the simulated links: it takes up to the
@@ -1052,8 +1173,15 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             events: 0,
             end_ms: 0,
             debug: std::env::var_os("TALLY_SIM_DEBUG").is_some(),
+            nets: None,
+            chaos_from_ms: 0,
         }));
-        let limit = Duration::from_millis(cfg.chaos_ms + crate::sim::SETTLE_MS_MAX);
+        if cfg.tier == Tier::Cluster {
+            let nets = whole::Nets::new(&world);
+            lock(&world).nets = Some(nets);
+        }
+        let setup_ms = if cfg.tier == Tier::Cluster { whole::READY_WAIT_MS } else { 0 };
+        let limit = Duration::from_millis(setup_ms + cfg.chaos_ms + crate::sim::SETTLE_MS_MAX);
         let outcome = match tokio::time::timeout(limit, drive(world.clone())).await {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
@@ -1071,6 +1199,10 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         let swept: u64 = tallies.iter().map(|t| t.stats().dedup_sweep_reads.get()).sum();
         {
             *lock(&world).faults.entry(FaultKind::DedupRecordSwept).or_default() += swept;
+        }
+        let wholes: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.cluster.take()).collect();
+        for c in wholes {
+            c.abort().await;
         }
         for t in tallies {
             t.abort();
@@ -1103,6 +1235,8 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         for r in groups {
             r.groups().shutdown().await;
         }
+        // The networks hold the world through their links.
+        lock(&world).nets = None;
         (world, outcome, stopped)
     });
     drop(runtime);

@@ -47,6 +47,13 @@ pub(crate) struct Node {
     /// How far the node's wall clock is off true time, in milliseconds: kept across
     /// crashes (a machine's clock outlives its process) and changed by clock jumps.
     pub(crate) clock_offset_ms: Arc<std::sync::atomic::AtomicI64>,
+    /// Tier 3: the node's whole cluster node, once started.
+    pub(crate) cluster: Option<tally_cluster::ClusterNode>,
+    /// Tier 3: the node's metadata database (its disk's identity), created at its
+    /// first start and dropped with a lost disk.
+    pub(crate) raft_db: Option<sled::Db>,
+    /// Tier 3: the stop of the node's previous life, which its next start awaits.
+    pub(crate) stopping: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// One version of a counter's metadata, with the time the log committed it.
@@ -115,6 +122,11 @@ pub(crate) struct World {
     pub(crate) end_ms: u64,
     /// Print every event to stderr (`TALLY_SIM_DEBUG=1`; output only, no influence).
     pub(crate) debug: bool,
+    /// Tier 3: the networks of the metadata group and of node-to-node sessions.
+    pub(crate) nets: Option<super::whole::Nets>,
+    /// When the chaos phase began: after setup, whose length is the metadata
+    /// group's first election in tier 3 (0 in tier 2, whose setup is quick).
+    pub(crate) chaos_from_ms: u64,
 }
 
 /// The handle every task holds.
