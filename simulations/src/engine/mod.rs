@@ -1036,12 +1036,15 @@ async fn drive(w: Shared) -> Result<(), String> {
     }
     if lock(&w).cfg.tier == Tier::Cluster {
         whole::wait_ready(&w).await?;
+        lock(&w).note("ready", ());
     }
     client::create_counters(&w).await?;
     if lock(&w).cfg.tier == Tier::Cluster {
         // The chaos phase begins once the cluster formed and holds the counters.
         let mut g = lock(&w);
         g.chaos_from_ms = g.now();
+        g.healed = false;
+        g.note("chaos", ());
     }
     let faults = {
         let mut g = lock(&w);
@@ -1178,7 +1181,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         }));
         if cfg.tier == Tier::Cluster {
             let nets = whole::Nets::new(&world);
-            lock(&world).nets = Some(nets);
+            let mut g = lock(&world);
+            g.nets = Some(nets);
+            // The cluster forms on a calm network (as one is set up): links lose,
+            // duplicate and slow nothing until the chaos phase.
+            g.healed = true;
         }
         let setup_ms = if cfg.tier == Tier::Cluster { whole::READY_WAIT_MS } else { 0 };
         let limit = Duration::from_millis(setup_ms + cfg.chaos_ms + crate::sim::SETTLE_MS_MAX);
@@ -1199,10 +1206,6 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         let swept: u64 = tallies.iter().map(|t| t.stats().dedup_sweep_reads.get()).sum();
         {
             *lock(&world).faults.entry(FaultKind::DedupRecordSwept).or_default() += swept;
-        }
-        let wholes: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.cluster.take()).collect();
-        for c in wholes {
-            c.abort().await;
         }
         for t in tallies {
             t.abort();
@@ -1228,6 +1231,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         let tending: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.tending.take()).collect();
         for t in tending {
             t.abort();
+        }
+        // Whole nodes stop as one (their groups with them).
+        let wholes: Vec<_> = lock(&world).nodes.iter_mut().filter_map(|n| n.cluster.take()).collect();
+        for c in wholes {
+            c.abort().await;
         }
         // The groups hold the world through their network: shut them down and let
         // go of them, or every run would keep its whole world alive.

@@ -187,29 +187,30 @@ pub(crate) fn abort(node: ClusterNode) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move { node.abort().await })
 }
 
-/// Waits until every node that is up is ready (a metadata leader, caught up, its
-/// store registered, its sessions and groups up), or `READY_WAIT_MS` passed.
+/// Waits until every node has been ready (a metadata leader, caught up, its store
+/// registered, its sessions and groups up) at least once, or `READY_WAIT_MS`
+/// passed. Not all at one instant: over lossy links a node's readiness flickers as
+/// its failure detector suspects a peer.
 pub(crate) async fn wait_ready(w: &Shared) -> Result<(), String> {
     let start = lock(w).now();
+    let mut was_ready = vec![false; usize::from(lock(w).cfg.nodes)];
     loop {
-        let (ready, now) = {
+        let now = {
             let g = lock(w);
-            let ready = g.nodes.iter().all(|n| n.cluster.as_ref().is_some_and(ClusterNode::ready));
-            (ready, g.now())
+            for (i, n) in g.nodes.iter().enumerate() {
+                was_ready[i] |= n.cluster.as_ref().is_some_and(ClusterNode::ready);
+            }
+            g.now()
         };
-        if ready {
+        if was_ready.iter().all(|r| *r) {
             return Ok(());
         }
         if now - start > READY_WAIT_MS {
-            let g = lock(w);
-            let not: Vec<String> = g
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| !n.cluster.as_ref().is_some_and(ClusterNode::ready))
-                .map(|(i, _)| node_name(i as u8).to_string())
+            let never: Vec<String> = (0..was_ready.len())
+                .filter(|&i| !was_ready[i])
+                .map(|i| node_name(i as u8).to_string())
                 .collect();
-            return Err(format!("nodes not ready after {READY_WAIT_MS} ms: {not:?}"));
+            return Err(format!("nodes never ready within {READY_WAIT_MS} ms: {never:?}"));
         }
         tokio::time::sleep(Duration::from_millis(tally_cluster::READY_POLL_MS)).await;
     }

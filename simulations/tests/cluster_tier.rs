@@ -1,0 +1,85 @@
+//! Tier 3, whole nodes: each simulated node is a `tally_cluster::ClusterNode` with
+//! the real metadata group, placement, range groups and transport contract. A fixed
+//! short set of seeds must run with no violation, with one copy and with three, and
+//! a seed must replay exactly.
+
+use tally_sim::history::FaultKind;
+use tally_sim::{run, FaultLevel, RunReport, SimConfig, Tier};
+
+/// Seeds per fault level with one copy (kept small: each is a cluster of whole
+/// nodes, metadata group included).
+const SEEDS: u64 = 4;
+/// Nodes of the runs with one copy.
+const NODES: u8 = 3;
+/// Seeds with three copies, and their nodes: more than the copies, so some nodes
+/// replicate a range and others only route to it.
+const REPLICATED_SEEDS: u64 = 2;
+const REPLICATED_NODES: u8 = 5;
+
+fn config(seed: u64, faults: FaultLevel) -> SimConfig {
+    SimConfig::short(seed, NODES, faults).on(Tier::Cluster)
+}
+
+fn failures(runs: impl IntoIterator<Item = RunReport>) -> Vec<String> {
+    let mut failures = Vec::new();
+    for r in runs {
+        assert!(r.ops > 0, "seed {} ran no operation", r.config.seed);
+        assert!(
+            r.history.incrs.iter().any(|o| !o.attempts.is_empty()),
+            "seed {} sent no increment",
+            r.config.seed
+        );
+        if !r.violations.is_empty() {
+            let first: Vec<String> = r.violations.iter().take(3).map(|v| v.to_string()).collect();
+            failures.push(format!("{}\n    {}", r.config.reproduce_command(), first.join("\n    ")));
+        }
+    }
+    failures
+}
+
+fn gate(faults: FaultLevel) {
+    let found = failures((0..SEEDS).map(|seed| run(config(seed, faults))));
+    assert!(found.is_empty(), "{} seeds violated invariants:\n{}", found.len(), found.join("\n"));
+}
+
+#[test]
+fn whole_nodes_light_faults_violate_nothing() {
+    gate(FaultLevel::Light);
+}
+
+#[test]
+fn whole_nodes_heavy_faults_violate_nothing() {
+    gate(FaultLevel::Heavy);
+}
+
+/// Three copies on five whole nodes: disks are lost (a node comes back with a new
+/// metadata database, so a new identity the metadata group must take as a new
+/// incarnation, and new range replicas its groups must catch up and promote), and
+/// faults aim at range leaders and at the metadata group's leader.
+#[test]
+fn whole_nodes_with_three_copies_violate_nothing_through_lost_disks() {
+    let mut runs = Vec::new();
+    for seed in 0..REPLICATED_SEEDS {
+        runs.push(run(SimConfig::short(seed, REPLICATED_NODES, FaultLevel::Heavy)
+            .on(Tier::Cluster)
+            .replicated(3)));
+    }
+    let count = |kind| runs.iter().map(|r| r.faults.get(&kind).copied().unwrap_or(0)).sum::<u64>();
+    let (lost, failovers) = (count(FaultKind::DiskLost), count(FaultKind::MetaOutage));
+    let found = failures(runs);
+    assert!(found.is_empty(), "{} seeds violated invariants:\n{}", found.len(), found.join("\n"));
+    assert!(lost > 0, "no disk was lost in {REPLICATED_SEEDS} runs");
+    assert!(failovers > 0, "no metadata leader was cut off in {REPLICATED_SEEDS} runs");
+}
+
+#[test]
+fn whole_node_seed_replays_exactly() {
+    let cfg = config(1, FaultLevel::Heavy);
+    let (a, b) = (run(cfg.clone()), run(cfg));
+    assert!(a.events > 0, "the seed traced nothing");
+    assert_eq!(a.trace_hash, b.trace_hash, "trace hashes differ");
+    assert_eq!((a.events, a.sim_ms, a.ops), (b.events, b.sim_ms, b.ops));
+    assert_eq!(format!("{:?}", a.history), format!("{:?}", b.history), "histories differ");
+    let engines = run(SimConfig::short(1, NODES, FaultLevel::Heavy).on(Tier::Engine));
+    assert_ne!(engines.trace_hash, a.trace_hash, "whole nodes must change the run");
+}
