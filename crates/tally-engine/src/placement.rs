@@ -99,6 +99,19 @@ pub enum ShardRequest {
         /// The message.
         message: tally_core::escrow::Message,
     },
+    /// Run a reconciliation of the shard's counter against `authoritative`, on the
+    /// node that owns the counter's first shard: every node sends its runs there,
+    /// where they go one at a time, so a run reads the total after the one before
+    /// it corrected (two runs of one counter on two nodes would each correct from
+    /// the same total).
+    Reconcile {
+        /// The first shard of the counter's current generation.
+        id: ShardId,
+        /// The sender's metadata version.
+        meta_version: u64,
+        /// The total asked for.
+        authoritative: i128,
+    },
     /// To a node, not a shard: what it has seen of an auto counter
     /// ([`tally_core::autoshard::PeerView`]), asked by a node about to lower the
     /// counter's shard count.
@@ -120,7 +133,8 @@ impl ShardRequest {
             | ShardRequest::MergeSketch { id, .. }
             | ShardRequest::HandOff { id, .. }
             | ShardRequest::Adopt { id, .. }
-            | ShardRequest::Escrow { id, .. } => id,
+            | ShardRequest::Escrow { id, .. }
+            | ShardRequest::Reconcile { id, .. } => id,
             ShardRequest::AutoView { .. } => return None,
         };
         Some(id)
@@ -158,6 +172,14 @@ pub enum ShardResponse {
     },
     /// What the node has seen of an auto counter (`None`: it does not follow it).
     AutoView(Option<tally_core::autoshard::PeerView>),
+    /// The report of a reconciliation run on the owner.
+    Reconciled(crate::api::ReconcileReport),
+    /// A reconciliation the owner refused: the drift from the total it read,
+    /// `before`, is beyond what one correction may write.
+    DriftOutOfRange {
+        /// The total the owner read.
+        before: i128,
+    },
     /// The owner could not serve the request; retrying may succeed.
     Failed {
         /// The engine's error code.

@@ -8,7 +8,9 @@
 //! new correction even when it finds the same total against the same authority (the
 //! counter may have moved away and back since). Runs on one node go one at a time,
 //! so a run reads the total after the previous run's correction; reconciling again
-//! against the same total finds no drift. A reconciliation corrects from a complete total only,
+//! against the same total finds no drift. In a cluster every node sends its runs of
+//! a counter to the owner of the counter's first shard ([`crate::Tally::reconcile`]),
+//! so the runs of one counter go one at a time across the cluster. A reconciliation corrects from a complete total only,
 //! and at most [`RECONCILE_DRIFT_ABS_MAX`] at a time, as one increment that applies
 //! whole or not at all.
 
@@ -144,7 +146,7 @@ async fn guarded(
 
 /// The drift from `before` to `authoritative` as one correction's delta, if it is
 /// within [`RECONCILE_DRIFT_ABS_MAX`] (and so within 128 bits and one `i64`).
-fn correction(authoritative: i128, before: i128) -> Result<i64, TallyError> {
+pub(crate) fn correction(authoritative: i128, before: i128) -> Result<i64, TallyError> {
     correction_delta(authoritative, before).ok_or_else(|| {
         let drift = authoritative.checked_sub(before);
         TallyError::DriftOutOfRange {

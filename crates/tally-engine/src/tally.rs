@@ -991,18 +991,56 @@ impl Tally {
         event_id: Option<String>,
     ) -> Result<ReconcileReport, TallyError> {
         let name = CounterName::new(name)?;
+        // A run of its own goes to the owner of the counter's first shard, where the
+        // runs of the counter go one at a time: two runs here and there would each
+        // correct from the same total. A scheduled run is named by its instant, so
+        // its correction counts once wherever it runs.
+        if event_id.is_none() {
+            let rt = self.ctx.runtime(name.as_str(), false).await?;
+            let id = rt.meta.shard_id(&name, rt.meta.layout.generation, 0);
+            if let Some((placement, owner)) = self.ctx.remote(&id) {
+                let request =
+                    ShardRequest::Reconcile { id: id.clone(), meta_version: rt.meta.version, authoritative };
+                let report = match placement.call(&owner, request).await? {
+                    ShardResponse::Reconciled(report) => report,
+                    ShardResponse::DriftOutOfRange { before } => {
+                        return Err(crate::reconciler::correction(authoritative, before)
+                            .expect_err("the owner found the drift beyond one correction"))
+                    }
+                    other => return Err(crate::placement::unexpected(&owner, &id, other)),
+                };
+                self.forget_base(&name, &report);
+                return Ok(report);
+            }
+        }
+        self.reconcile_here(name, authoritative, event_id).await
+    }
+
+    /// Runs a reconciliation on this node's reconciler.
+    async fn reconcile_here(
+        &self,
+        name: CounterName,
+        authoritative: i128,
+        event_id: Option<String>,
+    ) -> Result<ReconcileReport, TallyError> {
         let (tx, rx) = ractor::concurrency::oneshot();
         let msg = ReconcilerMsg::Reconcile { name: name.clone(), authoritative, event_id, reply: tx.into() };
         self.actors.reconciler.send_message(msg).map_err(|_| TallyError::ShuttingDown)?;
         let report = rx.await.map_err(|_| TallyError::ShuttingDown)?;
-        if report.as_ref().is_ok_and(|r| r.corrected) {
-            // The correction is no increment of this node's: `INCR` answers read the
-            // shards again before they count on.
+        if let Ok(r) = &report {
+            self.forget_base(&name, r);
+        }
+        report
+    }
+
+    /// After a correction, which is no increment of this node's, `INCR` answers read
+    /// the shards again before they count on.
+    fn forget_base(&self, name: &CounterName, report: &ReconcileReport) {
+        if report.corrected {
             if let Some(rt) = self.ctx.registry.get(name.as_str()) {
                 rt.ledger.forget_base();
             }
         }
-        report
     }
 
     /// The engine's shared state, for the `impl Tally` blocks of other modules.
@@ -1154,6 +1192,16 @@ impl Tally {
             }
             ShardRequest::AutoView { counter } => {
                 Ok(ShardResponse::AutoView(crate::autoshard::view(ctx, counter.as_str())))
+            }
+            ShardRequest::Reconcile { id, meta_version, authoritative } => {
+                ctx.meta_at_least(&id.counter, meta_version).await?;
+                match self.reconcile_here(id.counter, authoritative, None).await {
+                    Ok(report) => Ok(ShardResponse::Reconciled(report)),
+                    Err(TallyError::DriftOutOfRange { before, .. }) => {
+                        Ok(ShardResponse::DriftOutOfRange { before })
+                    }
+                    Err(e) => Err(e),
+                }
             }
         }
     }

@@ -302,3 +302,29 @@ async fn a_slow_node_delays_only_the_sums_bound_for_it() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A client that retries a reconciliation after a timeout, on another node, while
+/// the first attempt still runs (a server finishes what it began): every run of a
+/// counter goes one at a time, on the owner of its correction shard, so a run reads
+/// the total after the one before it corrected, and none of them overshoots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciliations_of_one_counter_on_both_nodes_go_one_at_a_time() {
+    let (a, b, _, _, slow_ms) = two_nodes_with(Arc::new(AtomicU64::new(0))).await;
+    a.put_counter("c", spec(2, Durability::Sync)).await.unwrap();
+    a.incr("c", Increment::new(7).event_id("seven")).await.unwrap();
+    // Remote calls take a while, so runs on the two nodes overlap.
+    slow_ms.store(50, SeqCst);
+    let mut runs = Vec::new();
+    for i in 0..8 {
+        let node = if i % 2 == 0 { a.clone() } else { b.clone() };
+        runs.push(tokio::spawn(async move { node.reconcile("c", 100).await.unwrap() }));
+    }
+    let mut corrected = 0;
+    for run in runs {
+        corrected += usize::from(run.await.unwrap().corrected);
+    }
+    slow_ms.store(0, SeqCst);
+    assert_eq!(a.read("c", Consistency::Fresh).await.unwrap().value, 100);
+    assert_eq!(b.read("c", Consistency::Fresh).await.unwrap().value, 100);
+    assert_eq!(corrected, 1, "one run corrects, the others find no drift");
+}

@@ -97,7 +97,10 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// generation, and of which incarnation of its counter.
 /// Protocol 13: a shard's answer to a submission carries the value that submission
 /// left the shard at (`ShardReply::Done::after`).
-pub const PEER_PROTOCOL: u32 = 13;
+/// Protocol 14: a node asks the owner of a counter's first shard to run a
+/// reconciliation of the counter (`ShardRequest::Reconcile`), so that the runs of
+/// one counter go one at a time across the cluster.
+pub const PEER_PROTOCOL: u32 = 14;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
