@@ -1,23 +1,47 @@
 //! [`ShardHandler`]: what a node answers on its node-to-node sessions.
 
 use crate::replication::PeerRequest;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use tally_core::codec;
 use tally_engine::{ShardResponse, Tally};
 use tally_replica::Replication;
 use tally_transport::Handler;
 
+/// A part of a node that other parts reach once it exists, and let go of when the
+/// node stops: the engine reaches the placement and the placement the engine (the
+/// transport the handler, the handler the engine), and a stopped node must leave no
+/// such circle behind (several nodes run in one process in simulation).
+pub(crate) struct Slot<T>(parking_lot::RwLock<Option<T>>);
+
+impl<T: Clone> Slot<T> {
+    pub(crate) fn new() -> Self {
+        Self(parking_lot::RwLock::new(None))
+    }
+
+    pub(crate) fn set(&self, value: T) {
+        *self.0.write() = Some(value);
+    }
+
+    pub(crate) fn get(&self) -> Option<T> {
+        self.0.read().clone()
+    }
+
+    pub(crate) fn clear(&self) {
+        self.0.write().take();
+    }
+}
+
 /// Serves other nodes' requests: shard requests with the local engine, range
 /// messages with the local range groups.
 pub(crate) struct ShardHandler {
-    pub(crate) engine: OnceLock<Tally>,
-    pub(crate) replication: OnceLock<Arc<Replication>>,
+    pub(crate) engine: Slot<Tally>,
+    pub(crate) replication: Slot<Arc<Replication>>,
 }
 
 impl Handler for ShardHandler {
     fn handle(&self, from: &str, request: Vec<u8>) -> impl std::future::Future<Output = Vec<u8>> + Send {
-        let engine = self.engine.get().cloned();
-        let replication = self.replication.get().cloned();
+        let engine = self.engine.get();
+        let replication = self.replication.get();
         let from = from.to_string();
         async move {
             let starting = || ShardResponse::Failed {

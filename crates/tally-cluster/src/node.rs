@@ -4,13 +4,13 @@
 
 use crate::catalog::RaftCatalog;
 use crate::config::{check_copies, initial_members, ClusterError, ClusterNodeConfig, Member};
-use crate::handler::ShardHandler;
+use crate::handler::{ShardHandler, Slot};
 use crate::parts;
 use crate::placement::{PlacementView, RingPlacement};
 use crate::replication;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tally_core::{CounterName, NodeId, ShardId};
 use tally_engine::{Clock, EngineParts, SledConfig, SledStore, SystemClock, Tally, TallyError};
@@ -74,6 +74,8 @@ pub struct ClusterNode {
     placement: Arc<RingPlacement>,
     /// Set when shards are replicated.
     replication: Option<Arc<Replication>>,
+    /// What the node answers other nodes with.
+    handler: Arc<ShardHandler>,
     /// The task that forms range groups and replaces replicas.
     tending: Arc<parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>>,
     config: Arc<ClusterNodeConfig>,
@@ -181,7 +183,7 @@ impl ClusterNode {
         };
         let raft = Arc::new(raft);
 
-        let handler = Arc::new(ShardHandler { engine: OnceLock::new(), replication: OnceLock::new() });
+        let handler = Arc::new(ShardHandler { engine: Slot::new(), replication: Slot::new() });
         let transport_cfg = TransportConfig {
             node_id: me.id.clone(),
             listen: me.peer,
@@ -203,7 +205,7 @@ impl ClusterNode {
         let view = PlacementView::new(&config, &raft.membership());
         let (replication, store) = if let Some(kv) = replica_kv {
             let r = Self::start_replication(&config, &me, &raft, &transport, kv).await?;
-            let _ = handler.replication.set(r.clone());
+            handler.replication.set(r.clone());
             let store = tally_replica::RangeStore::new(
                 r.groups().clone(),
                 local.clone(),
@@ -219,7 +221,7 @@ impl ClusterNode {
             transport: transport.clone(),
             call_timeout: Duration::from_millis(config.engine.call_timeout_ms),
             replication: replication.clone(),
-            engine: OnceLock::new(),
+            engine: Slot::new(),
             peers: config.members.iter().filter(|m| m.id != me.id).map(|m| NodeId::new(&m.id)).collect(),
         });
         let mut engine_cfg = config.engine.clone();
@@ -239,8 +241,8 @@ impl ClusterNode {
         .await?;
         // Before any other node can read this node's shards: a new or replaced disk
         // holds no trustworthy values until the metadata group says otherwise.
-        let _ = handler.engine.set(tally.clone());
-        let _ = placement.engine.set(tally.clone());
+        handler.engine.set(tally.clone());
+        placement.engine.set(tally.clone());
         let node = Self {
             tally: tally.clone(),
             raft: raft.clone(),
@@ -248,6 +250,7 @@ impl ClusterNode {
             replication,
             tending: Default::default(),
             placement,
+            handler,
             config: Arc::new(config),
             handing_off: Default::default(),
             ready: Default::default(),
@@ -699,12 +702,16 @@ impl ClusterNode {
         }
     }
 
-    /// Stops the range groups, raft and the transport.
+    /// Stops the range groups, raft and the transport, and lets go of the engine
+    /// and the groups where other parts reach them.
     async fn stop_members(&self) {
         if let Some(r) = &self.replication {
             r.groups().shutdown().await;
         }
         self.raft.shutdown().await;
         self.transport.shutdown().await;
+        self.handler.engine.clear();
+        self.handler.replication.clear();
+        self.placement.engine.clear();
     }
 }

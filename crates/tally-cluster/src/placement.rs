@@ -5,7 +5,7 @@
 use crate::config::{initial_members, ClusterNodeConfig};
 use crate::replication::PeerRequest;
 use futures::future::BoxFuture;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tally_core::codec;
 use tally_core::ring::Ring;
@@ -55,7 +55,7 @@ pub struct RingPlacement {
     /// Set when shards are replicated: owners are range leaders.
     pub(crate) replication: Option<Arc<Replication>>,
     /// The local engine, for a request whose range's new leader is this node.
-    pub(crate) engine: OnceLock<Tally>,
+    pub(crate) engine: crate::handler::Slot<Tally>,
     /// Every other node of the config (each may route increments).
     pub(crate) peers: Vec<NodeId>,
 }
@@ -128,7 +128,7 @@ impl Placement for RingPlacement {
         Box::pin(async move {
             let Some(r) = &self.replication else { return self.call_node(node, &request).await };
             let send = |to: NodeId, request: ShardRequest| async move { self.call_node(&to, &request).await };
-            r.call(node, request, self.engine.get(), send).await
+            r.call(node, request, self.engine.get().as_ref(), send).await
         })
     }
 }

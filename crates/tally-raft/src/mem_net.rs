@@ -110,6 +110,14 @@ impl MemRaftNet {
         }
     }
 
+    /// Ends the network: every node still served on it is dropped, and later calls
+    /// fail to connect. A simulation closes its network when a run ends, so that a
+    /// node it did not stop (one still starting) holds nothing past the run.
+    pub fn close(&self) {
+        let served = std::mem::take(&mut *self.served());
+        drop(served);
+    }
+
     /// The end of node `me`, at raft address `addr`, that its calls leave from.
     pub(crate) fn end(&self, me: NodeId, addr: SocketAddr) -> MemEnd {
         MemEnd { net: self.clone(), me, addr }

@@ -110,6 +110,17 @@ impl MemNetwork {
         Ok(node)
     }
 
+    /// Ends the network: every node still on it is taken off (its exchanges end as if
+    /// it left), and later calls find no one. A simulation closes its network when a
+    /// run ends, so that a node it did not stop (one still starting) holds nothing
+    /// past the run.
+    pub fn close(&self) {
+        let nodes = std::mem::take(&mut *self.lock_nodes());
+        for node in nodes.values() {
+            node.stopped.send_replace(true);
+        }
+    }
+
     /// Takes `node` off the network: messages to it are no longer delivered and its id is free.
     pub(crate) fn leave(&self, node: &Arc<MemNode>) {
         node.stopped.send_replace(true);

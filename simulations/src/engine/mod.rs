@@ -1243,8 +1243,11 @@ fn run_inner(cfg: SimConfig) -> RunReport {
         for r in groups {
             r.groups().shutdown().await;
         }
-        // The networks hold the world through their links.
-        lock(&world).nets = None;
+        // Nodes still starting when the run ended are on the networks yet.
+        if let Some(nets) = lock(&world).nets.take() {
+            nets.raft.close();
+            nets.peers.close();
+        }
         (world, outcome, stopped)
     });
     drop(runtime);

@@ -84,9 +84,10 @@ fn config(n: u8, nodes: u8, replicas: u8, engine: TallyConfig) -> ClusterNodeCon
     }
 }
 
-/// The run's say over every message of both networks.
+/// The run's say over every message of both networks. It holds the world weakly:
+/// the networks live in it.
 pub(crate) struct SimLinks {
-    pub(crate) world: Shared,
+    pub(crate) world: std::sync::Weak<std::sync::Mutex<super::world::World>>,
 }
 
 impl SimLinks {
@@ -94,12 +95,14 @@ impl SimLinks {
     /// messages are lost; a delivered one leaves once its sender is not paused and
     /// arrives after the link's delay, once its receiver is not paused.
     fn fate(&self, from: u8, to: u8) -> Duration {
+        // A run that ended carries nothing.
+        let Some(world) = self.world.upgrade() else { return Duration::MAX };
         let (now, from_paused, to_paused) = {
-            let g = lock(&self.world);
+            let g = lock(&world);
             let paused = |n: u8| g.nodes.get(usize::from(n)).map_or(0, |node| node.paused_until);
             (g.now(), paused(from), paused(to))
         };
-        let d = match super::net::fate(&self.world, from, to) {
+        let d = match super::net::fate(&world, from, to) {
             super::net::Fate::Deliver(d) => d,
             super::net::Fate::Lost | super::net::Fate::Cut => return Duration::MAX,
         };
@@ -139,8 +142,8 @@ pub(crate) struct Nets {
 impl Nets {
     pub(crate) fn new(world: &Shared) -> Self {
         Self {
-            raft: tally_raft::MemRaftNet::new(Arc::new(SimLinks { world: world.clone() })),
-            peers: tally_transport::MemNetwork::new(Arc::new(SimLinks { world: world.clone() })),
+            raft: tally_raft::MemRaftNet::new(Arc::new(SimLinks { world: Arc::downgrade(world) })),
+            peers: tally_transport::MemNetwork::new(Arc::new(SimLinks { world: Arc::downgrade(world) })),
         }
     }
 }
