@@ -65,6 +65,15 @@ pub struct InMemoryWiring {
     pub peers: tally_transport::MemNetwork,
 }
 
+/// A node's stores and clock, opened or handed in, and the networks it was handed.
+struct Opened {
+    raft_db: sled::Db,
+    local: Arc<dyn Store>,
+    replica_kv: Option<Arc<dyn KvStore>>,
+    clock: Arc<dyn Clock>,
+    nets: Option<(tally_raft::MemRaftNet, tally_transport::MemNetwork)>,
+}
+
 /// A running cluster node.
 #[derive(Clone)]
 pub struct ClusterNode {
@@ -159,7 +168,7 @@ impl ClusterNode {
             .find(|m| m.id == config.node_id)
             .cloned()
             .ok_or_else(|| ClusterError::Config(format!("node {:?} is not a member", config.node_id)))?;
-        let (raft_db, local, replica_kv, clock, nets) = Self::open_stores(&config, wiring).await?;
+        let Opened { raft_db, local, replica_kv, clock, nets } = Self::open_stores(&config, wiring).await?;
         // The data directory is one unit: checked whole before raft starts, so the
         // node never takes part in anything under an identity whose data it lacks.
         let identity = tally_raft::identity::Identity::open(&raft_db)
@@ -303,20 +312,7 @@ impl ClusterNode {
     /// Opens the node's stores and picks its clock, as `wiring` says: the metadata
     /// group's database, the engine's store, the range replicas' store (with more
     /// than one copy) and, in memory, the two networks.
-    #[allow(clippy::type_complexity)]
-    async fn open_stores(
-        config: &ClusterNodeConfig,
-        wiring: NodeWiring,
-    ) -> Result<
-        (
-            sled::Db,
-            Arc<dyn Store>,
-            Option<Arc<dyn KvStore>>,
-            Arc<dyn Clock>,
-            Option<(tally_raft::MemRaftNet, tally_transport::MemNetwork)>,
-        ),
-        ClusterError,
-    > {
+    async fn open_stores(config: &ClusterNodeConfig, wiring: NodeWiring) -> Result<Opened, ClusterError> {
         let dir = &config.data_dir;
         let opened = match wiring {
             NodeWiring::Sockets => {
@@ -333,7 +329,7 @@ impl ClusterNode {
                 } else {
                     None
                 };
-                (raft_db, local, replica, Arc::new(SystemClock) as Arc<dyn Clock>, None)
+                Opened { raft_db, local, replica_kv: replica, clock: Arc::new(SystemClock), nets: None }
             }
             NodeWiring::InMemory(w) => {
                 check_copies(config.replicas, dir, w.replica.is_some(), w.store.as_ref())?;
@@ -344,7 +340,13 @@ impl ClusterNode {
                     )));
                 }
                 let replica = w.replica.filter(|_| config.replicas > 1);
-                (w.raft_db, w.store, replica, w.clock, Some((w.raft_net, w.peers)))
+                Opened {
+                    raft_db: w.raft_db,
+                    local: w.store,
+                    replica_kv: replica,
+                    clock: w.clock,
+                    nets: Some((w.raft_net, w.peers)),
+                }
             }
         };
         Ok(opened)
