@@ -173,7 +173,9 @@ impl ClusterNode {
         // node never takes part in anything under an identity whose data it lacks.
         let identity = tally_raft::identity::Identity::open(&raft_db)
             .map_err(|e| ClusterError::DataDir(format!("raft store identity: {e}")))?;
-        parts::check(&config.data_dir, &identity, local.as_ref(), replica_kv.as_deref())?;
+        let replica_id = replication::node_replica_id(identity.store, me.raft_id);
+        let replica = replica_kv.as_deref().map(|kv| (kv, replica_id));
+        parts::check(&config.data_dir, &identity, local.as_ref(), replica)?;
 
         let voters: BTreeMap<u64, String> =
             config.members.iter().map(|m| (m.raft_id, m.raft.to_string())).collect();
@@ -370,7 +372,7 @@ impl ClusterNode {
         let net = Arc::new(replication::SessionNet { transport: transport.clone() });
         let groups = tally_replica::RangeGroups::open(
             &me.id,
-            replication::replica_id_of(raft.store_id()),
+            replication::node_replica_id(raft.store_id(), me.raft_id),
             kv,
             net,
             directory.layout(),

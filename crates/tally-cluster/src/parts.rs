@@ -21,13 +21,12 @@
 //! Directories written before the mark existed are not bound yet: their stores are
 //! marked at the next start.
 
-use crate::replication::replica_id_of;
 use crate::ClusterError;
 use std::path::Path;
 use tally_raft::identity::Identity;
 use tally_raft::StoreId;
 use tally_replica::storage::KvStore;
-use tally_replica::RangeGroups;
+use tally_replica::{RangeGroups, ReplicaId};
 use tally_store::Store;
 
 /// The engine store's key that names the identity of the directory it belongs to.
@@ -54,13 +53,13 @@ fn store_mark(store: &dyn Store, me: StoreId) -> Result<Mark, ClusterError> {
     })
 }
 
-/// The mark of the replica store: its replica id.
-fn replica_mark(replica: &dyn KvStore, me: StoreId) -> Result<Mark, ClusterError> {
+/// The mark of the replica store: its replica id, `mine` if it is this directory's.
+fn replica_mark(replica: &dyn KvStore, mine: ReplicaId) -> Result<Mark, ClusterError> {
     let stored = RangeGroups::stored_replica_id(replica)
         .map_err(|e| ClusterError::DataDir(format!("reading the range replicas' identity: {e}")))?;
     Ok(match stored {
         None => Mark::None,
-        Some(id) if id == replica_id_of(me) => Mark::Ours,
+        Some(id) if id == mine => Mark::Ours,
         Some(_) => Mark::Other,
     })
 }
@@ -82,13 +81,13 @@ pub(crate) fn check(
     data_dir: &Path,
     identity: &Identity,
     store: &dyn Store,
-    replica: Option<&dyn KvStore>,
+    replica: Option<(&dyn KvStore, ReplicaId)>,
 ) -> Result<(), ClusterError> {
     let me = identity.store;
     let bound = identity.bound().map_err(|e| ClusterError::DataDir(e.to_string()))?;
     let mut parts = vec![("store", store_mark(store, me)?)];
-    if let Some(replica) = replica {
-        parts.push(("replica", replica_mark(replica, me)?));
+    if let Some((replica, mine)) = replica {
+        parts.push(("replica", replica_mark(replica, mine)?));
     }
     for (part, mark) in parts {
         let why = match mark {
@@ -133,6 +132,7 @@ pub(crate) fn bind(identity: &Identity, store: &dyn Store) -> Result<(), Cluster
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replication::replica_id_of;
     use tally_replica::storage::MemKv;
     use tally_store::MemStore;
 
@@ -160,17 +160,27 @@ mod tests {
     async fn a_bound_directory_refuses_a_store_emptied_on_its_own() {
         let (_dir, identity) = identity();
         let (store, replica) = (MemStore::new(), MemKv::new());
-        check(Path::new("d"), &identity, &store, Some(&replica)).unwrap();
+        check(Path::new("d"), &identity, &store, Some((&replica, replica_id_of(identity.store)))).unwrap();
         replica_of(&replica, &identity).await;
         bind(&identity, &store).unwrap();
-        check(Path::new("d"), &identity, &store, Some(&replica)).unwrap();
+        check(Path::new("d"), &identity, &store, Some((&replica, replica_id_of(identity.store)))).unwrap();
 
-        let err = check(Path::new("d"), &identity, &store, Some(&MemKv::new())).unwrap_err().to_string();
+        let err =
+            check(Path::new("d"), &identity, &store, Some((&MemKv::new(), replica_id_of(identity.store))))
+                .unwrap_err()
+                .to_string();
         assert!(
             err.contains("`replica` store of d is empty") && err.contains("empty data directory"),
             "{err}"
         );
-        let err = check(Path::new("d"), &identity, &MemStore::new(), Some(&replica)).unwrap_err().to_string();
+        let err = check(
+            Path::new("d"),
+            &identity,
+            &MemStore::new(),
+            Some((&replica, replica_id_of(identity.store))),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("`store` store of d is empty"), "{err}");
     }
 
@@ -183,7 +193,9 @@ mod tests {
         bind(&first, &store).unwrap();
         assert!(!second.bound().unwrap());
         for (s, r) in [(&store, &MemKv::new()), (&MemStore::new(), &replica)] {
-            let err = check(Path::new("d"), &second, s, Some(r)).unwrap_err().to_string();
+            let err = check(Path::new("d"), &second, s, Some((r, replica_id_of(second.store))))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("`raft` store of d is new"), "{err}");
         }
     }

@@ -54,6 +54,18 @@ pub fn replica_id_of(store: StoreId) -> ReplicaId {
     folded.max(1)
 }
 
+/// The raft id of the range replicas of the node whose raft id is `raft_id`, on the
+/// disk whose identity is `store`: the identity's ([`replica_id_of`]), so a new disk
+/// is a new replica.
+pub(crate) fn node_replica_id(store: StoreId, raft_id: u64) -> ReplicaId {
+    #[cfg(feature = "planted-bugs")]
+    if tally_core::planted::active(tally_core::planted::Bug::ReplicaIdFromRaftId) {
+        return replica_id_of(StoreId(u128::from(raft_id)));
+    }
+    let _ = raft_id;
+    replica_id_of(store)
+}
+
 /// Range messages over the node-to-node sessions.
 pub(crate) struct SessionNet {
     pub(crate) transport: Transport,

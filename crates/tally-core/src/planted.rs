@@ -59,6 +59,10 @@ pub enum Bug {
     /// Replication: a node that comes back with an empty disk rejoins its range
     /// groups as the replica it was, counting towards quorums before it caught up.
     CatchUpSkipped,
+    /// Cluster: a node's range replicas take their raft id from the node's raft id,
+    /// the same on every disk, instead of from its data directory's identity, so a
+    /// node back with an empty disk rejoins its groups as the replica it was.
+    ReplicaIdFromRaftId,
 }
 
 impl Bug {
@@ -95,6 +99,10 @@ impl Bug {
     /// groups (`--replicas 3`).
     pub const REPLICA: [Bug; 3] = [Bug::AckBeforeQuorumDurable, Bug::TwoLeadersAck, Bug::CatchUpSkipped];
 
+    /// The bugs planted in the cluster layer (`tally-cluster`, `tally-raft`), caught
+    /// by tier 3 (whole nodes).
+    pub const CLUSTER: [Bug; 1] = [Bug::ReplicaIdFromRaftId];
+
     /// The name used on command lines.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -115,6 +123,7 @@ impl Bug {
             Bug::AckBeforeQuorumDurable => "ack-before-quorum-durable",
             Bug::TwoLeadersAck => "two-leaders-ack",
             Bug::CatchUpSkipped => "catch-up-skipped",
+            Bug::ReplicaIdFromRaftId => "replica-id-from-raft-id",
         }
     }
 }
@@ -137,6 +146,7 @@ impl FromStr for Bug {
             .into_iter()
             .chain(Bug::ENGINE)
             .chain(Bug::REPLICA)
+            .chain(Bug::CLUSTER)
             .find(|b| b.as_str() == s)
             .ok_or_else(|| UnknownBug(s.to_owned()))
     }
@@ -167,7 +177,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_the_switch_is_per_thread() {
-        for b in Bug::ALL.into_iter().chain(Bug::ENGINE).chain(Bug::REPLICA) {
+        for b in Bug::ALL.into_iter().chain(Bug::ENGINE).chain(Bug::REPLICA).chain(Bug::CLUSTER) {
             assert_eq!(b.as_str().parse::<Bug>(), Ok(b));
         }
         plant(Some(Bug::DedupOff));
