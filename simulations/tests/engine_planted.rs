@@ -1,7 +1,8 @@
 //! Every bug planted in the engine's own code, and in shard replication (with
-//! three copies of every shard), is caught by tier 2 within 200 seeds,
-//! each switched on alone; the catching seed must pass with the bug off, so the
-//! violation is the bug's and not the checker's. One test per bug.
+//! three copies of every shard), is caught by tier 2 within 200 seeds, and every bug
+//! planted in the cluster layer by tier 3 (whole nodes), each switched on alone; the
+//! catching seed must pass with the bug off, so the violation is the bug's and not
+//! the checker's. One test per bug.
 //!
 //! Run with `cargo test -p tally-sim --features planted-bugs`.
 #![cfg(feature = "planted-bugs")]
@@ -37,7 +38,12 @@ fn caught(bug: Bug) {
 }
 
 fn caught_with(bug: Bug, transitions: u32) {
-    let config = |seed, bug| SimConfig { transitions, ..stress(seed, bug) };
+    first_catch(bug, |seed, bug| SimConfig { transitions, ..stress(seed, bug) });
+}
+
+/// Plants `bug` in runs of `config` until a seed violates an invariant, within
+/// [`SEEDS_MAX`]; that seed must pass with the bug off.
+fn first_catch(bug: Bug, config: impl Fn(u64, Option<Bug>) -> SimConfig) {
     let found = (0..SEEDS_MAX).find_map(|seed| {
         let r = run(config(seed, Some(bug)));
         (!r.violations.is_empty()).then_some((seed, r))
@@ -90,14 +96,7 @@ fn replicated(seed: u64, bug: Option<Bug>) -> SimConfig {
 }
 
 fn caught_replicated(bug: Bug) {
-    let found = (0..SEEDS_MAX).find_map(|seed| {
-        let r = run(replicated(seed, Some(bug)));
-        (!r.violations.is_empty()).then_some((seed, r))
-    });
-    let Some((seed, r)) = found else { panic!("{bug} not caught within {SEEDS_MAX} seeds") };
-    println!("{bug}: caught by seed {seed}: {}", r.violations[0]);
-    let clean = run(replicated(seed, None));
-    assert!(clean.violations.is_empty(), "seed {seed} fails without {bug} too: {:?}", clean.violations);
+    first_catch(bug, replicated);
 }
 
 #[test]
@@ -123,4 +122,20 @@ fn every_replica_bug_has_a_test() {
 #[test]
 fn every_engine_bug_has_a_test() {
     assert_eq!(Bug::ENGINE.len(), 7, "a new engine bug needs its own test above");
+}
+
+/// The same run on whole cluster nodes (tier 3): the metadata group, placement and
+/// transport are the cluster's own, and faults also cut the metadata leader off.
+fn whole_nodes(seed: u64, bug: Option<Bug>) -> SimConfig {
+    replicated(seed, bug).on(Tier::Cluster)
+}
+
+#[test]
+fn replica_id_from_raft_id_is_caught() {
+    first_catch(Bug::ReplicaIdFromRaftId, whole_nodes);
+}
+
+#[test]
+fn every_cluster_bug_has_a_test() {
+    assert_eq!(Bug::CLUSTER.len(), 1, "a new cluster-layer bug needs its own test above");
 }
