@@ -209,47 +209,72 @@ impl ClusterNode {
             tls: config.tls.clone(),
         };
         let transport = match nets {
-            None => Transport::start(transport_cfg, handler.clone()).await?,
-            Some((_, peers)) => Transport::start_in(transport_cfg, handler.clone(), peers).await?,
+            None => Transport::start(transport_cfg, handler.clone()).await,
+            Some((_, peers)) => Transport::start_in(transport_cfg, handler.clone(), peers).await,
+        };
+        let transport = match transport {
+            Ok(t) => t,
+            Err(e) => {
+                raft.shutdown().await;
+                return Err(e.into());
+            }
         };
 
-        let view = PlacementView::new(&config, &raft.membership());
-        let (replication, store) = if let Some(kv) = replica_kv {
-            let r = Self::start_replication(&config, &me, &raft, &transport, kv).await?;
-            handler.replication.set(r.clone());
-            let store = tally_replica::RangeStore::new(
-                r.groups().clone(),
-                local.clone(),
-                tokio::runtime::Handle::current(),
-            );
-            (Some(r), Arc::new(store) as Arc<dyn tally_store::Store>)
-        } else {
-            (None, local.clone())
+        // What starts from here on may fail; a node that cannot start stops what it
+        // started, or its metadata member and sessions would hold its addresses in a
+        // process that goes on (an embedding, a simulation).
+        let started = async {
+            let view = PlacementView::new(&config, &raft.membership());
+            let (replication, store) = if let Some(kv) = replica_kv {
+                let r = Self::start_replication(&config, &me, &raft, &transport, kv).await?;
+                handler.replication.set(r.clone());
+                let store = tally_replica::RangeStore::new(
+                    r.groups().clone(),
+                    local.clone(),
+                    tokio::runtime::Handle::current(),
+                );
+                (Some(r), Arc::new(store) as Arc<dyn tally_store::Store>)
+            } else {
+                (None, local.clone())
+            };
+            let placement = Arc::new(RingPlacement {
+                me: NodeId::new(&me.id),
+                view: parking_lot::RwLock::new(Arc::new(view)),
+                transport: transport.clone(),
+                call_timeout: Duration::from_millis(config.engine.call_timeout_ms),
+                replication: replication.clone(),
+                engine: Slot::new(),
+                peers: config.members.iter().filter(|m| m.id != me.id).map(|m| NodeId::new(&m.id)).collect(),
+            });
+            let mut engine_cfg = config.engine.clone();
+            engine_cfg.node_id = NodeId::new(&me.id);
+            if replication.is_some() {
+                // Range groups hold the shards: a counter may ask for its own count.
+                engine_cfg.replicas_max = tally_core::ranges::REPLICAS_MAX;
+            }
+            parts::bind(&identity, local.as_ref())?;
+            let tally = Tally::open_parts(EngineParts {
+                store,
+                clock,
+                config: engine_cfg,
+                catalog: Some(Arc::new(RaftCatalog { raft: raft.clone() })),
+                placement: Some(placement.clone()),
+            })
+            .await?;
+            Ok::<_, ClusterError>((replication, placement, tally))
         };
-        let placement = Arc::new(RingPlacement {
-            me: NodeId::new(&me.id),
-            view: parking_lot::RwLock::new(Arc::new(view)),
-            transport: transport.clone(),
-            call_timeout: Duration::from_millis(config.engine.call_timeout_ms),
-            replication: replication.clone(),
-            engine: Slot::new(),
-            peers: config.members.iter().filter(|m| m.id != me.id).map(|m| NodeId::new(&m.id)).collect(),
-        });
-        let mut engine_cfg = config.engine.clone();
-        engine_cfg.node_id = NodeId::new(&me.id);
-        if replication.is_some() {
-            // Range groups hold the shards: a counter may ask for its own count.
-            engine_cfg.replicas_max = tally_core::ranges::REPLICAS_MAX;
-        }
-        parts::bind(&identity, local.as_ref())?;
-        let tally = Tally::open_parts(EngineParts {
-            store,
-            clock,
-            config: engine_cfg,
-            catalog: Some(Arc::new(RaftCatalog { raft: raft.clone() })),
-            placement: Some(placement.clone()),
-        })
-        .await?;
+        let (replication, placement, tally) = match started.await {
+            Ok(started) => started,
+            Err(e) => {
+                if let Some(r) = handler.replication.get() {
+                    r.groups().shutdown().await;
+                }
+                handler.replication.clear();
+                transport.shutdown().await;
+                raft.shutdown().await;
+                return Err(e);
+            }
+        };
         // Before any other node can read this node's shards: a new or replaced disk
         // holds no trustworthy values until the metadata group says otherwise.
         handler.engine.set(tally.clone());
