@@ -252,11 +252,18 @@ pub enum FaultKind {
     /// A membership change the metadata group committed (tier 3, through a node's
     /// `add_member` or `remove_member`).
     MembershipChange,
+    /// Of the disks lost, those that lost only the range replicas' store, the rest
+    /// of the data directory kept (tier 3): the node refused to start on part of its
+    /// directory.
+    ReplicaStoreLost,
+    /// A node that refused to start on part of its data directory was brought back
+    /// by its operator with a whole empty one (tier 3).
+    DirectoryEmptied,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 22] = [
+    pub const ALL: [FaultKind; 24] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -279,6 +286,8 @@ impl FaultKind {
         FaultKind::ClockJump,
         FaultKind::DedupRecordSwept,
         FaultKind::MembershipChange,
+        FaultKind::ReplicaStoreLost,
+        FaultKind::DirectoryEmptied,
     ];
 
     /// A short name for tables.
@@ -306,6 +315,8 @@ impl FaultKind {
             FaultKind::ClockJump => "clock jump",
             FaultKind::DedupRecordSwept => "dedup record swept",
             FaultKind::MembershipChange => "membership change",
+            FaultKind::ReplicaStoreLost => "replica store lost",
+            FaultKind::DirectoryEmptied => "directory emptied",
         }
     }
 }

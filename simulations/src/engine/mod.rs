@@ -242,8 +242,20 @@ async fn open_whole_node(w: &Shared, n: u8) -> Option<Tally> {
                     return Some(tally);
                 }
                 Ok(c) => Some(c),
+                Err(tally_cluster::ClusterError::DataDir(why)) => {
+                    // The node refuses to run on part of its data directory; its
+                    // operator follows the advice and starts it on an empty one, as
+                    // a new incarnation.
+                    g.note("directory-refused", (n, &why));
+                    g.count(FaultKind::DirectoryEmptied);
+                    let node = &mut g.nodes[usize::from(n)];
+                    node.store = MemStore::new();
+                    node.kv = tally_replica::MemKv::new();
+                    node.raft_db = None;
+                    None
+                }
                 Err(e) => {
-                    g.note("open-failed", (n, e));
+                    g.note("open-failed", (n, e.to_string()));
                     None
                 }
             }
@@ -463,6 +475,10 @@ fn crash_losing(w: &Shared, n: u8, disk_lost: bool) {
         let now = g.now();
         let view = g.view_time(n);
         let stale = g.rng.random::<bool>();
+        // Tier 3: half the lost disks lose only the range replicas' store, the
+        // metadata database (the directory's identity) kept; the node must refuse to
+        // start on part of its directory, and its operator then empties the rest.
+        let part_only = disk_lost && g.cfg.tier == Tier::Cluster && g.rng.random::<bool>();
         let node = &mut g.nodes[usize::from(n)];
         node.up = false;
         node.poisoned = false;
@@ -470,7 +486,9 @@ fn crash_losing(w: &Shared, n: u8, disk_lost: bool) {
         node.store = node.store.restart(keep);
         node.kv = node.kv.restart();
         if disk_lost {
-            node.store = MemStore::new();
+            if !part_only {
+                node.store = MemStore::new();
+            }
             node.kv = tally_replica::MemKv::new();
             // The new disk is a new replica, unless a bug makes the node rejoin as
             // the one it was.
@@ -488,7 +506,7 @@ fn crash_losing(w: &Shared, n: u8, disk_lost: bool) {
         }
         // A whole node stops as one; a lost disk takes its metadata database too.
         let whole = node.cluster.take();
-        if disk_lost {
+        if disk_lost && !part_only {
             node.raft_db = None;
         }
         // Whether the node comes back on the metadata it had when it crashed.
@@ -496,7 +514,10 @@ fn crash_losing(w: &Shared, n: u8, disk_lost: bool) {
         let tally = node.tally.take();
         g.history.crashes.push((now, n));
         g.count(if disk_lost { FaultKind::DiskLost } else { FaultKind::Crash });
-        g.note("crash", (n, keep, unflushed, disk_lost));
+        if part_only {
+            g.count(FaultKind::ReplicaStoreLost);
+        }
+        g.note("crash", (n, keep, unflushed, disk_lost, part_only));
         g.disturb(n);
         (tally, groups, whole)
     };

@@ -159,13 +159,16 @@ pub(crate) async fn start(
     n: u8,
     store: MemStore,
     engine: TallyConfig,
-) -> Result<ClusterNode, String> {
+) -> Result<ClusterNode, tally_cluster::ClusterError> {
     let (wiring, cfg) = {
         let mut g = lock(w);
         let nodes = g.cfg.nodes;
         let replicas = g.cfg.replicas;
         let start = g.start;
-        let nets = g.nets.clone().ok_or("the run has no networks")?;
+        let nets = g
+            .nets
+            .clone()
+            .ok_or_else(|| tally_cluster::ClusterError::Config("the run has no networks".into()))?;
         let node = &mut g.nodes[usize::from(n)];
         let raft_db = node.raft_db.get_or_insert_with(new_raft_db).clone();
         let replica: Option<Arc<dyn tally_replica::storage::KvStore>> =
@@ -180,7 +183,7 @@ pub(crate) async fn start(
         };
         (wiring, config(n, nodes, replicas, engine))
     };
-    ClusterNode::start_with(cfg, NodeWiring::InMemory(wiring)).await.map_err(|e| e.to_string())
+    ClusterNode::start_with(cfg, NodeWiring::InMemory(wiring)).await
 }
 
 /// Stops a crashed node's cluster node (its stores are closed already). The node
