@@ -144,6 +144,15 @@ async fn guarded(
     })
 }
 
+/// Records the drift a reconciliation of `name` measured, in this node's figures
+/// (the node that ran it, and the node a caller asked, which may be another).
+pub(crate) fn record_drift(ctx: &Ctx, name: &CounterName, drift: i128) {
+    ctx.stats
+        .drift_last
+        .store(i64::try_from(drift).unwrap_or(if drift > 0 { i64::MAX } else { i64::MIN }), Relaxed);
+    ctx.stats.drifts.record(name, drift, ctx.now_ms());
+}
+
 /// The drift from `before` to `authoritative` as one correction's delta, if it is
 /// within [`RECONCILE_DRIFT_ABS_MAX`] (and so within 128 bits and one `i64`).
 pub(crate) fn correction(authoritative: i128, before: i128) -> Result<i64, TallyError> {
@@ -182,10 +191,7 @@ pub(crate) async fn reconcile(
     let before = read.value;
     let delta = correction(authoritative, before);
     let drift = authoritative.saturating_sub(before);
-    ctx.stats
-        .drift_last
-        .store(i64::try_from(drift).unwrap_or(if drift > 0 { i64::MAX } else { i64::MIN }), Relaxed);
-    ctx.stats.drifts.record(name, drift, ctx.now_ms());
+    record_drift(ctx, name, drift);
     let delta = delta?;
     if delta == 0 {
         return Ok(ReconcileReport { before, drift, corrected: false });

@@ -1004,11 +1004,14 @@ impl Tally {
                 let report = match placement.call(&owner, request).await? {
                     ShardResponse::Reconciled(report) => report,
                     ShardResponse::DriftOutOfRange { before } => {
+                        let drift = authoritative.saturating_sub(before);
+                        crate::reconciler::record_drift(&self.ctx, &name, drift);
                         return Err(crate::reconciler::correction(authoritative, before)
-                            .expect_err("the owner found the drift beyond one correction"))
+                            .expect_err("the owner found the drift beyond one correction"));
                     }
                     other => return Err(crate::placement::unexpected(&owner, &id, other)),
                 };
+                crate::reconciler::record_drift(&self.ctx, &name, report.drift);
                 self.forget_base(&name, &report);
                 return Ok(report);
             }
