@@ -197,7 +197,23 @@ pub struct SimConfig {
     /// from sealed generations within the run (`None`: the fault level's; see
     /// [`SimConfig::short_dedup`]).
     pub short_dedup: Option<bool>,
+    /// Tier 3: whether the run adds [`RECREATED_COUNTER`], a `sync` counter under a
+    /// namespace that an operator deletes now and then while clients still write
+    /// to it, so that it is re-created by their next increment under the same
+    /// name, and whether metadata RPCs break off (`connection reset`: the caller
+    /// resends at once what may have been served) (`None`: every tier-3 run).
+    pub deletions: Option<bool>,
 }
+
+/// The counter tier 3 deletes and clients re-create (see [`SimConfig::deletions`]).
+pub const RECREATED_COUNTER: &str = "del:0";
+/// The namespace it lives under: counters created in it are `sync` with event ids.
+pub const RECREATED_NAMESPACE: &str = "del:";
+/// Deletions of [`RECREATED_COUNTER`] per simulated second of chaos.
+pub const DELETIONS_PER_S: f64 = 1.0;
+/// Share of the metadata group's messages whose connection breaks instead of
+/// arriving, in runs with deletions (apart from those the links lose or cut).
+pub const META_RESET_SHARE: f64 = 0.02;
 
 /// The dedup window of `short:0`, in seconds: a run lasts many of them.
 pub const SHORT_DEDUP_WINDOW_S: u32 = 1;
@@ -260,6 +276,7 @@ impl SimConfig {
             small_snapshots: false,
             clock_skew_ms: None,
             short_dedup: None,
+            deletions: None,
         }
     }
 
@@ -323,6 +340,18 @@ impl SimConfig {
             .unwrap_or(self.faults == FaultLevel::Heavy && self.replicas == 1 && self.skew_ms() == 0)
     }
 
+    /// The same run with (or without) deletions and re-creations of
+    /// [`RECREATED_COUNTER`] and metadata RPCs that break off (tier 3).
+    pub fn with_deletions(self, on: bool) -> Self {
+        Self { deletions: Some(on), ..self }
+    }
+
+    /// Whether this run deletes and re-creates [`RECREATED_COUNTER`] and breaks
+    /// metadata RPCs off: as asked, or in every tier-3 run.
+    pub fn deletions(&self) -> bool {
+        self.tier == Tier::Cluster && self.deletions.unwrap_or(true)
+    }
+
     /// The same run on another tier.
     pub fn on(self, tier: Tier) -> Self {
         Self { tier, ..self }
@@ -358,6 +387,9 @@ impl SimConfig {
         }
         if let Some(on) = self.short_dedup {
             cmd.push_str(&format!(" --short-dedup {on}"));
+        }
+        if let Some(on) = self.deletions {
+            cmd.push_str(&format!(" --deletions {on}"));
         }
         if self.clients != STANDARD_CLIENTS
             || self.chaos_ms != STANDARD_CHAOS_MS

@@ -23,6 +23,10 @@ pub enum Role {
     /// `sync` with a `min` or a `max` (tier 2), every increment with an event id: an
     /// increment that would cross the bound is refused, nothing counted.
     Bounded,
+    /// `sync`, every increment with an event id, created under a namespace by its
+    /// first increment (tier 3): an operator deletes it now and then while clients
+    /// still write, and their next increment creates it anew under the same name.
+    Recreated,
 }
 
 /// One workload counter.
@@ -192,6 +196,43 @@ pub struct ReconcileOp {
     pub result: Option<(i128, i128)>,
 }
 
+/// How the node asked to delete a counter answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// The counter existed and is deleted.
+    Yes,
+    /// There was no such counter: nothing was deleted.
+    NotFound,
+    /// It failed, or its answer was lost: the deletion may apply, until the cluster
+    /// settles.
+    Unknown,
+}
+
+/// One deletion of a counter, by an operator who waits for its answer.
+#[derive(Debug, Clone)]
+pub struct DeleteOp {
+    /// The counter.
+    pub counter: usize,
+    /// When it was sent.
+    pub invoked_ms: u64,
+    /// When it was answered (if it was).
+    pub done_ms: Option<u64>,
+    /// The answer.
+    pub outcome: Deleted,
+}
+
+impl DeleteOp {
+    /// Until when the deletion may take effect: its answer, or, when that says
+    /// nothing, the moment the cluster settled (nothing sent before is in flight
+    /// then). A deletion answered not found takes no effect at all.
+    pub fn may_apply_until(&self, h: &History) -> u64 {
+        match (self.outcome, self.done_ms) {
+            (Deleted::Yes | Deleted::NotFound, Some(done)) => done,
+            _ => h.settle_ms.max(self.invoked_ms),
+        }
+    }
+}
+
 /// Kinds of injected faults, for the summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FaultKind {
@@ -259,11 +300,16 @@ pub enum FaultKind {
     /// A node that refused to start on part of its data directory was brought back
     /// by its operator with a whole empty one (tier 3).
     DirectoryEmptied,
+    /// An operator's deletion of a counter that clients still write to (tier 3).
+    CounterDeleted,
+    /// A metadata RPC whose connection broke off: its caller learned at once that
+    /// it failed, not whether it was served (tier 3).
+    MetaReset,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 24] = [
+    pub const ALL: [FaultKind; 26] = [
         FaultKind::Crash,
         FaultKind::Restart,
         FaultKind::PartitionSymmetric,
@@ -288,6 +334,8 @@ impl FaultKind {
         FaultKind::MembershipChange,
         FaultKind::ReplicaStoreLost,
         FaultKind::DirectoryEmptied,
+        FaultKind::CounterDeleted,
+        FaultKind::MetaReset,
     ];
 
     /// A short name for tables.
@@ -317,6 +365,8 @@ impl FaultKind {
             FaultKind::MembershipChange => "membership change",
             FaultKind::ReplicaStoreLost => "replica store lost",
             FaultKind::DirectoryEmptied => "directory emptied",
+            FaultKind::CounterDeleted => "counter deleted",
+            FaultKind::MetaReset => "metadata RPC reset",
         }
     }
 }
@@ -347,6 +397,8 @@ pub struct History {
     pub windows: Vec<WindowOp>,
     /// Reconciliations.
     pub reconciles: Vec<ReconcileOp>,
+    /// Deletions of counters (tier 3).
+    pub deletions: Vec<DeleteOp>,
     /// Times at which a node lost its volatile state and unflushed writes (crash, or
     /// restart after a failed flush), with the node.
     pub crashes: Vec<(u64, u8)>,

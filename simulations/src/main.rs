@@ -65,6 +65,10 @@ struct Args {
     /// heavy runs with clocks in sync, half of them; needs a skew of at most 100 ms).
     #[arg(long)]
     short_dedup: Option<bool>,
+    /// Tier 3: delete and re-create `del:0` now and then, and break metadata RPCs
+    /// off (true, the default) or not (false).
+    #[arg(long)]
+    deletions: Option<bool>,
     /// With --reproduce: print the history of this counter (e.g. sync:0).
     #[arg(long)]
     dump: Option<String>,
@@ -76,7 +80,9 @@ struct Args {
     /// engine: engine-ack-before-flush, seal-forgotten-on-restart, read-ignores-seal,
     /// handoff-deletes-early, handoff-forgets-seal, sketch-merge-beside-live,
     /// escrow-overspend; with --tier engine --replicas 3: ack-before-quorum-durable,
-    /// two-leaders-ack, catch-up-skipped).
+    /// two-leaders-ack, catch-up-skipped; with --tier cluster --replicas 3:
+    /// replica-id-from-raft-id, tombstone-without-incarnation,
+    /// proposal-resent-without-identity).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,
@@ -92,6 +98,9 @@ impl Args {
         }
         if let Some(on) = self.short_dedup {
             cfg = cfg.with_short_dedup(on);
+        }
+        if let Some(on) = self.deletions {
+            cfg = cfg.with_deletions(on);
         }
         if let Some(c) = self.clients {
             cfg.clients = c;

@@ -281,6 +281,12 @@ impl Ctx {
             crate::expire::reap(self, &name).await?;
             found = self.catalog.get(name.as_str())?;
         }
+        // This node's metadata may not have applied a creation made elsewhere
+        // (whose increments were acknowledged): a counter is missing only if the
+        // metadata group's latest says so (a read index on the leader).
+        if found.is_none() && !create {
+            found = self.catalog.current(name.as_str()).await?.filter(|m| !self.expired(m));
+        }
         let meta = match found {
             Some(m) => m,
             None if !create => return Err(TallyError::NotFound(name.to_string())),

@@ -243,19 +243,33 @@ pub struct SharedCatalog {
     pub hold_completions: Arc<std::sync::atomic::AtomicBool>,
     /// How many times any view read a counter's metadata.
     pub gets: Arc<std::sync::atomic::AtomicU64>,
+    /// Counters this view has not applied yet: its own reads (`get`) miss them, as a
+    /// node whose metadata lags misses a counter created elsewhere; a read of the
+    /// latest metadata (`current`, a read index) finds them.
+    pub unapplied: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl SharedCatalog {
     /// Another view of the same metadata, with a gate of its own.
     pub fn view(&self, hold_completions: Arc<std::sync::atomic::AtomicBool>) -> Self {
-        Self { map: self.map.clone(), hold_completions, gets: self.gets.clone() }
+        Self { map: self.map.clone(), hold_completions, gets: self.gets.clone(), unapplied: Default::default() }
     }
 }
 
 impl tally_engine::Catalog for SharedCatalog {
     fn get(&self, name: &str) -> Result<Option<tally_core::meta::CounterMeta>, tally_engine::TallyError> {
         self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.unapplied.lock().unwrap().contains(name) {
+            return Ok(None);
+        }
         Ok(self.map.lock().unwrap().get(name).cloned())
+    }
+    fn current<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<tally_core::meta::CounterMeta>, tally_engine::TallyError>>
+    {
+        Box::pin(async move { Ok(self.map.lock().unwrap().get(name).cloned()) })
     }
     fn apply<'a>(
         &'a self,

@@ -75,6 +75,14 @@ async fn two_nodes_with(
     slow_ms: Arc<AtomicU64>,
 ) -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>, Arc<AtomicU64>) {
     let catalog: Arc<dyn Catalog> = Arc::new(common::SharedCatalog::default());
+    two_nodes_on([catalog.clone(), catalog], slow_ms).await
+}
+
+/// Nodes `a` and `b`, each with its view of the metadata.
+async fn two_nodes_on(
+    catalogs: [Arc<dyn Catalog>; 2],
+    slow_ms: Arc<AtomicU64>,
+) -> (Tally, Tally, Arc<AtomicBool>, Arc<AtomicBool>, Arc<AtomicU64>) {
     let down = Arc::new(AtomicBool::new(false));
     let lossy = Arc::new(AtomicBool::new(false));
     let mk = |me: &str| {
@@ -88,19 +96,20 @@ async fn two_nodes_with(
         })
     };
     let (pa, pb) = (mk("a"), mk("b"));
-    let open = |p: Arc<Split>, name: &str| {
+    let open = |p: Arc<Split>, name: &str, catalog: Arc<dyn Catalog>| {
         let config = TallyConfig { node_id: NodeId::new(name), call_timeout_ms: 5_000, ..Default::default() };
         let parts = EngineParts {
             store: Arc::new(MemStore::new()),
             clock: Arc::new(SystemClock),
             config,
-            catalog: Some(catalog.clone()),
+            catalog: Some(catalog),
             placement: Some(p),
         };
         Tally::open_parts(parts)
     };
-    let a = open(pa.clone(), "a").await.unwrap();
-    let b = open(pb.clone(), "b").await.unwrap();
+    let [ca, cb] = catalogs;
+    let a = open(pa.clone(), "a", ca).await.unwrap();
+    let b = open(pb.clone(), "b", cb).await.unwrap();
     let _ = pa.peer.set(b.clone());
     let _ = pb.peer.set(a.clone());
     (a, b, down, lossy, slow_ms)
@@ -327,4 +336,24 @@ async fn reconciliations_of_one_counter_on_both_nodes_go_one_at_a_time() {
     assert_eq!(a.read("c", Consistency::Fresh).await.unwrap().value, 100);
     assert_eq!(b.read("c", Consistency::Fresh).await.unwrap().value, 100);
     assert_eq!(corrected, 1, "one run corrects, the others find no drift");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_read_on_a_node_whose_metadata_lags_a_creation_finds_the_counter() {
+    let shared = common::SharedCatalog::default();
+    let lagging = shared.view(Arc::new(AtomicBool::new(false)));
+    lagging.unapplied.lock().unwrap().insert("born:a".into());
+    let (a, b, ..) = two_nodes_on([Arc::new(shared), Arc::new(lagging.clone())], Arc::new(AtomicU64::new(0))).await;
+    // One shard, on `a`: `b` is never asked to serve what it does not know of.
+    a.put_counter("born:a", spec(1, Durability::Sync)).await.unwrap();
+    for i in 0..10 {
+        assert!(a.incr("born:a", Increment::new(1).event_id(format!("e{i}"))).await.unwrap().applied);
+    }
+    // `b` has not applied the creation: its read asks the metadata group's latest.
+    let read = b.read("born:a", Consistency::Fresh).await.unwrap();
+    assert_eq!((read.value, read.complete), (10, true));
+    // A counter that exists nowhere is still missing.
+    assert!(matches!(b.read("born:none", Consistency::Fresh).await, Err(TallyError::NotFound(_))));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }

@@ -41,6 +41,10 @@ pub enum LinkFate {
     Deliver(Duration),
     /// Never delivered: the caller waits out its timeout.
     Lose,
+    /// Never delivered, and the connection breaks at once: the caller learns that
+    /// the call failed but not whether its request was served (a request whose
+    /// answer is reset was).
+    Reset,
 }
 
 /// The simulator's say over every message: called once for a request (from caller to callee)
@@ -123,15 +127,18 @@ impl MemRaftNet {
         MemEnd { net: self.clone(), me, addr }
     }
 
-    /// Waits as `fate` says, forever if the message is lost.
-    async fn carry(&self, from: NodeId, to: NodeId) {
+    /// Waits as `fate` says, forever if the message is lost; a reset connection
+    /// fails at once.
+    async fn carry(&self, from: NodeId, to: NodeId) -> Result<(), Transport> {
         match self.inner.links.fate(from, to) {
             LinkFate::Deliver(delay) => {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
+                Ok(())
             }
-            LinkFate::Lose => std::future::pending::<()>().await,
+            LinkFate::Lose => std::future::pending().await,
+            LinkFate::Reset => Err(Transport::Failed("connection reset".into())),
         }
     }
 }
@@ -155,7 +162,7 @@ impl MemEnd {
     ) -> Result<http::Response<Body>, Transport> {
         let down = || Transport::Connect(format!("no node serves {to}"));
         let target = self.net.lookup(to).ok_or_else(down)?.node;
-        self.net.carry(self.me, target).await;
+        self.net.carry(self.me, target).await?;
         // It went down while the request travelled: nothing took it.
         let served = self.net.lookup(to).ok_or_else(down)?;
         request.extensions_mut().insert(axum::extract::ConnectInfo(crate::auth::RaftPeer(self.addr)));
@@ -170,7 +177,7 @@ impl MemEnd {
             Ok(Err(e)) => Err(Transport::Failed(format!("the answer broke off: {e}"))),
             Err(e) => Err(Transport::Failed(format!("connection closed by the peer: {e}"))),
         };
-        self.net.carry(served.node, self.me).await;
+        self.net.carry(served.node, self.me).await?;
         answer
     }
 }
@@ -295,6 +302,21 @@ mod tests {
             "{err}"
         );
         assert_eq!(served.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_fails_the_call_at_once_and_a_reset_answer_was_served() {
+        let (_net, _, client, served) = setup(LinkFate::Reset, LinkFate::Deliver(Duration::ZERO));
+        let started = tokio::time::Instant::now();
+        let err = call(&client, TWO).await.unwrap_err();
+        assert!(err.to_string().contains("connection reset"), "{err}");
+        assert_eq!(served.load(Ordering::SeqCst), 0);
+
+        let (_net, _, client, served) = setup(LinkFate::Deliver(Duration::ZERO), LinkFate::Reset);
+        let err = call(&client, TWO).await.unwrap_err();
+        assert!(err.to_string().contains("connection reset"), "{err}");
+        assert_eq!(served.load(Ordering::SeqCst), 1);
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

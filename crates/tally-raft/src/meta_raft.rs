@@ -649,8 +649,20 @@ impl MetaRaft {
 
     /// Applies `req` through the leader, retrying attempts whose outcome is unknown.
     async fn propose(&self, req: Request) -> Result<Response, RaftError> {
+        #[cfg(feature = "planted-bugs")]
+        let sent = std::sync::atomic::AtomicU32::new(0);
         self.retrying(|deadline| {
             let req = req.clone();
+            #[cfg(feature = "planted-bugs")]
+            let req = match req {
+                Request::Proposal { request, .. }
+                    if sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0
+                        && tally_core::planted::active(tally_core::planted::Bug::ProposalResentWithoutIdentity) =>
+                {
+                    *request
+                }
+                other => other,
+            };
             async move {
                 let local = tokio::time::timeout(left(deadline), self.raft.client_write(req.clone())).await;
                 let Ok(local) = local else {

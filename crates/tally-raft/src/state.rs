@@ -305,7 +305,14 @@ impl MetaState {
         };
         // A name whose deletion is not finished: the new counter's shards take
         // generations the old one never had, so its cleanup never meets them.
-        if let (MetaEffect::Created, Some(tombstone)) = (&effect, self.tombstones.get(name)) {
+        #[cfg(feature = "planted-bugs")]
+        let tombstones = match tally_core::planted::active(tally_core::planted::Bug::TombstoneWithoutIncarnation) {
+            true => None,
+            false => self.tombstones.get(name),
+        };
+        #[cfg(not(feature = "planted-bugs"))]
+        let tombstones = self.tombstones.get(name);
+        if let (MetaEffect::Created, Some(tombstone)) = (&effect, tombstones) {
             match next.take().and_then(|meta| meta.born_after(tombstone)) {
                 Some(meta) => next = Some(meta),
                 None => {

@@ -7,6 +7,8 @@
 //! the increment was answered counted must find its dedup record: a refusal then
 //! (overflow, conflict) means the record was lost. (A refusal *before* a count is
 //! fine: a refused increment leaves no record and may succeed when retried later.)
+//! A counter deleted between two counts of an id holds at most one of them: the
+//! second belongs to the counter created anew (see [`super::recreated`]).
 
 use super::{exact, name, Violation};
 use crate::history::History;
@@ -57,6 +59,10 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             let sent = times.iter().map(|&(s, _)| s).min().unwrap_or(first);
             let last = times.iter().map(|&(_, a)| a).max().unwrap_or(second);
             let crash_between = h.crashes.iter().any(|&(t, _)| sent <= t && t <= last);
+            // A counter deleted in between was created anew, without the id's record.
+            if super::recreated::deleted_between(h, op.counter, sent, last) {
+                continue;
+            }
             if exact(role) || !crash_between {
                 out.push(Violation {
                     invariant: NAME,

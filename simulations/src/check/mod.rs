@@ -15,6 +15,7 @@
 //! | [`distinct`] | a distinct estimate (of the whole counter, or of a window) stays within a stated multiple of HyperLogLog's standard error |
 //! | [`window`] | a `sync` counter's window sums exactly what was applied in its buckets (tier 2) |
 //! | [`bounded`] | a bounded counter's value never crosses its bound, no read reports it beyond, and no window holds more than its limit (tier 2) |
+//! | [`recreated`] | a counter deleted and created again holds exactly its own increments, never the deleted one's (tier 3) |
 
 use crate::history::{Disturbance, History, IncrOp, Role, Status};
 use std::fmt;
@@ -24,6 +25,7 @@ pub mod bounded;
 pub mod distinct;
 pub mod exactly_once;
 pub mod reconcile;
+pub mod recreated;
 pub mod staleness;
 pub mod sync_bounds;
 pub mod window;
@@ -54,6 +56,7 @@ pub fn check_all(h: &History) -> Vec<Violation> {
     distinct::check(h, &mut v);
     window::check(h, &mut v);
     bounded::check(h, &mut v);
+    recreated::check(h, &mut v);
     v
 }
 

@@ -29,6 +29,10 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             continue;
         }
         let info = &h.counters[r.counter];
+        // A counter deleted and created anew starts its rollup over.
+        if info.role == crate::history::Role::Recreated {
+            continue;
+        }
         // The stamps are a node's: with skewed clocks they may run ahead of true
         // time, and a clock jump between a refresh and a read stretches staleness.
         let skew = h.clock_skew_ms;

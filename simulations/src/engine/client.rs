@@ -7,8 +7,8 @@
 use super::world::{lock, now_ms, Shared};
 use crate::config::*;
 use crate::history::{
-    Attempt, CounterInfo, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status, WindowOp,
-    WindowValue,
+    Attempt, CounterInfo, DeleteOp, Deleted, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status,
+    WindowOp, WindowValue,
 };
 use crate::msg::{Answer, Consistency, ReadValue};
 use crate::workload::{bounded_plans, counter_plans, counters_of, draw_engine_op, member_name, Draw};
@@ -59,8 +59,160 @@ pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
         .map_err(|e| format!("creating {name}: {e}"))?;
         lock(w).history.counters.push(CounterInfo { name, role, spec: out.counter.spec, offline_extra });
     }
+    if lock(w).cfg.deletions() {
+        create_recreated(w, &tally).await?;
+    }
     tokio::time::sleep(Duration::from_millis(SETUP_SETTLE_MS)).await;
     Ok(())
+}
+
+/// Clients that write to [`RECREATED_COUNTER`] (beside the run's own).
+const RECREATING_CLIENTS: u16 = 2;
+/// Share of a re-creating client's operations that are fresh reads, in percent.
+const RECREATING_READ_PERCENT: u32 = 20;
+/// Largest delta a re-creating client adds.
+const RECREATING_DELTA_MAX: i64 = 3;
+/// How long the operator waits for a deletion's answer: past the metadata group's
+/// retries of its proposal and the engine's cleanup of its shards.
+const DELETE_WAIT_MS: u64 = 15_000;
+
+/// Declares [`RECREATED_NAMESPACE`] through `tally` and records
+/// [`RECREATED_COUNTER`], which the clients' first increment creates under it: a
+/// `sync` counter of 1–4 shards (in replicated runs with the copies drawn as for
+/// the other counters).
+async fn create_recreated(w: &Shared, tally: &Tally) -> Result<(), String> {
+    let spec = {
+        let mut g = lock(w);
+        let replicas = g.cfg.replicas;
+        let mut patch = tally_engine::SpecPatch {
+            shards: Some(g.rng.random_range(1..=4)),
+            durability: Some(tally_core::spec::Durability::Sync),
+            rollup_ms: Some(g.rng.random_range(50..=300)),
+            ..Default::default()
+        };
+        if replicas > 1 {
+            let choices = [None, Some(replicas), Some(tally_core::ranges::REPLICAS_MAX)];
+            patch.replicas = choices[g.rng.random_range(0..choices.len())];
+        }
+        tally_core::namespace::NamespaceSpec { patch, auto: None, ttl_ms: None }
+    };
+    let counter_spec = spec.counter_spec().map_err(|e| format!("the namespace {RECREATED_NAMESPACE}: {e}"))?;
+    tally
+        .put_namespace(RECREATED_NAMESPACE, spec)
+        .await
+        .map_err(|e| format!("declaring {RECREATED_NAMESPACE}: {e}"))?;
+    let info =
+        CounterInfo { name: RECREATED_COUNTER.into(), role: Role::Recreated, spec: counter_spec, offline_extra: 0 };
+    lock(w).history.counters.push(info);
+    Ok(())
+}
+
+/// Every client of the run: its own and, with deletions, the re-creating ones.
+fn all_clients(w: &Shared) -> u16 {
+    let g = lock(w);
+    g.cfg.clients + if g.cfg.deletions() { RECREATING_CLIENTS } else { 0 }
+}
+
+/// Starts the chaos phase's writers of [`RECREATED_COUNTER`] and its operator, who
+/// deletes it at times drawn from the run's generator (tier 3 with deletions).
+pub(crate) fn start_recreating(w: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
+    let (first, counter, deletions) = {
+        let mut g = lock(w);
+        if !g.cfg.deletions() {
+            return Vec::new();
+        }
+        let chaos_ms = g.cfg.chaos_ms;
+        let deletions = super::poisson(&mut g.rng, DELETIONS_PER_S, chaos_ms);
+        let counter = counters_of(&g.history.counters, Role::Recreated)[0];
+        (g.cfg.clients, counter, deletions)
+    };
+    let mut tasks: Vec<_> =
+        (first..first + RECREATING_CLIENTS).map(|c| tokio::spawn(recreating_loop(w.clone(), c, counter))).collect();
+    tasks.push(tokio::spawn(operator(w.clone(), counter, deletions)));
+    tasks
+}
+
+/// A client of [`RECREATED_COUNTER`]: increments with event ids, and fresh reads.
+async fn recreating_loop(w: Shared, c: u16, counter: usize) {
+    let (start, chaos_from, chaos_ms) = {
+        let g = lock(&w);
+        (g.start, g.chaos_from_ms, g.cfg.chaos_ms)
+    };
+    loop {
+        let read = {
+            let mut g = lock(&w);
+            if g.now().saturating_sub(chaos_from) >= chaos_ms || g.history.incrs.len() >= OPS_MAX {
+                return;
+            }
+            g.rng.random_range(0..100) < RECREATING_READ_PERCENT
+        };
+        if read {
+            read_fresh(&w, counter).await;
+        } else {
+            let op = {
+                let mut g = lock(&w);
+                let delta = g.rng.random_range(1..=RECREATING_DELTA_MAX);
+                let invoked_ms = now_ms(start);
+                let op = IncrOp { client: c, counter, delta, member: None, invoked_ms, attempts: Vec::new() };
+                g.history.incrs.push(op);
+                g.history.incrs.len() - 1
+            };
+            increment(&w, op, Some(format!("c{c}-o{op}")), CLIENT_ATTEMPTS_MAX).await;
+        }
+        let think = lock(&w).rng.random_range(1..=CLIENT_THINK_MS_MAX);
+        sleep_ms(think).await;
+    }
+}
+
+async fn read_fresh(w: &Shared, counter: usize) {
+    read(w, counter, Consistency::Fresh, false).await;
+}
+
+/// The operator: deletes `counter` at each of `at` (ms into the chaos phase), each
+/// through a node drawn anew, waiting for every answer.
+async fn operator(w: Shared, counter: usize, at: Vec<u64>) {
+    let (start, chaos_from) = {
+        let g = lock(&w);
+        (g.start, g.chaos_from_ms)
+    };
+    let mut waiting = Vec::new();
+    for t in at {
+        let now = now_ms(start);
+        sleep_ms((chaos_from + t).saturating_sub(now)).await;
+        waiting.push(tokio::spawn(delete(w.clone(), counter)));
+    }
+    for d in waiting {
+        let _ = d.await;
+    }
+}
+
+/// Deletes `counter` through a random node and records what came of it.
+async fn delete(w: Shared, counter: usize) {
+    let (op, name, n) = {
+        let mut g = lock(&w);
+        let now = g.now();
+        let nodes = g.cfg.nodes;
+        let n = g.rng.random_range(0..nodes);
+        g.history.deletions.push(DeleteOp { counter, invoked_ms: now, done_ms: None, outcome: Deleted::Unknown });
+        g.note("delete", (counter, n));
+        (g.history.deletions.len() - 1, g.history.counters[counter].name.clone(), n)
+    };
+    let asked = on_node(&w, n, move |t| async move { t.delete_counter(&name).await });
+    let reply = tokio::time::timeout(Duration::from_millis(DELETE_WAIT_MS), asked).await.ok();
+    let mut g = lock(&w);
+    let now = g.now();
+    let outcome = match &reply {
+        Some(Ok(())) => Deleted::Yes,
+        Some(Err(TallyError::NotFound(_))) => Deleted::NotFound,
+        Some(Err(_)) | None => Deleted::Unknown,
+    };
+    g.note("delete-answer", (op, format!("{reply:?}")));
+    if outcome == Deleted::Yes {
+        g.count(FaultKind::CounterDeleted);
+    }
+    let rec = &mut g.history.deletions[op];
+    rec.done_ms = reply.is_some().then_some(now);
+    rec.outcome = outcome;
 }
 
 /// Starts the clients of the chaos phase.
@@ -314,6 +466,22 @@ async fn read(w: &Shared, counter: usize, consistency: Consistency, settled: boo
     let mut g = lock(w);
     let now = g.now();
     let Some(reply) = reply else { return false };
+    // A counter deleted and not created again reads as a complete 0.
+    let recreated = g.history.counters[counter].role == Role::Recreated;
+    let reply = match reply {
+        Err(TallyError::NotFound(_)) if recreated => {
+            let as_of_ms = super::world::EPOCH_MS + now;
+            Ok(tally_engine::ValueRead {
+                value: 0,
+                consistency: c,
+                as_of_ms,
+                staleness_ms: 0,
+                complete: true,
+                missing_shards: Vec::new(),
+            })
+        }
+        other => other,
+    };
     // A clock behind the run's start stamps before it: such a total counts as taken
     // at the start, its staleness shortened by as much, so that `as_of + staleness`
     // stays the reading clock's time.
@@ -482,12 +650,12 @@ fn idle(w: &Shared) -> bool {
 /// The settle phase: clients resolve unknown outcomes, then the settler waits for the
 /// cluster to be idle, reconciles, and takes the final reads.
 pub(crate) async fn settle(w: &Shared) {
-    let clients = {
+    let clients = all_clients(w);
+    {
         let mut g = lock(w);
         g.history.settle_ms = g.now();
         g.note("settle", ());
-        g.cfg.clients
-    };
+    }
     let tasks: Vec<_> = (0..clients).map(|c| tokio::spawn(resolve(w.clone(), c))).collect();
     for t in tasks {
         let _ = t.await;

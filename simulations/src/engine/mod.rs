@@ -206,15 +206,19 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
 /// Starts node `n` as a whole cluster node (tier 3) on its current stores; `None`
 /// if it crashed meanwhile.
 async fn open_whole_node(w: &Shared, n: u8) -> Option<Tally> {
+    let starting = lock(w).nodes[usize::from(n)].starting.clone();
+    let _starting = starting.lock().await;
     let stopping = lock(w).nodes[usize::from(n)].stopping.take();
     if let Some(stopping) = stopping {
         let _ = stopping.await;
     }
+    // This start is for the node's current life; a later restart starts the next.
+    let life = lock(w).nodes[usize::from(n)].incarnation;
     for _ in 0..OPEN_ATTEMPTS_MAX {
         let (store, incarnation, short_dedup) = {
             let g = lock(w);
             let node = &g.nodes[usize::from(n)];
-            if !node.up {
+            if !node.up || node.incarnation != life {
                 return None;
             }
             (node.store.clone(), node.incarnation, g.cfg.short_dedup())
@@ -261,8 +265,9 @@ async fn open_whole_node(w: &Shared, n: u8) -> Option<Tally> {
             }
         };
         if let Some(c) = stray {
-            let stopping = whole::abort(c);
-            lock(w).nodes[usize::from(n)].stopping = Some(stopping);
+            // The node crashed while this start ran: it stops what it started
+            // before any later start begins.
+            let _ = whole::abort(c).await;
             return None;
         }
         tokio::time::sleep(Duration::from_millis(REOPEN_BACKOFF_MS)).await;
@@ -609,7 +614,7 @@ fn draw_partition(rng: &mut ChaCha8Rng, nodes: u8) -> (Vec<(u8, u8)>, bool) {
 }
 
 /// Draws the times of a Poisson process of `rate_per_s` over `span_ms`.
-fn poisson(rng: &mut ChaCha8Rng, rate_per_s: f64, span_ms: u64) -> Vec<u64> {
+pub(crate) fn poisson(rng: &mut ChaCha8Rng, rate_per_s: f64, span_ms: u64) -> Vec<u64> {
     let mut out = Vec::new();
     if rate_per_s <= 0.0 {
         return out;
@@ -1079,7 +1084,8 @@ async fn drive(w: Shared) -> Result<(), String> {
         let g = lock(&w);
         (g.chaos_from_ms, g.cfg.chaos_ms)
     };
-    let clients = client::start(&w);
+    let mut clients = client::start(&w);
+    clients.extend(client::start_recreating(&w));
     if lock(&w).cfg.replicas > 1 {
         tokio::spawn(watch_hand_overs(w.clone()));
     }
@@ -1151,6 +1157,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
                 cluster: None,
                 raft_db: None,
                 stopping: None,
+                starting: Default::default(),
             })
             .collect();
         // A refresh reads remote shards over the simulated links: it takes up to the

@@ -19,6 +19,7 @@
 //! tally-transport's contract and tally-engine is the code `tallyd` runs.
 
 use super::world::{lock, node_name, Shared};
+use rand::Rng;
 use super::SimClock;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -112,11 +113,26 @@ impl SimLinks {
     }
 }
 
+impl SimLinks {
+    /// Whether a metadata RPC that would arrive breaks off instead (runs with
+    /// deletions): its caller learns at once that it failed, and resends.
+    fn reset(&self) -> bool {
+        let Some(world) = self.world.upgrade() else { return false };
+        let mut g = lock(&world);
+        if g.healed || !g.cfg.deletions() || g.rng.random::<f64>() >= crate::config::META_RESET_SHARE {
+            return false;
+        }
+        g.count(crate::history::FaultKind::MetaReset);
+        true
+    }
+}
+
 impl tally_raft::RaftLinks for SimLinks {
     fn fate(&self, from: u64, to: u64) -> tally_raft::LinkFate {
         let index = |id: u64| u8::try_from(id.saturating_sub(1)).unwrap_or(u8::MAX);
         match SimLinks::fate(self, index(from), index(to)) {
             Duration::MAX => tally_raft::LinkFate::Lose,
+            _ if self.reset() => tally_raft::LinkFate::Reset,
             d => tally_raft::LinkFate::Deliver(d),
         }
     }

@@ -54,6 +54,11 @@ pub(crate) struct Node {
     pub(crate) raft_db: Option<sled::Db>,
     /// Tier 3: the stop of the node's previous life, which its next start awaits.
     pub(crate) stopping: Option<tokio::task::JoinHandle<()>>,
+    /// Tier 3: held by a start of the node from its beginning until it is the
+    /// node's, or stopped again because the node crashed while it started (a start
+    /// cannot be cut short: it ends first, then stops what it started). A later
+    /// start waits for it, so no two lives of the node share its addresses.
+    pub(crate) starting: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// One version of a counter's metadata, with the time the log committed it.
