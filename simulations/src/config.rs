@@ -210,10 +210,13 @@ pub const RECREATED_COUNTER: &str = "del:0";
 /// The namespace it lives under: counters created in it are `sync` with event ids.
 pub const RECREATED_NAMESPACE: &str = "del:";
 /// Deletions of [`RECREATED_COUNTER`] per simulated second of chaos.
-pub const DELETIONS_PER_S: f64 = 1.0;
+pub const DELETIONS_PER_S: f64 = 4.0;
 /// Share of the metadata group's messages whose connection breaks instead of
 /// arriving, in runs with deletions (apart from those the links lose or cut).
 pub const META_RESET_SHARE: f64 = 0.02;
+/// Share of the answers to forwarded metadata proposals that break off in runs with
+/// deletions: the leader applied the proposal, and its proposer resends it.
+pub const META_PROPOSAL_RESET_SHARE: f64 = 0.5;
 
 /// The dedup window of `short:0`, in seconds: a run lasts many of them.
 pub const SHORT_DEDUP_WINDOW_S: u32 = 1;

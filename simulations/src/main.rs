@@ -81,8 +81,7 @@ struct Args {
     /// handoff-deletes-early, handoff-forgets-seal, sketch-merge-beside-live,
     /// escrow-overspend; with --tier engine --replicas 3: ack-before-quorum-durable,
     /// two-leaders-ack, catch-up-skipped; with --tier cluster --replicas 3:
-    /// replica-id-from-raft-id, tombstone-without-incarnation,
-    /// proposal-resent-without-identity).
+    /// replica-id-from-raft-id; with --tier cluster: proposal-resent-without-identity).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,

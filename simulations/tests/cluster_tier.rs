@@ -39,8 +39,13 @@ fn failures(runs: impl IntoIterator<Item = RunReport>) -> Vec<String> {
 }
 
 fn gate(faults: FaultLevel) {
-    let found = failures((0..SEEDS).map(|seed| run(config(seed, faults))));
+    let runs: Vec<RunReport> = (0..SEEDS).map(|seed| run(config(seed, faults))).collect();
+    let count = |kind| runs.iter().map(|r| r.faults.get(&kind).copied().unwrap_or(0)).sum::<u64>();
+    let (deleted, resets) = (count(FaultKind::CounterDeleted), count(FaultKind::MetaReset));
+    let found = failures(runs);
     assert!(found.is_empty(), "{} seeds violated invariants:\n{}", found.len(), found.join("\n"));
+    // Tier 3 deletes and re-creates a counter, and breaks metadata RPCs off.
+    assert!(deleted > 0 && resets > 0, "{deleted} deletions answered, {resets} metadata RPCs reset");
 }
 
 #[test]

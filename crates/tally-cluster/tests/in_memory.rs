@@ -11,7 +11,7 @@ use tally_engine::{MemStore, SystemClock, TallyConfig};
 struct Open;
 
 impl tally_raft::RaftLinks for Open {
-    fn fate(&self, _: u64, _: u64) -> tally_raft::LinkFate {
+    fn fate(&self, _: u64, _: u64, _: tally_raft::RaftMessage<'_>) -> tally_raft::LinkFate {
         tally_raft::LinkFate::Deliver(Duration::ZERO)
     }
 }

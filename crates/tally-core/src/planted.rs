@@ -63,10 +63,6 @@ pub enum Bug {
     /// the same on every disk, instead of from its data directory's identity, so a
     /// node back with an empty disk rejoins its groups as the replica it was.
     ReplicaIdFromRaftId,
-    /// Metadata: a counter created under the name of a deleted one whose cleanup is
-    /// not finished starts at its first generation again, the tombstone's ignored,
-    /// so the old counter's shards and the new one's share ids.
-    TombstoneWithoutIncarnation,
     /// Metadata: a proposer resends a proposal whose outcome it does not know as the
     /// bare request, without its identity, so the state machine applies it again.
     ProposalResentWithoutIdentity,
@@ -108,8 +104,7 @@ impl Bug {
 
     /// The bugs planted in the cluster layer (`tally-cluster`, `tally-raft`), caught
     /// by tier 3 (whole nodes).
-    pub const CLUSTER: [Bug; 3] =
-        [Bug::ReplicaIdFromRaftId, Bug::TombstoneWithoutIncarnation, Bug::ProposalResentWithoutIdentity];
+    pub const CLUSTER: [Bug; 2] = [Bug::ReplicaIdFromRaftId, Bug::ProposalResentWithoutIdentity];
 
     /// The name used on command lines.
     pub fn as_str(self) -> &'static str {
@@ -132,7 +127,6 @@ impl Bug {
             Bug::TwoLeadersAck => "two-leaders-ack",
             Bug::CatchUpSkipped => "catch-up-skipped",
             Bug::ReplicaIdFromRaftId => "replica-id-from-raft-id",
-            Bug::TombstoneWithoutIncarnation => "tombstone-without-incarnation",
             Bug::ProposalResentWithoutIdentity => "proposal-resent-without-identity",
         }
     }

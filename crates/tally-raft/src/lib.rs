@@ -68,7 +68,7 @@ pub mod upgrade;
 pub use auth::RaftSecret;
 pub use error::RaftError;
 pub use log_store::SledLogStore;
-pub use mem_net::{LinkFate, MemRaftNet, RaftLinks};
+pub use mem_net::{LinkFate, MemRaftNet, RaftLinks, RaftMessage};
 pub use meta_raft::{MetaRaft, MetaRaftConfig, RaftStorage};
 pub use server::raft_router;
 pub use state::MetaState;

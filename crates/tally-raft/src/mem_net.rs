@@ -47,11 +47,20 @@ pub enum LinkFate {
     Reset,
 }
 
+/// Which message of an RPC a link carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaftMessage<'a> {
+    /// The RPC's path ([`crate::rpc`]: `PATH_APPEND`, `PATH_CLIENT_WRITE`, ...).
+    pub rpc: &'a str,
+    /// Whether it is the answer (from callee to caller) rather than the request.
+    pub answer: bool,
+}
+
 /// The simulator's say over every message: called once for a request (from caller to callee)
 /// and once for its answer (from callee to caller). Raft ids.
 pub trait RaftLinks: Send + Sync + 'static {
-    /// What happens to one message from `from` to `to`.
-    fn fate(&self, from: NodeId, to: NodeId) -> LinkFate;
+    /// What happens to `message` from `from` to `to`.
+    fn fate(&self, from: NodeId, to: NodeId, message: RaftMessage<'_>) -> LinkFate;
 }
 
 /// A router registered under an address.
@@ -129,8 +138,8 @@ impl MemRaftNet {
 
     /// Waits as `fate` says, forever if the message is lost; a reset connection
     /// fails at once.
-    async fn carry(&self, from: NodeId, to: NodeId) -> Result<(), Transport> {
-        match self.inner.links.fate(from, to) {
+    async fn carry(&self, from: NodeId, to: NodeId, message: RaftMessage<'_>) -> Result<(), Transport> {
+        match self.inner.links.fate(from, to, message) {
             LinkFate::Deliver(delay) => {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
@@ -162,7 +171,8 @@ impl MemEnd {
     ) -> Result<http::Response<Body>, Transport> {
         let down = || Transport::Connect(format!("no node serves {to}"));
         let target = self.net.lookup(to).ok_or_else(down)?.node;
-        self.net.carry(self.me, target).await?;
+        let rpc = request.uri().path().to_owned();
+        self.net.carry(self.me, target, RaftMessage { rpc: &rpc, answer: false }).await?;
         // It went down while the request travelled: nothing took it.
         let served = self.net.lookup(to).ok_or_else(down)?;
         request.extensions_mut().insert(axum::extract::ConnectInfo(crate::auth::RaftPeer(self.addr)));
@@ -177,7 +187,7 @@ impl MemEnd {
             Ok(Err(e)) => Err(Transport::Failed(format!("the answer broke off: {e}"))),
             Err(e) => Err(Transport::Failed(format!("connection closed by the peer: {e}"))),
         };
-        self.net.carry(served.node, self.me).await?;
+        self.net.carry(served.node, self.me, RaftMessage { rpc: &rpc, answer: true }).await?;
         answer
     }
 }
@@ -221,7 +231,8 @@ mod tests {
     }
 
     impl RaftLinks for Fates {
-        fn fate(&self, from: NodeId, to: NodeId) -> LinkFate {
+        fn fate(&self, from: NodeId, to: NodeId, message: RaftMessage<'_>) -> LinkFate {
+            assert_eq!(message, RaftMessage { rpc: "/count", answer: from != 1 });
             self.asked.lock().unwrap().push((from, to));
             if from == 1 {
                 self.request

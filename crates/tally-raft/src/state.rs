@@ -305,14 +305,7 @@ impl MetaState {
         };
         // A name whose deletion is not finished: the new counter's shards take
         // generations the old one never had, so its cleanup never meets them.
-        #[cfg(feature = "planted-bugs")]
-        let tombstones = match tally_core::planted::active(tally_core::planted::Bug::TombstoneWithoutIncarnation) {
-            true => None,
-            false => self.tombstones.get(name),
-        };
-        #[cfg(not(feature = "planted-bugs"))]
-        let tombstones = self.tombstones.get(name);
-        if let (MetaEffect::Created, Some(tombstone)) = (&effect, tombstones) {
+        if let (MetaEffect::Created, Some(tombstone)) = (&effect, self.tombstones.get(name)) {
             match next.take().and_then(|meta| meta.born_after(tombstone)) {
                 Some(meta) => next = Some(meta),
                 None => {

@@ -37,7 +37,7 @@ impl Links {
 }
 
 impl RaftLinks for Links {
-    fn fate(&self, from: NodeId, to: NodeId) -> LinkFate {
+    fn fate(&self, from: NodeId, to: NodeId, _: tally_raft::RaftMessage<'_>) -> LinkFate {
         self.asked.lock().unwrap().push((from, to));
         let cut = self.cut.lock().unwrap();
         if cut.contains(&from) || cut.contains(&to) {

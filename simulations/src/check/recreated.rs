@@ -12,7 +12,10 @@
 //! * any other increment may or may not be.
 //!
 //! A read of a counter that does not exist is a complete read of 0. The final read
-//! after settling must be complete, and exact when no increment is in doubt.
+//! after settling must be complete, and exact when no increment is in doubt. A
+//! deletion answered "not found" must not have found a counter that surely existed:
+//! one acknowledged an increment before the deletion was sent, with no other
+//! deletion that may have applied in between.
 
 use super::{name, surely_refused, Violation};
 use crate::history::{DeleteOp, Deleted, History, IncrOp, Role, Status};
@@ -103,6 +106,28 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
             });
         }
     }
+    // A deletion answered "not found" must have found no counter: none may have
+    // been acknowledged an increment, before it was sent, that no other deletion
+    // may have removed by its answer.
+    for (i, d) in h.deletions.iter().enumerate() {
+        let (Deleted::NotFound, Some(done)) = (d.outcome, d.done_ms) else { continue };
+        let others = || h.deletions.iter().enumerate().filter(|&(j, x)| j != i && x.counter == d.counter);
+        let existed = h.incrs.iter().filter(|o| o.counter == d.counter).find(|o| {
+            matches!(o.status_at(d.invoked_ms), Status::Applied { .. })
+                && !others().any(|(_, x)| may_delete_between(h, x, o.invoked_ms, done))
+        });
+        if let Some(op) = existed {
+            out.push(Violation {
+                invariant: NAME,
+                detail: format!(
+                    "deleting {} at {}..{done} ms answered not found, but an increment invoked at {} ms was acknowledged to it before, and no other deletion may have applied since",
+                    name(h, d.counter),
+                    d.invoked_ms,
+                    op.invoked_ms
+                ),
+            });
+        }
+    }
     for (c, info) in h.counters.iter().enumerate().filter(|(_, i)| i.role == Role::Recreated) {
         let last = h.reads.iter().rev().find(|r| {
             r.settled && r.consistency == Consistency::Fresh && r.counter == c && r.value.is_some_and(|v| v.complete)
@@ -172,7 +197,9 @@ mod tests {
     #[test]
     fn a_deletion_answered_not_found_deleted_nothing_and_an_unknown_one_may_apply_until_settling() {
         let mut h = history();
-        incr(&mut h, 10, Some(20));
+        // Acknowledged only once the deletion was sent: it may have created the
+        // counter after the deletion found none.
+        incr(&mut h, 10, Some(120));
         h.deletions.push(DeleteOp {
             counter: 0,
             invoked_ms: 100,
@@ -181,6 +208,18 @@ mod tests {
         });
         assert!(read(&mut h, 300, 310, 1).is_empty());
         assert_eq!(read(&mut h, 300, 310, 0)[0].invariant, NAME);
+        // The counter existed when this deletion was sent: "not found" is wrong.
+        incr(&mut h, 125, Some(130));
+        h.deletions.push(DeleteOp {
+            counter: 0,
+            invoked_ms: 140,
+            done_ms: Some(160),
+            outcome: Deleted::NotFound,
+        });
+        let found = read(&mut h, 300, 310, 2);
+        assert!(found.len() == 1 && found[0].detail.contains("answered not found"), "{found:?}");
+        h.deletions.pop();
+        h.incrs.pop();
         h.deletions[0].outcome = Deleted::Unknown;
         assert!(read(&mut h, 300, 310, 0).is_empty());
         assert!(read(&mut h, 300, 310, 1).is_empty());

@@ -206,14 +206,19 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
 /// Starts node `n` as a whole cluster node (tier 3) on its current stores; `None`
 /// if it crashed meanwhile.
 async fn open_whole_node(w: &Shared, n: u8) -> Option<Tally> {
-    let starting = lock(w).nodes[usize::from(n)].starting.clone();
+    // This start is for the node's current life; a later restart starts the next.
+    let (life, starting) = {
+        let mut g = lock(w);
+        let node = &g.nodes[usize::from(n)];
+        let (life, starting) = (node.incarnation, node.starting.clone());
+        g.note("starting", (n, life));
+        (life, starting)
+    };
     let _starting = starting.lock().await;
     let stopping = lock(w).nodes[usize::from(n)].stopping.take();
     if let Some(stopping) = stopping {
         let _ = stopping.await;
     }
-    // This start is for the node's current life; a later restart starts the next.
-    let life = lock(w).nodes[usize::from(n)].incarnation;
     for _ in 0..OPEN_ATTEMPTS_MAX {
         let (store, incarnation, short_dedup) = {
             let g = lock(w);
@@ -245,7 +250,10 @@ async fn open_whole_node(w: &Shared, n: u8) -> Option<Tally> {
                     g.undisturb(n);
                     return Some(tally);
                 }
-                Ok(c) => Some(c),
+                Ok(c) => {
+                    g.note("stray", (n, incarnation));
+                    Some(c)
+                }
                 Err(tally_cluster::ClusterError::DataDir(why)) => {
                     // The node refuses to run on part of its data directory; its
                     // operator follows the advice and starts it on an empty one, as

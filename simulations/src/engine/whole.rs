@@ -115,11 +115,17 @@ impl SimLinks {
 
 impl SimLinks {
     /// Whether a metadata RPC that would arrive breaks off instead (runs with
-    /// deletions): its caller learns at once that it failed, and resends.
-    fn reset(&self) -> bool {
+    /// deletions): its caller learns at once that it failed, and resends. A
+    /// forwarded proposal's answer breaks off more often than the rest, so that
+    /// proposals the leader applied are resent.
+    fn reset(&self, message: tally_raft::RaftMessage<'_>) -> bool {
         let Some(world) = self.world.upgrade() else { return false };
         let mut g = lock(&world);
-        if g.healed || !g.cfg.deletions() || g.rng.random::<f64>() >= crate::config::META_RESET_SHARE {
+        let share = match message.answer && message.rpc == tally_raft::rpc::PATH_CLIENT_WRITE {
+            true => crate::config::META_PROPOSAL_RESET_SHARE,
+            false => crate::config::META_RESET_SHARE,
+        };
+        if g.healed || !g.cfg.deletions() || g.rng.random::<f64>() >= share {
             return false;
         }
         g.count(crate::history::FaultKind::MetaReset);
@@ -128,11 +134,11 @@ impl SimLinks {
 }
 
 impl tally_raft::RaftLinks for SimLinks {
-    fn fate(&self, from: u64, to: u64) -> tally_raft::LinkFate {
+    fn fate(&self, from: u64, to: u64, message: tally_raft::RaftMessage<'_>) -> tally_raft::LinkFate {
         let index = |id: u64| u8::try_from(id.saturating_sub(1)).unwrap_or(u8::MAX);
         match SimLinks::fate(self, index(from), index(to)) {
             Duration::MAX => tally_raft::LinkFate::Lose,
-            _ if self.reset() => tally_raft::LinkFate::Reset,
+            _ if self.reset(message) => tally_raft::LinkFate::Reset,
             d => tally_raft::LinkFate::Deliver(d),
         }
     }
