@@ -252,7 +252,12 @@ pub struct SharedCatalog {
 impl SharedCatalog {
     /// Another view of the same metadata, with a gate of its own.
     pub fn view(&self, hold_completions: Arc<std::sync::atomic::AtomicBool>) -> Self {
-        Self { map: self.map.clone(), hold_completions, gets: self.gets.clone(), unapplied: Default::default() }
+        Self {
+            map: self.map.clone(),
+            hold_completions,
+            gets: self.gets.clone(),
+            unapplied: Default::default(),
+        }
     }
 }
 

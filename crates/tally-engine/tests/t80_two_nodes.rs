@@ -343,7 +343,8 @@ async fn a_fresh_read_on_a_node_whose_metadata_lags_a_creation_finds_the_counter
     let shared = common::SharedCatalog::default();
     let lagging = shared.view(Arc::new(AtomicBool::new(false)));
     lagging.unapplied.lock().unwrap().insert("born:a".into());
-    let (a, b, ..) = two_nodes_on([Arc::new(shared), Arc::new(lagging.clone())], Arc::new(AtomicU64::new(0))).await;
+    let (a, b, ..) =
+        two_nodes_on([Arc::new(shared), Arc::new(lagging.clone())], Arc::new(AtomicU64::new(0))).await;
     // One shard, on `a`: `b` is never asked to serve what it does not know of.
     a.put_counter("born:a", spec(1, Durability::Sync)).await.unwrap();
     for i in 0..10 {

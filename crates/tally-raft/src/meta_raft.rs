@@ -657,7 +657,9 @@ impl MetaRaft {
             let req = match req {
                 Request::Proposal { request, .. }
                     if sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0
-                        && tally_core::planted::active(tally_core::planted::Bug::ProposalResentWithoutIdentity) =>
+                        && tally_core::planted::active(
+                            tally_core::planted::Bug::ProposalResentWithoutIdentity,
+                        ) =>
                 {
                     *request
                 }

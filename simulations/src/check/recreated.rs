@@ -66,7 +66,9 @@ fn span(h: &History, counter: usize, from: u64, to: u64) -> Span {
             continue;
         }
         let wiped = deletions.iter().any(|x| {
-            x.outcome == Deleted::Yes && x.done_ms.is_some_and(|done| done <= from) && finished_before(op, x.invoked_ms)
+            x.outcome == Deleted::Yes
+                && x.done_ms.is_some_and(|done| done <= from)
+                && finished_before(op, x.invoked_ms)
         });
         if wiped {
             continue;
@@ -85,7 +87,8 @@ fn span(h: &History, counter: usize, from: u64, to: u64) -> Span {
 pub fn check(h: &History, out: &mut Vec<Violation>) {
     for r in &h.reads {
         let (Some(done), Some(v)) = (r.done_ms, r.value) else { continue };
-        if h.counters[r.counter].role != Role::Recreated || r.consistency != Consistency::Fresh || !v.complete {
+        if h.counters[r.counter].role != Role::Recreated || r.consistency != Consistency::Fresh || !v.complete
+        {
             continue;
         }
         let s = span(h, r.counter, r.invoked_ms, done);
@@ -130,10 +133,16 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
     }
     for (c, info) in h.counters.iter().enumerate().filter(|(_, i)| i.role == Role::Recreated) {
         let last = h.reads.iter().rev().find(|r| {
-            r.settled && r.consistency == Consistency::Fresh && r.counter == c && r.value.is_some_and(|v| v.complete)
+            r.settled
+                && r.consistency == Consistency::Fresh
+                && r.counter == c
+                && r.value.is_some_and(|v| v.complete)
         });
         if last.is_none() {
-            out.push(Violation { invariant: NAME, detail: format!("no complete final read of {}", info.name) });
+            out.push(Violation {
+                invariant: NAME,
+                detail: format!("no complete final read of {}", info.name),
+            });
         }
     }
 }

@@ -7,8 +7,8 @@
 use super::world::{lock, now_ms, Shared};
 use crate::config::*;
 use crate::history::{
-    Attempt, CounterInfo, DeleteOp, Deleted, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role, Status,
-    WindowOp, WindowValue,
+    Attempt, CounterInfo, DeleteOp, Deleted, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role,
+    Status, WindowOp, WindowValue,
 };
 use crate::msg::{Answer, Consistency, ReadValue};
 use crate::workload::{bounded_plans, counter_plans, counters_of, draw_engine_op, member_name, Draw};
@@ -96,13 +96,18 @@ async fn create_recreated(w: &Shared, tally: &Tally) -> Result<(), String> {
         }
         tally_core::namespace::NamespaceSpec { patch, auto: None, ttl_ms: None }
     };
-    let counter_spec = spec.counter_spec().map_err(|e| format!("the namespace {RECREATED_NAMESPACE}: {e}"))?;
+    let counter_spec =
+        spec.counter_spec().map_err(|e| format!("the namespace {RECREATED_NAMESPACE}: {e}"))?;
     tally
         .put_namespace(RECREATED_NAMESPACE, spec)
         .await
         .map_err(|e| format!("declaring {RECREATED_NAMESPACE}: {e}"))?;
-    let info =
-        CounterInfo { name: RECREATED_COUNTER.into(), role: Role::Recreated, spec: counter_spec, offline_extra: 0 };
+    let info = CounterInfo {
+        name: RECREATED_COUNTER.into(),
+        role: Role::Recreated,
+        spec: counter_spec,
+        offline_extra: 0,
+    };
     lock(w).history.counters.push(info);
     Ok(())
 }
@@ -126,8 +131,9 @@ pub(crate) fn start_recreating(w: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
         let counter = counters_of(&g.history.counters, Role::Recreated)[0];
         (g.cfg.clients, counter, deletions)
     };
-    let mut tasks: Vec<_> =
-        (first..first + RECREATING_CLIENTS).map(|c| tokio::spawn(recreating_loop(w.clone(), c, counter))).collect();
+    let mut tasks: Vec<_> = (first..first + RECREATING_CLIENTS)
+        .map(|c| tokio::spawn(recreating_loop(w.clone(), c, counter)))
+        .collect();
     tasks.push(tokio::spawn(operator(w.clone(), counter, deletions)));
     tasks
 }
@@ -193,7 +199,12 @@ async fn delete(w: Shared, counter: usize) {
         let now = g.now();
         let nodes = g.cfg.nodes;
         let n = g.rng.random_range(0..nodes);
-        g.history.deletions.push(DeleteOp { counter, invoked_ms: now, done_ms: None, outcome: Deleted::Unknown });
+        g.history.deletions.push(DeleteOp {
+            counter,
+            invoked_ms: now,
+            done_ms: None,
+            outcome: Deleted::Unknown,
+        });
         g.note("delete", (counter, n));
         (g.history.deletions.len() - 1, g.history.counters[counter].name.clone(), n)
     };

@@ -19,8 +19,8 @@
 //! tally-transport's contract and tally-engine is the code `tallyd` runs.
 
 use super::world::{lock, node_name, Shared};
-use rand::Rng;
 use super::SimClock;
+use rand::Rng;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
