@@ -1204,6 +1204,11 @@ impl Ctx {
                 }
             },
         };
+        // A namesake created since (its runtime found anew) is another counter.
+        if target.meta.created_at_ms != rt.meta.created_at_ms {
+            tracing::warn!(counter = %rt.name, "dropping buffered increments of a deleted counter");
+            return true;
+        }
         let mut delivered = true;
         let mut waiting = Vec::with_capacity(drained.len());
         // Until every answer is counted, a base of `INCR` answers waits (`ledger.rs`).
