@@ -145,15 +145,15 @@ async fn recreating_loop(w: Shared, c: u16, counter: usize) {
         (g.start, g.chaos_from_ms, g.cfg.chaos_ms)
     };
     loop {
-        let read = {
+        let reads = {
             let mut g = lock(&w);
             if g.now().saturating_sub(chaos_from) >= chaos_ms || g.history.incrs.len() >= OPS_MAX {
                 return;
             }
             g.rng.random_range(0..100) < RECREATING_READ_PERCENT
         };
-        if read {
-            read_fresh(&w, counter).await;
+        if reads {
+            read(&w, counter, Consistency::Fresh, false).await;
         } else {
             let op = {
                 let mut g = lock(&w);
@@ -168,10 +168,6 @@ async fn recreating_loop(w: Shared, c: u16, counter: usize) {
         let think = lock(&w).rng.random_range(1..=CLIENT_THINK_MS_MAX);
         sleep_ms(think).await;
     }
-}
-
-async fn read_fresh(w: &Shared, counter: usize) {
-    read(w, counter, Consistency::Fresh, false).await;
 }
 
 /// The operator: deletes `counter` at each of `at` (ms into the chaos phase), each
@@ -194,11 +190,10 @@ async fn operator(w: Shared, counter: usize, at: Vec<u64>) {
 
 /// Deletes `counter` through a random node and records what came of it.
 async fn delete(w: Shared, counter: usize) {
-    let (op, name, n) = {
+    let n = gateway(&w);
+    let (op, name) = {
         let mut g = lock(&w);
         let now = g.now();
-        let nodes = g.cfg.nodes;
-        let n = g.rng.random_range(0..nodes);
         g.history.deletions.push(DeleteOp {
             counter,
             invoked_ms: now,
@@ -206,7 +201,7 @@ async fn delete(w: Shared, counter: usize) {
             outcome: Deleted::Unknown,
         });
         g.note("delete", (counter, n));
-        (g.history.deletions.len() - 1, g.history.counters[counter].name.clone(), n)
+        (g.history.deletions.len() - 1, g.history.counters[counter].name.clone())
     };
     let asked = on_node(&w, n, move |t| async move { t.delete_counter(&name).await });
     let reply = tokio::time::timeout(Duration::from_millis(DELETE_WAIT_MS), asked).await.ok();
