@@ -1104,7 +1104,20 @@ impl Ctx {
     ///
     /// False if a sum went back to a runtime's slots (its shard was sealed, or could
     /// not be reached): it is still counted, but not yet in any shard.
+    ///
+    /// The drain runs in a task of its own, so a caller that stops waiting (a client
+    /// that gives up on its read) cannot cut it short: cut between taking the sums and
+    /// booking them, it would lose them; cut while they are sent, it would leave them
+    /// in the book neither answered nor in doubt, and the drain counted in flight, so
+    /// every later fresh read of the counter on this node would be incomplete.
     pub(crate) async fn drain(self: &Arc<Self>, rt: &Arc<CounterRuntime>) -> bool {
+        let (ctx, rt) = (self.clone(), rt.clone());
+        // A join error means the task panicked or the runtime is stopping: either way
+        // nothing says the sums arrived.
+        tokio::spawn(async move { ctx.drain_whole(&rt).await }).await.unwrap_or(false)
+    }
+
+    async fn drain_whole(self: &Arc<Self>, rt: &Arc<CounterRuntime>) -> bool {
         rt.drains_in_flight.fetch_add(1, SeqCst);
         rt.touch();
         let drained = rt.drain();

@@ -288,3 +288,32 @@ async fn a_sum_in_doubt_is_never_resent_to_a_namesake_of_its_deleted_counter() {
     assert_eq!((r.value, r.complete), (0, true), "the new counter holds none of the old one's increments");
     tally.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_read_whose_caller_stops_waiting_leaves_no_drain_behind() {
+    // A client that gives up (its connection closes, its own timeout passes) drops
+    // its read while the read's drain of buffered increments waits on the disk. The
+    // drain must still end: later fresh reads complete, and nothing it carried is
+    // lost or counted twice.
+    let (tally, store) = hooked(quick_config(), Arc::new(SystemClock)).await;
+    let patch = SpecPatch { flush_ms: Some(60_000), ..spec(1, Durability::Batched) };
+    tally.put_counter("v", patch).await.unwrap();
+    tally.incr("v", Increment::new(1)).await.unwrap();
+    for _ in 0..10 {
+        tally.incr("v", Increment::new(1)).await.unwrap();
+    }
+    store.stall_commit_path(500);
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), tally.read("v", Consistency::Fresh)).await;
+    assert!(gave_up.is_err(), "the read waited on the stalled disk");
+    store.stall_commit_path(0);
+    let r = tally.read("v", Consistency::Fresh).await.unwrap();
+    let r = if r.complete {
+        r
+    } else {
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        tally.read("v", Consistency::Fresh).await.unwrap()
+    };
+    assert!(r.complete, "a fresh read after the abandoned one is complete: {r:?}");
+    assert_eq!(r.value, 11);
+    tally.shutdown().await.unwrap();
+}
