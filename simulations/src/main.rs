@@ -81,7 +81,8 @@ struct Args {
     /// handoff-deletes-early, handoff-forgets-seal, sketch-merge-beside-live,
     /// escrow-overspend; with --tier engine --replicas 3: ack-before-quorum-durable,
     /// two-leaders-ack, catch-up-skipped; with --tier cluster --replicas 3:
-    /// replica-id-from-raft-id; with --tier cluster: proposal-resent-without-identity).
+    /// replica-id-from-raft-id; with --tier cluster: proposal-resent-without-identity,
+    /// read-index-skipped).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,

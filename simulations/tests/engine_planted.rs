@@ -147,7 +147,18 @@ fn proposal_resent_without_identity_is_caught() {
     first_catch(Bug::ProposalResentWithoutIdentity, whole_nodes_calm);
 }
 
+/// Whole nodes with one copy at heavy faults: crashes and cuts leave nodes whose
+/// metadata lags while clients re-create `del:0` through others.
+fn whole_nodes_one_copy(seed: u64, bug: Option<Bug>) -> SimConfig {
+    SimConfig { plant: bug, ..SimConfig::standard(seed, 5, FaultLevel::Heavy).on(Tier::Cluster) }
+}
+
+#[test]
+fn read_index_skipped_is_caught() {
+    first_catch(Bug::ReadIndexSkipped, whole_nodes_one_copy);
+}
+
 #[test]
 fn every_cluster_bug_has_a_test() {
-    assert_eq!(Bug::CLUSTER.len(), 2, "a new cluster-layer bug needs its own test above");
+    assert_eq!(Bug::CLUSTER.len(), 3, "a new cluster-layer bug needs its own test above");
 }

@@ -66,6 +66,11 @@ pub enum Bug {
     /// Metadata: a proposer resends a proposal whose outcome it does not know as the
     /// bare request, without its identity, so the state machine applies it again.
     ProposalResentWithoutIdentity,
+    /// Metadata: a read that must see every change committed before it began
+    /// (`MetaRaft::counter_linearizable`) answers from this node's applied state
+    /// without a read index, so a node whose metadata lags a creation made elsewhere
+    /// answers that the counter does not exist.
+    ReadIndexSkipped,
 }
 
 impl Bug {
@@ -104,7 +109,8 @@ impl Bug {
 
     /// The bugs planted in the cluster layer (`tally-cluster`, `tally-raft`), caught
     /// by tier 3 (whole nodes).
-    pub const CLUSTER: [Bug; 2] = [Bug::ReplicaIdFromRaftId, Bug::ProposalResentWithoutIdentity];
+    pub const CLUSTER: [Bug; 3] =
+        [Bug::ReplicaIdFromRaftId, Bug::ProposalResentWithoutIdentity, Bug::ReadIndexSkipped];
 
     /// The name used on command lines.
     pub fn as_str(self) -> &'static str {
@@ -128,6 +134,7 @@ impl Bug {
             Bug::CatchUpSkipped => "catch-up-skipped",
             Bug::ReplicaIdFromRaftId => "replica-id-from-raft-id",
             Bug::ProposalResentWithoutIdentity => "proposal-resent-without-identity",
+            Bug::ReadIndexSkipped => "read-index-skipped",
         }
     }
 }
