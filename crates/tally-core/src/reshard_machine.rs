@@ -126,6 +126,38 @@ impl ReshardMachine {
     /// not yet answered. A sealed image whose sketch does not decode is an error: the
     /// resharding cannot carry its members over.
     pub fn step(&mut self, input: ReshardInput) -> Result<Vec<ReshardEffect>, ReshardError> {
+        let effects = self.take(input);
+        self.check(effects.as_deref().unwrap_or_default());
+        effects
+    }
+
+    /// The invariants after every step, checked in production too: only the sealed
+    /// generation's shards are sealed, each once; sketches merge only once every
+    /// shard is sealed, into the next generation; and the completion names the
+    /// sealed generation and comes only once every shard is sealed and merged.
+    fn check(&self, effects: &[ReshardEffect]) {
+        assert!(self.images.len() <= usize::from(self.shards), "more sealed images than shards");
+        assert!(self.images.keys().all(|i| *i < self.shards), "an image of a shard the generation lacks");
+        let all_sealed = self.images.len() == usize::from(self.shards);
+        assert!(!self.merged || all_sealed, "merged before every shard was sealed");
+        for effect in effects {
+            match effect {
+                ReshardEffect::Seal(id) => {
+                    assert!(id.generation == self.generation && id.index < self.shards, "sealing {id}");
+                }
+                ReshardEffect::MergeSketch { shard, .. } => {
+                    assert!(all_sealed && !self.merged, "a merge before sealing ended, or twice");
+                    assert_eq!(shard.generation, self.generation + 1, "a merge outside the next generation");
+                }
+                ReshardEffect::Complete { generation, .. } => {
+                    assert!(all_sealed, "completed before every shard was sealed");
+                    assert_eq!(*generation, self.generation, "completed another generation");
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, input: ReshardInput) -> Result<Vec<ReshardEffect>, ReshardError> {
         match input {
             ReshardInput::Sealed { index, image } => {
                 if index >= self.shards || self.images.contains_key(&index) {
@@ -212,6 +244,14 @@ mod tests {
 
     fn name() -> CounterName {
         CounterName::new("c").unwrap()
+    }
+
+    #[test]
+    #[should_panic(expected = "merged before every shard was sealed")]
+    fn a_merge_recorded_before_sealing_ended_breaks_the_invariant() {
+        let mut m = ReshardMachine::new(name(), &layout(3, 2, Some(4))).unwrap();
+        m.merged = true;
+        let _ = m.step(ReshardInput::Outstanding);
     }
 
     fn image(value: i64, member: Option<&str>) -> ShardImage {

@@ -86,6 +86,14 @@ impl Submission {
         }
     }
 
+    /// What it adds to the shard's value when applied.
+    pub fn delta(&self) -> i64 {
+        match self {
+            Self::Buffered { sum, .. } => *sum,
+            Self::Single { delta, .. } => *delta,
+        }
+    }
+
     /// How many acknowledged or waiting increments it carries.
     pub fn increments(&self) -> u64 {
         match self {
@@ -408,10 +416,34 @@ pub fn decide(
         d.values.push(d.value);
     }
     assert_eq!(d.values.len(), d.outcomes.len(), "every outcome has the value it left the shard at");
+    check_decision(batch, before, &d, &created);
     d.dedup_put = created.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     state.value = d.value;
     debug_assert!(d.writes(before) || d.applied_increments == 0 || d.change_abs == 0);
     d
+}
+
+/// The invariants of every decision, checked in production too (a broken one would
+/// be written to the store and answered): the value moved by exactly what was
+/// applied, each applied submission moved it by its own delta in order, and every
+/// applied submission with an id left a record under it.
+fn check_decision(batch: &[Submission], before: i64, d: &Decision, created: &BTreeMap<&str, DedupRecord>) {
+    assert_eq!(d.outcomes.len(), batch.len(), "one outcome per submission");
+    let mut value = i128::from(before);
+    for ((sub, outcome), after) in batch.iter().zip(&d.outcomes).zip(&d.values) {
+        if *outcome == Outcome::Applied {
+            value += i128::from(sub.delta());
+            if let Some(id) = sub.record_id() {
+                assert!(created.contains_key(id), "applied submission {id:?} left no record");
+            }
+        }
+        assert_eq!(
+            i128::from(*after),
+            value,
+            "a submission left the shard at a value its deltas do not sum to"
+        );
+    }
+    assert_eq!(i128::from(d.value), value, "the shard moved by other than what was applied");
 }
 
 #[cfg(test)]
@@ -424,6 +456,26 @@ mod tests {
 
     fn single(delta: i64, id: Option<&str>) -> Submission {
         Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None, seq: None }
+    }
+
+    #[test]
+    #[should_panic(expected = "the shard moved by other than what was applied")]
+    fn a_decision_whose_value_drifts_from_its_deltas_breaks_its_invariant() {
+        let batch = [single(2, None), single(3, Some("e"))];
+        let mut s = ShardState::default();
+        let mut d = decide(&mut s, &batch, &BTreeMap::new(), 10, W, &mut |_| Ok(()));
+        let records = BTreeMap::from([("e", DedupRecord { delta: 3, applied_at_ms: 10 })]);
+        check_decision(&batch, 0, &d, &records);
+        d.value += 1;
+        check_decision(&batch, 0, &d, &records);
+    }
+
+    #[test]
+    #[should_panic(expected = "left no record")]
+    fn an_applied_increment_without_its_record_breaks_the_decisions_invariant() {
+        let batch = [single(3, Some("e"))];
+        let d = decide(&mut ShardState::default(), &batch, &BTreeMap::new(), 10, W, &mut |_| Ok(()));
+        check_decision(&batch, 0, &d, &BTreeMap::new());
     }
 
     #[test]

@@ -589,7 +589,42 @@ impl<R> ShardMachine<R> {
             }
         }
         self.next(&mut out);
+        self.check();
         out
+    }
+
+    /// The machine's invariants, checked after every step, in production too: a
+    /// broken one is a bug that would otherwise write or answer from a state the
+    /// shard cannot be in.
+    fn check(&self) {
+        if self.broken {
+            assert!(
+                self.pending.is_empty()
+                    && self.escrow.is_none()
+                    && self.outbox.is_empty()
+                    && self.outbox_applied.is_empty(),
+                "a broken copy holds nothing to decide or send"
+            );
+            return;
+        }
+        assert!(!self.seal_waiting || self.sealed, "a seal is answered only by a sealed copy");
+        assert!(!self.sealed || self.sweep_waiting.is_empty(), "a sealed copy sweeps nothing");
+        if matches!(self.phase, Phase::Idle) {
+            assert!(self.sweep_waiting.is_empty(), "an idle copy writes its sweep at once");
+            assert!(
+                self.pending.is_empty() || self.commit_scheduled,
+                "queued submissions wait for a scheduled commit"
+            );
+        }
+        if self.escrow.is_none() {
+            assert!(
+                !self.escrow_dirty && self.outbox.is_empty() && self.outbox_applied.is_empty(),
+                "only a bounded counter's shard has escrow to write or send"
+            );
+        }
+        if let Some(w) = &self.state.windows {
+            w.check();
+        }
     }
 
     /// What follows once the current input is handled: the next batch, a waiting
@@ -988,6 +1023,15 @@ mod tests {
 
     fn single(delta: i64, id: Option<&str>) -> Submission {
         Submission::Single { delta, event_id: id.map(str::to_owned), member: None, item: None, seq: None }
+    }
+
+    #[test]
+    #[should_panic(expected = "a seal is answered only by a sealed copy")]
+    fn a_seal_waiting_on_an_unsealed_copy_stops_on_its_invariant() {
+        let mut m = machine(Durability::Sync, 0);
+        m.step(0, Input::Submit { sub: single(1, None), reply: 1 });
+        m.seal_waiting = true;
+        m.step(1, Input::EscrowTick);
     }
 
     fn buffered(sum: i64, id: &str) -> Submission {

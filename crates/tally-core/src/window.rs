@@ -568,24 +568,44 @@ impl WindowState {
             return Err(refuse(&format!("unknown version {version}")));
         }
         let state: WindowState = decode("window state", body)?;
-        if state.windows.len() > WINDOWS_PER_COUNTER_MAX {
-            return Err(refuse("too many windows"));
+        match state.violation() {
+            Some(reason) => Err(refuse(&reason)),
+            None => Ok(state),
         }
-        for (i, w) in state.windows.iter().enumerate() {
-            Window::from_ms(w.window.ms).map_err(|e| refuse(&e.to_string()))?;
-            if state.windows[..i].iter().any(|o| o.window == w.window) {
-                return Err(refuse("a window twice"));
+    }
+
+    /// Asserts the bounds [`WindowState::from_bytes`] checks: a shard's buckets
+    /// keep them after every change, in production too.
+    pub fn check(&self) {
+        if let Some(reason) = self.violation() {
+            panic!("window state: {reason}");
+        }
+    }
+
+    /// The first bound the state breaks, if any: at most `WINDOWS_PER_COUNTER_MAX`
+    /// valid windows, each once, at most `BUCKETS_PER_WINDOW` buckets each within
+    /// one window of the newest, sketches only with `distinct`.
+    fn violation(&self) -> Option<String> {
+        if self.windows.len() > WINDOWS_PER_COUNTER_MAX {
+            return Some("too many windows".into());
+        }
+        for (i, w) in self.windows.iter().enumerate() {
+            if let Err(e) = Window::from_ms(w.window.ms) {
+                return Some(e.to_string());
+            }
+            if self.windows[..i].iter().any(|o| o.window == w.window) {
+                return Some("a window twice".into());
             }
             if let (Some(first), Some(last)) = (w.buckets.keys().next(), w.newest()) {
                 if last - first >= BUCKETS_PER_WINDOW {
-                    return Err(refuse("buckets span more than a window"));
+                    return Some("buckets span more than a window".into());
                 }
             }
-            if !state.distinct && w.buckets.values().any(|b| b.sketch.is_some()) {
-                return Err(refuse("members without distinct"));
+            if !self.distinct && w.buckets.values().any(|b| b.sketch.is_some()) {
+                return Some("members without distinct".into());
             }
         }
-        Ok(state)
+        None
     }
 }
 
@@ -599,6 +619,17 @@ mod tests {
 
     fn w(text: &str) -> Window {
         Window::parse(text).unwrap()
+    }
+
+    #[test]
+    #[should_panic(expected = "buckets span more than a window")]
+    fn buckets_beyond_one_window_break_the_states_invariant() {
+        let mut state = WindowState::new(&[w("1h")], false);
+        state.add(0, 1, &[]);
+        // Past the window, without the drop that `add` does.
+        state.windows[0].buckets.insert(BUCKETS_PER_WINDOW, Bucket::default());
+        assert!(WindowState::from_bytes(&state.to_bytes()).is_err(), "stored, it would not decode");
+        state.check();
     }
 
     #[test]
