@@ -261,6 +261,16 @@ impl CounterMeta {
             .collect()
     }
 
+    /// Whether shard `id` is one of this counter's: of a generation whose shards hold
+    /// data (sealed or current) or of the one a resharding opens, in the counter's
+    /// replica class.
+    pub fn holds(&self, id: &crate::ShardId) -> bool {
+        let class = self.spec.replica_class();
+        self.generations().chain(self.opening()).any(|(g, shards)| {
+            crate::ids::generation_word(g, class) == id.generation_word() && id.index < shards
+        })
+    }
+
     /// Every generation whose shards hold data: sealed ones, then the current one.
     pub fn generations(&self) -> impl Iterator<Item = (u32, u16)> + '_ {
         self.layout

@@ -795,8 +795,9 @@ impl Ctx {
         }
     }
 
-    /// The committed state of a shard, wherever it lives, and whether it is sealed.
-    pub(crate) async fn read_shard(&self, id: &ShardId) -> Result<ShardRead, TallyError> {
+    /// The committed state of a shard of the incarnation `born_ms` of its counter,
+    /// wherever it lives, and whether it is sealed.
+    pub(crate) async fn read_shard(&self, id: &ShardId, born_ms: u64) -> Result<ShardRead, TallyError> {
         match self.remote(id) {
             None => {
                 self.lost.check(id)?;
@@ -805,7 +806,7 @@ impl Ctx {
                 let sealed = self.store.meta_get(&seal_key(id))?.is_some();
                 Ok(ShardRead { image, sealed })
             }
-            Some((p, node)) => match p.call(&node, ShardRequest::Read { id: id.clone() }).await? {
+            Some((p, node)) => match p.call(&node, ShardRequest::Read { id: id.clone(), born_ms }).await? {
                 ShardResponse::Read { image, sealed } => Ok(ShardRead { image, sealed }),
                 other => Err(unexpected(&node, id, other)),
             },
@@ -1022,7 +1023,12 @@ impl Ctx {
         sub: Submission,
     ) -> ractor::concurrency::OneshotReceiver<ShardReply> {
         let (tx, rx) = ractor::concurrency::oneshot();
-        let request = ShardRequest::Submit { id: id.clone(), meta_version: meta.version, sub };
+        let request = ShardRequest::Submit {
+            id: id.clone(),
+            meta_version: meta.version,
+            born_ms: meta.created_at_ms,
+            sub,
+        };
         let id = id.clone();
         tokio::spawn(async move {
             match placement.call(&node, request).await {
@@ -1474,6 +1480,42 @@ impl Ctx {
                 });
             }
             tokio::time::sleep(Duration::from_millis(META_CATCH_UP_POLL_MS)).await;
+        }
+    }
+
+    /// Refuses to serve shard `id` to another node unless this node's metadata of
+    /// its counter — or, where that disagrees, the metadata group's latest (a read
+    /// index) — gives the shard to the counter's incarnation `born_ms`. `known` is
+    /// this node's metadata, when the caller has it at hand.
+    ///
+    /// The sender's view may lag a deletion, a re-creation under the same name, or
+    /// the pruning of a sealed generation. Served anyway, its read would sum an
+    /// emptied shard, or one of another layout, as a complete total, and its write
+    /// would count where no read looks, or in the namesake. Refused, its read lists
+    /// the shard as missing and its write stays unanswered, so nothing is claimed.
+    pub(crate) async fn check_serves(
+        self: &Arc<Self>,
+        id: &ShardId,
+        born_ms: u64,
+        known: Option<&CounterMeta>,
+    ) -> Result<(), TallyError> {
+        let serves = |meta: &CounterMeta| meta.created_at_ms == born_ms && meta.holds(id);
+        if known.is_some_and(serves) {
+            return Ok(());
+        }
+        if known.is_none() && self.catalog.get(id.counter.as_str())?.as_ref().is_some_and(serves) {
+            return Ok(());
+        }
+        match self.catalog.current(id.counter.as_str()).await? {
+            Some(latest) if serves(&latest) => {
+                self.install(id.counter.clone(), latest);
+                Ok(())
+            }
+            _ => Err(unavailable(
+                id,
+                "the latest metadata gives this shard to no counter of the sender's incarnation: the \
+                 sender's view lags a deletion, a re-creation or a resharding",
+            )),
         }
     }
 

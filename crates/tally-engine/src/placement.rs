@@ -19,19 +19,29 @@ use tally_store::ShardImage;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ShardRequest {
     /// Count a submission. `meta_version` is the sender's metadata version: the owner
-    /// waits until its own copy is at least as new before deciding.
+    /// waits until its own copy is at least as new before deciding. The owner counts
+    /// it only if the latest metadata gives the shard to the incarnation `born_ms`
+    /// (see [`ShardRequest::Read`]).
     Submit {
         /// The shard.
         id: ShardId,
         /// The sender's metadata version.
         meta_version: u64,
+        /// The incarnation (`created_at_ms`) of the counter the sender counts in.
+        born_ms: u64,
         /// What to count.
         sub: Submission,
     },
-    /// The shard's committed state, and whether it is sealed.
+    /// The shard's committed state, and whether it is sealed. The owner answers only
+    /// if the latest metadata gives the shard to the incarnation `born_ms` of its
+    /// counter: a sender whose metadata lags a deletion, a re-creation or the
+    /// pruning of a sealed generation would otherwise sum an emptied shard, or one
+    /// of another layout, as a complete total.
     Read {
         /// The shard.
         id: ShardId,
+        /// The incarnation (`created_at_ms`) of the counter the sender reads.
+        born_ms: u64,
     },
     /// Seal the shard for a resharding; answers with its final state.
     Seal {
@@ -126,7 +136,7 @@ impl ShardRequest {
     pub fn shard(&self) -> Option<&ShardId> {
         let id = match self {
             ShardRequest::Submit { id, .. }
-            | ShardRequest::Read { id }
+            | ShardRequest::Read { id, .. }
             | ShardRequest::Seal { id, .. }
             | ShardRequest::DedupGet { id, .. }
             | ShardRequest::Delete { id, .. }

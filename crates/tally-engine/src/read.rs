@@ -29,7 +29,7 @@ async fn reads_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -
             if empty {
                 return Some(ShardRead { image: ShardImage::default(), sealed: false });
             }
-            match ctx.read_shard(&id).await {
+            match ctx.read_shard(&id, meta.created_at_ms).await {
                 Ok(read) => Some(read),
                 Err(e) => {
                     tracing::warn!(shard = %id, error = %e, "shard missing from a read");

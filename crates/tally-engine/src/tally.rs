@@ -1156,13 +1156,19 @@ impl Tally {
                 ctx.adopt(&id, epoch).await?;
                 Ok(ShardResponse::Done)
             }
-            ShardRequest::Submit { id, meta_version, sub } => {
-                let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+            ShardRequest::Submit { id, meta_version, born_ms, sub } => {
+                let mut rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+                ctx.check_serves(&id, born_ms, Some(&rt.meta)).await?;
+                if rt.meta.created_at_ms != born_ms || !rt.meta.holds(&id) {
+                    // The check installed the latest metadata.
+                    rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+                }
                 let rx = ctx.send_local(&id, &rt.meta, sub).await?;
                 Ok(ShardResponse::Reply(ctx.await_reply(&id, rx).await?))
             }
-            ShardRequest::Read { id } => {
-                let read = ctx.read_shard(&id).await?;
+            ShardRequest::Read { id, born_ms } => {
+                ctx.check_serves(&id, born_ms, None).await?;
+                let read = ctx.read_shard(&id, born_ms).await?;
                 ctx.flusher.make_durable().await?;
                 Ok(ShardResponse::Read { image: read.image, sealed: read.sealed })
             }

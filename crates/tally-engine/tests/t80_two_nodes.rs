@@ -358,3 +358,32 @@ async fn a_fresh_read_on_a_node_whose_metadata_lags_a_creation_finds_the_counter
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_a_deletion_never_sums_the_old_counters_shards_as_complete() {
+    let (a, b, _) = two_nodes().await;
+    // One shard, on `a`.
+    a.put_counter("gone:a", spec(1, Durability::Sync)).await.unwrap();
+    for i in 0..10 {
+        assert!(a.incr("gone:a", Increment::new(1).event_id(format!("e{i}"))).await.unwrap().applied);
+    }
+    // `b` reads it and keeps its metadata: this catalog tells no engine of a change,
+    // as a node cut off from the metadata group hears of none.
+    assert_eq!(b.read("gone:a", Consistency::Fresh).await.unwrap().value, 10);
+    a.delete_counter("gone:a").await.unwrap();
+    let read = b.read("gone:a", Consistency::Fresh).await;
+    assert!(read.as_ref().is_ok_and(|r| !r.complete), "a deleted counter read as complete: {read:?}");
+    // Re-created with two shards under the same name: `b`'s layout of the old
+    // counter names shard 0 only, and must not sum it as the new counter's total.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    a.put_counter("gone:a", spec(2, Durability::Sync)).await.unwrap();
+    for i in 0..10 {
+        assert!(a.incr("gone:a", Increment::new(1).event_id(format!("n{i}"))).await.unwrap().applied);
+    }
+    let read = b.read("gone:a", Consistency::Fresh).await;
+    assert!(read.as_ref().is_ok_and(|r| !r.complete), "the old layout read as complete: {read:?}");
+    let fresh = a.read("gone:a", Consistency::Fresh).await.unwrap();
+    assert!(fresh.complete && fresh.value >= 10, "{fresh:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

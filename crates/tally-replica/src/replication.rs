@@ -1304,7 +1304,7 @@ mod tests {
         let asked = parking_lot::Mutex::new(Vec::new());
         let first = replication.owner(&id);
         let answer = replication
-            .call(&first, ShardRequest::Read { id: id.clone() }, None, |to: NodeId, _| {
+            .call(&first, ShardRequest::Read { id: id.clone(), born_ms: 0 }, None, |to: NodeId, _| {
                 asked.lock().push(to.clone());
                 let answer = if to == leader {
                     ShardResponse::Done

@@ -100,7 +100,10 @@ pub const RAFT_STORE_FORMATS_READABLE: RangeInclusive<u32> = FIRST_FORMAT..=RAFT
 /// Protocol 14: a node asks the owner of a counter's first shard to run a
 /// reconciliation of the counter (`ShardRequest::Reconcile`), so that the runs of
 /// one counter go one at a time across the cluster.
-pub const PEER_PROTOCOL: u32 = 14;
+/// Protocol 15: a shard read and a submission name the incarnation of the counter
+/// they are for (`born_ms`), and the owner serves them only if the latest metadata
+/// gives the shard to that incarnation.
+pub const PEER_PROTOCOL: u32 = 15;
 /// The raft RPC protocol (paths, envelopes, answers). Protocol 2 added the proof of
 /// the cluster secret every RPC carries (`tally_raft::auth`). Protocol 3: counter specs
 /// and spec patches in entries and snapshots carry sliding windows. Protocol 4: they
