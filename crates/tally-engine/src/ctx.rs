@@ -371,6 +371,30 @@ impl Ctx {
         self.install_with(name, meta, false)
     }
 
+    /// A runtime of its own for `meta`, where this node held none of its incarnation.
+    /// `created`: this node just created it, so it holds nothing anywhere.
+    fn fresh_runtime(
+        &self,
+        name: &CounterName,
+        meta: CounterMeta,
+        created: bool,
+        now: u64,
+    ) -> Arc<CounterRuntime> {
+        // A counter this call created holds nothing anywhere: its answers start from
+        // an exact zero; any other reads its shards first.
+        let ledger = if created { crate::ledger::Ledger::empty(now) } else { crate::ledger::Ledger::new() };
+        let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now, Arc::new(ledger));
+        if created {
+            rt.open_empty_slots();
+            // Every increment it takes lands here first, and no other node
+            // takes any: its total is in these slots until one leaves them.
+            if self.placement.is_none() {
+                rt.pristine.store(true, SeqCst);
+            }
+        }
+        Arc::new(rt)
+    }
+
     /// [`Ctx::install`]; `created`: the counter was just created with nothing in any
     /// shard, so a runtime this call inserts where none was opens its slots.
     fn install_with(
@@ -381,7 +405,22 @@ impl Ctx {
     ) -> Arc<CounterRuntime> {
         let now = self.now_ms();
         let mut replaced = None;
+        let mut reborn = None;
         let rt = match self.registry.entry(name.clone()) {
+            // Another incarnation: the counter this node held was deleted and created
+            // anew under the name, and this node learns of both at once (it lagged, or
+            // its feed of changes did). Versions start again with each incarnation, so
+            // only the metadata applied here says which one is current.
+            dashmap::Entry::Occupied(mut e) if e.get().meta.created_at_ms != meta.created_at_ms => {
+                let current = self.catalog.get(name.as_str()).ok().flatten();
+                if current.is_some_and(|m| m.created_at_ms == meta.created_at_ms) {
+                    let rt = self.fresh_runtime(&name, meta, created, now);
+                    reborn = Some(e.insert(rt.clone()));
+                    rt
+                } else {
+                    e.get().clone()
+                }
+            }
             dashmap::Entry::Occupied(e) if e.get().meta.version >= meta.version => e.get().clone(),
             dashmap::Entry::Occupied(mut e) => {
                 let ledger = e.get().ledger.clone();
@@ -394,26 +433,18 @@ impl Ctx {
                 replaced = Some(e.insert(rt.clone()));
                 rt
             }
-            dashmap::Entry::Vacant(e) => {
-                // A counter this call created holds nothing anywhere: its answers
-                // start from an exact zero; any other reads its shards first.
-                let ledger = if created {
-                    crate::ledger::Ledger::empty(self.now_ms())
-                } else {
-                    crate::ledger::Ledger::new()
-                };
-                let rt = CounterRuntime::new(name.clone(), Arc::new(meta), now, Arc::new(ledger));
-                if created {
-                    rt.open_empty_slots();
-                    // Every increment it takes lands here first, and no other node
-                    // takes any: its total is in these slots until one leaves them.
-                    if self.placement.is_none() {
-                        rt.pristine.store(true, SeqCst);
-                    }
-                }
-                e.insert(Arc::new(rt)).clone()
-            }
+            dashmap::Entry::Vacant(e) => e.insert(self.fresh_runtime(&name, meta, created, now)).clone(),
         };
+        if let Some(old) = reborn {
+            // What the deleted counter's runtimes buffer is dropped at their next
+            // drain, as for a deletion this node made (`forget_deleted`): never
+            // counted in the namesake.
+            for r in old.lineage(PREDECESSORS_MAX) {
+                r.deleted.store(true, SeqCst);
+            }
+            old.retired.store(true, SeqCst);
+            self.queue_dirty(&old);
+        }
         if let Some(old) = replaced {
             old.retired.store(true, SeqCst);
             self.queue_dirty(&old);

@@ -377,13 +377,19 @@ async fn a_node_behind_a_deletion_never_sums_the_old_counters_shards_as_complete
     // counter names shard 0 only, and must not sum it as the new counter's total.
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     a.put_counter("gone:a", spec(2, Durability::Sync)).await.unwrap();
+    let read = b.read("gone:a", Consistency::Fresh).await;
+    assert!(read.as_ref().is_ok_and(|r| !r.complete), "the old layout read as complete: {read:?}");
     for i in 0..10 {
         assert!(a.incr("gone:a", Increment::new(1).event_id(format!("n{i}"))).await.unwrap().applied);
     }
-    let read = b.read("gone:a", Consistency::Fresh).await;
-    assert!(read.as_ref().is_ok_and(|r| !r.complete), "the old layout read as complete: {read:?}");
-    let fresh = a.read("gone:a", Consistency::Fresh).await.unwrap();
-    assert!(fresh.complete && fresh.value >= 10, "{fresh:?}");
+    // `b` hears of the change only now, when its metadata holds both the deletion
+    // and the re-creation (versions start again with each incarnation): it takes
+    // the new counter, not the old one it knew, and reads what `a` reads.
+    b.metadata_changed("gone:a").await.unwrap();
+    let on_a = a.read("gone:a", Consistency::Fresh).await.unwrap();
+    let on_b = b.read("gone:a", Consistency::Fresh).await.unwrap();
+    assert!(on_a.complete && on_a.value >= 10, "{on_a:?}");
+    assert_eq!((on_b.value, on_b.complete), (on_a.value, true), "{on_b:?}");
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
