@@ -1517,7 +1517,8 @@ impl Ctx {
     /// Refuses to serve shard `id` to another node unless this node's metadata of
     /// its counter — or, where that disagrees, the metadata group's latest (a read
     /// index) — gives the shard to the counter's incarnation `born_ms`. `known` is
-    /// this node's metadata, when the caller has it at hand.
+    /// this node's metadata, when the caller has it at hand. Answers the runtime of
+    /// the latest metadata when it had to be asked for (and is installed now).
     ///
     /// The sender's view may lag a deletion, a re-creation under the same name, or
     /// the pruning of a sealed generation. Served anyway, its read would sum an
@@ -1529,19 +1530,16 @@ impl Ctx {
         id: &ShardId,
         born_ms: u64,
         known: Option<&CounterMeta>,
-    ) -> Result<(), TallyError> {
+    ) -> Result<Option<Arc<CounterRuntime>>, TallyError> {
         let serves = |meta: &CounterMeta| meta.created_at_ms == born_ms && meta.holds(id);
         if known.is_some_and(serves) {
-            return Ok(());
+            return Ok(None);
         }
         if known.is_none() && self.catalog.get(id.counter.as_str())?.as_ref().is_some_and(serves) {
-            return Ok(());
+            return Ok(None);
         }
         match self.catalog.current(id.counter.as_str()).await? {
-            Some(latest) if serves(&latest) => {
-                self.install(id.counter.clone(), latest);
-                Ok(())
-            }
+            Some(latest) if serves(&latest) => Ok(Some(self.install(id.counter.clone(), latest))),
             _ => Err(unavailable(
                 id,
                 "the latest metadata gives this shard to no counter of the sender's incarnation: the \

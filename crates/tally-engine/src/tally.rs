@@ -1157,11 +1157,15 @@ impl Tally {
                 Ok(ShardResponse::Done)
             }
             ShardRequest::Submit { id, meta_version, born_ms, sub } => {
-                let mut rt = ctx.meta_at_least(&id.counter, meta_version).await?;
-                ctx.check_serves(&id, born_ms, Some(&rt.meta)).await?;
-                if rt.meta.created_at_ms != born_ms || !rt.meta.holds(&id) {
-                    // The check installed the latest metadata.
-                    rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+                let rt = ctx.meta_at_least(&id.counter, meta_version).await?;
+                let rt = ctx.check_serves(&id, born_ms, Some(&rt.meta)).await?.unwrap_or(rt);
+                if rt.meta.created_at_ms != born_ms {
+                    // The group's latest names the sender's counter, which this node
+                    // has not applied yet: decided here, it would follow the other's spec.
+                    return Err(crate::error::unavailable(
+                        &id,
+                        "this node has not applied the counter's creation yet",
+                    ));
                 }
                 let rx = ctx.send_local(&id, &rt.meta, sub).await?;
                 Ok(ShardResponse::Reply(ctx.await_reply(&id, rx).await?))
