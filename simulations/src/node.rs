@@ -770,7 +770,7 @@ impl Sim {
     fn machine(store: &MemStore, shard: &ShardId, meta: &CounterMeta) -> ShardMachine<Pending> {
         let image = store.load_shard(shard).expect("a running node's store is open");
         let sketch = image_sketch(&image, meta);
-        let params = ShardParams::of(meta, shard);
+        let params = ShardParams::of(meta, shard, tally_core::escrow::Tuning::default());
         ShardMachine::new(params, image, sketch, false)
     }
 

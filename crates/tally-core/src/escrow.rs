@@ -105,6 +105,19 @@ impl Default for Tuning {
     }
 }
 
+impl Tuning {
+    /// The timers for callers that give up after `call_timeout_ms`: a change waits
+    /// for headroom at most half of it (and never longer than the default), so its
+    /// refusal reaches a caller on another node before that caller stops listening;
+    /// borrow requests go out at least twice within the wait.
+    pub fn within_call(call_timeout_ms: u64) -> Tuning {
+        let d = Tuning::default();
+        let borrow_wait_ms = d.borrow_wait_ms.min(call_timeout_ms / 2).max(1);
+        let ask_every_ms = d.ask_every_ms.min(borrow_wait_ms / 2).max(1);
+        Tuning { borrow_wait_ms, ask_every_ms, resend_ms: d.resend_ms }
+    }
+}
+
 /// Which bound a share guards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Side {
@@ -652,6 +665,14 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     const T: Tuning = Tuning { borrow_wait_ms: 100, ask_every_ms: 10, resend_ms: 20 };
+
+    #[test]
+    fn the_wait_fits_inside_the_callers_timeout() {
+        assert_eq!(Tuning::within_call(5_000), Tuning::default());
+        let short = Tuning::within_call(150);
+        assert_eq!((short.borrow_wait_ms, short.ask_every_ms), (75, 37));
+        assert_eq!(Tuning::within_call(1).borrow_wait_ms, 1, "a wait is never zero");
+    }
     const MIN0: Bounds = Bounds { min: Some(0), max: None };
 
     fn ledger(index: u16, bounds: Bounds, share: [u64; 2]) -> Ledger<u32> {

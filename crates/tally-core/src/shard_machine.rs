@@ -59,12 +59,15 @@ pub struct ShardParams {
     pub shard: u16,
     /// How many shards its generation has.
     pub shards: u16,
+    /// The escrow's timers (how long a change at its bound waits for headroom).
+    pub escrow: Tuning,
 }
 
 impl ShardParams {
     /// The parameters of shard `id` of the counter `meta` describes (a sealed
-    /// generation's shard keeps that generation's shard count).
-    pub fn of(meta: &crate::meta::CounterMeta, id: &crate::ids::ShardId) -> Self {
+    /// generation's shard keeps that generation's shard count), with the escrow
+    /// timers `escrow`.
+    pub fn of(meta: &crate::meta::CounterMeta, id: &crate::ids::ShardId, escrow: Tuning) -> Self {
         let layout = &meta.layout;
         let shards = match layout.sealed.iter().find(|g| g.generation == id.generation) {
             Some(sealed) => sealed.shards,
@@ -80,6 +83,7 @@ impl ShardParams {
             limit: meta.spec.limit.map(|l| l.window),
             shard: id.index,
             shards,
+            escrow,
         }
     }
 }
@@ -931,7 +935,7 @@ fn ledger_of<R>(params: &ShardParams, stored: Option<&[u8]>) -> Option<Ledger<Qu
         Some(bytes) => Durable::from_bytes(bytes).unwrap_or_default(),
         None => Durable::initial(params.bounds, params.shard, params.shards).unwrap_or_default(),
     };
-    Some(Ledger::new(params.shard, params.shards, params.bounds, Tuning::default(), durable))
+    Some(Ledger::new(params.shard, params.shards, params.bounds, params.escrow, durable))
 }
 
 /// The frequency sketch a shard starts from: the stored one, or an empty one when the
@@ -1009,6 +1013,7 @@ mod tests {
             limit: None,
             shard: 0,
             shards: 1,
+            escrow: Tuning::default(),
         }
     }
 
@@ -1489,6 +1494,7 @@ mod window_tests {
             limit: None,
             shard: 0,
             shards: 1,
+            escrow: Tuning::default(),
         }
     }
 
@@ -1590,6 +1596,7 @@ mod escrow_tests {
             limit: None,
             shard,
             shards: 3,
+            escrow: Tuning::default(),
         };
         let ledger = Durable::with_shares([share, 0]);
         let image = ShardImage { value, escrow: Some(ledger.to_bytes()), ..ShardImage::default() };
@@ -1738,6 +1745,7 @@ mod escrow_tests {
             limit: Some(windows.windows()[0]),
             shard,
             shards: 3,
+            escrow: Tuning::default(),
         };
         let image =
             ShardImage { escrow: Some(Durable::with_shares([0, share]).to_bytes()), ..ShardImage::default() };

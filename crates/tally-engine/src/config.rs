@@ -29,6 +29,7 @@ pub struct TallyConfig {
     /// A counter's in-memory accumulators are dropped after this long unused.
     pub counter_idle_evict_ms: u64,
     /// How long a caller waits for a shard's answer before reporting it unavailable.
+    /// A change of a bounded counter waits for headroom at most half of it.
     pub call_timeout_ms: u64,
     /// How often the rollup looks for due refreshes, in milliseconds.
     pub rollup_tick_ms: u64,
@@ -118,6 +119,14 @@ impl Default for TallyConfig {
             event_ids_per_counter_max: EVENT_IDS_PER_COUNTER_MAX_DEFAULT,
             sketch_bytes_per_counter_max: SKETCH_BYTES_PER_COUNTER_MAX_DEFAULT,
         }
+    }
+}
+
+impl TallyConfig {
+    /// The escrow timers of this node's bounded counters: a change at its bound waits
+    /// for headroom only as long as its caller listens ([`tally_core::escrow::Tuning::within_call`]).
+    pub fn escrow_tuning(&self) -> tally_core::escrow::Tuning {
+        tally_core::escrow::Tuning::within_call(self.call_timeout_ms)
     }
 }
 

@@ -137,7 +137,8 @@ impl Actor for ShardActor {
         let now = ctx.now_ms();
         let sweeper = Sweeper::new(now, ctx.config.dedup_sweep_ms);
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
-        let mut machine = ShardMachine::new(ShardParams::of(&meta, &id), image, sketch, sealed);
+        let mut machine =
+            ShardMachine::new(ShardParams::of(&meta, &id, ctx.config.escrow_tuning()), image, sketch, sealed);
         machine.set_writer_marks(count_marks(&ctx, &id)?);
         // Its share of the counter's event-id quota, and what it holds of it.
         let ids_max = ctx.quotas.event_ids_per_shard(meta.layout.shards);
@@ -242,7 +243,10 @@ impl Actor for ShardActor {
                 }
                 let sealed = state.id.generation < meta.layout.generation;
                 state.meta = meta;
-                Input::MetaChanged { params: ShardParams::of(&state.meta, &state.id), sealed }
+                Input::MetaChanged {
+                    params: ShardParams::of(&state.meta, &state.id, state.ctx.config.escrow_tuning()),
+                    sealed,
+                }
             }
             ShardMsg::Tick => match state.tick(&myself).await {
                 Some(input) => input,
@@ -287,7 +291,10 @@ impl ShardActorState {
         if let Some(meta) = newest.filter(|m| m.version > self.meta.version) {
             let sealed = self.id.generation < meta.layout.generation;
             self.meta = meta;
-            let input = Input::MetaChanged { params: ShardParams::of(&self.meta, &self.id), sealed };
+            let input = Input::MetaChanged {
+                params: ShardParams::of(&self.meta, &self.id, self.ctx.config.escrow_tuning()),
+                sealed,
+            };
             self.run(myself, input).await;
         }
         self.id.generation <= self.meta.layout.generation
@@ -537,8 +544,12 @@ pub(crate) async fn run_cold(
     sub: Submission,
     reply: RpcReplyPort<ShardReply>,
 ) {
-    let mut machine: ShardMachine<RpcReplyPort<ShardReply>> =
-        ShardMachine::new(ShardParams::of(meta, id), ShardImage::default(), None, false);
+    let mut machine: ShardMachine<RpcReplyPort<ShardReply>> = ShardMachine::new(
+        ShardParams::of(meta, id, ctx.config.escrow_tuning()),
+        ShardImage::default(),
+        None,
+        false,
+    );
     let mut effects: VecDeque<_> = machine.step(ctx.now_ms(), Input::Submit { sub, reply }).into();
     while let Some(effect) = effects.pop_front() {
         let next = match effect {

@@ -8,7 +8,9 @@ mod common;
 use common::*;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
-use tally_engine::{Consistency, Durability, Increment, SpecPatch, Tally, TallyError};
+use tally_engine::{
+    Consistency, Durability, Increment, MemStore, SpecPatch, SystemClock, Tally, TallyConfig, TallyError,
+};
 
 fn bounded(shards: u16, min: Option<i64>, max: Option<i64>) -> SpecPatch {
     SpecPatch { min, max, rollup_ms: Some(0), ..spec(shards, Durability::Sync) }
@@ -153,5 +155,21 @@ async fn bounds_are_checked_on_create_and_never_change() {
     // Naming the bounds it has is fine, and so is changing anything else.
     let same = SpecPatch { min: Some(-10), rollup_ms: Some(100), ..SpecPatch::default() };
     assert_eq!(tally.put_counter("c", same).await.unwrap().counter.spec.rollup_ms, 100);
+    tally.shutdown().await.unwrap();
+}
+
+/// A change at its bound waits for headroom from the other shards, and is refused
+/// when none comes: the caller must hear that refusal, not give up first. With a
+/// call timeout shorter than the default wait, the wait shrinks to fit inside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_at_the_bound_is_refused_within_a_short_call_timeout() {
+    let store = MemStore::new();
+    let config = TallyConfig { call_timeout_ms: 120, ..TallyConfig::default() };
+    let tally = Tally::open_with(Arc::new(store), Arc::new(SystemClock), config).await.unwrap();
+    tally.put_counter("empty", bounded(2, Some(0), None)).await.unwrap();
+    for i in 0..4 {
+        let err = tally.incr("empty", Increment::new(-1).writer(format!("w{i}"))).await.unwrap_err();
+        assert_eq!(err.code(), "bound_exceeded", "{err}");
+    }
     tally.shutdown().await.unwrap();
 }
