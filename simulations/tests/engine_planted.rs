@@ -159,6 +159,11 @@ fn read_index_skipped_is_caught() {
 }
 
 #[test]
+fn proposal_applied_twice_is_caught() {
+    first_catch(Bug::ProposalAppliedTwice, whole_nodes_calm);
+}
+
+#[test]
 fn every_cluster_bug_has_a_test() {
-    assert_eq!(Bug::CLUSTER.len(), 3, "a new cluster-layer bug needs its own test above");
+    assert_eq!(Bug::CLUSTER.len(), 4, "a new cluster-layer bug needs its own test above");
 }

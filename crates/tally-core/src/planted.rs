@@ -71,6 +71,10 @@ pub enum Bug {
     /// without a read index, so a node whose metadata lags a creation made elsewhere
     /// answers that the counter does not exist.
     ReadIndexSkipped,
+    /// Metadata: the state machine applies a proposal it already applied (a copy the
+    /// proposer resent after losing the answer) again, instead of answering what it
+    /// answered the first time.
+    ProposalAppliedTwice,
 }
 
 impl Bug {
@@ -109,8 +113,12 @@ impl Bug {
 
     /// The bugs planted in the cluster layer (`tally-cluster`, `tally-raft`), caught
     /// by tier 3 (whole nodes).
-    pub const CLUSTER: [Bug; 3] =
-        [Bug::ReplicaIdFromRaftId, Bug::ProposalResentWithoutIdentity, Bug::ReadIndexSkipped];
+    pub const CLUSTER: [Bug; 4] = [
+        Bug::ReplicaIdFromRaftId,
+        Bug::ProposalResentWithoutIdentity,
+        Bug::ReadIndexSkipped,
+        Bug::ProposalAppliedTwice,
+    ];
 
     /// The name used on command lines.
     pub fn as_str(self) -> &'static str {
@@ -135,6 +143,7 @@ impl Bug {
             Bug::ReplicaIdFromRaftId => "replica-id-from-raft-id",
             Bug::ProposalResentWithoutIdentity => "proposal-resent-without-identity",
             Bug::ReadIndexSkipped => "read-index-skipped",
+            Bug::ProposalAppliedTwice => "proposal-applied-twice",
         }
     }
 }

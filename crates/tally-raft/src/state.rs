@@ -232,8 +232,12 @@ impl MetaState {
     /// answered and changes nothing; one whose answer was forgotten is not applied.
     fn proposal(&mut self, id: ProposalId, request: &Request) -> (Response, Vec<Touched>, Vec<MetaChange>) {
         let heard_at = self.applied_requests;
+        #[cfg(feature = "planted-bugs")]
+        let remembered = !tally_core::planted::active(tally_core::planted::Bug::ProposalAppliedTwice);
+        #[cfg(not(feature = "planted-bugs"))]
+        let remembered = true;
         if let Some(p) = self.proposals.get(&id.proposer) {
-            if let Some(first) = p.answered.get(&id.seq) {
+            if let Some(first) = p.answered.get(&id.seq).filter(|_| remembered) {
                 return (first.clone(), vec![], vec![]);
             }
             if id.seq < p.forgotten_below {
