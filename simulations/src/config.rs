@@ -203,6 +203,10 @@ pub struct SimConfig {
     /// name, and whether metadata RPCs break off (`connection reset`: the caller
     /// resends at once what may have been served) (`None`: every tier-3 run).
     pub deletions: Option<bool>,
+    /// Tier 2: one node embedded as a library is (`Tally::open_parts` with neither
+    /// a catalog nor a placement): its metadata in its own store, through the
+    /// engine's local catalog, crashed, paused and torn like any other node's.
+    pub embedded: bool,
 }
 
 /// The counter tier 3 deletes and clients re-create (see [`SimConfig::deletions`]).
@@ -280,6 +284,7 @@ impl SimConfig {
             clock_skew_ms: None,
             short_dedup: None,
             deletions: None,
+            embedded: false,
         }
     }
 
@@ -350,9 +355,16 @@ impl SimConfig {
     }
 
     /// Whether this run deletes and re-creates [`RECREATED_COUNTER`] and breaks
-    /// metadata RPCs off: as asked, or in every tier-3 run.
+    /// metadata RPCs off: as asked, or in every tier-3 run and every embedded one
+    /// (whose local catalog has no RPC to break).
     pub fn deletions(&self) -> bool {
-        self.tier == Tier::Cluster && self.deletions.unwrap_or(true)
+        (self.tier == Tier::Cluster || self.embedded) && self.deletions.unwrap_or(true)
+    }
+
+    /// The same run on one embedded engine (tier 2, one node, one copy; see
+    /// [`SimConfig::embedded`]).
+    pub fn embedded(self) -> Self {
+        Self { embedded: true, tier: Tier::Engine, nodes: 1, replicas: 1, ..self }
     }
 
     /// The same run on another tier.
@@ -393,6 +405,9 @@ impl SimConfig {
         }
         if let Some(on) = self.deletions {
             cmd.push_str(&format!(" --deletions {on}"));
+        }
+        if self.embedded {
+            cmd.push_str(" --embedded");
         }
         if self.clients != STANDARD_CLIENTS
             || self.chaos_ms != STANDARD_CHAOS_MS

@@ -69,6 +69,10 @@ struct Args {
     /// off (true, the default) or not (false).
     #[arg(long)]
     deletions: Option<bool>,
+    /// Tier 2 on one engine embedded as a library: its own local catalog, no
+    /// placement, no peers (implies --tier engine, one node, one copy).
+    #[arg(long)]
+    embedded: bool,
     /// With --reproduce: print the history of this counter (e.g. sync:0).
     #[arg(long)]
     dump: Option<String>,
@@ -101,6 +105,9 @@ impl Args {
         }
         if let Some(on) = self.deletions {
             cfg = cfg.with_deletions(on);
+        }
+        if self.embedded {
+            cfg = cfg.embedded();
         }
         if let Some(c) = self.clients {
             cfg.clients = c;

@@ -59,6 +59,16 @@ fn engine_ack_before_flush_is_caught() {
     caught(Bug::EngineAckBeforeFlush);
 }
 
+/// One engine embedded as a library, on its own local catalog.
+fn embedded(seed: u64, bug: Option<Bug>) -> SimConfig {
+    SimConfig { plant: bug, ..SimConfig::standard(seed, 1, FaultLevel::Heavy).embedded() }
+}
+
+#[test]
+fn engine_ack_before_flush_is_caught_in_an_embedded_engine() {
+    first_catch(Bug::EngineAckBeforeFlush, embedded);
+}
+
 #[test]
 fn seal_forgotten_on_restart_is_caught() {
     caught(Bug::SealForgottenOnRestart);

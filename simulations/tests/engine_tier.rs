@@ -14,6 +14,10 @@ fn config(seed: u64, faults: FaultLevel) -> SimConfig {
 }
 
 fn gate(faults: FaultLevel) {
+    gate_with(faults, config);
+}
+
+fn gate_with(faults: FaultLevel, config: impl Fn(u64, FaultLevel) -> SimConfig) {
     let mut failures = Vec::new();
     for seed in 0..SEEDS {
         let r = run(config(seed, faults));
@@ -35,6 +39,23 @@ fn engine_tier_light_faults_violate_nothing() {
 #[test]
 fn engine_tier_heavy_faults_violate_nothing() {
     gate(FaultLevel::Heavy);
+}
+
+/// One engine embedded as a library: its metadata in its own store (the local
+/// catalog), crashed and torn, with `del:0` deleted and re-created under it.
+fn embedded(seed: u64, faults: FaultLevel) -> SimConfig {
+    SimConfig::short(seed, NODES, faults).embedded()
+}
+
+#[test]
+fn an_embedded_engine_violates_nothing() {
+    for faults in [FaultLevel::Light, FaultLevel::Heavy] {
+        gate_with(faults, embedded);
+    }
+    let r = run(embedded(3, FaultLevel::Heavy));
+    assert_eq!(r.config.nodes, 1);
+    assert!(r.history.deletions.iter().any(|d| d.done_ms.is_some()), "no deletion was answered");
+    assert!(r.config.reproduce_command().contains("--embedded"));
 }
 
 #[test]

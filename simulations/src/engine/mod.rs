@@ -130,7 +130,7 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
         return open_whole_node(w, n).await;
     }
     for _ in 0..OPEN_ATTEMPTS_MAX {
-        let (store, incarnation, start, replicated, kv, offset_ms, short_dedup) = {
+        let (store, incarnation, start, replicated, kv, offset_ms, short_dedup, embedded) = {
             let w = lock(w);
             let node = &w.nodes[usize::from(n)];
             if !node.up {
@@ -146,6 +146,7 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
                 node.kv.clone(),
                 offset,
                 short,
+                w.cfg.embedded,
             )
         };
         let (store, replication): (Arc<dyn tally_engine::Store>, _) = if replicated {
@@ -173,8 +174,11 @@ async fn open_node(w: &Shared, n: u8) -> Option<Tally> {
                 },
                 ..engine_config(n)
             },
-            catalog: Some(Arc::new(SimCatalog { world: w.clone(), node: n })),
-            placement: Some(Arc::new(SimPlacement { world: w.clone(), me: n, incarnation, replication })),
+            // An embedded engine keeps its metadata in its own store and places every
+            // shard on itself.
+            catalog: (!embedded).then(|| Arc::new(SimCatalog { world: w.clone(), node: n }) as _),
+            placement: (!embedded)
+                .then(|| Arc::new(SimPlacement { world: w.clone(), me: n, incarnation, replication }) as _),
         };
         let opened = Tally::open_parts(parts).await;
         let stray = {
@@ -670,6 +674,10 @@ fn schedule(g: &mut World) -> Vec<(u64, Fault)> {
         out.push((t, Fault::Crash(n, down)));
     }
     for t in poisson(&mut g.rng, rates.partition_per_s, span) {
+        // A lone (embedded) node has no link to cut.
+        if nodes < 2 {
+            continue;
+        }
         let (links, one_way) = draw_partition(&mut g.rng, nodes);
         let len = g.uniform(rates.partition_ms);
         out.push((t, Fault::Partition(links, one_way, len)));
