@@ -21,6 +21,7 @@
 #   ENGINE_SEEDS     seeds of --tier engine, one copy           (default 0..500, ~30 s)
 #   ENGINE_R3_SEEDS  seeds of --tier engine --replicas 3        (default 0..80, ~90 s)
 #   ENGINE_SNAP_SEEDS seeds of --tier engine --replicas 3 --small-snapshots (default 0..40, ~40 s)
+#   CLUSTER_SNAP_SEEDS seeds of --tier cluster --replicas 3 --small-snapshots (default 0..20, ~40 s)
 #   EMBEDDED_SEEDS   seeds of --embedded (one engine on its local catalog) (default 0..300, ~20 s)
 #                    (times: instrumented, --threads 1, on a busy 2-core machine)
 #   FAULTS           light|heavy (default heavy);  THREADS  simulator threads (default 1)
@@ -52,6 +53,7 @@ CLUSTER_R3_SEEDS=${CLUSTER_R3_SEEDS-0..100}
 ENGINE_SEEDS=${ENGINE_SEEDS-0..500}
 ENGINE_R3_SEEDS=${ENGINE_R3_SEEDS-0..80}
 ENGINE_SNAP_SEEDS=${ENGINE_SNAP_SEEDS-0..40}
+CLUSTER_SNAP_SEEDS=${CLUSTER_SNAP_SEEDS-0..20}
 EMBEDDED_SEEDS=${EMBEDDED_SEEDS-0..300}
 FAULTS=${FAULTS:-heavy}
 THREADS=${THREADS:-1}
@@ -150,6 +152,7 @@ run cluster-r3 "$CLUSTER_R3_SEEDS" --tier cluster --replicas 3
 run engine     "$ENGINE_SEEDS"     --tier engine
 run engine-r3  "$ENGINE_R3_SEEDS"  --tier engine --replicas 3
 run engine-snap "$ENGINE_SNAP_SEEDS" --tier engine --replicas 3 --small-snapshots
+run cluster-snap "$CLUSTER_SNAP_SEEDS" --tier cluster --replicas 3 --small-snapshots
 run embedded   "$EMBEDDED_SEEDS"   --embedded
 echo "== seeds: $((SECONDS - run_start)) s in all" >&2
 [ ${#runs[@]} -gt 0 ] || { echo "coverage.sh: every seed range is empty" >&2; exit 2; }

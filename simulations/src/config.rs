@@ -367,6 +367,21 @@ impl SimConfig {
         Self { embedded: true, tier: Tier::Engine, nodes: 1, replicas: 1, ..self }
     }
 
+    /// The range groups' settings of this run's nodes (tiers 2 and 3): the
+    /// defaults, or small snapshots ([`SimConfig::small_snapshots`]).
+    pub fn groups_config(&self) -> tally_replica::GroupsConfig {
+        let default = tally_replica::GroupsConfig::default();
+        if !self.small_snapshots {
+            return default;
+        }
+        tally_replica::GroupsConfig {
+            snapshot_logs_since_last: SMALL_SNAPSHOT_ENTRIES,
+            logs_kept: SMALL_SNAPSHOT_LOGS_KEPT,
+            snapshot_chunk_bytes: SMALL_SNAPSHOT_FRAME_BYTES,
+            ..default
+        }
+    }
+
     /// The same run on another tier.
     pub fn on(self, tier: Tier) -> Self {
         Self { tier, ..self }

@@ -153,6 +153,37 @@ pub struct DistinctOp {
     pub settled: bool,
 }
 
+/// One frequency read of a counter that keeps frequencies (tiers 2 and 3): the
+/// estimate of one member, and the heaviest members.
+#[derive(Debug, Clone)]
+pub struct FrequencyOp {
+    /// The counter.
+    pub counter: usize,
+    /// The member asked about (its number, see `workload::member_name`).
+    pub member: u32,
+    /// When invoked.
+    pub invoked_ms: u64,
+    /// When both answers were in.
+    pub done_ms: Option<u64>,
+    /// The answers.
+    pub answer: Option<FrequencyAnswer>,
+}
+
+/// What a frequency read answered.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FrequencyAnswer {
+    /// The member's count-min estimate.
+    pub estimate: u64,
+    /// The weight the member certainly has.
+    pub lower_bound: u64,
+    /// The heaviest members: (member, estimate, lower bound).
+    pub top: Vec<(u32, u64, u64)>,
+    /// The weight the top read merged over all members.
+    pub total: u64,
+    /// Whether both reads merged every shard.
+    pub complete: bool,
+}
+
 /// One read of a counter's sliding window (counters with `windows`).
 #[derive(Debug, Clone)]
 pub struct WindowOp {
@@ -395,6 +426,8 @@ pub struct History {
     pub distincts: Vec<DistinctOp>,
     /// Window reads (tier 2).
     pub windows: Vec<WindowOp>,
+    /// Frequency reads (tiers 2 and 3).
+    pub frequencies: Vec<FrequencyOp>,
     /// Reconciliations.
     pub reconciles: Vec<ReconcileOp>,
     /// Deletions of counters (tier 3).

@@ -86,7 +86,7 @@ struct Args {
     /// escrow-overspend; with --tier engine --replicas 3: ack-before-quorum-durable,
     /// two-leaders-ack, catch-up-skipped; with --tier cluster --replicas 3:
     /// replica-id-from-raft-id; with --tier cluster: proposal-resent-without-identity,
-    /// read-index-skipped).
+    /// read-index-skipped, proposal-applied-twice).
     #[cfg(feature = "planted-bugs")]
     #[arg(long)]
     plant: Option<tally_core::planted::Bug>,

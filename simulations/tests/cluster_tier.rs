@@ -84,6 +84,28 @@ fn whole_nodes_with_three_copies_violate_nothing_through_lost_disks() {
     assert!(failovers > 0, "no metadata leader was cut off in {n} runs");
 }
 
+/// Whole nodes whose range groups snapshot every ten entries, in 512-byte frames
+/// (`ClusterNodeConfig::groups`): replicas that fall behind or come back with an
+/// empty disk catch up by snapshots of many frames, through the cluster's own
+/// transport, and break nothing.
+#[test]
+fn whole_nodes_catch_up_through_snapshots_of_many_frames() {
+    let (mut installed, mut runs) = (0, Vec::new());
+    for seed in 0..REPLICATED_SEEDS_MAX {
+        let cfg = SimConfig::standard(seed, REPLICATED_NODES, FaultLevel::Heavy).on(Tier::Cluster);
+        let r = run(cfg.replicated(3).with_small_snapshots().with_deletions(false));
+        installed += r.faults.get(&FaultKind::SnapshotInstalled).copied().unwrap_or(0);
+        runs.push(r);
+        if installed > 0 {
+            break;
+        }
+    }
+    let n = runs.len();
+    let found = failures(runs);
+    assert!(found.is_empty(), "{} seeds violated invariants:\n{}", found.len(), found.join("\n"));
+    assert!(installed > 0, "no snapshot was installed in {n} runs");
+}
+
 /// Exact replays need tokio's generator seeded (`--cfg tokio_unstable`, as `.ci/run`
 /// builds the simulator): the metadata group's openraft orders ready branches and
 /// watch wakers with it, and a run of whole nodes meets such ties.

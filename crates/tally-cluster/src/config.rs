@@ -61,6 +61,10 @@ pub struct ClusterNodeConfig {
     /// With `replicas` > 1, ranges per member
     /// ([`tally_core::ranges::RangeLayout::for_members_at`]); the same on every node.
     pub ranges_per_node: u32,
+    /// With `replicas` > 1, the range groups' raft settings (heartbeat, elections,
+    /// when to snapshot and in what frames); `tallyd` takes
+    /// [`tally_replica::GroupsConfig::default`].
+    pub groups: tally_replica::GroupsConfig,
 }
 
 /// Why a node could not start.

@@ -40,4 +40,4 @@ pub use node::{
     READY_POLL_MS,
 };
 pub use placement::RingPlacement;
-pub use tally_replica::{Replication, ReplicationFigures};
+pub use tally_replica::{GroupsConfig, Replication, ReplicationFigures};

@@ -401,7 +401,7 @@ impl ClusterNode {
             kv,
             net,
             directory.layout(),
-            tally_replica::GroupsConfig::default(),
+            config.groups,
         )
         .await
         .map_err(replica)?;

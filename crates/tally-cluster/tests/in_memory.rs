@@ -46,6 +46,7 @@ fn config() -> ClusterNodeConfig {
         tls: None,
         replicas: 1,
         ranges_per_node: 1,
+        groups: tally_cluster::GroupsConfig::default(),
     }
 }
 

@@ -69,6 +69,7 @@ pub fn cluster_node_config(config: &Config) -> Result<ClusterNodeConfig, tally_t
         tls,
         replicas: c.replicas(),
         ranges_per_node: c.ranges_per_node,
+        groups: tally_cluster::GroupsConfig::default(),
     })
 }
 

@@ -13,6 +13,7 @@
 //! | [`reconcile`] | reconciliation brings drift to zero, and a second one finds none |
 //! | [`staleness`] | a cached read is never staler than `rollup_ms` plus one refresh while the cluster is healthy |
 //! | [`distinct`] | a distinct estimate (of the whole counter, or of a window) stays within a stated multiple of HyperLogLog's standard error |
+//! | [`frequency`] | a frequency estimate lies between the member's acknowledged weight and all the weight sent; a certain lower bound never exceeds the member's weight sent (tiers 2 and 3) |
 //! | [`window`] | a `sync` counter's window sums exactly what was applied in its buckets (tier 2) |
 //! | [`bounded`] | a bounded counter's value never crosses its bound, no read reports it beyond, and no window holds more than its limit (tier 2) |
 //! | [`recreated`] | a counter deleted and created again holds exactly its own increments, never the deleted one's (tier 3) |
@@ -24,6 +25,7 @@ pub mod batched;
 pub mod bounded;
 pub mod distinct;
 pub mod exactly_once;
+pub mod frequency;
 pub mod reconcile;
 pub mod recreated;
 pub mod staleness;
@@ -54,6 +56,7 @@ pub fn check_all(h: &History) -> Vec<Violation> {
     reconcile::check(h, &mut v);
     staleness::check(h, &mut v);
     distinct::check(h, &mut v);
+    frequency::check(h, &mut v);
     window::check(h, &mut v);
     bounded::check(h, &mut v);
     recreated::check(h, &mut v);

@@ -7,8 +7,8 @@
 use super::world::{lock, now_ms, Shared};
 use crate::config::*;
 use crate::history::{
-    Attempt, CounterInfo, DeleteOp, Deleted, DistinctOp, FaultKind, IncrOp, ReadOp, ReconcileOp, Role,
-    Status, WindowOp, WindowValue,
+    Attempt, CounterInfo, DeleteOp, Deleted, DistinctOp, FaultKind, FrequencyAnswer, FrequencyOp, IncrOp,
+    ReadOp, ReconcileOp, Role, Status, WindowOp, WindowValue,
 };
 use crate::msg::{Answer, Consistency, ReadValue};
 use crate::workload::{bounded_plans, counter_plans, counters_of, draw_engine_op, member_name, Draw};
@@ -34,6 +34,11 @@ pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
     let (plans, tally) = {
         let mut g = lock(w);
         let mut plans = counter_plans(&mut g.rng);
+        // The distinct counter keeps frequencies too (its members are its items):
+        // set without a draw, so every counter is drawn as before.
+        for plan in plans.iter_mut().filter(|p| p.1 == Role::Distinct) {
+            plan.2.frequency = Some(FREQUENCY);
+        }
         plans.extend(bounded_plans(&mut g.rng));
         if g.cfg.short_dedup() {
             plans.push(crate::workload::short_dedup_plan(&mut g.rng));
@@ -65,6 +70,12 @@ pub(crate) async fn create_counters(w: &Shared) -> Result<(), String> {
     tokio::time::sleep(Duration::from_millis(SETUP_SETTLE_MS)).await;
     Ok(())
 }
+
+/// The frequency sketch of the distinct counter (tiers 2 and 3).
+const FREQUENCY: tally_core::frequency::FrequencySpec =
+    tally_core::frequency::FrequencySpec { epsilon: 0.02, delta: 0.02 };
+/// Members a frequency read asks for among the heaviest.
+const TOP_K: u32 = 10;
 
 /// Clients that write to [`RECREATED_COUNTER`] (beside the run's own).
 const RECREATING_CLIENTS: u16 = 2;
@@ -375,6 +386,8 @@ async fn client_loop(w: Shared, c: u16) {
             Draw::Distinct => {
                 let counter = counters_of(&lock(&w).history.counters, Role::Distinct)[0];
                 distinct(&w, counter, false).await;
+                // Then its frequencies, through a node of their own.
+                frequency(&w, counter).await;
             }
         }
         let think = lock(&w).rng.random_range(1..=CLIENT_THINK_MS_MAX);
@@ -564,6 +577,60 @@ async fn distinct(w: &Shared, counter: usize, settled: bool) -> bool {
     rec.done_ms = Some(now);
     rec.estimate = estimate;
     estimate.is_some_and(|e| e.1)
+}
+
+/// Reads a counter's frequencies: the estimate of the member most recently sent to
+/// it, then its [`TOP_K`] heaviest members, through one node (each read in turn
+/// through the next). Chosen without a draw, so the run's other draws stay as they
+/// were. Answers whether both reads were complete.
+async fn frequency(w: &Shared, counter: usize) -> bool {
+    let (op, name, member, n) = {
+        let mut g = lock(w);
+        let Some(member) = g.history.incrs.iter().rev().find(|o| o.counter == counter).and_then(|o| o.member)
+        else {
+            return false;
+        };
+        let now = g.now();
+        let n = (g.history.frequencies.len() % usize::from(g.cfg.nodes)) as u8;
+        g.history.frequencies.push(FrequencyOp {
+            counter,
+            member,
+            invoked_ms: now,
+            done_ms: None,
+            answer: None,
+        });
+        (g.history.frequencies.len() - 1, g.history.counters[counter].name.clone(), member, n)
+    };
+    let item = member_name(member);
+    let reply = ask(w, n, move |t| async move {
+        let one = t.frequency(&name, &item).await?;
+        let top = t.top(&name, TOP_K).await?;
+        Ok((one, top))
+    })
+    .await;
+    let mut g = lock(w);
+    let now = g.now();
+    let Some(Ok((one, top))) = reply else { return false };
+    let answer = FrequencyAnswer {
+        estimate: one.estimate,
+        lower_bound: one.lower_bound,
+        top: top
+            .items
+            .iter()
+            .map(|e| {
+                let m = e.item.strip_prefix("m-").and_then(|m| m.parse().ok()).unwrap_or(u32::MAX);
+                (m, e.estimate, e.lower_bound)
+            })
+            .collect(),
+        total: top.total,
+        complete: one.complete && top.complete,
+    };
+    g.note("frequency-answer", (op, &answer));
+    let complete = answer.complete;
+    let rec = &mut g.history.frequencies[op];
+    rec.done_ms = Some(now);
+    rec.answer = Some(answer);
+    complete
 }
 
 /// Reconciles a counter against its authoritative total: every increment known to be

@@ -1308,6 +1308,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
     let ops = (history.incrs.len()
         + history.reads.len()
         + history.distincts.len()
+        + history.frequencies.len()
         + history.windows.len()
         + history.reconciles.len()) as u64;
     let mut h = g.trace.clone();

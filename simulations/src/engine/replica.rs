@@ -18,8 +18,8 @@ use tally_core::ranges::{Directory, RangeId};
 use tally_core::NodeId;
 use tally_replica::network::{decode_envelope, encode_envelope};
 use tally_replica::{
-    GroupsConfig, MemKv, NetError, Peers, RangeEnvelope, RangeGroups, RangeInbound, RangeNetwork, RangeReply,
-    ReplicaId, ReplicaNode, Replication,
+    MemKv, NetError, Peers, RangeEnvelope, RangeGroups, RangeInbound, RangeNetwork, RangeReply, ReplicaId,
+    ReplicaNode, Replication,
 };
 
 /// A question to a peer (is your group of this range formed? do you, its leader,
@@ -232,19 +232,9 @@ pub(crate) async fn open(
     incarnation: u64,
     kv: MemKv,
 ) -> Result<(Arc<Replication>, tokio::task::JoinHandle<()>), String> {
-    let (nodes, replicas, disk, small_snapshots) = {
+    let (nodes, replicas, disk, config) = {
         let g = lock(w);
-        (g.cfg.nodes, g.cfg.replicas, g.nodes[usize::from(n)].disk, g.cfg.small_snapshots)
-    };
-    let config = if small_snapshots {
-        GroupsConfig {
-            snapshot_logs_since_last: crate::config::SMALL_SNAPSHOT_ENTRIES,
-            logs_kept: crate::config::SMALL_SNAPSHOT_LOGS_KEPT,
-            snapshot_chunk_bytes: crate::config::SMALL_SNAPSHOT_FRAME_BYTES,
-            ..GroupsConfig::default()
-        }
-    } else {
-        GroupsConfig::default()
+        (g.cfg.nodes, g.cfg.replicas, g.nodes[usize::from(n)].disk, g.cfg.groups_config())
     };
     let directory = directory(nodes, replicas);
     let net = Arc::new(SimRangeNet { world: w.clone(), me: n, incarnation });

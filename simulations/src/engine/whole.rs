@@ -24,7 +24,7 @@ use rand::Rng;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
-use tally_cluster::{ClusterNode, ClusterNodeConfig, InMemoryWiring, Member, NodeWiring};
+use tally_cluster::{ClusterNode, ClusterNodeConfig, GroupsConfig, InMemoryWiring, Member, NodeWiring};
 use tally_engine::{MemStore, TallyConfig};
 
 /// Port of every simulated node's raft address (on an address of its own).
@@ -66,7 +66,7 @@ fn members(nodes: u8) -> Vec<Member> {
 }
 
 /// Node `n`'s config, as a cluster config file would give it.
-fn config(n: u8, nodes: u8, replicas: u8, engine: TallyConfig) -> ClusterNodeConfig {
+fn config(n: u8, nodes: u8, replicas: u8, engine: TallyConfig, groups: GroupsConfig) -> ClusterNodeConfig {
     ClusterNodeConfig {
         node_id: node_name(n).to_string(),
         data_dir: format!("/simulated/node{}", u16::from(n) + 1).into(),
@@ -82,6 +82,7 @@ fn config(n: u8, nodes: u8, replicas: u8, engine: TallyConfig) -> ClusterNodeCon
         tls: None,
         replicas,
         ranges_per_node: RANGES_PER_NODE,
+        groups,
     }
 }
 
@@ -186,6 +187,7 @@ pub(crate) async fn start(
         let mut g = lock(w);
         let nodes = g.cfg.nodes;
         let replicas = g.cfg.replicas;
+        let groups = g.cfg.groups_config();
         let start = g.start;
         let nets = g
             .nets
@@ -203,7 +205,7 @@ pub(crate) async fn start(
             raft_net: nets.raft,
             peers: nets.peers,
         };
-        (wiring, config(n, nodes, replicas, engine))
+        (wiring, config(n, nodes, replicas, engine, groups))
     };
     ClusterNode::start_with(cfg, NodeWiring::InMemory(wiring)).await
 }
