@@ -157,15 +157,13 @@ fn proposal_resent_without_identity_is_caught() {
     first_catch(Bug::ProposalResentWithoutIdentity, whole_nodes_calm);
 }
 
-/// Whole nodes with one copy at heavy faults: crashes and cuts leave nodes whose
-/// metadata lags while clients re-create `del:0` through others.
-fn whole_nodes_one_copy(seed: u64, bug: Option<Bug>) -> SimConfig {
-    SimConfig { plant: bug, ..SimConfig::standard(seed, 5, FaultLevel::Heavy).on(Tier::Cluster) }
-}
-
+/// Skipping the read index shows where a node's metadata lags a change made
+/// elsewhere (a re-creation of `del:0`, a resharding's completion that a read of
+/// sealed shards asks about): light faults leave the metadata group answering, so
+/// such changes commit often while a cut or a pause leaves a node behind.
 #[test]
 fn read_index_skipped_is_caught() {
-    first_catch(Bug::ReadIndexSkipped, whole_nodes_one_copy);
+    first_catch(Bug::ReadIndexSkipped, whole_nodes_calm);
 }
 
 #[test]
