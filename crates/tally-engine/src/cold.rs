@@ -108,8 +108,9 @@ impl Ctx {
     /// Whether shard `id` holds nothing, known without reading it: its slot in `rt`,
     /// the counter's runtime for `id`'s generation, is still cold (this node created
     /// the counter with nothing in any shard, and neither a write nor an actor start
-    /// has touched the shard since: both clear the slot before they begin), and no
-    /// other node writes it (an embedded engine's own store; see
+    /// has touched the shard since: both clear the slot before they begin, and a
+    /// shard busy when the runtime was made never had it set: `Ctx::install`), no
+    /// actor runs for it, and no other node writes it (an embedded engine's own store; see
     /// [`Ctx::holds_nothing`]). A rollup pass over many counters created by one
     /// increment each reads one shard of each instead of all of them.
     pub(crate) fn known_empty(&self, rt: &CounterRuntime, id: &ShardId) -> bool {
@@ -117,6 +118,7 @@ impl Ctx {
             && !self.store.waits()
             && rt.meta.layout.generation == id.generation
             && rt.slots.get(usize::from(id.index)).is_some_and(|slot| slot.cold.load(SeqCst))
+            && !self.directory.contains_key(id)
             && self.lost.check(id).is_ok()
     }
 

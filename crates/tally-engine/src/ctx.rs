@@ -445,6 +445,9 @@ impl Ctx {
             old.retired.store(true, SeqCst);
             self.queue_dirty(&old);
         }
+        if created {
+            self.unmark_busy_shards(&name, &rt);
+        }
         if let Some(old) = replaced {
             old.retired.store(true, SeqCst);
             self.queue_dirty(&old);
@@ -465,6 +468,24 @@ impl Ctx {
             self.reshard_wake.notify_one();
         }
         rt
+    }
+
+    /// A counter just created holds nothing in its shards, and its runtime says so
+    /// (cold slots, answers from the slots). Yet a shard of the name may already
+    /// have an actor, or one being started or written cold: a request that resolved
+    /// a deleted namesake's runtime before its deletion, still under way. Writes to
+    /// such a shard do not pass through this runtime's slots, so it is not known to
+    /// hold nothing, and totals are no longer in the slots alone.
+    fn unmark_busy_shards(&self, name: &CounterName, rt: &CounterRuntime) {
+        let generation = rt.meta.layout.generation;
+        for (index, slot) in rt.slots.iter().enumerate() {
+            let Ok(index) = u16::try_from(index) else { break };
+            let id = rt.meta.shard_id(name, generation, index);
+            if self.directory.contains_key(&id) || self.cold.contains_key(&id) {
+                slot.cold.store(false, SeqCst);
+                rt.touch();
+            }
+        }
     }
 
     /// Validates an increment's client-chosen fields.
