@@ -187,6 +187,11 @@ pub struct SimConfig {
     /// [`SMALL_SNAPSHOT_FRAME_BYTES`], so that replicas that fall behind or lose
     /// their disk catch up by snapshots of many frames under the run's faults.
     pub small_snapshots: bool,
+    /// Whether range messages are bounded to [`SMALL_MESSAGE_BYTES`] (replicated
+    /// runs), and the node-to-node transport to that plus its envelopes, so that a
+    /// replica that fell behind is sent appends the bound cuts, and a message that
+    /// oversteps it is refused by the transport as too large.
+    pub small_messages: bool,
     /// Tier 2: the largest offset of a node's wall clock from true time, in
     /// milliseconds (`None`: the fault level's, [`CLOCK_SKEW_MS_HEAVY`] or none).
     /// Each node starts at an offset drawn within ±this and jumps to another one now
@@ -250,6 +255,10 @@ pub const SMALL_SNAPSHOT_ENTRIES: u64 = 10;
 pub const SMALL_SNAPSHOT_LOGS_KEPT: u64 = 2;
 /// Bytes of pairs per snapshot frame, with small snapshots (1 MiB in a cluster).
 pub const SMALL_SNAPSHOT_FRAME_BYTES: u64 = 512;
+/// Largest range append, with small messages (8 MiB less the envelopes in a
+/// cluster): a few of a run's entries (they take up to about 800 bytes), so a
+/// replica that falls behind by more is sent appends cut to it.
+pub const SMALL_MESSAGE_BYTES: usize = 3 << 10;
 
 /// Most copies of a shard a run may ask for (as the cluster allows).
 pub const REPLICAS_MAX: u8 = 5;
@@ -281,6 +290,7 @@ impl SimConfig {
             tier: Tier::Model,
             replicas: 1,
             small_snapshots: false,
+            small_messages: false,
             clock_skew_ms: None,
             short_dedup: None,
             deletions: None,
@@ -307,6 +317,11 @@ impl SimConfig {
     /// The same run with range groups that snapshot often, in small frames.
     pub fn with_small_snapshots(self) -> Self {
         Self { small_snapshots: true, ..self }
+    }
+
+    /// The same run with range messages bounded to [`SMALL_MESSAGE_BYTES`].
+    pub fn with_small_messages(self) -> Self {
+        Self { small_messages: true, ..self }
     }
 
     /// The same run with nodes' clocks up to `ms` off true time (tier 2).
@@ -368,18 +383,22 @@ impl SimConfig {
     }
 
     /// The range groups' settings of this run's nodes (tiers 2 and 3): the
-    /// defaults, or small snapshots ([`SimConfig::small_snapshots`]).
+    /// defaults, small snapshots ([`SimConfig::small_snapshots`]) or small messages
+    /// ([`SimConfig::small_messages`]).
     pub fn groups_config(&self) -> tally_replica::GroupsConfig {
-        let default = tally_replica::GroupsConfig::default();
-        if !self.small_snapshots {
-            return default;
+        let mut config = tally_replica::GroupsConfig::default();
+        if self.small_snapshots {
+            config = tally_replica::GroupsConfig {
+                snapshot_logs_since_last: SMALL_SNAPSHOT_ENTRIES,
+                logs_kept: SMALL_SNAPSHOT_LOGS_KEPT,
+                snapshot_chunk_bytes: SMALL_SNAPSHOT_FRAME_BYTES,
+                ..config
+            };
         }
-        tally_replica::GroupsConfig {
-            snapshot_logs_since_last: SMALL_SNAPSHOT_ENTRIES,
-            logs_kept: SMALL_SNAPSHOT_LOGS_KEPT,
-            snapshot_chunk_bytes: SMALL_SNAPSHOT_FRAME_BYTES,
-            ..default
+        if self.small_messages {
+            config.message_bytes_max = SMALL_MESSAGE_BYTES;
         }
+        config
     }
 
     /// The same run on another tier.
@@ -411,6 +430,9 @@ impl SimConfig {
         }
         if self.small_snapshots {
             cmd.push_str(" --small-snapshots");
+        }
+        if self.small_messages {
+            cmd.push_str(" --small-messages");
         }
         if let Some(ms) = self.clock_skew_ms {
             cmd.push_str(&format!(" --clock-skew-ms {ms}"));

@@ -55,6 +55,10 @@ struct Args {
     /// so that catch-up goes through snapshots of many frames.
     #[arg(long)]
     small_snapshots: bool,
+    /// With --replicas: range appends carry at most 3 KiB (8 MiB in a cluster),
+    /// so that appends to a replica that fell behind are cut to that bound.
+    #[arg(long)]
+    small_messages: bool,
     /// Tier 2: the largest offset of a node's wall clock from true time, in
     /// milliseconds (default: 5,000 with heavy faults, 0 with light ones; at most
     /// 600,000). Nodes start at offsets drawn within it and jump now and then.
@@ -97,6 +101,7 @@ impl Args {
         let mut cfg =
             SimConfig::standard(seed, self.nodes, self.faults).on(self.tier).replicated(self.replicas);
         cfg.small_snapshots = self.small_snapshots;
+        cfg.small_messages = self.small_messages;
         if let Some(ms) = self.clock_skew_ms {
             cfg = cfg.with_clock_skew(ms);
         }

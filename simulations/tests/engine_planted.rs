@@ -171,7 +171,21 @@ fn proposal_applied_twice_is_caught() {
     first_catch(Bug::ProposalAppliedTwice, whole_nodes_calm);
 }
 
+/// Whole nodes whose range appends are bounded to a few entries
+/// ([`tally_sim::config::SMALL_MESSAGE_BYTES`]): a replica that a pause, a cut or
+/// a crash put behind by more is sent appends the bound cuts, and one that
+/// oversteps it is refused as too large. Unbounded and reported unreachable, the
+/// append is sent again for ever, and that replica never catches up.
+fn whole_nodes_small_messages(seed: u64, bug: Option<Bug>) -> SimConfig {
+    whole_nodes(seed, bug).with_small_messages()
+}
+
+#[test]
+fn oversized_append_unreachable_is_caught() {
+    first_catch(Bug::OversizedAppendUnreachable, whole_nodes_small_messages);
+}
+
 #[test]
 fn every_cluster_bug_has_a_test() {
-    assert_eq!(Bug::CLUSTER.len(), 4, "a new cluster-layer bug needs its own test above");
+    assert_eq!(Bug::CLUSTER.len(), 5, "a new cluster-layer bug needs its own test above");
 }

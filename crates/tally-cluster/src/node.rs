@@ -394,7 +394,7 @@ impl ClusterNode {
         let directory = tally_core::ranges::Directory::with_layout(layout, members, Some(config.replicas))
             .map_err(|e| ClusterError::Config(format!("replicas: {e}")))?;
         let replica = |e: tally_replica::ReplicaError| ClusterError::Config(format!("range groups: {e}"));
-        let net = Arc::new(replication::SessionNet { transport: transport.clone() });
+        let net = Arc::new(replication::SessionNet::new(transport.clone(), &config.groups));
         let groups = tally_replica::RangeGroups::open(
             &me.id,
             replication::node_replica_id(raft.store_id(), me.raft_id),

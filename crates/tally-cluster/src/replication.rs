@@ -30,6 +30,10 @@ pub const RANGE_CALL_TIMEOUT_MS: u64 = 10_000;
 /// whether it lists a replica.
 pub const FORMED_ASK_TIMEOUT_MS: u64 = 1_000;
 
+/// Bytes a node-to-node request adds around a range message (the peer request's
+/// tag, the envelope's replica ids and range; a test measures the largest).
+pub(crate) const RANGE_ENVELOPE_BYTES_MAX: usize = 256;
+
 /// What one node sends another on its node-to-node session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum PeerRequest {
@@ -68,7 +72,19 @@ pub(crate) fn node_replica_id(store: StoreId, raft_id: u64) -> ReplicaId {
 
 /// Range messages over the node-to-node sessions.
 pub(crate) struct SessionNet {
-    pub(crate) transport: Transport,
+    transport: Transport,
+    /// The largest request an append may make: the groups' message bound in its
+    /// envelope (never more than the transport carries).
+    bytes_max: usize,
+}
+
+impl SessionNet {
+    /// Range messages of groups configured as `groups` over `transport`.
+    pub(crate) fn new(transport: Transport, groups: &tally_replica::GroupsConfig) -> Self {
+        let bytes_max = (groups.message_bytes_max + RANGE_ENVELOPE_BYTES_MAX)
+            .min(tally_transport::wire::REQUEST_BYTES_MAX);
+        SessionNet { transport, bytes_max }
+    }
 }
 
 impl RangeNetwork for SessionNet {
@@ -79,9 +95,17 @@ impl RangeNetwork for SessionNet {
     ) -> BoxFuture<'static, Result<RangeReply, NetError>> {
         let transport = self.transport.clone();
         let node = node.node.clone();
+        let bytes_max = self.bytes_max;
         Box::pin(async move {
             let to = envelope.to;
+            let append = matches!(envelope.rpc, tally_replica::RangeRpc::Append(_));
             let bytes = codec::encode(&PeerRequest::Range(envelope));
+            // An append past the groups' own bound is refused here, as the
+            // transport refuses any message past its own (snapshot frames are
+            // bounded by their chunk size).
+            if append && bytes.len() > bytes_max {
+                return Err(NetError::TooLarge { bytes: bytes.len(), bytes_max });
+            }
             let timeout = Duration::from_millis(RANGE_CALL_TIMEOUT_MS);
             // A message the transport refuses for its size would be refused again:
             // said as such, so openraft sends fewer entries instead of retrying.
@@ -179,4 +203,30 @@ impl Peers for ClusterPeers {
 /// A range formation as the metadata group records it, as replicas and nodes.
 fn from_record(record: Vec<(u64, String)>) -> Vec<(ReplicaId, ReplicaNode)> {
     record.into_iter().map(|(id, node)| (id, ReplicaNode { node })).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+    use tally_replica::RangeRpc;
+
+    /// The largest envelope a range message travels in (ids and range at their
+    /// widest, an append of the longest log ids) stays within
+    /// [`RANGE_ENVELOPE_BYTES_MAX`].
+    #[test]
+    fn a_range_message_s_envelope_fits_its_bound() {
+        let log_id = Some(LogId::new(CommittedLeaderId::new(u64::MAX, u64::MAX), u64::MAX));
+        let rpc = RangeRpc::Append(openraft::raft::AppendEntriesRequest {
+            vote: Vote::new_committed(u64::MAX, u64::MAX),
+            prev_log_id: log_id,
+            entries: Vec::new(),
+            leader_commit: log_id,
+        });
+        let inner = codec::encoded_len(&rpc);
+        let envelope = RangeEnvelope { from: u64::MAX, to: u64::MAX, range: RangeId(u32::MAX), rpc };
+        let outer = codec::encode(&PeerRequest::Range(envelope)).len();
+        assert!(outer > inner);
+        assert!(outer - inner <= RANGE_ENVELOPE_BYTES_MAX, "{} bytes around the message", outer - inner);
+    }
 }

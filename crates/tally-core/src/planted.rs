@@ -59,6 +59,11 @@ pub enum Bug {
     /// Replication: a node that comes back with an empty disk rejoins its range
     /// groups as the replica it was, counting towards quorums before it caught up.
     CatchUpSkipped,
+    /// Replication: an append carries every entry openraft hands over, however many
+    /// bytes they take, and the transport's refusal of it for its size is reported
+    /// as an unreachable replica, so openraft sends the same append again, for ever:
+    /// a replica that fell behind by more than one message never catches up.
+    OversizedAppendUnreachable,
     /// Cluster: a node's range replicas take their raft id from the node's raft id,
     /// the same on every disk, instead of from its data directory's identity, so a
     /// node back with an empty disk rejoins its groups as the replica it was.
@@ -111,9 +116,11 @@ impl Bug {
     /// groups (`--replicas 3`).
     pub const REPLICA: [Bug; 3] = [Bug::AckBeforeQuorumDurable, Bug::TwoLeadersAck, Bug::CatchUpSkipped];
 
-    /// The bugs planted in the cluster layer (`tally-cluster`, `tally-raft`), caught
-    /// by tier 3 (whole nodes).
-    pub const CLUSTER: [Bug; 4] = [
+    /// The bugs planted in the cluster layer (`tally-cluster`, `tally-raft`, and the
+    /// range groups' use of the node-to-node transport's message bound), caught by
+    /// tier 3 (whole nodes).
+    pub const CLUSTER: [Bug; 5] = [
+        Bug::OversizedAppendUnreachable,
         Bug::ReplicaIdFromRaftId,
         Bug::ProposalResentWithoutIdentity,
         Bug::ReadIndexSkipped,
@@ -140,6 +147,7 @@ impl Bug {
             Bug::AckBeforeQuorumDurable => "ack-before-quorum-durable",
             Bug::TwoLeadersAck => "two-leaders-ack",
             Bug::CatchUpSkipped => "catch-up-skipped",
+            Bug::OversizedAppendUnreachable => "oversized-append-unreachable",
             Bug::ReplicaIdFromRaftId => "replica-id-from-raft-id",
             Bug::ProposalResentWithoutIdentity => "proposal-resent-without-identity",
             Bug::ReadIndexSkipped => "read-index-skipped",

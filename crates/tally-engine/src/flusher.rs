@@ -36,6 +36,9 @@ pub(crate) type Waiter = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// rest take the next cycle.
 pub const CYCLE_JOBS_MAX: usize = 65_536;
 
+// Nearly every job is a commit: boxing its write would cost an allocation per write
+// to make the rare `Flush` smaller.
+#[allow(clippy::large_enum_variant)]
 enum Job {
     /// Apply `write`, report it on `applied`, then run `durable` after the flush.
     Commit {

@@ -1,10 +1,10 @@
 //! [`RangeGroups`]: the range groups one node replicates, behind one facade.
 
 use crate::log_store::LogStore;
-use crate::network::ENTRY_BYTES_MAX;
 use crate::network::{
     GroupNetworkFactory, NetError, RangeEnvelope, RangeInbound, RangeNetwork, RangeReply, RangeRpc,
 };
+use crate::network::{APPEND_OVERHEAD_BYTES, RANGE_MESSAGE_BYTES_MAX};
 use crate::state_machine::{Shared, StateError, StateMachine};
 use crate::storage::{KvError, KvStore, KvTree};
 use crate::types::{
@@ -118,6 +118,38 @@ pub struct GroupsConfig {
     /// Bytes of pairs per snapshot frame (tests and simulations use small ones,
     /// so that a snapshot takes many frames).
     pub snapshot_chunk_bytes: u64,
+    /// Largest encoded append to another replica, in bytes:
+    /// [`GroupsConfig::MESSAGE_BYTES_MIN`]`..=`[`RANGE_MESSAGE_BYTES_MAX`], the
+    /// default. Appends carry the entries that fit, and an entry may not exceed
+    /// [`GroupsConfig::entry_bytes_max`] (snapshot frames are bounded by
+    /// `snapshot_chunk_bytes`). Simulations set it small, so that a lagging
+    /// replica's appends reach it.
+    pub message_bytes_max: usize,
+}
+
+impl GroupsConfig {
+    /// Smallest accepted [`GroupsConfig::message_bytes_max`].
+    pub const MESSAGE_BYTES_MIN: usize = 4 * APPEND_OVERHEAD_BYTES;
+
+    /// Largest encoded log entry a group takes: an append of it alone fits in one
+    /// message, so every entry can reach every replica (a commit cycle's batches
+    /// are cut to it).
+    pub fn entry_bytes_max(&self) -> usize {
+        self.message_bytes_max - APPEND_OVERHEAD_BYTES
+    }
+
+    /// Refuses settings no group can run on (what openraft checks itself is
+    /// checked when a group starts).
+    fn check(&self) -> Result<(), ReplicaError> {
+        if !(Self::MESSAGE_BYTES_MIN..=RANGE_MESSAGE_BYTES_MAX).contains(&self.message_bytes_max) {
+            return Err(ReplicaError::Invalid(format!(
+                "message_bytes_max {} is outside {}..={RANGE_MESSAGE_BYTES_MAX}",
+                self.message_bytes_max,
+                Self::MESSAGE_BYTES_MIN
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Default for GroupsConfig {
@@ -131,6 +163,7 @@ impl Default for GroupsConfig {
             write_timeout_ms: WRITE_TIMEOUT_MS,
             read_timeout_ms: READ_TIMEOUT_MS,
             snapshot_chunk_bytes: SNAPSHOT_CHUNK_BYTES,
+            message_bytes_max: RANGE_MESSAGE_BYTES_MAX,
         }
     }
 }
@@ -452,6 +485,7 @@ impl RangeGroups {
         layout: RangeLayout,
         config: GroupsConfig,
     ) -> Result<Arc<Self>, ReplicaError> {
+        config.check()?;
         let identity = kv.tree(IDENTITY_TREE)?;
         check_format(identity.as_ref())?;
         let id = match identity.get(KEY_REPLICA_ID)? {
@@ -541,7 +575,12 @@ impl RangeGroups {
         let log = LogStore::open(self.kv.clone(), &prefix)?;
         let sm = StateMachine::open(range, self.kv.clone(), &prefix).map_err(fatal)?;
         let shared = sm.shared();
-        let network = GroupNetworkFactory { me: self.id, range, net: self.net.clone() };
+        let network = GroupNetworkFactory {
+            me: self.id,
+            range,
+            net: self.net.clone(),
+            message_bytes_max: self.config.message_bytes_max,
+        };
         let raft = Raft::new(self.id, self.openraft_config()?, network, log, sm).await.map_err(fatal)?;
         let reads = Arc::default();
         self.groups.write().entry(range).or_insert(Group { raft, shared, reads });
@@ -661,9 +700,9 @@ impl RangeGroups {
                 return Err(ReplicaError::Invalid(format!("{} is not in {range}", e.shard)));
             }
         }
-        let bytes = batch_bytes(images);
-        if bytes > ENTRY_BYTES_MAX {
-            return Err(ReplicaError::TooLarge { range, bytes, bytes_max: ENTRY_BYTES_MAX });
+        let (bytes, bytes_max) = (batch_bytes(images), self.config.entry_bytes_max());
+        if bytes > bytes_max {
+            return Err(ReplicaError::TooLarge { range, bytes, bytes_max });
         }
         Ok(())
     }

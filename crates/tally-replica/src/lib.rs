@@ -58,10 +58,11 @@
 //! dedup records are read from the state tree through sled's page cache
 //! ([`storage::SLED_CACHE_BYTES`]), and a snapshot, of any size, is built by
 //! recording its log id and streamed a frame ([`groups::SNAPSHOT_CHUNK_BYTES`])
-//! at a time. What is bounded is one message: an entry may not exceed
-//! [`network::ENTRY_BYTES_MAX`] (a commit cycle is cut into entries that fit; a
-//! single shard write past it is refused), and an append carries the entries that
-//! fit in [`network::RANGE_MESSAGE_BYTES_MAX`]. A snapshot is streamed while the
+//! at a time. What is bounded is one message: an append carries the entries that
+//! fit in [`GroupsConfig::message_bytes_max`] (by default
+//! [`network::RANGE_MESSAGE_BYTES_MAX`]), and an entry may not exceed
+//! [`GroupsConfig::entry_bytes_max`] (a commit cycle is cut into entries that fit;
+//! a single shard write past it is refused). A snapshot is streamed while the
 //! leader keeps applying, and the receiver needs the log from the snapshot's id
 //! on: a stream that takes longer than the leader needs to apply
 //! [`groups::SNAPSHOT_LOGS_SINCE_LAST`] entries beyond the kept log finds that log

@@ -178,23 +178,26 @@ pub trait RangeInbound: Send + Sync + 'static {
     fn handle(&self, envelope: RangeEnvelope) -> BoxFuture<'static, Result<RangeReply, NetError>>;
 }
 
-/// Bytes an append request adds around its entries (vote, log ids, the envelope).
-const APPEND_OVERHEAD_BYTES: usize = 4 << 10;
-/// Largest encoded log entry a range group takes: an append of it alone fits in
-/// one message ([`RANGE_MESSAGE_BYTES_MAX`]), so every entry can reach every
-/// replica, and [`crate::RangeStore`] cuts a commit cycle's batches to it.
+/// Bytes an append request adds around its entries (vote, log ids, the envelope;
+/// a test measures the largest).
+pub const APPEND_OVERHEAD_BYTES: usize = 512;
+/// Largest encoded log entry a range group takes by default: an append of it alone
+/// fits in one message ([`RANGE_MESSAGE_BYTES_MAX`]), so every entry can reach
+/// every replica, and [`crate::RangeStore`] cuts a commit cycle's batches to it
+/// ([`crate::GroupsConfig::entry_bytes_max`] for a configured message bound).
 pub const ENTRY_BYTES_MAX: usize = RANGE_MESSAGE_BYTES_MAX - APPEND_OVERHEAD_BYTES;
 
-/// How many of `entries`, from the first, fit in one append message, if not all
-/// of them (at least one: no entry is larger than [`ENTRY_BYTES_MAX`]).
-fn entries_that_fit(entries: &[crate::types::Entry]) -> Option<u64> {
+/// How many of `entries`, from the first, fit in one append message of at most
+/// `bytes_max`, if not all of them (at least one: no entry is larger than the
+/// group's entry bound).
+fn entries_that_fit(entries: &[crate::types::Entry], bytes_max: usize) -> Option<u64> {
     if entries.len() <= 1 {
         return None;
     }
     let mut bytes = APPEND_OVERHEAD_BYTES;
     for (n, e) in entries.iter().enumerate() {
         bytes += tally_core::codec::encoded_len(e);
-        if bytes > RANGE_MESSAGE_BYTES_MAX {
+        if bytes > bytes_max {
             return Some((n as u64).max(1));
         }
     }
@@ -210,6 +213,8 @@ pub struct GroupNetworkFactory {
     pub(crate) me: ReplicaId,
     pub(crate) range: RangeId,
     pub(crate) net: Arc<dyn RangeNetwork>,
+    /// The group's message bound ([`crate::GroupsConfig::message_bytes_max`]).
+    pub(crate) message_bytes_max: usize,
 }
 
 /// openraft's connection to one replica of a group.
@@ -289,17 +294,20 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
         // openraft hands over up to `max_payload_entries` entries at once; sent whole
         // they may exceed what one message carries. The ones that fit go, the rest
         // follow: openraft sends again at once with the entries hinted.
-        if let Some(fit) = entries_that_fit(&rpc.entries) {
-            let e = NetError::TooLarge {
-                bytes: tally_core::codec::encoded_len(&rpc.entries),
-                bytes_max: RANGE_MESSAGE_BYTES_MAX,
-            };
+        let bytes_max = self.factory.message_bytes_max;
+        #[cfg(feature = "planted-bugs")]
+        let planted = tally_core::planted::active(tally_core::planted::Bug::OversizedAppendUnreachable);
+        #[cfg(not(feature = "planted-bugs"))]
+        let planted = false;
+        if let Some(fit) = entries_that_fit(&rpc.entries, bytes_max).filter(|_| !planted) {
+            let e = NetError::TooLarge { bytes: tally_core::codec::encoded_len(&rpc.entries), bytes_max };
             return Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(fit).with_source_error(&e),
             ));
         }
         let entries = rpc.entries.len();
         match self.send(RangeRpc::Append(rpc), &option).await {
+            Err(e @ NetError::TooLarge { .. }) if planted => Err(RPCError::Unreachable(Unreachable::new(&e))),
             Err(e @ NetError::TooLarge { .. }) => {
                 // Refused by the transport after all: fewer entries next time.
                 let hint = (entries as u64 / 2).max(1);
@@ -438,6 +446,8 @@ struct RouterState {
     snapshot_frames: u64,
     /// Append requests (heartbeats included) sent so far.
     appends: u64,
+    /// The largest append sent as bytes so far, in bytes.
+    append_bytes_max: usize,
     /// Numbers of the snapshot frames whose message is lost on the way.
     lost_frames: BTreeSet<u64>,
     /// Numbers of the snapshot frames delivered whose answer is lost.
@@ -521,6 +531,11 @@ impl MemRouter {
         self.state.lock().appends
     }
 
+    /// The largest append this router carried as bytes ([`MemRouter::encode_messages`]).
+    pub fn largest_append(&self) -> usize {
+        self.state.lock().append_bytes_max
+    }
+
     /// Restores every cut link and isolated replica.
     pub fn heal_all(&self) {
         let mut s = self.state.lock();
@@ -562,6 +577,10 @@ impl RangeNetwork for MemRouter {
             let target = target.ok_or(NetError::Unreachable(to))?;
             let reply = if encode {
                 let bytes = encode_envelope(&envelope);
+                if matches!(envelope.rpc, RangeRpc::Append(_)) {
+                    let mut s = state.lock();
+                    s.append_bytes_max = s.append_bytes_max.max(bytes.len());
+                }
                 if bytes.len() > RANGE_MESSAGE_BYTES_MAX {
                     // As the node-to-node transport refuses a request too large.
                     return Err(NetError::TooLarge {
@@ -585,5 +604,28 @@ impl RangeNetwork for MemRouter {
             }
             reply
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+
+    /// An append of no entries, with every id at its widest, stays within
+    /// [`APPEND_OVERHEAD_BYTES`]: the bytes around the entries never push an
+    /// append that [`entries_that_fit`] let through past its bound.
+    #[test]
+    fn an_append_s_overhead_fits_its_bound() {
+        let log_id = Some(LogId::new(CommittedLeaderId::new(u64::MAX, u64::MAX), u64::MAX));
+        let rpc = RangeRpc::Append(AppendEntriesRequest {
+            vote: Vote::new_committed(u64::MAX, u64::MAX),
+            prev_log_id: log_id,
+            entries: Vec::new(),
+            leader_commit: log_id,
+        });
+        let envelope = RangeEnvelope { from: u64::MAX, to: u64::MAX, range: RangeId(u32::MAX), rpc };
+        let bytes = encode_envelope(&envelope).len();
+        assert!(bytes <= APPEND_OVERHEAD_BYTES, "{bytes} bytes");
     }
 }

@@ -19,7 +19,6 @@
 //! overwrite an increment another writer had acknowledged.
 
 use crate::groups::{RangeGroups, ReplicaError, ENTRY_OVERHEAD_BYTES};
-use crate::network::ENTRY_BYTES_MAX;
 use crate::types::{ShardEntry, StoredShard, BATCH_IMAGES_MAX, IMAGE_RECORDS_MAX};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -107,6 +106,7 @@ impl RangeStore {
         let mut batches: Vec<(RangeId, Vec<usize>, Vec<ShardEntry>)> = Vec::new();
         // The batch of each range being filled, and its bytes so far.
         let mut open: HashMap<RangeId, (usize, usize)> = HashMap::new();
+        let entry_bytes_max = self.groups.config().entry_bytes_max();
         for (at, (id, write)) in writes.iter().enumerate() {
             let Some(base) = self.base(id) else {
                 results[at] = Err(unavailable("commit", "the shard's writer must reload it first"));
@@ -129,14 +129,14 @@ impl RangeStore {
                 continue;
             }
             let bytes = tally_core::codec::encoded_len(&entry);
-            if bytes + ENTRY_OVERHEAD_BYTES > ENTRY_BYTES_MAX {
-                let e = ReplicaError::TooLarge { range, bytes, bytes_max: ENTRY_BYTES_MAX };
+            if bytes + ENTRY_OVERHEAD_BYTES > entry_bytes_max {
+                let e = ReplicaError::TooLarge { range, bytes, bytes_max: entry_bytes_max };
                 results[at] = Err(unavailable("commit", e));
                 continue;
             }
             let slot = match open.get(&range) {
                 Some(&(i, held))
-                    if batches[i].2.len() < BATCH_IMAGES_MAX && held + bytes <= ENTRY_BYTES_MAX =>
+                    if batches[i].2.len() < BATCH_IMAGES_MAX && held + bytes <= entry_bytes_max =>
                 {
                     open.insert(range, (i, held + bytes));
                     i

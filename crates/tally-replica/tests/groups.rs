@@ -368,6 +368,43 @@ async fn a_follower_behind_by_many_megabytes_catches_up_in_appends_that_fit() {
     assert_eq!(c.node(lagging).read_local(range).unwrap(), leader.read_local(range).unwrap());
 }
 
+/// With a small message bound, a follower behind by many entries catches up in
+/// appends the bound cuts: more appends than without the bound, each within it.
+#[tokio::test(start_paused = true)]
+async fn a_follower_behind_catches_up_in_appends_cut_to_a_small_bound() {
+    let config =
+        GroupsConfig { message_bytes_max: GroupsConfig::MESSAGE_BYTES_MIN, ..GroupsConfig::default() };
+    let c = Cluster::start(3, config).await;
+    let range = RANGES[0];
+    let (l, _) = c.wait_leader(range, &[]).await;
+    let lagging = (l + 1) % 3;
+    c.router.cut(c.id(l), c.id(lagging));
+    let shards = shards_in(range);
+    // Forty entries of about 400 bytes each: some 16 KB, eight bounds' worth.
+    for seq in 1..=40u64 {
+        c.write(range, vec![big_entry(&shards[0], seq, 2)]).await;
+    }
+    c.router.heal_all();
+    let leader = c.node(l).clone();
+    leader.wait_caught_up(range, c.id(lagging), SETTLE).await.expect("the follower catches up");
+    assert_eq!(c.node(lagging).read_local(range).unwrap(), leader.read_local(range).unwrap());
+    let largest = c.router.largest_append();
+    assert!(largest <= config.message_bytes_max, "an append of {largest} bytes");
+    assert!(largest > config.message_bytes_max / 2, "appends cut near the bound, not below: {largest}");
+}
+
+/// A message bound below what one append's own bytes need is refused when the
+/// groups open, before any group runs.
+#[tokio::test(start_paused = true)]
+async fn a_message_bound_too_small_for_an_append_is_refused() {
+    let config =
+        GroupsConfig { message_bytes_max: GroupsConfig::MESSAGE_BYTES_MIN - 1, ..GroupsConfig::default() };
+    let kv: Arc<dyn KvStore> = Arc::new(MemKv::new());
+    let router = MemRouter::new();
+    let opened = RangeGroups::open("node0", 100, kv, Arc::new(router), layout(), config).await;
+    assert!(matches!(opened, Err(ReplicaError::Invalid(m)) if m.contains("message_bytes_max")));
+}
+
 /// An emptied replica catches up by a snapshot of many frames whose transfer is
 /// interrupted: frames lost on the way (more in a row than one stream tries, so
 /// the stream gives up and the next resumes it), and a frame whose answer is lost

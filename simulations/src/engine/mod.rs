@@ -374,6 +374,59 @@ async fn disk_may_be_lost(w: &Shared, n: u8) -> Option<bool> {
     }
 }
 
+/// How long, in simulated milliseconds, the replicas of a settled run have to
+/// hold everything their leaders applied.
+const CATCH_UP_WAIT_MS: u64 = 20_000;
+/// How often the catch-up check looks again, in simulated milliseconds.
+const CATCH_UP_POLL_MS: u64 = 100;
+
+/// The replicas that lack entries their range's leader applied: every voter and
+/// learner of a range that a node up leads, whose replica is its node's current
+/// one (a replica of a lost disk never catches up: it is replaced), with what it
+/// holds and what it needs.
+fn replicas_behind(g: &World) -> Vec<String> {
+    let current = |id: tally_replica::ReplicaId| {
+        (0..g.cfg.nodes).any(|m| g.nodes[usize::from(m)].up && current_replica(g, m) == Some(id))
+    };
+    let mut behind = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let (Some(r), true) = (&node.replication, node.up) else { continue };
+        let groups = r.groups();
+        for range in groups.ranges().into_iter().filter(|&range| groups.leads(range)) {
+            let Ok(members) = groups.members(range) else { continue };
+            let others =
+                members.voters.iter().chain(&members.learners).filter(|&&id| id != groups.replica_id());
+            for &id in others.filter(|&&id| current(id)) {
+                if let Err(e) = groups.caught_up(range, id) {
+                    behind.push(format!("{range} led by node{}: {e}", i + 1));
+                }
+            }
+        }
+    }
+    behind
+}
+
+/// Waits, up to [`CATCH_UP_WAIT_MS`], until every replica of every range holds
+/// what its leader applied ([`replicas_behind`]): once the faults stopped and
+/// every node is back, a range whose replicas can all talk replicates to all of
+/// them, however far one fell behind.
+async fn replicas_catch_up(w: &Shared) -> Result<(), String> {
+    let until = lock(w).now() + CATCH_UP_WAIT_MS;
+    loop {
+        let behind = replicas_behind(&lock(w));
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if lock(w).now() >= until {
+            return Err(format!(
+                "replicas still behind their leaders {CATCH_UP_WAIT_MS} ms after the run settled: {}",
+                behind.join("; ")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(CATCH_UP_POLL_MS)).await;
+    }
+}
+
 /// The range groups that stopped on their own in the nodes up at the end of a run
 /// (a fatal storage error, or a panic of openraft's core: that replica is lost to
 /// its group until the node restarts), each described.
@@ -1122,6 +1175,9 @@ async fn drive(w: Shared) -> Result<(), String> {
     }
     tokio::time::sleep(Duration::from_millis(SETTLE_QUIET_MS)).await;
     client::settle(&w).await;
+    if lock(&w).cfg.replicas > 1 {
+        replicas_catch_up(&w).await?;
+    }
     Ok(())
 }
 
