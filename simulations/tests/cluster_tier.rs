@@ -106,6 +106,26 @@ fn whole_nodes_catch_up_through_snapshots_of_many_frames() {
     assert!(installed > 0, "no snapshot was installed in {n} runs");
 }
 
+/// Seeds that found defects, replayed as they ran.
+///
+/// Seed 182 with small snapshots: a range leader deposed while its replication
+/// stream to a new learner was under way read, for that stream, a log purged (by a
+/// snapshot) and refilled by the new leader since the stream planned the read. The
+/// log answered the entries past the purged ones, openraft sent them to the
+/// learner as the first of the log, and the learner's group stopped applying a
+/// log with a hole (`no-fatal`: "try to get log at index 0"; and `liveness`: the
+/// replica never caught up).
+#[test]
+fn whole_nodes_found_seeds_violate_nothing() {
+    let small_snapshots = [182];
+    let runs = small_snapshots.into_iter().map(|seed| {
+        let cfg = SimConfig::standard(seed, REPLICATED_NODES, FaultLevel::Heavy).on(Tier::Cluster);
+        run(cfg.replicated(3).with_small_snapshots())
+    });
+    let found = failures(runs);
+    assert!(found.is_empty(), "{} seeds violated invariants:\n{}", found.len(), found.join("\n"));
+}
+
 /// Exact replays need tokio's generator seeded (`--cfg tokio_unstable`, as `.ci/run`
 /// builds the simulator): the metadata group's openraft orders ready branches and
 /// watch wakers with it, and a run of whole nodes meets such ties.

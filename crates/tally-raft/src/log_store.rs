@@ -127,6 +127,7 @@ impl RaftLogReader<TypeConfig> for SledLogStore {
             let (_, bytes) = item.map_err(|e| read_err(ErrorSubject::Logs, e))?;
             entries.push(Self::decode_entry(&bytes)?);
         }
+        tally_raft_kit::keep_leading_run(range.start_bound(), &mut entries, |e| e.log_id.index);
         Ok(entries)
     }
 }

@@ -538,10 +538,11 @@ impl RangeGroups {
         &self.node
     }
 
-    fn openraft_config(&self) -> Result<Arc<openraft::Config>, ReplicaError> {
+    fn openraft_config(&self, range: RangeId) -> Result<Arc<openraft::Config>, ReplicaError> {
         let c = &self.config;
         let config = openraft::Config {
-            cluster_name: "tally-ranges".into(),
+            // Names the group in openraft's log lines (`cluster=range7`).
+            cluster_name: range.to_string(),
             heartbeat_interval: c.heartbeat_ms,
             election_timeout_min: c.election_timeout_min_ms,
             election_timeout_max: c.election_timeout_max_ms,
@@ -581,7 +582,7 @@ impl RangeGroups {
             net: self.net.clone(),
             message_bytes_max: self.config.message_bytes_max,
         };
-        let raft = Raft::new(self.id, self.openraft_config()?, network, log, sm).await.map_err(fatal)?;
+        let raft = Raft::new(self.id, self.openraft_config(range)?, network, log, sm).await.map_err(fatal)?;
         let reads = Arc::default();
         self.groups.write().entry(range).or_insert(Group { raft, shared, reads });
         Ok(())

@@ -11,7 +11,8 @@
 //! purge are not flushed: the store keeps a prefix of its writes, so a crash can
 //! only bring back the state before the truncate or purge, which is as valid as it
 //! was then. The vote, the committed and the purged log id are one key each, a
-//! plain write.
+//! plain write. A read answers the entries from its start on, up to the first one
+//! missing ([`tally_raft_kit::keep_leading_run`]): never entries past a gap.
 
 // openraft's `StorageError` is large and its storage traits return it.
 #![allow(clippy::result_large_err)]
@@ -132,7 +133,9 @@ impl RaftLogReader<RangeConfig> for LogStore {
             .log
             .scan(bound(range.start_bound()), bound(range.end_bound()))
             .map_err(|e| read_err(ErrorSubject::Logs, e))?;
-        pairs.iter().map(|(_, v)| Self::decode_entry(v)).collect()
+        let mut entries = pairs.iter().map(|(_, v)| Self::decode_entry(v)).collect::<Result<Vec<_>, _>>()?;
+        tally_raft_kit::keep_leading_run(range.start_bound(), &mut entries, |e| e.log_id.index);
+        Ok(entries)
     }
 }
 
@@ -207,5 +210,43 @@ impl RaftLogStorage<RangeConfig> for LogStore {
             .apply(vec![(KEY_PURGED.to_vec(), Some(tally_core::codec::encode(&log_id)))])
             .map_err(|e| write_err(ErrorSubject::Logs, e))?;
         self.remove_range(Bound::Unbounded, Bound::Included(index_key(log_id.index)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MemKv;
+    use openraft::entry::RaftEntry;
+    use openraft::CommittedLeaderId;
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    fn indexes(entries: &[Entry]) -> Vec<u64> {
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    /// A read returns the entries from its start on, up to the first one missing:
+    /// never entries past a gap, which openraft would send as if they followed the
+    /// entry before the range (a replication stream of a deposed leader, reading a
+    /// log purged or truncated since it planned the read, sent a follower entries
+    /// 8 and 9 as the first of the log, and the follower's group stopped on
+    /// "try to get log at index 0").
+    #[tokio::test]
+    async fn a_read_never_returns_entries_past_a_missing_one() {
+        let mut log = LogStore::open(Arc::new(MemKv::new()), "t/").unwrap();
+        let writes = (0..12)
+            .map(|i| (index_key(i), Some(tally_core::codec::encode(&Entry::new_blank(log_id(i))))))
+            .collect();
+        log.log.write_in_order(writes).unwrap();
+        log.purge(log_id(7)).await.unwrap();
+        assert_eq!(indexes(&log.try_get_log_entries(0..10).await.unwrap()), Vec::<u64>::new());
+        assert_eq!(indexes(&log.try_get_log_entries(8..10).await.unwrap()), vec![8, 9]);
+        assert_eq!(indexes(&log.try_get_log_entries(8..).await.unwrap()), vec![8, 9, 10, 11]);
+        log.log.write_in_order(vec![(index_key(10), None)]).unwrap();
+        assert_eq!(indexes(&log.try_get_log_entries(8..12).await.unwrap()), vec![8, 9]);
+        assert_eq!(indexes(&log.try_get_log_entries(..).await.unwrap()), vec![8, 9]);
     }
 }
