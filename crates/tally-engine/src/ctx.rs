@@ -478,13 +478,17 @@ impl Ctx {
     /// hold nothing, and totals are no longer in the slots alone.
     fn unmark_busy_shards(&self, name: &CounterName, rt: &CounterRuntime) {
         let generation = rt.meta.layout.generation;
+        let mut unmarked = false;
         for (index, slot) in rt.slots.iter().enumerate() {
             let Ok(index) = u16::try_from(index) else { break };
             let id = rt.meta.shard_id(name, generation, index);
             if self.directory.contains_key(&id) || self.cold.contains_key(&id) {
                 slot.cold.store(false, SeqCst);
-                rt.touch();
+                unmarked = true;
             }
+        }
+        if unmarked {
+            rt.touch();
         }
     }
 

@@ -137,8 +137,7 @@ impl Actor for ShardActor {
         let now = ctx.now_ms();
         let sweeper = Sweeper::new(now, ctx.config.dedup_sweep_ms);
         let ticker = myself.send_interval(Duration::from_millis(SHARD_TICK_MS), || ShardMsg::Tick);
-        let mut machine =
-            ShardMachine::new(ShardParams::of(&meta, &id, ctx.config.escrow_tuning()), image, sketch, sealed);
+        let mut machine = ShardMachine::new(params(&ctx, &meta, &id), image, sketch, sealed);
         machine.set_writer_marks(count_marks(&ctx, &id)?);
         // Its share of the counter's event-id quota, and what it holds of it.
         let ids_max = ctx.quotas.event_ids_per_shard(meta.layout.shards);
@@ -243,10 +242,7 @@ impl Actor for ShardActor {
                 }
                 let sealed = state.id.generation < meta.layout.generation;
                 state.meta = meta;
-                Input::MetaChanged {
-                    params: ShardParams::of(&state.meta, &state.id, state.ctx.config.escrow_tuning()),
-                    sealed,
-                }
+                Input::MetaChanged { params: params(&state.ctx, &state.meta, &state.id), sealed }
             }
             ShardMsg::Tick => match state.tick(&myself).await {
                 Some(input) => input,
@@ -291,10 +287,7 @@ impl ShardActorState {
         if let Some(meta) = newest.filter(|m| m.version > self.meta.version) {
             let sealed = self.id.generation < meta.layout.generation;
             self.meta = meta;
-            let input = Input::MetaChanged {
-                params: ShardParams::of(&self.meta, &self.id, self.ctx.config.escrow_tuning()),
-                sealed,
-            };
+            let input = Input::MetaChanged { params: params(&self.ctx, &self.meta, &self.id), sealed };
             self.run(myself, input).await;
         }
         self.id.generation <= self.meta.layout.generation
@@ -533,6 +526,12 @@ async fn write_through(
     result.is_ok()
 }
 
+/// What shard `id`'s machine needs of its counter's metadata, with the engine's
+/// escrow timing.
+fn params(ctx: &Ctx, meta: &CounterMeta, id: &ShardId) -> ShardParams {
+    ShardParams::of(meta, id, ctx.config.escrow_tuning())
+}
+
 /// Runs one submission through the machine of a shard that holds nothing and has no
 /// actor (`cold.rs` holds the shard's claim meanwhile, so nothing else decides for
 /// it): the same steps an actor would take, carried out here and then forgotten —
@@ -544,12 +543,8 @@ pub(crate) async fn run_cold(
     sub: Submission,
     reply: RpcReplyPort<ShardReply>,
 ) {
-    let mut machine: ShardMachine<RpcReplyPort<ShardReply>> = ShardMachine::new(
-        ShardParams::of(meta, id, ctx.config.escrow_tuning()),
-        ShardImage::default(),
-        None,
-        false,
-    );
+    let mut machine: ShardMachine<RpcReplyPort<ShardReply>> =
+        ShardMachine::new(params(ctx, meta, id), ShardImage::default(), None, false);
     let mut effects: VecDeque<_> = machine.step(ctx.now_ms(), Input::Submit { sub, reply }).into();
     while let Some(effect) = effects.pop_front() {
         let next = match effect {

@@ -18,8 +18,8 @@
 //! * [`random_u64`], [`random_u128`] — draws from it;
 //! * [`SeededRuntime`] — openraft's tokio runtime with [`ThreadRng`] as its
 //!   generator;
-//! * [`keep_leading_run`] — what a log read may answer: the entries from its start
-//!   on, up to the first one missing.
+//! * [`keep_leading_run`] — what a replication stream's log read may answer: the
+//!   entries from its start on, up to the first one missing.
 
 #![forbid(unsafe_code)]
 
@@ -28,7 +28,6 @@ use rand08::rngs::StdRng;
 use rand08::{RngCore, SeedableRng};
 use std::cell::RefCell;
 use std::future::Future;
-use std::ops::Bound;
 use std::time::Duration;
 
 thread_local! {
@@ -175,23 +174,20 @@ mod tests {
     }
 }
 
-/// Cuts `entries`, read from a raft log in index order for a range starting at
-/// `start`, to the run whose indexes follow one another from that start (from the
-/// first entry read, for an unbounded start): nothing if the first index asked for
-/// is missing, and nothing past a missing index.
+/// Cuts `entries`, read from a raft log in index order for a replication stream
+/// (`RaftLogReader::limited_get_log_entries` from `start`), to the run whose
+/// indexes follow one another from `start`: nothing if `start` is missing, and
+/// nothing past a missing index.
 ///
-/// openraft allows a log read to leave entries out, and sends what a read answers
-/// as the entries that follow the one before the range. A replication stream of a
-/// leader that was deposed since it planned a read may find the log purged or
-/// truncated and refilled under it; answered the entries past the gap, it would
-/// send them as if nothing were missing, and a follower that took them would
-/// hold a log with a hole (its group stops when it applies it).
-pub fn keep_leading_run<T>(start: Bound<&u64>, entries: &mut Vec<T>, index: impl Fn(&T) -> u64) {
-    let mut next = match start {
-        Bound::Included(&i) => Some(i),
-        Bound::Excluded(&i) => Some(i.saturating_add(1)),
-        Bound::Unbounded => entries.first().map(&index),
-    };
+/// openraft allows a log read to leave entries out, and a replication stream sends
+/// what its read answers as the entries that follow the one before `start`. A
+/// stream of a leader that was deposed since it planned its read may find the log
+/// purged or truncated and refilled under it; answered the entries past the gap,
+/// it would send them as if nothing were missing, and a follower that took them
+/// would hold a log with a hole (its group stops when it applies it). Answered
+/// nothing, openraft sends a heartbeat instead and plans again.
+pub fn keep_leading_run<T>(start: u64, entries: &mut Vec<T>, index: impl Fn(&T) -> u64) {
+    let mut next = Some(start);
     let run = entries
         .iter()
         .take_while(|e| {
@@ -208,19 +204,17 @@ pub fn keep_leading_run<T>(start: Bound<&u64>, entries: &mut Vec<T>, index: impl
 mod log_tests {
     use super::*;
 
-    fn run(start: Bound<&u64>, mut entries: Vec<u64>) -> Vec<u64> {
+    fn run(start: u64, mut entries: Vec<u64>) -> Vec<u64> {
         keep_leading_run(start, &mut entries, |i| *i);
         entries
     }
 
     #[test]
     fn a_read_keeps_the_entries_that_follow_its_start_without_a_gap() {
-        assert_eq!(run(Bound::Included(&3), vec![3, 4, 5]), vec![3, 4, 5]);
-        assert_eq!(run(Bound::Excluded(&2), vec![3, 4, 5]), vec![3, 4, 5]);
-        assert_eq!(run(Bound::Included(&0), vec![8, 9]), Vec::<u64>::new());
-        assert_eq!(run(Bound::Included(&3), vec![3, 4, 6, 7]), vec![3, 4]);
-        assert_eq!(run(Bound::Unbounded, vec![8, 9, 11]), vec![8, 9]);
-        assert_eq!(run(Bound::Unbounded, vec![]), Vec::<u64>::new());
-        assert_eq!(run(Bound::Included(&u64::MAX), vec![u64::MAX]), vec![u64::MAX]);
+        assert_eq!(run(3, vec![3, 4, 5]), vec![3, 4, 5]);
+        assert_eq!(run(0, vec![8, 9]), Vec::<u64>::new());
+        assert_eq!(run(3, vec![3, 4, 6, 7]), vec![3, 4]);
+        assert_eq!(run(3, vec![]), Vec::<u64>::new());
+        assert_eq!(run(u64::MAX, vec![u64::MAX]), vec![u64::MAX]);
     }
 }

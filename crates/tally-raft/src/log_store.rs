@@ -127,7 +127,12 @@ impl RaftLogReader<TypeConfig> for SledLogStore {
             let (_, bytes) = item.map_err(|e| read_err(ErrorSubject::Logs, e))?;
             entries.push(Self::decode_entry(&bytes)?);
         }
-        tally_raft_kit::keep_leading_run(range.start_bound(), &mut entries, |e| e.log_id.index);
+        Ok(entries)
+    }
+
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError> {
+        let mut entries = self.try_get_log_entries(start..end).await?;
+        tally_raft_kit::keep_leading_run(start, &mut entries, |e| e.log_id.index);
         Ok(entries)
     }
 }
