@@ -208,7 +208,7 @@ pub enum ReplicaError {
     #[error("invalid write: {0}")]
     Invalid(String),
     /// The entry would be larger than one message between nodes may carry
-    /// ([`crate::network::ENTRY_BYTES_MAX`]): it could never reach a follower.
+    /// ([`GroupsConfig::entry_bytes_max`]): it could never reach a follower.
     #[error("{range}: an entry of {bytes} bytes; at most {bytes_max}")]
     TooLarge {
         /// The range.

@@ -235,10 +235,10 @@ mod tests {
 
     /// A replication stream's read returns the entries from its start on, up to the
     /// first one missing: never entries past a gap, which openraft would send as if
-    /// they followed the entry before the range (a replication stream of a deposed leader, reading a
-    /// log purged or truncated since it planned the read, sent a follower entries
-    /// 8 and 9 as the first of the log, and the follower's group stopped on
-    /// "try to get log at index 0").
+    /// they followed the entry before the range (a deposed leader's stream, reading
+    /// a log purged and refilled since it planned the read, sent a follower entries
+    /// 8 and 9 as the first of the log, and the follower's group stopped on "try to
+    /// get log at index 0").
     #[tokio::test]
     async fn a_read_never_returns_entries_past_a_missing_one() {
         let mut log = LogStore::open(Arc::new(MemKv::new()), "t/").unwrap();

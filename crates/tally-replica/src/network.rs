@@ -181,11 +181,15 @@ pub trait RangeInbound: Send + Sync + 'static {
 /// Bytes an append request adds around its entries (vote, log ids, the envelope;
 /// a test measures the largest).
 pub const APPEND_OVERHEAD_BYTES: usize = 512;
-/// Largest encoded log entry a range group takes by default: an append of it alone
-/// fits in one message ([`RANGE_MESSAGE_BYTES_MAX`]), so every entry can reach
-/// every replica, and [`crate::RangeStore`] cuts a commit cycle's batches to it
-/// ([`crate::GroupsConfig::entry_bytes_max`] for a configured message bound).
-pub const ENTRY_BYTES_MAX: usize = RANGE_MESSAGE_BYTES_MAX - APPEND_OVERHEAD_BYTES;
+/// Whether the planted bug that sends appends unbounded, and reports their refusal
+/// as an unreachable replica, is on.
+fn planted_oversized() -> bool {
+    #[cfg(feature = "planted-bugs")]
+    if tally_core::planted::active(tally_core::planted::Bug::OversizedAppendUnreachable) {
+        return true;
+    }
+    false
+}
 
 /// How many of `entries`, from the first, fit in one append message of at most
 /// `bytes_max`, if not all of them (at least one: no entry is larger than the
@@ -295,10 +299,7 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
         // they may exceed what one message carries. The ones that fit go, the rest
         // follow: openraft sends again at once with the entries hinted.
         let bytes_max = self.factory.message_bytes_max;
-        #[cfg(feature = "planted-bugs")]
-        let planted = tally_core::planted::active(tally_core::planted::Bug::OversizedAppendUnreachable);
-        #[cfg(not(feature = "planted-bugs"))]
-        let planted = false;
+        let planted = planted_oversized();
         if let Some(fit) = entries_that_fit(&rpc.entries, bytes_max).filter(|_| !planted) {
             let e = NetError::TooLarge { bytes: tally_core::codec::encoded_len(&rpc.entries), bytes_max };
             return Err(RPCError::PayloadTooLarge(

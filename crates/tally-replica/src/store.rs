@@ -94,7 +94,8 @@ impl RangeStore {
     }
 
     /// The entries of one commit cycle, one batch per range (split at
-    /// [`BATCH_IMAGES_MAX`] images and at [`ENTRY_BYTES_MAX`] bytes, so that every
+    /// [`BATCH_IMAGES_MAX`] images and at the groups' entry bound
+    /// ([`crate::GroupsConfig::entry_bytes_max`]) bytes, so that every
     /// entry fits in one message between nodes), with the position of every
     /// image's write; writes that cannot be sent are answered at once.
     #[allow(clippy::type_complexity)]

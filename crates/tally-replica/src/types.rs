@@ -43,7 +43,7 @@ pub const BATCH_IMAGES_MAX: usize = 1_024;
 /// garbage, above any write the engine makes (a dedup sweep page, up to
 /// `dedup_sweep_records_max` expired ids, 10,000 by default; a hand-off page of
 /// `HANDOFF_RECORDS_MAX`, 4,096). What an entry may carry is bounded by its bytes
-/// (`network::ENTRY_BYTES_MAX`), and a write past either bound is refused alone,
+/// (`GroupsConfig::entry_bytes_max`), and a write past either bound is refused alone,
 /// never with the other writes of its cycle.
 pub const IMAGE_RECORDS_MAX: usize = 1 << 16;
 const _: () = assert!(IMAGE_RECORDS_MAX >= tally_core::handoff_machine::HANDOFF_RECORDS_MAX);
