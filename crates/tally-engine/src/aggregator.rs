@@ -5,6 +5,11 @@
 //! slow node delays only the sums bound for it; a sum whose answer is lost is in
 //! doubt and is resent with its drain id (see `tally_core::drain_book`).
 //! It also evicts counters that went idle and prunes old sealed generations.
+//!
+//! Windows are timed on the runtime's monotonic clock, not the wall clock: a wall
+//! clock stepped back (NTP correcting a clock that ran ahead) would otherwise hold
+//! every buffer for the step's length, a loss window of minutes where `flush_ms`
+//! was promised.
 
 use crate::ctx::Ctx;
 use crate::messages::AggregatorMsg;
@@ -32,8 +37,11 @@ pub(crate) struct Aggregator;
 /// Counters waiting for their window to end.
 pub(crate) struct AggregatorState {
     ctx: Weak<Ctx>,
-    /// (runtime, due time in ms), in arrival order.
+    /// What the monotonic times below count from.
+    started: tokio::time::Instant,
+    /// (runtime, due time in monotonic ms), in arrival order.
     pending: Vec<(Arc<CounterRuntime>, u64)>,
+    /// When the last housekeeping ran, in monotonic ms.
     last_sweep_ms: u64,
     dormant: crate::dormant::DormantSweep,
     ticker: Option<tokio::task::JoinHandle<()>>,
@@ -53,6 +61,7 @@ impl Actor for Aggregator {
         let ticker = myself.send_interval(Duration::from_millis(tick_ms), || AggregatorMsg::Tick);
         Ok(AggregatorState {
             ctx,
+            started: tokio::time::Instant::now(),
             pending: Vec::new(),
             last_sweep_ms: 0,
             dormant: Default::default(),
@@ -81,8 +90,8 @@ impl Actor for Aggregator {
         match msg {
             AggregatorMsg::Tick | AggregatorMsg::FlushNow => {
                 state.collect(&ctx);
-                let now = ctx.now_ms();
-                let due = state.take_due(now, false);
+                let elapsed = state.elapsed_ms();
+                let due = state.take_due(elapsed, false);
                 // Deliveries run beside the actor: a shard that answers slowly delays
                 // the sums bound for it, never the next window of other counters.
                 if !due.is_empty() {
@@ -96,8 +105,9 @@ impl Actor for Aggregator {
                         ctx.resending.store(false, SeqCst);
                     });
                 }
-                if now.saturating_sub(state.last_sweep_ms) >= EVICTION_SWEEP_MS {
-                    state.last_sweep_ms = now;
+                if elapsed.saturating_sub(state.last_sweep_ms) >= EVICTION_SWEEP_MS {
+                    state.last_sweep_ms = elapsed;
+                    let now = ctx.now_ms();
                     sweep(&ctx, now);
                     state.dormant.tick(&ctx, now);
                 }
@@ -111,6 +121,11 @@ impl Actor for Aggregator {
 }
 
 impl AggregatorState {
+    /// Monotonic milliseconds since the aggregator started.
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
     /// Delivers every buffered and in-doubt sum, in rounds until nothing is left or
     /// [`SHUTDOWN_DELIVER_MS`] has passed; then flushes. Answers how many acknowledged
     /// increments are still undelivered (0 when the shutdown loses nothing).
@@ -156,7 +171,7 @@ impl AggregatorState {
     /// Moves newly dirty counters into the pending list with their due times.
     fn collect(&mut self, ctx: &Ctx) {
         let fresh = std::mem::take(&mut *ctx.dirty.lock());
-        let now = ctx.now_ms();
+        let now = self.elapsed_ms();
         for rt in fresh {
             let due = now + u64::from(rt.meta.spec.flush_ms);
             self.pending.push((rt, due));

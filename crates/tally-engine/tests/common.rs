@@ -57,6 +57,26 @@ pub async fn paused_engine_clock(start_ms: u64) -> (Tally, MemStore, PausedClock
     (tally, store, clock)
 }
 
+/// The system's wall clock, which a test can step back (as NTP steps a clock that ran
+/// ahead): reads `SystemClock` minus the steps so far.
+#[derive(Clone, Default)]
+pub struct SteppedClock {
+    back_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl SteppedClock {
+    /// Steps the wall clock back by `ms`.
+    pub fn step_back(&self, ms: u64) {
+        self.back_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for SteppedClock {
+    fn now_ms(&self) -> u64 {
+        SystemClock.now_ms() - self.back_ms.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// Reopens an engine over `store` after a crash or shutdown.
 pub async fn reopen(store: &MemStore) -> Tally {
     Tally::open_with(Arc::new(store.clone()), Arc::new(SystemClock), quick_config()).await.unwrap()

@@ -132,6 +132,30 @@ async fn a_batched_counter_is_durable_once_its_window_has_passed() {
     tally.shutdown().await.unwrap();
 }
 
+/// A wall clock stepped back (NTP correcting a clock that ran ahead) does not hold
+/// back the window: buffers drain `flush_ms` after they filled, by the time that
+/// passed, not by what the wall clock reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_counter_is_durable_once_its_window_has_passed_though_the_clock_stepped_back() {
+    let store = MemStore::new();
+    let clock = SteppedClock::default();
+    let mut store_ref = store.clone();
+    let tally = Tally::open_with(Arc::new(store), Arc::new(clock.clone()), quick_config()).await.unwrap();
+    let patch = SpecPatch { flush_ms: Some(50), ..spec(8, Durability::Batched) };
+    tally.put_counter("views", patch).await.unwrap();
+    for _ in 0..2_000 {
+        tally.incr("views", Increment::new(1)).await.unwrap();
+    }
+    // The aggregator has seen the buffers (it ticks every 5 ms) and set their drain
+    // `flush_ms` ahead; then the clock steps back a minute.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.step_back(60_000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tally = crash(&tally, &mut store_ref).await;
+    assert_eq!(tally.read("views", Consistency::Fresh).await.unwrap().value, 2_000);
+    tally.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_delivers_every_buffered_increment() {
     let (tally, store) = mem_engine().await;

@@ -1274,6 +1274,7 @@ fn run_inner(cfg: SimConfig) -> RunReport {
             clock_jumps,
             trace: Xxh3::new(),
             events: 0,
+            calls: 0,
             end_ms: 0,
             debug: std::env::var_os("TALLY_SIM_DEBUG").is_some(),
             nets: None,

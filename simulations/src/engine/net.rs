@@ -126,13 +126,16 @@ impl SimPlacement {
     async fn deliver(&self, to: u8, request: ShardRequest) -> Result<ShardResponse, TallyError> {
         let name = node_name(to);
         let bytes = codec::encode(&request);
-        {
+        let call = {
             let mut w = lock(&self.world);
             if !w.alive(self.me, self.incarnation) {
                 return Err(unavailable(&name, "this node is down"));
             }
-            w.note("call", (self.me, to, Wire(&bytes, &request)));
-        }
+            w.calls += 1;
+            let call = w.calls;
+            w.note("call", (call, self.me, to, Wire(&bytes, &request)));
+            call
+        };
         wait_unpaused(&self.world, self.me).await;
         let d = match fate(&self.world, self.me, to) {
             Fate::Deliver(d) => d,
@@ -171,7 +174,7 @@ impl SimPlacement {
             let mut w = lock(&self.world);
             let alive = w.alive(to, target_inc);
             if alive {
-                w.note("answer", (to, self.me, Wire(&bytes, &response)));
+                w.note("answer", (call, to, self.me, Wire(&bytes, &response)));
             } else {
                 unanswered(&mut w);
             }

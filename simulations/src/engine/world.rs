@@ -123,6 +123,8 @@ pub(crate) struct World {
     pub(crate) clock_jumps: Vec<(u64, u8, i64)>,
     pub(crate) trace: Xxh3,
     pub(crate) events: u64,
+    /// Node-to-node calls sent so far: each call's number labels its answer.
+    pub(crate) calls: u64,
     /// The simulated time the run ended at.
     pub(crate) end_ms: u64,
     /// Print every event to stderr (`TALLY_SIM_DEBUG=1`; output only, no influence).
