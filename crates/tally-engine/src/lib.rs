@@ -31,7 +31,8 @@
 //!   commit.
 //! * `messages.rs` — the messages of the shard, supervisor and aggregator actors,
 //!   apart from the actors so that senders and handlers do not depend on each other.
-//! * `shard.rs` — the shard actor, sole writer of one shard.
+//! * `shard.rs` — the shard actor, sole writer of one shard, and the one interpreter of
+//!   a shard machine's effects (`execute`), for actors and cold writes alike.
 //! * `cold.rs` — the first write of a just-created shard, run through its machine
 //!   without starting an actor.
 //! * `supervisor.rs` — starts shard actors on demand and stops idle ones.

@@ -293,78 +293,9 @@ impl ShardActorState {
         self.id.generation <= self.meta.layout.generation
     }
 
-    /// Steps the machine with `input` and carries out its effects, feeding back what
-    /// they produce, until none is left.
+    /// Steps the machine with `input` and carries out its effects ([`execute`]).
     async fn run(&mut self, myself: &ActorRef<ShardMsg>, input: Input<RpcReplyPort<ShardReply>>) {
-        let mut effects: VecDeque<_> = self.machine.step(self.ctx.now_ms(), input).into();
-        while let Some(effect) = effects.pop_front() {
-            let next = match effect {
-                Effect::ScheduleCommit => {
-                    if myself.send_message(ShardMsg::Commit).is_ok() {
-                        continue;
-                    }
-                    // Draining: no new messages are admitted, so commit now.
-                    Input::CommitDue { writable: !self.ctx.flusher.poisoned() }
-                }
-                Effect::LookUpPriors { ids } => Input::Priors(self.priors(&ids).await),
-                Effect::Write { write, durable, sends, change_abs, submissions } => {
-                    let waiter = self.after_flush(durable, sends);
-                    let ok = write_through(&self.ctx, &self.id, write, waiter, change_abs, submissions).await;
-                    Input::Applied { ok }
-                }
-                Effect::Escrow { sends, after_flush: false } => {
-                    self.ctx.send_escrow(&self.id, &self.meta, sends);
-                    continue;
-                }
-                Effect::Escrow { sends, after_flush: true } => {
-                    if let Some(waiter) = self.after_flush(Vec::new(), sends) {
-                        self.ctx.flusher.after_flush(waiter);
-                    }
-                    continue;
-                }
-                Effect::Reply { to, reply } => {
-                    let _ = to.send(reply);
-                    continue;
-                }
-                Effect::ReplyAfterFlush(answers) => {
-                    self.ctx.flusher.after_flush(answers_after(answers));
-                    continue;
-                }
-                Effect::Reload => {
-                    let image = load(&self.ctx, &self.id);
-                    if let Err(e) = &image {
-                        tracing::error!(shard = %self.id, error = %e, "cannot reload shard; stopping it");
-                    }
-                    Input::Reloaded(image.ok())
-                }
-                Effect::Sealed(image) => {
-                    let result = self.persist_seal(image).await;
-                    if let Err(e) = &result {
-                        // The seal is not stored: a new actor starts from what is
-                        // stored (a replicated store refuses the seal of a writer that
-                        // missed a commit) and seals that.
-                        tracing::warn!(shard = %self.id, error = %e, "cannot persist a seal; stopping the shard");
-                        myself.stop(Some("its seal could not be stored".into()));
-                    }
-                    for sealer in self.sealers.drain(..) {
-                        let _ = sealer.send(result.clone());
-                    }
-                    continue;
-                }
-                Effect::Merged => {
-                    let result = self.ctx.flusher.flush().await.map_err(TallyError::from);
-                    for merger in self.mergers.drain(..) {
-                        let _ = merger.send(result.clone());
-                    }
-                    continue;
-                }
-                Effect::Stop => {
-                    myself.stop(Some("its values could not be reloaded after a failed commit".into()));
-                    continue;
-                }
-            };
-            effects.extend(self.machine.step(self.ctx.now_ms(), next));
-        }
+        execute(&mut Warm { state: self, myself }, input).await;
     }
 
     /// What waits for the flush after a write: `sync` answers, and escrow messages
@@ -534,8 +465,8 @@ fn params(ctx: &Ctx, meta: &CounterMeta, id: &ShardId) -> ShardParams {
 
 /// Runs one submission through the machine of a shard that holds nothing and has no
 /// actor (`cold.rs` holds the shard's claim meanwhile, so nothing else decides for
-/// it): the same steps an actor would take, carried out here and then forgotten —
-/// the next actor of the shard starts from what this wrote.
+/// it): the same steps an actor would take ([`execute`]), carried out here and then
+/// forgotten — the next actor of the shard starts from what this wrote.
 pub(crate) async fn run_cold(
     ctx: &Ctx,
     id: &ShardId,
@@ -543,54 +474,236 @@ pub(crate) async fn run_cold(
     sub: Submission,
     reply: RpcReplyPort<ShardReply>,
 ) {
-    let mut machine: ShardMachine<RpcReplyPort<ShardReply>> =
-        ShardMachine::new(params(ctx, meta, id), ShardImage::default(), None, false);
-    let mut effects: VecDeque<_> = machine.step(ctx.now_ms(), Input::Submit { sub, reply }).into();
+    let machine = ShardMachine::new(params(ctx, meta, id), ShardImage::default(), None, false);
+    execute(&mut Cold { ctx, id, machine }, Input::Submit { sub, reply }).await;
+}
+
+/// A shard machine's answers go to reply ports.
+type Machine = ShardMachine<RpcReplyPort<ShardReply>>;
+
+/// What carrying out a shard machine's effects needs of the shell around it: a
+/// shard actor ([`Warm`]) or a one-off run for a shard that has none ([`Cold`]).
+/// Everything else is [`execute`]'s, the same for both.
+trait Shell {
+    fn ctx(&self) -> &Ctx;
+    fn id(&self) -> &ShardId;
+    fn machine(&mut self) -> &mut Machine;
+    /// Asks for a commit later ([`Effect::ScheduleCommit`]); false if it must run now.
+    fn schedule_commit(&self) -> bool;
+    /// The dedup records of `ids` ([`Effect::LookUpPriors`]); `None` if one could not
+    /// be read.
+    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>>;
+    /// What waits for the flush after a write: `sync` answers, and escrow messages
+    /// whose ledger state the write carries.
+    fn after_flush(
+        &self,
+        durable: Vec<(RpcReplyPort<ShardReply>, ShardReply)>,
+        sends: Vec<EscrowSend>,
+    ) -> Option<Waiter>;
+    /// Sends escrow messages now.
+    fn send_escrow(&self, sends: Vec<EscrowSend>);
+    /// Makes a seal durable and answers its sealers ([`Effect::Sealed`]).
+    async fn sealed(&mut self, image: ShardImage);
+    /// Makes a merge durable and answers its mergers ([`Effect::Merged`]).
+    async fn merged(&mut self);
+    /// Stops the shard ([`Effect::Stop`]).
+    fn stop(&self);
+}
+
+/// Steps the machine with `input` and carries out its effects, feeding back what
+/// they produce, until none is left: the one interpreter of a shard machine's
+/// effects, for warm and cold shards alike.
+async fn execute(shell: &mut impl Shell, input: Input<RpcReplyPort<ShardReply>>) {
+    let now = shell.ctx().now_ms();
+    let mut effects: VecDeque<_> = shell.machine().step(now, input).into();
     while let Some(effect) = effects.pop_front() {
         let next = match effect {
-            Effect::ScheduleCommit => Input::CommitDue { writable: !ctx.flusher.poisoned() },
-            Effect::LookUpPriors { ids } => {
-                // Only this shard's records: a just-created counter has no sealed
-                // generation to look in.
-                let mut found = Some(BTreeMap::new());
-                for record in &ids {
-                    match ctx.store.dedup_get(id, record) {
-                        Ok(Some(r)) => {
-                            found.as_mut().map(|f| f.insert(record.clone(), r));
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            tracing::warn!(shard = %id, error = %e, "cannot read dedup records; the sum is resent");
-                            found = None;
-                            break;
-                        }
-                    }
+            Effect::ScheduleCommit => {
+                if shell.schedule_commit() {
+                    continue;
                 }
-                Input::Priors(found)
+                Input::CommitDue { writable: !shell.ctx().flusher.poisoned() }
             }
+            Effect::LookUpPriors { ids } => Input::Priors(shell.priors(&ids).await),
             Effect::Write { write, durable, sends, change_abs, submissions } => {
-                // A cold shard is never a bounded counter's (`cold.rs`): it has no
-                // escrow messages to send.
-                debug_assert!(sends.is_empty());
-                let waiter = (!durable.is_empty()).then(|| answers_after(durable));
-                Input::Applied { ok: write_through(ctx, id, write, waiter, change_abs, submissions).await }
+                let waiter = shell.after_flush(durable, sends);
+                let ok = write_through(shell.ctx(), shell.id(), write, waiter, change_abs, submissions).await;
+                Input::Applied { ok }
+            }
+            Effect::Escrow { sends, after_flush: false } => {
+                shell.send_escrow(sends);
+                continue;
+            }
+            Effect::Escrow { sends, after_flush: true } => {
+                if let Some(waiter) = shell.after_flush(Vec::new(), sends) {
+                    shell.ctx().flusher.after_flush(waiter);
+                }
+                continue;
             }
             Effect::Reply { to, reply } => {
                 let _ = to.send(reply);
                 continue;
             }
             Effect::ReplyAfterFlush(answers) => {
-                ctx.flusher.after_flush(answers_after(answers));
+                shell.ctx().flusher.after_flush(answers_after(answers));
                 continue;
             }
-            Effect::Reload => Input::Reloaded(load(ctx, id).ok()),
-            // Neither a seal nor a merge is ever asked of this machine, nor has it an
-            // escrow; a stop drops it, and its answer with it (the caller resends to an
-            // actor).
-            Effect::Sealed(_) | Effect::Merged | Effect::Stop | Effect::Escrow { .. } => continue,
+            Effect::Reload => {
+                let image = load(shell.ctx(), shell.id());
+                if let Err(e) = &image {
+                    tracing::error!(shard = %shell.id(), error = %e, "cannot reload shard; stopping it");
+                }
+                Input::Reloaded(image.ok())
+            }
+            Effect::Sealed(image) => {
+                shell.sealed(image).await;
+                continue;
+            }
+            Effect::Merged => {
+                shell.merged().await;
+                continue;
+            }
+            Effect::Stop => {
+                shell.stop();
+                continue;
+            }
         };
-        effects.extend(machine.step(ctx.now_ms(), next));
+        let now = shell.ctx().now_ms();
+        effects.extend(shell.machine().step(now, next));
     }
+}
+
+/// The shell of a shard actor.
+struct Warm<'a> {
+    state: &'a mut ShardActorState,
+    myself: &'a ActorRef<ShardMsg>,
+}
+
+impl Shell for Warm<'_> {
+    fn ctx(&self) -> &Ctx {
+        &self.state.ctx
+    }
+
+    fn id(&self) -> &ShardId {
+        &self.state.id
+    }
+
+    fn machine(&mut self) -> &mut Machine {
+        &mut self.state.machine
+    }
+
+    fn schedule_commit(&self) -> bool {
+        // Draining, no new messages are admitted: the commit runs now.
+        self.myself.send_message(ShardMsg::Commit).is_ok()
+    }
+
+    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>> {
+        self.state.priors(ids).await
+    }
+
+    fn after_flush(
+        &self,
+        durable: Vec<(RpcReplyPort<ShardReply>, ShardReply)>,
+        sends: Vec<EscrowSend>,
+    ) -> Option<Waiter> {
+        self.state.after_flush(durable, sends)
+    }
+
+    fn send_escrow(&self, sends: Vec<EscrowSend>) {
+        self.state.ctx.send_escrow(&self.state.id, &self.state.meta, sends);
+    }
+
+    async fn sealed(&mut self, image: ShardImage) {
+        let result = self.state.persist_seal(image).await;
+        if let Err(e) = &result {
+            // The seal is not stored: a new actor starts from what is stored (a
+            // replicated store refuses the seal of a writer that missed a commit) and
+            // seals that.
+            tracing::warn!(shard = %self.state.id, error = %e, "cannot persist a seal; stopping the shard");
+            self.myself.stop(Some("its seal could not be stored".into()));
+        }
+        for sealer in self.state.sealers.drain(..) {
+            let _ = sealer.send(result.clone());
+        }
+    }
+
+    async fn merged(&mut self) {
+        let result = self.state.ctx.flusher.flush().await.map_err(TallyError::from);
+        for merger in self.state.mergers.drain(..) {
+            let _ = merger.send(result.clone());
+        }
+    }
+
+    fn stop(&self) {
+        self.myself.stop(Some("its values could not be reloaded after a failed commit".into()));
+    }
+}
+
+/// The shell of a one-off run for a shard with no actor ([`run_cold`]).
+struct Cold<'a> {
+    ctx: &'a Ctx,
+    id: &'a ShardId,
+    machine: Machine,
+}
+
+impl Shell for Cold<'_> {
+    fn ctx(&self) -> &Ctx {
+        self.ctx
+    }
+
+    fn id(&self) -> &ShardId {
+        self.id
+    }
+
+    fn machine(&mut self) -> &mut Machine {
+        &mut self.machine
+    }
+
+    fn schedule_commit(&self) -> bool {
+        false
+    }
+
+    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>> {
+        // Only this shard's records: a just-created counter has no sealed generation
+        // to look in.
+        let mut found = BTreeMap::new();
+        for record in ids {
+            match self.ctx.store.dedup_get(self.id, record) {
+                Ok(Some(r)) => {
+                    found.insert(record.clone(), r);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(shard = %self.id, error = %e, "cannot read dedup records; the sum is resent");
+                    return None;
+                }
+            }
+        }
+        Some(found)
+    }
+
+    fn after_flush(
+        &self,
+        durable: Vec<(RpcReplyPort<ShardReply>, ShardReply)>,
+        sends: Vec<EscrowSend>,
+    ) -> Option<Waiter> {
+        // A cold shard is never a bounded counter's (`cold.rs`): it has no escrow
+        // messages to send.
+        debug_assert!(sends.is_empty());
+        (!durable.is_empty()).then(|| answers_after(durable))
+    }
+
+    fn send_escrow(&self, sends: Vec<EscrowSend>) {
+        debug_assert!(sends.is_empty());
+    }
+
+    // Neither a seal nor a merge is ever asked of this machine; a stop drops it, and
+    // its answer with it (the caller resends to an actor).
+    async fn sealed(&mut self, _image: ShardImage) {}
+
+    async fn merged(&mut self) {}
+
+    fn stop(&self) {}
 }
 
 /// A waiter that sends `answers` once the flush it waits for succeeded (and drops
