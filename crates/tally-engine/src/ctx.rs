@@ -822,7 +822,7 @@ impl Ctx {
         if let Some(a) = self.directory.get(id) {
             return Ok(a.clone());
         }
-        self.ensure_local(id).await?;
+        crate::handoff::ensure_local(self, id).await?;
         // Nothing of a counter is written before its creation (a running actor was
         // started after this).
         self.catalog.creation_written(id.counter.as_str()).await?;
@@ -857,7 +857,7 @@ impl Ctx {
         match self.remote(id) {
             None => {
                 self.lost.check(id)?;
-                self.ensure_local(id).await?;
+                crate::handoff::ensure_local(self, id).await?;
                 let image = self.store.load_shard(id)?;
                 let sealed = self.store.meta_get(&seal_key(id))?.is_some();
                 Ok(ShardRead { image, sealed })
@@ -877,7 +877,7 @@ impl Ctx {
     ) -> Result<Option<tally_core::dedup::DedupRecord>, TallyError> {
         match self.remote(id) {
             None => {
-                self.ensure_local(id).await?;
+                crate::handoff::ensure_local(self, id).await?;
                 Ok(self.store.dedup_get(id, event_id)?)
             }
             Some((p, node)) => {
@@ -1307,7 +1307,7 @@ impl Ctx {
             self.stats.drain_increments.record(d.increments);
             // A shard that holds nothing and never ran takes its first sum without
             // an actor (`cold.rs`).
-            let sent = match self.write_cold(&target, index, &id, &sub).await {
+            let sent = match crate::cold::write(self, &target, index, &id, &sub).await {
                 Some(rx) => Ok(rx),
                 None => self.send_submit(&id, &target.meta, sub.clone()).await,
             };
@@ -1409,7 +1409,7 @@ impl Ctx {
     /// Stops the local actor of shard `id` and deletes its data.
     pub(crate) async fn delete_local(&self, id: &ShardId) -> Result<(), TallyError> {
         // Adopt first, so the previous owner deletes its copy in its hand-off.
-        self.ensure_local(id).await?;
+        crate::handoff::ensure_local(self, id).await?;
         self.stop_local(id).await;
         self.drop_shard_data(id).await
     }

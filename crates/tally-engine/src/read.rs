@@ -19,12 +19,12 @@ use tally_store::ShardImage;
 /// Every current shard's committed state as applied (not yet made durable), fetched
 /// concurrently (remote shards from their owners, which answer durable values);
 /// `None` where a shard could not be reached.
-/// A shard this node knows to hold nothing ([`Ctx::known_empty`]) is not read.
+/// A shard this node knows to hold nothing ([`crate::cold::known_empty`]) is not read.
 async fn reads_applied(ctx: &Arc<Ctx>, meta: &CounterMeta, name: &CounterName) -> Vec<Option<ShardRead>> {
     let rt = ctx.registry.get(name.as_str()).map(|r| r.clone());
     let reads = (0..meta.layout.shards).map(|index| {
         let id = meta.shard_id(name, meta.layout.generation, index);
-        let empty = rt.as_ref().is_some_and(|rt| ctx.known_empty(rt, &id));
+        let empty = rt.as_ref().is_some_and(|rt| crate::cold::known_empty(ctx, rt, &id));
         async move {
             if empty {
                 return Some(ShardRead { image: ShardImage::default(), sealed: false });

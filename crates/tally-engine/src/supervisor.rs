@@ -70,7 +70,7 @@ impl Actor for Supervisor {
             SupervisorMsg::Stop { id, reply } => {
                 // A first write without an actor (`cold.rs`) is a running shard too:
                 // the stop waits for it.
-                if let Some(lock) = ctx.cold_writer(&id) {
+                if let Some(lock) = crate::cold::writer(&ctx, &id) {
                     let me = myself.clone();
                     tokio::spawn(async move {
                         drop(lock.lock().await);
@@ -140,7 +140,7 @@ impl SupervisorState {
             let _ = reply.send(Ok(a.clone()));
             return;
         }
-        if let Err(lock) = ctx.begin_spawn(&id) {
+        if let Err(lock) = crate::cold::begin_spawn(ctx, &id) {
             let me = myself.clone();
             tokio::spawn(async move {
                 drop(lock.lock().await);
@@ -149,7 +149,7 @@ impl SupervisorState {
             return;
         }
         let r = self.start(ctx, myself, id.clone(), meta).await;
-        ctx.end_spawn(&id);
+        crate::cold::end_spawn(ctx, &id);
         let _ = reply.send(r);
     }
 

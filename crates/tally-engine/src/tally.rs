@@ -1148,12 +1148,12 @@ impl Tally {
         let ctx = &self.ctx;
         match request {
             ShardRequest::HandOff { id, epoch, after } => {
-                let handed = ctx.hand_off(&id, epoch, after.as_deref()).await?;
+                let handed = crate::handoff::hand_off(ctx, &id, epoch, after.as_deref()).await?;
                 let tally_core::handoff_machine::HandOffPage { image, records, more, sealed } = handed;
                 Ok(ShardResponse::HandedOff { image, records, more, sealed })
             }
             ShardRequest::Adopt { id, epoch } => {
-                ctx.adopt(&id, epoch).await?;
+                crate::handoff::adopt(ctx, &id, epoch).await?;
                 Ok(ShardResponse::Done)
             }
             ShardRequest::Submit { id, meta_version, born_ms, sub } => {
