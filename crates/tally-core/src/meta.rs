@@ -153,6 +153,23 @@ impl CounterMeta {
         Some(self)
     }
 
+    /// A new counter's metadata under namespace `ns` at `now_ms` (with its deadline
+    /// when the namespace has a `ttl_ms`), or why it cannot be made.
+    pub fn under(ns: &crate::namespace::NamespaceSpec, now_ms: u64) -> Result<Self, MetaError> {
+        let spec = ns.counter_spec().map_err(|e| match e {
+            crate::namespace::NamespaceError::Spec(e) => MetaError::Spec(e),
+            // Checked when the namespace was declared; a table never holds one.
+            other => MetaError::Spec(SpecError::UnknownWord {
+                field: "namespace",
+                found: other.to_string(),
+                expected: &[],
+            }),
+        })?;
+        let mut meta = Self::create(spec, now_ms)?;
+        meta.expires_at_ms = ns.ttl_ms.map(|ttl| now_ms.saturating_add(ttl));
+        Ok(meta)
+    }
+
     /// A counter created with the defaults plus `patch`.
     pub fn create_patched(patch: &SpecPatch, now_ms: u64) -> Result<Self, MetaError> {
         Self::create(CounterSpec::default().patched(patch)?, now_ms)
@@ -287,6 +304,30 @@ mod tests {
 
     fn meta() -> CounterMeta {
         CounterMeta::create(CounterSpec::default(), 1_000).unwrap()
+    }
+
+    #[test]
+    fn a_namespace_makes_the_counters_a_creation_would() {
+        use crate::namespace::NamespaceSpec;
+        use crate::spec::{AutoShards, Durability};
+        let bounded = NamespaceSpec {
+            patch: SpecPatch { durability: Some(Durability::Sync), min: Some(0), ..SpecPatch::default() },
+            ..NamespaceSpec::default()
+        };
+        let meta = CounterMeta::under(&bounded, 1_000).unwrap();
+        assert_eq!(
+            (meta.spec.durability, meta.spec.min, meta.expires_at_ms),
+            (Durability::Sync, Some(0), None)
+        );
+        let window = NamespaceSpec { ttl_ms: Some(60_000), ..NamespaceSpec::default() };
+        assert_eq!(CounterMeta::under(&window, 1_000).unwrap().expires_at_ms, Some(61_000));
+        let auto =
+            NamespaceSpec { auto: Some(AutoShards { min_shards: 2, max_shards: 16 }), ..Default::default() };
+        assert_eq!(
+            CounterMeta::under(&auto, 1).unwrap().spec.shards,
+            2,
+            "an auto counter starts at its lower bound"
+        );
     }
 
     #[test]
@@ -449,7 +490,9 @@ pub fn apply_command(
         (None, MetaCommand::Ensure) => {
             Ok((Some(CounterMeta::create(CounterSpec::default(), now_ms)?), MetaEffect::Created))
         }
-        (None, MetaCommand::EnsureWith(spec)) => Ok((Some(spec.create(now_ms)?), MetaEffect::Created)),
+        (None, MetaCommand::EnsureWith(spec)) => {
+            Ok((Some(CounterMeta::under(spec, now_ms)?), MetaEffect::Created))
+        }
         (None, _) => Ok((None, MetaEffect::Missing)),
         (Some(mut m), MetaCommand::Put(patch)) => {
             let changed = m.update(patch)?;

@@ -14,7 +14,6 @@
 //! applied against, so creating a counter through a namespace costs no metadata
 //! round beyond the creation's own.
 
-use crate::meta::CounterMeta;
 use crate::spec::{AutoShards, CounterSpec, SpecError, SpecPatch};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -94,23 +93,6 @@ impl NamespaceSpec {
         }
         Ok(spec)
     }
-
-    /// A new counter's metadata under this namespace at `now_ms` (with its deadline
-    /// when the namespace has a `ttl_ms`), or why it cannot be made.
-    pub fn create(&self, now_ms: u64) -> Result<CounterMeta, crate::meta::MetaError> {
-        let spec = self.counter_spec().map_err(|e| match e {
-            NamespaceError::Spec(e) => crate::meta::MetaError::Spec(e),
-            // Checked when the namespace was declared; a table never holds one.
-            other => crate::meta::MetaError::Spec(SpecError::UnknownWord {
-                field: "namespace",
-                found: other.to_string(),
-                expected: &[],
-            }),
-        })?;
-        let mut meta = CounterMeta::create(spec, now_ms)?;
-        meta.expires_at_ms = self.ttl_ms.map(|ttl| now_ms.saturating_add(ttl));
-        Ok(meta)
-    }
 }
 
 /// Checks a namespace prefix: what a counter name may start with.
@@ -170,18 +152,8 @@ mod tests {
     }
 
     #[test]
-    fn a_namespace_makes_the_counters_a_creation_would() {
+    fn a_namespace_refuses_what_a_creation_would() {
         let bounded = ns(Durability::Sync, Some(0));
-        let meta = bounded.create(1_000).unwrap();
-        assert_eq!(
-            (meta.spec.durability, meta.spec.min, meta.expires_at_ms),
-            (Durability::Sync, Some(0), None)
-        );
-        let window = NamespaceSpec { ttl_ms: Some(60_000), ..NamespaceSpec::default() };
-        assert_eq!(window.create(1_000).unwrap().expires_at_ms, Some(61_000));
-        let auto =
-            NamespaceSpec { auto: Some(AutoShards { min_shards: 2, max_shards: 16 }), ..Default::default() };
-        assert_eq!(auto.create(1).unwrap().spec.shards, 2, "an auto counter starts at its lower bound");
         // What a creation would refuse is refused when the namespace is declared.
         assert!(ns(Durability::Batched, Some(0)).counter_spec().is_err(), "bounds need sync");
         assert!(ns(Durability::Sync, Some(5)).counter_spec().is_err(), "bounds must include 0");
