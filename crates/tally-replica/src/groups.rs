@@ -62,11 +62,7 @@ pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
 pub const LOGS_KEPT_BEHIND_SNAPSHOT: u64 = 1_000;
 /// Longest time one snapshot chunk may take, in milliseconds.
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
-/// Bytes of keys and values per snapshot frame (one `install_snapshot` call): a
-/// frame is read, sent, staged and acknowledged before the next, so this bounds
-/// what a snapshot holds in memory on either side, and one lost frame costs one
-/// resend of this much.
-pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+pub use crate::types::SNAPSHOT_CHUNK_BYTES;
 /// Most log entries purged at once behind a snapshot (openraft's default): the
 /// log is purged only once this many can go.
 pub const PURGE_BATCH_ENTRIES_MAX: u64 = 256;

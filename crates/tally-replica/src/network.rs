@@ -363,7 +363,7 @@ impl RaftNetwork<RangeConfig> for GroupNetwork {
             ))
             .into());
         };
-        let chunk = option.snapshot_chunk_size().unwrap_or(crate::groups::SNAPSHOT_CHUNK_BYTES as usize);
+        let chunk = option.snapshot_chunk_size().unwrap_or(crate::types::SNAPSHOT_CHUNK_BYTES as usize);
         let mut at = match self.resume.take() {
             Some(r) if r.snapshot_id == meta.snapshot_id => r,
             _ => Resume { snapshot_id: meta.snapshot_id.clone(), offset: 0, after: None },

@@ -508,7 +508,7 @@ impl StateMachine {
             snapshots,
             shared,
             seq: Arc::new(AtomicU64::new(0)),
-            chunk_bytes: crate::groups::SNAPSHOT_CHUNK_BYTES as usize,
+            chunk_bytes: crate::types::SNAPSHOT_CHUNK_BYTES as usize,
         })
     }
 

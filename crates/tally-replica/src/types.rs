@@ -37,6 +37,12 @@ pub type SnapshotMeta = openraft::SnapshotMeta<ReplicaId, ReplicaNode>;
 /// A storage error as openraft expects it.
 pub type StorageError = openraft::StorageError<ReplicaId>;
 
+/// Bytes of keys and values per snapshot frame (one `install_snapshot` call): a
+/// frame is read, sent, staged and acknowledged before the next, so this bounds
+/// what a snapshot holds in memory on either side, and one lost frame costs one
+/// resend of this much.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+
 /// Most shard images one entry carries: one group commit's worth.
 pub const BATCH_IMAGES_MAX: usize = 1_024;
 /// Most dedup record changes (puts plus removals) one image carries: a bound on
