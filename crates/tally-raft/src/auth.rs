@@ -49,7 +49,7 @@ pub const PROOF_WINDOW_MS: u64 = 60_000;
 /// older is refused from then on.
 pub const PROOFS_REMEMBERED_MAX: usize = 1 << 17;
 /// Largest body read to check its proof, in bytes (the raft router's own limit).
-pub const PROVEN_BODY_BYTES_MAX: usize = crate::server::RAFT_BODY_BYTES_MAX;
+pub const PROVEN_BODY_BYTES_MAX: usize = crate::types::RAFT_BODY_BYTES_MAX;
 /// What the secret is hashed behind, so the key is of no use anywhere else.
 const DOMAIN: &[u8] = b"tally raft rpc v2\0";
 /// The version word that opens a proof.

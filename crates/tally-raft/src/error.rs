@@ -37,3 +37,12 @@ pub enum RaftError {
     #[error("raft refused: {0}")]
     Refused(String),
 }
+
+/// Why a transport did not bring back an answer (see [`crate::network::CallError`]).
+#[derive(Debug)]
+pub(crate) enum Transport {
+    /// [`crate::network::CallError::Connect`]: the request was not delivered.
+    Connect(String),
+    /// [`crate::network::CallError::Failed`]: it may have been.
+    Failed(String),
+}

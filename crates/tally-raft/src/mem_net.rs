@@ -1,8 +1,8 @@
-//! An in-memory network for the metadata group: several [`MetaRaft`]s in one
+//! An in-memory network for the metadata group: several [`MetaRaft`](crate::MetaRaft)s in one
 //! process (a simulation's, on a current-thread runtime with paused time) call each
 //! other without sockets.
 //!
-//! A node started with [`MetaRaft::start_in`] registers its router
+//! A node started with [`MetaRaft::start_in`](crate::MetaRaft::start_in) registers its router
 //! ([`crate::raft_router`]) in a [`MemRaftNet`] under its raft address, and every
 //! call it makes — openraft's RPCs, identity probes, rejoins, forwarded writes and
 //! reads — goes through the same code a call over a socket runs (`post_json`): the
@@ -22,9 +22,7 @@
 //!
 //! Addresses are matched as written in the nodes' `voters`.
 
-use crate::error::RaftError;
-use crate::meta_raft::{MetaRaft, MetaRaftConfig, Serve};
-use crate::network::Transport;
+use crate::error::Transport;
 use crate::types::NodeId;
 use axum::body::Body;
 use axum::http;
@@ -189,31 +187,6 @@ impl MemEnd {
         };
         self.net.carry(served.node, self.me, RaftMessage { rpc: &rpc, answer: true }).await?;
         answer
-    }
-}
-
-impl MetaRaft {
-    /// Like `start`, but serves on `net` instead of a socket: its router is registered under its
-    /// raft address from `cfg.voters`, and all its calls go through `net`.
-    ///
-    /// Everything else is as with [`MetaRaft::start`]: storage (a simulation passes
-    /// [`crate::RaftStorage::Db`] and, to restart a crashed node, the same database
-    /// again — the node registers anew under its address), raft, joining the group.
-    /// [`MetaRaft::shutdown`] unregisters the router, so that calls to the node fail
-    /// to connect until it starts again. `cfg.tls` must be `None` (there is no socket
-    /// to secure). With `cfg.secret` every call carries and every router checks a
-    /// proof of the secret as over a socket; the proof is stamped and checked with
-    /// the wall clock ([`crate::auth::unix_ms`]), which paused time does not move
-    /// (both ends read it at nearly the same moment, so proofs pass), but a
-    /// simulation passes `secret: None`, so that nothing it runs reads the wall
-    /// clock. Every timer of the node is tokio's.
-    pub async fn start_in(cfg: MetaRaftConfig, net: MemRaftNet) -> Result<Self, RaftError> {
-        cfg.validate()?;
-        if cfg.tls.is_some() {
-            return Err(RaftError::Config("a node on an in-memory network runs without TLS".into()));
-        }
-        let addr = cfg.own_addr()?;
-        MetaRaft::launch(cfg, addr, Serve::Memory(net)).await
     }
 }
 

@@ -957,3 +957,28 @@ impl MetaRaft {
         tracing::info!(node = self.id, "metadata raft node stopped");
     }
 }
+
+impl MetaRaft {
+    /// Like `start`, but serves on `net` instead of a socket: its router is registered under its
+    /// raft address from `cfg.voters`, and all its calls go through `net`.
+    ///
+    /// Everything else is as with [`MetaRaft::start`]: storage (a simulation passes
+    /// [`crate::RaftStorage::Db`] and, to restart a crashed node, the same database
+    /// again — the node registers anew under its address), raft, joining the group.
+    /// [`MetaRaft::shutdown`] unregisters the router, so that calls to the node fail
+    /// to connect until it starts again. `cfg.tls` must be `None` (there is no socket
+    /// to secure). With `cfg.secret` every call carries and every router checks a
+    /// proof of the secret as over a socket; the proof is stamped and checked with
+    /// the wall clock ([`crate::auth::unix_ms`]), which paused time does not move
+    /// (both ends read it at nearly the same moment, so proofs pass), but a
+    /// simulation passes `secret: None`, so that nothing it runs reads the wall
+    /// clock. Every timer of the node is tokio's.
+    pub async fn start_in(cfg: MetaRaftConfig, net: MemRaftNet) -> Result<Self, RaftError> {
+        cfg.validate()?;
+        if cfg.tls.is_some() {
+            return Err(RaftError::Config("a node on an in-memory network runs without TLS".into()));
+        }
+        let addr = cfg.own_addr()?;
+        MetaRaft::launch(cfg, addr, Serve::Memory(net)).await
+    }
+}

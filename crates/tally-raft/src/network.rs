@@ -175,14 +175,7 @@ pub enum CallError {
     },
 }
 
-/// Why a transport did not bring back an answer (see [`CallError`]).
-#[derive(Debug)]
-pub(crate) enum Transport {
-    /// [`CallError::Connect`]: the request was not delivered.
-    Connect(String),
-    /// [`CallError::Failed`]: it may have been.
-    Failed(String),
-}
+pub(crate) use crate::error::Transport;
 
 /// The HTTP client shared by the raft network and request forwarding, with the
 /// scheme it speaks.

@@ -51,9 +51,7 @@ use tally_core::name::CounterName;
 /// milliseconds. The caller retries; every step resumes where it stopped.
 pub const REPLACE_TIMEOUT_MS: u64 = 60_000;
 
-/// Largest accepted request body, in bytes. A snapshot chunk is at most
-/// `SNAPSHOT_CHUNK_BYTES` of data, which JSON encodes as up to 4 bytes per byte.
-pub const RAFT_BODY_BYTES_MAX: usize = 16 << 20;
+pub use crate::types::RAFT_BODY_BYTES_MAX;
 
 /// How long the server works on one forwarded write or read before answering
 /// 504, in milliseconds. Bounds a handler whose leader lost its quorum.

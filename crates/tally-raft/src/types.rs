@@ -12,6 +12,10 @@ use tally_core::meta::{CounterMeta, MetaCommand, MetaEffect, MetaError, SealedGe
 use tally_core::name::CounterName;
 use tally_core::spec::{AutoShards, SpecError};
 
+/// Largest accepted request body, in bytes. A snapshot chunk is at most
+/// `SNAPSHOT_CHUNK_BYTES` of data, which JSON encodes as up to 4 bytes per byte.
+pub const RAFT_BODY_BYTES_MAX: usize = 16 << 20;
+
 openraft::declare_raft_types!(
     /// The openraft type configuration of Tally's metadata group: `u64` node ids,
     /// [`openraft::BasicNode`] whose `addr` is the node's raft RPC address
