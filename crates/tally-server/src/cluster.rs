@@ -11,10 +11,7 @@ use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tally_cluster::{AcceptLossError, ClusterError, ClusterNode, ClusterNodeConfig, Member, MembershipError};
-use tally_engine::{
-    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, IncrTotal, Increment,
-    PutOutcome, ReconcileReport, ShardsReport, SpecPatch, Tally, TallyError, TopRead, ValueRead,
-};
+use tally_engine::{ShardsReport, Tally, TallyError};
 use tally_raft::MemberRejection;
 
 /// A cluster node behind the HTTP API. Cheap to clone.
@@ -113,68 +110,8 @@ impl ClusterService {
 }
 
 impl Service for ClusterService {
-    async fn put_counter(
-        &self,
-        name: &str,
-        patch: SpecPatch,
-        auto: AutoPatch,
-    ) -> Result<PutOutcome, TallyError> {
-        self.node.tally().put_counter_auto(name, patch, auto).await
-    }
-
-    async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
-        self.node.tally().counter(name).await
-    }
-
-    async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
-        self.node.tally().delete_counter(name).await
-    }
-
-    async fn incr(&self, name: &str, inc: Increment) -> Result<IncrOutcome, TallyError> {
-        self.node.tally().incr(name, inc).await
-    }
-
-    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-        self.node.tally().incr_value(name, inc).await
-    }
-
-    async fn current_total(&self, name: &str) -> Result<IncrTotal, TallyError> {
-        self.node.tally().current_total(name).await
-    }
-
-    async fn incr_many(
-        &self,
-        items: Vec<(String, Increment)>,
-    ) -> Result<Vec<Result<IncrOutcome, TallyError>>, TallyError> {
-        self.node.tally().incr_many(items).await
-    }
-
-    async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
-        self.node.tally().read(name, consistency).await
-    }
-
-    async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
-        self.node.tally().distinct(name).await
-    }
-
-    async fn window(&self, name: &str, window: &str) -> Result<tally_engine::WindowRead, TallyError> {
-        self.node.tally().window(name, window).await
-    }
-
-    async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
-        self.node.tally().frequency(name, item).await
-    }
-
-    async fn top(&self, name: &str, k: u32) -> Result<TopRead, TallyError> {
-        self.node.tally().top(name, k).await
-    }
-
     async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
         self.node.shards(name).await
-    }
-
-    async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
-        self.node.tally().reconcile(name, authoritative).await
     }
 
     async fn cluster(&self) -> ClusterView {

@@ -16,8 +16,13 @@ use tally_engine::{
 
 pub use tally_engine::IncrTotal;
 
-/// The operations behind the public HTTP interface. Cheap to clone: the router clones
-/// it into every request.
+/// The operations behind the public HTTP and RESP interfaces. Cheap to clone: the
+/// router clones it into every request.
+///
+/// The data operations are the engine's ([`Service::engine`]) on one node and in a
+/// cluster alike, so they are written once here; an implementation states what
+/// differs between the two (the cluster's view, membership, accepted losses, the
+/// shards report's replicas, health and metrics), and a test's may wrap any of them.
 pub trait Service: Clone + Send + Sync + 'static {
     /// Creates the counter (defaults plus `patch`) or updates the fields `patch` names;
     /// `auto` makes its shard count follow contention, or changes its bounds.
@@ -26,46 +31,46 @@ pub trait Service: Clone + Send + Sync + 'static {
         name: &str,
         patch: SpecPatch,
         auto: AutoPatch,
-    ) -> impl Future<Output = Result<PutOutcome, TallyError>> + Send;
+    ) -> impl Future<Output = Result<PutOutcome, TallyError>> + Send {
+        async move { self.engine().put_counter_auto(name, patch, auto).await }
+    }
 
     /// The counter's spec and a summary of its layout.
-    fn counter(&self, name: &str) -> impl Future<Output = Result<CounterInfo, TallyError>> + Send;
+    fn counter(&self, name: &str) -> impl Future<Output = Result<CounterInfo, TallyError>> + Send {
+        async move { self.engine().counter(name).await }
+    }
 
     /// Deletes the counter and all its data.
-    fn delete_counter(&self, name: &str) -> impl Future<Output = Result<(), TallyError>> + Send;
+    fn delete_counter(&self, name: &str) -> impl Future<Output = Result<(), TallyError>> + Send {
+        async move { self.engine().delete_counter(name).await }
+    }
 
     /// Counts one increment; an unknown counter is created with the defaults.
     fn incr(
         &self,
         name: &str,
         inc: Increment,
-    ) -> impl Future<Output = Result<IncrOutcome, TallyError>> + Send;
+    ) -> impl Future<Output = Result<IncrOutcome, TallyError>> + Send {
+        async move { self.engine().incr(name, inc).await }
+    }
 
     /// Counts one increment and reports the counter's total right after it (Redis's
     /// `INCR`): it includes this increment and every increment this node
     /// acknowledged before it, each once; on a `sync` counter of one shard it is the
     /// value the shard's commit gave this increment (`docs/SEMANTICS.md`, "What INCR
     /// returns", and [`Tally::incr_value`]).
-    ///
-    /// The default composes [`Service::incr`], [`Service::counter`] and a fresh
-    /// [`Service::read`] (exact, and a read per increment); a node over an engine
-    /// answers from its ledger instead ([`Tally::incr_value`]).
     fn incr_total(
         &self,
         name: &str,
         inc: Increment,
     ) -> impl Future<Output = Result<(IncrOutcome, IncrTotal), TallyError>> + Send {
-        async move {
-            let outcome = self.incr(name, inc).await?;
-            Ok((outcome, IncrTotal::from(&self.read(name, Consistency::Fresh).await?)))
-        }
+        async move { self.engine().incr_value(name, inc).await }
     }
 
     /// The counter's total as Redis's `GET` answers it: every increment this node
-    /// acknowledged before the call included ([`Tally::current_total`]). The
-    /// default answers a fresh read.
+    /// acknowledged before the call included ([`Tally::current_total`]).
     fn current_total(&self, name: &str) -> impl Future<Output = Result<IncrTotal, TallyError>> + Send {
-        async move { Ok(IncrTotal::from(&self.read(name, Consistency::Fresh).await?)) }
+        async move { self.engine().current_total(name).await }
     }
 
     /// Sets the counter's deadline (Redis's `EXPIRE` family, [`Tally::expire`]):
@@ -129,17 +134,23 @@ pub trait Service: Clone + Send + Sync + 'static {
     fn incr_many(
         &self,
         items: Vec<(String, Increment)>,
-    ) -> impl Future<Output = Result<Vec<Result<IncrOutcome, TallyError>>, TallyError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Result<IncrOutcome, TallyError>>, TallyError>> + Send {
+        async move { self.engine().incr_many(items).await }
+    }
 
     /// The counter's total at the requested consistency.
     fn read(
         &self,
         name: &str,
         consistency: Consistency,
-    ) -> impl Future<Output = Result<ValueRead, TallyError>> + Send;
+    ) -> impl Future<Output = Result<ValueRead, TallyError>> + Send {
+        async move { self.engine().read(name, consistency).await }
+    }
 
     /// The distinct-member estimate of a counter with `distinct`.
-    fn distinct(&self, name: &str) -> impl Future<Output = Result<DistinctRead, TallyError>> + Send;
+    fn distinct(&self, name: &str) -> impl Future<Output = Result<DistinctRead, TallyError>> + Send {
+        async move { self.engine().distinct(name).await }
+    }
 
     /// One of a counter's sliding windows (its total, and its distinct estimate with
     /// `distinct`), merged over every shard.
@@ -147,27 +158,38 @@ pub trait Service: Clone + Send + Sync + 'static {
         &self,
         name: &str,
         window: &str,
-    ) -> impl Future<Output = Result<tally_engine::WindowRead, TallyError>> + Send;
+    ) -> impl Future<Output = Result<tally_engine::WindowRead, TallyError>> + Send {
+        async move { self.engine().window(name, window).await }
+    }
 
     /// An item's estimated frequency, for a counter with `frequency`.
     fn frequency(
         &self,
         name: &str,
         item: &str,
-    ) -> impl Future<Output = Result<FrequencyRead, TallyError>> + Send;
+    ) -> impl Future<Output = Result<FrequencyRead, TallyError>> + Send {
+        async move { self.engine().frequency(name, item).await }
+    }
 
     /// The `k` heaviest items of a counter with `frequency`.
-    fn top(&self, name: &str, k: u32) -> impl Future<Output = Result<TopRead, TallyError>> + Send;
+    fn top(&self, name: &str, k: u32) -> impl Future<Output = Result<TopRead, TallyError>> + Send {
+        async move { self.engine().top(name, k).await }
+    }
 
-    /// Per-shard values, owners and write skew.
-    fn shards(&self, name: &str) -> impl Future<Output = Result<ShardsReport, TallyError>> + Send;
+    /// Per-shard values, owners and write skew. A cluster adds what its directory
+    /// knows of each shard's replicas.
+    fn shards(&self, name: &str) -> impl Future<Output = Result<ShardsReport, TallyError>> + Send {
+        async move { self.engine().shards(name).await }
+    }
 
     /// Brings the counter to `authoritative` with an idempotent correction.
     fn reconcile(
         &self,
         name: &str,
         authoritative: i128,
-    ) -> impl Future<Output = Result<ReconcileReport, TallyError>> + Send;
+    ) -> impl Future<Output = Result<ReconcileReport, TallyError>> + Send {
+        async move { self.engine().reconcile(name, authoritative).await }
+    }
 
     /// The cluster as this node sees it.
     fn cluster(&self) -> impl Future<Output = ClusterView> + Send;

@@ -10,11 +10,7 @@ use crate::sources::{RunBook, RunContext, Scheduler};
 use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tally_engine::{
-    AutoPatch, Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, IncrTotal, Increment,
-    PutOutcome, ReconcileReport, ShardsReport, SledStore, SpecPatch, SystemClock, Tally, TallyError, TopRead,
-    ValueRead,
-};
+use tally_engine::{SledStore, SystemClock, Tally, TallyError};
 
 /// Why a node could not start.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -93,70 +89,6 @@ impl SingleNode {
 }
 
 impl Service for SingleNode {
-    async fn put_counter(
-        &self,
-        name: &str,
-        patch: SpecPatch,
-        auto: AutoPatch,
-    ) -> Result<PutOutcome, TallyError> {
-        self.tally.put_counter_auto(name, patch, auto).await
-    }
-
-    async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
-        self.tally.counter(name).await
-    }
-
-    async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
-        self.tally.delete_counter(name).await
-    }
-
-    async fn incr(&self, name: &str, inc: Increment) -> Result<IncrOutcome, TallyError> {
-        self.tally.incr(name, inc).await
-    }
-
-    async fn incr_total(&self, name: &str, inc: Increment) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-        self.tally.incr_value(name, inc).await
-    }
-
-    async fn current_total(&self, name: &str) -> Result<IncrTotal, TallyError> {
-        self.tally.current_total(name).await
-    }
-
-    async fn incr_many(
-        &self,
-        items: Vec<(String, Increment)>,
-    ) -> Result<Vec<Result<IncrOutcome, TallyError>>, TallyError> {
-        self.tally.incr_many(items).await
-    }
-
-    async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
-        self.tally.read(name, consistency).await
-    }
-
-    async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
-        self.tally.distinct(name).await
-    }
-
-    async fn window(&self, name: &str, window: &str) -> Result<tally_engine::WindowRead, TallyError> {
-        self.tally.window(name, window).await
-    }
-
-    async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
-        self.tally.frequency(name, item).await
-    }
-
-    async fn top(&self, name: &str, k: u32) -> Result<TopRead, TallyError> {
-        self.tally.top(name, k).await
-    }
-
-    async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
-        self.tally.shards(name).await
-    }
-
-    async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
-        self.tally.reconcile(name, authoritative).await
-    }
-
     async fn cluster(&self) -> ClusterView {
         ClusterView {
             nodes: vec![NodeView {

@@ -13,9 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_engine::{
-    Consistency, CounterInfo, DistinctRead, FrequencyRead, IncrOutcome, Increment, MemStore, PutOutcome,
-    ReconcileReport, ShardsReport, SpecPatch, SystemClock, Tally, TallyConfig, TallyError, TopRead,
-    ValueRead,
+    Consistency, IncrOutcome, Increment, MemStore, SystemClock, Tally, TallyConfig, TallyError, ValueRead,
 };
 use tally_server::http::error::ApiError;
 use tally_server::{ClusterView, HttpConfig, NodeEntry, Service, SingleNode};
@@ -243,53 +241,15 @@ pub struct Faulty {
 }
 
 impl Service for Faulty {
-    async fn put_counter(
-        &self,
-        name: &str,
-        patch: SpecPatch,
-        auto: tally_engine::AutoPatch,
-    ) -> Result<PutOutcome, TallyError> {
-        self.inner.put_counter(name, patch, auto).await
-    }
-    async fn counter(&self, name: &str) -> Result<CounterInfo, TallyError> {
-        self.inner.counter(name).await
-    }
-    async fn delete_counter(&self, name: &str) -> Result<(), TallyError> {
-        self.inner.delete_counter(name).await
-    }
     async fn incr(&self, name: &str, inc: Increment) -> Result<IncrOutcome, TallyError> {
         tokio::time::sleep(self.incr_delay).await;
         self.inner.incr(name, inc).await
-    }
-    async fn incr_many(
-        &self,
-        items: Vec<(String, Increment)>,
-    ) -> Result<Vec<Result<IncrOutcome, TallyError>>, TallyError> {
-        self.inner.incr_many(items).await
     }
     async fn read(&self, name: &str, consistency: Consistency) -> Result<ValueRead, TallyError> {
         if name == "boom" {
             panic!("read of boom");
         }
         self.inner.read(name, consistency).await
-    }
-    async fn distinct(&self, name: &str) -> Result<DistinctRead, TallyError> {
-        self.inner.distinct(name).await
-    }
-    async fn window(&self, name: &str, window: &str) -> Result<tally_engine::WindowRead, TallyError> {
-        self.inner.window(name, window).await
-    }
-    async fn frequency(&self, name: &str, item: &str) -> Result<FrequencyRead, TallyError> {
-        self.inner.frequency(name, item).await
-    }
-    async fn top(&self, name: &str, k: u32) -> Result<TopRead, TallyError> {
-        self.inner.top(name, k).await
-    }
-    async fn shards(&self, name: &str) -> Result<ShardsReport, TallyError> {
-        self.inner.shards(name).await
-    }
-    async fn reconcile(&self, name: &str, authoritative: i128) -> Result<ReconcileReport, TallyError> {
-        self.inner.reconcile(name, authoritative).await
     }
     async fn cluster(&self) -> ClusterView {
         self.inner.cluster().await
