@@ -465,3 +465,22 @@ pub struct History {
     /// increment is filed in) is that much off the history's time.
     pub clock_skew_ms: u64,
 }
+
+#[cfg(test)]
+impl History {
+    /// A history of one workload counter, settled at 10 s: what a checker's unit
+    /// test builds its operations on.
+    pub(crate) fn of_one(name: &str, role: Role) -> Self {
+        let spec = tally_core::CounterSpec::default();
+        let counters = vec![CounterInfo { name: name.into(), role, spec, offline_extra: 0 }];
+        Self { counters, settle_ms: 10_000, ..Self::default() }
+    }
+
+    /// Adds an increment of 1 to counter 0 sent at `sent` (event id `e{sent}`), of
+    /// `member` if given, answered applied at `answered` or never answered.
+    pub(crate) fn push_one(&mut self, sent: u64, member: Option<u32>, answered: Option<u64>) {
+        let answers = answered.map(|t| vec![(t, crate::msg::Answer::Applied)]).unwrap_or_default();
+        let attempts = vec![Attempt { event_id: Some(format!("e{sent}")), sent_ms: sent, answers }];
+        self.incrs.push(IncrOp { client: 0, counter: 0, delta: 1, member, invoked_ms: sent, attempts });
+    }
+}

@@ -100,22 +100,15 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{Attempt, CounterInfo, FrequencyAnswer, FrequencyOp, IncrOp, Role};
-    use crate::msg::Answer;
+    use crate::history::{FrequencyAnswer, FrequencyOp, Role};
 
     fn history() -> History {
-        let spec = tally_core::CounterSpec::default();
-        let counters =
-            vec![CounterInfo { name: "distinct:0".into(), role: Role::Distinct, spec, offline_extra: 0 }];
-        let mut h = History { counters, settle_ms: 10_000, ..History::default() };
+        let mut h = History::of_one("distinct:0", Role::Distinct);
         // Member 7 twice and member 8 once, acknowledged; member 9 never answered.
         for (sent, member, answered) in
             [(10, 7, Some(20)), (30, 7, Some(40)), (50, 8, Some(60)), (70, 9, None)]
         {
-            let answers = answered.map(|t| vec![(t, Answer::Applied)]).unwrap_or_default();
-            let attempts = vec![Attempt { event_id: Some(format!("e{sent}")), sent_ms: sent, answers }];
-            let member = Some(member);
-            h.incrs.push(IncrOp { client: 0, counter: 0, delta: 1, member, invoked_ms: sent, attempts });
+            h.push_one(sent, Some(member), answered);
         }
         h
     }

@@ -150,20 +150,15 @@ pub fn check(h: &History, out: &mut Vec<Violation>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{Attempt, CounterInfo, ReadOp};
+    use crate::history::ReadOp;
     use crate::msg::ReadValue;
 
     fn history() -> History {
-        let spec = tally_core::CounterSpec::default();
-        let counters =
-            vec![CounterInfo { name: "del:0".into(), role: Role::Recreated, spec, offline_extra: 0 }];
-        History { counters, settle_ms: 10_000, ..History::default() }
+        History::of_one("del:0", Role::Recreated)
     }
 
     fn incr(h: &mut History, sent: u64, answered: Option<u64>) {
-        let answers = answered.map(|t| vec![(t, Answer::Applied)]).unwrap_or_default();
-        let attempts = vec![Attempt { event_id: Some(format!("e{sent}")), sent_ms: sent, answers }];
-        h.incrs.push(IncrOp { client: 0, counter: 0, delta: 1, member: None, invoked_ms: sent, attempts });
+        h.push_one(sent, None, answered);
     }
 
     fn read(h: &mut History, from: u64, to: u64, value: i128) -> Vec<Violation> {
