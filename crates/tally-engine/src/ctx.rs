@@ -244,6 +244,16 @@ pub(crate) fn seal_key(id: &ShardId) -> Vec<u8> {
     tally_core::handoff_machine::seal_marker(id)
 }
 
+/// Who sent a submission to [`Ctx::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sender {
+    /// A caller on this node: the submission goes to the shard's owner, wherever it is.
+    Here,
+    /// Another node, which found this node the shard's owner: it is served here or
+    /// refused.
+    Peer,
+}
+
 impl Ctx {
     pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
@@ -1051,21 +1061,57 @@ impl Ctx {
         meta: &Arc<CounterMeta>,
         sub: Submission,
     ) -> Result<ShardReply, TallyError> {
-        let rx = self.send_submit(id, meta, sub).await?;
+        let rx = self.send(id, meta, sub, Sender::Here).await?;
         self.await_reply(id, rx).await
     }
 
-    /// Sends a submission to its shard; the answer arrives on the returned receiver.
-    pub(crate) async fn send_submit(
+    /// Sends a submission to shard `id`: the one dispatch of shard submissions, for
+    /// this node's callers and for the ones another node sent (`serve_shard_request`).
+    /// The answer arrives on the returned receiver, the same kind of channel whether
+    /// the shard is an actor here or on another node.
+    ///
+    /// A shard another node owns is asked there when this node's caller sent it; a
+    /// submission another node sent is served here or refused, never carried on (its
+    /// sender asks the owner it is told of). A shard this node finds it cannot start
+    /// because another node owns it now (its placement changed, or it learnt the
+    /// shard's replica class only then) has this node's submission, which no actor
+    /// took, carried to that owner.
+    pub(crate) async fn send(
         &self,
         id: &ShardId,
         meta: &Arc<CounterMeta>,
-        sub: Submission,
+        mut sub: Submission,
+        sender: Sender,
     ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
-        match self.remote(id) {
-            Some((placement, node)) => Ok(self.send_remote(placement, node, id, meta, sub)),
-            None => self.send_here(id, meta, sub, true).await,
+        let forward = sender == Sender::Here;
+        if let Some((placement, node)) = self.remote(id).filter(|_| forward) {
+            return Ok(self.send_remote(placement, node, id, meta, sub));
         }
+        for _ in 0..SHARD_CALL_ATTEMPTS_MAX {
+            let actor = match self.shard(id, meta).await {
+                Ok(actor) => actor,
+                Err(e) => match self.remote(id).filter(|_| forward) {
+                    Some((placement, node)) => {
+                        tracing::debug!(shard = %id, error = %e, "the shard's owner changed; sending it there");
+                        return Ok(self.send_remote(placement, node, id, meta, sub));
+                    }
+                    None => return Err(e),
+                },
+            };
+            let (tx, rx) = ractor::concurrency::oneshot();
+            let reply: RpcReplyPort<ShardReply> = tx.into();
+            match actor.send_message(ShardMsg::Submit { sub, reply }) {
+                Ok(()) => return Ok(rx),
+                // The shard stopped before taking the message: nothing was applied, so
+                // resending is safe. The supervisor starts a fresh one once it is gone.
+                Err(MessagingErr::SendErr(ShardMsg::Submit { sub: back, .. })) => {
+                    sub = back;
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => return Err(unavailable(id, &e.to_string())),
+            }
+        }
+        Err(unavailable(id, "the shard kept stopping"))
     }
 
     /// Carries a submission to shard `id`'s owner `node`, and hands the answer over
@@ -1096,54 +1142,6 @@ impl Ctx {
             }
         });
         rx
-    }
-
-    /// Sends a submission to the local actor of shard `id`.
-    pub(crate) async fn send_local(
-        &self,
-        id: &ShardId,
-        meta: &Arc<CounterMeta>,
-        sub: Submission,
-    ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
-        self.send_here(id, meta, sub, false).await
-    }
-
-    /// [`Ctx::send_local`]; with `to_owner`, a shard this node cannot start because
-    /// it learnt meanwhile that another node owns it (its placement changed, or it
-    /// learnt the shard's replica class only then) has the submission, which no actor
-    /// took, carried to that owner.
-    async fn send_here(
-        &self,
-        id: &ShardId,
-        meta: &Arc<CounterMeta>,
-        mut sub: Submission,
-        to_owner: bool,
-    ) -> Result<ractor::concurrency::OneshotReceiver<ShardReply>, TallyError> {
-        for _ in 0..SHARD_CALL_ATTEMPTS_MAX {
-            let actor = match self.shard(id, meta).await {
-                Ok(actor) => actor,
-                Err(e) => match self.remote(id).filter(|_| to_owner) {
-                    Some((placement, node)) => {
-                        tracing::debug!(shard = %id, error = %e, "the shard's owner changed; sending it there");
-                        return Ok(self.send_remote(placement, node, id, meta, sub));
-                    }
-                    None => return Err(e),
-                },
-            };
-            let (tx, rx) = ractor::concurrency::oneshot();
-            let reply: RpcReplyPort<ShardReply> = tx.into();
-            match actor.send_message(ShardMsg::Submit { sub, reply }) {
-                Ok(()) => return Ok(rx),
-                // The shard stopped before taking the message: nothing was applied, so
-                // resending is safe. The supervisor starts a fresh one once it is gone.
-                Err(MessagingErr::SendErr(ShardMsg::Submit { sub: back, .. })) => {
-                    sub = back;
-                    tokio::task::yield_now().await;
-                }
-                Err(e) => return Err(unavailable(id, &e.to_string())),
-            }
-        }
-        Err(unavailable(id, "the shard kept stopping"))
     }
 
     pub(crate) async fn await_reply<T>(
@@ -1309,7 +1307,7 @@ impl Ctx {
             // an actor (`cold.rs`).
             let sent = match crate::cold::write(self, &target, index, &id, &sub).await {
                 Some(rx) => Ok(rx),
-                None => self.send_submit(&id, &target.meta, sub.clone()).await,
+                None => self.send(&id, &target.meta, sub.clone(), Sender::Here).await,
             };
             match sent {
                 Ok(rx) => waiting.push((id, index, rx, d, sub)),

@@ -1167,7 +1167,7 @@ impl Tally {
                         "this node has not applied the counter's creation yet",
                     ));
                 }
-                let rx = ctx.send_local(&id, &rt.meta, sub).await?;
+                let rx = ctx.send(&id, &rt.meta, sub, crate::ctx::Sender::Peer).await?;
                 Ok(ShardResponse::Reply(ctx.await_reply(&id, rx).await?))
             }
             ShardRequest::Read { id, born_ms } => {
@@ -1475,7 +1475,7 @@ mod tests {
             item: None,
             seq: None,
         };
-        let rx = ctx.send_local(&early, &rt.meta, sub).await.unwrap();
+        let rx = ctx.send(&early, &rt.meta, sub, crate::ctx::Sender::Peer).await.unwrap();
         match rx.await.unwrap() {
             ShardReply::Done { outcome, .. } => {
                 assert_eq!(
