@@ -551,41 +551,29 @@ impl Ctx {
         Ok(())
     }
 
-    /// The write path.
+    /// Counts one increment: [`Ctx::write`], for its outcome alone.
     pub(crate) async fn incr(
         self: &Arc<Self>,
         name: &str,
         inc: Increment,
     ) -> Result<IncrOutcome, TallyError> {
-        self.admit(&inc)?;
-        let fast = self.try_fast(name, &inc);
-        if fast == Fast::Applied {
-            tokio::task::consume_budget().await;
-            return Ok(IncrOutcome::APPLIED);
-        }
-        // Boxed: the future of a call that took the fast path stays a few words
-        // instead of the general path's whole state, which callers would move.
-        Box::pin(self.incr_after(name, inc, fast, false)).await.map(|w| w.outcome)
+        self.write(name, inc, false).await.map(|w| w.outcome)
     }
 
-    /// The thread's last runtime: the one [`Ctx::try_fast`] counted on when it
-    /// answered [`Fast::Applied`].
-    pub(crate) fn last_runtime() -> Option<Arc<CounterRuntime>> {
-        LAST_RUNTIME.with(|c| c.borrow().as_ref().map(|(_, rt)| rt.clone()))
-    }
-
-    /// The write path once `inc` was admitted and offered to the thread's last
-    /// runtime, which did `fast` with it; it answers the runtime the increment went
-    /// through when `want_rt` (a front end that reports the total after the
-    /// increment reads through it, so neither the name nor the spec is looked up
-    /// again).
-    pub(crate) async fn incr_after(
+    /// The write path: the one door of every increment by name (`Tally::incr`,
+    /// `incr_total`, `incr_value`, and a handle's whose runtime was replaced). The
+    /// increment is admitted, offered to the thread's last runtime's accumulator,
+    /// and otherwise routed and sent ([`Ctx::incr_after`]). With `want_rt` it answers
+    /// the runtime the increment went through, for a front end that reports the total
+    /// after it.
+    pub(crate) async fn write(
         self: &Arc<Self>,
         name: &str,
         inc: Increment,
-        fast: Fast,
         want_rt: bool,
     ) -> Result<Written, TallyError> {
+        self.admit(&inc)?;
+        let fast = self.try_fast(name, &inc);
         if fast == Fast::Applied {
             let rt = if want_rt { Self::last_runtime() } else { None };
             // The fast path never waits, so a writer looping on it would never give
@@ -594,6 +582,30 @@ impl Ctx {
             tokio::task::consume_budget().await;
             return Ok(Written { outcome: IncrOutcome::APPLIED, rt, after: None });
         }
+        // Boxed: the future of a call that took the fast path stays a few words
+        // instead of the general path's whole state, which callers would move.
+        Box::pin(self.incr_after(name, inc, fast, want_rt)).await
+    }
+
+    /// The thread's last runtime: the one [`Ctx::try_fast`] counted on when it
+    /// answered [`Fast::Applied`].
+    fn last_runtime() -> Option<Arc<CounterRuntime>> {
+        LAST_RUNTIME.with(|c| c.borrow().as_ref().map(|(_, rt)| rt.clone()))
+    }
+
+    /// The write path once `inc` was admitted and offered to the thread's last
+    /// runtime, which did not take it (`fast`: a miss, or a refusal that says where it
+    /// was routed); it answers the runtime the increment went through when `want_rt`
+    /// (a front end that reports the total after the increment reads through it, so
+    /// neither the name nor the spec is looked up again).
+    async fn incr_after(
+        self: &Arc<Self>,
+        name: &str,
+        inc: Increment,
+        fast: Fast,
+        want_rt: bool,
+    ) -> Result<Written, TallyError> {
+        debug_assert!(fast != Fast::Applied, "an increment the fast path counted is not written again");
         let mut rt = self.runtime(name, true).await?;
         LAST_RUNTIME.with(|c| *c.borrow_mut() = Some((self.id(), rt.clone())));
         let member = match (&inc.member, rt.meta.spec.distinct) {
@@ -733,44 +745,19 @@ impl Ctx {
         LAST_RUNTIME.with(|c| {
             let cached = c.borrow();
             let Some((engine, rt)) = cached.as_ref() else { return Fast::Miss };
-            if *engine != self.id() || rt.name.as_str() != name || rt.retired.load(Relaxed) {
+            if *engine != self.id() || rt.name.as_str() != name {
                 return Fast::Miss;
             }
-            if self.expired(&rt.meta) {
-                return Fast::Miss;
-            }
-            if !fast_eligible(rt, inc) {
-                return Fast::Miss;
-            }
-            let member = match (&inc.member, rt.meta.spec.distinct) {
-                (Some(m), true) => Some(member_hash(m)),
-                _ => None,
-            };
-            let index = route_with_member(
-                rt.meta.spec.router,
-                rt.meta.layout.shards,
-                &route_key(rt, inc, inc.event_id.as_deref()),
-                member,
-            );
-            if self.try_buffer(rt, index, inc.delta, member) {
-                Fast::Applied
-            } else {
-                Fast::Refused { engine_rt: Arc::as_ptr(rt) as usize, index }
-            }
+            self.offer(rt, inc)
         })
     }
 
-    /// An increment through a resolved handle: counted on `rt`'s accumulator if it is
-    /// still the counter's current runtime and its slot takes it (true), otherwise
-    /// left to the general path (false). Refuses what `incr` refuses.
-    pub(crate) fn try_handle_fast(
-        &self,
-        rt: &Arc<CounterRuntime>,
-        inc: &Increment,
-    ) -> Result<bool, TallyError> {
-        self.admit(inc)?;
-        if rt.retired.load(Relaxed) || !fast_eligible(rt, inc) || self.expired(&rt.meta) {
-            return Ok(false);
+    /// The fast path of every door: counts `inc` on `rt`'s accumulator if `rt` is
+    /// still its counter's current runtime, the counter has not expired, the
+    /// increment may be buffered and its slot takes it.
+    fn offer(&self, rt: &Arc<CounterRuntime>, inc: &Increment) -> Fast {
+        if rt.retired.load(Relaxed) || self.expired(&rt.meta) || !fast_eligible(rt, inc) {
+            return Fast::Miss;
         }
         let member = match (&inc.member, rt.meta.spec.distinct) {
             (Some(m), true) => Some(member_hash(m)),
@@ -782,7 +769,23 @@ impl Ctx {
             &route_key(rt, inc, inc.event_id.as_deref()),
             member,
         );
-        Ok(self.try_buffer(rt, index, inc.delta, member))
+        if self.try_buffer(rt, index, inc.delta, member) {
+            Fast::Applied
+        } else {
+            Fast::Refused { engine_rt: Arc::as_ptr(rt) as usize, index }
+        }
+    }
+
+    /// An increment through a resolved handle: counted on `rt`'s accumulator if it is
+    /// still the counter's current runtime and its slot takes it (true), otherwise
+    /// left to the general path (false). Refuses what `incr` refuses.
+    pub(crate) fn try_handle_fast(
+        &self,
+        rt: &Arc<CounterRuntime>,
+        inc: &Increment,
+    ) -> Result<bool, TallyError> {
+        self.admit(inc)?;
+        Ok(self.offer(rt, inc) == Fast::Applied)
     }
 
     /// The fast path: add to an accumulator slot. False if the slot cannot take it.

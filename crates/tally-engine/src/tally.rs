@@ -6,7 +6,7 @@ use crate::catalog::Catalog;
 use crate::catalog::LocalCatalog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::TallyConfig;
-use crate::ctx::{Ctx, Fast};
+use crate::ctx::Ctx;
 use crate::error::TallyError;
 use crate::flusher::Flusher;
 use crate::handle::CounterHandle;
@@ -530,21 +530,18 @@ impl Tally {
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, ValueRead), TallyError> {
-        self.ctx.admit(&inc)?;
-        let fast = self.ctx.try_fast(name, &inc);
-        if fast == Fast::Applied {
-            let cached = Ctx::last_runtime()
-                .filter(|rt| rt.meta.spec.durability == Durability::Batched)
-                .and_then(|rt| self.cached_now(&rt));
-            if let Some(read) = cached {
-                tokio::task::consume_budget().await;
-                return Ok((IncrOutcome::APPLIED, read));
-            }
+        let written = self.ctx.write(name, inc, true).await?;
+        let started = Instant::now();
+        // Buffered: the cached total, if one is at hand, without a message.
+        let buffered = written
+            .rt
+            .as_ref()
+            .filter(|rt| written.after.is_none() && rt.meta.spec.durability == Durability::Batched);
+        if let Some(read) = buffered.and_then(|rt| self.cached_now(rt)) {
+            return Ok((written.outcome, read));
         }
-        // Boxed, as in `Ctx::incr`: a call answered by the fast path builds a small future.
+        // Boxed, as the write path is: an answer from memory builds a small future.
         Box::pin(async move {
-            let written = self.ctx.incr_after(name, inc, fast, true).await?;
-            let started = Instant::now();
             let rt = match written.rt {
                 Some(rt) => rt,
                 None => self.ctx.runtime(name, false).await?,
@@ -577,17 +574,12 @@ impl Tally {
         name: &str,
         inc: Increment,
     ) -> Result<(IncrOutcome, IncrTotal), TallyError> {
-        self.ctx.admit(&inc)?;
-        let fast = self.ctx.try_fast(name, &inc);
-        if fast == Fast::Applied {
-            if let Some(total) = Ctx::last_runtime().and_then(|rt| self.answer(&rt, None)) {
-                tokio::task::consume_budget().await;
-                return Ok((IncrOutcome::APPLIED, total));
-            }
+        let written = self.ctx.write(name, inc, true).await?;
+        if let Some(total) = written.rt.as_ref().and_then(|rt| self.answer(rt, written.after)) {
+            return Ok((written.outcome, total));
         }
-        // Boxed, as in `Ctx::incr`: a call answered by the fast path builds a small future.
+        // Boxed, as the write path is: an answer from memory builds a small future.
         Box::pin(async move {
-            let written = self.ctx.incr_after(name, inc, fast, true).await?;
             let rt = match written.rt {
                 Some(rt) => rt,
                 None => self.ctx.runtime(name, false).await?,
