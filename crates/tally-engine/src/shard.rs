@@ -370,25 +370,6 @@ impl ShardActorState {
         (!expired.is_empty()).then_some(Input::Sweep { expired })
     }
 
-    /// The records of `ids`, or `None` if one could not be read.
-    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>> {
-        let now = self.ctx.now_ms();
-        let mut found = BTreeMap::new();
-        for id in ids {
-            match self.prior(id, now).await {
-                Ok(Some(r)) => {
-                    found.insert(id.clone(), r);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(shard = %self.id, error = %e, "cannot read dedup records; the batch is retried");
-                    return None;
-                }
-            }
-        }
-        Some(found)
-    }
-
     /// The record for `event_id` in this shard or, failing that, in its shard of a
     /// sealed generation (they never change again, so reading them needs no lock).
     /// Only generations sealed within the id's window are asked — a record older than
@@ -490,9 +471,8 @@ trait Shell {
     fn machine(&mut self) -> &mut Machine;
     /// Asks for a commit later ([`Effect::ScheduleCommit`]); false if it must run now.
     fn schedule_commit(&self) -> bool;
-    /// The dedup records of `ids` ([`Effect::LookUpPriors`]); `None` if one could not
-    /// be read.
-    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>>;
+    /// The dedup record of `event_id` as of `now` ([`Effect::LookUpPriors`]).
+    async fn prior(&self, event_id: &str, now: u64) -> Result<Option<DedupRecord>, TallyError>;
     /// What waits for the flush after a write: `sync` answers, and escrow messages
     /// whose ledger state the write carries.
     fn after_flush(
@@ -524,7 +504,7 @@ async fn execute(shell: &mut impl Shell, input: Input<RpcReplyPort<ShardReply>>)
                 }
                 Input::CommitDue { writable: !shell.ctx().flusher.poisoned() }
             }
-            Effect::LookUpPriors { ids } => Input::Priors(shell.priors(&ids).await),
+            Effect::LookUpPriors { ids } => Input::Priors(priors(shell, &ids).await),
             Effect::Write { write, durable, sends, change_abs, submissions } => {
                 let waiter = shell.after_flush(durable, sends);
                 let ok = write_through(shell.ctx(), shell.id(), write, waiter, change_abs, submissions).await;
@@ -573,6 +553,26 @@ async fn execute(shell: &mut impl Shell, input: Input<RpcReplyPort<ShardReply>>)
     }
 }
 
+/// The records of `ids`, or `None` if one could not be read (the batch is then
+/// retried).
+async fn priors(shell: &impl Shell, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>> {
+    let now = shell.ctx().now_ms();
+    let mut found = BTreeMap::new();
+    for id in ids {
+        match shell.prior(id, now).await {
+            Ok(Some(r)) => {
+                found.insert(id.clone(), r);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(shard = %shell.id(), error = %e, "cannot read dedup records; the batch is retried");
+                return None;
+            }
+        }
+    }
+    Some(found)
+}
+
 /// The shell of a shard actor.
 struct Warm<'a> {
     state: &'a mut ShardActorState,
@@ -597,8 +597,8 @@ impl Shell for Warm<'_> {
         self.myself.send_message(ShardMsg::Commit).is_ok()
     }
 
-    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>> {
-        self.state.priors(ids).await
+    async fn prior(&self, event_id: &str, now: u64) -> Result<Option<DedupRecord>, TallyError> {
+        self.state.prior(event_id, now).await
     }
 
     fn after_flush(
@@ -663,23 +663,10 @@ impl Shell for Cold<'_> {
         false
     }
 
-    async fn priors(&self, ids: &[String]) -> Option<BTreeMap<String, DedupRecord>> {
+    async fn prior(&self, event_id: &str, _now: u64) -> Result<Option<DedupRecord>, TallyError> {
         // Only this shard's records: a just-created counter has no sealed generation
         // to look in.
-        let mut found = BTreeMap::new();
-        for record in ids {
-            match self.ctx.store.dedup_get(self.id, record) {
-                Ok(Some(r)) => {
-                    found.insert(record.clone(), r);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(shard = %self.id, error = %e, "cannot read dedup records; the sum is resent");
-                    return None;
-                }
-            }
-        }
-        Some(found)
+        Ok(self.ctx.store.dedup_get(self.id, event_id)?)
     }
 
     fn after_flush(
